@@ -1,0 +1,67 @@
+package v1alpha1
+
+// Condition types on GPUSharingPolicy.
+const (
+	// ConditionReady is True when every GPU the policy wins reports its sharing applied as desired.
+	ConditionReady = "Ready"
+	// ConditionProgressing is True while a change is still rolling out or waiting for its turn.
+	ConditionProgressing = "Progressing"
+	// ConditionDegraded is True when an agent reports that a GPU could not be configured as declared.
+	ConditionDegraded = "Degraded"
+	// ConditionConflicted is True when another policy of equal priority selects the same GPUs.
+	ConditionConflicted = "Conflicted"
+)
+
+// Condition types on GPUNode and on each GPU in its status.
+const (
+	// ConditionApplied is True when the GPU (or every listed GPU, on the node) runs its desired sharing.
+	ConditionApplied = "Applied"
+	// ConditionHealthy is False when NVML reports the GPU unhealthy (Xid errors, lost GPU).
+	ConditionHealthy = "Healthy"
+	// ConditionReady on GPUNode is True while the agent runs and publishes inventory.
+)
+
+// Reasons. Each surfaces where its comment says; a condition's reason and the event on its transition match.
+const (
+	// ReasonAsDesired: the GPU (or every GPU of the policy) runs the desired sharing.
+	ReasonAsDesired = "AsDesired"
+	// ReasonNoMatchingGPUs: the policy selects no GPU (Ready=False on the policy, not an error).
+	ReasonNoMatchingGPUs = "NoMatchingGPUs"
+	// ReasonApplying: the agent has not yet reported the desired sharing applied.
+	ReasonApplying = "Applying"
+	// ReasonWaitingForRollout: a disruptive change waits because maxUnavailable nodes are already changing.
+	ReasonWaitingForRollout = "WaitingForRollout"
+	// ReasonRolledOut: nothing is left to roll out.
+	ReasonRolledOut = "RolledOut"
+	// ReasonHardwareRejected: an agent reported a GPU it could not configure (the message names node and GPU).
+	ReasonHardwareRejected = "HardwareRejected"
+	// ReasonNoConflict: no other policy of equal priority selects the same GPUs.
+	ReasonNoConflict = "NoConflict"
+	// ReasonEqualPriority: another policy of equal priority selects some of the same GPUs.
+	ReasonEqualPriority = "EqualPriority"
+
+	// ReasonGPUBusy: the agent refuses a disruptive change while processes use the GPU (pids in status).
+	ReasonGPUBusy = "GPUBusy"
+	// ReasonLayoutDoesNotFit: the MIG layout cannot be placed on this GPU (the message names profile and free slices).
+	ReasonLayoutDoesNotFit = "LayoutDoesNotFit"
+	// ReasonNotMIGCapable: MIG was asked of a GPU without MIG.
+	ReasonNotMIGCapable = "NotMIGCapable"
+	// ReasonMIGModeChangePending: MIG mode was changed but takes effect only after a GPU reset.
+	ReasonMIGModeChangePending = "MIGModeChangePending"
+	// ReasonMPSOnMIG: MPS or time-slicing was asked of a GPU whose MIG mode is enabled.
+	ReasonMPSOnMIG = "StrategyNeedsMIGDisabled"
+	// ReasonMPSDaemonFailed: the MPS control daemon did not start or keeps dying.
+	ReasonMPSDaemonFailed = "MPSDaemonFailed"
+	// ReasonNVMLError: an NVML call failed; the message carries NVML's error string.
+	ReasonNVMLError = "NVMLError"
+	// ReasonNVMLUnavailable: the node has no NVML library or driver (GPUNode Ready=False).
+	ReasonNVMLUnavailable = "NVMLUnavailable"
+	// ReasonNoGPUs: NVML works but the node has no GPU (GPUNode Ready=True, nothing to apply).
+	ReasonNoGPUs = "NoGPUs"
+	// ReasonInventoryPublished: the agent runs and its inventory is current (GPUNode Ready=True).
+	ReasonInventoryPublished = "InventoryPublished"
+	// ReasonCommandFailed: a host command (nvidia-smi, nvidia-cuda-mps-control) failed; the message has its output.
+	ReasonCommandFailed = "CommandFailed"
+	// ReasonNotDesired: no policy lists the GPU, so it is left as found.
+	ReasonNotDesired = "NotDesired"
+)

@@ -1,0 +1,313 @@
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// GPUNodeSpec is the desired sharing of each GPU of one node. The controller owns it.
+type GPUNodeSpec struct {
+	// gpus lists the GPUs some policy configures; a GPU not listed is left as found.
+	// +listType=map
+	// +listMapKey=uuid
+	// +kubebuilder:validation:MaxItems=64
+	// +optional
+	GPUs []GPUDesired `json:"gpus,omitempty"`
+}
+
+// GPUDesired is the resolved sharing of one GPU and where it came from.
+type GPUDesired struct {
+	// uuid identifies the GPU, as the agent reports it in status.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=64
+	// +required
+	UUID string `json:"uuid"`
+
+	// index is the GPU's NVML index, for people reading the object.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	Index int32 `json:"index"`
+
+	// policy is the GPUSharingPolicy this desired state came from; empty for the default.
+	// +optional
+	Policy string `json:"policy,omitempty"`
+
+	// policyGeneration is the generation of that policy.
+	// +optional
+	PolicyGeneration int64 `json:"policyGeneration,omitempty"`
+
+	// sharing is how the GPU should be shared.
+	// +required
+	Sharing Sharing `json:"sharing"`
+
+	// drain says how the agent empties the GPU before a disruptive change.
+	// +optional
+	Drain *Drain `json:"drain,omitempty"`
+}
+
+// GPUNodeStatus is what the agent observes on the node. The agent owns it.
+type GPUNodeStatus struct {
+	// observedGeneration is the spec generation the agent last acted on.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// driverVersion is the NVIDIA driver version, for example 580.159.
+	// +optional
+	DriverVersion string `json:"driverVersion,omitempty"`
+
+	// cudaVersion is the CUDA driver API version, for example 13.0.
+	// +optional
+	CUDAVersion string `json:"cudaVersion,omitempty"`
+
+	// gpuCount is how many GPUs the node has.
+	// +optional
+	GPUCount int32 `json:"gpuCount"`
+
+	// appliedGPUs is how many listed GPUs have their desired sharing applied.
+	// +optional
+	AppliedGPUs int32 `json:"appliedGPUs"`
+
+	// summary is one line per node for people, for example "0:MIG 1:MPS(4) 2-7:Exclusive".
+	// +optional
+	Summary string `json:"summary,omitempty"`
+
+	// gpus lists each GPU's identity and what is actually applied on it.
+	// +listType=map
+	// +listMapKey=uuid
+	// +optional
+	GPUs []GPUStatus `json:"gpus,omitempty"`
+
+	// conditions: Ready (the agent runs and reports), Applied (every GPU as desired).
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// GPUStatus is one GPU's identity, capabilities and applied sharing.
+type GPUStatus struct {
+	// uuid is the GPU's UUID.
+	// +required
+	UUID string `json:"uuid"`
+
+	// index is the NVML index.
+	// +required
+	Index int32 `json:"index"`
+
+	// product is the product name, for example "NVIDIA H100 80GB HBM3".
+	// +optional
+	Product string `json:"product,omitempty"`
+
+	// memory is the GPU's total memory.
+	// +optional
+	Memory *resource.Quantity `json:"memory,omitempty"`
+
+	// migCapable says whether the GPU supports MIG.
+	// +optional
+	MIGCapable bool `json:"migCapable,omitempty"`
+
+	// migMode is the current and pending MIG mode.
+	// +optional
+	MIGMode *MIGModeStatus `json:"migMode,omitempty"`
+
+	// computeMode is the NVML compute mode: Default, ExclusiveProcess or Prohibited.
+	// +optional
+	ComputeMode string `json:"computeMode,omitempty"`
+
+	// migProfiles lists the GPU instance profiles the GPU offers, as NVML reports them.
+	// +listType=atomic
+	// +optional
+	MIGProfiles []MIGProfile `json:"migProfiles,omitempty"`
+
+	// applied is what is actually in force on the GPU.
+	// +optional
+	Applied *AppliedSharing `json:"applied,omitempty"`
+
+	// processes lists the pids using the GPU when that blocks a change.
+	// +listType=atomic
+	// +optional
+	Processes []int32 `json:"processes,omitempty"`
+
+	// conditions: Applied, Healthy.
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// MIGModeStatus is the MIG mode now and after the next GPU reset.
+type MIGModeStatus struct {
+	// current is Enabled or Disabled.
+	// +optional
+	Current string `json:"current,omitempty"`
+	// pending is Enabled or Disabled.
+	// +optional
+	Pending string `json:"pending,omitempty"`
+}
+
+// MIGProfile is one GPU instance profile with the placements NVML offers for it.
+type MIGProfile struct {
+	// name is the profile name, for example 3g.40gb.
+	// +required
+	Name string `json:"name"`
+	// id is NVML's GPU instance profile id.
+	// +optional
+	ID int32 `json:"id"`
+	// sliceCount is the number of compute slices.
+	// +optional
+	SliceCount int32 `json:"sliceCount,omitempty"`
+	// memory is the instance's memory.
+	// +optional
+	Memory *resource.Quantity `json:"memory,omitempty"`
+	// maxInstances is how many instances of this profile the GPU can hold alone.
+	// +optional
+	MaxInstances int32 `json:"maxInstances,omitempty"`
+	// placements are the memory-slice ranges an instance of this profile may occupy.
+	// +listType=atomic
+	// +optional
+	Placements []MIGPlacement `json:"placements,omitempty"`
+}
+
+// MIGPlacement is a range of memory slices.
+type MIGPlacement struct {
+	// start is the first memory slice.
+	// +required
+	Start int32 `json:"start"`
+	// size is the number of memory slices.
+	// +required
+	Size int32 `json:"size"`
+}
+
+// AppliedSharing is what the agent has actually put in force on a GPU.
+type AppliedSharing struct {
+	// strategy is the strategy in force.
+	// +optional
+	Strategy Strategy `json:"strategy,omitempty"`
+	// policy and policyGeneration name the desired state this reflects.
+	// +optional
+	Policy string `json:"policy,omitempty"`
+	// +optional
+	PolicyGeneration int64 `json:"policyGeneration,omitempty"`
+	// specHash is a hash of the desired sharing this reflects, so the controller can tell it is current.
+	// +optional
+	SpecHash string `json:"specHash,omitempty"`
+	// mps is the MPS daemon's state.
+	// +optional
+	MPS *MPSStatus `json:"mps,omitempty"`
+	// timeSlicing is the time-slice setting in force.
+	// +optional
+	TimeSlicing *TimeSlicingSharing `json:"timeSlicing,omitempty"`
+	// migInstances lists the MIG instances that exist.
+	// +listType=atomic
+	// +optional
+	MIGInstances []MIGInstanceStatus `json:"migInstances,omitempty"`
+	// shim lists the shim's clients on this GPU.
+	// +optional
+	Shim *ShimStatus `json:"shim,omitempty"`
+}
+
+// MPSStatus is the state of a GPU's MPS control daemon.
+type MPSStatus struct {
+	// state is Starting, Running, Restarting or Failed.
+	// +optional
+	State string `json:"state,omitempty"`
+	// pid is the control daemon's pid.
+	// +optional
+	PID int32 `json:"pid,omitempty"`
+	// clients is how many MPS clients are connected.
+	// +optional
+	Clients int32 `json:"clients"`
+	// restarts is how often the agent restarted the daemon.
+	// +optional
+	Restarts int32 `json:"restarts,omitempty"`
+	// replicas, activeThreadPercentage and pinnedMemoryLimit are the settings in force.
+	// +optional
+	Replicas int32 `json:"replicas,omitempty"`
+	// +optional
+	ActiveThreadPercentage int32 `json:"activeThreadPercentage,omitempty"`
+	// +optional
+	PinnedMemoryLimit *resource.Quantity `json:"pinnedMemoryLimit,omitempty"`
+}
+
+// MIGInstanceStatus is one MIG GPU instance with its compute instance.
+type MIGInstanceStatus struct {
+	// profile is the GPU instance profile name.
+	// +required
+	Profile string `json:"profile"`
+	// placement is where the instance sits.
+	// +required
+	Placement MIGPlacement `json:"placement"`
+	// uuid is the MIG device UUID.
+	// +optional
+	UUID string `json:"uuid,omitempty"`
+	// gpuInstanceID and computeInstanceID are NVML's ids.
+	// +optional
+	GPUInstanceID int32 `json:"gpuInstanceID"`
+	// +optional
+	ComputeInstanceID int32 `json:"computeInstanceID"`
+}
+
+// ShimStatus is the per-GPU scheduler's view of its clients.
+type ShimStatus struct {
+	// timeQuantum is the quantum in force.
+	// +optional
+	TimeQuantum *metav1.Duration `json:"timeQuantum,omitempty"`
+	// clients lists connected shim clients.
+	// +listType=atomic
+	// +optional
+	Clients []ShimClient `json:"clients,omitempty"`
+}
+
+// ShimClient is one process using the shim on a GPU.
+type ShimClient struct {
+	// pid is the client's process id as the agent sees it.
+	// +required
+	PID int32 `json:"pid"`
+	// pod is namespace/name of the client's pod, when known.
+	// +optional
+	Pod string `json:"pod,omitempty"`
+	// holding says whether it holds the GPU lock now.
+	// +optional
+	Holding bool `json:"holding,omitempty"`
+	// priority is High or Normal.
+	// +optional
+	Priority string `json:"priority,omitempty"`
+}
+
+// GPUNode is one node's GPUs: desired sharing (spec, from the controller) against what is applied
+// (status, from the node's agent). Its name is the node's name.
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Cluster,shortName=gpun;gnode,categories=gpusharing
+// +kubebuilder:printcolumn:name="GPUs",type=integer,JSONPath=`.status.gpuCount`
+// +kubebuilder:printcolumn:name="Applied",type=integer,JSONPath=`.status.appliedGPUs`
+// +kubebuilder:printcolumn:name="Sharing",type=string,JSONPath=`.status.summary`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Applied")].reason`
+// +kubebuilder:printcolumn:name="Message",type=string,priority=1,JSONPath=`.status.conditions[?(@.type=="Applied")].message`
+// +kubebuilder:printcolumn:name="Driver",type=string,priority=1,JSONPath=`.status.driverVersion`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type GPUNode struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec is the desired sharing per GPU, written by the controller.
+	// +optional
+	Spec GPUNodeSpec `json:"spec,omitempty"`
+
+	// status is what the agent observes, written by the agent.
+	// +optional
+	Status GPUNodeStatus `json:"status,omitempty"`
+}
+
+// GPUNodeList is a list of GPUNode.
+// +kubebuilder:object:root=true
+type GPUNodeList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []GPUNode `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&GPUNode{}, &GPUNodeList{})
+}

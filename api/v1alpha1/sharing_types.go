@@ -1,0 +1,161 @@
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Strategy is how one physical GPU is shared.
+// +kubebuilder:validation:Enum=Exclusive;TimeSlicing;MPS;MIG
+type Strategy string
+
+const (
+	// StrategyExclusive gives the whole GPU to one pod at a time.
+	StrategyExclusive Strategy = "Exclusive"
+	// StrategyTimeSlicing lets several pods share the GPU through the driver's time-slice scheduler.
+	StrategyTimeSlicing Strategy = "TimeSlicing"
+	// StrategyMPS runs one MPS control daemon for the GPU and lets pods share it as MPS clients.
+	StrategyMPS Strategy = "MPS"
+	// StrategyMIG partitions the GPU into MIG instances.
+	StrategyMIG Strategy = "MIG"
+)
+
+// Sharing is the discriminated union that says how a GPU is shared: strategy picks exactly one of the
+// strategy blocks, and oversubscription may be added to the strategies where the shim runs.
+// +kubebuilder:validation:XValidation:rule="has(self.mps) == (self.strategy == 'MPS')",message="sharing.mps: set it exactly when sharing.strategy is MPS"
+// +kubebuilder:validation:XValidation:rule="has(self.timeSlicing) == (self.strategy == 'TimeSlicing')",message="sharing.timeSlicing: set it exactly when sharing.strategy is TimeSlicing"
+// +kubebuilder:validation:XValidation:rule="has(self.mig) == (self.strategy == 'MIG')",message="sharing.mig: set it exactly when sharing.strategy is MIG"
+// +kubebuilder:validation:XValidation:rule="!has(self.oversubscription) || self.strategy in ['TimeSlicing', 'Exclusive']",message="sharing.oversubscription: allowed only with strategy TimeSlicing or Exclusive (MPS and MIG clients cannot be swapped by the shim)"
+type Sharing struct {
+	// strategy is how the GPU is shared: Exclusive, TimeSlicing, MPS or MIG.
+	// +required
+	Strategy Strategy `json:"strategy"`
+
+	// mps configures MPS sharing; set it exactly when strategy is MPS.
+	// +optional
+	MPS *MPSSharing `json:"mps,omitempty"`
+
+	// timeSlicing configures time-sliced sharing; set it exactly when strategy is TimeSlicing.
+	// +optional
+	TimeSlicing *TimeSlicingSharing `json:"timeSlicing,omitempty"`
+
+	// mig configures the MIG layout; set it exactly when strategy is MIG.
+	// +optional
+	MIG *MIGSharing `json:"mig,omitempty"`
+
+	// oversubscription turns on the in-pod shim: a cooperative GPU lock with a time quantum and memory
+	// oversubscription by explicit swapping. Only with TimeSlicing or Exclusive.
+	// +optional
+	Oversubscription *Oversubscription `json:"oversubscription,omitempty"`
+}
+
+// MPSSharing configures the MPS control daemon of a GPU and the shares it is cut into.
+type MPSSharing struct {
+	// replicas is how many pods may share the GPU as MPS clients (MPS serves at most 48 clients per GPU).
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=48
+	// +required
+	Replicas int32 `json:"replicas"`
+
+	// activeThreadPercentage caps the share of the GPU's SMs each client may use, 1-100. Omitted: 100/replicas.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	// +optional
+	ActiveThreadPercentage *int32 `json:"activeThreadPercentage,omitempty"`
+
+	// pinnedMemoryLimit caps the device memory each client may allocate (for example 18Gi).
+	// +kubebuilder:validation:XValidation:rule="isQuantity(string(self)) && quantity(string(self)).sign() == 1",message="mps.pinnedMemoryLimit: must be a positive quantity such as 18Gi"
+	// +optional
+	PinnedMemoryLimit *resource.Quantity `json:"pinnedMemoryLimit,omitempty"`
+}
+
+// TimeSliceInterval names one of the driver's time-slice lengths (nvidia-smi compute-policy --set-timeslice).
+// +kubebuilder:validation:Enum=Default;Short;Medium;Long
+type TimeSliceInterval string
+
+const (
+	// TimeSliceDefault leaves the driver's default time slice.
+	TimeSliceDefault TimeSliceInterval = "Default"
+	// TimeSliceShort is the driver's short time slice.
+	TimeSliceShort TimeSliceInterval = "Short"
+	// TimeSliceMedium is the driver's medium time slice.
+	TimeSliceMedium TimeSliceInterval = "Medium"
+	// TimeSliceLong is the driver's long time slice.
+	TimeSliceLong TimeSliceInterval = "Long"
+)
+
+// TimeSlicingSharing configures time-sliced sharing of a GPU.
+type TimeSlicingSharing struct {
+	// replicas is how many pods may share the GPU; at least 2 (one is Exclusive).
+	// +kubebuilder:validation:Minimum=2
+	// +kubebuilder:validation:Maximum=64
+	// +required
+	Replicas int32 `json:"replicas"`
+
+	// interval is the driver's time-slice length: Default, Short, Medium or Long.
+	// +kubebuilder:default=Default
+	// +optional
+	Interval TimeSliceInterval `json:"interval,omitempty"`
+}
+
+// MIGSharing is the MIG layout wanted on a GPU: how many instances of each profile.
+// +kubebuilder:validation:XValidation:rule="self.instances.map(i, i.count).sum() <= 7",message="mig.instances: counts add up to more than 7 instances; no GPU offers more than 7"
+// +kubebuilder:validation:XValidation:rule="self.instances.map(i, int(i.profile.split('g.')[0]) * i.count).sum() <= 7",message="mig.instances: the profiles need more than 7 compute slices (the sum of <N>g x count); no GPU has more than 7"
+type MIGSharing struct {
+	// instances lists each profile at most once with its count, for example 3g.40gb x1 and 1g.10gb x4.
+	// +listType=map
+	// +listMapKey=profile
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=7
+	// +required
+	Instances []MIGInstanceRequest `json:"instances"`
+}
+
+// MIGInstanceRequest asks for count instances of one MIG profile.
+type MIGInstanceRequest struct {
+	// profile is a GPU instance profile name as nvidia-smi prints it: <slices>g.<memory>gb with an optional
+	// +me, +me.all, -me or +gfx suffix, for example 1g.10gb, 3g.40gb or 1g.10gb+me.
+	// +kubebuilder:validation:Pattern=`^[1-7]g\.[1-9][0-9]{0,2}gb(\+me|\+me\.all|-me|\+gfx)?$`
+	// +kubebuilder:validation:MaxLength=20
+	// +required
+	Profile string `json:"profile"`
+
+	// count is how many instances of the profile, at least 1.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=7
+	// +required
+	Count int32 `json:"count"`
+}
+
+// AntiThrashing says when the shim's lock serializes clients.
+// +kubebuilder:validation:Enum=Auto;Always;Off
+type AntiThrashing string
+
+const (
+	// AntiThrashingAuto serializes clients only while their working sets do not fit the budget together.
+	AntiThrashingAuto AntiThrashing = "Auto"
+	// AntiThrashingAlways always serializes clients with the time quantum.
+	AntiThrashingAlways AntiThrashing = "Always"
+	// AntiThrashingOff never serializes clients; memory is still swapped to stay within the budget.
+	AntiThrashingOff AntiThrashing = "Off"
+)
+
+// Oversubscription configures the in-pod shim and the agent's per-GPU scheduler.
+type Oversubscription struct {
+	// timeQuantum is how long a client may hold the GPU while others wait; at least 1s.
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s')",message="oversubscription.timeQuantum: must be at least 1s"
+	// +kubebuilder:default="20s"
+	// +optional
+	TimeQuantum *metav1.Duration `json:"timeQuantum,omitempty"`
+
+	// antiThrashing: Auto (default) locks only when working sets do not fit together; Always; Off.
+	// +kubebuilder:default=Auto
+	// +optional
+	AntiThrashing AntiThrashing `json:"antiThrashing,omitempty"`
+
+	// memoryBudget caps the physical GPU memory all shim clients may hold at once. Omitted: the GPU's
+	// memory less the agent's reserve.
+	// +kubebuilder:validation:XValidation:rule="isQuantity(string(self)) && quantity(string(self)).sign() == 1",message="oversubscription.memoryBudget: must be a positive quantity such as 16Gi"
+	// +optional
+	MemoryBudget *resource.Quantity `json:"memoryBudget,omitempty"`
+}

@@ -1,0 +1,74 @@
+/* Configuration: read once from the environment inside gs_init, never again. */
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "internal.h"
+
+struct gs_config gs_cfg;
+
+static uint32_t env_u32(const char *name, uint32_t def)
+{
+    const char *v = getenv(name);
+    if (v == NULL || *v == '\0')
+        return def;
+    char *end = NULL;
+    unsigned long n = strtoul(v, &end, 10);
+    if (end == v || *end != '\0' || n > 0xffffffffUL) {
+        gs_log(GS_LOG_WARN, "ignoring %s=%s: not a non-negative integer", name, v);
+        return def;
+    }
+    return (uint32_t)n;
+}
+
+static void env_str(const char *name, char *dst, size_t cap, int *set)
+{
+    const char *v = getenv(name);
+    if (v == NULL || *v == '\0')
+        return;
+    if (strlen(v) >= cap) {
+        gs_log(GS_LOG_WARN, "ignoring %s: longer than %zu bytes", name, cap - 1);
+        return;
+    }
+    strcpy(dst, v);
+    if (set)
+        *set = 1;
+}
+
+static int parse_level(const char *v)
+{
+    if (v == NULL || *v == '\0')
+        return GS_LOG_WARN;
+    if (!strcasecmp(v, "error"))
+        return GS_LOG_ERROR;
+    if (!strcasecmp(v, "warn") || !strcasecmp(v, "warning"))
+        return GS_LOG_WARN;
+    if (!strcasecmp(v, "info"))
+        return GS_LOG_INFO;
+    if (!strcasecmp(v, "debug"))
+        return GS_LOG_DEBUG;
+    return GS_LOG_WARN;
+}
+
+void gs_config_load(void)
+{
+    memset(&gs_cfg, 0, sizeof(gs_cfg));
+    gs_cfg.log_level = parse_level(getenv("GPUSHARE_LOG_LEVEL"));
+    env_str("GPUSHARE_SOCKET", gs_cfg.socket_path, sizeof(gs_cfg.socket_path), &gs_cfg.socket_set);
+    env_str("GPUSHARE_GPU_UUID", gs_cfg.gpu_uuid, sizeof(gs_cfg.gpu_uuid), NULL);
+    strcpy(gs_cfg.cuda_library, "libcuda.so.1");
+    env_str("GPUSHARE_CUDA_LIBRARY", gs_cfg.cuda_library, sizeof(gs_cfg.cuda_library), NULL);
+
+    const char *prio = getenv("GPUSHARE_PRIORITY");
+    gs_cfg.priority = 0;
+    if (prio != NULL && (!strcasecmp(prio, "high") || !strcmp(prio, "1")))
+        gs_cfg.priority = 1;
+
+    gs_cfg.quantum_ms = env_u32("GPUSHARE_QUANTUM_MS", 0);
+    gs_cfg.idle_ms = env_u32("GPUSHARE_IDLE_MS", 50);
+    if (gs_cfg.idle_ms == 0)
+        gs_cfg.idle_ms = 1;
+    gs_cfg.connect_timeout_ms = env_u32("GPUSHARE_CONNECT_TIMEOUT_MS", 1000);
+    gs_cfg.wait_timeout_ms = env_u32("GPUSHARE_WAIT_TIMEOUT_MS", 600000);
+    atomic_store(&gs_count_calls, gs_cfg.log_level >= GS_LOG_DEBUG);
+}

@@ -1,0 +1,117 @@
+/*
+ * The scheduler connection: connect with a deadline, HELLO/WELCOME, and
+ * sending fixed-size messages. Every socket operation is non-blocking and
+ * bounded, and MSG_NOSIGNAL keeps a dead scheduler from raising SIGPIPE in
+ * the application.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gpushare_proto.h"
+#include "internal.h"
+
+uint64_t gs_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void header(struct gs_header *h, uint16_t type, uint32_t size)
+{
+    h->magic = GS_PROTO_MAGIC;
+    h->version = GS_PROTO_VERSION;
+    h->type = type;
+    h->size = size;
+}
+
+static int send_all(int fd, const void *buf, size_t len)
+{
+    ssize_t n = send(fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    return n == (ssize_t)len ? 0 : -1; /* messages are far below the socket buffer */
+}
+
+int gs_conn_send(int fd, uint16_t type, uint32_t epoch)
+{
+    if (type == GS_MSG_ACQUIRE) {
+        struct gs_acquire m;
+        header(&m.h, GS_MSG_ACQUIRE, GS_ACQUIRE_SIZE);
+        return send_all(fd, &m, sizeof(m));
+    }
+    struct gs_release m;
+    header(&m.h, GS_MSG_RELEASE, GS_RELEASE_SIZE);
+    m.epoch = epoch;
+    return send_all(fd, &m, sizeof(m));
+}
+
+static int wait_fd(int fd, short events, uint64_t deadline_ns)
+{
+    for (;;) {
+        uint64_t now = gs_now_ns();
+        if (now >= deadline_ns)
+            return -1;
+        struct pollfd p = {.fd = fd, .events = events};
+        int r = poll(&p, 1, (int)((deadline_ns - now) / 1000000ull) + 1);
+        if (r > 0)
+            return (p.revents & (events | POLLHUP | POLLERR)) ? 0 : -1;
+        if (r < 0 && errno != EINTR)
+            return -1;
+    }
+}
+
+/* Returns a connected, non-blocking socket that completed HELLO/WELCOME, or -1. */
+int gs_conn_open(uint32_t *quantum_ms, uint32_t *grace_ms)
+{
+    uint64_t deadline = gs_now_ns() + (uint64_t)gs_cfg.connect_timeout_ms * 1000000ull;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0)
+        return -1;
+    struct sockaddr_un addr;
+    memset(&addr, 0, sizeof(addr));
+    addr.sun_family = AF_UNIX;
+    memcpy(addr.sun_path, gs_cfg.socket_path, sizeof(addr.sun_path) - 1);
+    if (connect(fd, (struct sockaddr *)&addr, sizeof(addr)) != 0) {
+        if (errno != EINPROGRESS && errno != EAGAIN)
+            goto fail;
+        int err = 0;
+        socklen_t el = sizeof(err);
+        if (wait_fd(fd, POLLOUT, deadline) != 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0 || err != 0)
+            goto fail;
+    }
+
+    struct gs_hello hello;
+    memset(&hello, 0, sizeof(hello));
+    header(&hello.h, GS_MSG_HELLO, GS_HELLO_SIZE);
+    hello.pid = (uint32_t)getpid();
+    hello.priority = gs_cfg.priority;
+    memcpy(hello.gpu_uuid, gs_cfg.gpu_uuid, sizeof(hello.gpu_uuid));
+    if (send_all(fd, &hello, sizeof(hello)) != 0)
+        goto fail;
+
+    struct gs_welcome w;
+    size_t got = 0;
+    while (got < sizeof(w)) {
+        if (wait_fd(fd, POLLIN, deadline) != 0)
+            goto fail;
+        ssize_t n = recv(fd, (char *)&w + got, sizeof(w) - got, MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
+            goto fail;
+        if (n > 0)
+            got += (size_t)n;
+    }
+    if (w.h.magic != GS_PROTO_MAGIC || w.h.version != GS_PROTO_VERSION || w.h.type != GS_MSG_WELCOME ||
+        w.h.size != GS_WELCOME_SIZE)
+        goto fail;
+    *quantum_ms = w.quantum_ms;
+    *grace_ms = w.grace_ms;
+    return fd;
+fail:
+    close(fd);
+    return -1;
+}

@@ -1,0 +1,375 @@
+/*
+ * The client side of the GPU lock.
+ *
+ * Application threads pass the gate on every GPU call (gs_gate_enter, an
+ * atomic add and a load when the lock is held). Only when the gate is closed
+ * do they come here, to connect, send ACQUIRE and sleep until GRANT.
+ *
+ * One background thread per process owns the socket's read side: it applies
+ * GRANT / CONTENDED / REVOKED and, every tick, releases the lock when the
+ * process went idle (no GPU call for GPUSHARE_IDLE_MS) or when someone waits
+ * and our quantum is used up. A release closes the gate, waits for calls in
+ * flight, makes the GPU work done (cuCtxSynchronize per context) unless a
+ * stream is capturing (then the release is deferred), and sends RELEASE.
+ *
+ * Anything wrong with the scheduler (absent, bad socket, protocol error, EOF)
+ * opens the gate for good: pass-through with one warning.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gpushare_proto.h"
+#include "internal.h"
+
+_Atomic uint64_t gs_gate_word;
+atomic_int gs_gate_open;
+atomic_int gs_count_calls;
+_Atomic uint64_t gs_calls[GS_HOOK_COUNT];
+
+enum { CONN_NEW, CONN_UP, CONN_PASSTHROUGH };
+
+#define TICK_MS 5
+#define DRAIN_WAIT_NS (20ull * 1000000ull)
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cv;
+static pthread_once_t cv_once = PTHREAD_ONCE_INIT;
+
+static struct {
+    int conn;
+    int fd;
+    int held;
+    int releasing;
+    int acquire_sent;
+    int contended;
+    uint32_t epoch;
+    uint32_t quantum_ms;
+    uint32_t grace_ms;
+    uint64_t grant_ns;
+    uint64_t last_act;
+    uint64_t last_act_ns;
+    uint64_t grants, releases, revocations;
+} st = {.fd = -1};
+
+static void cv_init(void)
+{
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(&cv, &a);
+    pthread_condattr_destroy(&a);
+}
+
+static void passthrough_locked(const char *reason)
+{
+    if (st.conn == CONN_PASSTHROUGH)
+        return;
+    st.conn = CONN_PASSTHROUGH;
+    st.held = 0;
+    if (st.fd >= 0)
+        shutdown(st.fd, SHUT_RDWR); /* wakes the background thread, which closes it */
+    atomic_store(&gs_gate_open, 1);
+    pthread_cond_broadcast(&cv);
+    gs_warn_failopen(reason);
+}
+
+static void *bg_main(void *arg);
+
+static void connect_locked(void)
+{
+    char why[256];
+    if (!gs_cfg.socket_set) {
+        passthrough_locked("GPUSHARE_SOCKET is not set");
+        return;
+    }
+    uint32_t q = 0, g = 0;
+    int fd = gs_conn_open(&q, &g);
+    if (fd < 0) {
+        snprintf(why, sizeof(why), "cannot reach the GPU scheduler at %s", gs_cfg.socket_path);
+        passthrough_locked(why);
+        return;
+    }
+    st.fd = fd;
+    st.quantum_ms = q;
+    st.grace_ms = g;
+    st.conn = CONN_UP;
+
+    /* The thread must not take the application's signals. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int err = pthread_create(&t, &attr, bg_main, (void *)(intptr_t)fd);
+    pthread_attr_destroy(&attr);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (err != 0) {
+        close(fd);
+        st.fd = -1;
+        passthrough_locked("cannot start the shim's scheduler thread");
+        return;
+    }
+    gs_log(GS_LOG_INFO, "connected to %s (quantum %u ms, grace %u ms, idle %u ms)", gs_cfg.socket_path, q, g,
+           gs_cfg.idle_ms);
+}
+
+void gs_gate_wait(void)
+{
+    gs_init();
+    pthread_once(&cv_once, cv_init);
+    for (;;) {
+        gs_ctx_record_current();
+        pthread_mutex_lock(&mu);
+        if (st.conn == CONN_NEW)
+            connect_locked();
+        uint64_t start = gs_now_ns();
+        while (!atomic_load(&gs_gate_open)) {
+            if (!st.held && !st.acquire_sent) {
+                if (gs_conn_send(st.fd, GS_MSG_ACQUIRE, 0) != 0) {
+                    passthrough_locked("cannot send to the GPU scheduler");
+                    break;
+                }
+                st.acquire_sent = 1;
+            }
+            uint64_t now = gs_now_ns();
+            if (gs_cfg.wait_timeout_ms != 0 && now - start >= (uint64_t)gs_cfg.wait_timeout_ms * 1000000ull) {
+                passthrough_locked("no grant within GPUSHARE_WAIT_TIMEOUT_MS");
+                break;
+            }
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            ts.tv_sec += 1;
+            pthread_cond_timedwait(&cv, &mu, &ts);
+        }
+        pthread_mutex_unlock(&mu);
+        atomic_fetch_add(&gs_gate_word, GS_INFLIGHT_ONE | GS_ACTIVITY_ONE);
+        if (atomic_load(&gs_gate_open))
+            return;
+        atomic_fetch_sub(&gs_gate_word, GS_INFLIGHT_ONE);
+    }
+}
+
+static int wait_inflight_zero(void)
+{
+    uint64_t deadline = gs_now_ns() + DRAIN_WAIT_NS;
+    for (int spins = 0;; spins++) {
+        if ((uint32_t)atomic_load(&gs_gate_word) == 0)
+            return 1;
+        if (gs_now_ns() >= deadline)
+            return 0;
+        if (spins < 64) {
+            sched_yield();
+        } else {
+            struct timespec ts = {0, 20000};
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
+/* Called with mu held; drops it while draining. */
+static void release_locked(const char *reason)
+{
+    st.releasing = 1;
+    atomic_store(&gs_gate_open, 0);
+    pthread_mutex_unlock(&mu);
+    int ok = wait_inflight_zero() && gs_gpu_drain() == 0;
+    pthread_mutex_lock(&mu);
+    st.releasing = 0;
+    if (st.conn != CONN_UP)
+        return; /* went pass-through meanwhile; the gate is open */
+    if (!ok) {
+        /* A call stayed in the driver or a capture began: keep the lock, retry next tick. */
+        atomic_store(&gs_gate_open, 1);
+        pthread_cond_broadcast(&cv);
+        return;
+    }
+    if (gs_conn_send(st.fd, GS_MSG_RELEASE, st.epoch) != 0) {
+        passthrough_locked("cannot send to the GPU scheduler");
+        return;
+    }
+    st.held = 0;
+    st.contended = 0;
+    st.releases++;
+    gs_log(GS_LOG_DEBUG, "released epoch %u (%s)", st.epoch, reason);
+    pthread_cond_broadcast(&cv); /* waiting threads now ask again */
+}
+
+static void maybe_release_locked(void)
+{
+    if (!st.held || st.releasing)
+        return;
+    uint64_t now = gs_now_ns();
+    uint64_t w = atomic_load(&gs_gate_word);
+    uint64_t act = w >> 32;
+    if (act != st.last_act) {
+        st.last_act = act;
+        st.last_act_ns = now;
+    }
+    int idle = (uint32_t)w == 0 && now - st.last_act_ns >= (uint64_t)gs_cfg.idle_ms * 1000000ull;
+    int expired = st.contended && now - st.grant_ns >= (uint64_t)st.quantum_ms * 1000000ull;
+    if (!idle && !expired)
+        return;
+    if (gs_capture_active())
+        return; /* never synchronize a capturing stream; the scheduler may revoke us */
+    release_locked(idle ? "idle" : "quantum used, others waiting");
+}
+
+static uint32_t expected_size(uint16_t type)
+{
+    switch (type) {
+    case GS_MSG_GRANT:
+        return GS_GRANT_SIZE;
+    case GS_MSG_CONTENDED:
+        return GS_CONTENDED_SIZE;
+    case GS_MSG_REVOKED:
+        return GS_REVOKED_SIZE;
+    default:
+        return 0;
+    }
+}
+
+static void on_message_locked(const unsigned char *m, uint16_t type)
+{
+    uint32_t epoch;
+    memcpy(&epoch, m + GS_HEADER_SIZE, sizeof(epoch));
+    if (type == GS_MSG_GRANT) {
+        struct gs_grant g;
+        memcpy(&g, m, sizeof(g));
+        uint64_t now = gs_now_ns();
+        st.held = 1;
+        st.acquire_sent = 0;
+        st.contended = 0;
+        st.epoch = g.epoch;
+        st.quantum_ms = g.quantum_ms;
+        if (gs_cfg.quantum_ms != 0 && gs_cfg.quantum_ms < st.quantum_ms)
+            st.quantum_ms = gs_cfg.quantum_ms;
+        st.grant_ns = now;
+        st.last_act = atomic_load(&gs_gate_word) >> 32;
+        st.last_act_ns = now;
+        st.grants++;
+        atomic_store(&gs_gate_open, 1);
+        pthread_cond_broadcast(&cv);
+    } else if (type == GS_MSG_CONTENDED) {
+        if (st.held && epoch == st.epoch)
+            st.contended = 1;
+    } else if (type == GS_MSG_REVOKED) {
+        if (!st.held || epoch != st.epoch)
+            return; /* we released that epoch already */
+        st.held = 0;
+        st.contended = 0;
+        st.acquire_sent = 0;
+        atomic_store(&gs_gate_open, 0);
+        st.revocations++;
+        gs_log(st.revocations == 1 ? GS_LOG_WARN : GS_LOG_DEBUG,
+               "GPU lock revoked (held past quantum + grace); work already queued keeps running, "
+               "the next GPU call waits for the lock again");
+        pthread_cond_broadcast(&cv);
+    }
+}
+
+/* Parses whole messages out of buf; -1 on anything malformed. */
+static int handle_input_locked(unsigned char *buf, size_t *have)
+{
+    size_t off = 0;
+    while (*have - off >= GS_HEADER_SIZE) {
+        struct gs_header h;
+        memcpy(&h, buf + off, sizeof(h));
+        if (h.magic != GS_PROTO_MAGIC || h.version != GS_PROTO_VERSION)
+            return -1;
+        uint32_t want = expected_size(h.type);
+        if (want == 0 || h.size != want)
+            return -1;
+        if (*have - off < want)
+            break;
+        on_message_locked(buf + off, h.type);
+        off += want;
+    }
+    memmove(buf, buf + off, *have - off);
+    *have -= off;
+    return 0;
+}
+
+static void *bg_main(void *arg)
+{
+    int fd = (int)(intptr_t)arg;
+    unsigned char buf[2 * GS_MAX_MSG_SIZE];
+    size_t have = 0;
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        int r = poll(&p, 1, TICK_MS);
+        pthread_mutex_lock(&mu);
+        if (st.conn != CONN_UP || st.fd != fd) {
+            pthread_mutex_unlock(&mu);
+            break;
+        }
+        if (r > 0) {
+            ssize_t n = recv(fd, buf + have, sizeof(buf) - have, MSG_DONTWAIT);
+            if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+                passthrough_locked("the GPU scheduler went away");
+                pthread_mutex_unlock(&mu);
+                break;
+            }
+            if (n > 0) {
+                have += (size_t)n;
+                if (handle_input_locked(buf, &have) != 0) {
+                    passthrough_locked("protocol error from the GPU scheduler");
+                    pthread_mutex_unlock(&mu);
+                    break;
+                }
+            }
+        }
+        maybe_release_locked();
+        pthread_mutex_unlock(&mu);
+    }
+    close(fd);
+    return NULL;
+}
+
+void gs_gate_atfork_prepare(void)
+{
+    pthread_mutex_lock(&mu);
+}
+
+void gs_gate_atfork_parent(void)
+{
+    pthread_mutex_unlock(&mu);
+}
+
+/* The child has no background thread and must not share the parent's lease. */
+void gs_gate_atfork_child(void)
+{
+    if (st.fd >= 0)
+        close(st.fd);
+    st.fd = -1;
+    int pass = st.conn == CONN_PASSTHROUGH;
+    memset(&st, 0, sizeof(st));
+    st.fd = -1;
+    st.conn = pass ? CONN_PASSTHROUGH : CONN_NEW;
+    atomic_store(&gs_gate_word, 0);
+    atomic_store(&gs_gate_open, pass);
+    cv_init();
+    gs_gpu_atfork_child();
+    pthread_mutex_unlock(&mu);
+}
+
+void gs_print_call_counts(void)
+{
+    if (!atomic_load(&gs_count_calls))
+        return;
+    for (int i = 0; i < GS_HOOK_COUNT; i++) {
+        uint64_t n = atomic_load(&gs_calls[i]);
+        if (n != 0)
+            gs_log(GS_LOG_DEBUG, "calls %s=%llu", gs_hook_names[i], (unsigned long long)n);
+    }
+    gs_log(GS_LOG_DEBUG, "lock grants=%llu releases=%llu revocations=%llu", (unsigned long long)st.grants,
+           (unsigned long long)st.releases, (unsigned long long)st.revocations);
+}

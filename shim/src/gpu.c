@@ -1,0 +1,145 @@
+/*
+ * Quiescing the GPU before the lock goes to someone else: the contexts this
+ * process created or retained, and the streams it is capturing (which must
+ * never be synchronized: cuCtxSynchronize from another thread invalidates a
+ * global-mode capture). Touched only when contexts or captures come and go
+ * and at a release, never per launch.
+ */
+#include <pthread.h>
+#include <stdint.h>
+
+#include "internal.h"
+
+#define GS_MAX_CTX 32
+#define GS_MAX_CAPTURE 64
+
+static pthread_mutex_t set_mu = PTHREAD_MUTEX_INITIALIZER;
+static CUcontext ctxs[GS_MAX_CTX];
+static int nctx;
+static CUstream caps[GS_MAX_CAPTURE];
+static int ncap;
+static int cap_overflow; /* a capture we could not record: assume one is running */
+
+void gs_ctx_add(CUcontext ctx)
+{
+    if (ctx == NULL)
+        return;
+    pthread_mutex_lock(&set_mu);
+    int known = 0;
+    for (int i = 0; i < nctx; i++)
+        known |= ctxs[i] == ctx;
+    if (!known && nctx < GS_MAX_CTX)
+        ctxs[nctx++] = ctx;
+    else if (!known)
+        gs_log(GS_LOG_WARN, "more than %d CUDA contexts; context %p is not synchronized at hand-off", GS_MAX_CTX, (void *)ctx);
+    pthread_mutex_unlock(&set_mu);
+}
+
+void gs_ctx_remove(CUcontext ctx)
+{
+    pthread_mutex_lock(&set_mu);
+    for (int i = 0; i < nctx; i++)
+        if (ctxs[i] == ctx) {
+            ctxs[i] = ctxs[--nctx];
+            break;
+        }
+    pthread_mutex_unlock(&set_mu);
+}
+
+void gs_ctx_record_current(void)
+{
+    gs_fn_cuCtxGetCurrent get = (gs_fn_cuCtxGetCurrent)gs_real(GS_ID_cuCtxGetCurrent);
+    CUcontext c = NULL;
+    if (get != NULL && get(&c) == CUDA_SUCCESS && c != NULL)
+        gs_ctx_add(c);
+}
+
+void gs_capture_add(CUstream s)
+{
+    pthread_mutex_lock(&set_mu);
+    if (ncap < GS_MAX_CAPTURE)
+        caps[ncap++] = s;
+    else
+        cap_overflow++;
+    pthread_mutex_unlock(&set_mu);
+}
+
+void gs_capture_remove(CUstream s)
+{
+    pthread_mutex_lock(&set_mu);
+    int found = 0;
+    for (int i = 0; i < ncap; i++)
+        if (caps[i] == s) {
+            caps[i] = caps[--ncap];
+            found = 1;
+            break;
+        }
+    if (!found && cap_overflow > 0)
+        cap_overflow--;
+    pthread_mutex_unlock(&set_mu);
+}
+
+/* The legacy (0x1) and per-thread (0x2) default streams mean the calling
+ * thread's stream: they cannot be queried from the shim's thread, so a
+ * capture on them counts as active until cuStreamEndCapture. */
+static int is_thread_relative(CUstream s)
+{
+    uintptr_t v = (uintptr_t)s;
+    return v == 0 || v == 1 || v == 2;
+}
+
+int gs_capture_active(void)
+{
+    gs_fn_cuStreamIsCapturing is_cap = (gs_fn_cuStreamIsCapturing)gs_real(GS_ID_cuStreamIsCapturing);
+    pthread_mutex_lock(&set_mu);
+    int active = cap_overflow > 0;
+    for (int i = 0; i < ncap;) {
+        CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+        int capturing = 1;
+        if (!is_thread_relative(caps[i]) && is_cap != NULL)
+            capturing = is_cap(caps[i], &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE;
+        if (!capturing) {
+            caps[i] = caps[--ncap]; /* ended without us seeing cuStreamEndCapture */
+            continue;
+        }
+        active = 1;
+        i++;
+    }
+    pthread_mutex_unlock(&set_mu);
+    return active;
+}
+
+int gs_gpu_drain(void)
+{
+    if (gs_capture_active())
+        return -1;
+    gs_fn_cuCtxPushCurrent_v2 push = (gs_fn_cuCtxPushCurrent_v2)gs_real(GS_ID_cuCtxPushCurrent_v2);
+    gs_fn_cuCtxPopCurrent_v2 pop = (gs_fn_cuCtxPopCurrent_v2)gs_real(GS_ID_cuCtxPopCurrent_v2);
+    gs_fn_cuCtxSynchronize sync = (gs_fn_cuCtxSynchronize)gs_real(GS_ID_cuCtxSynchronize);
+    if (push == NULL || pop == NULL || sync == NULL)
+        return 0;
+    CUcontext list[GS_MAX_CTX];
+    pthread_mutex_lock(&set_mu);
+    int n = nctx;
+    for (int i = 0; i < n; i++)
+        list[i] = ctxs[i];
+    pthread_mutex_unlock(&set_mu);
+    for (int i = 0; i < n; i++) {
+        if (push(list[i]) != CUDA_SUCCESS)
+            continue; /* destroyed or inactive primary context: nothing to wait for */
+        CUresult r = sync();
+        CUcontext popped;
+        pop(&popped);
+        if (r != CUDA_SUCCESS)
+            gs_log(GS_LOG_DEBUG, "cuCtxSynchronize(%p) = %d at release", (void *)list[i], r);
+    }
+    return 0;
+}
+
+void gs_gpu_atfork_child(void)
+{
+    pthread_mutex_init(&set_mu, NULL);
+    nctx = 0;
+    ncap = 0;
+    cap_overflow = 0;
+}

@@ -1,0 +1,120 @@
+/*
+ * Declarations shared by the shim's translation units. Nothing here is
+ * exported: the library is built with -fvisibility=hidden and a version
+ * script, and only GS_EXPORT functions (CUDA entry points and dlsym) leave it.
+ */
+#ifndef GS_INTERNAL_H
+#define GS_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "cuda_abi.h"
+
+#define GS_EXPORT __attribute__((visibility("default")))
+#define GS_LIKELY(x) __builtin_expect(!!(x), 1)
+#define GS_UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+/* ---- generated from hooks.def ---- */
+enum gs_hook_id {
+#define GS_HOOK(cls, name, params, args, extra) GS_ID_##name,
+#include "hooks.def"
+#undef GS_HOOK
+    GS_HOOK_COUNT
+};
+
+#define GS_HOOK(cls, name, params, args, extra) typedef CUresult(*gs_fn_##name) params;
+#include "hooks.def"
+#undef GS_HOOK
+
+/* ---- configuration (config.c): read once, in gs_init ---- */
+enum { GS_LOG_ERROR = 0, GS_LOG_WARN = 1, GS_LOG_INFO = 2, GS_LOG_DEBUG = 3 };
+
+struct gs_config {
+    char socket_path[108]; /* sizeof(sun_path) */
+    char gpu_uuid[64];
+    int socket_set;
+    uint32_t priority;
+    uint32_t quantum_ms; /* 0: take the scheduler's; else min(ours, scheduler's) */
+    uint32_t idle_ms;
+    uint32_t connect_timeout_ms;
+    uint32_t wait_timeout_ms; /* 0: wait for a grant as long as the scheduler lives */
+    int log_level;
+    char cuda_library[256];
+};
+extern struct gs_config gs_cfg;
+void gs_config_load(void);
+
+/* ---- logging (log.c): never on the hot path ---- */
+void gs_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The single fail-open warning: the first caller prints, later ones log at debug. */
+void gs_warn_failopen(const char *reason);
+
+/* ---- resolution (resolve.c) ---- */
+void gs_init(void);
+void gs_bind_cuda(void);
+void *gs_bind_slow(int id);
+int gs_id_for_name(const char *name);
+void *gs_substitute(const char *symbol, void *fn);
+extern _Atomic(void *) gs_real_fn[GS_HOOK_COUNT];
+extern const char *const gs_hook_names[GS_HOOK_COUNT];
+
+static inline void *gs_real(int id)
+{
+    void *p = atomic_load_explicit(&gs_real_fn[id], memory_order_acquire);
+    if (GS_UNLIKELY(p == NULL))
+        p = gs_bind_slow(id);
+    return p;
+}
+
+/* ---- the gate (gate.c): is this process allowed to touch the GPU now ---- */
+/*
+ * gs_gate_word: low 32 bits count calls inside the driver, high 32 bits count
+ * every entry (activity, for idle detection). One atomic add covers both.
+ * gs_gate_open: 1 while we hold the lock or run in pass-through.
+ * Entering increments the word and then reads the gate; a releaser closes the
+ * gate and then waits for the in-flight count to reach zero. Both sides are
+ * seq_cst, so either the caller sees the gate closed or the releaser sees the
+ * caller in flight (Dekker).
+ */
+#define GS_INFLIGHT_ONE 1ull
+#define GS_ACTIVITY_ONE (1ull << 32)
+extern _Atomic uint64_t gs_gate_word;
+extern atomic_int gs_gate_open;
+extern atomic_int gs_count_calls;
+extern _Atomic uint64_t gs_calls[GS_HOOK_COUNT];
+void gs_gate_wait(void);
+
+static inline void gs_gate_enter(int id)
+{
+    if (GS_UNLIKELY(atomic_load_explicit(&gs_count_calls, memory_order_relaxed)))
+        atomic_fetch_add_explicit(&gs_calls[id], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&gs_gate_word, GS_INFLIGHT_ONE | GS_ACTIVITY_ONE, memory_order_seq_cst);
+    if (GS_LIKELY(atomic_load_explicit(&gs_gate_open, memory_order_seq_cst)))
+        return;
+    atomic_fetch_sub_explicit(&gs_gate_word, GS_INFLIGHT_ONE, memory_order_seq_cst);
+    gs_gate_wait(); /* returns in flight, with the gate open */
+}
+
+static inline void gs_gate_leave(void)
+{
+    atomic_fetch_sub_explicit(&gs_gate_word, GS_INFLIGHT_ONE, memory_order_release);
+}
+
+/* ---- GPU quiescing (gpu.c) ---- */
+void gs_ctx_add(CUcontext ctx);
+void gs_ctx_remove(CUcontext ctx);
+void gs_ctx_record_current(void);
+void gs_capture_add(CUstream s);
+void gs_capture_remove(CUstream s);
+int gs_capture_active(void);
+/* Waits for all GPU work of every known context; -1 (nothing synchronized) while a stream captures. */
+int gs_gpu_drain(void);
+void gs_gpu_atfork_child(void);
+
+/* ---- scheduler connection (conn.c) ---- */
+int gs_conn_open(uint32_t *quantum_ms, uint32_t *grace_ms);
+int gs_conn_send(int fd, uint16_t type, uint32_t epoch);
+uint64_t gs_now_ns(void);
+
+#endif

@@ -1,0 +1,37 @@
+/* Logging to stderr with one write(2) per line, so lines of threads never interleave. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+static const char *const level_names[] = {"error", "warn", "info", "debug"};
+
+void gs_log(int level, const char *fmt, ...)
+{
+    if (level > gs_cfg.log_level)
+        return;
+    char buf[512];
+    int n = snprintf(buf, sizeof(buf), "gpushare[%d] %s: ", (int)getpid(), level_names[level]);
+    va_list ap;
+    va_start(ap, fmt);
+    int m = vsnprintf(buf + n, sizeof(buf) - (size_t)n - 1, fmt, ap);
+    va_end(ap);
+    if (m < 0)
+        return;
+    n += m;
+    if ((size_t)n > sizeof(buf) - 2)
+        n = (int)sizeof(buf) - 2;
+    buf[n++] = '\n';
+    ssize_t w = write(2, buf, (size_t)n);
+    (void)w;
+}
+
+void gs_warn_failopen(const char *reason)
+{
+    static atomic_int warned;
+    if (atomic_exchange(&warned, 1) == 0)
+        gs_log(GS_LOG_WARN, "GPU lock disabled, passing CUDA calls straight to the driver: %s", reason);
+    else
+        gs_log(GS_LOG_DEBUG, "pass-through: %s", reason);
+}

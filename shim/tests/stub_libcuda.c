@@ -1,0 +1,276 @@
+/*
+ * A stand-in libcuda.so.1 for CPU-only tests. It exports every entry point
+ * in hooks.def plus what the shim and test clients call, and models the one
+ * property the lock is about: GPU work is asynchronous. Each work call queues
+ * an item that a worker thread "executes" by busy-waiting, writing
+ *     B <pid> <monotonic ns> <entry point>
+ *     E <pid> <monotonic ns>
+ * to the file named by GPUSHARE_STUB_TRACE (O_APPEND, one write per line), so
+ * a test can check that work of two processes never overlapped.
+ * cuCtxSynchronize waits until the queue is empty, like the real one.
+ *
+ *   GPUSHARE_STUB_TRACE      trace file (no trace when unset)
+ *   GPUSHARE_STUB_LAUNCH_US  busy time per launch-like call (default 1000)
+ *   GPUSHARE_STUB_COPY_US    busy time per copy/memset/alloc call (default 0: not traced)
+ */
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cuda_abi.h"
+
+#define STUB_EXPORT __attribute__((visibility("default")))
+
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+static int trace_fd = -1;
+static long launch_us = 1000, copy_us;
+
+#define QCAP 4096
+static struct item {
+    const char *name;
+    long us;
+} queue[QCAP];
+static unsigned qhead, qtail; /* pending = qtail - qhead; the worker bumps qhead when an item finished */
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void trace(char kind, const char *name)
+{
+    if (trace_fd < 0)
+        return;
+    char line[160];
+    int n = snprintf(line, sizeof(line), "%c %d %llu %s\n", kind, (int)getpid(), (unsigned long long)now_ns(),
+                     name ? name : "");
+    ssize_t w = write(trace_fd, line, (size_t)n);
+    (void)w;
+}
+
+static void *worker(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&mu);
+    for (;;) {
+        while (qhead == qtail)
+            pthread_cond_wait(&cv, &mu);
+        struct item it = queue[qhead % QCAP];
+        pthread_mutex_unlock(&mu);
+        trace('B', it.name);
+        uint64_t end = now_ns() + (uint64_t)it.us * 1000ull;
+        while (now_ns() < end)
+            ; /* the "GPU" is busy */
+        trace('E', NULL);
+        pthread_mutex_lock(&mu);
+        qhead++;
+        pthread_cond_broadcast(&cv);
+    }
+    return NULL;
+}
+
+static void init(void)
+{
+    const char *t = getenv("GPUSHARE_STUB_TRACE");
+    if (t && *t)
+        trace_fd = open(t, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    const char *l = getenv("GPUSHARE_STUB_LAUNCH_US");
+    if (l && *l)
+        launch_us = atol(l);
+    const char *c = getenv("GPUSHARE_STUB_COPY_US");
+    if (c && *c)
+        copy_us = atol(c);
+    pthread_t th;
+    pthread_create(&th, NULL, worker, NULL);
+    pthread_detach(th);
+}
+
+static CUresult submit(const char *name)
+{
+    pthread_once(&once, init);
+    long us = strncmp(name, "cuLaunch", 8) == 0 || strncmp(name, "cuGraphLaunch", 13) == 0 ? launch_us : copy_us;
+    if (us <= 0)
+        return CUDA_SUCCESS;
+    pthread_mutex_lock(&mu);
+    while (qtail - qhead >= QCAP) /* a full queue blocks the launch, as on a real GPU */
+        pthread_cond_wait(&cv, &mu);
+    queue[qtail % QCAP] = (struct item){name, us};
+    qtail++;
+    pthread_cond_broadcast(&cv);
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+
+/* ---- capture and context bookkeeping ---- */
+#define MAXCAP 16
+static CUstream capturing[MAXCAP];
+
+static void set_capture(CUstream s, int on)
+{
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < MAXCAP; i++) {
+        if (on && capturing[i] == NULL) {
+            capturing[i] = s;
+            break;
+        }
+        if (!on && capturing[i] == s) {
+            capturing[i] = NULL;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+}
+
+static CUcontext fake_ctx(void)
+{
+    return (CUcontext)(uintptr_t)0x1000;
+}
+
+/* ---- every hooks.def entry point ---- */
+#define STUB_WORK(name, params, args, extra)                                                       \
+    STUB_EXPORT CUresult name params;                                                              \
+    STUB_EXPORT CUresult name params { return submit(#name); }
+#define STUB_CAPBEGIN(name, params, args, s)                                                       \
+    STUB_EXPORT CUresult name params;                                                              \
+    STUB_EXPORT CUresult name params { set_capture(s, 1); return CUDA_SUCCESS; }
+#define STUB_CAPEND(name, params, args, s)                                                         \
+    STUB_EXPORT CUresult name params;                                                              \
+    STUB_EXPORT CUresult name params { set_capture(s, 0); return CUDA_SUCCESS; }
+#define STUB_CTXNEW(name, params, args, pctx)                                                      \
+    STUB_EXPORT CUresult name params;                                                              \
+    STUB_EXPORT CUresult name params { *(pctx) = fake_ctx(); return CUDA_SUCCESS; }
+#define STUB_CTXGONE(name, params, args, ctx)                                                      \
+    STUB_EXPORT CUresult name params;                                                              \
+    STUB_EXPORT CUresult name params { (void)(ctx); return CUDA_SUCCESS; }
+#define STUB_PROC(name, params, args, extra)
+#define STUB_USE(name, params, args, extra)
+#define GS_HOOK(cls, name, params, args, extra) STUB_##cls(name, params, args, extra)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-parameter"
+#include "hooks.def"
+#pragma GCC diagnostic pop
+#undef GS_HOOK
+
+STUB_EXPORT CUresult cuInit(unsigned int flags)
+{
+    (void)flags;
+    pthread_once(&once, init);
+    return CUDA_SUCCESS;
+}
+
+STUB_EXPORT CUresult cuDriverGetVersion(int *v)
+{
+    *v = 13000;
+    return CUDA_SUCCESS;
+}
+
+STUB_EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
+{
+    *pctx = fake_ctx();
+    return CUDA_SUCCESS;
+}
+
+STUB_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+{
+    return ctx == fake_ctx() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+STUB_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
+{
+    if (pctx)
+        *pctx = fake_ctx();
+    return CUDA_SUCCESS;
+}
+
+STUB_EXPORT CUresult cuCtxSynchronize(void)
+{
+    pthread_once(&once, init);
+    pthread_mutex_lock(&mu);
+    while (qhead != qtail)
+        pthread_cond_wait(&cv, &mu);
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+
+STUB_EXPORT CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *status)
+{
+    int on = 0;
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < MAXCAP; i++)
+        on |= capturing[i] == s && s != NULL;
+    pthread_mutex_unlock(&mu);
+    *status = on ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    return CUDA_SUCCESS;
+}
+
+/* ---- cuGetProcAddress: pick a variant by name, flags and version, like the driver ---- */
+#define STUB_ENTRY(name) {#name, (void *)&name},
+#define STUB_ENTRY_ANY(name, params, args, extra) STUB_ENTRY(name)
+#define STUB_T_WORK STUB_ENTRY_ANY
+#define STUB_T_CAPBEGIN STUB_ENTRY_ANY
+#define STUB_T_CAPEND STUB_ENTRY_ANY
+#define STUB_T_CTXNEW STUB_ENTRY_ANY
+#define STUB_T_CTXGONE STUB_ENTRY_ANY
+#define STUB_T_PROC STUB_ENTRY_ANY
+#define STUB_T_USE STUB_ENTRY_ANY
+STUB_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
+STUB_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                                         CUdriverProcAddressQueryResult *symbolStatus);
+static const struct {
+    const char *name;
+    void *fn;
+} table[] = {
+#define GS_HOOK(cls, name, params, args, extra) STUB_T_##cls(name, params, args, extra)
+#include "hooks.def"
+#undef GS_HOOK
+    STUB_ENTRY(cuInit) STUB_ENTRY(cuDriverGetVersion)};
+
+static void *lookup(const char *name)
+{
+    for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++)
+        if (strcmp(table[i].name, name) == 0)
+            return table[i].fn;
+    return NULL;
+}
+
+static void *pick(const char *symbol, int cudaVersion, cuuint64_t flags)
+{
+    char n[160];
+    void *p = NULL;
+    if (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) {
+        static const char *const sfx[] = {"_v2_ptds", "_v2_ptsz", "_ptds", "_ptsz"};
+        for (int i = 0; i < 4 && !p; i++) {
+            snprintf(n, sizeof(n), "%s%s", symbol, sfx[i]);
+            p = lookup(n);
+        }
+    }
+    if (!p && cudaVersion >= 3020) {
+        snprintf(n, sizeof(n), "%s_v2", symbol);
+        p = lookup(n);
+    }
+    return p ? p : lookup(symbol);
+}
+
+STUB_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
+{
+    /* v1 never existed as _v2 of itself: "cuGetProcAddress" resolves to the v1 entry. */
+    *pfn = strcmp(symbol, "cuGetProcAddress") == 0 ? (void *)&cuGetProcAddress : pick(symbol, cudaVersion, flags);
+    return *pfn ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+STUB_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                                         CUdriverProcAddressQueryResult *symbolStatus)
+{
+    *pfn = pick(symbol, cudaVersion, flags);
+    if (symbolStatus)
+        *symbolStatus = *pfn ? 0 : 1;
+    return *pfn ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}

@@ -1,0 +1,134 @@
+package scheduler
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"testing"
+)
+
+// The C header is the definition; this test fails when proto.go drifts from it.
+func TestProtocolConstantsMatchShimHeader(t *testing.T) {
+	src, err := os.ReadFile(filepath.Join("..", "..", "shim", "include", "gpushare_proto.h"))
+	if err != nil {
+		t.Fatalf("reading the shim's protocol header: %v", err)
+	}
+	defs := map[string]uint64{}
+	re := regexp.MustCompile(`(?m)^#define\s+(GS_[A-Z0-9_]+)\s+(0x[0-9a-fA-F]+|[0-9]+)u?\b`)
+	for _, m := range re.FindAllStringSubmatch(string(src), -1) {
+		v, err := strconv.ParseUint(m[2], 0, 64)
+		if err != nil {
+			t.Fatalf("parsing %s: %v", m[1], err)
+		}
+		defs[m[1]] = v
+	}
+	want := map[string]uint64{
+		"GS_PROTO_MAGIC":     uint64(Magic),
+		"GS_PROTO_VERSION":   uint64(Version),
+		"GS_MAX_MSG_SIZE":    MaxMsgSize,
+		"GS_UUID_LEN":        UUIDLen,
+		"GS_MSG_HELLO":       uint64(MsgHello),
+		"GS_MSG_WELCOME":     uint64(MsgWelcome),
+		"GS_MSG_ACQUIRE":     uint64(MsgAcquire),
+		"GS_MSG_GRANT":       uint64(MsgGrant),
+		"GS_MSG_RELEASE":     uint64(MsgRelease),
+		"GS_MSG_CONTENDED":   uint64(MsgContended),
+		"GS_MSG_REVOKED":     uint64(MsgRevoked),
+		"GS_PRIORITY_NORMAL": uint64(PriorityNormal),
+		"GS_PRIORITY_HIGH":   uint64(PriorityHigh),
+		"GS_HEADER_SIZE":     HeaderSize,
+		"GS_HELLO_SIZE":      HelloSize,
+		"GS_WELCOME_SIZE":    WelcomeSize,
+		"GS_ACQUIRE_SIZE":    AcquireSize,
+		"GS_GRANT_SIZE":      GrantSize,
+		"GS_RELEASE_SIZE":    ReleaseSize,
+		"GS_CONTENDED_SIZE":  ContendedSize,
+		"GS_REVOKED_SIZE":    RevokedSize,
+	}
+	for name, v := range want {
+		got, ok := defs[name]
+		if !ok {
+			t.Errorf("%s is not defined in gpushare_proto.h", name)
+			continue
+		}
+		if got != v {
+			t.Errorf("%s: header says %#x, proto.go says %#x", name, got, v)
+		}
+	}
+	for name := range defs {
+		if _, ok := want[name]; !ok {
+			t.Errorf("%s is in gpushare_proto.h but not mirrored in proto.go", name)
+		}
+	}
+	for typ, size := range msgSizes {
+		b, err := Encode(Message{Type: typ})
+		if err != nil || len(b) != size {
+			t.Errorf("Encode(%v) = %d bytes, %v; want %d", typ, len(b), err, size)
+		}
+	}
+}
+
+func TestEncodeDecodeRoundTripsEveryType(t *testing.T) {
+	msgs := []Message{
+		{Type: MsgHello, PID: 42, Priority: PriorityHigh, GPUUUID: "GPU-8e0f6a1c-0000-1111-2222-333344445555"},
+		{Type: MsgHello, PID: 1},
+		{Type: MsgWelcome, ClientID: 7, QuantumMS: 2000, GraceMS: 1000},
+		{Type: MsgAcquire},
+		{Type: MsgGrant, Epoch: 9, QuantumMS: 50},
+		{Type: MsgRelease, Epoch: 9},
+		{Type: MsgContended, Epoch: 9, Waiters: 3},
+		{Type: MsgRevoked, Epoch: 9},
+	}
+	for _, m := range msgs {
+		b, err := Encode(m)
+		if err != nil {
+			t.Fatalf("Encode(%+v): %v", m, err)
+		}
+		got, err := Decode(b)
+		if err != nil {
+			t.Fatalf("Decode(Encode(%+v)): %v", m, err)
+		}
+		if got != m {
+			t.Errorf("round trip: got %+v, want %+v", got, m)
+		}
+	}
+}
+
+func TestDecodeRejectsMalformedMessages(t *testing.T) {
+	good, _ := Encode(Message{Type: MsgRelease, Epoch: 1})
+	hello, _ := Encode(Message{Type: MsgHello, GPUUUID: "GPU-x"})
+	mutate := func(b []byte, f func([]byte)) []byte {
+		c := append([]byte(nil), b...)
+		f(c)
+		return c
+	}
+	cases := []struct {
+		name string
+		in   []byte
+		want error
+	}{
+		{"short header", good[:5], ErrShortMessage},
+		{"bad magic", mutate(good, func(b []byte) { b[0] ^= 0xff }), ErrBadMagic},
+		{"future version", mutate(good, func(b []byte) { le.PutUint16(b[4:], 2) }), ErrBadVersion},
+		{"unknown type", mutate(good, func(b []byte) { le.PutUint16(b[6:], 99) }), ErrUnknownType},
+		{"size field lies", mutate(good, func(b []byte) { le.PutUint32(b[8:], 17) }), ErrBadSize},
+		{"trailing bytes", append(append([]byte(nil), good...), 0), ErrBadSize},
+		{"truncated body", good[:14], ErrBadSize},
+		{"priority out of range", mutate(hello, func(b []byte) { le.PutUint32(b[16:], 7) }), ErrBadField},
+		{"uuid without NUL", mutate(hello, func(b []byte) {
+			for i := 20; i < HelloSize; i++ {
+				b[i] = 'a'
+			}
+		}), ErrBadField},
+		{"uuid padding not zero", mutate(hello, func(b []byte) { b[HelloSize-1] = 'z' }), ErrBadField},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := Decode(tc.in); !errors.Is(err, tc.want) {
+				t.Errorf("Decode = %v, want %v", err, tc.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,337 @@
+// Package scheduler is the node agent's per-GPU lock server for the shim
+// (shim/, libgpushare.so). Each GPU has its own queue on its own Unix socket;
+// a client is one process, its lease is its connection, and the protocol is
+// defined in shim/include/gpushare_proto.h (mirrored in proto.go).
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sort"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// GPUConfig is one GPU's queue.
+type GPUConfig struct {
+	// UUID identifies the GPU; a client that names another uuid is refused.
+	UUID string
+	// SocketPath is the Unix socket the shim connects to (GPUSHARE_SOCKET).
+	SocketPath string
+	// Quantum is how long a holder may keep the lock while others wait.
+	Quantum time.Duration
+	// Grace is how long past its quantum (and past learning that others wait)
+	// a holder may take to drain its GPU work before it is revoked.
+	Grace time.Duration
+}
+
+// Options configure a Scheduler.
+type Options struct {
+	GPUs []GPUConfig
+	// Clock defaults to RealClock.
+	Clock Clock
+	// Registerer receives the metrics; nil leaves them unregistered.
+	Registerer prometheus.Registerer
+	// HelloTimeout bounds how long a new connection may take to say hello (default 2s).
+	HelloTimeout time.Duration
+	// WriteTimeout bounds one write to a client (default 1s); a client that
+	// does not read is dropped, freeing the lock if it held it.
+	WriteTimeout time.Duration
+}
+
+// ClientState is what the agent publishes about one shim client.
+type ClientState struct {
+	GPU         string
+	ID          uint32
+	PID         int32 // from SO_PEERCRED when available (host pid), else as the client reported it
+	Priority    Priority
+	Holding     bool
+	Waiting     bool
+	Waits       uint64        // acquisitions that had to wait for another holder
+	WaitTime    time.Duration // total time spent waiting, including a wait in progress
+	HoldTime    time.Duration // total time holding, including a hold in progress
+	Grants      uint64
+	Revocations uint64
+	ConnectedAt time.Time
+}
+
+// Defaults for GPUConfig fields left zero.
+const (
+	DefaultQuantum = 2 * time.Second
+	MinGrace       = 100 * time.Millisecond
+)
+
+// ErrInvalidConfig wraps every configuration error New returns.
+var ErrInvalidConfig = errors.New("invalid scheduler configuration")
+
+// Scheduler serves one lock queue per GPU.
+type Scheduler struct {
+	opts   Options
+	queues []*queue
+	cfgs   []GPUConfig
+
+	mu        sync.Mutex
+	listeners []net.Listener
+	conns     map[net.Conn]struct{}
+	wg        sync.WaitGroup
+}
+
+// New validates the options and registers the metrics.
+func New(opts Options) (*Scheduler, error) {
+	if len(opts.GPUs) == 0 {
+		return nil, fmt.Errorf("%w: no GPUs", ErrInvalidConfig)
+	}
+	if opts.Clock == nil {
+		opts.Clock = RealClock{}
+	}
+	if opts.HelloTimeout == 0 {
+		opts.HelloTimeout = 2 * time.Second
+	}
+	if opts.WriteTimeout == 0 {
+		opts.WriteTimeout = time.Second
+	}
+	m, err := newMetrics(opts.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("registering scheduler metrics: %w", err)
+	}
+	s := &Scheduler{opts: opts, conns: map[net.Conn]struct{}{}}
+	seen := map[string]bool{}
+	for _, g := range opts.GPUs {
+		if g.UUID == "" || g.SocketPath == "" {
+			return nil, fmt.Errorf("%w: GPU %q needs a uuid and a socket path", ErrInvalidConfig, g.UUID)
+		}
+		if seen[g.UUID] || seen["sock:"+g.SocketPath] {
+			return nil, fmt.Errorf("%w: GPU %q or socket %q given twice", ErrInvalidConfig, g.UUID, g.SocketPath)
+		}
+		seen[g.UUID], seen["sock:"+g.SocketPath] = true, true
+		if g.Quantum <= 0 {
+			g.Quantum = DefaultQuantum
+		}
+		if g.Grace <= 0 {
+			g.Grace = max(g.Quantum/2, MinGrace)
+		}
+		s.cfgs = append(s.cfgs, g)
+		s.queues = append(s.queues, newQueue(g, opts.Clock, m, logr.Discard()))
+	}
+	return s, nil
+}
+
+// Run listens on every GPU's socket and serves until ctx ends; then it closes
+// every connection (clients continue in pass-through) and removes the sockets.
+func (s *Scheduler) Run(ctx context.Context) error {
+	if err := s.Listen(ctx); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	s.Close()
+	return nil
+}
+
+// Listen opens the sockets and starts serving in the background; Close stops.
+func (s *Scheduler) Listen(ctx context.Context) error {
+	log := logr.FromContextOrDiscard(ctx).WithName("gpu-scheduler")
+	for i, g := range s.cfgs {
+		q := s.queues[i]
+		q.mu.Lock()
+		q.log = log.WithValues("gpu", g.UUID)
+		q.mu.Unlock()
+		ln, err := listenUnix(g.SocketPath)
+		if err != nil {
+			s.Close()
+			return fmt.Errorf("GPU %s: %w", g.UUID, err)
+		}
+		s.mu.Lock()
+		s.listeners = append(s.listeners, ln)
+		s.mu.Unlock()
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.acceptLoop(ln, q)
+		}()
+		log.Info("Serving GPU lock", "gpu", g.UUID, "socket", g.SocketPath, "quantum", g.Quantum, "grace", g.Grace)
+	}
+	return nil
+}
+
+// Close stops accepting, drops every client and removes the sockets. Clients
+// see their connection end and continue in pass-through.
+func (s *Scheduler) Close() {
+	s.mu.Lock()
+	lns := s.listeners
+	s.listeners = nil
+	for c := range s.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	for _, ln := range lns {
+		ln.Close() // a closed UnixListener removes its socket file
+	}
+	s.wg.Wait()
+}
+
+// Snapshot returns every client of every GPU, ordered by GPU then client id.
+func (s *Scheduler) Snapshot() []ClientState {
+	var out []ClientState
+	for _, q := range s.queues {
+		out = append(out, q.snapshot()...)
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].GPU < out[j].GPU })
+	return out
+}
+
+// listenUnix replaces a stale socket left by a previous run, never any other file.
+func listenUnix(path string) (net.Listener, error) {
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("%s exists and is not a socket", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("removing stale socket: %w", err)
+		}
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, err
+	}
+	// Clients run as any user inside their pods; the socket's directory is
+	// mounted only into pods that were given a share of this GPU.
+	if err := os.Chmod(path, 0o666); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("chmod socket: %w", err)
+	}
+	return ln, nil
+}
+
+func (s *Scheduler) acceptLoop(ln net.Listener, q *queue) {
+	for {
+		conn, err := ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			q.log.Error(err, "Accepting a shim connection")
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		s.mu.Lock()
+		if s.listeners == nil {
+			s.mu.Unlock()
+			conn.Close()
+			return
+		}
+		s.conns[conn] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go func() {
+			defer s.wg.Done()
+			s.serveConn(conn, q)
+			s.mu.Lock()
+			delete(s.conns, conn)
+			s.mu.Unlock()
+		}()
+	}
+}
+
+// peerPID is the connecting process's pid as the kernel sees it from here.
+func peerPID(conn net.Conn) int32 {
+	uc, ok := conn.(*net.UnixConn)
+	if !ok {
+		return 0
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	var pid int32
+	_ = raw.Control(func(fd uintptr) {
+		if cred, err := syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED); err == nil {
+			pid = cred.Pid
+		}
+	})
+	return pid
+}
+
+// serveConn runs one client: hello, then acquire/release until the
+// connection ends or the peer misbehaves; either way its lease ends with it.
+func (s *Scheduler) serveConn(conn net.Conn, q *queue) {
+	defer conn.Close()
+	log := q.log
+	_ = conn.SetReadDeadline(s.opts.Clock.Now().Add(s.opts.HelloTimeout))
+	hello, err := ReadMessage(conn)
+	if err != nil || hello.Type != MsgHello {
+		log.V(1).Info("Dropping shim connection without a valid hello", "err", err, "type", hello.Type)
+		return
+	}
+	if hello.GPUUUID != "" && hello.GPUUUID != q.uuid {
+		log.Info("Refusing shim client configured for another GPU", "clientGPU", hello.GPUUUID, "pid", hello.PID)
+		return
+	}
+	_ = conn.SetReadDeadline(time.Time{})
+	pid := peerPID(conn)
+	if pid == 0 {
+		pid = int32(hello.PID)
+	}
+
+	out := make(chan []byte, 64)
+	done := make(chan struct{})
+	var dropOnce sync.Once
+	drop := func() { dropOnce.Do(func() { conn.Close() }) }
+	writerDone := make(chan struct{})
+	go func() {
+		defer close(writerDone)
+		for {
+			select {
+			case b := <-out:
+				_ = conn.SetWriteDeadline(time.Now().Add(s.opts.WriteTimeout))
+				if _, err := conn.Write(b); err != nil {
+					drop()
+					return
+				}
+			case <-done:
+				return
+			}
+		}
+	}()
+	send := func(b []byte) bool {
+		select {
+		case out <- b:
+			return true
+		default:
+			return false
+		}
+	}
+	c := q.join(pid, hello.Priority, send, drop)
+	log.V(1).Info("Shim client connected", "client", c.id, "pid", pid, "priority", hello.Priority)
+	for {
+		m, err := ReadMessage(conn)
+		if err != nil {
+			if !errors.Is(err, net.ErrClosed) && !isEOF(err) {
+				log.Info("Dropping shim client after a protocol error", "client", c.id, "pid", pid, "err", err.Error())
+			}
+			break
+		}
+		switch m.Type {
+		case MsgAcquire:
+			q.acquire(c)
+		case MsgRelease:
+			q.release(c, m.Epoch)
+		default:
+			log.Info("Dropping shim client that sent an unexpected message", "client", c.id, "pid", pid, "type", m.Type)
+			q.leave(c)
+			close(done)
+			<-writerDone
+			return
+		}
+	}
+	q.leave(c)
+	close(done)
+	<-writerDone
+	log.V(1).Info("Shim client disconnected", "client", c.id, "pid", pid)
+}

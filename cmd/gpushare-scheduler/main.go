@@ -1,0 +1,131 @@
+// Command gpushare-scheduler runs the per-GPU lock server for libgpushare.so
+// on its own, outside the node agent: for the GPU benchmarks and for trying
+// the shim on a machine without Kubernetes.
+//
+//	gpushare-scheduler --socket-dir /run/gpushare --gpu GPU-1234:200ms --gpu GPU-5678:1s:500ms
+//
+// Each --gpu is uuid:quantum[:grace]; the socket is <socket-dir>/<uuid>.sock.
+// On SIGINT/SIGTERM it prints each client's state and the counters, then exits.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/gpusharing/gpusharing/agent/scheduler"
+)
+
+type gpuFlags []string
+
+func (g *gpuFlags) String() string     { return strings.Join(*g, ",") }
+func (g *gpuFlags) Set(v string) error { *g = append(*g, v); return nil }
+
+func parseGPU(dir, v string) (scheduler.GPUConfig, error) {
+	parts := strings.Split(v, ":")
+	if len(parts) < 2 || len(parts) > 3 || parts[0] == "" {
+		return scheduler.GPUConfig{}, fmt.Errorf("--gpu %q: want uuid:quantum[:grace]", v)
+	}
+	q, err := time.ParseDuration(parts[1])
+	if err != nil {
+		return scheduler.GPUConfig{}, fmt.Errorf("--gpu %q quantum: %w", v, err)
+	}
+	cfg := scheduler.GPUConfig{UUID: parts[0], SocketPath: filepath.Join(dir, parts[0]+".sock"), Quantum: q}
+	if len(parts) == 3 {
+		if cfg.Grace, err = time.ParseDuration(parts[2]); err != nil {
+			return scheduler.GPUConfig{}, fmt.Errorf("--gpu %q grace: %w", v, err)
+		}
+	}
+	return cfg, nil
+}
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "gpushare-scheduler:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	var gpus gpuFlags
+	dir := flag.String("socket-dir", "/run/gpushare", "directory for the per-GPU sockets")
+	metricsAddr := flag.String("metrics-addr", "", "serve Prometheus metrics on this address (empty: off)")
+	verbosity := flag.Int("v", 0, "log verbosity (1: client connects and disconnects)")
+	flag.Var(&gpus, "gpu", "uuid:quantum[:grace], repeatable")
+	flag.Parse()
+	if len(gpus) == 0 {
+		return errors.New("at least one --gpu is required")
+	}
+	if err := os.MkdirAll(*dir, 0o755); err != nil {
+		return err
+	}
+	var cfgs []scheduler.GPUConfig
+	for _, v := range gpus {
+		cfg, err := parseGPU(*dir, v)
+		if err != nil {
+			return err
+		}
+		cfgs = append(cfgs, cfg)
+	}
+	log := funcr.New(func(prefix, args string) { fmt.Fprintln(os.Stderr, prefix, args) },
+		funcr.Options{Verbosity: *verbosity, LogTimestamp: true})
+	reg := prometheus.NewRegistry()
+	s, err := scheduler.New(scheduler.Options{GPUs: cfgs, Registerer: reg})
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	ctx = logr.NewContext(ctx, log)
+	if *metricsAddr != "" {
+		srv := &http.Server{Addr: *metricsAddr, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = srv.ListenAndServe() }()
+		defer srv.Close()
+	}
+	if err := s.Listen(ctx); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	for _, c := range s.Snapshot() {
+		fmt.Fprintf(os.Stderr, "client gpu=%s id=%d pid=%d priority=%s holding=%t waits=%d wait=%s hold=%s grants=%d revocations=%d\n",
+			c.GPU, c.ID, c.PID, c.Priority, c.Holding, c.Waits, c.WaitTime, c.HoldTime, c.Grants, c.Revocations)
+	}
+	s.Close()
+	return printCounters(reg)
+}
+
+func printCounters(reg *prometheus.Registry) error {
+	mfs, err := reg.Gather()
+	if err != nil {
+		return err
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			gpu := ""
+			for _, l := range m.GetLabel() {
+				gpu = l.GetValue()
+			}
+			switch {
+			case m.GetCounter() != nil:
+				fmt.Fprintf(os.Stderr, "%s{gpu=%q} %g\n", mf.GetName(), gpu, m.GetCounter().GetValue())
+			case m.GetHistogram() != nil:
+				h := m.GetHistogram()
+				fmt.Fprintf(os.Stderr, "%s{gpu=%q} count=%d sum=%gs\n", mf.GetName(), gpu, h.GetSampleCount(), h.GetSampleSum())
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# CPU-only checks of libgpushare.so against the stub driver; the scheduler
+# integration tests live in agent/scheduler (go test). Run via `make -C shim test`.
+set -euo pipefail
+BUILD=${BUILD:-$(cd "$(dirname "$0")/.." && pwd)/build}
+SHIM=$BUILD/libgpushare.so
+CLIENT=$BUILD/tests/client
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+fails=0
+pass() { echo "PASS $1"; }
+fail() { echo "FAIL $1: $2"; fails=$((fails + 1)); }
+
+run_client() { # env... -- args: runs the client under the shim with the stub driver
+    env LD_LIBRARY_PATH="$BUILD/stub" LD_PRELOAD="$SHIM" GPUSHARE_STUB_LAUNCH_US=10 "$@"
+}
+
+# 1. Only CUDA entry points and dlsym leave the library.
+exported=$(nm -D --defined-only "$SHIM" | awk '{print $3}')
+extra=$(grep -v -e '^cu' -e '^dlsym$' <<<"$exported" || true)
+if [ -z "$extra" ]; then pass "exports only cu* and dlsym"; else fail "exports only cu* and dlsym" "also exports: $extra"; fi
+for sym in cuLaunchKernel cuLaunchKernelEx cuGraphLaunch cuMemAlloc_v2 cuMemAllocAsync cuMemcpyHtoDAsync_v2_ptsz cuGetProcAddress_v2 dlsym; do
+    grep -qx "$sym" <<<"$exported" || fail "exports $sym" "missing"
+done
+
+# 2. Every way of reaching cuLaunchKernel lands in the hook (counted at debug level).
+for mode in dlsym procaddr procaddr_v1 ptsz; do
+    want=cuLaunchKernel
+    [ "$mode" = ptsz ] && want=cuLaunchKernel_ptsz
+    out=$(run_client GPUSHARE_LOG_LEVEL=debug "$CLIENT" "$mode" 7 2>&1) || { fail "hook via $mode" "client failed: $out"; continue; }
+    if grep -q "calls $want=7\$" <<<"$out" && grep -q "calls cuMemAlloc_v2=1\$" <<<"$out"; then
+        pass "launch and alloc reach the hook via $mode"
+    else
+        fail "hook via $mode" "$out"
+    fi
+done
+
+# 3. No scheduler configured: pass-through, exactly one warning.
+out=$(run_client "$CLIENT" dlsym 5 2>&1)
+n=$(grep -c "GPU lock disabled" <<<"$out" || true)
+if grep -q "client done" <<<"$out" && [ "$n" = 1 ]; then pass "unset GPUSHARE_SOCKET passes through with one warning"; else fail "unset socket" "$out"; fi
+
+# 4. A socket path with nothing behind it: pass-through, one warning, no hang.
+start=$(date +%s%N)
+out=$(run_client GPUSHARE_SOCKET="$TMP/nothing.sock" timeout 10 "$CLIENT" procaddr 50 2>&1)
+ms=$((($(date +%s%N) - start) / 1000000))
+n=$(grep -c "GPU lock disabled" <<<"$out" || true)
+if grep -q "client done" <<<"$out" && [ "$n" = 1 ] && [ "$ms" -lt 3000 ]; then
+    pass "missing scheduler passes through with one warning (${ms} ms)"
+else
+    fail "missing scheduler" "took ${ms} ms: $out"
+fi
+
+# 5. A path that is not a socket at all, and an over-long path: same.
+: >"$TMP/regular-file"
+for sock in "$TMP/regular-file" "/$(printf 'x%.0s' {1..200})"; do
+    out=$(run_client GPUSHARE_SOCKET="$sock" timeout 10 "$CLIENT" dlsym 5 2>&1)
+    n=$(grep -c "GPU lock disabled" <<<"$out" || true)
+    if grep -q "client done" <<<"$out" && [ "$n" = 1 ]; then pass "bad socket ${sock:0:30}... passes through"; else fail "bad socket" "$out"; fi
+done
+
+# 6. A process that never touches CUDA never loads the driver and never warns.
+out=$(env LD_PRELOAD="$SHIM" GPUSHARE_SOCKET="$TMP/nothing.sock" python3 -c 'import ctypes, json; print("ok")' 2>&1 || true)
+if [ "$out" = "ok" ]; then pass "non-CUDA process is untouched"; else fail "non-CUDA process" "$out"; fi
+
+# 7. dlsym(RTLD_NEXT) keeps its meaning for callers other than the shim.
+cat >"$TMP/next.c" <<'C'
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <string.h>
+int main(void) {
+    size_t (*real_strlen)(const char *) = (size_t (*)(const char *))dlsym(RTLD_NEXT, "strlen");
+    if (!real_strlen || real_strlen("four") != 4) { puts("bad"); return 1; }
+    puts("ok");
+    return 0;
+}
+C
+if gcc -o "$TMP/next" "$TMP/next.c" -ldl && [ "$(LD_PRELOAD="$SHIM" "$TMP/next")" = ok ]; then
+    pass "dlsym(RTLD_NEXT) resolves past the caller"
+else
+    fail "dlsym(RTLD_NEXT)" "did not resolve"
+fi
+
+if [ "$fails" -ne 0 ]; then
+    echo "$fails shim test(s) failed"
+    exit 1
+fi
+echo "all shim tests passed"

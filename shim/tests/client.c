@@ -7,7 +7,8 @@
  *   ptsz         cuGetProcAddress_v2 with per-thread default stream flags
  *
  *   client MODE LAUNCHES [SLEEP_US] [CAPTURE_MS]
- * Each iteration launches once and then sleeps SLEEP_US. With CAPTURE_MS > 0
+ * Each iteration launches once and then sleeps SLEEP_US; then it allocates and
+ * frees once. With CAPTURE_MS > 0
  * it first begins a stream capture, launches, and only ends the capture after
  * CAPTURE_MS (a holder that cannot release). It synchronizes before exiting
  * and prints "client done pid=P launches=N".
@@ -88,8 +89,6 @@ int main(int argc, char **argv)
     alloc_fn alloc = (alloc_fn)get(strcmp(mode, "dlsym") == 0 ? "cuMemAlloc_v2" : "cuMemAlloc");
     free_fn mfree = (free_fn)get(strcmp(mode, "dlsym") == 0 ? "cuMemFree_v2" : "cuMemFree");
 
-    CUdeviceptr d = 0;
-    alloc(&d, 1 << 20);
     CUstream cap_stream = (CUstream)(uintptr_t)0x5000;
     end_fn end = NULL;
     if (capture_ms > 0) {
@@ -110,6 +109,10 @@ int main(int argc, char **argv)
         CUgraph g;
         end(cap_stream, &g);
     }
+    /* Memory calls after the launches, so the first call that waits for the
+     * lock is the launch reached through MODE. */
+    CUdeviceptr d = 0;
+    alloc(&d, 1 << 20);
     mfree(d);
     sync();
     printf("client done pid=%d launches=%ld\n", (int)getpid(), n);

@@ -7,7 +7,9 @@
  *     E <pid> <monotonic ns>
  * to the file named by GPUSHARE_STUB_TRACE (O_APPEND, one write per line), so
  * a test can check that work of two processes never overlapped.
- * cuCtxSynchronize waits until the queue is empty, like the real one.
+ * cuCtxSynchronize waits until the queue is empty, like the real one, and
+ * writes "X <pid> <ns> cuCtxSynchronize-during-capture" if called while a
+ * stream captures (the real driver would invalidate the capture).
  *
  *   GPUSHARE_STUB_TRACE      trace file (no trace when unset)
  *   GPUSHARE_STUB_LAUNCH_US  busy time per launch-like call (default 1000)
@@ -194,6 +196,15 @@ STUB_EXPORT CUresult cuCtxSynchronize(void)
 {
     pthread_once(&once, init);
     pthread_mutex_lock(&mu);
+    int capturing_now = 0;
+    for (int i = 0; i < MAXCAP; i++)
+        capturing_now |= capturing[i] != NULL;
+    if (capturing_now) {
+        /* The real driver would invalidate the capture: record the mistake. */
+        pthread_mutex_unlock(&mu);
+        trace('X', "cuCtxSynchronize-during-capture");
+        return 901; /* CUDA_ERROR_STREAM_CAPTURE_INVALIDATED */
+    }
     while (qhead != qtail)
         pthread_cond_wait(&cv, &mu);
     pthread_mutex_unlock(&mu);

@@ -1,0 +1,361 @@
+package scheduler
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Harness for the integration tests: the real shim (shim/build/libgpushare.so),
+// the stub driver and C test clients, built once with make, driven against a
+// scheduler running in this process.
+
+var (
+	buildOnce sync.Once
+	buildErr  error
+	buildDir  string
+)
+
+func shimBuild(t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds and runs C processes")
+	}
+	buildOnce.Do(func() {
+		_, file, _, _ := runtime.Caller(0)
+		shimDir := filepath.Join(filepath.Dir(file), "..", "..", "shim")
+		out, err := exec.Command("make", "-s", "-C", shimDir, "testbins").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("make -C shim testbins: %v\n%s", err, out)
+			return
+		}
+		buildDir, buildErr = filepath.Abs(filepath.Join(shimDir, "build"))
+	})
+	if buildErr != nil {
+		t.Fatalf("building the shim and its test programs failed (needs gcc and make): %v", buildErr)
+	}
+	return buildDir
+}
+
+type env struct {
+	t     *testing.T
+	build string
+	dir   string
+	sock  string
+	trace string
+	s     *Scheduler
+	m     *prometheus.Registry
+}
+
+// newEnv starts a scheduler for one GPU with the given quantum and grace.
+func newEnv(t *testing.T, quantum, grace time.Duration) *env {
+	t.Helper()
+	build := shimBuild(t)
+	// Short path: a Unix socket path must fit in 108 bytes.
+	dir, err := os.MkdirTemp("", "gs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	e := &env{t: t, build: build, dir: dir, sock: filepath.Join(dir, "gpu.sock"), trace: filepath.Join(dir, "trace"),
+		m: prometheus.NewRegistry()}
+	e.s, err = New(Options{
+		GPUs:       []GPUConfig{{UUID: "GPU-test", SocketPath: e.sock, Quantum: quantum, Grace: grace}},
+		Registerer: e.m,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.s.Listen(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.s.Close)
+	return e
+}
+
+func (e *env) counter(name string) float64 {
+	mfs, err := e.m.Gather()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	return 0
+}
+
+// lockedBuffer collects a child's output while the test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+type proc struct {
+	cmd            *exec.Cmd
+	stdout, stderr lockedBuffer
+	done           chan struct{}
+	err            error
+}
+
+// startClient runs shim/tests/client under the shim with the stub driver.
+func (e *env) startClient(extraEnv []string, args ...string) *proc {
+	e.t.Helper()
+	p := &proc{done: make(chan struct{})}
+	p.cmd = exec.Command(filepath.Join(e.build, "tests", "client"), args...)
+	p.cmd.Env = append(os.Environ(),
+		"LD_PRELOAD="+filepath.Join(e.build, "libgpushare.so"),
+		"LD_LIBRARY_PATH="+filepath.Join(e.build, "stub"),
+		"GPUSHARE_SOCKET="+e.sock,
+		"GPUSHARE_GPU_UUID=GPU-test",
+		"GPUSHARE_STUB_TRACE="+e.trace,
+		"GPUSHARE_STUB_LAUNCH_US=1000",
+	)
+	p.cmd.Env = append(p.cmd.Env, extraEnv...)
+	p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
+	if err := p.cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	go func() { p.err = p.cmd.Wait(); close(p.done) }()
+	e.t.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+	})
+	return p
+}
+
+func (p *proc) pid() int { return p.cmd.Process.Pid }
+
+// wait fails the test unless the client exits successfully within d.
+func (p *proc) wait(t *testing.T, d time.Duration) {
+	t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(d):
+		t.Fatalf("client %d still running after %v; stderr:\n%s", p.pid(), d, p.stderr.String())
+	}
+	if p.err != nil || !strings.Contains(p.stdout.String(), "client done") {
+		t.Fatalf("client %d failed: %v\nstdout:\n%s\nstderr:\n%s", p.pid(), p.err, p.stdout.String(), p.stderr.String())
+	}
+}
+
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// eventually polls cond every 5 ms until it holds or d passes.
+func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting until %s", d, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (e *env) state(pid int) (ClientState, bool) {
+	for _, c := range e.s.Snapshot() {
+		if int(c.PID) == pid {
+			return c, true
+		}
+	}
+	return ClientState{}, false
+}
+
+// ---- the stub driver's trace ----
+
+type interval struct {
+	pid        int
+	start, end int64 // CLOCK_MONOTONIC ns
+}
+
+type trace struct {
+	work       []interval
+	syncInCapt int // cuCtxSynchronize called while a stream captured
+}
+
+func (e *env) readTrace() trace {
+	e.t.Helper()
+	f, err := os.Open(e.trace)
+	if err != nil {
+		if os.IsNotExist(err) {
+			return trace{}
+		}
+		e.t.Fatal(err)
+	}
+	defer f.Close()
+	var tr trace
+	open := map[int]int64{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 3 {
+			e.t.Fatalf("bad trace line %q", sc.Text())
+		}
+		pid, _ := strconv.Atoi(fields[1])
+		ts, _ := strconv.ParseInt(fields[2], 10, 64)
+		switch fields[0] {
+		case "B":
+			open[pid] = ts
+		case "E":
+			if st, ok := open[pid]; ok {
+				tr.work = append(tr.work, interval{pid: pid, start: st, end: ts})
+				delete(open, pid)
+			}
+		case "X":
+			tr.syncInCapt++
+		}
+	}
+	sort.Slice(tr.work, func(i, j int) bool { return tr.work[i].start < tr.work[j].start })
+	return tr
+}
+
+// overlaps returns a description of the first pair of intervals of different
+// processes that overlap in time, or "".
+func (tr trace) overlaps() string {
+	for i, a := range tr.work {
+		for _, b := range tr.work[i+1:] {
+			if b.start >= a.end {
+				break
+			}
+			if b.pid != a.pid {
+				return fmt.Sprintf("pid %d [%d,%d] overlaps pid %d [%d,%d]", a.pid, a.start, a.end, b.pid, b.start, b.end)
+			}
+		}
+	}
+	return ""
+}
+
+func (tr trace) count(pid int) int {
+	n := 0
+	for _, w := range tr.work {
+		if w.pid == pid {
+			n++
+		}
+	}
+	return n
+}
+
+// switches counts how often consecutive work items changed process.
+func (tr trace) switches() int {
+	n := 0
+	for i := 1; i < len(tr.work); i++ {
+		if tr.work[i].pid != tr.work[i-1].pid {
+			n++
+		}
+	}
+	return n
+}
+
+// ---- a protocol-level client, for holders that misbehave on purpose ----
+
+type rawClient struct {
+	t    *testing.T
+	conn net.Conn
+	in   chan Message
+}
+
+func dialRaw(t *testing.T, sock string, prio Priority) *rawClient {
+	t.Helper()
+	conn, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	r := &rawClient{t: t, conn: conn, in: make(chan Message, 64)}
+	r.send(Message{Type: MsgHello, PID: uint32(os.Getpid()), Priority: prio, GPUUUID: "GPU-test"})
+	go func() {
+		defer close(r.in)
+		for {
+			m, err := ReadMessage(conn)
+			if err != nil {
+				return
+			}
+			r.in <- m
+		}
+	}()
+	r.expect(MsgWelcome, time.Second)
+	return r
+}
+
+func (r *rawClient) send(m Message) {
+	r.t.Helper()
+	b, err := Encode(m)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if _, err := r.conn.Write(b); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// expect waits for a message of type typ, skipping others; fails the test on timeout.
+func (r *rawClient) expect(typ MsgType, d time.Duration) Message {
+	r.t.Helper()
+	m, ok := r.next(typ, d)
+	if !ok {
+		r.t.Fatalf("no %v within %v", typ, d)
+	}
+	return m
+}
+
+func (r *rawClient) next(typ MsgType, d time.Duration) (Message, bool) {
+	timeout := time.After(d)
+	for {
+		select {
+		case m, ok := <-r.in:
+			if !ok {
+				return Message{}, false
+			}
+			if m.Type == typ {
+				return m, true
+			}
+		case <-timeout:
+			return Message{}, false
+		}
+	}
+}
+
+func (r *rawClient) hold() uint32 {
+	r.t.Helper()
+	r.send(Message{Type: MsgAcquire})
+	return r.expect(MsgGrant, 2*time.Second).Epoch
+}

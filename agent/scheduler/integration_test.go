@@ -1,0 +1,265 @@
+package scheduler
+
+import (
+	"net"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+func monoNow(t *testing.T) int64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		t.Fatal(err)
+	}
+	return ts.Nano()
+}
+
+// A launch reached through each lookup path must wait while another process
+// holds the lock, and run only after it is released.
+func TestShimLaunchWaitsForTheLockThroughEveryLookupPath(t *testing.T) {
+	for _, mode := range []string{"dlsym", "procaddr", "procaddr_v1", "ptsz"} {
+		t.Run(mode, func(t *testing.T) {
+			e := newEnv(t, time.Second, time.Second)
+			holder := dialRaw(t, e.sock, PriorityNormal)
+			epoch := holder.hold()
+			c := e.startClient(nil, mode, "5")
+			eventually(t, 2*time.Second, "the client waits for the lock", func() bool {
+				s, ok := e.state(c.pid())
+				return ok && s.Waiting
+			})
+			time.Sleep(100 * time.Millisecond)
+			if n := e.readTrace().count(c.pid()); n != 0 || c.exited() {
+				t.Fatalf("client ran %d launches (exited=%v) while another process held the lock", n, c.exited())
+			}
+			released := monoNow(t)
+			holder.send(Message{Type: MsgRelease, Epoch: epoch})
+			c.wait(t, 5*time.Second)
+			tr := e.readTrace()
+			if n := tr.count(c.pid()); n != 5 {
+				t.Fatalf("trace has %d launches of the client, want 5", n)
+			}
+			for _, w := range tr.work {
+				if w.start < released {
+					t.Fatalf("launch began %d ns before the lock was released", released-w.start)
+				}
+			}
+		})
+	}
+}
+
+// Two processes under a short quantum take turns, and the GPU work of one
+// never overlaps the other's (the release waits for queued work to finish).
+func TestTwoClientsAlternateUnderShortQuantumWithoutOverlap(t *testing.T) {
+	e := newEnv(t, 20*time.Millisecond, time.Second)
+	a := e.startClient(nil, "dlsym", "150", "1000")
+	b := e.startClient(nil, "procaddr", "150", "1000")
+	a.wait(t, 20*time.Second)
+	b.wait(t, 20*time.Second)
+	tr := e.readTrace()
+	if tr.count(a.pid()) != 150 || tr.count(b.pid()) != 150 {
+		t.Fatalf("trace has %d and %d launches, want 150 each", tr.count(a.pid()), tr.count(b.pid()))
+	}
+	if o := tr.overlaps(); o != "" {
+		t.Fatalf("GPU work overlapped: %s", o)
+	}
+	if sw := tr.switches(); sw < 4 {
+		t.Errorf("the GPU changed hands %d times; with a 20 ms quantum over ~300 ms each, want several", sw)
+	}
+	if h := e.counter("gpusharing_scheduler_handoffs_total"); h < 4 {
+		t.Errorf("handoffs_total = %v, want >= 4", h)
+	}
+	if r := e.counter("gpusharing_scheduler_revocations_total"); r != 0 {
+		t.Errorf("revocations_total = %v; cooperative clients must not be revoked", r)
+	}
+}
+
+// The lease is the connection: SIGKILL of a holder that never releases hands
+// the lock to the waiter within a second.
+func TestKilledHolderFreesTheLockForItsWaiterWithinASecond(t *testing.T) {
+	e := newEnv(t, time.Minute, time.Minute)
+	a := e.startClient([]string{"GPUSHARE_IDLE_MS=600000"}, "dlsym", "100000", "1000")
+	eventually(t, 2*time.Second, "the client holds the lock", func() bool {
+		s, ok := e.state(a.pid())
+		return ok && s.Holding
+	})
+	waiter := dialRaw(t, e.sock, PriorityNormal)
+	waiter.send(Message{Type: MsgAcquire})
+	if _, ok := waiter.next(MsgGrant, 200*time.Millisecond); ok {
+		t.Fatal("waiter granted while the holder was alive and busy")
+	}
+	killed := time.Now()
+	if err := a.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waiter.expect(MsgGrant, time.Second)
+	t.Logf("lock handed over %v after SIGKILL", time.Since(killed))
+}
+
+// A holder that ignores CONTENDED is told REVOKED after quantum + grace and the waiter gets the lock.
+func TestHolderIgnoringItsQuantumIsRevoked(t *testing.T) {
+	e := newEnv(t, 50*time.Millisecond, 50*time.Millisecond)
+	stubborn := dialRaw(t, e.sock, PriorityNormal)
+	epoch := stubborn.hold()
+	start := time.Now()
+	waiter := dialRaw(t, e.sock, PriorityNormal)
+	waiter.send(Message{Type: MsgAcquire})
+	stubborn.expect(MsgContended, time.Second)
+	r := stubborn.expect(MsgRevoked, time.Second)
+	if r.Epoch != epoch {
+		t.Errorf("revoked epoch %d, want %d", r.Epoch, epoch)
+	}
+	waiter.expect(MsgGrant, time.Second)
+	if d := time.Since(start); d < 100*time.Millisecond {
+		t.Errorf("revoked after %v, before quantum + grace (100 ms)", d)
+	}
+	if v := e.counter("gpusharing_scheduler_revocations_total"); v != 1 {
+		t.Errorf("revocations_total = %v, want 1", v)
+	}
+}
+
+// A shim holder that cannot release because a stream is capturing is never
+// synchronized during the capture; it is revoked, keeps running, and its next
+// GPU call waits for the lock again.
+func TestShimHolderStuckInCaptureIsRevokedNotSynchronized(t *testing.T) {
+	e := newEnv(t, 30*time.Millisecond, 50*time.Millisecond)
+	a := e.startClient([]string{"GPUSHARE_IDLE_MS=10"}, "dlsym", "3", "0", "500")
+	eventually(t, 2*time.Second, "the capturing client holds the lock", func() bool {
+		s, ok := e.state(a.pid())
+		return ok && s.Holding
+	})
+	waiter := dialRaw(t, e.sock, PriorityNormal)
+	waiter.send(Message{Type: MsgAcquire})
+	epoch := waiter.expect(MsgGrant, time.Second).Epoch
+	if v := e.counter("gpusharing_scheduler_revocations_total"); v != 1 {
+		t.Fatalf("revocations_total = %v, want 1", v)
+	}
+	eventually(t, 2*time.Second, "the revoked client asks for the lock again", func() bool {
+		s, ok := e.state(a.pid())
+		return ok && s.Waiting
+	})
+	waiter.send(Message{Type: MsgRelease, Epoch: epoch})
+	a.wait(t, 5*time.Second)
+	if !strings.Contains(a.stderr.String(), "revoked") {
+		t.Errorf("the client did not log its revocation:\n%s", a.stderr.String())
+	}
+	if n := e.readTrace().syncInCapt; n != 0 {
+		t.Errorf("the shim synchronized %d times while a stream was capturing", n)
+	}
+}
+
+// Killing the scheduler leaves its clients running, in pass-through, with one warning.
+func TestClientsContinueInPassThroughWhenTheSchedulerDies(t *testing.T) {
+	e := newEnv(t, time.Second, time.Second)
+	a := e.startClient(nil, "procaddr", "300", "1000")
+	eventually(t, 2*time.Second, "the client holds the lock", func() bool {
+		s, ok := e.state(a.pid())
+		return ok && s.Holding
+	})
+	e.s.Close()
+	closed := monoNow(t)
+	a.wait(t, 10*time.Second)
+	after := 0
+	for _, w := range e.readTrace().work {
+		if w.pid == a.pid() && w.start > closed {
+			after++
+		}
+	}
+	if after == 0 {
+		t.Fatal("no GPU work after the scheduler went away")
+	}
+	if n := strings.Count(a.stderr.String(), "GPU lock disabled"); n != 1 {
+		t.Errorf("got %d fail-open warnings, want exactly 1:\n%s", n, a.stderr.String())
+	}
+}
+
+// A peer that is not a scheduler (garbage, or silence) never hangs the application.
+func TestShimPassesThroughWhenThePeerIsNotAScheduler(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		greet []byte
+	}{
+		{"garbage reply", []byte("HTTP/1.1 400 Bad Request\r\n\r\n")},
+		{"silent peer", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, time.Second, time.Second)
+			e.s.Close()
+			ln, err := net.Listen("unix", e.sock)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			go func() {
+				for {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					if tc.greet != nil {
+						_, _ = c.Write(tc.greet)
+					}
+					defer c.Close()
+				}
+			}()
+			start := time.Now()
+			a := e.startClient([]string{"GPUSHARE_CONNECT_TIMEOUT_MS=300"}, "dlsym", "5")
+			a.wait(t, 5*time.Second)
+			if n := strings.Count(a.stderr.String(), "GPU lock disabled"); n != 1 {
+				t.Errorf("got %d fail-open warnings, want 1:\n%s", n, a.stderr.String())
+			}
+			t.Logf("completed in %v", time.Since(start))
+		})
+	}
+}
+
+// Peers that break the protocol are dropped, a holder among them loses the
+// lock at once, and well-behaved clients keep being served.
+func TestMalformedPeersAreDroppedWhileOthersAreServed(t *testing.T) {
+	e := newEnv(t, time.Minute, time.Minute)
+	good := dialRaw(t, e.sock, PriorityNormal)
+
+	// 1. Garbage instead of a hello: the scheduler hangs up.
+	junk, err := net.Dial("unix", e.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer junk.Close()
+	_, _ = junk.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"))
+	_ = junk.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if n, err := junk.Read(make([]byte, 64)); err == nil {
+		t.Fatalf("scheduler answered %d bytes to garbage instead of closing", n)
+	}
+
+	// 2. A holder that sends a corrupt message loses the lock to the waiter.
+	bad := dialRaw(t, e.sock, PriorityNormal)
+	bad.hold()
+	good.send(Message{Type: MsgAcquire})
+	if _, ok := good.next(MsgGrant, 100*time.Millisecond); ok {
+		t.Fatal("granted while the other client held the lock")
+	}
+	corrupt, _ := Encode(Message{Type: MsgRelease, Epoch: 1})
+	corrupt[0] ^= 0xff
+	if _, err := bad.conn.Write(corrupt); err != nil {
+		t.Fatal(err)
+	}
+	epoch := good.expect(MsgGrant, time.Second).Epoch
+
+	// 3. A client may not send scheduler-to-client messages.
+	impostor := dialRaw(t, e.sock, PriorityHigh)
+	impostor.send(Message{Type: MsgGrant, Epoch: 99})
+	if _, ok := impostor.next(MsgWelcome, time.Second); ok {
+		t.Fatal("unexpected second welcome")
+	}
+	eventually(t, time.Second, "the impostor is dropped", func() bool { return len(e.s.Snapshot()) == 1 })
+
+	// The good client is still served.
+	good.send(Message{Type: MsgRelease, Epoch: epoch})
+	good.hold()
+	if s := e.s.Snapshot(); len(s) != 1 || !s[0].Holding {
+		t.Fatalf("snapshot after the bad peers = %+v", s)
+	}
+}

@@ -15,13 +15,10 @@ type GPUSharingPolicySpec struct {
 	// +optional
 	Priority int32 `json:"priority,omitempty"`
 
-	// nodeSelector picks the nodes whose GPUs this policy may configure. Omitted or empty: every GPU node.
-	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || self.matchExpressions.all(e, e.operator in ['In', 'NotIn', 'Exists', 'DoesNotExist'])",message="nodeSelector.matchExpressions: operator must be In, NotIn, Exists or DoesNotExist"
-	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || self.matchExpressions.all(e, e.operator in ['In', 'NotIn'] ? (has(e.values) && size(e.values) > 0) : (!has(e.values) || size(e.values) == 0))",message="nodeSelector.matchExpressions: values must be non-empty for In and NotIn and empty for Exists and DoesNotExist"
-	// +kubebuilder:validation:XValidation:rule="!has(self.matchLabels) || self.matchLabels.all(k, k.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$'))",message="nodeSelector.matchLabels: every key must be a valid label key ([prefix/]name, name up to 63 characters)"
-	// +kubebuilder:validation:XValidation:rule="!has(self.matchLabels) || self.matchLabels.all(k, self.matchLabels[k].matches('^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$'))",message="nodeSelector.matchLabels: every value must be a valid label value (up to 63 letters, digits, '-', '_' or '.', alphanumeric at both ends)"
+	// nodeSelector picks the nodes whose GPUs this policy may configure, by their labels. Omitted or empty:
+	// every GPU node.
 	// +optional
-	NodeSelector *metav1.LabelSelector `json:"nodeSelector,omitempty"`
+	NodeSelector *NodeSelector `json:"nodeSelector,omitempty"`
 
 	// gpus narrows the policy to some GPUs of the selected nodes. Omitted: every GPU of those nodes.
 	// +optional
@@ -35,6 +32,52 @@ type GPUSharingPolicySpec struct {
 	// +kubebuilder:default={maxUnavailable: 1}
 	// +optional
 	Rollout Rollout `json:"rollout,omitempty"`
+}
+
+// NodeSelector is a label selector (the same fields and meaning as metav1.LabelSelector) whose sizes are
+// bounded so the API server can afford to validate it at admission.
+type NodeSelector struct {
+	// matchLabels selects nodes that carry every one of these labels.
+	// +kubebuilder:validation:MaxProperties=32
+	// +kubebuilder:validation:XValidation:rule="self.all(k, k.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$'))",message="nodeSelector.matchLabels: every key must be a valid label key ([prefix/]name, name up to 63 characters)"
+	// +optional
+	MatchLabels map[string]LabelValue `json:"matchLabels,omitempty"`
+
+	// matchExpressions selects nodes whose labels satisfy every requirement.
+	// +kubebuilder:validation:MaxItems=16
+	// +listType=atomic
+	// +optional
+	MatchExpressions []NodeSelectorRequirement `json:"matchExpressions,omitempty"`
+}
+
+// LabelValue is a label value: up to 63 letters, digits, '-', '_' or '.', alphanumeric at both ends.
+// +kubebuilder:validation:MaxLength=63
+// +kubebuilder:validation:Pattern=`^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$`
+type LabelValue string
+
+// LabelSelectorOperator is a label selector requirement's operator.
+// +kubebuilder:validation:Enum=In;NotIn;Exists;DoesNotExist
+type LabelSelectorOperator string
+
+// NodeSelectorRequirement is one requirement of a NodeSelector, as in metav1.LabelSelectorRequirement.
+// +kubebuilder:validation:XValidation:rule="self.operator in ['In', 'NotIn'] ? (has(self.values) && size(self.values) > 0) : (!has(self.values) || size(self.values) == 0)",message="nodeSelector.matchExpressions: values must be non-empty for In and NotIn and empty for Exists and DoesNotExist"
+type NodeSelectorRequirement struct {
+	// key is the label key the requirement applies to.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=317
+	// +kubebuilder:validation:Pattern=`^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$`
+	// +required
+	Key string `json:"key"`
+
+	// operator is In, NotIn, Exists or DoesNotExist.
+	// +required
+	Operator LabelSelectorOperator `json:"operator"`
+
+	// values must be non-empty for In and NotIn and empty for Exists and DoesNotExist.
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=atomic
+	// +optional
+	Values []LabelValue `json:"values,omitempty"`
 }
 
 // GPUSelector picks GPUs of a node by one of product name, index or UUID, as the agent reports them.

@@ -64,8 +64,10 @@ type MPSSharing struct {
 	ActiveThreadPercentage *int32 `json:"activeThreadPercentage,omitempty"`
 
 	// pinnedMemoryLimit caps the device memory each client may allocate (for example 18Gi).
-	// +kubebuilder:validation:XValidation:rule="isQuantity(string(self)) && quantity(string(self)).sign() == 1",message="mps.pinnedMemoryLimit: must be a positive quantity such as 18Gi"
+	// +kubebuilder:validation:XValidation:rule="isQuantity(self) && quantity(self).isGreaterThan(quantity('0'))",message="mps.pinnedMemoryLimit: must be a positive quantity such as 18Gi"
 	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
 	PinnedMemoryLimit *resource.Quantity `json:"pinnedMemoryLimit,omitempty"`
 }
 
@@ -155,7 +157,9 @@ type Oversubscription struct {
 
 	// memoryBudget caps the physical GPU memory all shim clients may hold at once. Omitted: the GPU's
 	// memory less the agent's reserve.
-	// +kubebuilder:validation:XValidation:rule="isQuantity(string(self)) && quantity(string(self)).sign() == 1",message="oversubscription.memoryBudget: must be a positive quantity such as 16Gi"
+	// +kubebuilder:validation:XValidation:rule="isQuantity(self) && quantity(self).isGreaterThan(quantity('0'))",message="oversubscription.memoryBudget: must be a positive quantity such as 16Gi"
 	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
 	MemoryBudget *resource.Quantity `json:"memoryBudget,omitempty"`
 }

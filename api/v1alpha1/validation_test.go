@@ -1,0 +1,181 @@
+package v1alpha1_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/yaml"
+)
+
+// validPolicySpec is a policy every case below breaks in exactly one place.
+const validPolicySpec = `
+priority: 10
+nodeSelector: {matchLabels: {pool: inference}}
+sharing:
+  strategy: MPS
+  mps: {replicas: 4, activeThreadPercentage: 25, pinnedMemoryLimit: 18Gi}
+`
+
+func policy(t *testing.T, name, spec string) *unstructured.Unstructured {
+	t.Helper()
+	var s map[string]any
+	if err := yaml.Unmarshal([]byte(spec), &s); err != nil {
+		t.Fatalf("test spec does not parse: %v", err)
+	}
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "gpusharing.io/v1alpha1",
+		"kind":       "GPUSharingPolicy",
+		"metadata":   map[string]any{"name": name},
+		"spec":       s,
+	}}
+}
+
+func TestAcceptsTheValidBasePolicy(t *testing.T) {
+	obj := policy(t, "valid-base", validPolicySpec)
+	if err := env.Client.Create(context.Background(), obj); err != nil {
+		t.Fatalf("the valid base policy was rejected, so the invalid cases below prove nothing: %v", err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), obj) })
+}
+
+func TestRejectsInvalidPolicies(t *testing.T) {
+	// Each case is a whole spec and the text the API server's message must contain: the field it names
+	// (and, for our CEL rules, the fix it suggests).
+	cases := []struct {
+		name string
+		spec string
+		want []string
+	}{
+		{"MPS strategy without an mps block", `sharing: {strategy: MPS}`,
+			[]string{"sharing.mps: set it exactly when sharing.strategy is MPS"}},
+		{"TimeSlicing strategy with an mps block", `sharing: {strategy: TimeSlicing, timeSlicing: {replicas: 2}, mps: {replicas: 2}}`,
+			[]string{"sharing.mps: set it exactly when sharing.strategy is MPS"}},
+		{"MIG strategy without a mig block", `sharing: {strategy: MIG}`,
+			[]string{"sharing.mig: set it exactly when sharing.strategy is MIG"}},
+		{"TimeSlicing strategy without a timeSlicing block", `sharing: {strategy: TimeSlicing}`,
+			[]string{"sharing.timeSlicing: set it exactly when sharing.strategy is TimeSlicing"}},
+		{"unknown strategy", `sharing: {strategy: Shared}`,
+			[]string{"spec.sharing.strategy", `Unsupported value: "Shared"`}},
+		{"missing sharing", `priority: 1`,
+			[]string{"spec.sharing: Required value"}},
+		{"MPS active thread percentage 0", `sharing: {strategy: MPS, mps: {replicas: 2, activeThreadPercentage: 0}}`,
+			[]string{"spec.sharing.mps.activeThreadPercentage", "greater than or equal to 1"}},
+		{"MPS active thread percentage 101", `sharing: {strategy: MPS, mps: {replicas: 2, activeThreadPercentage: 101}}`,
+			[]string{"spec.sharing.mps.activeThreadPercentage", "less than or equal to 100"}},
+		{"MPS zero replicas", `sharing: {strategy: MPS, mps: {replicas: 0}}`,
+			[]string{"spec.sharing.mps.replicas", "greater than or equal to 1"}},
+		{"MPS more replicas than MPS serves", `sharing: {strategy: MPS, mps: {replicas: 49}}`,
+			[]string{"spec.sharing.mps.replicas", "less than or equal to 48"}},
+		{"MPS negative pinned memory limit", `sharing: {strategy: MPS, mps: {replicas: 2, pinnedMemoryLimit: -1Gi}}`,
+			[]string{"spec.sharing.mps.pinnedMemoryLimit", "must be a positive quantity"}},
+		{"MPS zero pinned memory limit", `sharing: {strategy: MPS, mps: {replicas: 2, pinnedMemoryLimit: "0"}}`,
+			[]string{"spec.sharing.mps.pinnedMemoryLimit", "must be a positive quantity"}},
+		{"MPS pinned memory limit that is no quantity", `sharing: {strategy: MPS, mps: {replicas: 2, pinnedMemoryLimit: lots}}`,
+			[]string{"spec.sharing.mps.pinnedMemoryLimit"}},
+		{"time-slicing with one replica", `sharing: {strategy: TimeSlicing, timeSlicing: {replicas: 1}}`,
+			[]string{"spec.sharing.timeSlicing.replicas", "greater than or equal to 2"}},
+		{"time-slicing unknown interval", `sharing: {strategy: TimeSlicing, timeSlicing: {replicas: 2, interval: Tiny}}`,
+			[]string{"spec.sharing.timeSlicing.interval", `Unsupported value: "Tiny"`}},
+		{"MIG malformed profile", `sharing: {strategy: MIG, mig: {instances: [{profile: 3g40gb, count: 1}]}}`,
+			[]string{"spec.sharing.mig.instances[0].profile", "should match"}},
+		{"MIG profile with 8 slices", `sharing: {strategy: MIG, mig: {instances: [{profile: 8g.80gb, count: 1}]}}`,
+			[]string{"spec.sharing.mig.instances[0].profile", "should match"}},
+		{"MIG zero count", `sharing: {strategy: MIG, mig: {instances: [{profile: 1g.10gb, count: 0}]}}`,
+			[]string{"spec.sharing.mig.instances[0].count", "greater than or equal to 1"}},
+		{"MIG empty instance list", `sharing: {strategy: MIG, mig: {instances: []}}`,
+			[]string{"spec.sharing.mig.instances", "should have at least 1 items"}},
+		{"MIG duplicate profile", `sharing: {strategy: MIG, mig: {instances: [{profile: 1g.10gb, count: 1}, {profile: 1g.10gb, count: 2}]}}`,
+			[]string{"spec.sharing.mig.instances[1]", "Duplicate value"}},
+		{"MIG more than 7 instances", `sharing: {strategy: MIG, mig: {instances: [{profile: 1g.10gb, count: 5}, {profile: 1g.20gb, count: 3}]}}`,
+			[]string{"mig.instances: counts add up to more than 7 instances"}},
+		{"MIG more than 7 compute slices", `sharing: {strategy: MIG, mig: {instances: [{profile: 3g.40gb, count: 2}, {profile: 2g.20gb, count: 1}]}}`,
+			[]string{"mig.instances: the profiles need more than 7 compute slices"}},
+		{"oversubscription with MPS", `sharing: {strategy: MPS, mps: {replicas: 2}, oversubscription: {timeQuantum: 20s}}`,
+			[]string{"sharing.oversubscription: allowed only with strategy TimeSlicing or Exclusive"}},
+		{"oversubscription with MIG", `sharing: {strategy: MIG, mig: {instances: [{profile: 1g.10gb, count: 1}]}, oversubscription: {}}`,
+			[]string{"sharing.oversubscription: allowed only with strategy TimeSlicing or Exclusive"}},
+		{"oversubscription quantum below 1s", `sharing: {strategy: Exclusive, oversubscription: {timeQuantum: 500ms}}`,
+			[]string{"spec.sharing.oversubscription.timeQuantum", "must be at least 1s"}},
+		{"oversubscription unknown anti-thrashing mode", `sharing: {strategy: Exclusive, oversubscription: {antiThrashing: Sometimes}}`,
+			[]string{"spec.sharing.oversubscription.antiThrashing", `Unsupported value: "Sometimes"`}},
+		{"oversubscription zero memory budget", `sharing: {strategy: Exclusive, oversubscription: {memoryBudget: "0"}}`,
+			[]string{"spec.sharing.oversubscription.memoryBudget", "must be a positive quantity"}},
+		{"negative priority", `{priority: -1, sharing: {strategy: Exclusive}}`,
+			[]string{"spec.priority", "greater than or equal to 0"}},
+		{"priority above 1000", `{priority: 1001, sharing: {strategy: Exclusive}}`,
+			[]string{"spec.priority", "less than or equal to 1000"}},
+		{"maxUnavailable 0", `{sharing: {strategy: Exclusive}, rollout: {maxUnavailable: 0}}`,
+			[]string{"spec.rollout.maxUnavailable", "must be an integer >= 1 or a percentage"}},
+		{"maxUnavailable 150%", `{sharing: {strategy: Exclusive}, rollout: {maxUnavailable: "150%"}}`,
+			[]string{"spec.rollout.maxUnavailable", "must be an integer >= 1 or a percentage"}},
+		{"maxUnavailable a word", `{sharing: {strategy: Exclusive}, rollout: {maxUnavailable: "half"}}`,
+			[]string{"spec.rollout.maxUnavailable", "must be an integer >= 1 or a percentage"}},
+		{"drain unknown mode", `{sharing: {strategy: Exclusive}, rollout: {drain: {mode: Delete}}}`,
+			[]string{"spec.rollout.drain.mode", `Unsupported value: "Delete"`}},
+		{"drain timeout above 24h", `{sharing: {strategy: Exclusive}, rollout: {drain: {timeout: 48h}}}`,
+			[]string{"spec.rollout.drain.timeout", "must be between 0s and 24h"}},
+		{"node selector unknown operator", `{sharing: {strategy: Exclusive}, nodeSelector: {matchExpressions: [{key: pool, operator: Equals, values: [a]}]}}`,
+			[]string{"spec.nodeSelector.matchExpressions[0].operator", `Unsupported value: "Equals"`}},
+		{"node selector In without values", `{sharing: {strategy: Exclusive}, nodeSelector: {matchExpressions: [{key: pool, operator: In}]}}`,
+			[]string{"spec.nodeSelector", "values must be non-empty for In and NotIn"}},
+		{"node selector Exists with values", `{sharing: {strategy: Exclusive}, nodeSelector: {matchExpressions: [{key: pool, operator: Exists, values: [a]}]}}`,
+			[]string{"spec.nodeSelector", "empty for Exists and DoesNotExist"}},
+		{"node selector label key with a space", `{sharing: {strategy: Exclusive}, nodeSelector: {matchLabels: {"bad key": x}}}`,
+			[]string{"spec.nodeSelector", "matchLabels: every key must be a valid label key"}},
+		{"node selector label value too long", fmt.Sprintf(`{sharing: {strategy: Exclusive}, nodeSelector: {matchLabels: {pool: %s}}}`, strings.Repeat("a", 64)),
+			[]string{"spec.nodeSelector.matchLabels.pool", "may not be more than 63 bytes"}},
+		{"node selector label value with a slash", `{sharing: {strategy: Exclusive}, nodeSelector: {matchLabels: {pool: "a/b"}}}`,
+			[]string{"spec.nodeSelector.matchLabels.pool", "should match"}},
+		{"node selector expression key malformed", `{sharing: {strategy: Exclusive}, nodeSelector: {matchExpressions: [{key: "-pool", operator: Exists}]}}`,
+			[]string{"spec.nodeSelector.matchExpressions[0].key", "should match"}},
+		{"GPU selector with two kinds of keys", `{sharing: {strategy: Exclusive}, gpus: {products: [A100], indices: [0]}}`,
+			[]string{"spec.gpus", "set exactly one of products, indices or uuids"}},
+		{"GPU selector that is empty", `{sharing: {strategy: Exclusive}, gpus: {}}`,
+			[]string{"spec.gpus", "set exactly one of products, indices or uuids"}},
+		{"GPU index out of range", `{sharing: {strategy: Exclusive}, gpus: {indices: [64]}}`,
+			[]string{"spec.gpus.indices[0]", "less than or equal to 63"}},
+		{"GPU uuid malformed", `{sharing: {strategy: Exclusive}, gpus: {uuids: [not-a-uuid]}}`,
+			[]string{"spec.gpus.uuids[0]", "should match"}},
+	}
+	ctx := context.Background()
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			obj := policy(t, fmt.Sprintf("invalid-%d", i), tc.spec)
+			err := env.Client.Create(ctx, obj)
+			if err == nil {
+				_ = env.Client.Delete(ctx, obj)
+				t.Fatalf("accepted, want rejected with %q", tc.want)
+			}
+			if !apierrors.IsInvalid(err) {
+				t.Fatalf("rejected, but not as invalid: %v", err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("message does not contain %q:\n%v", w, err)
+				}
+			}
+		})
+	}
+}
+
+func TestRejectsGPUNodeEntryWithoutUUID(t *testing.T) {
+	obj := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "gpusharing.io/v1alpha1",
+		"kind":       "GPUNode",
+		"metadata":   map[string]any{"name": "node-without-uuid"},
+		"spec": map[string]any{"gpus": []any{map[string]any{
+			"index": int64(0), "sharing": map[string]any{"strategy": "Exclusive"},
+		}}},
+	}}
+	err := env.Client.Create(context.Background(), obj)
+	if err == nil {
+		t.Fatal("accepted a GPU entry without uuid")
+	}
+	if !strings.Contains(err.Error(), "spec.gpus[0].uuid") {
+		t.Errorf("message does not name spec.gpus[0].uuid: %v", err)
+	}
+}

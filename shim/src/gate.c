@@ -20,6 +20,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -81,6 +82,7 @@ static void passthrough_locked(const char *reason)
 }
 
 static void *bg_main(void *arg);
+static void gs_gate_atexit(void);
 
 static void connect_locked(void)
 {
@@ -120,6 +122,14 @@ static void connect_locked(void)
     }
     gs_log(GS_LOG_INFO, "connected to %s (quantum %u ms, grace %u ms, idle %u ms)", gs_cfg.socket_path, q, g,
            gs_cfg.idle_ms);
+    /* Registered now, after the driver registered its own exit handlers, so
+     * ours runs first: the background thread must be out of the driver
+     * before the driver tears itself down. */
+    static int exit_registered;
+    if (!exit_registered) {
+        exit_registered = 1;
+        atexit(gs_gate_atexit);
+    }
 }
 
 void gs_gate_wait(void)
@@ -184,6 +194,7 @@ static void release_locked(const char *reason)
     int ok = wait_inflight_zero() && gs_gpu_drain() == 0;
     pthread_mutex_lock(&mu);
     st.releasing = 0;
+    pthread_cond_broadcast(&cv); /* gs_gate_atexit may wait for this */
     if (st.conn != CONN_UP)
         return; /* went pass-through meanwhile; the gate is open */
     if (!ok) {
@@ -332,6 +343,33 @@ static void *bg_main(void *arg)
     }
     close(fd);
     return NULL;
+}
+
+/* At exit: let a release in progress finish, then stop the background thread
+ * and pass everything through (the lease ends when the process does). */
+static void gs_gate_atexit(void)
+{
+    pthread_mutex_lock(&mu);
+    uint64_t deadline = gs_now_ns() + 1000000000ull;
+    while (st.releasing && gs_now_ns() < deadline) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += 10000000;
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&cv, &mu, &ts);
+    }
+    if (st.conn == CONN_UP) {
+        st.conn = CONN_PASSTHROUGH;
+        st.held = 0;
+        if (st.fd >= 0)
+            shutdown(st.fd, SHUT_RDWR);
+        atomic_store(&gs_gate_open, 1);
+        pthread_cond_broadcast(&cv);
+    }
+    pthread_mutex_unlock(&mu);
 }
 
 void gs_gate_atfork_prepare(void)

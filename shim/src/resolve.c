@@ -143,8 +143,12 @@ void *gs_substitute(const char *symbol, void *fn)
             return hook_fn[id];
         }
     }
-    if (gs_id_for_name(symbol) >= 0)
-        gs_log(GS_LOG_WARN, "cuGetProcAddress(%s) returned an address the shim does not know; calls through it bypass the GPU lock", symbol);
+    if (gs_id_for_name(symbol) >= 0) {
+        static atomic_int warned;
+        gs_log(atomic_exchange(&warned, 1) ? GS_LOG_DEBUG : GS_LOG_WARN,
+               "cuGetProcAddress(%s) returned an address the shim does not know; calls through it bypass the GPU lock",
+               symbol);
+    }
     return fn;
 }
 

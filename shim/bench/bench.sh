@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# GPU benchmarks of the shim; run on a machine with a GPU, nvcc and a built
+# gpushare-scheduler (go build -o shim/build/gpushare-scheduler ./cmd/gpushare-scheduler).
+#   make -C shim bench                 (BENCH_N=200000 launches by default)
+# Prints, each measured with and without the shim in this one run:
+#   launch tax      p50 of an empty-kernel launch call, baseline vs shim holding the lock
+#   hand-off        scheduler release->grant latency, p50/p99 over BENCH_HANDOFFS hand-offs
+#   idle release    time from a process's last GPU work to the lock reaching a waiter
+set -euo pipefail
+SHIM_DIR=$(cd "$(dirname "$0")/.." && pwd)
+BUILD=${BUILD:-$SHIM_DIR/build}
+N=${BENCH_N:-200000}
+HANDOFFS=${BENCH_HANDOFFS:-20000}
+SCHED=${GPUSHARE_SCHEDULER:-$BUILD/gpushare-scheduler}
+echo "reproduce: make -C shim bench BENCH_N=$N BENCH_HANDOFFS=$HANDOFFS   (from the repository root)"
+command -v nvcc >/dev/null || { echo "bench: nvcc not found; the benchmarks need a CUDA machine" >&2; exit 1; }
+[ -x "$SCHED" ] || { echo "bench: $SCHED missing: go build -o shim/build/gpushare-scheduler ./cmd/gpushare-scheduler" >&2; exit 1; }
+make -s -C "$SHIM_DIR" BUILD="$BUILD" all "$BUILD/tests/proto_peer" >/dev/null
+mkdir -p "$BUILD/bench"
+nvcc -O2 -o "$BUILD/bench/launch_bench" "$SHIM_DIR/bench/launch_bench.cu" -lcuda
+nvcc -O2 -o "$BUILD/bench/idle_client" "$SHIM_DIR/bench/idle_client.cu"
+
+WORK=$(mktemp -d)
+UUID=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i 0 | tr -d ' ')
+"$SCHED" --socket-dir "$WORK" --gpu "$UUID:10s:10s" 2>"$WORK/sched.log" &
+SPID=$!
+trap 'kill $SPID 2>/dev/null || true; wait $SPID 2>/dev/null || true; rm -rf "$WORK"' EXIT
+for _ in $(seq 100); do [ -S "$WORK/$UUID.sock" ] && break; sleep 0.05; done
+SHIM_ENV=(LD_PRELOAD="$BUILD/libgpushare.so" GPUSHARE_SOCKET="$WORK/$UUID.sock" GPUSHARE_GPU_UUID="$UUID")
+
+p50() { sed -n "s/^$1: .*p50=\([0-9]*\)ns.*/\1/p"; }
+echo "== launch tax (N=$N, empty kernel, GPU $UUID)"
+for round in 1 2; do
+    base=$("$BUILD/bench/launch_bench" "$N")
+    shim=$(env "${SHIM_ENV[@]}" "$BUILD/bench/launch_bench" "$N")
+    pass=$(env LD_PRELOAD="$BUILD/libgpushare.so" GPUSHARE_LOG_LEVEL=error "$BUILD/bench/launch_bench" "$N")
+    echo "round $round baseline:      $(echo "$base" | tr '\n' ' ')"
+    echo "round $round shim (locked): $(echo "$shim" | tr '\n' ' ')"
+    echo "round $round shim (pass):   $(echo "$pass" | tr '\n' ' ')"
+    for path in cuLaunchKernel "runtime <<<>>>"; do
+        b=$(echo "$base" | p50 "$path"); s=$(echo "$shim" | p50 "$path")
+        echo "round $round launch tax $path: p50 baseline ${b} ns, shim ${s} ns, added $((s - b)) ns"
+    done
+done
+
+echo "== hand-off latency (scheduler release -> grant, $HANDOFFS hand-offs)"
+"$BUILD/tests/proto_peer" "$WORK/$UUID.sock" handoff "$HANDOFFS"
+
+echo "== idle release (GPUSHARE_IDLE_MS=${GPUSHARE_IDLE_MS:-50}, default 50)"
+for round in 1 2 3; do
+    env "${SHIM_ENV[@]}" "$BUILD/bench/idle_client" 300 1500 >"$WORK/idle.out" &
+    CPID=$!
+    for _ in $(seq 400); do grep -q busy "$WORK/idle.out" && break; sleep 0.01; done
+    grant=$("$BUILD/tests/proto_peer" "$WORK/$UUID.sock" waitgrant | sed -n 's/grant_ns=//p')
+    wait $CPID
+    last=$(sed -n 's/last_work_ns=//p' "$WORK/idle.out")
+    echo "round $round idle release: lock reached the waiter $(((grant - last) / 1000)) us after the last GPU work"
+done
+kill -INT $SPID; wait $SPID || true
+echo "== scheduler counters"
+grep -E "^gpusharing_" "$WORK/sched.log" || true

@@ -1,0 +1,300 @@
+// Package nvmlmock extends go-nvml's mock DGX servers (dgxa100, dgxh100) with what the agent needs and
+// they lack: compute mode, running processes, a pending MIG mode, MIG device handles, placement checks
+// as the driver does them, and failure injection. Tests embed the mock and override its functions, so
+// the agent's real NVML code path runs against it.
+package nvmlmock
+
+import (
+	"fmt"
+	"sort"
+	"sync"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+)
+
+// Server is a mock DGX whose GPUs are GPU values.
+type Server struct {
+	*server.Server
+	GPUs []*GPU
+}
+
+// GPU is one mock GPU with the agent's overrides.
+type GPU struct {
+	*server.Device
+
+	mu sync.Mutex
+	// processes are what GetComputeRunningProcesses reports.
+	processes []nvml.ProcessInfo
+	// computeMode is what GetComputeMode reports.
+	computeMode nvml.ComputeMode
+	// migCapable false makes MIG calls answer ERROR_NOT_SUPPORTED, as on a GPU without MIG.
+	migCapable bool
+	// current and pending are the MIG mode now and after a reset.
+	current, pending int
+	// needsReset makes SetMigMode change only the pending mode, as when the GPU cannot reset in place.
+	needsReset bool
+	// failCI fails the n-th CreateComputeInstance (1-based; 0 never) with ERROR_UNKNOWN.
+	failCI, ciCreates int
+	// calls records every mutating NVML call, so tests can assert that a pass changed nothing.
+	calls []string
+}
+
+// NewA100 returns a DGX A100 with n GPUs (A100-SXM4-40GB).
+func NewA100(n int) *Server { return wrap(dgxa100.New(), n) }
+
+// NewH100 returns a DGX H100 with n GPUs (go-nvml's H100 profile data, which is not the real H100's).
+func NewH100(n int) *Server { return wrap(dgxh100.New(), n) }
+
+func wrap(s *server.Server, n int) *Server {
+	if n < len(s.Devices) {
+		s.Devices = s.Devices[:n]
+	}
+	out := &Server{Server: s}
+	for i, d := range s.Devices {
+		sd := d.(*server.Device)
+		// Stable uuids make test output readable.
+		sd.UUID = fmt.Sprintf("GPU-%08d-0000-0000-0000-000000000000", i)
+		g := &GPU{Device: sd, migCapable: true}
+		g.override()
+		out.GPUs = append(out.GPUs, g)
+	}
+	return out
+}
+
+// SetProcesses sets the pids running on the GPU.
+func (g *GPU) SetProcesses(pids ...uint32) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.processes = nil
+	for _, p := range pids {
+		g.processes = append(g.processes, nvml.ProcessInfo{Pid: p, UsedGpuMemory: 1 << 30})
+	}
+}
+
+// SetMIGCapable turns MIG support on or off.
+func (g *GPU) SetMIGCapable(capable bool) { g.mu.Lock(); g.migCapable = capable; g.mu.Unlock() }
+
+// SetMIGMode sets the current and pending MIG mode directly, as a previous boot left them.
+func (g *GPU) SetMIGMode(current, pending bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.current, g.pending = b2i(current), b2i(pending)
+}
+
+// SetNeedsReset makes mode changes stay pending.
+func (g *GPU) SetNeedsReset(v bool) { g.mu.Lock(); g.needsReset = v; g.mu.Unlock() }
+
+// FailComputeInstanceCreate fails the n-th next CreateComputeInstance.
+func (g *GPU) FailComputeInstanceCreate(n int) {
+	g.mu.Lock()
+	g.failCI, g.ciCreates = n, 0
+	g.mu.Unlock()
+}
+
+// Calls returns and clears the mutating calls recorded so far.
+func (g *GPU) Calls() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	c := g.calls
+	g.calls = nil
+	return c
+}
+
+func (g *GPU) record(format string, args ...any) {
+	g.mu.Lock()
+	g.calls = append(g.calls, fmt.Sprintf(format, args...))
+	g.mu.Unlock()
+}
+
+func b2i(b bool) int {
+	if b {
+		return nvml.DEVICE_MIG_ENABLE
+	}
+	return nvml.DEVICE_MIG_DISABLE
+}
+
+func (g *GPU) override() {
+	d := g.Device
+	origProfileInfo := d.GetGpuInstanceProfileInfoFunc
+	origCreate := d.CreateGpuInstanceWithPlacementFunc
+
+	d.GetComputeModeFunc = func() (nvml.ComputeMode, nvml.Return) {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return g.computeMode, nvml.SUCCESS
+	}
+	d.SetComputeModeFunc = func(m nvml.ComputeMode) nvml.Return {
+		g.record("SetComputeMode(%d)", m)
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		g.computeMode = m
+		return nvml.SUCCESS
+	}
+	d.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return append([]nvml.ProcessInfo(nil), g.processes...), nvml.SUCCESS
+	}
+	d.GetMigModeFunc = func() (int, int, nvml.Return) {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if !g.migCapable {
+			return 0, 0, nvml.ERROR_NOT_SUPPORTED
+		}
+		return g.current, g.pending, nvml.SUCCESS
+	}
+	d.SetMigModeFunc = func(mode int) (nvml.Return, nvml.Return) {
+		g.record("SetMigMode(%d)", mode)
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if !g.migCapable {
+			return nvml.ERROR_NOT_SUPPORTED, nvml.ERROR_NOT_SUPPORTED
+		}
+		g.pending = mode
+		if g.needsReset {
+			return nvml.SUCCESS, nvml.ERROR_IN_USE
+		}
+		g.current = mode
+		return nvml.SUCCESS, nvml.SUCCESS
+	}
+	d.GetGpuInstanceProfileInfoFunc = func(id int) (nvml.GpuInstanceProfileInfo, nvml.Return) {
+		g.mu.Lock()
+		capable := g.migCapable
+		g.mu.Unlock()
+		if !capable {
+			return nvml.GpuInstanceProfileInfo{}, nvml.ERROR_NOT_SUPPORTED
+		}
+		return origProfileInfo(id)
+	}
+	d.CreateGpuInstanceWithPlacementFunc = func(info *nvml.GpuInstanceProfileInfo, pl *nvml.GpuInstancePlacement) (nvml.GpuInstance, nvml.Return) {
+		g.record("CreateGpuInstance(profile %d at %d+%d)", info.Id, pl.Start, pl.Size)
+		if r := g.checkPlacement(info, pl); r != nvml.SUCCESS {
+			return nil, r
+		}
+		gi, r := origCreate(info, pl)
+		if r != nvml.SUCCESS {
+			return nil, r
+		}
+		g.overrideGI(gi.(*server.GpuInstance))
+		return gi, nvml.SUCCESS
+	}
+	d.GetGpuInstanceByIdFunc = func(id int) (nvml.GpuInstance, nvml.Return) {
+		d.RLock()
+		defer d.RUnlock()
+		for gi := range d.GpuInstances {
+			if int(gi.Info.Id) == id {
+				return gi, nvml.SUCCESS
+			}
+		}
+		return nil, nvml.ERROR_NOT_FOUND
+	}
+	d.GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { return 7, nvml.SUCCESS }
+	d.GetMigDeviceHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
+		migs := g.migDevices()
+		if i < 0 || i >= len(migs) {
+			return nil, nvml.ERROR_NOT_FOUND
+		}
+		return migs[i], nvml.SUCCESS
+	}
+}
+
+// checkPlacement refuses what the driver refuses: MIG off, a placement NVML never offered for the
+// profile, and a placement that overlaps an existing instance.
+func (g *GPU) checkPlacement(info *nvml.GpuInstanceProfileInfo, pl *nvml.GpuInstancePlacement) nvml.Return {
+	g.mu.Lock()
+	current := g.current
+	g.mu.Unlock()
+	if current != nvml.DEVICE_MIG_ENABLE {
+		return nvml.ERROR_NOT_SUPPORTED
+	}
+	possible, _ := g.Device.GetGpuInstancePossiblePlacementsFunc(info)
+	offered := false
+	for _, p := range possible {
+		offered = offered || p == *pl
+	}
+	if !offered {
+		return nvml.ERROR_INVALID_ARGUMENT
+	}
+	g.Device.RLock()
+	defer g.Device.RUnlock()
+	for gi := range g.Device.GpuInstances {
+		o := gi.Info.Placement
+		if pl.Start < o.Start+o.Size && o.Start < pl.Start+pl.Size {
+			return nvml.ERROR_INSUFFICIENT_RESOURCES
+		}
+	}
+	return nvml.SUCCESS
+}
+
+func (g *GPU) overrideGI(gi *server.GpuInstance) {
+	origCreate := gi.CreateComputeInstanceFunc
+	origDestroy := gi.DestroyFunc
+	gi.CreateComputeInstanceFunc = func(info *nvml.ComputeInstanceProfileInfo) (nvml.ComputeInstance, nvml.Return) {
+		g.record("CreateComputeInstance(GI %d)", gi.Info.Id)
+		g.mu.Lock()
+		g.ciCreates++
+		fail := g.failCI != 0 && g.ciCreates == g.failCI
+		g.mu.Unlock()
+		if fail {
+			return nil, nvml.ERROR_UNKNOWN
+		}
+		ci, r := origCreate(info)
+		if r != nvml.SUCCESS {
+			return nil, r
+		}
+		sci := ci.(*server.ComputeInstance)
+		ciDestroy := sci.DestroyFunc
+		sci.DestroyFunc = func() nvml.Return {
+			g.record("DestroyComputeInstance(GI %d CI %d)", gi.Info.Id, sci.Info.Id)
+			return ciDestroy()
+		}
+		return ci, r
+	}
+	gi.DestroyFunc = func() nvml.Return {
+		g.record("DestroyGpuInstance(%d)", gi.Info.Id)
+		gi.RLock()
+		busy := len(gi.ComputeInstances) > 0
+		gi.RUnlock()
+		if busy {
+			return nvml.ERROR_IN_USE // as the driver: compute instances first
+		}
+		return origDestroy()
+	}
+}
+
+// migDevices lists a MIG device handle per compute instance, ordered by GPU instance then CI id.
+func (g *GPU) migDevices() []nvml.Device {
+	type pair struct{ gi, ci uint32 }
+	var pairs []pair
+	g.Device.RLock()
+	for gi := range g.Device.GpuInstances {
+		gi.RLock()
+		for ci := range gi.ComputeInstances {
+			pairs = append(pairs, pair{gi.Info.Id, ci.Info.Id})
+		}
+		gi.RUnlock()
+	}
+	g.Device.RUnlock()
+	sort.Slice(pairs, func(i, j int) bool {
+		if pairs[i].gi != pairs[j].gi {
+			return pairs[i].gi < pairs[j].gi
+		}
+		return pairs[i].ci < pairs[j].ci
+	})
+	out := make([]nvml.Device, 0, len(pairs))
+	for _, p := range pairs {
+		p := p
+		m := &mock.Device{}
+		m.GetGpuInstanceIdFunc = func() (int, nvml.Return) { return int(p.gi), nvml.SUCCESS }
+		m.GetComputeInstanceIdFunc = func() (int, nvml.Return) { return int(p.ci), nvml.SUCCESS }
+		m.GetUUIDFunc = func() (string, nvml.Return) {
+			return fmt.Sprintf("MIG-%s-gi%d-ci%d", g.Device.UUID[4:12], p.gi, p.ci), nvml.SUCCESS
+		}
+		out = append(out, m)
+	}
+	return out
+}

@@ -1,0 +1,433 @@
+// Package mps runs one nvidia-cuda-mps-control daemon per GPU, each with its own pipe and log
+// directory under a configurable root, so a client fault takes down only that GPU's MPS. It applies the
+// default active-thread percentage and pinned device memory limit through the control pipe, watches the
+// daemons and restarts a dead one with exponential backoff, reports state and client count, and quits a
+// daemon when its GPU leaves MPS. Every command goes through runner.Runner.
+package mps
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/utils/clock"
+
+	"github.com/gpusharing/gpusharing/agent/outcome"
+	"github.com/gpusharing/gpusharing/agent/runner"
+	"github.com/gpusharing/gpusharing/api/v1alpha1"
+)
+
+// PIDFile is the file the control daemon writes into its pipe directory.
+const PIDFile = "nvidia-cuda-mps-control.pid"
+
+// State is a daemon's state as status reports it.
+type State string
+
+// Daemon states.
+const (
+	StateStarting   State = "Starting"
+	StateRunning    State = "Running"
+	StateRestarting State = "Restarting"
+	StateFailed     State = "Failed"
+)
+
+// Settings are what the agent applies to a GPU's daemon.
+type Settings struct {
+	// ActiveThreadPercentage is the default active thread percentage of new servers; 0 leaves 100.
+	ActiveThreadPercentage int32
+	// PinnedMemoryLimitMiB is the default pinned device memory limit per client; 0 means none.
+	PinnedMemoryLimitMiB int64
+}
+
+// Status is one daemon's state.
+type Status struct {
+	State    State
+	PID      int
+	Clients  int
+	Restarts int
+	Settings Settings
+	// LastError is why the daemon last failed to start, for condition messages.
+	LastError string
+	// ReadyIn is how long the last start took until the pipe answered.
+	ReadyIn time.Duration
+}
+
+// Config configures a Manager.
+type Config struct {
+	// Control is the path of nvidia-cuda-mps-control.
+	Control string
+	// Root holds one directory per GPU uuid with pipe/ and log/ inside.
+	Root string
+	// ProcRoot is the proc filesystem used to tell a live daemon from a zombie; default /proc.
+	ProcRoot string
+	// Runner runs the commands.
+	Runner runner.Runner
+	// Clock drives backoff; default the real clock.
+	Clock clock.WithTicker
+	// CommandTimeout bounds each control command; default 10s.
+	CommandTimeout time.Duration
+	// StartTimeout bounds the wait for a started daemon's pid file; default 10s.
+	StartTimeout time.Duration
+	// BackoffInitial and BackoffMax bound the restart backoff; defaults 1s and 5m.
+	BackoffInitial, BackoffMax time.Duration
+	// WatchInterval is how often Run checks the daemons; default 5s.
+	WatchInterval time.Duration
+	// Notify is called with a GPU uuid when its daemon's state or client count changes.
+	Notify func(uuid string)
+}
+
+// Manager owns the MPS daemons of one node.
+type Manager struct {
+	cfg     Config
+	mu      sync.Mutex
+	daemons map[string]*daemon
+}
+
+type daemon struct {
+	uuid      string
+	settings  Settings
+	state     State
+	pid       int
+	restarts  int
+	clients   int
+	lastErr   string
+	readyIn   time.Duration
+	backoff   time.Duration
+	nextStart time.Time
+	startedAt time.Time
+}
+
+// New returns a Manager with defaults filled in.
+func New(cfg Config) *Manager {
+	if cfg.ProcRoot == "" {
+		cfg.ProcRoot = "/proc"
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
+	if cfg.CommandTimeout == 0 {
+		cfg.CommandTimeout = 10 * time.Second
+	}
+	if cfg.StartTimeout == 0 {
+		cfg.StartTimeout = 10 * time.Second
+	}
+	if cfg.BackoffInitial == 0 {
+		cfg.BackoffInitial = time.Second
+	}
+	if cfg.BackoffMax == 0 {
+		cfg.BackoffMax = 5 * time.Minute
+	}
+	if cfg.WatchInterval == 0 {
+		cfg.WatchInterval = 5 * time.Second
+	}
+	return &Manager{cfg: cfg, daemons: map[string]*daemon{}}
+}
+
+// PipeDir is the GPU's CUDA_MPS_PIPE_DIRECTORY, which clients (and the device plugin) must use.
+func (m *Manager) PipeDir(uuid string) string { return filepath.Join(m.cfg.Root, uuid, "pipe") }
+
+// LogDir is the GPU's CUDA_MPS_LOG_DIRECTORY.
+func (m *Manager) LogDir(uuid string) string { return filepath.Join(m.cfg.Root, uuid, "log") }
+
+func (m *Manager) env(uuid string) []string {
+	return []string{"CUDA_MPS_PIPE_DIRECTORY=" + m.PipeDir(uuid), "CUDA_MPS_LOG_DIRECTORY=" + m.LogDir(uuid)}
+}
+
+// Status returns the daemon's state, and false when the manager runs none for the GPU.
+func (m *Manager) Status(uuid string) (Status, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	d, ok := m.daemons[uuid]
+	if !ok {
+		return Status{}, false
+	}
+	return d.status(), true
+}
+
+func (d *daemon) status() Status {
+	return Status{State: d.state, PID: d.pid, Clients: d.clients, Restarts: d.restarts, Settings: d.settings, LastError: d.lastErr, ReadyIn: d.readyIn}
+}
+
+// Satisfied reports whether the GPU's daemon runs with these settings. It runs no command: it checks
+// that the daemon the manager started is alive.
+func (m *Manager) Satisfied(uuid string, s Settings) (bool, error) {
+	m.mu.Lock()
+	d, ok := m.daemons[uuid]
+	m.mu.Unlock()
+	if !ok {
+		return false, nil
+	}
+	alive, err := m.alive(d.pid)
+	if err != nil {
+		return false, err
+	}
+	return alive && d.state == StateRunning && d.settings == s, nil
+}
+
+// Ensure makes the GPU's daemon run with the settings: it adopts a daemon a previous agent left
+// running, starts one when there is none, and restarts one whose settings differ (refusing with GPUBusy
+// while clients are connected). A daemon waiting out its restart backoff is reported, not forced.
+func (m *Manager) Ensure(ctx context.Context, uuid string, s Settings) (Status, error) {
+	if ok, err := m.Satisfied(uuid, s); err != nil {
+		return Status{}, err
+	} else if ok {
+		st, _ := m.Status(uuid)
+		return st, nil
+	}
+	log := logr.FromContextOrDiscard(ctx).WithValues("gpu", uuid)
+
+	m.mu.Lock()
+	d, known := m.daemons[uuid]
+	m.mu.Unlock()
+
+	if !known {
+		// A daemon from a previous run of the agent: adopt it and re-apply the settings, which are lost
+		// only with the daemon.
+		if pid, ok := m.runningPID(uuid); ok {
+			log.Info("Adopting MPS daemon", "pid", pid)
+			d = &daemon{uuid: uuid, pid: pid, state: StateStarting, startedAt: m.cfg.Clock.Now()}
+			if err := m.applySettings(ctx, uuid, s); err != nil {
+				return Status{}, err
+			}
+			d.settings, d.state = s, StateRunning
+			m.mu.Lock()
+			m.daemons[uuid] = d
+			m.mu.Unlock()
+			return d.status(), nil
+		}
+		d = &daemon{uuid: uuid, state: StateStarting}
+		m.mu.Lock()
+		m.daemons[uuid] = d
+		m.mu.Unlock()
+		return m.start(ctx, d, s)
+	}
+
+	m.mu.Lock()
+	state, pid, settings := d.state, d.pid, d.settings
+	m.mu.Unlock()
+	if state == StateRestarting || state == StateFailed {
+		st, _ := m.Status(uuid)
+		return st, outcome.Newf(v1alpha1.ReasonMPSDaemonFailed, "MPS daemon for %s is down (%d restarts, last error: %s); next start in backoff", uuid, st.Restarts, st.LastError)
+	}
+	if settings != s {
+		clients, err := m.clients(ctx, uuid)
+		if err != nil {
+			return Status{}, err
+		}
+		if clients > 0 {
+			return Status{}, &outcome.Error{Reason: v1alpha1.ReasonGPUBusy, Message: fmt.Sprintf("changing MPS settings restarts the daemon, which would disturb %d MPS clients", clients)}
+		}
+		log.Info("Restarting MPS daemon for new settings", "pid", pid)
+		if err := m.quit(ctx, uuid, pid); err != nil {
+			return Status{}, err
+		}
+	}
+	return m.start(ctx, d, s)
+}
+
+// start launches the daemon, waits for its pid file and applies the settings.
+func (m *Manager) start(ctx context.Context, d *daemon, s Settings) (Status, error) {
+	uuid := d.uuid
+	log := logr.FromContextOrDiscard(ctx).WithValues("gpu", uuid)
+	began := m.cfg.Clock.Now()
+	err := m.launch(ctx, uuid, s)
+
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err != nil {
+		d.lastErr = err.Error()
+		d.state = StateFailed
+		d.pid = 0
+		d.backoff = nextBackoff(d.backoff, m.cfg.BackoffInitial, m.cfg.BackoffMax)
+		d.nextStart = m.cfg.Clock.Now().Add(d.backoff)
+		return d.status(), &outcome.Error{Reason: v1alpha1.ReasonMPSDaemonFailed, Message: fmt.Sprintf("starting the MPS daemon for %s: %v", uuid, err), Err: err}
+	}
+	pid, _ := m.runningPID(uuid)
+	d.pid, d.settings, d.state, d.lastErr = pid, s, StateRunning, ""
+	d.startedAt = m.cfg.Clock.Now()
+	d.readyIn = d.startedAt.Sub(began)
+	log.Info("Started MPS daemon", "pid", pid, "readyIn", d.readyIn.String())
+	return d.status(), nil
+}
+
+func (m *Manager) launch(ctx context.Context, uuid string, s Settings) error {
+	for _, dir := range []string{m.PipeDir(uuid), m.LogDir(uuid)} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+	}
+	// A stale pid file from a dead daemon would make the wait below return at once.
+	if err := os.Remove(filepath.Join(m.PipeDir(uuid), PIDFile)); err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	cmd := runner.Cmd{Path: m.cfg.Control, Args: []string{"-d"}, Env: append(m.env(uuid), "CUDA_VISIBLE_DEVICES="+uuid), Timeout: m.cfg.CommandTimeout}
+	if _, err := m.cfg.Runner.Run(ctx, cmd); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(m.cfg.StartTimeout)
+	for {
+		if _, ok := m.runningPID(uuid); ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the daemon wrote no live pid to %s within %s", filepath.Join(m.PipeDir(uuid), PIDFile), m.cfg.StartTimeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return m.applySettings(ctx, uuid, s)
+}
+
+func (m *Manager) applySettings(ctx context.Context, uuid string, s Settings) error {
+	if s.ActiveThreadPercentage > 0 {
+		if _, err := m.control(ctx, uuid, fmt.Sprintf("set_default_active_thread_percentage %d", s.ActiveThreadPercentage)); err != nil {
+			return err
+		}
+	}
+	if s.PinnedMemoryLimitMiB > 0 {
+		// The daemon sees only this GPU (CUDA_VISIBLE_DEVICES=<uuid>), so it is device 0.
+		if _, err := m.control(ctx, uuid, fmt.Sprintf("set_default_device_pinned_mem_limit 0 %dM", s.PinnedMemoryLimitMiB)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// control sends one command to the GPU's control daemon through its pipe directory.
+func (m *Manager) control(ctx context.Context, uuid, command string) (string, error) {
+	res, err := m.cfg.Runner.Run(ctx, runner.Cmd{Path: m.cfg.Control, Env: m.env(uuid), Stdin: command + "\n", Timeout: m.cfg.CommandTimeout})
+	return res.Stdout, err
+}
+
+// clients counts the clients of every MPS server of the GPU's daemon.
+func (m *Manager) clients(ctx context.Context, uuid string) (int, error) {
+	out, err := m.control(ctx, uuid, "get_server_list")
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, server := range strings.Fields(out) {
+		list, err := m.control(ctx, uuid, "get_client_list "+server)
+		if err != nil {
+			return 0, err
+		}
+		n += len(strings.Fields(list))
+	}
+	return n, nil
+}
+
+// Running reports whether a daemon runs for the GPU, whether or not this manager started it. It runs
+// no command.
+func (m *Manager) Running(uuid string) bool {
+	_, ok := m.runningPID(uuid)
+	return ok
+}
+
+// Stop quits the GPU's daemon (one this manager started or one a previous agent left), refusing with
+// GPUBusy while clients are connected. A GPU without a daemon costs no command.
+func (m *Manager) Stop(ctx context.Context, uuid string) error {
+	pid, ok := m.runningPID(uuid)
+	if !ok {
+		m.mu.Lock()
+		delete(m.daemons, uuid)
+		m.mu.Unlock()
+		return nil
+	}
+	clients, err := m.clients(ctx, uuid)
+	if err != nil {
+		return err
+	}
+	if clients > 0 {
+		return &outcome.Error{Reason: v1alpha1.ReasonGPUBusy, Message: fmt.Sprintf("quitting the MPS daemon would disturb %d MPS clients", clients)}
+	}
+	logr.FromContextOrDiscard(ctx).Info("Quitting MPS daemon", "gpu", uuid, "pid", pid)
+	if err := m.quit(ctx, uuid, pid); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	delete(m.daemons, uuid)
+	m.mu.Unlock()
+	return nil
+}
+
+func (m *Manager) quit(ctx context.Context, uuid string, pid int) error {
+	if _, err := m.control(ctx, uuid, "quit"); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(m.cfg.StartTimeout)
+	for {
+		alive, err := m.alive(pid)
+		if err != nil {
+			return err
+		}
+		if !alive {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("MPS daemon %d did not exit within %s of quit", pid, m.cfg.StartTimeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// runningPID reads the daemon's pid file and reports the pid when that process is alive.
+func (m *Manager) runningPID(uuid string) (int, bool) {
+	data, err := os.ReadFile(filepath.Join(m.PipeDir(uuid), PIDFile))
+	if err != nil {
+		return 0, false
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil || pid <= 0 {
+		return 0, false
+	}
+	alive, err := m.alive(pid)
+	return pid, err == nil && alive
+}
+
+// alive reports whether pid runs. A zombie counts as dead (and is reaped when it is our child: the
+// agent may be PID 1 of its container, which inherits the daemonized control process).
+func (m *Manager) alive(pid int) (bool, error) {
+	if pid <= 0 {
+		return false, nil
+	}
+	err := syscall.Kill(pid, 0)
+	if errors.Is(err, syscall.ESRCH) {
+		return false, nil
+	}
+	if err != nil && !errors.Is(err, syscall.EPERM) {
+		return false, err
+	}
+	stat, err := os.ReadFile(filepath.Join(m.cfg.ProcRoot, strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return !os.IsNotExist(err), nil
+	}
+	// The state follows the command name in parentheses, which may itself contain spaces.
+	if i := strings.LastIndexByte(string(stat), ')'); i >= 0 && i+2 < len(stat) && stat[i+2] == 'Z' {
+		var ws syscall.WaitStatus
+		_, _ = syscall.Wait4(pid, &ws, syscall.WNOHANG, nil)
+		return false, nil
+	}
+	return true, nil
+}
+
+func nextBackoff(cur, initial, maxBackoff time.Duration) time.Duration {
+	if cur == 0 {
+		return initial
+	}
+	return min(cur*2, maxBackoff)
+}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU benchmarks of the shim; run on a machine with a GPU, nvcc and a built
 # gpushare-scheduler (go build -o shim/build/gpushare-scheduler ./cmd/gpushare-scheduler).
-#   make -C shim bench                 (BENCH_N=200000 launches by default)
+#   make -C shim bench                 (BENCH_N=100000 launches per run, BENCH_ROUNDS=5)
 # Prints, each measured with and without the shim in this one run:
 #   launch tax      p50 of an empty-kernel launch call, baseline vs shim holding the lock
 #   hand-off        scheduler release->grant latency, p50/p99 over BENCH_HANDOFFS hand-offs
@@ -9,10 +9,10 @@
 set -euo pipefail
 SHIM_DIR=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${BUILD:-$SHIM_DIR/build}
-N=${BENCH_N:-200000}
+N=${BENCH_N:-100000}
 HANDOFFS=${BENCH_HANDOFFS:-20000}
 SCHED=${GPUSHARE_SCHEDULER:-$BUILD/gpushare-scheduler}
-echo "reproduce: make -C shim bench BENCH_N=$N BENCH_HANDOFFS=$HANDOFFS   (from the repository root)"
+echo "reproduce: make -C shim bench BENCH_N=$N BENCH_ROUNDS=${BENCH_ROUNDS:-5} BENCH_HANDOFFS=$HANDOFFS   (from the repository root)"
 command -v nvcc >/dev/null || { echo "bench: nvcc not found; the benchmarks need a CUDA machine" >&2; exit 1; }
 [ -x "$SCHED" ] || { echo "bench: $SCHED missing: go build -o shim/build/gpushare-scheduler ./cmd/gpushare-scheduler" >&2; exit 1; }
 make -s -C "$SHIM_DIR" BUILD="$BUILD" all "$BUILD/tests/proto_peer" >/dev/null
@@ -29,19 +29,25 @@ for _ in $(seq 100); do [ -S "$WORK/$UUID.sock" ] && break; sleep 0.05; done
 SHIM_ENV=(LD_PRELOAD="$BUILD/libgpushare.so" GPUSHARE_SOCKET="$WORK/$UUID.sock" GPUSHARE_GPU_UUID="$UUID")
 
 p50() { sed -n "s/^$1: .*p50=\([0-9]*\)ns.*/\1/p"; }
-echo "== launch tax (N=$N, empty kernel, GPU $UUID)"
-for round in 1 2; do
+median() { sort -n | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
+ROUNDS=${BENCH_ROUNDS:-5}
+echo "== launch tax (N=$N per run, $ROUNDS interleaved rounds, empty kernel, GPU $UUID)"
+: >"$WORK/added_drv"; : >"$WORK/added_rt"; : >"$WORK/added_pass"
+for round in $(seq "$ROUNDS"); do
     base=$("$BUILD/bench/launch_bench" "$N")
     shim=$(env "${SHIM_ENV[@]}" "$BUILD/bench/launch_bench" "$N")
     pass=$(env LD_PRELOAD="$BUILD/libgpushare.so" GPUSHARE_LOG_LEVEL=error "$BUILD/bench/launch_bench" "$N")
     echo "round $round baseline:      $(echo "$base" | tr '\n' ' ')"
     echo "round $round shim (locked): $(echo "$shim" | tr '\n' ' ')"
     echo "round $round shim (pass):   $(echo "$pass" | tr '\n' ' ')"
-    for path in cuLaunchKernel "runtime <<<>>>"; do
-        b=$(echo "$base" | p50 "$path"); s=$(echo "$shim" | p50 "$path")
-        echo "round $round launch tax $path: p50 baseline ${b} ns, shim ${s} ns, added $((s - b)) ns"
-    done
+    echo $(($(echo "$shim" | p50 cuLaunchKernel) - $(echo "$base" | p50 cuLaunchKernel))) >>"$WORK/added_drv"
+    echo $(($(echo "$shim" | p50 "runtime <<<>>>") - $(echo "$base" | p50 "runtime <<<>>>"))) >>"$WORK/added_rt"
+    echo $(($(echo "$pass" | p50 cuLaunchKernel) - $(echo "$base" | p50 cuLaunchKernel))) >>"$WORK/added_pass"
 done
+echo "launch tax, median over rounds of (p50 with shim - p50 baseline):"
+echo "  cuLaunchKernel, lock held:     $(median <"$WORK/added_drv") ns   (per round: $(tr '\n' ' ' <"$WORK/added_drv"))"
+echo "  runtime <<<>>>, lock held:     $(median <"$WORK/added_rt") ns   (per round: $(tr '\n' ' ' <"$WORK/added_rt"))"
+echo "  cuLaunchKernel, pass-through:  $(median <"$WORK/added_pass") ns   (per round: $(tr '\n' ' ' <"$WORK/added_pass"))"
 
 echo "== hand-off latency (scheduler release -> grant, $HANDOFFS hand-offs)"
 "$BUILD/tests/proto_peer" "$WORK/$UUID.sock" handoff "$HANDOFFS"

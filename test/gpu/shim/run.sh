@@ -18,7 +18,10 @@ LOG=$OUT/run.log
 T=$(mktemp -d) # per-run files; packed into $OUT/logs.tgz at the end (the device tool returns <= 8 files)
 exec > >(tee "$LOG") 2>&1
 fails=0
-check() { if [ "$2" = "$3" ]; then echo "PASS $1"; else echo "FAIL $1: '$2' != '$3'"; fails=$((fails + 1)); fi; }
+# check NAME GOT WANT: equal and non-empty (an empty digest means the workload failed).
+check() {
+    if [ -n "$2" ] && [ "$2" = "$3" ]; then echo "PASS $1 ($2)"; else echo "FAIL $1: '$2' != '$3'"; fails=$((fails + 1)); fi
+}
 
 nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.used --format=csv
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
@@ -38,6 +41,7 @@ echo "== baseline (no shim)"
 for m in train infer; do
     CUDA_VISIBLE_DEVICES=0 python3 "$W" "$m" --steps "$STEPS" >"$T/base_$m.json" 2>"$T/base_$m.err"
     cat "$T/base_$m.json"
+    [ -n "$(digest "$T/base_$m.json")" ] || { echo "FAIL baseline $m:"; tail -5 "$T/base_$m.err"; fails=$((fails + 1)); }
 done
 
 echo "== shim, one process at a time (quantum $QUANTUM)"

@@ -1,0 +1,8 @@
+package node
+
+// The agent reads and writes only its own node's GPUNode, emits events about it, and reads its Node to
+// own the GPUNode (so deleting the Node deletes it).
+// +kubebuilder:rbac:groups=gpusharing.io,resources=gpunodes,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups=gpusharing.io,resources=gpunodes/status,verbs=update;patch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get

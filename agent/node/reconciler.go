@@ -1,0 +1,285 @@
+// Package node is the agent's reconciler for its own GPUNode: it reads the desired sharing per GPU from
+// spec, converges each GPU through the mig, mps and timeslice packages, and publishes what is really in
+// force in status, with one status write per pass and only when something changed.
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	"github.com/gpusharing/gpusharing/agent/gpu"
+	"github.com/gpusharing/gpusharing/api/v1alpha1"
+)
+
+// Reconciler converges this node's GPUs to its GPUNode's spec and reports them in its status.
+type Reconciler struct {
+	Client   client.Client
+	NodeName string
+	Strategies
+	// Recorder emits an event when a GPU's Applied condition changes; nil emits none.
+	Recorder events.EventRecorder
+	// Resync is how often the GPUs are checked when nothing else triggers a pass (hardware sends no
+	// events the agent can watch: a daemon dying or a process starting shows only when looked at).
+	Resync time.Duration
+	// Wake, when set, triggers a pass (the MPS manager's notifications).
+	Wake <-chan event.GenericEvent
+}
+
+// scope is what one pass learns, filled by the phases and written once at the end.
+type scope struct {
+	node      *v1alpha1.GPUNode
+	inventory gpu.Inventory
+	invErr    error
+	gpus      []v1alpha1.GPUStatus
+	// transientErr is the first error worth a retry; observedGeneration advances only without one.
+	transientErr error
+}
+
+// Reconcile is one pass: get or create the GPUNode, read the GPUs, converge each, write status.
+func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (ctrl.Result, error) {
+	log := ctrl.LoggerFrom(ctx).WithValues("gpunode", r.NodeName)
+	ctx = ctrl.LoggerInto(ctx, log)
+
+	node, err := r.getOrCreate(ctx)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	before := node.DeepCopy()
+	sc := &scope{node: node}
+	for _, phase := range []func(context.Context, *scope){r.readInventory, r.convergeGPUs, r.setNodeStatus} {
+		phase(ctx, sc)
+	}
+	if !equality.Semantic.DeepEqual(before.Status, node.Status) {
+		if err := r.Client.Status().Update(ctx, node); err != nil {
+			return ctrl.Result{}, fmt.Errorf("updating GPUNode %s status: %w", r.NodeName, err)
+		}
+		log.V(1).Info("Published GPUNode status", "summary", node.Status.Summary)
+		r.emitEvents(before, node)
+	}
+	if sc.transientErr != nil {
+		log.Error(sc.transientErr, "GPUNode pass had errors; retrying")
+	}
+	return ctrl.Result{RequeueAfter: r.Resync}, nil
+}
+
+// getOrCreate returns this node's GPUNode, creating it (owned by the Node, when the Node exists) when
+// missing: the agent, not the controller, knows the node has GPUs.
+func (r *Reconciler) getOrCreate(ctx context.Context) (*v1alpha1.GPUNode, error) {
+	node := &v1alpha1.GPUNode{}
+	err := r.Client.Get(ctx, types.NamespacedName{Name: r.NodeName}, node)
+	if err == nil {
+		return node, nil
+	}
+	if !apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("getting GPUNode %s: %w", r.NodeName, err)
+	}
+	node = &v1alpha1.GPUNode{ObjectMeta: metav1.ObjectMeta{Name: r.NodeName}}
+	k8sNode := &corev1.Node{}
+	switch err := r.Client.Get(ctx, types.NamespacedName{Name: r.NodeName}, k8sNode); {
+	case err == nil:
+		node.OwnerReferences = []metav1.OwnerReference{{
+			APIVersion: "v1", Kind: "Node", Name: k8sNode.Name, UID: k8sNode.UID,
+		}}
+	case !apierrors.IsNotFound(err):
+		return nil, fmt.Errorf("getting Node %s: %w", r.NodeName, err)
+	}
+	if err := r.Client.Create(ctx, node); err != nil {
+		return nil, fmt.Errorf("creating GPUNode %s: %w", r.NodeName, err)
+	}
+	ctrl.LoggerFrom(ctx).Info("Created GPUNode")
+	return node, nil
+}
+
+func (r *Reconciler) readInventory(ctx context.Context, sc *scope) {
+	sc.inventory, sc.invErr = r.GPU.Inventory(ctx)
+	if sc.invErr != nil && !errors.Is(sc.invErr, gpu.ErrUnavailable) {
+		sc.transientErr = sc.invErr
+	}
+}
+
+// convergeGPUs applies each listed GPU's desired sharing and builds every GPU's status.
+func (r *Reconciler) convergeGPUs(ctx context.Context, sc *scope) {
+	if sc.invErr != nil {
+		// Keep the last published GPUs: a failed read says nothing new about them.
+		sc.gpus = sc.node.Status.GPUs
+		return
+	}
+	desired := map[string]*v1alpha1.GPUDesired{}
+	for i := range sc.node.Spec.GPUs {
+		desired[sc.node.Spec.GPUs[i].UUID] = &sc.node.Spec.GPUs[i]
+	}
+	prev := map[string]*v1alpha1.GPUStatus{}
+	for i := range sc.node.Status.GPUs {
+		prev[sc.node.Status.GPUs[i].UUID] = &sc.node.Status.GPUs[i]
+	}
+	for _, dev := range sc.inventory.Devices {
+		want := desired[dev.UUID]
+		var err error
+		if want != nil {
+			err = r.converge(ctx, dev, want.Sharing)
+			if transient(err) && sc.transientErr == nil {
+				sc.transientErr = err
+			}
+			// Report what the pass left, not what it started from.
+			if fresh, rerr := r.GPU.Device(ctx, dev.UUID); rerr == nil {
+				dev = fresh
+			} else if err == nil {
+				err = rerr
+			}
+		}
+		sc.gpus = append(sc.gpus, gpuStatus(dev, r.observe(dev.UUID), want, err, prev[dev.UUID]))
+	}
+}
+
+func (r *Reconciler) observe(uuid string) observed {
+	var o observed
+	if st, ok := r.MPS.Status(uuid); ok {
+		o.mps = &st
+	}
+	if ts, ok, err := r.TimeSlice.State(uuid); err == nil && ok {
+		o.timeslice = &ts
+	}
+	return o
+}
+
+// setNodeStatus fills the node-level fields and the Ready and Applied conditions.
+func (r *Reconciler) setNodeStatus(_ context.Context, sc *scope) {
+	st := &sc.node.Status
+	st.GPUs = sc.gpus
+	st.DriverVersion, st.CUDAVersion = sc.inventory.DriverVersion, sc.inventory.CUDAVersion
+	if sc.invErr == nil {
+		st.GPUCount = int32(len(sc.inventory.Devices))
+	}
+	setReady(st, sc.invErr)
+	setApplied(st, sc.node.Spec, sc.invErr)
+	st.Summary = Summary(st.GPUs)
+	if sc.transientErr == nil && sc.invErr == nil {
+		st.ObservedGeneration = sc.node.Generation
+	}
+}
+
+// setReady: False NVMLUnavailable without NVML, False NVMLError when the read failed, True NoGPUs on a
+// node without GPUs, else True InventoryPublished.
+func setReady(st *v1alpha1.GPUNodeStatus, invErr error) {
+	switch {
+	case errors.Is(invErr, gpu.ErrUnavailable):
+		setCondition(&st.Conditions, v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonNVMLUnavailable, invErr.Error())
+	case invErr != nil:
+		setCondition(&st.Conditions, v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonNVMLError, invErr.Error())
+	case st.GPUCount == 0:
+		setCondition(&st.Conditions, v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonNoGPUs, "NVML reports no GPU on this node")
+	default:
+		setCondition(&st.Conditions, v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonInventoryPublished, fmt.Sprintf("%d GPUs, driver %s, CUDA %s", st.GPUCount, st.DriverVersion, st.CUDAVersion))
+	}
+}
+
+// setApplied counts the listed GPUs that run their desired sharing and names the first that do not.
+func setApplied(st *v1alpha1.GPUNodeStatus, spec v1alpha1.GPUNodeSpec, invErr error) {
+	byUUID := map[string]v1alpha1.GPUStatus{}
+	for _, g := range st.GPUs {
+		byUUID[g.UUID] = g
+	}
+	var applied int32
+	var reason string
+	var problems []string
+	for _, want := range spec.GPUs {
+		g, ok := byUUID[want.UUID]
+		if !ok {
+			if reason == "" {
+				reason = v1alpha1.ReasonNVMLError
+			}
+			problems = append(problems, fmt.Sprintf("GPU %s: NVML reports no such GPU on this node", want.UUID))
+			continue
+		}
+		c := meta.FindStatusCondition(g.Conditions, v1alpha1.ConditionApplied)
+		if c != nil && c.Status == metav1.ConditionTrue && c.Reason == v1alpha1.ReasonAsDesired && invErr == nil {
+			applied++
+			continue
+		}
+		if c != nil && c.Status != metav1.ConditionTrue {
+			if reason == "" {
+				reason = c.Reason
+			}
+			problems = append(problems, fmt.Sprintf("GPU %d: %s: %s", g.Index, c.Reason, c.Message))
+		}
+	}
+	st.AppliedGPUs = applied
+	switch {
+	case invErr != nil:
+		r := v1alpha1.ReasonNVMLError
+		if errors.Is(invErr, gpu.ErrUnavailable) {
+			r = v1alpha1.ReasonNVMLUnavailable
+		}
+		setCondition(&st.Conditions, v1alpha1.ConditionApplied, metav1.ConditionFalse, r, "the GPUs cannot be read: "+invErr.Error())
+	case len(problems) > 0:
+		setCondition(&st.Conditions, v1alpha1.ConditionApplied, metav1.ConditionFalse, reason, strings.Join(problems, "; "))
+	case len(spec.GPUs) == 0:
+		setCondition(&st.Conditions, v1alpha1.ConditionApplied, metav1.ConditionTrue, v1alpha1.ReasonNotDesired, "no policy lists a GPU of this node")
+	default:
+		setCondition(&st.Conditions, v1alpha1.ConditionApplied, metav1.ConditionTrue, v1alpha1.ReasonAsDesired, fmt.Sprintf("%d of %d listed GPUs run their desired sharing", applied, len(spec.GPUs)))
+	}
+}
+
+// emitEvents records one event per GPU whose Applied condition changed reason; the reason is the
+// condition's.
+func (r *Reconciler) emitEvents(before, after *v1alpha1.GPUNode) {
+	if r.Recorder == nil {
+		return
+	}
+	old := map[string]string{}
+	for _, g := range before.Status.GPUs {
+		if c := meta.FindStatusCondition(g.Conditions, v1alpha1.ConditionApplied); c != nil {
+			old[g.UUID] = c.Reason
+		}
+	}
+	for _, g := range after.Status.GPUs {
+		c := meta.FindStatusCondition(g.Conditions, v1alpha1.ConditionApplied)
+		if c == nil || old[g.UUID] == c.Reason {
+			continue
+		}
+		typ := corev1.EventTypeNormal
+		if c.Status != metav1.ConditionTrue {
+			typ = corev1.EventTypeWarning
+		}
+		r.Recorder.Eventf(after, nil, typ, c.Reason, "Apply", "GPU %d (%s): %s", g.Index, g.UUID, c.Message)
+	}
+}
+
+// SetupWithManager watches only this node's GPUNode, and wakes on the MPS manager's notifications.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	onlyMine := predicate.NewPredicateFuncs(func(o client.Object) bool { return o.GetName() == r.NodeName })
+	b := ctrl.NewControllerManagedBy(mgr).
+		Named("gpunode-agent").
+		For(&v1alpha1.GPUNode{}, builder.WithPredicates(onlyMine, predicate.Or(predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{})))
+	if r.Wake != nil {
+		mine := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
+			return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: r.NodeName}}}
+		})
+		b = b.WatchesRawSource(source.Channel(r.Wake, mine))
+	}
+	// The first pass must run even when no GPUNode exists yet: that pass creates it.
+	kick := make(chan event.GenericEvent, 1)
+	kick <- event.GenericEvent{Object: &v1alpha1.GPUNode{ObjectMeta: metav1.ObjectMeta{Name: r.NodeName}}}
+	b = b.WatchesRawSource(source.Channel(kick, &handler.EnqueueRequestForObject{}))
+	return b.Complete(r)
+}
+

@@ -282,4 +282,3 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	b = b.WatchesRawSource(source.Channel(kick, &handler.EnqueueRequestForObject{}))
 	return b.Complete(r)
 }
-

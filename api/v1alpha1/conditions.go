@@ -65,3 +65,17 @@ const (
 	// ReasonNotDesired: no policy lists the GPU, so it is left as found.
 	ReasonNotDesired = "NotDesired"
 )
+
+// Reasons on GPUSharingPolicy while it is deleted: its finalizer holds the object until the GPUs it
+// configured are back on the default sharing (Exclusive), or until the controller's bound passes.
+const (
+	// ReasonRestoringDefault: the policy is being deleted and some of its GPUs do not yet run the default
+	// (Ready=False and Progressing=True; the message names the first nodes and GPUs).
+	ReasonRestoringDefault = "RestoringDefault"
+	// ReasonDefaultRestored: every GPU the deleted policy configured reports the default applied; the
+	// finalizer is released (an event).
+	ReasonDefaultRestored = "DefaultRestored"
+	// ReasonRestoreTimedOut: agents did not confirm the default within the bound, so the finalizer is
+	// released anyway and the default stays in each GPUNode's spec for its agent to apply later (an event).
+	ReasonRestoreTimedOut = "RestoreTimedOut"
+)

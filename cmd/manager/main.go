@@ -1,0 +1,98 @@
+// Command manager runs gpusharing's controllers: the resolver, which turns GPUSharingPolicies into each
+// GPUNode's spec and rolls disruptive changes out within each policy's budget, and the policy status
+// reconciler.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"time"
+
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/klog/v2/textlogger"
+
+	v1 "github.com/gpusharing/gpusharing/api/v1alpha1"
+	"github.com/gpusharing/gpusharing/controllers/policy"
+	"github.com/gpusharing/gpusharing/controllers/setup"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "manager:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	var (
+		metricsAddr    string
+		probeAddr      string
+		leaderElect    bool
+		leaderElectNS  string
+		qps            float64
+		burst          int
+		resolvers      int
+		statusWorkers  int
+		restoreTimeout time.Duration
+	)
+	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "Address the Prometheus metrics endpoint binds to; 0 disables it.")
+	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address the /healthz and /readyz probes bind to.")
+	flag.BoolVar(&leaderElect, "leader-elect", false, "Elect a leader so that only one replica reconciles at a time.")
+	flag.StringVar(&leaderElectNS, "leader-election-namespace", "", "Namespace of the leader election Lease (default: the pod's namespace).")
+	flag.Float64Var(&qps, "kube-api-qps", 50, "Sustained requests per second to the API server; one spec write per node per change, so this bounds rollout speed.")
+	flag.IntVar(&burst, "kube-api-burst", 100, "Burst of requests to the API server above kube-api-qps.")
+	flag.IntVar(&resolvers, "resolver-workers", 4, "Nodes resolved at once; admission of disruptive changes is serialized regardless.")
+	flag.IntVar(&statusWorkers, "status-workers", 2, "Policies whose status is computed at once.")
+	flag.DurationVar(&restoreTimeout, "restore-timeout", policy.DefaultRestoreTimeout, "How long a deleted policy waits for agents to confirm its GPUs are back on the default.")
+	logCfg := textlogger.NewConfig()
+	logCfg.AddFlags(flag.CommandLine)
+	flag.Parse()
+	ctrl.SetLogger(textlogger.NewLogger(logCfg))
+
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return err
+	}
+	if err := v1.AddToScheme(scheme); err != nil {
+		return err
+	}
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		return fmt.Errorf("loading kubeconfig: %w", err)
+	}
+	cfg.QPS, cfg.Burst = float32(qps), burst
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                        scheme,
+		Metrics:                       metricsserver.Options{BindAddress: metricsAddr},
+		HealthProbeBindAddress:        probeAddr,
+		LeaderElection:                leaderElect,
+		LeaderElectionID:              "gpusharing-controller.gpusharing.io",
+		LeaderElectionNamespace:       leaderElectNS,
+		LeaderElectionReleaseOnCancel: true,
+	})
+	if err != nil {
+		return fmt.Errorf("creating the manager: %w", err)
+	}
+	ctx := ctrl.SetupSignalHandler()
+	if err := setup.Controllers(ctx, mgr, setup.Options{
+		ResolverWorkers: resolvers,
+		StatusWorkers:   statusWorkers,
+		RestoreTimeout:  restoreTimeout,
+	}); err != nil {
+		return err
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+		return err
+	}
+	ctrl.Log.WithName("setup").Info("Starting manager")
+	return mgr.Start(ctx)
+}

@@ -1,0 +1,112 @@
+package gpunode
+
+import (
+	"sort"
+	"sync"
+
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	v1 "github.com/gpusharing/gpusharing/api/v1alpha1"
+)
+
+// rollout coordinates admission between passes. The admission count itself always comes from the cache
+// index; what is kept here is only a wake-up list (which nodes wait on which policy, and the policy's
+// last computed limit) so that a freed slot re-runs the next waiting nodes instead of every node. A
+// restart loses nothing: the initial list re-runs every node, which rebuilds the list.
+type rollout struct {
+	// admission serializes "count nodes in flight, decide, write, see the write in the cache".
+	admission sync.Mutex
+
+	mu      sync.Mutex
+	waiting map[string]map[string]bool // policy -> nodes waiting on it
+	limits  map[string]int             // policy -> maxUnavailable last computed
+	// nudges carries nodes to re-run when a node leaves a wait list without taking a slot.
+	nudges chan event.GenericEvent
+}
+
+func newRollout() *rollout {
+	return &rollout{
+		waiting: map[string]map[string]bool{},
+		limits:  map[string]int{},
+		nudges:  make(chan event.GenericEvent, 1024),
+	}
+}
+
+func (r *rollout) setLimit(policy string, limit int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.limits[policy] = limit
+}
+
+// setWaiting records the policies a node now waits on. When the node stops waiting on a policy, the next
+// waiting nodes of that policy are nudged: the node may have left without taking the slot it was woken for.
+func (r *rollout) setWaiting(node string, policies []string) {
+	now := map[string]bool{}
+	for _, p := range policies {
+		now[p] = true
+	}
+	var left []string
+	r.mu.Lock()
+	for p, nodes := range r.waiting {
+		if nodes[node] && !now[p] {
+			delete(nodes, node)
+			if len(nodes) == 0 {
+				delete(r.waiting, p)
+			}
+			left = append(left, p)
+		}
+	}
+	for p := range now {
+		if r.waiting[p] == nil {
+			r.waiting[p] = map[string]bool{}
+		}
+		r.waiting[p][node] = true
+	}
+	r.mu.Unlock()
+	for _, p := range left {
+		for _, n := range r.next(p) {
+			r.nudges <- event.GenericEvent{Object: gpuNodeRef(n)}
+		}
+	}
+}
+
+// forget drops a node that no longer exists from every wait list.
+func (r *rollout) forget(node string) { r.setWaiting(node, nil) }
+
+// next returns the waiting nodes of a policy to re-run when a slot frees: the first limit of them in name
+// order, which is the order they are admitted in.
+func (r *rollout) next(policy string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	nodes := make([]string, 0, len(r.waiting[policy]))
+	for n := range r.waiting[policy] {
+		nodes = append(nodes, n)
+	}
+	sort.Strings(nodes)
+	limit := r.limits[policy]
+	if limit < 1 {
+		limit = 1
+	}
+	if len(nodes) > limit {
+		nodes = nodes[:limit]
+	}
+	return nodes
+}
+
+// wake queues the next waiting nodes of each policy.
+func (r *rollout) wake(q workqueue.TypedRateLimitingInterface[reconcile.Request], policies []string) {
+	for _, p := range policies {
+		for _, n := range r.next(p) {
+			q.Add(reconcile.Request{NamespacedName: types.NamespacedName{Name: n}})
+		}
+	}
+}
+
+func gpuNodeRef(name string) *v1.GPUNode {
+	gn := &v1.GPUNode{}
+	gn.Name = name
+	return gn
+}

@@ -1,0 +1,159 @@
+package policy
+
+import (
+	"fmt"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1 "github.com/gpusharing/gpusharing/api/v1alpha1"
+)
+
+// maxCauses is how many concrete causes a condition message names before it says "and N more".
+const maxCauses = 3
+
+// SetStatus recomputes the policy's counts and its four conditions from the summary.
+func SetStatus(p *v1.GPUSharingPolicy, s Summary, maxUnavailable int) {
+	p.Status.MatchedNodes = int32(s.MatchedNodes)
+	p.Status.MatchedGPUs = int32(s.MatchedGPUs)
+	p.Status.ReadyGPUs = int32(s.ReadyGPUs)
+	SetReadyCondition(p, s)
+	SetProgressingCondition(p, s, maxUnavailable)
+	SetDegradedCondition(p, s)
+	SetConflictedCondition(p, s)
+}
+
+// SetReadyCondition: True when the policy wins GPUs and every one of them reports its sharing applied;
+// otherwise False with the most pressing cause first: no GPUs, hardware rejections, rollout, applying.
+func SetReadyCondition(p *v1.GPUSharingPolicy, s Summary) {
+	status, reason, msg := metav1.ConditionFalse, "", ""
+	switch {
+	case s.MatchedGPUs == 0:
+		reason, msg = v1.ReasonNoMatchingGPUs, "no GPU matches the policy"
+		if s.SelectorErr != nil {
+			msg = fmt.Sprintf("no GPU matches the policy: %v", s.SelectorErr)
+		}
+	case len(s.Failures) > 0:
+		reason, msg = v1.ReasonHardwareRejected, fmt.Sprintf("%d of %d GPUs applied; %s", s.ReadyGPUs, s.MatchedGPUs, failures(s.Failures))
+	case len(s.WaitingNodes) > 0:
+		reason, msg = v1.ReasonWaitingForRollout, fmt.Sprintf("%d of %d GPUs applied; %d nodes wait for their turn", s.ReadyGPUs, s.MatchedGPUs, len(s.WaitingNodes))
+	case s.ReadyGPUs < s.MatchedGPUs:
+		reason, msg = v1.ReasonApplying, fmt.Sprintf("%d of %d GPUs applied; applying on %s", s.ReadyGPUs, s.MatchedGPUs, refs(s.Applying))
+	default:
+		status, reason, msg = metav1.ConditionTrue, v1.ReasonAsDesired, fmt.Sprintf("all %d GPUs on %d nodes run the declared sharing", s.MatchedGPUs, s.MatchedNodes)
+	}
+	set(p, v1.ConditionReady, status, reason, msg)
+}
+
+// SetProgressingCondition: True while disruptive changes wait for the rollout budget (WaitingForRollout)
+// or written changes are not yet applied (Applying); False once nothing is left to roll out.
+func SetProgressingCondition(p *v1.GPUSharingPolicy, s Summary, maxUnavailable int) {
+	switch {
+	case len(s.WaitingNodes) > 0:
+		set(p, v1.ConditionProgressing, metav1.ConditionTrue, v1.ReasonWaitingForRollout,
+			fmt.Sprintf("%d nodes wait for their turn, %d in flight (maxUnavailable %d): %s",
+				len(s.WaitingNodes), len(s.InFlightNodes), maxUnavailable, names(s.WaitingNodes)))
+	case len(s.Applying) > 0:
+		set(p, v1.ConditionProgressing, metav1.ConditionTrue, v1.ReasonApplying,
+			fmt.Sprintf("%d GPUs being applied: %s", len(s.Applying), refs(s.Applying)))
+	default:
+		set(p, v1.ConditionProgressing, metav1.ConditionFalse, v1.ReasonRolledOut, "nothing left to roll out")
+	}
+}
+
+// SetDegradedCondition: True when an agent reports a GPU it cannot configure as declared or unhealthy;
+// the message carries the agent's own words for the first GPUs.
+func SetDegradedCondition(p *v1.GPUSharingPolicy, s Summary) {
+	if len(s.Failures) > 0 {
+		set(p, v1.ConditionDegraded, metav1.ConditionTrue, v1.ReasonHardwareRejected, failures(s.Failures))
+		return
+	}
+	set(p, v1.ConditionDegraded, metav1.ConditionFalse, v1.ReasonAsDesired, "no GPU reports a failure")
+}
+
+// SetConflictedCondition: True when policies of equal priority select some of the same GPUs; the message
+// names each other policy, how many GPUs are contested and which policy wins them.
+func SetConflictedCondition(p *v1.GPUSharingPolicy, s Summary) {
+	if len(s.Conflicts) == 0 {
+		set(p, v1.ConditionConflicted, metav1.ConditionFalse, v1.ReasonNoConflict, "no policy of equal priority selects the same GPUs")
+		return
+	}
+	parts := make([]string, len(s.Conflicts))
+	for i, c := range s.Conflicts {
+		parts[i] = fmt.Sprintf("policy %s has the same priority %d and selects %d of the same GPUs, which %s wins (the older policy, then the smaller name)",
+			c.Other, p.Spec.Priority, c.GPUs, c.Winner)
+	}
+	set(p, v1.ConditionConflicted, metav1.ConditionTrue, v1.ReasonEqualPriority, strings.Join(parts, "; "))
+}
+
+// SetRestoringConditions reports a deleting policy that waits for its GPUs to return to the default.
+func SetRestoringConditions(p *v1.GPUSharingPolicy, remaining []GPURef, deadline metav1.Time) {
+	msg := fmt.Sprintf("deleting: %d GPUs do not yet run the default (Exclusive): %s; the finalizer is released at %s at the latest",
+		len(remaining), refs(remaining), deadline.UTC().Format("15:04:05Z"))
+	set(p, v1.ConditionReady, metav1.ConditionFalse, v1.ReasonRestoringDefault, msg)
+	set(p, v1.ConditionProgressing, metav1.ConditionTrue, v1.ReasonRestoringDefault, msg)
+}
+
+func set(p *v1.GPUSharingPolicy, t string, status metav1.ConditionStatus, reason, msg string) {
+	meta.SetStatusCondition(&p.Status.Conditions, metav1.Condition{
+		Type: t, Status: status, Reason: reason, Message: msg, ObservedGeneration: p.Generation,
+	})
+}
+
+func failures(fs []Failure) string {
+	out := make([]string, len(fs))
+	for i, f := range fs {
+		out[i] = f.String()
+	}
+	return list(out, "; ")
+}
+
+func refs(rs []GPURef) string {
+	out := make([]string, len(rs))
+	for i, r := range rs {
+		out[i] = r.String()
+	}
+	return list(out, ", ")
+}
+
+func names(ns []string) string { return list(ns, ", ") }
+
+// list joins the first maxCauses items and says how many more there are.
+func list(items []string, sep string) string {
+	if len(items) <= maxCauses {
+		return strings.Join(items, sep)
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(items[:maxCauses], sep), len(items)-maxCauses)
+}
+
+// Transition is a condition that changed status or reason in this pass: it gets an event.
+type Transition struct {
+	Condition metav1.Condition
+	Warning   bool
+}
+
+// Transitions compares conditions before and after a pass. Only a changed status or reason is a
+// transition; a message that merely counts progress is not, so events stay rare.
+func Transitions(before, after []metav1.Condition) []Transition {
+	var out []Transition
+	for _, c := range after {
+		old := meta.FindStatusCondition(before, c.Type)
+		if old != nil && old.Status == c.Status && old.Reason == c.Reason {
+			continue
+		}
+		out = append(out, Transition{Condition: c, Warning: warning(c)})
+	}
+	return out
+}
+
+// warning marks the transitions an admin must act on.
+func warning(c metav1.Condition) bool {
+	switch c.Type {
+	case v1.ConditionDegraded, v1.ConditionConflicted:
+		return c.Status == metav1.ConditionTrue
+	case v1.ConditionReady:
+		return c.Reason == v1.ReasonHardwareRejected
+	}
+	return false
+}

@@ -1,0 +1,211 @@
+// Package policy reports each GPUSharingPolicy's standing (matched, ready and failing GPUs, rollout
+// progress, conflicts) aggregated from every GPUNode, and holds a deleted policy until its GPUs are back
+// on the default sharing.
+package policy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	v1 "github.com/gpusharing/gpusharing/api/v1alpha1"
+	"github.com/gpusharing/gpusharing/controllers/resolve"
+)
+
+// +kubebuilder:rbac:groups=gpusharing.io,resources=gpusharingpolicies,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=gpusharing.io,resources=gpusharingpolicies/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=gpusharing.io,resources=gpusharingpolicies/finalizers,verbs=update
+// +kubebuilder:rbac:groups=gpusharing.io,resources=gpunodes,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+
+// Finalizer holds a deleted policy until the GPUs it configured run the default sharing again.
+const Finalizer = "gpusharing.io/restore-default"
+
+// DefaultRestoreTimeout bounds how long a deleted policy waits for agents to confirm the default: long
+// enough for a drain with the default 10m timeout plus the change, short enough that a dead node cannot
+// hold a GitOps sync forever.
+const DefaultRestoreTimeout = 15 * time.Minute
+
+// Reconciler keeps one policy's status and finalizer.
+type Reconciler struct {
+	Client   client.Client
+	Recorder events.EventRecorder
+	// RestoreTimeout bounds the wait for agents after deletion; zero means DefaultRestoreTimeout.
+	RestoreTimeout time.Duration
+	// Clock is the time source for the deletion bound; nil means the real clock.
+	Clock clock.PassiveClock
+}
+
+// scope is what one pass learns and decides about one policy.
+type scope struct {
+	policy   *v1.GPUSharingPolicy
+	original *v1.GPUSharingPolicy
+	compiled []resolve.Compiled
+	nodes    []NodeView
+	summary  Summary
+	// released is set once the finalizer is gone: the object may be deleted, so status is not written.
+	released bool
+	requeue  time.Duration
+}
+
+// Reconcile recomputes the policy named by req.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, reterr error) {
+	p := &v1.GPUSharingPolicy{}
+	if err := r.Client.Get(ctx, req.NamespacedName, p); err != nil {
+		if apierrors.IsNotFound(err) {
+			forgetMetrics(req.Name)
+			return ctrl.Result{}, nil
+		}
+		return ctrl.Result{}, fmt.Errorf("getting GPUSharingPolicy: %w", err)
+	}
+	s := &scope{policy: p, original: p.DeepCopy()}
+	defer func() {
+		reterr = errors.Join(reterr, r.writeStatus(ctx, s, reterr == nil))
+	}()
+
+	phases := []func(context.Context, *scope) error{r.loadNodes, r.loadPolicies}
+	if p.DeletionTimestamp.IsZero() {
+		phases = append([]func(context.Context, *scope) error{r.ensureFinalizer}, append(phases, r.summarize)...)
+	} else {
+		phases = append(phases, r.restoreDefault)
+	}
+	for _, phase := range phases {
+		if err := phase(ctx, s); err != nil {
+			return ctrl.Result{}, err
+		}
+		if s.released {
+			break
+		}
+	}
+	return ctrl.Result{RequeueAfter: s.requeue}, nil
+}
+
+func (r *Reconciler) ensureFinalizer(ctx context.Context, s *scope) error {
+	if controllerutil.ContainsFinalizer(s.policy, Finalizer) {
+		return nil
+	}
+	patch := client.MergeFrom(s.policy.DeepCopy())
+	controllerutil.AddFinalizer(s.policy, Finalizer)
+	if err := r.Client.Patch(ctx, s.policy, patch); err != nil {
+		return fmt.Errorf("adding finalizer: %w", err)
+	}
+	s.original = s.policy.DeepCopy()
+	return nil
+}
+
+func (r *Reconciler) loadPolicies(ctx context.Context, s *scope) error {
+	var list v1.GPUSharingPolicyList
+	if err := r.Client.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
+		return fmt.Errorf("listing GPUSharingPolicies: %w", err)
+	}
+	ps := make([]*v1.GPUSharingPolicy, len(list.Items))
+	for i := range list.Items {
+		ps[i] = &list.Items[i]
+	}
+	s.compiled = resolve.Compile(ps)
+	return nil
+}
+
+// loadNodes joins every GPUNode with its Node's labels, straight from the cache and without copies.
+func (r *Reconciler) loadNodes(ctx context.Context, s *scope) error {
+	var gns v1.GPUNodeList
+	if err := r.Client.List(ctx, &gns, client.UnsafeDisableDeepCopy); err != nil {
+		return fmt.Errorf("listing GPUNodes: %w", err)
+	}
+	nodes := nodeMetaList()
+	if err := r.Client.List(ctx, nodes, client.UnsafeDisableDeepCopy); err != nil {
+		return fmt.Errorf("listing Nodes: %w", err)
+	}
+	labels := make(map[string]map[string]string, len(nodes.Items))
+	for i := range nodes.Items {
+		labels[nodes.Items[i].Name] = nodes.Items[i].Labels
+	}
+	s.nodes = make([]NodeView, 0, len(gns.Items))
+	for i := range gns.Items {
+		l, ok := labels[gns.Items[i].Name]
+		if !ok {
+			// The resolver deletes a GPUNode whose Node is gone; until then it configures nothing.
+			continue
+		}
+		s.nodes = append(s.nodes, NodeView{GPUNode: &gns.Items[i], Labels: l})
+	}
+	return nil
+}
+
+func (r *Reconciler) summarize(ctx context.Context, s *scope) error {
+	s.summary = Summarize(s.policy, s.compiled, s.nodes)
+	recordMetrics(s.policy.Name, s.summary)
+	limit := resolve.MaxUnavailable(s.policy.Spec.Rollout, r.selectedNodes(s))
+	SetStatus(s.policy, s.summary, limit)
+	return nil
+}
+
+// selectedNodes counts the nodes the policy's nodeSelector selects, the base of a percentage budget,
+// the same way the resolver counts it.
+func (r *Reconciler) selectedNodes(s *scope) int {
+	n := 0
+	for _, c := range s.compiled {
+		if c.Policy.Name != s.policy.Name {
+			continue
+		}
+		for _, nv := range s.nodes {
+			if c.SelectsNode(nv.Labels) {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// writeStatus is the pass's one status write: observedGeneration only after a clean pass, nothing when
+// the status did not change, and an event for every condition that changed status or reason.
+func (r *Reconciler) writeStatus(ctx context.Context, s *scope, clean bool) error {
+	if s.released {
+		return nil
+	}
+	if clean {
+		s.policy.Status.ObservedGeneration = s.policy.Generation
+	}
+	if equality.Semantic.DeepEqual(s.original.Status, s.policy.Status) {
+		return nil
+	}
+	if err := r.Client.Status().Patch(ctx, s.policy, client.MergeFrom(s.original)); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("writing GPUSharingPolicy status: %w", err)
+	}
+	for _, t := range Transitions(s.original.Status.Conditions, s.policy.Status.Conditions) {
+		r.event(s.policy, t.Warning, t.Condition.Reason, t.Condition.Type+": "+t.Condition.Message)
+	}
+	return nil
+}
+
+func (r *Reconciler) event(p *v1.GPUSharingPolicy, warning bool, reason, note string) {
+	if r.Recorder == nil {
+		return
+	}
+	kind := corev1.EventTypeNormal
+	if warning {
+		kind = corev1.EventTypeWarning
+	}
+	r.Recorder.Eventf(p, nil, kind, reason, "Reconcile", "%s", note)
+}
+
+func (r *Reconciler) now() time.Time {
+	if r.Clock == nil {
+		return time.Now()
+	}
+	return r.Clock.Now()
+}

@@ -1,0 +1,131 @@
+package setup_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/watch"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/gpusharing/gpusharing/api/v1alpha1"
+	"github.com/gpusharing/gpusharing/controllers/internal/agentsim"
+	b "github.com/gpusharing/gpusharing/controllers/internal/builders"
+)
+
+// unapplied says whether a node has a spec entry of the policy that its agent has not reported applied:
+// the test's own reading of "a change in flight", independent of the controller's index.
+func unapplied(gn *v1.GPUNode, policy string) bool {
+	for _, e := range gn.Spec.GPUs {
+		if e.Policy != policy {
+			continue
+		}
+		applied := false
+		for _, g := range gn.Status.GPUs {
+			if g.UUID == e.UUID && g.Applied != nil && g.Applied.SpecHash == v1.SharingHash(e.Sharing) {
+				applied = true
+			}
+		}
+		if !applied {
+			return true
+		}
+	}
+	return false
+}
+
+func TestDisruptiveRolloutNeverExceedsMaxUnavailable(t *testing.T) {
+	x := id(t)
+	const n = 6
+	var nodes []string
+	for i := range n {
+		name := fmt.Sprintf("%s-%d", x, i)
+		nodes = append(nodes, name)
+		// The agents report the GPUs Exclusive as found, so the MIG layout is a disruptive change.
+		addNode(t, name, []v1.GPUStatus{b.GPU(name, 0, b.WithApplied(b.Exclusive(), "")), b.GPU(name, 1, b.WithApplied(b.Exclusive(), ""))}, "pool", x)
+	}
+	policy := x + "-mig"
+
+	wc, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	w, err := wc.Watch(ctx, &v1.GPUNodeList{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+
+	// The watcher sees every GPUNode state in the API server's order; simulated agents ack each node's
+	// change 50ms after they see it.
+	var (
+		mu          sync.Mutex
+		maxInFlight int
+		sawWaiting  bool
+	)
+	latest := map[string]*v1.GPUNode{}
+	scheduled := map[string]int64{}
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		for ev := range w.ResultChan() {
+			gn, ok := ev.Object.(*v1.GPUNode)
+			if !ok || !strings.HasPrefix(gn.Name, x+"-") {
+				continue
+			}
+			mu.Lock()
+			if ev.Type == watch.Deleted {
+				delete(latest, gn.Name)
+			} else {
+				latest[gn.Name] = gn
+			}
+			inFlight := 0
+			for _, g := range latest {
+				if unapplied(g, policy) {
+					inFlight++
+				}
+			}
+			maxInFlight = max(maxInFlight, inFlight)
+			if unapplied(gn, policy) && scheduled[gn.Name] != gn.Generation {
+				scheduled[gn.Name] = gn.Generation
+				name := gn.Name
+				time.AfterFunc(50*time.Millisecond, func() { _ = agentsim.Ack(ctx, k8s, name, nil) })
+			}
+			mu.Unlock()
+		}
+	}()
+
+	addPolicy(t, b.Policy(policy, b.WithNodeLabels("pool", x), b.WithSharing(b.MIG("3g.40gb", 2)),
+		b.WithMaxUnavailable(intstr.FromInt32(1))), nodes...)
+
+	eventually(t, 30*time.Second, "all six nodes converge", func() error {
+		if !sawWaiting && conditionIs(policy, v1.ConditionProgressing, metav1.ConditionTrue, v1.ReasonWaitingForRollout, "maxUnavailable 1") == nil {
+			sawWaiting = true
+		}
+		return readyWith(policy, n, 2*n)
+	})
+	cancel()
+	<-watchDone
+	mu.Lock()
+	defer mu.Unlock()
+	if maxInFlight > 1 {
+		t.Errorf("saw %d nodes with an unapplied disruptive change at once, maxUnavailable is 1", maxInFlight)
+	}
+	if maxInFlight == 0 {
+		t.Errorf("the watcher never saw a change in flight; it watched nothing")
+	}
+	if !sawWaiting {
+		t.Errorf("the policy never reported Progressing=True/WaitingForRollout while nodes waited")
+	}
+	for _, name := range nodes {
+		if err := specIs(name, map[int32]string{0: policy + "/MIG", 1: policy + "/MIG"}); err != nil {
+			t.Error(err)
+		}
+	}
+}

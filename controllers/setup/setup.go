@@ -1,0 +1,65 @@
+// Package setup wires every controller of the manager in one place, so cmd/manager, the envtest suites
+// and the benchmark run exactly the same controllers.
+package setup
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+
+	"github.com/gpusharing/gpusharing/controllers/gpunode"
+	"github.com/gpusharing/gpusharing/controllers/index"
+	"github.com/gpusharing/gpusharing/controllers/policy"
+)
+
+// Leader election keeps a Lease and records events about it through the core events API.
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+
+// Options tune the controllers.
+type Options struct {
+	// ResolverWorkers is how many nodes are resolved at once (admission itself is serialized).
+	ResolverWorkers int
+	// StatusWorkers is how many policies' status are computed at once.
+	StatusWorkers int
+	// RestoreTimeout bounds the wait for agents after a policy is deleted; zero means the default.
+	RestoreTimeout time.Duration
+	// Clock is the policy reconciler's time source; nil means the real clock.
+	Clock clock.PassiveClock
+	// SkipNameValidation lets tests start several managers in one process.
+	SkipNameValidation bool
+}
+
+// EventSource is the name events carry as their reporting controller.
+const EventSource = "gpusharing-controller"
+
+// Controllers registers the field indexes and every controller with mgr.
+func Controllers(ctx context.Context, mgr ctrl.Manager, o Options) error {
+	if err := index.Setup(ctx, mgr); err != nil {
+		return err
+	}
+	copts := func(workers int) controller.Options {
+		if workers < 1 {
+			workers = 1
+		}
+		return controller.Options{MaxConcurrentReconciles: workers, SkipNameValidation: &o.SkipNameValidation}
+	}
+	resolver := &gpunode.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader()}
+	if err := resolver.SetupWithManager(mgr, copts(o.ResolverWorkers)); err != nil {
+		return fmt.Errorf("setting up %s: %w", gpunode.ControllerName, err)
+	}
+	status := &policy.Reconciler{
+		Client:         mgr.GetClient(),
+		Recorder:       mgr.GetEventRecorder(EventSource),
+		RestoreTimeout: o.RestoreTimeout,
+		Clock:          o.Clock,
+	}
+	if err := status.SetupWithManager(mgr, copts(o.StatusWorkers)); err != nil {
+		return fmt.Errorf("setting up %s: %w", policy.ControllerName, err)
+	}
+	return nil
+}

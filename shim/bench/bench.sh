@@ -13,9 +13,23 @@ N=${BENCH_N:-100000}
 HANDOFFS=${BENCH_HANDOFFS:-20000}
 SCHED=${GPUSHARE_SCHEDULER:-$BUILD/gpushare-scheduler}
 echo "reproduce: make -C shim bench BENCH_N=$N BENCH_ROUNDS=${BENCH_ROUNDS:-5} BENCH_HANDOFFS=$HANDOFFS   (from the repository root)"
-command -v nvcc >/dev/null || { echo "bench: nvcc not found; the benchmarks need a CUDA machine" >&2; exit 1; }
 [ -x "$SCHED" ] || { echo "bench: $SCHED missing: go build -o shim/build/gpushare-scheduler ./cmd/gpushare-scheduler" >&2; exit 1; }
-make -s -C "$SHIM_DIR" BUILD="$BUILD" all "$BUILD/tests/proto_peer" >/dev/null
+make -s -C "$SHIM_DIR" BUILD="$BUILD" testbins >/dev/null
+
+# The hook's own fast-path cost, on the stub driver: no GPU, no driver noise.
+HP=$(mktemp -d)
+"$SCHED" --socket-dir "$HP" --gpu GPU-stub:10s:10s 2>/dev/null &
+HPID=$!
+for _ in $(seq 100); do [ -S "$HP/GPU-stub.sock" ] && break; sleep 0.05; done
+echo "== hook fast path on the stub driver (lock held)"
+hp_base=$(env LD_LIBRARY_PATH="$BUILD/stub" GPUSHARE_STUB_LAUNCH_US=0 "$BUILD/bench/hotpath_bench")
+hp_shim=$(env LD_LIBRARY_PATH="$BUILD/stub" GPUSHARE_STUB_LAUNCH_US=0 LD_PRELOAD="$BUILD/libgpushare.so" \
+    GPUSHARE_SOCKET="$HP/GPU-stub.sock" "$BUILD/bench/hotpath_bench")
+echo "without shim: $hp_base"
+echo "with shim:    $hp_shim"
+kill $HPID; wait $HPID 2>/dev/null || true; rm -rf "$HP"
+
+command -v nvcc >/dev/null || { echo "bench: nvcc not found; the GPU benchmarks need a CUDA machine" >&2; exit 1; }
 mkdir -p "$BUILD/bench"
 nvcc -O2 -o "$BUILD/bench/launch_bench" "$SHIM_DIR/bench/launch_bench.cu" -lcuda
 nvcc -O2 -o "$BUILD/bench/idle_client" "$SHIM_DIR/bench/idle_client.cu"

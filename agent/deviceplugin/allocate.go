@@ -1,0 +1,125 @@
+package deviceplugin
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+// Environment variables Allocate sets. The GPUSHARE_* names are the ones shim/src/config.c reads.
+const (
+	EnvNvidiaVisibleDevices   = "NVIDIA_VISIBLE_DEVICES"
+	EnvCUDAVisibleDevices     = "CUDA_VISIBLE_DEVICES"
+	EnvMPSPipeDirectory       = "CUDA_MPS_PIPE_DIRECTORY"
+	EnvMPSActiveThreadPercent = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+	EnvMPSPinnedMemLimit      = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+	EnvLDPreload              = "LD_PRELOAD"
+	EnvShimSocket             = "GPUSHARE_SOCKET"
+	EnvShimGPUUUID            = "GPUSHARE_GPU_UUID"
+	EnvShimQuantumMS          = "GPUSHARE_QUANTUM_MS"
+)
+
+var (
+	// ErrUnknownDevice is returned when the kubelet allocates a device this resource does not advertise
+	// (for example one cordoned a moment ago).
+	ErrUnknownDevice = errors.New("device not advertised")
+	// ErrDevicesSpanGPUs is returned when one container gets MPS or shim shares of more than one GPU: a
+	// process connects to one MPS daemon and one scheduler socket.
+	ErrDevicesSpanGPUs = errors.New("shares of more than one GPU in one container")
+	// ErrNoDevices is returned for a container request without device IDs.
+	ErrNoDevices = errors.New("no devices requested")
+)
+
+// containerResponse builds what one container needs for its devices, all of one resource. It is pure so
+// that every field can be pinned by table tests.
+func containerResponse(cfg Config, devs []Device) (*pluginapi.ContainerAllocateResponse, error) {
+	if len(devs) == 0 {
+		return nil, ErrNoDevices
+	}
+	visible := uniqueVisible(devs)
+	resp := &pluginapi.ContainerAllocateResponse{Envs: map[string]string{
+		EnvNvidiaVisibleDevices: strings.Join(visible, ","),
+		EnvCUDAVisibleDevices:   strings.Join(visible, ","),
+	}}
+	kind := devs[0].Kind
+	for _, d := range devs[1:] {
+		if d.Kind != kind {
+			return nil, fmt.Errorf("devices %s and %s are of different kinds (%s, %s)", devs[0].ID, d.ID, kind, d.Kind)
+		}
+	}
+	switch kind {
+	case KindMPS:
+		if len(visible) != 1 {
+			return nil, fmt.Errorf("%w: MPS shares of %s", ErrDevicesSpanGPUs, strings.Join(visible, ", "))
+		}
+		addMPS(cfg, resp, devs)
+	case KindShared:
+		if len(visible) != 1 {
+			return nil, fmt.Errorf("%w: shim shares of %s", ErrDevicesSpanGPUs, strings.Join(visible, ", "))
+		}
+		addShim(cfg, resp, devs[0])
+	}
+	return resp, nil
+}
+
+// addMPS connects the container to its GPU's MPS daemon. Several shares of one GPU in one container add
+// up: the container is one MPS client with the sum of the shares' thread percentages and memory limits.
+func addMPS(cfg Config, resp *pluginapi.ContainerAllocateResponse, devs []Device) {
+	d := devs[0]
+	var atp int32
+	var memMiB int64
+	for _, x := range devs {
+		if x.MPS != nil {
+			atp += x.MPS.ActiveThreadPercentage
+			memMiB += x.MPS.PinnedMemoryLimitMiB
+		}
+	}
+	resp.Mounts = append(resp.Mounts, &pluginapi.Mount{
+		ContainerPath: ContainerMPSPipeDir,
+		HostPath:      cfg.MPSPipeDir(d.GPUUUID),
+		// Clients write to the daemon's pipes, so the directory is mounted read-write.
+		ReadOnly: false,
+	})
+	resp.Envs[EnvMPSPipeDirectory] = ContainerMPSPipeDir
+	if atp > 0 {
+		resp.Envs[EnvMPSActiveThreadPercent] = strconv.Itoa(int(min(atp, 100)))
+	}
+	if memMiB > 0 {
+		// The container sees exactly one GPU, so it is device ordinal 0 for the client.
+		resp.Envs[EnvMPSPinnedMemLimit] = fmt.Sprintf("0=%dM", memMiB)
+	}
+}
+
+// addShim preloads libgpushare.so and points it at the GPU's scheduler socket.
+func addShim(cfg Config, resp *pluginapi.ContainerAllocateResponse, d Device) {
+	sock := cfg.SchedulerSocketPath(d.GPUUUID)
+	resp.Mounts = append(resp.Mounts,
+		&pluginapi.Mount{ContainerPath: ContainerShimLibrary, HostPath: cfg.ShimLibrary, ReadOnly: true},
+		// The directory rather than the socket: a restarted scheduler re-creates the socket file, which a
+		// bind mount of the old file would not show. Connecting to a socket works on a read-only mount.
+		&pluginapi.Mount{ContainerPath: ContainerSchedulerDir, HostPath: filepath.Dir(sock), ReadOnly: true},
+	)
+	resp.Envs[EnvLDPreload] = ContainerShimLibrary
+	resp.Envs[EnvShimSocket] = filepath.Join(ContainerSchedulerDir, filepath.Base(sock))
+	resp.Envs[EnvShimGPUUUID] = d.GPUUUID
+	if d.ShimQuantum > 0 {
+		resp.Envs[EnvShimQuantumMS] = strconv.FormatInt(d.ShimQuantum.Milliseconds(), 10)
+	}
+}
+
+// uniqueVisible lists the distinct uuids of devs in order: two replicas of one GPU name it once.
+func uniqueVisible(devs []Device) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, d := range devs {
+		if !seen[d.VisibleUUID] {
+			seen[d.VisibleUUID] = true
+			out = append(out, d.VisibleUUID)
+		}
+	}
+	return out
+}

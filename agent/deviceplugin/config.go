@@ -1,0 +1,142 @@
+// Package deviceplugin serves the kubelet device plugin API (v1beta1) for the GPUs of one node: one gRPC
+// server and one registration per resource name (exclusive GPUs, time-slice replicas, MPS replicas, MIG
+// instances by profile, shim-shared GPUs). What it advertises is computed from GPUNode.status alone
+// (DevicesFromStatus), so it depends on the API and not on how the agent applies sharing.
+package deviceplugin
+
+import (
+	"path/filepath"
+	"strings"
+	"time"
+
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+// ResourceName is an extended resource name a pod requests, for example nvidia.com/gpu.
+type ResourceName string
+
+// Paths inside the container. They are fixed so that images and docs can rely on them; only the host
+// side of each mount is configurable.
+const (
+	// ContainerMPSPipeDir is where a GPU's MPS pipe directory is mounted (CUDA_MPS_PIPE_DIRECTORY).
+	ContainerMPSPipeDir = "/var/run/gpusharing/mps"
+	// ContainerShimLibrary is where libgpushare.so is mounted (LD_PRELOAD).
+	ContainerShimLibrary = "/usr/lib/gpusharing/libgpushare.so"
+	// ContainerSchedulerDir is where the GPU's scheduler socket directory is mounted.
+	ContainerSchedulerDir = "/var/run/gpusharing/scheduler"
+	// SchedulerSocketName is the file name of a GPU's scheduler socket in its directory.
+	SchedulerSocketName = "gpushare.sock"
+)
+
+// ResourceNames are the extended resources the plugin advertises. The defaults keep pod specs that ask
+// for nvidia.com/gpu or nvidia.com/mig-<profile> working and make every kind of sharing an explicit opt-in.
+type ResourceNames struct {
+	// Exclusive is a whole GPU for one container (default nvidia.com/gpu).
+	Exclusive ResourceName
+	// TimeSlicing is one replica of a time-sliced GPU (default gpusharing.io/gpu-timeslice).
+	TimeSlicing ResourceName
+	// MPS is one MPS client share of a GPU (default gpusharing.io/gpu-mps).
+	MPS ResourceName
+	// Shared is one share of a GPU scheduled by the shim's lock (default gpusharing.io/gpu-shared).
+	Shared ResourceName
+	// MIGPrefix is prepended to a MIG profile name (default nvidia.com/mig-, giving nvidia.com/mig-1g.10gb).
+	MIGPrefix string
+}
+
+// Config says what the plugin advertises and where it finds the kubelet and the host paths it mounts.
+// Zero fields take the defaults of DefaultConfig.
+type Config struct {
+	Resources ResourceNames
+	// SocketDir is the kubelet's device plugin directory; kubelet.sock lives there and so do the plugin sockets.
+	SocketDir string
+	// MPSRoot holds one directory per MPS GPU: <MPSRoot>/<gpu-uuid>/pipe and .../log (see MPSPipeDir).
+	MPSRoot string
+	// SchedulerRoot holds one directory per shim-shared GPU with its scheduler socket (see SchedulerSocketPath).
+	SchedulerRoot string
+	// ShimLibrary is the host path of libgpushare.so, mounted read-only into shim-shared containers.
+	ShimLibrary string
+	// ShimReplicas is how many shares an Exclusive GPU with oversubscription (the shim) is cut into; the API
+	// has no replica count for that case. A TimeSlicing GPU with the shim uses its time-slice replicas.
+	ShimReplicas int32
+	// KubeletPollInterval is how often the Manager checks kubelet.sock for a kubelet restart.
+	KubeletPollInterval time.Duration
+	// RegisterTimeout bounds one Register call to the kubelet.
+	RegisterTimeout time.Duration
+}
+
+// DefaultConfig is the configuration of a standard node.
+func DefaultConfig() Config {
+	return Config{
+		Resources: ResourceNames{
+			Exclusive:   "nvidia.com/gpu",
+			TimeSlicing: "gpusharing.io/gpu-timeslice",
+			MPS:         "gpusharing.io/gpu-mps",
+			Shared:      "gpusharing.io/gpu-shared",
+			MIGPrefix:   "nvidia.com/mig-",
+		},
+		SocketDir:           strings.TrimSuffix(pluginapi.DevicePluginPath, "/"),
+		MPSRoot:             "/run/gpusharing/mps",
+		SchedulerRoot:       "/run/gpusharing/scheduler",
+		ShimLibrary:         "/var/lib/gpusharing/lib/libgpushare.so",
+		ShimReplicas:        4,
+		KubeletPollInterval: time.Second,
+		RegisterTimeout:     5 * time.Second,
+	}
+}
+
+// WithDefaults returns c with every zero field set from DefaultConfig.
+func (c Config) WithDefaults() Config {
+	d := DefaultConfig()
+	r := &c.Resources
+	for _, f := range []struct {
+		v   *ResourceName
+		def ResourceName
+	}{{&r.Exclusive, d.Resources.Exclusive}, {&r.TimeSlicing, d.Resources.TimeSlicing}, {&r.MPS, d.Resources.MPS}, {&r.Shared, d.Resources.Shared}} {
+		if *f.v == "" {
+			*f.v = f.def
+		}
+	}
+	setString(&r.MIGPrefix, d.Resources.MIGPrefix)
+	setString(&c.SocketDir, d.SocketDir)
+	setString(&c.MPSRoot, d.MPSRoot)
+	setString(&c.SchedulerRoot, d.SchedulerRoot)
+	setString(&c.ShimLibrary, d.ShimLibrary)
+	if c.ShimReplicas <= 0 {
+		c.ShimReplicas = d.ShimReplicas
+	}
+	if c.KubeletPollInterval <= 0 {
+		c.KubeletPollInterval = d.KubeletPollInterval
+	}
+	if c.RegisterTimeout <= 0 {
+		c.RegisterTimeout = d.RegisterTimeout
+	}
+	return c
+}
+
+func setString(v *string, def string) {
+	if *v == "" {
+		*v = def
+	}
+}
+
+// KubeletSocket is the kubelet's registration socket.
+func (c Config) KubeletSocket() string { return filepath.Join(c.SocketDir, "kubelet.sock") }
+
+// MPSPipeDir is the host directory a GPU's MPS control daemon uses as CUDA_MPS_PIPE_DIRECTORY. The agent's
+// MPS package starts the daemon with this directory so that the mount Allocate hands out reaches it.
+func (c Config) MPSPipeDir(gpuUUID string) string { return filepath.Join(c.MPSRoot, gpuUUID, "pipe") }
+
+// MPSLogDir is the host directory for a GPU's MPS daemon logs (CUDA_MPS_LOG_DIRECTORY); never mounted into pods.
+func (c Config) MPSLogDir(gpuUUID string) string { return filepath.Join(c.MPSRoot, gpuUUID, "log") }
+
+// SchedulerSocketPath is the host path of a GPU's shim scheduler socket (the scheduler's GPUConfig.SocketPath).
+// Its directory, not the socket, is mounted into pods, so a restarted scheduler's new socket is seen.
+func (c Config) SchedulerSocketPath(gpuUUID string) string {
+	return filepath.Join(c.SchedulerRoot, gpuUUID, SchedulerSocketName)
+}
+
+// MIGResource is the resource name of a MIG profile. A '+' (as in 1g.10gb+me) is not allowed in a
+// resource name, so it becomes '.': nvidia.com/mig-1g.10gb.me.
+func (c Config) MIGResource(profile string) ResourceName {
+	return ResourceName(c.Resources.MIGPrefix + strings.ReplaceAll(profile, "+", "."))
+}

@@ -1,0 +1,165 @@
+package deviceplugin
+
+import (
+	"reflect"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpusharing/gpusharing/api/v1alpha1"
+)
+
+// brief renders a device map as "resource: id(kind,health) ..." lines, sorted, for comparison.
+func brief(m map[ResourceName][]Device) []string {
+	var out []string
+	for res, devs := range m {
+		var ids []string
+		for _, d := range devs {
+			ids = append(ids, d.String())
+		}
+		out = append(out, string(res)+": "+strings.Join(ids, " "))
+	}
+	sort.Strings(out)
+	return out
+}
+
+func TestDevicesFromStatus(t *testing.T) {
+	cases := []struct {
+		name   string
+		status v1alpha1.GPUNodeStatus
+		want   []string
+	}{
+		{
+			name:   "a GPU with nothing applied is an exclusive nvidia.com/gpu",
+			status: nodeStatus(gpu(0, "GPU-a")),
+			want:   []string{"nvidia.com/gpu: GPU-a(Exclusive,Healthy)"},
+		},
+		{
+			name:   "an Exclusive GPU is advertised whole",
+			status: nodeStatus(gpu(1, "GPU-b", exclusive()), gpu(0, "GPU-a", exclusive())),
+			want:   []string{"nvidia.com/gpu: GPU-a(Exclusive,Healthy) GPU-b(Exclusive,Healthy)"},
+		},
+		{
+			name:   "time-slicing advertises one replica per slot under its own resource",
+			status: nodeStatus(gpu(0, "GPU-a", timeSliced(3))),
+			want:   []string{"gpusharing.io/gpu-timeslice: GPU-a::0(TimeSlicing,Healthy) GPU-a::1(TimeSlicing,Healthy) GPU-a::2(TimeSlicing,Healthy)"},
+		},
+		{
+			name:   "MPS advertises its replicas",
+			status: nodeStatus(gpu(0, "GPU-a", mps(2, 50, "8Gi", "Running"))),
+			want:   []string{"gpusharing.io/gpu-mps: GPU-a::0(MPS,Healthy) GPU-a::1(MPS,Healthy)"},
+		},
+		{
+			name:   "MPS replicas are unhealthy while the daemon is not running",
+			status: nodeStatus(gpu(0, "GPU-a", mps(2, 0, "", "Restarting"))),
+			want:   []string{"gpusharing.io/gpu-mps: GPU-a::0(MPS,Unhealthy) GPU-a::1(MPS,Unhealthy)"},
+		},
+		{
+			name:   "MIG instances go under one resource per profile; one without a uuid is skipped",
+			status: nodeStatus(gpu(0, "GPU-a", migInstance("1g.10gb", "MIG-2"), migInstance("3g.40gb", "MIG-3"), migInstance("1g.10gb", "MIG-1"), migInstance("1g.10gb", ""))),
+			want: []string{
+				"nvidia.com/mig-1g.10gb: MIG-1(MIG,Healthy) MIG-2(MIG,Healthy)",
+				"nvidia.com/mig-3g.40gb: MIG-3(MIG,Healthy)",
+			},
+		},
+		{
+			name:   "a '+' in a MIG profile becomes '.' in the resource name",
+			status: nodeStatus(gpu(0, "GPU-a", migInstance("1g.10gb+me", "MIG-1"))),
+			want:   []string{"nvidia.com/mig-1g.10gb.me: MIG-1(MIG,Healthy)"},
+		},
+		{
+			name:   "a GPU in MIG mode with no instances applied is not advertised whole",
+			status: nodeStatus(gpu(0, "GPU-a", migModeOn())),
+			want:   nil,
+		},
+		{
+			name:   "the shim on an Exclusive GPU advertises ShimReplicas shared replicas and no nvidia.com/gpu",
+			status: nodeStatus(gpu(0, "GPU-a", shim(time.Second))),
+			want:   []string{"gpusharing.io/gpu-shared: GPU-a::0(Shared,Healthy) GPU-a::1(Shared,Healthy) GPU-a::2(Shared,Healthy) GPU-a::3(Shared,Healthy)"},
+		},
+		{
+			name:   "the shim on a time-sliced GPU uses its time-slice replicas under the shared resource",
+			status: nodeStatus(gpu(0, "GPU-a", timeSliced(2), shim(time.Second))),
+			want:   []string{"gpusharing.io/gpu-shared: GPU-a::0(Shared,Healthy) GPU-a::1(Shared,Healthy)"},
+		},
+		{
+			name:   "Healthy=False marks every device of the GPU unhealthy",
+			status: nodeStatus(gpu(0, "GPU-a", timeSliced(2), health(metav1.ConditionFalse)), gpu(1, "GPU-b", health(metav1.ConditionTrue))),
+			want: []string{
+				"gpusharing.io/gpu-timeslice: GPU-a::0(TimeSlicing,Unhealthy) GPU-a::1(TimeSlicing,Unhealthy)",
+				"nvidia.com/gpu: GPU-b(Exclusive,Healthy)",
+			},
+		},
+		{
+			name:   "MPS without a reported daemon advertises nothing",
+			status: nodeStatus(gpu(0, "GPU-a", func(g *v1alpha1.GPUStatus) { applied(g).Strategy = v1alpha1.StrategyMPS })),
+			want:   nil,
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got := brief(DevicesFromStatus(tc.status, Config{}))
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("got\n  %s\nwant\n  %s", strings.Join(got, "\n  "), strings.Join(tc.want, "\n  "))
+			}
+		})
+	}
+}
+
+func TestDevicesFromStatusHonoursConfiguredNames(t *testing.T) {
+	cfg := Config{Resources: ResourceNames{Exclusive: "example.com/whole", TimeSlicing: "example.com/slice", MIGPrefix: "example.com/mig-"}}
+	got := brief(DevicesFromStatus(nodeStatus(gpu(0, "GPU-a"), gpu(1, "GPU-b", timeSliced(2)), gpu(2, "GPU-c", migInstance("2g.20gb", "MIG-1"))), cfg))
+	want := []string{
+		"example.com/mig-2g.20gb: MIG-1(MIG,Healthy)",
+		"example.com/slice: GPU-b::0(TimeSlicing,Healthy) GPU-b::1(TimeSlicing,Healthy)",
+		"example.com/whole: GPU-a(Exclusive,Healthy)",
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got %q, want %q", got, want)
+	}
+}
+
+func TestDevicesFromStatusCarriesModeSettings(t *testing.T) {
+	m := DevicesFromStatus(nodeStatus(
+		gpu(0, "GPU-a", mps(4, 0, "18Gi", "Running")),
+		gpu(1, "GPU-b", shim(1500*time.Millisecond)),
+		gpu(2, "GPU-c", migInstance("1g.10gb", "MIG-1")),
+	), Config{})
+	if got, want := *m["gpusharing.io/gpu-mps"][0].MPS, (MPSLimits{ActiveThreadPercentage: 25, PinnedMemoryLimitMiB: 18 * 1024}); got != want {
+		t.Errorf("MPS limits: got %+v, want %+v (omitted activeThreadPercentage is 100/replicas)", got, want)
+	}
+	if got := m["gpusharing.io/gpu-shared"][0].ShimQuantum; got != 1500*time.Millisecond {
+		t.Errorf("shim quantum: got %v, want 1.5s", got)
+	}
+	mig := m["nvidia.com/mig-1g.10gb"][0]
+	if mig.GPUUUID != "GPU-c" || mig.VisibleUUID != "MIG-1" {
+		t.Errorf("MIG device: got parent %q visible %q, want GPU-c and MIG-1", mig.GPUUUID, mig.VisibleUUID)
+	}
+}
+
+func TestGPUOfDeviceID(t *testing.T) {
+	for id, want := range map[string]string{"GPU-a::3": "GPU-a", "GPU-a": "GPU-a", "MIG-1": "MIG-1", ReplicaID("GPU-b", 12): "GPU-b"} {
+		if got := GPUOfDeviceID(id); got != want {
+			t.Errorf("GPUOfDeviceID(%q) = %q, want %q", id, got, want)
+		}
+	}
+}
+
+func TestConfigLayoutAgreesWithMounts(t *testing.T) {
+	cfg := Config{MPSRoot: "/r/mps", SchedulerRoot: "/r/sched"}.WithDefaults()
+	if got := cfg.MPSPipeDir("GPU-a"); got != "/r/mps/GPU-a/pipe" {
+		t.Errorf("MPSPipeDir = %q", got)
+	}
+	if got := cfg.MPSLogDir("GPU-a"); got != "/r/mps/GPU-a/log" {
+		t.Errorf("MPSLogDir = %q", got)
+	}
+	if got := cfg.SchedulerSocketPath("GPU-a"); got != "/r/sched/GPU-a/gpushare.sock" {
+		t.Errorf("SchedulerSocketPath = %q", got)
+	}
+	if got := DefaultConfig().KubeletSocket(); got != "/var/lib/kubelet/device-plugins/kubelet.sock" {
+		t.Errorf("default kubelet socket = %q", got)
+	}
+}

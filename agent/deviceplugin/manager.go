@@ -1,0 +1,243 @@
+package deviceplugin
+
+import (
+	"context"
+	"errors"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/gpusharing/gpusharing/api/v1alpha1"
+)
+
+// Manager runs one plugin per resource name and keeps them in step with the device map it is given:
+//   - a new resource is served, then registered with the kubelet;
+//   - a resource whose device set or device kind/settings changed is served anew and re-registered;
+//   - a change of health only is pushed through the open ListAndWatch streams;
+//   - a resource left without devices is advertised empty (so its capacity drops at once) and stopped;
+//   - when kubelet.sock is re-created (a kubelet restart) or a plugin's socket vanished, every resource is
+//     served anew and re-registered; a failed registration is retried on every poll.
+//
+// Cordon and Uncordon hide and restore one GPU's devices (its MIG instances included) for a drain.
+type Manager struct {
+	cfg Config
+
+	mu       sync.Mutex
+	desired  map[ResourceName][]Device
+	cordoned map[string]bool
+	plugins  map[ResourceName]*entry
+	kubelet  kubeletIdentity
+}
+
+type entry struct {
+	p          *plugin
+	registered bool
+}
+
+// NewManager returns a Manager with nothing advertised. Zero fields of cfg take their defaults.
+func NewManager(cfg Config) *Manager {
+	return &Manager{
+		cfg:      cfg.WithDefaults(),
+		desired:  map[ResourceName][]Device{},
+		cordoned: map[string]bool{},
+		plugins:  map[ResourceName]*entry{},
+	}
+}
+
+// Config is the configuration in force, defaults filled in.
+func (m *Manager) Config() Config { return m.cfg }
+
+// Update makes devices the node's advertised devices (less cordoned GPUs) and returns the errors of
+// serving or registering; a resource that could not register keeps being retried by Run.
+func (m *Manager) Update(ctx context.Context, devices map[ResourceName][]Device) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.desired = make(map[ResourceName][]Device, len(devices))
+	for res, devs := range devices {
+		m.desired[res] = append([]Device(nil), devs...)
+	}
+	return m.reconcileLocked(ctx)
+}
+
+// UpdateFromStatus is Update(DevicesFromStatus(status)).
+func (m *Manager) UpdateFromStatus(ctx context.Context, status v1alpha1.GPUNodeStatus) error {
+	return m.Update(ctx, DevicesFromStatus(status, m.cfg))
+}
+
+// Cordon stops advertising every device of the GPU (replicas and MIG instances alike) until Uncordon,
+// whatever later Updates say. Allocate refuses the GPU's devices from now on.
+func (m *Manager) Cordon(ctx context.Context, gpuUUID string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.cordoned[gpuUUID] = true
+	logr.FromContextOrDiscard(ctx).Info("Cordoned GPU in the device plugin", "gpu", gpuUUID)
+	return m.reconcileLocked(ctx)
+}
+
+// Uncordon advertises the GPU's devices again, as the latest Update describes them.
+func (m *Manager) Uncordon(ctx context.Context, gpuUUID string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.cordoned, gpuUUID)
+	logr.FromContextOrDiscard(ctx).Info("Uncordoned GPU in the device plugin", "gpu", gpuUUID)
+	return m.reconcileLocked(ctx)
+}
+
+// Cordoned lists the cordoned GPUs, sorted.
+func (m *Manager) Cordoned() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]string, 0, len(m.cordoned))
+	for g := range m.cordoned {
+		out = append(out, g)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Advertised is what the plugins serve now, per resource.
+func (m *Manager) Advertised() map[ResourceName][]Device {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := map[ResourceName][]Device{}
+	for res, e := range m.plugins {
+		devs, _ := e.p.snapshot()
+		out[res] = append([]Device(nil), devs...)
+	}
+	return out
+}
+
+// Run watches the kubelet until ctx ends, then stops every plugin and removes its socket.
+func (m *Manager) Run(ctx context.Context) error {
+	m.mu.Lock()
+	m.kubelet = statKubelet(m.cfg.KubeletSocket())
+	m.mu.Unlock()
+	t := time.NewTicker(m.cfg.KubeletPollInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			m.stopAll()
+			return nil
+		case <-t.C:
+			if err := m.checkKubelet(ctx); err != nil {
+				logr.FromContextOrDiscard(ctx).Error(err, "Device plugin registration failed; retrying")
+			}
+		}
+	}
+}
+
+func (m *Manager) checkKubelet(ctx context.Context) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := statKubelet(m.cfg.KubeletSocket())
+	restarted := now.restartedSince(m.kubelet)
+	m.kubelet = now
+	if !now.present() {
+		// The kubelet is down; its restart will be seen when kubelet.sock comes back.
+		return nil
+	}
+	log := logr.FromContextOrDiscard(ctx)
+	if restarted {
+		log.Info("Kubelet socket re-created; re-registering every resource", "socket", m.cfg.KubeletSocket())
+	}
+	var errs []error
+	for res, e := range m.plugins {
+		switch {
+		case restarted || !e.p.socketExists():
+			devs, _ := e.p.snapshot()
+			errs = append(errs, m.restartLocked(ctx, res, devs))
+		case !e.registered:
+			errs = append(errs, m.registerLocked(ctx, e))
+		}
+	}
+	errs = append(errs, m.reconcileLocked(ctx))
+	return errors.Join(errs...)
+}
+
+// effectiveLocked is the desired map without cordoned GPUs and without empty resources.
+func (m *Manager) effectiveLocked() map[ResourceName][]Device {
+	out := map[ResourceName][]Device{}
+	for res, devs := range m.desired {
+		var keep []Device
+		for _, d := range devs {
+			if !m.cordoned[d.GPUUUID] {
+				keep = append(keep, d)
+			}
+		}
+		if len(keep) > 0 {
+			out[res] = keep
+		}
+	}
+	return out
+}
+
+func (m *Manager) reconcileLocked(ctx context.Context) error {
+	log := logr.FromContextOrDiscard(ctx)
+	want := m.effectiveLocked()
+	var errs []error
+	for res, devs := range want {
+		e := m.plugins[res]
+		cur := []Device(nil)
+		if e != nil {
+			cur, _ = e.p.snapshot()
+		}
+		switch {
+		case e == nil:
+			log.Info("Serving device plugin resource", "resource", string(res), "devices", len(devs))
+			errs = append(errs, m.restartLocked(ctx, res, devs))
+		case !sameSpecs(cur, devs):
+			log.Info("Device plugin resource changed; re-registering", "resource", string(res), "devices", len(devs))
+			errs = append(errs, m.restartLocked(ctx, res, devs))
+		case !sameDevices(cur, devs):
+			e.p.setDevices(devs)
+		}
+	}
+	for res, e := range m.plugins {
+		if _, ok := want[res]; ok {
+			continue
+		}
+		log.Info("Device plugin resource has no devices left; stopping it", "resource", string(res))
+		e.p.setDevices(nil)
+		e.p.shutdown()
+		delete(m.plugins, res)
+	}
+	return errors.Join(errs...)
+}
+
+// restartLocked replaces the resource's plugin (if any) with a new one serving devs and registers it.
+func (m *Manager) restartLocked(ctx context.Context, res ResourceName, devs []Device) error {
+	if old := m.plugins[res]; old != nil {
+		old.p.shutdown()
+		delete(m.plugins, res)
+	}
+	p := newPlugin(m.cfg, res, devs, logr.FromContextOrDiscard(ctx))
+	if err := p.start(); err != nil {
+		// Not kept: the next reconcile or kubelet poll starts it again.
+		return err
+	}
+	e := &entry{p: p}
+	m.plugins[res] = e
+	return m.registerLocked(ctx, e)
+}
+
+func (m *Manager) registerLocked(ctx context.Context, e *entry) error {
+	if err := register(ctx, m.cfg, e.p); err != nil {
+		e.registered = false
+		return err
+	}
+	e.registered = true
+	logr.FromContextOrDiscard(ctx).Info("Registered device plugin with the kubelet", "resource", string(e.p.resource))
+	return nil
+}
+
+func (m *Manager) stopAll() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for res, e := range m.plugins {
+		e.p.shutdown()
+		delete(m.plugins, res)
+	}
+}

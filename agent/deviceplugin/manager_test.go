@@ -1,0 +1,529 @@
+package deviceplugin
+
+import (
+	"context"
+	"errors"
+	"os"
+	"reflect"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/gpusharing/gpusharing/api/v1alpha1"
+	"github.com/gpusharing/gpusharing/test/fakekubelet"
+)
+
+const (
+	resGPU       = "nvidia.com/gpu"
+	resTimeSlice = "gpusharing.io/gpu-timeslice"
+	resMPS       = "gpusharing.io/gpu-mps"
+	resShared    = "gpusharing.io/gpu-shared"
+	resMIG1g     = "nvidia.com/mig-1g.10gb"
+	resMIG3g     = "nvidia.com/mig-3g.40gb"
+)
+
+// socketDir makes a short directory: t.TempDir() paths can pass the 108-byte limit of a Unix socket path.
+func socketDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "dp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
+}
+
+func testConfig(dir string) Config {
+	return Config{
+		SocketDir:           dir,
+		MPSRoot:             "/host/run/mps",
+		SchedulerRoot:       "/host/run/sched",
+		ShimLibrary:         "/host/lib/libgpushare.so",
+		KubeletPollInterval: 20 * time.Millisecond,
+		RegisterTimeout:     2 * time.Second,
+	}
+}
+
+func startKubelet(t *testing.T, dir string) *fakekubelet.Kubelet {
+	t.Helper()
+	k, err := fakekubelet.Start(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(k.Stop)
+	return k
+}
+
+// runManager starts a Manager's kubelet watch for the test's lifetime.
+func runManager(t *testing.T, cfg Config) *Manager {
+	t.Helper()
+	m := NewManager(cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = m.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return m
+}
+
+func testCtx(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func dialPlugin(t *testing.T, k *fakekubelet.Kubelet, resource string) *fakekubelet.Plugin {
+	t.Helper()
+	p, err := k.Dial(resource)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
+func watch(t *testing.T, ctx context.Context, p *fakekubelet.Plugin) *fakekubelet.Watch {
+	t.Helper()
+	w, err := p.Watch(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+func allHealthy(ids ...string) map[string]string {
+	out := map[string]string{}
+	for _, id := range ids {
+		out[id] = pluginapi.Healthy
+	}
+	return out
+}
+
+// everyMode is a node with one GPU per mode.
+func everyMode() v1alpha1.GPUNodeStatus {
+	return nodeStatus(
+		gpu(0, "GPU-ex", exclusive()),
+		gpu(1, "GPU-ts", timeSliced(3)),
+		gpu(2, "GPU-mps", mps(2, 40, "8Gi", "Running")),
+		gpu(3, "GPU-mig", migInstance("1g.10gb", "MIG-a"), migInstance("1g.10gb", "MIG-b"), migInstance("3g.40gb", "MIG-c")),
+		gpu(4, "GPU-sh", shim(250*time.Millisecond)),
+	)
+}
+
+func TestManagerRegistersServesAndAllocatesEveryMode(t *testing.T) {
+	ctx := testCtx(t)
+	dir := socketDir(t)
+	k := startKubelet(t, dir)
+	m := runManager(t, testConfig(dir))
+	if err := m.UpdateFromStatus(ctx, everyMode()); err != nil {
+		t.Fatalf("Update: %v", err)
+	}
+
+	wantLists := map[string]map[string]string{
+		resGPU:       allHealthy("GPU-ex"),
+		resTimeSlice: allHealthy("GPU-ts::0", "GPU-ts::1", "GPU-ts::2"),
+		resMPS:       allHealthy("GPU-mps::0", "GPU-mps::1"),
+		resMIG1g:     allHealthy("MIG-a", "MIG-b"),
+		resMIG3g:     allHealthy("MIG-c"),
+		resShared:    allHealthy("GPU-sh::0", "GPU-sh::1", "GPU-sh::2", "GPU-sh::3"),
+	}
+	for res, want := range wantLists {
+		reg, err := k.WaitForRegistrations(ctx, res, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if reg.Version != pluginapi.Version || reg.Endpoint != socketName(ResourceName(res)) || !reg.GetOptions().GetGetPreferredAllocationAvailable() || reg.GetOptions().GetPreStartRequired() {
+			t.Errorf("%s: registration %+v: want version %s, endpoint %s, preferred allocation on, pre-start off", res, reg, pluginapi.Version, socketName(ResourceName(res)))
+		}
+		w := watch(t, ctx, dialPlugin(t, k, res))
+		got, err := w.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h := fakekubelet.Health(got); !reflect.DeepEqual(h, want) {
+			t.Errorf("%s: ListAndWatch sent %v, want %v", res, h, want)
+		}
+	}
+	if n := len(k.Registrations("")); n != len(wantLists) {
+		t.Errorf("got %d registrations, want one per resource (%d)", n, len(wantLists))
+	}
+
+	cases := []struct {
+		name       string
+		resource   string
+		ids        []string
+		wantEnvs   map[string]string
+		wantMounts []*pluginapi.Mount
+	}{
+		{
+			name: "exclusive GPU names the GPU", resource: resGPU, ids: []string{"GPU-ex"},
+			wantEnvs: map[string]string{"NVIDIA_VISIBLE_DEVICES": "GPU-ex", "CUDA_VISIBLE_DEVICES": "GPU-ex"},
+		},
+		{
+			name: "time-slice replicas of one GPU name it once", resource: resTimeSlice, ids: []string{"GPU-ts::0", "GPU-ts::2"},
+			wantEnvs: map[string]string{"NVIDIA_VISIBLE_DEVICES": "GPU-ts", "CUDA_VISIBLE_DEVICES": "GPU-ts"},
+		},
+		{
+			name: "an MPS share mounts the GPU's pipe directory and sets the client limits", resource: resMPS, ids: []string{"GPU-mps::1"},
+			wantEnvs: map[string]string{
+				"NVIDIA_VISIBLE_DEVICES":            "GPU-mps",
+				"CUDA_VISIBLE_DEVICES":              "GPU-mps",
+				"CUDA_MPS_PIPE_DIRECTORY":           "/var/run/gpusharing/mps",
+				"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "40",
+				"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT":  "0=8192M",
+			},
+			wantMounts: []*pluginapi.Mount{{ContainerPath: "/var/run/gpusharing/mps", HostPath: "/host/run/mps/GPU-mps/pipe", ReadOnly: false}},
+		},
+		{
+			name: "two MPS shares of one GPU add their limits up", resource: resMPS, ids: []string{"GPU-mps::0", "GPU-mps::1"},
+			wantEnvs: map[string]string{
+				"NVIDIA_VISIBLE_DEVICES":            "GPU-mps",
+				"CUDA_VISIBLE_DEVICES":              "GPU-mps",
+				"CUDA_MPS_PIPE_DIRECTORY":           "/var/run/gpusharing/mps",
+				"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "80",
+				"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT":  "0=16384M",
+			},
+			wantMounts: []*pluginapi.Mount{{ContainerPath: "/var/run/gpusharing/mps", HostPath: "/host/run/mps/GPU-mps/pipe", ReadOnly: false}},
+		},
+		{
+			name: "MIG instances name the MIG uuids", resource: resMIG1g, ids: []string{"MIG-a", "MIG-b"},
+			wantEnvs: map[string]string{"NVIDIA_VISIBLE_DEVICES": "MIG-a,MIG-b", "CUDA_VISIBLE_DEVICES": "MIG-a,MIG-b"},
+		},
+		{
+			name: "a shim share preloads the shim and mounts the GPU's scheduler socket directory", resource: resShared, ids: []string{"GPU-sh::2"},
+			wantEnvs: map[string]string{
+				"NVIDIA_VISIBLE_DEVICES": "GPU-sh",
+				"CUDA_VISIBLE_DEVICES":   "GPU-sh",
+				"LD_PRELOAD":             "/usr/lib/gpusharing/libgpushare.so",
+				"GPUSHARE_SOCKET":        "/var/run/gpusharing/scheduler/gpushare.sock",
+				"GPUSHARE_GPU_UUID":      "GPU-sh",
+				"GPUSHARE_QUANTUM_MS":    "250",
+			},
+			wantMounts: []*pluginapi.Mount{
+				{ContainerPath: "/usr/lib/gpusharing/libgpushare.so", HostPath: "/host/lib/libgpushare.so", ReadOnly: true},
+				{ContainerPath: "/var/run/gpusharing/scheduler", HostPath: "/host/run/sched/GPU-sh", ReadOnly: true},
+			},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, err := dialPlugin(t, k, tc.resource).AllocateOne(ctx, tc.ids...)
+			if err != nil {
+				t.Fatalf("Allocate %v: %v", tc.ids, err)
+			}
+			for name, want := range tc.wantEnvs {
+				if got, ok := resp.Envs[name]; !ok || got != want {
+					t.Errorf("env %s = %q (set: %v), want %q", name, got, ok, want)
+				}
+			}
+			for name := range resp.Envs {
+				if _, ok := tc.wantEnvs[name]; !ok {
+					t.Errorf("unexpected env %s=%q", name, resp.Envs[name])
+				}
+			}
+			if len(resp.Mounts) != len(tc.wantMounts) {
+				t.Fatalf("got %d mounts %v, want %d", len(resp.Mounts), resp.Mounts, len(tc.wantMounts))
+			}
+			for i, want := range tc.wantMounts {
+				got := resp.Mounts[i]
+				if got.ContainerPath != want.ContainerPath || got.HostPath != want.HostPath || got.ReadOnly != want.ReadOnly {
+					t.Errorf("mount %d: got %s <- %s ro=%v, want %s <- %s ro=%v", i, got.ContainerPath, got.HostPath, got.ReadOnly, want.ContainerPath, want.HostPath, want.ReadOnly)
+				}
+			}
+			if len(resp.Devices) != 0 || len(resp.CdiDevices) != 0 {
+				t.Errorf("unexpected device specs %v or CDI devices %v: the NVIDIA runtime injects the GPUs", resp.Devices, resp.CdiDevices)
+			}
+		})
+	}
+}
+
+func TestAllocateRefusesWhatItCannotServe(t *testing.T) {
+	ctx := testCtx(t)
+	dir := socketDir(t)
+	k := startKubelet(t, dir)
+	m := runManager(t, testConfig(dir))
+	st := nodeStatus(gpu(0, "GPU-a", mps(2, 0, "", "Running")), gpu(1, "GPU-b", mps(2, 0, "", "Running")), gpu(2, "GPU-c", shim(time.Second)), gpu(3, "GPU-d", shim(time.Second)))
+	if err := m.UpdateFromStatus(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name     string
+		resource string
+		ids      []string
+		want     string
+	}{
+		{"a device the resource does not advertise", resMPS, []string{"GPU-z::0"}, ErrUnknownDevice.Error()},
+		{"MPS shares of two GPUs in one container", resMPS, []string{"GPU-a::0", "GPU-b::0"}, ErrDevicesSpanGPUs.Error()},
+		{"shim shares of two GPUs in one container", resShared, []string{"GPU-c::0", "GPU-d::0"}, ErrDevicesSpanGPUs.Error()},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := k.WaitForRegistrations(ctx, tc.resource, 1); err != nil {
+				t.Fatal(err)
+			}
+			_, err := dialPlugin(t, k, tc.resource).AllocateOne(ctx, tc.ids...)
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("got %v, want InvalidArgument naming %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestPreferredAllocationSpreadsTimeSliceReplicasOverGRPC(t *testing.T) {
+	ctx := testCtx(t)
+	dir := socketDir(t)
+	k := startKubelet(t, dir)
+	m := runManager(t, testConfig(dir))
+	if err := m.UpdateFromStatus(ctx, nodeStatus(gpu(0, "GPU-a", timeSliced(4)), gpu(1, "GPU-b", timeSliced(4)))); err != nil {
+		t.Fatal(err)
+	}
+	p := dialPlugin(t, k, resTimeSlice)
+	opts, err := p.GetDevicePluginOptions(ctx, &pluginapi.Empty{})
+	if err != nil || !opts.GetPreferredAllocationAvailable {
+		t.Fatalf("GetDevicePluginOptions = %v, %v; want preferred allocation available", opts, err)
+	}
+	got, err := p.Preferred(ctx, []string{"GPU-a::0", "GPU-a::1", "GPU-a::2", "GPU-a::3", "GPU-b::0", "GPU-b::1", "GPU-b::2", "GPU-b::3"}, nil, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"GPU-a::0", "GPU-b::0"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("two replicas: got %v, want one on each GPU %v", got, want)
+	}
+	if _, err := p.PreStartContainer(ctx, &pluginapi.PreStartContainerRequest{DevicesIds: []string{"GPU-a::0"}}); err != nil {
+		t.Errorf("PreStartContainer: %v", err)
+	}
+}
+
+func TestUnhealthyGPUIsPushedThroughListAndWatchWithoutReRegistering(t *testing.T) {
+	ctx := testCtx(t)
+	dir := socketDir(t)
+	k := startKubelet(t, dir)
+	m := runManager(t, testConfig(dir))
+	if err := m.UpdateFromStatus(ctx, nodeStatus(gpu(0, "GPU-a", timeSliced(2)), gpu(1, "GPU-b", timeSliced(2)))); err != nil {
+		t.Fatal(err)
+	}
+	w := watch(t, ctx, dialPlugin(t, k, resTimeSlice))
+	if _, err := w.WaitFor(ctx, func(h map[string]string) bool { return len(h) == 4 }); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.UpdateFromStatus(ctx, nodeStatus(gpu(0, "GPU-a", timeSliced(2), health(metav1.ConditionFalse)), gpu(1, "GPU-b", timeSliced(2)))); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"GPU-a::0": pluginapi.Unhealthy, "GPU-a::1": pluginapi.Unhealthy, "GPU-b::0": pluginapi.Healthy, "GPU-b::1": pluginapi.Healthy}
+	got, err := w.Next(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := fakekubelet.Health(got); !reflect.DeepEqual(h, want) {
+		t.Errorf("after Healthy=False: got %v, want %v", h, want)
+	}
+	if n := len(k.Registrations(resTimeSlice)); n != 1 {
+		t.Errorf("a health change re-registered: %d registrations, want 1", n)
+	}
+	// Healthy again.
+	if err := m.UpdateFromStatus(ctx, nodeStatus(gpu(0, "GPU-a", timeSliced(2), health(metav1.ConditionTrue)), gpu(1, "GPU-b", timeSliced(2)))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.WaitFor(ctx, func(h map[string]string) bool { return reflect.DeepEqual(h, allHealthy("GPU-a::0", "GPU-a::1", "GPU-b::0", "GPU-b::1")) }); err != nil {
+		t.Errorf("after Healthy=True: %v", err)
+	}
+}
+
+func TestKubeletRestartReRegistersEveryResource(t *testing.T) {
+	ctx := testCtx(t)
+	dir := socketDir(t)
+	k := startKubelet(t, dir)
+	m := runManager(t, testConfig(dir))
+	if err := m.UpdateFromStatus(ctx, nodeStatus(gpu(0, "GPU-a"), gpu(1, "GPU-b", timeSliced(2)), gpu(2, "GPU-c", mps(2, 0, "", "Running")))); err != nil {
+		t.Fatal(err)
+	}
+	resources := []string{resGPU, resTimeSlice, resMPS}
+	for _, res := range resources {
+		if _, err := k.WaitForRegistrations(ctx, res, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := k.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	for _, res := range resources {
+		if _, err := k.WaitForRegistrations(ctx, res, 2); err != nil {
+			t.Fatalf("after the kubelet restarted: %v", err)
+		}
+		// The re-created socket serves.
+		got, err := watch(t, ctx, dialPlugin(t, k, res)).Next(ctx)
+		if err != nil || len(got) == 0 {
+			t.Errorf("%s after restart: ListAndWatch %v, %v", res, got, err)
+		}
+	}
+}
+
+func TestRegistrationIsRetriedUntilTheKubeletComes(t *testing.T) {
+	ctx := testCtx(t)
+	dir := socketDir(t)
+	m := runManager(t, testConfig(dir))
+	if err := m.UpdateFromStatus(ctx, nodeStatus(gpu(0, "GPU-a"))); err == nil {
+		t.Fatal("Update with no kubelet: got nil error, want the registration failure")
+	}
+	k := startKubelet(t, dir)
+	if _, err := k.WaitForRegistrations(ctx, resGPU, 1); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestStrategyChangeReRegistersOnlyTheAffectedResources(t *testing.T) {
+	ctx := testCtx(t)
+	dir := socketDir(t)
+	k := startKubelet(t, dir)
+	m := runManager(t, testConfig(dir))
+	before := nodeStatus(gpu(0, "GPU-a", timeSliced(2)), gpu(1, "GPU-b", timeSliced(2)), gpu(2, "GPU-c"))
+	if err := m.UpdateFromStatus(ctx, before); err != nil {
+		t.Fatal(err)
+	}
+	oldTS := watch(t, ctx, dialPlugin(t, k, resTimeSlice))
+	if _, err := oldTS.Next(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// GPU-a moves from time-slicing to MPS.
+	after := nodeStatus(gpu(0, "GPU-a", mps(2, 0, "", "Running")), gpu(1, "GPU-b", timeSliced(2)), gpu(2, "GPU-c"))
+	if err := m.UpdateFromStatus(ctx, after); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k.WaitForRegistrations(ctx, resTimeSlice, 2); err != nil {
+		t.Fatalf("the time-slice resource lost a GPU but did not re-register: %v", err)
+	}
+	if _, err := k.WaitForRegistrations(ctx, resMPS, 1); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(k.Registrations(resGPU)); n != 1 {
+		t.Errorf("nvidia.com/gpu did not change but has %d registrations, want 1", n)
+	}
+	got, err := watch(t, ctx, dialPlugin(t, k, resTimeSlice)).Next(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := fakekubelet.Health(got); !reflect.DeepEqual(h, allHealthy("GPU-b::0", "GPU-b::1")) {
+		t.Errorf("re-registered time-slice resource lists %v, want GPU-b's replicas only", h)
+	}
+	// The old stream ends so the kubelet moves to the new endpoint.
+	for {
+		if _, err := oldTS.Next(ctx); err != nil {
+			if !errors.Is(err, fakekubelet.ErrStreamEnded) {
+				t.Errorf("old ListAndWatch stream: %v, want it ended", err)
+			}
+			break
+		}
+	}
+
+	// An MPS setting in force changes (thread percentage): the MPS resource re-registers.
+	if err := m.UpdateFromStatus(ctx, nodeStatus(gpu(0, "GPU-a", mps(2, 30, "", "Running")), gpu(1, "GPU-b", timeSliced(2)), gpu(2, "GPU-c"))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k.WaitForRegistrations(ctx, resMPS, 2); err != nil {
+		t.Fatalf("MPS limits changed but the resource did not re-register: %v", err)
+	}
+}
+
+func TestResourceLeftWithoutDevicesIsAdvertisedEmptyThenStopped(t *testing.T) {
+	ctx := testCtx(t)
+	dir := socketDir(t)
+	k := startKubelet(t, dir)
+	m := runManager(t, testConfig(dir))
+	if err := m.UpdateFromStatus(ctx, nodeStatus(gpu(0, "GPU-a", timeSliced(2)))); err != nil {
+		t.Fatal(err)
+	}
+	w := watch(t, ctx, dialPlugin(t, k, resTimeSlice))
+	if _, err := w.Next(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.UpdateFromStatus(ctx, nodeStatus(gpu(0, "GPU-a", exclusive()))); err != nil {
+		t.Fatal(err)
+	}
+	got, err := w.Next(ctx)
+	if err != nil {
+		t.Fatalf("want an empty list before the stream ends: %v", err)
+	}
+	if len(got) != 0 {
+		t.Errorf("last list: got %v, want empty", fakekubelet.Health(got))
+	}
+	if _, err := w.Next(ctx); !errors.Is(err, fakekubelet.ErrStreamEnded) {
+		t.Errorf("after the empty list: %v, want the stream ended", err)
+	}
+	if _, ok := m.Advertised()[resTimeSlice]; ok {
+		t.Errorf("time-slice resource still served: %v", m.Advertised())
+	}
+	if _, err := os.Stat(dir + "/" + socketName(resTimeSlice)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("stopped plugin's socket: %v, want it removed", err)
+	}
+}
+
+func TestCordonHidesAGPUsDevicesAndUncordonRestoresThem(t *testing.T) {
+	ctx := testCtx(t)
+	dir := socketDir(t)
+	k := startKubelet(t, dir)
+	m := runManager(t, testConfig(dir))
+	st := nodeStatus(gpu(0, "GPU-a"), gpu(1, "GPU-b"), gpu(2, "GPU-m", migInstance("1g.10gb", "MIG-a")))
+	if err := m.UpdateFromStatus(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Cordon(ctx, "GPU-a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Cordon(ctx, "GPU-m"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k.WaitForRegistrations(ctx, resGPU, 2); err != nil {
+		t.Fatal(err)
+	}
+	p := dialPlugin(t, k, resGPU)
+	got, err := watch(t, ctx, p).Next(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := fakekubelet.Health(got); !reflect.DeepEqual(h, allHealthy("GPU-b")) {
+		t.Errorf("with GPU-a cordoned: got %v, want GPU-b only", h)
+	}
+	if _, err := p.AllocateOne(ctx, "GPU-a"); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("Allocate of a cordoned GPU: got %v, want InvalidArgument", err)
+	}
+	if _, ok := m.Advertised()[resMIG1g]; ok {
+		t.Error("cordoning a MIG GPU left its instances advertised")
+	}
+	// A status update while cordoned does not bring the GPU back.
+	if err := m.UpdateFromStatus(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.Cordoned(); !reflect.DeepEqual(got, []string{"GPU-a", "GPU-m"}) {
+		t.Errorf("Cordoned = %v", got)
+	}
+	if n := len(m.Advertised()[resGPU]); n != 1 {
+		t.Errorf("after an update while cordoned: %d exclusive GPUs advertised, want 1", n)
+	}
+
+	if err := m.Uncordon(ctx, "GPU-a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Uncordon(ctx, "GPU-m"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k.WaitForRegistrations(ctx, resGPU, 3); err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, d := range m.Advertised()[resGPU] {
+		ids = append(ids, d.ID)
+	}
+	sort.Strings(ids)
+	if !reflect.DeepEqual(ids, []string{"GPU-a", "GPU-b"}) {
+		t.Errorf("after Uncordon: %v, want GPU-a and GPU-b", ids)
+	}
+	if _, err := k.WaitForRegistrations(ctx, resMIG1g, 2); err != nil {
+		t.Errorf("MIG instances not re-advertised after Uncordon: %v", err)
+	}
+}

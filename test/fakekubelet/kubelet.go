@@ -1,0 +1,162 @@
+// Package fakekubelet is a kubelet for tests of device plugins and of code that reads PodResources: a
+// Registration server on kubelet.sock that records each RegisterRequest and can restart the way a real
+// kubelet does, a client for a registered plugin's endpoint, and a PodResources v1 server whose pod list
+// the test sets.
+package fakekubelet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+// SocketName is the kubelet's registration socket in its device plugin directory.
+const SocketName = "kubelet.sock"
+
+// Kubelet serves the device plugin Registration service on <dir>/kubelet.sock.
+type Kubelet struct {
+	dir string
+
+	mu       sync.Mutex
+	requests []*pluginapi.RegisterRequest
+	changed  chan struct{}
+	server   *grpc.Server
+	served   chan struct{}
+}
+
+// Start serves the Registration service in dir. Keep dir short: a Unix socket path may not exceed 107 bytes.
+func Start(dir string) (*Kubelet, error) {
+	k := &Kubelet{dir: dir, changed: make(chan struct{})}
+	if err := k.serve(); err != nil {
+		return nil, err
+	}
+	return k, nil
+}
+
+// Dir is the device plugin directory.
+func (k *Kubelet) Dir() string { return k.dir }
+
+// SocketPath is kubelet.sock's path.
+func (k *Kubelet) SocketPath() string { return filepath.Join(k.dir, SocketName) }
+
+func (k *Kubelet) serve() error {
+	path := k.SocketPath()
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	lis, err := net.Listen("unix", path)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", path, err)
+	}
+	srv := grpc.NewServer()
+	pluginapi.RegisterRegistrationServer(srv, &registration{k: k})
+	served := make(chan struct{})
+	k.mu.Lock()
+	k.server, k.served = srv, served
+	k.mu.Unlock()
+	go func() { defer close(served); _ = srv.Serve(lis) }()
+	return nil
+}
+
+// Stop ends the Registration server and removes kubelet.sock.
+func (k *Kubelet) Stop() {
+	k.mu.Lock()
+	srv, served := k.server, k.served
+	k.server = nil
+	k.mu.Unlock()
+	if srv == nil {
+		return
+	}
+	srv.Stop()
+	<-served
+	_ = os.Remove(k.SocketPath())
+}
+
+// Restart does what a restarting kubelet does to the directory: it stops, removes every socket in it
+// (the plugins' included) and creates a new kubelet.sock. Recorded requests are kept.
+func (k *Kubelet) Restart() error {
+	k.Stop()
+	entries, err := os.ReadDir(k.dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if e.Type()&os.ModeSocket != 0 {
+			if err := os.Remove(filepath.Join(k.dir, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	return k.serve()
+}
+
+// Registrations returns the recorded requests for resource ("" for all), oldest first.
+func (k *Kubelet) Registrations(resource string) []*pluginapi.RegisterRequest {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var out []*pluginapi.RegisterRequest
+	for _, r := range k.requests {
+		if resource == "" || r.ResourceName == resource {
+			out = append(out, proto.Clone(r).(*pluginapi.RegisterRequest))
+		}
+	}
+	return out
+}
+
+// WaitForRegistrations waits until resource has at least n recorded registrations and returns the latest.
+func (k *Kubelet) WaitForRegistrations(ctx context.Context, resource string, n int) (*pluginapi.RegisterRequest, error) {
+	for {
+		k.mu.Lock()
+		ch := k.changed
+		k.mu.Unlock()
+		if regs := k.Registrations(resource); len(regs) >= n {
+			return regs[len(regs)-1], nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("waiting for %d registrations of %s (have %d): %w", n, resource, len(k.Registrations(resource)), ctx.Err())
+		}
+	}
+}
+
+type registration struct {
+	pluginapi.UnimplementedRegistrationServer
+	k *Kubelet
+}
+
+// Register checks the request as the kubelet does (version, a reachable endpoint in the directory) and
+// records it. Reaching the endpoint here pins that a plugin serves before it registers.
+func (r *registration) Register(ctx context.Context, req *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
+	if req.Version != pluginapi.Version {
+		return nil, fmt.Errorf("unsupported device plugin API version %q", req.Version)
+	}
+	if req.ResourceName == "" || req.Endpoint == "" || filepath.Base(req.Endpoint) != req.Endpoint {
+		return nil, fmt.Errorf("invalid registration: resource %q endpoint %q", req.ResourceName, req.Endpoint)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	p, err := dial(filepath.Join(r.k.dir, req.Endpoint))
+	if err != nil {
+		return nil, err
+	}
+	defer p.Close()
+	if _, err := p.GetDevicePluginOptions(ctx, &pluginapi.Empty{}); err != nil {
+		return nil, fmt.Errorf("endpoint %s of %s does not answer: %w", req.Endpoint, req.ResourceName, err)
+	}
+	r.k.mu.Lock()
+	r.k.requests = append(r.k.requests, proto.Clone(req).(*pluginapi.RegisterRequest))
+	close(r.k.changed)
+	r.k.changed = make(chan struct{})
+	r.k.mu.Unlock()
+	return &pluginapi.Empty{}, nil
+}

@@ -329,7 +329,9 @@ func TestUnhealthyGPUIsPushedThroughListAndWatchWithoutReRegistering(t *testing.
 	if err := m.UpdateFromStatus(ctx, nodeStatus(gpu(0, "GPU-a", timeSliced(2), health(metav1.ConditionTrue)), gpu(1, "GPU-b", timeSliced(2)))); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := w.WaitFor(ctx, func(h map[string]string) bool { return reflect.DeepEqual(h, allHealthy("GPU-a::0", "GPU-a::1", "GPU-b::0", "GPU-b::1")) }); err != nil {
+	if _, err := w.WaitFor(ctx, func(h map[string]string) bool {
+		return reflect.DeepEqual(h, allHealthy("GPU-a::0", "GPU-a::1", "GPU-b::0", "GPU-b::1"))
+	}); err != nil {
 		t.Errorf("after Healthy=True: %v", err)
 	}
 }

@@ -54,7 +54,7 @@ func TestShimLaunchWaitsForTheLockThroughEveryLookupPath(t *testing.T) {
 // Two processes under a short quantum take turns, and the GPU work of one
 // never overlaps the other's (the release waits for queued work to finish).
 func TestTwoClientsAlternateUnderShortQuantumWithoutOverlap(t *testing.T) {
-	e := newEnv(t, 20*time.Millisecond, time.Second)
+	e := newEnv(t, 20*time.Millisecond, 5*time.Second)
 	a := e.startClient(nil, "dlsym", "150", "1000")
 	b := e.startClient(nil, "procaddr", "150", "1000")
 	a.wait(t, 20*time.Second)
@@ -99,6 +99,38 @@ func TestKilledHolderFreesTheLockForItsWaiterWithinASecond(t *testing.T) {
 	t.Logf("lock handed over %v after SIGKILL", time.Since(killed))
 }
 
+// A holder that stops making GPU calls gives the lock up after the idle
+// window, while it is still alive and its quantum is far from used.
+func TestIdleHolderReleasesAfterTheIdleWindow(t *testing.T) {
+	e := newEnv(t, time.Minute, time.Minute)
+	a := e.startClient([]string{"GPUSHARE_IDLE_MS=50"}, "dlsym", "100", "2000", "0", "3000")
+	eventually(t, 2*time.Second, "the client holds the lock", func() bool {
+		s, ok := e.state(a.pid())
+		return ok && s.Holding
+	})
+	waiter := dialRaw(t, e.sock, PriorityNormal)
+	waiter.send(Message{Type: MsgAcquire})
+	waiter.expect(MsgGrant, 3*time.Second)
+	granted := monoNow(t)
+	if a.exited() {
+		t.Fatal("the lock came free only because the client exited")
+	}
+	var last int64
+	for _, w := range e.readTrace().work {
+		if w.pid == a.pid() && w.end > last {
+			last = w.end
+		}
+	}
+	if last == 0 || e.readTrace().count(a.pid()) != 100 {
+		t.Fatalf("client ran %d of 100 launches before the waiter got the lock", e.readTrace().count(a.pid()))
+	}
+	idle := time.Duration(granted - last)
+	t.Logf("lock reached the waiter %v after the holder's last GPU work", idle)
+	if idle < 50*time.Millisecond || idle > 500*time.Millisecond {
+		t.Errorf("idle release after %v, want between the 50 ms window and 500 ms", idle)
+	}
+}
+
 // A holder that ignores CONTENDED is told REVOKED after quantum + grace and the waiter gets the lock.
 func TestHolderIgnoringItsQuantumIsRevoked(t *testing.T) {
 	e := newEnv(t, 50*time.Millisecond, 50*time.Millisecond)
@@ -126,7 +158,7 @@ func TestHolderIgnoringItsQuantumIsRevoked(t *testing.T) {
 // GPU call waits for the lock again.
 func TestShimHolderStuckInCaptureIsRevokedNotSynchronized(t *testing.T) {
 	e := newEnv(t, 30*time.Millisecond, 50*time.Millisecond)
-	a := e.startClient([]string{"GPUSHARE_IDLE_MS=10"}, "dlsym", "3", "0", "500")
+	a := e.startClient([]string{"GPUSHARE_IDLE_MS=10"}, "dlsym", "3", "0", "1500")
 	eventually(t, 2*time.Second, "the capturing client holds the lock", func() bool {
 		s, ok := e.state(a.pid())
 		return ok && s.Holding
@@ -154,7 +186,7 @@ func TestShimHolderStuckInCaptureIsRevokedNotSynchronized(t *testing.T) {
 // Killing the scheduler leaves its clients running, in pass-through, with one warning.
 func TestClientsContinueInPassThroughWhenTheSchedulerDies(t *testing.T) {
 	e := newEnv(t, time.Second, time.Second)
-	a := e.startClient(nil, "procaddr", "300", "1000")
+	a := e.startClient(nil, "procaddr", "500", "1000")
 	eventually(t, 2*time.Second, "the client holds the lock", func() bool {
 		s, ok := e.state(a.pid())
 		return ok && s.Holding

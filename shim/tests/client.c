@@ -6,12 +6,13 @@
  *   procaddr_v1  cuGetProcAddress("cuLaunchKernel", ...)     (CUDA runtime 11.x)
  *   ptsz         cuGetProcAddress_v2 with per-thread default stream flags
  *
- *   client MODE LAUNCHES [SLEEP_US] [CAPTURE_MS]
+ *   client MODE LAUNCHES [SLEEP_US] [CAPTURE_MS] [LINGER_MS]
  * Each iteration launches once and then sleeps SLEEP_US; then it allocates and
  * frees once. With CAPTURE_MS > 0
  * it first begins a stream capture, launches, and only ends the capture after
  * CAPTURE_MS (a holder that cannot release). It synchronizes before exiting
- * and prints "client done pid=P launches=N".
+ * and prints "client done pid=P launches=N", then stays alive, idle, for
+ * LINGER_MS (so only the shim's idle release can free the lock).
  */
 #include <dlfcn.h>
 #include <stdio.h>
@@ -64,13 +65,14 @@ static void *get(const char *name)
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: client dlsym|procaddr|procaddr_v1|ptsz LAUNCHES [SLEEP_US] [CAPTURE_MS]\n");
+        fprintf(stderr, "usage: client dlsym|procaddr|procaddr_v1|ptsz LAUNCHES [SLEEP_US] [CAPTURE_MS] [LINGER_MS]\n");
         return 2;
     }
     mode = argv[1];
     long n = atol(argv[2]);
     long sleep_us = argc > 3 ? atol(argv[3]) : 0;
     long capture_ms = argc > 4 ? atol(argv[4]) : 0;
+    long linger_ms = argc > 5 ? atol(argv[5]) : 0;
     handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (handle == NULL) {
         fprintf(stderr, "client: %s\n", dlerror());
@@ -117,5 +119,7 @@ int main(int argc, char **argv)
     sync();
     printf("client done pid=%d launches=%ld\n", (int)getpid(), n);
     fflush(stdout);
+    if (linger_ms > 0)
+        usleep((useconds_t)(linger_ms * 1000));
     return 0;
 }

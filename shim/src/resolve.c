@@ -192,6 +192,8 @@ GS_EXPORT void *dlsym(void *handle, const char *name)
         return r;
     /* The driver answered for a name we hook: libcuda is loaded, bind it. */
     gs_bind_cuda();
+    if (r == hook_fn[id] && atomic_load(&gs_real_fn[id]) == NULL)
+        return NULL; /* only our own export answered: without a driver the name does not exist */
     if (r != hook_fn[id]) {
         void *expect = NULL;
         atomic_compare_exchange_strong(&gs_real_fn[id], &expect, r);

@@ -82,6 +82,21 @@ else
     fail "dlsym(RTLD_NEXT)" "did not resolve"
 fi
 
+# 8. Without a driver loaded, our own exports do not make CUDA look present.
+cat >"$TMP/probe.c" <<'C'
+#include <dlfcn.h>
+#include <stdio.h>
+int main(void) {
+    puts(dlsym(RTLD_DEFAULT, "cuLaunchKernel") || dlsym(RTLD_DEFAULT, "cuGetProcAddress_v2") ? "found" : "absent");
+    return 0;
+}
+C
+if gcc -o "$TMP/probe" "$TMP/probe.c" -ldl && [ "$(LD_PRELOAD="$SHIM" "$TMP/probe")" = absent ]; then
+    pass "no driver, no cu* symbols from dlsym(RTLD_DEFAULT)"
+else
+    fail "dlsym(RTLD_DEFAULT) without a driver" "the shim's own exports were handed out"
+fi
+
 if [ "$fails" -ne 0 ]; then
     echo "$fails shim test(s) failed"
     exit 1

@@ -60,8 +60,12 @@ for sock in "$TMP/regular-file" "/$(printf 'x%.0s' {1..200})"; do
 done
 
 # 6. A process that never touches CUDA never loads the driver and never warns.
-out=$(env LD_PRELOAD="$SHIM" GPUSHARE_SOCKET="$TMP/nothing.sock" python3 -c 'import ctypes, json; print("ok")' 2>&1 || true)
-if [ "$out" = "ok" ]; then pass "non-CUDA process is untouched"; else fail "non-CUDA process" "$out"; fi
+if command -v python3 >/dev/null; then # Python resolves every extension module through dlsym
+    out=$(env LD_PRELOAD="$SHIM" GPUSHARE_SOCKET="$TMP/nothing.sock" python3 -c 'import ctypes, json; print("ok")' 2>&1 || true)
+    if [ "$out" = "ok" ]; then pass "non-CUDA process is untouched"; else fail "non-CUDA process" "$out"; fi
+else
+    echo "SKIP non-CUDA process check: no python3"
+fi
 
 # 7. dlsym(RTLD_NEXT) keeps its meaning for callers other than the shim.
 cat >"$TMP/next.c" <<'C'
@@ -76,7 +80,7 @@ int main(void) {
     return 0;
 }
 C
-if gcc -o "$TMP/next" "$TMP/next.c" -ldl && [ "$(LD_PRELOAD="$SHIM" "$TMP/next")" = ok ]; then
+if ${CC:-gcc} -o "$TMP/next" "$TMP/next.c" -ldl && [ "$(LD_PRELOAD="$SHIM" "$TMP/next")" = ok ]; then
     pass "dlsym(RTLD_NEXT) resolves past the caller"
 else
     fail "dlsym(RTLD_NEXT)" "did not resolve"
@@ -91,7 +95,7 @@ int main(void) {
     return 0;
 }
 C
-if gcc -o "$TMP/probe" "$TMP/probe.c" -ldl && [ "$(LD_PRELOAD="$SHIM" "$TMP/probe")" = absent ]; then
+if ${CC:-gcc} -o "$TMP/probe" "$TMP/probe.c" -ldl && [ "$(LD_PRELOAD="$SHIM" "$TMP/probe")" = absent ]; then
     pass "no driver, no cu* symbols from dlsym(RTLD_DEFAULT)"
 else
     fail "dlsym(RTLD_DEFAULT) without a driver" "the shim's own exports were handed out"

@@ -131,6 +131,39 @@ func TestIdleHolderReleasesAfterTheIdleWindow(t *testing.T) {
 	}
 }
 
+// GPUSHARE_PRIORITY=high reaches the scheduler: the high-priority process
+// gets the lock before a normal waiter that asked earlier.
+func TestHighPriorityShimClientGoesFirstAtHandOff(t *testing.T) {
+	e := newEnv(t, time.Minute, time.Minute)
+	holder := dialRaw(t, e.sock, PriorityNormal)
+	epoch := holder.hold()
+	normal := dialRaw(t, e.sock, PriorityNormal)
+	normal.send(Message{Type: MsgAcquire})
+	eventually(t, time.Second, "the normal waiter queues", func() bool {
+		for _, s := range e.s.Snapshot() {
+			if s.Waiting {
+				return true
+			}
+		}
+		return false
+	})
+	high := e.startClient([]string{"GPUSHARE_PRIORITY=high"}, "dlsym", "20", "1000")
+	eventually(t, 2*time.Second, "the high-priority client queues", func() bool {
+		s, ok := e.state(high.pid())
+		return ok && s.Waiting && s.Priority == PriorityHigh
+	})
+	holder.send(Message{Type: MsgRelease, Epoch: epoch})
+	eventually(t, time.Second, "the high-priority client holds the lock", func() bool {
+		s, ok := e.state(high.pid())
+		return ok && s.Holding
+	})
+	if _, ok := normal.next(MsgGrant, 10*time.Millisecond); ok {
+		t.Fatal("the earlier normal waiter was granted before the high-priority client")
+	}
+	high.wait(t, 5*time.Second)
+	normal.expect(MsgGrant, 2*time.Second)
+}
+
 // A holder that ignores CONTENDED is told REVOKED after quantum + grace and the waiter gets the lock.
 func TestHolderIgnoringItsQuantumIsRevoked(t *testing.T) {
 	e := newEnv(t, 50*time.Millisecond, 50*time.Millisecond)

@@ -408,6 +408,8 @@ void gs_print_call_counts(void)
         if (n != 0)
             gs_log(GS_LOG_DEBUG, "calls %s=%llu", gs_hook_names[i], (unsigned long long)n);
     }
-    gs_log(GS_LOG_DEBUG, "lock grants=%llu releases=%llu revocations=%llu", (unsigned long long)st.grants,
-           (unsigned long long)st.releases, (unsigned long long)st.revocations);
+    pthread_mutex_lock(&mu);
+    unsigned long long g = st.grants, r = st.releases, v = st.revocations;
+    pthread_mutex_unlock(&mu);
+    gs_log(GS_LOG_DEBUG, "lock grants=%llu releases=%llu revocations=%llu", g, r, v);
 }

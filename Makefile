@@ -19,8 +19,8 @@ help: ## List the targets
 manifests: $(CONTROLLER_GEN) ## Generate CRDs and RBAC from the API types and markers
 	$(CONTROLLER_GEN) crd paths="./api/..." output:crd:artifacts:config=config/crd/bases
 	@# One least-privilege role per component, each from its own code's +kubebuilder:rbac markers.
-	@if grep -rqs '+kubebuilder:rbac' controllers; then $(CONTROLLER_GEN) rbac:roleName=gpusharing-manager paths="./controllers/..." output:rbac:artifacts:config=config/rbac/manager; fi
-	@if grep -rqs '+kubebuilder:rbac' agent; then $(CONTROLLER_GEN) rbac:roleName=gpusharing-agent paths="./agent/..." output:rbac:artifacts:config=config/rbac/agent; fi
+	@if grep -rqs '+kubebuilder:rbac' controllers; then $(CONTROLLER_GEN) rbac:roleName=manager paths="./controllers/..." output:rbac:artifacts:config=config/rbac/manager; fi
+	@if grep -rqs '+kubebuilder:rbac' agent; then $(CONTROLLER_GEN) rbac:roleName=agent paths="./agent/..." output:rbac:artifacts:config=config/rbac/agent; fi
 
 generate: $(CONTROLLER_GEN) ## Generate deepcopy functions
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths="./api/..."

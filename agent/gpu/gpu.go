@@ -16,7 +16,7 @@ type Interface interface {
 	SetMIGMode(ctx context.Context, uuid string, enabled bool) error
 	// CreateGPUInstance creates a MIG GPU instance of the profile at the placement, without a compute
 	// instance, and returns it.
-	CreateGPUInstance(ctx context.Context, uuid string, profileID int, at Placement) (Instance, error)
+	CreateGPUInstance(ctx context.Context, uuid string, profile Profile, at Placement) (Instance, error)
 	// CreateComputeInstance creates the compute instance that spans the whole GPU instance giID.
 	CreateComputeInstance(ctx context.Context, uuid string, giID int) (Instance, error)
 	// DestroyInstance destroys GPU instance giID and its compute instances.

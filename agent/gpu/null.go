@@ -31,7 +31,7 @@ func (n Null) Device(context.Context, string) (Device, error) { return Device{},
 func (n Null) SetMIGMode(context.Context, string, bool) error { return n.err() }
 
 // CreateGPUInstance implements Interface.
-func (n Null) CreateGPUInstance(context.Context, string, int, Placement) (Instance, error) {
+func (n Null) CreateGPUInstance(context.Context, string, Profile, Placement) (Instance, error) {
 	return Instance{}, n.err()
 }
 

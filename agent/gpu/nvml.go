@@ -167,6 +167,7 @@ func (n *NVML) profiles(h nvml.Device, memoryBytes uint64) ([]Profile, error) {
 			return nil, err
 		}
 		p := Profile{
+			Type:         id,
 			ID:           int(info.Id),
 			Name:         name,
 			SliceCount:   int(info.SliceCount),
@@ -204,6 +205,13 @@ var computeProfileForSlices = map[int]int{
 	8: nvml.COMPUTE_INSTANCE_PROFILE_8_SLICE,
 }
 
+// ComputeProfileForSlices returns the compute instance profile id that spans a GPU instance of the
+// given compute slice count.
+func ComputeProfileForSlices(slices int) (int, bool) {
+	id, ok := computeProfileForSlices[slices]
+	return id, ok
+}
+
 // profileName names a profile the way nvidia-smi does (go-nvlib's rounding of memory to the GPU's
 // eighths), so 9856 MiB on an 80 GB GPU reads 1g.10gb.
 func (n *NVML) profileName(giProfileID, slices int, memMB, deviceBytes uint64) (string, error) {
@@ -226,8 +234,8 @@ func (n *NVML) instances(h nvml.Device, profiles []Profile) ([]Instance, error) 
 	}
 	var out []Instance
 	for _, p := range profiles {
-		info, r := h.GetGpuInstanceProfileInfo(p.ID)
-		if err := check(fmt.Sprintf("GetGpuInstanceProfileInfo(%d)", p.ID), r); err != nil {
+		info, r := h.GetGpuInstanceProfileInfo(p.Type)
+		if err := check(fmt.Sprintf("GetGpuInstanceProfileInfo(%d)", p.Type), r); err != nil {
 			return nil, err
 		}
 		gis, r := h.GetGpuInstances(&info)
@@ -337,18 +345,18 @@ func (n *NVML) SetMIGMode(ctx context.Context, uuid string, enabled bool) error 
 }
 
 // CreateGPUInstance implements Interface.
-func (n *NVML) CreateGPUInstance(ctx context.Context, uuid string, profileID int, at Placement) (Instance, error) {
+func (n *NVML) CreateGPUInstance(ctx context.Context, uuid string, profile Profile, at Placement) (Instance, error) {
 	h, err := n.handle(uuid)
 	if err != nil {
 		return Instance{}, err
 	}
-	info, r := h.GetGpuInstanceProfileInfo(profileID)
-	if err := check(fmt.Sprintf("GetGpuInstanceProfileInfo(%d)", profileID), r); err != nil {
+	info, r := h.GetGpuInstanceProfileInfo(profile.Type)
+	if err := check(fmt.Sprintf("GetGpuInstanceProfileInfo(%d)", profile.Type), r); err != nil {
 		return Instance{}, err
 	}
 	pl := nvml.GpuInstancePlacement{Start: uint32(at.Start), Size: uint32(at.Size)}
 	gi, r := h.CreateGpuInstanceWithPlacement(&info, &pl)
-	if err := check(fmt.Sprintf("CreateGpuInstanceWithPlacement(profile %d at %s)", profileID, at), r); err != nil {
+	if err := check(fmt.Sprintf("CreateGpuInstanceWithPlacement(%s at %s)", profile.Name, at), r); err != nil {
 		return Instance{}, err
 	}
 	giInfo, r := gi.GetInfo()
@@ -356,7 +364,8 @@ func (n *NVML) CreateGPUInstance(ctx context.Context, uuid string, profileID int
 		return Instance{}, err
 	}
 	return Instance{
-		ProfileID: profileID,
+		ProfileID: int(giInfo.ProfileId),
+		Profile:   profile.Name,
 		Placement: Placement{Start: int(giInfo.Placement.Start), Size: int(giInfo.Placement.Size)},
 		GIID:      int(giInfo.Id),
 		CIID:      NoComputeInstance,
@@ -377,8 +386,8 @@ func (n *NVML) CreateComputeInstance(ctx context.Context, uuid string, giID int)
 	if err := check("GpuInstance.GetInfo", r); err != nil {
 		return Instance{}, err
 	}
-	pinfo, r := h.GetGpuInstanceProfileInfo(int(giInfo.ProfileId))
-	if err := check("GetGpuInstanceProfileInfo", r); err != nil {
+	pinfo, err := profileInfoByID(h, giInfo.ProfileId)
+	if err != nil {
 		return Instance{}, err
 	}
 	ciProfile, ok := computeProfileForSlices[int(pinfo.SliceCount)]
@@ -403,6 +412,18 @@ func (n *NVML) CreateComputeInstance(ctx context.Context, uuid string, giID int)
 		GIID:      giID,
 		CIID:      int(got.Id),
 	}, nil
+}
+
+// profileInfoByID finds the profile whose NVML id an instance carries: instances report the id, but
+// NVML is asked about profiles by type, and the two differ.
+func profileInfoByID(h nvml.Device, id uint32) (nvml.GpuInstanceProfileInfo, error) {
+	for typ := 0; typ < nvml.GPU_INSTANCE_PROFILE_COUNT; typ++ {
+		info, r := h.GetGpuInstanceProfileInfo(typ)
+		if r == nvml.SUCCESS && info.Id == id {
+			return info, nil
+		}
+	}
+	return nvml.GpuInstanceProfileInfo{}, fmt.Errorf("no GPU instance profile has id %d", id)
 }
 
 // DestroyInstance implements Interface.

@@ -88,7 +88,7 @@ func TestCreateAndDestroyInstancesShowInTheSnapshot(t *testing.T) {
 	uuid := s.GPUs[0].UUID
 	d, _ := g.Device(ctx, uuid)
 	p, _ := d.Profile("3g.20gb")
-	gi, err := g.CreateGPUInstance(ctx, uuid, p.ID, gpu.Placement{Start: 4, Size: 4})
+	gi, err := g.CreateGPUInstance(ctx, uuid, p, gpu.Placement{Start: 4, Size: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +111,7 @@ func TestNVMLErrorsKeepTheReturnCodeAndSuccessIsNoError(t *testing.T) {
 	s := nvmlmock.NewA100(1)
 	s.GPUs[0].SetMIGMode(false, false)
 	g := gpu.NewNVML(s)
-	_, err := g.CreateGPUInstance(context.Background(), s.GPUs[0].UUID, 0, gpu.Placement{Start: 0, Size: 1})
+	_, err := g.CreateGPUInstance(context.Background(), s.GPUs[0].UUID, gpu.Profile{Type: 0, Name: "1g.5gb"}, gpu.Placement{Start: 0, Size: 1})
 	if !errors.Is(err, nvml.ERROR_NOT_SUPPORTED) || !gpu.IsNVMLError(err) {
 		t.Errorf("create with MIG off: err = %v, want an NVMLError matching ERROR_NOT_SUPPORTED", err)
 	}

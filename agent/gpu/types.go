@@ -32,7 +32,11 @@ func (p Placement) String() string {
 // Profile is one MIG GPU instance profile the GPU offers, read from NVML
 // (GetGpuInstanceProfileInfo + GetGpuInstancePossiblePlacements).
 type Profile struct {
-	// ID is NVML's GPU instance profile id (differs between GPU models: 19, 14, 9, 5, 0 on an H100).
+	// Type is the profile kind NVML is asked about (GPU_INSTANCE_PROFILE_1_SLICE and so on), the
+	// argument of GetGpuInstanceProfileInfo.
+	Type int `json:"type"`
+	// ID is the id NVML assigns the profile on this GPU, which its instances carry. It is not Type: on
+	// an H100 80GB, 1g.10gb is type 0 but id 19, 3g.40gb type 2 but id 9.
 	ID int `json:"id"`
 	// Name is the profile as nvidia-smi prints it, for example 3g.40gb or 1g.10gb+me.
 	Name string `json:"name"`

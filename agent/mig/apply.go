@@ -124,7 +124,7 @@ func (a *Applier) Apply(ctx context.Context, uuid string, want []Want) ([]gpu.In
 	}
 	for _, c := range plan.Create {
 		log.Info("Creating MIG instance", "profile", c.Profile.Name, "placement", c.At.String())
-		gi, err := a.GPU.CreateGPUInstance(ctx, uuid, c.Profile.ID, c.At)
+		gi, err := a.GPU.CreateGPUInstance(ctx, uuid, c.Profile, c.At)
 		if err != nil {
 			return nil, err
 		}

@@ -111,12 +111,12 @@ type crashingGPU struct {
 
 var errCrash = errors.New("agent killed")
 
-func (c *crashingGPU) CreateGPUInstance(ctx context.Context, uuid string, profileID int, at gpu.Placement) (gpu.Instance, error) {
+func (c *crashingGPU) CreateGPUInstance(ctx context.Context, uuid string, profile gpu.Profile, at gpu.Placement) (gpu.Instance, error) {
 	if c.creates == c.crashAfter {
 		return gpu.Instance{}, errCrash
 	}
 	c.creates++
-	return c.Interface.CreateGPUInstance(ctx, uuid, profileID, at)
+	return c.Interface.CreateGPUInstance(ctx, uuid, profile, at)
 }
 
 func TestApplyConvergesAfterACrashBetweenCreates(t *testing.T) {

@@ -431,3 +431,9 @@ func nextBackoff(cur, initial, maxBackoff time.Duration) time.Duration {
 	}
 	return min(cur*2, maxBackoff)
 }
+
+// Alive reports whether pid runs; a zombie counts as dead.
+func (m *Manager) Alive(pid int) bool {
+	ok, err := m.alive(pid)
+	return err == nil && ok
+}

@@ -1,0 +1,192 @@
+// Command agent is gpusharing's node agent. Run without a subcommand it converges this node's GPUs to
+// its GPUNode and publishes their status; `agent inventory` prints what NVML reports and `agent plan`
+// plans MIG layouts against the real GPU's profiles, both read-only.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/klog/v2/textlogger"
+	"k8s.io/apimachinery/pkg/fields"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/gpusharing/gpusharing/agent/gpu"
+	"github.com/gpusharing/gpusharing/agent/mig"
+	"github.com/gpusharing/gpusharing/agent/mps"
+	"github.com/gpusharing/gpusharing/agent/node"
+	"github.com/gpusharing/gpusharing/agent/runner"
+	"github.com/gpusharing/gpusharing/agent/timeslice"
+	"github.com/gpusharing/gpusharing/api/v1alpha1"
+)
+
+// options are every flag and environment variable the agent reads, parsed once here.
+type options struct {
+	nodeName            string
+	hostRoot            string
+	mpsRoot             string
+	stateDir            string
+	nvmlLib             string
+	mpsControl          string
+	nvidiaSMI           string
+	resync              time.Duration
+	mpsExclusiveProcess bool
+	metricsAddr         string
+	probeAddr           string
+}
+
+func main() {
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case "inventory":
+			os.Exit(runInventory(os.Args[2:]))
+		case "plan":
+			os.Exit(runPlan(os.Args[2:]))
+		}
+	}
+	o, logConfig := parse(os.Args[1:])
+	ctrl.SetLogger(textlogger.NewLogger(logConfig))
+	if err := run(ctrl.SetupSignalHandler(), o); err != nil {
+		ctrl.Log.Error(err, "Agent stopped")
+		os.Exit(1)
+	}
+}
+
+func parse(args []string) (options, *textlogger.Config) {
+	var o options
+	fs := flag.NewFlagSet("agent", flag.ExitOnError)
+	fs.StringVar(&o.nodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name, which is also its GPUNode's (default $NODE_NAME)")
+	fs.StringVar(&o.hostRoot, "host-root", "/", "where the host's filesystem is mounted; nvidia-smi and nvidia-cuda-mps-control are looked up under it")
+	fs.StringVar(&o.mpsRoot, "mps-root", "/run/gpusharing/mps", "directory holding each MPS GPU's pipe and log directories (<root>/<uuid>/{pipe,log})")
+	fs.StringVar(&o.stateDir, "state-dir", "/run/gpusharing/state", "directory for the agent's runtime state (time-slicing in force); must not outlive a reboot")
+	fs.StringVar(&o.nvmlLib, "nvml-lib", "", "path of libnvidia-ml.so.1 (default: the dynamic loader's search)")
+	fs.StringVar(&o.mpsControl, "mps-control", "", "path of nvidia-cuda-mps-control (default: found under --host-root)")
+	fs.StringVar(&o.nvidiaSMI, "nvidia-smi", "", "path of nvidia-smi (default: found under --host-root)")
+	fs.DurationVar(&o.resync, "resync", 30*time.Second, "how often the GPUs are checked when nothing else triggers a pass")
+	fs.BoolVar(&o.mpsExclusiveProcess, "mps-exclusive-process", false, "set EXCLUSIVE_PROCESS compute mode on MPS GPUs")
+	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8081", "metrics endpoint address (0 disables)")
+	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8082", "health probe address")
+	logConfig := textlogger.NewConfig()
+	logConfig.AddFlags(fs)
+	_ = fs.Parse(args)
+	if o.mpsControl == "" {
+		o.mpsControl = hostBinary(o.hostRoot, "nvidia-cuda-mps-control")
+	}
+	if o.nvidiaSMI == "" {
+		o.nvidiaSMI = hostBinary(o.hostRoot, "nvidia-smi")
+	}
+	return o, logConfig
+}
+
+// hostBinary finds a driver tool under the host root, where driver installs put it.
+func hostBinary(root, name string) string {
+	for _, dir := range []string{"usr/bin", "usr/local/nvidia/bin", "usr/local/bin", "bin"} {
+		p := filepath.Join(root, dir, name)
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	return filepath.Join(root, "usr/bin", name)
+}
+
+// openGPUs initializes NVML, falling back to the null implementation (and a Ready=False condition)
+// when the node has no NVML: a GPU-less node or a broken driver must not crash-loop the agent.
+func openGPUs(libPath string) (gpu.Interface, func()) {
+	var opts []nvml.LibraryOption
+	if libPath != "" {
+		opts = append(opts, nvml.WithLibraryPath(libPath))
+	}
+	lib := nvml.New(opts...)
+	if r := lib.Init(); r != nvml.SUCCESS {
+		return gpu.Null{Cause: fmt.Errorf("nvmlInit: %s", r.Error())}, func() {}
+	}
+	return gpu.NewNVML(lib), func() { _ = lib.Shutdown() }
+}
+
+func run(ctx context.Context, o options) error {
+	log := ctrl.Log.WithName("agent")
+	if o.nodeName == "" {
+		return fmt.Errorf("--node-name (or NODE_NAME) is required")
+	}
+	gpus, shutdown := openGPUs(o.nvmlLib)
+	defer shutdown()
+	if _, isNull := gpus.(gpu.Null); isNull {
+		log.Info("NVML is not available; publishing Ready=False NVMLUnavailable", "cause", gpus.(gpu.Null).Cause.Error())
+	}
+
+	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
+		Scheme:                 scheme(),
+		Metrics:                metricsserver.Options{BindAddress: o.metricsAddr},
+		HealthProbeBindAddress: o.probeAddr,
+		// Cache only this node's GPUNode: thousands of agents must not each watch every node.
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			&v1alpha1.GPUNode{}: {Field: fields.OneTermEqualSelector("metadata.name", o.nodeName)},
+		}},
+	})
+	if err != nil {
+		return fmt.Errorf("creating the manager: %w", err)
+	}
+	wake := make(chan event.GenericEvent, 1)
+	notify := func(string) {
+		select {
+		case wake <- event.GenericEvent{Object: &v1alpha1.GPUNode{}}:
+		default: // a pass is already queued
+		}
+	}
+	mpsMgr := mps.New(mps.Config{Control: o.mpsControl, Root: o.mpsRoot, Runner: runner.Exec{}, Notify: notify})
+	if err := mgr.Add(ctrlRunnable(mpsMgr.Run)); err != nil {
+		return err
+	}
+	r := &node.Reconciler{
+		Client:   mgr.GetClient(),
+		NodeName: o.nodeName,
+		Recorder: mgr.GetEventRecorder("gpusharing-agent"),
+		Resync:   o.resync,
+		Wake:     wake,
+		Strategies: node.Strategies{
+			GPU:                 gpus,
+			MIG:                 &mig.Applier{GPU: gpus},
+			MPS:                 mpsMgr,
+			TimeSlice:           &timeslice.Manager{SMI: o.nvidiaSMI, StateDir: filepath.Join(o.stateDir, "timeslice"), Runner: runner.Exec{}},
+			MPSExclusiveProcess: o.mpsExclusiveProcess,
+		},
+	}
+	if err := r.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the GPUNode reconciler: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return err
+	}
+	log.Info("Starting agent", "node", o.nodeName, "mpsRoot", o.mpsRoot, "mpsControl", o.mpsControl, "nvidiaSMI", o.nvidiaSMI)
+	return mgr.Start(ctx)
+}
+
+// ctrlRunnable adapts a func to a controller-runtime Runnable.
+type ctrlRunnable func(context.Context) error
+
+func (f ctrlRunnable) Start(ctx context.Context) error { return f(ctx) }
+
+func scheme() *k8sruntime.Scheme {
+	s := k8sruntime.NewScheme()
+	utilruntime(clientgoscheme.AddToScheme(s))
+	utilruntime(v1alpha1.AddToScheme(s))
+	return s
+}
+
+func utilruntime(err error) {
+	if err != nil {
+		panic(err)
+	}
+}

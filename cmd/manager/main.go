@@ -40,6 +40,7 @@ func run() error {
 		resolvers      int
 		statusWorkers  int
 		restoreTimeout time.Duration
+		debounce       time.Duration
 	)
 	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "Address the Prometheus metrics endpoint binds to; 0 disables it.")
 	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address the /healthz and /readyz probes bind to.")
@@ -49,6 +50,7 @@ func run() error {
 	flag.IntVar(&burst, "kube-api-burst", 100, "Burst of requests to the API server above kube-api-qps.")
 	flag.IntVar(&resolvers, "resolver-workers", 4, "Nodes resolved at once; admission of disruptive changes is serialized regardless.")
 	flag.IntVar(&statusWorkers, "status-workers", 2, "Policies whose status is computed at once.")
+	flag.DurationVar(&debounce, "status-debounce", 250*time.Millisecond, "Node events are folded into one policy status pass per this interval; each pass reads every GPUNode.")
 	flag.DurationVar(&restoreTimeout, "restore-timeout", policy.DefaultRestoreTimeout, "How long a deleted policy waits for agents to confirm its GPUs are back on the default.")
 	logCfg := textlogger.NewConfig()
 	logCfg.AddFlags(flag.CommandLine)
@@ -84,6 +86,7 @@ func run() error {
 		ResolverWorkers: resolvers,
 		StatusWorkers:   statusWorkers,
 		RestoreTimeout:  restoreTimeout,
+		StatusDebounce:  debounce,
 	}); err != nil {
 		return err
 	}

@@ -2,14 +2,17 @@ package policy
 
 import (
 	"context"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -23,17 +26,38 @@ const ControllerName = "policy-status"
 
 // SetupWithManager wires the status reconciler. A policy's standing depends on every other policy
 // (priority, conflicts), every GPUNode and every Node's labels, so each of those events re-runs every
-// policy; the work queue folds a burst of them into one pass per policy.
-func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options) error {
-	all := handler.EnqueueRequestsFromMapFunc(r.everyPolicy)
+// policy. A pass reads every GPUNode, so node events are folded: each queues the policies debounce
+// later, and the queue keeps one entry per policy however many nodes change meanwhile. During a
+// rollout that bounds the status passes to about one per debounce instead of one per agent ack.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options, debounce time.Duration) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(ControllerName).
 		For(&v1.GPUSharingPolicy{}, builder.WithPredicates(predicates.PolicySpecOrDeletion())).
-		Watches(&v1.GPUSharingPolicy{}, all, builder.WithPredicates(predicates.PolicySpecOrDeletion())).
-		Watches(&v1.GPUNode{}, all).
-		WatchesMetadata(&corev1.Node{}, all, builder.WithPredicates(predicates.NodeLabelsOrLifecycle())).
+		Watches(&v1.GPUSharingPolicy{}, handler.EnqueueRequestsFromMapFunc(r.everyPolicy), builder.WithPredicates(predicates.PolicySpecOrDeletion())).
+		Watches(&v1.GPUNode{}, r.everyPolicyAfter(debounce)).
+		WatchesMetadata(&corev1.Node{}, r.everyPolicyAfter(debounce), builder.WithPredicates(predicates.NodeLabelsOrLifecycle())).
 		WithOptions(opts).
 		Complete(r)
+}
+
+// everyPolicyAfter queues every policy d after any event.
+func (r *Reconciler) everyPolicyAfter(d time.Duration) handler.EventHandler {
+	add := func(ctx context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+		for _, req := range r.everyPolicy(ctx, nil) {
+			q.AddAfter(req, d)
+		}
+	}
+	return handler.Funcs{
+		CreateFunc: func(ctx context.Context, _ event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			add(ctx, q)
+		},
+		UpdateFunc: func(ctx context.Context, _ event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			add(ctx, q)
+		},
+		DeleteFunc: func(ctx context.Context, _ event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			add(ctx, q)
+		},
+	}
 }
 
 func (r *Reconciler) everyPolicy(ctx context.Context, _ client.Object) []reconcile.Request {

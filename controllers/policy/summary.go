@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"sort"
 
-	"k8s.io/apimachinery/pkg/api/equality"
-
 	v1 "github.com/gpusharing/gpusharing/api/v1alpha1"
 	"github.com/gpusharing/gpusharing/controllers/resolve"
 )
@@ -66,12 +64,14 @@ func Summarize(p *v1.GPUSharingPolicy, compiled []resolve.Compiled, nodes []Node
 	}
 	waiting := map[string]bool{}
 	conflicts := map[string]*Conflict{}
+	// Every entry that is current carries exactly the policy's sharing, so one hash serves them all.
+	hash, shape := v1.SharingHash(p.Spec.Sharing), resolve.ShapeOf(p.Spec.Sharing)
 	for _, nv := range nodes {
 		gn := nv.GPUNode
 		if len(gn.Status.GPUs) == 0 {
 			continue
 		}
-		matched := false
+		matched, inFlight := false, false
 		for _, r := range resolve.ResolveNode(compiled, nv.Labels, gn.Status.GPUs) {
 			noteConflicts(p.Name, r, conflicts)
 			if r.Winner == nil || r.Winner.Name != p.Name {
@@ -93,7 +93,8 @@ func Summarize(p *v1.GPUSharingPolicy, compiled []resolve.Compiled, nodes []Node
 				}
 				continue
 			}
-			switch st := resolve.StateOf(gn, entry); st.Phase {
+			st := resolve.StateOfHashed(gn, entry, hash)
+			switch st.Phase {
 			case resolve.PhaseApplied:
 				s.ReadyGPUs++
 			case resolve.PhaseFailed:
@@ -101,14 +102,13 @@ func Summarize(p *v1.GPUSharingPolicy, compiled []resolve.Compiled, nodes []Node
 			default:
 				s.Applying = append(s.Applying, ref)
 			}
+			inFlight = inFlight || resolve.DisruptionInFlight(st, r.GPU, shape)
 		}
 		if matched {
 			s.MatchedNodes++
 		}
-		for _, name := range resolve.InFlightPolicies(gn) {
-			if name == p.Name {
-				s.InFlightNodes = append(s.InFlightNodes, gn.Name)
-			}
+		if inFlight {
+			s.InFlightNodes = append(s.InFlightNodes, gn.Name)
 		}
 	}
 	for n := range waiting {
@@ -125,10 +125,10 @@ func Summarize(p *v1.GPUSharingPolicy, compiled []resolve.Compiled, nodes []Node
 	return s
 }
 
-// current says whether the spec entry carries this generation of the policy.
+// current says whether the spec entry carries this generation of the policy; the resolver writes a
+// policy's sharing together with its generation, so name and generation identify the sharing.
 func current(entry *v1.GPUDesired, p *v1.GPUSharingPolicy) bool {
-	return entry != nil && entry.Policy == p.Name && entry.PolicyGeneration == p.Generation &&
-		equality.Semantic.DeepEqual(entry.Sharing, p.Spec.Sharing)
+	return entry != nil && entry.Policy == p.Name && entry.PolicyGeneration == p.Generation
 }
 
 // noteConflicts counts, for the policy, the GPUs it ties for with each other policy.

@@ -6,8 +6,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	v1 "github.com/gpusharing/gpusharing/api/v1alpha1"
-	b "github.com/gpusharing/gpusharing/controllers/internal/builders"
 	"github.com/gpusharing/gpusharing/controllers/resolve"
+	b "github.com/gpusharing/gpusharing/controllers/testutil/builders"
 )
 
 func TestChangeIsDisruptive(t *testing.T) {

@@ -107,6 +107,12 @@ func Acked(entry *v1.GPUDesired, gpu *v1.GPUStatus) bool {
 
 // StateOf places one spec entry of a GPUNode against the agent's report.
 func StateOf(node *v1.GPUNode, entry *v1.GPUDesired) GPUState {
+	return StateOfHashed(node, entry, v1.SharingHash(entry.Sharing))
+}
+
+// StateOfHashed is StateOf for a caller that already knows SharingHash(entry.Sharing): hashing is most
+// of the cost when the status of thousands of GPUs is aggregated.
+func StateOfHashed(node *v1.GPUNode, entry *v1.GPUDesired, hash string) GPUState {
 	gpu := FindGPU(node.Status.GPUs, entry.UUID)
 	if gpu == nil {
 		return GPUState{Phase: PhaseGone}
@@ -117,10 +123,20 @@ func StateOf(node *v1.GPUNode, entry *v1.GPUDesired) GPUState {
 			return GPUState{Phase: PhaseFailed, Reason: reason, Message: msg}
 		}
 	}
-	if Acked(entry, gpu) {
+	if gpu.Applied != nil && gpu.Applied.SpecHash == hash && meta.IsStatusConditionTrue(gpu.Conditions, v1.ConditionApplied) {
 		return GPUState{Phase: PhaseApplied}
 	}
 	return GPUState{Phase: PhaseApplying}
+}
+
+// DisruptionInFlight says whether a GPU in the given state carries a disruptive change not yet done: it
+// is applying and what the agent reports in force has another shape than want (or is unknown).
+func DisruptionInFlight(st GPUState, gpu *v1.GPUStatus, want Shape) bool {
+	if st.Phase != PhaseApplying {
+		return false
+	}
+	from, ok := AppliedShape(gpu.Applied)
+	return !ok || Disruptive(from, want)
 }
 
 // InFlightPolicies names the policies for which this node has a disruptive change in flight: a spec
@@ -135,11 +151,7 @@ func InFlightPolicies(node *v1.GPUNode) []string {
 		if e.Policy == "" || seen[e.Policy] {
 			continue
 		}
-		if StateOf(node, e).Phase != PhaseApplying {
-			continue
-		}
-		gpu := FindGPU(node.Status.GPUs, e.UUID)
-		if from, ok := AppliedShape(gpu.Applied); ok && !Disruptive(from, ShapeOf(e.Sharing)) {
+		if !DisruptionInFlight(StateOf(node, e), FindGPU(node.Status.GPUs, e.UUID), ShapeOf(e.Sharing)) {
 			continue
 		}
 		seen[e.Policy] = true

@@ -6,8 +6,8 @@ import (
 	"time"
 
 	v1 "github.com/gpusharing/gpusharing/api/v1alpha1"
-	b "github.com/gpusharing/gpusharing/controllers/internal/builders"
 	"github.com/gpusharing/gpusharing/controllers/resolve"
+	b "github.com/gpusharing/gpusharing/controllers/testutil/builders"
 )
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)

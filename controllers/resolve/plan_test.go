@@ -4,8 +4,8 @@ import (
 	"testing"
 
 	v1 "github.com/gpusharing/gpusharing/api/v1alpha1"
-	b "github.com/gpusharing/gpusharing/controllers/internal/builders"
 	"github.com/gpusharing/gpusharing/controllers/resolve"
+	b "github.com/gpusharing/gpusharing/controllers/testutil/builders"
 )
 
 func TestPlanNode(t *testing.T) {

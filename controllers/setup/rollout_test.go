@@ -14,8 +14,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/gpusharing/gpusharing/api/v1alpha1"
-	"github.com/gpusharing/gpusharing/controllers/internal/agentsim"
-	b "github.com/gpusharing/gpusharing/controllers/internal/builders"
+	"github.com/gpusharing/gpusharing/controllers/testutil/agentsim"
+	b "github.com/gpusharing/gpusharing/controllers/testutil/builders"
 )
 
 // unapplied says whether a node has a spec entry of the policy that its agent has not reported applied:

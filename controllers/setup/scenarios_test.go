@@ -13,8 +13,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/gpusharing/gpusharing/api/v1alpha1"
-	"github.com/gpusharing/gpusharing/controllers/internal/agentsim"
-	b "github.com/gpusharing/gpusharing/controllers/internal/builders"
+	"github.com/gpusharing/gpusharing/controllers/testutil/agentsim"
+	b "github.com/gpusharing/gpusharing/controllers/testutil/builders"
 )
 
 const wait = 10 * time.Second

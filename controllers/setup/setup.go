@@ -26,6 +26,8 @@ type Options struct {
 	ResolverWorkers int
 	// StatusWorkers is how many policies' status are computed at once.
 	StatusWorkers int
+	// StatusDebounce folds node events into one status pass per policy per interval.
+	StatusDebounce time.Duration
 	// RestoreTimeout bounds the wait for agents after a policy is deleted; zero means the default.
 	RestoreTimeout time.Duration
 	// Clock is the policy reconciler's time source; nil means the real clock.
@@ -58,7 +60,7 @@ func Controllers(ctx context.Context, mgr ctrl.Manager, o Options) error {
 		RestoreTimeout: o.RestoreTimeout,
 		Clock:          o.Clock,
 	}
-	if err := status.SetupWithManager(mgr, copts(o.StatusWorkers)); err != nil {
+	if err := status.SetupWithManager(mgr, copts(o.StatusWorkers), o.StatusDebounce); err != nil {
 		return fmt.Errorf("setting up %s: %w", policy.ControllerName, err)
 	}
 	return nil

@@ -19,9 +19,9 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	v1 "github.com/gpusharing/gpusharing/api/v1alpha1"
-	"github.com/gpusharing/gpusharing/controllers/internal/agentsim"
-	b "github.com/gpusharing/gpusharing/controllers/internal/builders"
 	"github.com/gpusharing/gpusharing/controllers/setup"
+	"github.com/gpusharing/gpusharing/controllers/testutil/agentsim"
+	b "github.com/gpusharing/gpusharing/controllers/testutil/builders"
 	"github.com/gpusharing/gpusharing/test/testenv"
 )
 
@@ -63,7 +63,7 @@ func run(m *testing.M) int {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if err := setup.Controllers(ctx, mgr, setup.Options{ResolverWorkers: 2, StatusWorkers: 2, RestoreTimeout: restoreTimeout}); err != nil {
+	if err := setup.Controllers(ctx, mgr, setup.Options{ResolverWorkers: 2, StatusWorkers: 2, RestoreTimeout: restoreTimeout, StatusDebounce: 50 * time.Millisecond}); err != nil {
 		fmt.Fprintln(os.Stderr, "setting up the controllers:", err)
 		return 1
 	}

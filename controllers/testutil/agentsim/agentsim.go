@@ -12,8 +12,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/gpusharing/gpusharing/api/v1alpha1"
-	"github.com/gpusharing/gpusharing/controllers/internal/builders"
 	"github.com/gpusharing/gpusharing/controllers/resolve"
+	"github.com/gpusharing/gpusharing/controllers/testutil/builders"
 )
 
 // Failure makes the simulated agent reject a GPU's desired sharing with this reason and message.

@@ -1,0 +1,147 @@
+package main
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/watch"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/gpusharing/gpusharing/api/v1alpha1"
+	"github.com/gpusharing/gpusharing/controllers/testutil/agentsim"
+	"github.com/gpusharing/gpusharing/test/testenv"
+)
+
+// agents plays every node's agent from one watch on GPUNodes: each spec change is acked at once (status
+// reports it applied) by a pool of workers with their own client. The same watch tells when every spec
+// carries a target policy generation.
+type agents struct {
+	c      client.WithWatch
+	cancel context.CancelFunc
+	o      options
+
+	mu     sync.Mutex
+	latest map[string]*v1.GPUNode
+	queued map[string]bool
+	queue  chan string
+	// target is the policy generation and sharing hash every spec should reach; at records when it did.
+	targetGen  int64
+	targetHash string
+	atTarget   map[string]bool
+	reached    chan struct{}
+}
+
+func startAgents(ctx context.Context, env *testenv.Env, o options) (*agents, error) {
+	c, err := fastClient(env)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	w, err := c.Watch(ctx, &v1.GPUNodeList{})
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	a := &agents{
+		c: c, cancel: cancel, o: o,
+		latest: map[string]*v1.GPUNode{}, queued: map[string]bool{},
+		queue: make(chan string, 4*o.nodes+16), atTarget: map[string]bool{},
+	}
+	go a.watch(ctx, w)
+	for range o.agentWorkers {
+		go a.work(ctx)
+	}
+	return a, nil
+}
+
+func (a *agents) stop() { a.cancel() }
+
+func (a *agents) watch(ctx context.Context, w watch.Interface) {
+	defer w.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				return
+			}
+			gn, isNode := ev.Object.(*v1.GPUNode)
+			if !isNode || ev.Type == watch.Deleted {
+				continue
+			}
+			a.mu.Lock()
+			a.latest[gn.Name] = gn
+			a.noteTarget(gn)
+			if !a.queued[gn.Name] && agentsim.Apply(gn.DeepCopy(), nil) {
+				a.queued[gn.Name] = true
+				a.queue <- gn.Name
+			}
+			a.mu.Unlock()
+		}
+	}
+}
+
+// work acks queued nodes: it applies the latest spec it has seen to the latest status and writes it. A
+// conflict means a newer version is on its way through the watch, which queues the node again.
+func (a *agents) work(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case name := <-a.queue:
+			a.mu.Lock()
+			gn := a.latest[name].DeepCopy()
+			delete(a.queued, name)
+			a.mu.Unlock()
+			if !agentsim.Apply(gn, nil) {
+				continue
+			}
+			if err := a.c.Status().Update(ctx, gn); err != nil && !apierrors.IsConflict(err) && ctx.Err() == nil {
+				// Retry later: the next watch event for this node queues it again.
+				time.Sleep(10 * time.Millisecond)
+				a.mu.Lock()
+				if !a.queued[name] {
+					a.queued[name] = true
+					a.queue <- name
+				}
+				a.mu.Unlock()
+			}
+		}
+	}
+}
+
+// setTarget starts waiting for every spec to carry policy generation gen with sharing hash; the returned
+// channel closes when they all do.
+func (a *agents) setTarget(gen int64, hash string) <-chan struct{} {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.targetGen, a.targetHash = gen, hash
+	a.atTarget = map[string]bool{}
+	a.reached = make(chan struct{})
+	for _, gn := range a.latest {
+		a.noteTarget(gn)
+	}
+	return a.reached
+}
+
+func (a *agents) noteTarget(gn *v1.GPUNode) {
+	if a.reached == nil || a.targetHash == "" {
+		return
+	}
+	ok := len(gn.Spec.GPUs) == a.o.gpus
+	for _, e := range gn.Spec.GPUs {
+		ok = ok && e.PolicyGeneration == a.targetGen && v1.SharingHash(e.Sharing) == a.targetHash
+	}
+	if ok {
+		a.atTarget[gn.Name] = true
+	} else {
+		delete(a.atTarget, gn.Name)
+	}
+	if len(a.atTarget) == a.o.nodes {
+		close(a.reached)
+		a.targetHash = ""
+	}
+}

@@ -1,0 +1,121 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/gpusharing/gpusharing/test/testenv"
+)
+
+// manager is the real cmd/manager binary running as a child process, so its memory and CPU are its own.
+type manager struct {
+	binary  string
+	cmd     *exec.Cmd
+	metrics string
+	dir     string
+}
+
+func startManager(ctx context.Context, env *testenv.Env, o options) (*manager, error) {
+	dir, err := os.MkdirTemp("", "gpusharing-bench-")
+	if err != nil {
+		return nil, err
+	}
+	m := &manager{binary: filepath.Join(dir, "manager"), dir: dir}
+	build := exec.CommandContext(ctx, "go", "build", "-o", m.binary, "./cmd/manager")
+	build.Dir, build.Stdout, build.Stderr = env.RepoRoot, os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		return nil, fmt.Errorf("building cmd/manager: %w", err)
+	}
+	kubeconfig, err := env.AdminKubeconfig(dir)
+	if err != nil {
+		return nil, err
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	m.metrics = fmt.Sprintf("http://127.0.0.1:%d/metrics", port)
+	logPath := filepath.Join(dir, "manager.log")
+	if o.managerLog != "" {
+		logPath = o.managerLog
+	}
+	logs, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	m.cmd = exec.Command(m.binary,
+		"--kubeconfig", kubeconfig,
+		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", port),
+		"--health-probe-bind-address", "0",
+		"--kube-api-qps", strconv.FormatFloat(o.qps, 'f', -1, 64),
+		"--kube-api-burst", strconv.Itoa(o.burst),
+		"--resolver-workers", strconv.Itoa(o.resolverWorkers),
+		"-v", strconv.Itoa(o.managerV),
+	)
+	m.cmd.Stdout, m.cmd.Stderr = logs, logs
+	if err := m.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting the manager: %w", err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		if resp, err := http.Get(m.metrics); err == nil {
+			_ = resp.Body.Close()
+			return m, nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	m.stop()
+	return nil, fmt.Errorf("the manager did not serve metrics within 60s; see %s", logs.Name())
+}
+
+func (m *manager) pid() int { return m.cmd.Process.Pid }
+
+func (m *manager) stop() {
+	if m.cmd != nil && m.cmd.Process != nil {
+		_ = m.cmd.Process.Signal(syscall.SIGTERM)
+		_ = m.cmd.Wait()
+	}
+	_ = os.RemoveAll(m.dir)
+}
+
+// rss and peakRSS read VmRSS and VmHWM (KiB) of the manager process; -1 when unreadable.
+func (m *manager) rss() int64     { return procStatus(m.pid(), "VmRSS:") }
+func (m *manager) peakRSS() int64 { return procStatus(m.pid(), "VmHWM:") }
+
+func procStatus(pid int, key string) int64 {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return -1
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		if fields := strings.Fields(s.Text()); len(fields) >= 2 && fields[0] == key {
+			v, err := strconv.ParseInt(fields[1], 10, 64)
+			if err != nil {
+				return -1
+			}
+			return v
+		}
+	}
+	return -1
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

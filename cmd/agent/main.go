@@ -8,14 +8,15 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"k8s.io/klog/v2/textlogger"
 	"k8s.io/apimachinery/pkg/fields"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/klog/v2/textlogger"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -36,6 +37,7 @@ import (
 type options struct {
 	nodeName            string
 	hostRoot            string
+	driverRoot          string
 	mpsRoot             string
 	stateDir            string
 	nvmlLib             string
@@ -68,12 +70,13 @@ func parse(args []string) (options, *textlogger.Config) {
 	var o options
 	fs := flag.NewFlagSet("agent", flag.ExitOnError)
 	fs.StringVar(&o.nodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name, which is also its GPUNode's (default $NODE_NAME)")
-	fs.StringVar(&o.hostRoot, "host-root", "/", "where the host's filesystem is mounted; nvidia-smi and nvidia-cuda-mps-control are looked up under it")
-	fs.StringVar(&o.mpsRoot, "mps-root", "/run/gpusharing/mps", "directory holding each MPS GPU's pipe and log directories (<root>/<uuid>/{pipe,log})")
-	fs.StringVar(&o.stateDir, "state-dir", "/run/gpusharing/state", "directory for the agent's runtime state (time-slicing in force); must not outlive a reboot")
+	fs.StringVar(&o.hostRoot, "host-root", "/run/gpusharing", "the agent's directory on the host (a hostPath); every host path the agent writes is under it unless named below")
+	fs.StringVar(&o.driverRoot, "driver-root", "/", "where the NVIDIA driver's tools are installed; nvidia-smi and nvidia-cuda-mps-control are looked up under it, then in $PATH")
+	fs.StringVar(&o.mpsRoot, "mps-root", "", "directory holding each MPS GPU's pipe and log directories, <root>/<uuid>/{pipe,log} (default <host-root>/mps)")
+	fs.StringVar(&o.stateDir, "state-dir", "", "directory for runtime state (the time-slicing in force); must not outlive a reboot (default <host-root>/state)")
 	fs.StringVar(&o.nvmlLib, "nvml-lib", "", "path of libnvidia-ml.so.1 (default: the dynamic loader's search)")
-	fs.StringVar(&o.mpsControl, "mps-control", "", "path of nvidia-cuda-mps-control (default: found under --host-root)")
-	fs.StringVar(&o.nvidiaSMI, "nvidia-smi", "", "path of nvidia-smi (default: found under --host-root)")
+	fs.StringVar(&o.mpsControl, "mps-control", "", "path of nvidia-cuda-mps-control (default: found under --driver-root)")
+	fs.StringVar(&o.nvidiaSMI, "nvidia-smi", "", "path of nvidia-smi (default: found under --driver-root)")
 	fs.DurationVar(&o.resync, "resync", 30*time.Second, "how often the GPUs are checked when nothing else triggers a pass")
 	fs.BoolVar(&o.mpsExclusiveProcess, "mps-exclusive-process", false, "set EXCLUSIVE_PROCESS compute mode on MPS GPUs")
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8081", "metrics endpoint address (0 disables)")
@@ -81,22 +84,32 @@ func parse(args []string) (options, *textlogger.Config) {
 	logConfig := textlogger.NewConfig()
 	logConfig.AddFlags(fs)
 	_ = fs.Parse(args)
+	if o.mpsRoot == "" {
+		o.mpsRoot = filepath.Join(o.hostRoot, "mps")
+	}
+	if o.stateDir == "" {
+		o.stateDir = filepath.Join(o.hostRoot, "state")
+	}
 	if o.mpsControl == "" {
-		o.mpsControl = hostBinary(o.hostRoot, "nvidia-cuda-mps-control")
+		o.mpsControl = driverTool(o.driverRoot, "nvidia-cuda-mps-control")
 	}
 	if o.nvidiaSMI == "" {
-		o.nvidiaSMI = hostBinary(o.hostRoot, "nvidia-smi")
+		o.nvidiaSMI = driverTool(o.driverRoot, "nvidia-smi")
 	}
 	return o, logConfig
 }
 
-// hostBinary finds a driver tool under the host root, where driver installs put it.
-func hostBinary(root, name string) string {
+// driverTool finds a driver tool under the driver root, where driver installs put it, then in $PATH
+// (where the NVIDIA container toolkit injects it into the agent's container).
+func driverTool(root, name string) string {
 	for _, dir := range []string{"usr/bin", "usr/local/nvidia/bin", "usr/local/bin", "bin"} {
 		p := filepath.Join(root, dir, name)
 		if _, err := os.Stat(p); err == nil {
 			return p
 		}
+	}
+	if p, err := exec.LookPath(name); err == nil {
+		return p
 	}
 	return filepath.Join(root, "usr/bin", name)
 }
@@ -169,7 +182,7 @@ func run(ctx context.Context, o options) error {
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return err
 	}
-	log.Info("Starting agent", "node", o.nodeName, "mpsRoot", o.mpsRoot, "mpsControl", o.mpsControl, "nvidiaSMI", o.nvidiaSMI)
+	log.Info("Starting agent", "node", o.nodeName, "mpsRoot", o.mpsRoot, "stateDir", o.stateDir, "mpsControl", o.mpsControl, "nvidiaSMI", o.nvidiaSMI)
 	return mgr.Start(ctx)
 }
 

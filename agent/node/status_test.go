@@ -1,0 +1,111 @@
+package node
+
+import (
+	"errors"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpusharing/gpusharing/agent/gpu"
+	"github.com/gpusharing/gpusharing/agent/mps"
+	"github.com/gpusharing/gpusharing/agent/outcome"
+	"github.com/gpusharing/gpusharing/agent/runner"
+	"github.com/gpusharing/gpusharing/api/v1alpha1"
+)
+
+type gpuOpt func(*v1alpha1.GPUStatus)
+
+func gpuAt(index int32, opts ...gpuOpt) v1alpha1.GPUStatus {
+	g := v1alpha1.GPUStatus{Index: index, Applied: &v1alpha1.AppliedSharing{Strategy: v1alpha1.StrategyExclusive}}
+	for _, o := range opts {
+		o(&g)
+	}
+	return g
+}
+
+func withMIG(profiles ...string) gpuOpt {
+	return func(g *v1alpha1.GPUStatus) {
+		g.Applied.Strategy = v1alpha1.StrategyMIG
+		for _, p := range profiles {
+			g.Applied.MIGInstances = append(g.Applied.MIGInstances, v1alpha1.MIGInstanceStatus{Profile: p})
+		}
+	}
+}
+
+func withMPS(replicas int32) gpuOpt {
+	return func(g *v1alpha1.GPUStatus) {
+		g.Applied.Strategy = v1alpha1.StrategyMPS
+		g.Applied.MPS = &v1alpha1.MPSStatus{Replicas: replicas}
+	}
+}
+
+func notApplied(reason string) gpuOpt {
+	return func(g *v1alpha1.GPUStatus) {
+		g.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionApplied, Status: metav1.ConditionFalse, Reason: reason}}
+	}
+}
+
+func TestSummaryFoldsRunsOfEqualGPUs(t *testing.T) {
+	tests := []struct {
+		name string
+		gpus []v1alpha1.GPUStatus
+		want string
+	}{
+		{"the issue's example", []v1alpha1.GPUStatus{
+			gpuAt(0, withMIG("3g.40gb", "1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb")), gpuAt(1, withMPS(4)),
+			gpuAt(2), gpuAt(3), gpuAt(4), gpuAt(5), gpuAt(6), gpuAt(7),
+		}, "0:MIG(3g.40gb,1g.10gb×4) 1:MPS×4 2-7:Exclusive"},
+		{"unordered input is sorted by index", []v1alpha1.GPUStatus{gpuAt(1), gpuAt(0)}, "0-1:Exclusive"},
+		{"a GPU not as desired breaks a run and says why", []v1alpha1.GPUStatus{gpuAt(0), gpuAt(1, notApplied("GPUBusy")), gpuAt(2)},
+			"0:Exclusive 1:Exclusive!GPUBusy 2:Exclusive"},
+		{"a gap in indices breaks a run", []v1alpha1.GPUStatus{gpuAt(0), gpuAt(2)}, "0:Exclusive 2:Exclusive"},
+		{"no GPUs", nil, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := Summary(tt.gpus); got != tt.want {
+				t.Errorf("Summary = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestMPSSettingsDefaultThreadsToAnEqualShare(t *testing.T) {
+	pct := int32(30)
+	limit := resource.MustParse("18Gi")
+	tests := []struct {
+		name string
+		in   v1alpha1.MPSSharing
+		want mps.Settings
+	}{
+		{"explicit", v1alpha1.MPSSharing{Replicas: 4, ActiveThreadPercentage: &pct, PinnedMemoryLimit: &limit}, mps.Settings{ActiveThreadPercentage: 30, PinnedMemoryLimitMiB: 18432}},
+		{"omitted percentage is 100/replicas", v1alpha1.MPSSharing{Replicas: 3}, mps.Settings{ActiveThreadPercentage: 33}},
+		{"48 replicas still get 2%", v1alpha1.MPSSharing{Replicas: 48}, mps.Settings{ActiveThreadPercentage: 2}},
+	}
+	for _, tt := range tests {
+		if got := MPSSettings(tt.in); got != tt.want {
+			t.Errorf("%s: MPSSettings = %+v, want %+v", tt.name, got, tt.want)
+		}
+	}
+}
+
+func TestReasonForNamesTheCauseOfAFailedPass(t *testing.T) {
+	tests := []struct {
+		name   string
+		err    error
+		reason string
+	}{
+		{"an outcome keeps its reason", outcome.Newf(v1alpha1.ReasonLayoutDoesNotFit, "x"), v1alpha1.ReasonLayoutDoesNotFit},
+		{"a wrapped outcome too", errors.Join(errors.New("ctx"), outcome.Newf(v1alpha1.ReasonGPUBusy, "x")), v1alpha1.ReasonGPUBusy},
+		{"an NVML failure", &gpu.NVMLError{Op: "GetMigMode", Return: 999}, v1alpha1.ReasonNVMLError},
+		{"no NVML", gpu.ErrUnavailable, v1alpha1.ReasonNVMLError},
+		{"a failed command", &runner.ExitError{Cmd: runner.Cmd{Path: "nvidia-smi"}, Result: runner.Result{ExitCode: 3}}, v1alpha1.ReasonCommandFailed},
+		{"a timed-out command", runner.ErrTimeout, v1alpha1.ReasonCommandFailed},
+	}
+	for _, tt := range tests {
+		if got, _ := reasonFor(tt.err); got != tt.reason {
+			t.Errorf("%s: reason = %s, want %s", tt.name, got, tt.reason)
+		}
+	}
+}

@@ -204,10 +204,12 @@ func (e *env) state(pid int) (ClientState, bool) {
 
 type interval struct {
 	pid        int
-	start, end int64 // CLOCK_MONOTONIC ns
+	name       string // the entry point that queued it
+	start, end int64  // CLOCK_MONOTONIC ns
 }
 
 type trace struct {
+	lastCall   map[int]int64 // per pid, the time of its last work call (Q record)
 	work       []interval
 	syncInCapt int // cuCtxSynchronize called while a stream captured
 }
@@ -217,13 +219,13 @@ func (e *env) readTrace() trace {
 	f, err := os.Open(e.trace)
 	if err != nil {
 		if os.IsNotExist(err) {
-			return trace{}
+			return trace{lastCall: map[int]int64{}}
 		}
 		e.t.Fatal(err)
 	}
 	defer f.Close()
-	var tr trace
-	open := map[int]int64{}
+	tr := trace{lastCall: map[int]int64{}}
+	open := map[int]interval{}
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
@@ -233,11 +235,14 @@ func (e *env) readTrace() trace {
 		pid, _ := strconv.Atoi(fields[1])
 		ts, _ := strconv.ParseInt(fields[2], 10, 64)
 		switch fields[0] {
+		case "Q":
+			tr.lastCall[pid] = max(tr.lastCall[pid], ts)
 		case "B":
-			open[pid] = ts
+			open[pid] = interval{pid: pid, name: strings.Join(fields[3:], " "), start: ts}
 		case "E":
-			if st, ok := open[pid]; ok {
-				tr.work = append(tr.work, interval{pid: pid, start: st, end: ts})
+			if w, ok := open[pid]; ok {
+				w.end = ts
+				tr.work = append(tr.work, w)
 				delete(open, pid)
 			}
 		case "X":
@@ -264,10 +269,11 @@ func (tr trace) overlaps() string {
 	return ""
 }
 
+// count is the number of launches (cuLaunch*, cuGraphLaunch*) pid ran.
 func (tr trace) count(pid int) int {
 	n := 0
 	for _, w := range tr.work {
-		if w.pid == pid {
+		if w.pid == pid && (strings.HasPrefix(w.name, "cuLaunch") || strings.HasPrefix(w.name, "cuGraphLaunch")) {
 			n++
 		}
 	}

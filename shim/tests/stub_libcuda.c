@@ -3,6 +3,7 @@
  * in hooks.def plus what the shim and test clients call, and models the one
  * property the lock is about: GPU work is asynchronous. Each work call queues
  * an item that a worker thread "executes" by busy-waiting, writing
+ *     Q <pid> <monotonic ns> <entry point>   (every work call, when it is made)
  *     B <pid> <monotonic ns> <entry point>
  *     E <pid> <monotonic ns>
  * to the file named by GPUSHARE_STUB_TRACE (O_APPEND, one write per line), so
@@ -98,6 +99,7 @@ static void init(void)
 static CUresult submit(const char *name)
 {
     pthread_once(&once, init);
+    trace('Q', name); /* the call itself, when the application made it */
     long us = strncmp(name, "cuLaunch", 8) == 0 || strncmp(name, "cuGraphLaunch", 13) == 0 ? launch_us : copy_us;
     if (us <= 0)
         return CUDA_SUCCESS;

@@ -86,7 +86,10 @@ type Config struct {
 
 // Manager owns the MPS daemons of one node.
 type Manager struct {
-	cfg     Config
+	cfg Config
+	// ops serializes what starts and stops daemons (Ensure, Stop, Check), so the watcher and a reconcile
+	// pass never both restart the same daemon; mu guards the fields and is never held across a command.
+	ops     sync.Mutex
 	mu      sync.Mutex
 	daemons map[string]*daemon
 }
@@ -176,6 +179,8 @@ func (m *Manager) Satisfied(uuid string, s Settings) (bool, error) {
 // running, starts one when there is none, and restarts one whose settings differ (refusing with GPUBusy
 // while clients are connected). A daemon waiting out its restart backoff is reported, not forced.
 func (m *Manager) Ensure(ctx context.Context, uuid string, s Settings) (Status, error) {
+	m.ops.Lock()
+	defer m.ops.Unlock()
 	if ok, err := m.Satisfied(uuid, s); err != nil {
 		return Status{}, err
 	} else if ok {
@@ -213,6 +218,14 @@ func (m *Manager) Ensure(ctx context.Context, uuid string, s Settings) (Status, 
 	m.mu.Lock()
 	state, pid, settings := d.state, d.pid, d.settings
 	m.mu.Unlock()
+	if alive, _ := m.alive(pid); state == StateRunning && !alive {
+		// The pass noticed the death before the watcher did: restart now and count it.
+		m.mu.Lock()
+		d.restarts++
+		m.mu.Unlock()
+		log.Info("MPS daemon died; restarting", "pid", pid)
+		return m.start(ctx, d, s)
+	}
 	if state == StateRestarting || state == StateFailed {
 		st, _ := m.Status(uuid)
 		return st, outcome.Newf(v1alpha1.ReasonMPSDaemonFailed, "MPS daemon for %s is down (%d restarts, last error: %s); next start in backoff", uuid, st.Restarts, st.LastError)
@@ -337,6 +350,8 @@ func (m *Manager) Running(uuid string) bool {
 // Stop quits the GPU's daemon (one this manager started or one a previous agent left), refusing with
 // GPUBusy while clients are connected. A GPU without a daemon costs no command.
 func (m *Manager) Stop(ctx context.Context, uuid string) error {
+	m.ops.Lock()
+	defer m.ops.Unlock()
 	pid, ok := m.runningPID(uuid)
 	if !ok {
 		m.mu.Lock()

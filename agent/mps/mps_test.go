@@ -241,3 +241,27 @@ func waitDead(t *testing.T, pid int) {
 	}
 	t.Fatalf("process %d still alive", pid)
 }
+
+func TestAPassThatFindsTheDaemonDeadRestartsItAtOnce(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	st, err := f.m.Ensure(ctx, gpuUUID, settings)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.fake.Calls(t)
+	if err := syscall.Kill(st.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitDead(t, st.PID)
+	st2, err := f.m.Ensure(ctx, gpuUUID, settings)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st2.PID == st.PID || st2.Restarts != 1 || st2.State != StateRunning {
+		t.Errorf("status = %+v, want a new Running daemon with 1 restart", st2)
+	}
+	if got, want := f.fake.Calls(t), f.startCalls(settingsCalls); !reflect.DeepEqual(got, want) {
+		t.Errorf("commands = %q, want %q", got, want)
+	}
+}

@@ -27,6 +27,8 @@ func (m *Manager) Run(ctx context.Context) error {
 // Check is one watch pass: a dead daemon is marked Restarting and restarted once its backoff has
 // passed (1s, 2s, 4s ... up to BackoffMax); the client counts of live daemons are refreshed.
 func (m *Manager) Check(ctx context.Context) {
+	m.ops.Lock()
+	defer m.ops.Unlock()
 	log := logr.FromContextOrDiscard(ctx)
 	m.mu.Lock()
 	daemons := make([]*daemon, 0, len(m.daemons))

@@ -175,6 +175,7 @@ func (r *Reconciler) setNodeStatus(_ context.Context, sc *scope) {
 	if sc.transientErr == nil && sc.invErr == nil {
 		st.ObservedGeneration = sc.node.Generation
 	}
+	recordMetrics(*st)
 }
 
 // setReady: False NVMLUnavailable without NVML, False NVMLError when the read failed, True NoGPUs on a

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -180,6 +182,12 @@ func TestAgentAppliesPerGPUSharingAndASecondPassChangesNothing(t *testing.T) {
 		mpsSt.ActiveThreadPercentage != 25 || mpsSt.PinnedMemoryLimit.String() != "8Gi" {
 		t.Errorf("GPU 1 applied = %+v, mps %+v", g1.Applied, mpsSt)
 	}
+	if got := gaugeValue(t, appliedGPUsMetric); got != 2 {
+		t.Errorf("gpusharing_agent_applied_gpus = %v, want 2", got)
+	}
+	if got := gaugeValue(t, gpuAppliedMetric.WithLabelValues(a.server.GPUs[1].UUID)); got != 1 {
+		t.Errorf("gpusharing_agent_gpu_applied for GPU 1 = %v, want 1", got)
+	}
 	a.mpsCtl.Calls(t)
 	a.server.GPUs[0].Calls()
 	rv := n.ResourceVersion
@@ -341,4 +349,13 @@ func TestAgentRunsUnderTheManagerAndCreatesItsGPUNode(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+func gaugeValue(t *testing.T, g prometheus.Gauge) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := g.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetGauge().GetValue()
 }

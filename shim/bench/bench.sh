@@ -14,7 +14,7 @@ HANDOFFS=${BENCH_HANDOFFS:-20000}
 SCHED=${GPUSHARE_SCHEDULER:-$BUILD/gpushare-scheduler}
 echo "reproduce: make -C shim bench BENCH_N=$N BENCH_ROUNDS=${BENCH_ROUNDS:-5} BENCH_HANDOFFS=$HANDOFFS   (from the repository root)"
 [ -x "$SCHED" ] || { echo "bench: $SCHED missing: go build -o shim/build/gpushare-scheduler ./cmd/gpushare-scheduler" >&2; exit 1; }
-make -s -C "$SHIM_DIR" BUILD="$BUILD" testbins >/dev/null
+make -s -C "$SHIM_DIR" SHIM_BUILD="$BUILD" testbins >/dev/null
 
 # The hook's own fast-path cost, on the stub driver: no GPU, no driver noise.
 HP=$(mktemp -d)

@@ -263,7 +263,8 @@ func peerPID(conn net.Conn) int32 {
 func (s *Scheduler) serveConn(conn net.Conn, q *queue) {
 	defer conn.Close()
 	log := q.log
-	_ = conn.SetReadDeadline(s.opts.Clock.Now().Add(s.opts.HelloTimeout))
+	// Socket deadlines are wall-clock by nature, not scheduler time.
+	_ = conn.SetReadDeadline(time.Now().Add(s.opts.HelloTimeout))
 	hello, err := ReadMessage(conn)
 	if err != nil || hello.Type != MsgHello {
 		log.V(1).Info("Dropping shim connection without a valid hello", "err", err, "type", hello.Type)

@@ -1,7 +1,9 @@
 package scheduler
 
 import (
+	"context"
 	"net"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -326,5 +328,34 @@ func TestMalformedPeersAreDroppedWhileOthersAreServed(t *testing.T) {
 	good.hold()
 	if s := e.s.Snapshot(); len(s) != 1 || !s[0].Holding {
 		t.Fatalf("snapshot after the bad peers = %+v", s)
+	}
+}
+
+// A peer that connects and never says hello is dropped after HelloTimeout.
+func TestSilentPeerIsDroppedAfterHelloTimeout(t *testing.T) {
+	dir := t.TempDir()
+	sock := dir + "/s.sock"
+	if len(sock) > 100 {
+		dir, _ = os.MkdirTemp("", "gs")
+		defer os.RemoveAll(dir)
+		sock = dir + "/s.sock"
+	}
+	s, err := New(Options{GPUs: []GPUConfig{{UUID: "GPU-x", SocketPath: sock}}, HelloTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Listen(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	conn, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	start := time.Now()
+	_ = conn.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := conn.Read(make([]byte, 1)); err == nil || time.Since(start) > time.Second {
+		t.Fatalf("silent peer not dropped by the hello timeout (err %v after %v)", err, time.Since(start))
 	}
 }

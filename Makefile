@@ -66,6 +66,10 @@ bench-controller: control-plane ## Controller convergence at scale against the r
 bench-shim: ## Shim launch tax, hand-off and idle release (needs a GPU)
 	$(MAKE) -C shim bench
 
+.PHONY: bench-oversub
+bench-oversub: ## Oversubscription swap rate and paired-job completion times (needs a GPU)
+	$(MAKE) -C shim bench-oversub
+
 $(CONTROLLER_GEN):
 	GOBIN=$(BIN) go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_TOOLS_VERSION)
 

@@ -43,7 +43,8 @@ type MPSLimits struct {
 // Device is one advertised device and everything Allocate needs to hand it out.
 type Device struct {
 	// ID is the device ID the kubelet sees: a GPU or MIG uuid, or <gpu-uuid>::<n> for a replica.
-	ID   string
+	ID string
+	// Kind decides what Allocate injects.
 	Kind Kind
 	// GPUUUID is the physical GPU (the parent, for a MIG instance); Cordon matches on it.
 	GPUUUID string

@@ -1,0 +1,257 @@
+// Package drain empties one GPU before a disruptive change: it finds the pods that hold the GPU's
+// devices through the kubelet's PodResources API, then waits for them to end (WaitForIdle) or evicts them
+// through the Eviction API so PodDisruptionBudgets hold (Evict), until a timeout. Every step goes to a
+// progress callback, so the agent can show it in GPUNode status. Stopping new pods from landing on the GPU
+// is the caller's step before Drain (deviceplugin.Manager.Cordon).
+package drain
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/gpusharing/gpusharing/api/v1alpha1"
+)
+
+var (
+	// ErrDrainTimeout: pods still used the GPU when the timeout passed; Result.Remaining names them.
+	ErrDrainTimeout = errors.New("drain timed out")
+	// ErrPodResourcesUnavailable: the kubelet's PodResources API could not be listed.
+	ErrPodResourcesUnavailable = errors.New("kubelet PodResources API unavailable")
+	// ErrEvictionFailed: the API server refused an eviction for a reason waiting will not fix (not a
+	// PodDisruptionBudget), for example RBAC.
+	ErrEvictionFailed = errors.New("eviction failed")
+	// ErrInvalidRequest: the request names no GPU, an unknown mode, or Evict without an API client.
+	ErrInvalidRequest = errors.New("invalid drain request")
+)
+
+// DefaultPollInterval is how often a drain looks at the kubelet and the API server again.
+const DefaultPollInterval = 2 * time.Second
+
+// PodRef names a pod.
+type PodRef struct {
+	Namespace string
+	Name      string
+}
+
+func (p PodRef) String() string { return p.Namespace + "/" + p.Name }
+
+// Phase is one kind of drain step.
+type Phase string
+
+const (
+	// PhaseListed: the drain looked for the GPU's pods the first time; Pods are the ones found.
+	PhaseListed Phase = "Listed"
+	// PhaseWaiting: pods still use the GPU (reported when the set changes).
+	PhaseWaiting Phase = "Waiting"
+	// PhaseEvicted: the API server accepted the eviction of Pods[0].
+	PhaseEvicted Phase = "Evicted"
+	// PhaseEvictionBlocked: a PodDisruptionBudget refused the eviction of Pods[0] for now (HTTP 429); the
+	// drain retries on every poll. Reported again only when the API server's message changes.
+	PhaseEvictionBlocked Phase = "EvictionBlocked"
+	// PhaseListFailed: the PodResources API could not be listed; the drain retries until the timeout.
+	PhaseListFailed Phase = "ListFailed"
+	// PhaseIdle: no pod uses the GPU any more; the drain succeeded.
+	PhaseIdle Phase = "Idle"
+	// PhaseTimedOut: the timeout passed; Pods still use the GPU.
+	PhaseTimedOut Phase = "TimedOut"
+	// PhaseFailed: the drain stopped on an error waiting cannot fix.
+	PhaseFailed Phase = "Failed"
+)
+
+// Step is one thing the drain did or saw.
+type Step struct {
+	Time    time.Time
+	Phase   Phase
+	Pods    []PodRef
+	Message string
+}
+
+// Request names the GPU to empty and how.
+type Request struct {
+	// GPUUUID is the physical GPU; devices <uuid> and <uuid>::<n> belong to it.
+	GPUUUID string
+	// MIGUUIDs are its MIG devices, whose pods count as the GPU's too.
+	MIGUUIDs []string
+	// Mode is WaitForIdle (default when empty) or Evict.
+	Mode v1alpha1.DrainMode
+	// Timeout bounds the drain; 0 means look once and fail if any pod uses the GPU.
+	Timeout time.Duration
+	// Progress receives every step as it happens (optional). It runs on the drain's goroutine.
+	Progress func(Step)
+}
+
+// Result is what the drain did.
+type Result struct {
+	GPUUUID string
+	Mode    v1alpha1.DrainMode
+	Steps   []Step
+	// Found are the pods that used the GPU at the first look.
+	Found []PodRef
+	// Evicted are the pods whose eviction the API server accepted.
+	Evicted []PodRef
+	// Remaining are the pods that still used the GPU at the end; empty on success.
+	Remaining []PodRef
+	Duration  time.Duration
+}
+
+// Drainer drains GPUs of one node.
+type Drainer struct {
+	// PodResources lists the kubelet's pods and their devices (see DialPodResources).
+	PodResources PodResourcesLister
+	// Evictor evicts pods (Evict only; see NewEvictor).
+	Evictor Evictor
+	// Pods reads pods to tell an ended pod (Succeeded, Failed or gone) from a running one, since the
+	// kubelet may list a finished pod's devices for a while. Pass an uncached reader
+	// (manager.GetAPIReader()) so the agent does not cache every pod of the cluster. Without it only the
+	// kubelet's list counts.
+	Pods client.Reader
+	// PollInterval defaults to DefaultPollInterval.
+	PollInterval time.Duration
+	// Now defaults to time.Now.
+	Now func() time.Time
+}
+
+// Drain empties the GPU as req says. It returns nil once no pod uses the GPU; otherwise an error that
+// wraps ErrDrainTimeout, ErrEvictionFailed, ErrInvalidRequest or ctx's error, with the Result filled in
+// either way.
+func (d *Drainer) Drain(ctx context.Context, req Request) (Result, error) {
+	mode := req.Mode
+	if mode == "" {
+		mode = v1alpha1.DrainWaitForIdle
+	}
+	r := &run{d: d, req: req, res: Result{GPUUUID: req.GPUUUID, Mode: mode}, now: d.Now}
+	if r.now == nil {
+		r.now = time.Now
+	}
+	start := r.now()
+	switch {
+	case req.GPUUUID == "":
+		return r.res, fmt.Errorf("%w: no GPU uuid", ErrInvalidRequest)
+	case mode != v1alpha1.DrainWaitForIdle && mode != v1alpha1.DrainEvict:
+		return r.res, fmt.Errorf("%w: unknown mode %q", ErrInvalidRequest, mode)
+	case mode == v1alpha1.DrainEvict && d.Evictor == nil:
+		return r.res, fmt.Errorf("%w: Evict needs an Evictor", ErrInvalidRequest)
+	case d.PodResources == nil:
+		return r.res, fmt.Errorf("%w: no PodResources client", ErrInvalidRequest)
+	}
+	err := r.loop(ctx, mode, start)
+	r.res.Duration = r.now().Sub(start)
+	return r.res, err
+}
+
+// run is one drain's state.
+type run struct {
+	d   *Drainer
+	req Request
+	res Result
+	now func() time.Time
+
+	evicted     map[PodRef]bool
+	blockedMsg  map[PodRef]string
+	lastWaiting string
+	lastListErr error
+}
+
+func (r *run) step(ctx context.Context, phase Phase, pods []PodRef, format string, args ...any) {
+	s := Step{Time: r.now(), Phase: phase, Pods: append([]PodRef(nil), pods...), Message: fmt.Sprintf(format, args...)}
+	r.res.Steps = append(r.res.Steps, s)
+	logr.FromContextOrDiscard(ctx).Info("GPU drain step", "gpu", r.req.GPUUUID, "phase", string(phase), "pods", podList(pods), "message", s.Message)
+	if r.req.Progress != nil {
+		r.req.Progress(s)
+	}
+}
+
+func (r *run) loop(ctx context.Context, mode v1alpha1.DrainMode, start time.Time) error {
+	interval := r.d.PollInterval
+	if interval <= 0 {
+		interval = DefaultPollInterval
+	}
+	deadline := start.Add(r.req.Timeout)
+	r.evicted = map[PodRef]bool{}
+	r.blockedMsg = map[PodRef]string{}
+	first := true
+	var pods []PodRef
+	for {
+		listed, err := r.podsUsingGPU(ctx)
+		switch {
+		case err != nil:
+			if r.lastListErr == nil || r.lastListErr.Error() != err.Error() {
+				r.step(ctx, PhaseListFailed, nil, "%v", err)
+			}
+			r.lastListErr = err
+		default:
+			r.lastListErr = nil
+			pods = listed
+			if first {
+				first = false
+				r.res.Found = pods
+				r.step(ctx, PhaseListed, pods, "%d pods use GPU %s (mode %s)", len(pods), r.req.GPUUUID, mode)
+			}
+			if len(pods) == 0 {
+				r.res.Remaining = nil
+				r.step(ctx, PhaseIdle, nil, "no pod uses GPU %s", r.req.GPUUUID)
+				return nil
+			}
+			if mode == v1alpha1.DrainEvict {
+				if err := r.evictAll(ctx, pods, deadline); err != nil {
+					r.res.Remaining = pods
+					r.step(ctx, PhaseFailed, pods, "%v", err)
+					return err
+				}
+			}
+			if w := podList(pods); w != r.lastWaiting {
+				r.lastWaiting = w
+				r.step(ctx, PhaseWaiting, pods, "waiting for %d pods to end: %s", len(pods), w)
+			}
+		}
+
+		wait := min(interval, deadline.Sub(r.now()))
+		if wait <= 0 {
+			return r.timedOut(ctx, pods)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			r.res.Remaining = pods
+			return fmt.Errorf("drain of GPU %s stopped: %w", r.req.GPUUUID, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+func (r *run) timedOut(ctx context.Context, pods []PodRef) error {
+	r.res.Remaining = pods
+	var blocked []string
+	for _, p := range pods {
+		if m, ok := r.blockedMsg[p]; ok {
+			blocked = append(blocked, fmt.Sprintf("%s (%s)", p, m))
+		}
+	}
+	msg := fmt.Sprintf("%d pods still use GPU %s after %s: %s", len(pods), r.req.GPUUUID, r.req.Timeout, podList(pods))
+	if r.res.Found == nil && r.lastListErr != nil {
+		msg = fmt.Sprintf("could not list the pods of GPU %s within %s", r.req.GPUUUID, r.req.Timeout)
+	}
+	if len(blocked) > 0 {
+		msg += "; eviction refused for now (a PodDisruptionBudget answers 429) for " + strings.Join(blocked, ", ")
+	}
+	r.step(ctx, PhaseTimedOut, pods, "%s", msg)
+	if r.lastListErr != nil {
+		return fmt.Errorf("%w: %s: %w", ErrDrainTimeout, msg, r.lastListErr)
+	}
+	return fmt.Errorf("%w: %s", ErrDrainTimeout, msg)
+}
+
+func podList(pods []PodRef) string {
+	s := make([]string, len(pods))
+	for i, p := range pods {
+		s[i] = p.String()
+	}
+	return strings.Join(s, ", ")
+}

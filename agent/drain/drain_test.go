@@ -1,0 +1,416 @@
+package drain
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/gpusharing/gpusharing/api/v1alpha1"
+	"github.com/gpusharing/gpusharing/test/fakekubelet"
+)
+
+const pollInterval = 50 * time.Millisecond
+
+func testCtx(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// startPodResources serves a fake PodResources API on a short socket path and returns a client for it.
+func startPodResources(t *testing.T) (*fakekubelet.PodResources, PodResourcesLister) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "pr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	srv, err := fakekubelet.StartPodResources(filepath.Join(dir, "kubelet.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Stop)
+	c, closeFn, err := DialPodResources(srv.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = closeFn() })
+	return srv, c
+}
+
+func namespace(t *testing.T, ctx context.Context) string {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "drain-"}}
+	if err := env.Client.Create(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	return ns.Name
+}
+
+// runningPod creates a pod and sets it Running and Ready: envtest has no kubelet, and the Eviction API
+// ignores PodDisruptionBudgets for Pending pods and may evict unready ones.
+func runningPod(t *testing.T, ctx context.Context, ns, name string, labels map[string]string) *corev1.Pod {
+	t.Helper()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "example.com/cuda:1"}}},
+	}
+	if err := env.Client.Create(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	setPhase(t, ctx, pod, corev1.PodRunning)
+	return pod
+}
+
+func setPhase(t *testing.T, ctx context.Context, pod *corev1.Pod, phase corev1.PodPhase) {
+	t.Helper()
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(pod), pod); err != nil {
+		t.Fatal(err)
+	}
+	pod.Status.Phase = phase
+	// Ready, so that the Eviction API treats the pod as healthy and a budget counts it.
+	ready := corev1.ConditionFalse
+	if phase == corev1.PodRunning {
+		ready = corev1.ConditionTrue
+	}
+	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: ready}}
+	if err := env.Client.Status().Update(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// progress collects steps and lets the test wait for one.
+type progress struct {
+	mu    sync.Mutex
+	steps []Step
+	ch    chan Step
+}
+
+func newProgress() *progress { return &progress{ch: make(chan Step, 256)} }
+
+func (p *progress) report(s Step) {
+	p.mu.Lock()
+	p.steps = append(p.steps, s)
+	p.mu.Unlock()
+	p.ch <- s
+}
+
+func (p *progress) waitFor(t *testing.T, ctx context.Context, phase Phase) Step {
+	t.Helper()
+	for {
+		select {
+		case s := <-p.ch:
+			if s.Phase == phase {
+				return s
+			}
+		case <-ctx.Done():
+			t.Fatalf("no %s step: %v", phase, ctx.Err())
+		}
+	}
+}
+
+func phases(steps []Step) []Phase {
+	out := make([]Phase, len(steps))
+	for i, s := range steps {
+		out[i] = s.Phase
+	}
+	return out
+}
+
+func evictor(t *testing.T, cfg *rest.Config) Evictor {
+	t.Helper()
+	e, err := NewEvictor(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+type outcome struct {
+	res Result
+	err error
+}
+
+func drainAsync(ctx context.Context, d *Drainer, req Request) chan outcome {
+	ch := make(chan outcome, 1)
+	go func() {
+		res, err := d.Drain(ctx, req)
+		ch <- outcome{res, err}
+	}()
+	return ch
+}
+
+func TestWaitForIdleCompletesWhenThePodsEnd(t *testing.T) {
+	ctx := testCtx(t)
+	ns := namespace(t, ctx)
+	pr, lister := startPodResources(t)
+	replica := runningPod(t, ctx, ns, "replica", nil)
+	runningPod(t, ctx, ns, "mig", nil)
+	runningPod(t, ctx, ns, "other-gpu", nil)
+	pr.SetPods(
+		fakekubelet.Pod(ns, "replica", "gpusharing.io/gpu-timeslice", "GPU-a::1"),
+		fakekubelet.Pod(ns, "mig", "nvidia.com/mig-1g.10gb", "MIG-a1"),
+		fakekubelet.Pod(ns, "other-gpu", "nvidia.com/gpu", "GPU-b"),
+	)
+	p := newProgress()
+	d := &Drainer{PodResources: lister, Pods: env.Client, Evictor: evictor(t, env.Config), PollInterval: pollInterval}
+	done := drainAsync(ctx, d, Request{GPUUUID: "GPU-a", MIGUUIDs: []string{"MIG-a1"}, Mode: v1alpha1.DrainWaitForIdle, Timeout: 20 * time.Second, Progress: p.report})
+
+	want := []PodRef{{ns, "mig"}, {ns, "replica"}}
+	if s := p.waitFor(t, ctx, PhaseWaiting); !reflect.DeepEqual(s.Pods, want) {
+		t.Errorf("waiting for %v, want %v (the other GPU's pod is not the drain's business)", s.Pods, want)
+	}
+	// One pod finishes (the API server says Succeeded while the kubelet still lists it), the other's
+	// containers go away.
+	setPhase(t, ctx, replica, corev1.PodSucceeded)
+	pr.RemovePod(ns, "mig")
+
+	o := <-done
+	if o.err != nil {
+		t.Fatalf("Drain: %v", o.err)
+	}
+	if !reflect.DeepEqual(o.res.Found, want) || len(o.res.Remaining) != 0 || len(o.res.Evicted) != 0 {
+		t.Errorf("result: found %v remaining %v evicted %v; want found %v, nothing remaining or evicted", o.res.Found, o.res.Remaining, o.res.Evicted, want)
+	}
+	got := phases(o.res.Steps)
+	if got[0] != PhaseListed || got[len(got)-1] != PhaseIdle {
+		t.Errorf("steps %v: want Listed first and Idle last", got)
+	}
+	if len(p.steps) != len(o.res.Steps) {
+		t.Errorf("progress saw %d steps, result has %d", len(p.steps), len(o.res.Steps))
+	}
+	// The drain never evicts in WaitForIdle.
+	var pod corev1.Pod
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "other-gpu"}, &pod); err != nil {
+		t.Errorf("other GPU's pod: %v", err)
+	}
+}
+
+func TestEvictWaitsWhileAPodDisruptionBudgetBlocksAndCompletesWhenItAllows(t *testing.T) {
+	ctx := testCtx(t)
+	ns := namespace(t, ctx)
+	pr, lister := startPodResources(t)
+	labels := map[string]string{"app": "inference"}
+	runningPod(t, ctx, ns, "server", labels)
+	pr.SetPods(fakekubelet.Pod(ns, "server", "gpusharing.io/gpu-mps", "GPU-a::0"))
+	pdb := blockingPDB(t, ctx, ns, labels)
+
+	p := newProgress()
+	d := &Drainer{PodResources: lister, Pods: env.Client, Evictor: evictor(t, env.Config), PollInterval: pollInterval}
+	done := drainAsync(ctx, d, Request{GPUUUID: "GPU-a", Mode: v1alpha1.DrainEvict, Timeout: 20 * time.Second, Progress: p.report})
+
+	blocked := p.waitFor(t, ctx, PhaseEvictionBlocked)
+	if !reflect.DeepEqual(blocked.Pods, []PodRef{{ns, "server"}}) || !strings.Contains(blocked.Message, "disruption budget") {
+		t.Errorf("blocked step: pods %v message %q; want the pod and the budget named", blocked.Pods, blocked.Message)
+	}
+	// Several polls later the pod is still there: the budget holds.
+	time.Sleep(5 * pollInterval)
+	var pod corev1.Pod
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "server"}, &pod); err != nil || pod.DeletionTimestamp != nil {
+		t.Fatalf("pod while the budget blocks: %v, deleting=%v; want it untouched", err, pod.DeletionTimestamp != nil)
+	}
+	setPDBAllowed(t, ctx, pdb, 1)
+
+	o := <-done
+	if o.err != nil {
+		t.Fatalf("Drain: %v", o.err)
+	}
+	if !reflect.DeepEqual(o.res.Evicted, []PodRef{{ns, "server"}}) || len(o.res.Remaining) != 0 {
+		t.Errorf("evicted %v remaining %v; want the pod evicted and nothing remaining", o.res.Evicted, o.res.Remaining)
+	}
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "server"}, &pod); !apierrors.IsNotFound(err) {
+		t.Errorf("pod after eviction: %v, want NotFound", err)
+	}
+	got := phases(o.res.Steps)
+	if idx(got, PhaseEvictionBlocked) > idx(got, PhaseEvicted) || idx(got, PhaseEvicted) < 0 || got[len(got)-1] != PhaseIdle {
+		t.Errorf("steps %v: want EvictionBlocked, then Evicted, then Idle", got)
+	}
+}
+
+func idx(ps []Phase, p Phase) int {
+	for i, x := range ps {
+		if x == p {
+			return i
+		}
+	}
+	return -1
+}
+
+// blockingPDB creates a budget for the labels and writes the status a disruption controller would (no
+// controller runs in envtest): observed, nothing may be disrupted.
+func blockingPDB(t *testing.T, ctx context.Context, ns string, labels map[string]string) *policyv1.PodDisruptionBudget {
+	t.Helper()
+	one := intstr.FromInt32(1)
+	pdb := &policyv1.PodDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "keep-one"},
+		Spec:       policyv1.PodDisruptionBudgetSpec{MinAvailable: &one, Selector: &metav1.LabelSelector{MatchLabels: labels}},
+	}
+	if err := env.Client.Create(ctx, pdb); err != nil {
+		t.Fatal(err)
+	}
+	setPDBAllowed(t, ctx, pdb, 0)
+	return pdb
+}
+
+func setPDBAllowed(t *testing.T, ctx context.Context, pdb *policyv1.PodDisruptionBudget, allowed int32) {
+	t.Helper()
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(pdb), pdb); err != nil {
+		t.Fatal(err)
+	}
+	pdb.Status = policyv1.PodDisruptionBudgetStatus{
+		ObservedGeneration: pdb.Generation,
+		DisruptionsAllowed: allowed,
+		CurrentHealthy:     1 + allowed,
+		DesiredHealthy:     1,
+		ExpectedPods:       1 + allowed,
+	}
+	if err := env.Client.Status().Update(ctx, pdb); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestTimeoutReturnsErrDrainTimeoutNamingTheRemainingPods(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		mode        v1alpha1.DrainMode
+		wantMessage string
+	}{
+		{"WaitForIdle with a pod that never ends", v1alpha1.DrainWaitForIdle, "still use GPU GPU-a"},
+		{"Evict with a budget that never allows", v1alpha1.DrainEvict, "PodDisruptionBudget"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := testCtx(t)
+			ns := namespace(t, ctx)
+			pr, lister := startPodResources(t)
+			labels := map[string]string{"app": "stuck"}
+			runningPod(t, ctx, ns, "stuck", labels)
+			pr.SetPods(fakekubelet.Pod(ns, "stuck", "nvidia.com/gpu", "GPU-a"))
+			blockingPDB(t, ctx, ns, labels)
+			p := newProgress()
+			d := &Drainer{PodResources: lister, Pods: env.Client, Evictor: evictor(t, env.Config), PollInterval: pollInterval}
+			res, err := d.Drain(ctx, Request{GPUUUID: "GPU-a", Mode: tc.mode, Timeout: 400 * time.Millisecond, Progress: p.report})
+			if !errors.Is(err, ErrDrainTimeout) {
+				t.Fatalf("got %v, want ErrDrainTimeout", err)
+			}
+			if !strings.Contains(err.Error(), ns+"/stuck") || !strings.Contains(err.Error(), tc.wantMessage) {
+				t.Errorf("error %q: want it to name %s/stuck and say %q", err, ns, tc.wantMessage)
+			}
+			if !reflect.DeepEqual(res.Remaining, []PodRef{{ns, "stuck"}}) {
+				t.Errorf("remaining %v, want the stuck pod", res.Remaining)
+			}
+			if last := res.Steps[len(res.Steps)-1]; last.Phase != PhaseTimedOut || p.steps[len(p.steps)-1].Phase != PhaseTimedOut {
+				t.Errorf("last step %v, want TimedOut reported to progress too", last)
+			}
+			if res.Duration < 400*time.Millisecond {
+				t.Errorf("gave up after %v, before the 400ms timeout", res.Duration)
+			}
+		})
+	}
+}
+
+func TestEvictionRefusedForAnotherReasonFailsAtOnce(t *testing.T) {
+	ctx := testCtx(t)
+	ns := namespace(t, ctx)
+	pr, lister := startPodResources(t)
+	runningPod(t, ctx, ns, "job", nil)
+	pr.SetPods(fakekubelet.Pod(ns, "job", "nvidia.com/gpu", "GPU-a"))
+	// A user without RBAC for pods/eviction.
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:gpusharing:no-rights"}
+	d := &Drainer{PodResources: lister, Pods: env.Client, Evictor: evictor(t, cfg), PollInterval: pollInterval}
+	res, err := d.Drain(ctx, Request{GPUUUID: "GPU-a", Mode: v1alpha1.DrainEvict, Timeout: 20 * time.Second})
+	if !errors.Is(err, ErrEvictionFailed) || !apierrors.IsForbidden(err) {
+		t.Fatalf("got %v, want ErrEvictionFailed carrying the Forbidden answer", err)
+	}
+	if res.Duration > 10*time.Second || !reflect.DeepEqual(res.Remaining, []PodRef{{ns, "job"}}) {
+		t.Errorf("duration %v remaining %v: want an immediate failure naming the pod", res.Duration, res.Remaining)
+	}
+}
+
+func TestUnreachablePodResourcesTimesOutWithBothErrors(t *testing.T) {
+	ctx := testCtx(t)
+	c, closeFn, err := DialPodResources("/nonexistent/pod-resources/kubelet.sock")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = closeFn() }()
+	d := &Drainer{PodResources: c, PollInterval: pollInterval}
+	res, err := d.Drain(ctx, Request{GPUUUID: "GPU-a", Timeout: 200 * time.Millisecond})
+	if !errors.Is(err, ErrDrainTimeout) || !errors.Is(err, ErrPodResourcesUnavailable) {
+		t.Fatalf("got %v, want ErrDrainTimeout and ErrPodResourcesUnavailable", err)
+	}
+	if idx(phases(res.Steps), PhaseListFailed) < 0 {
+		t.Errorf("steps %v: want the list failure reported", phases(res.Steps))
+	}
+}
+
+func TestInvalidRequestsAreRefused(t *testing.T) {
+	_, lister := startPodResources(t)
+	for _, tc := range []struct {
+		name string
+		d    *Drainer
+		req  Request
+	}{
+		{"no GPU uuid", &Drainer{PodResources: lister}, Request{Timeout: time.Second}},
+		{"unknown mode", &Drainer{PodResources: lister}, Request{GPUUUID: "GPU-a", Mode: "Delete"}},
+		{"Evict without an Evictor", &Drainer{PodResources: lister}, Request{GPUUUID: "GPU-a", Mode: v1alpha1.DrainEvict}},
+		{"no PodResources client", &Drainer{}, Request{GPUUUID: "GPU-a"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := tc.d.Drain(context.Background(), tc.req); !errors.Is(err, ErrInvalidRequest) {
+				t.Errorf("got %v, want ErrInvalidRequest", err)
+			}
+		})
+	}
+}
+
+func TestABudgetNotYetObservedIsReportedBlockedAtOnceAndCancelStopsTheDrain(t *testing.T) {
+	ctx := testCtx(t)
+	ns := namespace(t, ctx)
+	pr, lister := startPodResources(t)
+	labels := map[string]string{"app": "fresh"}
+	runningPod(t, ctx, ns, "server", labels)
+	pr.SetPods(fakekubelet.Pod(ns, "server", "nvidia.com/gpu", "GPU-a"))
+	// No status: the API server answers 429 with Retry-After until a disruption controller observes it,
+	// which client-go would silently retry for up to 100s.
+	one := intstr.FromInt32(1)
+	pdb := &policyv1.PodDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "fresh"},
+		Spec:       policyv1.PodDisruptionBudgetSpec{MinAvailable: &one, Selector: &metav1.LabelSelector{MatchLabels: labels}},
+	}
+	if err := env.Client.Create(ctx, pdb); err != nil {
+		t.Fatal(err)
+	}
+	dctx, cancel := context.WithCancel(ctx)
+	p := newProgress()
+	d := &Drainer{PodResources: lister, Pods: env.Client, Evictor: evictor(t, env.Config), PollInterval: pollInterval}
+	start := time.Now()
+	done := drainAsync(dctx, d, Request{GPUUUID: "GPU-a", Mode: v1alpha1.DrainEvict, Timeout: 20 * time.Second, Progress: p.report})
+	s := p.waitFor(t, ctx, PhaseEvictionBlocked)
+	if took := time.Since(start); took > 3*time.Second {
+		t.Errorf("blocked step after %v; want it at the first attempt, not after client retries", took)
+	}
+	if !strings.Contains(s.Message, "fresh") {
+		t.Errorf("blocked message %q does not name the budget", s.Message)
+	}
+	cancel()
+	o := <-done
+	if !errors.Is(o.err, context.Canceled) || !reflect.DeepEqual(o.res.Remaining, []PodRef{{ns, "server"}}) {
+		t.Errorf("after cancel: %v, remaining %v; want context.Canceled and the pod remaining", o.err, o.res.Remaining)
+	}
+}

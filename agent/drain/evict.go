@@ -1,0 +1,95 @@
+package drain
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+)
+
+// evictTimeout bounds one eviction call.
+const evictTimeout = 10 * time.Second
+
+// Evictor asks the API server to evict a pod through the Eviction API (pods/eviction), which honours
+// PodDisruptionBudgets.
+type Evictor interface {
+	Evict(ctx context.Context, pod PodRef) error
+}
+
+// NewEvictor returns an Evictor over cfg. It turns off client-go's retries: a 429 with Retry-After (what a
+// budget the disruption controller has not yet observed answers) would otherwise hold the call for up to
+// ten retries of ten seconds, hiding the budget from the drain's progress and overrunning its timeout.
+func NewEvictor(cfg *rest.Config) (Evictor, error) {
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("building an eviction client: %w", err)
+	}
+	return &restEvictor{c: cs.PolicyV1().RESTClient()}, nil
+}
+
+type restEvictor struct{ c rest.Interface }
+
+func (e *restEvictor) Evict(ctx context.Context, pod PodRef) error {
+	ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name}}
+	return e.c.Post().AbsPath("/api/v1").Namespace(pod.Namespace).Resource("pods").Name(pod.Name).
+		SubResource("eviction").MaxRetries(0).Body(ev).Do(ctx).Error()
+}
+
+// evictAll asks the API server to evict every pod not yet evicted. A PodDisruptionBudget that does not
+// allow the disruption now answers 429: the pod is reported blocked and tried again on the next poll.
+// Any other refusal ends the drain with ErrEvictionFailed.
+func (r *run) evictAll(ctx context.Context, pods []PodRef, deadline time.Time) error {
+	for _, p := range pods {
+		if r.evicted[p] {
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, max(time.Second, min(evictTimeout, deadline.Sub(r.now()))))
+		err := r.d.Evictor.Evict(cctx, p)
+		callTimedOut := errors.Is(cctx.Err(), context.DeadlineExceeded)
+		cancel()
+		switch {
+		case err == nil:
+			r.evicted[p] = true
+			delete(r.blockedMsg, p)
+			r.res.Evicted = append(r.res.Evicted, p)
+			r.step(ctx, PhaseEvicted, []PodRef{p}, "evicted pod %s from GPU %s", p, r.req.GPUUUID)
+		case apierrors.IsNotFound(err):
+			// Already gone from the API server; the kubelet will drop it.
+			r.evicted[p] = true
+		case apierrors.IsTooManyRequests(err):
+			msg := describe(err)
+			if r.blockedMsg[p] != msg {
+				r.step(ctx, PhaseEvictionBlocked, []PodRef{p}, "eviction of %s blocked, retrying: %s", p, msg)
+			}
+			r.blockedMsg[p] = msg
+		case callTimedOut && ctx.Err() == nil:
+			// This call ran out of time but the drain has not: try again on the next poll.
+			msg := fmt.Sprintf("no answer within the call's timeout: %v", err)
+			if r.blockedMsg[p] != msg {
+				r.step(ctx, PhaseEvictionBlocked, []PodRef{p}, "eviction of %s pending, retrying: %s", p, msg)
+			}
+			r.blockedMsg[p] = msg
+		default:
+			return fmt.Errorf("%w: pod %s on GPU %s: %w", ErrEvictionFailed, p, r.req.GPUUUID, err)
+		}
+	}
+	return nil
+}
+
+// describe is the API error's message with its causes, which name the budget and why it refuses.
+func describe(err error) string {
+	msg := err.Error()
+	var st apierrors.APIStatus
+	if errors.As(err, &st) && st.Status().Details != nil {
+		for _, c := range st.Status().Details.Causes {
+			msg += " " + c.Message
+		}
+	}
+	return msg
+}

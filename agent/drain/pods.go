@@ -1,0 +1,100 @@
+package drain
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/gpusharing/gpusharing/agent/deviceplugin"
+)
+
+// DefaultPodResourcesSocket is where the kubelet serves the PodResources API.
+const DefaultPodResourcesSocket = "/var/lib/kubelet/pod-resources/kubelet.sock"
+
+// listTimeout bounds one List call to the kubelet.
+const listTimeout = 10 * time.Second
+
+// PodResourcesLister is the part of the kubelet's PodResources v1 API the drain uses; the generated
+// client satisfies it.
+type PodResourcesLister interface {
+	List(ctx context.Context, in *podresourcesv1.ListPodResourcesRequest, opts ...grpc.CallOption) (*podresourcesv1.ListPodResourcesResponse, error)
+}
+
+// DialPodResources connects to the kubelet's PodResources socket. The connection is lazy: a kubelet
+// that is down shows as a List error, which the drain retries.
+func DialPodResources(socketPath string) (podresourcesv1.PodResourcesListerClient, func() error, error) {
+	conn, err := grpc.NewClient("unix://"+socketPath, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: dialing %s: %v", ErrPodResourcesUnavailable, socketPath, err)
+	}
+	return podresourcesv1.NewPodResourcesListerClient(conn), conn.Close, nil
+}
+
+// podsUsingGPU lists the pods the kubelet reports holding one of the GPU's devices, less those the API
+// server says have ended.
+func (r *run) podsUsingGPU(ctx context.Context) ([]PodRef, error) {
+	lctx, cancel := context.WithTimeout(ctx, listTimeout)
+	defer cancel()
+	resp, err := r.d.PodResources.List(lctx, &podresourcesv1.ListPodResourcesRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrPodResourcesUnavailable, err)
+	}
+	ids := map[string]bool{r.req.GPUUUID: true}
+	for _, m := range r.req.MIGUUIDs {
+		ids[m] = true
+	}
+	var out []PodRef
+	for _, p := range resp.GetPodResources() {
+		if holdsDevice(p, ids) {
+			ref := PodRef{Namespace: p.GetNamespace(), Name: p.GetName()}
+			ended, err := r.ended(ctx, ref)
+			if err != nil {
+				// Could not check is not "ended": the pod still counts.
+				ended = false
+			}
+			if !ended {
+				out = append(out, ref)
+			}
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
+	return out, nil
+}
+
+// holdsDevice says whether any container of p holds a device of the GPU: the uuid itself, a replica
+// <uuid>::<n>, or a MIG uuid, whatever the resource name.
+func holdsDevice(p *podresourcesv1.PodResources, ids map[string]bool) bool {
+	for _, c := range p.GetContainers() {
+		for _, d := range c.GetDevices() {
+			for _, id := range d.GetDeviceIds() {
+				if ids[deviceplugin.GPUOfDeviceID(id)] {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// ended says whether the API server reports the pod gone or finished.
+func (r *run) ended(ctx context.Context, ref PodRef) (bool, error) {
+	if r.d.Pods == nil {
+		return false, nil
+	}
+	var pod corev1.Pod
+	if err := r.d.Pods.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, &pod); err != nil {
+		if apierrors.IsNotFound(err) {
+			return true, nil
+		}
+		return false, err
+	}
+	return pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed, nil
+}

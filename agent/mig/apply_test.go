@@ -237,3 +237,16 @@ func TestTeardownDestroysInstancesAndDisablesMIG(t *testing.T) {
 		t.Errorf("second teardown: err %v, calls made", err)
 	}
 }
+
+func TestSatisfiedKeepsCouldNotCheckApartFromDiffers(t *testing.T) {
+	s := nvmlmock.NewA100(1)
+	a := &Applier{GPU: gpu.NewNVML(s)}
+	ok, err := a.Satisfied(context.Background(), "GPU-not-on-this-node", wants("7g.40gb x1"))
+	if ok || !errors.Is(err, gpu.ErrNotFound) {
+		t.Errorf("Satisfied for a GPU NVML cannot find = %v, %v; want false and ErrNotFound", ok, err)
+	}
+	ok, err = a.Satisfied(context.Background(), s.GPUs[0].UUID, wants("7g.40gb x1"))
+	if ok || err != nil {
+		t.Errorf("Satisfied for a GPU without the layout = %v, %v; want false, nil", ok, err)
+	}
+}

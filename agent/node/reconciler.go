@@ -76,7 +76,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (ctrl
 		r.emitEvents(before, node)
 	}
 	if sc.transientErr != nil {
-		log.Error(sc.transientErr, "GPUNode pass had errors; retrying")
+		// Status already says what failed; the rate limiter retries with backoff.
+		return ctrl.Result{}, fmt.Errorf("converging GPUNode %s: %w", r.NodeName, sc.transientErr)
 	}
 	return ctrl.Result{RequeueAfter: r.Resync}, nil
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
@@ -358,4 +359,32 @@ func gaugeValue(t *testing.T, g prometheus.Gauge) float64 {
 		t.Fatal(err)
 	}
 	return m.GetGauge().GetValue()
+}
+
+// failingMIGMode is a GPU whose MIG mode cannot be set, as when the driver refuses.
+type failingMIGMode struct{ gpu.Interface }
+
+func (failingMIGMode) SetMIGMode(context.Context, string, bool) error {
+	return &gpu.NVMLError{Op: "SetMigMode(1)", Return: nvml.ERROR_NO_PERMISSION}
+}
+
+func TestATransientFailureIsPublishedAndRetried(t *testing.T) {
+	a := newAgent(t, func(s *nvmlmock.Server) gpu.Interface { return failingMIGMode{gpu.NewNVML(s)} })
+	a.pass(t)
+	a.setSpec(t, v1alpha1.GPUDesired{UUID: a.server.GPUs[0].UUID, Sharing: migSharing("7g.40gb x1")})
+	_, err := a.r.Reconcile(context.Background(), ctrl.Request{NamespacedName: types.NamespacedName{Name: a.r.NodeName}})
+	if !gpu.IsNVMLError(err) {
+		t.Fatalf("Reconcile err = %v, want the NVML error returned for a retry with backoff", err)
+	}
+	n := &v1alpha1.GPUNode{}
+	if err := env.Client.Get(context.Background(), types.NamespacedName{Name: a.r.NodeName}, n); err != nil {
+		t.Fatal(err)
+	}
+	c := meta.FindStatusCondition(n.Status.GPUs[0].Conditions, v1alpha1.ConditionApplied)
+	if c == nil || c.Reason != v1alpha1.ReasonNVMLError || !strings.Contains(c.Message, "SetMigMode(1)") {
+		t.Errorf("GPU Applied = %+v, want NVMLError naming the call", c)
+	}
+	if n.Status.ObservedGeneration == n.Generation {
+		t.Errorf("observedGeneration advanced to %d on a pass that failed", n.Generation)
+	}
 }

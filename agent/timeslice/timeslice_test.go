@@ -3,6 +3,8 @@ package timeslice
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"reflect"
 	"testing"
 
@@ -65,5 +67,23 @@ func TestAFailedCommandRecordsNothing(t *testing.T) {
 	}
 	if _, ok, _ := m.State(gpuUUID); ok {
 		t.Error("a failed nvidia-smi left time-slicing recorded")
+	}
+}
+
+func TestAnUnreadableStateIsAnErrorNotADifference(t *testing.T) {
+	dir := t.TempDir()
+	smi := fakebin.NvidiaSMI(t, dir, false)
+	m := &Manager{SMI: smi.Path, StateDir: dir, Runner: runner.Exec{}}
+	if err := os.WriteFile(filepath.Join(dir, gpuUUID+".json"), []byte("{torn"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := m.Satisfied(gpuUUID, Setting{Interval: v1alpha1.TimeSliceShort, Replicas: 2}); ok || err == nil {
+		t.Errorf("Satisfied on a torn state file = %v, %v; want an error", ok, err)
+	}
+	if err := m.Apply(context.Background(), gpuUUID, Setting{Interval: v1alpha1.TimeSliceShort, Replicas: 2}); err == nil {
+		t.Error("Apply over a torn state file succeeded without knowing what is in force")
+	}
+	if calls := smi.Calls(t); len(calls) != 0 {
+		t.Errorf("nvidia-smi ran although the state could not be read: %q", calls)
 	}
 }

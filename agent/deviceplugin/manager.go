@@ -18,7 +18,9 @@ import (
 //   - a change of health only is pushed through the open ListAndWatch streams;
 //   - a resource left without devices is advertised empty (so its capacity drops at once) and stopped;
 //   - when kubelet.sock is re-created (a kubelet restart) or a plugin's socket vanished, every resource is
-//     served anew and re-registered; a failed registration is retried on every poll.
+//     served anew and re-registered; a failed registration is retried on every poll;
+//   - a registered plugin whose last ListAndWatch stream the kubelet closed registers again (the kubelet
+//     drops such a plugin, and can drop a freshly re-registered one when the old stream ends late).
 //
 // Cordon and Uncordon hide and restore one GPU's devices (its MIG instances included) for a drain.
 type Manager struct {
@@ -150,6 +152,9 @@ func (m *Manager) checkKubelet(ctx context.Context) error {
 			devs, _ := e.p.snapshot()
 			errs = append(errs, m.restartLocked(ctx, res, devs))
 		case !e.registered:
+			errs = append(errs, m.registerLocked(ctx, e))
+		case e.p.takeLost():
+			log.Info("Kubelet closed the device plugin's ListAndWatch stream; registering again", "resource", string(res))
 			errs = append(errs, m.registerLocked(ctx, e))
 		}
 	}

@@ -141,6 +141,9 @@ func TestManagerRegistersServesAndAllocatesEveryMode(t *testing.T) {
 		if reg.Version != pluginapi.Version || reg.Endpoint != socketName(ResourceName(res)) || !reg.GetOptions().GetGetPreferredAllocationAvailable() || reg.GetOptions().GetPreStartRequired() {
 			t.Errorf("%s: registration %+v: want version %s, endpoint %s, preferred allocation on, pre-start off", res, reg, pluginapi.Version, socketName(ResourceName(res)))
 		}
+		if err := k.WaitForDevices(ctx, res, want); err != nil {
+			t.Errorf("kubelet's view: %v", err)
+		}
 		w := watch(t, ctx, dialPlugin(t, k, res))
 		got, err := w.Next(ctx)
 		if err != nil {
@@ -344,18 +347,25 @@ func TestKubeletRestartReRegistersEveryResource(t *testing.T) {
 	if err := m.UpdateFromStatus(ctx, nodeStatus(gpu(0, "GPU-a"), gpu(1, "GPU-b", timeSliced(2)), gpu(2, "GPU-c", mps(2, 0, "", "Running")))); err != nil {
 		t.Fatal(err)
 	}
-	resources := []string{resGPU, resTimeSlice, resMPS}
-	for _, res := range resources {
-		if _, err := k.WaitForRegistrations(ctx, res, 1); err != nil {
+	resources := map[string]map[string]string{
+		resGPU:       allHealthy("GPU-a"),
+		resTimeSlice: allHealthy("GPU-b::0", "GPU-b::1"),
+		resMPS:       allHealthy("GPU-c::0", "GPU-c::1"),
+	}
+	for res, want := range resources {
+		if err := k.WaitForDevices(ctx, res, want); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if err := k.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	for _, res := range resources {
+	for res, want := range resources {
 		if _, err := k.WaitForRegistrations(ctx, res, 2); err != nil {
 			t.Fatalf("after the kubelet restarted: %v", err)
+		}
+		if err := k.WaitForDevices(ctx, res, want); err != nil {
+			t.Errorf("kubelet's view after its restart: %v", err)
 		}
 		// The re-created socket serves.
 		got, err := watch(t, ctx, dialPlugin(t, k, res)).Next(ctx)
@@ -412,6 +422,14 @@ func TestStrategyChangeReRegistersOnlyTheAffectedResources(t *testing.T) {
 	}
 	if h := fakekubelet.Health(got); !reflect.DeepEqual(h, allHealthy("GPU-b::0", "GPU-b::1")) {
 		t.Errorf("re-registered time-slice resource lists %v, want GPU-b's replicas only", h)
+	}
+	// Whichever way the kubelet's handling of the old stream races the new registration, it ends up
+	// connected with the new device sets.
+	if err := k.WaitForDevices(ctx, resTimeSlice, allHealthy("GPU-b::0", "GPU-b::1")); err != nil {
+		t.Error(err)
+	}
+	if err := k.WaitForDevices(ctx, resMPS, allHealthy("GPU-a::0", "GPU-a::1")); err != nil {
+		t.Error(err)
 	}
 	// The old stream ends so the kubelet moves to the new endpoint.
 	for {
@@ -491,6 +509,9 @@ func TestCordonHidesAGPUsDevicesAndUncordonRestoresThem(t *testing.T) {
 	if h := fakekubelet.Health(got); !reflect.DeepEqual(h, allHealthy("GPU-b")) {
 		t.Errorf("with GPU-a cordoned: got %v, want GPU-b only", h)
 	}
+	if err := k.WaitForDevices(ctx, resGPU, allHealthy("GPU-b")); err != nil {
+		t.Errorf("kubelet's view with GPU-a cordoned: %v", err)
+	}
 	if _, err := p.AllocateOne(ctx, "GPU-a"); status.Code(err) != codes.InvalidArgument {
 		t.Errorf("Allocate of a cordoned GPU: got %v, want InvalidArgument", err)
 	}
@@ -525,7 +546,30 @@ func TestCordonHidesAGPUsDevicesAndUncordonRestoresThem(t *testing.T) {
 	if !reflect.DeepEqual(ids, []string{"GPU-a", "GPU-b"}) {
 		t.Errorf("after Uncordon: %v, want GPU-a and GPU-b", ids)
 	}
-	if _, err := k.WaitForRegistrations(ctx, resMIG1g, 2); err != nil {
+	if err := k.WaitForDevices(ctx, resGPU, allHealthy("GPU-a", "GPU-b")); err != nil {
+		t.Errorf("kubelet's view after Uncordon: %v", err)
+	}
+	if err := k.WaitForDevices(ctx, resMIG1g, allHealthy("MIG-a")); err != nil {
 		t.Errorf("MIG instances not re-advertised after Uncordon: %v", err)
+	}
+}
+
+func TestAPluginTheKubeletDropsRegistersAgain(t *testing.T) {
+	ctx := testCtx(t)
+	dir := socketDir(t)
+	k := startKubelet(t, dir)
+	m := runManager(t, testConfig(dir))
+	if err := m.UpdateFromStatus(ctx, nodeStatus(gpu(0, "GPU-a"))); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.WaitForDevices(ctx, resGPU, allHealthy("GPU-a")); err != nil {
+		t.Fatal(err)
+	}
+	k.Disconnect(resGPU)
+	if _, err := k.WaitForRegistrations(ctx, resGPU, 2); err != nil {
+		t.Fatalf("after the kubelet dropped the plugin: %v", err)
+	}
+	if err := k.WaitForDevices(ctx, resGPU, allHealthy("GPU-a")); err != nil {
+		t.Errorf("kubelet's view after registering again: %v", err)
 	}
 }

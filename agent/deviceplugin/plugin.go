@@ -34,6 +34,8 @@ type plugin struct {
 	mu      sync.Mutex
 	devices []Device
 	changed chan struct{} // closed and replaced on every update, waking every ListAndWatch stream
+	streams int           // open ListAndWatch streams
+	lost    bool          // the last open stream ended while the plugin was serving
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -116,6 +118,38 @@ func (p *plugin) snapshot() ([]Device, chan struct{}) {
 	return p.devices, p.changed
 }
 
+func (p *plugin) streamOpened() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.streams++
+	p.lost = false
+}
+
+// streamClosed notes a stream the kubelet ended. The kubelet drops a plugin whose stream ends and, when a
+// resource re-registers, may drop the new client as the old stream ends (its runClient disconnects
+// whatever client is current by then); either way the plugin has to register again to be used.
+func (p *plugin) streamClosed() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.streams--
+	select {
+	case <-p.stop:
+	default:
+		if p.streams == 0 {
+			p.lost = true
+		}
+	}
+}
+
+// takeLost says whether the kubelet let go of the plugin since the last call.
+func (p *plugin) takeLost() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	l := p.lost
+	p.lost = false
+	return l
+}
+
 // socketExists says whether the plugin's socket is still there; a restarting kubelet removes it.
 func (p *plugin) socketExists() bool {
 	_, err := os.Stat(p.socket)
@@ -141,6 +175,8 @@ func (p *plugin) GetDevicePluginOptions(context.Context, *pluginapi.Empty) (*plu
 
 // ListAndWatch sends the device list now and after every change until the plugin stops.
 func (p *plugin) ListAndWatch(_ *pluginapi.Empty, s pluginapi.DevicePlugin_ListAndWatchServer) error {
+	p.streamOpened()
+	defer p.streamClosed()
 	for {
 		devs, changed := p.snapshot()
 		if err := s.Send(&pluginapi.ListAndWatchResponse{Devices: apiDevices(devs)}); err != nil {

@@ -22,20 +22,25 @@ import (
 // SocketName is the kubelet's registration socket in its device plugin directory.
 const SocketName = "kubelet.sock"
 
-// Kubelet serves the device plugin Registration service on <dir>/kubelet.sock.
+// Kubelet serves the device plugin Registration service on <dir>/kubelet.sock. Like the kubelet's device
+// manager, it connects to each registered plugin and keeps a ListAndWatch stream open, so Devices shows the
+// kubelet's view of every resource; when that stream ends it drops whatever client is current for the
+// resource, exactly as the kubelet's runClient does (see client.go).
 type Kubelet struct {
 	dir string
 
 	mu       sync.Mutex
 	requests []*pluginapi.RegisterRequest
-	changed  chan struct{}
+	changed  chan struct{} // closed and replaced on every registration and device update
 	server   *grpc.Server
 	served   chan struct{}
+	clients  map[string]*client
+	devices  map[string][]*pluginapi.Device
 }
 
 // Start serves the Registration service in dir. Keep dir short: a Unix socket path may not exceed 107 bytes.
 func Start(dir string) (*Kubelet, error) {
-	k := &Kubelet{dir: dir, changed: make(chan struct{})}
+	k := &Kubelet{dir: dir, changed: make(chan struct{}), clients: map[string]*client{}, devices: map[string][]*pluginapi.Device{}}
 	if err := k.serve(); err != nil {
 		return nil, err
 	}
@@ -67,12 +72,18 @@ func (k *Kubelet) serve() error {
 	return nil
 }
 
-// Stop ends the Registration server and removes kubelet.sock.
+// Stop ends the Registration server, closes every plugin connection and removes kubelet.sock.
 func (k *Kubelet) Stop() {
 	k.mu.Lock()
 	srv, served := k.server, k.served
 	k.server = nil
+	clients := k.clients
+	k.clients = map[string]*client{}
+	k.devices = map[string][]*pluginapi.Device{}
 	k.mu.Unlock()
+	for _, c := range clients {
+		c.close()
+	}
 	if srv == nil {
 		return
 	}
@@ -145,18 +156,17 @@ func (r *registration) Register(ctx context.Context, req *pluginapi.RegisterRequ
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	p, err := dial(filepath.Join(r.k.dir, req.Endpoint))
-	if err != nil {
-		return nil, err
-	}
-	defer p.Close()
-	if _, err := p.GetDevicePluginOptions(ctx, &pluginapi.Empty{}); err != nil {
-		return nil, fmt.Errorf("endpoint %s of %s does not answer: %w", req.Endpoint, req.ResourceName, err)
+	if err := r.k.connect(ctx, req.ResourceName, filepath.Join(r.k.dir, req.Endpoint)); err != nil {
+		return nil, fmt.Errorf("endpoint %s of %s: %w", req.Endpoint, req.ResourceName, err)
 	}
 	r.k.mu.Lock()
 	r.k.requests = append(r.k.requests, proto.Clone(req).(*pluginapi.RegisterRequest))
-	close(r.k.changed)
-	r.k.changed = make(chan struct{})
+	r.k.notifyLocked()
 	r.k.mu.Unlock()
 	return &pluginapi.Empty{}, nil
+}
+
+func (k *Kubelet) notifyLocked() {
+	close(k.changed)
+	k.changed = make(chan struct{})
 }

@@ -5,10 +5,13 @@
 package deviceplugin
 
 import (
+	"errors"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/validation"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
@@ -139,4 +142,49 @@ func (c Config) SchedulerSocketPath(gpuUUID string) string {
 // resource name, so it becomes '.': nvidia.com/mig-1g.10gb.me.
 func (c Config) MIGResource(profile string) ResourceName {
 	return ResourceName(c.Resources.MIGPrefix + strings.ReplaceAll(profile, "+", "."))
+}
+
+// ErrInvalidConfig wraps every error Validate returns.
+var ErrInvalidConfig = errors.New("invalid device plugin configuration")
+
+// Validate checks that every resource name is a valid extended resource name (domain/name, outside the
+// kubernetes.io domains), that MIG names built from the prefix are valid, and that no two kinds share a
+// name: a resource serves one kind, whose Allocate answer differs from the others'.
+func (c Config) Validate() error {
+	c = c.WithDefaults()
+	r := c.Resources
+	seen := map[ResourceName]string{}
+	for _, n := range []struct {
+		kind string
+		name ResourceName
+	}{{"exclusive", r.Exclusive}, {"time-slicing", r.TimeSlicing}, {"MPS", r.MPS}, {"shared", r.Shared}, {"MIG (for profile 1g.10gb+me)", c.MIGResource("1g.10gb+me")}} {
+		if err := validateResourceName(n.name); err != nil {
+			return fmt.Errorf("%w: %s resource %q: %v", ErrInvalidConfig, n.kind, n.name, err)
+		}
+		if other, ok := seen[n.name]; ok {
+			return fmt.Errorf("%w: %s and %s resources are both named %q", ErrInvalidConfig, other, n.kind, n.name)
+		}
+		seen[n.name] = n.kind
+	}
+	for _, n := range []ResourceName{r.Exclusive, r.TimeSlicing, r.MPS, r.Shared} {
+		if strings.HasPrefix(string(n), r.MIGPrefix) {
+			return fmt.Errorf("%w: resource %q starts with the MIG prefix %q and could collide with a MIG profile", ErrInvalidConfig, n, r.MIGPrefix)
+		}
+	}
+	return nil
+}
+
+func validateResourceName(n ResourceName) error {
+	s := string(n)
+	domain, _, ok := strings.Cut(s, "/")
+	if !ok {
+		return errors.New("want domain/name")
+	}
+	if domain == "kubernetes.io" || strings.HasSuffix(domain, ".kubernetes.io") || strings.HasPrefix(s, "requests.") {
+		return errors.New("the kubernetes.io domains and the requests. prefix are reserved")
+	}
+	if errs := validation.IsQualifiedName(s); len(errs) > 0 {
+		return errors.New(strings.Join(errs, "; "))
+	}
+	return nil
 }

@@ -1,6 +1,7 @@
 package deviceplugin
 
 import (
+	"errors"
 	"reflect"
 	"sort"
 	"strings"
@@ -161,5 +162,31 @@ func TestConfigLayoutAgreesWithMounts(t *testing.T) {
 	}
 	if got := DefaultConfig().KubeletSocket(); got != "/var/lib/kubelet/device-plugins/kubelet.sock" {
 		t.Errorf("default kubelet socket = %q", got)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		res   ResourceNames
+		valid bool
+	}{
+		{"the defaults", ResourceNames{}, true},
+		{"custom names", ResourceNames{Exclusive: "example.com/gpu", TimeSlicing: "example.com/gpu-ts", MIGPrefix: "example.com/mig-"}, true},
+		{"two kinds under one name", ResourceNames{TimeSlicing: "gpusharing.io/gpu-mps"}, false},
+		{"a name without a domain", ResourceNames{Shared: "gpu-shared"}, false},
+		{"a reserved domain", ResourceNames{Exclusive: "kubernetes.io/gpu"}, false},
+		{"a name that is not a qualified name", ResourceNames{MPS: "gpusharing.io/gpu mps"}, false},
+		{"a name under the MIG prefix", ResourceNames{Exclusive: "nvidia.com/mig-whole"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := Config{Resources: tc.res}.Validate()
+			if tc.valid && err != nil {
+				t.Errorf("got %v, want valid", err)
+			}
+			if !tc.valid && !errors.Is(err, ErrInvalidConfig) {
+				t.Errorf("got %v, want ErrInvalidConfig", err)
+			}
+		})
 	}
 }

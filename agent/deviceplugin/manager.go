@@ -38,14 +38,18 @@ type entry struct {
 	registered bool
 }
 
-// NewManager returns a Manager with nothing advertised. Zero fields of cfg take their defaults.
-func NewManager(cfg Config) *Manager {
+// NewManager returns a Manager with nothing advertised. Zero fields of cfg take their defaults; an
+// invalid configuration (see Config.Validate) is refused.
+func NewManager(cfg Config) (*Manager, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	return &Manager{
 		cfg:      cfg.WithDefaults(),
 		desired:  map[ResourceName][]Device{},
 		cordoned: map[string]bool{},
 		plugins:  map[ResourceName]*entry{},
-	}
+	}, nil
 }
 
 // Config is the configuration in force, defaults filled in.

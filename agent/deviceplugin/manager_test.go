@@ -63,7 +63,10 @@ func startKubelet(t *testing.T, dir string) *fakekubelet.Kubelet {
 // runManager starts a Manager's kubelet watch for the test's lifetime.
 func runManager(t *testing.T, cfg Config) *Manager {
 	t.Helper()
-	m := NewManager(cfg)
+	m, err := NewManager(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = m.Run(ctx) }()

@@ -208,7 +208,7 @@ func (p *plugin) GetPreferredAllocation(_ context.Context, req *pluginapi.Prefer
 }
 
 // Allocate answers each container request with the env and mounts of its devices' kind.
-func (p *plugin) Allocate(ctx context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
+func (p *plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
 	devs, _ := p.snapshot()
 	byID := make(map[string]Device, len(devs))
 	for _, d := range devs {
@@ -230,7 +230,7 @@ func (p *plugin) Allocate(ctx context.Context, req *pluginapi.AllocateRequest) (
 		}
 		resp.ContainerResponses = append(resp.ContainerResponses, cresp)
 	}
-	logr.FromContextOrDiscard(ctx).V(1).Info("Allocated devices", "resource", string(p.resource), "containers", len(resp.ContainerResponses))
+	p.log.V(1).Info("Allocated devices", "containers", len(resp.ContainerResponses))
 	return resp, nil
 }
 

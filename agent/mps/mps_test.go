@@ -12,7 +12,7 @@ import (
 
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/gpusharing/gpusharing/agent/internal/fakebin"
+	"github.com/gpusharing/gpusharing/test/fakebin"
 	"github.com/gpusharing/gpusharing/agent/outcome"
 	"github.com/gpusharing/gpusharing/agent/runner"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"

@@ -20,6 +20,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -42,6 +43,8 @@ type Reconciler struct {
 	Resync time.Duration
 	// Wake, when set, triggers a pass (the MPS manager's notifications).
 	Wake <-chan event.GenericEvent
+	// SkipNameValidation lets several agents run in one process (the demo's simulated nodes).
+	SkipNameValidation bool
 }
 
 // scope is what one pass learns, filled by the phases and written once at the end.
@@ -271,6 +274,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	onlyMine := predicate.NewPredicateFuncs(func(o client.Object) bool { return o.GetName() == r.NodeName })
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named("gpunode-agent").
+		WithOptions(controller.Options{SkipNameValidation: &r.SkipNameValidation}).
 		For(&v1alpha1.GPUNode{}, builder.WithPredicates(onlyMine, predicate.Or(predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{})))
 	if r.Wake != nil {
 		mine := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {

@@ -25,7 +25,7 @@ import (
 
 	"github.com/gpusharing/gpusharing/agent/gpu"
 	"github.com/gpusharing/gpusharing/agent/gpu/nvmlmock"
-	"github.com/gpusharing/gpusharing/agent/internal/fakebin"
+	"github.com/gpusharing/gpusharing/test/fakebin"
 	"github.com/gpusharing/gpusharing/agent/mig"
 	"github.com/gpusharing/gpusharing/agent/mps"
 	"github.com/gpusharing/gpusharing/agent/runner"

@@ -8,7 +8,7 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/gpusharing/gpusharing/agent/internal/fakebin"
+	"github.com/gpusharing/gpusharing/test/fakebin"
 	"github.com/gpusharing/gpusharing/agent/runner"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )

@@ -13,23 +13,15 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"k8s.io/apimachinery/pkg/fields"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/klog/v2/textlogger"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/gpusharing/gpusharing/agent/app"
 	"github.com/gpusharing/gpusharing/agent/gpu"
-	"github.com/gpusharing/gpusharing/agent/mig"
-	"github.com/gpusharing/gpusharing/agent/mps"
-	"github.com/gpusharing/gpusharing/agent/node"
-	"github.com/gpusharing/gpusharing/agent/runner"
-	"github.com/gpusharing/gpusharing/agent/timeslice"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -143,41 +135,23 @@ func run(ctx context.Context, o options) error {
 		Scheme:                 scheme(),
 		Metrics:                metricsserver.Options{BindAddress: o.metricsAddr},
 		HealthProbeBindAddress: o.probeAddr,
-		// Cache only this node's GPUNode: thousands of agents must not each watch every node.
-		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
-			&v1alpha1.GPUNode{}: {Field: fields.OneTermEqualSelector("metadata.name", o.nodeName)},
-		}},
+		Cache:                  app.CacheOptions(o.nodeName),
 	})
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)
 	}
-	wake := make(chan event.GenericEvent, 1)
-	notify := func(string) {
-		select {
-		case wake <- event.GenericEvent{Object: &v1alpha1.GPUNode{}}:
-		default: // a pass is already queued
-		}
-	}
-	mpsMgr := mps.New(mps.Config{Control: o.mpsControl, Root: o.mpsRoot, Runner: runner.Exec{}, Notify: notify})
-	if err := mgr.Add(ctrlRunnable(mpsMgr.Run)); err != nil {
+	err = app.Setup(mgr, app.Options{
+		NodeName:            o.nodeName,
+		GPU:                 gpus,
+		MPSRoot:             o.mpsRoot,
+		StateDir:            o.stateDir,
+		MPSControl:          o.mpsControl,
+		NvidiaSMI:           o.nvidiaSMI,
+		Resync:              o.resync,
+		MPSExclusiveProcess: o.mpsExclusiveProcess,
+	})
+	if err != nil {
 		return err
-	}
-	r := &node.Reconciler{
-		Client:   mgr.GetClient(),
-		NodeName: o.nodeName,
-		Recorder: mgr.GetEventRecorder("gpusharing-agent"),
-		Resync:   o.resync,
-		Wake:     wake,
-		Strategies: node.Strategies{
-			GPU:                 gpus,
-			MIG:                 &mig.Applier{GPU: gpus},
-			MPS:                 mpsMgr,
-			TimeSlice:           &timeslice.Manager{SMI: o.nvidiaSMI, StateDir: filepath.Join(o.stateDir, "timeslice"), Runner: runner.Exec{}},
-			MPSExclusiveProcess: o.mpsExclusiveProcess,
-		},
-	}
-	if err := r.SetupWithManager(mgr); err != nil {
-		return fmt.Errorf("setting up the GPUNode reconciler: %w", err)
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return err
@@ -185,11 +159,6 @@ func run(ctx context.Context, o options) error {
 	log.Info("Starting agent", "node", o.nodeName, "mpsRoot", o.mpsRoot, "stateDir", o.stateDir, "mpsControl", o.mpsControl, "nvidiaSMI", o.nvidiaSMI)
 	return mgr.Start(ctx)
 }
-
-// ctrlRunnable adapts a func to a controller-runtime Runnable.
-type ctrlRunnable func(context.Context) error
-
-func (f ctrlRunnable) Start(ctx context.Context) error { return f(ctx) }
 
 func scheme() *k8sruntime.Scheme {
 	s := k8sruntime.NewScheme()

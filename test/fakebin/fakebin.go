@@ -1,5 +1,5 @@
 // Package fakebin writes fake host executables (nvidia-smi, nvidia-cuda-mps-control) as small shell
-// scripts for tests. Every fake appends one line per call to a log, so a test can assert the exact
+// scripts, for the agent's tests and the demo's simulated GPU nodes. Every fake appends one line per call to a log, so a test can assert the exact
 // command sequence the agent ran, its stdin and the environment it passed, and that a pass with nothing
 // to do ran nothing at all.
 package fakebin
@@ -19,11 +19,20 @@ type Fake struct {
 	log  string
 }
 
-// Write creates an executable named name in dir. Each call logs "name args [<<< stdin] [VAR=value...]"
-// (the listed env vars, when set) and then runs body, a POSIX sh fragment that sees the arguments as
-// "$@" and the input in $stdin.
+// Write creates an executable named name in dir, failing the test if it cannot; see New.
 func Write(t testing.TB, dir, name, body string, env ...string) *Fake {
 	t.Helper()
+	f, err := New(dir, name, body, env...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// New creates an executable named name in dir. Each call logs "name args [<<< stdin] [VAR=value...]"
+// (the listed env vars, when set) and then runs body, a POSIX sh fragment that sees the arguments as
+// "$@" and the input in $stdin.
+func New(dir, name, body string, env ...string) (*Fake, error) {
 	log := filepath.Join(dir, name+".log")
 	var envParts []string
 	for _, e := range env {
@@ -40,9 +49,9 @@ printf '%%s\n' "$line" >> '%s'
 `, name, strings.Join(envParts, ""), log, body)
 	path := filepath.Join(dir, name)
 	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
-	return &Fake{Path: path, log: log}
+	return &Fake{Path: path, log: log}, nil
 }
 
 // Calls returns the logged calls and clears the log.
@@ -67,12 +76,23 @@ func (f *Fake) Calls(t testing.TB) []string {
 // get_client_list print the files "servers" and "clients.<pid>" a test writes into the pipe directory.
 func MPSControl(t testing.TB, dir string) *Fake {
 	t.Helper()
-	f := Write(t, dir, "nvidia-cuda-mps-control", `
+	f, err := NewMPSControl(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { KillDaemons(dir) })
+	return f
+}
+
+// NewMPSControl writes the fake nvidia-cuda-mps-control described at MPSControl. Its stand-in daemons
+// outlive the caller: end them with KillDaemons.
+func NewMPSControl(dir string) (*Fake, error) {
+	return New(dir, "nvidia-cuda-mps-control", `
 pipe="${CUDA_MPS_PIPE_DIRECTORY:?}"
 pidfile="$pipe/nvidia-cuda-mps-control.pid"
 if [ "$1" = "-d" ]; then
 	[ -d "$pipe" ] || { echo "no pipe directory $pipe" >&2; exit 1; }
-	sleep 300 </dev/null >/dev/null 2>&1 &
+	sleep 86400 </dev/null >/dev/null 2>&1 &
 	echo $! > "$pidfile"
 	exit 0
 fi
@@ -90,12 +110,10 @@ set_default_active_thread_percentage|set_default_device_pinned_mem_limit) ;;
 esac
 exit 0
 `, "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY", "CUDA_VISIBLE_DEVICES")
-	t.Cleanup(func() { killDaemons(dir) })
-	return f
 }
 
-// killDaemons ends the stand-in daemons a test left running.
-func killDaemons(root string) {
+// KillDaemons ends the stand-in MPS daemons started under root.
+func KillDaemons(root string) {
 	_ = filepath.Walk(root, func(path string, info os.FileInfo, err error) error {
 		if err == nil && info.Name() == "nvidia-cuda-mps-control.pid" {
 			if data, err := os.ReadFile(path); err == nil {
@@ -115,6 +133,15 @@ func killDaemons(root string) {
 // call, or fails every call with exit code 3 when fail is true.
 func NvidiaSMI(t testing.TB, dir string, fail bool) *Fake {
 	t.Helper()
+	f, err := NewNvidiaSMI(dir, fail)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// NewNvidiaSMI writes the fake nvidia-smi described at NvidiaSMI.
+func NewNvidiaSMI(dir string, fail bool) (*Fake, error) {
 	body := `
 case "$*" in
 "compute-policy -i "*" --set-timeslice="[0-3]) echo "Set timeslice"; exit 0 ;;
@@ -125,5 +152,5 @@ exit 2
 	if fail {
 		body = `echo "Insufficient Permissions" >&2; exit 3`
 	}
-	return Write(t, dir, "nvidia-smi", body)
+	return New(dir, "nvidia-smi", body)
 }

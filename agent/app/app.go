@@ -1,0 +1,102 @@
+// Package app wires the node agent's parts into a controller-runtime manager, so cmd/agent and the
+// simulated nodes of cmd/demo run exactly the same agent.
+package app
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"k8s.io/apimachinery/pkg/fields"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+
+	"github.com/gpusharing/gpusharing/agent/gpu"
+	"github.com/gpusharing/gpusharing/agent/mig"
+	"github.com/gpusharing/gpusharing/agent/mps"
+	"github.com/gpusharing/gpusharing/agent/node"
+	"github.com/gpusharing/gpusharing/agent/runner"
+	"github.com/gpusharing/gpusharing/agent/timeslice"
+	"github.com/gpusharing/gpusharing/api/v1alpha1"
+)
+
+// Options are the agent's settings, parsed once by its main.
+type Options struct {
+	// NodeName is this node's name, which is also its GPUNode's.
+	NodeName string
+	// GPU is the node's GPUs: NVML, a mock, or gpu.Null where NVML is missing.
+	GPU gpu.Interface
+	// MPSRoot holds each MPS GPU's pipe and log directories (<root>/<uuid>/{pipe,log}).
+	MPSRoot string
+	// StateDir holds the agent's runtime state; it must not outlive a reboot.
+	StateDir string
+	// MPSControl and NvidiaSMI are the host tools' paths.
+	MPSControl, NvidiaSMI string
+	// Runner runs the host tools; nil means runner.Exec.
+	Runner runner.Runner
+	// Resync is how often the GPUs are checked when nothing else triggers a pass.
+	Resync time.Duration
+	// MPSExclusiveProcess sets EXCLUSIVE_PROCESS compute mode on MPS GPUs.
+	MPSExclusiveProcess bool
+	// SkipNameValidation lets several agents run in one process (the demo's simulated nodes).
+	SkipNameValidation bool
+}
+
+// CacheOptions make the manager cache only this node's GPUNode: thousands of agents must not each
+// watch every node.
+func CacheOptions(nodeName string) cache.Options {
+	return cache.Options{ByObject: map[client.Object]cache.ByObject{
+		&v1alpha1.GPUNode{}: {Field: fields.OneTermEqualSelector("metadata.name", nodeName)},
+	}}
+}
+
+// Setup adds the MPS daemon watcher and the GPUNode reconciler to mgr.
+func Setup(mgr ctrl.Manager, o Options) error {
+	if o.NodeName == "" {
+		return fmt.Errorf("the node name is required")
+	}
+	run := o.Runner
+	if run == nil {
+		run = runner.Exec{}
+	}
+	// The MPS manager notices daemon deaths and client changes between passes; it wakes the reconciler
+	// through a channel so the status shows them without waiting for the resync.
+	wake := make(chan event.GenericEvent, 1)
+	notify := func(string) {
+		select {
+		case wake <- event.GenericEvent{Object: &v1alpha1.GPUNode{}}:
+		default: // a pass is already queued
+		}
+	}
+	mpsMgr := mps.New(mps.Config{Control: o.MPSControl, Root: o.MPSRoot, Runner: run, Notify: notify})
+	if err := mgr.Add(runnable(mpsMgr.Run)); err != nil {
+		return err
+	}
+	r := &node.Reconciler{
+		Client:             mgr.GetClient(),
+		NodeName:           o.NodeName,
+		Recorder:           mgr.GetEventRecorder("gpusharing-agent"),
+		Resync:             o.Resync,
+		Wake:               wake,
+		SkipNameValidation: o.SkipNameValidation,
+		Strategies: node.Strategies{
+			GPU:                 o.GPU,
+			MIG:                 &mig.Applier{GPU: o.GPU},
+			MPS:                 mpsMgr,
+			TimeSlice:           &timeslice.Manager{SMI: o.NvidiaSMI, StateDir: filepath.Join(o.StateDir, "timeslice"), Runner: run},
+			MPSExclusiveProcess: o.MPSExclusiveProcess,
+		},
+	}
+	if err := r.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the GPUNode reconciler: %w", err)
+	}
+	return nil
+}
+
+// runnable adapts a func to a controller-runtime Runnable.
+type runnable func(context.Context) error
+
+func (f runnable) Start(ctx context.Context) error { return f(ctx) }

@@ -14,6 +14,11 @@ export KUBECTL := $(BIN)/kubectl
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
 
+##@ Run
+.PHONY: demo
+demo: control-plane ## The main job: a local control plane, the controller and simulated GPU nodes (DEMO_ARGS=--once for CI)
+	go run ./cmd/demo $(DEMO_ARGS)
+
 ##@ Generate
 .PHONY: manifests generate
 manifests: $(CONTROLLER_GEN) ## Generate CRDs and RBAC from the API types and markers

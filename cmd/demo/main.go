@@ -1,0 +1,114 @@
+// Command demo is gpusharing's main job on an embedded default: it starts a local kube-apiserver and etcd
+// with the CRDs, runs the controller and simulated GPU nodes (the real agent over go-nvml's mock DGX A100
+// and H100 servers, with fake nvidia-smi and nvidia-cuda-mps-control), applies the sample policies, waits
+// until they converge and prints `kubectl get gpusharing -o wide`. Interactive by default: it stays up
+// and prints a kubeconfig to use; --once exits after the table (for CI).
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/textlogger"
+	ctrl "sigs.k8s.io/controller-runtime"
+)
+
+type options struct {
+	once    bool
+	timeout time.Duration
+	verbose bool
+}
+
+func main() {
+	var o options
+	flag.BoolVar(&o.once, "once", false, "exit after the converged table instead of staying up (non-zero when not converged)")
+	flag.DurationVar(&o.timeout, "timeout", 3*time.Minute, "how long to wait for every sample policy to become Ready")
+	flag.BoolVar(&o.verbose, "v", false, "show the controller's and agents' logs")
+	flag.Parse()
+
+	// The controllers log every pass; the demo's own lines are what a first-time user should read.
+	log := logr.Discard()
+	if o.verbose {
+		log = textlogger.NewLogger(textlogger.NewConfig())
+	}
+	ctrl.SetLogger(log)
+	klog.SetLogger(log)
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, o); err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, o options) error {
+	say("Starting kube-apiserver and etcd (Kubernetes v1.36.3) with the gpusharing CRDs")
+	c, err := startCluster()
+	if err != nil {
+		return err
+	}
+	defer c.stop()
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, 1+len(simNodes))
+	say("Starting the controller")
+	if err := c.runController(ctx, errs); err != nil {
+		return err
+	}
+	for _, n := range simNodes {
+		say("Starting simulated node %s: %d x %s, labels %v", n.name, n.gpus, n.model, n.labels)
+		if err := c.runNode(ctx, n, errs); err != nil {
+			return err
+		}
+	}
+	say("Applying the sample policies from config/samples")
+	names, err := c.applySamplePolicies(ctx)
+	if err != nil {
+		return err
+	}
+
+	waitCtx, waitCancel := context.WithTimeout(ctx, o.timeout)
+	defer waitCancel()
+	started := time.Now()
+	converged, err := c.waitReady(waitCtx, names, errs)
+	fmt.Println()
+	if tableErr := c.printTable(os.Stdout); tableErr != nil {
+		return tableErr
+	}
+	if err != nil {
+		return err
+	}
+	if !converged {
+		if ctx.Err() != nil {
+			return nil // interrupted by the user
+		}
+		return fmt.Errorf("not every policy became Ready within %s; the table above says why", o.timeout)
+	}
+	say("All %d sample policies are Ready after %s", len(names), time.Since(started).Round(100*time.Millisecond))
+	if o.once {
+		return nil
+	}
+
+	fmt.Printf("\nThe cluster stays up. In another terminal:\n  export KUBECONFIG=%s\n  %s get gpusharing -o wide\n  %s edit gsp inference-mps   # change a policy and watch the nodes follow\nCtrl-C stops and removes everything.\n",
+		c.kubeconfig, c.kubectl, c.kubectl)
+	select {
+	case <-ctx.Done():
+	case err := <-errs:
+		return err
+	}
+	say("Stopping")
+	return nil
+}
+
+func say(format string, args ...any) {
+	fmt.Printf("==> "+format+"\n", args...)
+}

@@ -64,6 +64,16 @@ const (
 	ReasonCommandFailed = "CommandFailed"
 	// ReasonNotDesired: no policy lists the GPU, so it is left as found.
 	ReasonNotDesired = "NotDesired"
+
+	// ReasonDraining: a disruptive change waits while the agent empties the GPU: it is cordoned (not
+	// advertised) and its pods are waited for or evicted (GPU Applied=False; the message names the pods).
+	ReasonDraining = "Draining"
+	// ReasonDrainTimedOut: pods still used the GPU when the drain's timeout passed; the GPU was left as it
+	// was and is advertised again (GPU Applied=False; the message names the pods and when the agent retries).
+	ReasonDrainTimedOut = "DrainTimedOut"
+	// ReasonDrainFailed: the drain stopped on an error waiting cannot fix, for example an eviction the API
+	// server refuses for another reason than a PodDisruptionBudget (GPU Applied=False).
+	ReasonDrainFailed = "DrainFailed"
 )
 
 // Reasons on GPUSharingPolicy while it is deleted: its finalizer holds the object until the GPUs it

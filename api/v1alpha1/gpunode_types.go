@@ -128,11 +128,60 @@ type GPUStatus struct {
 	// +optional
 	Processes []int32 `json:"processes,omitempty"`
 
+	// drain is the agent's drain of this GPU before a disruptive change, while one runs or after one
+	// failed; absent otherwise.
+	// +optional
+	Drain *GPUDrainStatus `json:"drain,omitempty"`
+
 	// conditions: Applied, Healthy.
 	// +listType=map
 	// +listMapKey=type
 	// +optional
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// DrainPhase is where the agent's drain of one GPU stands.
+// +kubebuilder:validation:Enum=Draining;TimedOut;Failed
+type DrainPhase string
+
+const (
+	// DrainPhaseDraining: the GPU is cordoned (not advertised) and the agent waits for or evicts its pods.
+	DrainPhaseDraining DrainPhase = "Draining"
+	// DrainPhaseTimedOut: pods still used the GPU at the timeout; the GPU was left as it was and is
+	// advertised again until retryTime or a spec change.
+	DrainPhaseTimedOut DrainPhase = "TimedOut"
+	// DrainPhaseFailed: the drain stopped on an error waiting cannot fix (an eviction refused for another
+	// reason than a PodDisruptionBudget), or the change failed after the drain; retried like TimedOut.
+	DrainPhaseFailed DrainPhase = "Failed"
+)
+
+// GPUDrainStatus is one GPU's drain before a disruptive change (a strategy or MIG layout change).
+type GPUDrainStatus struct {
+	// phase is Draining, TimedOut or Failed.
+	// +required
+	Phase DrainPhase `json:"phase"`
+	// target is the desired sharing the drain makes room for, for example "MIG 1g.10gb x7".
+	// +optional
+	Target string `json:"target,omitempty"`
+	// mode is WaitForIdle or Evict.
+	// +optional
+	Mode DrainMode `json:"mode,omitempty"`
+	// timeout bounds the drain.
+	// +optional
+	Timeout *metav1.Duration `json:"timeout,omitempty"`
+	// startTime is when the GPU was cordoned.
+	// +optional
+	StartTime *metav1.Time `json:"startTime,omitempty"`
+	// pods are the pods (namespace/name) still using the GPU, as the kubelet's PodResources API reports.
+	// +listType=atomic
+	// +optional
+	Pods []string `json:"pods,omitempty"`
+	// message is the latest step, for example an eviction a PodDisruptionBudget refuses.
+	// +optional
+	Message string `json:"message,omitempty"`
+	// retryTime is when the agent drains again after TimedOut or Failed, unless the GPU's spec changes first.
+	// +optional
+	RetryTime *metav1.Time `json:"retryTime,omitempty"`
 }
 
 // MIGModeStatus is the MIG mode now and after the next GPU reset.

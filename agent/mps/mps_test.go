@@ -12,10 +12,10 @@ import (
 
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/gpusharing/gpusharing/test/fakebin"
 	"github.com/gpusharing/gpusharing/agent/outcome"
 	"github.com/gpusharing/gpusharing/agent/runner"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
+	"github.com/gpusharing/gpusharing/test/fakebin"
 )
 
 const gpuUUID = "GPU-0000aaaa-0000-0000-0000-000000000000"

@@ -8,9 +8,9 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/gpusharing/gpusharing/test/fakebin"
 	"github.com/gpusharing/gpusharing/agent/runner"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
+	"github.com/gpusharing/gpusharing/test/fakebin"
 )
 
 const gpuUUID = "GPU-0000bbbb-0000-0000-0000-000000000000"

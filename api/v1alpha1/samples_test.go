@@ -101,7 +101,9 @@ func TestKubectlGetGpusharingListsBothKindsWithTheirColumns(t *testing.T) {
 		t.Fatal(err)
 	}
 	kubectl(t, kubeconfig, "apply", "-f", filepath.Join(env.RepoRoot, "config", "samples")+"/")
-	t.Cleanup(func() { kubectl(t, kubeconfig, "delete", "--wait=false", "-f", filepath.Join(env.RepoRoot, "config", "samples")+"/") })
+	t.Cleanup(func() {
+		kubectl(t, kubeconfig, "delete", "--wait=false", "-f", filepath.Join(env.RepoRoot, "config", "samples")+"/")
+	})
 
 	// Play the agent and the controller for one object each, so the columns have values to show.
 	node := &gpusharingv1alpha1.GPUNode{}

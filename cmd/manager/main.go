@@ -48,7 +48,7 @@ func run() error {
 	flag.StringVar(&leaderElectNS, "leader-election-namespace", "", "Namespace of the leader election Lease (default: the pod's namespace).")
 	flag.Float64Var(&qps, "kube-api-qps", 50, "Sustained requests per second to the API server; one spec write per node per change, so this bounds rollout speed.")
 	flag.IntVar(&burst, "kube-api-burst", 100, "Burst of requests to the API server above kube-api-qps.")
-	flag.IntVar(&resolvers, "resolver-workers", 4, "Nodes resolved at once; admission of disruptive changes is serialized regardless.")
+	flag.IntVar(&resolvers, "resolver-workers", 8, "Nodes resolved at once; admission decisions are serialized, the writes run in parallel.")
 	flag.IntVar(&statusWorkers, "status-workers", 2, "Policies whose status is computed at once.")
 	flag.DurationVar(&debounce, "status-debounce", 250*time.Millisecond, "Node events are folded into one policy status pass per this interval; each pass reads every GPUNode.")
 	flag.DurationVar(&restoreTimeout, "restore-timeout", policy.DefaultRestoreTimeout, "How long a deleted policy waits for agents to confirm its GPUs are back on the default.")

@@ -94,25 +94,25 @@ func (r *Reconciler) plan(_ context.Context, s *scope) error {
 }
 
 // admit decides, per policy with a disruptive change pending here, whether this node may start it. The
-// count of nodes in flight comes from the cache index, so it is rebuilt from the objects after a restart.
-// The decision and the write it leads to form one critical section, and an admitting pass holds it until
-// the cache shows its write: two passes can then never both see a free slot and both take it.
+// count of nodes in flight comes from the cache index, so it is rebuilt from the objects after a restart;
+// a node admitted by a pass whose write the cache does not show yet holds a reservation meanwhile, so
+// decisions are serialized but the writes are not.
 func (r *Reconciler) admit(ctx context.Context, s *scope) error {
 	s.admitted = map[string]bool{}
 	need := resolve.NeedsAdmission(s.wishes)
 	if len(need) == 0 {
 		return nil
 	}
-	r.rollout.admission.Lock()
-	s.release = r.rollout.admission.Unlock
-
 	inFlight := map[string]bool{}
 	for _, p := range resolve.InFlightPolicies(s.gpuNode) {
 		inFlight[p] = true
 	}
+	r.rollout.admission.Lock()
+	defer r.rollout.admission.Unlock()
+	var reserved []string
 	for _, name := range need {
 		c := s.byName[name]
-		others, err := r.countInFlight(ctx, name, s.gpuNode.Name)
+		cached, err := r.inFlightNodes(ctx, name)
 		if err != nil {
 			return err
 		}
@@ -122,26 +122,33 @@ func (r *Reconciler) admit(ctx context.Context, s *scope) error {
 		}
 		limit := resolve.MaxUnavailable(c.Policy.Spec.Rollout, selected)
 		r.rollout.setLimit(name, limit)
-		if resolve.Admit(inFlight[name], others, limit) {
-			s.admitted[name] = true
-			s.startsRollout = s.startsRollout || !inFlight[name]
+		if !resolve.Admit(inFlight[name], r.rollout.othersInFlight(cached, name, s.gpuNode.Name), limit) {
+			continue
 		}
+		s.admitted[name] = true
+		if !inFlight[name] {
+			r.rollout.reserve(name, s.gpuNode.Name)
+			reserved = append(reserved, name)
+		}
+	}
+	if len(reserved) > 0 {
+		s.startsRollout = true
+		node := s.gpuNode.Name
+		s.release = func() { r.rollout.unreserve(node, reserved) }
 	}
 	return nil
 }
 
-func (r *Reconciler) countInFlight(ctx context.Context, policy, self string) (int, error) {
+func (r *Reconciler) inFlightNodes(ctx context.Context, policy string) ([]string, error) {
 	var list v1.GPUNodeList
 	if err := r.Client.List(ctx, &list, client.MatchingFields{index.InFlightPolicy: policy}, unsafeNoCopy); err != nil {
-		return 0, fmt.Errorf("listing GPUNodes in flight for %s: %w", policy, err)
+		return nil, fmt.Errorf("listing GPUNodes in flight for %s: %w", policy, err)
 	}
-	n := 0
+	names := make([]string, len(list.Items))
 	for i := range list.Items {
-		if list.Items[i].Name != self {
-			n++
-		}
+		names[i] = list.Items[i].Name
 	}
-	return n, nil
+	return names, nil
 }
 
 // countSelected counts the Nodes the policy's nodeSelector selects: the base of a percentage maxUnavailable.

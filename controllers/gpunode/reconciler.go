@@ -41,9 +41,11 @@ type scope struct {
 	byName   map[string]resolve.Compiled
 	wishes   []resolve.Wish
 	admitted map[string]bool
-	// startsRollout is set when this pass puts the node in flight for some policy.
+	// startsRollout is set when this pass puts the node in flight for some policy: its write must reach
+	// the cache before the pass ends.
 	startsRollout bool
-	// release ends the admission critical section; it is a no-op when none was entered.
+	// release drops the pass's admission reservations; it runs when the pass ends, after the cache shows
+	// the write or the write failed.
 	release func()
 	spec    []v1.GPUDesired
 	waiting []string

@@ -12,13 +12,16 @@ import (
 	v1 "github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
-// rollout coordinates admission between passes. The admission count itself always comes from the cache
-// index; what is kept here is only a wake-up list (which nodes wait on which policy, and the policy's
-// last computed limit) so that a freed slot re-runs the next waiting nodes instead of every node. A
-// restart loses nothing: the initial list re-runs every node, which rebuilds the list.
+// rollout coordinates admission between passes. The count of nodes in flight always comes from the
+// cache index; kept here are only what bridges the gap between a write and the cache seeing it, and a
+// wake-up list. A restart loses neither: a write either landed (and the fresh cache shows it) or did not,
+// and the initial list re-runs every node, which rebuilds the wake-up list.
 type rollout struct {
-	// admission serializes "count nodes in flight, decide, write, see the write in the cache".
+	// admission serializes the decisions (count, compare, reserve); the writes run in parallel.
 	admission sync.Mutex
+	// reserved holds, per policy, nodes admitted whose write the cache does not show yet. A node leaves
+	// only once the cache shows its write, so it is never in neither set and no slot is handed out twice.
+	reserved map[string]map[string]bool
 
 	mu      sync.Mutex
 	waiting map[string]map[string]bool // policy -> nodes waiting on it
@@ -29,10 +32,48 @@ type rollout struct {
 
 func newRollout() *rollout {
 	return &rollout{
-		waiting: map[string]map[string]bool{},
-		limits:  map[string]int{},
-		nudges:  make(chan event.GenericEvent, 1024),
+		waiting:  map[string]map[string]bool{},
+		reserved: map[string]map[string]bool{},
+		limits:   map[string]int{},
+		nudges:   make(chan event.GenericEvent, 1024),
 	}
+}
+
+// reserve records that node was admitted for policy; call it with admission held.
+func (r *rollout) reserve(policy, node string) {
+	if r.reserved[policy] == nil {
+		r.reserved[policy] = map[string]bool{}
+	}
+	r.reserved[policy][node] = true
+}
+
+// unreserve drops the node's reservations once the cache shows its write (or the write failed).
+func (r *rollout) unreserve(node string, policies []string) {
+	r.admission.Lock()
+	defer r.admission.Unlock()
+	for _, p := range policies {
+		delete(r.reserved[p], node)
+		if len(r.reserved[p]) == 0 {
+			delete(r.reserved, p)
+		}
+	}
+}
+
+// othersInFlight counts the nodes other than self that the cache shows in flight for the policy or that
+// hold a reservation; call it with admission held.
+func (r *rollout) othersInFlight(cached []string, policy, self string) int {
+	n := 0
+	for _, name := range cached {
+		if name != self && !r.reserved[policy][name] {
+			n++
+		}
+	}
+	for name := range r.reserved[policy] {
+		if name != self {
+			n++
+		}
+	}
+	return n
 }
 
 func (r *rollout) setLimit(policy string, limit int) {

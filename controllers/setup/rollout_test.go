@@ -68,12 +68,20 @@ func TestDisruptiveRolloutNeverExceedsMaxUnavailable(t *testing.T) {
 		mu          sync.Mutex
 		maxInFlight int
 		sawWaiting  bool
+		// watching turns false if the API server ends the watch (it does so to readers that fall
+		// behind); the count would then be blind, so the test fails rather than passes.
+		watching = true
 	)
 	latest := map[string]*v1.GPUNode{}
 	scheduled := map[string]int64{}
 	watchDone := make(chan struct{})
 	go func() {
 		defer close(watchDone)
+		defer func() {
+			mu.Lock()
+			watching = false
+			mu.Unlock()
+		}()
 		for ev := range w.ResultChan() {
 			gn, ok := ev.Object.(*v1.GPUNode)
 			if !ok || !strings.HasPrefix(gn.Name, x+"-") {
@@ -105,11 +113,23 @@ func TestDisruptiveRolloutNeverExceedsMaxUnavailable(t *testing.T) {
 		b.WithMaxUnavailable(intstr.FromInt32(1))), nodes...)
 
 	eventually(t, 30*time.Second, "all six nodes converge", func() error {
+		mu.Lock()
+		alive := watching
+		mu.Unlock()
+		if !alive {
+			t.Fatal("the API server ended the watch before the rollout converged")
+		}
 		if !sawWaiting && conditionIs(policy, v1.ConditionProgressing, metav1.ConditionTrue, v1.ReasonWaitingForRollout, "maxUnavailable 1") == nil {
 			sawWaiting = true
 		}
 		return readyWith(policy, n, 2*n)
 	})
+	mu.Lock()
+	stillWatching := watching
+	mu.Unlock()
+	if !stillWatching {
+		t.Fatal("the API server ended the watch before the test finished watching")
+	}
 	cancel()
 	<-watchDone
 	mu.Lock()

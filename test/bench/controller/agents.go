@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/watch"
+	toolscache "k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/gpusharing/gpusharing/api/v1alpha1"
@@ -14,11 +16,12 @@ import (
 	"github.com/gpusharing/gpusharing/test/testenv"
 )
 
-// agents plays every node's agent from one watch on GPUNodes: each spec change is acked at once (status
-// reports it applied) by a pool of workers with their own client. The same watch tells when every spec
-// carries a target policy generation.
+// agents plays every node's agent from one informer on GPUNodes (an informer, not a bare watch: the API
+// server closes a watch whose reader falls behind, and the informer lists and watches again): each spec
+// change is acked at once (status reports it applied) by a pool of workers with their own client. The
+// same events tell when every spec carries a target policy generation.
 type agents struct {
-	c      client.WithWatch
+	c      client.Client
 	cancel context.CancelFunc
 	o      options
 
@@ -26,7 +29,8 @@ type agents struct {
 	latest map[string]*v1.GPUNode
 	queued map[string]bool
 	queue  chan string
-	// target is the policy generation and sharing hash every spec should reach; at records when it did.
+	// targetGen and targetHash are the policy generation and sharing hash every spec should reach;
+	// reached closes when every node's spec does.
 	targetGen  int64
 	targetHash string
 	atTarget   map[string]bool
@@ -38,18 +42,33 @@ func startAgents(ctx context.Context, env *testenv.Env, o options) (*agents, err
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	w, err := c.Watch(ctx, &v1.GPUNodeList{})
+	ca, err := cache.New(fastConfig(env), cache.Options{Scheme: env.Scheme})
 	if err != nil {
-		cancel()
 		return nil, err
 	}
+	inf, err := ca.GetInformer(ctx, &v1.GPUNode{})
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
 	a := &agents{
 		c: c, cancel: cancel, o: o,
 		latest: map[string]*v1.GPUNode{}, queued: map[string]bool{},
 		queue: make(chan string, 4*o.nodes+16), atTarget: map[string]bool{},
 	}
-	go a.watch(ctx, w)
+	_, err = inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { a.observe(obj) },
+		UpdateFunc: func(_, obj any) { a.observe(obj) },
+	})
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	go func() { _ = ca.Start(ctx) }()
+	if !ca.WaitForCacheSync(ctx) {
+		cancel()
+		return nil, fmt.Errorf("the agents' GPUNode informer did not sync")
+	}
 	for range o.agentWorkers {
 		go a.work(ctx)
 	}
@@ -58,34 +77,23 @@ func startAgents(ctx context.Context, env *testenv.Env, o options) (*agents, err
 
 func (a *agents) stop() { a.cancel() }
 
-func (a *agents) watch(ctx context.Context, w watch.Interface) {
-	defer w.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case ev, ok := <-w.ResultChan():
-			if !ok {
-				return
-			}
-			gn, isNode := ev.Object.(*v1.GPUNode)
-			if !isNode || ev.Type == watch.Deleted {
-				continue
-			}
-			a.mu.Lock()
-			a.latest[gn.Name] = gn
-			a.noteTarget(gn)
-			if !a.queued[gn.Name] && agentsim.Apply(gn.DeepCopy(), nil) {
-				a.queued[gn.Name] = true
-				a.queue <- gn.Name
-			}
-			a.mu.Unlock()
-		}
+func (a *agents) observe(obj any) {
+	gn, ok := obj.(*v1.GPUNode)
+	if !ok {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.latest[gn.Name] = gn
+	a.noteTarget(gn)
+	if !a.queued[gn.Name] && agentsim.Apply(gn.DeepCopy(), nil) {
+		a.queued[gn.Name] = true
+		a.queue <- gn.Name
 	}
 }
 
 // work acks queued nodes: it applies the latest spec it has seen to the latest status and writes it. A
-// conflict means a newer version is on its way through the watch, which queues the node again.
+// conflict means a newer version is on its way through the informer, which queues the node again.
 func (a *agents) work(ctx context.Context) {
 	for {
 		select {
@@ -100,7 +108,6 @@ func (a *agents) work(ctx context.Context) {
 				continue
 			}
 			if err := a.c.Status().Update(ctx, gn); err != nil && !apierrors.IsConflict(err) && ctx.Err() == nil {
-				// Retry later: the next watch event for this node queues it again.
 				time.Sleep(10 * time.Millisecond)
 				a.mu.Lock()
 				if !a.queued[name] {

@@ -19,10 +19,14 @@ func nodeName(i int) string { return fmt.Sprintf("gpu-node-%05d", i) }
 
 // fastClient is a client for the benchmark's own traffic (node creation, agents), with a rate limit
 // high enough that the benchmark never waits on itself.
-func fastClient(env *testenv.Env) (client.WithWatch, error) {
+func fastClient(env *testenv.Env) (client.Client, error) {
+	return client.New(fastConfig(env), client.Options{Scheme: env.Scheme})
+}
+
+func fastConfig(env *testenv.Env) *rest.Config {
 	cfg := rest.CopyConfig(env.Config)
 	cfg.QPS, cfg.Burst = 5000, 10000
-	return client.NewWithWatch(cfg, client.Options{Scheme: env.Scheme})
+	return cfg
 }
 
 // createNodes creates every Node and GPUNode and publishes the GPUNodes' inventory, each GPU reported

@@ -43,7 +43,7 @@ func main() {
 	flag.StringVar(&o.change, "change", "both", "Policy change to time after creation: tweak (MPS percentage, goes out at once), strategy (MPS to time-slicing, disruptive, rolled out within maxUnavailable) or both.")
 	flag.StringVar(&o.maxUnavailable, "max-unavailable", "100%", "The policy's rollout.maxUnavailable (a count or a percentage).")
 	flag.IntVar(&o.agentWorkers, "agent-workers", 8, "Goroutines playing the agents.")
-	flag.IntVar(&o.resolverWorkers, "resolver-workers", 4, "The manager's --resolver-workers.")
+	flag.IntVar(&o.resolverWorkers, "resolver-workers", 8, "The manager's --resolver-workers.")
 	flag.Float64Var(&o.qps, "qps", 200, "The manager's --kube-api-qps.")
 	flag.IntVar(&o.burst, "burst", 400, "The manager's --kube-api-burst.")
 	flag.DurationVar(&o.timeout, "timeout", 10*time.Minute, "Give up on a step after this long.")

@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	v1 "github.com/gpusharing/gpusharing/api/v1alpha1"
 	"github.com/gpusharing/gpusharing/controllers/testutil/agentsim"
@@ -45,6 +46,9 @@ func TestTwoPoliciesByLabelConfigureTheirOwnNodes(t *testing.T) {
 	if err := conditionIs(x+"-mps", v1.ConditionProgressing, metav1.ConditionFalse, v1.ReasonRolledOut, ""); err != nil {
 		t.Error(err)
 	}
+	eventually(t, wait, "the policy's GPU gauge counts its ready GPUs", func() error {
+		return gaugeIs("gpusharing_policy_gpus", map[string]string{"policy": x + "-mps", "state": "ready"}, 2)
+	})
 	eventually(t, wait, "an event for the Ready transition", func() error {
 		reasons, err := eventReasons(x + "-mps")
 		if err != nil {
@@ -349,6 +353,34 @@ func TestNonDisruptiveChangesReachEveryNodeAtOnce(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// gaugeIs checks a gauge on controller-runtime's metrics registry, where the manager registers its own.
+func gaugeIs(name string, labels map[string]string, want float64) error {
+	families, err := metrics.Registry.Gather()
+	if err != nil {
+		return err
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			match := true
+			for _, l := range m.GetLabel() {
+				if v, ok := labels[l.GetName()]; ok && v != l.GetValue() {
+					match = false
+				}
+			}
+			if match {
+				if got := m.GetGauge().GetValue(); got != want {
+					return fmt.Errorf("%s%v = %v, want %v", name, labels, got, want)
+				}
+				return nil
+			}
+		}
+	}
+	return fmt.Errorf("%s%v not registered", name, labels)
 }
 
 func isNotFound(err error) bool { return apierrors.IsNotFound(err) }

@@ -14,6 +14,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
+	"github.com/gpusharing/gpusharing/agent/deviceplugin"
+	"github.com/gpusharing/gpusharing/agent/drain"
 	"github.com/gpusharing/gpusharing/agent/gpu"
 	"github.com/gpusharing/gpusharing/agent/mig"
 	"github.com/gpusharing/gpusharing/agent/mps"
@@ -43,6 +45,20 @@ type Options struct {
 	MPSExclusiveProcess bool
 	// SkipNameValidation lets several agents run in one process (the demo's simulated nodes).
 	SkipNameValidation bool
+
+	// DevicePlugin, when set, serves the kubelet device plugin API for the GPUs as their GPUNode status
+	// describes them; nil turns it off (the demo's simulated nodes have no kubelet). Its MPSRoot must be
+	// empty or equal MPSRoot: pods mount the pipe directory the MPS daemons use, both derived from MPSRoot.
+	DevicePlugin *deviceplugin.Config
+	// PodResourcesSocket is the kubelet's PodResources API. With DevicePlugin set, it turns on the drain
+	// of a GPU before a disruptive change; empty leaves it off (a disruptive change is applied at once and
+	// refused with GPUBusy while processes use the GPU).
+	PodResourcesSocket string
+	// DrainPollInterval is how often a drain looks at the kubelet again (default drain.DefaultPollInterval).
+	DrainPollInterval time.Duration
+	// DrainBackoff is the first wait before a GPU whose drain failed is drained again for the same
+	// desired sharing; it doubles per failure up to node.DefaultDrainBackoffMax (default node.DefaultDrainBackoff).
+	DrainBackoff time.Duration
 }
 
 // CacheOptions make the manager cache only this node's GPUNode: thousands of agents must not each
@@ -81,7 +97,9 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		Recorder:           mgr.GetEventRecorder("gpusharing-agent"),
 		Resync:             o.Resync,
 		Wake:               wake,
+		Notify:             func() { notify("") },
 		SkipNameValidation: o.SkipNameValidation,
+		DrainBackoff:       o.DrainBackoff,
 		Strategies: node.Strategies{
 			GPU:                 o.GPU,
 			MIG:                 &mig.Applier{GPU: o.GPU},
@@ -90,9 +108,59 @@ func Setup(mgr ctrl.Manager, o Options) error {
 			MPSExclusiveProcess: o.MPSExclusiveProcess,
 		},
 	}
+	if err := setupDevicePlugin(mgr, o, r); err != nil {
+		return err
+	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the GPUNode reconciler: %w", err)
 	}
+	return nil
+}
+
+// DevicePluginConfig is the device plugin configuration Setup uses: cfg with its MPS root taken from
+// mpsRoot, the one root the MPS daemons use too, so a pod's mount is the daemon's pipe directory.
+func DevicePluginConfig(cfg deviceplugin.Config, mpsRoot string) (deviceplugin.Config, error) {
+	if cfg.MPSRoot != "" && filepath.Clean(cfg.MPSRoot) != filepath.Clean(mpsRoot) {
+		return cfg, fmt.Errorf("the device plugin's MPS root %q differs from the MPS daemons' %q: pods would mount a pipe directory no daemon uses", cfg.MPSRoot, mpsRoot)
+	}
+	cfg.MPSRoot = mpsRoot
+	return cfg, nil
+}
+
+// setupDevicePlugin adds the device plugin and, with the PodResources socket, the drain to r.
+func setupDevicePlugin(mgr ctrl.Manager, o Options, r *node.Reconciler) error {
+	if o.DevicePlugin == nil {
+		return nil
+	}
+	cfg, err := DevicePluginConfig(*o.DevicePlugin, o.MPSRoot)
+	if err != nil {
+		return err
+	}
+	dp, err := deviceplugin.NewManager(cfg)
+	if err != nil {
+		return err
+	}
+	dpLog := mgr.GetLogger().WithName("device-plugin")
+	if err := mgr.Add(runnable(func(ctx context.Context) error { return dp.Run(ctrl.LoggerInto(ctx, dpLog)) })); err != nil {
+		return err
+	}
+	r.Devices = dp
+	if o.PodResourcesSocket == "" {
+		return nil
+	}
+	lister, closeLister, err := drain.DialPodResources(o.PodResourcesSocket)
+	if err != nil {
+		return err
+	}
+	if err := mgr.Add(runnable(func(ctx context.Context) error { <-ctx.Done(); return closeLister() })); err != nil {
+		return err
+	}
+	evictor, err := drain.NewEvictor(mgr.GetConfig())
+	if err != nil {
+		return err
+	}
+	// Pods are read uncached: the agent must not cache every pod of the cluster.
+	r.Drainer = &drain.Drainer{PodResources: lister, Evictor: evictor, Pods: mgr.GetAPIReader(), PollInterval: o.DrainPollInterval}
 	return nil
 }
 

@@ -13,6 +13,8 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/validation"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/gpusharing/gpusharing/agent/hostpath"
 )
 
 // ResourceName is an extended resource name a pod requests, for example nvidia.com/gpu.
@@ -127,10 +129,10 @@ func (c Config) KubeletSocket() string { return filepath.Join(c.SocketDir, "kube
 
 // MPSPipeDir is the host directory a GPU's MPS control daemon uses as CUDA_MPS_PIPE_DIRECTORY. The agent's
 // MPS package starts the daemon with this directory so that the mount Allocate hands out reaches it.
-func (c Config) MPSPipeDir(gpuUUID string) string { return filepath.Join(c.MPSRoot, gpuUUID, "pipe") }
+func (c Config) MPSPipeDir(gpuUUID string) string { return hostpath.MPSPipeDir(c.MPSRoot, gpuUUID) }
 
 // MPSLogDir is the host directory for a GPU's MPS daemon logs (CUDA_MPS_LOG_DIRECTORY); never mounted into pods.
-func (c Config) MPSLogDir(gpuUUID string) string { return filepath.Join(c.MPSRoot, gpuUUID, "log") }
+func (c Config) MPSLogDir(gpuUUID string) string { return hostpath.MPSLogDir(c.MPSRoot, gpuUUID) }
 
 // SchedulerSocketPath is the host path of a GPU's shim scheduler socket (the scheduler's GPUConfig.SocketPath).
 // Its directory, not the socket, is mounted into pods, so a restarted scheduler's new socket is seen.

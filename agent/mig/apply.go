@@ -58,6 +58,23 @@ func satisfied(d gpu.Device, want []Want) bool {
 	return true
 }
 
+// Check says, without changing anything, whether the layout can be applied to the GPU as it is now:
+// NotMIGCapable or LayoutDoesNotFit when it cannot. The agent asks before it drains a GPU, so that pods
+// are never evicted for a layout that cannot fit.
+func Check(d gpu.Device, want []Want) error {
+	if !d.MIGCapable {
+		return outcome.Newf(v1alpha1.ReasonNotMIGCapable, "GPU %d (%s) does not support MIG", d.Index, d.Product)
+	}
+	existing := d.Instances
+	if !d.MIGMode.Current {
+		existing = nil
+	}
+	if _, err := MakePlan(d.Profiles, existing, want); err != nil {
+		return layoutError(d, err)
+	}
+	return nil
+}
+
 // Apply converges the GPU to the wanted layout and returns the instances that exist afterwards. It
 // asserts first: a GPU already as wanted gets no NVML call that changes anything. It refuses to destroy
 // instances or change MIG mode while processes run (GPUBusy), enables MIG mode when it is off (and stops
@@ -71,16 +88,9 @@ func (a *Applier) Apply(ctx context.Context, uuid string, want []Want) ([]gpu.In
 	if satisfied(d, want) {
 		return d.Instances, nil
 	}
-	if !d.MIGCapable {
-		return nil, outcome.Newf(v1alpha1.ReasonNotMIGCapable, "GPU %d (%s) does not support MIG", d.Index, d.Product)
-	}
 	// Plan before touching MIG mode: a layout that cannot fit must not cost the GPU its mode change.
-	existing := d.Instances
-	if !d.MIGMode.Current {
-		existing = nil
-	}
-	if _, err := MakePlan(d.Profiles, existing, want); err != nil {
-		return nil, layoutError(d, err)
+	if err := Check(d, want); err != nil {
+		return nil, err
 	}
 
 	if !d.MIGMode.Current || !d.MIGMode.Pending {

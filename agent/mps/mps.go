@@ -20,6 +20,7 @@ import (
 	"github.com/go-logr/logr"
 	"k8s.io/utils/clock"
 
+	"github.com/gpusharing/gpusharing/agent/hostpath"
 	"github.com/gpusharing/gpusharing/agent/outcome"
 	"github.com/gpusharing/gpusharing/agent/runner"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
@@ -135,10 +136,10 @@ func New(cfg Config) *Manager {
 }
 
 // PipeDir is the GPU's CUDA_MPS_PIPE_DIRECTORY, which clients (and the device plugin) must use.
-func (m *Manager) PipeDir(uuid string) string { return filepath.Join(m.cfg.Root, uuid, "pipe") }
+func (m *Manager) PipeDir(uuid string) string { return hostpath.MPSPipeDir(m.cfg.Root, uuid) }
 
 // LogDir is the GPU's CUDA_MPS_LOG_DIRECTORY.
-func (m *Manager) LogDir(uuid string) string { return filepath.Join(m.cfg.Root, uuid, "log") }
+func (m *Manager) LogDir(uuid string) string { return hostpath.MPSLogDir(m.cfg.Root, uuid) }
 
 func (m *Manager) env(uuid string) []string {
 	return []string{"CUDA_MPS_PIPE_DIRECTORY=" + m.PipeDir(uuid), "CUDA_MPS_LOG_DIRECTORY=" + m.LogDir(uuid)}

@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
@@ -41,10 +42,25 @@ type Reconciler struct {
 	// Resync is how often the GPUs are checked when nothing else triggers a pass (hardware sends no
 	// events the agent can watch: a daemon dying or a process starting shows only when looked at).
 	Resync time.Duration
-	// Wake, when set, triggers a pass (the MPS manager's notifications).
+	// Wake, when set, triggers a pass (the MPS manager's and the drains' notifications).
 	Wake <-chan event.GenericEvent
+	// Notify sends on Wake without blocking; drains call it when they progress or end.
+	Notify func()
 	// SkipNameValidation lets several agents run in one process (the demo's simulated nodes).
 	SkipNameValidation bool
+
+	// Devices, when set, is told every status a pass computes (the kubelet device plugin).
+	Devices DevicePlugin
+	// Drainer, with Devices, empties a GPU before a disruptive change (see drain.go). Without either, a
+	// disruptive change is applied at once and refused with GPUBusy while processes use the GPU.
+	Drainer Drainer
+	// DrainBackoff and DrainBackoffMax bound the wait before a GPU whose drain failed is drained again
+	// for the same desired sharing (defaults DefaultDrainBackoff, DefaultDrainBackoffMax).
+	DrainBackoff, DrainBackoffMax time.Duration
+	// Now is the clock of drains; default time.Now.
+	Now func() time.Time
+
+	drains drains
 }
 
 // scope is what one pass learns, filled by the phases and written once at the end.
@@ -55,6 +71,8 @@ type scope struct {
 	gpus      []v1alpha1.GPUStatus
 	// transientErr is the first error worth a retry; observedGeneration advances only without one.
 	transientErr error
+	// uncordon lists the GPUs to advertise again once the device plugin has this pass's status.
+	uncordon []string
 }
 
 // Reconcile is one pass: get or create the GPUNode, read the GPUs, converge each, write status.
@@ -68,7 +86,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (ctrl
 	}
 	before := node.DeepCopy()
 	sc := &scope{node: node}
-	for _, phase := range []func(context.Context, *scope){r.readInventory, r.convergeGPUs, r.setNodeStatus} {
+	for _, phase := range []func(context.Context, *scope){r.readInventory, r.convergeGPUs, r.setNodeStatus, r.publishDevices} {
 		phase(ctx, sc)
 	}
 	if !equality.Semantic.DeepEqual(before.Status, node.Status) {
@@ -82,7 +100,21 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (ctrl
 		// Status already says what failed; the rate limiter retries with backoff.
 		return ctrl.Result{}, fmt.Errorf("converging GPUNode %s: %w", r.NodeName, sc.transientErr)
 	}
-	return ctrl.Result{RequeueAfter: r.Resync}, nil
+	return ctrl.Result{RequeueAfter: r.requeueAfter()}, nil
+}
+
+// requeueAfter is the resync, or sooner when a failed drain's backoff ends first (nothing else would
+// trigger that pass).
+func (r *Reconciler) requeueAfter() time.Duration {
+	next := r.drains.nextRetry()
+	if next.IsZero() {
+		return r.Resync
+	}
+	wait := max(next.Sub(r.now()), time.Second)
+	if r.Resync > 0 && r.Resync < wait {
+		return r.Resync
+	}
+	return wait
 }
 
 // getOrCreate returns this node's GPUNode, creating it (owned by the Node, when the Node exists) when
@@ -135,11 +167,14 @@ func (r *Reconciler) convergeGPUs(ctx context.Context, sc *scope) {
 	for i := range sc.node.Status.GPUs {
 		prev[sc.node.Status.GPUs[i].UUID] = &sc.node.Status.GPUs[i]
 	}
+	listed := map[string]bool{}
 	for _, dev := range sc.inventory.Devices {
 		want := desired[dev.UUID]
 		var err error
+		var drainSt *v1alpha1.GPUDrainStatus
 		if want != nil {
-			err = r.converge(ctx, dev, want.Sharing)
+			listed[dev.UUID] = true
+			drainSt, err = r.convergeListed(ctx, sc, dev, *want)
 			if transient(err) && sc.transientErr == nil {
 				sc.transientErr = err
 			}
@@ -150,8 +185,11 @@ func (r *Reconciler) convergeGPUs(ctx context.Context, sc *scope) {
 				err = rerr
 			}
 		}
-		sc.gpus = append(sc.gpus, gpuStatus(dev, r.observe(dev.UUID), want, err, prev[dev.UUID]))
+		st := gpuStatus(dev, r.observe(dev.UUID), want, err, prev[dev.UUID])
+		st.Drain = drainSt
+		sc.gpus = append(sc.gpus, st)
 	}
+	r.cleanupDrains(sc, listed)
 }
 
 func (r *Reconciler) observe(uuid string) observed {
@@ -281,6 +319,10 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 			return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: r.NodeName}}}
 		})
 		b = b.WatchesRawSource(source.Channel(r.Wake, mine))
+	}
+	// Drains run on goroutines that outlive a pass; they end with the manager.
+	if err := mgr.Add(manager.RunnableFunc(r.drains.run)); err != nil {
+		return err
 	}
 	// The first pass must run even when no GPUNode exists yet: that pass creates it.
 	kick := make(chan event.GenericEvent, 1)

@@ -8,6 +8,7 @@ type metrics struct {
 	hold        *prometheus.HistogramVec
 	handoffs    *prometheus.CounterVec
 	revocations *prometheus.CounterVec
+	evictions   *prometheus.CounterVec
 	clients     *prometheus.GaugeVec
 }
 
@@ -32,17 +33,82 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "gpusharing_scheduler_revocations_total",
 			Help: "Times a holder was revoked for keeping the lock past quantum plus grace, per GPU.",
 		}, []string{"gpu"}),
+		evictions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpusharing_scheduler_evictions_total",
+			Help: "Times a client that was not running was asked to swap memory out for another, per GPU.",
+		}, []string{"gpu"}),
 		clients: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "gpusharing_scheduler_clients",
 			Help: "Connected shim clients, per GPU.",
 		}, []string{"gpu"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.wait, m.hold, m.handoffs, m.revocations, m.clients} {
+		for _, c := range []prometheus.Collector{m.wait, m.hold, m.handoffs, m.revocations, m.evictions, m.clients} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
 		}
 	}
 	return m, nil
+}
+
+// registerClients adds the per-client memory series, read from the
+// scheduler's snapshot at each scrape (a client's series vanish when it leaves).
+func (m *metrics) registerClients(reg prometheus.Registerer, s *Scheduler) error {
+	if reg == nil {
+		return nil
+	}
+	return reg.Register(&memCollector{s: s})
+}
+
+var (
+	clientLabels   = []string{"gpu", "client", "pid"}
+	descBudget     = prometheus.NewDesc("gpusharing_scheduler_budget_bytes", "Device memory the shim clients of a GPU may have resident together.", []string{"gpu"}, nil)
+	descReserved   = prometheus.NewDesc("gpusharing_scheduler_reserved_bytes", "Sum of the clients' memory reservations on a GPU (never above the budget).", []string{"gpu"}, nil)
+	descPeak       = prometheus.NewDesc("gpusharing_scheduler_reserved_peak_bytes", "Highest sum of reservations on a GPU since the scheduler started.", []string{"gpu"}, nil)
+	descResident   = prometheus.NewDesc("gpusharing_scheduler_client_resident_bytes", "Device memory a client has resident, as it last reported.", clientLabels, nil)
+	descSwapped    = prometheus.NewDesc("gpusharing_scheduler_client_swapped_bytes", "Memory of a client swapped out to host staging, as it last reported.", clientLabels, nil)
+	descSwaps      = prometheus.NewDesc("gpusharing_scheduler_client_swaps_total", "Allocations a client swapped, by direction (out, in).", append(clientLabels, "direction"), nil)
+	descSwapBytes  = prometheus.NewDesc("gpusharing_scheduler_client_swap_bytes_total", "Bytes a client copied while swapping, by direction (out, in).", append(clientLabels, "direction"), nil)
+	descSwapSecond = prometheus.NewDesc("gpusharing_scheduler_client_swap_seconds_total", "Time a client spent swapping.", clientLabels, nil)
+)
+
+type memCollector struct{ s *Scheduler }
+
+func (c *memCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descBudget, descReserved, descPeak, descResident, descSwapped, descSwaps, descSwapBytes, descSwapSecond} {
+		ch <- d
+	}
+}
+
+func (c *memCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, g := range c.s.GPUs() {
+		ch <- prometheus.MustNewConstMetric(descBudget, prometheus.GaugeValue, float64(g.Budget), g.GPU)
+		ch <- prometheus.MustNewConstMetric(descReserved, prometheus.GaugeValue, float64(g.ReservedBytes), g.GPU)
+		ch <- prometheus.MustNewConstMetric(descPeak, prometheus.GaugeValue, float64(g.PeakReservedBytes), g.GPU)
+	}
+	for _, cs := range c.s.Snapshot() {
+		l := []string{cs.GPU, itoa(uint64(cs.ID)), itoa(uint64(cs.PID))}
+		ch <- prometheus.MustNewConstMetric(descResident, prometheus.GaugeValue, float64(cs.ResidentBytes), l...)
+		ch <- prometheus.MustNewConstMetric(descSwapped, prometheus.GaugeValue, float64(cs.SwappedBytes), l...)
+		ch <- prometheus.MustNewConstMetric(descSwaps, prometheus.CounterValue, float64(cs.SwapOuts), append(l, "out")...)
+		ch <- prometheus.MustNewConstMetric(descSwaps, prometheus.CounterValue, float64(cs.SwapIns), append(l, "in")...)
+		ch <- prometheus.MustNewConstMetric(descSwapBytes, prometheus.CounterValue, float64(cs.BytesOut), append(l, "out")...)
+		ch <- prometheus.MustNewConstMetric(descSwapBytes, prometheus.CounterValue, float64(cs.BytesIn), append(l, "in")...)
+		ch <- prometheus.MustNewConstMetric(descSwapSecond, prometheus.CounterValue, cs.SwapTime.Seconds(), l...)
+	}
+}
+
+func itoa(v uint64) string {
+	if v == 0 {
+		return "0"
+	}
+	var b [20]byte
+	i := len(b)
+	for v > 0 {
+		i--
+		b[i] = byte('0' + v%10)
+		v /= 10
+	}
+	return string(b[i:])
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 )
 
 // Wire protocol between the shim and the scheduler. The numbers are defined
@@ -13,31 +14,92 @@ import (
 // fails when these constants drift from it.
 const (
 	Magic      uint32 = 0x48535047 // bytes "GPSH"
-	Version    uint16 = 1
+	Version    uint16 = 2
 	MaxMsgSize        = 256
 	UUIDLen           = 64
 
 	HeaderSize    = 12
 	HelloSize     = 84
-	WelcomeSize   = 24
-	AcquireSize   = 12
-	GrantSize     = 20
-	ReleaseSize   = 16
+	WelcomeSize   = 36
+	AcquireSize   = 20
+	GrantSize     = 28
+	ReleaseSize   = 28
 	ContendedSize = 20
 	RevokedSize   = 16
+	MemReqSize    = 20
+	MemReplySize  = 28
+	EvictSize     = 24
+	UsageSize     = 84
 )
 
 // MsgType names a message; each type has one fixed size.
 type MsgType uint16
 
 const (
-	MsgHello     MsgType = 1 // client -> scheduler, first message
-	MsgWelcome   MsgType = 2 // scheduler -> client, answer to hello
-	MsgAcquire   MsgType = 3 // client -> scheduler
-	MsgGrant     MsgType = 4 // scheduler -> client
-	MsgRelease   MsgType = 5 // client -> scheduler
-	MsgContended MsgType = 6 // scheduler -> holder: someone waits
-	MsgRevoked   MsgType = 7 // scheduler -> holder: held past quantum + grace
+	MsgHello     MsgType = 1  // client -> scheduler, first message
+	MsgWelcome   MsgType = 2  // scheduler -> client, answer to hello
+	MsgAcquire   MsgType = 3  // client -> scheduler
+	MsgGrant     MsgType = 4  // scheduler -> client
+	MsgRelease   MsgType = 5  // client -> scheduler
+	MsgContended MsgType = 6  // scheduler -> holder: someone waits
+	MsgRevoked   MsgType = 7  // scheduler -> holder: held past quantum + grace
+	MsgMemReq    MsgType = 8  // holder -> scheduler: raise my reservation to Need
+	MsgMemReply  MsgType = 9  // scheduler -> holder: answer to MemReq
+	MsgEvict     MsgType = 10 // scheduler -> non-holder: bring resident bytes down to Target
+	MsgUsage     MsgType = 11 // client -> scheduler: memory state and swap counters
+)
+
+// Mode is a GPU's anti-thrashing policy.
+type Mode uint32
+
+const (
+	// ModeAuto lets clients run concurrently while their working sets fit the
+	// budget together, and serializes them with the quantum when they do not.
+	ModeAuto Mode = 0
+	// ModeAlways gives the GPU to one client at a time, always.
+	ModeAlways Mode = 1
+	// ModeOff never serializes; memory beyond the budget fails to allocate.
+	ModeOff Mode = 2
+)
+
+func (m Mode) String() string {
+	switch m {
+	case ModeAuto:
+		return "Auto"
+	case ModeAlways:
+		return "Always"
+	case ModeOff:
+		return "Off"
+	}
+	return fmt.Sprintf("Mode(%d)", uint32(m))
+}
+
+// ParseMode reads "Auto", "Always" or "Off" (case-insensitive).
+func ParseMode(s string) (Mode, error) {
+	switch strings.ToLower(s) {
+	case "auto", "":
+		return ModeAuto, nil
+	case "always":
+		return ModeAlways, nil
+	case "off":
+		return ModeOff, nil
+	}
+	return 0, fmt.Errorf("anti-thrashing mode %q: want Auto, Always or Off", s)
+}
+
+// MemStatus answers a MemReq.
+type MemStatus uint32
+
+const (
+	MemOK       MemStatus = 0 // reservation raised
+	MemBusy     MemStatus = 1 // others hold the memory: release and acquire with the larger need
+	MemTooLarge MemStatus = 2 // can never fit
+)
+
+// Usage reasons.
+const (
+	UsageReport  uint32 = 0
+	UsageEvicted uint32 = 1 // answers an Evict
 )
 
 var msgSizes = map[MsgType]int{
@@ -48,6 +110,10 @@ var msgSizes = map[MsgType]int{
 	MsgRelease:   ReleaseSize,
 	MsgContended: ContendedSize,
 	MsgRevoked:   RevokedSize,
+	MsgMemReq:    MemReqSize,
+	MsgMemReply:  MemReplySize,
+	MsgEvict:     EvictSize,
+	MsgUsage:     UsageSize,
 }
 
 func (t MsgType) String() string {
@@ -66,6 +132,14 @@ func (t MsgType) String() string {
 		return "Contended"
 	case MsgRevoked:
 		return "Revoked"
+	case MsgMemReq:
+		return "MemReq"
+	case MsgMemReply:
+		return "MemReply"
+	case MsgEvict:
+		return "Evict"
+	case MsgUsage:
+		return "Usage"
 	}
 	return fmt.Sprintf("MsgType(%d)", uint16(t))
 }
@@ -106,9 +180,29 @@ type Message struct {
 	ClientID  uint32 // Welcome
 	QuantumMS uint32 // Welcome, Grant
 	GraceMS   uint32 // Welcome
+	Mode      Mode   // Welcome
+	Budget    uint64 // Welcome
 
 	Epoch   uint32 // Grant, Release, Contended, Revoked
 	Waiters uint32 // Contended
+
+	Need     uint64    // Acquire, MemReq, Usage
+	Resident uint64    // Grant, Release, MemReply, Usage
+	Status   MemStatus // MemReply
+	Target   uint64    // Evict
+	Reason   uint32    // Usage
+	Acks     uint32    // Usage
+	Stats    SwapStats // Usage
+}
+
+// SwapStats are a client's swap counters as it reports them.
+type SwapStats struct {
+	Swapped  uint64 // bytes currently swapped out to host staging
+	SwapOuts uint64 // allocations copied out and released
+	SwapIns  uint64 // allocations mapped and copied back in
+	BytesOut uint64
+	BytesIn  uint64
+	SwapNS   uint64 // time spent swapping, ns
 }
 
 var le = binary.LittleEndian
@@ -140,15 +234,34 @@ func Encode(m Message) ([]byte, error) {
 		le.PutUint32(p[0:], m.ClientID)
 		le.PutUint32(p[4:], m.QuantumMS)
 		le.PutUint32(p[8:], m.GraceMS)
-	case MsgAcquire:
+		le.PutUint32(p[12:], uint32(m.Mode))
+		le.PutUint64(p[16:], m.Budget)
+	case MsgAcquire, MsgMemReq:
+		le.PutUint64(p[0:], m.Need)
 	case MsgGrant:
 		le.PutUint32(p[0:], m.Epoch)
 		le.PutUint32(p[4:], m.QuantumMS)
-	case MsgRelease, MsgRevoked:
+		le.PutUint64(p[8:], m.Resident)
+	case MsgRelease:
+		le.PutUint32(p[0:], m.Epoch)
+		le.PutUint64(p[8:], m.Resident)
+	case MsgRevoked:
 		le.PutUint32(p[0:], m.Epoch)
 	case MsgContended:
 		le.PutUint32(p[0:], m.Epoch)
 		le.PutUint32(p[4:], m.Waiters)
+	case MsgMemReply:
+		le.PutUint32(p[0:], uint32(m.Status))
+		le.PutUint64(p[8:], m.Resident)
+	case MsgEvict:
+		le.PutUint64(p[4:], m.Target)
+	case MsgUsage:
+		le.PutUint32(p[0:], m.Reason)
+		le.PutUint32(p[4:], m.Acks)
+		for i, v := range []uint64{m.Need, m.Resident, m.Stats.Swapped, m.Stats.SwapOuts, m.Stats.SwapIns,
+			m.Stats.BytesOut, m.Stats.BytesIn, m.Stats.SwapNS} {
+			le.PutUint64(p[8+8*i:], v)
+		}
 	}
 	return b, nil
 }
@@ -208,15 +321,51 @@ func Decode(b []byte) (Message, error) {
 		m.ClientID = le.Uint32(p[0:])
 		m.QuantumMS = le.Uint32(p[4:])
 		m.GraceMS = le.Uint32(p[8:])
-	case MsgAcquire:
+		m.Mode = Mode(le.Uint32(p[12:]))
+		if m.Mode > ModeOff {
+			return Message{}, fmt.Errorf("welcome mode %d: %w", m.Mode, ErrBadField)
+		}
+		m.Budget = le.Uint64(p[16:])
+	case MsgAcquire, MsgMemReq:
+		m.Need = le.Uint64(p[0:])
 	case MsgGrant:
 		m.Epoch = le.Uint32(p[0:])
 		m.QuantumMS = le.Uint32(p[4:])
-	case MsgRelease, MsgRevoked:
+		m.Resident = le.Uint64(p[8:])
+	case MsgRelease:
+		m.Epoch = le.Uint32(p[0:])
+		if le.Uint32(p[4:]) != 0 {
+			return Message{}, fmt.Errorf("release padding not zero: %w", ErrBadField)
+		}
+		m.Resident = le.Uint64(p[8:])
+	case MsgRevoked:
 		m.Epoch = le.Uint32(p[0:])
 	case MsgContended:
 		m.Epoch = le.Uint32(p[0:])
 		m.Waiters = le.Uint32(p[4:])
+	case MsgMemReply:
+		m.Status = MemStatus(le.Uint32(p[0:]))
+		if m.Status > MemTooLarge || le.Uint32(p[4:]) != 0 {
+			return Message{}, fmt.Errorf("memreply status %d: %w", m.Status, ErrBadField)
+		}
+		m.Resident = le.Uint64(p[8:])
+	case MsgEvict:
+		if le.Uint32(p[0:]) != 0 {
+			return Message{}, fmt.Errorf("evict padding not zero: %w", ErrBadField)
+		}
+		m.Target = le.Uint64(p[4:])
+	case MsgUsage:
+		m.Reason = le.Uint32(p[0:])
+		if m.Reason > UsageEvicted {
+			return Message{}, fmt.Errorf("usage reason %d: %w", m.Reason, ErrBadField)
+		}
+		m.Acks = le.Uint32(p[4:])
+		v := make([]uint64, 8)
+		for i := range v {
+			v[i] = le.Uint64(p[8+8*i:])
+		}
+		m.Need, m.Resident = v[0], v[1]
+		m.Stats = SwapStats{Swapped: v[2], SwapOuts: v[3], SwapIns: v[4], BytesOut: v[5], BytesIn: v[6], SwapNS: v[7]}
 	}
 	return m, nil
 }

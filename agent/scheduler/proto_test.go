@@ -46,6 +46,22 @@ func TestProtocolConstantsMatchShimHeader(t *testing.T) {
 		"GS_RELEASE_SIZE":    ReleaseSize,
 		"GS_CONTENDED_SIZE":  ContendedSize,
 		"GS_REVOKED_SIZE":    RevokedSize,
+		"GS_MSG_MEMREQ":      uint64(MsgMemReq),
+		"GS_MSG_MEMREPLY":    uint64(MsgMemReply),
+		"GS_MSG_EVICT":       uint64(MsgEvict),
+		"GS_MSG_USAGE":       uint64(MsgUsage),
+		"GS_MEMREQ_SIZE":     MemReqSize,
+		"GS_MEMREPLY_SIZE":   MemReplySize,
+		"GS_EVICT_SIZE":      EvictSize,
+		"GS_USAGE_SIZE":      UsageSize,
+		"GS_MODE_AUTO":       uint64(ModeAuto),
+		"GS_MODE_ALWAYS":     uint64(ModeAlways),
+		"GS_MODE_OFF":        uint64(ModeOff),
+		"GS_MEM_OK":          uint64(MemOK),
+		"GS_MEM_BUSY":        uint64(MemBusy),
+		"GS_MEM_TOO_LARGE":   uint64(MemTooLarge),
+		"GS_USAGE_REPORT":    uint64(UsageReport),
+		"GS_USAGE_EVICTED":   uint64(UsageEvicted),
 	}
 	for name, v := range want {
 		got, ok := defs[name]
@@ -75,9 +91,17 @@ func TestEncodeDecodeRoundTripsEveryType(t *testing.T) {
 		{Type: MsgHello, PID: 42, Priority: PriorityHigh, GPUUUID: "GPU-8e0f6a1c-0000-1111-2222-333344445555"},
 		{Type: MsgHello, PID: 1},
 		{Type: MsgWelcome, ClientID: 7, QuantumMS: 2000, GraceMS: 1000},
+		{Type: MsgWelcome, ClientID: 8, QuantumMS: 50, GraceMS: 100, Mode: ModeAlways, Budget: 16 << 30},
 		{Type: MsgAcquire},
+		{Type: MsgAcquire, Need: 3 << 30},
 		{Type: MsgGrant, Epoch: 9, QuantumMS: 50},
+		{Type: MsgGrant, Epoch: 9, QuantumMS: 50, Resident: 1 << 40},
 		{Type: MsgRelease, Epoch: 9},
+		{Type: MsgRelease, Epoch: 9, Resident: 7 << 21},
+		{Type: MsgMemReq, Need: 5 << 21},
+		{Type: MsgMemReply, Status: MemBusy, Resident: 4 << 21},
+		{Type: MsgEvict, Target: 2 << 21},
+		{Type: MsgUsage, Reason: UsageEvicted, Acks: 3, Need: 10, Resident: 4, Stats: SwapStats{Swapped: 6, SwapOuts: 1, SwapIns: 2, BytesOut: 3, BytesIn: 4, SwapNS: 5}},
 		{Type: MsgContended, Epoch: 9, Waiters: 3},
 		{Type: MsgRevoked, Epoch: 9},
 	}
@@ -111,11 +135,14 @@ func TestDecodeRejectsMalformedMessages(t *testing.T) {
 	}{
 		{"short header", good[:5], ErrShortMessage},
 		{"bad magic", mutate(good, func(b []byte) { b[0] ^= 0xff }), ErrBadMagic},
-		{"future version", mutate(good, func(b []byte) { le.PutUint16(b[4:], 2) }), ErrBadVersion},
+		{"future version", mutate(good, func(b []byte) { le.PutUint16(b[4:], 3) }), ErrBadVersion},
+		{"version 1 peer", mutate(good, func(b []byte) { le.PutUint16(b[4:], 1) }), ErrBadVersion},
 		{"unknown type", mutate(good, func(b []byte) { le.PutUint16(b[6:], 99) }), ErrUnknownType},
 		{"size field lies", mutate(good, func(b []byte) { le.PutUint32(b[8:], 17) }), ErrBadSize},
 		{"trailing bytes", append(append([]byte(nil), good...), 0), ErrBadSize},
 		{"truncated body", good[:14], ErrBadSize},
+		{"mode out of range", mutate(mustEncode(Message{Type: MsgWelcome}), func(b []byte) { le.PutUint32(b[24:], 3) }), ErrBadField},
+		{"usage reason out of range", mutate(mustEncode(Message{Type: MsgUsage}), func(b []byte) { le.PutUint32(b[12:], 9) }), ErrBadField},
 		{"priority out of range", mutate(hello, func(b []byte) { le.PutUint32(b[16:], 7) }), ErrBadField},
 		{"uuid without NUL", mutate(hello, func(b []byte) {
 			for i := 20; i < HelloSize; i++ {
@@ -131,4 +158,12 @@ func TestDecodeRejectsMalformedMessages(t *testing.T) {
 			}
 		})
 	}
+}
+
+func mustEncode(m Message) []byte {
+	b, err := Encode(m)
+	if err != nil {
+		panic(err)
+	}
+	return b
 }

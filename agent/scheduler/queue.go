@@ -9,13 +9,25 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// queue is the lock of one GPU: at most one holder, FIFO waiters in two
-// priority classes. It knows nothing about sockets: a client is an id plus
-// a non-blocking send and a way to drop it.
+// queue is the GPU of one uuid: who may run on it and how much device memory
+// each client may keep physically resident. It knows nothing about sockets: a
+// client is an id plus a non-blocking send and a way to drop it.
+//
+// Without a budget (Budget 0) it is the plain lock: one holder at a time,
+// FIFO waiters in two priority classes, quantum and revocation. With a
+// budget it also keeps, per client, a reservation (bytes it may have
+// resident), and the sum of the reservations never exceeds the budget. A
+// waiter is granted when its need fits the free budget, after evicting what
+// is missing from clients that do not run (least recently run first, only
+// as much as needed); in ModeAuto several clients hold at once while their
+// needs fit together, in ModeAlways one at a time, in ModeOff everyone runs
+// and memory that does not fit fails to allocate.
 type queue struct {
 	uuid    string
 	quantum time.Duration
 	grace   time.Duration
+	budget  uint64
+	mode    Mode
 	clock   Clock
 	log     logr.Logger
 
@@ -23,17 +35,18 @@ type queue struct {
 	holdHist    prometheus.Observer
 	handoffs    prometheus.Counter
 	revocations prometheus.Counter
+	evictions   prometheus.Counter
 	clientGauge prometheus.Gauge
 
-	mu            sync.Mutex
-	nextID        uint32
-	epoch         uint32
-	clients       map[uint32]*client
-	holder        *client
-	grantedAt     time.Time
-	contendedSent bool
-	waiting       [2][]*client // indexed by Priority
-	revokeTimer   Timer
+	mu       sync.Mutex
+	nextID   uint32
+	epoch    uint32
+	clients  map[uint32]*client
+	holders  []*client // in grant order
+	waiting  [2][]*client
+	reserved uint64 // sum of reservations
+	peak     uint64 // highest reserved ever seen
+	retry    Timer  // re-dispatch after an eviction that could not free enough
 }
 
 // client is one connected shim process.
@@ -54,6 +67,29 @@ type client struct {
 	holdTotal    time.Duration
 	grants       uint64
 	revocations  uint64
+
+	// the current hold
+	holding       bool
+	epoch         uint32
+	grantedAt     time.Time
+	contendedSent bool
+	revokeTimer   Timer
+	lastRun       time.Time
+	// startPending: granted with a budget, still swapping its memory in; the
+	// quantum (and any revocation deadline) starts at its first report.
+	startPending bool
+
+	// memory (budget > 0)
+	need         uint64 // bytes it must have resident to run
+	reservation  uint64 // bytes it may have resident
+	raises       uint32 // Grants and MemReply OKs sent: the acks a report must carry to lower the reservation
+	evictPending bool
+	evictTarget  uint64
+	noEvictUntil time.Time
+	memPending   bool
+	memNeed      uint64
+	evictions    uint64
+	reported     Message // last Usage
 }
 
 func newQueue(cfg GPUConfig, clock Clock, m *metrics, log logr.Logger) *queue {
@@ -61,18 +97,24 @@ func newQueue(cfg GPUConfig, clock Clock, m *metrics, log logr.Logger) *queue {
 		uuid:        cfg.UUID,
 		quantum:     cfg.Quantum,
 		grace:       cfg.Grace,
+		budget:      cfg.Budget,
+		mode:        cfg.Mode,
 		clock:       clock,
 		log:         log.WithValues("gpu", cfg.UUID),
 		waitHist:    m.wait.WithLabelValues(cfg.UUID),
 		holdHist:    m.hold.WithLabelValues(cfg.UUID),
 		handoffs:    m.handoffs.WithLabelValues(cfg.UUID),
 		revocations: m.revocations.WithLabelValues(cfg.UUID),
+		evictions:   m.evictions.WithLabelValues(cfg.UUID),
 		clientGauge: m.clients.WithLabelValues(cfg.UUID),
 		clients:     map[uint32]*client{},
 	}
 }
 
 func ms(d time.Duration) uint32 { return uint32(d / time.Millisecond) }
+
+// exclusive: one holder at a time.
+func (q *queue) exclusive() bool { return q.budget == 0 || q.mode == ModeAlways }
 
 // join registers a client and queues its Welcome before anything else can be sent to it.
 func (q *queue) join(pid int32, prio Priority, send func([]byte) bool, drop func()) *client {
@@ -82,11 +124,13 @@ func (q *queue) join(pid int32, prio Priority, send func([]byte) bool, drop func
 	c := &client{id: q.nextID, pid: pid, priority: prio, send: send, drop: drop, connectedAt: q.clock.Now()}
 	q.clients[c.id] = c
 	q.clientGauge.Set(float64(len(q.clients)))
-	q.sendLocked(c, Message{Type: MsgWelcome, ClientID: c.id, QuantumMS: ms(q.quantum), GraceMS: ms(q.grace)})
+	q.sendLocked(c, Message{Type: MsgWelcome, ClientID: c.id, QuantumMS: ms(q.quantum), GraceMS: ms(q.grace),
+		Mode: q.mode, Budget: q.budget})
 	return c
 }
 
-// leave forgets a client; if it held the lock the lock moves on at once (the lease is the connection).
+// leave forgets a client; if it held the GPU others move on at once (the
+// lease is the connection), and its memory returns to the budget.
 func (q *queue) leave(c *client) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -96,40 +140,264 @@ func (q *queue) leave(c *client) {
 	delete(q.clients, c.id)
 	q.clientGauge.Set(float64(len(q.clients)))
 	q.removeWaiterLocked(c)
-	if q.holder == c {
-		q.log.V(1).Info("Holder disconnected, freeing the GPU lock", "client", c.id, "pid", c.pid)
-		q.endHoldLocked()
-		q.handoffLocked()
+	if c.holding {
+		q.log.V(1).Info("Holder disconnected, freeing the GPU", "client", c.id, "pid", c.pid)
+		q.endHoldLocked(c)
 	}
+	q.setReservationLocked(c, 0)
+	c.evictPending = false
+	q.dispatchLocked(nil)
 }
 
-func (q *queue) acquire(c *client) {
+// acquire queues c with the bytes it needs resident to run.
+func (q *queue) acquire(c *client, need uint64) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.holder == c || c.waiting {
+	if c.holding || c.waiting {
 		return
 	}
-	now := q.clock.Now()
+	if q.budget == 0 {
+		need = 0
+	} else if need > q.budget {
+		q.log.Info("Dropping shim client that needs more than the GPU's budget", "client", c.id, "pid", c.pid,
+			"need", need, "budget", q.budget)
+		c.drop()
+		return
+	}
+	c.need = need
 	c.waiting = true
-	c.waitingSince = now
-	if q.holder == nil {
-		q.grantLocked(c, false)
-		return
-	}
-	c.waits++
+	c.waitingSince = q.clock.Now()
 	q.waiting[c.priority] = append(q.waiting[c.priority], c)
-	q.contendLocked()
+	q.dispatchLocked(c)
+	if c.waiting {
+		c.waits++
+	}
 }
 
 // release ends c's hold of epoch; a stale epoch (after a revocation) is ignored.
-func (q *queue) release(c *client, epoch uint32) {
+func (q *queue) release(c *client, epoch uint32, resident uint64) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.holder != c || epoch != q.epoch {
+	if !c.holding || epoch != c.epoch {
 		return
 	}
-	q.endHoldLocked()
-	q.handoffLocked()
+	q.endHoldLocked(c)
+	if q.budget > 0 && resident < c.reservation {
+		q.setReservationLocked(c, resident)
+	}
+	q.dispatchLocked(nil)
+}
+
+// memReq asks to raise a holder's reservation to need (its allocations grew).
+func (q *queue) memReq(c *client, need uint64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	switch {
+	case !c.holding:
+		q.sendLocked(c, Message{Type: MsgMemReply, Status: MemBusy, Resident: c.reservation})
+	case q.budget == 0 || need > q.budget:
+		q.sendLocked(c, Message{Type: MsgMemReply, Status: MemTooLarge, Resident: c.reservation})
+	default:
+		c.memPending, c.memNeed = true, need
+		q.tryMemLocked(c)
+		q.dispatchLocked(nil)
+	}
+}
+
+// usage records a client's report; an eviction answer or a report after
+// frees lowers its reservation, but only when the report was written after
+// every raise the scheduler sent it.
+func (q *queue) usage(c *client, m Message) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	c.reported = m
+	if m.Reason == UsageEvicted {
+		if !c.evictPending {
+			return
+		}
+		c.evictPending = false
+		if m.Resident > c.evictTarget {
+			// It could not free what was asked (it failed to copy out): leave it
+			// alone for a moment and let the next dispatch pick others.
+			c.noEvictUntil = q.clock.Now().Add(100 * time.Millisecond)
+			q.armRetryLocked(100 * time.Millisecond)
+		}
+	}
+	if q.budget > 0 && m.Acks == c.raises && m.Resident < c.reservation && !c.memPending {
+		q.setReservationLocked(c, m.Resident)
+	}
+	if c.holding && m.Need < c.need {
+		c.need = m.Need
+	}
+	if c.holding && c.startPending && m.Reason == UsageReport && m.Acks == c.raises {
+		// Its memory is in: the hold (and its quantum) starts now.
+		c.startPending = false
+		c.grantedAt = q.clock.Now()
+		if c.contendedSent {
+			q.contendLocked()
+		}
+	}
+	q.dispatchLocked(nil)
+}
+
+func (q *queue) setReservationLocked(c *client, v uint64) {
+	q.reserved = q.reserved - c.reservation + v
+	c.reservation = v
+	if q.reserved > q.peak {
+		q.peak = q.reserved
+	}
+	if q.budget > 0 && q.reserved > q.budget {
+		// Unreachable by construction; loud if it ever happens.
+		q.log.Error(nil, "GPU memory reservations exceed the budget", "reserved", q.reserved, "budget", q.budget)
+	}
+}
+
+func (q *queue) free() uint64 {
+	if q.reserved >= q.budget {
+		return 0
+	}
+	return q.budget - q.reserved
+}
+
+// tryMemLocked answers a holder's pending MemReq if it can be answered now.
+func (q *queue) tryMemLocked(c *client) {
+	if !c.memPending {
+		return
+	}
+	need := c.memNeed
+	if need <= c.reservation {
+		c.memPending = false
+		c.need = need
+		q.replyOKLocked(c)
+		return
+	}
+	extra := need - c.reservation
+	if extra <= q.free() {
+		c.memPending = false
+		c.need = need
+		q.setReservationLocked(c, need)
+		q.replyOKLocked(c)
+		return
+	}
+	if q.mode == ModeOff {
+		c.memPending = false
+		q.sendLocked(c, Message{Type: MsgMemReply, Status: MemTooLarge, Resident: c.reservation})
+		return
+	}
+	if q.evictLocked(extra-q.free(), c) {
+		return // answered when the evictions are done
+	}
+	if len(q.holders) > 1 {
+		// Other holders keep the memory: this one yields and waits in line with its larger need.
+		c.memPending = false
+		q.sendLocked(c, Message{Type: MsgMemReply, Status: MemBusy, Resident: c.reservation})
+	}
+	// Otherwise evictions that failed a moment ago are retried by the timer.
+}
+
+func (q *queue) replyOKLocked(c *client) {
+	c.raises++
+	q.sendLocked(c, Message{Type: MsgMemReply, Status: MemOK, Resident: c.reservation})
+}
+
+// evictLocked makes sure amount bytes are being freed for `forc`: evictions
+// already under way count; more are asked from clients that do not run,
+// least recently run first, each only for what is still missing. False when
+// the clients that do not run cannot free enough (the holders must yield).
+func (q *queue) evictLocked(amount uint64, forc *client) bool {
+	var pending uint64
+	var cands []*client
+	now := q.clock.Now()
+	for _, o := range q.clients {
+		switch {
+		case o.evictPending:
+			if o.reservation > o.evictTarget {
+				pending += o.reservation - o.evictTarget
+			}
+		case o != forc && !o.holding && o.reservation > 0 && !now.Before(o.noEvictUntil):
+			cands = append(cands, o)
+		}
+	}
+	if pending >= amount {
+		return true
+	}
+	var avail uint64
+	for _, o := range cands {
+		avail += o.reservation
+	}
+	if pending+avail < amount {
+		return pending > 0
+	}
+	sort.Slice(cands, func(i, j int) bool {
+		if !cands[i].lastRun.Equal(cands[j].lastRun) {
+			return cands[i].lastRun.Before(cands[j].lastRun)
+		}
+		return cands[i].id < cands[j].id
+	})
+	rest := amount - pending
+	for _, o := range cands {
+		if rest == 0 {
+			break
+		}
+		take := min(o.reservation, rest)
+		rest -= take
+		o.evictPending = true
+		o.evictTarget = o.reservation - take
+		o.evictions++
+		q.evictions.Inc()
+		q.sendLocked(o, Message{Type: MsgEvict, Target: o.evictTarget})
+	}
+	return true
+}
+
+// dispatchLocked grants what can be granted: holders' memory requests first,
+// then waiters in order (high priority first, FIFO within a class). When the
+// head waiter cannot run because of the holders, they are told (CONTENDED)
+// and will yield after their quantum.
+func (q *queue) dispatchLocked(acquirer *client) {
+	for _, h := range q.holders {
+		q.tryMemLocked(h)
+	}
+	for {
+		head := q.headLocked()
+		if head == nil {
+			return
+		}
+		if q.exclusive() && len(q.holders) > 0 {
+			q.contendLocked()
+			return
+		}
+		if q.budget > 0 {
+			if head.evictPending {
+				return
+			}
+			var extra uint64
+			if head.need > head.reservation {
+				extra = head.need - head.reservation
+			}
+			if extra > q.free() {
+				if q.evictLocked(extra-q.free(), head) {
+					return
+				}
+				q.contendLocked()
+				return
+			}
+			if extra > 0 {
+				q.setReservationLocked(head, head.need)
+			}
+		}
+		q.removeWaiterLocked(head)
+		q.grantLocked(head, head != acquirer)
+	}
+}
+
+func (q *queue) headLocked() *client {
+	for _, p := range []Priority{PriorityHigh, PriorityNormal} {
+		if len(q.waiting[p]) > 0 {
+			return q.waiting[p][0]
+		}
+	}
+	return nil
 }
 
 func (q *queue) nWaitingLocked() int {
@@ -139,88 +407,100 @@ func (q *queue) nWaitingLocked() int {
 func (q *queue) grantLocked(c *client, handoff bool) {
 	now := q.clock.Now()
 	q.epoch++
-	q.holder = c
-	q.grantedAt = now
-	q.contendedSent = false
+	c.holding = true
+	c.epoch = q.epoch
+	c.grantedAt = now
+	c.contendedSent = false
+	q.holders = append(q.holders, c)
 	wait := now.Sub(c.waitingSince)
-	c.waiting = false
 	c.waitTotal += wait
 	c.grants++
 	q.waitHist.Observe(wait.Seconds())
 	if handoff {
 		q.handoffs.Inc()
 	}
-	q.sendLocked(c, Message{Type: MsgGrant, Epoch: q.epoch, QuantumMS: ms(q.quantum)})
-	if q.nWaitingLocked() > 0 {
-		q.contendLocked()
+	if q.budget > 0 {
+		c.raises++
+		c.startPending = c.need > 0
 	}
+	q.sendLocked(c, Message{Type: MsgGrant, Epoch: c.epoch, QuantumMS: ms(q.quantum), Resident: c.reservation})
 }
 
-// contendLocked tells the holder someone waits (once per hold) and arms revocation.
+// contendLocked tells every holder someone waits (once per hold) and arms its revocation.
 func (q *queue) contendLocked() {
-	if q.holder == nil {
-		return
-	}
-	if !q.contendedSent {
-		q.contendedSent = true
-		q.sendLocked(q.holder, Message{Type: MsgContended, Epoch: q.epoch, Waiters: uint32(q.nWaitingLocked())})
-	}
-	if q.revokeTimer == nil {
-		// The holder may keep its quantum, and always gets the grace period
-		// after learning that someone waits, to drain its GPU work and release.
-		epoch := q.epoch
-		now := q.clock.Now()
-		start := q.grantedAt.Add(q.quantum)
-		if now.After(start) {
-			start = now
+	for _, h := range q.holders {
+		if !h.contendedSent {
+			h.contendedSent = true
+			q.sendLocked(h, Message{Type: MsgContended, Epoch: h.epoch, Waiters: uint32(q.nWaitingLocked())})
 		}
-		d := start.Add(q.grace).Sub(now)
-		q.revokeTimer = q.clock.AfterFunc(d, func() { q.revokeIfOverdue(epoch) })
+		if h.revokeTimer == nil && !h.startPending {
+			// The holder may keep its quantum, and always gets the grace period
+			// after learning that someone waits, to drain its GPU work and release.
+			h, epoch := h, h.epoch
+			now := q.clock.Now()
+			start := h.grantedAt.Add(q.quantum)
+			if now.After(start) {
+				start = now
+			}
+			d := start.Add(q.grace).Sub(now)
+			h.revokeTimer = q.clock.AfterFunc(d, func() { q.revokeIfOverdue(h, epoch) })
+		}
 	}
 }
 
-func (q *queue) revokeIfOverdue(epoch uint32) {
+func (q *queue) revokeIfOverdue(c *client, epoch uint32) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.holder == nil || q.epoch != epoch {
+	if !c.holding || c.epoch != epoch {
 		return // released in time; the timer lost the race
 	}
-	q.revokeTimer = nil
+	c.revokeTimer = nil
 	if q.nWaitingLocked() == 0 {
 		return // nobody to hand to: keep holding, re-armed when someone waits
 	}
-	c := q.holder
 	c.revocations++
 	q.revocations.Inc()
 	q.log.Info("Revoking GPU lock held past quantum plus grace", "client", c.id, "pid", c.pid,
-		"held", q.clock.Now().Sub(q.grantedAt), "quantum", q.quantum, "grace", q.grace)
-	q.sendLocked(c, Message{Type: MsgRevoked, Epoch: q.epoch})
-	q.endHoldLocked()
-	q.handoffLocked()
+		"held", q.clock.Now().Sub(c.grantedAt), "quantum", q.quantum, "grace", q.grace)
+	q.sendLocked(c, Message{Type: MsgRevoked, Epoch: c.epoch})
+	q.endHoldLocked(c)
+	q.dispatchLocked(nil)
 }
 
-func (q *queue) endHoldLocked() {
-	c := q.holder
-	hold := q.clock.Now().Sub(q.grantedAt)
+func (q *queue) endHoldLocked(c *client) {
+	now := q.clock.Now()
+	hold := now.Sub(c.grantedAt)
 	c.holdTotal += hold
+	c.lastRun = now
 	q.holdHist.Observe(hold.Seconds())
-	q.holder = nil
-	if q.revokeTimer != nil {
-		q.revokeTimer.Stop()
-		q.revokeTimer = nil
-	}
-}
-
-// handoffLocked grants the lock to the next waiter: high priority first, FIFO within a class.
-func (q *queue) handoffLocked() {
-	for _, p := range []Priority{PriorityHigh, PriorityNormal} {
-		if len(q.waiting[p]) > 0 {
-			next := q.waiting[p][0]
-			q.waiting[p] = q.waiting[p][1:]
-			q.grantLocked(next, true)
-			return
+	c.holding = false
+	c.startPending = false
+	for i, h := range q.holders {
+		if h == c {
+			q.holders = append(q.holders[:i:i], q.holders[i+1:]...)
+			break
 		}
 	}
+	if c.revokeTimer != nil {
+		c.revokeTimer.Stop()
+		c.revokeTimer = nil
+	}
+	if c.memPending {
+		c.memPending = false
+		q.sendLocked(c, Message{Type: MsgMemReply, Status: MemBusy, Resident: c.reservation})
+	}
+}
+
+func (q *queue) armRetryLocked(d time.Duration) {
+	if q.retry != nil {
+		return
+	}
+	q.retry = q.clock.AfterFunc(d, func() {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		q.retry = nil
+		q.dispatchLocked(nil)
+	})
 }
 
 func (q *queue) removeWaiterLocked(c *client) {
@@ -249,6 +529,14 @@ func (q *queue) sendLocked(c *client, m Message) {
 	}
 }
 
+// holderLocked is the first holder (the only one when exclusive), or nil.
+func (q *queue) holderLocked() *client {
+	if len(q.holders) == 0 {
+		return nil
+	}
+	return q.holders[0]
+}
+
 // snapshot returns the state of every client of this GPU.
 func (q *queue) snapshot() []ClientState {
 	q.mu.Lock()
@@ -256,22 +544,33 @@ func (q *queue) snapshot() []ClientState {
 	now := q.clock.Now()
 	out := make([]ClientState, 0, len(q.clients))
 	for _, c := range q.clients {
+		r := c.reported
 		s := ClientState{
-			GPU:         q.uuid,
-			ID:          c.id,
-			PID:         c.pid,
-			Priority:    c.priority,
-			Holding:     q.holder == c,
-			Waiting:     c.waiting,
-			Waits:       c.waits,
-			WaitTime:    c.waitTotal,
-			HoldTime:    c.holdTotal,
-			Grants:      c.grants,
-			Revocations: c.revocations,
-			ConnectedAt: c.connectedAt,
+			GPU:           q.uuid,
+			ID:            c.id,
+			PID:           c.pid,
+			Priority:      c.priority,
+			Holding:       c.holding,
+			Waiting:       c.waiting,
+			Waits:         c.waits,
+			WaitTime:      c.waitTotal,
+			HoldTime:      c.holdTotal,
+			Grants:        c.grants,
+			Revocations:   c.revocations,
+			ConnectedAt:   c.connectedAt,
+			NeedBytes:     c.need,
+			ReservedBytes: c.reservation,
+			ResidentBytes: r.Resident,
+			SwappedBytes:  r.Stats.Swapped,
+			SwapOuts:      r.Stats.SwapOuts,
+			SwapIns:       r.Stats.SwapIns,
+			BytesOut:      r.Stats.BytesOut,
+			BytesIn:       r.Stats.BytesIn,
+			SwapTime:      time.Duration(r.Stats.SwapNS),
+			Evictions:     c.evictions,
 		}
 		if s.Holding {
-			s.HoldTime += now.Sub(q.grantedAt)
+			s.HoldTime += now.Sub(c.grantedAt)
 		}
 		if c.waiting {
 			s.WaitTime += now.Sub(c.waitingSince)
@@ -280,4 +579,12 @@ func (q *queue) snapshot() []ClientState {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
+}
+
+// gpuState is the GPU-wide memory account.
+func (q *queue) gpuState() GPUState {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return GPUState{GPU: q.uuid, Budget: q.budget, Mode: q.mode, ReservedBytes: q.reserved, PeakReservedBytes: q.peak,
+		Holders: len(q.holders), Waiters: q.nWaitingLocked()}
 }

@@ -72,7 +72,7 @@ func (fx *queueFixture) join(t *testing.T, prio Priority) *fakeClient {
 func (fx *queueFixture) holder() *client {
 	fx.q.mu.Lock()
 	defer fx.q.mu.Unlock()
-	return fx.q.holder
+	return fx.q.holderLocked()
 }
 
 func grantEpoch(t *testing.T, f *fakeClient) uint32 {
@@ -96,7 +96,7 @@ func TestQueueWelcomesWithQuantumAndGrace(t *testing.T) {
 func TestQueueGrantsAFreeLockAtOnce(t *testing.T) {
 	fx := newQueueFixture(t, time.Second, time.Second)
 	a := fx.join(t, PriorityNormal)
-	fx.q.acquire(a.c)
+	fx.q.acquire(a.c, 0)
 	if fx.holder() != a.c {
 		t.Fatal("free lock was not granted")
 	}
@@ -111,11 +111,11 @@ func TestQueueGrantsAFreeLockAtOnce(t *testing.T) {
 func TestQueueTellsHolderWhenSomeoneWaits(t *testing.T) {
 	fx := newQueueFixture(t, time.Second, time.Second)
 	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
-	fx.q.acquire(a.c)
+	fx.q.acquire(a.c, 0)
 	if a.count(MsgContended) != 0 {
 		t.Fatal("holder told of contention with nobody waiting")
 	}
-	fx.q.acquire(b.c)
+	fx.q.acquire(b.c, 0)
 	c, ok := a.last(MsgContended)
 	if !ok || c.Epoch != grantEpoch(t, a) || c.Waiters != 1 {
 		t.Fatalf("contended = %+v, %v", c, ok)
@@ -127,14 +127,14 @@ func TestQueueHandsOffToHighPriorityFirstThenFIFO(t *testing.T) {
 	holder := fx.join(t, PriorityNormal)
 	n1, n2 := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
 	h1 := fx.join(t, PriorityHigh)
-	fx.q.acquire(holder.c)
-	fx.q.acquire(n1.c)
-	fx.q.acquire(n2.c)
-	fx.q.acquire(h1.c) // arrives last, goes first
+	fx.q.acquire(holder.c, 0)
+	fx.q.acquire(n1.c, 0)
+	fx.q.acquire(n2.c, 0)
+	fx.q.acquire(h1.c, 0) // arrives last, goes first
 	order := []*fakeClient{h1, n1, n2}
 	cur := holder
 	for _, want := range order {
-		fx.q.release(cur.c, grantEpoch(t, cur))
+		fx.q.release(cur.c, grantEpoch(t, cur), 0)
 		if fx.holder() != want.c {
 			t.Fatalf("after client %d released, holder = %v, want client %d", cur.c.id, fx.holder(), want.c.id)
 		}
@@ -148,16 +148,16 @@ func TestQueueHandsOffToHighPriorityFirstThenFIFO(t *testing.T) {
 func TestQueueIgnoresStaleRelease(t *testing.T) {
 	fx := newQueueFixture(t, time.Second, time.Second)
 	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
-	fx.q.acquire(a.c)
+	fx.q.acquire(a.c, 0)
 	old := grantEpoch(t, a)
-	fx.q.release(a.c, old)
-	fx.q.acquire(b.c)
-	fx.q.acquire(a.c)
-	fx.q.release(a.c, old) // a repeats an old release while b holds
+	fx.q.release(a.c, old, 0)
+	fx.q.acquire(b.c, 0)
+	fx.q.acquire(a.c, 0)
+	fx.q.release(a.c, old, 0) // a repeats an old release while b holds
 	if fx.holder() != b.c {
 		t.Fatal("a stale release from a non-holder moved the lock")
 	}
-	fx.q.release(b.c, old)
+	fx.q.release(b.c, old, 0)
 	if fx.holder() != b.c {
 		t.Fatal("a release with another epoch moved the lock")
 	}
@@ -166,9 +166,9 @@ func TestQueueIgnoresStaleRelease(t *testing.T) {
 func TestQueueRevokesHolderPastQuantumPlusGraceWhenOthersWait(t *testing.T) {
 	fx := newQueueFixture(t, 100*time.Millisecond, 50*time.Millisecond)
 	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
-	fx.q.acquire(a.c)
+	fx.q.acquire(a.c, 0)
 	epoch := grantEpoch(t, a)
-	fx.q.acquire(b.c)
+	fx.q.acquire(b.c, 0)
 	fx.clock.Advance(149 * time.Millisecond)
 	if fx.holder() != a.c || a.count(MsgRevoked) != 0 {
 		t.Fatal("revoked before quantum + grace")
@@ -185,7 +185,7 @@ func TestQueueRevokesHolderPastQuantumPlusGraceWhenOthersWait(t *testing.T) {
 		t.Errorf("revocations_total = %v, want 1", got)
 	}
 	// The revoked client's late release of its void epoch changes nothing.
-	fx.q.release(a.c, epoch)
+	fx.q.release(a.c, epoch, 0)
 	if fx.holder() != b.c {
 		t.Fatal("late release of a revoked epoch moved the lock")
 	}
@@ -194,12 +194,12 @@ func TestQueueRevokesHolderPastQuantumPlusGraceWhenOthersWait(t *testing.T) {
 func TestQueueGivesGraceAfterLateContention(t *testing.T) {
 	fx := newQueueFixture(t, 100*time.Millisecond, 50*time.Millisecond)
 	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
-	fx.q.acquire(a.c)
+	fx.q.acquire(a.c, 0)
 	fx.clock.Advance(time.Second) // alone: may hold as long as it likes
 	if a.count(MsgRevoked) != 0 {
 		t.Fatal("revoked with nobody waiting")
 	}
-	fx.q.acquire(b.c)
+	fx.q.acquire(b.c, 0)
 	fx.clock.Advance(49 * time.Millisecond)
 	if a.count(MsgRevoked) != 0 {
 		t.Fatal("revoked before the grace period that follows contention")
@@ -213,10 +213,10 @@ func TestQueueGivesGraceAfterLateContention(t *testing.T) {
 func TestQueueDoesNotRevokeAHolderThatReleasedInTime(t *testing.T) {
 	fx := newQueueFixture(t, 100*time.Millisecond, 50*time.Millisecond)
 	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
-	fx.q.acquire(a.c)
-	fx.q.acquire(b.c)
+	fx.q.acquire(a.c, 0)
+	fx.q.acquire(b.c, 0)
 	fx.clock.Advance(120 * time.Millisecond)
-	fx.q.release(a.c, grantEpoch(t, a))
+	fx.q.release(a.c, grantEpoch(t, a), 0)
 	fx.clock.Advance(40 * time.Millisecond) // a's old deadline passes while b holds
 	if a.count(MsgRevoked) != 0 || b.count(MsgRevoked) != 0 {
 		t.Fatal("a timer from an ended hold revoked someone")
@@ -229,8 +229,8 @@ func TestQueueDoesNotRevokeAHolderThatReleasedInTime(t *testing.T) {
 func TestQueueFreesTheLockWhenTheHolderLeaves(t *testing.T) {
 	fx := newQueueFixture(t, time.Second, time.Second)
 	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
-	fx.q.acquire(a.c)
-	fx.q.acquire(b.c)
+	fx.q.acquire(a.c, 0)
+	fx.q.acquire(b.c, 0)
 	fx.q.leave(a.c)
 	if fx.holder() != b.c {
 		t.Fatal("waiter did not get the lock of a departed holder")
@@ -244,11 +244,11 @@ func TestQueueFreesTheLockWhenTheHolderLeaves(t *testing.T) {
 func TestQueueForgetsAWaiterThatLeaves(t *testing.T) {
 	fx := newQueueFixture(t, time.Second, time.Second)
 	a, b, c := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
-	fx.q.acquire(a.c)
-	fx.q.acquire(b.c)
-	fx.q.acquire(c.c)
+	fx.q.acquire(a.c, 0)
+	fx.q.acquire(b.c, 0)
+	fx.q.acquire(c.c, 0)
 	fx.q.leave(b.c)
-	fx.q.release(a.c, grantEpoch(t, a))
+	fx.q.release(a.c, grantEpoch(t, a), 0)
 	if fx.holder() != c.c {
 		t.Fatal("lock went to a departed waiter")
 	}
@@ -257,9 +257,9 @@ func TestQueueForgetsAWaiterThatLeaves(t *testing.T) {
 func TestQueueDropsAClientThatStopsReading(t *testing.T) {
 	fx := newQueueFixture(t, time.Second, time.Second)
 	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
-	fx.q.acquire(a.c)
+	fx.q.acquire(a.c, 0)
 	a.full = true
-	fx.q.acquire(b.c) // CONTENDED to a cannot be queued
+	fx.q.acquire(b.c, 0) // CONTENDED to a cannot be queued
 	if !a.dropped {
 		t.Fatal("client with a full outbox was not dropped")
 	}
@@ -268,10 +268,10 @@ func TestQueueDropsAClientThatStopsReading(t *testing.T) {
 func TestQueueSnapshotReportsWaitsAndHoldTime(t *testing.T) {
 	fx := newQueueFixture(t, time.Second, time.Second)
 	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityHigh)
-	fx.q.acquire(a.c)
-	fx.q.acquire(b.c)
+	fx.q.acquire(a.c, 0)
+	fx.q.acquire(b.c, 0)
 	fx.clock.Advance(300 * time.Millisecond)
-	fx.q.release(a.c, grantEpoch(t, a))
+	fx.q.release(a.c, grantEpoch(t, a), 0)
 	fx.clock.Advance(200 * time.Millisecond)
 	s := fx.q.snapshot()
 	if len(s) != 2 {

@@ -30,6 +30,12 @@ type GPUConfig struct {
 	// Grace is how long past its quantum (and past learning that others wait)
 	// a holder may take to drain its GPU work before it is revoked.
 	Grace time.Duration
+	// Budget is the device memory, in bytes, that the shim clients of this GPU
+	// may have physically resident together (GPU memory minus a reserve, or
+	// what the policy sets). 0: the lock only, no memory accounting.
+	Budget uint64
+	// Mode is the anti-thrashing policy when Budget > 0 (default ModeAuto).
+	Mode Mode
 }
 
 // Options configure a Scheduler.
@@ -60,6 +66,29 @@ type ClientState struct {
 	Grants      uint64
 	Revocations uint64
 	ConnectedAt time.Time
+
+	// Memory, when the GPU has a budget.
+	NeedBytes     uint64        // working set it asked to run with
+	ReservedBytes uint64        // bytes it may have resident (the scheduler's account)
+	ResidentBytes uint64        // as last reported by the client
+	SwappedBytes  uint64        // in host staging, as last reported
+	SwapOuts      uint64        // allocations copied out and released
+	SwapIns       uint64        // allocations mapped and copied back in
+	BytesOut      uint64        // bytes copied out
+	BytesIn       uint64        // bytes copied in
+	SwapTime      time.Duration // time spent swapping
+	Evictions     uint64        // evictions the scheduler asked of it
+}
+
+// GPUState is one GPU's memory account.
+type GPUState struct {
+	GPU               string
+	Budget            uint64
+	Mode              Mode
+	ReservedBytes     uint64 // sum of the clients' reservations: never above Budget
+	PeakReservedBytes uint64 // highest ReservedBytes since start
+	Holders           int
+	Waiters           int
 }
 
 // Defaults for GPUConfig fields left zero.
@@ -117,8 +146,14 @@ func New(opts Options) (*Scheduler, error) {
 		if g.Grace <= 0 {
 			g.Grace = max(g.Quantum/2, MinGrace)
 		}
+		if g.Mode > ModeOff {
+			return nil, fmt.Errorf("%w: GPU %q anti-thrashing mode %d", ErrInvalidConfig, g.UUID, g.Mode)
+		}
 		s.cfgs = append(s.cfgs, g)
 		s.queues = append(s.queues, newQueue(g, opts.Clock, m, logr.Discard()))
+	}
+	if err := m.registerClients(opts.Registerer, s); err != nil {
+		return nil, fmt.Errorf("registering scheduler metrics: %w", err)
 	}
 	return s, nil
 }
@@ -155,7 +190,8 @@ func (s *Scheduler) Listen(ctx context.Context) error {
 			defer s.wg.Done()
 			s.acceptLoop(ln, q)
 		}()
-		log.Info("Serving GPU lock", "gpu", g.UUID, "socket", g.SocketPath, "quantum", g.Quantum, "grace", g.Grace)
+		log.Info("Serving GPU lock", "gpu", g.UUID, "socket", g.SocketPath, "quantum", g.Quantum, "grace", g.Grace,
+			"budget", g.Budget, "mode", g.Mode)
 	}
 	return nil
 }
@@ -183,6 +219,15 @@ func (s *Scheduler) Snapshot() []ClientState {
 		out = append(out, q.snapshot()...)
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].GPU < out[j].GPU })
+	return out
+}
+
+// GPUs returns each GPU's memory account, in configuration order.
+func (s *Scheduler) GPUs() []GPUState {
+	out := make([]GPUState, 0, len(s.queues))
+	for _, q := range s.queues {
+		out = append(out, q.gpuState())
+	}
 	return out
 }
 
@@ -320,9 +365,13 @@ func (s *Scheduler) serveConn(conn net.Conn, q *queue) {
 		}
 		switch m.Type {
 		case MsgAcquire:
-			q.acquire(c)
+			q.acquire(c, m.Need)
 		case MsgRelease:
-			q.release(c, m.Epoch)
+			q.release(c, m.Epoch, m.Resident)
+		case MsgMemReq:
+			q.memReq(c, m.Need)
+		case MsgUsage:
+			q.usage(c, m)
 		default:
 			log.Info("Dropping shim client that sent an unexpected message", "client", c.id, "pid", pid, "type", m.Type)
 			q.leave(c)

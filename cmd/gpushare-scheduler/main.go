@@ -2,9 +2,13 @@
 // on its own, outside the node agent: for the GPU benchmarks and for trying
 // the shim on a machine without Kubernetes.
 //
-//	gpushare-scheduler --socket-dir /run/gpushare --gpu GPU-1234:200ms --gpu GPU-5678:1s:500ms
+//	gpushare-scheduler --socket-dir /run/gpushare --gpu GPU-1234:200ms --gpu GPU-5678:1s:500ms:16Gi:Auto
 //
-// Each --gpu is uuid:quantum[:grace]; the socket is <socket-dir>/<uuid>.sock.
+// Each --gpu is uuid:quantum[:grace[:budget[:mode]]]; the socket is
+// <socket-dir>/<uuid>.sock. budget (bytes, or with Ki/Mi/Gi) turns on memory
+// accounting for oversubscription (clients run with GPUSHARE_OVERSUB=1);
+// mode is the anti-thrashing policy, Auto (default), Always or Off. An empty
+// grace keeps the default.
 // On SIGINT/SIGTERM it prints each client's state and the counters, then exits.
 package main
 
@@ -17,6 +21,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -36,20 +41,46 @@ func (g *gpuFlags) Set(v string) error { *g = append(*g, v); return nil }
 
 func parseGPU(dir, v string) (scheduler.GPUConfig, error) {
 	parts := strings.Split(v, ":")
-	if len(parts) < 2 || len(parts) > 3 || parts[0] == "" {
-		return scheduler.GPUConfig{}, fmt.Errorf("--gpu %q: want uuid:quantum[:grace]", v)
+	if len(parts) < 2 || len(parts) > 5 || parts[0] == "" {
+		return scheduler.GPUConfig{}, fmt.Errorf("--gpu %q: want uuid:quantum[:grace[:budget[:mode]]]", v)
 	}
 	q, err := time.ParseDuration(parts[1])
 	if err != nil {
 		return scheduler.GPUConfig{}, fmt.Errorf("--gpu %q quantum: %w", v, err)
 	}
 	cfg := scheduler.GPUConfig{UUID: parts[0], SocketPath: filepath.Join(dir, parts[0]+".sock"), Quantum: q}
-	if len(parts) == 3 {
+	if len(parts) >= 3 && parts[2] != "" {
 		if cfg.Grace, err = time.ParseDuration(parts[2]); err != nil {
 			return scheduler.GPUConfig{}, fmt.Errorf("--gpu %q grace: %w", v, err)
 		}
 	}
+	if len(parts) >= 4 {
+		if cfg.Budget, err = parseBytes(parts[3]); err != nil {
+			return scheduler.GPUConfig{}, fmt.Errorf("--gpu %q budget: %w", v, err)
+		}
+	}
+	if len(parts) == 5 {
+		if cfg.Mode, err = scheduler.ParseMode(parts[4]); err != nil {
+			return scheduler.GPUConfig{}, fmt.Errorf("--gpu %q: %w", v, err)
+		}
+	}
 	return cfg, nil
+}
+
+// parseBytes reads 123, 64Ki, 512Mi, 16Gi.
+func parseBytes(s string) (uint64, error) {
+	mult := uint64(1)
+	for suf, m := range map[string]uint64{"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30} {
+		if strings.HasSuffix(s, suf) {
+			s, mult = strings.TrimSuffix(s, suf), m
+			break
+		}
+	}
+	n, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return 0, err
+	}
+	return n * mult, nil
 }
 
 func main() {
@@ -102,6 +133,12 @@ func run() error {
 	for _, c := range s.Snapshot() {
 		fmt.Fprintf(os.Stderr, "client gpu=%s id=%d pid=%d priority=%s holding=%t waits=%d wait=%s hold=%s grants=%d revocations=%d\n",
 			c.GPU, c.ID, c.PID, c.Priority, c.Holding, c.Waits, c.WaitTime, c.HoldTime, c.Grants, c.Revocations)
+	}
+	for _, g := range s.GPUs() {
+		if g.Budget > 0 {
+			fmt.Fprintf(os.Stderr, "gpu %s budget=%d mode=%s reserved=%d peak_reserved=%d\n", g.GPU, g.Budget, g.Mode,
+				g.ReservedBytes, g.PeakReservedBytes)
+		}
 	}
 	s.Close()
 	return printCounters(reg)

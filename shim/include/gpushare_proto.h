@@ -10,6 +10,18 @@
  *
  * The lease is the connection: the scheduler frees the lock the moment a
  * holder's socket closes, so a killed process never leaks it.
+ *
+ * Version 2 adds memory budgets (oversubscription by explicit swap, see
+ * docs/oversubscription.md). The scheduler accounts, per client, the bytes of
+ * device memory it may have physically resident (its reservation); the sum
+ * over the clients of a GPU never exceeds the GPU's budget. A client raises
+ * its reservation only through GRANT (to its ACQUIRE need) or MEMREPLY OK (to
+ * its MEMREQ need); it lowers it by RELEASE, by USAGE after freeing, and by
+ * USAGE(evicted) after an EVICT. USAGE carries the count of raises the client
+ * has applied ("acks"), so the scheduler never lowers a reservation on the
+ * strength of a report written before a raise it has already sent.
+ * A scheduler with budget 0 in WELCOME grants the lock only (version 1
+ * behaviour) and every need is 0.
  */
 #ifndef GPUSHARE_PROTO_H
 #define GPUSHARE_PROTO_H
@@ -17,18 +29,36 @@
 #include <stdint.h>
 
 #define GS_PROTO_MAGIC 0x48535047u /* bytes "GPSH" */
-#define GS_PROTO_VERSION 1u
+#define GS_PROTO_VERSION 2u
 #define GS_MAX_MSG_SIZE 256u
 #define GS_UUID_LEN 64u
 
 /* Message types. c->s: client to scheduler, s->c: scheduler to client. */
 #define GS_MSG_HELLO 1u     /* c->s first message: pid, priority, GPU uuid */
-#define GS_MSG_WELCOME 2u   /* s->c answer to HELLO: client id, quantum, grace */
-#define GS_MSG_ACQUIRE 3u   /* c->s: wants the GPU */
-#define GS_MSG_GRANT 4u     /* s->c: the GPU is yours for epoch, quantum */
-#define GS_MSG_RELEASE 5u   /* c->s: done with epoch, GPU work drained */
+#define GS_MSG_WELCOME 2u   /* s->c answer to HELLO: client id, quantum, grace, budget, mode */
+#define GS_MSG_ACQUIRE 3u   /* c->s: wants the GPU with need bytes resident */
+#define GS_MSG_GRANT 4u     /* s->c: the GPU is yours for epoch, quantum; reservation = resident */
+#define GS_MSG_RELEASE 5u   /* c->s: done with epoch, GPU work drained; keeps resident bytes */
 #define GS_MSG_CONTENDED 6u /* s->c: someone waits; release once quantum is used */
 #define GS_MSG_REVOKED 7u   /* s->c: held past quantum + grace; epoch is void */
+#define GS_MSG_MEMREQ 8u    /* c->s: holder wants its reservation raised to need */
+#define GS_MSG_MEMREPLY 9u  /* s->c: answer to MEMREQ: status, reservation */
+#define GS_MSG_EVICT 10u    /* s->c: non-holder, bring your resident bytes down to target */
+#define GS_MSG_USAGE 11u    /* c->s: memory state and swap counters (reason: report / evicted) */
+
+/* Anti-thrashing modes (WELCOME.mode). */
+#define GS_MODE_AUTO 0u   /* concurrent while the working sets fit the budget together */
+#define GS_MODE_ALWAYS 1u /* one holder at a time, always */
+#define GS_MODE_OFF 2u    /* never serialize; memory beyond the budget fails to allocate */
+
+/* MEMREPLY.status */
+#define GS_MEM_OK 0u        /* reservation raised to need */
+#define GS_MEM_BUSY 1u      /* others hold the memory: release the GPU and ACQUIRE with the larger need */
+#define GS_MEM_TOO_LARGE 2u /* can never fit (beyond the budget, or mode Off and not free now) */
+
+/* USAGE.reason */
+#define GS_USAGE_REPORT 0u
+#define GS_USAGE_EVICTED 1u /* answers an EVICT: the eviction is done (or gave up) */
 
 #define GS_PRIORITY_NORMAL 0u
 #define GS_PRIORITY_HIGH 1u
@@ -36,12 +66,16 @@
 /* Fixed message sizes in bytes, header included. */
 #define GS_HEADER_SIZE 12u
 #define GS_HELLO_SIZE 84u
-#define GS_WELCOME_SIZE 24u
-#define GS_ACQUIRE_SIZE 12u
-#define GS_GRANT_SIZE 20u
-#define GS_RELEASE_SIZE 16u
+#define GS_WELCOME_SIZE 36u
+#define GS_ACQUIRE_SIZE 20u
+#define GS_GRANT_SIZE 28u
+#define GS_RELEASE_SIZE 28u
 #define GS_CONTENDED_SIZE 20u
 #define GS_REVOKED_SIZE 16u
+#define GS_MEMREQ_SIZE 20u
+#define GS_MEMREPLY_SIZE 28u
+#define GS_EVICT_SIZE 24u
+#define GS_USAGE_SIZE 84u
 
 struct gs_header {
     uint32_t magic;
@@ -62,22 +96,28 @@ struct gs_welcome {
     uint32_t client_id;
     uint32_t quantum_ms;
     uint32_t grace_ms;
-};
+    uint32_t mode;   /* GS_MODE_* */
+    uint64_t budget; /* bytes of device memory for all clients of this GPU; 0: lock only */
+} __attribute__((packed));
 
 struct gs_acquire {
     struct gs_header h;
-};
+    uint64_t need; /* bytes that must be resident to run (the whole working set) */
+} __attribute__((packed));
 
 struct gs_grant {
     struct gs_header h;
     uint32_t epoch;
     uint32_t quantum_ms;
-};
+    uint64_t resident; /* the client's reservation from now on (>= its need) */
+} __attribute__((packed));
 
 struct gs_release {
     struct gs_header h;
     uint32_t epoch;
-};
+    uint32_t pad;
+    uint64_t resident; /* bytes it keeps resident */
+} __attribute__((packed));
 
 struct gs_contended {
     struct gs_header h;
@@ -90,6 +130,38 @@ struct gs_revoked {
     uint32_t epoch;
 };
 
+struct gs_memreq {
+    struct gs_header h;
+    uint64_t need;
+} __attribute__((packed));
+
+struct gs_memreply {
+    struct gs_header h;
+    uint32_t status; /* GS_MEM_* */
+    uint32_t pad;
+    uint64_t resident; /* the reservation after this answer */
+} __attribute__((packed));
+
+struct gs_evict {
+    struct gs_header h;
+    uint32_t pad;
+    uint64_t target; /* bring resident bytes down to at most this */
+} __attribute__((packed));
+
+struct gs_usage {
+    struct gs_header h;
+    uint32_t reason; /* GS_USAGE_* */
+    uint32_t acks;   /* GRANTs and MEMREPLY OKs applied so far */
+    uint64_t need;   /* working set: bytes of all swappable allocations */
+    uint64_t resident;
+    uint64_t swapped;
+    uint64_t swap_outs; /* allocations copied out and released */
+    uint64_t swap_ins;  /* allocations mapped and copied back */
+    uint64_t bytes_out;
+    uint64_t bytes_in;
+    uint64_t swap_ns; /* time spent swapping */
+} __attribute__((packed));
+
 #ifndef __cplusplus
 _Static_assert(sizeof(struct gs_header) == GS_HEADER_SIZE, "header size");
 _Static_assert(sizeof(struct gs_hello) == GS_HELLO_SIZE, "hello size");
@@ -99,6 +171,10 @@ _Static_assert(sizeof(struct gs_grant) == GS_GRANT_SIZE, "grant size");
 _Static_assert(sizeof(struct gs_release) == GS_RELEASE_SIZE, "release size");
 _Static_assert(sizeof(struct gs_contended) == GS_CONTENDED_SIZE, "contended size");
 _Static_assert(sizeof(struct gs_revoked) == GS_REVOKED_SIZE, "revoked size");
+_Static_assert(sizeof(struct gs_memreq) == GS_MEMREQ_SIZE, "memreq size");
+_Static_assert(sizeof(struct gs_memreply) == GS_MEMREPLY_SIZE, "memreply size");
+_Static_assert(sizeof(struct gs_evict) == GS_EVICT_SIZE, "evict size");
+_Static_assert(sizeof(struct gs_usage) == GS_USAGE_SIZE, "usage size");
 #endif
 
 #endif

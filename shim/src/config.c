@@ -1,4 +1,5 @@
 /* Configuration: read once from the environment inside gs_init, never again. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -71,4 +72,32 @@ void gs_config_load(void)
     gs_cfg.connect_timeout_ms = env_u32("GPUSHARE_CONNECT_TIMEOUT_MS", 1000);
     gs_cfg.wait_timeout_ms = env_u32("GPUSHARE_WAIT_TIMEOUT_MS", 600000);
     atomic_store(&gs_count_calls, gs_cfg.log_level >= GS_LOG_DEBUG);
+
+    const char *ov = getenv("GPUSHARE_OVERSUB");
+    gs_cfg.oversub = ov != NULL && (!strcmp(ov, "1") || !strcasecmp(ov, "true"));
+    const char *cap = getenv("GPUSHARE_BUDGET_BYTES");
+    if (cap != NULL && *cap != '\0') {
+        char *end = NULL;
+        unsigned long long v = strtoull(cap, &end, 10);
+        if (end == cap || *end != '\0')
+            gs_log(GS_LOG_WARN, "ignoring GPUSHARE_BUDGET_BYTES=%s: not a byte count", cap);
+        else
+            gs_cfg.budget_cap = v;
+    }
+    /* PyTorch's allocators that do not go through cuMemAlloc: the process runs with the lock only. */
+    const char *names[] = {"PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"};
+    for (int i = 0; i < 2 && gs_cfg.alloc_refusal[0] == '\0'; i++) {
+        const char *v = getenv(names[i]);
+        if (v == NULL)
+            continue;
+        char low[512];
+        size_t n = strlen(v) < sizeof(low) - 1 ? strlen(v) : sizeof(low) - 1;
+        for (size_t k = 0; k < n; k++)
+            low[k] = (char)((v[k] >= 'A' && v[k] <= 'Z') ? v[k] - 'A' + 'a' : v[k]);
+        low[n] = '\0';
+        if (strstr(low, "backend:cudamallocasync"))
+            snprintf(gs_cfg.alloc_refusal, sizeof(gs_cfg.alloc_refusal), "%s=backend:cudaMallocAsync", names[i]);
+        else if (strstr(low, "expandable_segments:true"))
+            snprintf(gs_cfg.alloc_refusal, sizeof(gs_cfg.alloc_refusal), "%s=expandable_segments:True", names[i]);
+    }
 }

@@ -23,12 +23,10 @@ uint64_t gs_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static void header(struct gs_header *h, uint16_t type, uint32_t size)
+static void header(void *msg, uint16_t type, uint32_t size)
 {
-    h->magic = GS_PROTO_MAGIC;
-    h->version = GS_PROTO_VERSION;
-    h->type = type;
-    h->size = size;
+    struct gs_header h = {.magic = GS_PROTO_MAGIC, .version = GS_PROTO_VERSION, .type = type, .size = size};
+    memcpy(msg, &h, sizeof(h));
 }
 
 static int send_all(int fd, const void *buf, size_t len)
@@ -37,17 +35,28 @@ static int send_all(int fd, const void *buf, size_t len)
     return n == (ssize_t)len ? 0 : -1; /* messages are far below the socket buffer */
 }
 
-int gs_conn_send(int fd, uint16_t type, uint32_t epoch)
+/* ACQUIRE (bytes = need) or RELEASE (epoch, bytes = resident kept). */
+int gs_conn_send(int fd, uint16_t type, uint32_t epoch, uint64_t bytes)
 {
     if (type == GS_MSG_ACQUIRE) {
         struct gs_acquire m;
-        header(&m.h, GS_MSG_ACQUIRE, GS_ACQUIRE_SIZE);
+        header(&m, GS_MSG_ACQUIRE, GS_ACQUIRE_SIZE);
+        m.need = bytes;
         return send_all(fd, &m, sizeof(m));
     }
     struct gs_release m;
-    header(&m.h, GS_MSG_RELEASE, GS_RELEASE_SIZE);
+    memset(&m, 0, sizeof(m));
+    header(&m, GS_MSG_RELEASE, GS_RELEASE_SIZE);
     m.epoch = epoch;
+    m.resident = bytes;
     return send_all(fd, &m, sizeof(m));
+}
+
+/* Any message the caller built; the header is written here. */
+int gs_conn_send_raw(int fd, void *msg, uint16_t type, uint32_t size)
+{
+    header(msg, type, size);
+    return send_all(fd, msg, size);
 }
 
 static int wait_fd(int fd, short events, uint64_t deadline_ns)
@@ -66,7 +75,7 @@ static int wait_fd(int fd, short events, uint64_t deadline_ns)
 }
 
 /* Returns a connected, non-blocking socket that completed HELLO/WELCOME, or -1. */
-int gs_conn_open(uint32_t *quantum_ms, uint32_t *grace_ms)
+int gs_conn_open(struct gs_welcome *out)
 {
     uint64_t deadline = gs_now_ns() + (uint64_t)gs_cfg.connect_timeout_ms * 1000000ull;
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -87,7 +96,7 @@ int gs_conn_open(uint32_t *quantum_ms, uint32_t *grace_ms)
 
     struct gs_hello hello;
     memset(&hello, 0, sizeof(hello));
-    header(&hello.h, GS_MSG_HELLO, GS_HELLO_SIZE);
+    header(&hello, GS_MSG_HELLO, GS_HELLO_SIZE);
     hello.pid = (uint32_t)getpid();
     hello.priority = gs_cfg.priority;
     memcpy(hello.gpu_uuid, gs_cfg.gpu_uuid, sizeof(hello.gpu_uuid));
@@ -106,10 +115,9 @@ int gs_conn_open(uint32_t *quantum_ms, uint32_t *grace_ms)
             got += (size_t)n;
     }
     if (w.h.magic != GS_PROTO_MAGIC || w.h.version != GS_PROTO_VERSION || w.h.type != GS_MSG_WELCOME ||
-        w.h.size != GS_WELCOME_SIZE)
+        w.h.size != GS_WELCOME_SIZE || w.mode > GS_MODE_OFF)
         goto fail;
-    *quantum_ms = w.quantum_ms;
-    *grace_ms = w.grace_ms;
+    *out = w;
     return fd;
 fail:
     close(fd);

@@ -14,6 +14,15 @@
  *
  * Anything wrong with the scheduler (absent, bad socket, protocol error, EOF)
  * opens the gate for good: pass-through with one warning.
+ *
+ * With oversubscription (mm.c) the same thread also moves memory: after a
+ * GRANT it maps and copies the process's swapped-out allocations back in
+ * before it opens the gate; on EVICT (only ever sent while we do not hold
+ * the GPU) it waits for calls in flight, synchronizes every context (never
+ * while a stream captures: the eviction is then deferred, tick after tick,
+ * until the capture ends), copies out and releases what was asked, and
+ * answers with USAGE. It does both without the gate's mutex, so the
+ * application's threads never wait on a copy except at the closed gate.
  */
 #include <errno.h>
 #include <poll.h>
@@ -57,6 +66,13 @@ static struct {
     uint64_t last_act;
     uint64_t last_act_ns;
     uint64_t grants, releases, revocations;
+    /* oversubscription */
+    int opening;             /* granted; swapping in before the gate opens */
+    int swapping;            /* the background thread is moving memory */
+    int evict_pending;       /* an EVICT to carry out when quiet */
+    uint64_t evict_target;
+    int restore_pending;     /* went pass-through with memory swapped out: map it back before opening */
+    uint64_t backoff_until;  /* no ACQUIRE before this (after a swap-in that failed) */
 } st = {.fd = -1};
 
 static void cv_init(void)
@@ -76,7 +92,13 @@ static void passthrough_locked(const char *reason)
     st.held = 0;
     if (st.fd >= 0)
         shutdown(st.fd, SHUT_RDWR); /* wakes the background thread, which closes it */
-    atomic_store(&gs_gate_open, 1);
+    gs_mm_on_reply(0, 0, UINT32_MAX); /* a thread waiting for a MEMREPLY goes on without a budget */
+    if (atomic_load(&gs_mm_on) && (st.swapping || st.opening || gs_mm_swapped() > 0) && st.fd >= 0) {
+        /* Memory is (being) swapped out: the background thread maps it back, then opens the gate. */
+        st.restore_pending = 1;
+    } else {
+        atomic_store(&gs_gate_open, 1);
+    }
     pthread_cond_broadcast(&cv);
     gs_warn_failopen(reason);
 }
@@ -91,8 +113,9 @@ static void connect_locked(void)
         passthrough_locked("GPUSHARE_SOCKET is not set");
         return;
     }
-    uint32_t q = 0, g = 0;
-    int fd = gs_conn_open(&q, &g);
+    struct gs_welcome w;
+    int fd = gs_conn_open(&w);
+    uint32_t q = w.quantum_ms, g = w.grace_ms;
     if (fd < 0) {
         snprintf(why, sizeof(why), "cannot reach the GPU scheduler at %s", gs_cfg.socket_path);
         passthrough_locked(why);
@@ -102,6 +125,7 @@ static void connect_locked(void)
     st.quantum_ms = q;
     st.grace_ms = g;
     st.conn = CONN_UP;
+    gs_mm_configure(w.budget, w.mode);
 
     /* The thread must not take the application's signals. */
     sigset_t all, old;
@@ -143,8 +167,8 @@ void gs_gate_wait(void)
             connect_locked();
         uint64_t start = gs_now_ns();
         while (!atomic_load(&gs_gate_open)) {
-            if (!st.held && !st.acquire_sent) {
-                if (gs_conn_send(st.fd, GS_MSG_ACQUIRE, 0) != 0) {
+            if (!st.held && !st.acquire_sent && st.conn == CONN_UP && gs_now_ns() >= st.backoff_until) {
+                if (gs_conn_send(st.fd, GS_MSG_ACQUIRE, 0, gs_mm_need()) != 0) {
                     passthrough_locked("cannot send to the GPU scheduler");
                     break;
                 }
@@ -157,7 +181,15 @@ void gs_gate_wait(void)
             }
             struct timespec ts;
             clock_gettime(CLOCK_MONOTONIC, &ts);
-            ts.tv_sec += 1;
+            if (!st.held && !st.acquire_sent && st.conn == CONN_UP) {
+                ts.tv_nsec += 10000000; /* backing off after a failed swap-in */
+                if (ts.tv_nsec >= 1000000000) {
+                    ts.tv_sec++;
+                    ts.tv_nsec -= 1000000000;
+                }
+            } else {
+                ts.tv_sec += 1;
+            }
             pthread_cond_timedwait(&cv, &mu, &ts);
         }
         pthread_mutex_unlock(&mu);
@@ -203,7 +235,7 @@ static void release_locked(const char *reason)
         pthread_cond_broadcast(&cv);
         return;
     }
-    if (gs_conn_send(st.fd, GS_MSG_RELEASE, st.epoch) != 0) {
+    if (gs_conn_send(st.fd, GS_MSG_RELEASE, st.epoch, gs_mm_resident()) != 0) {
         passthrough_locked("cannot send to the GPU scheduler");
         return;
     }
@@ -216,7 +248,7 @@ static void release_locked(const char *reason)
 
 static void maybe_release_locked(void)
 {
-    if (!st.held || st.releasing)
+    if (!st.held || st.releasing || st.opening)
         return;
     uint64_t now = gs_now_ns();
     uint64_t w = atomic_load(&gs_gate_word);
@@ -234,6 +266,57 @@ static void maybe_release_locked(void)
     release_locked(idle ? "idle" : "quantum used, others waiting");
 }
 
+/* After a GRANT with oversubscription: swap in, then open the gate (mu held, dropped meanwhile). */
+static void finish_grant_locked(void)
+{
+    uint32_t epoch = st.epoch;
+    st.swapping = 1;
+    pthread_mutex_unlock(&mu);
+    int r = gs_mm_swap_in_all(0);
+    pthread_mutex_lock(&mu);
+    st.swapping = 0;
+    st.opening = 0;
+    if (st.conn != CONN_UP || !st.held || st.epoch != epoch)
+        return; /* revoked or disconnected meanwhile */
+    uint64_t now = gs_now_ns();
+    if (r != 0) {
+        /* The memory did not come back (the device is fuller than the budget says, or the
+         * working set grew after we asked): give the grant back and ask again shortly. */
+        gs_log(GS_LOG_WARN, "could not bring this process's memory back onto the GPU; releasing and retrying");
+        if (gs_conn_send(st.fd, GS_MSG_RELEASE, st.epoch, gs_mm_resident()) != 0) {
+            passthrough_locked("cannot send to the GPU scheduler");
+            return;
+        }
+        st.held = 0;
+        st.acquire_sent = 0;
+        st.backoff_until = now + 50000000ull;
+        pthread_cond_broadcast(&cv);
+        return;
+    }
+    st.grant_ns = now;
+    st.last_act = atomic_load(&gs_gate_word) >> 32;
+    st.last_act_ns = now;
+    atomic_store(&gs_gate_open, 1);
+    pthread_cond_broadcast(&cv);
+}
+
+/* Carries out an EVICT once nothing runs: never while a stream captures (deferred to a later tick). */
+static void evict_locked(void)
+{
+    if (st.held || st.opening || st.releasing)
+        return; /* only when we do not hold the GPU; a new grant brings everything back anyway */
+    uint64_t target = st.evict_target;
+    st.swapping = 1;
+    pthread_mutex_unlock(&mu);
+    int quiet = wait_inflight_zero() && gs_gpu_drain() == 0;
+    if (quiet)
+        gs_mm_evict(target); /* answers with USAGE(evicted) */
+    pthread_mutex_lock(&mu);
+    st.swapping = 0;
+    if (quiet && st.evict_target == target)
+        st.evict_pending = 0;
+}
+
 static uint32_t expected_size(uint16_t type)
 {
     switch (type) {
@@ -243,6 +326,10 @@ static uint32_t expected_size(uint16_t type)
         return GS_CONTENDED_SIZE;
     case GS_MSG_REVOKED:
         return GS_REVOKED_SIZE;
+    case GS_MSG_MEMREPLY:
+        return GS_MEMREPLY_SIZE;
+    case GS_MSG_EVICT:
+        return GS_EVICT_SIZE;
     default:
         return 0;
     }
@@ -267,8 +354,22 @@ static void on_message_locked(const unsigned char *m, uint16_t type)
         st.last_act = atomic_load(&gs_gate_word) >> 32;
         st.last_act_ns = now;
         st.grants++;
+        if (atomic_load(&gs_mm_on)) {
+            gs_mm_on_reply(1, g.resident, GS_MEM_OK);
+            st.opening = 1; /* the background thread swaps in, then opens the gate */
+            return;
+        }
         atomic_store(&gs_gate_open, 1);
         pthread_cond_broadcast(&cv);
+    } else if (type == GS_MSG_MEMREPLY) {
+        struct gs_memreply r;
+        memcpy(&r, m, sizeof(r));
+        gs_mm_on_reply(r.status == GS_MEM_OK, r.resident, r.status);
+    } else if (type == GS_MSG_EVICT) {
+        struct gs_evict e;
+        memcpy(&e, m, sizeof(e));
+        st.evict_pending = 1;
+        st.evict_target = e.target;
     } else if (type == GS_MSG_CONTENDED) {
         if (st.held && epoch == st.epoch)
             st.contended = 1;
@@ -338,9 +439,24 @@ static void *bg_main(void *arg)
                 }
             }
         }
+        if (st.opening)
+            finish_grant_locked();
+        if (st.evict_pending)
+            evict_locked();
         maybe_release_locked();
         pthread_mutex_unlock(&mu);
     }
+    pthread_mutex_lock(&mu);
+    if (st.restore_pending) {
+        /* Pass-through with memory swapped out: map it back (budget or not) before anything runs. */
+        pthread_mutex_unlock(&mu);
+        gs_mm_swap_in_all(1);
+        pthread_mutex_lock(&mu);
+        st.restore_pending = 0;
+        atomic_store(&gs_gate_open, 1);
+        pthread_cond_broadcast(&cv);
+    }
+    pthread_mutex_unlock(&mu);
     close(fd);
     return NULL;
 }
@@ -372,6 +488,40 @@ static void gs_gate_atexit(void)
     pthread_mutex_unlock(&mu);
 }
 
+int gs_gate_send(void *msg, uint16_t type, uint32_t size)
+{
+    pthread_mutex_lock(&mu);
+    int r = -1;
+    if (st.conn == CONN_UP && st.fd >= 0)
+        r = gs_conn_send_raw(st.fd, msg, type, size);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+int gs_gate_connected(void)
+{
+    pthread_mutex_lock(&mu);
+    int up = st.conn == CONN_UP;
+    pthread_mutex_unlock(&mu);
+    return up;
+}
+
+void gs_gate_yield(void)
+{
+    pthread_once(&cv_once, cv_init);
+    pthread_mutex_lock(&mu);
+    int done = 1;
+    if (st.conn == CONN_UP && st.held && !st.releasing && !st.opening) {
+        release_locked("memory growth: the memory is held by others");
+        done = !st.held;
+    }
+    pthread_mutex_unlock(&mu);
+    if (!done) {
+        struct timespec ts = {0, 1000000}; /* a call in flight or a capture kept the GPU: try again soon */
+        nanosleep(&ts, NULL);
+    }
+}
+
 void gs_gate_atfork_prepare(void)
 {
     pthread_mutex_lock(&mu);
@@ -396,11 +546,15 @@ void gs_gate_atfork_child(void)
     atomic_store(&gs_gate_open, pass);
     cv_init();
     gs_gpu_atfork_child();
+    gs_mm_atfork_child();
     pthread_mutex_unlock(&mu);
 }
 
+void gs_mm_log_stats(void);
+
 void gs_print_call_counts(void)
 {
+    gs_mm_log_stats();
     if (!atomic_load(&gs_count_calls))
         return;
     for (int i = 0; i < GS_HOOK_COUNT; i++) {

@@ -41,6 +41,9 @@ struct gs_config {
     uint32_t wait_timeout_ms; /* 0: wait for a grant as long as the scheduler lives */
     int log_level;
     char cuda_library[256];
+    int oversub;              /* GPUSHARE_OVERSUB=1: back device memory with swappable VMM allocations */
+    uint64_t budget_cap;      /* GPUSHARE_BUDGET_BYTES: at most this much of the scheduler's budget (0: all) */
+    char alloc_refusal[96];   /* the PyTorch allocator setting that rules oversubscription out, or "" */
 };
 extern struct gs_config gs_cfg;
 void gs_config_load(void);
@@ -113,8 +116,46 @@ int gs_gpu_drain(void);
 void gs_gpu_atfork_child(void);
 
 /* ---- scheduler connection (conn.c) ---- */
-int gs_conn_open(uint32_t *quantum_ms, uint32_t *grace_ms);
-int gs_conn_send(int fd, uint16_t type, uint32_t epoch);
+struct gs_welcome;
+int gs_conn_open(struct gs_welcome *w);
+int gs_conn_send(int fd, uint16_t type, uint32_t epoch, uint64_t bytes);
+int gs_conn_send_raw(int fd, void *msg, uint16_t type, uint32_t size);
 uint64_t gs_now_ns(void);
+
+/* ---- the gate, for the memory manager (gate.c) ---- */
+/* Sends a message built by the caller (header filled in here); -1 when not connected. */
+int gs_gate_send(void *msg, uint16_t type, uint32_t size);
+/* Gives the GPU back so that a larger need can be granted (MEMREPLY BUSY); the caller is not in flight. */
+void gs_gate_yield(void);
+/* 1 while connected to a scheduler (not pass-through). */
+int gs_gate_connected(void);
+
+/* ---- memory manager (mm.c): swappable device memory for oversubscription ---- */
+enum { GS_MM_OK = 0, GS_MM_NOT_OURS = -1, GS_MM_YIELD = -2 };
+extern atomic_int gs_mm_on; /* swappable allocations are made (oversubscription active) */
+void gs_mm_configure(uint64_t budget, uint32_t mode);
+void gs_mm_foreign(int hook_id);
+uint64_t gs_mm_need(void);     /* bytes to ask for in ACQUIRE: working set plus a pending growth */
+uint64_t gs_mm_resident(void); /* physically mapped bytes */
+uint64_t gs_mm_swapped(void);
+void gs_mm_on_reply(int raise, uint64_t reserved, uint32_t status); /* GRANT / MEMREPLY, under the gate's mutex */
+int gs_mm_swap_in_all(int ignore_budget);                             /* 0: everything resident */
+void gs_mm_evict(uint64_t target);                                    /* swap out until resident <= target */
+void gs_mm_send_usage(uint32_t reason);
+/* Allocation entry points (the caller is in flight through the gate). */
+CUresult gs_mm_alloc(CUdeviceptr *dptr, size_t n, int *yield);
+int gs_mm_free(CUdeviceptr d, CUresult *r);
+void gs_mm_atfork_child(void);
+/* A swappable allocation as the application sees it (the range it asked for). */
+struct gs_mm_info {
+    CUdeviceptr base;
+    size_t size;
+    CUcontext ctx;
+    CUdevice dev;
+    uint64_t id;
+    int resident;
+};
+int gs_mm_lookup(CUdeviceptr p, struct gs_mm_info *out);
+int gs_mm_budget(uint64_t *total, uint64_t *used);
 
 #endif

@@ -27,12 +27,10 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static void hdr(struct gs_header *h, uint16_t type, uint32_t size)
+static void hdr(void *msg, uint16_t type, uint32_t size)
 {
-    h->magic = GS_PROTO_MAGIC;
-    h->version = GS_PROTO_VERSION;
-    h->type = type;
-    h->size = size;
+    struct gs_header h = {.magic = GS_PROTO_MAGIC, .version = GS_PROTO_VERSION, .type = type, .size = size};
+    memcpy(msg, &h, sizeof(h));
 }
 
 static int read_full(int fd, void *buf, size_t n)
@@ -77,7 +75,7 @@ static int dial(const char *path)
     }
     struct gs_hello h;
     memset(&h, 0, sizeof(h));
-    hdr(&h.h, GS_MSG_HELLO, GS_HELLO_SIZE);
+    hdr(&h, GS_MSG_HELLO, GS_HELLO_SIZE);
     h.pid = (uint32_t)getpid();
     if (write(fd, &h, sizeof(h)) != (ssize_t)sizeof(h))
         exit(2);
@@ -92,7 +90,8 @@ static int dial(const char *path)
 static void send_acquire(int fd)
 {
     struct gs_acquire m;
-    hdr(&m.h, GS_MSG_ACQUIRE, GS_ACQUIRE_SIZE);
+    memset(&m, 0, sizeof(m));
+    hdr(&m, GS_MSG_ACQUIRE, GS_ACQUIRE_SIZE);
     if (write(fd, &m, sizeof(m)) != (ssize_t)sizeof(m))
         exit(2);
 }
@@ -100,7 +99,8 @@ static void send_acquire(int fd)
 static void send_release(int fd, uint32_t epoch)
 {
     struct gs_release m;
-    hdr(&m.h, GS_MSG_RELEASE, GS_RELEASE_SIZE);
+    memset(&m, 0, sizeof(m));
+    hdr(&m, GS_MSG_RELEASE, GS_RELEASE_SIZE);
     m.epoch = epoch;
     if (write(fd, &m, sizeof(m)) != (ssize_t)sizeof(m))
         exit(2);

@@ -15,6 +15,10 @@
  *   GPUSHARE_STUB_TRACE      trace file (no trace when unset)
  *   GPUSHARE_STUB_LAUNCH_US  busy time per launch-like call (default 1000)
  *   GPUSHARE_STUB_COPY_US    busy time per copy/memset/alloc call (default 0: not traced)
+ *
+ * Memory (stub_vmm.c) is host memory, so device pointers are real addresses
+ * and copies move real bytes: copies, memsets and the test "kernel" run on
+ * the same worker, in order, like one stream; the synchronous ones wait.
  */
 #include <fcntl.h>
 #include <pthread.h>
@@ -38,6 +42,8 @@ static long launch_us = 1000, copy_us;
 static struct item {
     const char *name;
     long us;
+    void (*fn)(uint64_t *a); /* the work itself, or NULL */
+    uint64_t a[4];
 } queue[QCAP];
 static unsigned qhead, qtail; /* pending = qtail - qhead; the worker bumps qhead when an item finished */
 
@@ -68,11 +74,15 @@ static void *worker(void *arg)
             pthread_cond_wait(&cv, &mu);
         struct item it = queue[qhead % QCAP];
         pthread_mutex_unlock(&mu);
-        trace('B', it.name);
+        if (it.us > 0)
+            trace('B', it.name);
+        if (it.fn)
+            it.fn(it.a);
         uint64_t end = now_ns() + (uint64_t)it.us * 1000ull;
         while (now_ns() < end)
             ; /* the "GPU" is busy */
-        trace('E', NULL);
+        if (it.us > 0)
+            trace('E', NULL);
         pthread_mutex_lock(&mu);
         qhead++;
         pthread_cond_broadcast(&cv);
@@ -96,21 +106,39 @@ static void init(void)
     pthread_detach(th);
 }
 
-static CUresult submit(const char *name)
+/* Queues work (fn may be NULL: just busy time); with wait, returns when it ran. */
+__attribute__((visibility("hidden"))) CUresult stub_enqueue(const char *name, void (*fn)(uint64_t *), uint64_t a0,
+                                                            uint64_t a1, uint64_t a2, uint64_t a3, int wait)
 {
     pthread_once(&once, init);
     trace('Q', name); /* the call itself, when the application made it */
     long us = strncmp(name, "cuLaunch", 8) == 0 || strncmp(name, "cuGraphLaunch", 13) == 0 ? launch_us : copy_us;
-    if (us <= 0)
+    if (us <= 0 && fn == NULL)
         return CUDA_SUCCESS;
     pthread_mutex_lock(&mu);
     while (qtail - qhead >= QCAP) /* a full queue blocks the launch, as on a real GPU */
         pthread_cond_wait(&cv, &mu);
-    queue[qtail % QCAP] = (struct item){name, us};
-    qtail++;
+    queue[qtail % QCAP] = (struct item){name, us, fn, {a0, a1, a2, a3}};
+    unsigned mine = ++qtail;
     pthread_cond_broadcast(&cv);
+    while (wait && (int)(qhead - mine) < 0)
+        pthread_cond_wait(&cv, &mu);
     pthread_mutex_unlock(&mu);
     return CUDA_SUCCESS;
+}
+
+__attribute__((visibility("hidden"))) void stub_drain(void)
+{
+    pthread_once(&once, init);
+    pthread_mutex_lock(&mu);
+    while (qhead != qtail)
+        pthread_cond_wait(&cv, &mu);
+    pthread_mutex_unlock(&mu);
+}
+
+static CUresult submit(const char *name)
+{
+    return stub_enqueue(name, NULL, 0, 0, 0, 0, 0);
 }
 
 /* ---- capture and context bookkeeping ---- */
@@ -139,9 +167,12 @@ static CUcontext fake_ctx(void)
 }
 
 /* ---- every hooks.def entry point ---- */
+/* Weak: stub_vmm.c defines the ones that move bytes. */
 #define STUB_WORK(name, params, args, extra)                                                       \
     STUB_EXPORT CUresult name params;                                                              \
-    STUB_EXPORT CUresult name params { return submit(#name); }
+    __attribute__((weak)) STUB_EXPORT CUresult name params { return submit(#name); }
+#define STUB_FOREIGN STUB_WORK
+#define STUB_MM(name, params, args, extra) STUB_EXPORT CUresult name params;
 #define STUB_CAPBEGIN(name, params, args, s)                                                       \
     STUB_EXPORT CUresult name params;                                                              \
     STUB_EXPORT CUresult name params { set_capture(s, 1); return CUDA_SUCCESS; }
@@ -155,7 +186,7 @@ static CUcontext fake_ctx(void)
     STUB_EXPORT CUresult name params;                                                              \
     STUB_EXPORT CUresult name params { (void)(ctx); return CUDA_SUCCESS; }
 #define STUB_PROC(name, params, args, extra)
-#define STUB_USE(name, params, args, extra)
+#define STUB_USE(name, params, args, extra) STUB_EXPORT CUresult name params;
 #define GS_HOOK(cls, name, params, args, extra) STUB_##cls(name, params, args, extra)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-parameter"
@@ -234,6 +265,8 @@ STUB_EXPORT CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *stat
 #define STUB_T_CTXGONE STUB_ENTRY_ANY
 #define STUB_T_PROC STUB_ENTRY_ANY
 #define STUB_T_USE STUB_ENTRY_ANY
+#define STUB_T_MM STUB_ENTRY_ANY
+#define STUB_T_FOREIGN STUB_ENTRY_ANY
 STUB_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
 STUB_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                                          CUdriverProcAddressQueryResult *symbolStatus);

@@ -1,0 +1,256 @@
+package scheduler
+
+import (
+	"math/rand"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+const mib = 1 << 20
+
+func newBudgetFixture(t *testing.T, budget uint64, mode Mode) *queueFixture {
+	t.Helper()
+	m, err := newMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := newFakeClock()
+	q := newQueue(GPUConfig{UUID: "GPU-test", Quantum: 100 * time.Millisecond, Grace: 50 * time.Millisecond,
+		Budget: budget, Mode: mode}, clock, m, logr.Discard())
+	return &queueFixture{q: q, clock: clock, m: m}
+}
+
+func (fx *queueFixture) holding(f *fakeClient) bool {
+	fx.q.mu.Lock()
+	defer fx.q.mu.Unlock()
+	return f.c.holding
+}
+
+func (fx *queueFixture) reserved() uint64 {
+	fx.q.mu.Lock()
+	defer fx.q.mu.Unlock()
+	return fx.q.reserved
+}
+
+// report sends what a shim would after its swap-in or a free: its real residency, acks up to date.
+func (fx *queueFixture) report(f *fakeClient, reason uint32, need, resident uint64) {
+	fx.q.mu.Lock()
+	acks := f.c.raises
+	fx.q.mu.Unlock()
+	fx.q.usage(f.c, Message{Type: MsgUsage, Reason: reason, Acks: acks, Need: need, Resident: resident})
+}
+
+func TestBudgetWelcomeCarriesBudgetAndMode(t *testing.T) {
+	fx := newBudgetFixture(t, 64*mib, ModeAlways)
+	a := fx.join(t, PriorityNormal)
+	w, _ := a.last(MsgWelcome)
+	if w.Budget != 64*mib || w.Mode != ModeAlways {
+		t.Fatalf("welcome = %+v", w)
+	}
+}
+
+func TestBudgetAutoRunsClientsThatFitTogetherConcurrently(t *testing.T) {
+	fx := newBudgetFixture(t, 64*mib, ModeAuto)
+	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	fx.q.acquire(a.c, 30*mib)
+	fx.q.acquire(b.c, 30*mib)
+	if !fx.holding(a) || !fx.holding(b) {
+		t.Fatal("clients whose working sets fit the budget together did not both run")
+	}
+	if a.count(MsgContended)+b.count(MsgContended) != 0 {
+		t.Fatal("a holder was told to yield although everyone fits")
+	}
+	if g, _ := b.last(MsgGrant); g.Resident != 30*mib {
+		t.Fatalf("grant reservation = %d, want the need", g.Resident)
+	}
+}
+
+func TestBudgetAlwaysRunsOneClientAtATime(t *testing.T) {
+	fx := newBudgetFixture(t, 64*mib, ModeAlways)
+	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	fx.q.acquire(a.c, 10*mib)
+	fx.q.acquire(b.c, 10*mib)
+	if !fx.holding(a) || fx.holding(b) {
+		t.Fatal("Always let two clients run at once")
+	}
+	if a.count(MsgContended) != 1 {
+		t.Fatal("the holder was not told that someone waits")
+	}
+	fx.q.release(a.c, grantEpoch(t, a), 10*mib)
+	if !fx.holding(b) || b.count(MsgEvict)+a.count(MsgEvict) != 0 {
+		t.Fatal("b did not run after a released, or something was evicted although both fit")
+	}
+}
+
+func TestBudgetAutoSerializesWhenWorkingSetsDoNotFit(t *testing.T) {
+	fx := newBudgetFixture(t, 64*mib, ModeAuto)
+	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	fx.q.acquire(a.c, 40*mib)
+	fx.report(a, UsageReport, 40*mib, 40*mib)
+	fx.q.acquire(b.c, 40*mib)
+	if fx.holding(b) {
+		t.Fatal("b runs although 80 MiB do not fit 64")
+	}
+	if a.count(MsgContended) != 1 {
+		t.Fatal("the holder was not told to yield")
+	}
+	// a yields after its quantum, keeping its memory; b needs 16 MiB of it.
+	fx.clock.Advance(100 * time.Millisecond)
+	fx.q.release(a.c, grantEpoch(t, a), 40*mib)
+	e, ok := a.last(MsgEvict)
+	if !ok || e.Target != 24*mib {
+		t.Fatalf("evict = %+v (%v), want a asked down to 24 MiB: only what b needs", e, ok)
+	}
+	if fx.holding(b) {
+		t.Fatal("b granted before the eviction was done")
+	}
+	fx.report(a, UsageEvicted, 40*mib, 24*mib)
+	if !fx.holding(b) {
+		t.Fatal("b not granted after a evicted what it needs")
+	}
+	if r := fx.reserved(); r != 64*mib {
+		t.Fatalf("reserved = %d MiB, want 64", r/mib)
+	}
+}
+
+func TestBudgetEvictsTheLeastRecentlyRunFirst(t *testing.T) {
+	fx := newBudgetFixture(t, 30*mib, ModeAlways)
+	a, b, c := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	for _, f := range []*fakeClient{a, b} {
+		fx.q.acquire(f.c, 10*mib)
+		fx.report(f, UsageReport, 10*mib, 10*mib)
+		fx.clock.Advance(time.Millisecond)
+		fx.q.release(f.c, grantEpoch(t, f), 10*mib)
+	}
+	fx.q.acquire(c.c, 20*mib)
+	if a.count(MsgEvict) != 1 || b.count(MsgEvict) != 0 {
+		t.Fatalf("evictions a=%d b=%d; want only a, which ran longest ago", a.count(MsgEvict), b.count(MsgEvict))
+	}
+}
+
+func TestBudgetMemReqGrowsInPlaceOrTellsTheHolderToYield(t *testing.T) {
+	fx := newBudgetFixture(t, 64*mib, ModeAuto)
+	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	fx.q.acquire(a.c, 20*mib)
+	fx.q.acquire(b.c, 20*mib)
+	fx.q.memReq(a.c, 40*mib)
+	if r, _ := a.last(MsgMemReply); r.Status != MemOK || r.Resident != 40*mib {
+		t.Fatalf("growth that fits: %+v", r)
+	}
+	fx.q.memReq(a.c, 50*mib)
+	if r, _ := a.last(MsgMemReply); r.Status != MemBusy {
+		t.Fatalf("growth blocked by another holder: %+v, want Busy", r)
+	}
+	fx.q.memReq(a.c, 65*mib)
+	if r, _ := a.last(MsgMemReply); r.Status != MemTooLarge {
+		t.Fatalf("growth beyond the budget: %+v, want TooLarge", r)
+	}
+	if r := fx.reserved(); r > 64*mib {
+		t.Fatalf("reserved %d MiB over the budget", r/mib)
+	}
+}
+
+func TestBudgetOffNeverSerializesAndRefusesWhatDoesNotFit(t *testing.T) {
+	fx := newBudgetFixture(t, 64*mib, ModeOff)
+	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	fx.q.acquire(a.c, 30*mib)
+	fx.q.acquire(b.c, 30*mib)
+	fx.q.memReq(a.c, 40*mib)
+	if !fx.holding(a) || !fx.holding(b) {
+		t.Fatal("Off serialized")
+	}
+	if r, _ := a.last(MsgMemReply); r.Status != MemTooLarge {
+		t.Fatalf("Off growth that does not fit: %+v, want TooLarge (out of memory)", r)
+	}
+}
+
+func TestBudgetIgnoresAReportWrittenBeforeARaise(t *testing.T) {
+	fx := newBudgetFixture(t, 64*mib, ModeAuto)
+	a := fx.join(t, PriorityNormal)
+	fx.q.acquire(a.c, 10*mib)
+	stale := a.c.raises
+	fx.q.memReq(a.c, 30*mib) // raise sent; a report written before it arrives late
+	fx.q.usage(a.c, Message{Type: MsgUsage, Acks: stale, Need: 10 * mib, Resident: 10 * mib})
+	if r := fx.reserved(); r != 30*mib {
+		t.Fatalf("a stale report lowered the reservation to %d MiB", r/mib)
+	}
+	fx.report(a, UsageReport, 8*mib, 8*mib)
+	if r := fx.reserved(); r != 8*mib {
+		t.Fatalf("a current report after frees left the reservation at %d MiB, want 8", r/mib)
+	}
+}
+
+func TestBudgetHoldStartsWhenTheMemoryIsIn(t *testing.T) {
+	fx := newBudgetFixture(t, 64*mib, ModeAlways)
+	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	fx.q.acquire(a.c, 40*mib)
+	fx.q.acquire(b.c, 10*mib)
+	fx.clock.Advance(time.Second) // a swaps in slowly: not revoked meanwhile
+	if a.count(MsgRevoked) != 0 {
+		t.Fatal("revoked while still swapping in")
+	}
+	fx.report(a, UsageReport, 40*mib, 40*mib)
+	fx.clock.Advance(149 * time.Millisecond)
+	if a.count(MsgRevoked) != 0 {
+		t.Fatal("revoked before quantum + grace counted from the swap-in")
+	}
+	fx.clock.Advance(time.Millisecond)
+	if a.count(MsgRevoked) != 1 {
+		t.Fatal("not revoked at quantum + grace after the swap-in")
+	}
+}
+
+func TestBudgetADepartingClientReturnsItsMemory(t *testing.T) {
+	fx := newBudgetFixture(t, 64*mib, ModeAuto)
+	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	fx.q.acquire(a.c, 60*mib)
+	fx.q.acquire(b.c, 20*mib)
+	fx.q.leave(a.c)
+	if !fx.holding(b) || fx.reserved() != 20*mib {
+		t.Fatalf("after the holder left: b holding=%v reserved=%d MiB", fx.holding(b), fx.reserved()/mib)
+	}
+}
+
+// Random acquire / release / grow / evict answers / leave: the reservations
+// never add up to more than the budget, and every waiter eventually runs.
+func TestBudgetReservationsNeverExceedTheBudget(t *testing.T) {
+	for _, mode := range []Mode{ModeAuto, ModeAlways, ModeOff} {
+		t.Run(mode.String(), func(t *testing.T) {
+			const budget = 64 * mib
+			fx := newBudgetFixture(t, budget, mode)
+			rng := rand.New(rand.NewSource(int64(mode) + 7))
+			var cs []*fakeClient
+			for range 6 {
+				cs = append(cs, fx.join(t, Priority(rng.Intn(2))))
+			}
+			for step := range 5000 {
+				f := cs[rng.Intn(len(cs))]
+				fx.q.mu.Lock()
+				holding, waiting, evicting, res := f.c.holding, f.c.waiting, f.c.evictPending, f.c.reservation
+				target := f.c.evictTarget
+				fx.q.mu.Unlock()
+				switch {
+				case evicting:
+					fx.report(f, UsageEvicted, res, target)
+				case holding && rng.Intn(3) == 0:
+					fx.q.memReq(f.c, uint64(1+rng.Intn(40))*mib)
+				case holding:
+					fx.report(f, UsageReport, res, res)
+					fx.q.release(f.c, f.c.epoch, res)
+				case !waiting:
+					fx.q.acquire(f.c, uint64(1+rng.Intn(40))*mib)
+				}
+				fx.clock.Advance(time.Duration(rng.Intn(30)) * time.Millisecond)
+				if r := fx.reserved(); r > budget {
+					t.Fatalf("step %d: reserved %d MiB > budget", step, r/mib)
+				}
+			}
+			if g := fx.q.gpuState(); g.PeakReservedBytes > budget || g.PeakReservedBytes == 0 {
+				t.Fatalf("peak reserved = %d", g.PeakReservedBytes)
+			}
+		})
+	}
+}

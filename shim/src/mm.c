@@ -1,0 +1,807 @@
+/*
+ * The memory manager: device memory that can leave the GPU and come back at
+ * the same address (oversubscription by explicit swap, docs/oversubscription.md).
+ *
+ * Active only when GPUSHARE_OVERSUB=1 and the scheduler grants a budget. Then
+ * every cuMemAlloc_v2 / cuMemAllocPitch_v2 is backed by the virtual memory
+ * management API: a reserved address range (cuMemAddressReserve) onto which a
+ * physical allocation (cuMemCreate) is mapped (cuMemMap + cuMemSetAccess).
+ * The address range never changes; the physical pages come and go:
+ *   swap out  copy the range to pinned host staging (allocated with the
+ *             allocation, never during a hand-off), unmap, release the pages;
+ *   swap in   create pages, map them at the same address, copy back.
+ * Requests below a quarter of the granularity are packed into slabs of one
+ * granule (2 MiB on the H100), so a swap moves few large pieces.
+ *
+ * Physical residency is bounded by the reservation the scheduler grants
+ * (GRANT / MEMREPLY); growing beyond it asks the scheduler first (MEMREQ).
+ * The gate's background thread calls gs_mm_swap_in_all after a GRANT and
+ * gs_mm_evict on EVICT, both with the process quiesced.
+ *
+ * Locks: mm_mu (regions, counters) may be held while taking the gate's mutex
+ * (gs_gate_send), never the other way round; rep_mu is a leaf.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gpushare_proto.h"
+#include "internal.h"
+
+#define SLAB_ALIGN 512
+#define MAX_STREAMS 32
+
+enum { MM_UNDECIDED, MM_ACTIVE, MM_OFF };
+
+struct block {
+    size_t off, size; /* size rounded to SLAB_ALIGN */
+    size_t user;      /* bytes asked for */
+    uint64_t id;
+    int used;
+};
+
+struct region {
+    CUdeviceptr va;
+    size_t size; /* reserved = physical bytes, a multiple of the granularity */
+    size_t user; /* bytes asked for (whole-region allocations) */
+    int slab;
+    CUcontext ctx;
+    CUdevice dev;
+    CUmemGenericAllocationHandle h;
+    int resident;
+    void *staging;
+    uint64_t id;
+    struct block *blk;
+    int nblk, capblk, used;
+};
+
+atomic_int gs_mm_on;
+static int mm_state = MM_UNDECIDED;
+static uint64_t budget;
+static uint32_t mode;
+
+static pthread_mutex_t mm_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct region **regions; /* sorted by va */
+static int nreg, capreg;
+static size_t gran; /* granularity, learnt at the first allocation */
+static uint64_t next_id = 1;
+
+/* read without mm_mu by the gate (ACQUIRE, RELEASE, pass-through) */
+static _Atomic uint64_t need_bytes, resident_bytes, swapped_bytes, pending_growth;
+static _Atomic uint64_t reserved;
+static _Atomic uint32_t acks;
+static uint64_t swap_outs, swap_ins, bytes_out, bytes_in, swap_ns;
+
+static struct {
+    CUcontext ctx;
+    CUstream s;
+} streams[MAX_STREAMS];
+static int nstreams;
+
+/* MEMREPLY hand-over from the gate's thread to the allocating thread */
+static pthread_mutex_t rep_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t rep_cv = PTHREAD_COND_INITIALIZER;
+static uint64_t rep_seq;
+static uint32_t rep_status;
+
+#define REAL(name) ((gs_fn_##name)gs_real(GS_ID_##name))
+
+static size_t round_up(size_t v, size_t a)
+{
+    return (v + a - 1) / a * a;
+}
+
+void gs_mm_configure(uint64_t sched_budget, uint32_t sched_mode)
+{
+    if (mm_state != MM_UNDECIDED)
+        return;
+    mm_state = MM_OFF;
+    if (!gs_cfg.oversub)
+        return;
+    if (sched_budget == 0) {
+        gs_log(GS_LOG_WARN, "GPUSHARE_OVERSUB=1 but the GPU scheduler grants no memory budget: "
+                            "oversubscription is off, the GPU lock is on");
+        return;
+    }
+    if (gs_cfg.alloc_refusal[0] != '\0') {
+        gs_log(GS_LOG_WARN,
+               "oversubscription is off for this process: %s allocates device memory outside cuMemAlloc, "
+               "which the shim cannot swap; running with the GPU lock only (unset it to oversubscribe)",
+               gs_cfg.alloc_refusal);
+        return;
+    }
+    budget = sched_budget;
+    if (gs_cfg.budget_cap != 0 && gs_cfg.budget_cap < budget)
+        budget = gs_cfg.budget_cap;
+    mode = sched_mode;
+    mm_state = MM_ACTIVE;
+    atomic_store(&gs_mm_on, 1);
+    gs_log(GS_LOG_INFO, "oversubscription on: budget %llu bytes, mode %u", (unsigned long long)budget, mode);
+}
+
+void gs_mm_foreign(int id)
+{
+    static atomic_int warned;
+    pthread_mutex_lock(&mm_mu);
+    int had = nreg > 0;
+    if (!had) {
+        mm_state = MM_OFF;
+        atomic_store(&gs_mm_on, 0);
+    }
+    pthread_mutex_unlock(&mm_mu);
+    if (atomic_exchange(&warned, 1))
+        return;
+    const char *setting = id == GS_ID_cuMemCreate ? "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+                                                  : "PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync";
+    if (!had)
+        gs_log(GS_LOG_WARN,
+               "oversubscription is off for this process: it allocates through %s (PyTorch: %s), memory the "
+               "shim cannot swap; running with the GPU lock only",
+               gs_hook_names[id], setting);
+    else
+        gs_log(GS_LOG_WARN,
+               "memory this process allocates through %s (PyTorch: %s) is neither swapped nor counted in the "
+               "GPU budget; its cuMemAlloc memory still is",
+               gs_hook_names[id], setting);
+}
+
+uint64_t gs_mm_need(void)
+{
+    if (!atomic_load(&gs_mm_on))
+        return 0;
+    return atomic_load(&need_bytes) + atomic_load(&pending_growth);
+}
+
+uint64_t gs_mm_resident(void)
+{
+    return atomic_load(&resident_bytes);
+}
+
+uint64_t gs_mm_swapped(void)
+{
+    return atomic_load(&swapped_bytes);
+}
+
+void gs_mm_on_reply(int raise, uint64_t res, uint32_t status)
+{
+    if (status != UINT32_MAX)
+        atomic_store(&reserved, res);
+    if (raise)
+        atomic_fetch_add(&acks, 1);
+    pthread_mutex_lock(&rep_mu);
+    rep_seq++;
+    rep_status = status;
+    pthread_cond_broadcast(&rep_cv);
+    pthread_mutex_unlock(&rep_mu);
+}
+
+/* ---- regions ---- */
+
+static int find_region_locked(CUdeviceptr p)
+{
+    int lo = 0, hi = nreg - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        struct region *r = regions[mid];
+        if (p < r->va)
+            hi = mid - 1;
+        else if (p >= r->va + r->size)
+            lo = mid + 1;
+        else
+            return mid;
+    }
+    return -1;
+}
+
+static int insert_region_locked(struct region *r)
+{
+    if (nreg == capreg) {
+        int cap = capreg ? capreg * 2 : 64;
+        struct region **n = realloc(regions, (size_t)cap * sizeof(*n));
+        if (n == NULL)
+            return -1;
+        regions = n;
+        capreg = cap;
+    }
+    int i = nreg;
+    while (i > 0 && regions[i - 1]->va > r->va) {
+        regions[i] = regions[i - 1];
+        i--;
+    }
+    regions[i] = r;
+    nreg++;
+    return 0;
+}
+
+static void remove_region_locked(int i)
+{
+    memmove(&regions[i], &regions[i + 1], (size_t)(nreg - i - 1) * sizeof(*regions));
+    nreg--;
+}
+
+static CUstream stream_for_locked(CUcontext ctx)
+{
+    for (int i = 0; i < nstreams; i++)
+        if (streams[i].ctx == ctx)
+            return streams[i].s;
+    CUstream s = NULL;
+    if (REAL(cuStreamCreate) == NULL || REAL(cuStreamCreate)(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+        return NULL;
+    if (nstreams < MAX_STREAMS) {
+        streams[nstreams].ctx = ctx;
+        streams[nstreams].s = s;
+        nstreams++;
+    }
+    return s;
+}
+
+static CUmemAllocationProp prop_for(CUdevice dev)
+{
+    CUmemAllocationProp p;
+    memset(&p, 0, sizeof(p));
+    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p.location.id = dev;
+    p.allocFlags.gpuDirectRDMACapable = 1;
+    return p;
+}
+
+/* Physical pages for r, mapped read-write at r->va. */
+static CUresult map_locked(struct region *r)
+{
+    CUmemAllocationProp p = prop_for(r->dev);
+    CUmemGenericAllocationHandle h;
+    CUresult e = REAL(cuMemCreate)(&h, r->size, &p, 0);
+    if (e != CUDA_SUCCESS)
+        return e;
+    e = REAL(cuMemMap)(r->va, r->size, 0, h, 0);
+    if (e != CUDA_SUCCESS) {
+        REAL(cuMemRelease)(h);
+        return e;
+    }
+    CUmemAccessDesc d = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = r->dev},
+                         .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    e = REAL(cuMemSetAccess)(r->va, r->size, &d, 1);
+    if (e != CUDA_SUCCESS) {
+        REAL(cuMemUnmap)(r->va, r->size);
+        REAL(cuMemRelease)(h);
+        return e;
+    }
+    r->h = h;
+    r->resident = 1;
+    return CUDA_SUCCESS;
+}
+
+static void unmap_locked(struct region *r)
+{
+    REAL(cuMemUnmap)(r->va, r->size);
+    REAL(cuMemRelease)(r->h);
+    r->resident = 0;
+}
+
+static size_t copy_len(const struct region *r)
+{
+    if (!r->slab)
+        return r->user;
+    size_t end = 0;
+    for (int i = 0; i < r->nblk; i++)
+        if (r->blk[i].used && r->blk[i].off + r->blk[i].size > end)
+            end = r->blk[i].off + r->blk[i].size;
+    return end;
+}
+
+static void sync_ctx(CUcontext ctx)
+{
+    gs_fn_cuCtxPushCurrent_v2 push = REAL(cuCtxPushCurrent_v2);
+    gs_fn_cuCtxPopCurrent_v2 pop = REAL(cuCtxPopCurrent_v2);
+    if (push == NULL || pop == NULL || push(ctx) != CUDA_SUCCESS)
+        return;
+    REAL(cuCtxSynchronize)();
+    CUcontext c;
+    pop(&c);
+}
+
+static void usage_locked(struct gs_usage *u, uint32_t reason)
+{
+    memset(u, 0, sizeof(*u));
+    u->reason = reason;
+    u->acks = atomic_load(&acks);
+    u->need = atomic_load(&need_bytes);
+    u->resident = atomic_load(&resident_bytes);
+    u->swapped = atomic_load(&swapped_bytes);
+    u->swap_outs = swap_outs;
+    u->swap_ins = swap_ins;
+    u->bytes_out = bytes_out;
+    u->bytes_in = bytes_in;
+    u->swap_ns = swap_ns;
+}
+
+/* Tells the scheduler what we hold now; lowers our own view of the reservation to match. */
+static void report_locked(uint32_t reason)
+{
+    struct gs_usage u;
+    usage_locked(&u, reason);
+    if (gs_gate_send(&u, GS_MSG_USAGE, GS_USAGE_SIZE) == 0 && u.resident < atomic_load(&reserved))
+        atomic_store(&reserved, u.resident);
+}
+
+void gs_mm_send_usage(uint32_t reason)
+{
+    pthread_mutex_lock(&mm_mu);
+    report_locked(reason);
+    pthread_mutex_unlock(&mm_mu);
+}
+
+/* ---- swapping ---- */
+
+/* Copies regions out (one stream per context, one synchronization) and releases their pages. */
+static void swap_out_locked(struct region **list, int n)
+{
+    if (n == 0)
+        return;
+    uint64_t t0 = gs_now_ns();
+    gs_fn_cuCtxPushCurrent_v2 push = REAL(cuCtxPushCurrent_v2);
+    gs_fn_cuCtxPopCurrent_v2 pop = REAL(cuCtxPopCurrent_v2);
+    int ok[n];
+    for (int i = 0; i < n; i++) {
+        struct region *r = list[i];
+        ok[i] = 0;
+        CUcontext c;
+        if (push(r->ctx) != CUDA_SUCCESS)
+            continue;
+        CUstream s = stream_for_locked(r->ctx);
+        size_t len = copy_len(r);
+        ok[i] = len == 0 || REAL(cuMemcpyDtoHAsync_v2)(r->staging, r->va, len, s) == CUDA_SUCCESS;
+        pop(&c);
+    }
+    for (int i = 0; i < nstreams; i++) {
+        CUcontext c;
+        if (push(streams[i].ctx) == CUDA_SUCCESS) {
+            REAL(cuStreamSynchronize)(streams[i].s);
+            pop(&c);
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        struct region *r = list[i];
+        if (!ok[i]) {
+            gs_log(GS_LOG_WARN, "could not copy out %zu bytes at 0x%llx; they stay resident", r->size,
+                   (unsigned long long)r->va);
+            continue;
+        }
+        unmap_locked(r);
+        atomic_fetch_sub(&resident_bytes, r->size);
+        atomic_fetch_add(&swapped_bytes, r->size);
+        swap_outs++;
+        bytes_out += copy_len(r);
+    }
+    swap_ns += gs_now_ns() - t0;
+}
+
+void gs_mm_evict(uint64_t target)
+{
+    pthread_mutex_lock(&mm_mu);
+    struct region **list = malloc((size_t)(nreg ? nreg : 1) * sizeof(*list));
+    int n = 0;
+    uint64_t res = atomic_load(&resident_bytes);
+    /* Only what is asked: the smallest region that covers the rest, else the largest, until done. */
+    while (list != NULL && res > target) {
+        uint64_t rest = res - target;
+        struct region *best = NULL, *largest = NULL;
+        for (int i = 0; i < nreg; i++) {
+            struct region *r = regions[i];
+            int chosen = 0;
+            for (int k = 0; k < n; k++)
+                chosen |= list[k] == r;
+            if (!r->resident || chosen)
+                continue;
+            if (r->size >= rest && (best == NULL || r->size < best->size))
+                best = r;
+            if (largest == NULL || r->size > largest->size)
+                largest = r;
+        }
+        struct region *pick = best ? best : largest;
+        if (pick == NULL)
+            break;
+        list[n++] = pick;
+        res -= pick->size;
+    }
+    swap_out_locked(list, n);
+    free(list);
+    gs_log(GS_LOG_DEBUG, "evicted %d allocation(s): resident %llu, target %llu", n,
+           (unsigned long long)atomic_load(&resident_bytes), (unsigned long long)target);
+    report_locked(GS_USAGE_EVICTED);
+    pthread_mutex_unlock(&mm_mu);
+}
+
+int gs_mm_swap_in_all(int ignore_budget)
+{
+    pthread_mutex_lock(&mm_mu);
+    uint64_t t0 = gs_now_ns();
+    gs_fn_cuCtxPushCurrent_v2 push = REAL(cuCtxPushCurrent_v2);
+    gs_fn_cuCtxPopCurrent_v2 pop = REAL(cuCtxPopCurrent_v2);
+    int missing = 0, moved = 0;
+    for (int i = 0; i < nreg; i++) {
+        struct region *r = regions[i];
+        if (r->resident)
+            continue;
+        if (!ignore_budget && atomic_load(&resident_bytes) + r->size > atomic_load(&reserved)) {
+            missing++;
+            continue;
+        }
+        CUcontext c;
+        if (push(r->ctx) != CUDA_SUCCESS) {
+            missing++;
+            continue;
+        }
+        CUresult e = map_locked(r);
+        if (e == CUDA_SUCCESS) {
+            size_t len = copy_len(r);
+            if (len > 0)
+                e = REAL(cuMemcpyHtoDAsync_v2)(r->va, r->staging, len, stream_for_locked(r->ctx));
+            atomic_fetch_add(&resident_bytes, r->size);
+            atomic_fetch_sub(&swapped_bytes, r->size);
+            swap_ins++;
+            bytes_in += len;
+            moved++;
+        }
+        pop(&c);
+        if (e != CUDA_SUCCESS) {
+            gs_log(GS_LOG_WARN, "swapping in %zu bytes at 0x%llx failed (CUDA error %d)", r->size,
+                   (unsigned long long)r->va, e);
+            missing++;
+        }
+    }
+    for (int i = 0; moved > 0 && i < nstreams; i++) {
+        CUcontext c;
+        if (push(streams[i].ctx) == CUDA_SUCCESS) {
+            REAL(cuStreamSynchronize)(streams[i].s);
+            pop(&c);
+        }
+    }
+    if (moved > 0)
+        swap_ns += gs_now_ns() - t0;
+    if (moved > 0 || !ignore_budget)
+        report_locked(GS_USAGE_REPORT); /* after a grant: "my memory is in", the scheduler starts the quantum */
+    pthread_mutex_unlock(&mm_mu);
+    return missing ? -1 : 0;
+}
+
+/* ---- allocation ---- */
+
+/* Makes sure `more` bytes beyond the working set fit the reservation; asks the scheduler if not. */
+static int reserve_locked(uint64_t more)
+{
+    for (;;) {
+        uint64_t want = atomic_load(&need_bytes) + more;
+        if (want <= atomic_load(&reserved) || !gs_gate_connected())
+            return GS_MM_OK;
+        pthread_mutex_lock(&rep_mu);
+        uint64_t seq = rep_seq;
+        pthread_mutex_unlock(&rep_mu);
+        struct gs_memreq m;
+        memset(&m, 0, sizeof(m));
+        m.need = want;
+        if (gs_gate_send(&m, GS_MSG_MEMREQ, GS_MEMREQ_SIZE) != 0)
+            return GS_MM_OK; /* no scheduler any more: pass-through has no budget */
+        pthread_mutex_lock(&rep_mu);
+        while (rep_seq == seq)
+            pthread_cond_wait(&rep_cv, &rep_mu);
+        uint32_t status = rep_status;
+        pthread_mutex_unlock(&rep_mu);
+        if (status == GS_MEM_OK || status == UINT32_MAX)
+            continue;
+        if (status == GS_MEM_TOO_LARGE) {
+            gs_log(GS_LOG_WARN,
+                   "cuMemAlloc: out of memory: the working set would grow to %llu bytes, which the GPU budget "
+                   "of %llu bytes cannot hold now (anti-thrashing mode %u)",
+                   (unsigned long long)want, (unsigned long long)budget, mode);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        atomic_store(&pending_growth, more);
+        return GS_MM_YIELD;
+    }
+}
+
+static void free_region_locked(int i)
+{
+    struct region *r = regions[i];
+    if (r->resident) {
+        unmap_locked(r);
+        atomic_fetch_sub(&resident_bytes, r->size);
+    } else {
+        atomic_fetch_sub(&swapped_bytes, r->size);
+    }
+    atomic_fetch_sub(&need_bytes, r->size);
+    REAL(cuMemAddressFree)(r->va, r->size);
+    REAL(cuMemFreeHost)(r->staging);
+    remove_region_locked(i);
+    free(r->blk);
+    free(r);
+}
+
+/* A new region of `size` physical bytes (a multiple of gran), resident. */
+static CUresult new_region_locked(size_t size, size_t user, int slab, struct region **out)
+{
+    CUcontext ctx = NULL;
+    CUdevice dev = 0;
+    if (REAL(cuCtxGetCurrent)(&ctx) != CUDA_SUCCESS || ctx == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (REAL(cuCtxGetDevice)(&dev) != CUDA_SUCCESS)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    struct region *r = calloc(1, sizeof(*r));
+    if (r == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    r->size = size;
+    r->user = user;
+    r->slab = slab;
+    r->ctx = ctx;
+    r->dev = dev;
+    r->id = next_id++;
+    /* Host staging first: allocated with the memory, never in a hand-off. */
+    if (REAL(cuMemAllocHost_v2)(&r->staging, size) != CUDA_SUCCESS || r->staging == NULL) {
+        gs_log(GS_LOG_WARN,
+               "cuMemAlloc: out of memory: cannot allocate %zu bytes of pinned host memory to swap this "
+               "allocation to (host memory exhausted?)",
+               size);
+        free(r);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    CUresult e = REAL(cuMemAddressReserve)(&r->va, size, gran, 0, 0);
+    if (e == CUDA_SUCCESS) {
+        e = map_locked(r);
+        if (e != CUDA_SUCCESS)
+            REAL(cuMemAddressFree)(r->va, size);
+    }
+    if (e == CUDA_SUCCESS && insert_region_locked(r) != 0) {
+        unmap_locked(r);
+        REAL(cuMemAddressFree)(r->va, size);
+        e = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (e != CUDA_SUCCESS) {
+        REAL(cuMemFreeHost)(r->staging);
+        free(r);
+        return e == 2 ? CUDA_ERROR_OUT_OF_MEMORY : e;
+    }
+    atomic_fetch_add(&need_bytes, size);
+    atomic_fetch_add(&resident_bytes, size);
+    *out = r;
+    return CUDA_SUCCESS;
+}
+
+/* First fit in a slab of the current context; splits the free block. */
+static int slab_take_locked(struct region *r, size_t sz, size_t user, CUdeviceptr *dptr)
+{
+    for (int i = 0; i < r->nblk; i++) {
+        struct block *b = &r->blk[i];
+        if (b->used || b->size < sz)
+            continue;
+        if (b->size > sz) {
+            if (r->nblk == r->capblk) {
+                int cap = r->capblk ? r->capblk * 2 : 16;
+                struct block *nb = realloc(r->blk, (size_t)cap * sizeof(*nb));
+                if (nb == NULL)
+                    return -1;
+                r->blk = nb;
+                r->capblk = cap;
+                b = &r->blk[i];
+            }
+            memmove(&r->blk[i + 2], &r->blk[i + 1], (size_t)(r->nblk - i - 1) * sizeof(*b));
+            r->blk[i + 1] = (struct block){.off = b->off + sz, .size = b->size - sz};
+            r->nblk++;
+            b->size = sz;
+        }
+        b->used = 1;
+        b->user = user;
+        b->id = next_id++;
+        r->used++;
+        *dptr = r->va + b->off;
+        return 0;
+    }
+    return -1;
+}
+
+CUresult gs_mm_alloc(CUdeviceptr *dptr, size_t n, int *yield)
+{
+    *yield = 0;
+    if (dptr == NULL || n == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mm_mu);
+    if (gran == 0) {
+        CUdevice dev = 0;
+        REAL(cuCtxGetDevice)(&dev);
+        CUmemAllocationProp p = prop_for(dev);
+        if (REAL(cuMemGetAllocationGranularity)(&gran, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS ||
+            gran == 0)
+            gran = 2u << 20;
+    }
+    int small = n <= gran / 4;
+    size_t phys = small ? gran : round_up(n, gran);
+    if (phys > budget) {
+        pthread_mutex_unlock(&mm_mu);
+        gs_log(GS_LOG_WARN,
+               "cuMemAlloc: out of memory: %zu bytes is more than this GPU's whole budget of %llu bytes",
+               n, (unsigned long long)budget);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    CUresult e;
+    if (small) {
+        size_t sz = round_up(n, SLAB_ALIGN);
+        CUcontext ctx = NULL;
+        REAL(cuCtxGetCurrent)(&ctx);
+        for (int i = 0; i < nreg; i++) {
+            struct region *r = regions[i];
+            if (r->slab && r->ctx == ctx && slab_take_locked(r, sz, n, dptr) == 0) {
+                pthread_mutex_unlock(&mm_mu);
+                return CUDA_SUCCESS;
+            }
+        }
+        int rr = reserve_locked(phys);
+        if (rr != GS_MM_OK) {
+            pthread_mutex_unlock(&mm_mu);
+            *yield = rr == GS_MM_YIELD;
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        struct region *r;
+        e = new_region_locked(phys, 0, 1, &r);
+        if (e == CUDA_SUCCESS) {
+            r->blk = calloc(16, sizeof(*r->blk));
+            r->capblk = 16;
+            r->nblk = 1;
+            r->blk[0] = (struct block){.off = 0, .size = phys};
+            if (r->blk == NULL || slab_take_locked(r, sz, n, dptr) != 0) {
+                free_region_locked(find_region_locked(r->va));
+                e = CUDA_ERROR_OUT_OF_MEMORY;
+            }
+        }
+    } else {
+        int rr = reserve_locked(phys);
+        if (rr != GS_MM_OK) {
+            pthread_mutex_unlock(&mm_mu);
+            *yield = rr == GS_MM_YIELD;
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        struct region *r;
+        e = new_region_locked(phys, n, 0, &r);
+        if (e == CUDA_SUCCESS)
+            *dptr = r->va;
+    }
+    atomic_store(&pending_growth, 0);
+    if (e != CUDA_SUCCESS)
+        report_locked(GS_USAGE_REPORT); /* hand back a reservation we raised for nothing */
+    pthread_mutex_unlock(&mm_mu);
+    return e;
+}
+
+int gs_mm_free(CUdeviceptr d, CUresult *res)
+{
+    pthread_mutex_lock(&mm_mu);
+    int i = find_region_locked(d);
+    if (i < 0) {
+        pthread_mutex_unlock(&mm_mu);
+        return GS_MM_NOT_OURS;
+    }
+    struct region *r = regions[i];
+    *res = CUDA_SUCCESS;
+    if (!r->slab) {
+        if (d != r->va) {
+            pthread_mutex_unlock(&mm_mu);
+            *res = CUDA_ERROR_INVALID_VALUE;
+            return GS_MM_OK;
+        }
+        sync_ctx(r->ctx); /* like cuMemFree: the memory is not in use when it goes */
+        free_region_locked(i);
+        report_locked(GS_USAGE_REPORT);
+        pthread_mutex_unlock(&mm_mu);
+        return GS_MM_OK;
+    }
+    int k;
+    for (k = 0; k < r->nblk; k++)
+        if (r->blk[k].used && r->va + r->blk[k].off == d)
+            break;
+    if (k == r->nblk) {
+        pthread_mutex_unlock(&mm_mu);
+        *res = CUDA_ERROR_INVALID_VALUE;
+        return GS_MM_OK;
+    }
+    sync_ctx(r->ctx);
+    r->blk[k].used = 0;
+    r->used--;
+    /* coalesce with free neighbours */
+    if (k + 1 < r->nblk && !r->blk[k + 1].used) {
+        r->blk[k].size += r->blk[k + 1].size;
+        memmove(&r->blk[k + 1], &r->blk[k + 2], (size_t)(r->nblk - k - 2) * sizeof(*r->blk));
+        r->nblk--;
+    }
+    if (k > 0 && !r->blk[k - 1].used) {
+        r->blk[k - 1].size += r->blk[k].size;
+        memmove(&r->blk[k], &r->blk[k + 1], (size_t)(r->nblk - k - 1) * sizeof(*r->blk));
+        r->nblk--;
+    }
+    if (r->used == 0) {
+        free_region_locked(i);
+        report_locked(GS_USAGE_REPORT);
+    }
+    pthread_mutex_unlock(&mm_mu);
+    return GS_MM_OK;
+}
+
+/* ---- what the driver would say about a plain allocation ---- */
+
+
+int gs_mm_lookup(CUdeviceptr p, struct gs_mm_info *out)
+{
+    if (!atomic_load(&need_bytes))
+        return 0;
+    pthread_mutex_lock(&mm_mu);
+    int i = find_region_locked(p);
+    int found = 0;
+    if (i >= 0) {
+        struct region *r = regions[i];
+        out->ctx = r->ctx;
+        out->dev = r->dev;
+        out->resident = r->resident;
+        if (!r->slab) {
+            if (p < r->va + r->user) {
+                out->base = r->va;
+                out->size = r->user;
+                out->id = r->id;
+                found = 1;
+            }
+        } else {
+            for (int k = 0; k < r->nblk; k++) {
+                struct block *b = &r->blk[k];
+                if (b->used && p >= r->va + b->off && p < r->va + b->off + b->user) {
+                    out->base = r->va + b->off;
+                    out->size = b->user;
+                    out->id = b->id;
+                    found = 1;
+                    break;
+                }
+            }
+        }
+    }
+    pthread_mutex_unlock(&mm_mu);
+    return found;
+}
+
+int gs_mm_budget(uint64_t *total, uint64_t *used)
+{
+    if (mm_state != MM_ACTIVE)
+        return 0;
+    *total = budget;
+    *used = atomic_load(&need_bytes);
+    return 1;
+}
+
+void gs_mm_atfork_child(void)
+{
+    /* CUDA does not survive fork: the child starts without swappable memory. */
+    pthread_mutex_init(&mm_mu, NULL);
+    pthread_mutex_init(&rep_mu, NULL);
+    pthread_cond_init(&rep_cv, NULL);
+    nreg = 0;
+    nstreams = 0;
+    atomic_store(&need_bytes, 0);
+    atomic_store(&resident_bytes, 0);
+    atomic_store(&swapped_bytes, 0);
+    atomic_store(&reserved, 0);
+    atomic_store(&gs_mm_on, 0);
+    mm_state = MM_UNDECIDED;
+}
+
+/* At exit, at info level: what swapping cost this process. */
+void gs_mm_log_stats(void)
+{
+    if (mm_state != MM_ACTIVE)
+        return;
+    pthread_mutex_lock(&mm_mu);
+    gs_log(GS_LOG_INFO,
+           "swap stats: out=%llu (%llu bytes) in=%llu (%llu bytes) time=%.3f s resident=%llu swapped=%llu",
+           (unsigned long long)swap_outs, (unsigned long long)bytes_out, (unsigned long long)swap_ins,
+           (unsigned long long)bytes_in, swap_ns / 1e9, (unsigned long long)atomic_load(&resident_bytes),
+           (unsigned long long)atomic_load(&swapped_bytes));
+    pthread_mutex_unlock(&mm_mu);
+}

@@ -1,0 +1,270 @@
+/*
+ * A CUDA "application" for the oversubscription tests, on the stub driver
+ * (device memory is host memory). It keeps a host mirror of every device
+ * buffer, changes the buffers at random through the driver (copies in,
+ * device-to-device copies, memsets, and the stub's XOR "kernel", which runs
+ * asynchronously), and compares device contents with the mirror, so any byte
+ * lost or stale across a swap shows up.
+ *
+ *   oversub_client key=value ...
+ *     bufs=N size=BYTES    N large buffers (default 4 x 8 MiB)
+ *     small=N              N small buffers of 1..96 KiB (slab-packed; default 16)
+ *     iters=N              random operations (default 1000), sleep_us=US between them
+ *     verify_every=N       full comparison every N operations (default 100)
+ *     capture_ms=MS        first begin a stream capture, stay idle MS ms, end it
+ *     hold_ms=MS           after the work, stay alive and idle MS ms
+ *     big=BYTES            also try one allocation of BYTES and report its result
+ *     seed=N
+ * Prints "oversub ..." lines; exits 1 on the first mismatch.
+ */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cuda_abi.h"
+
+#define XOR_KERNEL ((CUfunction)(uintptr_t)0x5eed)
+
+typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
+typedef CUresult (*pitch_fn)(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
+typedef CUresult (*free_fn)(CUdeviceptr);
+typedef CUresult (*htod_fn)(CUdeviceptr, const void *, size_t);
+typedef CUresult (*dtoh_fn)(void *, CUdeviceptr, size_t);
+typedef CUresult (*dtod_fn)(CUdeviceptr, CUdeviceptr, size_t);
+typedef CUresult (*set8_fn)(CUdeviceptr, unsigned char, size_t);
+typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                              CUstream, void **, void **);
+typedef CUresult (*attr_fn)(void *, CUpointer_attribute, CUdeviceptr);
+typedef CUresult (*range_fn)(CUdeviceptr *, size_t *, CUdeviceptr);
+typedef CUresult (*info_fn)(size_t *, size_t *);
+typedef CUresult (*ipc_fn)(CUipcMemHandle *, CUdeviceptr);
+typedef CUresult (*init_fn)(unsigned);
+typedef CUresult (*retain_fn)(CUcontext *, CUdevice);
+typedef CUresult (*sync_fn)(void);
+typedef CUresult (*begin_fn)(CUstream, CUstreamCaptureMode);
+typedef CUresult (*end_fn)(CUstream, CUgraph *);
+typedef CUresult (*gpa2_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+
+static void *lib;
+static gpa2_fn gpa;
+
+static void *sym(const char *name)
+{
+    void *p = NULL;
+    CUdriverProcAddressQueryResult st;
+    if (gpa(name, &p, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &st) != CUDA_SUCCESS || p == NULL) {
+        fprintf(stderr, "oversub_client: cannot resolve %s\n", name);
+        exit(2);
+    }
+    return p;
+}
+
+static long opt(int argc, char **argv, const char *key, long def)
+{
+    size_t k = strlen(key);
+    for (int i = 1; i < argc; i++)
+        if (strncmp(argv[i], key, k) == 0 && argv[i][k] == '=')
+            return atol(argv[i] + k + 1);
+    return def;
+}
+
+static uint64_t rng = 88172645463325252ull;
+static uint64_t rnd(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
+struct buf {
+    CUdeviceptr d;
+    size_t n;
+    unsigned char *m; /* mirror */
+};
+
+static htod_fn htod;
+static dtoh_fn dtoh;
+static int verified;
+
+static void verify(struct buf *b, size_t off, size_t len, const char *when)
+{
+    unsigned char *tmp = malloc(len ? len : 1);
+    if (dtoh(tmp, b->d + off, len) != CUDA_SUCCESS) {
+        printf("oversub FAIL pid=%d copy out failed (%s)\n", (int)getpid(), when);
+        exit(1);
+    }
+    if (memcmp(tmp, b->m + off, len) != 0) {
+        size_t i = 0;
+        while (tmp[i] == b->m[off + i])
+            i++;
+        printf("oversub FAIL pid=%d mismatch %s at 0x%llx+%zu: device %02x mirror %02x\n", (int)getpid(), when,
+               (unsigned long long)b->d, off + i, tmp[i], b->m[off + i]);
+        exit(1);
+    }
+    free(tmp);
+    verified++;
+}
+
+int main(int argc, char **argv)
+{
+    long nbufs = opt(argc, argv, "bufs", 4), size = opt(argc, argv, "size", 8 << 20);
+    long nsmall = opt(argc, argv, "small", 16), iters = opt(argc, argv, "iters", 1000);
+    long sleep_us = opt(argc, argv, "sleep_us", 0), verify_every = opt(argc, argv, "verify_every", 100);
+    long capture_ms = opt(argc, argv, "capture_ms", 0), hold_ms = opt(argc, argv, "hold_ms", 0);
+    long big = opt(argc, argv, "big", 0);
+    rng ^= (uint64_t)opt(argc, argv, "seed", 1) * 0x9e3779b97f4a7c15ull;
+
+    lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib == NULL) {
+        fprintf(stderr, "oversub_client: %s\n", dlerror());
+        return 2;
+    }
+    gpa = (gpa2_fn)dlsym(lib, "cuGetProcAddress_v2");
+    ((init_fn)dlsym(lib, "cuInit"))(0);
+    CUcontext ctx;
+    ((retain_fn)dlsym(lib, "cuDevicePrimaryCtxRetain"))(&ctx, 0);
+    alloc_fn alloc = (alloc_fn)sym("cuMemAlloc");
+    pitch_fn pitch = (pitch_fn)sym("cuMemAllocPitch");
+    free_fn mfree = (free_fn)sym("cuMemFree");
+    htod = (htod_fn)sym("cuMemcpyHtoD");
+    dtoh = (dtoh_fn)sym("cuMemcpyDtoH");
+    dtod_fn dtod = (dtod_fn)sym("cuMemcpyDtoD");
+    set8_fn set8 = (set8_fn)sym("cuMemsetD8");
+    launch_fn launch = (launch_fn)sym("cuLaunchKernel");
+    attr_fn attr = (attr_fn)sym("cuPointerGetAttribute");
+    range_fn range = (range_fn)sym("cuMemGetAddressRange");
+    info_fn info = (info_fn)sym("cuMemGetInfo");
+    ipc_fn ipc = (ipc_fn)sym("cuIpcGetMemHandle");
+    sync_fn sync = (sync_fn)dlsym(lib, "cuCtxSynchronize");
+
+    int n = (int)(nbufs + nsmall + 1);
+    struct buf *b = calloc((size_t)n, sizeof(*b));
+    for (int i = 0; i < n; i++) {
+        CUresult r;
+        if (i < nbufs) {
+            b[i].n = (size_t)size;
+            r = alloc(&b[i].d, b[i].n);
+        } else if (i < n - 1) {
+            b[i].n = 1 + rnd() % (96 << 10);
+            r = alloc(&b[i].d, b[i].n);
+        } else {
+            size_t p = 0;
+            r = pitch(&b[i].d, &p, 1000, 64, 4);
+            b[i].n = p * 64;
+        }
+        if (r != CUDA_SUCCESS) {
+            printf("oversub FAIL pid=%d allocation %d of %zu bytes: error %d\n", (int)getpid(), i, b[i].n, r);
+            return 1;
+        }
+        b[i].m = malloc(b[i].n);
+        for (size_t k = 0; k < b[i].n; k++)
+            b[i].m[k] = (unsigned char)rnd();
+        htod(b[i].d, b[i].m, b[i].n);
+    }
+    printf("oversub allocated pid=%d buffers=%d\n", (int)getpid(), n);
+    fflush(stdout);
+
+    if (capture_ms > 0) {
+        begin_fn begin = (begin_fn)dlsym(lib, "cuStreamBeginCapture_v2");
+        end_fn end = (end_fn)dlsym(lib, "cuStreamEndCapture");
+        CUstream s = (CUstream)(uintptr_t)0x5000;
+        begin(s, 0);
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        printf("oversub capture_begin_ns=%llu\n", (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec);
+        fflush(stdout);
+        usleep((useconds_t)capture_ms * 1000);
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        printf("oversub capture_end_ns=%llu\n", (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec);
+        fflush(stdout);
+        CUgraph g;
+        end(s, &g);
+    }
+
+    unsigned char *tmp = malloc((size_t)(size > (96 << 10) ? size : (96 << 10)) + 65536);
+    for (long it = 0; it < iters; it++) {
+        struct buf *x = &b[rnd() % (uint64_t)n];
+        size_t off = rnd() % x->n, len = 1 + rnd() % (x->n - off);
+        switch (rnd() % 5) {
+        case 0: /* copy in */
+            for (size_t k = 0; k < len; k++)
+                tmp[k] = (unsigned char)rnd();
+            htod(x->d + off, tmp, len);
+            memcpy(x->m + off, tmp, len);
+            break;
+        case 1: { /* the asynchronous XOR kernel over whole 64-bit words */
+            uint64_t key = rnd();
+            size_t words = x->n / 8 * 8;
+            CUdeviceptr p = x->d;
+            void *params[] = {&p, &words, &key};
+            launch(XOR_KERNEL, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
+            for (size_t k = 0; k < words / 8; k++)
+                ((uint64_t *)(void *)x->m)[k] ^= key; /* mirrors are malloc'd: 8-byte aligned */
+            break;
+        }
+        case 2: { /* memset */
+            unsigned char v = (unsigned char)rnd();
+            set8(x->d + off, v, len);
+            memset(x->m + off, v, len);
+            break;
+        }
+        case 3: { /* device to device */
+            struct buf *y = &b[rnd() % (uint64_t)n];
+            size_t m = x->n < y->n ? x->n : y->n;
+            size_t o = rnd() % m, l = 1 + rnd() % (m - o);
+            if (x == y)
+                break;
+            dtod(x->d + o, y->d + o, l);
+            memcpy(x->m + o, y->m + o, l);
+            break;
+        }
+        default:
+            verify(x, off, len, "in the loop");
+        }
+        if (verify_every > 0 && (it + 1) % verify_every == 0)
+            for (int i = 0; i < n; i++)
+                verify(&b[i], 0, b[i].n, "full check");
+        if (sleep_us > 0)
+            usleep((useconds_t)sleep_us);
+    }
+    for (int i = 0; i < n; i++)
+        verify(&b[i], 0, b[i].n, "final check");
+
+    /* What the driver says about the memory: as for a plain allocation. */
+    CUdeviceptr base = 0, abase = 0;
+    size_t rsize = 0, asize = 0;
+    CUcontext actx = NULL;
+    int small_i = nsmall > 0 ? (int)nbufs : 0;
+    CUdeviceptr inner = b[small_i].d + b[small_i].n / 2;
+    int range_ok = range(&base, &rsize, inner) == CUDA_SUCCESS && base == b[small_i].d && rsize == b[small_i].n &&
+                   attr(&abase, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, inner) == CUDA_SUCCESS && abase == base &&
+                   attr(&asize, CU_POINTER_ATTRIBUTE_RANGE_SIZE, inner) == CUDA_SUCCESS && asize == rsize;
+    int ctx_ok = attr(&actx, CU_POINTER_ATTRIBUTE_CONTEXT, b[0].d) == CUDA_SUCCESS && actx == ctx;
+    size_t fr = 0, tot = 0;
+    info(&fr, &tot);
+    CUipcMemHandle h;
+    CUresult ipc_r = ipc(&h, b[0].d);
+    CUresult big_r = -1;
+    if (big > 0) {
+        CUdeviceptr d = 0;
+        big_r = alloc(&d, (size_t)big);
+        if (big_r == CUDA_SUCCESS)
+            mfree(d);
+    }
+    printf("oversub done pid=%d verified=%d range_ok=%d ctx_ok=%d total=%zu ipc=%d big=%d\n", (int)getpid(), verified,
+           range_ok, ctx_ok, tot, ipc_r, big_r);
+    fflush(stdout);
+    if (hold_ms > 0)
+        usleep((useconds_t)hold_ms * 1000);
+    for (int i = 0; i < n; i++)
+        if (mfree(b[i].d) != CUDA_SUCCESS) {
+            printf("oversub FAIL pid=%d free %d\n", (int)getpid(), i);
+            return 1;
+        }
+    sync();
+    return 0;
+}

@@ -21,7 +21,10 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/gpusharing/gpusharing/agent/app"
+	"github.com/gpusharing/gpusharing/agent/deviceplugin"
+	"github.com/gpusharing/gpusharing/agent/drain"
 	"github.com/gpusharing/gpusharing/agent/gpu"
+	"github.com/gpusharing/gpusharing/agent/node"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -39,6 +42,10 @@ type options struct {
 	mpsExclusiveProcess bool
 	metricsAddr         string
 	probeAddr           string
+	// devicePlugin is nil when --device-plugin=false.
+	devicePlugin       *deviceplugin.Config
+	podResourcesSocket string
+	drainBackoff       time.Duration
 }
 
 func main() {
@@ -73,9 +80,34 @@ func parse(args []string) (options, *textlogger.Config) {
 	fs.BoolVar(&o.mpsExclusiveProcess, "mps-exclusive-process", false, "set EXCLUSIVE_PROCESS compute mode on MPS GPUs")
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8081", "metrics endpoint address (0 disables)")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8082", "health probe address")
+	dp := deviceplugin.DefaultConfig()
+	var dpOn bool
+	var schedulerRoot string
+	fs.BoolVar(&dpOn, "device-plugin", true, "serve the kubelet device plugin API for this node's GPUs (and drain a GPU before a disruptive change)")
+	fs.StringVar(&dp.SocketDir, "device-plugin-dir", dp.SocketDir, "the kubelet's device plugin directory (kubelet.sock and the plugins' sockets)")
+	fs.StringVar(&o.podResourcesSocket, "pod-resources-socket", drain.DefaultPodResourcesSocket, "the kubelet's PodResources API socket, to find the pods using a GPU before a disruptive change; empty turns the drain off")
+	fs.DurationVar(&o.drainBackoff, "drain-backoff", node.DefaultDrainBackoff, "first wait before a GPU whose drain timed out or failed is drained again for the same desired sharing (doubles per failure, up to 1h)")
+	resourceFlag(fs, &dp.Resources.Exclusive, "resource-exclusive", "resource name of a whole GPU")
+	resourceFlag(fs, &dp.Resources.TimeSlicing, "resource-timeslice", "resource name of one replica of a time-sliced GPU")
+	resourceFlag(fs, &dp.Resources.MPS, "resource-mps", "resource name of one MPS share of a GPU")
+	resourceFlag(fs, &dp.Resources.Shared, "resource-shared", "resource name of one share of a GPU scheduled by the shim")
+	fs.StringVar(&dp.Resources.MIGPrefix, "resource-mig-prefix", dp.Resources.MIGPrefix, "prefix of MIG resource names; the profile follows (nvidia.com/mig-1g.10gb)")
+	fs.StringVar(&schedulerRoot, "scheduler-root", "", "directory holding each shim-shared GPU's scheduler socket, <root>/<uuid>/gpushare.sock (default <host-root>/scheduler)")
+	fs.StringVar(&dp.ShimLibrary, "shim-library", dp.ShimLibrary, "host path of libgpushare.so, mounted into shim-shared containers")
+	shimReplicas := fs.Int("shim-replicas", int(dp.ShimReplicas), "shares an Exclusive GPU with oversubscription is cut into")
 	logConfig := textlogger.NewConfig()
 	logConfig.AddFlags(fs)
 	_ = fs.Parse(args)
+	if dpOn {
+		dp.SchedulerRoot = schedulerRoot
+		if dp.SchedulerRoot == "" {
+			dp.SchedulerRoot = filepath.Join(o.hostRoot, "scheduler")
+		}
+		dp.ShimReplicas = int32(*shimReplicas)
+		// The MPS root is not a device plugin flag: app.Setup takes it from --mps-root, the daemons' root.
+		dp.MPSRoot = ""
+		o.devicePlugin = &dp
+	}
 	if o.mpsRoot == "" {
 		o.mpsRoot = filepath.Join(o.hostRoot, "mps")
 	}
@@ -89,6 +121,14 @@ func parse(args []string) (options, *textlogger.Config) {
 		o.nvidiaSMI = driverTool(o.driverRoot, "nvidia-smi")
 	}
 	return o, logConfig
+}
+
+// resourceFlag binds a resource name flag.
+func resourceFlag(fs *flag.FlagSet, v *deviceplugin.ResourceName, name, usage string) {
+	fs.Func(name, fmt.Sprintf("%s (default %s)", usage, *v), func(s string) error {
+		*v = deviceplugin.ResourceName(s)
+		return nil
+	})
 }
 
 // driverTool finds a driver tool under the driver root, where driver installs put it, then in $PATH
@@ -125,6 +165,11 @@ func run(ctx context.Context, o options) error {
 	if o.nodeName == "" {
 		return fmt.Errorf("--node-name (or NODE_NAME) is required")
 	}
+	if o.devicePlugin != nil {
+		if err := o.devicePlugin.Validate(); err != nil {
+			return err
+		}
+	}
 	gpus, shutdown := openGPUs(o.nvmlLib)
 	defer shutdown()
 	if _, isNull := gpus.(gpu.Null); isNull {
@@ -149,6 +194,9 @@ func run(ctx context.Context, o options) error {
 		NvidiaSMI:           o.nvidiaSMI,
 		Resync:              o.resync,
 		MPSExclusiveProcess: o.mpsExclusiveProcess,
+		DevicePlugin:        o.devicePlugin,
+		PodResourcesSocket:  o.podResourcesSocket,
+		DrainBackoff:        o.drainBackoff,
 	})
 	if err != nil {
 		return err
@@ -156,7 +204,8 @@ func run(ctx context.Context, o options) error {
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return err
 	}
-	log.Info("Starting agent", "node", o.nodeName, "mpsRoot", o.mpsRoot, "stateDir", o.stateDir, "mpsControl", o.mpsControl, "nvidiaSMI", o.nvidiaSMI)
+	log.Info("Starting agent", "node", o.nodeName, "mpsRoot", o.mpsRoot, "stateDir", o.stateDir, "mpsControl", o.mpsControl, "nvidiaSMI", o.nvidiaSMI,
+		"devicePlugin", o.devicePlugin != nil, "podResourcesSocket", o.podResourcesSocket)
 	return mgr.Start(ctx)
 }
 

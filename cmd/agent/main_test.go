@@ -43,3 +43,34 @@ func TestDriverToolLooksUnderTheDriverRootFirst(t *testing.T) {
 		t.Errorf("tool in $PATH resolves to %q", got)
 	}
 }
+
+func TestParseTurnsTheDevicePluginOnWithItsFlags(t *testing.T) {
+	t.Setenv("NODE_NAME", "node-a")
+	o, _ := parse([]string{"--host-root=/h", "--device-plugin-dir=/dp", "--resource-exclusive=example.com/gpu", "--resource-mig-prefix=example.com/mig-",
+		"--resource-timeslice=example.com/ts", "--resource-mps=example.com/mps", "--resource-shared=example.com/shared", "--pod-resources-socket=/pr.sock", "--drain-backoff=1m"})
+	dp := o.devicePlugin
+	if dp == nil {
+		t.Fatal("device plugin off; want it on by default")
+	}
+	r := dp.Resources
+	if dp.SocketDir != "/dp" || r.Exclusive != "example.com/gpu" || r.MIGPrefix != "example.com/mig-" || r.TimeSlicing != "example.com/ts" || r.MPS != "example.com/mps" || r.Shared != "example.com/shared" {
+		t.Errorf("device plugin config = %+v", *dp)
+	}
+	if dp.SchedulerRoot != "/h/scheduler" || dp.MPSRoot != "" {
+		t.Errorf("scheduler root %q, MPS root %q: want <host-root>/scheduler, and the MPS root left to app.Setup (--mps-root)", dp.SchedulerRoot, dp.MPSRoot)
+	}
+	if o.podResourcesSocket != "/pr.sock" || o.drainBackoff != time.Minute {
+		t.Errorf("pod resources %q backoff %v", o.podResourcesSocket, o.drainBackoff)
+	}
+	if err := dp.Validate(); err != nil {
+		t.Errorf("Validate: %v", err)
+	}
+
+	o, _ = parse(nil)
+	if o.devicePlugin == nil || o.devicePlugin.Resources.Exclusive != "nvidia.com/gpu" || o.devicePlugin.SocketDir != "/var/lib/kubelet/device-plugins" || o.podResourcesSocket != "/var/lib/kubelet/pod-resources/kubelet.sock" {
+		t.Errorf("defaults: %+v %q", o.devicePlugin, o.podResourcesSocket)
+	}
+	if o, _ = parse([]string{"--device-plugin=false"}); o.devicePlugin != nil {
+		t.Errorf("--device-plugin=false left the device plugin on")
+	}
+}

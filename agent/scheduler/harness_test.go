@@ -128,8 +128,14 @@ type proc struct {
 // startClient runs shim/tests/client under the shim with the stub driver.
 func (e *env) startClient(extraEnv []string, args ...string) *proc {
 	e.t.Helper()
+	return e.startProgram("client", extraEnv, args...)
+}
+
+// startProgram runs shim/tests/<name> under the shim with the stub driver.
+func (e *env) startProgram(name string, extraEnv []string, args ...string) *proc {
+	e.t.Helper()
 	p := &proc{done: make(chan struct{})}
-	p.cmd = exec.Command(filepath.Join(e.build, "tests", "client"), args...)
+	p.cmd = exec.Command(filepath.Join(e.build, "tests", name), args...)
 	p.cmd.Env = append(os.Environ(),
 		"LD_PRELOAD="+filepath.Join(e.build, "libgpushare.so"),
 		"LD_LIBRARY_PATH="+filepath.Join(e.build, "stub"),

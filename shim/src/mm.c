@@ -669,8 +669,8 @@ CUresult gs_mm_alloc(CUdeviceptr *dptr, size_t n, int *yield)
             *dptr = r->va;
     }
     atomic_store(&pending_growth, 0);
-    if (e != CUDA_SUCCESS)
-        report_locked(GS_USAGE_REPORT); /* hand back a reservation we raised for nothing */
+    /* New pages (or a reservation raised for nothing): keep the scheduler's view current. */
+    report_locked(GS_USAGE_REPORT);
     pthread_mutex_unlock(&mm_mu);
     return e;
 }

@@ -165,7 +165,10 @@ int main(int argc, char **argv)
             b[i].m[k] = (unsigned char)rnd();
         htod(b[i].d, b[i].m, b[i].n);
     }
-    printf("oversub allocated pid=%d buffers=%d\n", (int)getpid(), n);
+    struct timespec ats;
+    clock_gettime(CLOCK_MONOTONIC, &ats);
+    printf("oversub allocated pid=%d buffers=%d allocated_ns=%llu\n", (int)getpid(), n,
+           (unsigned long long)ats.tv_sec * 1000000000ull + (unsigned long long)ats.tv_nsec);
     fflush(stdout);
 
     if (capture_ms > 0) {

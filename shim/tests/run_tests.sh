@@ -101,6 +101,15 @@ else
     fail "dlsym(RTLD_DEFAULT) without a driver" "the shim's own exports were handed out"
 fi
 
+# 9. Oversubscription asked for but no scheduler: plain driver memory, the data intact, one warning.
+out=$(run_client GPUSHARE_OVERSUB=1 GPUSHARE_SOCKET="$TMP/nothing.sock" "$BUILD/tests/oversub_client" bufs=2 size=2097152 iters=200 2>&1)
+n=$(grep -c "GPU lock disabled" <<<"$out" || true)
+if grep -q "oversub done.*total=85899345920 ipc=0" <<<"$out" && [ "$n" = 1 ]; then
+    pass "GPUSHARE_OVERSUB=1 without a scheduler passes through to plain memory"
+else
+    fail "oversub without scheduler" "$out"
+fi
+
 if [ "$fails" -ne 0 ]; then
     echo "$fails shim test(s) failed"
     exit 1

@@ -1,0 +1,295 @@
+package scheduler
+
+import (
+	"bufio"
+	"context"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Oversubscription end to end: real processes (shim/tests/oversub_client)
+// under the shim, on the stub driver, whose device memory is host memory.
+// Every client keeps a host mirror of its buffers and fails on the first
+// byte that differs, so these tests check data integrity across swaps, not
+// just bookkeeping.
+
+// newMemEnv starts a scheduler with a memory budget.
+func newMemEnv(t *testing.T, quantum, grace time.Duration, budget uint64, mode Mode) *env {
+	t.Helper()
+	build := shimBuild(t)
+	dir, err := os.MkdirTemp("", "gs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	e := &env{t: t, build: build, dir: dir, sock: filepath.Join(dir, "gpu.sock"), trace: filepath.Join(dir, "trace"),
+		m: prometheus.NewRegistry()}
+	e.s, err = New(Options{
+		GPUs: []GPUConfig{{UUID: "GPU-test", SocketPath: e.sock, Quantum: quantum, Grace: grace, Budget: budget,
+			Mode: mode}},
+		Registerer: e.m,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.s.Listen(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.s.Close)
+	return e
+}
+
+func (e *env) memtrace() string { return filepath.Join(e.dir, "memtrace") }
+
+// startOversub runs oversub_client under the shim with oversubscription on.
+func (e *env) startOversub(extraEnv []string, args ...string) *proc {
+	e.t.Helper()
+	return e.startProgram("oversub_client", append([]string{
+		"GPUSHARE_OVERSUB=1",
+		"GPUSHARE_LOG_LEVEL=info",
+		"GPUSHARE_STUB_LAUNCH_US=0",
+		"GPUSHARE_STUB_MEMTRACE=" + e.memtrace(),
+	}, extraEnv...), args...)
+}
+
+// waitOversub fails the test unless the client finished its work with correct data.
+func (p *proc) waitOversub(t *testing.T, d time.Duration) map[string]int64 {
+	t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(d):
+		t.Fatalf("client %d still running after %v; stdout:\n%s\nstderr:\n%s", p.pid(), d, p.stdout.String(), p.stderr.String())
+	}
+	if p.err != nil || !strings.Contains(p.stdout.String(), "oversub done") {
+		t.Fatalf("client %d failed: %v\nstdout:\n%s\nstderr:\n%s", p.pid(), p.err, p.stdout.String(), p.stderr.String())
+	}
+	return p.values()
+}
+
+var kv = regexp.MustCompile(`([a-z_]+)=(-?[0-9]+)`)
+
+// values collects key=number pairs from the client's "oversub" lines and the shim's swap stats.
+func (p *proc) values() map[string]int64 {
+	out := map[string]int64{}
+	for _, line := range strings.Split(p.stdout.String()+p.stderr.String(), "\n") {
+		if !strings.Contains(line, "oversub") && !strings.Contains(line, "swap stats") {
+			continue
+		}
+		prefix := ""
+		if strings.Contains(line, "swap stats") {
+			prefix = "swap_"
+		}
+		for _, m := range kv.FindAllStringSubmatch(line, -1) {
+			v, _ := strconv.ParseInt(m[2], 10, 64)
+			out[prefix+m[1]] = v
+		}
+	}
+	return out
+}
+
+// peakPhysical replays the stub's record of physical allocations of every
+// process (logged before creating, after releasing) and returns the highest
+// total resident at any moment.
+func (e *env) peakPhysical() int64 {
+	e.t.Helper()
+	f, err := os.Open(e.memtrace())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer f.Close()
+	type ev struct{ ns, delta int64 }
+	var evs []ev
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fs := strings.Fields(sc.Text())
+		if len(fs) != 4 || fs[0] != "M" {
+			continue
+		}
+		ns, _ := strconv.ParseInt(fs[2], 10, 64)
+		d, _ := strconv.ParseInt(fs[3], 10, 64)
+		evs = append(evs, ev{ns, d})
+	}
+	sort.SliceStable(evs, func(i, j int) bool { return evs[i].ns < evs[j].ns })
+	var cur, peak int64
+	for _, x := range evs {
+		cur += x.delta
+		peak = max(peak, cur)
+	}
+	return peak
+}
+
+// Two processes whose working sets add up to 1.5x the budget both finish with
+// every byte right, after thousands of swaps, and the physical memory of the
+// two never exceeded the budget (from the stub's own record and from the
+// scheduler's account).
+func TestOversubTwoClientsOverBudgetKeepEveryByteAcrossThousandsOfSwaps(t *testing.T) {
+	const budget = 16 * mib // each client: 5 x 2 MiB + one 2 MiB slab = 12 MiB; together 24 MiB
+	e := newMemEnv(t, 5*time.Millisecond, 200*time.Millisecond, budget, ModeAuto)
+	args := []string{"bufs=5", "size=2097152", "small=8", "iters=2500", "sleep_us=20", "verify_every=250"}
+	a := e.startOversub(nil, append(args, "seed=1")...)
+	b := e.startOversub(nil, append(args, "seed=2")...)
+	var peakReserved uint64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for !a.exited() || !b.exited() {
+			for _, g := range e.s.GPUs() {
+				peakReserved = max(peakReserved, g.ReservedBytes)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	va := a.waitOversub(t, 120*time.Second)
+	vb := b.waitOversub(t, 120*time.Second)
+	<-done
+	swaps := va["swap_out"] + va["swap_in"] + vb["swap_out"] + vb["swap_in"]
+	t.Logf("swaps: a out=%d in=%d, b out=%d in=%d; verified %d and %d ranges", va["swap_out"], va["swap_in"],
+		vb["swap_out"], vb["swap_in"], va["verified"], vb["verified"])
+	if swaps < 1000 {
+		t.Errorf("only %d swaps; the test wants thousands", swaps)
+	}
+	if p := e.peakPhysical(); p > budget || p == 0 {
+		t.Errorf("physical memory of both processes peaked at %d bytes, budget %d", p, budget)
+	}
+	g := e.s.GPUs()[0]
+	if g.PeakReservedBytes > budget || peakReserved > budget {
+		t.Errorf("scheduler account peaked at %d (sampled %d), budget %d", g.PeakReservedBytes, peakReserved, budget)
+	}
+	if va["range_ok"] != 1 || va["ctx_ok"] != 1 || va["total"] != budget || va["ipc"] != 801 {
+		t.Errorf("driver answers on swappable memory: %v (want range_ok=1 ctx_ok=1 total=budget ipc=801)", va)
+	}
+	if !strings.Contains(a.stderr.String(), "cuIpcGetMemHandle") {
+		t.Errorf("no log line saying why legacy IPC failed:\n%s", a.stderr.String())
+	}
+}
+
+// A releasing process keeps what the next one does not need: the newcomer
+// needing 8 MiB of a 16 MiB budget next to a 12 MiB idle process takes 4 MiB
+// of it, not all 12 (as it grows, allocation by allocation).
+func TestOversubEvictsOnlyWhatTheNextHolderNeeds(t *testing.T) {
+	const budget = 16 * mib
+	e := newMemEnv(t, 50*time.Millisecond, 200*time.Millisecond, budget, ModeAuto)
+	a := e.startOversub(nil, "bufs=5", "size=2097152", "small=0", "iters=50", "hold_ms=1500")
+	eventually(t, 5*time.Second, "the first client finished its work and idles", func() bool {
+		return strings.Contains(a.stdout.String(), "oversub done")
+	})
+	b := e.startOversub(nil, "bufs=3", "size=2097152", "small=0", "iters=50", "seed=3", "hold_ms=300")
+	eventually(t, 5*time.Second, "the second client finished its work", func() bool {
+		return strings.Contains(b.stdout.String(), "oversub done")
+	})
+	sa, _ := e.state(a.pid())
+	sb, _ := e.state(b.pid())
+	t.Logf("a: need %d resident %d swapped %d outs %d; b: need %d resident %d", sa.NeedBytes, sa.ResidentBytes,
+		sa.SwappedBytes, sa.SwapOuts, sb.NeedBytes, sb.ResidentBytes)
+	if sa.NeedBytes != 12*mib || sb.NeedBytes != 8*mib {
+		t.Fatalf("needs a=%d b=%d, want 12 and 8 MiB", sa.NeedBytes, sb.NeedBytes)
+	}
+	if sa.ResidentBytes != 8*mib || sa.SwappedBytes != 4*mib || sa.SwapOuts != 2 {
+		t.Errorf("a keeps %d resident, %d swapped, %d swap-outs; want 8 MiB kept, 4 MiB (two allocations) out",
+			sa.ResidentBytes, sa.SwappedBytes, sa.SwapOuts)
+	}
+	if sa.ReservedBytes+sb.ReservedBytes > budget || sa.Evictions == 0 || sb.ResidentBytes != 8*mib {
+		t.Errorf("reservations a=%d b=%d (budget %d), evictions of a = %d, b resident %d", sa.ReservedBytes,
+			sb.ReservedBytes, budget, sa.Evictions, sb.ResidentBytes)
+	}
+	a.waitOversub(t, 10*time.Second)
+	b.waitOversub(t, 10*time.Second)
+}
+
+// A process that holds its memory while a stream captures cannot be
+// synchronized, so its eviction waits for the capture to end; the newcomer
+// gets the memory only then, and nothing was synchronized during the capture.
+func TestOversubEvictionWaitsForAStreamCapture(t *testing.T) {
+	const budget = 16 * mib
+	e := newMemEnv(t, 20*time.Millisecond, 50*time.Millisecond, budget, ModeAuto)
+	a := e.startOversub(nil, "bufs=5", "size=2097152", "small=0", "iters=30", "capture_ms=700")
+	eventually(t, 5*time.Second, "the first client captures", func() bool {
+		return strings.Contains(a.stdout.String(), "capture_begin_ns")
+	})
+	b := e.startOversub(nil, "bufs=3", "size=2097152", "small=0", "iters=30", "seed=5")
+	va := a.waitOversub(t, 20*time.Second)
+	vb := b.waitOversub(t, 20*time.Second)
+	if vb["allocated_ns"] <= va["capture_end_ns"] {
+		t.Errorf("the newcomer had its memory %d ns before the capture ended", va["capture_end_ns"]-vb["allocated_ns"])
+	}
+	if n := e.readTrace().syncInCapt; n != 0 {
+		t.Errorf("the shim synchronized %d times while a stream captured", n)
+	}
+	if va["swap_out"] == 0 {
+		t.Errorf("the capturing client never gave memory up: %v", va)
+	}
+	if p := e.peakPhysical(); p > budget {
+		t.Errorf("physical memory peaked at %d bytes, budget %d", p, budget)
+	}
+}
+
+// An allocation larger than the whole budget fails with out-of-memory and a
+// log line that says why; the process goes on. So does one whose pinned host
+// staging cannot be allocated.
+func TestOversubAllocationsThatCannotFitFailWithOutOfMemory(t *testing.T) {
+	const budget = 16 * mib
+	e := newMemEnv(t, 50*time.Millisecond, 200*time.Millisecond, budget, ModeAuto)
+	a := e.startOversub(nil, "bufs=1", "size=2097152", "small=2", "iters=20", "big="+strconv.Itoa(budget+1))
+	va := a.waitOversub(t, 10*time.Second)
+	if va["big"] != 2 || !strings.Contains(a.stderr.String(), "more than this GPU's whole budget") {
+		t.Errorf("oversized allocation: result %d, want 2 (CUDA_ERROR_OUT_OF_MEMORY) and a reason:\n%s", va["big"], a.stderr.String())
+	}
+	b := e.startOversub([]string{"GPUSHARE_STUB_HOST_LIMIT=" + strconv.Itoa(5*mib)}, "bufs=1", "size=2097152",
+		"small=2", "iters=20", "big="+strconv.Itoa(4*mib))
+	vb := b.waitOversub(t, 10*time.Second)
+	if vb["big"] != 2 || !strings.Contains(b.stderr.String(), "pinned host memory") {
+		t.Errorf("allocation without host staging: result %d, want 2 and a reason:\n%s", vb["big"], b.stderr.String())
+	}
+}
+
+// PyTorch's stream-ordered allocator cannot be swapped: the process says so
+// once, naming the setting, and runs with the lock only (plain driver memory).
+func TestOversubRefusesPyTorchAllocatorsItCannotSwapAndRunsLockOnly(t *testing.T) {
+	e := newMemEnv(t, 50*time.Millisecond, 200*time.Millisecond, 16*mib, ModeAuto)
+	for _, conf := range []string{"backend:cudaMallocAsync", "expandable_segments:True"} {
+		a := e.startOversub([]string{"PYTORCH_CUDA_ALLOC_CONF=" + conf}, "bufs=2", "size=2097152", "iters=50")
+		va := a.waitOversub(t, 10*time.Second)
+		if n := strings.Count(a.stderr.String(), "oversubscription is off for this process: PYTORCH_CUDA_ALLOC_CONF="+conf); n != 1 {
+			t.Errorf("%s: %d refusal lines, want 1:\n%s", conf, n, a.stderr.String())
+		}
+		if va["total"] == 16*mib || va["ipc"] != 0 {
+			t.Errorf("%s: memory was still managed by the shim: %v", conf, va)
+		}
+	}
+}
+
+// Auto lets clients whose working sets fit together run at the same time:
+// nobody waits; Always makes them take turns.
+func TestOversubAutoRunsFittingClientsTogetherAlwaysDoesNot(t *testing.T) {
+	for _, mode := range []Mode{ModeAuto, ModeAlways} {
+		t.Run(mode.String(), func(t *testing.T) {
+			e := newMemEnv(t, 20*time.Millisecond, 200*time.Millisecond, 64*mib, mode)
+			args := []string{"bufs=3", "size=2097152", "iters=400", "sleep_us=500"}
+			a := e.startOversub([]string{"GPUSHARE_IDLE_MS=1000"}, append(args, "seed=1")...)
+			b := e.startOversub([]string{"GPUSHARE_IDLE_MS=1000"}, append(args, "seed=2")...)
+			both := false
+			for !a.exited() || !b.exited() {
+				if g := e.s.GPUs()[0]; g.Holders == 2 {
+					both = true
+				}
+				time.Sleep(time.Millisecond)
+			}
+			va := a.waitOversub(t, time.Second)
+			vb := b.waitOversub(t, time.Second)
+			if mode == ModeAuto && (!both || va["swap_out"]+vb["swap_out"] != 0) {
+				t.Errorf("Auto: ran together=%v, swaps %d+%d; want together and no swapping", both, va["swap_out"], vb["swap_out"])
+			}
+			if mode == ModeAlways && both {
+				t.Error("Always: two clients held the GPU at once")
+			}
+		})
+	}
+}

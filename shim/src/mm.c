@@ -245,7 +245,6 @@ static CUmemAllocationProp prop_for(CUdevice dev)
     p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     p.location.id = dev;
-    p.allocFlags.gpuDirectRDMACapable = 1;
     return p;
 }
 
@@ -342,7 +341,7 @@ static void swap_out_locked(struct region **list, int n)
 {
     if (n == 0)
         return;
-    uint64_t t0 = gs_now_ns();
+    uint64_t t0 = gs_now_ns(), b0 = bytes_out;
     gs_fn_cuCtxPushCurrent_v2 push = REAL(cuCtxPushCurrent_v2);
     gs_fn_cuCtxPopCurrent_v2 pop = REAL(cuCtxPopCurrent_v2);
     int ok[n];
@@ -377,7 +376,10 @@ static void swap_out_locked(struct region **list, int n)
         swap_outs++;
         bytes_out += copy_len(r);
     }
-    swap_ns += gs_now_ns() - t0;
+    uint64_t dt = gs_now_ns() - t0;
+    swap_ns += dt;
+    gs_log(GS_LOG_INFO, "swap out: %d allocation(s), %llu bytes in %.3f ms (%.2f GB/s)", n,
+           (unsigned long long)(bytes_out - b0), dt / 1e6, dt ? (double)(bytes_out - b0) / (double)dt : 0.0);
 }
 
 void gs_mm_evict(uint64_t target)
@@ -419,7 +421,7 @@ void gs_mm_evict(uint64_t target)
 int gs_mm_swap_in_all(int ignore_budget)
 {
     pthread_mutex_lock(&mm_mu);
-    uint64_t t0 = gs_now_ns();
+    uint64_t t0 = gs_now_ns(), b0 = bytes_in;
     gs_fn_cuCtxPushCurrent_v2 push = REAL(cuCtxPushCurrent_v2);
     gs_fn_cuCtxPopCurrent_v2 pop = REAL(cuCtxPopCurrent_v2);
     int missing = 0, moved = 0;
@@ -461,8 +463,12 @@ int gs_mm_swap_in_all(int ignore_budget)
             pop(&c);
         }
     }
-    if (moved > 0)
-        swap_ns += gs_now_ns() - t0;
+    if (moved > 0) {
+        uint64_t dt = gs_now_ns() - t0;
+        swap_ns += dt;
+        gs_log(GS_LOG_INFO, "swap in: %d allocation(s), %llu bytes in %.3f ms (%.2f GB/s)", moved,
+               (unsigned long long)(bytes_in - b0), dt / 1e6, dt ? (double)(bytes_in - b0) / (double)dt : 0.0);
+    }
     if (moved > 0 || !ignore_budget)
         report_locked(GS_USAGE_REPORT); /* after a grant: "my memory is in", the scheduler starts the quantum */
     pthread_mutex_unlock(&mm_mu);

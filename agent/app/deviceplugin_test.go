@@ -1,0 +1,96 @@
+package app
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/gpusharing/gpusharing/agent/deviceplugin"
+	"github.com/gpusharing/gpusharing/agent/hostpath"
+	"github.com/gpusharing/gpusharing/agent/mps"
+	"github.com/gpusharing/gpusharing/api/v1alpha1"
+)
+
+// The MPS daemons and the device plugin's mounts come from one root through one layout: a device plugin
+// configured with another MPS root is refused rather than handing pods a pipe directory no daemon uses.
+func TestDevicePluginAndMPSDaemonsShareOneMPSLayout(t *testing.T) {
+	cfg, err := DevicePluginConfig(deviceplugin.Config{}, "/run/gs/mps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	daemons := mps.New(mps.Config{Root: "/run/gs/mps"})
+	for _, uuid := range []string{"GPU-a", "GPU-b"} {
+		if cfg.MPSPipeDir(uuid) != daemons.PipeDir(uuid) || cfg.MPSPipeDir(uuid) != hostpath.MPSPipeDir("/run/gs/mps", uuid) {
+			t.Errorf("pipe dir of %s: device plugin %q, MPS daemon %q", uuid, cfg.MPSPipeDir(uuid), daemons.PipeDir(uuid))
+		}
+		if cfg.MPSLogDir(uuid) != daemons.LogDir(uuid) {
+			t.Errorf("log dir of %s: device plugin %q, MPS daemon %q", uuid, cfg.MPSLogDir(uuid), daemons.LogDir(uuid))
+		}
+	}
+	if _, err := DevicePluginConfig(deviceplugin.Config{MPSRoot: "/elsewhere"}, "/run/gs/mps"); err == nil {
+		t.Error("a device plugin MPS root other than the daemons' was accepted")
+	}
+}
+
+// (a) The agent registers with the kubelet exactly what its GPUNode status reports applied, per GPU
+// mode; a strategy change re-registers.
+func TestAgentRegistersWhatItsStatusReportsAndReRegistersOnAStrategyChange(t *testing.T) {
+	n := startNode(t, 4)
+	mpsGPU, migGPU, tsGPU, exGPU := n.uuid(0), n.uuid(1), n.uuid(2), n.uuid(3)
+	n.setSpec(t,
+		v1alpha1.GPUDesired{UUID: mpsGPU, Index: 0, Sharing: mpsSharing(4)},
+		v1alpha1.GPUDesired{UUID: migGPU, Index: 1, Sharing: migSharing("1g.5gb", 3)},
+		v1alpha1.GPUDesired{UUID: tsGPU, Index: 2, Sharing: timeSlicing(3)},
+		v1alpha1.GPUDesired{UUID: exGPU, Index: 3, Sharing: exclusive()},
+	)
+	g := n.waitFor(t, "every GPU as desired", appliedAsDesired(mpsGPU, migGPU, tsGPU, exGPU))
+
+	n.waitDevices(t, "MPS replicas", "gpusharing.io/gpu-mps", replicas(mpsGPU, 4, nil))
+	n.waitDevices(t, "time-slice replicas", "gpusharing.io/gpu-timeslice", replicas(tsGPU, 3, nil))
+	n.waitDevices(t, "the exclusive GPU", "nvidia.com/gpu", map[string]string{exGPU: "Healthy"})
+	migs := map[string]string{}
+	for _, in := range gpuState(g, migGPU).Applied.MIGInstances {
+		migs[in.UUID] = "Healthy"
+	}
+	if len(migs) != 3 {
+		t.Fatalf("status reports MIG instances %v, want 3 with uuids", gpuState(g, migGPU).Applied.MIGInstances)
+	}
+	n.waitDevices(t, "MIG instances from status", "nvidia.com/mig-1g.5gb", migs)
+
+	// A pod's MPS mount is the directory the GPU's daemon really runs in (its pid file is there).
+	plugin, err := n.kubelet.Dial("gpusharing.io/gpu-mps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plugin.Close()
+	resp, err := plugin.AllocateOne(context.Background(), deviceplugin.ReplicaID(mpsGPU, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Mounts) != 1 {
+		t.Fatalf("MPS allocation mounts %v, want the pipe directory", resp.Mounts)
+	}
+	if _, err := os.Stat(filepath.Join(resp.Mounts[0].HostPath, mps.PIDFile)); err != nil {
+		t.Errorf("MPS mount %s is not the daemon's pipe directory: %v", resp.Mounts[0].HostPath, err)
+	}
+
+	// TimeSlicing -> MPS: the time-slice resource goes away and the MPS resource re-registers with the
+	// GPU's new replicas.
+	regs := len(n.kubelet.Registrations("gpusharing.io/gpu-mps"))
+	n.setSpec(t,
+		v1alpha1.GPUDesired{UUID: mpsGPU, Index: 0, Sharing: mpsSharing(4)},
+		v1alpha1.GPUDesired{UUID: migGPU, Index: 1, Sharing: migSharing("1g.5gb", 3)},
+		v1alpha1.GPUDesired{UUID: tsGPU, Index: 2, Sharing: mpsSharing(2)},
+		v1alpha1.GPUDesired{UUID: exGPU, Index: 3, Sharing: exclusive()},
+	)
+	n.waitFor(t, "GPU 2 on MPS", appliedAsDesired(tsGPU))
+	n.waitDevices(t, "MPS replicas of both MPS GPUs", "gpusharing.io/gpu-mps", replicas(tsGPU, 2, replicas(mpsGPU, 4, nil)))
+	n.waitDevices(t, "no time-slice replicas left", "gpusharing.io/gpu-timeslice", nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := n.kubelet.WaitForRegistrations(ctx, "gpusharing.io/gpu-mps", regs+1); err != nil {
+		t.Errorf("the MPS resource did not register again after its devices changed: %v", err)
+	}
+}

@@ -59,8 +59,8 @@ func (r *Reconciler) loadNode(ctx context.Context, s *scope) error {
 	return nil
 }
 
-// deleteOrphan deletes a GPUNode whose Node is gone. Garbage collection cannot do it: the agent creates
-// GPUNodes and a Node owner reference would not survive every cluster (and envtest runs no collector).
+// deleteOrphan deletes a GPUNode whose Node is gone. Garbage collection is not relied on: whether the
+// agent sets an owner reference to the Node is the agent's business, and envtest runs no collector.
 func (r *Reconciler) deleteOrphan(ctx context.Context, gn *v1.GPUNode) error {
 	logf.FromContext(ctx).Info("Deleting GPUNode whose Node is gone")
 	err := r.Client.Delete(ctx, gn, client.Preconditions{UID: &gn.UID})

@@ -92,6 +92,25 @@ func (m *manager) stop() {
 func (m *manager) rss() int64     { return procStatus(m.pid(), "VmRSS:") }
 func (m *manager) peakRSS() int64 { return procStatus(m.pid(), "VmHWM:") }
 
+// cpu is the manager's user+system CPU time so far, from /proc/<pid>/stat (clock ticks of 1/100 s).
+func (m *manager) cpu() time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", m.pid()))
+	if err != nil {
+		return -1
+	}
+	// The command name (field 2) may hold spaces; the fields after its closing parenthesis are fixed.
+	fields := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	if len(fields) < 13 {
+		return -1
+	}
+	utime, err1 := strconv.ParseInt(fields[11], 10, 64)
+	stime, err2 := strconv.ParseInt(fields[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return -1
+	}
+	return time.Duration(utime+stime) * 10 * time.Millisecond
+}
+
 func procStatus(pid int, key string) int64 {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {

@@ -31,6 +31,8 @@ type result struct {
 	name             string
 	specs, ready     time.Duration
 	resolver, status latency
+	// cpu is the CPU time the manager process used during the step.
+	cpu time.Duration
 }
 
 func (s step) run(ctx context.Context, env *testenv.Env, a *agents, m *manager, o options) (result, error) {
@@ -38,6 +40,7 @@ func (s step) run(ctx context.Context, env *testenv.Env, a *agents, m *manager, 
 	if err != nil {
 		return result{}, err
 	}
+	cpuBefore := m.cpu()
 	start := time.Now()
 	gen, err := s.write(ctx, env.Client, o)
 	if err != nil {
@@ -71,6 +74,7 @@ func (s step) run(ctx context.Context, env *testenv.Env, a *agents, m *manager, 
 	if err != nil {
 		return r, err
 	}
+	r.cpu = m.cpu() - cpuBefore
 	r.resolver = after.since(before, gpunode.ControllerName)
 	r.status = after.since(before, policy.ControllerName)
 	return r, nil
@@ -104,6 +108,7 @@ func (r result) print() {
 	fmt.Printf("\n%s\n", r.name)
 	fmt.Printf("  all specs written   %8.2fs\n", r.specs.Seconds())
 	fmt.Printf("  policy Ready        %8.2fs\n", r.ready.Seconds())
+	fmt.Printf("  manager CPU time    %8.2fs\n", r.cpu.Seconds())
 	fmt.Printf("  %-18s  %6d reconciles  p50 %7.2fms  p99 %7.2fms\n", gpunode.ControllerName, r.resolver.count, r.resolver.p50*1000, r.resolver.p99*1000)
 	fmt.Printf("  %-18s  %6d reconciles  p50 %7.2fms  p99 %7.2fms\n", policy.ControllerName, r.status.count, r.status.p50*1000, r.status.p99*1000)
 }

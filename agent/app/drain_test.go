@@ -196,3 +196,31 @@ func conditionReason(conds []metav1.Condition, typ string) string {
 	}
 	return ""
 }
+
+// Processes NVML sees that belong to no pod still block the change with GPUBusy and their pids: the drain
+// finds no pod, the change is refused, and the GPU is advertised again until the backoff or a spec change.
+func TestNodeLevelProcessesStillBlockWithGPUBusyAfterTheDrain(t *testing.T) {
+	n := startNode(t, 1)
+	uuid := n.uuid(0)
+	n.setSpec(t, v1alpha1.GPUDesired{UUID: uuid, Sharing: migSharing("1g.5gb", 2)})
+	g := n.waitFor(t, "MIG 1g.5gb x2", appliedAsDesired(uuid))
+	old := migUUIDs(g, uuid)
+	n.gpus.GPUs[0].SetProcesses(4242)
+
+	n.setSpec(t, v1alpha1.GPUDesired{UUID: uuid, Sharing: migSharing("3g.20gb", 1), Drain: drainSpec(v1alpha1.DrainWaitForIdle, time.Minute)})
+	g = n.waitFor(t, "Applied=False GPUBusy", func(g *v1alpha1.GPUNode) (bool, string) {
+		reason, status, msg := applied(g, uuid)
+		return reason == v1alpha1.ReasonGPUBusy && status == metav1.ConditionFalse, fmt.Sprintf("%s/%s: %s", status, reason, msg)
+	})
+	st := gpuState(g, uuid)
+	if len(st.Processes) != 1 || st.Processes[0] != 4242 {
+		t.Errorf("processes %v, want the node-level pid 4242", st.Processes)
+	}
+	if st.Drain == nil || st.Drain.Phase != v1alpha1.DrainPhaseFailed || st.Drain.RetryTime == nil {
+		t.Errorf("drain block %+v, want Failed with a retry time", st.Drain)
+	}
+	if got := migUUIDs(g, uuid); len(got) != 2 {
+		t.Errorf("instances %v; want the old layout kept", st.Applied.MIGInstances)
+	}
+	n.waitDevices(t, "the old layout advertised again", "nvidia.com/mig-1g.5gb", old)
+}

@@ -226,6 +226,7 @@ func (r *Reconciler) convergeListed(ctx context.Context, sc *scope, dev gpu.Devi
 		// No pod is left but the change was refused (processes that belong to no pod: GPUBusy; a MIG mode
 		// change waiting for a GPU reset): the GPU runs as it was and is tried again after the backoff.
 		r.fail(ctx, d, err, now)
+		r.decorateFailure(d, dev, "the GPU was drained but the change was refused", "is advertised again as it is")
 		return r.drains.status(d, v1alpha1.DrainPhaseFailed), d.failErr
 
 	case d.failErr == nil:
@@ -237,7 +238,7 @@ func (r *Reconciler) convergeListed(ctx context.Context, sc *scope, dev gpu.Devi
 			reason = v1alpha1.ReasonDrainTimedOut
 		}
 		r.fail(ctx, d, outcome.Newf(reason, "%s", derr.Error()), now)
-		r.decorateFailure(d, dev)
+		r.decorateFailure(d, dev, "drain", "was left as it was and is advertised again")
 		return r.drains.status(d, failedPhase(d.failErr)), d.failErr
 
 	case now.Before(d.retryAt):
@@ -268,15 +269,15 @@ func (r *Reconciler) fail(ctx context.Context, d *gpuDrain, err error, now time.
 		"reason", reason, "message", msg, "retryAt", d.retryAt.UTC().Format(time.RFC3339), "failures", d.failures)
 }
 
-// decorateFailure says in the message what the GPU runs now and when the agent tries again.
-func (r *Reconciler) decorateFailure(d *gpuDrain, dev gpu.Device) {
+// decorateFailure says in the message what failed, what the GPU runs now and when the agent tries again.
+func (r *Reconciler) decorateFailure(d *gpuDrain, dev gpu.Device, what, left string) {
 	o, ok := outcome.As(d.failErr)
 	if !ok {
 		return
 	}
 	now := token(v1alpha1.GPUStatus{Applied: applied(dev, r.observe(dev.UUID))})
-	o.Message = fmt.Sprintf("drain for %s: %s; GPU %d was left as it was (%s) and is advertised again; the agent drains it again at %s or when its spec changes",
-		d.target, o.Message, dev.Index, now, d.retryAt.UTC().Format(time.RFC3339))
+	o.Message = fmt.Sprintf("%s for %s: %s; GPU %d (%s) %s; the agent drains it again at %s or when its spec changes",
+		what, d.target, o.Message, dev.Index, now, left, d.retryAt.UTC().Format(time.RFC3339))
 }
 
 func failedPhase(err error) v1alpha1.DrainPhase {

@@ -1,0 +1,117 @@
+package node
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpusharing/gpusharing/agent/outcome"
+	"github.com/gpusharing/gpusharing/api/v1alpha1"
+)
+
+func TestDrainSettingsDefaultToWaitForIdleForTenMinutes(t *testing.T) {
+	zero := metav1.Duration{}
+	tests := []struct {
+		name    string
+		in      *v1alpha1.Drain
+		mode    v1alpha1.DrainMode
+		timeout time.Duration
+	}{
+		{"omitted", nil, v1alpha1.DrainWaitForIdle, 10 * time.Minute},
+		{"mode only", &v1alpha1.Drain{Mode: v1alpha1.DrainEvict}, v1alpha1.DrainEvict, 10 * time.Minute},
+		{"explicit zero timeout looks once", &v1alpha1.Drain{Timeout: &zero}, v1alpha1.DrainWaitForIdle, 0},
+		{"both", &v1alpha1.Drain{Mode: v1alpha1.DrainEvict, Timeout: &metav1.Duration{Duration: time.Minute}}, v1alpha1.DrainEvict, time.Minute},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if mode, timeout := drainSettings(tt.in); mode != tt.mode || timeout != tt.timeout {
+				t.Errorf("drainSettings = %s %v, want %s %v", mode, timeout, tt.mode, tt.timeout)
+			}
+		})
+	}
+}
+
+func TestDrainKeyChangesWithTheSharingAndTheDrainSettings(t *testing.T) {
+	base := v1alpha1.GPUDesired{UUID: "GPU-a", Sharing: v1alpha1.Sharing{Strategy: v1alpha1.StrategyExclusive}}
+	evict := base
+	evict.Drain = &v1alpha1.Drain{Mode: v1alpha1.DrainEvict}
+	other := base
+	other.Sharing = v1alpha1.Sharing{Strategy: v1alpha1.StrategyTimeSlicing, TimeSlicing: &v1alpha1.TimeSlicingSharing{Replicas: 2}}
+	relabelled := base
+	relabelled.Policy, relabelled.PolicyGeneration = "p", 7
+	if drainKey(base) == drainKey(evict) || drainKey(base) == drainKey(other) {
+		t.Error("a new drain mode or sharing kept the drain key: a failed drain would not be retried on that spec change")
+	}
+	if drainKey(base) != drainKey(relabelled) {
+		t.Error("a new policy generation with the same sharing changed the drain key: it would restart a running drain")
+	}
+}
+
+func TestDrainingMessageNamesThePodsAndWhatBlocksThem(t *testing.T) {
+	tests := []struct {
+		name string
+		v    drainView
+		want []string
+	}{
+		{"before the first list", drainView{target: "MIG 3g.20gb x1", mode: v1alpha1.DrainWaitForIdle, timeout: time.Minute},
+			[]string{"GPU cordoned for MIG 3g.20gb x1 (WaitForIdle, timeout 1m0s)", "looking for the pods"}},
+		{"waiting", drainView{target: "MPS x4", mode: v1alpha1.DrainWaitForIdle, timeout: time.Minute, listed: true, pods: []string{"a/x", "b/y"}},
+			[]string{"waiting for 2 pods to end: a/x, b/y"}},
+		{"evicting behind a budget", drainView{target: "MPS x4", mode: v1alpha1.DrainEvict, timeout: time.Minute, listed: true, pods: []string{"a/x"},
+			message: "eviction of a/x blocked, retrying: Cannot evict pod as it would violate the pod's disruption budget."},
+			[]string{"evicting 1 pods: a/x", "disruption budget"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o, ok := outcome.As(drainingError(tt.v))
+			if !ok || o.Reason != v1alpha1.ReasonDraining {
+				t.Fatalf("drainingError = %v, want reason Draining", o)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(o.Message, w) {
+					t.Errorf("message %q lacks %q", o.Message, w)
+				}
+			}
+		})
+	}
+}
+
+func TestFailedDrainsBackOffDoublingUpToTheCap(t *testing.T) {
+	r := &Reconciler{DrainBackoff: time.Minute, DrainBackoffMax: 5 * time.Minute}
+	now := time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
+	d := &gpuDrain{}
+	var got []time.Duration
+	for range 5 {
+		r.fail(context.Background(), d, outcome.Newf(v1alpha1.ReasonDrainTimedOut, "x"), now)
+		got = append(got, d.retryAt.Sub(now))
+	}
+	want := []time.Duration{time.Minute, 2 * time.Minute, 4 * time.Minute, 5 * time.Minute, 5 * time.Minute}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("backoffs %v, want %v", got, want)
+		}
+	}
+	if failedPhase(d.failErr) != v1alpha1.DrainPhaseTimedOut || failedPhase(outcome.Newf(v1alpha1.ReasonGPUBusy, "x")) != v1alpha1.DrainPhaseFailed {
+		t.Error("failedPhase does not tell a timeout from another failure")
+	}
+}
+
+func TestRequeueComesBeforeTheResyncWhenABackoffEndsFirst(t *testing.T) {
+	now := time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
+	r := &Reconciler{Resync: 30 * time.Second, Now: func() time.Time { return now }}
+	if got := r.requeueAfter(); got != 30*time.Second {
+		t.Errorf("no backoff: requeue after %v, want the resync", got)
+	}
+	r.drains.byGPU = map[string]*gpuDrain{"GPU-a": {retryAt: now.Add(10 * time.Second)}, "GPU-b": {retryAt: now.Add(20 * time.Second)}}
+	if got := r.requeueAfter(); got != 10*time.Second {
+		t.Errorf("backoff ending in 10s: requeue after %v", got)
+	}
+	r.drains.byGPU["GPU-a"].retryAt = now.Add(time.Hour)
+	r.drains.byGPU["GPU-b"].retryAt = now.Add(time.Hour)
+	if got := r.requeueAfter(); got != 30*time.Second {
+		t.Errorf("backoff ending after the resync: requeue after %v, want the resync", got)
+	}
+}

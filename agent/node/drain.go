@@ -192,11 +192,10 @@ func (r *Reconciler) convergeListed(ctx context.Context, sc *scope, dev gpu.Devi
 		if d.cordoned && !disruptive {
 			sc.uncordon = append(sc.uncordon, dev.UUID)
 		}
-		cordoned := d.cordoned
-		d = nil
-		if disruptive {
-			return r.startDrain(ctx, sc, dev, want, key, cordoned, 0)
+		if !disruptive {
+			return nil, r.converge(ctx, dev, want.Sharing)
 		}
+		return r.startDrain(ctx, sc, dev, want, key, d.cordoned, 0)
 	}
 	if !disruptive {
 		return nil, r.converge(ctx, dev, want.Sharing)

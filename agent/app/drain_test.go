@@ -224,3 +224,31 @@ func TestNodeLevelProcessesStillBlockWithGPUBusyAfterTheDrain(t *testing.T) {
 	}
 	n.waitDevices(t, "the old layout advertised again", "nvidia.com/mig-1g.5gb", old)
 }
+
+// A spec that goes back to what the GPU runs while it is drained cancels the drain: the GPU is advertised
+// again at once and reports its sharing as desired.
+func TestRevertingTheSpecDuringADrainCancelsItAndAdvertisesTheGPUAgain(t *testing.T) {
+	n := startNode(t, 1)
+	uuid := n.uuid(0)
+	n.setSpec(t, v1alpha1.GPUDesired{UUID: uuid, Sharing: exclusive()})
+	n.waitFor(t, "Exclusive", appliedAsDesired(uuid))
+	pod := runningPod(t, "job", nil)
+	podName := pod.Namespace + "/" + pod.Name
+	n.pods.SetPods(fakekubelet.Pod(pod.Namespace, pod.Name, "nvidia.com/gpu", uuid))
+
+	n.setSpec(t, v1alpha1.GPUDesired{UUID: uuid, Sharing: mpsSharing(4), Drain: drainSpec(v1alpha1.DrainWaitForIdle, time.Minute)})
+	n.waitFor(t, "Draining naming the pod", draining(uuid, podName))
+	n.waitDevices(t, "the cordoned GPU leaves ListAndWatch", "nvidia.com/gpu", nil)
+
+	n.setSpec(t, v1alpha1.GPUDesired{UUID: uuid, Sharing: exclusive()})
+	g := n.waitFor(t, "Exclusive again", appliedAsDesired(uuid))
+	if st := gpuState(g, uuid); st.Drain != nil {
+		t.Errorf("drain block %+v after the spec went back; want none", st.Drain)
+	}
+	n.waitDevices(t, "the GPU advertised again", "nvidia.com/gpu", map[string]string{uuid: "Healthy"})
+	lists := n.pods.Lists()
+	time.Sleep(500 * time.Millisecond)
+	if got := n.pods.Lists(); got != lists {
+		t.Errorf("PodResources listed %d more times after the drain was cancelled", got-lists)
+	}
+}

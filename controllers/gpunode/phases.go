@@ -4,13 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -19,16 +17,8 @@ import (
 	"github.com/gpusharing/gpusharing/controllers/resolve"
 )
 
-var (
-	// errNodeGone: the GPUNode's Node no longer exists, confirmed against the API server.
-	errNodeGone = errors.New("node is gone")
-	// errCacheLagging: the cache did not show our own spec write in time; the pass is retried so the next
-	// admission decision counts this node.
-	errCacheLagging = errors.New("cache did not observe the spec write in time")
-)
-
-// cacheWaitTimeout bounds how long an admitting pass waits for its write to reach the cache.
-const cacheWaitTimeout = 10 * time.Second
+// errNodeGone: the GPUNode's Node no longer exists, confirmed against the API server.
+var errNodeGone = errors.New("node is gone")
 
 // unsafeNoCopy reads straight from the cache; results are only read, never mutated.
 var unsafeNoCopy = client.UnsafeDisableDeepCopy
@@ -131,9 +121,10 @@ func (r *Reconciler) admit(ctx context.Context, s *scope) error {
 			reserved = append(reserved, name)
 		}
 	}
+	s.reserved = reserved
 	if len(reserved) > 0 {
-		s.startsRollout = true
 		node := s.gpuNode.Name
+		// Until writeSpec hands the reservations over to the cache, ending the pass drops them.
 		s.release = func() { r.rollout.unreserve(node, reserved) }
 	}
 	return nil
@@ -151,7 +142,9 @@ func (r *Reconciler) inFlightNodes(ctx context.Context, policy string) ([]string
 	return names, nil
 }
 
-// countSelected counts the Nodes the policy's nodeSelector selects: the base of a percentage maxUnavailable.
+// countSelected counts the GPU nodes (Nodes with a GPUNode) the policy's nodeSelector selects: the base
+// of a percentage maxUnavailable. Nodes without GPUs do not count, or a policy selecting every node of a
+// mostly-CPU cluster would get a budget larger than its GPU nodes.
 func (r *Reconciler) countSelected(ctx context.Context, c resolve.Compiled) (int, error) {
 	if c.Err != nil {
 		return 0, nil
@@ -161,7 +154,18 @@ func (r *Reconciler) countSelected(ctx context.Context, c resolve.Compiled) (int
 	if err := r.Client.List(ctx, list, client.MatchingLabelsSelector{Selector: c.Selector()}, unsafeNoCopy); err != nil {
 		return 0, fmt.Errorf("listing Nodes selected by %s: %w", c.Policy.Name, err)
 	}
-	return len(list.Items), nil
+	n := 0
+	for i := range list.Items {
+		var gn v1.GPUNode
+		err := r.Client.Get(ctx, client.ObjectKey{Name: list.Items[i].Name}, &gn, unsafeNoCopy)
+		switch {
+		case err == nil:
+			n++
+		case !apierrors.IsNotFound(err):
+			return 0, fmt.Errorf("getting GPUNode %s: %w", list.Items[i].Name, err)
+		}
+	}
+	return n, nil
 }
 
 // writeSpec patches the GPUNode's spec when it changed. The controller is the only writer of spec, and a
@@ -177,24 +181,16 @@ func (r *Reconciler) writeSpec(ctx context.Context, s *scope) error {
 	if err := r.Client.Patch(ctx, gn, patch); err != nil {
 		return fmt.Errorf("writing GPUNode spec: %w", err)
 	}
-	logf.FromContext(ctx).V(1).Info("Wrote GPUNode spec", "gpus", len(s.spec), "generation", gn.Generation, "startsRollout", s.startsRollout)
-	if s.startsRollout {
-		return r.waitForCache(ctx, gn.Name, gn.Generation)
-	}
-	return nil
-}
-
-// waitForCache polls the cache until it holds the GPUNode at generation or later.
-func (r *Reconciler) waitForCache(ctx context.Context, name string, generation int64) error {
-	err := wait.PollUntilContextTimeout(ctx, 2*time.Millisecond, cacheWaitTimeout, true, func(ctx context.Context) (bool, error) {
+	logf.FromContext(ctx).V(1).Info("Wrote GPUNode spec", "gpus", len(s.spec), "generation", gn.Generation, "admitted", s.reserved)
+	if len(s.reserved) > 0 {
+		// The reservations now last until the cache shows this generation (see rollout.written); the
+		// worker does not wait for that.
+		r.rollout.written(gn.Name, s.reserved, gn.Generation)
+		s.release = func() {}
 		var cached v1.GPUNode
-		if err := r.Client.Get(ctx, client.ObjectKey{Name: name}, &cached, unsafeNoCopy); err != nil {
-			return false, client.IgnoreNotFound(err)
+		if err := r.Client.Get(ctx, client.ObjectKey{Name: gn.Name}, &cached, unsafeNoCopy); err == nil {
+			r.rollout.observed(gn.Name, cached.Generation)
 		}
-		return cached.Generation >= generation, nil
-	})
-	if err != nil {
-		return fmt.Errorf("%w: GPUNode %s generation %d: %w", errCacheLagging, name, generation, err)
 	}
 	return nil
 }

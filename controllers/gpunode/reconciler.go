@@ -41,11 +41,9 @@ type scope struct {
 	byName   map[string]resolve.Compiled
 	wishes   []resolve.Wish
 	admitted map[string]bool
-	// startsRollout is set when this pass puts the node in flight for some policy: its write must reach
-	// the cache before the pass ends.
-	startsRollout bool
-	// release drops the pass's admission reservations; it runs when the pass ends, after the cache shows
-	// the write or the write failed.
+	// reserved lists the policies this pass reserved a rollout slot for (the node was not in flight).
+	reserved []string
+	// release runs when the pass ends: it drops reservations the pass took but did not write.
 	release func()
 	spec    []v1.GPUDesired
 	waiting []string

@@ -3,6 +3,7 @@ package gpunode
 import (
 	"sort"
 	"sync"
+	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
@@ -21,7 +22,7 @@ type rollout struct {
 	admission sync.Mutex
 	// reserved holds, per policy, nodes admitted whose write the cache does not show yet. A node leaves
 	// only once the cache shows its write, so it is never in neither set and no slot is handed out twice.
-	reserved map[string]map[string]bool
+	reserved map[string]map[string]*reservation
 
 	mu      sync.Mutex
 	waiting map[string]map[string]bool // policy -> nodes waiting on it
@@ -33,43 +34,84 @@ type rollout struct {
 func newRollout() *rollout {
 	return &rollout{
 		waiting:  map[string]map[string]bool{},
-		reserved: map[string]map[string]bool{},
+		reserved: map[string]map[string]*reservation{},
 		limits:   map[string]int{},
 		nudges:   make(chan event.GenericEvent, 1024),
 	}
 }
 
+// reservation is an admitted node's claim on a slot until the cache shows its write.
+type reservation struct {
+	// generation is the GPUNode generation the write produced; 0 while the write is under way.
+	generation int64
+	// since bounds a reservation whose write the cache never reports (an informer that lost its watch
+	// reports it when it lists again, but a slot must not stay taken on a missed event).
+	since time.Time
+}
+
+// reservationTTL is how long a reservation counts at most.
+const reservationTTL = 30 * time.Second
+
 // reserve records that node was admitted for policy; call it with admission held.
 func (r *rollout) reserve(policy, node string) {
 	if r.reserved[policy] == nil {
-		r.reserved[policy] = map[string]bool{}
+		r.reserved[policy] = map[string]*reservation{}
 	}
-	r.reserved[policy][node] = true
+	r.reserved[policy][node] = &reservation{since: time.Now()}
 }
 
-// unreserve drops the node's reservations once the cache shows its write (or the write failed).
+// written records the generation the node's admitted write produced. The caller then checks the cache
+// once: together with observed, run by the informer after the cache is updated, one of the two always
+// sees both the generation and the cached object, so no reservation outlives the cache lag.
+func (r *rollout) written(node string, policies []string, generation int64) {
+	r.admission.Lock()
+	defer r.admission.Unlock()
+	for _, p := range policies {
+		if res := r.reserved[p][node]; res != nil {
+			res.generation = generation
+		}
+	}
+}
+
+// observed drops the node's reservations whose write the cache now shows (generation or later).
+func (r *rollout) observed(node string, generation int64) {
+	r.admission.Lock()
+	defer r.admission.Unlock()
+	for p, nodes := range r.reserved {
+		if res := nodes[node]; res != nil && res.generation > 0 && generation >= res.generation {
+			r.drop(p, node)
+		}
+	}
+}
+
+// unreserve drops the node's reservations: its write failed or was not needed.
 func (r *rollout) unreserve(node string, policies []string) {
 	r.admission.Lock()
 	defer r.admission.Unlock()
 	for _, p := range policies {
-		delete(r.reserved[p], node)
-		if len(r.reserved[p]) == 0 {
-			delete(r.reserved, p)
-		}
+		r.drop(p, node)
+	}
+}
+
+func (r *rollout) drop(policy, node string) {
+	delete(r.reserved[policy], node)
+	if len(r.reserved[policy]) == 0 {
+		delete(r.reserved, policy)
 	}
 }
 
 // othersInFlight counts the nodes other than self that the cache shows in flight for the policy or that
-// hold a reservation; call it with admission held.
+// hold a live reservation; call it with admission held.
 func (r *rollout) othersInFlight(cached []string, policy, self string) int {
-	n := 0
-	for _, name := range cached {
-		if name != self && !r.reserved[policy][name] {
-			n++
+	live := map[string]bool{}
+	for name, res := range r.reserved[policy] {
+		if name != self && time.Since(res.since) < reservationTTL {
+			live[name] = true
 		}
 	}
-	for name := range r.reserved[policy] {
-		if name != self {
+	n := len(live)
+	for _, name := range cached {
+		if name != self && !live[name] {
 			n++
 		}
 	}
@@ -150,4 +192,17 @@ func gpuNodeRef(name string) *v1.GPUNode {
 	gn := &v1.GPUNode{}
 	gn.Name = name
 	return gn
+}
+
+// policiesReserving lists the policies the node holds a reservation for.
+func (r *rollout) policiesReserving(node string) []string {
+	r.admission.Lock()
+	defer r.admission.Unlock()
+	var out []string
+	for p, nodes := range r.reserved {
+		if nodes[node] != nil {
+			out = append(out, p)
+		}
+	}
+	return out
 }

@@ -61,3 +61,21 @@ func TestReservationsCountUntilTheCacheShowsTheWrite(t *testing.T) {
 		t.Errorf("after unreserve othersInFlight = %d, want 0", got)
 	}
 }
+
+func TestAReservationEndsWhenTheCacheShowsTheWrittenGeneration(t *testing.T) {
+	r := newRollout()
+	r.reserve("p", "n1")
+	r.observed("n1", 7)
+	if got := r.othersInFlight(nil, "p", "n2"); got != 1 {
+		t.Fatalf("a cache event before the write was recorded ended the reservation (count %d)", got)
+	}
+	r.written("n1", []string{"p"}, 8)
+	r.observed("n1", 7)
+	if got := r.othersInFlight(nil, "p", "n2"); got != 1 {
+		t.Fatalf("an older generation in the cache ended the reservation (count %d)", got)
+	}
+	r.observed("n1", 8)
+	if got := r.othersInFlight(nil, "p", "n2"); got != 0 {
+		t.Errorf("the written generation in the cache left the reservation counting (count %d)", got)
+	}
+}

@@ -40,7 +40,8 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options)
 		Complete(r)
 }
 
-// slotFreed wakes the next waiting nodes of every policy a node stops having in flight (applied,
+// slotFreed hands admission reservations over to the cache (the handler runs after the cache holds the
+// new object) and wakes the next waiting nodes of every policy a node stops having in flight (applied,
 // rejected by the hardware, or the GPUNode deleted).
 func (r *Reconciler) slotFreed() handler.EventHandler {
 	return handler.Funcs{
@@ -50,10 +51,12 @@ func (r *Reconciler) slotFreed() handler.EventHandler {
 			if !ok1 || !ok2 {
 				return
 			}
+			r.rollout.observed(newN.Name, newN.Generation)
 			r.rollout.wake(q, subtract(resolve.InFlightPolicies(oldN), resolve.InFlightPolicies(newN)))
 		},
 		DeleteFunc: func(_ context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 			if n, ok := e.Object.(*v1.GPUNode); ok {
+				r.rollout.unreserve(n.Name, r.rollout.policiesReserving(n.Name))
 				r.rollout.wake(q, resolve.InFlightPolicies(n))
 			}
 		},

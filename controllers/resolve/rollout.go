@@ -7,7 +7,7 @@ import (
 )
 
 // MaxUnavailable is how many nodes may have a disruptive change of the policy in flight at once. A
-// percentage is taken of selectedNodes (the nodes the policy's nodeSelector selects) and rounded down;
+// percentage is taken of selectedNodes (the GPU nodes the policy's nodeSelector selects), rounded down;
 // the result is never below one, or a rollout could never start.
 func MaxUnavailable(r v1.Rollout, selectedNodes int) int {
 	mu := intstr.FromInt32(1)

@@ -39,14 +39,33 @@ func unapplied(gn *v1.GPUNode, policy string) bool {
 }
 
 func TestDisruptiveRolloutNeverExceedsMaxUnavailable(t *testing.T) {
+	rollout(t, 6, 0, intstr.FromInt32(1), 1)
+}
+
+// A percentage is of the GPU nodes selected: four CPU-only Nodes carry the label too, and counting them
+// would double the budget to four.
+func TestAPercentageBudgetCountsOnlyGPUNodes(t *testing.T) {
+	rollout(t, 4, 4, intstr.FromString("50%"), 2)
+}
+
+// rollout rolls a MIG layout out to gpuNodes nodes, with cpuNodes more Nodes carrying the same label but
+// no GPUNode, and checks through a watch that at most limit nodes have an unapplied change at any time.
+func rollout(t *testing.T, gpuNodes, cpuNodes int, maxUnavailable intstr.IntOrString, limit int) {
 	x := id(t)
-	const n = 6
+	n := gpuNodes
 	var nodes []string
 	for i := range n {
 		name := fmt.Sprintf("%s-%d", x, i)
 		nodes = append(nodes, name)
 		// The agents report the GPUs Exclusive as found, so the MIG layout is a disruptive change.
 		addNode(t, name, []v1.GPUStatus{b.GPU(name, 0, b.WithApplied(b.Exclusive(), "")), b.GPU(name, 1, b.WithApplied(b.Exclusive(), ""))}, "pool", x)
+	}
+	for i := range cpuNodes {
+		name := fmt.Sprintf("%s-cpu-%d", x, i)
+		if err := k8s.Create(context.Background(), b.Node(name, "pool", x)); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = k8s.Delete(context.Background(), b.Node(name)) })
 	}
 	policy := x + "-mig"
 
@@ -110,19 +129,19 @@ func TestDisruptiveRolloutNeverExceedsMaxUnavailable(t *testing.T) {
 	}()
 
 	addPolicy(t, b.Policy(policy, b.WithNodeLabels("pool", x), b.WithSharing(b.MIG("3g.40gb", 2)),
-		b.WithMaxUnavailable(intstr.FromInt32(1))), nodes...)
+		b.WithMaxUnavailable(maxUnavailable)), nodes...)
 
-	eventually(t, 30*time.Second, "all six nodes converge", func() error {
+	eventually(t, 30*time.Second, "every node converges", func() error {
 		mu.Lock()
 		alive := watching
 		mu.Unlock()
 		if !alive {
 			t.Fatal("the API server ended the watch before the rollout converged")
 		}
-		if !sawWaiting && conditionIs(policy, v1.ConditionProgressing, metav1.ConditionTrue, v1.ReasonWaitingForRollout, "maxUnavailable 1") == nil {
+		if !sawWaiting && conditionIs(policy, v1.ConditionProgressing, metav1.ConditionTrue, v1.ReasonWaitingForRollout, fmt.Sprintf("maxUnavailable %d", limit)) == nil {
 			sawWaiting = true
 		}
-		return readyWith(policy, n, 2*n)
+		return readyWith(policy, int32(n), int32(2*n))
 	})
 	mu.Lock()
 	stillWatching := watching
@@ -134,8 +153,8 @@ func TestDisruptiveRolloutNeverExceedsMaxUnavailable(t *testing.T) {
 	<-watchDone
 	mu.Lock()
 	defer mu.Unlock()
-	if maxInFlight > 1 {
-		t.Errorf("saw %d nodes with an unapplied disruptive change at once, maxUnavailable is 1", maxInFlight)
+	if maxInFlight > limit {
+		t.Errorf("saw %d nodes with an unapplied disruptive change at once, maxUnavailable is %d", maxInFlight, limit)
 	}
 	if maxInFlight == 0 {
 		t.Errorf("the watcher never saw a change in flight; it watched nothing")

@@ -232,9 +232,8 @@ func TestOversubEvictionWaitsForAStreamCapture(t *testing.T) {
 }
 
 // An allocation larger than the whole budget fails with out-of-memory and a
-// log line that says why; the process goes on. So does one whose pinned host
-// staging cannot be allocated.
-func TestOversubAllocationsThatCannotFitFailWithOutOfMemory(t *testing.T) {
+// log line that says why; the process goes on.
+func TestOversubAllocationLargerThanTheBudgetFailsWithOutOfMemory(t *testing.T) {
 	const budget = 16 * mib
 	e := newMemEnv(t, 50*time.Millisecond, 200*time.Millisecond, budget, ModeAuto)
 	a := e.startOversub(nil, "bufs=1", "size=2097152", "small=2", "iters=20", "big="+strconv.Itoa(budget+1))
@@ -242,11 +241,43 @@ func TestOversubAllocationsThatCannotFitFailWithOutOfMemory(t *testing.T) {
 	if va["big"] != 2 || !strings.Contains(a.stderr.String(), "more than this GPU's whole budget") {
 		t.Errorf("oversized allocation: result %d, want 2 (CUDA_ERROR_OUT_OF_MEMORY) and a reason:\n%s", va["big"], a.stderr.String())
 	}
-	b := e.startOversub([]string{"GPUSHARE_STUB_HOST_LIMIT=" + strconv.Itoa(5*mib)}, "bufs=1", "size=2097152",
-		"small=2", "iters=20", "big="+strconv.Itoa(4*mib))
-	vb := b.waitOversub(t, 10*time.Second)
-	if vb["big"] != 2 || !strings.Contains(b.stderr.String(), "pinned host memory") {
-		t.Errorf("allocation without host staging: result %d, want 2 and a reason:\n%s", vb["big"], b.stderr.String())
+}
+
+// Host staging the host cannot give fails the allocation (out of memory, with
+// the reason logged), never the process, and hands the reservation back.
+func TestOversubAllocationWithoutHostStagingFailsWithOutOfMemory(t *testing.T) {
+	if b, err := os.ReadFile("/proc/sys/vm/overcommit_memory"); err != nil || strings.TrimSpace(string(b)) == "1" {
+		t.Skip("the kernel overcommits any mapping: a staging reservation cannot fail here")
+	}
+	const budget = 1 << 50 // a budget the host cannot stage
+	e := newMemEnv(t, 50*time.Millisecond, 200*time.Millisecond, budget, ModeAuto)
+	a := e.startOversub(nil, "bufs=1", "size=2097152", "small=2", "iters=20", "big="+strconv.Itoa(1<<48), "hold_ms=200")
+	eventually(t, 10*time.Second, "the client finished", func() bool { return strings.Contains(a.stdout.String(), "oversub done") })
+	s, _ := e.state(a.pid())
+	va := a.waitOversub(t, 10*time.Second)
+	if va["big"] != 2 || !strings.Contains(a.stderr.String(), "host memory to swap this allocation to") {
+		t.Errorf("allocation without host staging: result %d, want 2 and a reason:\n%s", va["big"], a.stderr.String())
+	}
+	if s.ReservedBytes > 8*mib {
+		t.Errorf("the failed allocation kept %d bytes reserved", s.ReservedBytes)
+	}
+}
+
+// Staging that cannot be page-locked still swaps, through pageable memory, with one warning.
+func TestOversubSwapsThroughPageableStagingWhenPinningFails(t *testing.T) {
+	const budget = 8 * mib
+	e := newMemEnv(t, 5*time.Millisecond, 200*time.Millisecond, budget, ModeAuto)
+	args := []string{"bufs=3", "size=2097152", "small=0", "iters=300", "sleep_us=50"}
+	lim := []string{"GPUSHARE_STUB_HOST_LIMIT=" + strconv.Itoa(2*mib)}
+	a := e.startOversub(lim, append(args, "seed=1")...)
+	b := e.startOversub(lim, append(args, "seed=2")...)
+	va := a.waitOversub(t, 30*time.Second)
+	vb := b.waitOversub(t, 30*time.Second)
+	if va["swap_out"]+vb["swap_out"] == 0 {
+		t.Error("no swapping happened")
+	}
+	if n := strings.Count(a.stderr.String(), "cannot page-lock"); n != 1 {
+		t.Errorf("%d page-lock warnings, want 1:\n%s", n, a.stderr.String())
 	}
 }
 

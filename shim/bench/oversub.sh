@@ -70,11 +70,13 @@ if ! python3 -c 'import torch' 2>/dev/null; then
 fi
 BUDGET=$((BUDGET_GB << 30))
 BALLAST=$(awk -v b="$BUDGET_GB" 'BEGIN { printf "%.2f", b * 0.75 - 0.25 }') # model + CUDA context on top: ~0.75 x budget each
-job() { # name heavy|mixed shim|plain -> seconds
+job() { # name heavy|mixed shim|lock|plain
     local extra=()
     [ "$2" = mixed ] && extra=(--sleep-every 100 --sleep-s 0.5)
     if [ "$3" = shim ]; then
         env "${SHIM_ENV[@]}" python3 "$TRAIN" --steps "$JOB_STEPS" --ballast-gb "$BALLAST" "${extra[@]}" >"$WORK/$1.json" 2>"$WORK/$1.err"
+    elif [ "$3" = lock ]; then
+        env "${SHIM_ENV[@]}" GPUSHARE_OVERSUB=0 python3 "$TRAIN" --steps "$JOB_STEPS" --ballast-gb "$BALLAST" "${extra[@]}" >"$WORK/$1.json" 2>"$WORK/$1.err"
     else
         CUDA_VISIBLE_DEVICES=0 python3 "$TRAIN" --steps "$JOB_STEPS" --ballast-gb "$BALLAST" "${extra[@]}" >"$WORK/$1.json" 2>"$WORK/$1.err"
     fi
@@ -108,15 +110,18 @@ for q in $QUANTA; do
 done
 
 echo "== working sets that fit together (budget 16 GiB, 1 GiB ballast each): pair with the shim (Auto) vs without"
+echo "   (also the shim with the lock only, GPUSHARE_OVERSUB=0, to tell the lock's cost from the memory manager's)"
 BALLAST=1
-for round in 1 2; do
+for round in 1 2 3; do
     t0=$(now); job f1 heavy plain & A=$!; job f2 heavy plain & B=$!; wait $A $B; t1=$(now)
     start_sched 2s $((16 << 30)) Auto
     t2=$(now); job g1 heavy shim & A=$!; job g2 heavy shim & B=$!; wait $A $B; t3=$(now)
+    t4=$(now); job l1 heavy lock & A=$!; job l2 heavy lock & B=$!; wait $A $B; t5=$(now)
     stop_sched
     so=$(cat "$WORK/g1.err" "$WORK/g2.err" | grep -c "swap out:")
-    awk -v r="$round" -v a="$t0" -v b="$t1" -v c="$t2" -v d="$t3" -v so="$so" 'BEGIN {
-        printf "   round %d: without %.2f s, with shim %.2f s: %+.1f%% (target <= +3%%), swaps %d\n", r, b - a, d - c, ((d - c) / (b - a) - 1) * 100, so }'
+    awk -v r="$round" -v a="$t0" -v b="$t1" -v c="$t2" -v d="$t3" -v e="$t4" -v f="$t5" -v so="$so" 'BEGIN {
+        printf "   round %d: without %.2f s, with shim %.2f s: %+.1f%% (target <= +3%%), swaps %d; lock only %.2f s: %+.1f%%\n", r, b - a, d - c, ((d - c) / (b - a) - 1) * 100, so, f - e, ((f - e) / (b - a) - 1) * 100 }'
+    grep -h "swap stats" "$WORK/g1.err" | sed 's/^/     /'
 done
 echo "== $fails failure(s)"
 exit $((fails > 0))

@@ -7,9 +7,14 @@
  * management API: a reserved address range (cuMemAddressReserve) onto which a
  * physical allocation (cuMemCreate) is mapped (cuMemMap + cuMemSetAccess).
  * The address range never changes; the physical pages come and go:
- *   swap out  copy the range to pinned host staging (allocated with the
- *             allocation, never during a hand-off), unmap, release the pages;
+ *   swap out  copy the range to host staging, unmap, release the pages;
  *   swap in   create pages, map them at the same address, copy back.
+ * Host staging is reserved with the allocation (an anonymous mapping: an
+ * allocation fails when the host cannot give it) and page-locked by the
+ * stager thread in the background (cuMemHostRegister), so neither the
+ * allocating thread nor a hand-off waits for pinning; a swap of a range whose
+ * staging is not pinned yet (or could not be pinned) copies through pageable
+ * memory, slower but correct.
  * Requests below a quarter of the granularity are packed into slabs of one
  * granule (2 MiB on the H100), so a swap moves few large pieces.
  *
@@ -23,6 +28,8 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +60,9 @@ struct region {
     CUmemGenericAllocationHandle h;
     int resident;
     void *staging;
+    int pinned;  /* staging is page-locked */
+    int pinning; /* the stager is registering it: do not unmap */
+    int pin_failed;
     uint64_t id;
     struct block *blk;
     int nblk, capblk, used;
@@ -74,6 +84,11 @@ static _Atomic uint64_t need_bytes, resident_bytes, swapped_bytes, pending_growt
 static _Atomic uint64_t reserved;
 static _Atomic uint32_t acks;
 static uint64_t swap_outs, swap_ins, bytes_out, bytes_in, swap_ns;
+static uint64_t alloc_ns, allocs, pinned_bytes, pin_failures;
+
+/* the stager: pins staging in the background */
+static pthread_cond_t pin_cv = PTHREAD_COND_INITIALIZER; /* with mm_mu: work for the stager, or a pin finished */
+static int stager_started;
 
 static struct {
     CUcontext ctx;
@@ -475,6 +490,71 @@ int gs_mm_swap_in_all(int ignore_budget)
     return missing ? -1 : 0;
 }
 
+/* ---- the stager ---- */
+
+static void *stager_main(void *arg)
+{
+    (void)arg;
+    gs_fn_cuCtxPushCurrent_v2 push = REAL(cuCtxPushCurrent_v2);
+    gs_fn_cuCtxPopCurrent_v2 pop = REAL(cuCtxPopCurrent_v2);
+    gs_fn_cuMemHostRegister_v2 reg = REAL(cuMemHostRegister_v2);
+    pthread_mutex_lock(&mm_mu);
+    for (;;) {
+        struct region *r = NULL;
+        for (int i = 0; i < nreg && r == NULL; i++)
+            if (!regions[i]->pinned && !regions[i]->pin_failed && !regions[i]->pinning)
+                r = regions[i];
+        if (r == NULL) {
+            pthread_cond_wait(&pin_cv, &mm_mu);
+            continue;
+        }
+        r->pinning = 1;
+        void *p = r->staging;
+        size_t n = r->size;
+        CUcontext ctx = r->ctx;
+        pthread_mutex_unlock(&mm_mu);
+        CUresult e = CUDA_ERROR_NOT_INITIALIZED;
+        CUcontext c;
+        if (reg != NULL && push(ctx) == CUDA_SUCCESS) {
+            e = reg(p, n, 0);
+            pop(&c);
+        }
+        pthread_mutex_lock(&mm_mu);
+        r->pinning = 0;
+        if (e == CUDA_SUCCESS) {
+            r->pinned = 1;
+            pinned_bytes += n;
+        } else {
+            r->pin_failed = 1;
+            if (pin_failures++ == 0)
+                gs_log(GS_LOG_WARN,
+                       "cannot page-lock %zu bytes of host staging (CUDA error %d): that memory swaps through "
+                       "pageable host memory, more slowly",
+                       n, e);
+        }
+        pthread_cond_broadcast(&pin_cv);
+    }
+    return NULL;
+}
+
+static void start_stager_locked(void)
+{
+    if (stager_started)
+        return;
+    stager_started = 1;
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &attr, stager_main, NULL) != 0)
+        gs_log(GS_LOG_WARN, "cannot start the staging thread: swaps go through pageable host memory");
+    pthread_attr_destroy(&attr);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
 /* ---- allocation ---- */
 
 /* Makes sure `more` bytes beyond the working set fit the reservation; asks the scheduler if not. */
@@ -514,6 +594,11 @@ static int reserve_locked(uint64_t more)
 static void free_region_locked(int i)
 {
     struct region *r = regions[i];
+    while (r->pinning)
+        pthread_cond_wait(&pin_cv, &mm_mu);
+    if (r->slab && r->used > 0)
+        return; /* a new block was taken from this slab while we waited */
+    i = find_region_locked(r->va); /* the array may have moved while we waited */
     if (r->resident) {
         unmap_locked(r);
         atomic_fetch_sub(&resident_bytes, r->size);
@@ -522,7 +607,11 @@ static void free_region_locked(int i)
     }
     atomic_fetch_sub(&need_bytes, r->size);
     REAL(cuMemAddressFree)(r->va, r->size);
-    REAL(cuMemFreeHost)(r->staging);
+    if (r->pinned) {
+        REAL(cuMemHostUnregister)(r->staging);
+        pinned_bytes -= r->size;
+    }
+    munmap(r->staging, r->size);
     remove_region_locked(i);
     free(r->blk);
     free(r);
@@ -546,12 +635,13 @@ static CUresult new_region_locked(size_t size, size_t user, int slab, struct reg
     r->ctx = ctx;
     r->dev = dev;
     r->id = next_id++;
-    /* Host staging first: allocated with the memory, never in a hand-off. */
-    if (REAL(cuMemAllocHost_v2)(&r->staging, size) != CUDA_SUCCESS || r->staging == NULL) {
+    /* Host staging first: reserved with the memory, never in a hand-off; pinned by the stager. */
+    r->staging = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (r->staging == MAP_FAILED) {
         gs_log(GS_LOG_WARN,
-               "cuMemAlloc: out of memory: cannot allocate %zu bytes of pinned host memory to swap this "
-               "allocation to (host memory exhausted?)",
-               size);
+               "cuMemAlloc: out of memory: cannot allocate %zu bytes of host memory to swap this allocation "
+               "to (host memory exhausted: %s)",
+               size, strerror(errno));
         free(r);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -567,12 +657,14 @@ static CUresult new_region_locked(size_t size, size_t user, int slab, struct reg
         e = CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (e != CUDA_SUCCESS) {
-        REAL(cuMemFreeHost)(r->staging);
+        munmap(r->staging, size);
         free(r);
         return e == 2 ? CUDA_ERROR_OUT_OF_MEMORY : e;
     }
     atomic_fetch_add(&need_bytes, size);
     atomic_fetch_add(&resident_bytes, size);
+    start_stager_locked();
+    pthread_cond_broadcast(&pin_cv);
     *out = r;
     return CUDA_SUCCESS;
 }
@@ -614,6 +706,7 @@ CUresult gs_mm_alloc(CUdeviceptr *dptr, size_t n, int *yield)
     *yield = 0;
     if (dptr == NULL || n == 0)
         return CUDA_ERROR_INVALID_VALUE;
+    uint64_t t0 = gs_now_ns();
     pthread_mutex_lock(&mm_mu);
     if (gran == 0) {
         CUdevice dev = 0;
@@ -677,6 +770,8 @@ CUresult gs_mm_alloc(CUdeviceptr *dptr, size_t n, int *yield)
     atomic_store(&pending_growth, 0);
     /* New pages (or a reservation raised for nothing): keep the scheduler's view current. */
     report_locked(GS_USAGE_REPORT);
+    alloc_ns += gs_now_ns() - t0;
+    allocs++;
     pthread_mutex_unlock(&mm_mu);
     return e;
 }
@@ -788,6 +883,8 @@ void gs_mm_atfork_child(void)
     pthread_mutex_init(&mm_mu, NULL);
     pthread_mutex_init(&rep_mu, NULL);
     pthread_cond_init(&rep_cv, NULL);
+    pthread_cond_init(&pin_cv, NULL);
+    stager_started = 0;
     nreg = 0;
     nstreams = 0;
     atomic_store(&need_bytes, 0);
@@ -805,9 +902,11 @@ void gs_mm_log_stats(void)
         return;
     pthread_mutex_lock(&mm_mu);
     gs_log(GS_LOG_INFO,
-           "swap stats: out=%llu (%llu bytes) in=%llu (%llu bytes) time=%.3f s resident=%llu swapped=%llu",
+           "swap stats: out=%llu (%llu bytes) in=%llu (%llu bytes) time=%.3f s resident=%llu swapped=%llu; "
+           "new allocations=%llu in %.3f s, staging pinned=%llu bytes, pin failures=%llu",
            (unsigned long long)swap_outs, (unsigned long long)bytes_out, (unsigned long long)swap_ins,
            (unsigned long long)bytes_in, swap_ns / 1e9, (unsigned long long)atomic_load(&resident_bytes),
-           (unsigned long long)atomic_load(&swapped_bytes));
+           (unsigned long long)atomic_load(&swapped_bytes), (unsigned long long)allocs, alloc_ns / 1e9,
+           (unsigned long long)pinned_bytes, (unsigned long long)pin_failures);
     pthread_mutex_unlock(&mm_mu);
 }

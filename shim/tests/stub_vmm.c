@@ -14,7 +14,8 @@
  *   GPUSHARE_STUB_MEMTRACE   file: "M <pid> <ns> <+bytes|-bytes>" per cuMemCreate / cuMemRelease
  *                            (logged before creating and after releasing: an upper bound of
  *                            physical residency over time, across processes)
- *   GPUSHARE_STUB_HOST_LIMIT bytes of cuMemAllocHost memory before it fails (default: none)
+ *   GPUSHARE_STUB_HOST_LIMIT bytes of page-locked host memory (cuMemAllocHost, cuMemHostRegister)
+ *                            before they fail (default: none)
  *   GPUSHARE_STUB_MEM_TOTAL  what cuMemGetInfo reports as total (default 80 GiB)
  */
 #include <fcntl.h>
@@ -267,6 +268,10 @@ STUB_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
     return CUDA_SUCCESS;
 }
 
+STUB_EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t size);
+STUB_EXPORT CUresult cuMemFreeHost(void *p);
+STUB_EXPORT CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned int flags);
+STUB_EXPORT CUresult cuMemHostUnregister(void *p);
 STUB_EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t size)
 {
     long long limit = env_ll("GPUSHARE_STUB_HOST_LIMIT", -1);
@@ -291,6 +296,45 @@ STUB_EXPORT CUresult cuMemFreeHost(void *p)
     atomic_fetch_sub(&host_used, (long long)size);
     munmap(base, size + 4096);
     return CUDA_SUCCESS;
+}
+
+/* Page-locking existing memory: counts against GPUSHARE_STUB_HOST_LIMIT too. */
+#define MAXREG 4096
+static struct {
+    void *p;
+    size_t n;
+} registered[MAXREG];
+
+STUB_EXPORT CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned int flags)
+{
+    (void)flags;
+    long long limit = env_ll("GPUSHARE_STUB_HOST_LIMIT", -1);
+    if (limit >= 0 && atomic_load(&host_used) + (long long)size > limit)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&vmu);
+    for (int i = 0; i < MAXREG; i++)
+        if (registered[i].p == NULL) {
+            registered[i].p = p;
+            registered[i].n = size;
+            break;
+        }
+    pthread_mutex_unlock(&vmu);
+    atomic_fetch_add(&host_used, (long long)size);
+    return CUDA_SUCCESS;
+}
+
+STUB_EXPORT CUresult cuMemHostUnregister(void *p)
+{
+    pthread_mutex_lock(&vmu);
+    for (int i = 0; i < MAXREG; i++)
+        if (registered[i].p == p && p != NULL) {
+            atomic_fetch_sub(&host_used, (long long)registered[i].n);
+            registered[i].p = NULL;
+            pthread_mutex_unlock(&vmu);
+            return CUDA_SUCCESS;
+        }
+    pthread_mutex_unlock(&vmu);
+    return CUDA_ERROR_INVALID_VALUE;
 }
 
 STUB_EXPORT CUresult cuCtxGetDevice(CUdevice *dev)

@@ -254,3 +254,58 @@ func TestBudgetReservationsNeverExceedTheBudget(t *testing.T) {
 		})
 	}
 }
+
+func TestBudgetMetricsReportPerClientMemoryAndSwaps(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	s, err := New(Options{GPUs: []GPUConfig{{UUID: "GPU-m", SocketPath: "/nonexistent/m.sock", Budget: 64 * mib}},
+		Registerer: reg, Clock: newFakeClock()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := s.queues[0]
+	c := q.join(42, PriorityNormal, func([]byte) bool { return true }, func() {})
+	q.acquire(c, 8*mib)
+	q.usage(c, Message{Type: MsgUsage, Acks: c.raises, Need: 8 * mib, Resident: 6 * mib,
+		Stats: SwapStats{Swapped: 2 * mib, SwapOuts: 3, SwapIns: 4, BytesOut: 5, BytesIn: 7, SwapNS: 2e9}})
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			key := mf.GetName()
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "direction" {
+					key += "/" + l.GetValue()
+				}
+			}
+			switch {
+			case m.GetGauge() != nil:
+				got[key] = m.GetGauge().GetValue()
+			case m.GetCounter() != nil:
+				got[key] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	want := map[string]float64{
+		"gpusharing_scheduler_budget_bytes":                64 * mib,
+		"gpusharing_scheduler_reserved_bytes":              8 * mib,
+		"gpusharing_scheduler_client_resident_bytes":       6 * mib,
+		"gpusharing_scheduler_client_swapped_bytes":        2 * mib,
+		"gpusharing_scheduler_client_swaps_total/out":      3,
+		"gpusharing_scheduler_client_swaps_total/in":       4,
+		"gpusharing_scheduler_client_swap_bytes_total/out": 5,
+		"gpusharing_scheduler_client_swap_bytes_total/in":  7,
+		"gpusharing_scheduler_client_swap_seconds_total":   2,
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %v, want %v", k, got[k], v)
+		}
+	}
+	st := s.Snapshot()[0]
+	if st.ResidentBytes != 6*mib || st.SwapOuts != 3 || st.SwapTime != 2*time.Second || st.ReservedBytes != 6*mib || st.NeedBytes != 8*mib {
+		t.Errorf("snapshot = %+v", st)
+	}
+}

@@ -290,7 +290,7 @@ func TestBudgetMetricsReportPerClientMemoryAndSwaps(t *testing.T) {
 	}
 	want := map[string]float64{
 		"gpusharing_scheduler_budget_bytes":                64 * mib,
-		"gpusharing_scheduler_reserved_bytes":              8 * mib,
+		"gpusharing_scheduler_reserved_bytes":              6 * mib, // lowered by the report
 		"gpusharing_scheduler_client_resident_bytes":       6 * mib,
 		"gpusharing_scheduler_client_swapped_bytes":        2 * mib,
 		"gpusharing_scheduler_client_swaps_total/out":      3,

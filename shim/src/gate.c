@@ -461,13 +461,13 @@ static void *bg_main(void *arg)
     return NULL;
 }
 
-/* At exit: let a release in progress finish, then stop the background thread
- * and pass everything through (the lease ends when the process does). */
+/* At exit: let a release or a swap in progress finish, then stop the background
+ * thread and pass everything through (the lease ends when the process does). */
 static void gs_gate_atexit(void)
 {
     pthread_mutex_lock(&mu);
     uint64_t deadline = gs_now_ns() + 1000000000ull;
-    while (st.releasing && gs_now_ns() < deadline) {
+    while ((st.releasing || st.swapping) && gs_now_ns() < deadline) {
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
         ts.tv_nsec += 10000000;

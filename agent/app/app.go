@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -61,11 +62,13 @@ type Options struct {
 	DrainBackoff time.Duration
 }
 
-// CacheOptions make the manager cache only this node's GPUNode: thousands of agents must not each
-// watch every node.
+// CacheOptions make the manager cache only this node's GPUNode and Node: thousands of agents must not
+// each watch every node.
 func CacheOptions(nodeName string) cache.Options {
+	mine := fields.OneTermEqualSelector("metadata.name", nodeName)
 	return cache.Options{ByObject: map[client.Object]cache.ByObject{
-		&v1alpha1.GPUNode{}: {Field: fields.OneTermEqualSelector("metadata.name", nodeName)},
+		&v1alpha1.GPUNode{}: {Field: mine},
+		&corev1.Node{}:      {Field: mine},
 	}}
 }
 

@@ -1,11 +1,12 @@
 package node
 
 // The agent reads and writes only its own node's GPUNode, emits events about it, and reads its Node to
-// own the GPUNode (so deleting the Node deletes it). The drain reads the pods the kubelet reports on a
+// own the GPUNode (so deleting the Node deletes it), through a cache restricted to its own name by a
+// field selector, which still takes list and watch. The drain reads the pods the kubelet reports on a
 // GPU (to tell an ended pod from a running one) and evicts them through the Eviction API (Evict mode).
 // +kubebuilder:rbac:groups=gpusharing.io,resources=gpunodes,verbs=get;list;watch;create;update;patch
 // +kubebuilder:rbac:groups=gpusharing.io,resources=gpunodes/status,verbs=update;patch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
-// +kubebuilder:rbac:groups="",resources=nodes,verbs=get
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list
 // +kubebuilder:rbac:groups="",resources=pods/eviction,verbs=create

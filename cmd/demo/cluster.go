@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"sort"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 	"github.com/gpusharing/gpusharing/controllers/setup"
+	"github.com/gpusharing/gpusharing/test/simnode"
 	"github.com/gpusharing/gpusharing/test/testenv"
 )
 
@@ -52,7 +52,7 @@ func startCluster() (*cluster, error) {
 
 // stop ends the simulated nodes' stand-in daemons, the API server and etcd, and removes the work dir.
 func (c *cluster) stop() {
-	stopNodeDaemons(c.dir)
+	simnode.StopDaemons(c.dir)
 	_ = c.env.Stop()
 	_ = os.RemoveAll(c.dir)
 }
@@ -119,11 +119,4 @@ func (c *cluster) printTable(w io.Writer) error {
 		return fmt.Errorf("kubectl get gpusharing: %w", err)
 	}
 	return nil
-}
-
-// createNode registers a Node object for a simulated node; nothing runs a kubelet, the agent and
-// controller only read its name and labels.
-func (c *cluster) createNode(ctx context.Context, n simNode) error {
-	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name, Labels: n.labels}}
-	return c.env.Client.Create(ctx, node)
 }

@@ -65,7 +65,7 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	for _, n := range simNodes {
-		say("Starting simulated node %s: %d x %s, labels %v", n.name, n.gpus, n.model, n.labels)
+		say("Starting simulated node %s: %d x %s, labels %v", n.Name, n.GPUs, n.Model, n.Labels)
 		if err := c.runNode(ctx, n, errs); err != nil {
 			return err
 		}

@@ -16,9 +16,8 @@ import (
 	"github.com/gpusharing/gpusharing/controllers/policy"
 )
 
-// Leader election keeps a Lease and records events about it through the core events API.
-// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// Leader election's Lease and its events live in the manager's own namespace: config/rbac grants them
+// there with a Role, so the ClusterRole generated from these packages holds no cluster-wide leases.
 
 // Options tune the controllers.
 type Options struct {

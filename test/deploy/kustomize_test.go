@@ -1,0 +1,75 @@
+package deploy
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// The namespace and service accounts config/default installs (namePrefix gpusharing-).
+const (
+	namespace      = "gpusharing-system"
+	managerAccount = "system:serviceaccount:" + namespace + ":gpusharing-manager"
+	agentAccount   = "system:serviceaccount:" + namespace + ":gpusharing-agent"
+)
+
+var (
+	installOnce sync.Once
+	installOut  string
+	installErr  error
+)
+
+func kubectl(t *testing.T, stdin string, args ...string) (string, error) {
+	t.Helper()
+	kubeconfig, err := env.AdminKubeconfig(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(env.BinDir, "kubectl")
+	if _, err := os.Stat(bin); err != nil {
+		t.Fatalf("kubectl not built in %s: run 'make control-plane'", env.BinDir)
+	}
+	cmd := exec.Command(bin, append([]string{"--kubeconfig", kubeconfig}, args...)...)
+	cmd.Stdin = strings.NewReader(stdin)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// install renders config/default and applies it, once for the package.
+func install(t *testing.T) string {
+	t.Helper()
+	installOnce.Do(func() {
+		var rendered string
+		rendered, installErr = kubectl(t, "", "kustomize", filepath.Join(env.RepoRoot, "config", "default"))
+		if installErr != nil {
+			installOut = rendered
+			return
+		}
+		installOut, installErr = kubectl(t, rendered, "apply", "--server-side", "--force-conflicts", "-f", "-")
+	})
+	if installErr != nil {
+		t.Fatalf("installing config/default: %v\n%s", installErr, installOut)
+	}
+	return installOut
+}
+
+func TestAPIServerAcceptsEveryObjectOfConfigDefault(t *testing.T) {
+	out := install(t)
+	for _, want := range []string{
+		"namespace/gpusharing-system",
+		"customresourcedefinition.apiextensions.k8s.io/gpusharingpolicies.gpusharing.io",
+		"customresourcedefinition.apiextensions.k8s.io/gpunodes.gpusharing.io",
+		"serviceaccount/gpusharing-manager", "serviceaccount/gpusharing-agent",
+		"clusterrole.rbac.authorization.k8s.io/gpusharing-manager", "clusterrole.rbac.authorization.k8s.io/gpusharing-agent",
+		"clusterrolebinding.rbac.authorization.k8s.io/gpusharing-manager", "clusterrolebinding.rbac.authorization.k8s.io/gpusharing-agent",
+		"role.rbac.authorization.k8s.io/gpusharing-leader-election", "rolebinding.rbac.authorization.k8s.io/gpusharing-leader-election",
+		"deployment.apps/gpusharing-manager", "daemonset.apps/gpusharing-agent",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("kubectl apply of config/default did not create %s:\n%s", want, out)
+		}
+	}
+}

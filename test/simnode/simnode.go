@@ -1,0 +1,100 @@
+// Package simnode runs the real node agent for a simulated GPU node: go-nvml's mock DGX A100 or H100
+// server (extended by agent/gpu/nvmlmock) and fake nvidia-smi and nvidia-cuda-mps-control. The demo and
+// the deployment tests use it, so both exercise exactly the agent that cmd/agent runs.
+package simnode
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/gpusharing/gpusharing/agent/app"
+	"github.com/gpusharing/gpusharing/agent/gpu"
+	"github.com/gpusharing/gpusharing/agent/gpu/nvmlmock"
+	"github.com/gpusharing/gpusharing/test/fakebin"
+)
+
+// Node is one simulated GPU node.
+type Node struct {
+	// Name is the Node's and its GPUNode's name.
+	Name string
+	// Model is "A100" (DGX A100, A100-SXM4-40GB) or "H100" (DGX H100, go-nvml's H100 profile data).
+	Model string
+	// GPUs is how many of the server's eight GPUs the node has.
+	GPUs int
+	// Labels are the Node's labels, which policies select on.
+	Labels map[string]string
+	// Seq makes the node's GPU UUIDs distinct from other simulated nodes'.
+	Seq int
+}
+
+// CreateNode registers the Node object. Nothing runs a kubelet: the controller and the agent only read
+// its name and labels.
+func CreateNode(ctx context.Context, c client.Client, n Node) error {
+	return c.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: n.Labels}})
+}
+
+// Start runs the agent for n under cfg's identity until ctx ends, with its host directories under dir.
+// A manager failure is sent to errs.
+func Start(ctx context.Context, cfg *rest.Config, scheme *k8sruntime.Scheme, n Node, dir string, errs chan<- error) error {
+	dir = filepath.Join(dir, n.Name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	mpsControl, err := fakebin.NewMPSControl(dir)
+	if err != nil {
+		return err
+	}
+	smi, err := fakebin.NewNvidiaSMI(dir, false)
+	if err != nil {
+		return err
+	}
+	server := nvmlmock.NewH100(n.GPUs)
+	if n.Model == "A100" {
+		server = nvmlmock.NewA100(n.GPUs)
+	}
+	// The mocks number every server's GPUs alike; real UUIDs are unique across the fleet.
+	for i, g := range server.GPUs {
+		g.Device.UUID = fmt.Sprintf("GPU-%08x-%04x-4000-8000-000000000000", n.Seq, i)
+	}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:  scheme,
+		Metrics: metricsserver.Options{BindAddress: "0"},
+		Cache:   app.CacheOptions(n.Name),
+	})
+	if err != nil {
+		return fmt.Errorf("creating the agent manager for %s: %w", n.Name, err)
+	}
+	err = app.Setup(mgr, app.Options{
+		NodeName:           n.Name,
+		GPU:                gpu.NewNVML(server),
+		MPSRoot:            filepath.Join(dir, "mps"),
+		StateDir:           filepath.Join(dir, "state"),
+		MPSControl:         mpsControl.Path,
+		NvidiaSMI:          smi.Path,
+		Resync:             10 * time.Second,
+		SkipNameValidation: true,
+	})
+	if err != nil {
+		return err
+	}
+	go func() {
+		if err := mgr.Start(ctx); err != nil {
+			errs <- fmt.Errorf("agent on %s: %w", n.Name, err)
+		}
+	}()
+	return nil
+}
+
+// StopDaemons ends the stand-in MPS daemons the simulated nodes under dir started.
+func StopDaemons(dir string) { fakebin.KillDaemons(dir) }

@@ -102,17 +102,11 @@ func (r *Reconciler) admit(ctx context.Context, s *scope) error {
 	var reserved []string
 	for _, name := range need {
 		c := s.byName[name]
-		cached, err := r.inFlightNodes(ctx, name)
+		ok, err := r.admissible(ctx, c, s.gpuNode.Name, inFlight[name])
 		if err != nil {
 			return err
 		}
-		selected, err := r.countSelected(ctx, c)
-		if err != nil {
-			return err
-		}
-		limit := resolve.MaxUnavailable(c.Policy.Spec.Rollout, selected)
-		r.rollout.setLimit(name, limit)
-		if !resolve.Admit(inFlight[name], r.rollout.othersInFlight(cached, name, s.gpuNode.Name), limit) {
+		if !ok {
 			continue
 		}
 		s.admitted[name] = true
@@ -128,6 +122,45 @@ func (r *Reconciler) admit(ctx context.Context, s *scope) error {
 		s.release = func() { r.rollout.unreserve(node, reserved) }
 	}
 	return nil
+}
+
+// admissible applies the policy's budget to this node. It avoids work that grows with the cluster where
+// it can, as admission runs once per node and change: a count needs no node count, and a percentage
+// that covers every selected node admits without counting the nodes in flight.
+func (r *Reconciler) admissible(ctx context.Context, c resolve.Compiled, node string, inFlight bool) (bool, error) {
+	name := c.Policy.Name
+	selected := 0
+	if resolve.IsPercentage(c.Policy.Spec.Rollout) {
+		n, err := r.selectedNodes(ctx, c)
+		if err != nil {
+			return false, err
+		}
+		selected = n
+	}
+	limit := resolve.MaxUnavailable(c.Policy.Spec.Rollout, selected)
+	r.rollout.setLimit(name, limit)
+	if inFlight || (selected > 0 && limit >= selected) {
+		return true, nil
+	}
+	cached, err := r.inFlightNodes(ctx, name)
+	if err != nil {
+		return false, err
+	}
+	return resolve.Admit(false, r.rollout.othersInFlight(cached, name, node), limit), nil
+}
+
+// selectedNodes is countSelected remembered for a second per policy generation: a percentage budget
+// needs the count, but not to the millisecond, and counting costs a pass over every node.
+func (r *Reconciler) selectedNodes(ctx context.Context, c resolve.Compiled) (int, error) {
+	if n, ok := r.rollout.selectedCount(c.Policy.Name, c.Policy.Generation); ok {
+		return n, nil
+	}
+	n, err := r.countSelected(ctx, c)
+	if err != nil {
+		return 0, err
+	}
+	r.rollout.rememberSelected(c.Policy.Name, c.Policy.Generation, n)
+	return n, nil
 }
 
 func (r *Reconciler) inFlightNodes(ctx context.Context, policy string) ([]string, error) {

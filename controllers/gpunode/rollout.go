@@ -24,6 +24,10 @@ type rollout struct {
 	// only once the cache shows its write, so it is never in neither set and no slot is handed out twice.
 	reserved map[string]map[string]*reservation
 
+	// selected remembers, per policy, how many GPU nodes its nodeSelector selected and when (admission
+	// held).
+	selected map[string]selectedCount
+
 	mu      sync.Mutex
 	waiting map[string]map[string]bool // policy -> nodes waiting on it
 	limits  map[string]int             // policy -> maxUnavailable last computed
@@ -35,6 +39,7 @@ func newRollout() *rollout {
 	return &rollout{
 		waiting:  map[string]map[string]bool{},
 		reserved: map[string]map[string]*reservation{},
+		selected: map[string]selectedCount{},
 		limits:   map[string]int{},
 		nudges:   make(chan event.GenericEvent, 1024),
 	}
@@ -205,4 +210,27 @@ func (r *rollout) policiesReserving(node string) []string {
 		}
 	}
 	return out
+}
+
+type selectedCount struct {
+	generation int64
+	at         time.Time
+	n          int
+}
+
+// selectedCountTTL is how long a node count serves a percentage budget.
+const selectedCountTTL = time.Second
+
+// selectedCount returns a remembered count for the policy generation if still fresh; admission held.
+func (r *rollout) selectedCount(policy string, generation int64) (int, bool) {
+	c, ok := r.selected[policy]
+	if !ok || c.generation != generation || time.Since(c.at) > selectedCountTTL {
+		return 0, false
+	}
+	return c.n, true
+}
+
+// rememberSelected stores a node count; admission held.
+func (r *rollout) rememberSelected(policy string, generation int64, n int) {
+	r.selected[policy] = selectedCount{generation: generation, at: time.Now(), n: n}
 }

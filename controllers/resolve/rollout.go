@@ -21,6 +21,11 @@ func MaxUnavailable(r v1.Rollout, selectedNodes int) int {
 	return n
 }
 
+// IsPercentage says whether the budget is a percentage, the only case that needs the node count.
+func IsPercentage(r v1.Rollout) bool {
+	return r.MaxUnavailable != nil && r.MaxUnavailable.Type == intstr.String
+}
+
 // Admit says whether a node may start a disruptive change: it may when it already has one in flight for
 // the policy (more GPUs on the same node disturb no further node), or when fewer than limit other nodes do.
 func Admit(alreadyInFlight bool, othersInFlight, limit int) bool {

@@ -13,6 +13,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -65,6 +67,18 @@ func run(o options) error {
 		return err
 	}
 	defer func() { _ = env.Stop() }()
+	// An interrupted benchmark must not leave kube-apiserver, etcd and the manager running.
+	var mgr *manager
+	signals := make(chan os.Signal, 1)
+	signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-signals
+		if mgr != nil {
+			mgr.stop()
+		}
+		_ = env.Stop()
+		os.Exit(130)
+	}()
 
 	start := time.Now()
 	if err := createNodes(ctx, env, o); err != nil {
@@ -78,7 +92,7 @@ func run(o options) error {
 	}
 	defer agents.stop()
 
-	mgr, err := startManager(ctx, env, o)
+	mgr, err = startManager(ctx, env, o)
 	if err != nil {
 		return err
 	}

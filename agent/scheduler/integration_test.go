@@ -57,19 +57,19 @@ func TestShimLaunchWaitsForTheLockThroughEveryLookupPath(t *testing.T) {
 // never overlaps the other's (the release waits for queued work to finish).
 func TestTwoClientsAlternateUnderShortQuantumWithoutOverlap(t *testing.T) {
 	e := newEnv(t, 20*time.Millisecond, 5*time.Second)
-	a := e.startClient(nil, "dlsym", "150", "1000")
-	b := e.startClient(nil, "procaddr", "150", "1000")
+	a := e.startClient(nil, "dlsym", "300", "1000")
+	b := e.startClient(nil, "procaddr", "300", "1000")
 	a.wait(t, 20*time.Second)
 	b.wait(t, 20*time.Second)
 	tr := e.readTrace()
-	if tr.count(a.pid()) != 150 || tr.count(b.pid()) != 150 {
-		t.Fatalf("trace has %d and %d launches, want 150 each", tr.count(a.pid()), tr.count(b.pid()))
+	if tr.count(a.pid()) != 300 || tr.count(b.pid()) != 300 {
+		t.Fatalf("trace has %d and %d launches, want 300 each", tr.count(a.pid()), tr.count(b.pid()))
 	}
 	if o := tr.overlaps(); o != "" {
 		t.Fatalf("GPU work overlapped: %s", o)
 	}
 	if sw := tr.switches(); sw < 4 {
-		t.Errorf("the GPU changed hands %d times; with a 20 ms quantum over ~300 ms each, want several", sw)
+		t.Errorf("the GPU changed hands %d times; with a 20 ms quantum over ~600 ms each, want several", sw)
 	}
 	if h := e.counter("gpusharing_scheduler_handoffs_total"); h < 4 {
 		t.Errorf("handoffs_total = %v, want >= 4", h)

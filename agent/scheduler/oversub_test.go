@@ -243,6 +243,19 @@ func TestOversubAllocationLargerThanTheBudgetFailsWithOutOfMemory(t *testing.T) 
 	}
 }
 
+// GPUSHARE_BUDGET_BYTES makes a per-process budget real: cuMemGetInfo reports
+// it, and a working set beyond it fails to grow (out of memory, with a reason).
+func TestOversubPerProcessBudgetCapsTheWorkingSet(t *testing.T) {
+	e := newMemEnv(t, 50*time.Millisecond, 200*time.Millisecond, 64*mib, ModeAuto)
+	a := e.startOversub([]string{"GPUSHARE_BUDGET_BYTES=" + strconv.Itoa(8*mib)}, "bufs=2", "size=2097152",
+		"small=2", "iters=50", "big="+strconv.Itoa(4*mib))
+	va := a.waitOversub(t, 10*time.Second)
+	if va["total"] != 8*mib || va["big"] != 2 || !strings.Contains(a.stderr.String(), "more than this process's budget") {
+		t.Errorf("per-process budget: total %d, growth result %d; want 8 MiB and 2 with a reason:\n%s", va["total"],
+			va["big"], a.stderr.String())
+	}
+}
+
 // Host staging the host cannot give fails the allocation (out of memory, with
 // the reason logged), never the process, and hands the reservation back.
 func TestOversubAllocationWithoutHostStagingFailsWithOutOfMemory(t *testing.T) {

@@ -562,6 +562,13 @@ static int reserve_locked(uint64_t more)
 {
     for (;;) {
         uint64_t want = atomic_load(&need_bytes) + more;
+        if (want > budget) {
+            gs_log(GS_LOG_WARN,
+                   "cuMemAlloc: out of memory: the working set would grow to %llu bytes, more than this "
+                   "process's budget of %llu bytes",
+                   (unsigned long long)want, (unsigned long long)budget);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
         if (want <= atomic_load(&reserved) || !gs_gate_connected())
             return GS_MM_OK;
         pthread_mutex_lock(&rep_mu);

@@ -29,8 +29,8 @@ const (
 	ContainerShimLibrary = "/usr/lib/gpusharing/libgpushare.so"
 	// ContainerSchedulerDir is where the GPU's scheduler socket directory is mounted.
 	ContainerSchedulerDir = "/var/run/gpusharing/scheduler"
-	// SchedulerSocketName is the file name of a GPU's scheduler socket in its directory.
-	SchedulerSocketName = "gpushare.sock"
+	// SchedulerSocketName is the file name of a GPU's scheduler socket in its directory (hostpath's).
+	SchedulerSocketName = hostpath.SchedulerSocketName
 )
 
 // ResourceNames are the extended resources the plugin advertises. The defaults keep pod specs that ask
@@ -137,7 +137,7 @@ func (c Config) MPSLogDir(gpuUUID string) string { return hostpath.MPSLogDir(c.M
 // SchedulerSocketPath is the host path of a GPU's shim scheduler socket (the scheduler's GPUConfig.SocketPath).
 // Its directory, not the socket, is mounted into pods, so a restarted scheduler's new socket is seen.
 func (c Config) SchedulerSocketPath(gpuUUID string) string {
-	return filepath.Join(c.SchedulerRoot, gpuUUID, SchedulerSocketName)
+	return hostpath.SchedulerSocket(c.SchedulerRoot, gpuUUID)
 }
 
 // MIGResource is the resource name of a MIG profile. A '+' (as in 1g.10gb+me) is not allowed in a

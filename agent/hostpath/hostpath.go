@@ -1,6 +1,7 @@
 // Package hostpath is the one definition of the host directory layout the agent shares with pods: the
-// MPS package starts each GPU's daemon in these directories and the device plugin mounts the same ones
-// into MPS clients, so both call these functions and cannot drift apart.
+// MPS package starts each GPU's daemon in these directories and the agent's shim scheduler listens on
+// these sockets, and the device plugin mounts the same ones into pods, so all call these functions and
+// cannot drift apart.
 package hostpath
 
 import "path/filepath"
@@ -10,3 +11,16 @@ func MPSPipeDir(mpsRoot, gpuUUID string) string { return filepath.Join(mpsRoot, 
 
 // MPSLogDir is a GPU's CUDA_MPS_LOG_DIRECTORY under the MPS root: <root>/<gpu-uuid>/log.
 func MPSLogDir(mpsRoot, gpuUUID string) string { return filepath.Join(mpsRoot, gpuUUID, "log") }
+
+// SchedulerSocketName is the file name of a GPU's shim scheduler socket in its directory.
+const SchedulerSocketName = "gpushare.sock"
+
+// SchedulerDir is a GPU's shim scheduler directory under the scheduler root: <root>/<gpu-uuid>. Pods mount
+// the directory, not the socket, so a socket the agent re-creates is seen in running pods.
+func SchedulerDir(schedulerRoot, gpuUUID string) string { return filepath.Join(schedulerRoot, gpuUUID) }
+
+// SchedulerSocket is a GPU's shim scheduler socket (GPUSHARE_SOCKET on the host side):
+// <root>/<gpu-uuid>/gpushare.sock.
+func SchedulerSocket(schedulerRoot, gpuUUID string) string {
+	return filepath.Join(SchedulerDir(schedulerRoot, gpuUUID), SchedulerSocketName)
+}

@@ -1,20 +1,35 @@
 package scheduler
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"sync"
 
-// metrics are the scheduler's Prometheus series, labelled by GPU uuid.
-type metrics struct {
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// NewMetrics registers the scheduler's series on reg (nil: unregistered), for
+// Schedulers that share them through Options.Metrics.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) { return newMetrics(reg) }
+
+// Metrics are the scheduler's Prometheus series, labelled by GPU uuid, and the
+// Schedulers whose memory accounts its collector reads at each scrape. One
+// Metrics may serve several Schedulers (Options.Metrics): the node agent runs
+// one Scheduler per GPU and several agents may share a process (the demo), but
+// a registry takes each series only once.
+type Metrics struct {
 	wait        *prometheus.HistogramVec
 	hold        *prometheus.HistogramVec
 	handoffs    *prometheus.CounterVec
 	revocations *prometheus.CounterVec
 	evictions   *prometheus.CounterVec
 	clients     *prometheus.GaugeVec
+
+	mu     sync.Mutex
+	scheds map[*Scheduler]struct{}
 }
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	buckets := prometheus.ExponentialBuckets(0.0001, 4, 12) // 100 us .. ~7 min
-	m := &metrics{
+	m := &Metrics{
 		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "gpusharing_scheduler_wait_seconds",
 			Help:    "Time from a client's acquire to its grant, per GPU.",
@@ -41,9 +56,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "gpusharing_scheduler_clients",
 			Help: "Connected shim clients, per GPU.",
 		}, []string{"gpu"}),
+		scheds: map[*Scheduler]struct{}{},
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.wait, m.hold, m.handoffs, m.revocations, m.evictions, m.clients} {
+		// The per-client memory series are read from the schedulers' snapshots at each scrape, so a
+		// client's series vanish when it leaves.
+		for _, c := range []prometheus.Collector{m.wait, m.hold, m.handoffs, m.revocations, m.evictions, m.clients, &memCollector{m: m}} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
@@ -52,13 +70,34 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
-// registerClients adds the per-client memory series, read from the
-// scheduler's snapshot at each scrape (a client's series vanish when it leaves).
-func (m *metrics) registerClients(reg prometheus.Registerer, s *Scheduler) error {
-	if reg == nil {
-		return nil
+func (m *Metrics) attach(s *Scheduler) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.scheds[s] = struct{}{}
+}
+
+func (m *Metrics) detach(s *Scheduler) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.scheds, s)
+}
+
+func (m *Metrics) attached() []*Scheduler {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]*Scheduler, 0, len(m.scheds))
+	for s := range m.scheds {
+		out = append(out, s)
 	}
-	return reg.Register(&memCollector{s: s})
+	return out
+}
+
+// Forget drops a GPU's series, for a GPU whose scheduler stopped for good: its
+// last values would otherwise be exported for as long as the process lives.
+func (m *Metrics) Forget(gpu string) {
+	for _, v := range []interface{ DeleteLabelValues(...string) bool }{m.wait, m.hold, m.handoffs, m.revocations, m.evictions, m.clients} {
+		v.DeleteLabelValues(gpu)
+	}
 }
 
 var (
@@ -73,7 +112,7 @@ var (
 	descSwapSecond = prometheus.NewDesc("gpusharing_scheduler_client_swap_seconds_total", "Time a client spent swapping.", clientLabels, nil)
 )
 
-type memCollector struct{ s *Scheduler }
+type memCollector struct{ m *Metrics }
 
 func (c *memCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descBudget, descReserved, descPeak, descResident, descSwapped, descSwaps, descSwapBytes, descSwapSecond} {
@@ -82,12 +121,18 @@ func (c *memCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *memCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, g := range c.s.GPUs() {
+	for _, s := range c.m.attached() {
+		c.collect(s, ch)
+	}
+}
+
+func (c *memCollector) collect(s *Scheduler, ch chan<- prometheus.Metric) {
+	for _, g := range s.GPUs() {
 		ch <- prometheus.MustNewConstMetric(descBudget, prometheus.GaugeValue, float64(g.Budget), g.GPU)
 		ch <- prometheus.MustNewConstMetric(descReserved, prometheus.GaugeValue, float64(g.ReservedBytes), g.GPU)
 		ch <- prometheus.MustNewConstMetric(descPeak, prometheus.GaugeValue, float64(g.PeakReservedBytes), g.GPU)
 	}
-	for _, cs := range c.s.Snapshot() {
+	for _, cs := range s.Snapshot() {
 		l := []string{cs.GPU, itoa(uint64(cs.ID)), itoa(uint64(cs.PID))}
 		ch <- prometheus.MustNewConstMetric(descResident, prometheus.GaugeValue, float64(cs.ResidentBytes), l...)
 		ch <- prometheus.MustNewConstMetric(descSwapped, prometheus.GaugeValue, float64(cs.SwappedBytes), l...)

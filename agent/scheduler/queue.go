@@ -92,7 +92,7 @@ type client struct {
 	reported     Message // last Usage
 }
 
-func newQueue(cfg GPUConfig, clock Clock, m *metrics, log logr.Logger) *queue {
+func newQueue(cfg GPUConfig, clock Clock, m *Metrics, log logr.Logger) *queue {
 	return &queue{
 		uuid:        cfg.UUID,
 		quantum:     cfg.Quantum,
@@ -585,6 +585,24 @@ func (q *queue) snapshot() []ClientState {
 func (q *queue) gpuState() GPUState {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return GPUState{GPU: q.uuid, Budget: q.budget, Mode: q.mode, ReservedBytes: q.reserved, PeakReservedBytes: q.peak,
-		Holders: len(q.holders), Waiters: q.nWaitingLocked()}
+	return GPUState{GPU: q.uuid, Quantum: q.quantum, Grace: q.grace, Budget: q.budget, Mode: q.mode, ReservedBytes: q.reserved,
+		PeakReservedBytes: q.peak, Holders: len(q.holders), Waiters: q.nWaitingLocked()}
+}
+
+// reconfigure takes new settings (Scheduler.Reconfigure says what each one
+// changes for connected clients) and hands out what they now allow.
+func (q *queue) reconfigure(cfg GPUConfig) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	flip := (q.budget == 0) != (cfg.Budget == 0)
+	q.quantum, q.grace, q.budget, q.mode = cfg.Quantum, cfg.Grace, cfg.Budget, cfg.Mode
+	q.log.Info("Reconfigured GPU lock", "quantum", q.quantum, "grace", q.grace, "budget", q.budget, "mode", q.mode,
+		"droppedClients", flip && len(q.clients) > 0)
+	if flip {
+		for _, c := range q.clients {
+			c.drop()
+		}
+		return
+	}
+	q.dispatchLocked(nil)
 }

@@ -38,7 +38,7 @@ func (f *fakeClient) count(t MsgType) int {
 type queueFixture struct {
 	q     *queue
 	clock *fakeClock
-	m     *metrics
+	m     *Metrics
 }
 
 func newQueueFixture(t *testing.T, quantum, grace time.Duration) *queueFixture {

@@ -43,8 +43,16 @@ type Options struct {
 	GPUs []GPUConfig
 	// Clock defaults to RealClock.
 	Clock Clock
-	// Registerer receives the metrics; nil leaves them unregistered.
+	// Registerer receives the metrics; nil leaves them unregistered. Ignored
+	// when Metrics is set.
 	Registerer prometheus.Registerer
+	// Metrics, when set, are series already registered (NewMetrics) that this
+	// Scheduler shares with others instead of registering its own.
+	Metrics *Metrics
+	// OnClientsChange, when set, is called after a client of a GPU connects
+	// (its hello accepted) or disconnects, so an owner can publish the client
+	// set without polling. It runs on the connection's goroutine and must not block.
+	OnClientsChange func(gpu string)
 	// HelloTimeout bounds how long a new connection may take to say hello (default 2s).
 	HelloTimeout time.Duration
 	// WriteTimeout bounds one write to a client (default 1s); a client that
@@ -83,6 +91,8 @@ type ClientState struct {
 // GPUState is one GPU's memory account.
 type GPUState struct {
 	GPU               string
+	Quantum           time.Duration // in force: what the next grant carries
+	Grace             time.Duration
 	Budget            uint64
 	Mode              Mode
 	ReservedBytes     uint64 // sum of the clients' reservations: never above Budget
@@ -102,9 +112,10 @@ var ErrInvalidConfig = errors.New("invalid scheduler configuration")
 
 // Scheduler serves one lock queue per GPU.
 type Scheduler struct {
-	opts   Options
-	queues []*queue
-	cfgs   []GPUConfig
+	opts    Options
+	metrics *Metrics
+	queues  []*queue
+	cfgs    []GPUConfig // under mu once serving (Reconfigure)
 
 	mu        sync.Mutex
 	listeners []net.Listener
@@ -126,11 +137,14 @@ func New(opts Options) (*Scheduler, error) {
 	if opts.WriteTimeout == 0 {
 		opts.WriteTimeout = time.Second
 	}
-	m, err := newMetrics(opts.Registerer)
-	if err != nil {
-		return nil, fmt.Errorf("registering scheduler metrics: %w", err)
+	m := opts.Metrics
+	if m == nil {
+		var err error
+		if m, err = newMetrics(opts.Registerer); err != nil {
+			return nil, fmt.Errorf("registering scheduler metrics: %w", err)
+		}
 	}
-	s := &Scheduler{opts: opts, conns: map[net.Conn]struct{}{}}
+	s := &Scheduler{opts: opts, metrics: m, conns: map[net.Conn]struct{}{}}
 	seen := map[string]bool{}
 	for _, g := range opts.GPUs {
 		if g.UUID == "" || g.SocketPath == "" {
@@ -140,22 +154,63 @@ func New(opts Options) (*Scheduler, error) {
 			return nil, fmt.Errorf("%w: GPU %q or socket %q given twice", ErrInvalidConfig, g.UUID, g.SocketPath)
 		}
 		seen[g.UUID], seen["sock:"+g.SocketPath] = true, true
-		if g.Quantum <= 0 {
-			g.Quantum = DefaultQuantum
-		}
-		if g.Grace <= 0 {
-			g.Grace = max(g.Quantum/2, MinGrace)
-		}
+		g = g.WithDefaults()
 		if g.Mode > ModeOff {
 			return nil, fmt.Errorf("%w: GPU %q anti-thrashing mode %d", ErrInvalidConfig, g.UUID, g.Mode)
 		}
 		s.cfgs = append(s.cfgs, g)
 		s.queues = append(s.queues, newQueue(g, opts.Clock, m, logr.Discard()))
 	}
-	if err := m.registerClients(opts.Registerer, s); err != nil {
-		return nil, fmt.Errorf("registering scheduler metrics: %w", err)
-	}
+	m.attach(s)
 	return s, nil
+}
+
+// WithDefaults returns g with a zero quantum and grace set to their defaults:
+// DefaultQuantum, and max(quantum/2, MinGrace).
+func (g GPUConfig) WithDefaults() GPUConfig {
+	if g.Quantum <= 0 {
+		g.Quantum = DefaultQuantum
+	}
+	if g.Grace <= 0 {
+		g.Grace = max(g.Quantum/2, MinGrace)
+	}
+	return g
+}
+
+// Reconfigure changes a served GPU's quantum, grace, budget and mode in place,
+// keeping its socket and its clients' leases: restarting would cost every
+// connected process its lock for good, since a shim never reconnects to a
+// scheduler that went away (it passes through until it exits).
+//
+// The quantum reaches connected clients with their next grant (a grant carries
+// it) and a revocation deadline armed after the change; mode and budget apply
+// to the next hand-off. A client learns the budget once, at hello, so one
+// already connected keeps sizing itself by the old budget (cuMemGetInfo, its
+// own cap) while the scheduler accounts against the new one: a raise it does
+// not use, a cut it meets as waits and out-of-memory on growth beyond it.
+// Reservations above a lowered budget are never revoked; they shrink as their
+// holders release and are evicted. A change between no budget and a budget
+// drops the GPU's clients, which continue in pass-through: their memory was set
+// up for the other mode at hello.
+func (s *Scheduler) Reconfigure(g GPUConfig) error {
+	g = g.WithDefaults()
+	if g.Mode > ModeOff {
+		return fmt.Errorf("%w: GPU %q anti-thrashing mode %d", ErrInvalidConfig, g.UUID, g.Mode)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, q := range s.queues {
+		if s.cfgs[i].UUID != g.UUID {
+			continue
+		}
+		if g.SocketPath != s.cfgs[i].SocketPath {
+			return fmt.Errorf("%w: GPU %q socket %q cannot move to %q while serving", ErrInvalidConfig, g.UUID, s.cfgs[i].SocketPath, g.SocketPath)
+		}
+		s.cfgs[i] = g
+		q.reconfigure(g)
+		return nil
+	}
+	return fmt.Errorf("%w: GPU %q is not served by this scheduler", ErrInvalidConfig, g.UUID)
 }
 
 // Run listens on every GPU's socket and serves until ctx ends; then it closes
@@ -172,7 +227,10 @@ func (s *Scheduler) Run(ctx context.Context) error {
 // Listen opens the sockets and starts serving in the background; Close stops.
 func (s *Scheduler) Listen(ctx context.Context) error {
 	log := logr.FromContextOrDiscard(ctx).WithName("gpu-scheduler")
-	for i, g := range s.cfgs {
+	s.mu.Lock()
+	cfgs := append([]GPUConfig(nil), s.cfgs...)
+	s.mu.Unlock()
+	for i, g := range cfgs {
 		q := s.queues[i]
 		q.mu.Lock()
 		q.log = log.WithValues("gpu", g.UUID)
@@ -210,6 +268,7 @@ func (s *Scheduler) Close() {
 		ln.Close() // a closed UnixListener removes its socket file
 	}
 	s.wg.Wait()
+	s.metrics.detach(s)
 }
 
 // Snapshot returns every client of every GPU, ordered by GPU then client id.
@@ -355,6 +414,7 @@ func (s *Scheduler) serveConn(conn net.Conn, q *queue) {
 	}
 	c := q.join(pid, hello.Priority, send, drop)
 	log.V(1).Info("Shim client connected", "client", c.id, "pid", pid, "priority", hello.Priority)
+	s.clientsChanged(q.uuid)
 	for {
 		m, err := ReadMessage(conn)
 		if err != nil {
@@ -377,6 +437,7 @@ func (s *Scheduler) serveConn(conn net.Conn, q *queue) {
 			q.leave(c)
 			close(done)
 			<-writerDone
+			s.clientsChanged(q.uuid)
 			return
 		}
 	}
@@ -384,4 +445,11 @@ func (s *Scheduler) serveConn(conn net.Conn, q *queue) {
 	close(done)
 	<-writerDone
 	log.V(1).Info("Shim client disconnected", "client", c.id, "pid", pid)
+	s.clientsChanged(q.uuid)
+}
+
+func (s *Scheduler) clientsChanged(gpu string) {
+	if s.opts.OnClientsChange != nil {
+		s.opts.OnClientsChange(gpu)
+	}
 }

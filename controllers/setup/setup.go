@@ -21,7 +21,8 @@ import (
 
 // Options tune the controllers.
 type Options struct {
-	// ResolverWorkers is how many nodes are resolved at once (admission itself is serialized).
+	// ResolverWorkers is how many nodes are resolved at once (admission decisions are serialized, the
+	// writes they lead to are not).
 	ResolverWorkers int
 	// StatusWorkers is how many policies' status are computed at once.
 	StatusWorkers int

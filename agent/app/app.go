@@ -34,6 +34,12 @@ type Options struct {
 	GPU gpu.Interface
 	// MPSRoot holds each MPS GPU's pipe and log directories (<root>/<uuid>/{pipe,log}).
 	MPSRoot string
+	// SchedulerRoot holds the shim scheduler socket of each GPU whose sharing has oversubscription
+	// (<root>/<uuid>/gpushare.sock); empty runs no scheduler, and such a sharing fails to apply.
+	SchedulerRoot string
+	// OversubReserve is the GPU memory left out of an oversubscription budget the policy does not set
+	// (default node.DefaultOversubReserve).
+	OversubReserve uint64
 	// StateDir holds the agent's runtime state; it must not outlive a reboot.
 	StateDir string
 	// MPSControl and NvidiaSMI are the host tools' paths.
@@ -94,6 +100,19 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	if err := mgr.Add(runnable(mpsMgr.Run)); err != nil {
 		return err
 	}
+	var shim *node.ShimSchedulers
+	if o.SchedulerRoot != "" {
+		reserve := o.OversubReserve
+		if reserve == 0 {
+			reserve = node.DefaultOversubReserve
+		}
+		// Clients connecting and leaving wake a pass, which publishes them: no polling of the schedulers.
+		shim = &node.ShimSchedulers{Root: o.SchedulerRoot, Reserve: reserve, Metrics: node.SchedulerMetrics,
+			Notify: func() { notify("") }}
+		if err := mgr.Add(runnable(shim.Run)); err != nil {
+			return err
+		}
+	}
 	r := &node.Reconciler{
 		Client:             mgr.GetClient(),
 		NodeName:           o.NodeName,
@@ -109,6 +128,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 			MPS:                 mpsMgr,
 			TimeSlice:           &timeslice.Manager{SMI: o.NvidiaSMI, StateDir: filepath.Join(o.StateDir, "timeslice"), Runner: run},
 			MPSExclusiveProcess: o.MPSExclusiveProcess,
+			Shim:                shim,
 		},
 	}
 	if err := setupDevicePlugin(mgr, o, r); err != nil {
@@ -121,12 +141,21 @@ func Setup(mgr ctrl.Manager, o Options) error {
 }
 
 // DevicePluginConfig is the device plugin configuration Setup uses: cfg with its MPS root taken from
-// mpsRoot, the one root the MPS daemons use too, so a pod's mount is the daemon's pipe directory.
-func DevicePluginConfig(cfg deviceplugin.Config, mpsRoot string) (deviceplugin.Config, error) {
+// mpsRoot, the one root the MPS daemons use too, so a pod's mount is the daemon's pipe directory, and its
+// scheduler root from schedulerRoot (when set), the one the agent's shim schedulers listen under, so a
+// pod's GPUSHARE_SOCKET is where its GPU's scheduler is.
+func DevicePluginConfig(cfg deviceplugin.Config, mpsRoot, schedulerRoot string) (deviceplugin.Config, error) {
 	if cfg.MPSRoot != "" && filepath.Clean(cfg.MPSRoot) != filepath.Clean(mpsRoot) {
 		return cfg, fmt.Errorf("the device plugin's MPS root %q differs from the MPS daemons' %q: pods would mount a pipe directory no daemon uses", cfg.MPSRoot, mpsRoot)
 	}
 	cfg.MPSRoot = mpsRoot
+	if schedulerRoot == "" {
+		return cfg, nil
+	}
+	if cfg.SchedulerRoot != "" && filepath.Clean(cfg.SchedulerRoot) != filepath.Clean(schedulerRoot) {
+		return cfg, fmt.Errorf("the device plugin's scheduler root %q differs from the shim schedulers' %q: pods would connect to a socket no scheduler listens on", cfg.SchedulerRoot, schedulerRoot)
+	}
+	cfg.SchedulerRoot = schedulerRoot
 	return cfg, nil
 }
 
@@ -135,7 +164,7 @@ func setupDevicePlugin(mgr ctrl.Manager, o Options, r *node.Reconciler) error {
 	if o.DevicePlugin == nil {
 		return nil
 	}
-	cfg, err := DevicePluginConfig(*o.DevicePlugin, o.MPSRoot)
+	cfg, err := DevicePluginConfig(*o.DevicePlugin, o.MPSRoot, o.SchedulerRoot)
 	if err != nil {
 		return err
 	}

@@ -16,7 +16,7 @@ import (
 // The MPS daemons and the device plugin's mounts come from one root through one layout: a device plugin
 // configured with another MPS root is refused rather than handing pods a pipe directory no daemon uses.
 func TestDevicePluginAndMPSDaemonsShareOneMPSLayout(t *testing.T) {
-	cfg, err := DevicePluginConfig(deviceplugin.Config{}, "/run/gs/mps")
+	cfg, err := DevicePluginConfig(deviceplugin.Config{}, "/run/gs/mps", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,7 +29,7 @@ func TestDevicePluginAndMPSDaemonsShareOneMPSLayout(t *testing.T) {
 			t.Errorf("log dir of %s: device plugin %q, MPS daemon %q", uuid, cfg.MPSLogDir(uuid), daemons.LogDir(uuid))
 		}
 	}
-	if _, err := DevicePluginConfig(deviceplugin.Config{MPSRoot: "/elsewhere"}, "/run/gs/mps"); err == nil {
+	if _, err := DevicePluginConfig(deviceplugin.Config{MPSRoot: "/elsewhere"}, "/run/gs/mps", ""); err == nil {
 		t.Error("a device plugin MPS root other than the daemons' was accepted")
 	}
 }

@@ -84,6 +84,7 @@ func startNode(t *testing.T, gpus int) *testNode {
 		NodeName:           n.name,
 		GPU:                gpu.NewNVML(n.gpus),
 		MPSRoot:            filepath.Join(dir, "mps"),
+		SchedulerRoot:      filepath.Join(dir, "s"),
 		StateDir:           filepath.Join(dir, "state"),
 		MPSControl:         n.mpsCtl.Path,
 		NvidiaSMI:          smi.Path,

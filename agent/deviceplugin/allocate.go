@@ -20,7 +20,7 @@ const (
 	EnvLDPreload              = "LD_PRELOAD"
 	EnvShimSocket             = "GPUSHARE_SOCKET"
 	EnvShimGPUUUID            = "GPUSHARE_GPU_UUID"
-	EnvShimQuantumMS          = "GPUSHARE_QUANTUM_MS"
+	EnvShimOversub            = "GPUSHARE_OVERSUB"
 )
 
 var (
@@ -106,8 +106,12 @@ func addShim(cfg Config, resp *pluginapi.ContainerAllocateResponse, d Device) {
 	resp.Envs[EnvLDPreload] = ContainerShimLibrary
 	resp.Envs[EnvShimSocket] = filepath.Join(ContainerSchedulerDir, filepath.Base(sock))
 	resp.Envs[EnvShimGPUUUID] = d.GPUUUID
-	if d.ShimQuantum > 0 {
-		resp.Envs[EnvShimQuantumMS] = strconv.FormatInt(d.ShimQuantum.Milliseconds(), 10)
+	// Neither GPUSHARE_QUANTUM_MS nor GPUSHARE_BUDGET_BYTES: the scheduler hands the quantum out with
+	// every grant and the budget at hello, and the agent changes both in place when the policy does.
+	// Either variable only lowers what the scheduler says, so set here it would pin a pod to the values
+	// in force when it was admitted and a later raise would never reach it.
+	if d.ShimOversub {
+		resp.Envs[EnvShimOversub] = "1"
 	}
 }
 

@@ -79,6 +79,15 @@ func shim(quantum time.Duration) gpuOption {
 	}
 }
 
+// shimBudget is a shim scheduler that grants a memory budget (oversubscription).
+func shimBudget(quantum time.Duration, budget string) gpuOption {
+	return func(g *v1alpha1.GPUStatus) {
+		shim(quantum)(g)
+		q := resource.MustParse(budget)
+		applied(g).Shim.MemoryBudget = &q
+	}
+}
+
 func health(s metav1.ConditionStatus) gpuOption {
 	return func(g *v1alpha1.GPUStatus) {
 		g.Conditions = append(g.Conditions, metav1.Condition{Type: v1alpha1.ConditionHealthy, Status: s, Reason: "Test"})

@@ -5,7 +5,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -60,8 +59,9 @@ type Device struct {
 	MIGProfile string
 	// MPS are the MPS client limits (KindMPS only).
 	MPS *MPSLimits
-	// ShimQuantum is the shim scheduler's time quantum (KindShared only); 0 when not reported.
-	ShimQuantum time.Duration
+	// ShimOversub says the GPU's shim scheduler grants a memory budget, so the shim swaps memory
+	// (KindShared only).
+	ShimOversub bool
 }
 
 // ReplicaID is the device ID of replica n of a GPU.
@@ -181,10 +181,9 @@ func replicas(base Device, kind Kind, n int32) []Device {
 
 func shimReplicas(base Device, n int32, shim *v1alpha1.ShimStatus) []Device {
 	devs := replicas(base, KindShared, n)
-	if shim.TimeQuantum != nil {
-		for i := range devs {
-			devs[i].ShimQuantum = shim.TimeQuantum.Duration
-		}
+	oversub := shim.MemoryBudget != nil && shim.MemoryBudget.Sign() > 0
+	for i := range devs {
+		devs[i].ShimOversub = oversub
 	}
 	return devs
 }

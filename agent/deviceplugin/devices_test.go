@@ -127,13 +127,16 @@ func TestDevicesFromStatusCarriesModeSettings(t *testing.T) {
 	m := DevicesFromStatus(nodeStatus(
 		gpu(0, "GPU-a", mps(4, 0, "18Gi", "Running")),
 		gpu(1, "GPU-b", shim(1500*time.Millisecond)),
+		gpu(3, "GPU-d", timeSliced(2), shimBudget(time.Second, "8Gi")),
 		gpu(2, "GPU-c", migInstance("1g.10gb", "MIG-1")),
 	), Config{})
 	if got, want := *m["gpusharing.io/gpu-mps"][0].MPS, (MPSLimits{ActiveThreadPercentage: 25, PinnedMemoryLimitMiB: 18 * 1024}); got != want {
 		t.Errorf("MPS limits: got %+v, want %+v (omitted activeThreadPercentage is 100/replicas)", got, want)
 	}
-	if got := m["gpusharing.io/gpu-shared"][0].ShimQuantum; got != 1500*time.Millisecond {
-		t.Errorf("shim quantum: got %v, want 1.5s", got)
+	for _, d := range m["gpusharing.io/gpu-shared"] {
+		if want := d.GPUUUID == "GPU-d"; d.ShimOversub != want {
+			t.Errorf("shim device %s: oversubscription %v, want %v (only a scheduler with a memory budget swaps)", d.ID, d.ShimOversub, want)
+		}
 	}
 	mig := m["nvidia.com/mig-1g.10gb"][0]
 	if mig.GPUUUID != "GPU-c" || mig.VisibleUUID != "MIG-1" {

@@ -116,6 +116,7 @@ func everyMode() v1alpha1.GPUNodeStatus {
 		gpu(2, "GPU-mps", mps(2, 40, "8Gi", "Running")),
 		gpu(3, "GPU-mig", migInstance("1g.10gb", "MIG-a"), migInstance("1g.10gb", "MIG-b"), migInstance("3g.40gb", "MIG-c")),
 		gpu(4, "GPU-sh", shim(250*time.Millisecond)),
+		gpu(5, "GPU-ov", timeSliced(2), shimBudget(time.Second, "8Gi")),
 	)
 }
 
@@ -134,7 +135,7 @@ func TestManagerRegistersServesAndAllocatesEveryMode(t *testing.T) {
 		resMPS:       allHealthy("GPU-mps::0", "GPU-mps::1"),
 		resMIG1g:     allHealthy("MIG-a", "MIG-b"),
 		resMIG3g:     allHealthy("MIG-c"),
-		resShared:    allHealthy("GPU-sh::0", "GPU-sh::1", "GPU-sh::2", "GPU-sh::3"),
+		resShared:    allHealthy("GPU-sh::0", "GPU-sh::1", "GPU-sh::2", "GPU-sh::3", "GPU-ov::0", "GPU-ov::1"),
 	}
 	for res, want := range wantLists {
 		reg, err := k.WaitForRegistrations(ctx, res, 1)
@@ -209,11 +210,25 @@ func TestManagerRegistersServesAndAllocatesEveryMode(t *testing.T) {
 				"LD_PRELOAD":             "/usr/lib/gpusharing/libgpushare.so",
 				"GPUSHARE_SOCKET":        "/var/run/gpusharing/scheduler/gpushare.sock",
 				"GPUSHARE_GPU_UUID":      "GPU-sh",
-				"GPUSHARE_QUANTUM_MS":    "250",
 			},
 			wantMounts: []*pluginapi.Mount{
 				{ContainerPath: "/usr/lib/gpusharing/libgpushare.so", HostPath: "/host/lib/libgpushare.so", ReadOnly: true},
 				{ContainerPath: "/var/run/gpusharing/scheduler", HostPath: "/host/run/sched/GPU-sh", ReadOnly: true},
+			},
+		},
+		{
+			name: "a shim share of a GPU with a memory budget turns the shim's swapping on", resource: resShared, ids: []string{"GPU-ov::1"},
+			wantEnvs: map[string]string{
+				"NVIDIA_VISIBLE_DEVICES": "GPU-ov",
+				"CUDA_VISIBLE_DEVICES":   "GPU-ov",
+				"LD_PRELOAD":             "/usr/lib/gpusharing/libgpushare.so",
+				"GPUSHARE_SOCKET":        "/var/run/gpusharing/scheduler/gpushare.sock",
+				"GPUSHARE_GPU_UUID":      "GPU-ov",
+				"GPUSHARE_OVERSUB":       "1",
+			},
+			wantMounts: []*pluginapi.Mount{
+				{ContainerPath: "/usr/lib/gpusharing/libgpushare.so", HostPath: "/host/lib/libgpushare.so", ReadOnly: true},
+				{ContainerPath: "/var/run/gpusharing/scheduler", HostPath: "/host/run/sched/GPU-ov", ReadOnly: true},
 			},
 		},
 	}

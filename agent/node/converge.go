@@ -25,6 +25,9 @@ type Strategies struct {
 	// MPSExclusiveProcess sets EXCLUSIVE_PROCESS compute mode on MPS GPUs (and back to Default when
 	// they leave MPS), so only the MPS server can open a context. Off by default.
 	MPSExclusiveProcess bool
+	// Shim runs the shim's scheduler of GPUs whose sharing has oversubscription; nil runs none (and such
+	// a sharing fails to apply).
+	Shim *ShimSchedulers
 }
 
 // converge applies the desired sharing to one GPU, first undoing what another strategy left behind.
@@ -34,6 +37,9 @@ func (s *Strategies) converge(ctx context.Context, dev gpu.Device, want v1alpha1
 	case v1alpha1.StrategyMIG:
 		if want.MIG == nil {
 			return outcome.Newf(v1alpha1.ReasonLayoutDoesNotFit, "sharing.mig is missing")
+		}
+		if err := s.Shim.Stop(ctx, dev.UUID); err != nil {
+			return err
 		}
 		if err := s.leaveMPS(ctx, dev); err != nil {
 			return err
@@ -49,6 +55,9 @@ func (s *Strategies) converge(ctx context.Context, dev gpu.Device, want v1alpha1
 			return outcome.Newf(v1alpha1.ReasonMPSDaemonFailed, "sharing.mps is missing")
 		}
 		if err := needsMIGOff(dev, want.Strategy); err != nil {
+			return err
+		}
+		if err := s.Shim.Stop(ctx, dev.UUID); err != nil {
 			return err
 		}
 		if err := s.TimeSlice.Reset(ctx, dev.UUID); err != nil {
@@ -72,7 +81,10 @@ func (s *Strategies) converge(ctx context.Context, dev gpu.Device, want v1alpha1
 		if err := s.leaveMPS(ctx, dev); err != nil {
 			return err
 		}
-		return s.TimeSlice.Apply(ctx, dev.UUID, timeslice.Setting{Interval: want.TimeSlicing.Interval, Replicas: want.TimeSlicing.Replicas})
+		if err := s.TimeSlice.Apply(ctx, dev.UUID, timeslice.Setting{Interval: want.TimeSlicing.Interval, Replicas: want.TimeSlicing.Replicas}); err != nil {
+			return err
+		}
+		return s.convergeShim(ctx, dev, want.Oversubscription)
 
 	case v1alpha1.StrategyExclusive:
 		if err := s.leaveMPS(ctx, dev); err != nil {
@@ -83,9 +95,21 @@ func (s *Strategies) converge(ctx context.Context, dev gpu.Device, want v1alpha1
 		}
 		// Exclusive hands the whole GPU to one pod, so a MIG GPU leaves MIG: its instances are destroyed
 		// and MIG mode is disabled (which may wait for a GPU reset: MIGModeChangePending).
-		return s.MIG.Teardown(ctx, dev.UUID)
+		if err := s.MIG.Teardown(ctx, dev.UUID); err != nil {
+			return err
+		}
+		return s.convergeShim(ctx, dev, want.Oversubscription)
 	}
 	return fmt.Errorf("unknown strategy %q", want.Strategy)
+}
+
+// convergeShim runs the GPU's shim scheduler with the policy's oversubscription settings, or stops it
+// when the sharing has none.
+func (s *Strategies) convergeShim(ctx context.Context, dev gpu.Device, o *v1alpha1.Oversubscription) error {
+	if o == nil {
+		return s.Shim.Stop(ctx, dev.UUID)
+	}
+	return s.Shim.Ensure(ctx, dev, *o)
 }
 
 // needsMIGOff refuses MPS and time-slicing on a GPU whose MIG mode is on: they share the whole GPU, and

@@ -6,6 +6,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	"github.com/gpusharing/gpusharing/agent/scheduler"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -25,8 +26,18 @@ var (
 	}, []string{"gpu"})
 )
 
+// SchedulerMetrics are the shim schedulers' series (gpusharing_scheduler_*, labelled gpu) on the same
+// registry, registered once per process: every GPU's Scheduler, of every agent in the process (the demo
+// runs several), shares them, where one registration per Scheduler would collide.
+var SchedulerMetrics *scheduler.Metrics
+
 func init() {
 	metrics.Registry.MustRegister(gpusMetric, appliedGPUsMetric, gpuAppliedMetric, mpsRestartsMetric)
+	m, err := scheduler.NewMetrics(metrics.Registry)
+	if err != nil {
+		panic(err)
+	}
+	SchedulerMetrics = m
 }
 
 // recordMetrics sets the gauges from the status a pass computed.

@@ -200,6 +200,9 @@ func (r *Reconciler) observe(uuid string) observed {
 	if ts, ok, err := r.TimeSlice.State(uuid); err == nil && ok {
 		o.timeslice = &ts
 	}
+	if sh, ok := r.Shim.State(uuid); ok {
+		o.shim = &sh
+	}
 	return o
 }
 

@@ -16,10 +16,12 @@ import (
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
-// observed is what is in force on one GPU besides the NVML snapshot: the MPS daemon and time-slicing.
+// observed is what is in force on one GPU besides the NVML snapshot: the MPS daemon, time-slicing and
+// the shim's scheduler.
 type observed struct {
 	mps       *mps.Status
 	timeslice *timeslice.Setting
+	shim      *ShimState
 }
 
 // gpuStatus builds one GPU's status from what was observed after the pass. desired is nil for a GPU no
@@ -103,6 +105,10 @@ func applied(dev gpu.Device, obs observed) *v1alpha1.AppliedSharing {
 	case obs.timeslice != nil:
 		a.Strategy = v1alpha1.StrategyTimeSlicing
 		a.TimeSlicing = &v1alpha1.TimeSlicingSharing{Replicas: obs.timeslice.Replicas, Interval: obs.timeslice.Interval}
+	}
+	if obs.shim != nil {
+		// The scheduler runs beside time-slicing or the whole GPU (Exclusive).
+		a.Shim = shimStatus(*obs.shim)
 	}
 	return a
 }

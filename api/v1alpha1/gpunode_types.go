@@ -301,6 +301,13 @@ type ShimStatus struct {
 	// timeQuantum is the quantum in force.
 	// +optional
 	TimeQuantum *metav1.Duration `json:"timeQuantum,omitempty"`
+	// memoryBudget is the device memory the shim clients may hold resident together; omitted when the
+	// scheduler runs the lock only (the GPU has no more memory than the agent's reserve).
+	// +optional
+	MemoryBudget *resource.Quantity `json:"memoryBudget,omitempty"`
+	// antiThrashing is the anti-thrashing mode in force: Auto, Always or Off.
+	// +optional
+	AntiThrashing AntiThrashing `json:"antiThrashing,omitempty"`
 	// clients lists connected shim clients.
 	// +listType=atomic
 	// +optional
@@ -321,6 +328,17 @@ type ShimClient struct {
 	// priority is High or Normal.
 	// +optional
 	Priority string `json:"priority,omitempty"`
+	// residentBytes is the device memory the client has resident, as it last reported.
+	// +optional
+	ResidentBytes int64 `json:"residentBytes,omitempty"`
+	// swappedBytes is the client's memory swapped out to host staging, as it last reported.
+	// +optional
+	SwappedBytes int64 `json:"swappedBytes,omitempty"`
+	// swapOuts and swapIns count the allocations the client copied out and back in.
+	// +optional
+	SwapOuts int64 `json:"swapOuts,omitempty"`
+	// +optional
+	SwapIns int64 `json:"swapIns,omitempty"`
 }
 
 // GPUNode is one node's GPUs: desired sharing (spec, from the controller) against what is applied

@@ -745,6 +745,11 @@ func (in *ShimStatus) DeepCopyInto(out *ShimStatus) {
 		*out = new(v1.Duration)
 		**out = **in
 	}
+	if in.MemoryBudget != nil {
+		in, out := &in.MemoryBudget, &out.MemoryBudget
+		x := (*in).DeepCopy()
+		*out = &x
+	}
 	if in.Clients != nil {
 		in, out := &in.Clients, &out.Clients
 		*out = make([]ShimClient, len(*in))

@@ -53,7 +53,7 @@ func TestDaemonSetFlagsParseAndEveryHostPathIsMountedAtItsHostPath(t *testing.T)
 		"--pod-resources-socket": o.podResourcesSocket,
 		"--mps-root":             o.mpsRoot,
 		"--state-dir":            o.stateDir,
-		"--scheduler-root":       o.devicePlugin.SchedulerRoot,
+		"--scheduler-root":       o.schedulerRoot,
 		"--shim-library":         o.devicePlugin.ShimLibrary,
 	} {
 		if vol, same := mounted(path); vol == "" || !same {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/apimachinery/pkg/api/resource"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/klog/v2/textlogger"
@@ -46,6 +47,9 @@ type options struct {
 	devicePlugin       *deviceplugin.Config
 	podResourcesSocket string
 	drainBackoff       time.Duration
+	// schedulerRoot holds the shim scheduler sockets, whether or not the device plugin runs.
+	schedulerRoot  string
+	oversubReserve uint64
 }
 
 func main() {
@@ -82,7 +86,7 @@ func parse(args []string) (options, *textlogger.Config) {
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8082", "health probe address")
 	dp := deviceplugin.DefaultConfig()
 	var dpOn bool
-	var schedulerRoot string
+	reserve := resource.NewQuantity(node.DefaultOversubReserve, resource.BinarySI)
 	fs.BoolVar(&dpOn, "device-plugin", true, "serve the kubelet device plugin API for this node's GPUs (and drain a GPU before a disruptive change)")
 	fs.StringVar(&dp.SocketDir, "device-plugin-dir", dp.SocketDir, "the kubelet's device plugin directory (kubelet.sock and the plugins' sockets)")
 	fs.StringVar(&o.podResourcesSocket, "pod-resources-socket", drain.DefaultPodResourcesSocket, "the kubelet's PodResources API socket, to find the pods using a GPU before a disruptive change; empty turns the drain off")
@@ -92,17 +96,27 @@ func parse(args []string) (options, *textlogger.Config) {
 	resourceFlag(fs, &dp.Resources.MPS, "resource-mps", "resource name of one MPS share of a GPU")
 	resourceFlag(fs, &dp.Resources.Shared, "resource-shared", "resource name of one share of a GPU scheduled by the shim")
 	fs.StringVar(&dp.Resources.MIGPrefix, "resource-mig-prefix", dp.Resources.MIGPrefix, "prefix of MIG resource names; the profile follows (nvidia.com/mig-1g.10gb)")
-	fs.StringVar(&schedulerRoot, "scheduler-root", "", "directory holding each shim-shared GPU's scheduler socket, <root>/<uuid>/gpushare.sock (default <host-root>/scheduler)")
+	fs.StringVar(&o.schedulerRoot, "scheduler-root", "", "directory holding each shim-shared GPU's scheduler socket, <root>/<uuid>/gpushare.sock (default <host-root>/scheduler)")
+	fs.Func("oversub-reserve", fmt.Sprintf("GPU memory left out of an oversubscription budget the policy does not set: CUDA contexts and memory the shim cannot swap live outside the budget (default %s)", reserve), func(s string) error {
+		q, err := resource.ParseQuantity(s)
+		if err != nil || q.Sign() < 0 {
+			return fmt.Errorf("want a non-negative quantity such as 2Gi")
+		}
+		reserve = &q
+		return nil
+	})
 	fs.StringVar(&dp.ShimLibrary, "shim-library", dp.ShimLibrary, "host path of libgpushare.so, mounted into shim-shared containers")
 	shimReplicas := fs.Int("shim-replicas", int(dp.ShimReplicas), "shares an Exclusive GPU with oversubscription is cut into")
 	logConfig := textlogger.NewConfig()
 	logConfig.AddFlags(fs)
 	_ = fs.Parse(args)
+	if o.schedulerRoot == "" {
+		o.schedulerRoot = filepath.Join(o.hostRoot, "scheduler")
+	}
+	o.oversubReserve = uint64(reserve.Value())
 	if dpOn {
-		dp.SchedulerRoot = schedulerRoot
-		if dp.SchedulerRoot == "" {
-			dp.SchedulerRoot = filepath.Join(o.hostRoot, "scheduler")
-		}
+		// The device plugin names the sockets the agent's schedulers listen on: one root for both.
+		dp.SchedulerRoot = o.schedulerRoot
 		dp.ShimReplicas = int32(*shimReplicas)
 		// The MPS root is not a device plugin flag: app.Setup takes it from --mps-root, the daemons' root.
 		dp.MPSRoot = ""
@@ -189,6 +203,8 @@ func run(ctx context.Context, o options) error {
 		NodeName:            o.nodeName,
 		GPU:                 gpus,
 		MPSRoot:             o.mpsRoot,
+		SchedulerRoot:       o.schedulerRoot,
+		OversubReserve:      o.oversubReserve,
 		StateDir:            o.stateDir,
 		MPSControl:          o.mpsControl,
 		NvidiaSMI:           o.nvidiaSMI,
@@ -204,7 +220,7 @@ func run(ctx context.Context, o options) error {
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return err
 	}
-	log.Info("Starting agent", "node", o.nodeName, "mpsRoot", o.mpsRoot, "stateDir", o.stateDir, "mpsControl", o.mpsControl, "nvidiaSMI", o.nvidiaSMI,
+	log.Info("Starting agent", "node", o.nodeName, "mpsRoot", o.mpsRoot, "schedulerRoot", o.schedulerRoot, "oversubReserve", o.oversubReserve, "stateDir", o.stateDir, "mpsControl", o.mpsControl, "nvidiaSMI", o.nvidiaSMI,
 		"devicePlugin", o.devicePlugin != nil, "podResourcesSocket", o.podResourcesSocket)
 	return mgr.Start(ctx)
 }

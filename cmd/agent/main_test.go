@@ -74,3 +74,17 @@ func TestParseTurnsTheDevicePluginOnWithItsFlags(t *testing.T) {
 		t.Errorf("--device-plugin=false left the device plugin on")
 	}
 }
+
+// The shim schedulers run whether or not the device plugin does, under one root that the device plugin
+// also names; the reserve defaults to 2Gi and takes a quantity.
+func TestParseSetsTheSchedulerRootAndTheOversubscriptionReserve(t *testing.T) {
+	t.Setenv("NODE_NAME", "node-a")
+	o, _ := parse([]string{"--host-root=/h", "--device-plugin=false"})
+	if o.schedulerRoot != "/h/scheduler" || o.oversubReserve != 2<<30 {
+		t.Errorf("without the device plugin: scheduler root %q, reserve %d; want /h/scheduler and 2Gi", o.schedulerRoot, o.oversubReserve)
+	}
+	o, _ = parse([]string{"--scheduler-root=/s", "--oversub-reserve=3Gi"})
+	if o.schedulerRoot != "/s" || o.devicePlugin.SchedulerRoot != "/s" || o.oversubReserve != 3<<30 {
+		t.Errorf("scheduler root %q (device plugin %q), reserve %d; want /s for both and 3Gi", o.schedulerRoot, o.devicePlugin.SchedulerRoot, o.oversubReserve)
+	}
+}

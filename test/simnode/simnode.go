@@ -76,9 +76,11 @@ func Start(ctx context.Context, cfg *rest.Config, scheme *k8sruntime.Scheme, n N
 		return fmt.Errorf("creating the agent manager for %s: %w", n.Name, err)
 	}
 	err = app.Setup(mgr, app.Options{
-		NodeName:           n.Name,
-		GPU:                gpu.NewNVML(server),
-		MPSRoot:            filepath.Join(dir, "mps"),
+		NodeName: n.Name,
+		GPU:      gpu.NewNVML(server),
+		MPSRoot:  filepath.Join(dir, "mps"),
+		// A short name: <root>/<gpu-uuid>/gpushare.sock must fit a Unix socket path (107 bytes).
+		SchedulerRoot:      filepath.Join(dir, "s"),
 		StateDir:           filepath.Join(dir, "state"),
 		MPSControl:         mpsControl.Path,
 		NvidiaSMI:          smi.Path,

@@ -1,0 +1,213 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpusharing/gpusharing/agent/gpu"
+	"github.com/gpusharing/gpusharing/agent/hostpath"
+	"github.com/gpusharing/gpusharing/agent/scheduler"
+	"github.com/gpusharing/gpusharing/api/v1alpha1"
+)
+
+const (
+	// DefaultShimQuantum is the quantum of a policy that names none (the CRD defaults it too).
+	DefaultShimQuantum = 20 * time.Second
+	// DefaultOversubReserve is the GPU memory left out of a budget the policy does not set.
+	DefaultOversubReserve = 2 << 30
+)
+
+// ShimSchedulers runs the shim's lock scheduler (agent/scheduler) of each GPU whose desired sharing has
+// oversubscription, one Scheduler per GPU on hostpath.SchedulerSocket(Root, uuid), the socket the device
+// plugin names in GPUSHARE_SOCKET. A nil *ShimSchedulers runs none.
+type ShimSchedulers struct {
+	// Root holds one directory per GPU with its socket.
+	Root string
+	// Reserve is the GPU memory left out of a budget the policy does not set. CUDA contexts (about
+	// 0.5 GiB per process), lock-only clients and memory the shim cannot swap (cuMemAllocAsync pools,
+	// the application's own VMM, managed memory) are not counted in the budget, so the budget must leave
+	// room for them or swap-ins fail on a GPU the scheduler believes has room.
+	Reserve uint64
+	// Metrics are the schedulers' series, registered once per process; nil leaves them unregistered.
+	Metrics *scheduler.Metrics
+	// Notify is called when a GPU's clients connect or disconnect, so a pass publishes them; it must not block.
+	Notify func()
+
+	mu    sync.Mutex
+	byGPU map[string]*scheduler.Scheduler
+}
+
+// ShimState is one GPU's scheduler as observed: its settings in force and its clients.
+type ShimState struct {
+	GPU     scheduler.GPUState
+	Clients []scheduler.ClientState
+}
+
+// SchedulerConfig is the scheduler a GPU gets from its policy's oversubscription block: the quantum
+// (default 20s), the memory budget (the policy's, at most the GPU's memory; else the GPU's memory less
+// the reserve; 0, the lock only, when the GPU has no more than the reserve) and the anti-thrashing mode.
+func (s *ShimSchedulers) SchedulerConfig(dev gpu.Device, o v1alpha1.Oversubscription) (scheduler.GPUConfig, error) {
+	cfg := scheduler.GPUConfig{UUID: dev.UUID, SocketPath: hostpath.SchedulerSocket(s.Root, dev.UUID), Quantum: DefaultShimQuantum}
+	if o.TimeQuantum != nil && o.TimeQuantum.Duration > 0 {
+		cfg.Quantum = o.TimeQuantum.Duration
+	}
+	switch {
+	case o.MemoryBudget != nil && o.MemoryBudget.Value() > 0:
+		// More than the GPU has would make swap-ins fail instead of making clients wait.
+		cfg.Budget = min(uint64(o.MemoryBudget.Value()), dev.MemoryBytes)
+	case dev.MemoryBytes > s.Reserve:
+		cfg.Budget = dev.MemoryBytes - s.Reserve
+	}
+	mode, err := scheduler.ParseMode(string(o.AntiThrashing))
+	if err != nil {
+		return cfg, fmt.Errorf("oversubscription.antiThrashing: %w", err)
+	}
+	cfg.Mode = mode
+	return cfg.WithDefaults(), nil
+}
+
+// Ensure runs the GPU's scheduler with the settings of o. It asserts first: a running scheduler with
+// these settings whose socket is in place costs nothing. Other settings are changed in place
+// (Scheduler.Reconfigure), keeping every client's lease; a scheduler whose socket file is gone is
+// restarted, since no client could reach it.
+func (s *ShimSchedulers) Ensure(ctx context.Context, dev gpu.Device, o v1alpha1.Oversubscription) error {
+	if s == nil {
+		return errors.New("oversubscription needs the shim scheduler, which this agent does not run")
+	}
+	cfg, err := s.SchedulerConfig(dev, o)
+	if err != nil {
+		return err
+	}
+	log := logr.FromContextOrDiscard(ctx).WithValues("gpu", dev.UUID)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if sch := s.byGPU[dev.UUID]; sch != nil {
+		if !isSocket(cfg.SocketPath) {
+			log.Info("Restarting shim scheduler whose socket is gone", "socket", cfg.SocketPath)
+			sch.Close()
+			delete(s.byGPU, dev.UUID)
+		} else {
+			if st := sch.GPUs()[0]; sameSettings(st, cfg) {
+				return nil
+			}
+			log.Info("Reconfiguring shim scheduler", "quantum", cfg.Quantum, "budget", cfg.Budget, "mode", cfg.Mode)
+			return sch.Reconfigure(cfg)
+		}
+	}
+	if err := os.MkdirAll(hostpath.SchedulerDir(s.Root, dev.UUID), 0o755); err != nil {
+		return fmt.Errorf("creating the shim scheduler directory of GPU %s: %w", dev.UUID, err)
+	}
+	sch, err := scheduler.New(scheduler.Options{GPUs: []scheduler.GPUConfig{cfg}, Metrics: s.Metrics,
+		OnClientsChange: func(string) { s.notify() }})
+	if err != nil {
+		return err
+	}
+	if err := sch.Listen(ctx); err != nil {
+		return fmt.Errorf("starting the shim scheduler of GPU %s: %w", dev.UUID, err)
+	}
+	if s.byGPU == nil {
+		s.byGPU = map[string]*scheduler.Scheduler{}
+	}
+	s.byGPU[dev.UUID] = sch
+	log.Info("Started shim scheduler", "socket", cfg.SocketPath, "quantum", cfg.Quantum, "budget", cfg.Budget, "mode", cfg.Mode)
+	return nil
+}
+
+// Stop ends the GPU's scheduler, if any, and removes its socket (a stale one an earlier agent left too).
+// Its clients continue in pass-through. The directory stays: running pods mount it, and a scheduler
+// started later for the GPU must appear in it.
+func (s *ShimSchedulers) Stop(ctx context.Context, uuid string) error {
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sock := hostpath.SchedulerSocket(s.Root, uuid)
+	if sch := s.byGPU[uuid]; sch != nil {
+		sch.Close() // removes the socket
+		delete(s.byGPU, uuid)
+		if s.Metrics != nil {
+			s.Metrics.Forget(uuid)
+		}
+		logr.FromContextOrDiscard(ctx).Info("Stopped shim scheduler", "gpu", uuid)
+	}
+	if isSocket(sock) {
+		if err := os.Remove(sock); err != nil {
+			return fmt.Errorf("removing the stale shim scheduler socket of GPU %s: %w", uuid, err)
+		}
+	}
+	return nil
+}
+
+// State is the GPU's scheduler as it runs, or false when none runs.
+func (s *ShimSchedulers) State(uuid string) (ShimState, bool) {
+	if s == nil {
+		return ShimState{}, false
+	}
+	s.mu.Lock()
+	sch := s.byGPU[uuid]
+	s.mu.Unlock()
+	if sch == nil {
+		return ShimState{}, false
+	}
+	return ShimState{GPU: sch.GPUs()[0], Clients: sch.Snapshot()}, true
+}
+
+// Run stops every scheduler when ctx ends (the agent stops): their sockets go, clients pass through.
+func (s *ShimSchedulers) Run(ctx context.Context) error {
+	<-ctx.Done()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for uuid, sch := range s.byGPU {
+		sch.Close()
+		delete(s.byGPU, uuid)
+	}
+	return nil
+}
+
+func (s *ShimSchedulers) notify() {
+	if s.Notify != nil {
+		s.Notify()
+	}
+}
+
+func sameSettings(st scheduler.GPUState, cfg scheduler.GPUConfig) bool {
+	return st.Quantum == cfg.Quantum && st.Grace == cfg.Grace && st.Budget == cfg.Budget && st.Mode == cfg.Mode
+}
+
+func isSocket(path string) bool {
+	fi, err := os.Lstat(path)
+	return err == nil && fi.Mode()&os.ModeSocket != 0
+}
+
+// shimStatus is status.gpus[].applied.shim from the scheduler's state: the settings it enforces and each
+// client as it last reported.
+func shimStatus(st ShimState) *v1alpha1.ShimStatus {
+	out := &v1alpha1.ShimStatus{
+		TimeQuantum:   &metav1.Duration{Duration: st.GPU.Quantum},
+		AntiThrashing: v1alpha1.AntiThrashing(st.GPU.Mode.String()),
+	}
+	if st.GPU.Budget > 0 {
+		out.MemoryBudget = resource.NewQuantity(int64(st.GPU.Budget), resource.BinarySI)
+	}
+	for _, c := range st.Clients {
+		out.Clients = append(out.Clients, v1alpha1.ShimClient{
+			PID:           c.PID,
+			Holding:       c.Holding,
+			Priority:      c.Priority.String(),
+			ResidentBytes: int64(c.ResidentBytes),
+			SwappedBytes:  int64(c.SwappedBytes),
+			SwapOuts:      int64(c.SwapOuts),
+			SwapIns:       int64(c.SwapIns),
+		})
+	}
+	return out
+}

@@ -1,0 +1,179 @@
+package node
+
+import (
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpusharing/gpusharing/agent/hostpath"
+	"github.com/gpusharing/gpusharing/agent/scheduler"
+	"github.com/gpusharing/gpusharing/api/v1alpha1"
+)
+
+// shimClient is a shim process speaking the scheduler's protocol from Go.
+type shimClient struct {
+	t    *testing.T
+	conn net.Conn
+}
+
+func dialShim(t *testing.T, sock, gpuUUID string) (*shimClient, scheduler.Message) {
+	t.Helper()
+	conn, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatalf("connecting to the GPU's scheduler: %v", err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	c := &shimClient{t: t, conn: conn}
+	c.send(scheduler.Message{Type: scheduler.MsgHello, PID: uint32(os.Getpid()), GPUUUID: gpuUUID})
+	return c, c.expect(scheduler.MsgWelcome)
+}
+
+func (c *shimClient) send(m scheduler.Message) {
+	c.t.Helper()
+	b, err := scheduler.Encode(m)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	if _, err := c.conn.Write(b); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+func (c *shimClient) expect(typ scheduler.MsgType) scheduler.Message {
+	c.t.Helper()
+	_ = c.conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	m, err := scheduler.ReadMessage(c.conn)
+	if err != nil {
+		c.t.Fatalf("waiting for %s from the scheduler: %v", typ, err)
+	}
+	if m.Type != typ {
+		c.t.Fatalf("the scheduler sent %s, want %s", m.Type, typ)
+	}
+	return m
+}
+
+func oversubscribed(quantum time.Duration, budget string) v1alpha1.Sharing {
+	o := &v1alpha1.Oversubscription{TimeQuantum: &metav1.Duration{Duration: quantum}, AntiThrashing: v1alpha1.AntiThrashingAuto}
+	if budget != "" {
+		q := resource.MustParse(budget)
+		o.MemoryBudget = &q
+	}
+	return v1alpha1.Sharing{Strategy: v1alpha1.StrategyTimeSlicing, TimeSlicing: &v1alpha1.TimeSlicingSharing{Replicas: 2, Interval: v1alpha1.TimeSliceDefault},
+		Oversubscription: o}
+}
+
+func shimOf(t *testing.T, n *v1alpha1.GPUNode) *v1alpha1.ShimStatus {
+	t.Helper()
+	st := n.Status.GPUs[0]
+	if c := cond(st.Conditions, v1alpha1.ConditionApplied); c != "True/AsDesired" {
+		t.Fatalf("GPU 0 Applied = %s, want True/AsDesired", c)
+	}
+	return st.Applied.Shim
+}
+
+// The policy's oversubscription block reaches the GPU's scheduler: it listens where the device plugin
+// points pods, enforces the quantum, budget and mode, changes them in place (clients keep their lease),
+// publishes its clients, and stops (socket removed) when the GPU leaves oversubscription. A pass with
+// nothing new writes nothing and leaves the scheduler alone.
+func TestOversubscriptionRunsTheGPUsSchedulerFromThePolicyAndPublishesItsClients(t *testing.T) {
+	a := newAgent(t, withNVML)
+	root, err := os.MkdirTemp("", "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	a.r.Shim = &ShimSchedulers{Root: root, Reserve: DefaultOversubReserve}
+	t.Cleanup(func() {
+		for _, g := range a.server.GPUs {
+			_ = a.r.Shim.Stop(t.Context(), g.UUID)
+		}
+	})
+	uuid := a.server.GPUs[0].UUID
+	sock := hostpath.SchedulerSocket(root, uuid)
+	a.pass(t)
+
+	a.setSpec(t, v1alpha1.GPUDesired{UUID: uuid, Sharing: oversubscribed(3*time.Second, "8Gi")})
+	sh := shimOf(t, a.pass(t))
+	if sh == nil || sh.TimeQuantum.Duration != 3*time.Second || sh.MemoryBudget.Value() != 8<<30 || sh.AntiThrashing != v1alpha1.AntiThrashingAuto || len(sh.Clients) != 0 {
+		t.Fatalf("applied.shim = %+v, want quantum 3s, budget 8Gi, Auto, no clients", sh)
+	}
+	c, w := dialShim(t, sock, uuid)
+	if w.QuantumMS != 3000 || w.Budget != 8<<30 || w.Mode != scheduler.ModeAuto {
+		t.Errorf("the scheduler welcomes with quantum %d ms, budget %d, mode %s; want 3000, 8Gi, Auto", w.QuantumMS, w.Budget, w.Mode)
+	}
+	c.send(scheduler.Message{Type: scheduler.MsgAcquire})
+	grant := c.expect(scheduler.MsgGrant)
+
+	n := a.pass(t)
+	want := []v1alpha1.ShimClient{{PID: int32(os.Getpid()), Holding: true, Priority: "Normal"}}
+	if got := shimOf(t, n).Clients; len(got) != 1 || got[0] != want[0] {
+		t.Errorf("status clients = %+v, want %+v", got, want)
+	}
+	rv := n.ResourceVersion
+	if n = a.pass(t); n.ResourceVersion != rv {
+		t.Errorf("a pass with nothing new wrote status (resourceVersion %s -> %s)", rv, n.ResourceVersion)
+	}
+
+	// A new quantum is changed in place: the client keeps its lease and its next grant carries it.
+	a.setSpec(t, v1alpha1.GPUDesired{UUID: uuid, Sharing: oversubscribed(5*time.Second, "8Gi")})
+	if sh := shimOf(t, a.pass(t)); sh.TimeQuantum.Duration != 5*time.Second || len(sh.Clients) != 1 || !sh.Clients[0].Holding {
+		t.Errorf("after the quantum change applied.shim = %+v, want quantum 5s and the client still holding", sh)
+	}
+	c.send(scheduler.Message{Type: scheduler.MsgRelease, Epoch: grant.Epoch})
+	c.send(scheduler.Message{Type: scheduler.MsgAcquire})
+	if g := c.expect(scheduler.MsgGrant); g.QuantumMS != 5000 {
+		t.Errorf("the grant after the quantum change carries %d ms, want 5000", g.QuantumMS)
+	}
+
+	// Without a budget in the policy: the GPU's memory less the reserve.
+	a.setSpec(t, v1alpha1.GPUDesired{UUID: uuid, Sharing: oversubscribed(5*time.Second, "")})
+	n = a.pass(t)
+	if got, want := shimOf(t, n).MemoryBudget.Value(), n.Status.GPUs[0].Memory.Value()-DefaultOversubReserve; got != want {
+		t.Errorf("default budget = %d, want the GPU's memory less 2Gi = %d", got, want)
+	}
+
+	// Leaving oversubscription stops the scheduler: socket removed, the client's connection ends.
+	a.setSpec(t, v1alpha1.GPUDesired{UUID: uuid, Sharing: v1alpha1.Sharing{Strategy: v1alpha1.StrategyTimeSlicing,
+		TimeSlicing: &v1alpha1.TimeSlicingSharing{Replicas: 2, Interval: v1alpha1.TimeSliceDefault}}})
+	if sh := shimOf(t, a.pass(t)); sh != nil {
+		t.Errorf("applied.shim = %+v after the GPU left oversubscription, want none", sh)
+	}
+	if _, err := os.Lstat(sock); !os.IsNotExist(err) {
+		t.Errorf("socket %s after the scheduler stopped: %v, want it removed", sock, err)
+	}
+	_ = c.conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if m, err := scheduler.ReadMessage(c.conn); err == nil {
+		t.Errorf("the client's connection outlived the scheduler (read %s)", m.Type)
+	}
+	if fi, err := os.Stat(hostpath.SchedulerDir(root, uuid)); err != nil || !fi.IsDir() {
+		t.Errorf("the GPU's scheduler directory is gone (%v): running pods mount it", err)
+	}
+}
+
+// Strategies where the shim cannot run (MPS, MIG) stop a GPU's scheduler too.
+func TestMPSStopsTheGPUsScheduler(t *testing.T) {
+	a := newAgent(t, withNVML)
+	root, err := os.MkdirTemp("", "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	a.r.Shim = &ShimSchedulers{Root: root, Reserve: DefaultOversubReserve}
+	uuid := a.server.GPUs[0].UUID
+	a.pass(t)
+	a.setSpec(t, v1alpha1.GPUDesired{UUID: uuid, Sharing: oversubscribed(time.Second, "1Gi")})
+	a.pass(t)
+	if !isSocket(hostpath.SchedulerSocket(root, uuid)) {
+		t.Fatal("no scheduler socket for the oversubscribed GPU")
+	}
+	a.setSpec(t, v1alpha1.GPUDesired{UUID: uuid, Sharing: mpsSharing(2, 50, "1Gi")})
+	n := a.pass(t)
+	if st := n.Status.GPUs[0]; st.Applied.Shim != nil || isSocket(hostpath.SchedulerSocket(root, uuid)) {
+		t.Errorf("on MPS: applied.shim = %+v, socket present %v; want neither", st.Applied.Shim, isSocket(hostpath.SchedulerSocket(root, uuid)))
+	}
+	_ = a.r.MPS.Stop(t.Context(), uuid)
+}

@@ -41,7 +41,7 @@ func SetReadyCondition(p *v1.GPUSharingPolicy, s Summary) {
 	case s.ReadyGPUs < s.MatchedGPUs:
 		reason, msg = v1.ReasonApplying, fmt.Sprintf("%d of %d GPUs applied; applying on %s", s.ReadyGPUs, s.MatchedGPUs, refs(s.Applying))
 	default:
-		status, reason, msg = metav1.ConditionTrue, v1.ReasonAsDesired, fmt.Sprintf("all %d GPUs on %d nodes run the declared sharing", s.MatchedGPUs, s.MatchedNodes)
+		status, reason, msg = metav1.ConditionTrue, v1.ReasonAsDesired, fmt.Sprintf("all %s on %s run the declared sharing", count(s.MatchedGPUs, "GPU"), count(s.MatchedNodes, "node"))
 	}
 	set(p, v1.ConditionReady, status, reason, msg)
 }
@@ -156,4 +156,12 @@ func warning(c metav1.Condition) bool {
 		return c.Reason == v1.ReasonHardwareRejected
 	}
 	return false
+}
+
+// count writes "1 node" or "3 nodes".
+func count(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }

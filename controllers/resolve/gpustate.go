@@ -31,8 +31,12 @@ type GPUState struct {
 }
 
 // hardwareRejections are the agent's Applied=False reasons that mean "this cannot be done here" rather
-// than "not done yet"; GPUBusy and Applying are not among them, a drain is simply in progress.
+// than "not done yet"; GPUBusy, Draining and Applying are not among them, work is simply in progress. A
+// drain that timed out or failed left the GPU as it was: that is reported (Degraded) and frees the
+// node's rollout slot, while the agent retries on its own backoff.
 var hardwareRejections = map[string]bool{
+	v1.ReasonDrainTimedOut:        true,
+	v1.ReasonDrainFailed:          true,
 	v1.ReasonLayoutDoesNotFit:     true,
 	v1.ReasonNotMIGCapable:        true,
 	v1.ReasonMIGModeChangePending: true,

@@ -63,6 +63,20 @@ func TestStateOfAndInFlight(t *testing.T) {
 			wantPhase: resolve.PhaseApplying, wantInFlight: []string{"p"},
 		},
 		{
+			name: "a drain in progress is still in flight",
+			node: b.GPUNode("n", b.WithObserved(2, 2),
+				b.WithSpec(b.Desired("n", 0, "p", 1, mig)),
+				b.WithGPUs(b.GPU("n", 0, b.WithCondition(v1.ConditionApplied, metav1.ConditionFalse, v1.ReasonDraining, "waiting for pod a/b")))),
+			wantPhase: resolve.PhaseApplying, wantInFlight: []string{"p"},
+		},
+		{
+			name: "a drain that timed out has failed and names the cause",
+			node: b.GPUNode("n", b.WithObserved(2, 2),
+				b.WithSpec(b.Desired("n", 0, "p", 1, mig)),
+				b.WithGPUs(b.GPU("n", 0, b.WithCondition(v1.ConditionApplied, metav1.ConditionFalse, v1.ReasonDrainTimedOut, "pod a/b still runs")))),
+			wantPhase: resolve.PhaseFailed, wantReason: v1.ReasonDrainTimedOut,
+		},
+		{
 			name: "an unhealthy GPU has failed even when applied",
 			node: b.GPUNode("n", b.WithObserved(2, 2),
 				b.WithSpec(b.Desired("n", 0, "p", 1, mig)),

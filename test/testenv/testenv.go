@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"testing"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -107,4 +108,20 @@ func (e *Env) AdminKubeconfig(dir string) (string, error) {
 		return "", err
 	}
 	return path, nil
+}
+
+// Main is a package's TestMain for suites that share one API server: it starts it into *env, runs the
+// tests, stops it and exits with the tests' code.
+func Main(m *testing.M, env **Env) {
+	e, err := Start()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	*env = e
+	code := m.Run()
+	if err := e.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, "stopping the test API server:", err)
+	}
+	os.Exit(code)
 }

@@ -94,3 +94,18 @@ func TestAgentRegistersWhatItsStatusReportsAndReRegistersOnAStrategyChange(t *te
 		t.Errorf("the MPS resource did not register again after its devices changed: %v", err)
 	}
 }
+
+// Pods' GPUSHARE_SOCKET comes from the device plugin's scheduler root and the schedulers listen under the
+// agent's: one root, through one layout, and a device plugin configured with another root is refused.
+func TestDevicePluginNamesTheSocketTheShimSchedulersListenOn(t *testing.T) {
+	cfg, err := DevicePluginConfig(deviceplugin.Config{}, "/run/gs/mps", "/run/gs/sched")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := cfg.SchedulerSocketPath("GPU-a"), hostpath.SchedulerSocket("/run/gs/sched", "GPU-a"); got != want {
+		t.Errorf("device plugin socket %q, schedulers listen on %q", got, want)
+	}
+	if _, err := DevicePluginConfig(deviceplugin.Config{SchedulerRoot: "/elsewhere"}, "/run/gs/mps", "/run/gs/sched"); err == nil {
+		t.Error("a device plugin scheduler root other than the schedulers' was accepted")
+	}
+}

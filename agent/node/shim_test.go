@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/gpusharing/gpusharing/agent/gpu"
 	"github.com/gpusharing/gpusharing/agent/hostpath"
 	"github.com/gpusharing/gpusharing/agent/scheduler"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
@@ -154,8 +155,9 @@ func TestOversubscriptionRunsTheGPUsSchedulerFromThePolicyAndPublishesItsClients
 	}
 }
 
-// Strategies where the shim cannot run (MPS, MIG) stop a GPU's scheduler too.
-func TestMPSStopsTheGPUsScheduler(t *testing.T) {
+// Exclusive with oversubscription runs the scheduler too; strategies where the shim cannot run (MPS, MIG)
+// stop it.
+func TestExclusiveRunsTheGPUsSchedulerAndMPSStopsIt(t *testing.T) {
 	a := newAgent(t, withNVML)
 	root, err := os.MkdirTemp("", "s")
 	if err != nil {
@@ -165,10 +167,10 @@ func TestMPSStopsTheGPUsScheduler(t *testing.T) {
 	a.r.Shim = &ShimSchedulers{Root: root, Reserve: DefaultOversubReserve}
 	uuid := a.server.GPUs[0].UUID
 	a.pass(t)
-	a.setSpec(t, v1alpha1.GPUDesired{UUID: uuid, Sharing: oversubscribed(time.Second, "1Gi")})
-	a.pass(t)
-	if !isSocket(hostpath.SchedulerSocket(root, uuid)) {
-		t.Fatal("no scheduler socket for the oversubscribed GPU")
+	excl := v1alpha1.Sharing{Strategy: v1alpha1.StrategyExclusive, Oversubscription: &v1alpha1.Oversubscription{TimeQuantum: &metav1.Duration{Duration: time.Second}}}
+	a.setSpec(t, v1alpha1.GPUDesired{UUID: uuid, Sharing: excl})
+	if sh := shimOf(t, a.pass(t)); sh == nil || sh.TimeQuantum.Duration != time.Second || !isSocket(hostpath.SchedulerSocket(root, uuid)) {
+		t.Fatalf("Exclusive with oversubscription: applied.shim = %+v, socket present %v; want both", sh, isSocket(hostpath.SchedulerSocket(root, uuid)))
 	}
 	a.setSpec(t, v1alpha1.GPUDesired{UUID: uuid, Sharing: mpsSharing(2, 50, "1Gi")})
 	n := a.pass(t)
@@ -176,4 +178,65 @@ func TestMPSStopsTheGPUsScheduler(t *testing.T) {
 		t.Errorf("on MPS: applied.shim = %+v, socket present %v; want neither", st.Applied.Shim, isSocket(hostpath.SchedulerSocket(root, uuid)))
 	}
 	_ = a.r.MPS.Stop(t.Context(), uuid)
+}
+
+func TestSchedulerConfigFromThePolicy(t *testing.T) {
+	s := &ShimSchedulers{Root: "/r", Reserve: 2 << 30}
+	dev := gpu.Device{UUID: "GPU-a", MemoryBytes: 40 << 30}
+	qty := func(v string) *resource.Quantity { q := resource.MustParse(v); return &q }
+	tests := []struct {
+		name    string
+		dev     gpu.Device
+		o       v1alpha1.Oversubscription
+		quantum time.Duration
+		budget  uint64
+		mode    scheduler.Mode
+	}{
+		{"defaults: 20s, memory less the reserve, Auto", dev, v1alpha1.Oversubscription{}, 20 * time.Second, 38 << 30, scheduler.ModeAuto},
+		{"the policy's settings", dev, v1alpha1.Oversubscription{TimeQuantum: &metav1.Duration{Duration: 3 * time.Second}, MemoryBudget: qty("8Gi"), AntiThrashing: v1alpha1.AntiThrashingAlways},
+			3 * time.Second, 8 << 30, scheduler.ModeAlways},
+		{"a budget above the GPU's memory is the GPU's memory", dev, v1alpha1.Oversubscription{MemoryBudget: qty("64Gi"), AntiThrashing: v1alpha1.AntiThrashingOff},
+			20 * time.Second, 40 << 30, scheduler.ModeOff},
+		{"a GPU no larger than the reserve gets the lock only", gpu.Device{UUID: "GPU-a", MemoryBytes: 2 << 30}, v1alpha1.Oversubscription{}, 20 * time.Second, 0, scheduler.ModeAuto},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, err := s.SchedulerConfig(tt.dev, tt.o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.Quantum != tt.quantum || cfg.Budget != tt.budget || cfg.Mode != tt.mode || cfg.Grace != max(tt.quantum/2, scheduler.MinGrace) {
+				t.Errorf("config = %+v, want quantum %v, budget %d, mode %s, default grace", cfg, tt.quantum, tt.budget, tt.mode)
+			}
+			if cfg.SocketPath != "/r/GPU-a/gpushare.sock" {
+				t.Errorf("socket %q, want the hostpath layout /r/GPU-a/gpushare.sock", cfg.SocketPath)
+			}
+		})
+	}
+	if _, err := s.SchedulerConfig(dev, v1alpha1.Oversubscription{AntiThrashing: "Sometimes"}); err == nil {
+		t.Error("an unknown anti-thrashing mode was accepted")
+	}
+}
+
+func TestShimStatusIsWhatTheSchedulerEnforces(t *testing.T) {
+	got := shimStatus(ShimState{
+		GPU: scheduler.GPUState{Quantum: 3 * time.Second, Budget: 8 << 30, Mode: scheduler.ModeAlways},
+		Clients: []scheduler.ClientState{
+			{PID: 7, Holding: true, Priority: scheduler.PriorityHigh, ResidentBytes: 5, SwappedBytes: 6, SwapOuts: 2, SwapIns: 1, HoldTime: time.Hour},
+			{PID: 8},
+		},
+	})
+	if got.TimeQuantum.Duration != 3*time.Second || got.MemoryBudget.Value() != 8<<30 || got.AntiThrashing != v1alpha1.AntiThrashingAlways {
+		t.Errorf("settings = %+v, want 3s, 8Gi, Always", got)
+	}
+	want := []v1alpha1.ShimClient{
+		{PID: 7, Holding: true, Priority: "High", ResidentBytes: 5, SwappedBytes: 6, SwapOuts: 2, SwapIns: 1},
+		{PID: 8, Priority: "Normal"},
+	}
+	if len(got.Clients) != 2 || got.Clients[0] != want[0] || got.Clients[1] != want[1] {
+		t.Errorf("clients = %+v, want %+v (times that grow every pass are left out)", got.Clients, want)
+	}
+	if lockOnly := shimStatus(ShimState{GPU: scheduler.GPUState{Quantum: time.Second}}); lockOnly.MemoryBudget != nil {
+		t.Errorf("a lock-only scheduler reports memoryBudget %v, want none (the device plugin would turn swapping on)", lockOnly.MemoryBudget)
+	}
 }

@@ -90,6 +90,35 @@ func TestHealthEventsWaitNamesTheGPUAndTheMIGInstance(t *testing.T) {
 	}
 }
 
+func TestHealthEventsNotSupportedFromSupportedEventTypesOrWithoutXid(t *testing.T) {
+	s := nvmlmock.NewA100(2)
+	ev := nvmlmock.NewEvents(s)
+	ev.FailSupportedEventTypes(0, nvml.ERROR_NOT_SUPPORTED)
+	ev.SetSupportedEventTypes(1, nvml.EventTypeDoubleBitEccError|nvml.EventTypePState)
+	set, regs, err := gpu.NewNVML(s).HealthEvents()
+	if err != nil {
+		t.Fatalf("HealthEvents: %v", err)
+	}
+	defer set.Free()
+	for i, r := range regs {
+		if !errors.Is(r.Err, gpu.ErrEventsNotSupported) || r.Kinds != nil {
+			t.Errorf("GPU %d = %+v, want ErrEventsNotSupported and no kinds", i, r)
+		}
+		if got := ev.Sets()[0].Registered(i); got != 0 {
+			t.Errorf("GPU %d registered %#x, want nothing", i, got)
+		}
+	}
+}
+
+func TestHealthEventsFailsWhenTheEventSetCannotBeCreated(t *testing.T) {
+	s := nvmlmock.NewA100(1)
+	ev := nvmlmock.NewEvents(s)
+	ev.FailEventSetCreate(nvml.ERROR_INSUFFICIENT_RESOURCES)
+	if _, _, err := gpu.NewNVML(s).HealthEvents(); !errors.Is(err, nvml.ERROR_INSUFFICIENT_RESOURCES) {
+		t.Errorf("HealthEvents = %v, want NVML's INSUFFICIENT_RESOURCES", err)
+	}
+}
+
 func TestNullHasNoHealthEvents(t *testing.T) {
 	if _, _, err := (gpu.Null{}).HealthEvents(); !errors.Is(err, gpu.ErrUnavailable) {
 		t.Errorf("HealthEvents = %v, want ErrUnavailable", err)

@@ -276,6 +276,37 @@ func TestWaitErrorIsRetriedWithDoublingBackoff(t *testing.T) {
 	}
 }
 
+func TestEventSetCreationIsRetriedWithBackoff(t *testing.T) {
+	s := nvmlmock.NewA100(1)
+	ev := nvmlmock.NewEvents(s)
+	ev.FailEventSetCreate(nvml.ERROR_UNKNOWN)
+	clk := clocktesting.NewFakeClock(t0)
+	w := health.New(health.Config{Source: gpu.NewNVML(s), Clock: clk, WaitTimeout: 5 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = w.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	waitFor(t, clk.HasWaiters, "the watcher to sleep after the failed EventSetCreate")
+	select {
+	case <-w.Ready():
+		t.Fatal("ready before any event set exists")
+	default:
+	}
+	clk.Step(health.DefaultBackoff)
+	select {
+	case <-w.Ready():
+	case <-time.After(5 * time.Second):
+		t.Fatal("not ready within 5s of the backoff")
+	}
+	if h, ok := w.Get(s.GPUs[0].UUID); !ok || !h.Monitored {
+		t.Errorf("GPU 0 = %+v, %v; want watched after the retry", h, ok)
+	}
+	if n := len(ev.Sets()); n != 1 {
+		t.Errorf("event sets = %d, want 1", n)
+	}
+}
+
 func TestDisabledHealthChecksRegisterNothing(t *testing.T) {
 	f := newFixture(t, 2, health.Config{Disabled: true}, nil)
 	if n := len(f.events.Sets()); n != 0 {

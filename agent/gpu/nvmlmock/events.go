@@ -28,7 +28,9 @@ type Events struct {
 	registerResult map[int]nvml.Return
 	// waitErrs are returned by the next Waits, in order, before any queued event.
 	waitErrs []nvml.Return
-	sets     []*EventSet
+	// createErrs are returned by the next EventSetCreates, in order.
+	createErrs []nvml.Return
+	sets       []*EventSet
 }
 
 // EventSet is one mock event set.
@@ -107,6 +109,13 @@ func (e *Events) FailWait(rs ...nvml.Return) {
 	e.mu.Unlock()
 }
 
+// FailEventSetCreate makes the next EventSetCreates return rs, one each.
+func (e *Events) FailEventSetCreate(rs ...nvml.Return) {
+	e.mu.Lock()
+	e.createErrs = append(e.createErrs, rs...)
+	e.mu.Unlock()
+}
+
 // Push delivers an event of type t with data (the Xid, for EventTypeXidCriticalError) from GPU i to
 // every live set on which the GPU registered t, and returns how many sets got it. gi and ci are the MIG
 // instance ids, 0xFFFFFFFF for none.
@@ -157,6 +166,14 @@ func (s *EventSet) Freed() int { s.ev.mu.Lock(); defer s.ev.mu.Unlock(); return 
 func (s *EventSet) WaitsAfterFree() int { s.ev.mu.Lock(); defer s.ev.mu.Unlock(); return s.waitAfter }
 
 func (e *Events) create() (nvml.EventSet, nvml.Return) {
+	e.mu.Lock()
+	if len(e.createErrs) > 0 {
+		r := e.createErrs[0]
+		e.createErrs = e.createErrs[1:]
+		e.mu.Unlock()
+		return nil, r
+	}
+	e.mu.Unlock()
 	s := &EventSet{EventSet: &mock.EventSet{}, ev: e, queue: make(chan nvml.EventData, 64), registered: map[int]uint64{}}
 	s.WaitFunc = s.wait
 	s.FreeFunc = s.free

@@ -18,6 +18,7 @@ import (
 	"github.com/gpusharing/gpusharing/agent/deviceplugin"
 	"github.com/gpusharing/gpusharing/agent/drain"
 	"github.com/gpusharing/gpusharing/agent/gpu"
+	"github.com/gpusharing/gpusharing/agent/health"
 	"github.com/gpusharing/gpusharing/agent/mig"
 	"github.com/gpusharing/gpusharing/agent/mps"
 	"github.com/gpusharing/gpusharing/agent/node"
@@ -52,6 +53,8 @@ type Options struct {
 	MPSExclusiveProcess bool
 	// SkipNameValidation lets several agents run in one process (the demo's simulated nodes).
 	SkipNameValidation bool
+	// Health configures the NVML event (Xid) watcher; nil runs none and every GPU counts as healthy.
+	Health *HealthOptions
 
 	// DevicePlugin, when set, serves the kubelet device plugin API for the GPUs as their GPUNode status
 	// describes them; nil turns it off (the demo's simulated nodes have no kubelet). Its MPSRoot must be
@@ -66,6 +69,15 @@ type Options struct {
 	// DrainBackoff is the first wait before a GPU whose drain failed is drained again for the same
 	// desired sharing; it doubles per failure up to node.DefaultDrainBackoffMax (default node.DefaultDrainBackoff).
 	DrainBackoff time.Duration
+}
+
+// HealthOptions configure GPU health checks from NVML events.
+type HealthOptions struct {
+	// Disabled registers no events (health checks off).
+	Disabled bool
+	// IgnoredXids replaces the application-caused Xids that do not make a GPU unhealthy; nil keeps
+	// health.DefaultIgnoredXids.
+	IgnoredXids []uint64
 }
 
 // CacheOptions make the manager cache only this node's GPUNode and Node: thousands of agents must not
@@ -113,6 +125,16 @@ func Setup(mgr ctrl.Manager, o Options) error {
 			return err
 		}
 	}
+	// The health watcher waits on NVML events (critical Xids) in its own goroutine and wakes a pass when
+	// a GPU turns unhealthy; the pass publishes Healthy=False and the device plugin stops advertising it.
+	var hw *health.Watcher
+	if src, ok := o.GPU.(health.Source); ok && o.Health != nil {
+		hw = health.New(health.Config{Source: src, Disabled: o.Health.Disabled, IgnoredXids: o.Health.IgnoredXids, Notify: notify})
+		hlog := mgr.GetLogger().WithName("health")
+		if err := mgr.Add(runnable(func(ctx context.Context) error { return hw.Run(ctrl.LoggerInto(ctx, hlog)) })); err != nil {
+			return err
+		}
+	}
 	r := &node.Reconciler{
 		Client:             mgr.GetClient(),
 		NodeName:           o.NodeName,
@@ -121,6 +143,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		Wake:               wake,
 		Notify:             func() { notify("") },
 		SkipNameValidation: o.SkipNameValidation,
+		Health:             healthSource(hw),
 		DrainBackoff:       o.DrainBackoff,
 		Strategies: node.Strategies{
 			GPU:                 o.GPU,
@@ -194,6 +217,14 @@ func setupDevicePlugin(mgr ctrl.Manager, o Options, r *node.Reconciler) error {
 	// Pods are read uncached: the agent must not cache every pod of the cluster.
 	r.Drainer = &drain.Drainer{PodResources: lister, Evictor: evictor, Pods: mgr.GetAPIReader(), PollInterval: o.DrainPollInterval}
 	return nil
+}
+
+// healthSource keeps a nil watcher a nil interface, so the reconciler sees "nothing watches".
+func healthSource(hw *health.Watcher) node.HealthSource {
+	if hw == nil {
+		return nil
+	}
+	return hw
 }
 
 // runnable adapts a func to a controller-runtime Runnable.

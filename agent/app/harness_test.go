@@ -35,6 +35,7 @@ type testNode struct {
 	name    string
 	dir     string
 	gpus    *nvmlmock.Server
+	events  *nvmlmock.Events
 	kubelet *fakekubelet.Kubelet
 	pods    *fakekubelet.PodResources
 	mpsCtl  *fakebin.Fake
@@ -57,6 +58,7 @@ func startNode(t *testing.T, gpus int) *testNode {
 	for i, g := range n.gpus.GPUs {
 		g.Device.UUID = fmt.Sprintf("GPU-%08d-%04d-4000-8000-000000000000", nodeSeq, i)
 	}
+	n.events = nvmlmock.NewEvents(n.gpus)
 	dpDir := filepath.Join(dir, "dp")
 	if err := os.Mkdir(dpDir, 0o755); err != nil {
 		t.Fatal(err)
@@ -95,6 +97,7 @@ func startNode(t *testing.T, gpus int) *testNode {
 		DrainPollInterval:  100 * time.Millisecond,
 		// Long enough that a test sees no retry after a failed drain.
 		DrainBackoff: time.Hour,
+		Health:       &HealthOptions{},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -16,15 +16,16 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/gpusharing/gpusharing/agent/gpu"
+	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
 // Reasons a GPU's Health carries; ReasonXidError and ReasonGPULost are meant for the GPU's Healthy
 // condition (False), the others for its message.
 const (
 	// ReasonXidError: the GPU reported a critical Xid that is not ignored (Healthy false).
-	ReasonXidError = "XidError"
+	ReasonXidError = v1alpha1.ReasonXidError
 	// ReasonGPULost: NVML said the GPU is lost while its events were registered (Healthy false).
-	ReasonGPULost = "GPULost"
+	ReasonGPULost = v1alpha1.ReasonGPULost
 	// ReasonWatched: the GPU's Xid events are watched and none was critical (Healthy true).
 	ReasonWatched = "XidEventsWatched"
 	// ReasonNotMonitored: the GPU's events could not be registered (too old a GPU: NVML's

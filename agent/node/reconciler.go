@@ -29,6 +29,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/gpusharing/gpusharing/agent/gpu"
+	"github.com/gpusharing/gpusharing/agent/health"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -37,6 +38,8 @@ type Reconciler struct {
 	Client   client.Client
 	NodeName string
 	Strategies
+	// Health reports GPUs that raised a critical Xid; nil watches nothing (every GPU counts as healthy).
+	Health HealthSource
 	// Recorder emits an event when a GPU's Applied condition changes; nil emits none.
 	Recorder events.EventRecorder
 	// Resync is how often the GPUs are checked when nothing else triggers a pass (hardware sends no
@@ -192,6 +195,11 @@ func (r *Reconciler) convergeGPUs(ctx context.Context, sc *scope) {
 	r.cleanupDrains(sc, listed)
 }
 
+// HealthSource is what the reconciler needs of the NVML event watcher (agent/health.Watcher).
+type HealthSource interface {
+	Get(uuid string) (health.Health, bool)
+}
+
 func (r *Reconciler) observe(uuid string) observed {
 	var o observed
 	if st, ok := r.MPS.Status(uuid); ok {
@@ -202,6 +210,11 @@ func (r *Reconciler) observe(uuid string) observed {
 	}
 	if sh, ok := r.Shim.State(uuid); ok {
 		o.shim = &sh
+	}
+	if r.Health != nil {
+		if h, ok := r.Health.Get(uuid); ok {
+			o.health = &h
+		}
 	}
 	return o
 }

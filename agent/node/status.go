@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpusharing/gpusharing/agent/gpu"
+	"github.com/gpusharing/gpusharing/agent/health"
 	"github.com/gpusharing/gpusharing/agent/mig"
 	"github.com/gpusharing/gpusharing/agent/mps"
 	"github.com/gpusharing/gpusharing/agent/timeslice"
@@ -22,6 +23,8 @@ type observed struct {
 	mps       *mps.Status
 	timeslice *timeslice.Setting
 	shim      *ShimState
+	// health is what the NVML event watcher saw; nil when nothing watches (a GPU counts as healthy).
+	health *health.Health
 }
 
 // gpuStatus builds one GPU's status from what was observed after the pass. desired is nil for a GPU no
@@ -67,11 +70,19 @@ func gpuStatus(dev gpu.Device, obs observed, desired *v1alpha1.GPUDesired, err e
 		st.Applied.PolicyGeneration = desired.PolicyGeneration
 	}
 
-	if obs.mps != nil && (obs.mps.State == mps.StateFailed || obs.mps.State == mps.StateRestarting) {
+	switch {
+	case obs.health != nil && !obs.health.Healthy:
+		// A critical Xid outranks a daemon problem: the device plugin stops advertising the GPU either way.
+		setCondition(&st.Conditions, v1alpha1.ConditionHealthy, metav1.ConditionFalse, obs.health.Reason, obs.health.Message)
+	case obs.mps != nil && (obs.mps.State == mps.StateFailed || obs.mps.State == mps.StateRestarting):
 		setCondition(&st.Conditions, v1alpha1.ConditionHealthy, metav1.ConditionFalse, v1alpha1.ReasonMPSDaemonFailed,
 			fmt.Sprintf("MPS daemon %s after %d restarts: %s", strings.ToLower(string(obs.mps.State)), obs.mps.Restarts, obs.mps.LastError))
-	} else {
-		setCondition(&st.Conditions, v1alpha1.ConditionHealthy, metav1.ConditionTrue, v1alpha1.ReasonAsDesired, "NVML answers for this GPU")
+	default:
+		msg := "NVML answers for this GPU"
+		if obs.health != nil && obs.health.Reason == health.ReasonNotMonitored {
+			msg += "; " + obs.health.Message
+		}
+		setCondition(&st.Conditions, v1alpha1.ConditionHealthy, metav1.ConditionTrue, v1alpha1.ReasonAsDesired, msg)
 	}
 	return st
 }

@@ -62,6 +62,11 @@ const (
 	ReasonInventoryPublished = "InventoryPublished"
 	// ReasonCommandFailed: a host command (nvidia-smi, nvidia-cuda-mps-control) failed; the message has its output.
 	ReasonCommandFailed = "CommandFailed"
+	// ReasonXidError: the GPU raised a critical Xid (GPU Healthy=False, the message names it); it stays
+	// unhealthy until the agent restarts, and the device plugin stops advertising it.
+	ReasonXidError = "XidError"
+	// ReasonGPULost: NVML reports the GPU lost (GPU Healthy=False).
+	ReasonGPULost = "GPULost"
 	// ReasonNotDesired: no policy lists the GPU, so it is left as found.
 	ReasonNotDesired = "NotDesired"
 

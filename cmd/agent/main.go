@@ -25,6 +25,7 @@ import (
 	"github.com/gpusharing/gpusharing/agent/deviceplugin"
 	"github.com/gpusharing/gpusharing/agent/drain"
 	"github.com/gpusharing/gpusharing/agent/gpu"
+	"github.com/gpusharing/gpusharing/agent/health"
 	"github.com/gpusharing/gpusharing/agent/node"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
@@ -50,6 +51,8 @@ type options struct {
 	// schedulerRoot holds the shim scheduler sockets, whether or not the device plugin runs.
 	schedulerRoot  string
 	oversubReserve uint64
+	// health configures the NVML Xid watcher.
+	health app.HealthOptions
 }
 
 func main() {
@@ -107,9 +110,16 @@ func parse(args []string) (options, *textlogger.Config) {
 	})
 	fs.StringVar(&dp.ShimLibrary, "shim-library", dp.ShimLibrary, "host path of libgpushare.so, mounted into shim-shared containers")
 	shimReplicas := fs.Int("shim-replicas", int(dp.ShimReplicas), "shares an Exclusive GPU with oversubscription is cut into")
+	healthChecks := fs.Bool("health-checks", true, "watch NVML events and report a GPU with a critical Xid unhealthy (its devices are then not advertised)")
+	fs.Func("health-ignored-xids", fmt.Sprintf("comma-separated Xids caused by applications, which leave a GPU healthy (default %s)", health.FormatXids(health.DefaultIgnoredXids)), func(s string) error {
+		xids, err := health.ParseXids(s)
+		o.health.IgnoredXids = xids
+		return err
+	})
 	logConfig := textlogger.NewConfig()
 	logConfig.AddFlags(fs)
 	_ = fs.Parse(args)
+	o.health.Disabled = !*healthChecks
 	if o.schedulerRoot == "" {
 		o.schedulerRoot = filepath.Join(o.hostRoot, "scheduler")
 	}
@@ -205,6 +215,7 @@ func run(ctx context.Context, o options) error {
 		MPSRoot:             o.mpsRoot,
 		SchedulerRoot:       o.schedulerRoot,
 		OversubReserve:      o.oversubReserve,
+		Health:              &o.health,
 		StateDir:            o.stateDir,
 		MPSControl:          o.mpsControl,
 		NvidiaSMI:           o.nvidiaSMI,

@@ -63,6 +63,8 @@ func Start(ctx context.Context, cfg *rest.Config, scheme *k8sruntime.Scheme, n N
 	if n.Model == "A100" {
 		server = nvmlmock.NewA100(n.GPUs)
 	}
+	// NVML events (Xids) come from an injectable queue, so the health watcher runs as on a real node.
+	nvmlmock.NewEvents(server)
 	// The mocks number every server's GPUs alike; real UUIDs are unique across the fleet.
 	for i, g := range server.GPUs {
 		g.Device.UUID = fmt.Sprintf("GPU-%08x-%04x-4000-8000-000000000000", n.Seq, i)
@@ -86,6 +88,7 @@ func Start(ctx context.Context, cfg *rest.Config, scheme *k8sruntime.Scheme, n N
 		NvidiaSMI:          smi.Path,
 		Resync:             10 * time.Second,
 		SkipNameValidation: true,
+		Health:             &app.HealthOptions{},
 	})
 	if err != nil {
 		return err

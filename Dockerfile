@@ -15,8 +15,9 @@ USER 65532:65532
 ENTRYPOINT ["/manager"]
 
 # The agent runs privileged on GPU nodes; the NVIDIA container toolkit injects libnvidia-ml.so, nvidia-smi
-# and nvidia-cuda-mps-control. The shim ships in the same image and is copied to the host for pods.
+# and nvidia-cuda-mps-control. The shim ships in the same image; the DaemonSet's init container copies it
+# to the host (/usr/lib/gpusharing), from where the device plugin mounts it into pods.
 FROM debian:bookworm-slim AS agent
 COPY --from=build /out/agent /agent
-COPY --from=build /src/shim/build/libgpushare.so /usr/lib/gpusharing/libgpushare.so
+COPY --from=build /src/shim/build/libgpushare.so /opt/gpusharing/libgpushare.so
 ENTRYPOINT ["/agent"]

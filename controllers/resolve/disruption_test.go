@@ -2,6 +2,9 @@ package resolve_test
 
 import (
 	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"k8s.io/apimachinery/pkg/util/intstr"
 
@@ -25,7 +28,11 @@ func TestChangeIsDisruptive(t *testing.T) {
 		{"time-slice replicas and interval go out at once",
 			ptr(b.TimeSlicing(2, v1.TimeSliceDefault)), b.AppliedFor(b.TimeSlicing(2, v1.TimeSliceDefault), "p"), b.TimeSlicing(8, v1.TimeSliceLong), false},
 		{"oversubscription settings go out at once",
-			ptr(b.Exclusive()), b.AppliedFor(b.Exclusive(), "p"), withOversub(b.Exclusive()), false},
+			ptr(withOversub(b.Exclusive())), b.AppliedFor(withOversub(b.Exclusive()), "p"), withQuantum(withOversub(b.Exclusive()), "5s"), false},
+		{"turning oversubscription on disrupts",
+			ptr(b.Exclusive()), b.AppliedFor(b.Exclusive(), "p"), withOversub(b.Exclusive()), true},
+		{"turning oversubscription off disrupts",
+			ptr(withOversub(b.Exclusive())), b.AppliedFor(withOversub(b.Exclusive()), "p"), b.Exclusive(), true},
 		{"a strategy change disrupts", &mps4, b.AppliedFor(mps4, "p"), b.TimeSlicing(4, v1.TimeSliceDefault), true},
 		{"a MIG layout change disrupts", &mig, b.AppliedFor(mig, "p"), b.MIG("3g.40gb", 2), true},
 		{"the same MIG layout listed in another order does not disrupt", &mig, b.AppliedFor(mig, "p"), b.MIG("1g.10gb", 4, "3g.40gb", 1), false},
@@ -89,5 +96,14 @@ func ptr[T any](v T) *T { return &v }
 
 func withOversub(s v1.Sharing) v1.Sharing {
 	s.Oversubscription = &v1.Oversubscription{AntiThrashing: v1.AntiThrashingAlways}
+	return s
+}
+
+func withQuantum(s v1.Sharing, q string) v1.Sharing {
+	d, err := time.ParseDuration(q)
+	if err != nil {
+		panic(err)
+	}
+	s.Oversubscription.TimeQuantum = &metav1.Duration{Duration: d}
 	return s
 }

@@ -121,6 +121,10 @@ func AppliedFor(s v1.Sharing, policy string) *v1.AppliedSharing {
 	if s.TimeSlicing != nil {
 		a.TimeSlicing = s.TimeSlicing.DeepCopy()
 	}
+	if s.Oversubscription != nil {
+		// The agent reports the shim's scheduler only while it runs, with the settings it enforces.
+		a.Shim = &v1.ShimStatus{TimeQuantum: s.Oversubscription.TimeQuantum, AntiThrashing: s.Oversubscription.AntiThrashing}
+	}
 	return a
 }
 

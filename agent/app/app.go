@@ -22,6 +22,7 @@ import (
 	"github.com/gpusharing/gpusharing/agent/mig"
 	"github.com/gpusharing/gpusharing/agent/mps"
 	"github.com/gpusharing/gpusharing/agent/node"
+	"github.com/gpusharing/gpusharing/agent/podpid"
 	"github.com/gpusharing/gpusharing/agent/runner"
 	"github.com/gpusharing/gpusharing/agent/timeslice"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
@@ -53,6 +54,9 @@ type Options struct {
 	MPSExclusiveProcess bool
 	// SkipNameValidation lets several agents run in one process (the demo's simulated nodes).
 	SkipNameValidation bool
+	// ProcRoot is the host's proc filesystem, where shim clients' cgroups name their pods; empty leaves
+	// the pod of shim clients unnamed.
+	ProcRoot string
 	// Health configures the NVML event (Xid) watcher; nil runs none and every GPU counts as healthy.
 	Health *HealthOptions
 
@@ -144,6 +148,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		Notify:             func() { notify("") },
 		SkipNameValidation: o.SkipNameValidation,
 		Health:             healthSource(hw),
+		PodNames:           podNames(mgr, o),
 		DrainBackoff:       o.DrainBackoff,
 		Strategies: node.Strategies{
 			GPU:                 o.GPU,
@@ -217,6 +222,17 @@ func setupDevicePlugin(mgr ctrl.Manager, o Options, r *node.Reconciler) error {
 	// Pods are read uncached: the agent must not cache every pod of the cluster.
 	r.Drainer = &drain.Drainer{PodResources: lister, Evictor: evictor, Pods: mgr.GetAPIReader(), PollInterval: o.DrainPollInterval}
 	return nil
+}
+
+// podNames names shim clients' pods from their cgroups and this node's pods, read uncached so the agent
+// does not cache every pod of the cluster. Only where schedulers run, and never for the demo's simulated
+// nodes, whose "clients" are not in pods.
+func podNames(mgr ctrl.Manager, o Options) func([]int32) map[int32]string {
+	if o.SchedulerRoot == "" || o.ProcRoot == "" {
+		return nil
+	}
+	r := &podpid.Resolver{Reader: mgr.GetAPIReader(), NodeName: o.NodeName, ProcRoot: o.ProcRoot}
+	return func(pids []int32) map[int32]string { return r.Names(context.Background(), pids) }
 }
 
 // healthSource keeps a nil watcher a nil interface, so the reconciler sees "nothing watches".

@@ -38,6 +38,8 @@ type Reconciler struct {
 	Client   client.Client
 	NodeName string
 	Strategies
+	// PodNames names the pods of shim clients by pid ("namespace/name"); nil leaves status.shim's pod empty.
+	PodNames func(pids []int32) map[int32]string
 	// Health reports GPUs that raised a critical Xid; nil watches nothing (every GPU counts as healthy).
 	Health HealthSource
 	// Recorder emits an event when a GPU's Applied condition changes; nil emits none.
@@ -209,6 +211,13 @@ func (r *Reconciler) observe(uuid string) observed {
 		o.timeslice = &ts
 	}
 	if sh, ok := r.Shim.State(uuid); ok {
+		if r.PodNames != nil && len(sh.Clients) > 0 {
+			pids := make([]int32, 0, len(sh.Clients))
+			for _, c := range sh.Clients {
+				pids = append(pids, c.PID)
+			}
+			sh.Pods = r.PodNames(pids)
+		}
 		o.shim = &sh
 	}
 	if r.Health != nil {

@@ -49,6 +49,8 @@ type ShimSchedulers struct {
 type ShimState struct {
 	GPU     scheduler.GPUState
 	Clients []scheduler.ClientState
+	// Pods names the pod ("namespace/name") of each client pid the agent could name.
+	Pods map[int32]string
 }
 
 // SchedulerConfig is the scheduler a GPU gets from its policy's oversubscription block: the quantum
@@ -201,6 +203,7 @@ func shimStatus(st ShimState) *v1alpha1.ShimStatus {
 	for _, c := range st.Clients {
 		out.Clients = append(out.Clients, v1alpha1.ShimClient{
 			PID:           c.PID,
+			Pod:           st.Pods[c.PID],
 			Holding:       c.Holding,
 			Priority:      c.Priority.String(),
 			ResidentBytes: int64(c.ResidentBytes),

@@ -225,12 +225,13 @@ func TestShimStatusIsWhatTheSchedulerEnforces(t *testing.T) {
 			{PID: 7, Holding: true, Priority: scheduler.PriorityHigh, ResidentBytes: 5, SwappedBytes: 6, SwapOuts: 2, SwapIns: 1, HoldTime: time.Hour},
 			{PID: 8},
 		},
+		Pods: map[int32]string{7: "ml/trainer-0"},
 	})
 	if got.TimeQuantum.Duration != 3*time.Second || got.MemoryBudget.Value() != 8<<30 || got.AntiThrashing != v1alpha1.AntiThrashingAlways {
 		t.Errorf("settings = %+v, want 3s, 8Gi, Always", got)
 	}
 	want := []v1alpha1.ShimClient{
-		{PID: 7, Holding: true, Priority: "High", ResidentBytes: 5, SwappedBytes: 6, SwapOuts: 2, SwapIns: 1},
+		{PID: 7, Pod: "ml/trainer-0", Holding: true, Priority: "High", ResidentBytes: 5, SwappedBytes: 6, SwapOuts: 2, SwapIns: 1},
 		{PID: 8, Priority: "Normal"},
 	}
 	if len(got.Clients) != 2 || got.Clients[0] != want[0] || got.Clients[1] != want[1] {

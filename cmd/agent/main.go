@@ -210,12 +210,14 @@ func run(ctx context.Context, o options) error {
 		return fmt.Errorf("creating the manager: %w", err)
 	}
 	err = app.Setup(mgr, app.Options{
-		NodeName:            o.nodeName,
-		GPU:                 gpus,
-		MPSRoot:             o.mpsRoot,
-		SchedulerRoot:       o.schedulerRoot,
-		OversubReserve:      o.oversubReserve,
-		Health:              &o.health,
+		NodeName:       o.nodeName,
+		GPU:            gpus,
+		MPSRoot:        o.mpsRoot,
+		SchedulerRoot:  o.schedulerRoot,
+		OversubReserve: o.oversubReserve,
+		Health:         &o.health,
+		// hostPID: the agent's /proc is the host's, where the scheduler's client pids live.
+		ProcRoot:            "/proc",
 		StateDir:            o.stateDir,
 		MPSControl:          o.mpsControl,
 		NvidiaSMI:           o.nvidiaSMI,

@@ -2,11 +2,18 @@
 # Oversubscription benchmarks on a GPU (GPU 0). Needs gcc, a built
 # gpushare-scheduler (go build -o shim/build/gpushare-scheduler ./cmd/gpushare-scheduler)
 # and, for the job tables, python3 with PyTorch.
-#   make -C shim bench-oversub [SWAP_BYTES=4294967296] [QUANTA="1 2"] [JOB_STEPS=600] [BUDGET_GB=4]
+#   make -C shim bench-oversub [SECTIONS="swap jobs fit"] [QUANTA="5 10 20 30"] [BUDGET_GB=8] [JOB_SECS=40]
+#       [JOB_STEPS=auto] [MIX_EVERY= MIX_SLEEP=] [FIT_ROUNDS=6] [FIT_SECS=20] [BENCH_BUDGET_S=0] [SWAP_BYTES=4294967296]
 # Prints, side by side in this one run:
 #   swap rate     each way, from the shim's own swap log, against a plain pinned copy of the same size
-#   job table     GPU-heavy pair and mixed pair (working sets 1.5x the budget): total time vs serial, per quantum
-#   fit together  a pair whose working sets fit the budget: time with the shim (Auto) vs without it
+#   job table     nvshare's table: a GPU-heavy pair and a mixed (~50/50 GPU/CPU) pair, working sets 1.5x the
+#                 budget, pair time vs the same two jobs one after the other, per quantum; every run checks
+#                 the final parameters (sha256 = the job alone without the shim) and every ballast byte
+#   fit together  a pair whose working sets fit the budget: shim (Auto) vs no shim, interleaved rounds
+#                 (AB BA AB ...), steady-state loop time after a warm-up and a start barrier; median of the
+#                 paired ratios and their spread
+# JOB_STEPS=auto calibrates the step count so that one job alone takes ~JOB_SECS; the reproduce line
+# printed below names the calibrated values. BENCH_BUDGET_S>0: no fit round starts that would end after it.
 set -uo pipefail
 SHIM_DIR=$(cd "$(dirname "$0")/.." && pwd)
 ROOT=$(cd "$SHIM_DIR/.." && pwd)
@@ -14,11 +21,23 @@ BUILD=${BUILD:-$SHIM_DIR/build}
 SCHED=${GPUSHARE_SCHEDULER:-$BUILD/gpushare-scheduler}
 SWAP_BYTES=${SWAP_BYTES:-4294967296}
 SWAP_SECS=${SWAP_SECS:-6}
-QUANTA=${QUANTA:-"1 2"}
-JOB_STEPS=${JOB_STEPS:-600}
-BUDGET_GB=${BUDGET_GB:-4}
-TRAIN=$ROOT/test/gpu/oversub/train.py
-echo "reproduce: make -C shim bench-oversub SWAP_BYTES=$SWAP_BYTES SWAP_SECS=$SWAP_SECS QUANTA=\"$QUANTA\" JOB_STEPS=$JOB_STEPS BUDGET_GB=$BUDGET_GB   (from the repository root)"
+SECTIONS=${SECTIONS:-"swap jobs fit"}
+QUANTA=${QUANTA:-"5 10 20 30"}
+JOB_SECS=${JOB_SECS:-40}
+JOB_STEPS=${JOB_STEPS:-auto}
+MIX_EVERY=${MIX_EVERY:-}
+MIX_SLEEP=${MIX_SLEEP:-}
+MIX_PHASE_S=${MIX_PHASE_S:-2}
+BUDGET_GB=${BUDGET_GB:-8}
+FIT_BUDGET_GB=${FIT_BUDGET_GB:-16}
+FIT_ROUNDS=${FIT_ROUNDS:-6}
+FIT_SECS=${FIT_SECS:-20}
+FIT_STEPS=${FIT_STEPS:-auto}
+FIT_WARMUP=${FIT_WARMUP:-50}
+BENCH_BUDGET_S=${BENCH_BUDGET_S:-0}
+TRAIN=${TRAIN:-$ROOT/test/gpu/oversub/train.py}
+BENCH_T0=$(date +%s)
+has() { case " $SECTIONS " in *" $1 "*) return 0 ;; esac; return 1; }
 [ -x "$SCHED" ] || { echo "bench-oversub: $SCHED missing: go build -o shim/build/gpushare-scheduler ./cmd/gpushare-scheduler" >&2; exit 1; }
 make -s -C "$SHIM_DIR" SHIM_BUILD="$BUILD" all "$BUILD/bench/swap_bench" >/dev/null || exit 1
 UUID=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i 0 | tr -d ' ')
@@ -40,8 +59,8 @@ fails=0
 rate() { awk -v dir="$2" -v min="$((SWAP_BYTES / 2))" '$0 ~ "swap "dir":" { for (i = 1; i <= NF; i++) { if ($i == "bytes") b = $(i-1); if ($i == "ms") t = $(i-1) } if (b + 0 >= min) { B += b; T += t; n++ } }
     END { if (T > 0) printf "%.2f %d", B / (T * 1e6), n; else print "0 0" }' "$1"; }
 
-echo "== swap rate ($SWAP_BYTES bytes per working set, two processes, budget fits one)"
-for chunk in 268435456 20971520; do
+has swap && echo "== swap rate ($SWAP_BYTES bytes per working set, two processes, budget fits one)"
+has swap && for chunk in 268435456 20971520; do
     base=$(CUDA_VISIBLE_DEVICES=0 "$BUILD/bench/swap_bench" copy "$SWAP_BYTES" 5)
     start_sched 500ms $((SWAP_BYTES + 64 * 1048576)) Auto
     env "${SHIM_ENV[@]}" "$BUILD/bench/swap_bench" hold "$SWAP_BYTES" "$chunk" "$SWAP_SECS" >"$WORK/h1.out" 2>"$WORK/h1.err" &
@@ -64,64 +83,144 @@ for chunk in 268435456 20971520; do
     [ "$ok" = 2 ] || fails=$((fails + 1))
 done
 
+if ! { has jobs || has fit; }; then echo "== $fails failure(s)"; exit $((fails > 0)); fi
 if ! python3 -c 'import torch' 2>/dev/null; then
     echo "bench-oversub: no PyTorch, skipping the job tables"
     exit $((fails > 0))
 fi
 BUDGET=$((BUDGET_GB << 30))
 BALLAST=$(awk -v b="$BUDGET_GB" 'BEGIN { printf "%.2f", b * 0.75 - 0.25 }') # model + CUDA context on top: ~0.75 x budget each
-job() { # name heavy|mixed shim|lock|plain
-    local extra=()
-    [ "$2" = mixed ] && extra=(--sleep-every 100 --sleep-s 0.5)
-    if [ "$3" = shim ]; then
-        env "${SHIM_ENV[@]}" python3 "$TRAIN" --steps "$JOB_STEPS" --ballast-gb "$BALLAST" "${extra[@]}" >"$WORK/$1.json" 2>"$WORK/$1.err"
-    elif [ "$3" = lock ]; then
-        env "${SHIM_ENV[@]}" GPUSHARE_OVERSUB=0 python3 "$TRAIN" --steps "$JOB_STEPS" --ballast-gb "$BALLAST" "${extra[@]}" >"$WORK/$1.json" 2>"$WORK/$1.err"
-    else
-        CUDA_VISIBLE_DEVICES=0 python3 "$TRAIN" --steps "$JOB_STEPS" --ballast-gb "$BALLAST" "${extra[@]}" >"$WORK/$1.json" 2>"$WORK/$1.err"
-    fi
-}
 now() { date +%s.%N; }
-echo "== job table (budget $BUDGET_GB GiB, each job ~$BALLAST GiB ballast + model: working sets ~1.5x the budget together; $JOB_STEPS steps)"
-echo "   quanta shortened from nvshare's 5/10/20/30 s to: $QUANTA s (device time)"
-t0=$(now); job alone_heavy heavy plain; t1=$(now); job alone_mixed mixed plain; t2=$(now)
+jf() { sed -n "s/.*\"$2\": \"\{0,1\}\([^,\"}]*\)\"\{0,1\}.*/\1/p" "$1"; } # json field
+job() { # name shim|lock|plain python-args...
+    local name=$1 mode=$2
+    shift 2
+    case $mode in
+    shim) env "${SHIM_ENV[@]}" timeout 400 python3 "$TRAIN" --ballast-gb "$BALLAST" "$@" >"$WORK/$name.json" 2>"$WORK/$name.err" ;;
+    lock) env "${SHIM_ENV[@]}" GPUSHARE_OVERSUB=0 timeout 400 python3 "$TRAIN" --ballast-gb "$BALLAST" "$@" >"$WORK/$name.json" 2>"$WORK/$name.err" ;;
+    *) CUDA_VISIBLE_DEVICES=0 timeout 400 python3 "$TRAIN" --ballast-gb "$BALLAST" "$@" >"$WORK/$name.json" 2>"$WORK/$name.err" ;;
+    esac
+}
+# swap time (s) summed over the swap log lines of the given files
+swapsecs() { cat "$@" | awk '/swap (out|in):/ { for (i = 1; i <= NF; i++) if ($i == "ms") t += $(i-1) } END { printf "%.1f", t / 1000 }'; }
+
+# calibration (no shim): ms per step of the job with this ballast, and the start-up around the loop
+STEP_MS= STARTUP=
+calibrate() {
+    local t0 t1
+    t0=$(now); job cal plain --steps 320 --warmup 20; t1=$(now)
+    STEP_MS=$(awk -v l="$(jf "$WORK/cal.json" loop_seconds)" 'BEGIN { printf "%.3f", l * 1000 / 300 }')
+    STARTUP=$(awk -v a="$t0" -v b="$t1" -v l="$(jf "$WORK/cal.json" loop_seconds)" 'BEGIN { printf "%.1f", b - a - l }')
+    echo "   calibration (no shim, ballast $BALLAST GiB): $STEP_MS ms/step, start-up + warm-up + check ${STARTUP} s"
+}
+if [ "$JOB_STEPS" = auto ] || [ "$FIT_STEPS" = auto ]; then calibrate; fi
+if [ "$JOB_STEPS" = auto ]; then
+    JOB_STEPS=$(awk -v s="$STEP_MS" -v u="$STARTUP" -v j="$JOB_SECS" 'BEGIN { n = (j - u) * 1000 / s; print (n < 100 ? 100 : int(n)) }')
+fi
+if [ -z "$MIX_EVERY" ]; then
+    MIX_EVERY=$(awk -v s="${STEP_MS:-10}" -v p="$MIX_PHASE_S" 'BEGIN { n = int(p * 1000 / s + 0.5); print (n < 1 ? 1 : n) }')
+    MIX_SLEEP=$(awk -v s="${STEP_MS:-10}" -v k="$MIX_EVERY" 'BEGIN { printf "%.2f", k * s / 1000 }')
+fi
+MIX_STEPS=$(awk -v n="$JOB_STEPS" -v k="$MIX_EVERY" 'BEGIN { m = int(n / 2 / k + 0.5); print (m < 1 ? 1 : m) * k }')
+if [ "$FIT_STEPS" = auto ]; then
+    FIT_STEPS=$(awk -v s="$STEP_MS" -v f="$FIT_SECS" -v w="$FIT_WARMUP" 'BEGIN { print int(f * 1000 / s / 2) + w }')
+fi
+echo "reproduce: make -C shim bench-oversub SECTIONS=\"$SECTIONS\" QUANTA=\"$QUANTA\" BUDGET_GB=$BUDGET_GB JOB_STEPS=$JOB_STEPS MIX_EVERY=$MIX_EVERY MIX_SLEEP=$MIX_SLEEP FIT_BUDGET_GB=$FIT_BUDGET_GB FIT_STEPS=$FIT_STEPS FIT_WARMUP=$FIT_WARMUP FIT_ROUNDS=$FIT_ROUNDS BENCH_BUDGET_S=$BENCH_BUDGET_S   (from the repository root, after go build -o shim/build/gpushare-scheduler ./cmd/gpushare-scheduler)"
+
+if has jobs; then
+HEAVY=(--steps "$JOB_STEPS")
+MIXED=(--steps "$MIX_STEPS" --sleep-every "$MIX_EVERY" --sleep-s "$MIX_SLEEP")
+echo "== job table (nvshare's): budget $BUDGET_GB GiB, each job $BALLAST GiB ballast + model (~0.75x the budget): a pair is ~1.5x the budget"
+echo "   heavy = $JOB_STEPS steps back to back; mixed = $MIX_STEPS steps, a ${MIX_SLEEP} s CPU phase (sleep) after every $MIX_EVERY steps (~${MIX_SLEEP} s of GPU): ~50/50"
+t0=$(now); job alone_heavy plain "${HEAVY[@]}"; t1=$(now); job alone_mixed plain "${MIXED[@]}"; t2=$(now)
 heavy=$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }'); mixed=$(awk -v a="$t1" -v b="$t2" 'BEGIN { print b - a }')
-printf "   alone (no shim): heavy %.1f s, mixed %.1f s\n" "$heavy" "$mixed"
-printf "   %-12s %-8s %10s %10s %8s %s\n" pair quantum "pair (s)" "serial(s)" ratio "swaps out/in, data"
+sha_heavy=$(jf "$WORK/alone_heavy.json" sha256); sha_mixed=$(jf "$WORK/alone_mixed.json" sha256)
+printf "   alone (no shim, wall incl. start-up): heavy %.1f s (loop %s s), mixed %.1f s (loop %s s); ballast ok: %s %s\n" "$heavy" \
+    "$(jf "$WORK/alone_heavy.json" loop_seconds)" "$mixed" "$(jf "$WORK/alone_mixed.json" loop_seconds)" \
+    "$(jf "$WORK/alone_heavy.json" ballast_ok)" "$(jf "$WORK/alone_mixed.json" ballast_ok)"
+[ -n "$sha_heavy" ] && [ -n "$sha_mixed" ] || { echo "   FAIL: a job alone did not finish"; sed 's/^/     /' "$WORK/alone_heavy.err" "$WORK/alone_mixed.err" | tail -20; fails=$((fails + 1)); }
+echo "   serial baseline measured ONCE per pair type in this run and reused for every quantum below:"
+echo "   serial = 2 x the job alone (both jobs of a pair are the same job), no shim"
+printf "   %-12s %-8s %9s %9s %7s %-22s %8s %s\n" pair quantum "pair(s)" "serial(s)" ratio "job A/B (s)" "swap(s)" "swaps out/in, data (sha256 = alone, ballast), target"
 for q in $QUANTA; do
-    for pair in "heavy heavy" "heavy mixed"; do
-        set -- $pair
+    for kind in heavy mixed; do
+        if [ $kind = heavy ]; then args=("${HEAVY[@]}"); want=$sha_heavy; serial=$(awk -v h="$heavy" 'BEGIN { print 2 * h }'); tgt=1.00
+        else args=("${MIXED[@]}"); want=$sha_mixed; serial=$(awk -v m="$mixed" 'BEGIN { print 2 * m }'); tgt=0.72; fi
         start_sched "${q}s" "$BUDGET" Auto
         t0=$(now)
-        job p1 "$1" shim &
+        job p1 shim "${args[@]}" &
         A=$!
-        job p2 "$2" shim &
+        job p2 shim "${args[@]}" &
         B=$!
         wait $A $B
         t1=$(now)
         stop_sched
-        serial=$(awk -v h="$heavy" -v m="$mixed" -v k="$2" 'BEGIN { print h + (k == "mixed" ? m : h) }')
-        okd=$(cat "$WORK/p1.json" "$WORK/p2.json" | grep -c '"ballast_ok": true')
+        if [ -n "${BENCH_LOGS:-}" ]; then mkdir -p "$BENCH_LOGS"; for p in p1 p2; do cp "$WORK/$p.err" "$BENCH_LOGS/$kind-q$q-$p.err"; cp "$WORK/$p.json" "$BENCH_LOGS/$kind-q$q-$p.json"; done; fi
+        okd=0
+        for p in p1 p2; do [ "$(jf "$WORK/$p.json" ballast_ok)" = true ] && [ "$(jf "$WORK/$p.json" sha256)" = "$want" ] && okd=$((okd + 1)); done
         so=$(cat "$WORK/p1.err" "$WORK/p2.err" | grep -c "swap out:"); si=$(cat "$WORK/p1.err" "$WORK/p2.err" | grep -c "swap in:")
-        awk -v n="$1+$2" -v q="$q" -v a="$t0" -v b="$t1" -v s="$serial" -v so="$so" -v si="$si" -v ok="$okd" 'BEGIN {
-            printf "   %-12s %-8s %10.1f %10.1f %8.2f %d/%d, %s\n", n, q "s", b - a, s, (b - a) / s, so, si, ok == 2 ? "intact" : "CORRUPT" }'
-        [ "$okd" = 2 ] || fails=$((fails + 1))
+        ss=$(swapsecs "$WORK/p1.err" "$WORK/p2.err")
+        awk -v n="$kind+$kind" -v q="$q" -v a="$t0" -v b="$t1" -v s="$serial" -v so="$so" -v si="$si" -v ok="$okd" -v ss="$ss" -v tg="$tgt" \
+            -v ja="$(jf "$WORK/p1.json" seconds)" -v jb="$(jf "$WORK/p2.json" seconds)" 'BEGIN { r = (b - a) / s;
+            printf "   %-12s %-8s %9.1f %9.1f %7.2f %-22s %8s %d/%d, %s, %s\n", n, q "s", b - a, s, r, ja "/" jb, ss, so, si,
+                ok == 2 ? "intact" : "CORRUPT", r <= tg ? "<= " tg " met" : "> " tg " MISSED" }'
+        if [ "$okd" != 2 ]; then fails=$((fails + 1)); grep -hiE "error|fail|Traceback" "$WORK/p1.err" "$WORK/p2.err" | head -5 | sed 's/^/     /'; fi
     done
 done
+fi
 
-echo "== working sets that fit together (budget 16 GiB, 1 GiB ballast each): pair with the shim (Auto) vs without"
-echo "   (also the shim with the lock only, GPUSHARE_OVERSUB=0, to tell the lock's cost from the memory manager's)"
-BALLAST=1
-for round in 1 2 3; do
-    t0=$(now); job f1 heavy plain & A=$!; job f2 heavy plain & B=$!; wait $A $B; t1=$(now)
-    start_sched 2s $((16 << 30)) Auto
-    t2=$(now); job g1 heavy shim & A=$!; job g2 heavy shim & B=$!; wait $A $B; t3=$(now)
-    t4=$(now); job l1 heavy lock & A=$!; job l2 heavy lock & B=$!; wait $A $B; t5=$(now)
-    stop_sched
-    so=$(cat "$WORK/g1.err" "$WORK/g2.err" | grep -c "swap out:")
-    awk -v r="$round" -v a="$t0" -v b="$t1" -v c="$t2" -v d="$t3" -v e="$t4" -v f="$t5" -v so="$so" 'BEGIN {
-        printf "   round %d: without %.2f s, with shim %.2f s: %+.1f%% (target <= +3%%), swaps %d; lock only %.2f s: %+.1f%%\n", r, b - a, d - c, ((d - c) / (b - a) - 1) * 100, so, f - e, ((f - e) / (b - a) - 1) * 100 }'
-    grep -h "swap stats" "$WORK/g1.err" | sed 's/^/     /'
+if has fit; then
+BALLAST_FIT=$BALLAST
+echo "== working sets that fit together: budget $FIT_BUDGET_GB GiB, two processes of $BALLAST_FIT GiB ballast + model each (the same job as above)"
+echo "   arms: no shim (plain) vs shim (GPUSHARE_OVERSUB=1, Auto); same allocator (default caching allocator), same job, same ballast, 2 processes each"
+echo "   timed: the steady loop of $((FIT_STEPS - FIT_WARMUP)) steps after $FIT_WARMUP warm-up steps, both processes released together by a barrier;"
+echo "   span = last loop end - first loop start; interleaved rounds (odd: plain first, even: shim first); GPU settings untouched"
+start_sched 2s $((FIT_BUDGET_GB << 30)) Auto
+fitpair() { # arm -> prints span (s) and sum of both loops
+    local arm=$1 bd
+    bd=$(mktemp -d -p "$WORK")
+    job "${arm}1" "$arm" --steps "$FIT_STEPS" --warmup "$FIT_WARMUP" --barrier "$bd" --barrier-n 2 &
+    local A=$!
+    job "${arm}2" "$arm" --steps "$FIT_STEPS" --warmup "$FIT_WARMUP" --barrier "$bd" --barrier-n 2 &
+    local B=$!
+    wait $A $B
+    for p in 1 2; do [ "$(jf "$WORK/$arm$p.json" ballast_ok)" = true ] || echo "CORRUPT"; done
+    awk -v s1="$(jf "$WORK/${arm}1.json" loop_start)" -v s2="$(jf "$WORK/${arm}2.json" loop_start)" \
+        -v e1="$(jf "$WORK/${arm}1.json" loop_end)" -v e2="$(jf "$WORK/${arm}2.json" loop_end)" \
+        -v l1="$(jf "$WORK/${arm}1.json" loop_seconds)" -v l2="$(jf "$WORK/${arm}2.json" loop_seconds)" 'BEGIN {
+        if (s1 == "" || s2 == "") { print "FAILED"; exit }
+        s = s1 < s2 ? s1 : s2; e = e1 > e2 ? e1 : e2; printf "%.3f %.3f %.3f\n", e - s, l1, l2 }'
+}
+: >"$WORK/ratios"
+round=0
+last=$((2 * (FIT_SECS + 10)))
+while [ "$round" -lt "$FIT_ROUNDS" ]; do
+    el=$(($(date +%s) - BENCH_T0))
+    if [ "$BENCH_BUDGET_S" -gt 0 ] && [ $((el + last * 11 / 10)) -gt "$BENCH_BUDGET_S" ]; then
+        echo "   (stopping after $round rounds: the next would end after BENCH_BUDGET_S=$BENCH_BUDGET_S s)"
+        break
+    fi
+    round=$((round + 1))
+    r0=$(date +%s)
+    if [ $((round % 2)) = 1 ]; then P=$(fitpair plain); S=$(fitpair shim); else S=$(fitpair shim); P=$(fitpair plain); fi
+    last=$(($(date +%s) - r0))
+    case "$P $S" in *FAILED* | *CORRUPT*) echo "   round $round: FAILED ($P | $S)"; fails=$((fails + 1)); grep -hiE "error|Traceback" "$WORK"/plain?.err "$WORK"/shim?.err | head -5; continue ;; esac
+    if [ -n "${BENCH_LOGS:-}" ] && [ "$round" = 1 ]; then mkdir -p "$BENCH_LOGS"; for f in plain1 plain2 shim1 shim2; do cp "$WORK/$f.err" "$BENCH_LOGS/fit-r1-$f.err"; done; fi
+    so=$(cat "$WORK/shim1.err" "$WORK/shim2.err" | grep -c "swap out:")
+    read -r ps pl1 pl2 <<<"$P"; read -r ss sl1 sl2 <<<"$S"
+    awk -v r="$round" -v ps="$ps" -v ss="$ss" -v a="$pl1" -v b="$pl2" -v c="$sl1" -v d="$sl2" -v so="$so" -v o="$([ $((round % 2)) = 1 ] && echo plain,shim || echo shim,plain)" 'BEGIN {
+        printf "   round %d (%s): plain span %.2f s (loops %.2f %.2f), shim span %.2f s (loops %.2f %.2f): %+.2f%%, swaps %d\n", r, o, ps, a, b, ss, c, d, (ss / ps - 1) * 100, so }'
+    awk -v ps="$ps" -v ss="$ss" 'BEGIN { printf "%.5f %.3f %.3f\n", ss / ps, ps, ss }' >>"$WORK/ratios"
 done
+stop_sched
+sort -n "$WORK/ratios" | awk '{ r[NR] = $1; p[NR] = $2; s[NR] = $3; sp += $2 } END {
+    n = NR; if (n == 0) { print "   no complete round"; exit }
+    med = (n % 2) ? r[(n + 1) / 2] : (r[n / 2] + r[n / 2 + 1]) / 2
+    m = sp / n; for (i = 1; i <= n; i++) v += (p[i] - m) ^ 2; cv = n > 1 ? sqrt(v / (n - 1)) / m * 100 : 0
+    printf "   shim vs no shim over %d rounds: median of paired ratios %+.2f%% (min %+.2f%%, max %+.2f%%); plain spans vary %.2f%% (CV) between rounds\n", n, (med - 1) * 100, (r[1] - 1) * 100, (r[n] - 1) * 100, cv
+    v = med <= 1.03 ? (r[n] <= 1.03 ? "met (every round <= +3%)" : "met on the median (some rounds above +3%)") : (r[1] > 1.03 ? "NOT met (every round > +3%)" : "inconclusive (median > +3%, some rounds below)")
+    printf "   target <= +3%%: %s\n", v }'
+fi
+[ -n "${BENCH_LOGS:-}" ] && [ -f "$WORK/sched.log" ] && mkdir -p "$BENCH_LOGS" && cp "$WORK/sched.log" "$BENCH_LOGS/scheduler.log"
 echo "== $fails failure(s)"
 exit $((fails > 0))

@@ -8,7 +8,9 @@ process's working set is as large as asked and every byte of it is live:
 
 Prints one JSON line: sha256 over the final parameters (must equal a run
 without the shim, bit for bit), ballast_ok (every ballast byte has the value
-the XORs leave), seconds, and the allocator setting in effect.
+the XORs leave), seconds, the timed loop (after --warmup steps and, with
+--barrier, once every process of a pair has warmed up: loop_start, loop_end as
+wall-clock seconds, loop_seconds) and the allocator setting in effect.
 """
 import argparse
 import json
@@ -29,6 +31,9 @@ def main():
     p.add_argument("--ballast-gb", type=float, default=0.0)
     p.add_argument("--sleep-every", type=int, default=0, help="CPU phase every N steps (mixed job)")
     p.add_argument("--sleep-s", type=float, default=0.0)
+    p.add_argument("--warmup", type=int, default=0, help="steps (of --steps) before the timed loop")
+    p.add_argument("--barrier", default="", help="directory: after the warm-up, wait until --barrier-n processes got there")
+    p.add_argument("--barrier-n", type=int, default=2)
     a = p.parse_args()
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = False
@@ -42,7 +47,16 @@ def main():
     x, y = data(16)
     x, y = x.cuda(), y.cuda()
     loss = None
+    ls = None
     for i in range(a.steps):
+        if i == a.warmup:
+            torch.cuda.synchronize()
+            if a.barrier:
+                open(os.path.join(a.barrier, str(os.getpid())), "w").close()
+                deadline = time.time() + 300
+                while len(os.listdir(a.barrier)) < a.barrier_n and time.time() < deadline:
+                    time.sleep(0.001)
+            ls = time.time()
         opt.zero_grad(set_to_none=True)
         loss = nn.functional.cross_entropy(m(x[i % 16]), y[i % 16])
         loss.backward()
@@ -53,6 +67,7 @@ def main():
             torch.cuda.synchronize()
             time.sleep(a.sleep_s)
     torch.cuda.synchronize()
+    le = time.time()
     ok = True
     if ballast is not None:
         want = 0x3C ^ (0x5A if a.steps % 2 else 0)
@@ -62,6 +77,8 @@ def main():
     free, total = torch.cuda.mem_get_info()
     print(json.dumps({"sha256": digest(m.parameters()), "loss": float(loss), "ballast_ok": ok,
                       "seconds": round(time.time() - t0, 3), "mem_total": total,
+                      "loop_start": ls, "loop_end": le, "loop_seconds": round(le - ls, 4) if ls else None,
+                      "timed_steps": a.steps - a.warmup,
                       "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
                       "shim": bool(os.environ.get("LD_PRELOAD"))}), flush=True)
 

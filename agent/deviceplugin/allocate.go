@@ -83,6 +83,11 @@ func addMPS(cfg Config, resp *pluginapi.ContainerAllocateResponse, devs []Device
 		HostPath:      cfg.MPSPipeDir(d.GPUUUID),
 		// Clients write to the daemon's pipes, so the directory is mounted read-write.
 		ReadOnly: false,
+	}, &pluginapi.Mount{
+		// The client and the daemon exchange work through shared memory: the container's /dev/shm is
+		// the daemons' (shared by every MPS client on the node, as with NVIDIA's device plugin).
+		ContainerPath: ContainerShm,
+		HostPath:      cfg.MPSShmDir(),
 	})
 	resp.Envs[EnvMPSPipeDirectory] = ContainerMPSPipeDir
 	if atp > 0 {

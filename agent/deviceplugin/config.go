@@ -25,6 +25,8 @@ type ResourceName string
 const (
 	// ContainerMPSPipeDir is where a GPU's MPS pipe directory is mounted (CUDA_MPS_PIPE_DIRECTORY).
 	ContainerMPSPipeDir = "/var/run/gpusharing/mps"
+	// ContainerShm is where an MPS client sees the daemons' shared memory.
+	ContainerShm = "/dev/shm"
 	// ContainerShimLibrary is where libgpushare.so is mounted (LD_PRELOAD).
 	ContainerShimLibrary = "/usr/lib/gpusharing/libgpushare.so"
 	// ContainerSchedulerDir is where the GPU's scheduler socket directory is mounted.
@@ -130,6 +132,9 @@ func (c Config) KubeletSocket() string { return filepath.Join(c.SocketDir, "kube
 // MPSPipeDir is the host directory a GPU's MPS control daemon uses as CUDA_MPS_PIPE_DIRECTORY. The agent's
 // MPS package starts the daemon with this directory so that the mount Allocate hands out reaches it.
 func (c Config) MPSPipeDir(gpuUUID string) string { return hostpath.MPSPipeDir(c.MPSRoot, gpuUUID) }
+
+// MPSShmDir is the host directory mounted at /dev/shm in the MPS daemons and their client containers.
+func (c Config) MPSShmDir() string { return hostpath.MPSShmDir(c.MPSRoot) }
 
 // MPSLogDir is the host directory for a GPU's MPS daemon logs (CUDA_MPS_LOG_DIRECTORY); never mounted into pods.
 func (c Config) MPSLogDir(gpuUUID string) string { return hostpath.MPSLogDir(c.MPSRoot, gpuUUID) }

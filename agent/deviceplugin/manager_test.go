@@ -185,7 +185,7 @@ func TestManagerRegistersServesAndAllocatesEveryMode(t *testing.T) {
 				"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "40",
 				"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT":  "0=8192M",
 			},
-			wantMounts: []*pluginapi.Mount{{ContainerPath: "/var/run/gpusharing/mps", HostPath: "/host/run/mps/GPU-mps/pipe", ReadOnly: false}},
+			wantMounts: []*pluginapi.Mount{{ContainerPath: "/var/run/gpusharing/mps", HostPath: "/host/run/mps/GPU-mps/pipe", ReadOnly: false}, {ContainerPath: "/dev/shm", HostPath: "/host/run/mps/shm"}},
 		},
 		{
 			name: "two MPS shares of one GPU add their limits up", resource: resMPS, ids: []string{"GPU-mps::0", "GPU-mps::1"},
@@ -196,7 +196,7 @@ func TestManagerRegistersServesAndAllocatesEveryMode(t *testing.T) {
 				"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "80",
 				"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT":  "0=16384M",
 			},
-			wantMounts: []*pluginapi.Mount{{ContainerPath: "/var/run/gpusharing/mps", HostPath: "/host/run/mps/GPU-mps/pipe", ReadOnly: false}},
+			wantMounts: []*pluginapi.Mount{{ContainerPath: "/var/run/gpusharing/mps", HostPath: "/host/run/mps/GPU-mps/pipe", ReadOnly: false}, {ContainerPath: "/dev/shm", HostPath: "/host/run/mps/shm"}},
 		},
 		{
 			name: "MIG instances name the MIG uuids", resource: resMIG1g, ids: []string{"MIG-a", "MIG-b"},

@@ -10,6 +10,12 @@ import "path/filepath"
 func MPSPipeDir(mpsRoot, gpuUUID string) string { return filepath.Join(mpsRoot, gpuUUID, "pipe") }
 
 // MPSLogDir is a GPU's CUDA_MPS_LOG_DIRECTORY under the MPS root: <root>/<gpu-uuid>/log.
+// MPSShmDir is the shared memory directory of every MPS daemon on the node and of their clients: MPS
+// servers and clients exchange work through POSIX shared memory, so a client in its own pod must see the
+// daemon's /dev/shm. The agent (whose children the daemons are) and each MPS client container mount it
+// at /dev/shm. Under /run it is a tmpfs on usual hosts, as /dev/shm is.
+func MPSShmDir(mpsRoot string) string { return filepath.Join(mpsRoot, "shm") }
+
 func MPSLogDir(mpsRoot, gpuUUID string) string { return filepath.Join(mpsRoot, gpuUUID, "log") }
 
 // SchedulerSocketName is the file name of a GPU's shim scheduler socket in its directory.

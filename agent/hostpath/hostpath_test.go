@@ -7,6 +7,9 @@ func TestMPSLayoutIsRootUUIDPipeAndLog(t *testing.T) {
 	if got := MPSPipeDir("/run/gpusharing/mps", "GPU-1"); got != "/run/gpusharing/mps/GPU-1/pipe" {
 		t.Errorf("MPSPipeDir = %q, want /run/gpusharing/mps/GPU-1/pipe", got)
 	}
+	if got := MPSShmDir("/run/gpusharing/mps"); got != "/run/gpusharing/mps/shm" {
+		t.Errorf("MPSShmDir = %q, want /run/gpusharing/mps/shm", got)
+	}
 	if got := MPSLogDir("/run/gpusharing/mps", "GPU-1"); got != "/run/gpusharing/mps/GPU-1/log" {
 		t.Errorf("MPSLogDir = %q, want /run/gpusharing/mps/GPU-1/log", got)
 	}

@@ -69,11 +69,14 @@ func TestAgentRegistersWhatItsStatusReportsAndReRegistersOnAStrategyChange(t *te
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(resp.Mounts) != 1 {
-		t.Fatalf("MPS allocation mounts %v, want the pipe directory", resp.Mounts)
+	if len(resp.Mounts) != 2 || resp.Mounts[1].ContainerPath != "/dev/shm" {
+		t.Fatalf("MPS allocation mounts %v, want the pipe directory and the daemons' /dev/shm", resp.Mounts)
 	}
 	if _, err := os.Stat(filepath.Join(resp.Mounts[0].HostPath, mps.PIDFile)); err != nil {
 		t.Errorf("MPS mount %s is not the daemon's pipe directory: %v", resp.Mounts[0].HostPath, err)
+	}
+	if want := hostpath.MPSShmDir(filepath.Join(n.dir, "mps")); resp.Mounts[1].HostPath != want {
+		t.Errorf("MPS /dev/shm mount is %s, want the daemons' %s", resp.Mounts[1].HostPath, want)
 	}
 
 	// TimeSlicing -> MPS: the time-slice resource goes away and the MPS resource re-registers with the

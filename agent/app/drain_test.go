@@ -75,7 +75,7 @@ func TestMIGLayoutChangeWaitsForThePodUsingTheGPUThenAppliesAndAdvertisesAgain(t
 	}
 
 	// The pod ends: the kubelet drops it, the API server reports it Succeeded.
-	setPodPhase(t, pod, corev1.PodSucceeded)
+	env.SetPodPhase(t, context.Background(), pod, corev1.PodSucceeded)
 	n.pods.RemovePod(pod.Namespace, pod.Name)
 	g = n.waitFor(t, "MIG 3g.20gb x1 applied after the pod ended", appliedAsDesired(uuid))
 	if st := gpuState(g, uuid); st.Drain != nil || len(st.Applied.MIGInstances) != 1 || st.Applied.MIGInstances[0].Profile != "3g.20gb" {
@@ -98,7 +98,7 @@ func TestEvictWaitsWhileABudgetBlocksAndSaysSoThenApplies(t *testing.T) {
 	pod := runningPod(t, "server", labels)
 	podName := pod.Namespace + "/" + pod.Name
 	n.pods.SetPods(fakekubelet.Pod(pod.Namespace, pod.Name, "nvidia.com/gpu", uuid))
-	pdb := blockingPDB(t, pod.Namespace, labels)
+	pdb := env.BlockingPDB(t, context.Background(), pod.Namespace, labels)
 
 	n.setSpec(t, v1alpha1.GPUDesired{UUID: uuid, Sharing: timeSlicing(4), Drain: drainSpec(v1alpha1.DrainEvict, time.Minute)})
 	n.waitFor(t, "Draining, eviction blocked by the budget", draining(uuid, podName, "evicting 1 pods", "disruption budget"))
@@ -112,7 +112,7 @@ func TestEvictWaitsWhileABudgetBlocksAndSaysSoThenApplies(t *testing.T) {
 		t.Fatalf("Applied reason %s while the budget blocks, want Draining", reason)
 	}
 
-	setPDBAllowed(t, pdb, 1)
+	env.SetPDBAllowed(t, context.Background(), pdb, 1)
 	g := n.waitFor(t, "TimeSlicing applied after the eviction", appliedAsDesired(uuid))
 	if err := env.Client.Get(context.Background(), client.ObjectKeyFromObject(pod), &p); !apierrors.IsNotFound(err) {
 		t.Errorf("pod after the drain: %v, want evicted (NotFound)", err)

@@ -10,15 +10,12 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/gpusharing/gpusharing/agent/deviceplugin"
@@ -262,8 +259,7 @@ func drainSpec(mode v1alpha1.DrainMode, timeout time.Duration) *v1alpha1.Drain {
 	return &v1alpha1.Drain{Mode: mode, Timeout: &metav1.Duration{Duration: timeout}}
 }
 
-// runningPod creates a pod and sets it Running and Ready: envtest has no kubelet, and the Eviction API
-// ignores PodDisruptionBudgets for Pending pods.
+// runningPod creates a pod, Running and Ready, in a namespace of its own.
 func runningPod(t *testing.T, name string, labels map[string]string) *corev1.Pod {
 	t.Helper()
 	ctx := context.Background()
@@ -271,64 +267,5 @@ func runningPod(t *testing.T, name string, labels map[string]string) *corev1.Pod
 	if err := env.Client.Create(ctx, ns); err != nil {
 		t.Fatal(err)
 	}
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: name, Labels: labels},
-		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "example.com/cuda:1"}}},
-	}
-	if err := env.Client.Create(ctx, pod); err != nil {
-		t.Fatal(err)
-	}
-	setPodPhase(t, pod, corev1.PodRunning)
-	return pod
-}
-
-func setPodPhase(t *testing.T, pod *corev1.Pod, phase corev1.PodPhase) {
-	t.Helper()
-	ctx := context.Background()
-	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(pod), pod); err != nil {
-		t.Fatal(err)
-	}
-	pod.Status.Phase = phase
-	ready := corev1.ConditionFalse
-	if phase == corev1.PodRunning {
-		ready = corev1.ConditionTrue
-	}
-	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: ready}}
-	if err := env.Client.Status().Update(ctx, pod); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// blockingPDB creates a budget for the labels with the status a disruption controller would write
-// (envtest runs none): no disruption allowed.
-func blockingPDB(t *testing.T, ns string, labels map[string]string) *policyv1.PodDisruptionBudget {
-	t.Helper()
-	one := intstr.FromInt32(1)
-	pdb := &policyv1.PodDisruptionBudget{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "keep-one"},
-		Spec:       policyv1.PodDisruptionBudgetSpec{MinAvailable: &one, Selector: &metav1.LabelSelector{MatchLabels: labels}},
-	}
-	if err := env.Client.Create(context.Background(), pdb); err != nil {
-		t.Fatal(err)
-	}
-	setPDBAllowed(t, pdb, 0)
-	return pdb
-}
-
-func setPDBAllowed(t *testing.T, pdb *policyv1.PodDisruptionBudget, allowed int32) {
-	t.Helper()
-	ctx := context.Background()
-	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(pdb), pdb); err != nil {
-		t.Fatal(err)
-	}
-	pdb.Status = policyv1.PodDisruptionBudgetStatus{
-		ObservedGeneration: pdb.Generation,
-		DisruptionsAllowed: allowed,
-		CurrentHealthy:     1 + allowed,
-		DesiredHealthy:     1,
-		ExpectedPods:       1 + allowed,
-	}
-	if err := env.Client.Status().Update(ctx, pdb); err != nil {
-		t.Fatal(err)
-	}
+	return env.RunningPod(t, ctx, ns.Name, name, labels)
 }

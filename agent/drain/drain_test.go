@@ -62,38 +62,6 @@ func namespace(t *testing.T, ctx context.Context) string {
 	return ns.Name
 }
 
-// runningPod creates a pod and sets it Running and Ready: envtest has no kubelet, and the Eviction API
-// ignores PodDisruptionBudgets for Pending pods and may evict unready ones.
-func runningPod(t *testing.T, ctx context.Context, ns, name string, labels map[string]string) *corev1.Pod {
-	t.Helper()
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels},
-		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "example.com/cuda:1"}}},
-	}
-	if err := env.Client.Create(ctx, pod); err != nil {
-		t.Fatal(err)
-	}
-	setPhase(t, ctx, pod, corev1.PodRunning)
-	return pod
-}
-
-func setPhase(t *testing.T, ctx context.Context, pod *corev1.Pod, phase corev1.PodPhase) {
-	t.Helper()
-	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(pod), pod); err != nil {
-		t.Fatal(err)
-	}
-	pod.Status.Phase = phase
-	// Ready, so that the Eviction API treats the pod as healthy and a budget counts it.
-	ready := corev1.ConditionFalse
-	if phase == corev1.PodRunning {
-		ready = corev1.ConditionTrue
-	}
-	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: ready}}
-	if err := env.Client.Status().Update(ctx, pod); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // progress collects steps and lets the test wait for one.
 type progress struct {
 	mu    sync.Mutex
@@ -159,9 +127,9 @@ func TestWaitForIdleCompletesWhenThePodsEnd(t *testing.T) {
 	ctx := testCtx(t)
 	ns := namespace(t, ctx)
 	pr, lister := startPodResources(t)
-	replica := runningPod(t, ctx, ns, "replica", nil)
-	runningPod(t, ctx, ns, "mig", nil)
-	runningPod(t, ctx, ns, "other-gpu", nil)
+	replica := env.RunningPod(t, ctx, ns, "replica", nil)
+	env.RunningPod(t, ctx, ns, "mig", nil)
+	env.RunningPod(t, ctx, ns, "other-gpu", nil)
 	pr.SetPods(
 		fakekubelet.Pod(ns, "replica", "gpusharing.io/gpu-timeslice", "GPU-a::1"),
 		fakekubelet.Pod(ns, "mig", "nvidia.com/mig-1g.10gb", "MIG-a1"),
@@ -177,7 +145,7 @@ func TestWaitForIdleCompletesWhenThePodsEnd(t *testing.T) {
 	}
 	// One pod finishes (the API server says Succeeded while the kubelet still lists it), the other's
 	// containers go away.
-	setPhase(t, ctx, replica, corev1.PodSucceeded)
+	env.SetPodPhase(t, ctx, replica, corev1.PodSucceeded)
 	pr.RemovePod(ns, "mig")
 
 	o := <-done
@@ -206,9 +174,9 @@ func TestEvictWaitsWhileAPodDisruptionBudgetBlocksAndCompletesWhenItAllows(t *te
 	ns := namespace(t, ctx)
 	pr, lister := startPodResources(t)
 	labels := map[string]string{"app": "inference"}
-	runningPod(t, ctx, ns, "server", labels)
+	env.RunningPod(t, ctx, ns, "server", labels)
 	pr.SetPods(fakekubelet.Pod(ns, "server", "gpusharing.io/gpu-mps", "GPU-a::0"))
-	pdb := blockingPDB(t, ctx, ns, labels)
+	pdb := env.BlockingPDB(t, ctx, ns, labels)
 
 	p := newProgress()
 	d := &Drainer{PodResources: lister, Pods: env.Client, Evictor: evictor(t, env.Config), PollInterval: pollInterval}
@@ -224,7 +192,7 @@ func TestEvictWaitsWhileAPodDisruptionBudgetBlocksAndCompletesWhenItAllows(t *te
 	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "server"}, &pod); err != nil || pod.DeletionTimestamp != nil {
 		t.Fatalf("pod while the budget blocks: %v, deleting=%v; want it untouched", err, pod.DeletionTimestamp != nil)
 	}
-	setPDBAllowed(t, ctx, pdb, 1)
+	env.SetPDBAllowed(t, ctx, pdb, 1)
 
 	o := <-done
 	if o.err != nil {
@@ -253,36 +221,6 @@ func idx(ps []Phase, p Phase) int {
 
 // blockingPDB creates a budget for the labels and writes the status a disruption controller would (no
 // controller runs in envtest): observed, nothing may be disrupted.
-func blockingPDB(t *testing.T, ctx context.Context, ns string, labels map[string]string) *policyv1.PodDisruptionBudget {
-	t.Helper()
-	one := intstr.FromInt32(1)
-	pdb := &policyv1.PodDisruptionBudget{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "keep-one"},
-		Spec:       policyv1.PodDisruptionBudgetSpec{MinAvailable: &one, Selector: &metav1.LabelSelector{MatchLabels: labels}},
-	}
-	if err := env.Client.Create(ctx, pdb); err != nil {
-		t.Fatal(err)
-	}
-	setPDBAllowed(t, ctx, pdb, 0)
-	return pdb
-}
-
-func setPDBAllowed(t *testing.T, ctx context.Context, pdb *policyv1.PodDisruptionBudget, allowed int32) {
-	t.Helper()
-	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(pdb), pdb); err != nil {
-		t.Fatal(err)
-	}
-	pdb.Status = policyv1.PodDisruptionBudgetStatus{
-		ObservedGeneration: pdb.Generation,
-		DisruptionsAllowed: allowed,
-		CurrentHealthy:     1 + allowed,
-		DesiredHealthy:     1,
-		ExpectedPods:       1 + allowed,
-	}
-	if err := env.Client.Status().Update(ctx, pdb); err != nil {
-		t.Fatal(err)
-	}
-}
 
 func TestTimeoutReturnsErrDrainTimeoutNamingTheRemainingPods(t *testing.T) {
 	for _, tc := range []struct {
@@ -298,9 +236,9 @@ func TestTimeoutReturnsErrDrainTimeoutNamingTheRemainingPods(t *testing.T) {
 			ns := namespace(t, ctx)
 			pr, lister := startPodResources(t)
 			labels := map[string]string{"app": "stuck"}
-			runningPod(t, ctx, ns, "stuck", labels)
+			env.RunningPod(t, ctx, ns, "stuck", labels)
 			pr.SetPods(fakekubelet.Pod(ns, "stuck", "nvidia.com/gpu", "GPU-a"))
-			blockingPDB(t, ctx, ns, labels)
+			env.BlockingPDB(t, ctx, ns, labels)
 			p := newProgress()
 			d := &Drainer{PodResources: lister, Pods: env.Client, Evictor: evictor(t, env.Config), PollInterval: pollInterval}
 			res, err := d.Drain(ctx, Request{GPUUUID: "GPU-a", Mode: tc.mode, Timeout: 400 * time.Millisecond, Progress: p.report})
@@ -327,7 +265,7 @@ func TestEvictionRefusedForAnotherReasonFailsAtOnce(t *testing.T) {
 	ctx := testCtx(t)
 	ns := namespace(t, ctx)
 	pr, lister := startPodResources(t)
-	runningPod(t, ctx, ns, "job", nil)
+	env.RunningPod(t, ctx, ns, "job", nil)
 	pr.SetPods(fakekubelet.Pod(ns, "job", "nvidia.com/gpu", "GPU-a"))
 	// A user without RBAC for pods/eviction.
 	cfg := rest.CopyConfig(env.Config)
@@ -384,7 +322,7 @@ func TestABudgetNotYetObservedIsReportedBlockedAtOnceAndCancelStopsTheDrain(t *t
 	ns := namespace(t, ctx)
 	pr, lister := startPodResources(t)
 	labels := map[string]string{"app": "fresh"}
-	runningPod(t, ctx, ns, "server", labels)
+	env.RunningPod(t, ctx, ns, "server", labels)
 	pr.SetPods(fakekubelet.Pod(ns, "server", "nvidia.com/gpu", "GPU-a"))
 	// No status: the API server answers 429 with Retry-After until a disruption controller observes it,
 	// which client-go would silently retry for up to 100s.

@@ -3,7 +3,8 @@
 # allocator settings, two jobs at a time whose working sets add up to ~1.5x
 # the budget, must give bit-identical parameters to runs without the shim
 # (and keep every byte of their ballast) while swapping; then
-# `make -C shim bench-oversub`. Needs gcc, python3 with PyTorch, and
+# `make -C shim bench-oversub SECTIONS=swap` (BENCH_SECTIONS="swap jobs fit" for the job table and the
+# fit-together overhead too: ~15 minutes more). Needs gcc, python3 with PyTorch, and
 #   go build -o shim/build/gpushare-scheduler ./cmd/gpushare-scheduler   (elsewhere: no Go needed here)
 #   test/gpu/oversub/run.sh        (from the repository root; run.log lands in $OUT, default /tmp/gpu-oversub-out)
 # The budget (BUDGET_GB, default 4) stays far below the card: nothing asks for
@@ -75,7 +76,7 @@ tar czf "$OUT/logs.tgz" -C "$T" . 2>/dev/null
 echo "== benchmarks"
 BENCH=${BENCH:-1}
 if [ "$BENCH" = 1 ]; then
-    make -C "$ROOT/shim" bench-oversub BUDGET_GB="$BUDGET_GB" 2>&1 || fails=$((fails + 1))
+    make -C "$ROOT/shim" bench-oversub BUDGET_GB="$BUDGET_GB" SECTIONS="${BENCH_SECTIONS:-swap}" 2>&1 || fails=$((fails + 1))
 fi
 echo "== $fails failure(s)"
 [ "$fails" -eq 0 ]

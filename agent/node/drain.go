@@ -17,7 +17,7 @@ import (
 	"github.com/gpusharing/gpusharing/agent/mig"
 	"github.com/gpusharing/gpusharing/agent/outcome"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
-	"github.com/gpusharing/gpusharing/controllers/resolve"
+	"github.com/gpusharing/gpusharing/internal/sharing"
 )
 
 // DevicePlugin is the part of deviceplugin.Manager the reconciler uses: it is told every status a pass
@@ -180,8 +180,8 @@ func (r *Reconciler) convergeListed(ctx context.Context, sc *scope, dev gpu.Devi
 	if !r.drainOn() {
 		return nil, r.converge(ctx, dev, want.Sharing)
 	}
-	from, _ := resolve.AppliedShape(applied(dev, r.observe(dev.UUID)))
-	disruptive := resolve.Disruptive(from, resolve.ShapeOf(want.Sharing))
+	from, _ := sharing.AppliedShape(applied(dev, r.observe(dev.UUID)))
+	disruptive := sharing.Disruptive(from, sharing.ShapeOf(want.Sharing))
 	key := drainKey(want)
 
 	d := r.drains.get(dev.UUID)

@@ -6,6 +6,7 @@ import (
 
 	v1 "github.com/gpusharing/gpusharing/api/v1alpha1"
 	"github.com/gpusharing/gpusharing/controllers/resolve"
+	"github.com/gpusharing/gpusharing/internal/sharing"
 )
 
 // NodeView is one node as the status aggregation sees it: its GPUNode and its Node's labels.
@@ -65,7 +66,7 @@ func Summarize(p *v1.GPUSharingPolicy, compiled []resolve.Compiled, nodes []Node
 	waiting := map[string]bool{}
 	conflicts := map[string]*Conflict{}
 	// Every entry that is current carries exactly the policy's sharing, so one hash serves them all.
-	hash, shape := v1.SharingHash(p.Spec.Sharing), resolve.ShapeOf(p.Spec.Sharing)
+	hash, shape := v1.SharingHash(p.Spec.Sharing), sharing.ShapeOf(p.Spec.Sharing)
 	for _, nv := range nodes {
 		gn := nv.GPUNode
 		if len(gn.Status.GPUs) == 0 {

@@ -1,70 +1,9 @@
 package resolve
 
 import (
-	"fmt"
-	"sort"
-	"strings"
-
 	v1 "github.com/gpusharing/gpusharing/api/v1alpha1"
+	"github.com/gpusharing/gpusharing/internal/sharing"
 )
-
-// Shape is the part of a GPU's sharing that running work depends on: the strategy, for MIG the layout,
-// and whether the shim's scheduler runs. Changing it means emptying the GPU; everything else (MPS
-// percentages and limits, time-slice replicas and interval, the quantum, budget and mode of
-// oversubscription) is adjusted under running work.
-type Shape struct {
-	Strategy v1.Strategy
-	// Layout is the MIG layout in canonical form ("1g.10gb x4,3g.40gb x1"), empty for other strategies.
-	Layout string
-	// Shim is whether oversubscription is on. Turning it on beside pods that run without the shim would
-	// let them use memory the budget hands to others; turning it off leaves shim pods with no lock.
-	Shim bool
-}
-
-// ShapeOf is the shape a desired sharing asks for.
-func ShapeOf(s v1.Sharing) Shape {
-	sh := Shape{Strategy: s.Strategy, Shim: s.Oversubscription != nil}
-	if s.Strategy == v1.StrategyMIG && s.MIG != nil {
-		counts := map[string]int32{}
-		for _, in := range s.MIG.Instances {
-			counts[in.Profile] += in.Count
-		}
-		sh.Layout = layout(counts)
-	}
-	return sh
-}
-
-// AppliedShape is the shape an agent reports in force; ok is false when the agent reports nothing yet.
-func AppliedShape(a *v1.AppliedSharing) (Shape, bool) {
-	if a == nil || a.Strategy == "" {
-		return Shape{}, false
-	}
-	sh := Shape{Strategy: a.Strategy, Shim: a.Shim != nil}
-	if a.Strategy == v1.StrategyMIG {
-		counts := map[string]int32{}
-		for _, in := range a.MIGInstances {
-			counts[in.Profile]++
-		}
-		sh.Layout = layout(counts)
-	}
-	return sh, true
-}
-
-func layout(counts map[string]int32) string {
-	parts := make([]string, 0, len(counts))
-	for p, n := range counts {
-		parts = append(parts, fmt.Sprintf("%s x%d", p, n))
-	}
-	sort.Strings(parts)
-	return strings.Join(parts, ",")
-}
-
-// Disruptive says whether moving a GPU from one shape to another disturbs the work running on it: a
-// strategy change (for example MPS to time-slicing), a different MIG layout, or oversubscription turned
-// on or off.
-func Disruptive(from, to Shape) bool {
-	return from != to
-}
 
 // ChangeIsDisruptive says whether writing want for a GPU disturbs running work. It does when the shape
 // differs from the desired state already written (current, nil when the GPU is not listed) or from what
@@ -72,15 +11,15 @@ func Disruptive(from, to Shape) bool {
 // disrupted, because the agent may have to empty it. Checking both baselines matters: a GPU whose
 // written change is still in flight would otherwise pass to another policy without that policy's budget.
 func ChangeIsDisruptive(current *v1.Sharing, applied *v1.AppliedSharing, want v1.Sharing) bool {
-	to := ShapeOf(want)
-	if current != nil && Disruptive(ShapeOf(*current), to) {
+	to := sharing.ShapeOf(want)
+	if current != nil && sharing.Disruptive(sharing.ShapeOf(*current), to) {
 		return true
 	}
-	from, ok := AppliedShape(applied)
+	from, ok := sharing.AppliedShape(applied)
 	if !ok {
 		return true
 	}
-	return Disruptive(from, to)
+	return sharing.Disruptive(from, to)
 }
 
 // DefaultSharing is what a GPU returns to when the policy that configured it goes away or stops

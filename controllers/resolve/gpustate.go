@@ -7,6 +7,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1 "github.com/gpusharing/gpusharing/api/v1alpha1"
+	"github.com/gpusharing/gpusharing/internal/sharing"
 )
 
 // Phase is where one listed GPU stands against its desired sharing, as the agent reports it.
@@ -135,12 +136,12 @@ func StateOfHashed(node *v1.GPUNode, entry *v1.GPUDesired, hash string) GPUState
 
 // DisruptionInFlight says whether a GPU in the given state carries a disruptive change not yet done: it
 // is applying and what the agent reports in force has another shape than want (or is unknown).
-func DisruptionInFlight(st GPUState, gpu *v1.GPUStatus, want Shape) bool {
+func DisruptionInFlight(st GPUState, gpu *v1.GPUStatus, want sharing.Shape) bool {
 	if st.Phase != PhaseApplying {
 		return false
 	}
-	from, ok := AppliedShape(gpu.Applied)
-	return !ok || Disruptive(from, want)
+	from, ok := sharing.AppliedShape(gpu.Applied)
+	return !ok || sharing.Disruptive(from, want)
 }
 
 // InFlightPolicies names the policies for which this node has a disruptive change in flight: a spec
@@ -155,7 +156,7 @@ func InFlightPolicies(node *v1.GPUNode) []string {
 		if e.Policy == "" || seen[e.Policy] {
 			continue
 		}
-		if !DisruptionInFlight(StateOf(node, e), FindGPU(node.Status.GPUs, e.UUID), ShapeOf(e.Sharing)) {
+		if !DisruptionInFlight(StateOf(node, e), FindGPU(node.Status.GPUs, e.UUID), sharing.ShapeOf(e.Sharing)) {
 			continue
 		}
 		seen[e.Policy] = true

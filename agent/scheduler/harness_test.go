@@ -64,6 +64,12 @@ type env struct {
 // newEnv starts a scheduler for one GPU with the given quantum and grace.
 func newEnv(t *testing.T, quantum, grace time.Duration) *env {
 	t.Helper()
+	return startEnv(t, GPUConfig{Quantum: quantum, Grace: grace})
+}
+
+// startEnv starts a scheduler for one GPU, "GPU-test", configured as cfg, on a socket in a fresh directory.
+func startEnv(t *testing.T, cfg GPUConfig) *env {
+	t.Helper()
 	build := shimBuild(t)
 	// Short path: a Unix socket path must fit in 108 bytes.
 	dir, err := os.MkdirTemp("", "gs")
@@ -73,10 +79,8 @@ func newEnv(t *testing.T, quantum, grace time.Duration) *env {
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	e := &env{t: t, build: build, dir: dir, sock: filepath.Join(dir, "gpu.sock"), trace: filepath.Join(dir, "trace"),
 		m: prometheus.NewRegistry()}
-	e.s, err = New(Options{
-		GPUs:       []GPUConfig{{UUID: "GPU-test", SocketPath: e.sock, Quantum: quantum, Grace: grace}},
-		Registerer: e.m,
-	})
+	cfg.UUID, cfg.SocketPath = "GPU-test", e.sock
+	e.s, err = New(Options{GPUs: []GPUConfig{cfg}, Registerer: e.m})
 	if err != nil {
 		t.Fatal(err)
 	}

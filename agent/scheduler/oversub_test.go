@@ -2,7 +2,6 @@ package scheduler
 
 import (
 	"bufio"
-	"context"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -11,8 +10,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Oversubscription end to end: real processes (shim/tests/oversub_client)
@@ -24,27 +21,7 @@ import (
 // newMemEnv starts a scheduler with a memory budget.
 func newMemEnv(t *testing.T, quantum, grace time.Duration, budget uint64, mode Mode) *env {
 	t.Helper()
-	build := shimBuild(t)
-	dir, err := os.MkdirTemp("", "gs")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	e := &env{t: t, build: build, dir: dir, sock: filepath.Join(dir, "gpu.sock"), trace: filepath.Join(dir, "trace"),
-		m: prometheus.NewRegistry()}
-	e.s, err = New(Options{
-		GPUs: []GPUConfig{{UUID: "GPU-test", SocketPath: e.sock, Quantum: quantum, Grace: grace, Budget: budget,
-			Mode: mode}},
-		Registerer: e.m,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.s.Listen(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.s.Close)
-	return e
+	return startEnv(t, GPUConfig{Quantum: quantum, Grace: grace, Budget: budget, Mode: mode})
 }
 
 func (e *env) memtrace() string { return filepath.Join(e.dir, "memtrace") }

@@ -271,19 +271,85 @@ func TestOversubSwapsThroughPageableStagingWhenPinningFails(t *testing.T) {
 	}
 }
 
-// PyTorch's stream-ordered allocator cannot be swapped: the process says so
-// once, naming the setting, and runs with the lock only (plain driver memory).
-func TestOversubRefusesPyTorchAllocatorsItCannotSwapAndRunsLockOnly(t *testing.T) {
+// PyTorch's other two allocators are swapped too: the stream-ordered one
+// (cuMemAllocAsync / cuMemFreeAsync on two streams, freed memory reused in
+// stream order) and the application's own VMM handles (expandable segments:
+// 2 MiB handles mapped into a reserved range, half of them released while
+// mapped, segments unmapped and mapped again). Two such processes at 1.5-1.75x
+// the budget keep every byte across hundreds of swaps, physical memory never
+// exceeds the budget, and each answers as the driver would.
+func TestOversubSwapsPyTorchsOtherAllocatorsToo(t *testing.T) {
+	for _, tc := range []struct{ kind, conf, size string }{
+		{"async", "backend:cudaMallocAsync", "2097152"}, // 5 x 2 MiB + a 2 MiB slab each: 24 MiB together
+		{"vmm", "expandable_segments:True", "4194304"},  // 3 x 2 x 2 MiB handles + a slab each: 28 MiB together
+	} {
+		t.Run(tc.kind, func(t *testing.T) {
+			const budget = 16 * mib
+			e := newMemEnv(t, 5*time.Millisecond, 200*time.Millisecond, budget, ModeAuto)
+			bufs := "bufs=5"
+			if tc.kind == "vmm" {
+				bufs = "bufs=3"
+			}
+			args := []string{"alloc=" + tc.kind, bufs, "size=" + tc.size, "small=8", "iters=1500", "sleep_us=20",
+				"verify_every=250"}
+			env := []string{"PYTORCH_CUDA_ALLOC_CONF=" + tc.conf}
+			a := e.startOversub(env, append(args, "seed=1")...)
+			b := e.startOversub(env, append(args, "seed=2")...)
+			va := a.waitOversub(t, 120*time.Second)
+			vb := b.waitOversub(t, 120*time.Second)
+			swaps := va["swap_out"] + va["swap_in"] + vb["swap_out"] + vb["swap_in"]
+			t.Logf("swaps: a out=%d in=%d, b out=%d in=%d; churned %d and %d; reused %d and %d", va["swap_out"],
+				va["swap_in"], vb["swap_out"], vb["swap_in"], va["churned"], vb["churned"], va["swap_async_reused"],
+				vb["swap_async_reused"])
+			if swaps < 300 {
+				t.Errorf("only %d swaps", swaps)
+			}
+			if p := e.peakPhysical(); p > budget || p == 0 {
+				t.Errorf("physical memory of both processes peaked at %d bytes, budget %d", p, budget)
+			}
+			if g := e.s.GPUs()[0]; g.PeakReservedBytes > budget {
+				t.Errorf("scheduler account peaked at %d, budget %d", g.PeakReservedBytes, budget)
+			}
+			for _, v := range []map[string]int64{va, vb} {
+				if v["kind_ok"] != 1 || v["churned"] == 0 || v["total"] != budget {
+					t.Errorf("allocator answers: %v (want kind_ok=1, churned>0, total=budget)", v)
+				}
+			}
+			for _, p := range []*proc{a, b} {
+				if strings.Contains(p.stderr.String(), "oversubscription is off") {
+					t.Errorf("the process was refused:\n%s", p.stderr.String())
+				}
+			}
+			switch tc.kind {
+			case "async":
+				if va["pool_reserved_after"] != 0 || vb["pool_reserved_after"] != 0 {
+					t.Errorf("cuMemPoolTrimTo(0) left memory in the pool: %v %v", va, vb)
+				}
+				if va["swap_async_reused"] == 0 || vb["swap_async_reused"] == 0 {
+					t.Errorf("freed stream-ordered memory was never reused: %v %v", va, vb)
+				}
+			case "vmm":
+				if va["export"] != 801 || !strings.Contains(a.stderr.String(), "cuMemExportToShareableHandle") {
+					t.Errorf("export of a swappable handle: %d, want 801 with a log line:\n%s", va["export"],
+						a.stderr.String())
+				}
+			}
+		})
+	}
+}
+
+// Stream-ordered allocations the shim cannot stand in for go to the driver,
+// with one line that says so: here, from a pool the application made current.
+func TestOversubPassesStreamOrderedAllocationsFromOtherPoolsThrough(t *testing.T) {
 	e := newMemEnv(t, 50*time.Millisecond, 200*time.Millisecond, 16*mib, ModeAuto)
-	for _, conf := range []string{"backend:cudaMallocAsync", "expandable_segments:True"} {
-		a := e.startOversub([]string{"PYTORCH_CUDA_ALLOC_CONF=" + conf}, "bufs=2", "size=2097152", "iters=50")
-		va := a.waitOversub(t, 10*time.Second)
-		if n := strings.Count(a.stderr.String(), "oversubscription is off for this process: PYTORCH_CUDA_ALLOC_CONF="+conf); n != 1 {
-			t.Errorf("%s: %d refusal lines, want 1:\n%s", conf, n, a.stderr.String())
-		}
-		if va["total"] == 16*mib || va["ipc"] != 0 {
-			t.Errorf("%s: memory was still managed by the shim: %v", conf, va)
-		}
+	a := e.startOversub([]string{"GPUSHARE_STUB_CUSTOM_POOL=1"}, "alloc=async", "bufs=2", "size=2097152",
+		"small=0", "iters=50")
+	va := a.waitOversub(t, 10*time.Second)
+	if n := strings.Count(a.stderr.String(), "stream-ordered allocation passed to the driver: a memory pool the application created"); n != 1 {
+		t.Errorf("%d pass-through lines, want 1:\n%s", n, a.stderr.String())
+	}
+	if va["swap_async_new"] != 0 || va["swap_out"] != 0 {
+		t.Errorf("memory from another pool was managed by the shim: %v", va)
 	}
 }
 

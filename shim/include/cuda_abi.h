@@ -31,6 +31,15 @@ typedef struct CUgraph_st *CUgraph;
 typedef struct CUgraphNode_st *CUgraphNode;
 typedef struct CUgraphExec_st *CUgraphExec;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
+typedef struct CUevent_st *CUevent;
+#define CU_EVENT_DISABLE_TIMING 2
+#define CUDA_ERROR_NOT_READY 600
+#define CU_STREAM_PER_THREAD ((CUstream)0x2)
+typedef int CUmemPool_attribute;
+#define CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT 5
+#define CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH 6
+#define CU_MEMPOOL_ATTR_USED_MEM_CURRENT 7
+#define CU_MEMPOOL_ATTR_USED_MEM_HIGH 8
 typedef void (*CUhostFn)(void *userData);
 
 /* Passed only by pointer: layout irrelevant to the shim. */

@@ -84,20 +84,4 @@ void gs_config_load(void)
         else
             gs_cfg.budget_cap = v;
     }
-    /* PyTorch's allocators that do not go through cuMemAlloc: the process runs with the lock only. */
-    const char *names[] = {"PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"};
-    for (int i = 0; i < 2 && gs_cfg.alloc_refusal[0] == '\0'; i++) {
-        const char *v = getenv(names[i]);
-        if (v == NULL)
-            continue;
-        char low[512];
-        size_t n = strlen(v) < sizeof(low) - 1 ? strlen(v) : sizeof(low) - 1;
-        for (size_t k = 0; k < n; k++)
-            low[k] = (char)((v[k] >= 'A' && v[k] <= 'Z') ? v[k] - 'A' + 'a' : v[k]);
-        low[n] = '\0';
-        if (strstr(low, "backend:cudamallocasync"))
-            snprintf(gs_cfg.alloc_refusal, sizeof(gs_cfg.alloc_refusal), "%s=backend:cudaMallocAsync", names[i]);
-        else if (strstr(low, "expandable_segments:true"))
-            snprintf(gs_cfg.alloc_refusal, sizeof(gs_cfg.alloc_refusal), "%s=expandable_segments:True", names[i]);
-    }
 }

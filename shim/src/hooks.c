@@ -60,20 +60,6 @@
         return real args;                                                                          \
     }
 
-/* WORK that allocates outside the memory manager: it may refuse oversubscription for the process. */
-#define GS_BODY_FOREIGN(name, params, args, extra)                                                 \
-    GS_EXPORT CUresult name params;                                                                \
-    GS_EXPORT CUresult name params                                                                 \
-    {                                                                                              \
-        GS_REAL_OR_FAIL(name)                                                                      \
-        if (GS_UNLIKELY(atomic_load_explicit(&gs_mm_on, memory_order_relaxed)))                    \
-            gs_mm_foreign(GS_ID_##name);                                                           \
-        gs_gate_enter(GS_ID_##name);                                                               \
-        CUresult r = real args;                                                                    \
-        gs_gate_leave();                                                                           \
-        return r;                                                                                  \
-    }
-
 #define GS_BODY_MM(name, params, args, extra)
 #define GS_BODY_PROC(name, params, args, extra)
 #define GS_BODY_USE(name, params, args, extra)

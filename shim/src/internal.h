@@ -43,7 +43,6 @@ struct gs_config {
     char cuda_library[256];
     int oversub;              /* GPUSHARE_OVERSUB=1: back device memory with swappable VMM allocations */
     uint64_t budget_cap;      /* GPUSHARE_BUDGET_BYTES: at most this much of the scheduler's budget (0: all) */
-    char alloc_refusal[96];   /* the PyTorch allocator setting that rules oversubscription out, or "" */
 };
 extern struct gs_config gs_cfg;
 void gs_config_load(void);
@@ -134,7 +133,6 @@ int gs_gate_connected(void);
 enum { GS_MM_OK = 0, GS_MM_NOT_OURS = -1, GS_MM_YIELD = -2 };
 extern atomic_int gs_mm_on; /* swappable allocations are made (oversubscription active) */
 void gs_mm_configure(uint64_t budget, uint32_t mode);
-void gs_mm_foreign(int hook_id);
 uint64_t gs_mm_need(void);     /* bytes to ask for in ACQUIRE: working set plus a pending growth */
 uint64_t gs_mm_resident(void); /* physically mapped bytes */
 uint64_t gs_mm_swapped(void);
@@ -157,5 +155,7 @@ struct gs_mm_info {
 };
 int gs_mm_lookup(CUdeviceptr p, struct gs_mm_info *out);
 int gs_mm_budget(uint64_t *total, uint64_t *used);
+/* 1 if p lies where the application mapped one of its (swappable) cuMemCreate handles. */
+int gs_mm_vmm_mapped(CUdeviceptr p);
 
 #endif

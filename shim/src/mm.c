@@ -36,47 +36,24 @@
 #include <time.h>
 
 #include "gpushare_proto.h"
-#include "internal.h"
+#include "mm_internal.h"
 
 #define SLAB_ALIGN 512
 #define MAX_STREAMS 32
 
 enum { MM_UNDECIDED, MM_ACTIVE, MM_OFF };
 
-struct block {
-    size_t off, size; /* size rounded to SLAB_ALIGN */
-    size_t user;      /* bytes asked for */
-    uint64_t id;
-    int used;
-};
-
-struct region {
-    CUdeviceptr va;
-    size_t size; /* reserved = physical bytes, a multiple of the granularity */
-    size_t user; /* bytes asked for (whole-region allocations) */
-    int slab;
-    CUcontext ctx;
-    CUdevice dev;
-    CUmemGenericAllocationHandle h;
-    int resident;
-    void *staging;
-    int pinned;  /* staging is page-locked */
-    int pinning; /* the stager is registering it: do not unmap */
-    int pin_failed;
-    uint64_t id;
-    struct block *blk;
-    int nblk, capblk, used;
-};
-
 atomic_int gs_mm_on;
 static int mm_state = MM_UNDECIDED;
 static uint64_t budget;
 static uint32_t mode;
 
-static pthread_mutex_t mm_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct region **regions; /* sorted by va */
-static int nreg, capreg;
-static size_t gran; /* granularity, learnt at the first allocation */
+pthread_mutex_t mm_mu = PTHREAD_MUTEX_INITIALIZER;
+struct region **mm_regions; /* sorted by va */
+int mm_nreg;
+static int capreg;
+size_t mm_gran; /* granularity, learnt at the first allocation */
+int mm_handles;
 static uint64_t next_id = 1;
 
 /* read without mm_mu by the gate (ACQUIRE, RELEASE, pass-through) */
@@ -102,8 +79,6 @@ static pthread_cond_t rep_cv = PTHREAD_COND_INITIALIZER;
 static uint64_t rep_seq;
 static uint32_t rep_status;
 
-#define REAL(name) ((gs_fn_##name)gs_real(GS_ID_##name))
-
 static size_t round_up(size_t v, size_t a)
 {
     return (v + a - 1) / a * a;
@@ -121,13 +96,6 @@ void gs_mm_configure(uint64_t sched_budget, uint32_t sched_mode)
                             "oversubscription is off, the GPU lock is on");
         return;
     }
-    if (gs_cfg.alloc_refusal[0] != '\0') {
-        gs_log(GS_LOG_WARN,
-               "oversubscription is off for this process: %s allocates device memory outside cuMemAlloc, "
-               "which the shim cannot swap; running with the GPU lock only (unset it to oversubscribe)",
-               gs_cfg.alloc_refusal);
-        return;
-    }
     budget = sched_budget;
     if (gs_cfg.budget_cap != 0 && gs_cfg.budget_cap < budget)
         budget = gs_cfg.budget_cap;
@@ -135,32 +103,6 @@ void gs_mm_configure(uint64_t sched_budget, uint32_t sched_mode)
     mm_state = MM_ACTIVE;
     atomic_store(&gs_mm_on, 1);
     gs_log(GS_LOG_INFO, "oversubscription on: budget %llu bytes, mode %u", (unsigned long long)budget, mode);
-}
-
-void gs_mm_foreign(int id)
-{
-    static atomic_int warned;
-    pthread_mutex_lock(&mm_mu);
-    int had = nreg > 0;
-    if (!had) {
-        mm_state = MM_OFF;
-        atomic_store(&gs_mm_on, 0);
-    }
-    pthread_mutex_unlock(&mm_mu);
-    if (atomic_exchange(&warned, 1))
-        return;
-    const char *setting = id == GS_ID_cuMemCreate ? "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
-                                                  : "PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync";
-    if (!had)
-        gs_log(GS_LOG_WARN,
-               "oversubscription is off for this process: it allocates through %s (PyTorch: %s), memory the "
-               "shim cannot swap; running with the GPU lock only",
-               gs_hook_names[id], setting);
-    else
-        gs_log(GS_LOG_WARN,
-               "memory this process allocates through %s (PyTorch: %s) is neither swapped nor counted in the "
-               "GPU budget; its cuMemAlloc memory still is",
-               gs_hook_names[id], setting);
 }
 
 uint64_t gs_mm_need(void)
@@ -195,12 +137,12 @@ void gs_mm_on_reply(int raise, uint64_t res, uint32_t status)
 
 /* ---- regions ---- */
 
-static int find_region_locked(CUdeviceptr p)
+int mm_find_region_locked(CUdeviceptr p)
 {
-    int lo = 0, hi = nreg - 1;
+    int lo = 0, hi = mm_nreg - 1;
     while (lo <= hi) {
         int mid = (lo + hi) / 2;
-        struct region *r = regions[mid];
+        struct region *r = mm_regions[mid];
         if (p < r->va)
             hi = mid - 1;
         else if (p >= r->va + r->size)
@@ -213,28 +155,28 @@ static int find_region_locked(CUdeviceptr p)
 
 static int insert_region_locked(struct region *r)
 {
-    if (nreg == capreg) {
+    if (mm_nreg == capreg) {
         int cap = capreg ? capreg * 2 : 64;
-        struct region **n = realloc(regions, (size_t)cap * sizeof(*n));
+        struct region **n = realloc(mm_regions, (size_t)cap * sizeof(*n));
         if (n == NULL)
             return -1;
-        regions = n;
+        mm_regions = n;
         capreg = cap;
     }
-    int i = nreg;
-    while (i > 0 && regions[i - 1]->va > r->va) {
-        regions[i] = regions[i - 1];
+    int i = mm_nreg;
+    while (i > 0 && mm_regions[i - 1]->va > r->va) {
+        mm_regions[i] = mm_regions[i - 1];
         i--;
     }
-    regions[i] = r;
-    nreg++;
+    mm_regions[i] = r;
+    mm_nreg++;
     return 0;
 }
 
 static void remove_region_locked(int i)
 {
-    memmove(&regions[i], &regions[i + 1], (size_t)(nreg - i - 1) * sizeof(*regions));
-    nreg--;
+    memmove(&mm_regions[i], &mm_regions[i + 1], (size_t)(mm_nreg - i - 1) * sizeof(*mm_regions));
+    mm_nreg--;
 }
 
 static CUstream stream_for_locked(CUcontext ctx)
@@ -263,37 +205,55 @@ static CUmemAllocationProp prop_for(CUdevice dev)
     return p;
 }
 
-/* Physical pages for r, mapped read-write at r->va. */
-static CUresult map_locked(struct region *r)
+/* Maps r's pages at r->va, read-write for its device (a handle's only while they are copied). */
+static CUresult map_at_va_locked(struct region *r)
 {
-    CUmemAllocationProp p = prop_for(r->dev);
-    CUmemGenericAllocationHandle h;
-    CUresult e = REAL(cuMemCreate)(&h, r->size, &p, 0);
+    CUresult e = REAL(cuMemMap)(r->va, r->size, 0, r->h, 0);
     if (e != CUDA_SUCCESS)
         return e;
-    e = REAL(cuMemMap)(r->va, r->size, 0, h, 0);
-    if (e != CUDA_SUCCESS) {
-        REAL(cuMemRelease)(h);
-        return e;
-    }
     CUmemAccessDesc d = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = r->dev},
                          .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
     e = REAL(cuMemSetAccess)(r->va, r->size, &d, 1);
-    if (e != CUDA_SUCCESS) {
+    if (e != CUDA_SUCCESS)
         REAL(cuMemUnmap)(r->va, r->size);
+    return e;
+}
+
+/* New physical pages for r, mapped at r->va. */
+static CUresult map_locked(struct region *r)
+{
+    CUmemGenericAllocationHandle h;
+    CUresult e = REAL(cuMemCreate)(&h, r->size, &r->prop, 0);
+    if (e != CUDA_SUCCESS)
+        return e;
+    r->h = h;
+    e = map_at_va_locked(r);
+    if (e != CUDA_SUCCESS) {
         REAL(cuMemRelease)(h);
         return e;
     }
-    r->h = h;
     r->resident = 1;
     return CUDA_SUCCESS;
 }
 
+/* Releases r's pages, which are mapped at r->va (plain memory always; a handle after a copy). */
 static void unmap_locked(struct region *r)
 {
     REAL(cuMemUnmap)(r->va, r->size);
     REAL(cuMemRelease)(r->h);
     r->resident = 0;
+}
+
+/* Releases r's pages wherever they are: at r->va, or an application handle's not mapped by us. */
+static void release_pages_locked(struct region *r)
+{
+    if (r->handle && !r->atva) {
+        REAL(cuMemRelease)(r->h);
+        r->resident = 0;
+        return;
+    }
+    unmap_locked(r);
+    r->atva = 0;
 }
 
 static size_t copy_len(const struct region *r)
@@ -307,7 +267,7 @@ static size_t copy_len(const struct region *r)
     return end;
 }
 
-static void sync_ctx(CUcontext ctx)
+void mm_sync_ctx(CUcontext ctx)
 {
     gs_fn_cuCtxPushCurrent_v2 push = REAL(cuCtxPushCurrent_v2);
     gs_fn_cuCtxPopCurrent_v2 pop = REAL(cuCtxPopCurrent_v2);
@@ -334,7 +294,7 @@ static void usage_locked(struct gs_usage *u, uint32_t reason)
 }
 
 /* Tells the scheduler what we hold now; lowers our own view of the reservation to match. */
-static void report_locked(uint32_t reason)
+void mm_report_locked(uint32_t reason)
 {
     struct gs_usage u;
     usage_locked(&u, reason);
@@ -345,7 +305,7 @@ static void report_locked(uint32_t reason)
 void gs_mm_send_usage(uint32_t reason)
 {
     pthread_mutex_lock(&mm_mu);
-    report_locked(reason);
+    mm_report_locked(reason);
     pthread_mutex_unlock(&mm_mu);
 }
 
@@ -366,6 +326,17 @@ static void swap_out_locked(struct region **list, int n)
         CUcontext c;
         if (push(r->ctx) != CUDA_SUCCESS)
             continue;
+        if (r->handle) {
+            /* The application's handle: copy through our own range, with its mappings gone
+             * first (a physical allocation then has one mapping at a time). */
+            mm_vmm_detach_locked(r);
+            if (map_at_va_locked(r) != CUDA_SUCCESS) {
+                mm_vmm_attach_locked(r);
+                pop(&c);
+                continue;
+            }
+            r->atva = 1;
+        }
         CUstream s = stream_for_locked(r->ctx);
         size_t len = copy_len(r);
         ok[i] = len == 0 || REAL(cuMemcpyDtoHAsync_v2)(r->staging, r->va, len, s) == CUDA_SUCCESS;
@@ -383,9 +354,15 @@ static void swap_out_locked(struct region **list, int n)
         if (!ok[i]) {
             gs_log(GS_LOG_WARN, "could not copy out %zu bytes at 0x%llx; they stay resident", r->size,
                    (unsigned long long)r->va);
+            if (r->atva) {
+                REAL(cuMemUnmap)(r->va, r->size);
+                r->atva = 0;
+                mm_vmm_attach_locked(r);
+            }
             continue;
         }
         unmap_locked(r);
+        r->atva = 0;
         atomic_fetch_sub(&resident_bytes, r->size);
         atomic_fetch_add(&swapped_bytes, r->size);
         swap_outs++;
@@ -400,19 +377,18 @@ static void swap_out_locked(struct region **list, int n)
 void gs_mm_evict(uint64_t target)
 {
     pthread_mutex_lock(&mm_mu);
-    struct region **list = malloc((size_t)(nreg ? nreg : 1) * sizeof(*list));
+    /* Freed stream-ordered memory goes first, and without a copy (the GPU is drained here). */
+    mm_async_drop_locked(0);
+    struct region **list = malloc((size_t)(mm_nreg ? mm_nreg : 1) * sizeof(*list));
     int n = 0;
     uint64_t res = atomic_load(&resident_bytes);
     /* Only what is asked: the smallest region that covers the rest, else the largest, until done. */
     while (list != NULL && res > target) {
         uint64_t rest = res - target;
         struct region *best = NULL, *largest = NULL;
-        for (int i = 0; i < nreg; i++) {
-            struct region *r = regions[i];
-            int chosen = 0;
-            for (int k = 0; k < n; k++)
-                chosen |= list[k] == r;
-            if (!r->resident || chosen)
+        for (int i = 0; i < mm_nreg; i++) {
+            struct region *r = mm_regions[i];
+            if (!r->resident || r->picked)
                 continue;
             if (r->size >= rest && (best == NULL || r->size < best->size))
                 best = r;
@@ -422,14 +398,17 @@ void gs_mm_evict(uint64_t target)
         struct region *pick = best ? best : largest;
         if (pick == NULL)
             break;
+        pick->picked = 1;
         list[n++] = pick;
         res -= pick->size;
     }
+    for (int k = 0; k < n; k++)
+        list[k]->picked = 0;
     swap_out_locked(list, n);
     free(list);
     gs_log(GS_LOG_DEBUG, "evicted %d allocation(s): resident %llu, target %llu", n,
            (unsigned long long)atomic_load(&resident_bytes), (unsigned long long)target);
-    report_locked(GS_USAGE_EVICTED);
+    mm_report_locked(GS_USAGE_EVICTED);
     pthread_mutex_unlock(&mm_mu);
 }
 
@@ -440,8 +419,8 @@ int gs_mm_swap_in_all(int ignore_budget)
     gs_fn_cuCtxPushCurrent_v2 push = REAL(cuCtxPushCurrent_v2);
     gs_fn_cuCtxPopCurrent_v2 pop = REAL(cuCtxPopCurrent_v2);
     int missing = 0, moved = 0;
-    for (int i = 0; i < nreg; i++) {
-        struct region *r = regions[i];
+    for (int i = 0; i < mm_nreg; i++) {
+        struct region *r = mm_regions[i];
         if (r->resident)
             continue;
         if (!ignore_budget && atomic_load(&resident_bytes) + r->size > atomic_load(&reserved)) {
@@ -455,6 +434,7 @@ int gs_mm_swap_in_all(int ignore_budget)
         }
         CUresult e = map_locked(r);
         if (e == CUDA_SUCCESS) {
+            r->atva = r->handle;
             size_t len = copy_len(r);
             if (len > 0)
                 e = REAL(cuMemcpyHtoDAsync_v2)(r->va, r->staging, len, stream_for_locked(r->ctx));
@@ -478,6 +458,18 @@ int gs_mm_swap_in_all(int ignore_budget)
             pop(&c);
         }
     }
+    /* The application's handles: the pages go from our range to where the application mapped them. */
+    for (int i = 0; moved > 0 && mm_handles > 0 && i < mm_nreg; i++) {
+        struct region *r = mm_regions[i];
+        if (!r->handle || !r->resident || !r->atva)
+            continue;
+        REAL(cuMemUnmap)(r->va, r->size);
+        r->atva = 0;
+        CUresult e = mm_vmm_attach_locked(r);
+        if (e != CUDA_SUCCESS)
+            gs_log(GS_LOG_ERROR, "cannot map %zu bytes back where the application mapped them (CUDA error %d)",
+                   r->size, e);
+    }
     if (moved > 0) {
         uint64_t dt = gs_now_ns() - t0;
         swap_ns += dt;
@@ -485,7 +477,7 @@ int gs_mm_swap_in_all(int ignore_budget)
                (unsigned long long)(bytes_in - b0), dt / 1e6, dt ? (double)(bytes_in - b0) / (double)dt : 0.0);
     }
     if (moved > 0 || !ignore_budget)
-        report_locked(GS_USAGE_REPORT); /* after a grant: "my memory is in", the scheduler starts the quantum */
+        mm_report_locked(GS_USAGE_REPORT); /* after a grant: "my memory is in", the scheduler starts the quantum */
     pthread_mutex_unlock(&mm_mu);
     return missing ? -1 : 0;
 }
@@ -501,9 +493,9 @@ static void *stager_main(void *arg)
     pthread_mutex_lock(&mm_mu);
     for (;;) {
         struct region *r = NULL;
-        for (int i = 0; i < nreg && r == NULL; i++)
-            if (!regions[i]->pinned && !regions[i]->pin_failed && !regions[i]->pinning)
-                r = regions[i];
+        for (int i = 0; i < mm_nreg && r == NULL; i++)
+            if (!mm_regions[i]->pinned && !mm_regions[i]->pin_failed && !mm_regions[i]->pinning)
+                r = mm_regions[i];
         if (r == NULL) {
             pthread_cond_wait(&pin_cv, &mm_mu);
             continue;
@@ -558,10 +550,13 @@ static void start_stager_locked(void)
 /* ---- allocation ---- */
 
 /* Makes sure `more` bytes beyond the working set fit the reservation; asks the scheduler if not. */
-static int reserve_locked(uint64_t more)
+int mm_reserve_locked(uint64_t more)
 {
     for (;;) {
         uint64_t want = atomic_load(&need_bytes) + more;
+        int short_ = want > budget || (want > atomic_load(&reserved) && gs_gate_connected());
+        if (short_ && mm_async_drop_locked(1) > 0)
+            continue; /* freed stream-ordered memory we kept is the first to give back */
         if (want > budget) {
             gs_log(GS_LOG_WARN,
                    "cuMemAlloc: out of memory: the working set would grow to %llu bytes, more than this "
@@ -598,20 +593,21 @@ static int reserve_locked(uint64_t more)
     }
 }
 
-static void free_region_locked(int i)
+void mm_free_region_locked(int i)
 {
-    struct region *r = regions[i];
+    struct region *r = mm_regions[i];
     while (r->pinning)
         pthread_cond_wait(&pin_cv, &mm_mu);
     if (r->slab && r->used > 0)
         return; /* a new block was taken from this slab while we waited */
-    i = find_region_locked(r->va); /* the array may have moved while we waited */
+    i = mm_find_region_locked(r->va); /* the array may have moved while we waited */
     if (r->resident) {
-        unmap_locked(r);
+        release_pages_locked(r);
         atomic_fetch_sub(&resident_bytes, r->size);
     } else {
         atomic_fetch_sub(&swapped_bytes, r->size);
     }
+    mm_handles -= r->handle;
     atomic_fetch_sub(&need_bytes, r->size);
     REAL(cuMemAddressFree)(r->va, r->size);
     if (r->pinned) {
@@ -621,11 +617,15 @@ static void free_region_locked(int i)
     munmap(r->staging, r->size);
     remove_region_locked(i);
     free(r->blk);
+    free(r->maps);
     free(r);
 }
 
-/* A new region of `size` physical bytes (a multiple of gran), resident. */
-static CUresult new_region_locked(size_t size, size_t user, int slab, struct region **out)
+/* A new region of `size` physical bytes (a multiple of mm_gran), resident: mapped at its own
+ * address for plain memory; for an application handle (prop given) pages only, mapped by the
+ * application later. */
+CUresult mm_new_region_locked(size_t size, size_t user, int slab, const CUmemAllocationProp *prop,
+                              struct region **out)
 {
     CUcontext ctx = NULL;
     CUdevice dev = 0;
@@ -640,40 +640,60 @@ static CUresult new_region_locked(size_t size, size_t user, int slab, struct reg
     r->user = user;
     r->slab = slab;
     r->ctx = ctx;
-    r->dev = dev;
+    r->handle = prop != NULL;
+    r->dev = prop ? prop->location.id : dev;
+    r->prop = prop ? *prop : prop_for(dev);
     r->id = next_id++;
     /* Host staging first: reserved with the memory, never in a hand-off; pinned by the stager. */
     r->staging = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (r->staging == MAP_FAILED) {
         gs_log(GS_LOG_WARN,
-               "cuMemAlloc: out of memory: cannot allocate %zu bytes of host memory to swap this allocation "
-               "to (host memory exhausted: %s)",
-               size, strerror(errno));
+               "%s: out of memory: cannot allocate %zu bytes of host memory to swap this allocation to (host "
+               "memory exhausted: %s)",
+               prop ? "cuMemCreate" : "cuMemAlloc", size, strerror(errno));
         free(r);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    CUresult e = REAL(cuMemAddressReserve)(&r->va, size, gran, 0, 0);
+    CUresult e = REAL(cuMemAddressReserve)(&r->va, size, mm_gran, 0, 0);
     if (e == CUDA_SUCCESS) {
-        e = map_locked(r);
+        if (r->handle) {
+            e = REAL(cuMemCreate)(&r->h, size, &r->prop, 0);
+            r->resident = e == CUDA_SUCCESS;
+        } else {
+            e = map_locked(r);
+        }
         if (e != CUDA_SUCCESS)
             REAL(cuMemAddressFree)(r->va, size);
     }
     if (e == CUDA_SUCCESS && insert_region_locked(r) != 0) {
-        unmap_locked(r);
+        release_pages_locked(r);
         REAL(cuMemAddressFree)(r->va, size);
         e = CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (e != CUDA_SUCCESS) {
         munmap(r->staging, size);
         free(r);
-        return e == 2 ? CUDA_ERROR_OUT_OF_MEMORY : e;
+        return e;
     }
+    mm_handles += r->handle;
     atomic_fetch_add(&need_bytes, size);
     atomic_fetch_add(&resident_bytes, size);
     start_stager_locked();
     pthread_cond_broadcast(&pin_cv);
     *out = r;
     return CUDA_SUCCESS;
+}
+
+void mm_learn_granularity_locked(void)
+{
+    if (mm_gran != 0)
+        return;
+    CUdevice dev = 0;
+    REAL(cuCtxGetDevice)(&dev);
+    CUmemAllocationProp p = prop_for(dev);
+    if (REAL(cuMemGetAllocationGranularity)(&mm_gran, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS ||
+        mm_gran == 0)
+        mm_gran = 2u << 20;
 }
 
 /* First fit in a slab of the current context; splits the free block. */
@@ -715,21 +735,11 @@ CUresult gs_mm_alloc(CUdeviceptr *dptr, size_t n, int *yield)
         return CUDA_ERROR_INVALID_VALUE;
     uint64_t t0 = gs_now_ns();
     pthread_mutex_lock(&mm_mu);
-    if (gran == 0) {
-        CUdevice dev = 0;
-        REAL(cuCtxGetDevice)(&dev);
-        CUmemAllocationProp p = prop_for(dev);
-        if (REAL(cuMemGetAllocationGranularity)(&gran, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS ||
-            gran == 0)
-            gran = 2u << 20;
-    }
-    int small = n <= gran / 4;
-    size_t phys = small ? gran : round_up(n, gran);
-    if (phys > budget) {
+    mm_learn_granularity_locked();
+    int small = n <= mm_gran / 4;
+    size_t phys = small ? mm_gran : round_up(n, mm_gran);
+    if (mm_exceeds_budget("cuMemAlloc", phys)) {
         pthread_mutex_unlock(&mm_mu);
-        gs_log(GS_LOG_WARN,
-               "cuMemAlloc: out of memory: %zu bytes is more than this GPU's whole budget of %llu bytes",
-               n, (unsigned long long)budget);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     CUresult e;
@@ -737,72 +747,83 @@ CUresult gs_mm_alloc(CUdeviceptr *dptr, size_t n, int *yield)
         size_t sz = round_up(n, SLAB_ALIGN);
         CUcontext ctx = NULL;
         REAL(cuCtxGetCurrent)(&ctx);
-        for (int i = 0; i < nreg; i++) {
-            struct region *r = regions[i];
+        for (int i = 0; i < mm_nreg; i++) {
+            struct region *r = mm_regions[i];
             if (r->slab && r->ctx == ctx && slab_take_locked(r, sz, n, dptr) == 0) {
                 pthread_mutex_unlock(&mm_mu);
                 return CUDA_SUCCESS;
             }
         }
-        int rr = reserve_locked(phys);
+        int rr = mm_reserve_locked(phys);
         if (rr != GS_MM_OK) {
             pthread_mutex_unlock(&mm_mu);
             *yield = rr == GS_MM_YIELD;
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
         struct region *r;
-        e = new_region_locked(phys, 0, 1, &r);
+        e = mm_new_region_locked(phys, 0, 1, NULL, &r);
         if (e == CUDA_SUCCESS) {
             r->blk = calloc(16, sizeof(*r->blk));
             r->capblk = 16;
             r->nblk = 1;
             r->blk[0] = (struct block){.off = 0, .size = phys};
             if (r->blk == NULL || slab_take_locked(r, sz, n, dptr) != 0) {
-                free_region_locked(find_region_locked(r->va));
+                mm_free_region_locked(mm_find_region_locked(r->va));
                 e = CUDA_ERROR_OUT_OF_MEMORY;
             }
         }
     } else {
-        int rr = reserve_locked(phys);
+        int rr = mm_reserve_locked(phys);
         if (rr != GS_MM_OK) {
             pthread_mutex_unlock(&mm_mu);
             *yield = rr == GS_MM_YIELD;
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
         struct region *r;
-        e = new_region_locked(phys, n, 0, &r);
+        e = mm_new_region_locked(phys, n, 0, NULL, &r);
         if (e == CUDA_SUCCESS)
             *dptr = r->va;
     }
-    atomic_store(&pending_growth, 0);
-    /* New pages (or a reservation raised for nothing): keep the scheduler's view current. */
-    report_locked(GS_USAGE_REPORT);
-    alloc_ns += gs_now_ns() - t0;
-    allocs++;
+    mm_allocated_locked(t0);
     pthread_mutex_unlock(&mm_mu);
     return e;
 }
 
-int gs_mm_free(CUdeviceptr d, CUresult *res)
+void mm_allocated_locked(uint64_t t0)
 {
-    pthread_mutex_lock(&mm_mu);
-    int i = find_region_locked(d);
-    if (i < 0) {
-        pthread_mutex_unlock(&mm_mu);
+    atomic_store(&pending_growth, 0);
+    /* New pages (or a reservation raised for nothing): keep the scheduler's view current. */
+    mm_report_locked(GS_USAGE_REPORT);
+    alloc_ns += gs_now_ns() - t0;
+    allocs++;
+}
+
+/* An allocation of n bytes on its own: more than the whole budget fails at once, with a reason. */
+int mm_exceeds_budget(const char *call, size_t n)
+{
+    if (n <= budget)
+        return 0;
+    gs_log(GS_LOG_WARN, "%s: out of memory: %zu bytes is more than this GPU's whole budget of %llu bytes", call, n,
+           (unsigned long long)budget);
+    return 1;
+}
+
+int mm_free_locked(CUdeviceptr d, int sync, CUresult *res)
+{
+    int i = mm_find_region_locked(d);
+    if (i < 0 || mm_regions[i]->handle)
         return GS_MM_NOT_OURS;
-    }
-    struct region *r = regions[i];
+    struct region *r = mm_regions[i];
     *res = CUDA_SUCCESS;
     if (!r->slab) {
         if (d != r->va) {
-            pthread_mutex_unlock(&mm_mu);
             *res = CUDA_ERROR_INVALID_VALUE;
             return GS_MM_OK;
         }
-        sync_ctx(r->ctx); /* like cuMemFree: the memory is not in use when it goes */
-        free_region_locked(i);
-        report_locked(GS_USAGE_REPORT);
-        pthread_mutex_unlock(&mm_mu);
+        if (sync)
+            mm_sync_ctx(r->ctx); /* like cuMemFree: the memory is not in use when it goes */
+        mm_free_region_locked(i);
+        mm_report_locked(GS_USAGE_REPORT);
         return GS_MM_OK;
     }
     int k;
@@ -810,11 +831,11 @@ int gs_mm_free(CUdeviceptr d, CUresult *res)
         if (r->blk[k].used && r->va + r->blk[k].off == d)
             break;
     if (k == r->nblk) {
-        pthread_mutex_unlock(&mm_mu);
         *res = CUDA_ERROR_INVALID_VALUE;
         return GS_MM_OK;
     }
-    sync_ctx(r->ctx);
+    if (sync)
+        mm_sync_ctx(r->ctx);
     r->blk[k].used = 0;
     r->used--;
     /* coalesce with free neighbours */
@@ -829,11 +850,24 @@ int gs_mm_free(CUdeviceptr d, CUresult *res)
         r->nblk--;
     }
     if (r->used == 0) {
-        free_region_locked(i);
-        report_locked(GS_USAGE_REPORT);
+        mm_free_region_locked(i);
+        mm_report_locked(GS_USAGE_REPORT);
+    }
+    return GS_MM_OK;
+}
+
+int gs_mm_free(CUdeviceptr d, CUresult *res)
+{
+    pthread_mutex_lock(&mm_mu);
+    int r;
+    if (mm_async_cached_locked(d)) {
+        *res = CUDA_ERROR_INVALID_VALUE; /* already freed by cuMemFreeAsync */
+        r = GS_MM_OK;
+    } else {
+        r = mm_free_locked(d, 1, res);
     }
     pthread_mutex_unlock(&mm_mu);
-    return GS_MM_OK;
+    return r;
 }
 
 /* ---- what the driver would say about a plain allocation ---- */
@@ -844,10 +878,10 @@ int gs_mm_lookup(CUdeviceptr p, struct gs_mm_info *out)
     if (!atomic_load(&need_bytes))
         return 0;
     pthread_mutex_lock(&mm_mu);
-    int i = find_region_locked(p);
+    int i = mm_find_region_locked(p);
     int found = 0;
-    if (i >= 0) {
-        struct region *r = regions[i];
+    if (i >= 0 && !mm_regions[i]->handle) {
+        struct region *r = mm_regions[i];
         out->ctx = r->ctx;
         out->dev = r->dev;
         out->resident = r->resident;
@@ -892,8 +926,10 @@ void gs_mm_atfork_child(void)
     pthread_cond_init(&rep_cv, NULL);
     pthread_cond_init(&pin_cv, NULL);
     stager_started = 0;
-    nreg = 0;
+    mm_nreg = 0;
+    mm_handles = 0;
     nstreams = 0;
+    mm_async_atfork_child();
     atomic_store(&need_bytes, 0);
     atomic_store(&resident_bytes, 0);
     atomic_store(&swapped_bytes, 0);
@@ -908,12 +944,16 @@ void gs_mm_log_stats(void)
     if (mm_state != MM_ACTIVE)
         return;
     pthread_mutex_lock(&mm_mu);
+    uint64_t reused, fresh;
+    mm_async_stats_locked(&reused, &fresh);
     gs_log(GS_LOG_INFO,
            "swap stats: out=%llu (%llu bytes) in=%llu (%llu bytes) time=%.3f s resident=%llu swapped=%llu; "
-           "new allocations=%llu in %.3f s, staging pinned=%llu bytes, pin failures=%llu",
+           "new allocations=%llu in %.3f s, staging pinned=%llu bytes, pin failures=%llu; stream-ordered "
+           "allocations async_new=%llu async_reused=%llu",
            (unsigned long long)swap_outs, (unsigned long long)bytes_out, (unsigned long long)swap_ins,
            (unsigned long long)bytes_in, swap_ns / 1e9, (unsigned long long)atomic_load(&resident_bytes),
            (unsigned long long)atomic_load(&swapped_bytes), (unsigned long long)allocs, alloc_ns / 1e9,
-           (unsigned long long)pinned_bytes, (unsigned long long)pin_failures);
+           (unsigned long long)pinned_bytes, (unsigned long long)pin_failures, (unsigned long long)fresh,
+           (unsigned long long)reused);
     pthread_mutex_unlock(&mm_mu);
 }

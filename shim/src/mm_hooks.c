@@ -129,6 +129,16 @@ static int attribute(void *data, CUpointer_attribute a, CUdeviceptr p, const str
     return 0;
 }
 
+/* The application's own mappings (mm_vmm.c) are the driver's to describe, once they are back. */
+#define GATED_IF_VMM(id, p, call)                                                                  \
+    if (gs_mm_vmm_mapped(p)) {                                                                     \
+        gs_gate_enter(id);                                                                         \
+        CUresult r_ = call;                                                                        \
+        gs_gate_leave();                                                                           \
+        return r_;                                                                                 \
+    }                                                                                              \
+    return call;
+
 GS_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute a, CUdeviceptr p)
 {
     REAL_OR_FAIL(cuPointerGetAttribute)
@@ -136,7 +146,7 @@ GS_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute a, CUde
     if (data != NULL && atomic_load_explicit(&gs_mm_on, memory_order_relaxed) && gs_mm_lookup(p, &in) &&
         attribute(data, a, p, &in))
         return CUDA_SUCCESS;
-    return real(data, a, p);
+    GATED_IF_VMM(GS_ID_cuPointerGetAttribute, p, real(data, a, p))
 }
 
 GS_EXPORT CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attrs, void **data, CUdeviceptr p)
@@ -144,8 +154,9 @@ GS_EXPORT CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *a
     REAL_OR_FAIL(cuPointerGetAttributes)
     struct gs_mm_info in;
     if (attrs == NULL || data == NULL || !atomic_load_explicit(&gs_mm_on, memory_order_relaxed) ||
-        !gs_mm_lookup(p, &in))
-        return real(n, attrs, data, p);
+        !gs_mm_lookup(p, &in)) {
+        GATED_IF_VMM(GS_ID_cuPointerGetAttributes, p, real(n, attrs, data, p))
+    }
     CUresult r = CUDA_SUCCESS;
     if (in.resident)
         r = real(n, attrs, data, p); /* then overwrite what the driver says differently for VMM memory */
@@ -159,8 +170,9 @@ GS_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CU
 {
     REAL_OR_FAIL(cuMemGetAddressRange_v2)
     struct gs_mm_info in;
-    if (!atomic_load_explicit(&gs_mm_on, memory_order_relaxed) || !gs_mm_lookup(d, &in))
-        return real(pbase, psize, d);
+    if (!atomic_load_explicit(&gs_mm_on, memory_order_relaxed) || !gs_mm_lookup(d, &in)) {
+        GATED_IF_VMM(GS_ID_cuMemGetAddressRange_v2, d, real(pbase, psize, d))
+    }
     if (pbase)
         *pbase = in.base;
     if (psize)

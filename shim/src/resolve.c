@@ -41,7 +41,6 @@ const char *const gs_hook_names[GS_HOOK_COUNT] = {
 #define GS_DECL_CTXGONE GS_DECL_WORK
 #define GS_DECL_PROC GS_DECL_WORK
 #define GS_DECL_MM GS_DECL_WORK
-#define GS_DECL_FOREIGN GS_DECL_WORK
 #define GS_DECL_USE(name, params)
 #define GS_HOOK(cls, name, params, args, extra) GS_DECL_##cls(name, params)
 #include "hooks.def"
@@ -54,7 +53,6 @@ const char *const gs_hook_names[GS_HOOK_COUNT] = {
 #define GS_PTR_CTXGONE GS_PTR_WORK
 #define GS_PTR_PROC GS_PTR_WORK
 #define GS_PTR_MM GS_PTR_WORK
-#define GS_PTR_FOREIGN GS_PTR_WORK
 #define GS_PTR_USE(name) NULL
 static void *const hook_fn[GS_HOOK_COUNT] = {
 #define GS_HOOK(cls, name, params, args, extra) [GS_ID_##name] = GS_PTR_##cls(name),

@@ -14,6 +14,16 @@
  *     capture_ms=MS        first begin a stream capture, stay idle MS ms, end it
  *     hold_ms=MS           after the work, stay alive and idle MS ms
  *     big=BYTES            also try one allocation of BYTES and report its result
+ *     alloc=plain|async|vmm how the large and small buffers are allocated:
+ *                          plain  cuMemAlloc / cuMemFree
+ *                          async  cuMemAllocAsync / cuMemFreeAsync on two streams (PyTorch's
+ *                                 backend:cudaMallocAsync); the loop also frees buffers and
+ *                                 allocates them again (reuse), and the pool's counters are checked
+ *                          vmm    large buffers are the application's own VMM (PyTorch's
+ *                                 expandable_segments): a reserved range, 2 MiB cuMemCreate
+ *                                 handles mapped into it (every other one released right after
+ *                                 mapping), access set over the whole range; the loop also unmaps
+ *                                 the last segment and maps a new one (shrink and grow)
  *     seed=N
  * Prints "oversub ..." lines; exits 1 on the first mismatch.
  */
@@ -80,13 +90,154 @@ static uint64_t rnd(void)
     return rng;
 }
 
+static htod_fn htod;
+
 struct buf {
     CUdeviceptr d;
     size_t n;
     unsigned char *m; /* mirror */
+    int kind;         /* how it was allocated: PLAIN, ASYNC, VMM */
+    CUmemGenericAllocationHandle *h; /* VMM: per segment, 0 where released after mapping */
 };
 
-static htod_fn htod;
+enum { PLAIN, ASYNC, VMM };
+
+typedef CUresult (*allocasync_fn)(CUdeviceptr *, size_t, CUstream);
+typedef CUresult (*freeasync_fn)(CUdeviceptr, CUstream);
+typedef CUresult (*reserve_fn)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+typedef CUresult (*create_fn)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+                              unsigned long long);
+typedef CUresult (*map_fn)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+typedef CUresult (*unmap_fn)(CUdeviceptr, size_t);
+typedef CUresult (*release_fn)(CUmemGenericAllocationHandle);
+typedef CUresult (*access_fn)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+typedef CUresult (*retain_h_fn)(CUmemGenericAllocationHandle *, void *);
+typedef CUresult (*props_fn)(CUmemAllocationProp *, CUmemGenericAllocationHandle);
+typedef CUresult (*export_fn)(void *, CUmemGenericAllocationHandle, int, unsigned long long);
+typedef CUresult (*pool_fn)(CUmemoryPool *, CUdevice);
+typedef CUresult (*poolattr_fn)(CUmemoryPool, CUmemPool_attribute, void *);
+
+#define SEG (2u << 20)
+#define STREAM_A ((CUstream)(uintptr_t)0x5100)
+#define STREAM_B ((CUstream)(uintptr_t)0x5200)
+
+static allocasync_fn allocasync;
+static freeasync_fn freeasync;
+static create_fn mcreate;
+static map_fn mmap_;
+static unmap_fn munmap_;
+static release_fn mrelease;
+static access_fn maccess;
+
+static void resolve_alloc_kinds(void)
+{
+    allocasync = (allocasync_fn)sym("cuMemAllocAsync");
+    freeasync = (freeasync_fn)sym("cuMemFreeAsync");
+    mcreate = (create_fn)sym("cuMemCreate");
+    mmap_ = (map_fn)sym("cuMemMap");
+    munmap_ = (unmap_fn)sym("cuMemUnmap");
+    mrelease = (release_fn)sym("cuMemRelease");
+    maccess = (access_fn)sym("cuMemSetAccess");
+}
+
+static CUmemAllocationProp dev_prop(void)
+{
+    CUmemAllocationProp p;
+    memset(&p, 0, sizeof(p));
+    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    return p;
+}
+
+/* One 2 MiB segment of a VMM buffer: created, mapped, readable and writable; k odd: released at once. */
+static CUresult vmm_segment(struct buf *b, size_t k)
+{
+    CUmemAllocationProp p = dev_prop();
+    CUmemGenericAllocationHandle h;
+    CUresult r = mcreate(&h, SEG, &p, 0);
+    if (r != CUDA_SUCCESS)
+        return r;
+    if ((r = mmap_(b->d + k * SEG, SEG, 0, h, 0)) != CUDA_SUCCESS)
+        return r;
+    CUmemAccessDesc d = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0},
+                         .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    if ((r = maccess(b->d + k * SEG, SEG, &d, 1)) != CUDA_SUCCESS)
+        return r;
+    b->h[k] = h;
+    if (k % 2 == 1) {
+        b->h[k] = 0;
+        return mrelease(h); /* the memory stays while mapped, as with the driver */
+    }
+    return CUDA_SUCCESS;
+}
+
+static CUresult vmm_alloc(struct buf *b, size_t n)
+{
+    reserve_fn reserve = (reserve_fn)sym("cuMemAddressReserve");
+    size_t segs = (n + SEG - 1) / SEG;
+    b->n = segs * SEG;
+    b->h = calloc(segs, sizeof(*b->h));
+    CUresult r = reserve(&b->d, b->n, SEG, 0, 0);
+    if (r != CUDA_SUCCESS)
+        return r;
+    CUmemAllocationProp p = dev_prop();
+    for (size_t k = 0; k < segs; k++) {
+        CUmemGenericAllocationHandle h;
+        if ((r = mcreate(&h, SEG, &p, 0)) != CUDA_SUCCESS || (r = mmap_(b->d + k * SEG, SEG, 0, h, 0)) != CUDA_SUCCESS)
+            return r;
+        b->h[k] = h;
+    }
+    /* access over the whole range, across every mapping, as PyTorch does */
+    CUmemAccessDesc d = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0},
+                         .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    if ((r = maccess(b->d, b->n, &d, 1)) != CUDA_SUCCESS)
+        return r;
+    for (size_t k = 1; k < segs; k += 2) {
+        r = mrelease(b->h[k]);
+        b->h[k] = 0;
+        if (r != CUDA_SUCCESS)
+            return r;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* Unmaps the whole range in one call (over many mappings) and releases what is still held. */
+static CUresult vmm_free(struct buf *b)
+{
+    CUresult r = munmap_(b->d, b->n);
+    for (size_t k = 0; r == CUDA_SUCCESS && k < b->n / SEG; k++)
+        if (b->h[k] != 0)
+            r = mrelease(b->h[k]);
+    return r;
+}
+
+static CUresult alloc_kind(struct buf *b, size_t n, int kind, CUstream s, alloc_fn alloc)
+{
+    b->kind = kind;
+    b->n = n;
+    if (kind == ASYNC)
+        return allocasync(&b->d, n, s);
+    if (kind == VMM)
+        return vmm_alloc(b, n);
+    return alloc(&b->d, n);
+}
+
+static CUresult free_kind(struct buf *b, CUstream s, free_fn mfree)
+{
+    if (b->kind == ASYNC)
+        return freeasync(b->d, s);
+    if (b->kind == VMM)
+        return vmm_free(b);
+    return mfree(b->d);
+}
+
+static void fill(struct buf *b, size_t off, size_t len)
+{
+    for (size_t k = 0; k < len; k++)
+        b->m[off + k] = (unsigned char)rnd();
+    htod(b->d + off, b->m + off, len);
+}
+
 static dtoh_fn dtoh;
 static int verified;
 
@@ -117,6 +268,13 @@ int main(int argc, char **argv)
     long capture_ms = opt(argc, argv, "capture_ms", 0), hold_ms = opt(argc, argv, "hold_ms", 0);
     long big = opt(argc, argv, "big", 0);
     rng ^= (uint64_t)opt(argc, argv, "seed", 1) * 0x9e3779b97f4a7c15ull;
+    int kind = PLAIN;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "alloc=async") == 0)
+            kind = ASYNC;
+        if (strcmp(argv[i], "alloc=vmm") == 0)
+            kind = VMM;
+    }
 
     lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (lib == NULL) {
@@ -140,17 +298,16 @@ int main(int argc, char **argv)
     info_fn info = (info_fn)sym("cuMemGetInfo");
     ipc_fn ipc = (ipc_fn)sym("cuIpcGetMemHandle");
     sync_fn sync = (sync_fn)dlsym(lib, "cuCtxSynchronize");
+    resolve_alloc_kinds();
 
     int n = (int)(nbufs + nsmall + 1);
     struct buf *b = calloc((size_t)n, sizeof(*b));
     for (int i = 0; i < n; i++) {
         CUresult r;
         if (i < nbufs) {
-            b[i].n = (size_t)size;
-            r = alloc(&b[i].d, b[i].n);
+            r = alloc_kind(&b[i], (size_t)size, kind, STREAM_A, alloc);
         } else if (i < n - 1) {
-            b[i].n = 1 + rnd() % (96 << 10);
-            r = alloc(&b[i].d, b[i].n);
+            r = alloc_kind(&b[i], 1 + rnd() % (96 << 10), kind == ASYNC ? ASYNC : PLAIN, STREAM_A, alloc);
         } else {
             size_t p = 0;
             r = pitch(&b[i].d, &p, 1000, 64, 4);
@@ -161,10 +318,9 @@ int main(int argc, char **argv)
             return 1;
         }
         b[i].m = malloc(b[i].n);
-        for (size_t k = 0; k < b[i].n; k++)
-            b[i].m[k] = (unsigned char)rnd();
-        htod(b[i].d, b[i].m, b[i].n);
+        fill(&b[i], 0, b[i].n);
     }
+    long churned = 0;
     struct timespec ats;
     clock_gettime(CLOCK_MONOTONIC, &ats);
     printf("oversub allocated pid=%d buffers=%d allocated_ns=%llu\n", (int)getpid(), n,
@@ -192,7 +348,7 @@ int main(int argc, char **argv)
     for (long it = 0; it < iters; it++) {
         struct buf *x = &b[rnd() % (uint64_t)n];
         size_t off = rnd() % x->n, len = 1 + rnd() % (x->n - off);
-        switch (rnd() % 5) {
+        switch (rnd() % (kind == PLAIN ? 5 : 6)) {
         case 0: /* copy in */
             for (size_t k = 0; k < len; k++)
                 tmp[k] = (unsigned char)rnd();
@@ -225,6 +381,32 @@ int main(int argc, char **argv)
             memcpy(x->m + o, y->m + o, l);
             break;
         }
+        case 5: /* churn: memory goes and comes back, as an allocator's would */
+            if (x->kind == ASYNC) {
+                /* freed in stream order on one stream, allocated again on the same or the other */
+                CUstream s1 = rnd() % 2 ? STREAM_A : STREAM_B, s2 = rnd() % 2 ? STREAM_A : STREAM_B;
+                if (freeasync(x->d, s1) != CUDA_SUCCESS || allocasync(&x->d, x->n, s2) != CUDA_SUCCESS) {
+                    printf("oversub FAIL pid=%d stream-ordered free and allocate again\n", (int)getpid());
+                    return 1;
+                }
+                fill(x, 0, x->n);
+                churned++;
+            } else if (x->kind == VMM) {
+                /* shrink by the last segment, grow again with a new one */
+                size_t k = x->n / SEG - 1;
+                CUresult r = munmap_(x->d + k * SEG, SEG);
+                if (r == CUDA_SUCCESS && x->h[k] != 0)
+                    r = mrelease(x->h[k]);
+                if (r == CUDA_SUCCESS)
+                    r = vmm_segment(x, k);
+                if (r != CUDA_SUCCESS) {
+                    printf("oversub FAIL pid=%d unmap and map a segment again: error %d\n", (int)getpid(), r);
+                    return 1;
+                }
+                fill(x, k * SEG, SEG);
+                churned++;
+            }
+            break;
         default:
             verify(x, off, len, "in the loop");
         }
@@ -258,16 +440,54 @@ int main(int argc, char **argv)
         if (big_r == CUDA_SUCCESS)
             mfree(d);
     }
-    printf("oversub done pid=%d verified=%d range_ok=%d ctx_ok=%d total=%zu ipc=%d big=%d\n", (int)getpid(), verified,
-           range_ok, ctx_ok, tot, ipc_r, big_r);
+    /* The allocator-specific answers. */
+    int kind_ok = 1;
+    CUresult export_r = -1;
+    if (kind == ASYNC) {
+        CUmemoryPool pool;
+        cuuint64_t used = 0, want = 0;
+        ((pool_fn)sym("cuDeviceGetDefaultMemPool"))(&pool, 0);
+        ((poolattr_fn)sym("cuMemPoolGetAttribute"))(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used);
+        for (int i = 0; i < n; i++)
+            want += b[i].kind == ASYNC ? b[i].n : 0;
+        kind_ok = used == want;
+        if (!kind_ok)
+            printf("oversub pool used %llu, want %llu\n", (unsigned long long)used, (unsigned long long)want);
+    } else if (kind == VMM) {
+        /* the handle behind an address, its properties, the driver's range (the 2 MiB mapping), no export */
+        CUmemGenericAllocationHandle h2 = 0;
+        CUmemAllocationProp p2;
+        CUdeviceptr vbase = 0;
+        size_t vsize = 0;
+        kind_ok = ((retain_h_fn)sym("cuMemRetainAllocationHandle"))(&h2, (void *)(uintptr_t)(b[0].d + SEG + 5)) ==
+                      CUDA_SUCCESS &&
+                  ((props_fn)sym("cuMemGetAllocationPropertiesFromHandle"))(&p2, h2) == CUDA_SUCCESS &&
+                  p2.location.type == CU_MEM_LOCATION_TYPE_DEVICE && mrelease(h2) == CUDA_SUCCESS &&
+                  range(&vbase, &vsize, b[0].d + SEG + 5) == CUDA_SUCCESS && vbase == b[0].d + SEG && vsize == SEG;
+        int fd = -1;
+        export_r = ((export_fn)sym("cuMemExportToShareableHandle"))(&fd, b[0].h[0], 1, 0);
+    }
+    printf("oversub done pid=%d verified=%d range_ok=%d ctx_ok=%d total=%zu ipc=%d big=%d kind_ok=%d churned=%ld "
+           "export=%d\n",
+           (int)getpid(), verified, range_ok, ctx_ok, tot, ipc_r, big_r, kind_ok, churned, export_r);
     fflush(stdout);
     if (hold_ms > 0)
         usleep((useconds_t)hold_ms * 1000);
     for (int i = 0; i < n; i++)
-        if (mfree(b[i].d) != CUDA_SUCCESS) {
+        if (free_kind(&b[i], STREAM_B, mfree) != CUDA_SUCCESS) {
             printf("oversub FAIL pid=%d free %d\n", (int)getpid(), i);
             return 1;
         }
+    if (kind == ASYNC) {
+        /* what torch.cuda.empty_cache() does with cudaMallocAsync: the pool gives the memory back */
+        CUmemoryPool pool;
+        cuuint64_t left = 1;
+        ((pool_fn)sym("cuDeviceGetDefaultMemPool"))(&pool, 0);
+        sync();
+        ((CUresult(*)(CUmemoryPool, size_t))sym("cuMemPoolTrimTo"))(pool, 0);
+        ((poolattr_fn)sym("cuMemPoolGetAttribute"))(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &left);
+        printf("oversub trimmed pool_reserved_after=%llu\n", (unsigned long long)left);
+    }
     sync();
     return 0;
 }

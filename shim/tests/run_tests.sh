@@ -110,6 +110,18 @@ else
     fail "oversub without scheduler" "$out"
 fi
 
+# (the stub's own pool counts nothing, so only the VMM answers are checked)
+for kind in async vmm; do
+    out=$(run_client GPUSHARE_OVERSUB=1 GPUSHARE_SOCKET="$TMP/nothing.sock" "$BUILD/tests/oversub_client" alloc=$kind bufs=2 size=4194304 iters=200 2>&1)
+    want="kind_ok=1 churned=[1-9]"
+    [ "$kind" = async ] && want="churned=[1-9]"
+    if grep -q "oversub done.*total=85899345920.*$want" <<<"$out"; then
+        pass "GPUSHARE_OVERSUB=1 without a scheduler: alloc=$kind passes through to the driver"
+    else
+        fail "oversub alloc=$kind without scheduler" "$out"
+    fi
+done
+
 if [ "$fails" -ne 0 ]; then
     echo "$fails shim test(s) failed"
     exit 1

@@ -141,6 +141,54 @@ static CUresult submit(const char *name)
     return stub_enqueue(name, NULL, 0, 0, 0, 0, 0);
 }
 
+/* ---- events: a position in the one queue, complete once the worker passed it ---- */
+struct stub_event {
+    unsigned ticket;
+};
+
+STUB_EXPORT CUresult cuEventCreate(CUevent *ev, unsigned int flags)
+{
+    (void)flags;
+    struct stub_event *e = calloc(1, sizeof(*e));
+    if (e == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *ev = (CUevent)e;
+    return CUDA_SUCCESS;
+}
+
+STUB_EXPORT CUresult cuEventRecord(CUevent ev, CUstream s)
+{
+    (void)s;
+    pthread_once(&once, init);
+    pthread_mutex_lock(&mu);
+    ((struct stub_event *)ev)->ticket = qtail;
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+
+STUB_EXPORT CUresult cuEventQuery(CUevent ev)
+{
+    pthread_mutex_lock(&mu);
+    int done = (int)(qhead - ((struct stub_event *)ev)->ticket) >= 0;
+    pthread_mutex_unlock(&mu);
+    return done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+STUB_EXPORT CUresult cuEventSynchronize(CUevent ev)
+{
+    pthread_mutex_lock(&mu);
+    while ((int)(qhead - ((struct stub_event *)ev)->ticket) < 0)
+        pthread_cond_wait(&cv, &mu);
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+
+STUB_EXPORT CUresult cuEventDestroy_v2(CUevent ev)
+{
+    free(ev);
+    return CUDA_SUCCESS;
+}
+
 /* ---- capture and context bookkeeping ---- */
 #define MAXCAP 16
 static CUstream capturing[MAXCAP];
@@ -171,7 +219,6 @@ static CUcontext fake_ctx(void)
 #define STUB_WORK(name, params, args, extra)                                                       \
     STUB_EXPORT CUresult name params;                                                              \
     __attribute__((weak)) STUB_EXPORT CUresult name params { return submit(#name); }
-#define STUB_FOREIGN STUB_WORK
 #define STUB_MM(name, params, args, extra) STUB_EXPORT CUresult name params;
 #define STUB_CAPBEGIN(name, params, args, s)                                                       \
     STUB_EXPORT CUresult name params;                                                              \
@@ -266,7 +313,6 @@ STUB_EXPORT CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *stat
 #define STUB_T_PROC STUB_ENTRY_ANY
 #define STUB_T_USE STUB_ENTRY_ANY
 #define STUB_T_MM STUB_ENTRY_ANY
-#define STUB_T_FOREIGN STUB_ENTRY_ANY
 STUB_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
 STUB_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                                          CUdriverProcAddressQueryResult *symbolStatus);

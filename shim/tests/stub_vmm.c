@@ -142,6 +142,7 @@ struct phys {
     void *at; /* where the pages are while unmapped */
     size_t size;
     CUdeviceptr mapped; /* 0 when not mapped */
+    int refs;           /* cuMemCreate and cuMemRetainAllocationHandle, less cuMemRelease */
 };
 #define MAXMAP 4096
 static struct phys *maps[MAXMAP]; /* mapped handles, looked up by address on unmap */
@@ -197,7 +198,7 @@ STUB_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, c
         memtrace(-(long long)size);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    *ph = (struct phys){.at = at, .size = size};
+    *ph = (struct phys){.at = at, .size = size, .refs = 1};
     *h = (CUmemGenericAllocationHandle)(uintptr_t)ph;
     return CUDA_SUCCESS;
 }
@@ -205,8 +206,10 @@ STUB_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, c
 STUB_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h)
 {
     struct phys *ph = (struct phys *)(uintptr_t)h;
-    if (ph == NULL || ph->mapped)
+    if (ph == NULL || ph->refs <= 0)
         return CUDA_ERROR_INVALID_VALUE;
+    if (--ph->refs > 0 || ph->mapped)
+        return CUDA_SUCCESS; /* like the driver: the memory goes with the last reference and unmap */
     size_t size = ph->size;
     munmap(ph->at, size);
     free(ph);
@@ -243,13 +246,12 @@ STUB_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcc
                                                                                : CUDA_ERROR_INVALID_VALUE;
 }
 
-/* The pages move out to a scratch area; the address range is reserved (PROT_NONE) again. */
-STUB_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+static CUresult unmap_one(CUdeviceptr ptr, size_t *size)
 {
     struct phys *ph = NULL;
     pthread_mutex_lock(&vmu);
     for (int i = 0; i < MAXMAP; i++)
-        if (maps[i] != NULL && maps[i]->mapped == ptr && maps[i]->size == size) {
+        if (maps[i] != NULL && maps[i]->mapped == ptr && maps[i]->size <= *size) {
             ph = maps[i];
             maps[i] = NULL;
             break;
@@ -257,14 +259,34 @@ STUB_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
     pthread_mutex_unlock(&vmu);
     if (ph == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    void *scratch = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    *size = ph->size;
+    void *scratch = mmap(NULL, ph->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (scratch == MAP_FAILED ||
-        mremap((void *)(uintptr_t)ptr, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, scratch) == MAP_FAILED)
+        mremap((void *)(uintptr_t)ptr, ph->size, ph->size, MREMAP_MAYMOVE | MREMAP_FIXED, scratch) == MAP_FAILED)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE,
-         -1, 0);
+    mmap((void *)(uintptr_t)ptr, ph->size, PROT_NONE,
+         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
     ph->at = scratch;
     ph->mapped = 0;
+    if (ph->refs == 0) {
+        ph->refs = 1;
+        return cuMemRelease((CUmemGenericAllocationHandle)(uintptr_t)ph);
+    }
+    return CUDA_SUCCESS;
+}
+
+/* The pages move out to a scratch area; the address range is reserved (PROT_NONE) again.
+ * The range is one or more whole mappings, back to back. */
+STUB_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    while (size > 0) {
+        size_t n = size;
+        CUresult e = unmap_one(ptr, &n);
+        if (e != CUDA_SUCCESS)
+            return e;
+        ptr += n;
+        size -= n;
+    }
     return CUDA_SUCCESS;
 }
 
@@ -400,12 +422,29 @@ STUB_EXPORT CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute 
     return CUDA_SUCCESS;
 }
 
+/* The handle mapped at d, if any. */
+static struct phys *mapped_at(CUdeviceptr d)
+{
+    struct phys *ph = NULL;
+    pthread_mutex_lock(&vmu);
+    for (int i = 0; i < MAXMAP && ph == NULL; i++)
+        if (maps[i] != NULL && d >= maps[i]->mapped && d < maps[i]->mapped + maps[i]->size)
+            ph = maps[i];
+    pthread_mutex_unlock(&vmu);
+    return ph;
+}
+
 STUB_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr d)
 {
     CUdeviceptr base;
     size_t size;
-    if (!plain_range(d, &base, &size))
+    struct phys *ph = mapped_at(d);
+    if (ph != NULL) {
+        base = ph->mapped; /* VMM memory: the driver's range is the mapping */
+        size = ph->size;
+    } else if (!plain_range(d, &base, &size)) {
         return CUDA_ERROR_NOT_FOUND;
+    }
     if (pbase)
         *pbase = base;
     if (psize)
@@ -487,4 +526,114 @@ STUB_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsi
         return stub_enqueue("cuLaunchKernel", op_xor, *(CUdeviceptr *)params[0], *(size_t *)params[1],
                             *(uint64_t *)params[2], 0, 0);
     return stub_enqueue("cuLaunchKernel", NULL, 0, 0, 0, 0, 0);
+}
+
+/* ---- stream-ordered allocation (the driver's, when the shim passes it through) ---- */
+#define STUB_DEFAULT_POOL ((CUmemoryPool)(uintptr_t)0x9000)
+
+STUB_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t n, CUstream s)
+{
+    (void)s;
+    return cuMemAlloc_v2(dptr, n);
+}
+
+STUB_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t n, CUstream s)
+{
+    return cuMemAllocAsync(dptr, n, s);
+}
+
+STUB_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t n, CUmemoryPool pool, CUstream s)
+{
+    (void)pool;
+    return cuMemAllocAsync(dptr, n, s);
+}
+
+STUB_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t n, CUmemoryPool pool, CUstream s)
+{
+    return cuMemAllocFromPoolAsync(dptr, n, pool, s);
+}
+
+STUB_EXPORT CUresult cuMemFreeAsync(CUdeviceptr d, CUstream s)
+{
+    (void)s;
+    return cuMemFree_v2(d);
+}
+
+STUB_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr d, CUstream s)
+{
+    return cuMemFreeAsync(d, s);
+}
+
+STUB_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+    (void)dev;
+    *pool = STUB_DEFAULT_POOL;
+    return CUDA_SUCCESS;
+}
+
+STUB_EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+    /* GPUSHARE_STUB_CUSTOM_POOL=1: the application made its own pool the device's current one */
+    *pool = env_ll("GPUSHARE_STUB_CUSTOM_POOL", 0) ? (CUmemoryPool)(uintptr_t)0x9100 : STUB_DEFAULT_POOL;
+    (void)dev;
+    return CUDA_SUCCESS;
+}
+
+STUB_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
+{
+    (void)pool;
+    (void)keep;
+    return CUDA_SUCCESS;
+}
+
+STUB_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    (void)pool;
+    (void)attr;
+    *(cuuint64_t *)value = 0; /* the stub's pool never holds anything */
+    return CUDA_SUCCESS;
+}
+
+STUB_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    (void)pool;
+    (void)attr;
+    (void)value;
+    return CUDA_SUCCESS;
+}
+
+/* ---- the rest of the VMM API an application uses on its own handles ---- */
+STUB_EXPORT CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocation *location, CUdeviceptr ptr)
+{
+    (void)location;
+    if (mapped_at(ptr) == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    return CUDA_SUCCESS;
+}
+
+STUB_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    struct phys *ph = mapped_at((CUdeviceptr)(uintptr_t)addr);
+    if (ph == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    ph->refs++;
+    *handle = (CUmemGenericAllocationHandle)(uintptr_t)ph;
+    return CUDA_SUCCESS;
+}
+
+STUB_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle h)
+{
+    (void)h;
+    memset(prop, 0, sizeof(*prop));
+    prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    return CUDA_SUCCESS;
+}
+
+STUB_EXPORT CUresult cuMemExportToShareableHandle(void *shareable, CUmemGenericAllocationHandle h, int type,
+                                                  unsigned long long flags)
+{
+    (void)shareable, (void)h, (void)type, (void)flags;
+    return CUDA_SUCCESS; /* the stub has nothing to share; the shim must refuse before it gets here */
 }

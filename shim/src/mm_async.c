@@ -1,0 +1,370 @@
+/*
+ * The stream-ordered allocator, swappable (PyTorch's backend:cudaMallocAsync).
+ *
+ * The driver's pools hand out memory we cannot move, so with
+ * oversubscription on the shim is the pool: cuMemAllocAsync and
+ * cuMemAllocFromPoolAsync on the device's default pool allocate swappable
+ * memory (mm.c) at once, which is valid in the stream's order and before it.
+ * cuMemFreeAsync keeps the memory with an event recorded on the freeing
+ * stream. A later allocation of the same size reuses it on the same stream at
+ * once (stream order makes that safe, as the driver's pool does) and on any
+ * other stream once the event has completed. Kept memory counts in the
+ * working set, like a pool whose release threshold is never reached (what
+ * PyTorch sets); it is the first to go, without a copy, when the process is
+ * evicted, when it needs room in its reservation, and at cuMemPoolTrimTo.
+ * cuMemPoolGetAttribute answers the pool's usage counters from this cache.
+ *
+ * Passed through to the driver, neither swapped nor counted (one warning):
+ * allocations on a capturing stream (they become graph memory nodes) and
+ * allocations from pools the application created itself.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "mm_internal.h"
+
+struct kept {
+    CUdeviceptr p;
+    size_t n;
+    CUstream s;
+    CUcontext ctx;
+    CUevent ev; /* NULL: freed during a capture; reusable only after the context is synchronized */
+};
+
+static struct kept *kept;
+static int nkept, capkept;
+static uint64_t live, kept_bytes, live_high, reserved_high, reused, fresh;
+static CUevent spare[64];
+static int nspare;
+
+static void warn_passthrough(const char *why)
+{
+    static atomic_int warned;
+    gs_log(atomic_exchange(&warned, 1) ? GS_LOG_DEBUG : GS_LOG_WARN,
+           "stream-ordered allocation passed to the driver: %s; that memory is neither swapped nor counted in "
+           "the GPU budget",
+           why);
+}
+
+static CUstream norm_stream(CUstream s, int ptsz)
+{
+    if (s == (CUstream)0x1)
+        return NULL; /* CU_STREAM_LEGACY is the NULL stream */
+    return ptsz && s == NULL ? CU_STREAM_PER_THREAD : s;
+}
+
+static int capturing(CUstream s)
+{
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    return REAL(cuStreamIsCapturing)(s, &st) != CUDA_SUCCESS || st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+/* Is pool (NULL: the device's current one) the device's default pool, which we stand in for? */
+static int default_pool(CUmemoryPool pool)
+{
+    CUdevice dev;
+    CUmemoryPool def = NULL;
+    if (REAL(cuCtxGetDevice)(&dev) != CUDA_SUCCESS || REAL(cuDeviceGetDefaultMemPool)(&def, dev) != CUDA_SUCCESS)
+        return 0;
+    if (pool == NULL && REAL(cuDeviceGetMemPool)(&pool, dev) != CUDA_SUCCESS)
+        return 0;
+    return pool == def;
+}
+
+static void put_event_locked(CUevent ev)
+{
+    if (ev == NULL)
+        return;
+    if (nspare < (int)(sizeof(spare) / sizeof(spare[0])))
+        spare[nspare++] = ev;
+    else
+        REAL(cuEventDestroy_v2)(ev);
+}
+
+static CUevent get_event_locked(void)
+{
+    if (nspare > 0)
+        return spare[--nspare];
+    CUevent ev = NULL;
+    if (REAL(cuEventCreate)(&ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+        return NULL;
+    return ev;
+}
+
+static void remove_kept_locked(int i)
+{
+    kept_bytes -= kept[i].n;
+    kept[i] = kept[--nkept];
+}
+
+int mm_async_cached_locked(CUdeviceptr d)
+{
+    for (int i = 0; i < nkept; i++)
+        if (kept[i].p == d)
+            return 1;
+    return 0;
+}
+
+uint64_t mm_async_drop_locked(int wait)
+{
+    uint64_t dropped = 0;
+    for (int i = nkept - 1; i >= 0; i--) {
+        if (i >= nkept)
+            continue; /* mm_mu was released while a region was freed: the list changed */
+        struct kept k = kept[i];
+        if (k.ev != NULL) {
+            CUresult e = wait ? REAL(cuEventSynchronize)(k.ev) : REAL(cuEventQuery)(k.ev);
+            if (e != CUDA_SUCCESS && !wait)
+                continue; /* the GPU may still use it */
+        } else if (wait) {
+            if (gs_capture_active())
+                continue;
+            mm_sync_ctx(k.ctx);
+        } else {
+            continue;
+        }
+        remove_kept_locked(i);
+        put_event_locked(k.ev);
+        CUresult res;
+        mm_free_locked(k.p, 0, &res);
+        dropped += k.n;
+    }
+    return dropped;
+}
+
+/* Memory freed earlier that this allocation may reuse now. */
+static int take_locked(size_t n, CUstream s, CUcontext ctx, CUdeviceptr *out)
+{
+    for (int i = 0; i < nkept; i++) {
+        struct kept *k = &kept[i];
+        if (k->n != n || k->ctx != ctx || k->ev == NULL)
+            continue;
+        if (k->s != s && REAL(cuEventQuery)(k->ev) != CUDA_SUCCESS)
+            continue;
+        *out = k->p;
+        put_event_locked(k->ev);
+        remove_kept_locked(i);
+        return 1;
+    }
+    return 0;
+}
+
+static void count_live_locked(size_t n)
+{
+    live += n;
+    if (live > live_high)
+        live_high = live;
+    if (live + kept_bytes > reserved_high)
+        reserved_high = live + kept_bytes;
+}
+
+static CUresult alloc_async(int id, CUdeviceptr *dptr, size_t n, int from_pool, CUmemoryPool pool, CUstream s,
+                            int ptsz)
+{
+    void *real = gs_real(id);
+    if (GS_UNLIKELY(real == NULL))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUstream given = s;
+    s = norm_stream(s, ptsz);
+    for (;;) {
+        gs_gate_enter(id);
+        int on = atomic_load_explicit(&gs_mm_on, memory_order_relaxed) && dptr != NULL && n > 0;
+        const char *why = NULL;
+        if (on && capturing(s))
+            why = "the stream is capturing (a graph memory node)";
+        else if (on && !default_pool(from_pool ? pool : NULL))
+            why = "a memory pool the application created";
+        if (!on || why != NULL) {
+            if (why != NULL)
+                warn_passthrough(why);
+            CUresult r = from_pool ? ((gs_fn_cuMemAllocFromPoolAsync)real)(dptr, n, pool, given)
+                                   : ((gs_fn_cuMemAllocAsync)real)(dptr, n, given);
+            gs_gate_leave();
+            return r;
+        }
+        CUcontext ctx = NULL;
+        REAL(cuCtxGetCurrent)(&ctx);
+        pthread_mutex_lock(&mm_mu);
+        int hit = take_locked(n, s, ctx, dptr);
+        if (hit) {
+            reused++;
+            count_live_locked(n);
+        }
+        pthread_mutex_unlock(&mm_mu);
+        if (hit) {
+            gs_gate_leave();
+            return CUDA_SUCCESS;
+        }
+        int yield;
+        CUresult r = gs_mm_alloc(dptr, n, &yield);
+        if (r == CUDA_SUCCESS) {
+            pthread_mutex_lock(&mm_mu);
+            fresh++;
+            count_live_locked(n);
+            pthread_mutex_unlock(&mm_mu);
+        }
+        gs_gate_leave();
+        if (!yield)
+            return r;
+        gs_gate_yield(); /* others hold the memory: give the GPU back, wait in line with the larger need */
+    }
+}
+
+static CUresult free_async(int id, CUdeviceptr d, CUstream s, int ptsz)
+{
+    gs_fn_cuMemFreeAsync real = (gs_fn_cuMemFreeAsync)gs_real(id);
+    if (GS_UNLIKELY(real == NULL))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUstream given = s;
+    s = norm_stream(s, ptsz);
+    gs_gate_enter(id);
+    struct gs_mm_info in;
+    if (!atomic_load_explicit(&gs_mm_on, memory_order_relaxed) || !gs_mm_lookup(d, &in)) {
+        CUresult r = real(d, given);
+        gs_gate_leave();
+        return r;
+    }
+    CUresult r = CUDA_SUCCESS;
+    pthread_mutex_lock(&mm_mu);
+    if (in.base != d || mm_async_cached_locked(d)) {
+        r = CUDA_ERROR_INVALID_VALUE; /* not the start of an allocation, or freed already */
+    } else {
+        CUevent ev = NULL;
+        if (!capturing(s)) {
+            ev = get_event_locked();
+            if (ev == NULL || REAL(cuEventRecord)(ev, s) != CUDA_SUCCESS) {
+                /* no event to follow the stream with: wait for it, then the memory is free now */
+                put_event_locked(ev);
+                REAL(cuStreamSynchronize)(s);
+                mm_free_locked(d, 0, &r);
+                live -= in.size < live ? in.size : live;
+                pthread_mutex_unlock(&mm_mu);
+                gs_gate_leave();
+                return r;
+            }
+        }
+        if (nkept == capkept) {
+            int cap = capkept ? capkept * 2 : 64;
+            struct kept *nk = realloc(kept, (size_t)cap * sizeof(*nk));
+            if (nk != NULL) {
+                kept = nk;
+                capkept = cap;
+            }
+        }
+        if (nkept < capkept) {
+            kept[nkept++] = (struct kept){.p = d, .n = in.size, .s = s, .ctx = in.ctx, .ev = ev};
+            kept_bytes += in.size;
+        } else {
+            if (ev != NULL)
+                REAL(cuEventSynchronize)(ev);
+            else
+                mm_sync_ctx(in.ctx);
+            put_event_locked(ev);
+            mm_free_locked(d, 0, &r);
+        }
+        live -= in.size < live ? in.size : live;
+    }
+    pthread_mutex_unlock(&mm_mu);
+    gs_gate_leave();
+    return r;
+}
+
+GS_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t n, CUstream s)
+{
+    return alloc_async(GS_ID_cuMemAllocAsync, dptr, n, 0, NULL, s, 0);
+}
+
+GS_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t n, CUstream s)
+{
+    return alloc_async(GS_ID_cuMemAllocAsync_ptsz, dptr, n, 0, NULL, s, 1);
+}
+
+GS_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t n, CUmemoryPool pool, CUstream s)
+{
+    return alloc_async(GS_ID_cuMemAllocFromPoolAsync, dptr, n, 1, pool, s, 0);
+}
+
+GS_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t n, CUmemoryPool pool, CUstream s)
+{
+    return alloc_async(GS_ID_cuMemAllocFromPoolAsync_ptsz, dptr, n, 1, pool, s, 1);
+}
+
+GS_EXPORT CUresult cuMemFreeAsync(CUdeviceptr d, CUstream s)
+{
+    return free_async(GS_ID_cuMemFreeAsync, d, s, 0);
+}
+
+GS_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr d, CUstream s)
+{
+    return free_async(GS_ID_cuMemFreeAsync_ptsz, d, s, 1);
+}
+
+static int ours(CUmemoryPool pool)
+{
+    return atomic_load_explicit(&gs_mm_on, memory_order_relaxed) && default_pool(pool);
+}
+
+GS_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
+{
+    gs_fn_cuMemPoolTrimTo real = (gs_fn_cuMemPoolTrimTo)gs_real(GS_ID_cuMemPoolTrimTo);
+    if (GS_UNLIKELY(real == NULL))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (ours(pool)) {
+        pthread_mutex_lock(&mm_mu);
+        if (live + kept_bytes > keep)
+            mm_async_drop_locked(1);
+        pthread_mutex_unlock(&mm_mu);
+    }
+    return real(pool, keep);
+}
+
+GS_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    gs_fn_cuMemPoolGetAttribute real = (gs_fn_cuMemPoolGetAttribute)gs_real(GS_ID_cuMemPoolGetAttribute);
+    if (GS_UNLIKELY(real == NULL))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (value == NULL || attr < CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT || attr > CU_MEMPOOL_ATTR_USED_MEM_HIGH ||
+        !ours(pool))
+        return real(pool, attr, value);
+    pthread_mutex_lock(&mm_mu);
+    uint64_t v = attr == CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT ? live + kept_bytes
+                 : attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH  ? reserved_high
+                 : attr == CU_MEMPOOL_ATTR_USED_MEM_CURRENT   ? live
+                                                              : live_high;
+    pthread_mutex_unlock(&mm_mu);
+    *(cuuint64_t *)value = v;
+    return CUDA_SUCCESS;
+}
+
+GS_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    gs_fn_cuMemPoolSetAttribute real = (gs_fn_cuMemPoolSetAttribute)gs_real(GS_ID_cuMemPoolSetAttribute);
+    if (GS_UNLIKELY(real == NULL))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if ((attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH || attr == CU_MEMPOOL_ATTR_USED_MEM_HIGH) && value != NULL &&
+        ours(pool)) {
+        /* the driver's rule: only a reset (to 0), which starts the high-water mark at the current value */
+        pthread_mutex_lock(&mm_mu);
+        if (attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)
+            reserved_high = live + kept_bytes;
+        else
+            live_high = live;
+        pthread_mutex_unlock(&mm_mu);
+    }
+    return real(pool, attr, value);
+}
+
+void mm_async_stats_locked(uint64_t *reuse, uint64_t *fresh_allocs)
+{
+    *reuse = reused;
+    *fresh_allocs = fresh;
+}
+
+void mm_async_atfork_child(void)
+{
+    /* CUDA does not survive fork: nothing the parent kept is ours to free. */
+    kept = NULL;
+    nkept = capkept = 0;
+    nspare = 0;
+    live = kept_bytes = live_high = reserved_high = reused = fresh = 0;
+}

@@ -1,0 +1,91 @@
+/*
+ * The memory manager's shared state, for its three front ends:
+ *   mm.c        regions, slabs, swapping, budget (cuMemAlloc memory)
+ *   mm_async.c  the stream-ordered allocator (cuMemAllocAsync) over regions
+ *   mm_vmm.c    the application's own cuMemCreate handles as regions
+ * Everything here is used with mm_mu held unless it says otherwise.
+ */
+#ifndef GS_MM_INTERNAL_H
+#define GS_MM_INTERNAL_H
+
+#include <pthread.h>
+
+#include "internal.h"
+
+#define REAL(name) ((gs_fn_##name)gs_real(GS_ID_##name))
+
+struct block {
+    size_t off, size; /* size rounded to SLAB_ALIGN */
+    size_t user;      /* bytes asked for */
+    uint64_t id;
+    int used;
+};
+
+/* Where the application mapped (part of) one of its handles, and who may access it. */
+#define MM_MAX_ACCESS 8
+struct app_map {
+    CUdeviceptr va;
+    size_t size, off;
+    CUmemAccessDesc acc[MM_MAX_ACCESS];
+    int nacc;
+};
+
+struct region {
+    CUdeviceptr va; /* the application's pointer; for a handle, our private range (also the handle's value) */
+    size_t size;    /* reserved = physical bytes, a multiple of the granularity */
+    size_t user;    /* bytes asked for (whole-region allocations) */
+    int slab;
+    CUcontext ctx;
+    CUdevice dev;
+    CUmemAllocationProp prop; /* what cuMemCreate is given at every swap in */
+    CUmemGenericAllocationHandle h;
+    int resident;
+    void *staging;
+    int pinned;  /* staging is page-locked */
+    int pinning; /* the stager is registering it: do not unmap */
+    int pin_failed;
+    int picked; /* chosen for the eviction being planned */
+    uint64_t id;
+    struct block *blk;
+    int nblk, capblk, used;
+    /* the application's own handle (cuMemCreate): its pages are mapped where the application
+     * mapped them, never at va except while they are copied */
+    int handle;
+    int atva;     /* the pages are mapped at va (a swap in between copying and mapping back) */
+    int app_refs; /* cuMemCreate and cuMemRetainAllocationHandle, less cuMemRelease */
+    struct app_map *maps;
+    int nmaps, capmaps;
+};
+
+extern pthread_mutex_t mm_mu;
+extern struct region **mm_regions; /* sorted by va */
+extern int mm_nreg;
+extern size_t mm_gran;
+extern int mm_handles; /* regions that are application handles */
+
+int mm_find_region_locked(CUdeviceptr p);
+void mm_free_region_locked(int i);
+/* A new resident region of `size` bytes (a multiple of mm_gran); prop NULL: plain device memory. */
+CUresult mm_new_region_locked(size_t size, size_t user, int slab, const CUmemAllocationProp *prop,
+                              struct region **out);
+/* Makes sure `more` bytes beyond the working set fit the reservation (GS_MM_OK, GS_MM_YIELD or a CUDA error). */
+int mm_reserve_locked(uint64_t more);
+void mm_report_locked(uint32_t reason);
+void mm_allocated_locked(uint64_t t0); /* after new pages: the scheduler hears of them */
+int mm_exceeds_budget(const char *call, size_t n);
+void mm_learn_granularity_locked(void);
+/* Frees an allocation the application made; sync: wait for the context first (cuMemFree semantics). */
+int mm_free_locked(CUdeviceptr d, int sync, CUresult *res);
+void mm_sync_ctx(CUcontext ctx);
+
+/* mm_vmm.c: the application's mappings of a handle region */
+void mm_vmm_detach_locked(struct region *r);   /* unmap the application's mappings (pages stay) */
+CUresult mm_vmm_attach_locked(struct region *r); /* map the pages where the application mapped them */
+
+/* mm_async.c: freed stream-ordered memory kept for reuse */
+int mm_async_cached_locked(CUdeviceptr d);       /* 1 if d was freed with cuMemFreeAsync and is kept */
+uint64_t mm_async_drop_locked(int wait);         /* frees cached memory (wait: also what the GPU may still use) */
+void mm_async_stats_locked(uint64_t *reused, uint64_t *fresh);
+void mm_async_atfork_child(void);
+
+#endif

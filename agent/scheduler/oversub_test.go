@@ -338,6 +338,36 @@ func TestOversubSwapsPyTorchsOtherAllocatorsToo(t *testing.T) {
 	}
 }
 
+// Stream-ordered memory the application freed stays with the process, as in
+// a pool that keeps everything, but when the process is evicted it goes first
+// and without a copy: an idle process that freed its 10 MiB makes room for a
+// 12 MiB newcomer (budget 16) without moving a byte.
+func TestOversubKeptStreamOrderedMemoryLeavesWithoutACopy(t *testing.T) {
+	const budget = 16 * mib
+	e := newMemEnv(t, 50*time.Millisecond, 200*time.Millisecond, budget, ModeAuto)
+	a := e.startOversub(nil, "alloc=async", "bufs=5", "size=2097152", "small=0", "iters=50",
+		"idle_after_free_ms=1500")
+	eventually(t, 5*time.Second, "the first client freed its memory and idles", func() bool {
+		return strings.Contains(a.stdout.String(), "oversub freed")
+	})
+	b := e.startOversub(nil, "bufs=5", "size=2097152", "small=0", "iters=50", "seed=3", "hold_ms=300")
+	eventually(t, 5*time.Second, "the second client finished its work", func() bool {
+		return strings.Contains(b.stdout.String(), "oversub done")
+	})
+	sa, _ := e.state(a.pid())
+	t.Logf("a: need %d resident %d swapped %d outs %d bytes out %d", sa.NeedBytes, sa.ResidentBytes, sa.SwappedBytes,
+		sa.SwapOuts, sa.BytesOut)
+	if sa.NeedBytes != 10*mib || sa.SwappedBytes != 6*mib || sa.SwapOuts != 3 {
+		t.Errorf("the idle client (need %d) gave up %d bytes in %d swap-outs; want 6 MiB of 10 in 3", sa.NeedBytes,
+			sa.SwappedBytes, sa.SwapOuts)
+	}
+	if sa.BytesOut != 0 {
+		t.Errorf("%d bytes of freed memory were copied out", sa.BytesOut)
+	}
+	a.waitOversub(t, 10*time.Second)
+	b.waitOversub(t, 10*time.Second)
+}
+
 // Stream-ordered allocations the shim cannot stand in for go to the driver,
 // with one line that says so: here, from a pool the application made current.
 func TestOversubPassesStreamOrderedAllocationsFromOtherPoolsThrough(t *testing.T) {

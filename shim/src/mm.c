@@ -258,6 +258,8 @@ static void release_pages_locked(struct region *r)
 
 static size_t copy_len(const struct region *r)
 {
+    if (r->vacant)
+        return 0;
     if (!r->slab)
         return r->user;
     size_t end = 0;
@@ -377,12 +379,19 @@ static void swap_out_locked(struct region **list, int n)
 void gs_mm_evict(uint64_t target)
 {
     pthread_mutex_lock(&mm_mu);
-    /* Freed stream-ordered memory goes first, and without a copy (the GPU is drained here). */
-    mm_async_drop_locked(0);
     struct region **list = malloc((size_t)(mm_nreg ? mm_nreg : 1) * sizeof(*list));
     int n = 0;
     uint64_t res = atomic_load(&resident_bytes);
-    /* Only what is asked: the smallest region that covers the rest, else the largest, until done. */
+    /* Kept stream-ordered memory first: it goes without a copy. */
+    for (int i = 0; list != NULL && res > target && i < mm_nreg; i++) {
+        struct region *r = mm_regions[i];
+        if (r->resident && r->vacant) {
+            r->picked = 1;
+            list[n++] = r;
+            res -= r->size;
+        }
+    }
+    /* Then only what is asked: the smallest region that covers the rest, else the largest, until done. */
     while (list != NULL && res > target) {
         uint64_t rest = res - target;
         struct region *best = NULL, *largest = NULL;
@@ -554,8 +563,8 @@ int mm_reserve_locked(uint64_t more)
 {
     for (;;) {
         uint64_t want = atomic_load(&need_bytes) + more;
-        int short_ = want > budget || (want > atomic_load(&reserved) && gs_gate_connected());
-        if (short_ && mm_async_drop_locked(1) > 0)
+        uint64_t limit = want > budget || !gs_gate_connected() ? budget : atomic_load(&reserved);
+        if (want > limit && mm_async_drop_locked(1, want - limit) > 0)
             continue; /* freed stream-ordered memory we kept is the first to give back */
         if (want > budget) {
             gs_log(GS_LOG_WARN,
@@ -799,6 +808,11 @@ void mm_allocated_locked(uint64_t t0)
 }
 
 /* An allocation of n bytes on its own: more than the whole budget fails at once, with a reason. */
+uint64_t mm_need_locked(void)
+{
+    return atomic_load(&need_bytes);
+}
+
 int mm_exceeds_budget(const char *call, size_t n)
 {
     if (n <= budget)

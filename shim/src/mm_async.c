@@ -18,6 +18,7 @@
  * allocations on a capturing stream (they become graph memory nodes) and
  * allocations from pools the application created itself.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -53,10 +54,18 @@ static CUstream norm_stream(CUstream s, int ptsz)
     return ptsz && s == NULL ? CU_STREAM_PER_THREAD : s;
 }
 
-static int capturing(CUstream s)
+/* 0, or why the stream's allocations cannot be ours (in why, for the log). */
+static int capturing(CUstream s, char *why, size_t len)
 {
     CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-    return REAL(cuStreamIsCapturing)(s, &st) != CUDA_SUCCESS || st != CU_STREAM_CAPTURE_STATUS_NONE;
+    CUresult e = REAL(cuStreamIsCapturing)(s, &st);
+    if (e == CUDA_SUCCESS && st == CU_STREAM_CAPTURE_STATUS_NONE)
+        return 0;
+    if (e != CUDA_SUCCESS)
+        snprintf(why, len, "cuStreamIsCapturing(%p) failed with CUDA error %d", (void *)s, e);
+    else
+        snprintf(why, len, "stream %p is capturing (a graph memory node; capture status %d)", (void *)s, st);
+    return 1;
 }
 
 /* Is pool (NULL: the device's current one) the device's default pool, which we stand in for? */
@@ -105,31 +114,40 @@ int mm_async_cached_locked(CUdeviceptr d)
     return 0;
 }
 
-uint64_t mm_async_drop_locked(int wait)
+static void set_vacant_locked(CUdeviceptr p, int v)
 {
-    uint64_t dropped = 0;
-    for (int i = nkept - 1; i >= 0; i--) {
-        if (i >= nkept)
-            continue; /* mm_mu was released while a region was freed: the list changed */
-        struct kept k = kept[i];
-        if (k.ev != NULL) {
-            CUresult e = wait ? REAL(cuEventSynchronize)(k.ev) : REAL(cuEventQuery)(k.ev);
-            if (e != CUDA_SUCCESS && !wait)
-                continue; /* the GPU may still use it */
-        } else if (wait) {
-            if (gs_capture_active())
+    int i = mm_find_region_locked(p);
+    if (i >= 0 && !mm_regions[i]->slab)
+        mm_regions[i]->vacant = v;
+}
+
+uint64_t mm_async_drop_locked(int wait, uint64_t goal)
+{
+    uint64_t start = mm_need_locked();
+    /* completed ones first; the ones the GPU may still use only when waiting is allowed */
+    for (int pass = 0; pass < 2 && start - mm_need_locked() < goal; pass++) {
+        for (int i = nkept - 1; i >= 0 && start - mm_need_locked() < goal; i--) {
+            if (i >= nkept)
+                continue; /* mm_mu was released while a region was freed: the list changed */
+            struct kept k = kept[i];
+            if (pass == 0 && (k.ev == NULL || REAL(cuEventQuery)(k.ev) != CUDA_SUCCESS))
                 continue;
-            mm_sync_ctx(k.ctx);
-        } else {
-            continue;
+            if (pass == 1) {
+                if (!wait || (k.ev == NULL && gs_capture_active()))
+                    break;
+                if (k.ev != NULL)
+                    REAL(cuEventSynchronize)(k.ev);
+                else
+                    mm_sync_ctx(k.ctx);
+            }
+            remove_kept_locked(i);
+            put_event_locked(k.ev);
+            set_vacant_locked(k.p, 0);
+            CUresult res;
+            mm_free_locked(k.p, 0, &res);
         }
-        remove_kept_locked(i);
-        put_event_locked(k.ev);
-        CUresult res;
-        mm_free_locked(k.p, 0, &res);
-        dropped += k.n;
     }
-    return dropped;
+    return start - mm_need_locked();
 }
 
 /* Memory freed earlier that this allocation may reuse now. */
@@ -144,6 +162,7 @@ static int take_locked(size_t n, CUstream s, CUcontext ctx, CUdeviceptr *out)
         *out = k->p;
         put_event_locked(k->ev);
         remove_kept_locked(i);
+        set_vacant_locked(*out, 0);
         return 1;
     }
     return 0;
@@ -169,13 +188,11 @@ static CUresult alloc_async(int id, CUdeviceptr *dptr, size_t n, int from_pool, 
     for (;;) {
         gs_gate_enter(id);
         int on = atomic_load_explicit(&gs_mm_on, memory_order_relaxed) && dptr != NULL && n > 0;
-        const char *why = NULL;
-        if (on && capturing(s))
-            why = "the stream is capturing (a graph memory node)";
-        else if (on && !default_pool(from_pool ? pool : NULL))
-            why = "a memory pool the application created";
-        if (!on || why != NULL) {
-            if (why != NULL)
+        char why[128] = "";
+        if (on && !capturing(s, why, sizeof(why)) && !default_pool(from_pool ? pool : NULL))
+            snprintf(why, sizeof(why), "a memory pool the application created");
+        if (!on || why[0] != '\0') {
+            if (why[0] != '\0')
                 warn_passthrough(why);
             CUresult r = from_pool ? ((gs_fn_cuMemAllocFromPoolAsync)real)(dptr, n, pool, given)
                                    : ((gs_fn_cuMemAllocAsync)real)(dptr, n, given);
@@ -230,7 +247,8 @@ static CUresult free_async(int id, CUdeviceptr d, CUstream s, int ptsz)
         r = CUDA_ERROR_INVALID_VALUE; /* not the start of an allocation, or freed already */
     } else {
         CUevent ev = NULL;
-        if (!capturing(s)) {
+        char why[128];
+        if (!capturing(s, why, sizeof(why))) {
             ev = get_event_locked();
             if (ev == NULL || REAL(cuEventRecord)(ev, s) != CUDA_SUCCESS) {
                 /* no event to follow the stream with: wait for it, then the memory is free now */
@@ -254,6 +272,7 @@ static CUresult free_async(int id, CUdeviceptr d, CUstream s, int ptsz)
         if (nkept < capkept) {
             kept[nkept++] = (struct kept){.p = d, .n = in.size, .s = s, .ctx = in.ctx, .ev = ev};
             kept_bytes += in.size;
+            set_vacant_locked(d, 1);
         } else {
             if (ev != NULL)
                 REAL(cuEventSynchronize)(ev);
@@ -312,7 +331,7 @@ GS_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
     if (ours(pool)) {
         pthread_mutex_lock(&mm_mu);
         if (live + kept_bytes > keep)
-            mm_async_drop_locked(1);
+            mm_async_drop_locked(1, live + kept_bytes - keep);
         pthread_mutex_unlock(&mm_mu);
     }
     return real(pool, keep);

@@ -45,6 +45,7 @@ struct region {
     int pinning; /* the stager is registering it: do not unmap */
     int pin_failed;
     int picked; /* chosen for the eviction being planned */
+    int vacant; /* freed with cuMemFreeAsync and kept: its bytes need no copy either way */
     uint64_t id;
     struct block *blk;
     int nblk, capblk, used;
@@ -73,6 +74,7 @@ int mm_reserve_locked(uint64_t more);
 void mm_report_locked(uint32_t reason);
 void mm_allocated_locked(uint64_t t0); /* after new pages: the scheduler hears of them */
 int mm_exceeds_budget(const char *call, size_t n);
+uint64_t mm_need_locked(void); /* the working set: every swappable byte, resident or not */
 void mm_learn_granularity_locked(void);
 /* Frees an allocation the application made; sync: wait for the context first (cuMemFree semantics). */
 int mm_free_locked(CUdeviceptr d, int sync, CUresult *res);
@@ -84,7 +86,9 @@ CUresult mm_vmm_attach_locked(struct region *r); /* map the pages where the appl
 
 /* mm_async.c: freed stream-ordered memory kept for reuse */
 int mm_async_cached_locked(CUdeviceptr d);       /* 1 if d was freed with cuMemFreeAsync and is kept */
-uint64_t mm_async_drop_locked(int wait);         /* frees cached memory (wait: also what the GPU may still use) */
+/* Frees kept memory until the working set shrank by goal bytes (UINT64_MAX: all of it);
+ * wait: also memory the GPU may still use (after waiting for it). Returns the bytes it shrank by. */
+uint64_t mm_async_drop_locked(int wait, uint64_t goal);
 void mm_async_stats_locked(uint64_t *reused, uint64_t *fresh);
 void mm_async_atfork_child(void);
 

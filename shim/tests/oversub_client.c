@@ -13,6 +13,8 @@
  *     verify_every=N       full comparison every N operations (default 100)
  *     capture_ms=MS        first begin a stream capture, stay idle MS ms, end it
  *     hold_ms=MS           after the work, stay alive and idle MS ms
+ *     idle_after_free_ms=MS after freeing everything, stay alive and idle MS ms (stream-ordered
+ *                          memory is then kept by the pool, unused)
  *     big=BYTES            also try one allocation of BYTES and report its result
  *     alloc=plain|async|vmm how the large and small buffers are allocated:
  *                          plain  cuMemAlloc / cuMemFree
@@ -266,7 +268,7 @@ int main(int argc, char **argv)
     long nsmall = opt(argc, argv, "small", 16), iters = opt(argc, argv, "iters", 1000);
     long sleep_us = opt(argc, argv, "sleep_us", 0), verify_every = opt(argc, argv, "verify_every", 100);
     long capture_ms = opt(argc, argv, "capture_ms", 0), hold_ms = opt(argc, argv, "hold_ms", 0);
-    long big = opt(argc, argv, "big", 0);
+    long big = opt(argc, argv, "big", 0), idle_after_free_ms = opt(argc, argv, "idle_after_free_ms", 0);
     rng ^= (uint64_t)opt(argc, argv, "seed", 1) * 0x9e3779b97f4a7c15ull;
     int kind = PLAIN;
     for (int i = 1; i < argc; i++) {
@@ -478,6 +480,10 @@ int main(int argc, char **argv)
             printf("oversub FAIL pid=%d free %d\n", (int)getpid(), i);
             return 1;
         }
+    printf("oversub freed pid=%d\n", (int)getpid());
+    fflush(stdout);
+    if (idle_after_free_ms > 0)
+        usleep((useconds_t)idle_after_free_ms * 1000);
     if (kind == ASYNC) {
         /* what torch.cuda.empty_cache() does with cudaMallocAsync: the pool gives the memory back */
         CUmemoryPool pool;

@@ -46,6 +46,14 @@ void gs_ctx_remove(CUcontext ctx)
     pthread_mutex_unlock(&set_mu);
 }
 
+CUcontext gs_ctx_only(void)
+{
+    pthread_mutex_lock(&set_mu);
+    CUcontext c = nctx == 1 ? ctxs[0] : NULL;
+    pthread_mutex_unlock(&set_mu);
+    return c;
+}
+
 void gs_ctx_record_current(void)
 {
     gs_fn_cuCtxGetCurrent get = (gs_fn_cuCtxGetCurrent)gs_real(GS_ID_cuCtxGetCurrent);

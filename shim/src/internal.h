@@ -107,6 +107,8 @@ static inline void gs_gate_leave(void)
 void gs_ctx_add(CUcontext ctx);
 void gs_ctx_remove(CUcontext ctx);
 void gs_ctx_record_current(void);
+/* The process's one context, or NULL when it has none or several. */
+CUcontext gs_ctx_only(void);
 void gs_capture_add(CUstream s);
 void gs_capture_remove(CUstream s);
 int gs_capture_active(void);

@@ -958,16 +958,16 @@ void gs_mm_log_stats(void)
     if (mm_state != MM_ACTIVE)
         return;
     pthread_mutex_lock(&mm_mu);
-    uint64_t reused, fresh;
-    mm_async_stats_locked(&reused, &fresh);
+    uint64_t reused, fresh, passed;
+    mm_async_stats_locked(&reused, &fresh, &passed);
     gs_log(GS_LOG_INFO,
            "swap stats: out=%llu (%llu bytes) in=%llu (%llu bytes) time=%.3f s resident=%llu swapped=%llu; "
            "new allocations=%llu in %.3f s, staging pinned=%llu bytes, pin failures=%llu; stream-ordered "
-           "allocations async_new=%llu async_reused=%llu",
+           "allocations async_new=%llu async_reused=%llu async_passed=%llu",
            (unsigned long long)swap_outs, (unsigned long long)bytes_out, (unsigned long long)swap_ins,
            (unsigned long long)bytes_in, swap_ns / 1e9, (unsigned long long)atomic_load(&resident_bytes),
            (unsigned long long)atomic_load(&swapped_bytes), (unsigned long long)allocs, alloc_ns / 1e9,
            (unsigned long long)pinned_bytes, (unsigned long long)pin_failures, (unsigned long long)fresh,
-           (unsigned long long)reused);
+           (unsigned long long)reused, (unsigned long long)passed);
     pthread_mutex_unlock(&mm_mu);
 }

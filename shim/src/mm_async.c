@@ -35,6 +35,7 @@ struct kept {
 static struct kept *kept;
 static int nkept, capkept;
 static uint64_t live, kept_bytes, live_high, reserved_high, reused, fresh;
+static atomic_ullong passed; /* allocations left to the driver */
 static CUevent spare[64];
 static int nspare;
 
@@ -78,6 +79,28 @@ static int default_pool(CUmemoryPool pool)
     if (pool == NULL && REAL(cuDeviceGetMemPool)(&pool, dev) != CUDA_SUCCESS)
         return 0;
     return pool == def;
+}
+
+/*
+ * The CUDA runtime calls the stream-ordered allocator from threads with no
+ * current driver context (PyTorch's autograd threads, seen on the H100: the
+ * stream queries then fail with CUDA_ERROR_INVALID_CONTEXT). A process of one
+ * context gets it made current for the call; returns it to pop, or NULL.
+ */
+static CUcontext enter_ctx(void)
+{
+    CUcontext c = NULL;
+    if (REAL(cuCtxGetCurrent)(&c) == CUDA_SUCCESS && c != NULL)
+        return NULL;
+    c = gs_ctx_only();
+    return c != NULL && REAL(cuCtxPushCurrent_v2)(c) == CUDA_SUCCESS ? c : NULL;
+}
+
+static void leave_ctx(CUcontext pushed)
+{
+    CUcontext c;
+    if (pushed != NULL)
+        REAL(cuCtxPopCurrent_v2)(&c);
 }
 
 static void put_event_locked(CUevent ev)
@@ -187,13 +210,17 @@ static CUresult alloc_async(int id, CUdeviceptr *dptr, size_t n, int from_pool, 
     s = norm_stream(s, ptsz);
     for (;;) {
         gs_gate_enter(id);
+        CUcontext pushed = enter_ctx();
         int on = atomic_load_explicit(&gs_mm_on, memory_order_relaxed) && dptr != NULL && n > 0;
         char why[128] = "";
         if (on && !capturing(s, why, sizeof(why)) && !default_pool(from_pool ? pool : NULL))
             snprintf(why, sizeof(why), "a memory pool the application created");
         if (!on || why[0] != '\0') {
-            if (why[0] != '\0')
+            if (why[0] != '\0') {
                 warn_passthrough(why);
+                atomic_fetch_add(&passed, 1);
+            }
+            leave_ctx(pushed);
             CUresult r = from_pool ? ((gs_fn_cuMemAllocFromPoolAsync)real)(dptr, n, pool, given)
                                    : ((gs_fn_cuMemAllocAsync)real)(dptr, n, given);
             gs_gate_leave();
@@ -209,6 +236,7 @@ static CUresult alloc_async(int id, CUdeviceptr *dptr, size_t n, int from_pool, 
         }
         pthread_mutex_unlock(&mm_mu);
         if (hit) {
+            leave_ctx(pushed);
             gs_gate_leave();
             return CUDA_SUCCESS;
         }
@@ -220,6 +248,7 @@ static CUresult alloc_async(int id, CUdeviceptr *dptr, size_t n, int from_pool, 
             count_live_locked(n);
             pthread_mutex_unlock(&mm_mu);
         }
+        leave_ctx(pushed);
         gs_gate_leave();
         if (!yield)
             return r;
@@ -242,6 +271,7 @@ static CUresult free_async(int id, CUdeviceptr d, CUstream s, int ptsz)
         return r;
     }
     CUresult r = CUDA_SUCCESS;
+    CUcontext pushed = enter_ctx();
     pthread_mutex_lock(&mm_mu);
     if (in.base != d || mm_async_cached_locked(d)) {
         r = CUDA_ERROR_INVALID_VALUE; /* not the start of an allocation, or freed already */
@@ -257,6 +287,7 @@ static CUresult free_async(int id, CUdeviceptr d, CUstream s, int ptsz)
                 mm_free_locked(d, 0, &r);
                 live -= in.size < live ? in.size : live;
                 pthread_mutex_unlock(&mm_mu);
+                leave_ctx(pushed);
                 gs_gate_leave();
                 return r;
             }
@@ -284,6 +315,7 @@ static CUresult free_async(int id, CUdeviceptr d, CUstream s, int ptsz)
         live -= in.size < live ? in.size : live;
     }
     pthread_mutex_unlock(&mm_mu);
+    leave_ctx(pushed);
     gs_gate_leave();
     return r;
 }
@@ -373,10 +405,11 @@ GS_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute 
     return real(pool, attr, value);
 }
 
-void mm_async_stats_locked(uint64_t *reuse, uint64_t *fresh_allocs)
+void mm_async_stats_locked(uint64_t *reuse, uint64_t *fresh_allocs, uint64_t *passed_through)
 {
     *reuse = reused;
     *fresh_allocs = fresh;
+    *passed_through = atomic_load(&passed);
 }
 
 void mm_async_atfork_child(void)
@@ -386,4 +419,5 @@ void mm_async_atfork_child(void)
     nkept = capkept = 0;
     nspare = 0;
     live = kept_bytes = live_high = reserved_high = reused = fresh = 0;
+    atomic_store(&passed, 0);
 }

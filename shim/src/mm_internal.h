@@ -89,7 +89,7 @@ int mm_async_cached_locked(CUdeviceptr d);       /* 1 if d was freed with cuMemF
 /* Frees kept memory until the working set shrank by goal bytes (UINT64_MAX: all of it);
  * wait: also memory the GPU may still use (after waiting for it). Returns the bytes it shrank by. */
 uint64_t mm_async_drop_locked(int wait, uint64_t goal);
-void mm_async_stats_locked(uint64_t *reused, uint64_t *fresh);
+void mm_async_stats_locked(uint64_t *reused, uint64_t *fresh, uint64_t *passed);
 void mm_async_atfork_child(void);
 
 #endif

@@ -368,6 +368,22 @@ func TestOversubKeptStreamOrderedMemoryLeavesWithoutACopy(t *testing.T) {
 	b.waitOversub(t, 10*time.Second)
 }
 
+// The CUDA runtime calls the stream-ordered allocator from threads that have
+// no current driver context (PyTorch's autograd thread, on the H100): those
+// frees and allocations are still the shim's, with events, so freed memory is
+// reused and nothing is left to the driver.
+func TestOversubStreamOrderedCallsFromAThreadWithoutAContext(t *testing.T) {
+	e := newMemEnv(t, 50*time.Millisecond, 200*time.Millisecond, 16*mib, ModeAuto)
+	a := e.startOversub([]string{"GPUSHARE_STUB_THREAD_CTX=1"}, "alloc=async", "churn_thread=1", "bufs=3",
+		"size=2097152", "small=4", "iters=400")
+	va := a.waitOversub(t, 20*time.Second)
+	t.Logf("churned %d, reused %d, new %d, passed to the driver %d", va["churned"], va["swap_async_reused"],
+		va["swap_async_new"], va["swap_async_passed"])
+	if va["churned"] == 0 || va["swap_async_passed"] != 0 || va["swap_async_reused"] < va["churned"] {
+		t.Errorf("churn on a thread without a context: %v (want every allocation the shim's, each reused)", va)
+	}
+}
+
 // Stream-ordered allocations the shim cannot stand in for go to the driver,
 // with one line that says so: here, from a pool the application made current.
 func TestOversubPassesStreamOrderedAllocationsFromOtherPoolsThrough(t *testing.T) {

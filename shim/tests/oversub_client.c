@@ -13,6 +13,8 @@
  *     verify_every=N       full comparison every N operations (default 100)
  *     capture_ms=MS        first begin a stream capture, stay idle MS ms, end it
  *     hold_ms=MS           after the work, stay alive and idle MS ms
+ *     churn_thread=1       alloc=async: the churn frees and allocates on a second thread (as
+ *                          PyTorch's autograd thread does), default stream
  *     idle_after_free_ms=MS after freeing everything, stay alive and idle MS ms (stream-ordered
  *                          memory is then kept by the pool, unused)
  *     big=BYTES            also try one allocation of BYTES and report its result
@@ -30,6 +32,7 @@
  * Prints "oversub ..." lines; exits 1 on the first mismatch.
  */
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -233,6 +236,15 @@ static CUresult free_kind(struct buf *b, CUstream s, free_fn mfree)
     return mfree(b->d);
 }
 
+/* The churn of a thread with no context of its own, on the legacy default stream. */
+static int churn_ok;
+static void *churn_main(void *arg)
+{
+    struct buf *x = arg;
+    churn_ok = freeasync(x->d, NULL) == CUDA_SUCCESS && allocasync(&x->d, x->n, NULL) == CUDA_SUCCESS;
+    return NULL;
+}
+
 static void fill(struct buf *b, size_t off, size_t len)
 {
     for (size_t k = 0; k < len; k++)
@@ -268,6 +280,7 @@ int main(int argc, char **argv)
     long nsmall = opt(argc, argv, "small", 16), iters = opt(argc, argv, "iters", 1000);
     long sleep_us = opt(argc, argv, "sleep_us", 0), verify_every = opt(argc, argv, "verify_every", 100);
     long capture_ms = opt(argc, argv, "capture_ms", 0), hold_ms = opt(argc, argv, "hold_ms", 0);
+    long churn_thread = opt(argc, argv, "churn_thread", 0);
     long big = opt(argc, argv, "big", 0), idle_after_free_ms = opt(argc, argv, "idle_after_free_ms", 0);
     rng ^= (uint64_t)opt(argc, argv, "seed", 1) * 0x9e3779b97f4a7c15ull;
     int kind = PLAIN;
@@ -384,7 +397,18 @@ int main(int argc, char **argv)
             break;
         }
         case 5: /* churn: memory goes and comes back, as an allocator's would */
-            if (x->kind == ASYNC) {
+            if (x->kind == ASYNC && churn_thread) {
+                pthread_t th;
+                churn_ok = 0;
+                pthread_create(&th, NULL, churn_main, x);
+                pthread_join(th, NULL);
+                if (!churn_ok) {
+                    printf("oversub FAIL pid=%d free and allocate again on another thread\n", (int)getpid());
+                    return 1;
+                }
+                fill(x, 0, x->n);
+                churned++;
+            } else if (x->kind == ASYNC) {
                 /* freed in stream order on one stream, allocated again on the same or the other */
                 CUstream s1 = rnd() % 2 ? STREAM_A : STREAM_B, s2 = rnd() % 2 ? STREAM_A : STREAM_B;
                 if (freeasync(x->d, s1) != CUDA_SUCCESS || allocasync(&x->d, x->n, s2) != CUDA_SUCCESS) {

@@ -22,6 +22,7 @@
  */
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -241,9 +242,12 @@ static CUcontext fake_ctx(void)
 #pragma GCC diagnostic pop
 #undef GS_HOOK
 
+static int has_ctx(void);
+
 STUB_EXPORT CUresult cuInit(unsigned int flags)
 {
     (void)flags;
+    has_ctx(); /* the thread that initializes is the first */
     pthread_once(&once, init);
     return CUDA_SUCCESS;
 }
@@ -254,21 +258,42 @@ STUB_EXPORT CUresult cuDriverGetVersion(int *v)
     return CUDA_SUCCESS;
 }
 
+/* GPUSHARE_STUB_THREAD_CTX=1: threads other than the first start without a
+ * current context (as the CUDA runtime leaves some of its callers' threads);
+ * pushing one makes it current until it is popped. Otherwise every thread has it. */
+static __thread int pushed_ctx;
+static pthread_t first_thread;
+static atomic_int first_set;
+
+static int has_ctx(void)
+{
+    int expect = 0;
+    if (atomic_compare_exchange_strong(&first_set, &expect, 1))
+        first_thread = pthread_self();
+    const char *v = getenv("GPUSHARE_STUB_THREAD_CTX");
+    return pushed_ctx > 0 || v == NULL || *v != '1' || pthread_equal(pthread_self(), first_thread);
+}
+
 STUB_EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
 {
-    *pctx = fake_ctx();
+    *pctx = has_ctx() ? fake_ctx() : NULL;
     return CUDA_SUCCESS;
 }
 
 STUB_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 {
-    return ctx == fake_ctx() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (ctx != fake_ctx())
+        return CUDA_ERROR_INVALID_VALUE;
+    pushed_ctx++;
+    return CUDA_SUCCESS;
 }
 
 STUB_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
 {
     if (pctx)
         *pctx = fake_ctx();
+    if (pushed_ctx > 0)
+        pushed_ctx--;
     return CUDA_SUCCESS;
 }
 
@@ -293,6 +318,8 @@ STUB_EXPORT CUresult cuCtxSynchronize(void)
 
 STUB_EXPORT CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *status)
 {
+    if (s == NULL && !has_ctx())
+        return CUDA_ERROR_INVALID_CONTEXT; /* the legacy stream is the current context's */
     int on = 0;
     pthread_mutex_lock(&mu);
     for (int i = 0; i < MAXCAP; i++)

@@ -176,18 +176,31 @@ uint64_t mm_async_drop_locked(int wait, uint64_t goal)
 /* Memory freed earlier that this allocation may reuse now. */
 static int take_locked(size_t n, CUstream s, CUcontext ctx, CUdeviceptr *out)
 {
+    int same = 0, noev = 0, busy = 0, other = 0;
     for (int i = 0; i < nkept; i++) {
         struct kept *k = &kept[i];
-        if (k->n != n || k->ctx != ctx || k->ev == NULL)
+        if (k->n != n)
             continue;
-        if (k->s != s && REAL(cuEventQuery)(k->ev) != CUDA_SUCCESS)
+        same++;
+        if (k->ctx != ctx || k->ev == NULL) {
+            other += k->ctx != ctx;
+            noev += k->ev == NULL;
             continue;
+        }
+        if (k->s != s && REAL(cuEventQuery)(k->ev) != CUDA_SUCCESS) {
+            busy++;
+            continue;
+        }
         *out = k->p;
         put_event_locked(k->ev);
         remove_kept_locked(i);
         set_vacant_locked(*out, 0);
         return 1;
     }
+    gs_log(GS_LOG_DEBUG,
+           "stream-ordered allocation of %zu bytes on stream %p: nothing to reuse (%d kept: %d without an event, "
+           "%d of another context, %d still in use on another stream; %d kept in all)",
+           n, (void *)s, same, noev, other, busy, nkept);
     return 0;
 }
 
@@ -300,6 +313,8 @@ static CUresult free_async(int id, CUdeviceptr d, CUstream s, int ptsz)
                 capkept = cap;
             }
         }
+        gs_log(GS_LOG_DEBUG, "stream-ordered free of %zu bytes at 0x%llx on stream %p", in.size,
+               (unsigned long long)d, (void *)s);
         if (nkept < capkept) {
             kept[nkept++] = (struct kept){.p = d, .n = in.size, .s = s, .ctx = in.ctx, .ev = ev};
             kept_bytes += in.size;

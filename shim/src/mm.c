@@ -563,8 +563,7 @@ int mm_reserve_locked(uint64_t more)
 {
     for (;;) {
         uint64_t want = atomic_load(&need_bytes) + more;
-        uint64_t limit = want > budget || !gs_gate_connected() ? budget : atomic_load(&reserved);
-        if (want > limit && mm_async_drop_locked(1, want - limit) > 0)
+        if (want > budget && mm_async_drop_locked(1, want - budget) > 0)
             continue; /* freed stream-ordered memory we kept is the first to give back */
         if (want > budget) {
             gs_log(GS_LOG_WARN,
@@ -589,6 +588,10 @@ int mm_reserve_locked(uint64_t more)
         uint32_t status = rep_status;
         pthread_mutex_unlock(&rep_mu);
         if (status == GS_MEM_OK || status == UINT32_MAX)
+            continue;
+        /* The GPU has no more for us now: the freed stream-ordered memory we kept goes before we
+         * wait or fail (while the budget has room, it stays, as in a pool that keeps everything). */
+        if (mm_async_drop_locked(1, want - atomic_load(&reserved)) > 0)
             continue;
         if (status == GS_MEM_TOO_LARGE) {
             gs_log(GS_LOG_WARN,

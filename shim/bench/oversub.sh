@@ -4,6 +4,7 @@
 # and, for the job tables, python3 with PyTorch.
 #   make -C shim bench-oversub [SECTIONS="swap jobs fit"] [QUANTA="5 10 20 30"] [BUDGET_GB=8] [JOB_SECS=40]
 #       [JOB_STEPS=auto] [MIX_EVERY= MIX_SLEEP=] [FIT_ROUNDS=6] [FIT_SECS=20] [BENCH_BUDGET_S=0] [SWAP_BYTES=4294967296]
+#       [PAIRS="heavy mixed"] [BENCH_LOG_LEVEL=info]
 # Prints, side by side in this one run:
 #   swap rate     each way, from the shim's own swap log, against a plain pinned copy of the same size
 #   job table     nvshare's table: a GPU-heavy pair and a mixed (~50/50 GPU/CPU) pair, working sets 1.5x the
@@ -52,7 +53,7 @@ start_sched() { # quantum budget mode
 stop_sched() { [ -n "$SPID" ] && { kill -INT "$SPID" 2>/dev/null; wait "$SPID" 2>/dev/null; SPID=; }; rm -f "$WORK/$UUID.sock"; }
 trap 'stop_sched; rm -rf "$WORK"' EXIT
 SHIM_ENV=(CUDA_VISIBLE_DEVICES=0 LD_PRELOAD="$BUILD/libgpushare.so" GPUSHARE_SOCKET="$WORK/$UUID.sock" GPUSHARE_GPU_UUID="$UUID"
-    GPUSHARE_OVERSUB=1 GPUSHARE_LOG_LEVEL=info)
+    GPUSHARE_OVERSUB=1 GPUSHARE_LOG_LEVEL="${BENCH_LOG_LEVEL:-info}")
 fails=0
 
 # rate FILE DIRECTION: bytes-weighted GB/s over the swaps that moved at least half a working set
@@ -143,7 +144,7 @@ echo "   serial baseline measured ONCE per pair type in this run and reused for 
 echo "   serial = 2 x the job alone (both jobs of a pair are the same job), no shim"
 printf "   %-12s %-8s %9s %9s %7s %-22s %8s %s\n" pair quantum "pair(s)" "serial(s)" ratio "job A/B (s)" "swap(s)" "swaps out/in, data (sha256 = alone, ballast), target"
 for q in $QUANTA; do
-    for kind in heavy mixed; do
+    for kind in ${PAIRS:-heavy mixed}; do
         if [ $kind = heavy ]; then args=("${HEAVY[@]}"); want=$sha_heavy; serial=$(awk -v h="$heavy" 'BEGIN { print 2 * h }'); tgt=1.00
         else args=("${MIXED[@]}"); want=$sha_mixed; serial=$(awk -v m="$mixed" 'BEGIN { print 2 * m }'); tgt=0.72; fi
         start_sched "${q}s" "$BUDGET" Auto

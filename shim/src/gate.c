@@ -354,6 +354,8 @@ static void on_message_locked(const unsigned char *m, uint16_t type)
         st.last_act = atomic_load(&gs_gate_word) >> 32;
         st.last_act_ns = now;
         st.grants++;
+        gs_log(GS_LOG_DEBUG, "granted epoch %u (quantum %u ms, reservation %llu)", st.epoch, st.quantum_ms,
+               (unsigned long long)g.resident);
         if (atomic_load(&gs_mm_on)) {
             gs_mm_on_reply(1, g.resident, GS_MEM_OK);
             st.opening = 1; /* the background thread swaps in, then opens the gate */
@@ -368,11 +370,14 @@ static void on_message_locked(const unsigned char *m, uint16_t type)
     } else if (type == GS_MSG_EVICT) {
         struct gs_evict e;
         memcpy(&e, m, sizeof(e));
+        gs_log(GS_LOG_DEBUG, "asked to evict down to %llu bytes", (unsigned long long)e.target);
         st.evict_pending = 1;
         st.evict_target = e.target;
     } else if (type == GS_MSG_CONTENDED) {
-        if (st.held && epoch == st.epoch)
+        if (st.held && epoch == st.epoch) {
             st.contended = 1;
+            gs_log(GS_LOG_DEBUG, "contended in epoch %u", epoch);
+        }
     } else if (type == GS_MSG_REVOKED) {
         if (!st.held || epoch != st.epoch)
             return; /* we released that epoch already */

@@ -1,6 +1,7 @@
 /* Logging to stderr with one write(2) per line, so lines of threads never interleave. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -12,7 +13,11 @@ void gs_log(int level, const char *fmt, ...)
     if (level > gs_cfg.log_level)
         return;
     char buf[512];
-    int n = snprintf(buf, sizeof(buf), "gpushare[%d] %s: ", (int)getpid(), level_names[level]);
+    /* wall-clock time, to line up with the application's own timestamps and other processes' logs */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    int n = snprintf(buf, sizeof(buf), "gpushare[%d] %lld.%03ld %s: ", (int)getpid(), (long long)ts.tv_sec,
+                     ts.tv_nsec / 1000000, level_names[level]);
     va_list ap;
     va_start(ap, fmt);
     int m = vsnprintf(buf + n, sizeof(buf) - (size_t)n - 1, fmt, ap);

@@ -384,32 +384,6 @@ func TestOversubStreamOrderedCallsFromAThreadWithoutAContext(t *testing.T) {
 	}
 }
 
-// Under a memory budget a waiter that does not fit makes every release a
-// swap, so the holder gives the GPU back only after idling about as long as
-// a swap takes (here ~100 ms), not after GPUSHARE_IDLE_MS (50): the waiter
-// gets the memory only when the holder's 80 ms gaps end and it idles for good.
-func TestOversubHolderKeepsTheGPUThroughGapsShorterThanASwap(t *testing.T) {
-	const budget = 16 * mib
-	e := newMemEnv(t, 5*time.Second, 10*time.Second, budget, ModeAuto)
-	a := e.startOversub(nil, "bufs=5", "size=2097152", "small=0", "iters=20", "sleep_us=80000", "verify_every=0",
-		"hold_ms=600")
-	eventually(t, 5*time.Second, "the first client allocated", func() bool {
-		return strings.Contains(a.stdout.String(), "oversub allocated")
-	})
-	b := e.startOversub(nil, "bufs=3", "size=2097152", "small=0", "iters=50", "seed=3")
-	va := a.waitOversub(t, 20*time.Second)
-	vb := b.waitOversub(t, 20*time.Second)
-	t.Logf("a: swap-outs %d, done at %d; b: memory at %d (%+d ms)", va["swap_out"], va["done_ns"],
-		vb["allocated_ns"], (vb["allocated_ns"]-va["done_ns"])/1e6)
-	if vb["allocated_ns"] <= va["done_ns"] {
-		t.Errorf("the newcomer got its memory %d ms before the holder finished its work: the holder gave the GPU "+
-			"up in a gap shorter than a swap", (va["done_ns"]-vb["allocated_ns"])/1e6)
-	}
-	if p := e.peakPhysical(); p > budget {
-		t.Errorf("physical memory peaked at %d bytes, budget %d", p, budget)
-	}
-}
-
 // Stream-ordered allocations the shim cannot stand in for go to the driver,
 // with one line that says so: here, from a pool the application made current.
 func TestOversubPassesStreamOrderedAllocationsFromOtherPoolsThrough(t *testing.T) {

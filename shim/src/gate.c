@@ -246,29 +246,6 @@ static void release_locked(const char *reason)
     pthread_cond_broadcast(&cv); /* waiting threads now ask again */
 }
 
-/*
- * How long the process must be idle before it gives the GPU back. Normally
- * GPUSHARE_IDLE_MS. Under a memory budget with someone waiting who does not
- * fit (CONTENDED), giving the GPU back costs a swap: our memory out and, when
- * we come back, in again, plus the hand-off. Waiting about as long as that
- * costs before giving up the GPU (ski rental) keeps short CPU gaps (start-up,
- * data preparation, a checkpoint) from costing a swap pair each, and costs at
- * most one swap's time when the gap is long. Measured on the H100: ~6 GB
- * moves out and in at ~50 GB/s, plus ~0.2 s of hand-off, so resident/25
- * bytes per ns + 100 ms, at most half the quantum.
- */
-static uint64_t idle_window_ns(void)
-{
-    uint64_t w = (uint64_t)gs_cfg.idle_ms * 1000000ull;
-    if (!st.contended || !atomic_load(&gs_mm_on))
-        return w;
-    uint64_t swap = gs_mm_resident() / 25 + 100000000ull;
-    uint64_t cap = (uint64_t)st.quantum_ms * 500000ull;
-    if (swap > cap)
-        swap = cap;
-    return swap > w ? swap : w;
-}
-
 static void maybe_release_locked(void)
 {
     if (!st.held || st.releasing || st.opening)
@@ -280,7 +257,7 @@ static void maybe_release_locked(void)
         st.last_act = act;
         st.last_act_ns = now;
     }
-    int idle = (uint32_t)w == 0 && now - st.last_act_ns >= idle_window_ns();
+    int idle = (uint32_t)w == 0 && now - st.last_act_ns >= (uint64_t)gs_cfg.idle_ms * 1000000ull;
     int expired = st.contended && now - st.grant_ns >= (uint64_t)st.quantum_ms * 1000000ull;
     if (!idle && !expired)
         return;

@@ -309,3 +309,35 @@ func TestBudgetMetricsReportPerClientMemoryAndSwaps(t *testing.T) {
 		t.Errorf("snapshot = %+v", st)
 	}
 }
+
+// A client granted the GPU for a growth reports right after its swap-in,
+// before the allocation is made (resident 0, need = the growth). That report
+// must not hand the growth's reservation back: on the H100 the waiter then
+// got it, the grantee's allocation found the memory held (BUSY), it yielded,
+// and so on every quantum, so it never ran until the other job ended.
+func TestBudgetAReportBeforeTheGrowthKeepsItsReservation(t *testing.T) {
+	fx := newBudgetFixture(t, 64*mib, ModeAuto)
+	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	fx.q.acquire(a.c, 40*mib)
+	fx.report(a, UsageReport, 40*mib, 40*mib)
+	fx.q.acquire(b.c, 40*mib) // b's need is the growth it asks for; it has nothing yet
+	fx.clock.Advance(100 * time.Millisecond)
+	fx.q.release(a.c, grantEpoch(t, a), 40*mib)
+	fx.report(a, UsageEvicted, 40*mib, 24*mib)
+	if !fx.holding(b) {
+		t.Fatal("b not granted after a's eviction")
+	}
+	fx.q.acquire(a.c, 40*mib) // a wants back in
+	fx.report(b, UsageReport, 40*mib, 0)
+	if fx.holding(a) {
+		t.Fatal("b's report before its allocation gave its reservation to a")
+	}
+	fx.q.memReq(b.c, 40*mib)
+	if r, _ := b.last(MsgMemReply); r.Status != MemOK {
+		t.Fatalf("b's allocation after its grant: %+v, want OK", r)
+	}
+	fx.report(b, UsageReport, 40*mib, 40*mib)
+	if r := fx.reserved(); r > 64*mib {
+		t.Fatalf("reserved %d MiB over the budget", r/mib)
+	}
+}

@@ -223,8 +223,14 @@ func (q *queue) usage(c *client, m Message) {
 			q.armRetryLocked(100 * time.Millisecond)
 		}
 	}
-	if q.budget > 0 && m.Acks == c.raises && m.Resident < c.reservation && !c.memPending {
-		q.setReservationLocked(c, m.Resident)
+	// A holder's report keeps what it is growing into: right after the grant for an
+	// allocation, the report comes before the allocation is made (need > resident + swapped).
+	keep := m.Resident
+	if c.holding && m.Reason == UsageReport && m.Need > m.Resident+m.Stats.Swapped {
+		keep += m.Need - m.Resident - m.Stats.Swapped
+	}
+	if q.budget > 0 && m.Acks == c.raises && keep < c.reservation && !c.memPending {
+		q.setReservationLocked(c, keep)
 	}
 	if c.holding && m.Need < c.need {
 		c.need = m.Need

@@ -285,7 +285,9 @@ static void usage_locked(struct gs_usage *u, uint32_t reason)
     memset(u, 0, sizeof(*u));
     u->reason = reason;
     u->acks = atomic_load(&acks);
-    u->need = atomic_load(&need_bytes);
+    /* A report counts the growth the process was granted for and is making (the scheduler keeps
+     * reserving it); an eviction answer does not. */
+    u->need = atomic_load(&need_bytes) + (reason == GS_USAGE_REPORT ? atomic_load(&pending_growth) : 0);
     u->resident = atomic_load(&resident_bytes);
     u->swapped = atomic_load(&swapped_bytes);
     u->swap_outs = swap_outs;
@@ -300,8 +302,13 @@ void mm_report_locked(uint32_t reason)
 {
     struct gs_usage u;
     usage_locked(&u, reason);
-    if (gs_gate_send(&u, GS_MSG_USAGE, GS_USAGE_SIZE) == 0 && u.resident < atomic_load(&reserved))
-        atomic_store(&reserved, u.resident);
+    /* What we keep: what is resident, plus a growth in progress (the report right after the grant
+     * for it comes before the allocation; giving that back would let the next waiter take it). */
+    uint64_t keep = u.resident;
+    if (reason == GS_USAGE_REPORT)
+        keep += atomic_load(&pending_growth);
+    if (gs_gate_send(&u, GS_MSG_USAGE, GS_USAGE_SIZE) == 0 && keep < atomic_load(&reserved))
+        atomic_store(&reserved, keep);
 }
 
 void gs_mm_send_usage(uint32_t reason)

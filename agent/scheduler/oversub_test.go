@@ -37,6 +37,22 @@ func (e *env) startOversub(extraEnv []string, args ...string) *proc {
 	}, extraEnv...), args...)
 }
 
+// idleThenNewcomer starts a client, waits until it prints ready (then it
+// idles, holding its memory), then starts a newcomer and waits until that one
+// finished its work.
+func (e *env) idleThenNewcomer(t *testing.T, first []string, ready string, newcomer []string) (a, b *proc) {
+	t.Helper()
+	a = e.startOversub(nil, first...)
+	eventually(t, 5*time.Second, "the first client: "+ready, func() bool {
+		return strings.Contains(a.stdout.String(), ready)
+	})
+	b = e.startOversub(nil, newcomer...)
+	eventually(t, 5*time.Second, "the newcomer finished its work", func() bool {
+		return strings.Contains(b.stdout.String(), "oversub done")
+	})
+	return a, b
+}
+
 // waitOversub fails the test unless the client finished its work with correct data.
 func (p *proc) waitOversub(t *testing.T, d time.Duration) map[string]int64 {
 	t.Helper()
@@ -154,14 +170,8 @@ func TestOversubTwoClientsOverBudgetKeepEveryByteAcrossThousandsOfSwaps(t *testi
 func TestOversubEvictsOnlyWhatTheNextHolderNeeds(t *testing.T) {
 	const budget = 16 * mib
 	e := newMemEnv(t, 50*time.Millisecond, 200*time.Millisecond, budget, ModeAuto)
-	a := e.startOversub(nil, "bufs=5", "size=2097152", "small=0", "iters=50", "hold_ms=1500")
-	eventually(t, 5*time.Second, "the first client finished its work and idles", func() bool {
-		return strings.Contains(a.stdout.String(), "oversub done")
-	})
-	b := e.startOversub(nil, "bufs=3", "size=2097152", "small=0", "iters=50", "seed=3", "hold_ms=300")
-	eventually(t, 5*time.Second, "the second client finished its work", func() bool {
-		return strings.Contains(b.stdout.String(), "oversub done")
-	})
+	a, b := e.idleThenNewcomer(t, []string{"bufs=5", "size=2097152", "small=0", "iters=50", "hold_ms=1500"},
+		"oversub done", []string{"bufs=3", "size=2097152", "small=0", "iters=50", "seed=3", "hold_ms=300"})
 	sa, _ := e.state(a.pid())
 	sb, _ := e.state(b.pid())
 	t.Logf("a: need %d resident %d swapped %d outs %d; b: need %d resident %d", sa.NeedBytes, sa.ResidentBytes,
@@ -345,15 +355,9 @@ func TestOversubSwapsPyTorchsOtherAllocatorsToo(t *testing.T) {
 func TestOversubKeptStreamOrderedMemoryLeavesWithoutACopy(t *testing.T) {
 	const budget = 16 * mib
 	e := newMemEnv(t, 50*time.Millisecond, 200*time.Millisecond, budget, ModeAuto)
-	a := e.startOversub(nil, "alloc=async", "bufs=5", "size=2097152", "small=0", "iters=50",
-		"idle_after_free_ms=1500")
-	eventually(t, 5*time.Second, "the first client freed its memory and idles", func() bool {
-		return strings.Contains(a.stdout.String(), "oversub freed")
-	})
-	b := e.startOversub(nil, "bufs=5", "size=2097152", "small=0", "iters=50", "seed=3", "hold_ms=300")
-	eventually(t, 5*time.Second, "the second client finished its work", func() bool {
-		return strings.Contains(b.stdout.String(), "oversub done")
-	})
+	a, b := e.idleThenNewcomer(t, []string{"alloc=async", "bufs=5", "size=2097152", "small=0", "iters=50",
+		"idle_after_free_ms=1500"}, "oversub freed", []string{"bufs=5", "size=2097152", "small=0", "iters=50",
+		"seed=3", "hold_ms=300"})
 	sa, _ := e.state(a.pid())
 	t.Logf("a: need %d resident %d swapped %d outs %d bytes out %d", sa.NeedBytes, sa.ResidentBytes, sa.SwappedBytes,
 		sa.SwapOuts, sa.BytesOut)

@@ -269,6 +269,47 @@ static CUresult alloc_async(int id, CUdeviceptr *dptr, size_t n, int from_pool, 
     }
 }
 
+/* Keeps freed memory for reuse, behind an event on the freeing stream; frees it at once when the
+ * stream cannot be followed (no event) or the list cannot grow (after waiting for the stream). */
+static CUresult keep_locked(CUdeviceptr d, const struct gs_mm_info *in, CUstream s)
+{
+    CUresult r = CUDA_SUCCESS;
+    CUevent ev = NULL;
+    char why[128];
+    if (!capturing(s, why, sizeof(why))) {
+        ev = get_event_locked();
+        if (ev == NULL || REAL(cuEventRecord)(ev, s) != CUDA_SUCCESS) {
+            put_event_locked(ev);
+            REAL(cuStreamSynchronize)(s);
+            mm_free_locked(d, 0, &r);
+            return r;
+        }
+    }
+    if (nkept == capkept) {
+        int cap = capkept ? capkept * 2 : 64;
+        struct kept *nk = realloc(kept, (size_t)cap * sizeof(*nk));
+        if (nk != NULL) {
+            kept = nk;
+            capkept = cap;
+        }
+    }
+    gs_log(GS_LOG_DEBUG, "stream-ordered free of %zu bytes at 0x%llx on stream %p", in->size,
+           (unsigned long long)d, (void *)s);
+    if (nkept < capkept) {
+        kept[nkept++] = (struct kept){.p = d, .n = in->size, .s = s, .ctx = in->ctx, .ev = ev};
+        kept_bytes += in->size;
+        set_vacant_locked(d, 1);
+        return r;
+    }
+    if (ev != NULL)
+        REAL(cuEventSynchronize)(ev);
+    else
+        mm_sync_ctx(in->ctx);
+    put_event_locked(ev);
+    mm_free_locked(d, 0, &r);
+    return r;
+}
+
 static CUresult free_async(int id, CUdeviceptr d, CUstream s, int ptsz)
 {
     gs_fn_cuMemFreeAsync real = (gs_fn_cuMemFreeAsync)gs_real(id);
@@ -289,44 +330,7 @@ static CUresult free_async(int id, CUdeviceptr d, CUstream s, int ptsz)
     if (in.base != d || mm_async_cached_locked(d)) {
         r = CUDA_ERROR_INVALID_VALUE; /* not the start of an allocation, or freed already */
     } else {
-        CUevent ev = NULL;
-        char why[128];
-        if (!capturing(s, why, sizeof(why))) {
-            ev = get_event_locked();
-            if (ev == NULL || REAL(cuEventRecord)(ev, s) != CUDA_SUCCESS) {
-                /* no event to follow the stream with: wait for it, then the memory is free now */
-                put_event_locked(ev);
-                REAL(cuStreamSynchronize)(s);
-                mm_free_locked(d, 0, &r);
-                live -= in.size < live ? in.size : live;
-                pthread_mutex_unlock(&mm_mu);
-                leave_ctx(pushed);
-                gs_gate_leave();
-                return r;
-            }
-        }
-        if (nkept == capkept) {
-            int cap = capkept ? capkept * 2 : 64;
-            struct kept *nk = realloc(kept, (size_t)cap * sizeof(*nk));
-            if (nk != NULL) {
-                kept = nk;
-                capkept = cap;
-            }
-        }
-        gs_log(GS_LOG_DEBUG, "stream-ordered free of %zu bytes at 0x%llx on stream %p", in.size,
-               (unsigned long long)d, (void *)s);
-        if (nkept < capkept) {
-            kept[nkept++] = (struct kept){.p = d, .n = in.size, .s = s, .ctx = in.ctx, .ev = ev};
-            kept_bytes += in.size;
-            set_vacant_locked(d, 1);
-        } else {
-            if (ev != NULL)
-                REAL(cuEventSynchronize)(ev);
-            else
-                mm_sync_ctx(in.ctx);
-            put_event_locked(ev);
-            mm_free_locked(d, 0, &r);
-        }
+        r = keep_locked(d, &in, s);
         live -= in.size < live ? in.size : live;
     }
     pthread_mutex_unlock(&mm_mu);

@@ -577,6 +577,7 @@ int mm_reserve_locked(uint64_t more)
                    "cuMemAlloc: out of memory: the working set would grow to %llu bytes, more than this "
                    "process's budget of %llu bytes",
                    (unsigned long long)want, (unsigned long long)budget);
+            atomic_store(&pending_growth, 0); /* no growth under way any more */
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
         if (want <= atomic_load(&reserved) || !gs_gate_connected())
@@ -605,6 +606,7 @@ int mm_reserve_locked(uint64_t more)
                    "cuMemAlloc: out of memory: the working set would grow to %llu bytes, which the GPU budget "
                    "of %llu bytes cannot hold now (anti-thrashing mode %u)",
                    (unsigned long long)want, (unsigned long long)budget, mode);
+            atomic_store(&pending_growth, 0); /* no growth under way any more */
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
         atomic_store(&pending_growth, more);

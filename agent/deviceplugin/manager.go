@@ -3,7 +3,8 @@ package deviceplugin
 import (
 	"context"
 	"errors"
-	"sort"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -95,12 +96,7 @@ func (m *Manager) Uncordon(ctx context.Context, gpuUUID string) error {
 func (m *Manager) Cordoned() []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := make([]string, 0, len(m.cordoned))
-	for g := range m.cordoned {
-		out = append(out, g)
-	}
-	sort.Strings(out)
-	return out
+	return slices.Sorted(maps.Keys(m.cordoned))
 }
 
 // Advertised is what the plugins serve now, per resource.

@@ -107,32 +107,31 @@ func register(lib nvml.Interface, i int, set nvml.EventSet) (Registration, nvml.
 		return reg, nil
 	}
 	supported, r := h.GetSupportedEventTypes()
-	err := lost(check("GetSupportedEventTypes", r))
-	switch {
-	case notSupported(err):
-		reg.Err = fmt.Errorf("%w: %w", ErrEventsNotSupported, err)
+	if reg.Err = registrationErr(lost(check("GetSupportedEventTypes", r))); reg.Err != nil {
 		return reg, nil
-	case err != nil:
-		reg.Err = err
-		return reg, nil
-	case supported&nvml.EventTypeXidCriticalError == 0:
+	}
+	if supported&nvml.EventTypeXidCriticalError == 0 {
 		reg.Err = ErrEventsNotSupported
 		return reg, nil
 	}
 	types := healthEventTypes & supported
-	err = lost(check(fmt.Sprintf("RegisterEvents(%s)", strings.Join(kindNames(types), ",")), h.RegisterEvents(types, set)))
-	switch {
-	case notSupported(err):
-		reg.Err = fmt.Errorf("%w: %w", ErrEventsNotSupported, err)
-		return reg, nil
-	case err != nil:
-		reg.Err = err
+	err := lost(check(fmt.Sprintf("RegisterEvents(%s)", strings.Join(kindNames(types), ",")), h.RegisterEvents(types, set)))
+	if reg.Err = registrationErr(err); reg.Err != nil {
 		return reg, nil
 	}
 	for _, k := range kindNames(types) {
 		reg.Kinds = append(reg.Kinds, EventKind(k))
 	}
 	return reg, h
+}
+
+// registrationErr marks a NOT_SUPPORTED answer as ErrEventsNotSupported, so that callers tell a GPU
+// without health events from a failure; other errors stay as they are.
+func registrationErr(err error) error {
+	if notSupported(err) {
+		return fmt.Errorf("%w: %w", ErrEventsNotSupported, err)
+	}
+	return err
 }
 
 // lost adds ErrGPULost to NVML's GPU_IS_LOST.

@@ -38,6 +38,17 @@ func (f *fixture) manager() *Manager {
 	return New(Config{Control: f.fake.Path, Root: f.root, Runner: runner.Exec{}, Clock: f.clock, StartTimeout: 5 * time.Second})
 }
 
+// started runs the daemon with the test's settings and forgets the commands that took.
+func (f *fixture) started(t *testing.T) Status {
+	t.Helper()
+	st, err := f.m.Ensure(context.Background(), gpuUUID, settings)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.fake.Calls(t)
+	return st
+}
+
 // env is what every command of the GPU carries, as the fake logs it.
 func (f *fixture) env() string {
 	return " CUDA_MPS_PIPE_DIRECTORY=" + filepath.Join(f.root, gpuUUID, "pipe") + " CUDA_MPS_LOG_DIRECTORY=" + filepath.Join(f.root, gpuUUID, "log")
@@ -91,11 +102,7 @@ func TestEnsureWithoutLimitsSendsNoSetCommands(t *testing.T) {
 func TestADeadDaemonIsRestartedWithExponentialBackoff(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	st, err := f.m.Ensure(ctx, gpuUUID, settings)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.fake.Calls(t)
+	st := f.started(t)
 	for i, backoff := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second} {
 		if err := syscall.Kill(st.PID, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
@@ -128,16 +135,12 @@ func TestADeadDaemonIsRestartedWithExponentialBackoff(t *testing.T) {
 func TestStopQuitsTheDaemonUnlessClientsAreConnected(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	st, err := f.m.Ensure(ctx, gpuUUID, settings)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.fake.Calls(t)
+	st := f.started(t)
 	pipe := f.m.PipeDir(gpuUUID)
 	write(t, filepath.Join(pipe, "servers"), "4100\n")
 	write(t, filepath.Join(pipe, "clients.4100"), "5001\n5002\n")
 
-	err = f.m.Stop(ctx, gpuUUID)
+	err := f.m.Stop(ctx, gpuUUID)
 	if o, ok := outcome.As(err); !ok || o.Reason != v1alpha1.ReasonGPUBusy || !strings.Contains(o.Message, "2 MPS clients") {
 		t.Fatalf("Stop with clients: err = %v, want GPUBusy naming 2 clients", err)
 	}
@@ -167,11 +170,7 @@ func TestStopQuitsTheDaemonUnlessClientsAreConnected(t *testing.T) {
 func TestARestartedAgentAdoptsTheRunningDaemon(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	first, err := f.m.Ensure(ctx, gpuUUID, settings)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.fake.Calls(t)
+	first := f.started(t)
 	restarted := f.manager()
 	st, err := restarted.Ensure(ctx, gpuUUID, settings)
 	if err != nil {
@@ -192,10 +191,7 @@ func TestARestartedAgentAdoptsTheRunningDaemon(t *testing.T) {
 func TestNewSettingsRestartTheDaemon(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	if _, err := f.m.Ensure(ctx, gpuUUID, settings); err != nil {
-		t.Fatal(err)
-	}
-	f.fake.Calls(t)
+	f.started(t)
 	if _, err := f.m.Ensure(ctx, gpuUUID, Settings{ActiveThreadPercentage: 25}); err != nil {
 		t.Fatal(err)
 	}
@@ -245,11 +241,7 @@ func waitDead(t *testing.T, pid int) {
 func TestAPassThatFindsTheDaemonDeadRestartsItAtOnce(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	st, err := f.m.Ensure(ctx, gpuUUID, settings)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.fake.Calls(t)
+	st := f.started(t)
 	if err := syscall.Kill(st.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}

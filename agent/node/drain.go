@@ -4,7 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -102,12 +103,7 @@ func (ds *drains) remove(uuid string) *gpuDrain {
 func (ds *drains) uuids() []string {
 	ds.mu.Lock()
 	defer ds.mu.Unlock()
-	out := make([]string, 0, len(ds.byGPU))
-	for u := range ds.byGPU {
-		out = append(out, u)
-	}
-	sort.Strings(out)
-	return out
+	return slices.Sorted(maps.Keys(ds.byGPU))
 }
 
 // nextRetry is the earliest retry time of a failed drain; zero when none waits.

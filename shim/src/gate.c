@@ -127,17 +127,7 @@ static void connect_locked(void)
     st.conn = CONN_UP;
     gs_mm_configure(w.budget, w.mode);
 
-    /* The thread must not take the application's signals. */
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    pthread_t t;
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    int err = pthread_create(&t, &attr, bg_main, (void *)(intptr_t)fd);
-    pthread_attr_destroy(&attr);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    int err = gs_thread_start(bg_main, (void *)(intptr_t)fd);
     if (err != 0) {
         close(fd);
         st.fd = -1;
@@ -509,6 +499,22 @@ int gs_gate_connected(void)
     int up = st.conn == CONN_UP;
     pthread_mutex_unlock(&mu);
     return up;
+}
+
+int gs_thread_start(void *(*fn)(void *), void *arg)
+{
+    /* The shim's threads must not take the application's signals: block them all while creating. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int err = pthread_create(&t, &attr, fn, arg);
+    pthread_attr_destroy(&attr);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return err;
 }
 
 void gs_gate_yield(void)

@@ -130,6 +130,8 @@ int gs_gate_send(void *msg, uint16_t type, uint32_t size);
 void gs_gate_yield(void);
 /* 1 while connected to a scheduler (not pass-through). */
 int gs_gate_connected(void);
+/* Starts a detached thread of the shim's, with every signal blocked in it; pthread_create's result. */
+int gs_thread_start(void *(*fn)(void *), void *arg);
 
 /* ---- memory manager (mm.c): swappable device memory for oversubscription ---- */
 enum { GS_MM_OK = 0, GS_MM_NOT_OURS = -1, GS_MM_YIELD = -2 };

@@ -28,7 +28,6 @@
  */
 #include <errno.h>
 #include <pthread.h>
-#include <signal.h>
 #include <sys/mman.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -550,17 +549,8 @@ static void start_stager_locked(void)
     if (stager_started)
         return;
     stager_started = 1;
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    pthread_t t;
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    if (pthread_create(&t, &attr, stager_main, NULL) != 0)
+    if (gs_thread_start(stager_main, NULL) != 0)
         gs_log(GS_LOG_WARN, "cannot start the staging thread: swaps go through pageable host memory");
-    pthread_attr_destroy(&attr);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
 /* ---- allocation ---- */

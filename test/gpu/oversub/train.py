@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
-from workload import data, digest, model  # noqa: E402
+from workload import data, deterministic, digest, model  # noqa: E402
 
 
 def main():
@@ -35,10 +35,7 @@ def main():
     p.add_argument("--barrier", default="", help="directory: after the warm-up, wait until --barrier-n processes got there")
     p.add_argument("--barrier-n", type=int, default=2)
     a = p.parse_args()
-    torch.use_deterministic_algorithms(True)
-    torch.backends.cudnn.benchmark = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    deterministic()
     t0 = time.time()
     nb = int(a.ballast_gb * (1 << 30))
     ballast = torch.full((nb,), 0x3C, dtype=torch.uint8, device="cuda") if nb else None

@@ -18,6 +18,14 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
 
+def deterministic():
+    """Same results bit for bit on every run: no autotuning, no TF32, deterministic kernels."""
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
 def model():
     torch.manual_seed(0)
     return nn.Sequential(
@@ -89,10 +97,7 @@ def main():
     p.add_argument("mode", choices=["train", "infer"])
     p.add_argument("--steps", type=int, default=200)
     a = p.parse_args()
-    torch.use_deterministic_algorithms(True)
-    torch.backends.cudnn.benchmark = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    deterministic()
     t0 = time.time()
     d, v = train(a.steps) if a.mode == "train" else infer(a.steps)
     print(json.dumps({"mode": a.mode, "sha256": d, "value": v, "seconds": round(time.time() - t0, 3),

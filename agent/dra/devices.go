@@ -1,0 +1,144 @@
+// Package dra publishes a node's applied GPU sharing as Dynamic Resource Allocation devices
+// (resource.k8s.io/v1 ResourceSlices): a device per whole GPU, per MIG instance and per share of a
+// time-sliced, MPS or shim-shared GPU, with attributes a claim can select on. The devices are derived
+// from deviceplugin.DevicesFromStatus, the same applied state the device plugin advertises, so the two
+// interfaces cannot disagree about what a GPU offers.
+package dra
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	resourcev1 "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/gpusharing/gpusharing/agent/deviceplugin"
+	"github.com/gpusharing/gpusharing/api/v1alpha1"
+)
+
+// DriverName is the DRA driver gpusharing publishes under.
+const DriverName = "gpu.gpusharing.io"
+
+// Attribute names, in the driver's domain (a claim's CEL reads device.attributes["gpu.gpusharing.io"].<name>).
+const (
+	AttrUUID           = "uuid"        // string: the GPU's uuid, the MIG device's for an instance
+	AttrParentUUID     = "parentUUID"  // string: the physical GPU of a MIG instance
+	AttrIndex          = "index"       // int: the GPU's NVML index
+	AttrProductName    = "productName" // string: as NVML names it, "NVIDIA H100 80GB HBM3"
+	AttrStrategy       = "strategy"    // string: Exclusive, MIG, MPS or TimeSlicing, as the GPU applies it
+	AttrShare          = "share"       // string: Exclusive, MIG, MPS, TimeSlicing or Shared (a shim share)
+	AttrReplicas       = "replicas"    // int: shares the GPU is cut into (1 for a whole GPU or a MIG instance)
+	AttrMIGProfile     = "migProfile"  // string: the instance's profile, 3g.40gb
+	AttrMPSThreads     = "mpsActiveThreadPercentage"
+	AttrMPSMemoryMiB   = "mpsPinnedMemoryLimitMiB" // int: 0 when the policy sets none
+	AttrOversubscribed = "oversubscription"        // bool: the shim swaps memory under a budget
+	// CapacityMemory is a device's GPU memory where a share has a size: the whole GPU's, the MIG
+	// profile's, the MPS pinned limit.
+	CapacityMemory = "memory"
+)
+
+// Devices turns a node's status into DRA devices, sorted by name. Unhealthy GPUs and GPUs being drained
+// (cordoned) publish nothing, as the device plugin stops advertising them.
+func Devices(status v1alpha1.GPUNodeStatus, cfg deviceplugin.Config) []resourcev1.Device {
+	gpus := map[string]v1alpha1.GPUStatus{}
+	for _, g := range status.GPUs {
+		gpus[g.UUID] = g
+	}
+	var out []resourcev1.Device
+	for _, devs := range deviceplugin.DevicesFromStatus(status, cfg) {
+		for _, d := range devs {
+			g := gpus[d.GPUUUID]
+			if !d.Healthy || g.Drain != nil {
+				continue
+			}
+			out = append(out, device(d, g, cfg))
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+func device(d deviceplugin.Device, g v1alpha1.GPUStatus, cfg deviceplugin.Config) resourcev1.Device {
+	attrs := map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{
+		AttrUUID:           str(d.VisibleUUID),
+		AttrIndex:          integer(int64(d.GPUIndex)),
+		AttrProductName:    str(g.Product),
+		AttrStrategy:       str(string(strategyOf(g))),
+		AttrShare:          str(string(d.Kind)),
+		AttrReplicas:       integer(1),
+		AttrOversubscribed: boolean(d.ShimOversub),
+	}
+	capacity := map[resourcev1.QualifiedName]resourcev1.DeviceCapacity{}
+	name := fmt.Sprintf("gpu-%d", d.GPUIndex)
+	switch d.Kind {
+	case deviceplugin.KindExclusive:
+		if g.Memory != nil {
+			capacity[CapacityMemory] = resourcev1.DeviceCapacity{Value: *g.Memory}
+		}
+	case deviceplugin.KindMIG:
+		name = "mig-" + dnsLabel(strings.TrimPrefix(d.VisibleUUID, "MIG-"))
+		attrs[AttrParentUUID] = str(d.GPUUUID)
+		attrs[AttrMIGProfile] = str(d.MIGProfile)
+		for _, p := range g.MIGProfiles {
+			if p.Name == d.MIGProfile && p.Memory != nil {
+				capacity[CapacityMemory] = resourcev1.DeviceCapacity{Value: *p.Memory}
+			}
+		}
+	default: // the replicas of a shared GPU
+		name = fmt.Sprintf("gpu-%d-%s-%d", d.GPUIndex, strings.ToLower(string(d.Kind)), d.Replica)
+		attrs[AttrReplicas] = integer(int64(replicasOf(g, d.Kind, cfg)))
+		if d.MPS != nil {
+			attrs[AttrMPSThreads] = integer(int64(d.MPS.ActiveThreadPercentage))
+			attrs[AttrMPSMemoryMiB] = integer(d.MPS.PinnedMemoryLimitMiB)
+			if d.MPS.PinnedMemoryLimitMiB > 0 {
+				capacity[CapacityMemory] = resourcev1.DeviceCapacity{Value: *resource.NewQuantity(d.MPS.PinnedMemoryLimitMiB<<20, resource.BinarySI)}
+			}
+		}
+	}
+	dev := resourcev1.Device{Name: name, Attributes: attrs}
+	if len(capacity) > 0 {
+		dev.Capacity = capacity
+	}
+	return dev
+}
+
+func strategyOf(g v1alpha1.GPUStatus) v1alpha1.Strategy {
+	if g.Applied == nil || g.Applied.Strategy == "" {
+		return v1alpha1.StrategyExclusive
+	}
+	return g.Applied.Strategy
+}
+
+// replicasOf counts the GPU's shares of kind, as DevicesFromStatus cut them.
+func replicasOf(g v1alpha1.GPUStatus, kind deviceplugin.Kind, cfg deviceplugin.Config) int32 {
+	a := g.Applied
+	switch {
+	case a == nil:
+		return 1
+	case kind == deviceplugin.KindMPS && a.MPS != nil:
+		return a.MPS.Replicas
+	case a.TimeSlicing != nil && a.TimeSlicing.Replicas > 0:
+		return a.TimeSlicing.Replicas
+	case kind == deviceplugin.KindShared:
+		return cfg.ShimReplicas
+	}
+	return 1
+}
+
+// dnsLabel lowercases a uuid into a device name (a DNS label): letters, digits and dashes only.
+func dnsLabel(s string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(s) {
+		if (r >= 'a' && r <= 'z') || (r >= '0' && r <= '9') {
+			b.WriteRune(r)
+		} else {
+			b.WriteByte('-')
+		}
+	}
+	return strings.Trim(b.String(), "-")
+}
+
+func str(s string) resourcev1.DeviceAttribute    { return resourcev1.DeviceAttribute{StringValue: &s} }
+func integer(v int64) resourcev1.DeviceAttribute { return resourcev1.DeviceAttribute{IntValue: &v} }
+func boolean(v bool) resourcev1.DeviceAttribute  { return resourcev1.DeviceAttribute{BoolValue: &v} }

@@ -1,0 +1,259 @@
+package dra_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/gpusharing/gpusharing/agent/deviceplugin"
+	"github.com/gpusharing/gpusharing/agent/dra"
+	"github.com/gpusharing/gpusharing/api/v1alpha1"
+	"github.com/gpusharing/gpusharing/test/testenv"
+)
+
+const nodeName = "dra-node"
+
+// startScheduler runs the real kube-scheduler v1.36.3 (hack/build-control-plane.sh) against env.
+func startScheduler(t *testing.T, env *testenv.Env) {
+	t.Helper()
+	bin := filepath.Join(env.BinDir, "kube-scheduler")
+	if _, err := os.Stat(bin); err != nil {
+		t.Fatalf("%s: run 'make control-plane' (it builds kube-scheduler from the Go module proxy): %v", bin, err)
+	}
+	dir := t.TempDir()
+	kcfg, err := env.AdminKubeconfig(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var log bytes.Buffer
+	cmd := exec.Command(bin, "--kubeconfig="+kcfg, "--authentication-kubeconfig="+kcfg, "--authorization-kubeconfig="+kcfg,
+		"--leader-elect=false", "--bind-address=127.0.0.1", "--secure-port=0", "-v=2")
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("kube-scheduler log (tail):\n%s", tailOf(log.String(), 3000))
+		}
+	})
+}
+
+// readyNode registers a schedulable Node: nothing runs a kubelet, so its status is written as one would.
+func readyNode(t *testing.T, ctx context.Context, c client.Client) *corev1.Node {
+	t.Helper()
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, Labels: map[string]string{"kubernetes.io/hostname": nodeName}}}
+	if err := c.Create(ctx, n); err != nil {
+		t.Fatal(err)
+	}
+	res := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("64"), corev1.ResourceMemory: resource.MustParse("256Gi"), corev1.ResourcePods: resource.MustParse("110")}
+	n.Status = corev1.NodeStatus{Capacity: res, Allocatable: res,
+		Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}}}
+	if err := c.Status().Update(ctx, n); err != nil {
+		t.Fatal(err)
+	}
+	// The API server taints a new Node not-ready until a node lifecycle controller, absent here, clears it.
+	n.Spec.Taints = nil
+	if err := c.Update(ctx, n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// applyDeviceClasses creates the DeviceClasses users install (config/dra).
+func applyDeviceClasses(t *testing.T, ctx context.Context, env *testenv.Env) {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(env.RepoRoot, "config", "dra", "deviceclasses.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
+	for {
+		var dc resourcev1.DeviceClass
+		if err := dec.Decode(&dc); err != nil {
+			break
+		}
+		if dc.Name == "" {
+			continue
+		}
+		if err := env.Client.Create(ctx, &dc); err != nil {
+			t.Fatalf("DeviceClass %s: %v", dc.Name, err)
+		}
+	}
+}
+
+// mixedNode is a node status with every kind of share: GPU 0 in MIG (3g.40gb + four 1g.10gb), GPU 1
+// MPS x2 at 50%, GPU 2 MPS x4 at 25%, GPU 3 time-sliced x2, GPU 4 shim-shared with a budget, GPU 5
+// whole, GPU 6 whole but unhealthy, GPU 7 whole but draining.
+func mixedNode() v1alpha1.GPUNodeStatus {
+	gi := func(i int, opts ...func(*v1alpha1.GPUStatus)) v1alpha1.GPUStatus {
+		g := v1alpha1.GPUStatus{Index: int32(i), UUID: fmt.Sprintf("GPU-%08d-0000-0000-0000-000000000000", i), Product: "NVIDIA H100 80GB HBM3",
+			Memory: resource.NewQuantity(80<<30, resource.BinarySI), Applied: &v1alpha1.AppliedSharing{Strategy: v1alpha1.StrategyExclusive},
+			Conditions: []metav1.Condition{{Type: v1alpha1.ConditionHealthy, Status: metav1.ConditionTrue}}}
+		for _, o := range opts {
+			o(&g)
+		}
+		return g
+	}
+	q := func(s string) *resource.Quantity { v := resource.MustParse(s); return &v }
+	return v1alpha1.GPUNodeStatus{GPUs: []v1alpha1.GPUStatus{
+		gi(0, func(g *v1alpha1.GPUStatus) {
+			g.MIGMode = &v1alpha1.MIGModeStatus{Current: "Enabled"}
+			g.MIGProfiles = []v1alpha1.MIGProfile{{Name: "1g.10gb", Memory: q("9984Mi")}, {Name: "3g.40gb", Memory: q("40448Mi")}}
+			g.Applied = &v1alpha1.AppliedSharing{Strategy: v1alpha1.StrategyMIG, MIGInstances: []v1alpha1.MIGInstanceStatus{
+				{Profile: "3g.40gb", UUID: "MIG-0000-3g"}, {Profile: "1g.10gb", UUID: "MIG-0000-1a"}, {Profile: "1g.10gb", UUID: "MIG-0000-1b"},
+				{Profile: "1g.10gb", UUID: "MIG-0000-1c"}, {Profile: "1g.10gb", UUID: "MIG-0000-1d"}}}
+		}),
+		gi(1, func(g *v1alpha1.GPUStatus) {
+			g.Applied = &v1alpha1.AppliedSharing{Strategy: v1alpha1.StrategyMPS, MPS: &v1alpha1.MPSStatus{State: "Running", Replicas: 2, ActiveThreadPercentage: 50, PinnedMemoryLimit: q("8Gi")}}
+		}),
+		gi(2, func(g *v1alpha1.GPUStatus) {
+			g.Applied = &v1alpha1.AppliedSharing{Strategy: v1alpha1.StrategyMPS, MPS: &v1alpha1.MPSStatus{State: "Running", Replicas: 4, ActiveThreadPercentage: 25}}
+		}),
+		gi(3, func(g *v1alpha1.GPUStatus) {
+			g.Applied = &v1alpha1.AppliedSharing{Strategy: v1alpha1.StrategyTimeSlicing, TimeSlicing: &v1alpha1.TimeSlicingSharing{Replicas: 2}}
+		}),
+		gi(4, func(g *v1alpha1.GPUStatus) {
+			g.Applied.Shim = &v1alpha1.ShimStatus{MemoryBudget: q("60Gi")}
+		}),
+		gi(5),
+		gi(6, func(g *v1alpha1.GPUStatus) {
+			g.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionHealthy, Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonXidError}}
+		}),
+		gi(7, func(g *v1alpha1.GPUStatus) { g.Drain = &v1alpha1.GPUDrainStatus{Phase: v1alpha1.DrainPhaseDraining} }),
+	}}
+}
+
+// claimPod creates a ResourceClaim for one device of class (narrowed by cel when set) and a pod that uses it.
+func claimPod(t *testing.T, ctx context.Context, c client.Client, name, class, cel string) {
+	t.Helper()
+	req := resourcev1.DeviceRequest{Name: "gpu", Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: class}}
+	if cel != "" {
+		req.Exactly.Selectors = []resourcev1.DeviceSelector{{CEL: &resourcev1.CELDeviceSelector{Expression: cel}}}
+	}
+	claim := &resourcev1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+		Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{req}}}}
+	if err := c.Create(ctx, claim); err != nil {
+		t.Fatalf("claim %s: %v", name, err)
+	}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+		Spec: corev1.PodSpec{
+			Containers:     []corev1.Container{{Name: "c", Image: "local/cuda:1", Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpu"}}}}},
+			ResourceClaims: []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: &name}},
+		}}
+	if err := c.Create(ctx, pod); err != nil {
+		t.Fatalf("pod %s: %v", name, err)
+	}
+}
+
+// allocated waits for the claim's allocation and returns the device it got.
+func allocated(t *testing.T, ctx context.Context, c client.Client, name string) string {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		var claim resourcev1.ResourceClaim
+		if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, &claim); err == nil && claim.Status.Allocation != nil {
+			r := claim.Status.Allocation.Devices.Results
+			if len(r) != 1 || r[0].Driver != dra.DriverName || r[0].Pool != nodeName {
+				t.Fatalf("claim %s allocated %+v", name, r)
+			}
+			return r[0].Device
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("claim %s not allocated within 20s", name)
+	return ""
+}
+
+func TestTheSchedulerAllocatesEachKindOfShareFromThePublishedSlices(t *testing.T) {
+	ctx := context.Background()
+	env, err := testenv.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	c := env.Client
+	readyNode(t, ctx, c)
+	applyDeviceClasses(t, ctx, env)
+	pub := &dra.Publisher{Client: c, Node: nodeName}
+	devices := dra.Devices(mixedNode(), deviceplugin.DefaultConfig())
+	if changed, err := pub.Sync(ctx, devices); err != nil || !changed {
+		t.Fatalf("first Sync = %v, %v", changed, err)
+	}
+	if changed, err := pub.Sync(ctx, devices); err != nil || changed {
+		t.Fatalf("second Sync with the same devices = %v, %v; want nothing written", changed, err)
+	}
+	startScheduler(t, env)
+
+	attr := `device.attributes["gpu.gpusharing.io"]`
+	for _, tt := range []struct {
+		name, class, cel, want string
+	}{
+		{"whole", "gpusharing-exclusive", "", "gpu-5"},
+		{"mig-3g", "gpusharing-mig", attr + `.migProfile == "3g.40gb"`, "mig-0000-3g"},
+		{"mps-half", "gpusharing-mps", attr + `.mpsActiveThreadPercentage >= 50`, "gpu-1-mps-"},
+		{"mps-quarter", "gpusharing-mps", attr + `.mpsActiveThreadPercentage < 50`, "gpu-2-mps-"},
+		{"timesliced", "gpusharing-timeslicing", "", "gpu-3-timeslicing-"},
+		{"shared", "gpusharing-shared", attr + `.oversubscription`, "gpu-4-shared-"},
+		{"mig-small", "gpusharing-mig", `device.capacity["gpu.gpusharing.io"].memory.compareTo(quantity("10Gi")) <= 0`, "mig-0000-1"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			claimPod(t, ctx, c, tt.name, tt.class, tt.cel)
+			if got := allocated(t, ctx, c, tt.name); !strings.HasPrefix(got, tt.want) {
+				t.Errorf("claim %s got device %s, want %s*", tt.name, got, tt.want)
+			}
+		})
+	}
+
+	// The one whole healthy GPU is taken; GPU 6 is unhealthy and GPU 7 draining, so they are not offered.
+	claimPod(t, ctx, c, "whole-2", "gpusharing-exclusive", "")
+	msg := pendingReason(t, ctx, c, "whole-2")
+	if !strings.Contains(msg, "cannot allocate all claims") {
+		t.Errorf("pod whole-2 is pending with %q; want the scheduler's reason about claims", msg)
+	}
+}
+
+// pendingReason waits until the scheduler reports the pod unschedulable and returns its message; it
+// fails when the pod is bound.
+func pendingReason(t *testing.T, ctx context.Context, c client.Client, name string) string {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		var pod corev1.Pod
+		if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, &pod); err == nil {
+			if pod.Spec.NodeName != "" {
+				t.Fatalf("pod %s was bound to %s", name, pod.Spec.NodeName)
+			}
+			for _, cond := range pod.Status.Conditions {
+				if cond.Type == corev1.PodScheduled && cond.Status == corev1.ConditionFalse && cond.Reason == corev1.PodReasonUnschedulable {
+					return cond.Message
+				}
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("pod %s not reported unschedulable within 20s", name)
+	return ""
+}
+
+func tailOf(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}

@@ -257,3 +257,46 @@ func tailOf(s string, n int) string {
 	}
 	return s
 }
+
+func TestSyncFollowsTheStatusAndRaisesThePoolGeneration(t *testing.T) {
+	ctx := context.Background()
+	env, err := testenv.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	pub := &dra.Publisher{Client: env.Client, Node: nodeName}
+	st := mixedNode()
+	cfg := deviceplugin.DefaultConfig()
+	if _, err := pub.Sync(ctx, dra.Devices(st, cfg)); err != nil {
+		t.Fatal(err)
+	}
+	published := func() (gen int64, names map[string]bool) {
+		var list resourcev1.ResourceSliceList
+		if err := env.Client.List(ctx, &list); err != nil {
+			t.Fatal(err)
+		}
+		names = map[string]bool{}
+		for _, s := range list.Items {
+			gen = s.Spec.Pool.Generation
+			for _, d := range s.Spec.Devices {
+				names[d.Name] = true
+			}
+		}
+		return gen, names
+	}
+	gen1, names := published()
+	if !names["gpu-5"] || names["gpu-6"] || names["gpu-7"] {
+		t.Fatalf("published %v: want gpu-5, and neither the unhealthy gpu-6 nor the draining gpu-7", names)
+	}
+	// GPU 5 turns unhealthy, GPU 7's drain ends: the slice follows, under a new pool generation.
+	st.GPUs[5].Conditions[0].Status = metav1.ConditionFalse
+	st.GPUs[7].Drain = nil
+	if changed, err := pub.Sync(ctx, dra.Devices(st, cfg)); err != nil || !changed {
+		t.Fatalf("Sync after a change = %v, %v", changed, err)
+	}
+	gen2, names := published()
+	if names["gpu-5"] || !names["gpu-7"] || gen2 != gen1+1 {
+		t.Errorf("after the change: generation %d (was %d), devices %v; want gpu-5 gone, gpu-7 back, generation +1", gen2, gen1, names)
+	}
+}

@@ -1,0 +1,105 @@
+package dra
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	resourcev1 "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpusharing/gpusharing/agent/deviceplugin"
+	"github.com/gpusharing/gpusharing/api/v1alpha1"
+)
+
+func gpu(i int, applied *v1alpha1.AppliedSharing) v1alpha1.GPUStatus {
+	return v1alpha1.GPUStatus{Index: int32(i), UUID: fmt.Sprintf("GPU-%d", i), Product: "NVIDIA H100 80GB HBM3",
+		Memory: resource.NewQuantity(80<<30, resource.BinarySI), Applied: applied,
+		Conditions: []metav1.Condition{{Type: v1alpha1.ConditionHealthy, Status: metav1.ConditionTrue}}}
+}
+
+func attrs(d resourcev1.Device) string {
+	var parts []string
+	for _, k := range []resourcev1.QualifiedName{AttrShare, AttrStrategy, AttrReplicas, AttrMIGProfile, AttrMPSThreads, AttrMPSMemoryMiB, AttrOversubscribed} {
+		a, ok := d.Attributes[k]
+		switch {
+		case !ok:
+		case a.StringValue != nil:
+			parts = append(parts, fmt.Sprintf("%s=%s", k, *a.StringValue))
+		case a.IntValue != nil:
+			parts = append(parts, fmt.Sprintf("%s=%d", k, *a.IntValue))
+		case a.BoolValue != nil && *a.BoolValue:
+			parts = append(parts, string(k))
+		}
+	}
+	if c, ok := d.Capacity[CapacityMemory]; ok {
+		parts = append(parts, "memory="+c.Value.String())
+	}
+	return d.Name + " " + strings.Join(parts, " ")
+}
+
+func TestDevicesPublishEachKindOfShareWithItsAttributes(t *testing.T) {
+	pinned := resource.MustParse("8Gi")
+	budget := resource.MustParse("60Gi")
+	g0 := gpu(0, &v1alpha1.AppliedSharing{Strategy: v1alpha1.StrategyMIG, MIGInstances: []v1alpha1.MIGInstanceStatus{{Profile: "3g.40gb", UUID: "MIG-a1"}}})
+	g0.MIGProfiles = []v1alpha1.MIGProfile{{Name: "3g.40gb", Memory: resource.NewQuantity(40448<<20, resource.BinarySI)}}
+	g0.MIGMode = &v1alpha1.MIGModeStatus{Current: "Enabled"}
+	st := v1alpha1.GPUNodeStatus{GPUs: []v1alpha1.GPUStatus{
+		g0,
+		gpu(1, &v1alpha1.AppliedSharing{Strategy: v1alpha1.StrategyMPS, MPS: &v1alpha1.MPSStatus{State: "Running", Replicas: 2, ActiveThreadPercentage: 50, PinnedMemoryLimit: &pinned}}),
+		gpu(2, &v1alpha1.AppliedSharing{Strategy: v1alpha1.StrategyTimeSlicing, TimeSlicing: &v1alpha1.TimeSlicingSharing{Replicas: 2}, Shim: &v1alpha1.ShimStatus{MemoryBudget: &budget}}),
+		gpu(3, &v1alpha1.AppliedSharing{Strategy: v1alpha1.StrategyExclusive}),
+	}}
+	var got []string
+	for _, d := range Devices(st, deviceplugin.DefaultConfig()) {
+		got = append(got, attrs(d))
+	}
+	want := []string{
+		"gpu-1-mps-0 share=MPS strategy=MPS replicas=2 mpsActiveThreadPercentage=50 mpsPinnedMemoryLimitMiB=8192 memory=8Gi",
+		"gpu-1-mps-1 share=MPS strategy=MPS replicas=2 mpsActiveThreadPercentage=50 mpsPinnedMemoryLimitMiB=8192 memory=8Gi",
+		"gpu-2-shared-0 share=Shared strategy=TimeSlicing replicas=2 oversubscription",
+		"gpu-2-shared-1 share=Shared strategy=TimeSlicing replicas=2 oversubscription",
+		"gpu-3 share=Exclusive strategy=Exclusive replicas=1 memory=80Gi",
+		"mig-a1 share=MIG strategy=MIG replicas=1 migProfile=3g.40gb memory=40448Mi",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("devices:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+func TestUnhealthyAndDrainingGPUsPublishNothing(t *testing.T) {
+	sick := gpu(0, nil)
+	sick.Conditions[0].Status = metav1.ConditionFalse
+	draining := gpu(1, nil)
+	draining.Drain = &v1alpha1.GPUDrainStatus{Phase: v1alpha1.DrainPhaseDraining}
+	devs := Devices(v1alpha1.GPUNodeStatus{GPUs: []v1alpha1.GPUStatus{sick, draining, gpu(2, nil)}}, deviceplugin.DefaultConfig())
+	if len(devs) != 1 || devs[0].Name != "gpu-2" {
+		t.Errorf("devices = %v, want only gpu-2", devs)
+	}
+}
+
+func TestSlicesHoldAtMost128DevicesOfOnePoolGeneration(t *testing.T) {
+	var devs []resourcev1.Device
+	for i := range 300 {
+		devs = append(devs, resourcev1.Device{Name: fmt.Sprintf("d-%03d", i)})
+	}
+	slices := Slices("node-a", 7, devs)
+	if len(slices) != 3 {
+		t.Fatalf("%d slices, want 3", len(slices))
+	}
+	total := 0
+	for i, s := range slices {
+		total += len(s.Spec.Devices)
+		if len(s.Spec.Devices) > resourcev1.ResourceSliceMaxDevices || s.Spec.Pool.Generation != 7 || s.Spec.Pool.ResourceSliceCount != 3 ||
+			s.Spec.Pool.Name != "node-a" || *s.Spec.NodeName != "node-a" || s.Name != SliceName("node-a", i) || s.Spec.Driver != DriverName {
+			t.Errorf("slice %d: %s pool %+v, %d devices", i, s.Name, s.Spec.Pool, len(s.Spec.Devices))
+		}
+	}
+	if total != 300 {
+		t.Errorf("%d devices in the slices, want 300", total)
+	}
+	if empty := Slices("node-a", 1, nil); len(empty) != 1 || len(empty[0].Spec.Devices) != 0 {
+		t.Errorf("a node without devices publishes %d slices", len(empty))
+	}
+}

@@ -29,15 +29,15 @@ import (
 // PIDFile is the file the control daemon writes into its pipe directory.
 const PIDFile = "nvidia-cuda-mps-control.pid"
 
-// State is a daemon's state as status reports it.
-type State string
+// State is a daemon's state as status reports it; the API owns the values.
+type State = v1alpha1.MPSDaemonState
 
-// Daemon states.
+// Daemon states, the API's.
 const (
-	StateStarting   State = "Starting"
-	StateRunning    State = "Running"
-	StateRestarting State = "Restarting"
-	StateFailed     State = "Failed"
+	StateStarting   = v1alpha1.MPSDaemonStarting
+	StateRunning    = v1alpha1.MPSDaemonRunning
+	StateRestarting = v1alpha1.MPSDaemonRestarting
+	StateFailed     = v1alpha1.MPSDaemonFailed
 )
 
 // Settings are what the agent applies to a GPU's daemon.

@@ -116,7 +116,7 @@ func (s *Strategies) convergeShim(ctx context.Context, dev gpu.Device, o *v1alph
 // the agent disables MIG only when Exclusive is asked for, never as a side effect.
 func needsMIGOff(dev gpu.Device, s v1alpha1.Strategy) error {
 	if dev.MIGMode.Current || dev.MIGMode.Pending {
-		return outcome.Newf(v1alpha1.ReasonMPSOnMIG, "%s needs MIG mode disabled on GPU %d, which has it enabled (%d instances); ask for Exclusive first to disable it", s, dev.Index, len(dev.Instances))
+		return outcome.Newf(v1alpha1.ReasonStrategyNeedsMIGDisabled, "%s needs MIG mode disabled on GPU %d, which has it enabled (%d instances); ask for Exclusive first to disable it", s, dev.Index, len(dev.Instances))
 	}
 	return nil
 }

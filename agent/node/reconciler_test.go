@@ -219,7 +219,7 @@ func TestAgentReportsWhyAGPUIsNotAsDesired(t *testing.T) {
 		{"MIG on a GPU without MIG", func(s *nvmlmock.Server) { s.GPUs[0].SetMIGCapable(false) }, migSharing("1g.5gb x1"),
 			v1alpha1.ReasonNotMIGCapable, "does not support MIG", "0:Exclusive!NotMIGCapable 1:Exclusive"},
 		{"MPS on a GPU with MIG on", func(s *nvmlmock.Server) { s.GPUs[0].SetMIGMode(true, true) }, mpsSharing(2, 50, "1Gi"),
-			v1alpha1.ReasonMPSOnMIG, "MPS needs MIG mode disabled on GPU 0", "0:MIG(none)!StrategyNeedsMIGDisabled 1:Exclusive"},
+			v1alpha1.ReasonStrategyNeedsMIGDisabled, "MPS needs MIG mode disabled on GPU 0", "0:MIG(none)!StrategyNeedsMIGDisabled 1:Exclusive"},
 		{"busy GPU", func(s *nvmlmock.Server) { s.GPUs[0].SetProcesses(777) }, migSharing("7g.40gb x1"),
 			v1alpha1.ReasonGPUBusy, "pids [777]", "0:Exclusive!GPUBusy 1:Exclusive"},
 	}

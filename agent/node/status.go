@@ -106,7 +106,7 @@ func applied(dev gpu.Device, obs observed) *v1alpha1.AppliedSharing {
 	case obs.mps != nil:
 		a.Strategy = v1alpha1.StrategyMPS
 		a.MPS = &v1alpha1.MPSStatus{
-			State:                  string(obs.mps.State),
+			State:                  obs.mps.State,
 			PID:                    int32(obs.mps.PID),
 			Clients:                int32(obs.mps.Clients),
 			Restarts:               int32(obs.mps.Restarts),

@@ -48,8 +48,16 @@ const (
 	ReasonNotMIGCapable = "NotMIGCapable"
 	// ReasonMIGModeChangePending: MIG mode was changed but takes effect only after a GPU reset.
 	ReasonMIGModeChangePending = "MIGModeChangePending"
-	// ReasonMPSOnMIG: MPS or time-slicing was asked of a GPU whose MIG mode is enabled.
-	ReasonMPSOnMIG = "StrategyNeedsMIGDisabled"
+	// ReasonStrategyNeedsMIGDisabled: MPS or time-slicing was asked of a GPU whose MIG mode is enabled.
+	ReasonStrategyNeedsMIGDisabled = "StrategyNeedsMIGDisabled"
+	// ReasonMPSOnMIG is the former name of ReasonStrategyNeedsMIGDisabled, which covers time-slicing too.
+	//
+	// Deprecated: use ReasonStrategyNeedsMIGDisabled.
+	ReasonMPSOnMIG = ReasonStrategyNeedsMIGDisabled
+	// ReasonInvalidSharing: the desired sharing cannot be applied by any agent (an unknown strategy, or
+	// the strategy's block is missing); admission validation normally prevents it, so it waits for a
+	// spec change and is not retried.
+	ReasonInvalidSharing = "InvalidSharing"
 	// ReasonMPSDaemonFailed: the MPS control daemon did not start or keeps dying.
 	ReasonMPSDaemonFailed = "MPSDaemonFailed"
 	// ReasonNVMLError: an NVML call failed; the message carries NVML's error string.

@@ -255,11 +255,28 @@ type AppliedSharing struct {
 	Shim *ShimStatus `json:"shim,omitempty"`
 }
 
+// MPSDaemonState is the state of a GPU's MPS control daemon. The agent's mps package sets it and the
+// device plugin reads it (devices of a daemon that is not Running are Unhealthy), so it is declared once
+// here.
+type MPSDaemonState string
+
+// MPS daemon states.
+const (
+	// MPSDaemonStarting: the daemon was launched and its pid file or settings are not in place yet.
+	MPSDaemonStarting MPSDaemonState = "Starting"
+	// MPSDaemonRunning: the daemon is up with the settings in force.
+	MPSDaemonRunning MPSDaemonState = "Running"
+	// MPSDaemonRestarting: the daemon died and waits out its restart backoff.
+	MPSDaemonRestarting MPSDaemonState = "Restarting"
+	// MPSDaemonFailed: the daemon could not be started.
+	MPSDaemonFailed MPSDaemonState = "Failed"
+)
+
 // MPSStatus is the state of a GPU's MPS control daemon.
 type MPSStatus struct {
 	// state is Starting, Running, Restarting or Failed.
 	// +optional
-	State string `json:"state,omitempty"`
+	State MPSDaemonState `json:"state,omitempty"`
 	// pid is the control daemon's pid.
 	// +optional
 	PID int32 `json:"pid,omitempty"`

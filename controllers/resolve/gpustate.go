@@ -36,15 +36,16 @@ type GPUState struct {
 // drain that timed out or failed left the GPU as it was: that is reported (Degraded) and frees the
 // node's rollout slot, while the agent retries on its own backoff.
 var hardwareRejections = map[string]bool{
-	v1.ReasonDrainTimedOut:        true,
-	v1.ReasonDrainFailed:          true,
-	v1.ReasonLayoutDoesNotFit:     true,
-	v1.ReasonNotMIGCapable:        true,
-	v1.ReasonMIGModeChangePending: true,
-	v1.ReasonMPSOnMIG:             true,
-	v1.ReasonMPSDaemonFailed:      true,
-	v1.ReasonNVMLError:            true,
-	v1.ReasonCommandFailed:        true,
+	v1.ReasonDrainTimedOut:            true,
+	v1.ReasonDrainFailed:              true,
+	v1.ReasonLayoutDoesNotFit:         true,
+	v1.ReasonNotMIGCapable:            true,
+	v1.ReasonMIGModeChangePending:     true,
+	v1.ReasonStrategyNeedsMIGDisabled: true,
+	v1.ReasonInvalidSharing:           true,
+	v1.ReasonMPSDaemonFailed:          true,
+	v1.ReasonNVMLError:                true,
+	v1.ReasonCommandFailed:            true,
 }
 
 // stateInput is what the failure checks look at.

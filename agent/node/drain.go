@@ -15,7 +15,6 @@ import (
 
 	"github.com/gpusharing/gpusharing/agent/drain"
 	"github.com/gpusharing/gpusharing/agent/gpu"
-	"github.com/gpusharing/gpusharing/agent/mig"
 	"github.com/gpusharing/gpusharing/agent/outcome"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 	"github.com/gpusharing/gpusharing/internal/sharing"
@@ -287,7 +286,7 @@ func failedPhase(err error) v1alpha1.DrainPhase {
 // evicted for a change that cannot be applied.
 func (r *Reconciler) startDrain(ctx context.Context, sc *scope, dev gpu.Device, want v1alpha1.GPUDesired, key string, cordoned bool, failures int) (*v1alpha1.GPUDrainStatus, error) {
 	log := ctrl.LoggerFrom(ctx).WithValues("gpu", dev.UUID, "index", dev.Index)
-	if err := precheck(dev, want.Sharing); err != nil {
+	if _, err := r.Admit(dev, want.Sharing); err != nil {
 		if cordoned {
 			sc.uncordon = append(sc.uncordon, dev.UUID)
 		}
@@ -337,20 +336,6 @@ func (r *Reconciler) startDrain(ctx context.Context, sc *scope, dev gpu.Device, 
 		r.notify()
 	}()
 	return r.drains.status(d, v1alpha1.DrainPhaseDraining), drainingError(r.drains.snapshot(d))
-}
-
-// precheck refuses, without changing anything, a desired sharing the GPU cannot take as it is.
-func precheck(dev gpu.Device, want v1alpha1.Sharing) error {
-	switch want.Strategy {
-	case v1alpha1.StrategyMIG:
-		if want.MIG == nil {
-			return outcome.Newf(v1alpha1.ReasonLayoutDoesNotFit, "sharing.mig is missing")
-		}
-		return mig.Check(dev, mig.Wants(*want.MIG))
-	case v1alpha1.StrategyMPS, v1alpha1.StrategyTimeSlicing:
-		return needsMIGOff(dev, want.Strategy)
-	}
-	return nil
 }
 
 // progress records a drain step for the status: the pods still there and the latest message.

@@ -149,6 +149,22 @@ func (s *ShimSchedulers) Stop(ctx context.Context, uuid string) error {
 	return nil
 }
 
+// Satisfied says whether the GPU's scheduler runs with the settings of o and its socket is in place.
+// A nil *ShimSchedulers runs none, so it is never satisfied (Ensure then says why).
+func (s *ShimSchedulers) Satisfied(dev gpu.Device, o v1alpha1.Oversubscription) (bool, error) {
+	if s == nil {
+		return false, nil
+	}
+	cfg, err := s.SchedulerConfig(dev, o)
+	if err != nil {
+		return false, err
+	}
+	s.mu.Lock()
+	sch := s.byGPU[dev.UUID]
+	s.mu.Unlock()
+	return sch != nil && isSocket(cfg.SocketPath) && sameSettings(sch.GPUs()[0], cfg), nil
+}
+
 // State is the GPU's scheduler as it runs, or false when none runs.
 func (s *ShimSchedulers) State(uuid string) (ShimState, bool) {
 	if s == nil {

@@ -218,3 +218,10 @@ func Summary(gpus []v1alpha1.GPUStatus) string {
 	}
 	return strings.Join(parts, " ")
 }
+
+func quantityMiB(mib int64) *resource.Quantity {
+	if mib <= 0 {
+		return nil
+	}
+	return resource.NewQuantity(mib<<20, resource.BinarySI)
+}

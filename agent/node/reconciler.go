@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -62,8 +63,8 @@ type Reconciler struct {
 	// DrainBackoff and DrainBackoffMax bound the wait before a GPU whose drain failed is drained again
 	// for the same desired sharing (defaults DefaultDrainBackoff, DefaultDrainBackoffMax).
 	DrainBackoff, DrainBackoffMax time.Duration
-	// Now is the clock of drains; default time.Now.
-	Now func() time.Time
+	// Clock decides drain start and retry times; nil means the real clock.
+	Clock clock.PassiveClock
 
 	drains drains
 }
@@ -115,11 +116,18 @@ func (r *Reconciler) requeueAfter() time.Duration {
 	if next.IsZero() {
 		return r.Resync
 	}
-	wait := max(next.Sub(r.now()), time.Second)
+	wait := max(next.Sub(r.clock().Now()), time.Second)
 	if r.Resync > 0 && r.Resync < wait {
 		return r.Resync
 	}
 	return wait
+}
+
+func (r *Reconciler) clock() clock.PassiveClock {
+	if r.Clock == nil {
+		return clock.RealClock{}
+	}
+	return r.Clock
 }
 
 // getOrCreate returns this node's GPUNode, creating it (owned by the Node, when the Node exists) when

@@ -17,6 +17,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/utils/clock"
 )
 
 // GPUConfig is one GPU's queue.
@@ -129,7 +130,7 @@ func New(opts Options) (*Scheduler, error) {
 		return nil, fmt.Errorf("%w: no GPUs", ErrInvalidConfig)
 	}
 	if opts.Clock == nil {
-		opts.Clock = RealClock{}
+		opts.Clock = clock.RealClock{}
 	}
 	if opts.HelloTimeout == 0 {
 		opts.HelloTimeout = 2 * time.Second

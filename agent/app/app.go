@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/gpusharing/gpusharing/agent/deviceplugin"
 	"github.com/gpusharing/gpusharing/agent/drain"
@@ -24,6 +25,7 @@ import (
 	"github.com/gpusharing/gpusharing/agent/node"
 	"github.com/gpusharing/gpusharing/agent/podpid"
 	"github.com/gpusharing/gpusharing/agent/runner"
+	"github.com/gpusharing/gpusharing/agent/scheduler"
 	"github.com/gpusharing/gpusharing/agent/timeslice"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
@@ -112,6 +114,16 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		default: // a pass is already queued
 		}
 	}
+	// One set of agent and scheduler series per process, labelled by node and GPU: the agents of one
+	// process (the demo) share what the first registered.
+	agentMetrics, err := node.NewMetrics(metrics.Registry)
+	if err != nil {
+		return fmt.Errorf("registering the agent's metrics: %w", err)
+	}
+	schedMetrics, err := scheduler.NewMetrics(metrics.Registry)
+	if err != nil {
+		return fmt.Errorf("registering the shim scheduler's metrics: %w", err)
+	}
 	mpsMgr := mps.New(mps.Config{Control: o.MPSControl, Root: o.MPSRoot, Runner: run, Notify: notify})
 	if err := mgr.Add(runnable(mpsMgr.Run)); err != nil {
 		return err
@@ -123,7 +135,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 			reserve = node.DefaultOversubReserve
 		}
 		// Clients connecting and leaving wake a pass, which publishes them: no polling of the schedulers.
-		shim = &node.ShimSchedulers{Root: o.SchedulerRoot, Reserve: reserve, Metrics: node.SchedulerMetrics,
+		shim = &node.ShimSchedulers{Root: o.SchedulerRoot, Reserve: reserve, Metrics: schedMetrics,
 			Notify: func() { notify("") }}
 		if err := mgr.Add(runnable(shim.Run)); err != nil {
 			return err
@@ -143,6 +155,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		Client:             mgr.GetClient(),
 		NodeName:           o.NodeName,
 		Recorder:           mgr.GetEventRecorder("gpusharing-agent"),
+		Metrics:            agentMetrics,
 		Resync:             o.Resync,
 		Wake:               wake,
 		Notify:             func() { notify("") },

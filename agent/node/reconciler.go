@@ -52,6 +52,8 @@ type Reconciler struct {
 	Wake <-chan event.GenericEvent
 	// Notify sends on Wake without blocking; drains call it when they progress or end.
 	Notify func()
+	// Metrics, when set, mirror each published status (NewMetrics).
+	Metrics *Metrics
 	// SkipNameValidation lets several agents run in one process (the demo's simulated nodes).
 	SkipNameValidation bool
 
@@ -250,7 +252,7 @@ func (r *Reconciler) setNodeStatus(_ context.Context, sc *scope) {
 	if sc.transientErr == nil && sc.invErr == nil {
 		st.ObservedGeneration = sc.node.Generation
 	}
-	recordMetrics(*st)
+	r.Metrics.record(r.NodeName, *st)
 }
 
 // setReady: False NVMLUnavailable without NVML, False NVMLError when the read failed, True NoGPUs on a

@@ -1,13 +1,15 @@
 package scheduler
 
 import (
+	"errors"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
 
 // NewMetrics registers the scheduler's series on reg (nil: unregistered), for
-// Schedulers that share them through Options.Metrics.
+// Schedulers that share them through Options.Metrics. When reg holds them
+// already (another agent of the process), it returns the Metrics registered.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) { return newMetrics(reg) }
 
 // Metrics are the scheduler's Prometheus series, labelled by GPU uuid, and the
@@ -58,13 +60,24 @@ func newMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}, []string{"gpu"}),
 		scheds: map[*Scheduler]struct{}{},
 	}
-	if reg != nil {
-		// The per-client memory series are read from the schedulers' snapshots at each scrape, so a
-		// client's series vanish when it leaves.
-		for _, c := range []prometheus.Collector{m.wait, m.hold, m.handoffs, m.revocations, m.evictions, m.clients, &memCollector{m: m}} {
-			if err := reg.Register(c); err != nil {
-				return nil, err
+	if reg == nil {
+		return m, nil
+	}
+	// The per-client memory series are read from the schedulers' snapshots at each scrape, so a
+	// client's series vanish when it leaves. The memory collector goes first: when another agent of
+	// the process registered the series already, its Metrics serves this one's schedulers too.
+	if err := reg.Register(&memCollector{m: m}); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(*memCollector); ok {
+				return existing.m, nil
 			}
+		}
+		return nil, err
+	}
+	for _, c := range []prometheus.Collector{m.wait, m.hold, m.handoffs, m.revocations, m.evictions, m.clients} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
 		}
 	}
 	return m, nil

@@ -5,6 +5,8 @@ SHELL := /usr/bin/env bash -o pipefail
 BIN ?= $(CURDIR)/bin
 CONTROLLER_TOOLS_VERSION ?= v0.21.0
 CONTROLLER_GEN ?= $(BIN)/controller-gen
+GOLANGCI_LINT_VERSION ?= v2.15.0
+GOLANGCI_LINT ?= $(BIN)/golangci-lint
 GO_TEST_FLAGS ?= -count=1
 # Real control-plane binaries for envtest, built from the module proxy by hack/build-control-plane.sh.
 export KUBEBUILDER_ASSETS := $(BIN)
@@ -51,7 +53,12 @@ fmt: ## Fail on unformatted Go files
 	@out="$$(gofmt -l $$(git ls-files '*.go' | grep -v '^bin/') 2>&1)"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 vet: ## go vet every package
 	go vet ./...
-lint: fmt vet
+lint: fmt vet golangci-lint ## gofmt, go vet and golangci-lint (.golangci.yml: layering, environment, exec)
+	$(GOLANGCI_LINT) run ./...
+
+.PHONY: golangci-lint
+golangci-lint: ## Build golangci-lint $(GOLANGCI_LINT_VERSION) from the module proxy into $(BIN) (skipped when present)
+	BIN=$(BIN) GOLANGCI_LINT_VERSION=$(GOLANGCI_LINT_VERSION) hack/build-golangci-lint.sh
 
 .PHONY: test
 test: control-plane verify-generated lint ## The test command: unit, envtest (real apiserver) and shim suites

@@ -33,7 +33,7 @@ func UIDOf(procRoot string, pid int32) (uid string, ok bool) {
 	if err != nil {
 		return "", false
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read-only: a close error loses nothing
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		if m := podUID.FindStringSubmatch(sc.Text()); m != nil {

@@ -52,8 +52,7 @@ func (c *fakeClock) After(d time.Duration) <-chan time.Time { return c.NewTimer(
 
 func (c *fakeClock) NewTimer(d time.Duration) clock.Timer {
 	ch := make(chan time.Time, 1)
-	var t clock.Timer
-	t = c.AfterFunc(d, func() { ch <- c.Now() })
+	t := c.AfterFunc(d, func() { ch <- c.Now() })
 	t.(*fakeTimer).ch = ch
 	return t
 }

@@ -262,11 +262,11 @@ func (s *Scheduler) Close() {
 	lns := s.listeners
 	s.listeners = nil
 	for c := range s.conns {
-		c.Close()
+		_ = c.Close() // the client is gone either way
 	}
 	s.mu.Unlock()
 	for _, ln := range lns {
-		ln.Close() // a closed UnixListener removes its socket file
+		_ = ln.Close() // a closed UnixListener removes its socket file
 	}
 	s.wg.Wait()
 	s.metrics.detach(s)
@@ -308,7 +308,7 @@ func listenUnix(path string) (net.Listener, error) {
 	// Clients run as any user inside their pods; the socket's directory is
 	// mounted only into pods that were given a share of this GPU.
 	if err := os.Chmod(path, 0o666); err != nil {
-		ln.Close()
+		_ = ln.Close()
 		return nil, fmt.Errorf("chmod socket: %w", err)
 	}
 	return ln, nil
@@ -328,7 +328,7 @@ func (s *Scheduler) acceptLoop(ln net.Listener, q *queue) {
 		s.mu.Lock()
 		if s.listeners == nil {
 			s.mu.Unlock()
-			conn.Close()
+			_ = conn.Close()
 			return
 		}
 		s.conns[conn] = struct{}{}
@@ -366,7 +366,7 @@ func peerPID(conn net.Conn) int32 {
 // serveConn runs one client: hello, then acquire/release until the
 // connection ends or the peer misbehaves; either way its lease ends with it.
 func (s *Scheduler) serveConn(conn net.Conn, q *queue) {
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	log := q.log
 	// Socket deadlines are wall-clock by nature, not scheduler time.
 	_ = conn.SetReadDeadline(time.Now().Add(s.opts.HelloTimeout))
@@ -388,7 +388,7 @@ func (s *Scheduler) serveConn(conn net.Conn, q *queue) {
 	out := make(chan []byte, 64)
 	done := make(chan struct{})
 	var dropOnce sync.Once
-	drop := func() { dropOnce.Do(func() { conn.Close() }) }
+	drop := func() { dropOnce.Do(func() { _ = conn.Close() }) }
 	writerDone := make(chan struct{})
 	go func() {
 		defer close(writerDone)

@@ -112,9 +112,10 @@ func (c *cluster) applySamplePolicies(ctx context.Context) ([]string, error) {
 
 // printTable runs the real kubectl, as a user would.
 func (c *cluster) printTable(w io.Writer) error {
-	fmt.Fprintf(w, "$ kubectl get gpusharing -o wide\n")
 	res, err := runner.Exec{}.Run(context.Background(), runner.Cmd{Path: c.kubectl, Args: []string{"--kubeconfig", c.kubeconfig, "get", "gpusharing", "-o", "wide"}})
-	fmt.Fprint(w, res.Stdout, res.Stderr)
+	if _, werr := fmt.Fprint(w, "$ kubectl get gpusharing -o wide\n", res.Stdout, res.Stderr); werr != nil {
+		return werr
+	}
 	if err != nil {
 		return fmt.Errorf("kubectl get gpusharing: %w", err)
 	}

@@ -74,6 +74,16 @@ test-go: control-plane ## Only the Go suites
 bench-controller: control-plane ## Controller convergence at scale against the real API server (BENCH_ARGS="-nodes 1000")
 	go run ./test/bench/controller $(BENCH_ARGS)
 
+.PHONY: stack-bin
+stack-bin: control-plane ## Binaries for test/gpu/stack/run.sh on the GPU machine, xz-compressed into test/gpu/stack/bin (carry that folder)
+	mkdir -p test/gpu/stack/bin $(BIN)/stack
+	CGO_ENABLED=1 go build -ldflags "-s -w" -o $(BIN)/stack/manager ./cmd/manager
+	CGO_ENABLED=1 go build -ldflags "-s -w" -o $(BIN)/stack/agent ./cmd/agent
+	go build -ldflags "-s -w" -o $(BIN)/stack/stackcheck ./test/gpu/stack/stackcheck
+	for f in etcd kube-apiserver kubectl; do cp $(BIN)/$$f $(BIN)/stack/; done
+	for f in etcd kube-apiserver kubectl manager agent stackcheck; do xz -T2 -6 -c $(BIN)/stack/$$f > test/gpu/stack/bin/$$f.xz; done
+	@du -sh test/gpu/stack/bin
+
 .PHONY: bench-shim
 bench-shim: ## Shim launch tax, hand-off and idle release (needs a GPU)
 	$(MAKE) -C shim bench

@@ -24,18 +24,18 @@ func TestInventoryReadsIdentityAndMIGProfilesFromNVML(t *testing.T) {
 		{
 			name:       "dgx a100",
 			server:     nvmlmock.NewA100(2),
-			product:    "Mock NVIDIA A100-SXM4-40GB",
+			product:    "NVIDIA A100-SXM4-40GB",
 			profiles:   []string{"1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"},
 			threeSlice: gpu.Placement{Start: 4, Size: 4},
 			driver:     "550.54.15", cuda: "12.4",
 		},
 		{
-			name:       "dgx h100 (go-nvml's data, not the real H100's)",
+			name:       "dgx h100 (the real H100's recorded profiles)",
 			server:     nvmlmock.NewH100(2),
 			product:    "NVIDIA H100 80GB HBM3",
 			profiles:   []string{"1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"},
-			threeSlice: gpu.Placement{Start: 4, Size: 3},
-			driver:     "550.54.15", cuda: "12.4",
+			threeSlice: gpu.Placement{Start: 4, Size: 4},
+			driver:     "580.159.04", cuda: "13.0",
 		},
 	}
 	for _, tt := range tests {

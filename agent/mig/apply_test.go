@@ -39,7 +39,7 @@ func TestApplyCreatesMixedLayoutsAndASecondPassChangesNothing(t *testing.T) {
 	}{
 		{"dgx a100", nvmlmock.NewA100(1), "3g.20gb x1 + 1g.5gb x4", []string{"1g.5gb@0", "1g.5gb@1", "1g.5gb@2", "1g.5gb@3", "3g.20gb@4"}},
 		{"dgx a100 halves", nvmlmock.NewA100(1), "4g.20gb x1 + 3g.20gb x1", []string{"4g.20gb@0", "3g.20gb@4"}},
-		{"dgx h100", nvmlmock.NewH100(1), "3g.40gb x1 + 1g.10gb x4", []string{"3g.40gb@0", "1g.10gb@3", "1g.10gb@4", "1g.10gb@5", "1g.10gb@6"}},
+		{"dgx h100", nvmlmock.NewH100(1), "3g.40gb x1 + 1g.10gb x4", []string{"1g.10gb@0", "1g.10gb@1", "1g.10gb@2", "1g.10gb@3", "3g.40gb@4"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -2,10 +2,8 @@ package mig
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -15,15 +13,12 @@ import (
 )
 
 // realH100 is `agent inventory` run on a real H100 80GB HBM3 (driver 580.159.04) by
-// test/gpu/agent/run.sh: its MIG profiles differ from go-nvml's dgxh100 mock in ids, sizes and starts.
+// test/gpu/agent/run.sh (agent/gpu/nvmlmock/inventories): its MIG profiles differ from go-nvml's dgxh100
+// mock in ids, sizes and starts.
 func realH100(t *testing.T) (gpu.Inventory, gpu.Device) {
 	t.Helper()
-	data, err := os.ReadFile("testdata/h100.json")
+	inv, err := nvmlmock.Inventory(nvmlmock.InventoryH100)
 	if err != nil {
-		t.Fatal(err)
-	}
-	var inv gpu.Inventory
-	if err := json.Unmarshal(data, &inv); err != nil {
 		t.Fatal(err)
 	}
 	if len(inv.Devices) != 1 || inv.Devices[0].Product != "NVIDIA H100 80GB HBM3" {

@@ -66,8 +66,8 @@ func TestMakePlanPlacesMixedLayoutsOnAnEmptyGPU(t *testing.T) {
 		{"a100 4g + 3g", a100, "4g.20gb x1 + 3g.20gb x1", "4g.20gb@0 3g.20gb@4"},
 		{"a100 whole GPU", a100, "7g.40gb x1", "7g.40gb@0"},
 		{"a100 2g x3 + 1g", a100, "2g.10gb x3 + 1g.5gb x1", "2g.10gb@0 2g.10gb@2 2g.10gb@4 1g.5gb@6"},
-		{"h100 mock 3g + 2g + 2g", h100, "3g.40gb x1 + 2g.20gb x2", "2g.20gb@0 2g.20gb@2 3g.40gb@4"},
-		{"h100 mock 1g.20gb + 1g.10gb", h100, "1g.20gb x2 + 1g.10gb x3", "1g.20gb@0 1g.20gb@1 1g.10gb@2 1g.10gb@3 1g.10gb@4"},
+		{"h100 3g + 2g + 2g", h100, "3g.40gb x1 + 2g.20gb x2", "2g.20gb@0 2g.20gb@2 3g.40gb@4"},
+		{"h100 1g.20gb + 1g.10gb", h100, "1g.20gb x2 + 1g.10gb x3", "1g.20gb@0 1g.20gb@2 1g.10gb@4 1g.10gb@5 1g.10gb@6"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -133,7 +133,7 @@ func TestAgentCreatesItsGPUNodeAndPublishesInventory(t *testing.T) {
 		t.Errorf("Applied = %s", got)
 	}
 	g := st.GPUs[0]
-	if g.UUID != a.server.GPUs[0].UUID || g.Product != "Mock NVIDIA A100-SXM4-40GB" || !g.MIGCapable || g.MIGMode.Current != "Disabled" || len(g.MIGProfiles) != 7 {
+	if g.UUID != a.server.GPUs[0].UUID || g.Product != "NVIDIA A100-SXM4-40GB" || !g.MIGCapable || g.MIGMode.Current != "Disabled" || len(g.MIGProfiles) != 7 {
 		t.Errorf("GPU 0 = %+v", g)
 	}
 	if st.Summary != "0-1:Exclusive" {

@@ -48,6 +48,7 @@ type options struct {
 	devicePlugin       *deviceplugin.Config
 	podResourcesSocket string
 	drainBackoff       time.Duration
+	drainPoll          time.Duration
 	// schedulerRoot holds the shim scheduler sockets, whether or not the device plugin runs.
 	schedulerRoot  string
 	oversubReserve uint64
@@ -93,6 +94,7 @@ func parse(args []string) (options, *textlogger.Config) {
 	fs.BoolVar(&dpOn, "device-plugin", true, "serve the kubelet device plugin API for this node's GPUs (and drain a GPU before a disruptive change)")
 	fs.StringVar(&dp.SocketDir, "device-plugin-dir", dp.SocketDir, "the kubelet's device plugin directory (kubelet.sock and the plugins' sockets)")
 	fs.StringVar(&o.podResourcesSocket, "pod-resources-socket", drain.DefaultPodResourcesSocket, "the kubelet's PodResources API socket, to find the pods using a GPU before a disruptive change; empty turns the drain off")
+	fs.DurationVar(&o.drainPoll, "drain-poll-interval", drain.DefaultPollInterval, "how often a drain lists the kubelet's PodResources again (it has no watch): bounds how long a GPU stays cordoned after its last pod ends")
 	fs.DurationVar(&o.drainBackoff, "drain-backoff", node.DefaultDrainBackoff, "first wait before a GPU whose drain timed out or failed is drained again for the same desired sharing (doubles per failure, up to 1h)")
 	resourceFlag(fs, &dp.Resources.Exclusive, "resource-exclusive", "resource name of a whole GPU")
 	resourceFlag(fs, &dp.Resources.TimeSlicing, "resource-timeslice", "resource name of one replica of a time-sliced GPU")
@@ -226,6 +228,7 @@ func run(ctx context.Context, o options) error {
 		DevicePlugin:        o.devicePlugin,
 		PodResourcesSocket:  o.podResourcesSocket,
 		DrainBackoff:        o.drainBackoff,
+		DrainPollInterval:   o.drainPoll,
 	})
 	if err != nil {
 		return err

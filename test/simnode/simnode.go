@@ -1,6 +1,7 @@
 // Package simnode runs the real node agent for a simulated GPU node: go-nvml's mock DGX A100 or H100
-// server (extended by agent/gpu/nvmlmock) and fake nvidia-smi and nvidia-cuda-mps-control. The demo and
-// the deployment tests use it, so both exercise exactly the agent that cmd/agent runs.
+// server (extended by agent/gpu/nvmlmock, with the real GPUs' MIG geometry) and fake nvidia-smi and
+// nvidia-cuda-mps-control. The demo and the deployment tests use it, so both exercise exactly the agent
+// that cmd/agent runs.
 package simnode
 
 import (
@@ -28,7 +29,8 @@ import (
 type Node struct {
 	// Name is the Node's and its GPUNode's name.
 	Name string
-	// Model is "A100" (DGX A100, A100-SXM4-40GB) or "H100" (DGX H100, go-nvml's H100 profile data).
+	// Model is "A100" (DGX A100, A100-SXM4-40GB as NVIDIA documents it) or "H100" (DGX H100, with the MIG
+	// profiles a real H100 80GB HBM3 reported).
 	Model string
 	// GPUs is how many of the server's eight GPUs the node has.
 	GPUs int
@@ -59,16 +61,7 @@ func Start(ctx context.Context, cfg *rest.Config, scheme *k8sruntime.Scheme, n N
 	if err != nil {
 		return err
 	}
-	server := nvmlmock.NewH100(n.GPUs)
-	if n.Model == "A100" {
-		server = nvmlmock.NewA100(n.GPUs)
-	}
-	// NVML events (Xids) come from an injectable queue, so the health watcher runs as on a real node.
-	nvmlmock.NewEvents(server)
-	// The mocks number every server's GPUs alike; real UUIDs are unique across the fleet.
-	for i, g := range server.GPUs {
-		g.Device.UUID = fmt.Sprintf("GPU-%08x-%04x-4000-8000-000000000000", n.Seq, i)
-	}
+	server := NewServer(n)
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:  scheme,
 		Metrics: metricsserver.Options{BindAddress: "0"},
@@ -99,6 +92,21 @@ func Start(ctx context.Context, cfg *rest.Config, scheme *k8sruntime.Scheme, n N
 		}
 	}()
 	return nil
+}
+
+// NewServer is the node's simulated GPU server: its model's recorded MIG geometry (the real H100's, the
+// documented A100's), NVML events from an injectable queue so the health watcher runs as on a real node,
+// and GPU UUIDs unique across the simulated fleet (the mocks number every server's GPUs alike).
+func NewServer(n Node) *nvmlmock.Server {
+	server := nvmlmock.NewH100(n.GPUs)
+	if n.Model == "A100" {
+		server = nvmlmock.NewA100(n.GPUs)
+	}
+	nvmlmock.NewEvents(server)
+	for i, g := range server.GPUs {
+		g.Device.UUID = fmt.Sprintf("GPU-%08x-%04x-4000-8000-000000000000", n.Seq, i)
+	}
+	return server
 }
 
 // StopDaemons ends the stand-in MPS daemons the simulated nodes under dir started.

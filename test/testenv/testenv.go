@@ -59,6 +59,12 @@ func Start() (*Env, error) {
 	if bin == "" {
 		bin = filepath.Join(root, "bin")
 	}
+	return StartAt(root, bin)
+}
+
+// StartAt is Start for a checkout at root and binaries in bin, for programs that run where the source
+// tree they were built from is not (test/gpu/stack runs on the GPU machine).
+func StartAt(root, bin string) (*Env, error) {
 	for _, name := range []string{"kube-apiserver", "etcd"} {
 		if _, err := os.Stat(filepath.Join(bin, name)); err != nil {
 			return nil, fmt.Errorf("%s not found in %s: run 'make control-plane' (it builds the real binaries from the Go module proxy): %w", name, bin, err)

@@ -14,12 +14,13 @@ import (
 // recorded device (an `agent inventory` dump from real hardware), so appliers run against real
 // profile ids, sizes and placements rather than go-nvml's approximations.
 func NewFromInventory(inv gpu.Inventory, dev gpu.Device, n int) *Server {
+	arch, cudaMajor := architecture(dev.Product)
 	cfg := gpus.Config{
 		Name:         dev.Product,
-		Architecture: nvml.DEVICE_ARCH_HOPPER,
+		Architecture: nvml.DeviceArchitecture(arch),
 		Brand:        nvml.BRAND_NVIDIA,
 		MemoryMB:     dev.MemoryBytes >> 20,
-		CudaMajor:    9,
+		CudaMajor:    cudaMajor,
 		MIGProfiles: gpus.MIGProfileConfig{
 			GpuInstanceProfiles:       map[int]nvml.GpuInstanceProfileInfo{},
 			ComputeInstanceProfiles:   map[int]map[int]nvml.ComputeInstanceProfileInfo{},

@@ -11,8 +11,6 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 )
 
@@ -43,11 +41,19 @@ type GPU struct {
 	calls []string
 }
 
-// NewA100 returns a DGX A100 with n GPUs (A100-SXM4-40GB).
-func NewA100(n int) *Server { return wrap(dgxa100.New(), n) }
+// NewA100 returns a DGX A100 with n GPUs: A100-SXM4-40GB with NVIDIA's documented MIG profiles and
+// placements (InventoryA100).
+func NewA100(n int) *Server {
+	inv, dev := mustInventory(InventoryA100)
+	return NewFromInventory(inv, dev, n)
+}
 
-// NewH100 returns a DGX H100 with n GPUs (go-nvml's H100 profile data, which is not the real H100's).
-func NewH100(n int) *Server { return wrap(dgxh100.New(), n) }
+// NewH100 returns a DGX H100 with n GPUs: H100 80GB HBM3 with the MIG profiles and placements a real one
+// reported through NVML (InventoryH100).
+func NewH100(n int) *Server {
+	inv, dev := mustInventory(InventoryH100)
+	return NewFromInventory(inv, dev, n)
+}
 
 func wrap(s *server.Server, n int) *Server {
 	if n < len(s.Devices) {

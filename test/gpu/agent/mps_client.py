@@ -1,6 +1,7 @@
 """An MPS client for the GPU machine's test: allocates device memory in 256 MiB pieces (plain
 cudaMalloc through PyTorch's allocator, never managed memory) up to a cap, reports how far it got, and
-stays connected for a moment so the agent can count it as a client."""
+stays connected for a moment so the agent can count it as a client (a negative hold: until its stdin
+closes, so a test decides when the client ends)."""
 import json
 import os
 import sys
@@ -29,4 +30,7 @@ while got + piece <= cap_mib:
 torch.cuda.synchronize()
 print(json.dumps({"allocated_mib": got, "cap_mib": cap_mib, "oom": oom, "context_s": round(ctx_s, 3),
                   "mem_get_info_free_mib": free >> 20, "mem_get_info_total_mib": total >> 20, "pid": os.getpid()}), flush=True)
-time.sleep(hold_s)
+if hold_s < 0:
+    sys.stdin.read()
+else:
+    time.sleep(hold_s)

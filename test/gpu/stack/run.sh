@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The whole stack on the real GPU: etcd, kube-apiserver, the manager and the agent as processes on
+# loopback, the agent on the real NVML and nvidia-cuda-mps-control, its device plugin registered with
+# test/fakekubelet (this machine has no kubelet), policies applied with kubectl. One command, under 10
+# minutes, PASS/FAIL per check and the apply-to-Ready times; the log lands in $OUT (default a temp dir).
+#
+# No Go on the GPU machine: build here, then carry test/gpu/stack/bin (git-ignored):
+#   make stack-bin            # xz-compressed etcd, kube-apiserver, kubectl, manager, agent, stackcheck
+# and run through the device tool, from the repository root:
+#   test/gpu/stack/run.sh
+# House rules: MIG mode, compute mode and the time-slice policy are never changed (the agent gets a
+# refusing nvidia-smi; no policy asks for MIG or TimeSlicing), the GPU is never reset, MPS daemons live
+# under a temporary directory and are quit before the script ends, and no managed memory is used.
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
+HERE=$ROOT/test/gpu/stack
+OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/stack.log") 2>&1
+fails=0
+check() { # check NAME COMMAND...
+	local name=$1; shift
+	if "$@"; then echo "PASS $name"; else echo "FAIL $name"; fails=$((fails + 1)); fi
+}
+BIN=$(mktemp -d /tmp/gs-bin.XXXXXX)
+for f in "$HERE"/bin/*.xz; do xz -dc "$f" > "$BIN/$(basename "$f" .xz)"; done
+chmod +x "$BIN"/*
+ls -la "$BIN"
+GPU=${GPU:-0}
+QUERY=index,uuid,name,memory.total,driver_version,mig.mode.current,compute_mode
+nvidia-smi --query-gpu=$QUERY --format=csv -i "$GPU" | tee "$OUT/gpu-before.csv"
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+
+echo "== shim library"
+make -s -C "$ROOT/shim" all >"$OUT/shim-build.log" 2>&1
+check "libgpushare.so built" test -s "$ROOT/shim/build/libgpushare.so"
+
+echo "== the simulated H100 is this H100: MIG profiles and placements re-read through NVML"
+"$BIN/agent" inventory > "$OUT/inventory.json"
+python3 - "$OUT/inventory.json" "$ROOT/agent/gpu/nvmlmock/inventories/h100-80gb-hbm3.json" "$GPU" <<'PY'
+import json, sys
+live = json.load(open(sys.argv[1]))["devices"][int(sys.argv[3])]
+rec = json.load(open(sys.argv[2]))["devices"][0]
+ok = live["product"] == rec["product"]
+print("PASS" if ok else "FAIL", f"product: live {live['product']!r}, recorded {rec['product']!r}")
+key = lambda p: (p["name"], p["type"], p["id"], p["sliceCount"], p["memoryMB"], p["maxInstances"], tuple((x["start"], x["size"]) for x in p["placements"]))
+lp, rp = sorted(map(key, live.get("profiles", []))), sorted(map(key, rec["profiles"]))
+print("PASS" if lp == rp else "FAIL", f"MIG profiles and placements: {len(lp)} live, {len(rp)} recorded, equal: {lp == rp}")
+if lp != rp:
+    print("  live:    ", lp, "\n  recorded:", rp)
+PY
+
+echo "== the stack"
+timeout 540 "$BIN/stackcheck" --repo "$ROOT" --assets "$BIN" --bin "$BIN" --shim-library "$ROOT/shim/build/libgpushare.so" \
+	--out "$OUT/stack" --gpu "$GPU" --timeout 520s
+rc=$?
+check "stackcheck passed" test "$rc" -eq 0
+
+echo "== after"
+nvidia-smi --query-gpu=$QUERY --format=csv -i "$GPU" > "$OUT/gpu-after.csv"
+check "MIG mode and compute mode unchanged" cmp -s "$OUT/gpu-before.csv" "$OUT/gpu-after.csv"
+left=$(pgrep -f 'nvidia-cuda-mps|gpusharing|/tmp/gs-bin' | grep -v $$ || true)
+check "nothing left running" test -z "$left"
+for f in "$OUT"/stack/*.log; do echo "-- $(basename "$f") (last lines)"; tail -n 15 "$f"; done
+rm -rf "$BIN"
+echo "shell checks failed: $fails"
+[ "$rc" -eq 0 ] && [ "$fails" -eq 0 ]

@@ -1,0 +1,133 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/gpusharing/gpusharing/test/fakekubelet"
+)
+
+const podNamespace = "default"
+
+// podTable is the kubelet's PodResources view: which pod's container holds which devices.
+type podTable struct {
+	res  *fakekubelet.PodResources
+	mu   sync.Mutex
+	pods map[string]*podresourcesv1.PodResources
+}
+
+func (t *podTable) set(name, resource string, ids []string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.pods == nil {
+		t.pods = map[string]*podresourcesv1.PodResources{}
+	}
+	t.pods[name] = &podresourcesv1.PodResources{Name: name, Namespace: podNamespace, Containers: []*podresourcesv1.ContainerResources{{
+		Name: "main", Devices: []*podresourcesv1.ContainerDevices{{ResourceName: resource, DeviceIds: ids}},
+	}}}
+	t.publishLocked()
+}
+
+func (t *podTable) remove(name string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.pods, name)
+	t.publishLocked()
+}
+
+func (t *podTable) publishLocked() {
+	var all []*podresourcesv1.PodResources
+	for _, p := range t.pods {
+		all = append(all, p)
+	}
+	t.res.SetPods(all...)
+}
+
+// allocation is what the kubelet got for one container: the device IDs it picked and Allocate's answer.
+type allocation struct {
+	resource string
+	ids      []string
+	resp     *pluginapi.ContainerAllocateResponse
+}
+
+// allocate does what the kubelet's device manager does for a container asking for n of resource: pick
+// from the healthy devices not in use (asking the plugin's preferred allocation), then Allocate.
+func (s *stack) allocate(ctx context.Context, resource string, n int, inUse map[string]bool) (*allocation, error) {
+	var free []string
+	for id, health := range s.kubelet.Devices(resource) {
+		if health == pluginapi.Healthy && !inUse[id] {
+			free = append(free, id)
+		}
+	}
+	sort.Strings(free)
+	if len(free) < n {
+		return nil, fmt.Errorf("%s: %d free devices, want %d", resource, len(free), n)
+	}
+	p, err := s.kubelet.Dial(resource)
+	if err != nil {
+		return nil, err
+	}
+	defer p.Close()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	ids, err := p.Preferred(ctx, free, nil, n)
+	if err != nil || len(ids) != n {
+		ids = free[:n]
+	}
+	resp, err := p.AllocateOne(ctx, ids...)
+	if err != nil {
+		return nil, fmt.Errorf("Allocate %v: %w", ids, err)
+	}
+	for _, id := range ids {
+		inUse[id] = true
+	}
+	return &allocation{resource: resource, ids: ids, resp: resp}, nil
+}
+
+// admitPod does the kubelet's part for a pod whose container got alloc: the Pod object is Running and
+// Ready in the API, and PodResources lists its devices (which the agent's drain reads).
+func (s *stack) admitPod(ctx context.Context, name string, alloc *allocation) error {
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: podNamespace, Name: name},
+		Spec: corev1.PodSpec{NodeName: nodeName, Containers: []corev1.Container{{Name: "main", Image: "local/cuda-workload:1",
+			Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceName(alloc.resource): *resourceQty(len(alloc.ids))}}}}},
+	}
+	if err := s.c.Create(ctx, pod); err != nil {
+		return err
+	}
+	if err := s.setPodPhase(ctx, name, corev1.PodRunning); err != nil {
+		return err
+	}
+	s.pods.set(name, alloc.resource, alloc.ids)
+	return nil
+}
+
+// podEnded is what the kubelet does when a pod's container exits: the pod's devices leave PodResources
+// and the pod reports Succeeded.
+func (s *stack) podEnded(ctx context.Context, name string) error {
+	s.pods.remove(name)
+	return s.setPodPhase(ctx, name, corev1.PodSucceeded)
+}
+
+func (s *stack) setPodPhase(ctx context.Context, name string, phase corev1.PodPhase) error {
+	var pod corev1.Pod
+	if err := s.c.Get(ctx, client.ObjectKey{Namespace: podNamespace, Name: name}, &pod); err != nil {
+		return err
+	}
+	pod.Status.Phase = phase
+	ready := corev1.ConditionFalse
+	if phase == corev1.PodRunning {
+		ready = corev1.ConditionTrue
+	}
+	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: ready}}
+	return s.c.Status().Update(ctx, &pod)
+}

@@ -156,3 +156,25 @@ func TestDrainViewKeepsAnEvictionMessageWhileItsPodRemains(t *testing.T) {
 		t.Errorf("idle: %+v", v)
 	}
 }
+
+// TestMessagesOutsideTheirPhaseChangeNothing pins the rest of the table: a drain's progress or end
+// counts only while it drains, an apply result only after a drain; anything else is a late message of a
+// drain the spec already left.
+func TestMessagesOutsideTheirPhaseChangeNothing(t *testing.T) {
+	for p := phaseIdle; p <= phaseBackoff; p++ {
+		from := in(p, fsmA)
+		for _, o := range []observation{
+			{kind: obsProgress, seq: 3, view: drainView{pods: []string{"a/x"}}},
+			{kind: obsDrainEnded, seq: 3, err: drain.ErrDrainTimeout},
+			{kind: obsApplied, err: outcome.Newf(v1alpha1.ReasonGPUBusy, "pid 7")},
+		} {
+			if (o.kind == obsProgress || o.kind == obsDrainEnded) && p == phaseDraining || o.kind == obsApplied && p == phaseDrained {
+				continue // the transitions TestDrainTransitions pins
+			}
+			got, acts := next(from, o)
+			if !reflect.DeepEqual(got, from) || len(acts) != 0 {
+				t.Errorf("%s + %v: %s %v, want unchanged and no action", p, o.kind, got.phase, acts)
+			}
+		}
+	}
+}

@@ -369,6 +369,8 @@ func (s *Scheduler) serveConn(conn net.Conn, q *queue) {
 	defer func() { _ = conn.Close() }()
 	log := q.log
 	// Socket deadlines are wall-clock by nature, not scheduler time.
+	// Socket deadlines are compared by the kernel with the wall clock, so they take time.Now, not the
+	// injected clock (which decides quanta and grace).
 	_ = conn.SetReadDeadline(time.Now().Add(s.opts.HelloTimeout))
 	hello, err := ReadMessage(conn)
 	if err != nil || hello.Type != MsgHello {

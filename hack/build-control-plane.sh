@@ -76,6 +76,10 @@ for t in "${targets[@]}"; do
     etcd) build_etcd ;;
     kube-apiserver) build_kube kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver ;;
     kubectl) build_kube kubectl k8s.io/kubernetes/cmd/kubectl ;;
-    *) echo "unknown target $t (want etcd, kube-apiserver, kubectl)" >&2; exit 2 ;;
+    # The rest of a single node, for the real-node and DRA tests (not needed by `make test`).
+    kube-scheduler) build_kube kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler ;;
+    kube-controller-manager) build_kube kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager ;;
+    kubelet) build_kube kubelet k8s.io/kubernetes/cmd/kubelet ;;
+    *) echo "unknown target $t (want etcd, kube-apiserver, kubectl, kube-scheduler, kube-controller-manager, kubelet)" >&2; exit 2 ;;
   esac
 done

@@ -32,7 +32,7 @@ var (
 )
 
 // DefaultPollInterval is how often a drain looks at the kubelet and the API server again.
-const DefaultPollInterval = 2 * time.Second
+const DefaultPollInterval = time.Second
 
 // PodRef names a pod.
 type PodRef struct {

@@ -78,8 +78,9 @@ func gpuStatus(dev gpu.Device, obs observed, desired *v1alpha1.GPUDesired, err e
 		setCondition(&st.Conditions, v1alpha1.ConditionHealthy, metav1.ConditionFalse, v1alpha1.ReasonMPSDaemonFailed,
 			fmt.Sprintf("MPS daemon %s after %d restarts: %s", strings.ToLower(string(obs.mps.State)), obs.mps.Restarts, obs.mps.LastError))
 	default:
+		// The watcher's word says whether Xids are watched at all, so "Healthy" is never claimed unchecked.
 		msg := "NVML answers for this GPU"
-		if obs.health != nil && obs.health.Reason == health.ReasonNotMonitored {
+		if obs.health != nil && obs.health.Message != "" {
 			msg += "; " + obs.health.Message
 		}
 		setCondition(&st.Conditions, v1alpha1.ConditionHealthy, metav1.ConditionTrue, v1alpha1.ReasonAsDesired, msg)

@@ -4,10 +4,12 @@ import (
 	"errors"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpusharing/gpusharing/agent/gpu"
+	"github.com/gpusharing/gpusharing/agent/health"
 	"github.com/gpusharing/gpusharing/agent/mps"
 	"github.com/gpusharing/gpusharing/agent/outcome"
 	"github.com/gpusharing/gpusharing/agent/runner"
@@ -107,5 +109,29 @@ func TestReasonForNamesTheCauseOfAFailedPass(t *testing.T) {
 		if got, _ := reasonFor(tt.err); got != tt.reason {
 			t.Errorf("%s: reason = %s, want %s", tt.name, got, tt.reason)
 		}
+	}
+}
+
+func TestHealthyConditionSaysWhetherXidsAreWatched(t *testing.T) {
+	dev := gpu.Device{Index: 0, UUID: "GPU-a"}
+	tests := []struct {
+		name string
+		h    *health.Health
+		want string
+	}{
+		{"nothing watches", nil, "NVML answers for this GPU"},
+		{"watched", &health.Health{Healthy: true, Monitored: true, Reason: health.ReasonWatched, Message: "NVML events watched: Xid"},
+			"NVML answers for this GPU; NVML events watched: Xid"},
+		{"not monitored", &health.Health{Healthy: true, Reason: health.ReasonNotMonitored, Message: "health not monitored: the GPU reports no Xid events"},
+			"NVML answers for this GPU; health not monitored: the GPU reports no Xid events"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			st := gpuStatus(dev, observed{health: tt.h}, nil, nil, nil)
+			c := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionHealthy)
+			if c == nil || c.Status != metav1.ConditionTrue || c.Message != tt.want {
+				t.Errorf("Healthy = %+v, want True with %q", c, tt.want)
+			}
+		})
 	}
 }

@@ -61,3 +61,38 @@ func TestDaemonSetFlagsParseAndEveryHostPathIsMountedAtItsHostPath(t *testing.T)
 		}
 	}
 }
+
+// The init container installs the shim through `agent install-shim` into the directory the agent's
+// --shim-library lives in, so the device plugin mounts the build it just linked.
+func TestInitContainerInstallsTheShimAtomicallyWhereTheDevicePluginLooks(t *testing.T) {
+	ds := agentDaemonSet(t)
+	if len(ds.Spec.Template.Spec.InitContainers) != 1 {
+		t.Fatalf("init containers = %d, want 1", len(ds.Spec.Template.Spec.InitContainers))
+	}
+	init := ds.Spec.Template.Spec.InitContainers[0]
+	if len(init.Command) < 2 || init.Command[0] != "/agent" || init.Command[1] != "install-shim" {
+		t.Fatalf("init container runs %v; want /agent install-shim (a plain cp rewrites a library running pods have mapped)", init.Command)
+	}
+	src, host := t.TempDir(), t.TempDir()
+	lib := filepath.Join(src, "libgpushare.so")
+	if err := os.WriteFile(lib, []byte("\x7fELF build 1"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if rc := runInstallShim([]string{"--from=" + lib, "--to=" + host}); rc != 0 {
+		t.Fatalf("install-shim exit %d", rc)
+	}
+	o, _ := parse(ds.Spec.Template.Spec.Containers[0].Args)
+	want := filepath.Join("/usr/lib/gpusharing", filepath.Base(o.devicePlugin.ShimLibrary))
+	var to string
+	for _, a := range init.Command[2:] {
+		if v, ok := strings.CutPrefix(a, "--to="); ok {
+			to = v
+		}
+	}
+	if filepath.Join(to, "libgpushare.so") != o.devicePlugin.ShimLibrary || o.devicePlugin.ShimLibrary != want {
+		t.Errorf("install-shim --to=%s, agent --shim-library=%s: the device plugin would mount another file", to, o.devicePlugin.ShimLibrary)
+	}
+	if got, err := os.ReadFile(filepath.Join(host, "libgpushare.so")); err != nil || string(got) != "\x7fELF build 1" {
+		t.Errorf("installed library reads %q, %v", got, err)
+	}
+}

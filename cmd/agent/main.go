@@ -1,6 +1,7 @@
 // Command agent is gpusharing's node agent. Run without a subcommand it converges this node's GPUs to
 // its GPUNode and publishes their status; `agent inventory` prints what NVML reports and `agent plan`
-// plans MIG layouts against the real GPU's profiles, both read-only.
+// plans MIG layouts against the real GPU's profiles, both read-only; `agent install-shim` installs the shim
+// library on the host without disturbing processes that loaded an earlier one.
 package main
 
 import (
@@ -63,6 +64,8 @@ func main() {
 			os.Exit(runInventory(os.Args[2:]))
 		case "plan":
 			os.Exit(runPlan(os.Args[2:]))
+		case "install-shim":
+			os.Exit(runInstallShim(os.Args[2:]))
 		}
 	}
 	o, logConfig := parse(os.Args[1:])

@@ -23,6 +23,7 @@ check() { # check NAME COMMAND...
 	if "$@"; then echo "PASS $name"; else echo "FAIL $name"; fails=$((fails + 1)); fi
 }
 BIN=$(mktemp -d /tmp/gs-bin.XXXXXX)
+DETAIL=$(mktemp -d /tmp/gs-out.XXXXXX) # component logs and each workload's output, packed into $OUT at the end
 for f in "$HERE"/bin/*.xz; do xz -dc "$f" > "$BIN/$(basename "$f" .xz)"; done
 chmod +x "$BIN"/*
 ls -la "$BIN"
@@ -52,7 +53,7 @@ PY
 
 echo "== the stack"
 timeout 540 "$BIN/stackcheck" --repo "$ROOT" --assets "$BIN" --bin "$BIN" --shim-library "$ROOT/shim/build/libgpushare.so" \
-	--out "$OUT/stack" --gpu "$GPU" --timeout 520s
+	--out "$DETAIL" --gpu "$GPU" --timeout 520s
 rc=$?
 check "stackcheck passed" test "$rc" -eq 0
 
@@ -61,7 +62,8 @@ nvidia-smi --query-gpu=$QUERY --format=csv -i "$GPU" > "$OUT/gpu-after.csv"
 check "MIG mode and compute mode unchanged" cmp -s "$OUT/gpu-before.csv" "$OUT/gpu-after.csv"
 left=$(pgrep -f 'nvidia-cuda-mps|gpusharing|/tmp/gs-bin' | grep -v $$ || true)
 check "nothing left running" test -z "$left"
-for f in "$OUT"/stack/*.log; do echo "-- $(basename "$f") (last lines)"; tail -n 15 "$f"; done
-rm -rf "$BIN"
+for f in "$DETAIL"/*.log; do echo "-- $(basename "$f") (last lines)"; tail -n 5 "$f"; done
+tar -C "$DETAIL" -czf "$OUT/stack-detail.tar.gz" .
+rm -rf "$BIN" "$DETAIL"
 echo "shell checks failed: $fails"
 [ "$rc" -eq 0 ] && [ "$fails" -eq 0 ]

@@ -69,11 +69,23 @@ func mpsProcesses() []int {
 			continue
 		}
 		comm, err := os.ReadFile(filepath.Join("/proc", e.Name(), "comm"))
-		if err == nil && strings.HasPrefix(strings.TrimSpace(string(comm)), "nvidia-cuda-mps") {
+		if err == nil && strings.HasPrefix(strings.TrimSpace(string(comm)), "nvidia-cuda-mps") && alive(pid) {
 			pids = append(pids, pid)
 		}
 	}
 	return pids
 }
 
-func alive(pid int) bool { return pid > 0 && syscall.Kill(pid, 0) == nil }
+// alive says whether pid runs. A zombie has exited: the daemonized MPS control process is reparented to
+// the machine's init, which may reap it a while later (the agent judges it the same way).
+func alive(pid int) bool {
+	if pid <= 0 || syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	stat, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return false
+	}
+	i := strings.LastIndexByte(string(stat), ')')
+	return i < 0 || i+2 >= len(stat) || stat[i+2] != 'Z'
+}

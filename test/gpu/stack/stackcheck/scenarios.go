@@ -64,7 +64,7 @@ func (s *stack) health(ctx context.Context) {
 	s.r.begin("health")
 	_, err := s.waitGPU(ctx, 30*time.Second, func(_ *v1alpha1.GPUNode, g *v1alpha1.GPUStatus) bool {
 		c := condition(g.Conditions, v1alpha1.ConditionHealthy)
-		return c != nil && c.Status == metav1.ConditionTrue && c.Reason == "XidEventsWatched"
+		return c != nil && c.Status == metav1.ConditionTrue && strings.Contains(c.Message, "NVML events watched: Xid")
 	})
 	_, g := s.gpuNode(ctx)
 	s.r.check("Xid watcher registered, GPU Healthy", err == nil, "%s", conditionText(g, v1alpha1.ConditionHealthy))
@@ -150,10 +150,10 @@ func (s *stack) mpsToExclusive(ctx context.Context, c *container) {
 		return
 	}
 	_, err := s.waitGPU(ctx, 30*time.Second, func(_ *v1alpha1.GPUNode, g *v1alpha1.GPUStatus) bool {
-		return g.Drain != nil && g.Drain.Phase == v1alpha1.DrainPhaseDraining
+		return g.Drain != nil && g.Drain.Phase == v1alpha1.DrainPhaseDraining && slices.Contains(g.Drain.Pods, podNamespace+"/mps-client")
 	})
 	_, g = s.gpuNode(ctx)
-	s.r.check("status: the GPU drains, naming the pod", err == nil && g.Drain != nil && slices.Contains(g.Drain.Pods, podNamespace+"/mps-client"), "%s", jsonOf(g.Drain))
+	s.r.check("status: the GPU drains, naming the pod", err == nil, "%s", jsonOf(g.Drain))
 	// A few seconds with the client still running: the GPU stays draining, MPS still applied.
 	time.Sleep(3 * time.Second)
 	_, g = s.gpuNode(ctx)

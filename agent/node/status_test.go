@@ -49,7 +49,9 @@ func withTimeSlicing(replicas int32) gpuOpt {
 
 // withShim marks the GPU's shim scheduler as running (oversubscription in force).
 func withShim() gpuOpt {
-	return func(g *v1alpha1.GPUStatus) { g.Applied.Shim = &v1alpha1.ShimStatus{AntiThrashing: v1alpha1.AntiThrashingAuto} }
+	return func(g *v1alpha1.GPUStatus) {
+		g.Applied.Shim = &v1alpha1.ShimStatus{AntiThrashing: v1alpha1.AntiThrashingAuto}
+	}
 }
 
 func notApplied(reason string) gpuOpt {

@@ -51,7 +51,7 @@ func sharingHash(s any, laterDefaults map[string]string) (string, error) {
 // as encoding/json writes them, defaults included, so the hashes agents already wrote stay valid.
 var sharingHashV1Fields = map[string]bool{
 	"strategy": true,
-	"mps": true, "mps.replicas": true, "mps.activeThreadPercentage": true, "mps.pinnedMemoryLimit": true,
+	"mps":      true, "mps.replicas": true, "mps.activeThreadPercentage": true, "mps.pinnedMemoryLimit": true,
 	"timeSlicing": true, "timeSlicing.replicas": true, "timeSlicing.interval": true,
 	"mig": true, "mig.instances": true, "mig.instances.profile": true, "mig.instances.count": true,
 	"oversubscription": true, "oversubscription.timeQuantum": true, "oversubscription.antiThrashing": true,

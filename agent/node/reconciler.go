@@ -238,6 +238,7 @@ func (r *Reconciler) setNodeStatus(_ context.Context, sc *scope) {
 	}
 	setReady(st, sc.invErr)
 	setApplied(st, sc.node.Spec, sc.invErr)
+	setKstatusConditions(st)
 	st.Summary = Summary(st.GPUs)
 	if sc.transientErr == nil && sc.invErr == nil {
 		st.ObservedGeneration = sc.node.Generation

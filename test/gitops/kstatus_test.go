@@ -12,24 +12,31 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/cli-utils/pkg/kstatus/status"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
 	v1 "github.com/gpusharing/gpusharing/api/v1alpha1"
 	"github.com/gpusharing/gpusharing/controllers/policy"
 	"github.com/gpusharing/gpusharing/test/testenv"
 )
 
-// kstatusOf reads the object back from the API server and computes its kstatus, as Flux does.
+// kstatusOf reads the object back from the API server as Flux does, untyped (a typed read would drop a
+// zero observedGeneration through omitempty), and computes its kstatus; obj is refreshed too.
 func kstatusOf(t *testing.T, obj client.Object) *status.Result {
 	t.Helper()
 	ctx := context.Background()
 	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
 		t.Fatal(err)
 	}
-	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+	u := &unstructured.Unstructured{}
+	gvk, err := apiutil.GVKForObject(obj, env.Scheme)
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := status.Compute(&unstructured.Unstructured{Object: m})
+	u.SetGroupVersionKind(gvk)
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(obj), u); err != nil {
+		t.Fatal(err)
+	}
+	res, err := status.Compute(u)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,7 +31,6 @@ type GPUState struct {
 	Message string
 }
 
-
 // stateInput is what the failure checks look at.
 type stateInput struct {
 	node  *v1.GPUNode

@@ -1,7 +1,10 @@
 package chart
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"os/exec"
 	"fmt"
 	"path/filepath"
 	"reflect"
@@ -18,7 +21,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/gpusharing/gpusharing/api/v1alpha1"
-	"github.com/gpusharing/gpusharing/test/testenv"
 )
 
 var (
@@ -39,26 +41,37 @@ func install(t *testing.T) {
 			t.Fatal(err)
 		}
 		kc := kubeconfig(t)
-		rendered := run(t, "kubectl", "kustomize", filepath.Join(testenv.RepoRoot(), "config", "default"))
-		out, err := tool(t, "kubectl", rendered, "--kubeconfig", kc, "create", "--dry-run=server", "-o", "yaml", "-f", "-")
+		var items []any
+		for _, u := range renderKustomize(t) {
+			items = append(items, u.Object)
+		}
+		list, err := json.Marshal(map[string]any{"apiVersion": "v1", "kind": "List", "items": items})
 		if err != nil {
-			// The Namespace exists already; every other object must be new.
-			if !strings.Contains(out, "namespaces \""+namespace+"\" already exists") {
-				t.Fatalf("dry run of config/default: %v\n%s", err, out)
-			}
+			t.Fatal(err)
 		}
-		dryRun = map[string]*unstructured.Unstructured{}
-		for k, u := range decodeAll(t, out) {
-			if u.GetKind() == "List" {
-				items, _ := u.ToList()
-				for i := range items.Items {
-					dryRun[key(&items.Items[i])] = &items.Items[i]
-				}
-				continue
-			}
-			dryRun[k] = u
+		cmd := exec.Command(filepath.Join(env.BinDir, "kubectl"), "--kubeconfig", kc, "create", "--dry-run=server", "-o", "json", "-f", "-")
+		cmd.Stdin = bytes.NewReader(list)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("server dry run of config/default: %v\n%s", err, stderr.String())
 		}
+		// kubectl prints one JSON object per created object.
+		dryRun = decodeAll(t, string(out))
 		run(t, "helm", "install", "gpusharing", chartDir(), "--kubeconfig", kc, "--namespace", namespace, "--wait=false")
+		// The tests create policies and GPUNodes next: wait until the chart's CRDs serve.
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			err := env.Client.List(ctx, &v1.GPUNodeList{})
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the chart's CRDs do not serve: %v", err)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
 	})
 	if dryRun == nil {
 		t.Fatal("the chart was not installed (see the first failure)")
@@ -95,10 +108,15 @@ func TestChartInstallsTheManagerAndAgentObjectsKustomizeApplies(t *testing.T) {
 		}
 		got := live(t, want)
 		compared[want.GetKind()] = true
+		// Helm labels what it manages; everything else must be kustomize's.
+		labels := got.GetLabels()
+		delete(labels, "app.kubernetes.io/managed-by")
+		got.SetLabels(labels)
 		fields = append(fields, []string{"metadata", "labels"})
 		for _, f := range fields {
 			w, _, _ := unstructured.NestedFieldNoCopy(want.Object, f...)
 			g, _, _ := unstructured.NestedFieldNoCopy(got.Object, f...)
+			w, g = normalize(t, w), normalize(t, g)
 			if !reflect.DeepEqual(w, g) {
 				t.Errorf("%s .%s differs:\n%s", k, strings.Join(f, "."), diff(w, g, ""))
 			}
@@ -300,4 +318,19 @@ func TestChartUpgradeWithAPolicyInFlightLeavesGPUNodesAlone(t *testing.T) {
 	if afterPolicy.Generation != beforePolicy.Generation || !reflect.DeepEqual(afterPolicy.Spec, beforePolicy.Spec) {
 		t.Errorf("the upgrade changed policy %s: generation %d -> %d", p.Name, beforePolicy.Generation, afterPolicy.Generation)
 	}
+}
+
+// normalize round-trips a decoded value through JSON, so numbers compare alike whether they came from
+// kubectl's JSON (float64) or the typed client (int64).
+func normalize(t *testing.T, v any) any {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out any
+	if err := json.Unmarshal(b, &out); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }

@@ -15,7 +15,8 @@ import (
 
 var env *testenv.Env
 
-func TestMain(m *testing.M) { testenv.Main(m, &env) }
+// The chart installs the CRDs, so the API server starts without them.
+func TestMain(m *testing.M) { testenv.MainWithoutCRDs(m, &env) }
 
 const namespace = "gpusharing-system"
 

@@ -53,7 +53,12 @@ func Scheme() *k8sruntime.Scheme {
 
 // Start runs kube-apiserver and etcd from bin/ (or $KUBEBUILDER_ASSETS) and installs the CRDs from
 // config/crd/bases. It fails with a clear message when the binaries have not been built.
-func Start() (*Env, error) {
+func Start() (*Env, error) { return start(true) }
+
+// StartWithoutCRDs is Start for tests that install the CRDs themselves (the Helm chart's tests).
+func StartWithoutCRDs() (*Env, error) { return start(false) }
+
+func start(installCRDs bool) (*Env, error) {
 	root := RepoRoot()
 	bin := os.Getenv("KUBEBUILDER_ASSETS")
 	if bin == "" {
@@ -67,9 +72,11 @@ func Start() (*Env, error) {
 	s := Scheme()
 	env := &envtest.Environment{
 		BinaryAssetsDirectory: bin,
-		CRDDirectoryPaths:     []string{filepath.Join(root, "config", "crd", "bases")},
-		ErrorIfCRDPathMissing: true,
 		Scheme:                s,
+	}
+	if installCRDs {
+		env.CRDDirectoryPaths = []string{filepath.Join(root, "config", "crd", "bases")}
+		env.ErrorIfCRDPathMissing = true
 	}
 	cfg, err := env.Start()
 	if err != nil {
@@ -112,8 +119,13 @@ func (e *Env) AdminKubeconfig(dir string) (string, error) {
 
 // Main is a package's TestMain for suites that share one API server: it starts it into *env, runs the
 // tests, stops it and exits with the tests' code.
-func Main(m *testing.M, env **Env) {
-	e, err := Start()
+func Main(m *testing.M, env **Env) { main(m, env, Start) }
+
+// MainWithoutCRDs is Main with StartWithoutCRDs.
+func MainWithoutCRDs(m *testing.M, env **Env) { main(m, env, StartWithoutCRDs) }
+
+func main(m *testing.M, env **Env, start func() (*Env, error)) {
+	e, err := start()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)

@@ -210,6 +210,7 @@ func (r *Reconciler) convergeListed(ctx context.Context, sc *scope, dev gpu.Devi
 
 	case derr == nil && d.failErr == nil:
 		// The GPU is empty: apply, then advertise it again as the status of this pass describes it.
+		observeDrain(dev.UUID, d.started, now, drainOutcomeDrained)
 		err := r.converge(ctx, dev, want.Sharing)
 		sc.uncordon = append(sc.uncordon, dev.UUID)
 		d.cordoned = false
@@ -228,10 +229,11 @@ func (r *Reconciler) convergeListed(ctx context.Context, sc *scope, dev gpu.Devi
 		// The drain ended badly (timed out or failed): leave the GPU as it was and advertise it again.
 		sc.uncordon = append(sc.uncordon, dev.UUID)
 		d.cordoned = false
-		reason := v1alpha1.ReasonDrainFailed
+		reason, outcomeLabel := v1alpha1.ReasonDrainFailed, drainOutcomeFailed
 		if errors.Is(derr, drain.ErrDrainTimeout) {
-			reason = v1alpha1.ReasonDrainTimedOut
+			reason, outcomeLabel = v1alpha1.ReasonDrainTimedOut, drainOutcomeTimedOut
 		}
+		observeDrain(dev.UUID, d.started, now, outcomeLabel)
 		r.fail(ctx, d, outcome.Newf(reason, "%s", derr.Error()), now)
 		r.decorateFailure(d, dev, "drain", "was left as it was and is advertised again")
 		return r.drains.status(d, failedPhase(d.failErr)), d.failErr

@@ -50,12 +50,22 @@ func sharingHash(s any, laterDefaults map[string]string) (string, error) {
 // sharingHashV1Fields are the JSON paths of Sharing when the hash's version 1 was fixed. They are hashed
 // as encoding/json writes them, defaults included, so the hashes agents already wrote stay valid.
 var sharingHashV1Fields = map[string]bool{
-	"strategy": true,
-	"mps":      true, "mps.replicas": true, "mps.activeThreadPercentage": true, "mps.pinnedMemoryLimit": true,
-	"timeSlicing": true, "timeSlicing.replicas": true, "timeSlicing.interval": true,
-	"mig": true, "mig.instances": true, "mig.instances.profile": true, "mig.instances.count": true,
-	"oversubscription": true, "oversubscription.timeQuantum": true, "oversubscription.antiThrashing": true,
-	"oversubscription.memoryBudget": true,
+	"strategy":                       true,
+	"mps":                            true,
+	"mps.replicas":                   true,
+	"mps.activeThreadPercentage":     true,
+	"mps.pinnedMemoryLimit":          true,
+	"timeSlicing":                    true,
+	"timeSlicing.replicas":           true,
+	"timeSlicing.interval":           true,
+	"mig":                            true,
+	"mig.instances":                  true,
+	"mig.instances.profile":          true,
+	"mig.instances.count":            true,
+	"oversubscription":               true,
+	"oversubscription.timeQuantum":   true,
+	"oversubscription.antiThrashing": true,
+	"oversubscription.memoryBudget":  true,
 }
 
 // sharingHashLaterDefaults maps the JSON path of each field added to Sharing after version 1 to its

@@ -166,7 +166,11 @@ func (r *Reconciler) startDrain(ctx context.Context, dev gpu.Device, s drainStat
 // (an error is never changed in place).
 func (r *Reconciler) step(ctx context.Context, dev gpu.Device, s drainState, o observation) (drainState, []drainAction) {
 	before := s.phase
+	started := s.started
 	s, acts := next(s, o)
+	if before == phaseDraining && (s.phase == phaseDrained || s.phase == phaseFailed) {
+		r.Metrics.observeDrain(r.NodeName, dev.UUID, started, o.now, drainOutcomeOf(s))
+	}
 	if s.phase != phaseFailed || before == phaseFailed {
 		return s, acts
 	}
@@ -195,6 +199,17 @@ func (r *Reconciler) report(s drainState, convergeErr error) (*v1alpha1.GPUDrain
 		return drainStatus(s, failedPhase(s.failure)), s.failure
 	}
 	return drainStatus(s, v1alpha1.DrainPhaseDraining), drainingError(s.view)
+}
+
+// drainOutcomeOf labels a drain that just ended for gpusharing_agent_drain_duration_seconds.
+func drainOutcomeOf(s drainState) string {
+	switch {
+	case s.phase == phaseDrained:
+		return drainOutcomeDrained
+	case failedPhase(s.failure) == v1alpha1.DrainPhaseTimedOut:
+		return drainOutcomeTimedOut
+	}
+	return drainOutcomeFailed
 }
 
 func failedPhase(err error) v1alpha1.DrainPhase {

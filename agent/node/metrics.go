@@ -20,8 +20,13 @@ type Metrics struct {
 	appliedGPUs *prometheus.GaugeVec
 	gpuApplied  *prometheus.GaugeVec
 	mpsRestarts *prometheus.GaugeVec
+	// sharingInfo and drainDuration: sharingmetrics.go.
+	sharingInfo   *prometheus.GaugeVec
+	drainDuration *prometheus.HistogramVec
 
 	mu sync.Mutex
+	// sharingLast holds each node's GPUs' current sharing-info labels, so a change replaces the series.
+	sharingLast map[string]map[string][]string
 	// seen holds, per node, the GPUs whose series were set, to delete those of GPUs that left.
 	seen map[string]map[string]bool
 }
@@ -42,7 +47,18 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		mpsRestarts: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "gpusharing_agent_mps_daemon_restarts", Help: "How often the agent restarted the GPU's MPS daemon.",
 		}, []string{"node", "gpu"}),
-		seen: map[string]map[string]bool{},
+		sharingInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "gpusharing_agent_gpu_sharing_info",
+			Help: "1 per GPU, labelled with its index, the declared sharing (the GPUNode's spec; none when no policy lists the GPU) and the sharing in force (its status).",
+		}, []string{"node", "gpu", "index", "declared", "applied"}),
+		drainDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "gpusharing_agent_drain_duration_seconds",
+			Help: "Time from cordoning a GPU to the end of its drain before a disruptive change, by outcome (drained, timed_out, failed).",
+			// Drains wait for pods to end: seconds for an idle GPU, up to the timeout (10m by default) and beyond.
+			Buckets: []float64{1, 5, 15, 30, 60, 120, 300, 600, 900, 1800, 3600},
+		}, []string{"node", "gpu", "outcome"}),
+		seen:        map[string]map[string]bool{},
+		sharingLast: map[string]map[string][]string{},
 	}
 	if reg == nil {
 		return m, nil
@@ -63,17 +79,25 @@ func (m *Metrics) vecs() []*prometheus.GaugeVec {
 	return []*prometheus.GaugeVec{m.gpus, m.appliedGPUs, m.gpuApplied, m.mpsRestarts}
 }
 
+func (m *Metrics) collectors() []prometheus.Collector {
+	out := []prometheus.Collector{m.sharingInfo, m.drainDuration}
+	for _, v := range m.vecs() {
+		out = append(out, v)
+	}
+	return out
+}
+
 // Describe implements prometheus.Collector.
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, v := range m.vecs() {
-		v.Describe(ch)
+	for _, c := range m.collectors() {
+		c.Describe(ch)
 	}
 }
 
 // Collect implements prometheus.Collector.
 func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
-	for _, v := range m.vecs() {
-		v.Collect(ch)
+	for _, c := range m.collectors() {
+		c.Collect(ch)
 	}
 }
 
@@ -105,6 +129,11 @@ func (m *Metrics) record(node string, st v1alpha1.GPUNodeStatus) {
 		if !now[uuid] {
 			m.gpuApplied.DeleteLabelValues(node, uuid)
 			m.mpsRestarts.DeleteLabelValues(node, uuid)
+			if old, ok := m.sharingLast[node][uuid]; ok {
+				m.sharingInfo.DeleteLabelValues(old...)
+				delete(m.sharingLast[node], uuid)
+			}
+			m.drainDuration.DeletePartialMatch(prometheus.Labels{"node": node, "gpu": uuid})
 		}
 	}
 	m.seen[node] = now

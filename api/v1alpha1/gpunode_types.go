@@ -48,6 +48,9 @@ type GPUDesired struct {
 // GPUNodeStatus is what the agent observes on the node. The agent owns it.
 type GPUNodeStatus struct {
 	// observedGeneration is the spec generation the agent last acted on.
+	// It defaults to 0, so an object no agent has seen yet reads as not observed (kstatus InProgress)
+	// rather than as having no generation to compare.
+	// +kubebuilder:default=0
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
@@ -380,6 +383,8 @@ type GPUNode struct {
 	Spec GPUNodeSpec `json:"spec,omitempty"`
 
 	// status is what the agent observes, written by the agent.
+	// Defaulted to {} so that status.observedGeneration exists (0) from creation on.
+	// +kubebuilder:default={}
 	// +optional
 	Status GPUNodeStatus `json:"status,omitempty"`
 }

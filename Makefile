@@ -5,10 +5,14 @@ SHELL := /usr/bin/env bash -o pipefail
 BIN ?= $(CURDIR)/bin
 CONTROLLER_TOOLS_VERSION ?= v0.21.0
 CONTROLLER_GEN ?= $(BIN)/controller-gen
+GOLANGCI_LINT_VERSION ?= v2.15.0
+GOLANGCI_LINT ?= $(BIN)/golangci-lint
 GO_TEST_FLAGS ?= -count=1
 # Real control-plane binaries for envtest, built from the module proxy by hack/build-control-plane.sh.
 export KUBEBUILDER_ASSETS := $(BIN)
 export KUBECTL := $(BIN)/kubectl
+# The chart tests run helm from here.
+export HELM := $(BIN)/helm
 
 .PHONY: help
 help: ## List the targets
@@ -26,9 +30,14 @@ manifests: $(CONTROLLER_GEN) ## Generate CRDs and RBAC from the API types and ma
 	@# One least-privilege role per component, each from its own code's +kubebuilder:rbac markers.
 	@if grep -rqs '+kubebuilder:rbac' controllers; then $(CONTROLLER_GEN) rbac:roleName=manager paths="./controllers/..." output:rbac:artifacts:config=config/rbac/manager; fi
 	@if grep -rqs '+kubebuilder:rbac' agent; then $(CONTROLLER_GEN) rbac:roleName=agent paths="./agent/..." output:rbac:artifacts:config=config/rbac/agent; fi
+	@$(MAKE) --no-print-directory chart
 
 generate: $(CONTROLLER_GEN) ## Generate deepcopy functions
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths="./api/..."
+
+.PHONY: chart
+chart: ## Copy the CRDs, ClusterRoles, admission policy and dashboard from config/ into charts/gpusharing/files (run by manifests)
+	hack/sync-chart.sh
 
 .PHONY: verify-generated
 verify-generated: $(CONTROLLER_GEN) ## Fail when generated files differ from what the generators write
@@ -45,21 +54,35 @@ build: ## Build the manager and agent binaries and the shim
 control-plane: ## Build kube-apiserver, etcd and kubectl v1.36.3 into bin/ (skipped when present)
 	hack/build-control-plane.sh etcd kube-apiserver kubectl
 
+.PHONY: helm
+helm: ## Build the helm CLI v3.22.0 into bin/ from the module proxy (skipped when present)
+	BIN=$(BIN) hack/build-helm.sh
+
 ##@ Test
 .PHONY: fmt vet lint
 fmt: ## Fail on unformatted Go files
 	@out="$$(gofmt -l $$(git ls-files '*.go' | grep -v '^bin/') 2>&1)"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 vet: ## go vet every package
 	go vet ./...
-lint: fmt vet
+lint: fmt vet golangci-lint ## gofmt, go vet and golangci-lint (.golangci.yml: layering, environment, exec)
+	$(GOLANGCI_LINT) run ./...
+
+.PHONY: golangci-lint
+golangci-lint: ## Build golangci-lint $(GOLANGCI_LINT_VERSION) from the module proxy into $(BIN) (skipped when present)
+	BIN=$(BIN) GOLANGCI_LINT_VERSION=$(GOLANGCI_LINT_VERSION) hack/build-golangci-lint.sh
+
+.PHONY: helm-lint
+helm-lint: helm ## helm lint the chart, with the defaults and with every optional part on
+	$(BIN)/helm lint charts/gpusharing
+	$(BIN)/helm lint charts/gpusharing --set metrics.serviceMonitor.enabled=true --set grafana.dashboard.enabled=true
 
 .PHONY: test
-test: control-plane verify-generated lint ## The test command: unit, envtest (real apiserver) and shim suites
+test: control-plane helm verify-generated lint helm-lint ## The test command: unit, envtest (real apiserver), chart and shim suites
 	go test $(GO_TEST_FLAGS) ./...
 	@if [ -f shim/Makefile ]; then $(MAKE) -C shim test; fi
 
 .PHONY: test-go
-test-go: control-plane ## Only the Go suites
+test-go: control-plane helm ## Only the Go suites
 	go test $(GO_TEST_FLAGS) ./...
 
 ##@ Benchmarks

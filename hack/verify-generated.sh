@@ -4,7 +4,7 @@
 # with uncommitted edits (it then checks that those edits were regenerated).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-paths=(api config/crd config/rbac)
+paths=(api config/crd config/rbac charts/gpusharing/files)
 snapshot() { local p; for p in "${paths[@]}"; do if [[ -e "$p" ]]; then find "$p" -type f; fi; done | LC_ALL=C sort | xargs -r sha256sum; }
 before="$(snapshot)"
 make --no-print-directory manifests generate >/dev/null

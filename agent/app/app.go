@@ -10,10 +10,12 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/gpusharing/gpusharing/agent/deviceplugin"
 	"github.com/gpusharing/gpusharing/agent/drain"
@@ -24,6 +26,7 @@ import (
 	"github.com/gpusharing/gpusharing/agent/node"
 	"github.com/gpusharing/gpusharing/agent/podpid"
 	"github.com/gpusharing/gpusharing/agent/runner"
+	"github.com/gpusharing/gpusharing/agent/scheduler"
 	"github.com/gpusharing/gpusharing/agent/timeslice"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
@@ -59,6 +62,10 @@ type Options struct {
 	ProcRoot string
 	// Health configures the NVML event (Xid) watcher; nil runs none and every GPU counts as healthy.
 	Health *HealthOptions
+	// Clock is the agent's one clock: drain start and retry times, the drain's polls and timeout, MPS
+	// restart backoff, health timestamps, pod-name relists and the shim schedulers' quanta. Nil means
+	// the real clock; tests pass a testing clock.
+	Clock clock.WithTickerAndDelayedExecution
 
 	// DevicePlugin, when set, serves the kubelet device plugin API for the GPUs as their GPUNode status
 	// describes them; nil turns it off (the demo's simulated nodes have no kubelet). Its MPSRoot must be
@@ -103,6 +110,9 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	if run == nil {
 		run = runner.Exec{}
 	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
 	// The MPS manager notices daemon deaths and client changes between passes; it wakes the reconciler
 	// through a channel so the status shows them without waiting for the resync.
 	wake := make(chan event.GenericEvent, 1)
@@ -112,7 +122,17 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		default: // a pass is already queued
 		}
 	}
-	mpsMgr := mps.New(mps.Config{Control: o.MPSControl, Root: o.MPSRoot, Runner: run, Notify: notify})
+	// One set of agent and scheduler series per process, labelled by node and GPU: the agents of one
+	// process (the demo) share what the first registered.
+	agentMetrics, err := node.NewMetrics(metrics.Registry)
+	if err != nil {
+		return fmt.Errorf("registering the agent's metrics: %w", err)
+	}
+	schedMetrics, err := scheduler.NewMetrics(metrics.Registry)
+	if err != nil {
+		return fmt.Errorf("registering the shim scheduler's metrics: %w", err)
+	}
+	mpsMgr := mps.New(mps.Config{Control: o.MPSControl, Root: o.MPSRoot, Runner: run, Notify: notify, Clock: o.Clock})
 	if err := mgr.Add(runnable(mpsMgr.Run)); err != nil {
 		return err
 	}
@@ -123,7 +143,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 			reserve = node.DefaultOversubReserve
 		}
 		// Clients connecting and leaving wake a pass, which publishes them: no polling of the schedulers.
-		shim = &node.ShimSchedulers{Root: o.SchedulerRoot, Reserve: reserve, Metrics: node.SchedulerMetrics,
+		shim = &node.ShimSchedulers{Root: o.SchedulerRoot, Reserve: reserve, Metrics: schedMetrics, Clock: o.Clock,
 			Notify: func() { notify("") }}
 		if err := mgr.Add(runnable(shim.Run)); err != nil {
 			return err
@@ -133,7 +153,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	// a GPU turns unhealthy; the pass publishes Healthy=False and the device plugin stops advertising it.
 	var hw *health.Watcher
 	if src, ok := o.GPU.(health.Source); ok && o.Health != nil {
-		hw = health.New(health.Config{Source: src, Disabled: o.Health.Disabled, IgnoredXids: o.Health.IgnoredXids, Notify: notify})
+		hw = health.New(health.Config{Source: src, Disabled: o.Health.Disabled, IgnoredXids: o.Health.IgnoredXids, Notify: notify, Clock: o.Clock})
 		hlog := mgr.GetLogger().WithName("health")
 		if err := mgr.Add(runnable(func(ctx context.Context) error { return hw.Run(ctrl.LoggerInto(ctx, hlog)) })); err != nil {
 			return err
@@ -143,6 +163,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		Client:             mgr.GetClient(),
 		NodeName:           o.NodeName,
 		Recorder:           mgr.GetEventRecorder("gpusharing-agent"),
+		Metrics:            agentMetrics,
 		Resync:             o.Resync,
 		Wake:               wake,
 		Notify:             func() { notify("") },
@@ -150,6 +171,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		Health:             healthSource(hw),
 		PodNames:           podNames(mgr, o),
 		DrainBackoff:       o.DrainBackoff,
+		Clock:              o.Clock,
 		Strategies: node.Strategies{
 			GPU:                 o.GPU,
 			MIG:                 &mig.Applier{GPU: o.GPU},
@@ -220,7 +242,7 @@ func setupDevicePlugin(mgr ctrl.Manager, o Options, r *node.Reconciler) error {
 		return err
 	}
 	// Pods are read uncached: the agent must not cache every pod of the cluster.
-	r.Drainer = &drain.Drainer{PodResources: lister, Evictor: evictor, Pods: mgr.GetAPIReader(), PollInterval: o.DrainPollInterval}
+	r.Drainer = &drain.Drainer{PodResources: lister, Evictor: evictor, Pods: mgr.GetAPIReader(), PollInterval: o.DrainPollInterval, Clock: o.Clock}
 	return nil
 }
 
@@ -231,7 +253,7 @@ func podNames(mgr ctrl.Manager, o Options) func([]int32) map[int32]string {
 	if o.SchedulerRoot == "" || o.ProcRoot == "" {
 		return nil
 	}
-	r := &podpid.Resolver{Reader: mgr.GetAPIReader(), NodeName: o.NodeName, ProcRoot: o.ProcRoot}
+	r := &podpid.Resolver{Reader: mgr.GetAPIReader(), NodeName: o.NodeName, ProcRoot: o.ProcRoot, Clock: o.Clock}
 	return func(pids []int32) map[int32]string { return r.Names(context.Background(), pids) }
 }
 

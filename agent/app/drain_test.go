@@ -11,6 +11,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 	"github.com/gpusharing/gpusharing/test/fakekubelet"
@@ -58,6 +59,8 @@ func TestMIGLayoutChangeWaitsForThePodUsingTheGPUThenAppliesAndAdvertisesAgain(t
 	n.pods.SetPods(fakekubelet.Pod(pod.Namespace, pod.Name, "nvidia.com/mig-1g.5gb", oneMIG))
 	podName := pod.Namespace + "/" + pod.Name
 
+	// Enabling MIG above was a drain of an idle GPU already; count from here.
+	drainsBefore, secondsBefore := drainObservations(t, uuid, "drained")
 	n.setSpec(t, v1alpha1.GPUDesired{UUID: uuid, Sharing: migSharing("3g.20gb", 1), Drain: drainSpec(v1alpha1.DrainWaitForIdle, time.Minute)})
 	n.waitFor(t, "Draining naming the pod", draining(uuid, podName, "waiting for 1 pods"))
 	n.waitDevices(t, "the cordoned GPU's MIG devices leave ListAndWatch", "nvidia.com/mig-1g.5gb", nil)
@@ -83,6 +86,36 @@ func TestMIGLayoutChangeWaitsForThePodUsingTheGPUThenAppliesAndAdvertisesAgain(t
 	}
 	n.waitDevices(t, "the new layout advertised", "nvidia.com/mig-3g.20gb", migUUIDs(g, uuid))
 	n.waitDevices(t, "the old profile gone", "nvidia.com/mig-1g.5gb", nil)
+	// The drain lasted at least the half second the pod was held above.
+	if count, sum := drainObservations(t, uuid, "drained"); count-drainsBefore != 1 || sum-secondsBefore < 0.5 {
+		t.Errorf("gpusharing_agent_drain_duration_seconds{outcome=drained}: %d more observations summing %.2fs, want 1 of at least 0.5s",
+			count-drainsBefore, sum-secondsBefore)
+	}
+}
+
+// drainObservations reads the agent's drain histogram for one GPU and outcome from the metrics registry
+// the agent's /metrics endpoint serves.
+func drainObservations(t *testing.T, uuid, outcome string) (count uint64, sum float64) {
+	t.Helper()
+	families, err := metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != "gpusharing_agent_drain_duration_seconds" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["gpu"] == uuid && labels["outcome"] == outcome {
+				return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
+			}
+		}
+	}
+	return 0, 0
 }
 
 // (c) Evict mode with a PodDisruptionBudget that refuses: the agent keeps the GPU cordoned and says the
@@ -156,6 +189,9 @@ func TestDrainTimeoutLeavesTheGPUAsItWasAdvertisedAndDoesNotRetryInALoop(t *test
 	}
 	if calls := n.mpsCtl.Calls(t); len(calls) != 0 {
 		t.Errorf("the MPS daemon was touched after a timed-out drain: %v", calls)
+	}
+	if count, sum := drainObservations(t, uuid, "timed_out"); count != 1 || sum < 1 {
+		t.Errorf("gpusharing_agent_drain_duration_seconds{outcome=timed_out}: %d observations summing %.2fs, want 1 of at least the 1s timeout", count, sum)
 	}
 	if got := conditionReason(g.Status.Conditions, v1alpha1.ConditionApplied); got != v1alpha1.ReasonDrainTimedOut {
 		t.Errorf("node Applied reason %s, want DrainTimedOut", got)

@@ -1,8 +1,13 @@
 package app
 
 import (
+	"context"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
+
+	eventsv1 "k8s.io/api/events/v1"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -42,4 +47,45 @@ func TestACriticalXidMarksTheGPUUnhealthyInStatusAndAtTheKubelet(t *testing.T) {
 		t.Errorf("GPU 0 turned unhealthy from an application Xid: %+v", c)
 	}
 	n.waitDevices(t, "the kubelet sees GPU 1 unhealthy and GPU 0 healthy", "nvidia.com/gpu", map[string]string{ok: "Healthy", bad: "Unhealthy"})
+
+	// The transition is an event on the GPUNode whose reason is the condition's, and only one: later
+	// passes that find the GPU still unhealthy make none.
+	var events []string
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		events = gpuNodeEvents(t, n.name, "XidError")
+		if len(events) > 0 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if len(events) != 1 || !strings.Contains(events[0], "GPU 1") || !strings.Contains(events[0], "Xid 79") {
+		t.Errorf("XidError events on GPUNode %s: %q, want one Warning naming GPU 1 and Xid 79", n.name, events)
+	}
+	for _, e := range gpuNodeEvents(t, n.name, v1alpha1.ReasonAsDesired) {
+		// A GPU first seen healthy is no news: no Healthy=True event at start.
+		if strings.Contains(e, "Healthy:") {
+			t.Errorf("event %q at start; want none for a GPU first seen healthy", e)
+		}
+	}
+}
+
+// gpuNodeEvents lists "type: note" of the events about a GPUNode with the given reason.
+func gpuNodeEvents(t *testing.T, name, reason string) []string {
+	t.Helper()
+	var list eventsv1.EventList
+	if err := env.Client.List(context.Background(), &list); err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range list.Items {
+		if e.Regarding.Kind == "GPUNode" && e.Regarding.Name == name && e.Reason == reason {
+			out = append(out, e.Type+": "+e.Note)
+			if e.Series != nil {
+				// The recorder folds a repeated event into a series: the transition was emitted again.
+				out = append(out, fmt.Sprintf("repeated %d times", e.Series.Count))
+			}
+		}
+	}
+	return out
 }

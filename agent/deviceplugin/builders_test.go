@@ -43,7 +43,7 @@ func timeSliced(replicas int32) gpuOption {
 	}
 }
 
-func mps(replicas, atp int32, pinned, state string) gpuOption {
+func mps(replicas, atp int32, pinned string, state v1alpha1.MPSDaemonState) gpuOption {
 	return func(g *v1alpha1.GPUStatus) {
 		a := applied(g)
 		a.Strategy = v1alpha1.StrategyMPS

@@ -3,12 +3,11 @@ package deviceplugin
 import (
 	"fmt"
 	"sort"
-	"strconv"
-	"strings"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/gpusharing/gpusharing/agent/deviceid"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -29,7 +28,7 @@ const (
 )
 
 // ReplicaSeparator joins a GPU's uuid and a replica number in a replica's device ID: GPU-1234::0.
-const ReplicaSeparator = "::"
+const ReplicaSeparator = deviceid.Separator
 
 // MPSLimits are the per-client MPS limits in force on a GPU.
 type MPSLimits struct {
@@ -66,22 +65,14 @@ type Device struct {
 
 // ReplicaID is the device ID of replica n of a GPU.
 func ReplicaID(gpuUUID string, n int32) string {
-	return gpuUUID + ReplicaSeparator + strconv.Itoa(int(n))
+	return deviceid.Replica(gpuUUID, n).String()
 }
 
 // GPUOfDeviceID returns the uuid a device ID refers to: the GPU's for a replica, else the ID itself
 // (a GPU or MIG uuid). The drain uses it to match the kubelet's PodResources to a GPU.
 func GPUOfDeviceID(id string) string {
-	if i := strings.Index(id, ReplicaSeparator); i >= 0 {
-		return id[:i]
-	}
-	return id
+	return deviceid.Parse(id).UUID
 }
-
-// MPS daemon states as the agent reports them in status.gpus[].applied.mps.state.
-const (
-	mpsStateRunning = "Running"
-)
 
 // DevicesFromStatus computes what the node advertises from what the agent reports applied per GPU:
 //   - no applied sharing, or Exclusive: the whole GPU under Resources.Exclusive (nothing if MIG mode is on);
@@ -144,7 +135,7 @@ func gpuDevices(g v1alpha1.GPUStatus, cfg Config) map[ResourceName][]Device {
 			// Without a reported daemon there is no pipe directory to hand out.
 			return nil
 		}
-		if a.MPS.State != "" && a.MPS.State != mpsStateRunning {
+		if a.MPS.State != "" && a.MPS.State != v1alpha1.MPSDaemonRunning {
 			base.Healthy = false
 		}
 		devs := replicas(base, KindMPS, a.MPS.Replicas)

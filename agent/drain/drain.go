@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
@@ -113,8 +114,8 @@ type Drainer struct {
 	Pods client.Reader
 	// PollInterval defaults to DefaultPollInterval.
 	PollInterval time.Duration
-	// Now defaults to time.Now.
-	Now func() time.Time
+	// Clock decides the polls and the timeout; nil means the real clock.
+	Clock clock.Clock
 }
 
 // Drain empties the GPU as req says. It returns nil once no pod uses the GPU; otherwise an error that
@@ -125,10 +126,11 @@ func (d *Drainer) Drain(ctx context.Context, req Request) (Result, error) {
 	if mode == "" {
 		mode = v1alpha1.DrainWaitForIdle
 	}
-	r := &run{d: d, req: req, res: Result{GPUUUID: req.GPUUUID, Mode: mode}, now: d.Now}
-	if r.now == nil {
-		r.now = time.Now
+	c := d.Clock
+	if c == nil {
+		c = clock.RealClock{}
 	}
+	r := &run{d: d, req: req, res: Result{GPUUUID: req.GPUUUID, Mode: mode}, clock: c, now: c.Now}
 	start := r.now()
 	switch {
 	case req.GPUUUID == "":
@@ -147,10 +149,11 @@ func (d *Drainer) Drain(ctx context.Context, req Request) (Result, error) {
 
 // run is one drain's state.
 type run struct {
-	d   *Drainer
-	req Request
-	res Result
-	now func() time.Time
+	d     *Drainer
+	req   Request
+	res   Result
+	now   func() time.Time
+	clock clock.Clock
 
 	evicted     map[PodRef]bool
 	blockedMsg  map[PodRef]string
@@ -215,13 +218,13 @@ func (r *run) loop(ctx context.Context, mode v1alpha1.DrainMode, start time.Time
 		if wait <= 0 {
 			return r.timedOut(ctx, pods)
 		}
-		t := time.NewTimer(wait)
+		t := r.clock.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			r.res.Remaining = pods
 			return fmt.Errorf("drain of GPU %s stopped: %w", r.req.GPUUUID, ctx.Err())
-		case <-t.C:
+		case <-t.C():
 		}
 	}
 }

@@ -13,7 +13,7 @@ import (
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/gpusharing/gpusharing/agent/deviceplugin"
+	"github.com/gpusharing/gpusharing/agent/deviceid"
 )
 
 // DefaultPodResourcesSocket is where the kubelet serves the PodResources API.
@@ -75,7 +75,7 @@ func holdsDevice(p *podresourcesv1.PodResources, ids map[string]bool) bool {
 	for _, c := range p.GetContainers() {
 		for _, d := range c.GetDevices() {
 			for _, id := range d.GetDeviceIds() {
-				if ids[deviceplugin.GPUOfDeviceID(id)] {
+				if ids[deviceid.Parse(id).UUID] {
 					return true
 				}
 			}

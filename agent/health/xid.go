@@ -57,7 +57,7 @@ func ParseXids(s string) ([]uint64, error) {
 		}
 		x, err := strconv.ParseUint(f, 10, 32)
 		if err != nil {
-			return nil, fmt.Errorf("Xid %q is not a number", f)
+			return nil, fmt.Errorf("the Xid %q is not a number", f)
 		}
 		out = append(out, x)
 	}

@@ -29,15 +29,15 @@ import (
 // PIDFile is the file the control daemon writes into its pipe directory.
 const PIDFile = "nvidia-cuda-mps-control.pid"
 
-// State is a daemon's state as status reports it.
-type State string
+// State is a daemon's state as status reports it; the API owns the values.
+type State = v1alpha1.MPSDaemonState
 
-// Daemon states.
+// Daemon states, the API's.
 const (
-	StateStarting   State = "Starting"
-	StateRunning    State = "Running"
-	StateRestarting State = "Restarting"
-	StateFailed     State = "Failed"
+	StateStarting   = v1alpha1.MPSDaemonStarting
+	StateRunning    = v1alpha1.MPSDaemonRunning
+	StateRestarting = v1alpha1.MPSDaemonRestarting
+	StateFailed     = v1alpha1.MPSDaemonFailed
 )
 
 // Settings are what the agent applies to a GPU's daemon.
@@ -286,19 +286,9 @@ func (m *Manager) launch(ctx context.Context, uuid string, s Settings) error {
 	if _, err := m.cfg.Runner.Run(ctx, cmd); err != nil {
 		return err
 	}
-	deadline := time.Now().Add(m.cfg.StartTimeout)
-	for {
-		if _, ok := m.runningPID(uuid); ok {
-			break
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the daemon wrote no live pid to %s within %s", filepath.Join(m.PipeDir(uuid), PIDFile), m.cfg.StartTimeout)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(10 * time.Millisecond):
-		}
+	started := func() (bool, error) { _, ok := m.runningPID(uuid); return ok, nil }
+	if err := m.waitFor(ctx, started); err != nil {
+		return fmt.Errorf("the daemon wrote no live pid to %s within %s: %w", filepath.Join(m.PipeDir(uuid), PIDFile), m.cfg.StartTimeout, err)
 	}
 	return m.applySettings(ctx, uuid, s)
 }
@@ -381,22 +371,30 @@ func (m *Manager) quit(ctx context.Context, uuid string, pid int) error {
 	if _, err := m.control(ctx, uuid, "quit"); err != nil {
 		return err
 	}
-	deadline := time.Now().Add(m.cfg.StartTimeout)
+	exited := func() (bool, error) { alive, err := m.alive(pid); return !alive, err }
+	if err := m.waitFor(ctx, exited); err != nil {
+		return fmt.Errorf("MPS daemon %d did not exit within %s of quit: %w", pid, m.cfg.StartTimeout, err)
+	}
+	return nil
+}
+
+// waitFor polls done until it is true, for at most StartTimeout. The bound is on a host process (its
+// pid file, its exit), so it is a context deadline on the wall clock, like a command's timeout, and not
+// a decision of the agent's clock.
+func (m *Manager) waitFor(ctx context.Context, done func() (bool, error)) error {
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.StartTimeout)
+	defer cancel()
+	poll := time.NewTicker(10 * time.Millisecond)
+	defer poll.Stop()
 	for {
-		alive, err := m.alive(pid)
-		if err != nil {
+		ok, err := done()
+		if err != nil || ok {
 			return err
-		}
-		if !alive {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("MPS daemon %d did not exit within %s of quit", pid, m.cfg.StartTimeout)
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(10 * time.Millisecond):
+		case <-poll.C:
 		}
 	}
 }

@@ -1,12 +1,14 @@
 package node
 
 import (
-	"context"
 	"strings"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/gpusharing/gpusharing/agent/drain"
 
 	"github.com/gpusharing/gpusharing/agent/outcome"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
@@ -80,13 +82,13 @@ func TestDrainingMessageNamesThePodsAndWhatBlocksThem(t *testing.T) {
 }
 
 func TestFailedDrainsBackOffDoublingUpToTheCap(t *testing.T) {
-	r := &Reconciler{DrainBackoff: time.Minute, DrainBackoffMax: 5 * time.Minute}
 	now := time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
-	d := &gpuDrain{}
+	s := drainState{phase: phaseDraining, seq: 1}
 	var got []time.Duration
 	for range 5 {
-		r.fail(context.Background(), d, outcome.Newf(v1alpha1.ReasonDrainTimedOut, "x"), now)
-		got = append(got, d.retryAt.Sub(now))
+		s.phase = phaseDraining
+		s, _ = next(s, observation{kind: obsDrainEnded, now: now, seq: 1, err: drain.ErrDrainTimeout, backoff: time.Minute, backoffMax: 5 * time.Minute})
+		got = append(got, s.retryAt.Sub(now))
 	}
 	want := []time.Duration{time.Minute, 2 * time.Minute, 4 * time.Minute, 5 * time.Minute, 5 * time.Minute}
 	for i := range want {
@@ -94,23 +96,23 @@ func TestFailedDrainsBackOffDoublingUpToTheCap(t *testing.T) {
 			t.Fatalf("backoffs %v, want %v", got, want)
 		}
 	}
-	if failedPhase(d.failErr) != v1alpha1.DrainPhaseTimedOut || failedPhase(outcome.Newf(v1alpha1.ReasonGPUBusy, "x")) != v1alpha1.DrainPhaseFailed {
+	if failedPhase(s.failure) != v1alpha1.DrainPhaseTimedOut || failedPhase(outcome.Newf(v1alpha1.ReasonGPUBusy, "x")) != v1alpha1.DrainPhaseFailed {
 		t.Error("failedPhase does not tell a timeout from another failure")
 	}
 }
 
 func TestRequeueComesBeforeTheResyncWhenABackoffEndsFirst(t *testing.T) {
 	now := time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
-	r := &Reconciler{Resync: 30 * time.Second, Now: func() time.Time { return now }}
+	r := &Reconciler{Resync: 30 * time.Second, Clock: clocktesting.NewFakePassiveClock(now)}
 	if got := r.requeueAfter(); got != 30*time.Second {
 		t.Errorf("no backoff: requeue after %v, want the resync", got)
 	}
-	r.drains.byGPU = map[string]*gpuDrain{"GPU-a": {retryAt: now.Add(10 * time.Second)}, "GPU-b": {retryAt: now.Add(20 * time.Second)}}
+	r.drains.states = map[string]drainState{"GPU-a": {phase: phaseBackoff, retryAt: now.Add(10 * time.Second)}, "GPU-b": {phase: phaseFailed, retryAt: now.Add(20 * time.Second)}}
 	if got := r.requeueAfter(); got != 10*time.Second {
 		t.Errorf("backoff ending in 10s: requeue after %v", got)
 	}
-	r.drains.byGPU["GPU-a"].retryAt = now.Add(time.Hour)
-	r.drains.byGPU["GPU-b"].retryAt = now.Add(time.Hour)
+	r.drains.states["GPU-a"] = drainState{phase: phaseBackoff, retryAt: now.Add(time.Hour)}
+	r.drains.states["GPU-b"] = drainState{phase: phaseBackoff, retryAt: now.Add(time.Hour)}
 	if got := r.requeueAfter(); got != 30*time.Second {
 		t.Errorf("backoff ending after the resync: requeue after %v, want the resync", got)
 	}

@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -51,6 +52,8 @@ type Reconciler struct {
 	Wake <-chan event.GenericEvent
 	// Notify sends on Wake without blocking; drains call it when they progress or end.
 	Notify func()
+	// Metrics, when set, mirror each published status (NewMetrics).
+	Metrics *Metrics
 	// SkipNameValidation lets several agents run in one process (the demo's simulated nodes).
 	SkipNameValidation bool
 
@@ -62,8 +65,8 @@ type Reconciler struct {
 	// DrainBackoff and DrainBackoffMax bound the wait before a GPU whose drain failed is drained again
 	// for the same desired sharing (defaults DefaultDrainBackoff, DefaultDrainBackoffMax).
 	DrainBackoff, DrainBackoffMax time.Duration
-	// Now is the clock of drains; default time.Now.
-	Now func() time.Time
+	// Clock decides drain start and retry times; nil means the real clock.
+	Clock clock.PassiveClock
 
 	drains drains
 }
@@ -115,11 +118,18 @@ func (r *Reconciler) requeueAfter() time.Duration {
 	if next.IsZero() {
 		return r.Resync
 	}
-	wait := max(next.Sub(r.now()), time.Second)
+	wait := max(next.Sub(r.clock().Now()), time.Second)
 	if r.Resync > 0 && r.Resync < wait {
 		return r.Resync
 	}
 	return wait
+}
+
+func (r *Reconciler) clock() clock.PassiveClock {
+	if r.Clock == nil {
+		return clock.RealClock{}
+	}
+	return r.Clock
 }
 
 // getOrCreate returns this node's GPUNode, creating it (owned by the Node, when the Node exists) when
@@ -238,11 +248,13 @@ func (r *Reconciler) setNodeStatus(_ context.Context, sc *scope) {
 	}
 	setReady(st, sc.invErr)
 	setApplied(st, sc.node.Spec, sc.invErr)
+	setKstatusConditions(st)
 	st.Summary = Summary(st.GPUs)
 	if sc.transientErr == nil && sc.invErr == nil {
 		st.ObservedGeneration = sc.node.Generation
 	}
-	recordMetrics(*st)
+	r.Metrics.record(r.NodeName, *st)
+	r.Metrics.recordSharing(r.NodeName, sc.node.Spec, *st)
 }
 
 // setReady: False NVMLUnavailable without NVML, False NVMLError when the read failed, True NoGPUs on a
@@ -307,28 +319,43 @@ func setApplied(st *v1alpha1.GPUNodeStatus, spec v1alpha1.GPUNodeSpec, invErr er
 	}
 }
 
-// emitEvents records one event per GPU whose Applied condition changed reason; the reason is the
-// condition's.
+// emitEvents records one event per condition that changed status or reason in this pass: each GPU's
+// Applied (applying, draining, a drain that timed out, a layout that does not fit) and Healthy (an Xid),
+// and the node's Ready (NVML lost or back). The event's reason is the condition's; a condition that only
+// rewords its message makes no event.
 func (r *Reconciler) emitEvents(before, after *v1alpha1.GPUNode) {
 	if r.Recorder == nil {
 		return
 	}
-	old := map[string]string{}
-	for _, g := range before.Status.GPUs {
-		if c := meta.FindStatusCondition(g.Conditions, v1alpha1.ConditionApplied); c != nil {
-			old[g.UUID] = c.Reason
+	emit := func(old []metav1.Condition, c metav1.Condition, format string, args ...any) {
+		o := meta.FindStatusCondition(old, c.Type)
+		if o != nil && o.Status == c.Status && o.Reason == c.Reason {
+			return
 		}
-	}
-	for _, g := range after.Status.GPUs {
-		c := meta.FindStatusCondition(g.Conditions, v1alpha1.ConditionApplied)
-		if c == nil || old[g.UUID] == c.Reason {
-			continue
+		if o == nil && c.Status == metav1.ConditionTrue && c.Type != v1alpha1.ConditionApplied {
+			// A GPU or node first seen healthy and ready is no news; Applied keeps its event on creation,
+			// as it always had, because it says what the GPU was found running.
+			return
 		}
 		typ := corev1.EventTypeNormal
 		if c.Status != metav1.ConditionTrue {
 			typ = corev1.EventTypeWarning
 		}
-		r.Recorder.Eventf(after, nil, typ, c.Reason, "Apply", "GPU %d (%s): %s", g.Index, g.UUID, c.Message)
+		r.Recorder.Eventf(after, nil, typ, c.Reason, "Apply", format, args...)
+	}
+	if c := meta.FindStatusCondition(after.Status.Conditions, v1alpha1.ConditionReady); c != nil {
+		emit(before.Status.Conditions, *c, "%s: %s", c.Type, c.Message)
+	}
+	old := map[string][]metav1.Condition{}
+	for _, g := range before.Status.GPUs {
+		old[g.UUID] = g.Conditions
+	}
+	for _, g := range after.Status.GPUs {
+		for _, typ := range []string{v1alpha1.ConditionApplied, v1alpha1.ConditionHealthy} {
+			if c := meta.FindStatusCondition(g.Conditions, typ); c != nil {
+				emit(old[g.UUID], *c, "GPU %d (%s) %s: %s", g.Index, g.UUID, c.Type, c.Message)
+			}
+		}
 	}
 }
 

@@ -49,7 +49,12 @@ func newAgent(t *testing.T, g func(*nvmlmock.Server) gpu.Interface) *agent {
 	nodeSeq++
 	a := &agent{server: nvmlmock.NewA100(2), mpsCtl: fakebin.MPSControl(t, dir), smi: fakebin.NvidiaSMI(t, dir, false)}
 	iface := g(a.server)
+	m, err := NewMetrics(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	a.r = &Reconciler{
+		Metrics:  m,
 		Client:   env.Client,
 		NodeName: fmt.Sprintf("gpu-node-%d", nodeSeq),
 		Resync:   time.Minute,
@@ -183,10 +188,10 @@ func TestAgentAppliesPerGPUSharingAndASecondPassChangesNothing(t *testing.T) {
 		mpsSt.ActiveThreadPercentage != 25 || mpsSt.PinnedMemoryLimit.String() != "8Gi" {
 		t.Errorf("GPU 1 applied = %+v, mps %+v", g1.Applied, mpsSt)
 	}
-	if got := gaugeValue(t, appliedGPUsMetric); got != 2 {
+	if got := gaugeValue(t, a.r.Metrics.appliedGPUs.WithLabelValues(a.r.NodeName)); got != 2 {
 		t.Errorf("gpusharing_agent_applied_gpus = %v, want 2", got)
 	}
-	if got := gaugeValue(t, gpuAppliedMetric.WithLabelValues(a.server.GPUs[1].UUID)); got != 1 {
+	if got := gaugeValue(t, a.r.Metrics.gpuApplied.WithLabelValues(a.r.NodeName, a.server.GPUs[1].UUID)); got != 1 {
 		t.Errorf("gpusharing_agent_gpu_applied for GPU 1 = %v, want 1", got)
 	}
 	a.mpsCtl.Calls(t)
@@ -219,7 +224,7 @@ func TestAgentReportsWhyAGPUIsNotAsDesired(t *testing.T) {
 		{"MIG on a GPU without MIG", func(s *nvmlmock.Server) { s.GPUs[0].SetMIGCapable(false) }, migSharing("1g.5gb x1"),
 			v1alpha1.ReasonNotMIGCapable, "does not support MIG", "0:Exclusive!NotMIGCapable 1:Exclusive"},
 		{"MPS on a GPU with MIG on", func(s *nvmlmock.Server) { s.GPUs[0].SetMIGMode(true, true) }, mpsSharing(2, 50, "1Gi"),
-			v1alpha1.ReasonMPSOnMIG, "MPS needs MIG mode disabled on GPU 0", "0:MIG(none)!StrategyNeedsMIGDisabled 1:Exclusive"},
+			v1alpha1.ReasonStrategyNeedsMIGDisabled, "MPS needs MIG mode disabled on GPU 0", "0:MIG(none)!StrategyNeedsMIGDisabled 1:Exclusive"},
 		{"busy GPU", func(s *nvmlmock.Server) { s.GPUs[0].SetProcesses(777) }, migSharing("7g.40gb x1"),
 			v1alpha1.ReasonGPUBusy, "pids [777]", "0:Exclusive!GPUBusy 1:Exclusive"},
 	}

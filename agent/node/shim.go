@@ -38,6 +38,8 @@ type ShimSchedulers struct {
 	Reserve uint64
 	// Metrics are the schedulers' series, registered once per process; nil leaves them unregistered.
 	Metrics *scheduler.Metrics
+	// Clock drives every scheduler's quanta and grace; nil means the real clock.
+	Clock scheduler.Clock
 	// Notify is called when a GPU's clients connect or disconnect, so a pass publishes them; it must not block.
 	Notify func()
 
@@ -107,7 +109,7 @@ func (s *ShimSchedulers) Ensure(ctx context.Context, dev gpu.Device, o v1alpha1.
 	if err := os.MkdirAll(hostpath.SchedulerDir(s.Root, dev.UUID), 0o755); err != nil {
 		return fmt.Errorf("creating the shim scheduler directory of GPU %s: %w", dev.UUID, err)
 	}
-	sch, err := scheduler.New(scheduler.Options{GPUs: []scheduler.GPUConfig{cfg}, Metrics: s.Metrics,
+	sch, err := scheduler.New(scheduler.Options{GPUs: []scheduler.GPUConfig{cfg}, Metrics: s.Metrics, Clock: s.Clock,
 		OnClientsChange: func(string) { s.notify() }})
 	if err != nil {
 		return err
@@ -147,6 +149,22 @@ func (s *ShimSchedulers) Stop(ctx context.Context, uuid string) error {
 		}
 	}
 	return nil
+}
+
+// Satisfied says whether the GPU's scheduler runs with the settings of o and its socket is in place.
+// A nil *ShimSchedulers runs none, so it is never satisfied (Ensure then says why).
+func (s *ShimSchedulers) Satisfied(dev gpu.Device, o v1alpha1.Oversubscription) (bool, error) {
+	if s == nil {
+		return false, nil
+	}
+	cfg, err := s.SchedulerConfig(dev, o)
+	if err != nil {
+		return false, err
+	}
+	s.mu.Lock()
+	sch := s.byGPU[dev.UUID]
+	s.mu.Unlock()
+	return sch != nil && isSocket(cfg.SocketPath) && sameSettings(sch.GPUs()[0], cfg), nil
 }
 
 // State is the GPU's scheduler as it runs, or false when none runs.

@@ -107,7 +107,7 @@ func applied(dev gpu.Device, obs observed) *v1alpha1.AppliedSharing {
 	case obs.mps != nil:
 		a.Strategy = v1alpha1.StrategyMPS
 		a.MPS = &v1alpha1.MPSStatus{
-			State:                  string(obs.mps.State),
+			State:                  obs.mps.State,
 			PID:                    int32(obs.mps.PID),
 			Clients:                int32(obs.mps.Clients),
 			Restarts:               int32(obs.mps.Restarts),
@@ -192,6 +192,11 @@ func token(st v1alpha1.GPUStatus) string {
 	default:
 		s = string(a.Strategy)
 	}
+	if a != nil && a.Shim != nil {
+		// The shim's scheduler runs: pods share the GPU's memory by swapping (oversubscription), which
+		// changes what a pod can count on, so the one-line summary must say it.
+		s += "+Oversub"
+	}
 	if c := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionApplied); c != nil && c.Status != metav1.ConditionTrue {
 		s += "!" + c.Reason
 	}
@@ -199,7 +204,8 @@ func token(st v1alpha1.GPUStatus) string {
 }
 
 // Summary renders the node's GPUs in index order with runs of equal GPUs folded:
-// "0:MIG(3g.40gb,1g.10gb×4) 1:MPS×4 2-7:Exclusive".
+// "0:MIG(3g.40gb,1g.10gb×4) 1:MPS×4 2-7:Exclusive", with "+Oversub" after a GPU whose shim scheduler
+// runs ("0:TimeSlicing×4+Oversub").
 func Summary(gpus []v1alpha1.GPUStatus) string {
 	sorted := append([]v1alpha1.GPUStatus(nil), gpus...)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Index < sorted[j].Index })
@@ -218,4 +224,11 @@ func Summary(gpus []v1alpha1.GPUStatus) string {
 		i = j + 1
 	}
 	return strings.Join(parts, " ")
+}
+
+func quantityMiB(mib int64) *resource.Quantity {
+	if mib <= 0 {
+		return nil
+	}
+	return resource.NewQuantity(mib<<20, resource.BinarySI)
 }

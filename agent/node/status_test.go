@@ -42,6 +42,20 @@ func withMPS(replicas int32) gpuOpt {
 	}
 }
 
+func withTimeSlicing(replicas int32) gpuOpt {
+	return func(g *v1alpha1.GPUStatus) {
+		g.Applied.Strategy = v1alpha1.StrategyTimeSlicing
+		g.Applied.TimeSlicing = &v1alpha1.TimeSlicingSharing{Replicas: replicas}
+	}
+}
+
+// withShim marks the GPU's shim scheduler as running (oversubscription in force).
+func withShim() gpuOpt {
+	return func(g *v1alpha1.GPUStatus) {
+		g.Applied.Shim = &v1alpha1.ShimStatus{AntiThrashing: v1alpha1.AntiThrashingAuto}
+	}
+}
+
 func notApplied(reason string) gpuOpt {
 	return func(g *v1alpha1.GPUStatus) {
 		g.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionApplied, Status: metav1.ConditionFalse, Reason: reason}}
@@ -62,6 +76,11 @@ func TestSummaryFoldsRunsOfEqualGPUs(t *testing.T) {
 		{"a GPU not as desired breaks a run and says why", []v1alpha1.GPUStatus{gpuAt(0), gpuAt(1, notApplied("GPUBusy")), gpuAt(2)},
 			"0:Exclusive 1:Exclusive!GPUBusy 2:Exclusive"},
 		{"a gap in indices breaks a run", []v1alpha1.GPUStatus{gpuAt(0), gpuAt(2)}, "0:Exclusive 2:Exclusive"},
+		{"oversubscription on time-slicing and on a whole GPU is named", []v1alpha1.GPUStatus{
+			gpuAt(0, withTimeSlicing(4), withShim()), gpuAt(1, withTimeSlicing(4)), gpuAt(2, withShim()), gpuAt(3),
+		}, "0:TimeSlicing×4+Oversub 1:TimeSlicing×4 2:Exclusive+Oversub 3:Exclusive"},
+		{"oversubscription that is not yet applied still says why", []v1alpha1.GPUStatus{gpuAt(0, withShim(), notApplied("Draining"))},
+			"0:Exclusive+Oversub!Draining"},
 		{"no GPUs", nil, ""},
 	}
 	for _, tt := range tests {

@@ -17,6 +17,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -32,7 +33,7 @@ func UIDOf(procRoot string, pid int32) (uid string, ok bool) {
 	if err != nil {
 		return "", false
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read-only: a close error loses nothing
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		if m := podUID.FindStringSubmatch(sc.Text()); m != nil {
@@ -55,6 +56,8 @@ type Resolver struct {
 	ProcRoot string
 	// MinRelist bounds how often unknown UIDs trigger a list; default 10s.
 	MinRelist time.Duration
+	// Clock decides when a list is due; nil means the real clock.
+	Clock clock.PassiveClock
 
 	mu       sync.Mutex
 	byUID    map[string]string
@@ -96,18 +99,25 @@ func (r *Resolver) unknown(uids map[int32]string) bool {
 	return false
 }
 
+func (r *Resolver) clock() clock.PassiveClock {
+	if r.Clock == nil {
+		return clock.RealClock{}
+	}
+	return r.Clock
+}
+
 func (r *Resolver) mayList() bool {
 	minRelist := r.MinRelist
 	if minRelist == 0 {
 		minRelist = 10 * time.Second
 	}
-	return r.lastList.IsZero() || time.Since(r.lastList) >= minRelist
+	return r.lastList.IsZero() || r.clock().Since(r.lastList) >= minRelist
 }
 
 // list replaces the UID map with this node's pods; on an error the old map stays (names go stale, the
 // status shows no pod rather than a wrong one only for pods that are gone).
 func (r *Resolver) list(ctx context.Context) {
-	r.lastList = time.Now()
+	r.lastList = r.clock().Now()
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	var pods corev1.PodList

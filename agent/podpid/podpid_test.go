@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/gpusharing/gpusharing/test/testenv"
 )
@@ -99,7 +100,8 @@ func TestResolverListsAgainOnlyForAnUnknownPodAndNotTooOften(t *testing.T) {
 	root := t.TempDir()
 	first := createPod(t, "first", "node-c")
 	writeCgroup(t, root, 20, cgroupOf(first))
-	r := &Resolver{Reader: env.Client, NodeName: "node-c", ProcRoot: root, MinRelist: time.Hour}
+	clk := clocktesting.NewFakePassiveClock(time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC))
+	r := &Resolver{Reader: env.Client, NodeName: "node-c", ProcRoot: root, MinRelist: time.Hour, Clock: clk}
 	if got := r.Names(context.Background(), []int32{20}); got[20] != "default/first" {
 		t.Fatalf("pid 20 named %q", got[20])
 	}
@@ -109,8 +111,7 @@ func TestResolverListsAgainOnlyForAnUnknownPodAndNotTooOften(t *testing.T) {
 	if got := r.Names(context.Background(), []int32{20, 21}); got[21] != "" {
 		t.Errorf("listed again within MinRelist: pid 21 named %q", got[21])
 	}
-	r.MinRelist = time.Millisecond
-	time.Sleep(2 * time.Millisecond)
+	clk.SetTime(clk.Now().Add(time.Hour))
 	if got := r.Names(context.Background(), []int32{20, 21}); got[21] != "default/second" || got[20] != "default/first" {
 		t.Errorf("after MinRelist an unknown pod was not looked up: %v", got)
 	}

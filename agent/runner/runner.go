@@ -74,6 +74,10 @@ var ErrTimeout = errors.New("command timed out")
 // Exec runs commands as child processes of the agent.
 type Exec struct{}
 
+// LookPath finds an executable in $PATH, for main's discovery of host tools: path lookup stays beside
+// the one place that runs commands.
+func LookPath(name string) (string, error) { return exec.LookPath(name) }
+
 var _ Runner = Exec{}
 
 // Run implements Runner.

@@ -1,26 +1,11 @@
 package scheduler
 
-import "time"
+import "k8s.io/utils/clock"
 
-// Clock is the scheduler's only source of time, so tests can drive quantum,
-// grace and hold-time accounting without sleeping.
-type Clock interface {
-	Now() time.Time
-	// AfterFunc calls f in its own goroutine once d has elapsed.
-	AfterFunc(d time.Duration, f func()) Timer
-}
+// Clock is the scheduler's only source of time, so tests can drive quantum, grace and hold-time
+// accounting without sleeping. It is the agent's one clock type, k8s.io/utils/clock's; the scheduler
+// uses Now and AfterFunc.
+type Clock = clock.WithDelayedExecution
 
 // Timer is a pending AfterFunc call.
-type Timer interface {
-	// Stop prevents the call; false if it already ran or was stopped.
-	Stop() bool
-}
-
-// RealClock is the wall clock.
-type RealClock struct{}
-
-// Now returns time.Now().
-func (RealClock) Now() time.Time { return time.Now() }
-
-// AfterFunc wraps time.AfterFunc.
-func (RealClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
+type Timer = clock.Timer

@@ -4,10 +4,14 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"k8s.io/utils/clock"
 )
 
 // fakeClock moves only when Advance is called; due AfterFunc callbacks run
-// synchronously inside Advance, in deadline order.
+// synchronously inside Advance, in deadline order, with the clock unlocked (a callback reads Now).
+// k8s.io/utils/clock/testing's FakeClock runs callbacks under its lock and not in deadline order, so
+// the scheduler's tests keep this one; it implements the same clock.WithDelayedExecution.
 type fakeClock struct {
 	mu     sync.Mutex
 	now    time.Time
@@ -20,6 +24,17 @@ type fakeTimer struct {
 	f       func()
 	stopped bool
 	fired   bool
+	ch      chan time.Time
+}
+
+func (t *fakeTimer) C() <-chan time.Time { return t.ch }
+
+func (t *fakeTimer) Reset(d time.Duration) bool {
+	t.c.mu.Lock()
+	defer t.c.mu.Unlock()
+	was := !t.stopped && !t.fired
+	t.at, t.stopped, t.fired = t.c.now.Add(d), false, false
+	return was
 }
 
 func newFakeClock() *fakeClock { return &fakeClock{now: time.Unix(1_800_000_000, 0)} }
@@ -29,6 +44,24 @@ func (c *fakeClock) Now() time.Time {
 	defer c.mu.Unlock()
 	return c.now
 }
+
+func (c *fakeClock) Since(t time.Time) time.Duration { return c.Now().Sub(t) }
+
+// After, NewTimer, Tick and Sleep complete the interface; the scheduler uses only Now and AfterFunc.
+func (c *fakeClock) After(d time.Duration) <-chan time.Time { return c.NewTimer(d).C() }
+
+func (c *fakeClock) NewTimer(d time.Duration) clock.Timer {
+	ch := make(chan time.Time, 1)
+	t := c.AfterFunc(d, func() { ch <- c.Now() })
+	t.(*fakeTimer).ch = ch
+	return t
+}
+
+func (c *fakeClock) Tick(time.Duration) <-chan time.Time {
+	panic("fakeClock: Tick is not used by the scheduler")
+}
+
+func (c *fakeClock) Sleep(d time.Duration) { c.Advance(d) }
 
 func (c *fakeClock) AfterFunc(d time.Duration, f func()) Timer {
 	c.mu.Lock()

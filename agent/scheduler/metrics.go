@@ -1,14 +1,25 @@
 package scheduler
 
 import (
+	"errors"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
 
 // NewMetrics registers the scheduler's series on reg (nil: unregistered), for
-// Schedulers that share them through Options.Metrics.
-func NewMetrics(reg prometheus.Registerer) (*Metrics, error) { return newMetrics(reg) }
+// Schedulers that share them through Options.Metrics. When reg holds them
+// already (another agent of the process), it returns the Metrics registered.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	m, err := newMetrics(reg)
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		if existing, ok := are.ExistingCollector.(*memCollector); ok {
+			return existing.m, nil
+		}
+	}
+	return m, err
+}
 
 // Metrics are the scheduler's Prometheus series, labelled by GPU uuid, and the
 // Schedulers whose memory accounts its collector reads at each scrape. One
@@ -58,13 +69,15 @@ func newMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}, []string{"gpu"}),
 		scheds: map[*Scheduler]struct{}{},
 	}
-	if reg != nil {
-		// The per-client memory series are read from the schedulers' snapshots at each scrape, so a
-		// client's series vanish when it leaves.
-		for _, c := range []prometheus.Collector{m.wait, m.hold, m.handoffs, m.revocations, m.evictions, m.clients, &memCollector{m: m}} {
-			if err := reg.Register(c); err != nil {
-				return nil, err
-			}
+	if reg == nil {
+		return m, nil
+	}
+	// The per-client memory series are read from the schedulers' snapshots at each scrape, so a
+	// client's series vanish when it leaves. The memory collector goes first, so NewMetrics can tell
+	// series another agent of the process registered.
+	for _, c := range []prometheus.Collector{&memCollector{m: m}, m.wait, m.hold, m.handoffs, m.revocations, m.evictions, m.clients} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
 		}
 	}
 	return m, nil

@@ -17,6 +17,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/utils/clock"
 )
 
 // GPUConfig is one GPU's queue.
@@ -129,7 +130,7 @@ func New(opts Options) (*Scheduler, error) {
 		return nil, fmt.Errorf("%w: no GPUs", ErrInvalidConfig)
 	}
 	if opts.Clock == nil {
-		opts.Clock = RealClock{}
+		opts.Clock = clock.RealClock{}
 	}
 	if opts.HelloTimeout == 0 {
 		opts.HelloTimeout = 2 * time.Second
@@ -261,11 +262,11 @@ func (s *Scheduler) Close() {
 	lns := s.listeners
 	s.listeners = nil
 	for c := range s.conns {
-		c.Close()
+		_ = c.Close() // the client is gone either way
 	}
 	s.mu.Unlock()
 	for _, ln := range lns {
-		ln.Close() // a closed UnixListener removes its socket file
+		_ = ln.Close() // a closed UnixListener removes its socket file
 	}
 	s.wg.Wait()
 	s.metrics.detach(s)
@@ -307,7 +308,7 @@ func listenUnix(path string) (net.Listener, error) {
 	// Clients run as any user inside their pods; the socket's directory is
 	// mounted only into pods that were given a share of this GPU.
 	if err := os.Chmod(path, 0o666); err != nil {
-		ln.Close()
+		_ = ln.Close()
 		return nil, fmt.Errorf("chmod socket: %w", err)
 	}
 	return ln, nil
@@ -327,7 +328,7 @@ func (s *Scheduler) acceptLoop(ln net.Listener, q *queue) {
 		s.mu.Lock()
 		if s.listeners == nil {
 			s.mu.Unlock()
-			conn.Close()
+			_ = conn.Close()
 			return
 		}
 		s.conns[conn] = struct{}{}
@@ -365,9 +366,11 @@ func peerPID(conn net.Conn) int32 {
 // serveConn runs one client: hello, then acquire/release until the
 // connection ends or the peer misbehaves; either way its lease ends with it.
 func (s *Scheduler) serveConn(conn net.Conn, q *queue) {
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	log := q.log
 	// Socket deadlines are wall-clock by nature, not scheduler time.
+	// Socket deadlines are compared by the kernel with the wall clock, so they take time.Now, not the
+	// injected clock (which decides quanta and grace).
 	_ = conn.SetReadDeadline(time.Now().Add(s.opts.HelloTimeout))
 	hello, err := ReadMessage(conn)
 	if err != nil || hello.Type != MsgHello {
@@ -387,7 +390,7 @@ func (s *Scheduler) serveConn(conn net.Conn, q *queue) {
 	out := make(chan []byte, 64)
 	done := make(chan struct{})
 	var dropOnce sync.Once
-	drop := func() { dropOnce.Do(func() { conn.Close() }) }
+	drop := func() { dropOnce.Do(func() { _ = conn.Close() }) }
 	writerDone := make(chan struct{})
 	go func() {
 		defer close(writerDone)

@@ -12,6 +12,20 @@ const (
 	ConditionConflicted = "Conflicted"
 )
 
+// Condition types for kstatus (sigs.k8s.io/cli-utils), which Flux, kpt and `kubectl wait` tooling read:
+// both kinds carry them beside their own conditions, so generic tools tell "still working" from "stuck"
+// without knowing gpusharing. Each is a summary of the kind's own conditions, never new information.
+const (
+	// ConditionReconciling is True while the change is still rolling out and nothing is stalled (on the
+	// policy: Progressing is True; on a GPUNode: a listed GPU is being applied, drained or waits for its
+	// pods). Its reason and message are those of the condition it summarizes.
+	ConditionReconciling = "Reconciling"
+	// ConditionStalled is True when the change cannot finish without someone acting: an agent reported a
+	// hardware rejection, a drain that timed out or failed, an unhealthy GPU, or (GPUNode) NVML that
+	// cannot be read. Its reason and message are the failure's.
+	ConditionStalled = "Stalled"
+)
+
 // Condition types on GPUNode and on each GPU in its status.
 const (
 	// ConditionApplied is True when the GPU (or every listed GPU, on the node) runs its desired sharing.
@@ -48,8 +62,16 @@ const (
 	ReasonNotMIGCapable = "NotMIGCapable"
 	// ReasonMIGModeChangePending: MIG mode was changed but takes effect only after a GPU reset.
 	ReasonMIGModeChangePending = "MIGModeChangePending"
-	// ReasonMPSOnMIG: MPS or time-slicing was asked of a GPU whose MIG mode is enabled.
-	ReasonMPSOnMIG = "StrategyNeedsMIGDisabled"
+	// ReasonStrategyNeedsMIGDisabled: MPS or time-slicing was asked of a GPU whose MIG mode is enabled.
+	ReasonStrategyNeedsMIGDisabled = "StrategyNeedsMIGDisabled"
+	// ReasonMPSOnMIG is the former name of ReasonStrategyNeedsMIGDisabled, which covers time-slicing too.
+	//
+	// Deprecated: use ReasonStrategyNeedsMIGDisabled.
+	ReasonMPSOnMIG = ReasonStrategyNeedsMIGDisabled
+	// ReasonInvalidSharing: the desired sharing cannot be applied by any agent (an unknown strategy, or
+	// the strategy's block is missing); admission validation normally prevents it, so it waits for a
+	// spec change and is not retried.
+	ReasonInvalidSharing = "InvalidSharing"
 	// ReasonMPSDaemonFailed: the MPS control daemon did not start or keeps dying.
 	ReasonMPSDaemonFailed = "MPSDaemonFailed"
 	// ReasonNVMLError: an NVML call failed; the message carries NVML's error string.
@@ -94,3 +116,24 @@ const (
 	// released anyway and the default stays in each GPUNode's spec for its agent to apply later (an event).
 	ReasonRestoreTimedOut = "RestoreTimedOut"
 )
+
+// hardwareRejections are the agent's Applied=False reasons that mean "this cannot be done here" rather
+// than "not done yet"; GPUBusy, Draining and Applying are not among them, work is simply in progress. A
+// drain that timed out or failed left the GPU as it was: that is reported (Degraded, Stalled) while the
+// agent retries on its own backoff.
+var hardwareRejections = map[string]bool{
+	ReasonDrainTimedOut:            true,
+	ReasonDrainFailed:              true,
+	ReasonLayoutDoesNotFit:         true,
+	ReasonNotMIGCapable:            true,
+	ReasonMIGModeChangePending:     true,
+	ReasonStrategyNeedsMIGDisabled: true,
+	ReasonInvalidSharing:           true,
+	ReasonMPSDaemonFailed:          true,
+	ReasonNVMLError:                true,
+	ReasonCommandFailed:            true,
+}
+
+// IsHardwareRejection says whether an Applied=False reason means the GPU cannot take its desired sharing
+// until someone acts (the controller's Degraded and both kinds' Stalled), rather than work in progress.
+func IsHardwareRejection(reason string) bool { return hardwareRejections[reason] }

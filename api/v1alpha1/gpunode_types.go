@@ -48,6 +48,9 @@ type GPUDesired struct {
 // GPUNodeStatus is what the agent observes on the node. The agent owns it.
 type GPUNodeStatus struct {
 	// observedGeneration is the spec generation the agent last acted on.
+	// It defaults to 0, so an object no agent has seen yet reads as not observed (kstatus InProgress)
+	// rather than as having no generation to compare.
+	// +kubebuilder:default=0
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
@@ -255,11 +258,28 @@ type AppliedSharing struct {
 	Shim *ShimStatus `json:"shim,omitempty"`
 }
 
+// MPSDaemonState is the state of a GPU's MPS control daemon. The agent's mps package sets it and the
+// device plugin reads it (devices of a daemon that is not Running are Unhealthy), so it is declared once
+// here.
+type MPSDaemonState string
+
+// MPS daemon states.
+const (
+	// MPSDaemonStarting: the daemon was launched and its pid file or settings are not in place yet.
+	MPSDaemonStarting MPSDaemonState = "Starting"
+	// MPSDaemonRunning: the daemon is up with the settings in force.
+	MPSDaemonRunning MPSDaemonState = "Running"
+	// MPSDaemonRestarting: the daemon died and waits out its restart backoff.
+	MPSDaemonRestarting MPSDaemonState = "Restarting"
+	// MPSDaemonFailed: the daemon could not be started.
+	MPSDaemonFailed MPSDaemonState = "Failed"
+)
+
 // MPSStatus is the state of a GPU's MPS control daemon.
 type MPSStatus struct {
 	// state is Starting, Running, Restarting or Failed.
 	// +optional
-	State string `json:"state,omitempty"`
+	State MPSDaemonState `json:"state,omitempty"`
 	// pid is the control daemon's pid.
 	// +optional
 	PID int32 `json:"pid,omitempty"`
@@ -363,6 +383,8 @@ type GPUNode struct {
 	Spec GPUNodeSpec `json:"spec,omitempty"`
 
 	// status is what the agent observes, written by the agent.
+	// Defaulted to {} so that status.observedGeneration exists (0) from creation on.
+	// +kubebuilder:default={}
 	// +optional
 	Status GPUNodeStatus `json:"status,omitempty"`
 }

@@ -153,6 +153,9 @@ type Drain struct {
 // GPUSharingPolicyStatus is the controller's view of how the policy is applied.
 type GPUSharingPolicyStatus struct {
 	// observedGeneration is the generation the status reflects; set only after a clean pass.
+	// It defaults to 0, so an object no controller has seen yet reads as not observed (kstatus InProgress)
+	// rather than as having no generation to compare.
+	// +kubebuilder:default=0
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
@@ -197,6 +200,8 @@ type GPUSharingPolicy struct {
 	Spec GPUSharingPolicySpec `json:"spec"`
 
 	// status is what the controller observes.
+	// Defaulted to {} so that status.observedGeneration exists (0) from creation on.
+	// +kubebuilder:default={}
 	// +optional
 	Status GPUSharingPolicyStatus `json:"status,omitempty"`
 }

@@ -9,7 +9,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"time"
 
@@ -28,6 +27,7 @@ import (
 	"github.com/gpusharing/gpusharing/agent/gpu"
 	"github.com/gpusharing/gpusharing/agent/health"
 	"github.com/gpusharing/gpusharing/agent/node"
+	"github.com/gpusharing/gpusharing/agent/runner"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -169,7 +169,7 @@ func driverTool(root, name string) string {
 			return p
 		}
 	}
-	if p, err := exec.LookPath(name); err == nil {
+	if p, err := runner.LookPath(name); err == nil {
 		return p
 	}
 	return filepath.Join(root, "usr/bin", name)

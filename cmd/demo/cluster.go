@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 
@@ -15,6 +14,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/gpusharing/gpusharing/agent/runner"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 	"github.com/gpusharing/gpusharing/controllers/setup"
 	"github.com/gpusharing/gpusharing/test/simnode"
@@ -112,10 +112,11 @@ func (c *cluster) applySamplePolicies(ctx context.Context) ([]string, error) {
 
 // printTable runs the real kubectl, as a user would.
 func (c *cluster) printTable(w io.Writer) error {
-	fmt.Fprintf(w, "$ kubectl get gpusharing -o wide\n")
-	cmd := exec.Command(c.kubectl, "--kubeconfig", c.kubeconfig, "get", "gpusharing", "-o", "wide")
-	cmd.Stdout, cmd.Stderr = w, w
-	if err := cmd.Run(); err != nil {
+	res, err := runner.Exec{}.Run(context.Background(), runner.Cmd{Path: c.kubectl, Args: []string{"--kubeconfig", c.kubeconfig, "get", "gpusharing", "-o", "wide"}})
+	if _, werr := fmt.Fprint(w, "$ kubectl get gpusharing -o wide\n", res.Stdout, res.Stderr); werr != nil {
+		return werr
+	}
+	if err != nil {
 		return fmt.Errorf("kubectl get gpusharing: %w", err)
 	}
 	return nil

@@ -124,7 +124,7 @@ func run() error {
 	if *metricsAddr != "" {
 		srv := &http.Server{Addr: *metricsAddr, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
 		go func() { _ = srv.ListenAndServe() }()
-		defer srv.Close()
+		defer func() { _ = srv.Close() }()
 	}
 	if err := s.Listen(ctx); err != nil {
 		return err

@@ -9,6 +9,7 @@ import (
 	"fmt"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
@@ -28,6 +29,8 @@ type Reconciler struct {
 	// APIReader reads the API server directly; it confirms a Node is really gone before its GPUNode is
 	// deleted, so a cache that has not caught up never costs a node its configuration.
 	APIReader client.Reader
+	// Clock decides when admission reservations expire; nil means the real clock.
+	Clock clock.PassiveClock
 
 	rollout *rollout
 }

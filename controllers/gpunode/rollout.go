@@ -7,6 +7,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -18,6 +19,9 @@ import (
 // wake-up list. A restart loses neither: a write either landed (and the fresh cache shows it) or did not,
 // and the initial list re-runs every node, which rebuilds the wake-up list.
 type rollout struct {
+	// clock decides when a reservation or a remembered node count has expired.
+	clock clock.PassiveClock
+
 	// admission serializes the decisions (count, compare, reserve); the writes run in parallel.
 	admission sync.Mutex
 	// reserved holds, per policy, nodes admitted whose write the cache does not show yet. A node leaves
@@ -35,8 +39,13 @@ type rollout struct {
 	nudges chan event.GenericEvent
 }
 
-func newRollout() *rollout {
+// newRollout keeps its times on c; nil means the real clock.
+func newRollout(c clock.PassiveClock) *rollout {
+	if c == nil {
+		c = clock.RealClock{}
+	}
 	return &rollout{
+		clock:    c,
 		waiting:  map[string]map[string]bool{},
 		reserved: map[string]map[string]*reservation{},
 		selected: map[string]selectedCount{},
@@ -62,7 +71,7 @@ func (r *rollout) reserve(policy, node string) {
 	if r.reserved[policy] == nil {
 		r.reserved[policy] = map[string]*reservation{}
 	}
-	r.reserved[policy][node] = &reservation{since: time.Now()}
+	r.reserved[policy][node] = &reservation{since: r.clock.Now()}
 }
 
 // written records the generation the node's admitted write produced. The caller then checks the cache
@@ -110,7 +119,7 @@ func (r *rollout) drop(policy, node string) {
 func (r *rollout) othersInFlight(cached []string, policy, self string) int {
 	live := map[string]bool{}
 	for name, res := range r.reserved[policy] {
-		if name != self && time.Since(res.since) < reservationTTL {
+		if name != self && r.clock.Since(res.since) < reservationTTL {
 			live[name] = true
 		}
 	}
@@ -224,7 +233,7 @@ const selectedCountTTL = time.Second
 // selectedCount returns a remembered count for the policy generation if still fresh; admission held.
 func (r *rollout) selectedCount(policy string, generation int64) (int, bool) {
 	c, ok := r.selected[policy]
-	if !ok || c.generation != generation || time.Since(c.at) > selectedCountTTL {
+	if !ok || c.generation != generation || r.clock.Since(c.at) > selectedCountTTL {
 		return 0, false
 	}
 	return c.n, true
@@ -232,5 +241,5 @@ func (r *rollout) selectedCount(policy string, generation int64) (int, bool) {
 
 // rememberSelected stores a node count; admission held.
 func (r *rollout) rememberSelected(policy string, generation int64, n int) {
-	r.selected[policy] = selectedCount{generation: generation, at: time.Now(), n: n}
+	r.selected[policy] = selectedCount{generation: generation, at: r.clock.Now(), n: n}
 }

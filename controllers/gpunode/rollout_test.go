@@ -3,10 +3,13 @@ package gpunode
 import (
 	"fmt"
 	"testing"
+	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
 )
 
 func TestNextWakesTheFirstWaitingNodesUpToTheLimit(t *testing.T) {
-	r := newRollout()
+	r := newRollout(nil)
 	for _, n := range []string{"n3", "n1", "n4", "n2"} {
 		r.setWaiting(n, []string{"p"})
 	}
@@ -20,7 +23,7 @@ func TestNextWakesTheFirstWaitingNodesUpToTheLimit(t *testing.T) {
 }
 
 func TestANodeLeavingAWaitListNudgesTheNextOnes(t *testing.T) {
-	r := newRollout()
+	r := newRollout(nil)
 	r.setLimit("p", 1)
 	r.setWaiting("n1", []string{"p"})
 	r.setWaiting("n2", []string{"p"})
@@ -37,7 +40,7 @@ func TestANodeLeavingAWaitListNudgesTheNextOnes(t *testing.T) {
 }
 
 func TestReservationsCountUntilTheCacheShowsTheWrite(t *testing.T) {
-	r := newRollout()
+	r := newRollout(nil)
 	r.reserve("p", "n1")
 	tests := []struct {
 		name   string
@@ -63,7 +66,7 @@ func TestReservationsCountUntilTheCacheShowsTheWrite(t *testing.T) {
 }
 
 func TestAReservationEndsWhenTheCacheShowsTheWrittenGeneration(t *testing.T) {
-	r := newRollout()
+	r := newRollout(nil)
 	r.reserve("p", "n1")
 	r.observed("n1", 7)
 	if got := r.othersInFlight(nil, "p", "n2"); got != 1 {
@@ -77,5 +80,35 @@ func TestAReservationEndsWhenTheCacheShowsTheWrittenGeneration(t *testing.T) {
 	r.observed("n1", 8)
 	if got := r.othersInFlight(nil, "p", "n2"); got != 0 {
 		t.Errorf("the written generation in the cache left the reservation counting (count %d)", got)
+	}
+}
+
+func TestAReservationTheCacheNeverReportsExpiresAfterItsTTL(t *testing.T) {
+	c := clocktesting.NewFakePassiveClock(time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC))
+	r := newRollout(c)
+	r.reserve("p", "n1")
+	c.SetTime(c.Now().Add(reservationTTL - time.Second))
+	if got := r.othersInFlight(nil, "p", "n2"); got != 1 {
+		t.Fatalf("a reservation within its TTL counts %d, want 1", got)
+	}
+	c.SetTime(c.Now().Add(time.Second))
+	if got := r.othersInFlight(nil, "p", "n2"); got != 0 {
+		t.Errorf("a reservation past its TTL still counts (%d): a missed cache event would hold the slot forever", got)
+	}
+}
+
+func TestARememberedNodeCountServesOnlyWhileFresh(t *testing.T) {
+	c := clocktesting.NewFakePassiveClock(time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC))
+	r := newRollout(c)
+	r.rememberSelected("p", 3, 40)
+	if n, ok := r.selectedCount("p", 3); !ok || n != 40 {
+		t.Fatalf("a fresh count: %d %v, want 40", n, ok)
+	}
+	if _, ok := r.selectedCount("p", 4); ok {
+		t.Error("a count of another generation served")
+	}
+	c.SetTime(c.Now().Add(selectedCountTTL + time.Millisecond))
+	if _, ok := r.selectedCount("p", 3); ok {
+		t.Error("a count older than its TTL served")
 	}
 }

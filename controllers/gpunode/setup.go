@@ -28,7 +28,7 @@ const ControllerName = "gpunode-resolver"
 // deletion re-runs that node; a policy's spec change or deletion re-runs every node; a node leaving a
 // policy's in-flight set wakes the next nodes waiting on that policy. index.Setup must have run.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options) error {
-	r.rollout = newRollout()
+	r.rollout = newRollout(r.Clock)
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(ControllerName).
 		For(&v1.GPUNode{}).

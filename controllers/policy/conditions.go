@@ -22,6 +22,25 @@ func SetStatus(p *v1.GPUSharingPolicy, s Summary, maxUnavailable int) {
 	SetProgressingCondition(p, s, maxUnavailable)
 	SetDegradedCondition(p, s)
 	SetConflictedCondition(p, s)
+	SetKstatusConditions(p)
+}
+
+// SetKstatusConditions summarizes Degraded and Progressing as kstatus's Stalled and Reconciling, so Flux
+// and other kstatus readers report Failed for a hardware rejection or a drain that timed out, InProgress
+// while the rollout runs, and Current otherwise. Stalled wins: a rollout with one GPU refused cannot
+// finish, however many others still apply.
+func SetKstatusConditions(p *v1.GPUSharingPolicy) {
+	if d := meta.FindStatusCondition(p.Status.Conditions, v1.ConditionDegraded); d != nil && d.Status == metav1.ConditionTrue {
+		set(p, v1.ConditionStalled, metav1.ConditionTrue, d.Reason, d.Message)
+		set(p, v1.ConditionReconciling, metav1.ConditionFalse, d.Reason, "stalled: "+d.Message)
+		return
+	}
+	set(p, v1.ConditionStalled, metav1.ConditionFalse, v1.ReasonAsDesired, "no GPU reports a failure")
+	if pr := meta.FindStatusCondition(p.Status.Conditions, v1.ConditionProgressing); pr != nil && pr.Status == metav1.ConditionTrue {
+		set(p, v1.ConditionReconciling, metav1.ConditionTrue, pr.Reason, pr.Message)
+		return
+	}
+	set(p, v1.ConditionReconciling, metav1.ConditionFalse, v1.ReasonRolledOut, "nothing left to roll out")
 }
 
 // SetReadyCondition: True when the policy wins GPUs and every one of them reports its sharing applied;
@@ -93,6 +112,7 @@ func SetRestoringConditions(p *v1.GPUSharingPolicy, remaining []GPURef, deadline
 		len(remaining), refs(remaining), deadline.UTC().Format("15:04:05Z"))
 	set(p, v1.ConditionReady, metav1.ConditionFalse, v1.ReasonRestoringDefault, msg)
 	set(p, v1.ConditionProgressing, metav1.ConditionTrue, v1.ReasonRestoringDefault, msg)
+	SetKstatusConditions(p)
 }
 
 func set(p *v1.GPUSharingPolicy, t string, status metav1.ConditionStatus, reason, msg string) {
@@ -138,6 +158,10 @@ type Transition struct {
 func Transitions(before, after []metav1.Condition) []Transition {
 	var out []Transition
 	for _, c := range after {
+		if c.Type == v1.ConditionReconciling || c.Type == v1.ConditionStalled {
+			// Summaries of Progressing and Degraded, whose own transitions already make the event.
+			continue
+		}
 		old := meta.FindStatusCondition(before, c.Type)
 		if old != nil && old.Status == c.Status && old.Reason == c.Reason {
 			continue

@@ -36,6 +36,8 @@ func TestSetStatusConditions(t *testing.T) {
 				v1.ConditionProgressing: {metav1.ConditionFalse, v1.ReasonRolledOut, ""},
 				v1.ConditionDegraded:    {metav1.ConditionFalse, v1.ReasonAsDesired, ""},
 				v1.ConditionConflicted:  {metav1.ConditionFalse, v1.ReasonNoConflict, ""},
+				v1.ConditionReconciling: {metav1.ConditionFalse, v1.ReasonRolledOut, ""},
+				v1.ConditionStalled:     {metav1.ConditionFalse, v1.ReasonAsDesired, ""},
 			},
 		},
 		{
@@ -53,6 +55,9 @@ func TestSetStatusConditions(t *testing.T) {
 			want: map[string]want{
 				v1.ConditionReady:    {metav1.ConditionFalse, v1.ReasonHardwareRejected, "4 of 8 GPUs applied; node a-1 GPU 0: m0"},
 				v1.ConditionDegraded: {metav1.ConditionTrue, v1.ReasonHardwareRejected, "node a-3 GPU 2: layout 3x3g.40gb does not fit NVIDIA H100 80GB HBM3 and 1 more"},
+				// kstatus: Failed, not InProgress, although other GPUs may still be applying.
+				v1.ConditionStalled:     {metav1.ConditionTrue, v1.ReasonHardwareRejected, "node a-3 GPU 2: layout 3x3g.40gb"},
+				v1.ConditionReconciling: {metav1.ConditionFalse, v1.ReasonHardwareRejected, "stalled: "},
 			},
 		},
 		{
@@ -61,6 +66,8 @@ func TestSetStatusConditions(t *testing.T) {
 			want: map[string]want{
 				v1.ConditionReady:       {metav1.ConditionFalse, v1.ReasonWaitingForRollout, "4 nodes wait"},
 				v1.ConditionProgressing: {metav1.ConditionTrue, v1.ReasonWaitingForRollout, "4 nodes wait for their turn, 1 in flight (maxUnavailable 1): n2, n3, n4 and 1 more"},
+				v1.ConditionReconciling: {metav1.ConditionTrue, v1.ReasonWaitingForRollout, "4 nodes wait for their turn"},
+				v1.ConditionStalled:     {metav1.ConditionFalse, v1.ReasonAsDesired, ""},
 			},
 		},
 		{
@@ -69,6 +76,7 @@ func TestSetStatusConditions(t *testing.T) {
 			want: map[string]want{
 				v1.ConditionReady:       {metav1.ConditionFalse, v1.ReasonApplying, "1 of 2 GPUs applied; applying on node n1 GPU 1"},
 				v1.ConditionProgressing: {metav1.ConditionTrue, v1.ReasonApplying, "node n1 GPU 1"},
+				v1.ConditionReconciling: {metav1.ConditionTrue, v1.ReasonApplying, "node n1 GPU 1"},
 			},
 		},
 		{
@@ -110,6 +118,9 @@ func TestTransitionsAreOnlyStatusOrReasonChanges(t *testing.T) {
 		{Type: v1.ConditionDegraded, Status: metav1.ConditionTrue, Reason: v1.ReasonHardwareRejected},
 		{Type: v1.ConditionConflicted, Status: metav1.ConditionFalse, Reason: v1.ReasonNoConflict},
 		{Type: v1.ConditionProgressing, Status: metav1.ConditionTrue, Reason: v1.ReasonApplying},
+		// Summaries of Progressing and Degraded: their transitions would only repeat those events.
+		{Type: v1.ConditionReconciling, Status: metav1.ConditionTrue, Reason: v1.ReasonApplying},
+		{Type: v1.ConditionStalled, Status: metav1.ConditionTrue, Reason: v1.ReasonHardwareRejected},
 	}
 	got := policy.Transitions(before, after)
 	if len(got) != 2 {

@@ -31,22 +31,6 @@ type GPUState struct {
 	Message string
 }
 
-// hardwareRejections are the agent's Applied=False reasons that mean "this cannot be done here" rather
-// than "not done yet"; GPUBusy, Draining and Applying are not among them, work is simply in progress. A
-// drain that timed out or failed left the GPU as it was: that is reported (Degraded) and frees the
-// node's rollout slot, while the agent retries on its own backoff.
-var hardwareRejections = map[string]bool{
-	v1.ReasonDrainTimedOut:        true,
-	v1.ReasonDrainFailed:          true,
-	v1.ReasonLayoutDoesNotFit:     true,
-	v1.ReasonNotMIGCapable:        true,
-	v1.ReasonMIGModeChangePending: true,
-	v1.ReasonMPSOnMIG:             true,
-	v1.ReasonMPSDaemonFailed:      true,
-	v1.ReasonNVMLError:            true,
-	v1.ReasonCommandFailed:        true,
-}
-
 // stateInput is what the failure checks look at.
 type stateInput struct {
 	node  *v1.GPUNode
@@ -75,7 +59,7 @@ func rejectedByHardware(in stateInput) (string, string, bool) {
 		return "", "", false
 	}
 	c := meta.FindStatusCondition(in.gpu.Conditions, v1.ConditionApplied)
-	if c == nil || c.Status != metav1.ConditionFalse || !hardwareRejections[c.Reason] {
+	if c == nil || c.Status != metav1.ConditionFalse || !v1.IsHardwareRejection(c.Reason) {
 		return "", "", false
 	}
 	return c.Reason, c.Message, true

@@ -30,7 +30,8 @@ type Options struct {
 	StatusDebounce time.Duration
 	// RestoreTimeout bounds the wait for agents after a policy is deleted; zero means the default.
 	RestoreTimeout time.Duration
-	// Clock is the policy reconciler's time source; nil means the real clock.
+	// Clock is the controllers' time source (the policy reconciler's deletion bound, the rollout's
+	// admission reservations); nil means the real clock.
 	Clock clock.PassiveClock
 	// SkipNameValidation lets tests start several managers in one process.
 	SkipNameValidation bool
@@ -50,7 +51,7 @@ func Controllers(ctx context.Context, mgr ctrl.Manager, o Options) error {
 		}
 		return controller.Options{MaxConcurrentReconciles: workers, SkipNameValidation: &o.SkipNameValidation}
 	}
-	resolver := &gpunode.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader()}
+	resolver := &gpunode.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Clock: o.Clock}
 	if err := resolver.SetupWithManager(mgr, copts(o.ResolverWorkers)); err != nil {
 		return fmt.Errorf("setting up %s: %w", gpunode.ControllerName, err)
 	}

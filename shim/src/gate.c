@@ -561,7 +561,6 @@ void gs_gate_atfork_child(void)
     pthread_mutex_unlock(&mu);
 }
 
-void gs_mm_log_stats(void);
 
 void gs_print_call_counts(void)
 {

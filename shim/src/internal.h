@@ -27,6 +27,12 @@ enum gs_hook_id {
 #include "hooks.def"
 #undef GS_HOOK
 
+/* Prototypes of the entry points, so every definition (generated in hooks.c, hand-written in
+ * procaddr.c and mm_*.c) is checked against the driver's signature here (-Wmissing-prototypes). */
+#define GS_HOOK(cls, name, params, args, extra) CUresult name params;
+#include "hooks.def"
+#undef GS_HOOK
+
 /* ---- configuration (config.c): read once, in gs_init ---- */
 enum { GS_LOG_ERROR = 0, GS_LOG_WARN = 1, GS_LOG_INFO = 2, GS_LOG_DEBUG = 3 };
 
@@ -132,6 +138,11 @@ void gs_gate_yield(void);
 int gs_gate_connected(void);
 /* Starts a detached thread of the shim's, with every signal blocked in it; pthread_create's result. */
 int gs_thread_start(void *(*fn)(void *), void *arg);
+/* Fork handlers and the exit report, registered once by gs_init. */
+void gs_gate_atfork_prepare(void);
+void gs_gate_atfork_parent(void);
+void gs_gate_atfork_child(void);
+void gs_print_call_counts(void);
 
 /* ---- memory manager (mm.c): swappable device memory for oversubscription ---- */
 enum { GS_MM_OK = 0, GS_MM_NOT_OURS = -1, GS_MM_YIELD = -2 };
@@ -139,6 +150,7 @@ extern atomic_int gs_mm_on; /* swappable allocations are made (oversubscription 
 void gs_mm_configure(uint64_t budget, uint32_t mode);
 uint64_t gs_mm_need(void);     /* bytes to ask for in ACQUIRE: working set plus a pending growth */
 uint64_t gs_mm_resident(void); /* physically mapped bytes */
+void gs_mm_log_stats(void);    /* the memory manager's counters, at exit */
 uint64_t gs_mm_swapped(void);
 void gs_mm_on_reply(int raise, uint64_t reserved, uint32_t status); /* GRANT / MEMREPLY, under the gate's mutex */
 int gs_mm_swap_in_all(int ignore_budget);                             /* 0: everything resident */

@@ -60,10 +60,6 @@ static void *const hook_fn[GS_HOOK_COUNT] = {
 #undef GS_HOOK
 };
 
-void gs_gate_atfork_prepare(void);
-void gs_gate_atfork_parent(void);
-void gs_gate_atfork_child(void);
-void gs_print_call_counts(void);
 
 static void do_init(void)
 {

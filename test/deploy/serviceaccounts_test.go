@@ -30,6 +30,14 @@ func as(account string) *rest.Config {
 	return cfg
 }
 
+// asAgentOn is the agent's service account with a token bound to a pod on node, as the kubelet projects
+// it: the API server puts the node's name into the user's extra, which config/admission checks.
+func asAgentOn(node string) *rest.Config {
+	cfg := as(agentAccount)
+	cfg.Impersonate.Extra = map[string][]string{"authentication.kubernetes.io/node-name": {node}}
+	return cfg
+}
+
 func TestServiceAccountsHoldNothingBeyondTheirRoles(t *testing.T) {
 	install(t)
 	ctx := context.Background()
@@ -84,7 +92,7 @@ func TestControllerAndAgentConvergeWithOnlyTheirServiceAccounts(t *testing.T) {
 	if err := simnode.CreateNode(ctx, env.Client, n); err != nil {
 		t.Fatal(err)
 	}
-	if err := simnode.Start(ctx, as(agentAccount), env.Scheme, n, dir, errs); err != nil {
+	if err := simnode.Start(ctx, asAgentOn(n.Name), env.Scheme, n, dir, errs); err != nil {
 		t.Fatal(err)
 	}
 

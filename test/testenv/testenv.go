@@ -53,18 +53,25 @@ func Scheme() *k8sruntime.Scheme {
 
 // Start runs kube-apiserver and etcd from bin/ (or $KUBEBUILDER_ASSETS) and installs the CRDs from
 // config/crd/bases. It fails with a clear message when the binaries have not been built.
-func Start() (*Env, error) {
+func Start() (*Env, error) { return start(true) }
+
+// StartWithoutCRDs is Start for tests that install the CRDs themselves (the Helm chart's tests).
+func StartWithoutCRDs() (*Env, error) { return start(false) }
+
+func start(installCRDs bool) (*Env, error) {
 	root := RepoRoot()
 	bin := os.Getenv("KUBEBUILDER_ASSETS")
 	if bin == "" {
 		bin = filepath.Join(root, "bin")
 	}
-	return StartAt(root, bin)
+	return startAt(root, bin, installCRDs)
 }
 
 // StartAt is Start for a checkout at root and binaries in bin, for programs that run where the source
 // tree they were built from is not (test/gpu/stack runs on the GPU machine).
-func StartAt(root, bin string) (*Env, error) {
+func StartAt(root, bin string) (*Env, error) { return startAt(root, bin, true) }
+
+func startAt(root, bin string, installCRDs bool) (*Env, error) {
 	for _, name := range []string{"kube-apiserver", "etcd"} {
 		if _, err := os.Stat(filepath.Join(bin, name)); err != nil {
 			return nil, fmt.Errorf("%s not found in %s: run 'make control-plane' (it builds the real binaries from the Go module proxy): %w", name, bin, err)
@@ -73,9 +80,11 @@ func StartAt(root, bin string) (*Env, error) {
 	s := Scheme()
 	env := &envtest.Environment{
 		BinaryAssetsDirectory: bin,
-		CRDDirectoryPaths:     []string{filepath.Join(root, "config", "crd", "bases")},
-		ErrorIfCRDPathMissing: true,
 		Scheme:                s,
+	}
+	if installCRDs {
+		env.CRDDirectoryPaths = []string{filepath.Join(root, "config", "crd", "bases")}
+		env.ErrorIfCRDPathMissing = true
 	}
 	cfg, err := env.Start()
 	if err != nil {
@@ -118,8 +127,13 @@ func (e *Env) AdminKubeconfig(dir string) (string, error) {
 
 // Main is a package's TestMain for suites that share one API server: it starts it into *env, runs the
 // tests, stops it and exits with the tests' code.
-func Main(m *testing.M, env **Env) {
-	e, err := Start()
+func Main(m *testing.M, env **Env) { main(m, env, Start) }
+
+// MainWithoutCRDs is Main with StartWithoutCRDs.
+func MainWithoutCRDs(m *testing.M, env **Env) { main(m, env, StartWithoutCRDs) }
+
+func main(m *testing.M, env **Env, start func() (*Env, error)) {
+	e, err := start()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)

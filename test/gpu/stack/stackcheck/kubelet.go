@@ -85,7 +85,7 @@ func (s *stack) allocate(ctx context.Context, resource string, n int, inUse map[
 	}
 	resp, err := p.AllocateOne(ctx, ids...)
 	if err != nil {
-		return nil, fmt.Errorf("Allocate %v: %w", ids, err)
+		return nil, fmt.Errorf("the kubelet's Allocate of %v: %w", ids, err)
 	}
 	for _, id := range ids {
 		inUse[id] = true

@@ -1,0 +1,186 @@
+package chart
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+
+	"github.com/gpusharing/gpusharing/test/testenv"
+)
+
+// decodeAll splits a multi-document YAML stream into objects keyed "Kind/namespace/name".
+func decodeAll(t *testing.T, stream string) map[string]*unstructured.Unstructured {
+	t.Helper()
+	out := map[string]*unstructured.Unstructured{}
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewBufferString(stream), 4096)
+	for {
+		var m map[string]any
+		err := dec.Decode(&m)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("decoding rendered YAML: %v", err)
+		}
+		if len(m) == 0 {
+			continue
+		}
+		u := &unstructured.Unstructured{Object: m}
+		out[key(u)] = u
+	}
+	return out
+}
+
+func key(u *unstructured.Unstructured) string {
+	return fmt.Sprintf("%s/%s/%s", u.GetKind(), u.GetNamespace(), u.GetName())
+}
+
+func keys(m map[string]*unstructured.Unstructured) []string {
+	var ks []string
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	return ks
+}
+
+// renderKustomize is `kubectl kustomize config/default` without the Namespace, which the chart leaves
+// to `helm install --create-namespace` (docs/deploy.md says how to label it).
+func renderKustomize(t *testing.T) map[string]*unstructured.Unstructured {
+	t.Helper()
+	out := run(t, "kubectl", "kustomize", filepath.Join(testenv.RepoRoot(), "config", "default"))
+	objs := decodeAll(t, out)
+	delete(objs, "Namespace//"+namespace)
+	// kustomize's namespace transformer does not know that admission policies are cluster-scoped and
+	// stamps them with the namespace, which the API server ignores; key them as the chart renders them.
+	for k, u := range objs {
+		if u.GetKind() == "ValidatingAdmissionPolicy" || u.GetKind() == "ValidatingAdmissionPolicyBinding" {
+			delete(objs, k)
+			u.SetNamespace("")
+			objs[key(u)] = u
+		}
+	}
+	return objs
+}
+
+// renderChart is `helm template` with the defaults (and extra --set flags) into gpusharing-system.
+func renderChart(t *testing.T, set ...string) map[string]*unstructured.Unstructured {
+	t.Helper()
+	args := []string{"template", "gpusharing", chartDir(), "--namespace", namespace}
+	for _, s := range set {
+		args = append(args, "--set", s)
+	}
+	return decodeAll(t, run(t, "helm", args...))
+}
+
+func TestHelmLintPasses(t *testing.T) {
+	for _, set := range [][]string{nil, {"metrics.serviceMonitor.enabled=true", "grafana.dashboard.enabled=true", "admissionPolicy.enabled=false"}} {
+		args := []string{"lint", "--strict", chartDir()}
+		for _, s := range set {
+			args = append(args, "--set", s)
+		}
+		run(t, "helm", args...)
+	}
+}
+
+func TestChartWithDefaultsRendersExactlyWhatKustomizeRenders(t *testing.T) {
+	k, h := renderKustomize(t), renderChart(t)
+	for _, u := range h {
+		// The one intended difference: helm keeps the CRDs (and so every policy) on uninstall.
+		if u.GetKind() == "CustomResourceDefinition" {
+			a := u.GetAnnotations()
+			if a["helm.sh/resource-policy"] != "keep" {
+				t.Errorf("%s lacks helm.sh/resource-policy: keep", key(u))
+			}
+			delete(a, "helm.sh/resource-policy")
+			if len(a) == 0 {
+				a = nil
+			}
+			u.SetAnnotations(a)
+		}
+	}
+	if kk, hk := keys(k), keys(h); !reflect.DeepEqual(kk, hk) {
+		t.Fatalf("kustomize renders %v,\nthe chart renders %v", kk, hk)
+	}
+	for name, want := range k {
+		if got := h[name]; !reflect.DeepEqual(want.Object, got.Object) {
+			t.Errorf("%s differs:\n%s", name, diff(want.Object, got.Object, ""))
+		}
+	}
+}
+
+// diff names the paths where two decoded objects differ.
+func diff(a, b any, path string) string {
+	am, aok := a.(map[string]any)
+	bm, bok := b.(map[string]any)
+	if aok && bok {
+		var out []string
+		seen := map[string]bool{}
+		for k := range am {
+			seen[k] = true
+		}
+		for k := range bm {
+			seen[k] = true
+		}
+		var ks []string
+		for k := range seen {
+			ks = append(ks, k)
+		}
+		sort.Strings(ks)
+		for _, k := range ks {
+			if d := diff(am[k], bm[k], path+"."+k); d != "" {
+				out = append(out, d)
+			}
+		}
+		return strings.Join(out, "\n")
+	}
+	if reflect.DeepEqual(a, b) {
+		return ""
+	}
+	return fmt.Sprintf("  %s: kustomize %v, chart %v", path, a, b)
+}
+
+func TestChartValuesReachTheObjects(t *testing.T) {
+	h := renderChart(t,
+		"agent.image.tag=v9", "agent.nodeSelector.pool=a100", "agent.oversubReserve=4Gi",
+		"agent.resourceNames.mps=example.com/mps", "agent.healthChecks.enabled=false",
+		"agent.healthChecks.ignoredXids=13\\,31", "manager.replicas=1",
+		"metrics.serviceMonitor.enabled=true", "grafana.dashboard.enabled=true",
+	)
+	ds := h["DaemonSet/"+namespace+"/gpusharing-agent"]
+	if ds == nil {
+		t.Fatal("no agent DaemonSet")
+	}
+	c, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "containers")
+	agent := c[0].(map[string]any)
+	if agent["image"] != "gpusharing/agent:v9" {
+		t.Errorf("agent image %v, want gpusharing/agent:v9", agent["image"])
+	}
+	args := fmt.Sprint(agent["args"])
+	for _, want := range []string{"--oversub-reserve=4Gi", "--resource-mps=example.com/mps", "--health-checks=false", "--health-ignored-xids=13,31"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("agent args %s lack %s", args, want)
+		}
+	}
+	if sel, _, _ := unstructured.NestedStringMap(ds.Object, "spec", "template", "spec", "nodeSelector"); sel["pool"] != "a100" {
+		t.Errorf("agent nodeSelector %v lacks pool=a100", sel)
+	}
+	if r, _, _ := unstructured.NestedFieldNoCopy(h["Deployment/"+namespace+"/gpusharing-manager"].Object, "spec", "replicas"); fmt.Sprint(r) != "1" {
+		t.Errorf("manager replicas %v, want 1", r)
+	}
+	for _, want := range []string{"ServiceMonitor/" + namespace + "/gpusharing-agent", "ServiceMonitor/" + namespace + "/gpusharing-manager",
+		"Service/" + namespace + "/gpusharing-agent-metrics", "ConfigMap/" + namespace + "/gpusharing-dashboard"} {
+		if h[want] == nil {
+			t.Errorf("the chart with serviceMonitor and dashboard on renders no %s (it renders %v)", want, keys(h))
+		}
+	}
+}

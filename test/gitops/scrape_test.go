@@ -1,0 +1,190 @@
+package gitops
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	v1 "github.com/gpusharing/gpusharing/api/v1alpha1"
+	"github.com/gpusharing/gpusharing/controllers/setup"
+	"github.com/gpusharing/gpusharing/test/simnode"
+	"github.com/gpusharing/gpusharing/test/testenv"
+)
+
+// eventOnly are the dashboard's series that exist only after an event this test does not cause: a shim
+// client connecting (per-client memory and swaps), a drain (drain durations, tested in agent/app), an
+// MPS daemon restart. They must still be declared by the code
+// (TestEveryDashboardQueryNamesAMetricTheCodeExports). The scheduler's per-GPU lock series (wait, hold,
+// hand-offs, revocations, evictions) are served as soon as a GPU's scheduler runs, so they are checked.
+var eventOnly = map[string]bool{
+	"gpusharing_scheduler_client_resident_bytes":     true,
+	"gpusharing_scheduler_client_swapped_bytes":      true,
+	"gpusharing_scheduler_client_swaps_total":        true,
+	"gpusharing_scheduler_client_swap_bytes_total":   true,
+	"gpusharing_scheduler_client_swap_seconds_total": true,
+	"gpusharing_agent_drain_duration_seconds":        true,
+	"gpusharing_agent_mps_daemon_restarts":           true,
+}
+
+// dashboardMetrics lists the gpusharing_ series the dashboard queries, histogram suffixes removed.
+func dashboardMetrics(t *testing.T) []string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "config", "grafana", "gpusharing.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels []struct {
+			Targets []struct{ Expr string } `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(data, &dash); err != nil {
+		t.Fatal(err)
+	}
+	set := map[string]bool{}
+	for _, p := range dash.Panels {
+		for _, q := range p.Targets {
+			for _, n := range metricName.FindAllString(q.Expr, -1) {
+				set[strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(n, "_bucket"), "_sum"), "_count")] = true
+			}
+		}
+	}
+	var out []string
+	for n := range set {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// scrape GETs a /metrics endpoint and returns the series names it exposes.
+func scrape(t *testing.T, url string) map[string]bool {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	line := regexp.MustCompile(`^(gpusharing_[a-z0-9_]+?)(_bucket|_sum|_count)?[{ ]`)
+	out := map[string]bool{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if m := line.FindStringSubmatch(sc.Text()); m != nil {
+			out[m[1]] = true
+		}
+	}
+	return out
+}
+
+// The controller and a simulated node's real agent run in this process against the API server and
+// converge a time-slicing policy with oversubscription (so the shim scheduler runs); their shared
+// registry is served over HTTP as their /metrics endpoints serve it, and scraped.
+func TestTheDashboardsSeriesAreServedByARunningManagerAndAgent(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errs := make(chan error, 2)
+	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{Scheme: env.Scheme, Metrics: metricsserver.Options{BindAddress: "0"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := setup.Controllers(ctx, mgr, setup.Options{SkipNameValidation: true}); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		if err := mgr.Start(ctx); err != nil {
+			errs <- err
+		}
+	}()
+	dir, err := os.MkdirTemp("", "scrape")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { simnode.StopDaemons(dir); _ = os.RemoveAll(dir) })
+	n := simnode.Node{Name: "scrape-node", Model: "H100", GPUs: 1, Labels: map[string]string{"pool": "scrape"}, Seq: 91}
+	if err := simnode.CreateNode(ctx, env.Client, n); err != nil {
+		t.Fatal(err)
+	}
+	if err := simnode.Start(ctx, env.Config, env.Scheme, n, dir, errs); err != nil {
+		t.Fatal(err)
+	}
+	p := &v1.GPUSharingPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "scrape-oversub"},
+		Spec: v1.GPUSharingPolicySpec{
+			NodeSelector: &v1.NodeSelector{MatchLabels: map[string]v1.LabelValue{"pool": "scrape"}},
+			Sharing: v1.Sharing{Strategy: v1.StrategyTimeSlicing, TimeSlicing: &v1.TimeSlicingSharing{Replicas: 2},
+				Oversubscription: &v1.Oversubscription{}},
+		},
+	}
+	if err := env.Client.Create(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		select {
+		case err := <-errs:
+			t.Fatal(err)
+		default:
+		}
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(p), p); err != nil {
+			t.Fatal(err)
+		}
+		if meta.IsStatusConditionTrue(p.Status.Conditions, v1.ConditionReady) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the policy did not become Ready: %+v", p.Status.Conditions)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
+	srv := httptest.NewServer(promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}))
+	defer srv.Close()
+	// The policy's status pass and the agent's pass record their gauges right after their writes; give
+	// the last pass a moment.
+	var got map[string]bool
+	var missing []string
+	for i := 0; i < 50; i++ {
+		got, missing = scrape(t, srv.URL), nil
+		for _, name := range dashboardMetrics(t) {
+			if !got[name] && !eventOnly[name] {
+				missing = append(missing, name)
+			}
+		}
+		if len(missing) == 0 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if len(missing) > 0 {
+		t.Errorf("the dashboard queries %v, which the running manager and agent do not serve", missing)
+	}
+	// The event-only list must not hide series that are in fact always there.
+	for name := range eventOnly {
+		if got[name] {
+			t.Logf("%s is served already (listed as event-only)", name)
+		}
+	}
+	for _, name := range []string{"gpusharing_agent_gpu_sharing_info", "gpusharing_scheduler_budget_bytes", "gpusharing_policy_gpus"} {
+		if !got[name] {
+			t.Errorf("%s is not served; the dashboard's core panels would be empty", name)
+		}
+	}
+}

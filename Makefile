@@ -51,8 +51,8 @@ build: ## Build the manager and agent binaries and the shim
 	@if [ -f shim/Makefile ]; then $(MAKE) -C shim all; fi
 
 .PHONY: control-plane
-control-plane: ## Build kube-apiserver, etcd and kubectl v1.36.3 into bin/ (skipped when present)
-	hack/build-control-plane.sh etcd kube-apiserver kubectl
+control-plane: ## Build kube-apiserver, etcd, kubectl and kube-scheduler v1.36.3 into bin/ (skipped when present)
+	hack/build-control-plane.sh etcd kube-apiserver kubectl kube-scheduler
 
 .PHONY: helm
 helm: ## Build the helm CLI v3.22.0 into bin/ from the module proxy (skipped when present)
@@ -74,7 +74,7 @@ golangci-lint: ## Build golangci-lint $(GOLANGCI_LINT_VERSION) from the module p
 .PHONY: helm-lint
 helm-lint: helm ## helm lint the chart, with the defaults and with every optional part on
 	$(BIN)/helm lint charts/gpusharing
-	$(BIN)/helm lint charts/gpusharing --set metrics.serviceMonitor.enabled=true --set grafana.dashboard.enabled=true
+	$(BIN)/helm lint charts/gpusharing --set metrics.serviceMonitor.enabled=true --set grafana.dashboard.enabled=true --set dra.deviceClasses=true
 
 .PHONY: test
 test: control-plane helm verify-generated lint helm-lint ## The test command: unit, envtest (real apiserver), chart and shim suites

@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/gpusharing/gpusharing/agent/deviceplugin"
+	"github.com/gpusharing/gpusharing/agent/dra"
 	"github.com/gpusharing/gpusharing/agent/drain"
 	"github.com/gpusharing/gpusharing/agent/gpu"
 	"github.com/gpusharing/gpusharing/agent/health"
@@ -71,6 +72,9 @@ type Options struct {
 	// describes them; nil turns it off (the demo's simulated nodes have no kubelet). Its MPSRoot must be
 	// empty or equal MPSRoot: pods mount the pipe directory the MPS daemons use, both derived from MPSRoot.
 	DevicePlugin *deviceplugin.Config
+	// ResourceSlices publishes the applied sharing as DRA ResourceSlices of driver gpu.gpusharing.io
+	// (docs/dra.md); off by default until the DRA kubelet plugin prepares what they allocate.
+	ResourceSlices bool
 	// PodResourcesSocket is the kubelet's PodResources API. With DevicePlugin set, it turns on the drain
 	// of a GPU before a disruptive change; empty leaves it off (a disruptive change is applied at once and
 	// refused with GPUBusy while processes use the GPU).
@@ -184,6 +188,9 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	if err := setupDevicePlugin(mgr, o, r); err != nil {
 		return err
 	}
+	if err := setupResourceSlices(mgr, o, r); err != nil {
+		return err
+	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the GPUNode reconciler: %w", err)
 	}
@@ -207,6 +214,25 @@ func DevicePluginConfig(cfg deviceplugin.Config, mpsRoot, schedulerRoot string) 
 	}
 	cfg.SchedulerRoot = schedulerRoot
 	return cfg, nil
+}
+
+// setupResourceSlices makes r publish each status as the node's ResourceSlices, named as the device
+// plugin names its shares. The publisher reads and writes through an uncached client: the agent's cache
+// holds its own node's objects only.
+func setupResourceSlices(mgr ctrl.Manager, o Options, r *node.Reconciler) error {
+	if !o.ResourceSlices {
+		return nil
+	}
+	cfg := deviceplugin.DefaultConfig()
+	if o.DevicePlugin != nil {
+		cfg = *o.DevicePlugin
+	}
+	c, err := client.New(mgr.GetConfig(), client.Options{Scheme: mgr.GetScheme()})
+	if err != nil {
+		return fmt.Errorf("building the ResourceSlice client: %w", err)
+	}
+	r.Slices = &dra.StatusPublisher{Publisher: dra.Publisher{Client: c, Node: o.NodeName}, Config: cfg}
+	return nil
 }
 
 // setupDevicePlugin adds the device plugin and, with the PodResources socket, the drain to r.

@@ -44,6 +44,12 @@ var nodeSeq int
 // t.TempDir() paths can exceed the 108-byte limit of a Unix socket path.
 func startNode(t *testing.T, gpus int) *testNode {
 	t.Helper()
+	return startNodeWith(t, gpus, nil)
+}
+
+// startNodeWith is startNode with Setup's options changed by with (nil: none).
+func startNodeWith(t *testing.T, gpus int, with func(*Options)) *testNode {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "x")
 	if err != nil {
 		t.Fatal(err)
@@ -79,7 +85,7 @@ func startNode(t *testing.T, gpus int) *testNode {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = Setup(mgr, Options{
+	opts := Options{
 		NodeName:           n.name,
 		GPU:                gpu.NewNVML(n.gpus),
 		MPSRoot:            filepath.Join(dir, "mps"),
@@ -95,7 +101,11 @@ func startNode(t *testing.T, gpus int) *testNode {
 		// Long enough that a test sees no retry after a failed drain.
 		DrainBackoff: time.Hour,
 		Health:       &HealthOptions{},
-	})
+	}
+	if with != nil {
+		with(&opts)
+	}
+	err = Setup(mgr, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

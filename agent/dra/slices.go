@@ -4,11 +4,15 @@ import (
 	"context"
 	"fmt"
 
+	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/gpusharing/gpusharing/agent/deviceplugin"
+	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
 // Slices cuts a node's devices into ResourceSlices of one pool named after the node, at most
@@ -120,4 +124,26 @@ func sameDevices(a, b []resourcev1.Device) bool {
 	}
 	// Semantic: quantities read back from the server compare by value, not by their cached form.
 	return equality.Semantic.DeepEqual(a, b)
+}
+
+// StatusPublisher publishes a node's status as slices on every pass: the agent's reconciler calls it
+// with each status it computes, as it tells the device plugin. Writes happen only when the devices
+// change; the slices are owned by the Node, so they go with it.
+type StatusPublisher struct {
+	Publisher
+	// Config names the shares as the device plugin does (replica counts of shim shares).
+	Config deviceplugin.Config
+}
+
+// PublishStatus syncs the node's slices with the devices status offers.
+func (p *StatusPublisher) PublishStatus(ctx context.Context, status v1alpha1.GPUNodeStatus) error {
+	if p.Owner == nil {
+		var n corev1.Node
+		if err := p.Client.Get(ctx, client.ObjectKey{Name: p.Node}, &n); err != nil {
+			return fmt.Errorf("reading Node %s to own its ResourceSlices: %w", p.Node, err)
+		}
+		p.Owner = &metav1.OwnerReference{APIVersion: "v1", Kind: "Node", Name: n.Name, UID: n.UID}
+	}
+	_, err := p.Sync(ctx, Devices(status, p.Config))
+	return err
 }

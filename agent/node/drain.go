@@ -24,6 +24,12 @@ type DevicePlugin interface {
 	Uncordon(ctx context.Context, gpuUUID string) error
 }
 
+// SlicePublisher publishes each status a pass computes as DRA ResourceSlices; dra.StatusPublisher
+// implements it.
+type SlicePublisher interface {
+	PublishStatus(ctx context.Context, status v1alpha1.GPUNodeStatus) error
+}
+
 // Drainer empties one GPU of its pods; drain.Drainer implements it.
 type Drainer interface {
 	Drain(ctx context.Context, req drain.Request) (drain.Result, error)
@@ -276,10 +282,19 @@ func (r *Reconciler) cleanupDrains(sc *scope, listed map[string]bool) {
 // publishDevices tells the device plugin the status this pass computed (cheap and idempotent, so on
 // every pass), then advertises again the GPUs whose drain ended.
 func (r *Reconciler) publishDevices(ctx context.Context, sc *scope) {
-	if r.Devices == nil || sc.invErr != nil {
+	if sc.invErr != nil {
 		return
 	}
 	log := ctrl.LoggerFrom(ctx)
+	if r.Slices != nil {
+		// A failed write is retried on the next pass (every resync at the latest).
+		if err := r.Slices.PublishStatus(ctx, sc.node.Status); err != nil {
+			log.Error(err, "Publishing ResourceSlices failed")
+		}
+	}
+	if r.Devices == nil {
+		return
+	}
 	if err := r.Devices.UpdateFromStatus(ctx, sc.node.Status); err != nil {
 		// The device plugin retries registration on its own loop.
 		log.Error(err, "Device plugin update failed")

@@ -59,6 +59,8 @@ type Reconciler struct {
 
 	// Devices, when set, is told every status a pass computes (the kubelet device plugin).
 	Devices DevicePlugin
+	// Slices, when set, publishes every status a pass computes as DRA ResourceSlices.
+	Slices SlicePublisher
 	// Drainer, with Devices, empties a GPU before a disruptive change (see drain.go). Without either, a
 	// disruptive change is applied at once and refused with GPUBusy while processes use the GPU.
 	Drainer Drainer

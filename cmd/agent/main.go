@@ -48,6 +48,7 @@ type options struct {
 	// devicePlugin is nil when --device-plugin=false.
 	devicePlugin       *deviceplugin.Config
 	podResourcesSocket string
+	resourceSlices     bool
 	drainBackoff       time.Duration
 	drainPoll          time.Duration
 	// schedulerRoot holds the shim scheduler sockets, whether or not the device plugin runs.
@@ -94,6 +95,7 @@ func parse(args []string) (options, *textlogger.Config) {
 	dp := deviceplugin.DefaultConfig()
 	var dpOn bool
 	reserve := resource.NewQuantity(node.DefaultOversubReserve, resource.BinarySI)
+	fs.BoolVar(&o.resourceSlices, "dra-resource-slices", false, "publish the applied sharing as DRA ResourceSlices (driver gpu.gpusharing.io, docs/dra.md); the DRA kubelet plugin is not there yet")
 	fs.BoolVar(&dpOn, "device-plugin", true, "serve the kubelet device plugin API for this node's GPUs (and drain a GPU before a disruptive change)")
 	fs.StringVar(&dp.SocketDir, "device-plugin-dir", dp.SocketDir, "the kubelet's device plugin directory (kubelet.sock and the plugins' sockets)")
 	fs.StringVar(&o.podResourcesSocket, "pod-resources-socket", drain.DefaultPodResourcesSocket, "the kubelet's PodResources API socket, to find the pods using a GPU before a disruptive change; empty turns the drain off")
@@ -230,6 +232,7 @@ func run(ctx context.Context, o options) error {
 		MPSExclusiveProcess: o.mpsExclusiveProcess,
 		DevicePlugin:        o.devicePlugin,
 		PodResourcesSocket:  o.podResourcesSocket,
+		ResourceSlices:      o.resourceSlices,
 		DrainBackoff:        o.drainBackoff,
 		DrainPollInterval:   o.drainPoll,
 	})

@@ -2,7 +2,6 @@ package deploy
 
 import (
 	"context"
-	"os"
 	"testing"
 	"time"
 
@@ -83,18 +82,8 @@ func TestControllerAndAgentConvergeWithOnlyTheirServiceAccounts(t *testing.T) {
 		}
 	}()
 
-	dir, err := os.MkdirTemp("", "rbac")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { simnode.StopDaemons(dir); _ = os.RemoveAll(dir) })
 	n := simnode.Node{Name: "rbac-node", Model: "H100", GPUs: 2, Labels: map[string]string{"pool": "rbac"}, Seq: 77}
-	if err := simnode.CreateNode(ctx, env.Client, n); err != nil {
-		t.Fatal(err)
-	}
-	if err := simnode.Start(ctx, asAgentOn(n.Name), env.Scheme, n, dir, errs); err != nil {
-		t.Fatal(err)
-	}
+	simnode.StartForTest(t, ctx, env.Client, asAgentOn(n.Name), env.Scheme, n, errs)
 
 	replicas := int32(2)
 	policy := &v1alpha1.GPUSharingPolicy{

@@ -113,18 +113,8 @@ func TestTheDashboardsSeriesAreServedByARunningManagerAndAgent(t *testing.T) {
 			errs <- err
 		}
 	}()
-	dir, err := os.MkdirTemp("", "scrape")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { simnode.StopDaemons(dir); _ = os.RemoveAll(dir) })
 	n := simnode.Node{Name: "scrape-node", Model: "H100", GPUs: 1, Labels: map[string]string{"pool": "scrape"}, Seq: 91}
-	if err := simnode.CreateNode(ctx, env.Client, n); err != nil {
-		t.Fatal(err)
-	}
-	if err := simnode.Start(ctx, env.Config, env.Scheme, n, dir, errs); err != nil {
-		t.Fatal(err)
-	}
+	simnode.StartForTest(t, ctx, env.Client, env.Config, env.Scheme, n, errs)
 	p := &v1.GPUSharingPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: "scrape-oversub"},
 		Spec: v1.GPUSharingPolicySpec{

@@ -268,7 +268,8 @@ func setupDevicePlugin(mgr ctrl.Manager, o Options, r *node.Reconciler) error {
 		return err
 	}
 	// Pods are read uncached: the agent must not cache every pod of the cluster.
-	r.Drainer = &drain.Drainer{PodResources: lister, Evictor: evictor, Pods: mgr.GetAPIReader(), PollInterval: o.DrainPollInterval, Clock: o.Clock}
+	r.Drainer = &drain.Drainer{PodResources: lister, Evictor: evictor, Pods: mgr.GetAPIReader(), NodeName: o.NodeName,
+		PollInterval: o.DrainPollInterval, Clock: o.Clock}
 	return nil
 }
 

@@ -112,6 +112,10 @@ type Drainer struct {
 	// (manager.GetAPIReader()) so the agent does not cache every pod of the cluster. Without it only the
 	// kubelet's list counts.
 	Pods client.Reader
+	// NodeName is the node whose kubelet PodResources lists. A pod the API server binds to another node is
+	// never evicted (a same-named pod recreated elsewhere); evictions carry the pod's uid as a
+	// precondition. Empty skips the node check.
+	NodeName string
 	// PollInterval defaults to DefaultPollInterval.
 	PollInterval time.Duration
 	// Clock decides the polls and the timeout; nil means the real clock.
@@ -155,8 +159,10 @@ type run struct {
 	now   func() time.Time
 	clock clock.Clock
 
-	evicted     map[PodRef]bool
-	blockedMsg  map[PodRef]string
+	evicted    map[PodRef]bool
+	blockedMsg map[PodRef]string
+	// pods is what the API server last said of each listed pod (uid and node, for the eviction).
+	pods        map[PodRef]apiPod
 	lastWaiting string
 	lastListErr error
 }
@@ -178,6 +184,7 @@ func (r *run) loop(ctx context.Context, mode v1alpha1.DrainMode, start time.Time
 	deadline := start.Add(r.req.Timeout)
 	r.evicted = map[PodRef]bool{}
 	r.blockedMsg = map[PodRef]string{}
+	r.pods = map[PodRef]apiPod{}
 	first := true
 	var pods []PodRef
 	for {

@@ -15,6 +15,7 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -350,5 +351,55 @@ func TestABudgetNotYetObservedIsReportedBlockedAtOnceAndCancelStopsTheDrain(t *t
 	o := <-done
 	if !errors.Is(o.err, context.Canceled) || !reflect.DeepEqual(o.res.Remaining, []PodRef{{ns, "server"}}) {
 		t.Errorf("after cancel: %v, remaining %v; want context.Canceled and the pod remaining", o.err, o.res.Remaining)
+	}
+}
+
+// A pod the kubelet still lists on this GPU but the API server binds to another node (deleted here and
+// recreated there under the same name) is never evicted: it is not this node's.
+func TestEvictNeverEvictsASameNamedPodBoundToAnotherNode(t *testing.T) {
+	ctx := testCtx(t)
+	ns := namespace(t, ctx)
+	pr, lister := startPodResources(t)
+	moved := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "moved"},
+		Spec: corev1.PodSpec{NodeName: "other-node", Containers: []corev1.Container{{Name: "main", Image: "example.com/cuda:1"}}}}
+	if err := env.Client.Create(ctx, moved); err != nil {
+		t.Fatal(err)
+	}
+	env.SetPodPhase(t, ctx, moved, corev1.PodRunning)
+	pr.SetPods(fakekubelet.Pod(ns, "moved", "nvidia.com/gpu", "GPU-a"))
+	d := &Drainer{PodResources: lister, Pods: env.Client, Evictor: evictor(t, env.Config), NodeName: "this-node", PollInterval: pollInterval}
+	res, err := d.Drain(ctx, Request{GPUUUID: "GPU-a", Mode: v1alpha1.DrainEvict, Timeout: time.Second})
+	if !errors.Is(err, ErrDrainTimeout) || len(res.Evicted) != 0 {
+		t.Fatalf("Drain = %v, evicted %v; want a timeout and no eviction", err, res.Evicted)
+	}
+	var pod corev1.Pod
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(moved), &pod); err != nil || pod.DeletionTimestamp != nil {
+		t.Errorf("the other node's pod: %v, deleting %v; want it untouched", err, pod.DeletionTimestamp)
+	}
+	blocked := false
+	for _, s := range res.Steps {
+		blocked = blocked || (s.Phase == PhaseEvictionBlocked && strings.Contains(s.Message, "other-node"))
+	}
+	if !blocked {
+		t.Errorf("steps %v: want an EvictionBlocked step naming the other node", phases(res.Steps))
+	}
+}
+
+// An eviction names the uid the drain read: a pod recreated under the same name since is not evicted.
+func TestEvictionCarriesThePodsUIDAsAPrecondition(t *testing.T) {
+	ctx := testCtx(t)
+	ns := namespace(t, ctx)
+	pod := env.RunningPod(t, ctx, ns, "worker", nil)
+	e := evictor(t, env.Config)
+	err := e.Evict(ctx, PodRef{ns, "worker"}, types.UID("0b4d4c4e-0000-4000-8000-000000000000"))
+	if !apierrors.IsConflict(err) {
+		t.Fatalf("eviction with another pod's uid = %v, want 409 Conflict", err)
+	}
+	var got corev1.Pod
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(pod), &got); err != nil || got.DeletionTimestamp != nil {
+		t.Fatalf("after the refused eviction: %v, deleting %v; want the pod untouched", err, got.DeletionTimestamp)
+	}
+	if err := e.Evict(ctx, PodRef{ns, "worker"}, pod.UID); err != nil {
+		t.Fatalf("eviction with the pod's own uid: %v", err)
 	}
 }

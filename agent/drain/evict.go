@@ -9,6 +9,7 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 )
@@ -17,9 +18,11 @@ import (
 const evictTimeout = 10 * time.Second
 
 // Evictor asks the API server to evict a pod through the Eviction API (pods/eviction), which honours
-// PodDisruptionBudgets.
+// PodDisruptionBudgets. A non-empty uid is a precondition: a pod of the same name but another uid (one
+// recreated since the drain read it, possibly on another node) is not evicted; the API server answers
+// 409 Conflict.
 type Evictor interface {
-	Evict(ctx context.Context, pod PodRef) error
+	Evict(ctx context.Context, pod PodRef, uid types.UID) error
 }
 
 // NewEvictor returns an Evictor over cfg. It turns off client-go's retries: a 429 with Retry-After (what a
@@ -35,8 +38,11 @@ func NewEvictor(cfg *rest.Config) (Evictor, error) {
 
 type restEvictor struct{ c rest.Interface }
 
-func (e *restEvictor) Evict(ctx context.Context, pod PodRef) error {
+func (e *restEvictor) Evict(ctx context.Context, pod PodRef, uid types.UID) error {
 	ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name}}
+	if uid != "" {
+		ev.DeleteOptions = &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}}
+	}
 	return e.c.Post().AbsPath("/api/v1").Namespace(pod.Namespace).Resource("pods").Name(pod.Name).
 		SubResource("eviction").MaxRetries(0).Body(ev).Do(ctx).Error()
 }
@@ -49,8 +55,20 @@ func (r *run) evictAll(ctx context.Context, pods []PodRef, deadline time.Time) e
 		if r.evicted[p] {
 			continue
 		}
+		who, known := r.pods[p]
+		if known && who.elsewhere {
+			// The API server binds a pod of this name to another node: the kubelet's entry is a stale one
+			// of a pod that was recreated there. That pod is not this GPU's to evict; the kubelet drops
+			// the entry once the old containers are gone.
+			msg := fmt.Sprintf("the API server binds %s to node %s, not %s: not evicted, waiting for the kubelet to drop it", p, who.node, r.d.NodeName)
+			if r.blockedMsg[p] != msg {
+				r.step(ctx, PhaseEvictionBlocked, []PodRef{p}, "%s", msg)
+			}
+			r.blockedMsg[p] = msg
+			continue
+		}
 		cctx, cancel := context.WithTimeout(ctx, max(time.Second, min(evictTimeout, deadline.Sub(r.now()))))
-		err := r.d.Evictor.Evict(cctx, p)
+		err := r.d.Evictor.Evict(cctx, p, who.uid)
 		callTimedOut := errors.Is(cctx.Err(), context.DeadlineExceeded)
 		cancel()
 		switch {
@@ -62,6 +80,10 @@ func (r *run) evictAll(ctx context.Context, pods []PodRef, deadline time.Time) e
 		case apierrors.IsNotFound(err):
 			// Already gone from the API server; the kubelet will drop it.
 			r.evicted[p] = true
+		case apierrors.IsConflict(err):
+			// The uid precondition failed: the pod was recreated since it was read. The next poll reads
+			// it again and evicts it only if it is still this node's and still on the GPU.
+			delete(r.pods, p)
 		case apierrors.IsTooManyRequests(err):
 			msg := describe(err)
 			if r.blockedMsg[p] != msg {

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -55,7 +56,7 @@ func (r *run) podsUsingGPU(ctx context.Context) ([]PodRef, error) {
 	for _, p := range resp.GetPodResources() {
 		if holdsDevice(p, ids) {
 			ref := PodRef{Namespace: p.GetNamespace(), Name: p.GetName()}
-			ended, err := r.ended(ctx, ref)
+			ended, err := r.inspect(ctx, ref)
 			if err != nil {
 				// Could not check is not "ended": the pod still counts.
 				ended = false
@@ -84,8 +85,17 @@ func holdsDevice(p *podresourcesv1.PodResources, ids map[string]bool) bool {
 	return false
 }
 
-// ended says whether the API server reports the pod gone or finished.
-func (r *run) ended(ctx context.Context, ref PodRef) (bool, error) {
+// apiPod is what the API server said of a pod the kubelet lists: its uid (the eviction's precondition)
+// and whether it is bound to another node than the drain's.
+type apiPod struct {
+	uid       types.UID
+	node      string
+	elsewhere bool
+}
+
+// inspect says whether the API server reports the pod gone or finished, and records its uid and node for
+// the eviction.
+func (r *run) inspect(ctx context.Context, ref PodRef) (bool, error) {
 	if r.d.Pods == nil {
 		return false, nil
 	}
@@ -96,5 +106,7 @@ func (r *run) ended(ctx context.Context, ref PodRef) (bool, error) {
 		}
 		return false, err
 	}
+	r.pods[ref] = apiPod{uid: pod.UID, node: pod.Spec.NodeName,
+		elsewhere: r.d.NodeName != "" && pod.Spec.NodeName != "" && pod.Spec.NodeName != r.d.NodeName}
 	return pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed, nil
 }

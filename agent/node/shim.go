@@ -1,10 +1,12 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -218,7 +220,25 @@ func shimStatus(st ShimState) *v1alpha1.ShimStatus {
 	if st.GPU.Budget > 0 {
 		out.MemoryBudget = resource.NewQuantity(int64(st.GPU.Budget), resource.BinarySI)
 	}
-	for _, c := range st.Clients {
+	clients := slices.Clone(st.Clients)
+	// The ones a reader looks for first: who holds the GPU, then who holds the most memory.
+	slices.SortStableFunc(clients, func(a, b scheduler.ClientState) int {
+		switch {
+		case a.Holding != b.Holding:
+			if a.Holding {
+				return -1
+			}
+			return 1
+		case a.ResidentBytes != b.ResidentBytes:
+			return cmp.Compare(b.ResidentBytes, a.ResidentBytes)
+		}
+		return cmp.Compare(a.PID, b.PID)
+	})
+	if n := len(clients) - v1alpha1.MaxShimClientsInStatus; n > 0 {
+		out.OmittedClients = int32(n)
+		clients = clients[:v1alpha1.MaxShimClientsInStatus]
+	}
+	for _, c := range clients {
 		out.Clients = append(out.Clients, v1alpha1.ShimClient{
 			PID:           c.PID,
 			Pod:           st.Pods[c.PID],

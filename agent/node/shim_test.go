@@ -241,3 +241,22 @@ func TestShimStatusIsWhatTheSchedulerEnforces(t *testing.T) {
 		t.Errorf("a lock-only scheduler reports memoryBudget %v, want none (the device plugin would turn swapping on)", lockOnly.MemoryBudget)
 	}
 }
+
+// A crowded GPU must not push its GPUNode past etcd's size limit: clients are capped, holders and the
+// largest residents first, and the rest counted.
+func TestShimStatusListsAtMostMaxClientsAndCountsTheRest(t *testing.T) {
+	var clients []scheduler.ClientState
+	for pid := int32(1); pid <= 100; pid++ {
+		clients = append(clients, scheduler.ClientState{PID: pid, ResidentBytes: uint64(pid) << 20, Holding: pid == 3})
+	}
+	got := shimStatus(ShimState{GPU: scheduler.GPUState{Quantum: time.Second}, Clients: clients})
+	if len(got.Clients) != v1alpha1.MaxShimClientsInStatus || got.OmittedClients != int32(100-v1alpha1.MaxShimClientsInStatus) {
+		t.Fatalf("%d clients listed, %d omitted; want %d and %d", len(got.Clients), got.OmittedClients, v1alpha1.MaxShimClientsInStatus, 100-v1alpha1.MaxShimClientsInStatus)
+	}
+	if got.Clients[0].PID != 3 || got.Clients[1].PID != 100 || got.Clients[len(got.Clients)-1].PID != 100-int32(v1alpha1.MaxShimClientsInStatus)+2 {
+		t.Errorf("listed pids %d, %d ... %d; want the holder 3, then the largest residents from 100 down", got.Clients[0].PID, got.Clients[1].PID, got.Clients[len(got.Clients)-1].PID)
+	}
+	if few := shimStatus(ShimState{Clients: clients[:2]}); few.OmittedClients != 0 || len(few.Clients) != 2 {
+		t.Errorf("two clients: %d listed, %d omitted", len(few.Clients), few.OmittedClients)
+	}
+}

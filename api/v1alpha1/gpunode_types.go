@@ -328,11 +328,20 @@ type ShimStatus struct {
 	// antiThrashing is the anti-thrashing mode in force: Auto, Always or Off.
 	// +optional
 	AntiThrashing AntiThrashing `json:"antiThrashing,omitempty"`
-	// clients lists connected shim clients.
+	// clients lists connected shim clients: holders first, then by resident memory, at most
+	// MaxShimClientsInStatus (a crowded GPU must not push the GPUNode past etcd's object size limit).
 	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=32
 	// +optional
 	Clients []ShimClient `json:"clients,omitempty"`
+	// omittedClients counts the connected clients left out of clients.
+	// +optional
+	OmittedClients int32 `json:"omittedClients,omitempty"`
 }
+
+// MaxShimClientsInStatus bounds status.gpus[].applied.shim.clients; the rest are counted in
+// omittedClients. Eight GPUs of 32 clients stay far below etcd's 1.5 MiB object limit.
+const MaxShimClientsInStatus = 32
 
 // ShimClient is one process using the shim on a GPU.
 type ShimClient struct {

@@ -208,3 +208,41 @@ func TestAdmitIsWhatConvergeAndTheDrainAsk(t *testing.T) {
 		}
 	}
 }
+
+// With MPSExclusiveProcess (the manifests' default), MPS puts the GPU in EXCLUSIVE_PROCESS compute mode
+// (mpsStrategy.Apply does it before it starts the daemon), so a client that bypasses the daemon cannot open a context of its own, and
+// leaving MPS restores Default after the daemon quit. Without it, compute mode is never touched.
+func TestMPSExclusiveProcessSetsAndRestoresTheComputeMode(t *testing.T) {
+	mpsSharing := conformanceSharings[4].s
+	exclusive := conformanceSharings[0].s
+	for _, on := range []bool{true, false} {
+		rig := newStrategyRig(t)
+		rig.s.MPSExclusiveProcess = on
+		if err := rig.converge(t, mpsSharing); err != nil {
+			t.Fatal(err)
+		}
+		calls := rig.server.GPUs[0].Calls()
+		mode := rig.device(t).ComputeMode
+		if on && (len(calls) != 1 || calls[0] != "SetComputeMode(3)" || mode != gpu.ComputeModeExclusiveProcess) {
+			t.Errorf("on, entering MPS: NVML calls %v, compute mode %s; want SetComputeMode(3), ExclusiveProcess", calls, mode)
+		}
+		if !on && (len(calls) != 0 || mode != gpu.ComputeModeDefault) {
+			t.Errorf("off, entering MPS: NVML calls %v, compute mode %s; want none, Default", calls, mode)
+		}
+		rig.forget(t)
+		if err := rig.converge(t, mpsSharing); err != nil {
+			t.Fatal(err)
+		}
+		rig.quiet(t, "MPS again")
+		if err := rig.converge(t, exclusive); err != nil {
+			t.Fatal(err)
+		}
+		calls, mode = rig.server.GPUs[0].Calls(), rig.device(t).ComputeMode
+		if on && (len(calls) != 1 || calls[0] != "SetComputeMode(0)" || mode != gpu.ComputeModeDefault) {
+			t.Errorf("on, leaving MPS: NVML calls %v, compute mode %s; want SetComputeMode(0), Default", calls, mode)
+		}
+		if !on && len(calls) != 0 {
+			t.Errorf("off, leaving MPS: NVML calls %v, want none", calls)
+		}
+	}
+}

@@ -45,21 +45,34 @@ func Devices(status v1alpha1.GPUNodeStatus, cfg deviceplugin.Config) []resourcev
 	for _, g := range status.GPUs {
 		gpus[g.UUID] = g
 	}
+	all := deviceplugin.DevicesFromStatus(status, cfg)
+	// A share's replicas attribute is how many shares of its kind the device plugin cut its GPU into:
+	// counted from the same list, so the rule lives in DevicesFromStatus alone.
+	type gpuKind struct {
+		gpu  string
+		kind deviceplugin.Kind
+	}
+	shares := map[gpuKind]int64{}
+	for _, devs := range all {
+		for _, d := range devs {
+			shares[gpuKind{d.GPUUUID, d.Kind}]++
+		}
+	}
 	var out []resourcev1.Device
-	for _, devs := range deviceplugin.DevicesFromStatus(status, cfg) {
+	for _, devs := range all {
 		for _, d := range devs {
 			g := gpus[d.GPUUUID]
 			if !d.Healthy || g.Drain != nil {
 				continue
 			}
-			out = append(out, device(d, g, cfg))
+			out = append(out, device(d, g, shares[gpuKind{d.GPUUUID, d.Kind}]))
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
 }
 
-func device(d deviceplugin.Device, g v1alpha1.GPUStatus, cfg deviceplugin.Config) resourcev1.Device {
+func device(d deviceplugin.Device, g v1alpha1.GPUStatus, replicas int64) resourcev1.Device {
 	attrs := map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{
 		AttrUUID:           str(d.VisibleUUID),
 		AttrIndex:          integer(int64(d.GPUIndex)),
@@ -87,7 +100,7 @@ func device(d deviceplugin.Device, g v1alpha1.GPUStatus, cfg deviceplugin.Config
 		}
 	default: // the replicas of a shared GPU
 		name = fmt.Sprintf("gpu-%d-%s-%d", d.GPUIndex, strings.ToLower(string(d.Kind)), d.Replica)
-		attrs[AttrReplicas] = integer(int64(replicasOf(g, d.Kind, cfg)))
+		attrs[AttrReplicas] = integer(replicas)
 		if d.MPS != nil {
 			attrs[AttrMPSThreads] = integer(int64(d.MPS.ActiveThreadPercentage))
 			attrs[AttrMPSMemoryMiB] = integer(d.MPS.PinnedMemoryLimitMiB)
@@ -108,22 +121,6 @@ func strategyOf(g v1alpha1.GPUStatus) v1alpha1.Strategy {
 		return v1alpha1.StrategyExclusive
 	}
 	return g.Applied.Strategy
-}
-
-// replicasOf counts the GPU's shares of kind, as DevicesFromStatus cut them.
-func replicasOf(g v1alpha1.GPUStatus, kind deviceplugin.Kind, cfg deviceplugin.Config) int32 {
-	a := g.Applied
-	switch {
-	case a == nil:
-		return 1
-	case kind == deviceplugin.KindMPS && a.MPS != nil:
-		return a.MPS.Replicas
-	case a.TimeSlicing != nil && a.TimeSlicing.Replicas > 0:
-		return a.TimeSlicing.Replicas
-	case kind == deviceplugin.KindShared:
-		return cfg.ShimReplicas
-	}
-	return 1
 }
 
 // dnsLabel lowercases a uuid into a device name (a DNS label): letters, digits and dashes only.

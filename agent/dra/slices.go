@@ -126,13 +126,19 @@ func sameDevices(a, b []resourcev1.Device) bool {
 	return equality.Semantic.DeepEqual(a, b)
 }
 
-// StatusPublisher publishes a node's status as slices on every pass: the agent's reconciler calls it
-// with each status it computes, as it tells the device plugin. Writes happen only when the devices
-// change; the slices are owned by the Node, so they go with it.
+// StatusPublisher publishes a node's status as slices: the agent's reconciler calls it with each status
+// it computes, as it tells the device plugin. It reads and writes the API server only when the devices
+// differ from what it last published (once after a start); the slices are owned by the Node, so they go
+// with it.
 type StatusPublisher struct {
 	Publisher
 	// Config names the shares as the device plugin does (replica counts of shim shares).
 	Config deviceplugin.Config
+
+	// published is what the last successful Sync wrote or found: a pass whose devices equal it costs
+	// no API call (the reconciler calls on every pass and resync).
+	published []resourcev1.Device
+	synced    bool
 }
 
 // PublishStatus syncs the node's slices with the devices status offers.
@@ -144,6 +150,14 @@ func (p *StatusPublisher) PublishStatus(ctx context.Context, status v1alpha1.GPU
 		}
 		p.Owner = &metav1.OwnerReference{APIVersion: "v1", Kind: "Node", Name: n.Name, UID: n.UID}
 	}
-	_, err := p.Sync(ctx, Devices(status, p.Config))
-	return err
+	devices := Devices(status, p.Config)
+	if p.synced && sameDevices(p.published, devices) {
+		return nil
+	}
+	if _, err := p.Sync(ctx, devices); err != nil {
+		p.synced = false
+		return err
+	}
+	p.published, p.synced = devices, true
+	return nil
 }

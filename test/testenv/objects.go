@@ -32,8 +32,16 @@ func (e *Env) RunningPod(t testing.TB, ctx context.Context, ns, name string, lab
 // SetPodPhase writes the pod's phase, Ready exactly when Running.
 func (e *Env) SetPodPhase(t testing.TB, ctx context.Context, pod *corev1.Pod, phase corev1.PodPhase) {
 	t.Helper()
-	if err := e.Client.Get(ctx, client.ObjectKeyFromObject(pod), pod); err != nil {
+	if err := WritePodPhase(ctx, e.Client, pod, phase); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// WritePodPhase is what a kubelet writes for the pod: its phase, Ready exactly when Running. For
+// programs without a testing.T (test/gpu/stack plays the kubelet with it).
+func WritePodPhase(ctx context.Context, c client.Client, pod *corev1.Pod, phase corev1.PodPhase) error {
+	if err := c.Get(ctx, client.ObjectKeyFromObject(pod), pod); err != nil {
+		return err
 	}
 	pod.Status.Phase = phase
 	ready := corev1.ConditionFalse
@@ -41,9 +49,7 @@ func (e *Env) SetPodPhase(t testing.TB, ctx context.Context, pod *corev1.Pod, ph
 		ready = corev1.ConditionTrue
 	}
 	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: ready}}
-	if err := e.Client.Status().Update(ctx, pod); err != nil {
-		t.Fatal(err)
-	}
+	return c.Status().Update(ctx, pod)
 }
 
 // BlockingPDB creates a budget keeping one pod with the labels, and a status that allows no disruption.

@@ -11,9 +11,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gpusharing/gpusharing/test/fakekubelet"
+	"github.com/gpusharing/gpusharing/test/testenv"
 )
 
 const podNamespace = "default"
@@ -104,7 +104,7 @@ func (s *stack) admitPod(ctx context.Context, name string, alloc *allocation) er
 	if err := s.c.Create(ctx, pod); err != nil {
 		return err
 	}
-	if err := s.setPodPhase(ctx, name, corev1.PodRunning); err != nil {
+	if err := testenv.WritePodPhase(ctx, s.c, pod, corev1.PodRunning); err != nil {
 		return err
 	}
 	s.pods.set(name, alloc.resource, alloc.ids)
@@ -115,19 +115,6 @@ func (s *stack) admitPod(ctx context.Context, name string, alloc *allocation) er
 // and the pod reports Succeeded.
 func (s *stack) podEnded(ctx context.Context, name string) error {
 	s.pods.remove(name)
-	return s.setPodPhase(ctx, name, corev1.PodSucceeded)
-}
-
-func (s *stack) setPodPhase(ctx context.Context, name string, phase corev1.PodPhase) error {
-	var pod corev1.Pod
-	if err := s.c.Get(ctx, client.ObjectKey{Namespace: podNamespace, Name: name}, &pod); err != nil {
-		return err
-	}
-	pod.Status.Phase = phase
-	ready := corev1.ConditionFalse
-	if phase == corev1.PodRunning {
-		ready = corev1.ConditionTrue
-	}
-	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: ready}}
-	return s.c.Status().Update(ctx, &pod)
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: podNamespace, Name: name}}
+	return testenv.WritePodPhase(ctx, s.c, pod, corev1.PodSucceeded)
 }

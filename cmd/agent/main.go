@@ -56,6 +56,8 @@ type options struct {
 	oversubReserve uint64
 	// health configures the NVML Xid watcher.
 	health app.HealthOptions
+	// simulate, when set, replaces NVML and the driver tools with simulated ones (simulate.go).
+	simulate *simulateFlag
 }
 
 func main() {
@@ -123,10 +125,15 @@ func parse(args []string) (options, *textlogger.Config) {
 		o.health.IgnoredXids = xids
 		return err
 	})
+	var sim simulateFlag
+	fs.Var(&sim, "simulate-gpus", "MODEL:COUNT[:SEQ] (H100 or A100, 1-8 GPUs): run over a simulated DGX with stand-in driver tools instead of NVML, for tests on machines without a GPU (the real-node e2e); never on a real node")
 	logConfig := textlogger.NewConfig()
 	logConfig.AddFlags(fs)
 	_ = fs.Parse(args)
 	o.health.Disabled = !*healthChecks
+	if sim.configured {
+		o.simulate = &sim
+	}
 	if o.schedulerRoot == "" {
 		o.schedulerRoot = filepath.Join(o.hostRoot, "scheduler")
 	}
@@ -145,10 +152,10 @@ func parse(args []string) (options, *textlogger.Config) {
 	if o.stateDir == "" {
 		o.stateDir = filepath.Join(o.hostRoot, "state")
 	}
-	if o.mpsControl == "" {
+	if o.mpsControl == "" && o.simulate == nil {
 		o.mpsControl = driverTool(o.driverRoot, "nvidia-cuda-mps-control")
 	}
-	if o.nvidiaSMI == "" {
+	if o.nvidiaSMI == "" && o.simulate == nil {
 		o.nvidiaSMI = driverTool(o.driverRoot, "nvidia-smi")
 	}
 	return o, logConfig
@@ -201,8 +208,19 @@ func run(ctx context.Context, o options) error {
 			return err
 		}
 	}
-	gpus, shutdown := openGPUs(o.nvmlLib)
-	defer shutdown()
+	var gpus gpu.Interface
+	if o.simulate != nil {
+		sim, err := simulatedGPUs(o.simulate, &o)
+		if err != nil {
+			return fmt.Errorf("--simulate-gpus: %w", err)
+		}
+		gpus = sim
+		log.Info("Running over simulated GPUs (--simulate-gpus); no NVML or driver tool is used", "gpus", o.simulate.String())
+	} else {
+		nvmlGPUs, shutdown := openGPUs(o.nvmlLib)
+		defer shutdown()
+		gpus = nvmlGPUs
+	}
 	if _, isNull := gpus.(gpu.Null); isNull {
 		log.Info("NVML is not available; publishing Ready=False NVMLUnavailable", "cause", gpus.(gpu.Null).Cause.Error())
 	}

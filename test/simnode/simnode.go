@@ -94,17 +94,12 @@ func Start(ctx context.Context, cfg *rest.Config, scheme *k8sruntime.Scheme, n N
 	return nil
 }
 
-// NewServer is the node's simulated GPU server: its model's recorded MIG geometry (the real H100's, the
-// documented A100's), NVML events from an injectable queue so the health watcher runs as on a real node,
-// and GPU UUIDs unique across the simulated fleet (the mocks number every server's GPUs alike).
+// NewServer is the node's simulated GPU server (nvmlmock.NewNode). Node values are the demo's and the
+// tests' own, so a bad one is a defect in them.
 func NewServer(n Node) *nvmlmock.Server {
-	server := nvmlmock.NewH100(n.GPUs)
-	if n.Model == "A100" {
-		server = nvmlmock.NewA100(n.GPUs)
-	}
-	nvmlmock.NewEvents(server)
-	for i, g := range server.GPUs {
-		g.Device.UUID = fmt.Sprintf("GPU-%08x-%04x-4000-8000-000000000000", n.Seq, i)
+	server, err := nvmlmock.NewNode(n.Model, n.GPUs, n.Seq)
+	if err != nil {
+		panic(err)
 	}
 	return server
 }

@@ -1,0 +1,100 @@
+package localnode
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+)
+
+// containerdConfig is containerd 2.x's configuration (version 3) for the e2e node: its own root, state and
+// socket under the run's directory, runc from bin/ with cgroupfs (this host has no systemd), the CNI
+// plugins and a bridge network from bin/cni, network namespaces under the state directory (so teardown
+// finds every mount under one root), CDI on, and the locally built pause image as the pod sandbox.
+const containerdConfig = `version = 3
+root = %[1]q
+state = %[2]q
+[grpc]
+  address = %[3]q
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = 'overlayfs'
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = %[4]q
+[plugins.'io.containerd.cri.v1.runtime']
+  enable_cdi = true
+  netns_mounts_under_state_dir = true
+  cdi_spec_dirs = ['/etc/cdi', '/var/run/cdi']
+  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+    runtime_type = 'io.containerd.runc.v2'
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+      BinaryName = %[5]q
+      SystemdCgroup = false
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = [%[6]q]
+    conf_dir = %[7]q
+`
+
+// cniConfig is a bridge network on 10.88.0.0/16 (host-local addresses kept under the run's directory).
+const cniConfig = `{
+  "cniVersion": "1.0.0",
+  "name": "e2e",
+  "plugins": [
+    {"type": "bridge", "bridge": %[1]q, "isGateway": true, "ipMasq": false,
+     "ipam": {"type": "host-local", "dataDir": %[2]q, "ranges": [[{"subnet": "10.88.0.0/16"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
+    {"type": "loopback"}
+  ]
+}
+`
+
+// BridgeName is the CNI bridge teardown removes.
+const BridgeName = "gpushare-e2e0"
+
+// PauseImage is the pod sandbox image make images builds.
+const PauseImage = "gpusharing.io/e2e/pause:1"
+
+func (n *Node) startContainerd(ctx context.Context) error {
+	dir := filepath.Join(n.Root, "containerd")
+	netd := filepath.Join(n.Root, "cni", "net.d")
+	for _, d := range []string{dir, netd} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	n.ContainerdSocket = filepath.Join(dir, "containerd.sock")
+	conf := filepath.Join(dir, "config.toml")
+	body := fmt.Sprintf(containerdConfig, filepath.Join(dir, "root"), filepath.Join(dir, "state"), n.ContainerdSocket,
+		PauseImage, filepath.Join(n.Bin, "runc"), filepath.Join(n.Bin, "cni"), netd)
+	if err := os.WriteFile(conf, []byte(body), 0o644); err != nil {
+		return err
+	}
+	cni := fmt.Sprintf(cniConfig, BridgeName, filepath.Join(n.Root, "cni", "ipam"))
+	if err := os.WriteFile(filepath.Join(netd, "10-e2e.conflist"), []byte(cni), 0o644); err != nil {
+		return err
+	}
+	p, err := n.start("containerd", filepath.Join(n.Bin, "containerd"), "--config", conf)
+	if err != nil {
+		return err
+	}
+	n.containerd = p
+	return waitFor(ctx, "containerd serving", p, 60*time.Second, func() error {
+		return n.ctr(ctx, "version")
+	})
+}
+
+// ctr runs bin/ctr against this node's containerd in the CRI's namespace.
+func (n *Node) ctr(ctx context.Context, args ...string) error {
+	cmd := exec.CommandContext(ctx, filepath.Join(n.Bin, "ctr"), append([]string{"--address", n.ContainerdSocket, "--namespace", "k8s.io"}, args...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("ctr %v: %w: %s", args, err, out)
+	}
+	return nil
+}
+
+// ImportImage loads an OCI archive (make images) into containerd, where the kubelet finds it: pods name
+// the image and never pull.
+func (n *Node) ImportImage(ctx context.Context, archive string) error {
+	return n.ctr(ctx, "images", "import", "--platform", "linux/amd64", archive)
+}

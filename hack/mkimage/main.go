@@ -117,7 +117,7 @@ func writeArchive(out, ref string, img v1.Image) error {
 	}
 	tag := ref[strings.LastIndex(ref, ":")+1:]
 	if err := p.AppendImage(img, layout.WithAnnotations(map[string]string{
-		"io.containerd.image.name":         ref,
+		"io.containerd.image.name":          ref,
 		"org.opencontainers.image.ref.name": tag,
 	})); err != nil {
 		return err

@@ -3,7 +3,7 @@ package localnode
 import (
 	"context"
 	"fmt"
-		"os"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -108,4 +108,3 @@ func (n *Node) kubeconfig(name string, user envtest.User) (string, error) {
 	}
 	return path, os.WriteFile(path, data, 0o600)
 }
-

@@ -39,7 +39,7 @@ func run(m *testing.M) (code int) {
 		Root:   "/tmp/gpusharing-e2e",
 		Bin:    bin,
 		Name:   NodeName,
-		Labels: map[string]string{"gpusharing.io/e2e": "true"},
+		Labels: map[string]string{"nvidia.com/gpu.present": "true"},
 		Images: []string{filepath.Join(images, "pause.tar"), filepath.Join(images, "busybox.tar"),
 			filepath.Join(images, "manager.tar"), filepath.Join(images, "agent.tar")},
 	})

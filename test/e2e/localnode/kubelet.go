@@ -16,15 +16,15 @@ import (
 const KubeletRoot = "/var/lib/kubelet"
 
 // kubeletConfig: this host's cgroups are a v1 hybrid without systemd (failCgroupV1: false, cgroupfs); the
-// kubelet serves on loopback only, where the API server reaches it for logs without a client certificate
-// (anonymous, AlwaysAllow: nothing else can connect); eviction thresholds are low so a busy build machine
+// kubelet serves on the node address only (NodeIP), where the API server reaches it for logs without a
+// client certificate (anonymous, AlwaysAllow: nothing outside this machine can connect); eviction thresholds are low so a busy build machine
 // does not evict the test pods; no swap check, no cluster DNS (pods use the host's resolv.conf).
 const kubeletConfig = `apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 failCgroupV1: false
 cgroupDriver: cgroupfs
 containerRuntimeEndpoint: unix://%[1]s
-address: 127.0.0.1
+address: %[2]s
 port: 10250
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
@@ -51,7 +51,7 @@ func (n *Node) startKubelet(ctx context.Context) error {
 		return err
 	}
 	conf := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(conf, []byte(fmt.Sprintf(kubeletConfig, n.ContainerdSocket)), 0o644); err != nil {
+	if err := os.WriteFile(conf, []byte(fmt.Sprintf(kubeletConfig, n.ContainerdSocket, NodeIP)), 0o644); err != nil {
 		return err
 	}
 	if n.kubeletKubeconfig == "" {
@@ -63,7 +63,7 @@ func (n *Node) startKubelet(ctx context.Context) error {
 	}
 	p, err := n.start("kubelet", filepath.Join(n.Bin, "kubelet"),
 		"--config="+conf, "--kubeconfig="+n.kubeletKubeconfig, "--root-dir="+KubeletRoot,
-		"--cert-dir="+filepath.Join(dir, "pki"), "--hostname-override="+n.Name, "--node-ip=127.0.0.1",
+		"--cert-dir="+filepath.Join(dir, "pki"), "--hostname-override="+n.Name, "--node-ip="+NodeIP,
 		"--node-labels="+n.labels(), "--v=2")
 	if err != nil {
 		return err

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -55,6 +56,11 @@ type Node struct {
 	logs              []io.Closer
 }
 
+// NodeIP is the node's address. The kubelet refuses a loopback one, so the run adds this private address
+// to lo: like loopback, nothing outside this machine can reach it, and Down removes it. The kubelet
+// listens there (the API server reaches it for logs), and so do hostNetwork pods' probed ports.
+const NodeIP = "10.254.254.1"
+
 // marker names a directory as this package's, so a leftover of a killed run can be cleaned and anything
 // else is refused.
 const marker = ".gpusharing-e2e"
@@ -98,6 +104,9 @@ func Up(ctx context.Context, o Options) (*Node, error) {
 }
 
 func (n *Node) up(ctx context.Context) error {
+	if out, err := exec.Command("ip", "addr", "add", NodeIP+"/32", "dev", "lo").CombinedOutput(); err != nil {
+		return fmt.Errorf("adding the node address %s to lo: %v: %s", NodeIP, err, out)
+	}
 	if err := n.startControlPlane(ctx); err != nil {
 		return err
 	}

@@ -12,7 +12,8 @@ import (
 // containerdConfig is containerd 2.x's configuration (version 3) for the e2e node: its own root, state and
 // socket under the run's directory, runc from bin/ with cgroupfs (this host has no systemd), the CNI
 // plugins and a bridge network from bin/cni, network namespaces under the state directory (so teardown
-// finds every mount under one root), CDI on, and the locally built pause image as the pod sandbox.
+// finds every mount under one root), CDI on, OOM scores no lower than containerd's, and the locally
+// built pause image as the pod sandbox.
 const containerdConfig = `version = 3
 root = %[1]q
 state = %[2]q
@@ -24,6 +25,9 @@ state = %[2]q
     sandbox = %[4]q
 [plugins.'io.containerd.cri.v1.runtime']
   enable_cdi = true
+  # This host withholds CAP_SYS_RESOURCE, so no process may lower its OOM score: pods get at least
+  # containerd's own (the pause container's -998 would be refused and no pod would start).
+  restrict_oom_score_adj = true
   netns_mounts_under_state_dir = true
   cdi_spec_dirs = ['/etc/cdi', '/var/run/cdi']
   [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]

@@ -28,7 +28,9 @@ func (n *Node) Down(keepLogs string) error {
 			errs = append(errs, fmt.Errorf("keeping the logs: %w", err))
 		}
 	}
-	// Reverse start order: the scheduler and the controller manager, then containerd.
+	// The containers next (their watches would hold the API server's graceful shutdown open), then the
+	// rest in reverse start order.
+	killTree(n.shimPids())
 	for i := len(n.procs) - 1; i >= 0; i-- {
 		n.procs[i].stop(15 * time.Second)
 	}
@@ -50,8 +52,8 @@ func (n *Node) Down(keepLogs string) error {
 // unmounts, removes cgroups, the bridge and the directories. It is safe on a clean machine.
 func (n *Node) cleanup() error {
 	killTree(n.shimPids())
-	// Stray component processes of a killed run: anything started from bin/.
-	killTree(pidsWhere(func(_ int, exe string, _ []string) bool { return strings.HasPrefix(exe, n.Bin+"/") }))
+	// Stray component processes of a killed run.
+	killTree(pidsWhere(n.ours))
 	var errs []error
 	for _, m := range n.mounts() {
 		if err := syscall.Unmount(m, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) && !errors.Is(err, syscall.ENOENT) {
@@ -59,6 +61,11 @@ func (n *Node) cleanup() error {
 		}
 	}
 	removeCgroups()
+	if hasNodeIP() {
+		if out, err := exec.Command("ip", "addr", "del", NodeIP+"/32", "dev", "lo").CombinedOutput(); err != nil {
+			errs = append(errs, fmt.Errorf("removing %s from lo: %v: %s", NodeIP, err, out))
+		}
+	}
 	if _, err := os.Stat("/sys/class/net/" + BridgeName); err == nil {
 		if out, err := exec.Command("ip", "link", "delete", BridgeName).CombinedOutput(); err != nil {
 			errs = append(errs, fmt.Errorf("deleting %s: %v: %s", BridgeName, err, out))
@@ -72,11 +79,11 @@ func (n *Node) cleanup() error {
 	return errors.Join(errs...)
 }
 
-// Leftovers lists what a finished run must not leave: processes started from bin/ or by the runc shims,
-// mounts under the run's directories, kubepods cgroups, the bridge.
+// Leftovers lists what a finished run must not leave: its processes (components and containers), mounts
+// under its directories, kubepods cgroups, the bridge, the node address.
 func (n *Node) Leftovers() []string {
 	var out []string
-	for _, pid := range append(n.shimPids(), pidsWhere(func(_ int, exe string, _ []string) bool { return strings.HasPrefix(exe, n.Bin+"/") })...) {
+	for _, pid := range append(n.shimPids(), pidsWhere(n.ours)...) {
 		out = append(out, fmt.Sprintf("process %d (%s)", pid, cmdline(pid)))
 	}
 	for _, m := range n.mounts() {
@@ -88,12 +95,34 @@ func (n *Node) Leftovers() []string {
 	if _, err := os.Stat("/sys/class/net/" + BridgeName); err == nil {
 		out = append(out, "link "+BridgeName)
 	}
+	if hasNodeIP() {
+		out = append(out, "address "+NodeIP+" on lo")
+	}
 	for _, d := range append([]string{n.Root}, HostDirs...) {
 		if _, err := os.Stat(d); err == nil {
 			out = append(out, "directory "+d)
 		}
 	}
 	return out
+}
+
+func hasNodeIP() bool {
+	out, _ := exec.Command("ip", "-o", "addr", "show", "dev", "lo").Output()
+	return strings.Contains(string(out), " "+NodeIP+"/")
+}
+
+// ours is a process of this run: a binary from bin/ whose arguments name the run's directories (other
+// tests on the machine run etcd and kube-apiserver from the same bin/; they are not ours).
+func (n *Node) ours(_ int, exe string, args []string) bool {
+	if !strings.HasPrefix(exe, n.Bin+"/") {
+		return false
+	}
+	for _, a := range args {
+		if strings.Contains(a, n.Root) || strings.Contains(a, KubeletRoot) {
+			return true
+		}
+	}
+	return false
 }
 
 // shimPids are the containerd runc shims of this node's containerd, found by their -address argument.

@@ -81,6 +81,17 @@ test: control-plane helm verify-generated lint helm-lint ## The test command: un
 	go test $(GO_TEST_FLAGS) ./...
 	@if [ -f shim/Makefile ]; then $(MAKE) -C shim test; fi
 
+.PHONY: e2e-deps images e2e
+e2e-deps: control-plane ## Build the rest of a real node into bin/: kubelet, kube-controller-manager, containerd v2, runc, CNI plugins
+	BIN=$(BIN) hack/build-control-plane.sh kube-controller-manager kubelet
+	BIN=$(BIN) hack/build-runtime.sh
+
+images: build ## OCI image archives of the manager and the agent (plus pause and busybox for the e2e) into bin/images, without Docker
+	BIN=$(BIN) hack/build-images.sh
+
+e2e: e2e-deps images ## The real-node end-to-end test (root, Linux): a real kubelet, containerd and control plane here; installs config/e2e and runs test/e2e
+	E2E_BIN=$(BIN) go test -tags e2e $(GO_TEST_FLAGS) -timeout 45m -v ./test/e2e/
+
 .PHONY: test-go
 test-go: control-plane helm ## Only the Go suites
 	go test $(GO_TEST_FLAGS) ./...

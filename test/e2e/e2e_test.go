@@ -12,6 +12,7 @@ func TestE2E(t *testing.T) {
 		run  func(*testing.T)
 	}{
 		{"Install", testInstall},
+		{"Sharing", testSharing},
 	} {
 		if !t.Run(s.name, s.run) {
 			t.Fatalf("scenario %s failed: the later ones depend on it", s.name)

@@ -77,6 +77,8 @@ func dumpOnFailure(t *testing.T) {
 			{"get", "pods", "-A", "-o", "wide"},
 			{"get", "events", "-A", "--sort-by=.lastTimestamp"},
 			{"get", "gpusharing", "-o", "wide"},
+			{"get", "gpunodes", "-o", "yaml"},
+			{"get", "nodes", "-o", "yaml"},
 			{"-n", "gpusharing-system", "logs", "-l", "app.kubernetes.io/name=gpusharing-manager", "--tail=60", "--all-containers"},
 			{"-n", "gpusharing-system", "logs", "-l", "app.kubernetes.io/name=gpusharing-agent", "--tail=60", "--all-containers"},
 		} {

@@ -7,6 +7,7 @@ package nvmlmock
 import (
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -298,7 +299,9 @@ func (g *GPU) migDevices() []nvml.Device {
 		m.GetGpuInstanceIdFunc = func() (int, nvml.Return) { return int(p.gi), nvml.SUCCESS }
 		m.GetComputeInstanceIdFunc = func() (int, nvml.Return) { return int(p.ci), nvml.SUCCESS }
 		m.GetUUIDFunc = func() (string, nvml.Return) {
-			return fmt.Sprintf("MIG-%s-gi%d-ci%d", g.Device.UUID[4:12], p.gi, p.ci), nvml.SUCCESS
+			// The whole GPU uuid: two GPUs of one node must not share MIG device uuids (the device plugin
+			// would advertise one device for both; the real-node e2e caught that with a shorter prefix).
+			return fmt.Sprintf("MIG-%s-gi%d-ci%d", strings.TrimPrefix(g.Device.UUID, "GPU-"), p.gi, p.ci), nvml.SUCCESS
 		}
 		out = append(out, m)
 	}

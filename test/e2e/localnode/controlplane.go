@@ -35,6 +35,8 @@ func (n *Node) startControlPlane(ctx context.Context) error {
 	args.Disable("disable-admission-plugins")
 	args.Set("enable-admission-plugins", "NodeRestriction")
 	args.Set("advertise-address", "127.0.0.1")
+	// The node's name does not resolve here; its InternalIP does (kubectl logs goes through it).
+	args.Set("kubelet-preferred-address-types", "InternalIP,Hostname")
 	etcd := &envtest.Etcd{}
 	env.ControlPlane.Etcd = etcd
 	etcd.DataDir = filepath.Join(n.Root, "etcd")

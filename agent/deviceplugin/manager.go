@@ -37,7 +37,15 @@ type Manager struct {
 type entry struct {
 	p          *plugin
 	registered bool
+	// registeredAt is when the kubelet last accepted the registration.
+	registeredAt time.Time
 }
+
+// streamGrace is how long a registered plugin may go without an open ListAndWatch stream before it
+// registers again. The kubelet opens the stream within milliseconds of a registration; when a resource
+// re-registers, the kubelet's handling of the old stream's end can drop the new client before its stream
+// reaches the plugin (seen with a real kubelet 1.36 in the e2e), and then no stream ever ends to tell us.
+const streamGrace = 5 * time.Second
 
 // NewManager returns a Manager with nothing advertised. Zero fields of cfg take their defaults; an
 // invalid configuration (see Config.Validate) is refused.
@@ -156,6 +164,9 @@ func (m *Manager) checkKubelet(ctx context.Context) error {
 		case e.p.takeLost():
 			log.Info("Kubelet closed the device plugin's ListAndWatch stream; registering again", "resource", string(res))
 			errs = append(errs, m.registerLocked(ctx, e))
+		case e.p.openStreams() == 0 && time.Since(e.registeredAt) > streamGrace:
+			log.Info("Kubelet opened no ListAndWatch stream since the registration; registering again", "resource", string(res), "registered", e.registeredAt)
+			errs = append(errs, m.registerLocked(ctx, e))
 		}
 	}
 	errs = append(errs, m.reconcileLocked(ctx))
@@ -234,6 +245,7 @@ func (m *Manager) registerLocked(ctx context.Context, e *entry) error {
 		return err
 	}
 	e.registered = true
+	e.registeredAt = time.Now()
 	logr.FromContextOrDiscard(ctx).Info("Registered device plugin with the kubelet", "resource", string(e.p.resource))
 	return nil
 }

@@ -591,3 +591,22 @@ func TestAPluginTheKubeletDropsRegistersAgain(t *testing.T) {
 		t.Errorf("kubelet's view after registering again: %v", err)
 	}
 }
+
+// A registration the kubelet accepts but whose stream never opens (a re-registration racing the old
+// stream's end on a real kubelet) leaves no stream to end: the plugin registers again after streamGrace.
+func TestARegistrationWhoseStreamNeverOpensRegistersAgain(t *testing.T) {
+	ctx := testCtx(t)
+	dir := socketDir(t)
+	k := startKubelet(t, dir)
+	k.DropNextRegistration(resGPU)
+	m := runManager(t, testConfig(dir))
+	if err := m.UpdateFromStatus(ctx, nodeStatus(gpu(0, "GPU-a"))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k.WaitForRegistrations(ctx, resGPU, 2); err != nil {
+		t.Fatalf("after a registration the kubelet dropped before its stream: %v", err)
+	}
+	if err := k.WaitForDevices(ctx, resGPU, allHealthy("GPU-a")); err != nil {
+		t.Errorf("kubelet's view after registering again: %v", err)
+	}
+}

@@ -141,6 +141,13 @@ func (p *plugin) streamClosed() {
 	}
 }
 
+// openStreams is how many ListAndWatch streams are open now.
+func (p *plugin) openStreams() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.streams
+}
+
 // takeLost says whether the kubelet let go of the plugin since the last call.
 func (p *plugin) takeLost() bool {
 	p.mu.Lock()

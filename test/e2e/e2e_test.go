@@ -13,6 +13,7 @@ func TestE2E(t *testing.T) {
 	}{
 		{"Install", testInstall},
 		{"Sharing", testSharing},
+		{"Pods", testPods},
 	} {
 		if !t.Run(s.name, s.run) {
 			t.Fatalf("scenario %s failed: the later ones depend on it", s.name)

@@ -36,11 +36,14 @@ type Kubelet struct {
 	served   chan struct{}
 	clients  map[string]*client
 	devices  map[string][]*pluginapi.Device
+	// dropNext counts, per resource, registrations to accept and then drop before their ListAndWatch
+	// stream opens (DropNextRegistration).
+	dropNext map[string]int
 }
 
 // Start serves the Registration service in dir. Keep dir short: a Unix socket path may not exceed 107 bytes.
 func Start(dir string) (*Kubelet, error) {
-	k := &Kubelet{dir: dir, changed: make(chan struct{}), clients: map[string]*client{}, devices: map[string][]*pluginapi.Device{}}
+	k := &Kubelet{dir: dir, changed: make(chan struct{}), clients: map[string]*client{}, devices: map[string][]*pluginapi.Device{}, dropNext: map[string]int{}}
 	if err := k.serve(); err != nil {
 		return nil, err
 	}
@@ -154,6 +157,17 @@ func (r *registration) Register(ctx context.Context, req *pluginapi.RegisterRequ
 	if req.ResourceName == "" || req.Endpoint == "" || filepath.Base(req.Endpoint) != req.Endpoint {
 		return nil, fmt.Errorf("invalid registration: resource %q endpoint %q", req.ResourceName, req.Endpoint)
 	}
+	r.k.mu.Lock()
+	drop := r.k.dropNext[req.ResourceName] > 0
+	if drop {
+		r.k.dropNext[req.ResourceName]--
+		r.k.requests = append(r.k.requests, proto.Clone(req).(*pluginapi.RegisterRequest))
+		r.k.notifyLocked()
+	}
+	r.k.mu.Unlock()
+	if drop {
+		return &pluginapi.Empty{}, nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	if err := r.k.connect(ctx, req.ResourceName, filepath.Join(r.k.dir, req.Endpoint)); err != nil {
@@ -164,6 +178,15 @@ func (r *registration) Register(ctx context.Context, req *pluginapi.RegisterRequ
 	r.k.notifyLocked()
 	r.k.mu.Unlock()
 	return &pluginapi.Empty{}, nil
+}
+
+// DropNextRegistration makes the next registration of resource succeed but never open its ListAndWatch
+// stream, as the real kubelet 1.36 does when a re-registration races the old stream's end: its handler
+// drops the new client before the stream reaches the plugin.
+func (k *Kubelet) DropNextRegistration(resource string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.dropNext[resource]++
 }
 
 func (k *Kubelet) notifyLocked() {

@@ -67,16 +67,20 @@ const marker = ".gpusharing-e2e"
 
 // HostDirs are the host directories the node and the operator's DaemonSet write outside Root, as on a
 // real node; Down removes them.
-var HostDirs = []string{KubeletRoot, "/run/gpusharing", "/usr/lib/gpusharing"}
+var HostDirs = []string{KubeletRoot, "/run/gpusharing", "/usr/lib/gpusharing", PodLogs, "/var/log/containers"}
+
+// PodLogs is where the kubelet writes container logs; Down keeps a copy of them with the components'.
+const PodLogs = "/var/log/pods"
 
 // Up starts the node and waits until it is Ready.
 func Up(ctx context.Context, o Options) (*Node, error) {
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("the real-node e2e runs a kubelet and containers: it must run as root")
 	}
-	for _, d := range append([]string{o.Root}, HostDirs...) {
+	// A kubelet directory that is not ours means a real node: never run over it.
+	for _, d := range []string{o.Root, KubeletRoot} {
 		if _, err := os.Stat(d); err == nil {
-			if _, err := os.Stat(filepath.Join(d, marker)); err != nil && d != "/run/gpusharing" && d != "/usr/lib/gpusharing" {
+			if _, err := os.Stat(filepath.Join(d, marker)); err != nil {
 				return nil, fmt.Errorf("%s exists and is not a previous e2e run's: refusing to run a kubelet over it", d)
 			}
 		}

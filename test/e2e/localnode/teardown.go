@@ -27,6 +27,21 @@ func (n *Node) Down(keepLogs string) error {
 		if err := copyDir(n.LogDir(), keepLogs); err != nil {
 			errs = append(errs, fmt.Errorf("keeping the logs: %w", err))
 		}
+		// Container logs: <namespace>_<pod>_<uid>/<container>/<restart>.log -> pods/<pod>.<container>.<restart>.log
+		files, _ := filepath.Glob(filepath.Join(PodLogs, "*", "*", "*.log"))
+		for _, f := range files {
+			rel, _ := filepath.Rel(PodLogs, f)
+			parts := strings.Split(rel, string(filepath.Separator))
+			pod := strings.Split(parts[0], "_")
+			if len(pod) < 2 {
+				continue
+			}
+			name := pod[0] + "." + pod[1] + "." + parts[1] + "." + parts[2]
+			if data, err := os.ReadFile(f); err == nil {
+				_ = os.MkdirAll(filepath.Join(keepLogs, "pods"), 0o755)
+				_ = os.WriteFile(filepath.Join(keepLogs, "pods", name), data, 0o644)
+			}
+		}
 	}
 	// The containers next (their watches would hold the API server's graceful shutdown open), then the
 	// rest in reverse start order.

@@ -14,6 +14,7 @@ func TestE2E(t *testing.T) {
 		{"Install", testInstall},
 		{"Sharing", testSharing},
 		{"Pods", testPods},
+		{"Drain", testDrain},
 	} {
 		if !t.Run(s.name, s.run) {
 			t.Fatalf("scenario %s failed: the later ones depend on it", s.name)

@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -87,3 +88,5 @@ func dumpOnFailure(t *testing.T) {
 		}
 	})
 }
+
+func writeFile(path, content string) error { return os.WriteFile(path, []byte(content), 0o644) }

@@ -52,7 +52,7 @@ func sharePod(name string, resource corev1.ResourceName, count int64, labels map
 }
 
 func resourceQuantity(n int64) *resource.Quantity { return resource.NewQuantity(n, resource.DecimalSI) }
-func ptr[T any](v T) *T                            { return &v }
+func ptr[T any](v T) *T                           { return &v }
 
 // report is what a share pod printed about itself.
 type report struct {

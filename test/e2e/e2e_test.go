@@ -15,6 +15,9 @@ func TestE2E(t *testing.T) {
 		{"Sharing", testSharing},
 		{"Pods", testPods},
 		{"Drain", testDrain},
+		{"Upgrade", testUpgrade},
+		{"KubeletRestart", testKubeletRestart},
+		{"Uninstall", testUninstall},
 	} {
 		if !t.Run(s.name, s.run) {
 			t.Fatalf("scenario %s failed: the later ones depend on it", s.name)

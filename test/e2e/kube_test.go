@@ -90,3 +90,7 @@ func dumpOnFailure(t *testing.T) {
 }
 
 func writeFile(path, content string) error { return os.WriteFile(path, []byte(content), 0o644) }
+
+func clientInNamespace(ns string) client.InNamespace         { return client.InNamespace(ns) }
+func clientLabels(l map[string]string) client.MatchingLabels { return client.MatchingLabels(l) }
+func clientKey(name string) client.ObjectKey                 { return client.ObjectKey{Name: name} }

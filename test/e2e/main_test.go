@@ -41,7 +41,7 @@ func run(m *testing.M) (code int) {
 		Name:   NodeName,
 		Labels: map[string]string{"nvidia.com/gpu.present": "true"},
 		Images: []string{filepath.Join(images, "pause.tar"), filepath.Join(images, "busybox.tar"),
-			filepath.Join(images, "manager.tar"), filepath.Join(images, "agent.tar")},
+			filepath.Join(images, "manager.tar"), filepath.Join(images, "agent.tar"), filepath.Join(images, "shim-worker.tar")},
 	})
 	logs := filepath.Join(root, "test", "e2e", "logs")
 	_ = os.RemoveAll(logs)

@@ -87,3 +87,13 @@ func (n *Node) RestartKubelet(ctx context.Context) error {
 	n.kubelet.stop(30 * time.Second)
 	return n.startKubelet(ctx)
 }
+
+// KubeletLog returns the kubelet's log from byte offset from on, and the offset of its end: a test reads
+// what the kubelet said after an event it caused.
+func (n *Node) KubeletLog(from int64) (string, int64) {
+	data, err := os.ReadFile(filepath.Join(n.LogDir(), "kubelet.log"))
+	if err != nil || int64(len(data)) < from {
+		return "", from
+	}
+	return string(data[from:]), int64(len(data))
+}

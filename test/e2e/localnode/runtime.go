@@ -102,3 +102,8 @@ func (n *Node) ctr(ctx context.Context, args ...string) error {
 func (n *Node) ImportImage(ctx context.Context, archive string) error {
 	return n.ctr(ctx, "images", "import", "--platform", "linux/amd64", archive)
 }
+
+// TagImage gives an imported image a second name, as pushing a new tag to a registry would.
+func (n *Node) TagImage(ctx context.Context, from, to string) error {
+	return n.ctr(ctx, "images", "tag", "--force", from, to)
+}

@@ -130,6 +130,13 @@ func (p *KubeletPlugin) Prepared() []types.UID {
 // Start serves the plugin to the kubelet (registration and the DRA v1 and v1beta1 services) until ctx
 // ends or the returned helper is stopped. kube reads the ResourceClaims the kubelet names.
 func (p *KubeletPlugin) Start(ctx context.Context, kube kubernetes.Interface) (*kubeletplugin.Helper, error) {
+	// The helper listens in these directories but does not make them; the kubelet makes only its own
+	// registry, and not before it first looks for plugins.
+	for _, dir := range []string{p.cfg.PluginDir, p.cfg.RegistryDir} {
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			return nil, fmt.Errorf("creating the DRA plugin directory: %w", err)
+		}
+	}
 	return kubeletplugin.Start(ctx, p,
 		kubeletplugin.DriverName(DriverName),
 		kubeletplugin.NodeName(p.node),

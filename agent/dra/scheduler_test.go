@@ -151,6 +151,12 @@ func claimPod(t *testing.T, ctx context.Context, c client.Client, name, class, c
 	if err := c.Create(ctx, claim); err != nil {
 		t.Fatalf("claim %s: %v", name, err)
 	}
+	podFor(t, ctx, c, name)
+}
+
+// podFor creates a pod named like the claim it uses.
+func podFor(t *testing.T, ctx context.Context, c client.Client, name string) {
+	t.Helper()
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
 		Spec: corev1.PodSpec{
 			Containers:     []corev1.Container{{Name: "c", Image: "local/cuda:1", Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpu"}}}}},

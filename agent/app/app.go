@@ -233,7 +233,8 @@ func setupResourceSlices(mgr ctrl.Manager, o Options, r *node.Reconciler) error 
 		}
 		return nil
 	}
-	cfg := deviceplugin.DefaultConfig()
+	// Zero fields take the device plugin's defaults; the roots are the agent's.
+	var cfg deviceplugin.Config
 	if o.DevicePlugin != nil {
 		cfg = *o.DevicePlugin
 	}

@@ -76,6 +76,9 @@ type Options struct {
 	// ResourceSlices publishes the applied sharing as DRA ResourceSlices of driver gpu.gpusharing.io
 	// (docs/dra.md), and makes the drain of a GPU wait for the pods holding ResourceClaims on it.
 	ResourceSlices bool
+	// Shares is how GPUs are cut into shares and which host paths they mount (the device plugin's
+	// configuration) for DRA where DevicePlugin is nil; zero fields take the defaults.
+	Shares deviceplugin.Config
 	// DRAPlugin, when set, serves the DRA kubelet plugin that prepares the claims allocated from those
 	// slices (CDI specs with what the device plugin's Allocate gives); it needs ResourceSlices.
 	DRAPlugin *dra.PluginConfig
@@ -234,7 +237,7 @@ func setupResourceSlices(mgr ctrl.Manager, o Options, r *node.Reconciler) error 
 		return nil
 	}
 	// Zero fields take the device plugin's defaults; the roots are the agent's.
-	var cfg deviceplugin.Config
+	cfg := o.Shares
 	if o.DevicePlugin != nil {
 		cfg = *o.DevicePlugin
 	}

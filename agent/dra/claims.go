@@ -27,7 +27,7 @@ type ClaimHolders struct {
 
 // PodsHoldingGPU lists the pods, sorted, that a claim on the GPU of index (or one of its MIG instances)
 // is reserved for. A claim allocated but reserved for no pod holds nothing to wait for.
-func (h ClaimHolders) PodsHoldingGPU(ctx context.Context, index int32, migUUIDs []string) ([]drain.PodRef, error) {
+func (h ClaimHolders) PodsHoldingGPU(ctx context.Context, index int32) ([]drain.PodRef, error) {
 	seen := map[drain.PodRef]bool{}
 	var out []drain.PodRef
 	cont := ""
@@ -38,7 +38,7 @@ func (h ClaimHolders) PodsHoldingGPU(ctx context.Context, index int32, migUUIDs 
 		}
 		for i := range list.Items {
 			c := &list.Items[i]
-			if !h.onGPU(c, index, migUUIDs) {
+			if !h.onGPU(c, index) {
 				continue
 			}
 			for _, r := range c.Status.ReservedFor {
@@ -60,12 +60,12 @@ func (h ClaimHolders) PodsHoldingGPU(ctx context.Context, index int32, migUUIDs 
 	return out, nil
 }
 
-func (h ClaimHolders) onGPU(c *resourcev1.ResourceClaim, index int32, migUUIDs []string) bool {
+func (h ClaimHolders) onGPU(c *resourcev1.ResourceClaim, index int32) bool {
 	if c.Status.Allocation == nil {
 		return false
 	}
 	for _, r := range c.Status.Allocation.Devices.Results {
-		if r.Driver == DriverName && r.Pool == h.Node && OfGPU(r.Device, index, migUUIDs) {
+		if r.Driver == DriverName && r.Pool == h.Node && OfGPU(r.Device, index) {
 			return true
 		}
 	}

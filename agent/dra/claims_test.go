@@ -54,15 +54,17 @@ func TestTheDrainWaitsForThePodsHoldingClaimsOnTheGPU(t *testing.T) {
 	mig := env.RunningPod(t, ctx, "default", "mig-client", nil)
 	other := env.RunningPod(t, ctx, "default", "other", nil)
 	heldClaim(t, ctx, c, "mps", dra.DriverName, nodeName, "gpu-1-mps-0", mps)
-	heldClaim(t, ctx, c, "mig", dra.DriverName, nodeName, "mig-0000-1a", mig)
-	// None of these is GPU 1's: GPU 10, GPU 1 of another node, another driver's gpu-1, a claim not allocated.
+	heldClaim(t, ctx, c, "mig", dra.DriverName, nodeName, "gpu-1-mig-0000-1a", mig)
+	// None of these is GPU 1's: GPU 10 (and its MIG instance), GPU 1 of another node, another driver's
+	// gpu-1, a claim not allocated.
 	heldClaim(t, ctx, c, "gpu10", dra.DriverName, nodeName, "gpu-10", other)
+	heldClaim(t, ctx, c, "gpu10-mig", dra.DriverName, nodeName, "gpu-10-mig-0000-1a", other)
 	heldClaim(t, ctx, c, "elsewhere", dra.DriverName, "other-node", "gpu-1", other)
 	heldClaim(t, ctx, c, "foreign", "gpu.example.com", nodeName, "gpu-1", other)
 	heldClaim(t, ctx, c, "pending", dra.DriverName, nodeName, "")
 
 	holders := dra.ClaimHolders{Reader: c, Node: nodeName}
-	got, err := holders.PodsHoldingGPU(ctx, 1, []string{"MIG-0000-1a"})
+	got, err := holders.PodsHoldingGPU(ctx, 1)
 	if err != nil {
 		t.Fatal(err)
 	}

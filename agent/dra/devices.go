@@ -84,6 +84,7 @@ func published(status v1alpha1.GPUNodeStatus, cfg deviceplugin.Config) []share {
 		}
 	}
 	var out []share
+	seen := map[string]bool{}
 	for _, devs := range all {
 		for _, d := range devs {
 			g := gpus[d.GPUUUID]
@@ -92,30 +93,27 @@ func published(status v1alpha1.GPUNodeStatus, cfg deviceplugin.Config) []share {
 			if !d.Healthy || (g.Drain != nil && g.Drain.Phase == v1alpha1.DrainPhaseDraining) {
 				continue
 			}
-			out = append(out, share{dev: device(d, g, shares[gpuKind{d.GPUUUID, d.Kind}]), share: d})
+			dev := device(d, g, shares[gpuKind{d.GPUUUID, d.Kind}])
+			if seen[dev.Name] {
+				// Two instances with one uuid on one GPU: odd hardware. A slice with a name twice is
+				// refused whole, so the second is left out rather than every device of the node.
+				continue
+			}
+			seen[dev.Name] = true
+			out = append(out, share{dev: dev, share: d})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].dev.Name < out[j].dev.Name })
 	return out
 }
 
-// OfGPU says whether a published device name belongs to the GPU of that index or to one of its MIG
-// instances: the drain matches claims' allocation results with it, and a GPU being drained publishes no
-// devices, so the name alone must tell.
-func OfGPU(name string, index int32, migUUIDs []string) bool {
+// OfGPU says whether a published device name belongs to the GPU of that index (a MIG instance's too):
+// the drain matches claims' allocation results with it, and a GPU being drained publishes no devices, so
+// the name alone must tell.
+func OfGPU(name string, index int32) bool {
 	whole := fmt.Sprintf("gpu-%d", index)
-	if name == whole || strings.HasPrefix(name, whole+"-") {
-		return true
-	}
-	for _, m := range migUUIDs {
-		if name == migDeviceName(m) {
-			return true
-		}
-	}
-	return false
+	return name == whole || strings.HasPrefix(name, whole+"-")
 }
-
-func migDeviceName(uuid string) string { return "mig-" + dnsLabel(strings.TrimPrefix(uuid, "MIG-")) }
 
 func device(d deviceplugin.Device, g v1alpha1.GPUStatus, replicas int64) resourcev1.Device {
 	attrs := map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{
@@ -135,7 +133,9 @@ func device(d deviceplugin.Device, g v1alpha1.GPUStatus, replicas int64) resourc
 			capacity[CapacityMemory] = resourcev1.DeviceCapacity{Value: *g.Memory}
 		}
 	case deviceplugin.KindMIG:
-		name = migDeviceName(d.VisibleUUID)
+		// Under its GPU's index: the name says which GPU the instance is on (OfGPU), and stays unique
+		// where MIG uuids repeat across GPUs (go-nvml's mock numbers every GPU's instances alike).
+		name = fmt.Sprintf("gpu-%d-mig-%s", d.GPUIndex, dnsLabel(strings.TrimPrefix(d.VisibleUUID, "MIG-")))
 		attrs[AttrParentUUID] = str(d.GPUUUID)
 		attrs[AttrMIGProfile] = str(d.MIGProfile)
 		for _, p := range g.MIGProfiles {

@@ -41,9 +41,9 @@ func DialPodResources(socketPath string) (podresourcesv1.PodResourcesListerClien
 
 // ClaimHolders finds the pods that hold DRA ResourceClaims allocated devices of a GPU.
 type ClaimHolders interface {
-	// PodsHoldingGPU lists the pods a claim on the GPU (index, or one of its MIG instances) is
+	// PodsHoldingGPU lists the pods a claim on the GPU of index (or one of its MIG instances) is
 	// reserved for.
-	PodsHoldingGPU(ctx context.Context, index int32, migUUIDs []string) ([]PodRef, error)
+	PodsHoldingGPU(ctx context.Context, index int32) ([]PodRef, error)
 }
 
 // podsUsingGPU lists the pods the kubelet reports holding one of the GPU's devices and the pods
@@ -68,7 +68,7 @@ func (r *run) podsUsingGPU(ctx context.Context) ([]PodRef, error) {
 		}
 	}
 	if r.d.Claims != nil {
-		pods, err := r.d.Claims.PodsHoldingGPU(lctx, r.req.GPUIndex, r.req.MIGUUIDs)
+		pods, err := r.d.Claims.PodsHoldingGPU(lctx, r.req.GPUIndex)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrClaimsUnavailable, err)
 		}

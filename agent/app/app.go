@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -73,11 +74,17 @@ type Options struct {
 	// empty or equal MPSRoot: pods mount the pipe directory the MPS daemons use, both derived from MPSRoot.
 	DevicePlugin *deviceplugin.Config
 	// ResourceSlices publishes the applied sharing as DRA ResourceSlices of driver gpu.gpusharing.io
-	// (docs/dra.md); off by default until the DRA kubelet plugin prepares what they allocate.
+	// (docs/dra.md), and makes the drain of a GPU wait for the pods holding ResourceClaims on it.
 	ResourceSlices bool
+	// Shares is how GPUs are cut into shares and which host paths they mount (the device plugin's
+	// configuration) for DRA where DevicePlugin is nil; zero fields take the defaults.
+	Shares deviceplugin.Config
+	// DRAPlugin, when set, serves the DRA kubelet plugin that prepares the claims allocated from those
+	// slices (CDI specs with what the device plugin's Allocate gives); it needs ResourceSlices.
+	DRAPlugin *dra.PluginConfig
 	// PodResourcesSocket is the kubelet's PodResources API. With DevicePlugin set, it turns on the drain
-	// of a GPU before a disruptive change; empty leaves it off (a disruptive change is applied at once and
-	// refused with GPUBusy while processes use the GPU).
+	// of a GPU before a disruptive change (ResourceSlices turns it on too, from the ResourceClaims); with
+	// neither, a disruptive change is applied at once and refused with GPUBusy while processes use the GPU.
 	PodResourcesSocket string
 	// DrainPollInterval is how often a drain looks at the kubelet again (default drain.DefaultPollInterval).
 	DrainPollInterval time.Duration
@@ -191,6 +198,9 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	if err := setupResourceSlices(mgr, o, r); err != nil {
 		return err
 	}
+	if err := setupDrain(mgr, o, r); err != nil {
+		return err
+	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the GPUNode reconciler: %w", err)
 	}
@@ -217,25 +227,84 @@ func DevicePluginConfig(cfg deviceplugin.Config, mpsRoot, schedulerRoot string) 
 }
 
 // setupResourceSlices makes r publish each status as the node's ResourceSlices, named as the device
-// plugin names its shares. The publisher reads and writes through an uncached client: the agent's cache
-// holds its own node's objects only.
+// plugin names its shares, and serves the DRA kubelet plugin. The publisher reads and writes through an
+// uncached client: the agent's cache holds its own node's objects only.
 func setupResourceSlices(mgr ctrl.Manager, o Options, r *node.Reconciler) error {
 	if !o.ResourceSlices {
+		if o.DRAPlugin != nil {
+			return fmt.Errorf("the DRA kubelet plugin needs the ResourceSlices it prepares claims from")
+		}
 		return nil
 	}
-	cfg := deviceplugin.DefaultConfig()
+	// Zero fields take the device plugin's defaults; the roots are the agent's.
+	cfg := o.Shares
 	if o.DevicePlugin != nil {
 		cfg = *o.DevicePlugin
+	}
+	// The kubelet plugin mounts what the device plugin would: the same MPS and scheduler roots.
+	cfg, err := DevicePluginConfig(cfg, o.MPSRoot, o.SchedulerRoot)
+	if err != nil {
+		return err
 	}
 	c, err := client.New(mgr.GetConfig(), client.Options{Scheme: mgr.GetScheme()})
 	if err != nil {
 		return fmt.Errorf("building the ResourceSlice client: %w", err)
 	}
-	r.Slices = &dra.StatusPublisher{Publisher: dra.Publisher{Client: c, Node: o.NodeName}, Config: cfg}
+	d := &dra.Driver{Slices: &dra.StatusPublisher{Publisher: dra.Publisher{Client: c, Node: o.NodeName}, Config: cfg}}
+	r.Slices = d
+	if o.DRAPlugin == nil {
+		return nil
+	}
+	log := mgr.GetLogger().WithName("dra-plugin")
+	if d.Plugin, err = dra.NewKubeletPlugin(o.NodeName, *o.DRAPlugin, cfg, log); err != nil {
+		return err
+	}
+	kube, err := kubernetes.NewForConfig(mgr.GetConfig())
+	if err != nil {
+		return fmt.Errorf("building the DRA kubelet plugin's client: %w", err)
+	}
+	return mgr.Add(runnable(func(ctx context.Context) error {
+		h, err := d.Plugin.Start(ctrl.LoggerInto(ctx, log), kube)
+		if err != nil {
+			return fmt.Errorf("starting the DRA kubelet plugin: %w", err)
+		}
+		<-ctx.Done()
+		h.Stop()
+		return nil
+	}))
+}
+
+// setupDrain gives r a drainer where something lists a GPU's pods: the kubelet's PodResources for the
+// device plugin's pods, the ResourceClaims for DRA's.
+func setupDrain(mgr ctrl.Manager, o Options, r *node.Reconciler) error {
+	d := &drain.Drainer{Pods: mgr.GetAPIReader(), NodeName: o.NodeName, PollInterval: o.DrainPollInterval, Clock: o.Clock}
+	if o.DevicePlugin != nil && o.PodResourcesSocket != "" {
+		lister, closeLister, err := drain.DialPodResources(o.PodResourcesSocket)
+		if err != nil {
+			return err
+		}
+		if err := mgr.Add(runnable(func(ctx context.Context) error { <-ctx.Done(); return closeLister() })); err != nil {
+			return err
+		}
+		d.PodResources = lister
+	}
+	if o.ResourceSlices {
+		// Claims are read uncached, like pods: the agent must not cache every claim of the cluster.
+		d.Claims = dra.ClaimHolders{Reader: mgr.GetAPIReader(), Node: o.NodeName}
+	}
+	if d.PodResources == nil && d.Claims == nil {
+		return nil
+	}
+	evictor, err := drain.NewEvictor(mgr.GetConfig())
+	if err != nil {
+		return err
+	}
+	d.Evictor = evictor
+	r.Drainer = d
 	return nil
 }
 
-// setupDevicePlugin adds the device plugin and, with the PodResources socket, the drain to r.
+// setupDevicePlugin adds the device plugin to r.
 func setupDevicePlugin(mgr ctrl.Manager, o Options, r *node.Reconciler) error {
 	if o.DevicePlugin == nil {
 		return nil
@@ -253,23 +322,6 @@ func setupDevicePlugin(mgr ctrl.Manager, o Options, r *node.Reconciler) error {
 		return err
 	}
 	r.Devices = dp
-	if o.PodResourcesSocket == "" {
-		return nil
-	}
-	lister, closeLister, err := drain.DialPodResources(o.PodResourcesSocket)
-	if err != nil {
-		return err
-	}
-	if err := mgr.Add(runnable(func(ctx context.Context) error { <-ctx.Done(); return closeLister() })); err != nil {
-		return err
-	}
-	evictor, err := drain.NewEvictor(mgr.GetConfig())
-	if err != nil {
-		return err
-	}
-	// Pods are read uncached: the agent must not cache every pod of the cluster.
-	r.Drainer = &drain.Drainer{PodResources: lister, Evictor: evictor, Pods: mgr.GetAPIReader(), NodeName: o.NodeName,
-		PollInterval: o.DrainPollInterval, Clock: o.Clock}
 	return nil
 }
 

@@ -2,14 +2,19 @@ package app
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
 	"github.com/gpusharing/gpusharing/agent/dra"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
@@ -76,4 +81,74 @@ func TestAgentPublishesItsAppliedSharingAsResourceSlices(t *testing.T) {
 	if gen2 := waitSlices(t, n.name, "gpu-0-timeslicing-0 gpu-0-timeslicing-1 gpu-0-timeslicing-2 gpu-1"); gen2 <= gen {
 		t.Errorf("pool generation %d after the change, was %d", gen2, gen)
 	}
+}
+
+// A node that serves DRA only (no device plugin): a claim the scheduler gave an MPS share is prepared by
+// the agent's kubelet plugin with the agent's own MPS pipe directory, and a disruptive change drains the
+// GPU: its devices leave the slices, the status names the pod holding the claim, and the change is
+// applied once the pod ends.
+func TestDRAOnlyNodePreparesClaimsAndDrainsThePodsHoldingThem(t *testing.T) {
+	ctx := context.Background()
+	plugin := dra.PluginConfig{}
+	n := startNodeWith(t, 1, func(o *Options) {
+		o.DevicePlugin, o.PodResourcesSocket = nil, ""
+		o.ResourceSlices = true
+		plugin = dra.PluginConfig{PluginDir: filepath.Join(filepath.Dir(o.MPSRoot), "p"), RegistryDir: filepath.Join(filepath.Dir(o.MPSRoot), "r"),
+			CDIDir: filepath.Join(filepath.Dir(o.MPSRoot), "cdi")}
+		o.DRAPlugin = &plugin
+	})
+	if err := env.Client.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name}}); err != nil {
+		t.Fatal(err)
+	}
+	uuid := n.uuid(0)
+	n.setSpec(t, v1alpha1.GPUDesired{UUID: uuid, Index: 0, Sharing: mpsSharing(2)})
+	waitSlices(t, n.name, "gpu-0-mps-0 gpu-0-mps-1")
+
+	// The scheduler's work, written as it writes it: gpu-0-mps-0 allocated and reserved for the pod.
+	pod := runningPod(t, "mps-client", nil)
+	claim := &resourcev1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: "gpu"},
+		Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{{Name: "gpu",
+			Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: "gpusharing-mps"}}}}}}
+	if err := env.Client.Create(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	claim.Status.Allocation = &resourcev1.AllocationResult{Devices: resourcev1.DeviceAllocationResult{
+		Results: []resourcev1.DeviceRequestAllocationResult{{Request: "gpu", Driver: dra.DriverName, Pool: n.name, Device: "gpu-0-mps-0"}}}}
+	claim.Status.ReservedFor = []resourcev1.ResourceClaimConsumerReference{{Resource: "pods", Name: pod.Name, UID: pod.UID}}
+	if err := env.Client.Status().Update(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+
+	conn, err := grpc.NewClient("unix://"+filepath.Join(plugin.PluginDir, "dra.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	resp, err := drapb.NewDRAPluginClient(conn).NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{
+		Claims: []*drapb.Claim{{Namespace: claim.Namespace, Name: claim.Name, Uid: string(claim.UID)}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := resp.Claims[string(claim.UID)]; got == nil || got.Error != "" || len(got.Devices) != 1 {
+		t.Fatalf("prepare = %+v", got)
+	}
+	spec, err := os.ReadFile(dra.CDISpecPath(plugin.CDIDir, claim.UID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pipe := filepath.Join(n.dir, "mps", uuid, "pipe"); !strings.Contains(string(spec), `"hostPath": "`+pipe+`"`) {
+		t.Errorf("the CDI spec does not mount the agent's MPS pipe directory %s:\n%s", pipe, spec)
+	}
+
+	podName := pod.Namespace + "/" + pod.Name
+	n.setSpec(t, v1alpha1.GPUDesired{UUID: uuid, Index: 0, Sharing: timeSlicing(2), Drain: drainSpec(v1alpha1.DrainWaitForIdle, time.Minute)})
+	n.waitFor(t, "Draining naming the pod holding the claim", draining(uuid, podName, "waiting for 1 pods"))
+	waitSlices(t, n.name, "")
+	time.Sleep(500 * time.Millisecond)
+	if reason, _, _ := applied(n.get(t), uuid); reason != v1alpha1.ReasonDraining {
+		t.Fatalf("Applied reason %s while the pod holds its claim, want Draining", reason)
+	}
+	env.SetPodPhase(t, ctx, pod, corev1.PodSucceeded)
+	n.waitFor(t, "time-slicing applied after the pod ended", appliedAsDesired(uuid))
+	waitSlices(t, n.name, "gpu-0-timeslicing-0 gpu-0-timeslicing-1")
 }

@@ -34,6 +34,12 @@ var (
 	ErrNoDevices = errors.New("no devices requested")
 )
 
+// ContainerEdits is what Allocate gives one container for devs, all of one kind: the DRA kubelet plugin
+// writes the same environment and mounts into its CDI specs, so the two interfaces follow one rule.
+func ContainerEdits(cfg Config, devs []Device) (*pluginapi.ContainerAllocateResponse, error) {
+	return containerResponse(cfg.WithDefaults(), devs)
+}
+
 // containerResponse builds what one container needs for its devices, all of one resource. It is pure so
 // that every field can be pinned by table tests.
 func containerResponse(cfg Config, devs []Device) (*pluginapi.ContainerAllocateResponse, error) {

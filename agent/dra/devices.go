@@ -41,6 +41,31 @@ const (
 // Devices turns a node's status into DRA devices, sorted by name. Unhealthy GPUs and GPUs being drained
 // (cordoned) publish nothing, as the device plugin stops advertising them.
 func Devices(status v1alpha1.GPUNodeStatus, cfg deviceplugin.Config) []resourcev1.Device {
+	shares := published(status, cfg)
+	out := make([]resourcev1.Device, 0, len(shares))
+	for _, s := range shares {
+		out = append(out, s.dev)
+	}
+	return out
+}
+
+// Shares maps each device Devices publishes to the device plugin's device it is: the kubelet plugin
+// prepares a claim's devices with what Allocate gives the same share.
+func Shares(status v1alpha1.GPUNodeStatus, cfg deviceplugin.Config) map[string]deviceplugin.Device {
+	out := map[string]deviceplugin.Device{}
+	for _, s := range published(status, cfg) {
+		out[s.dev.Name] = s.share
+	}
+	return out
+}
+
+// share is one published device and the device plugin's device it comes from.
+type share struct {
+	dev   resourcev1.Device
+	share deviceplugin.Device
+}
+
+func published(status v1alpha1.GPUNodeStatus, cfg deviceplugin.Config) []share {
 	gpus := map[string]v1alpha1.GPUStatus{}
 	for _, g := range status.GPUs {
 		gpus[g.UUID] = g
@@ -58,18 +83,36 @@ func Devices(status v1alpha1.GPUNodeStatus, cfg deviceplugin.Config) []resourcev
 			shares[gpuKind{d.GPUUUID, d.Kind}]++
 		}
 	}
-	var out []resourcev1.Device
+	var out []share
+	seen := map[string]bool{}
 	for _, devs := range all {
 		for _, d := range devs {
 			g := gpus[d.GPUUUID]
-			if !d.Healthy || g.Drain != nil {
+			// A GPU is hidden while it is drained; a drain that failed or waits for its retry left the GPU
+			// as it was, and the device plugin advertises it again, so DRA does too.
+			if !d.Healthy || (g.Drain != nil && g.Drain.Phase == v1alpha1.DrainPhaseDraining) {
 				continue
 			}
-			out = append(out, device(d, g, shares[gpuKind{d.GPUUUID, d.Kind}]))
+			dev := device(d, g, shares[gpuKind{d.GPUUUID, d.Kind}])
+			if seen[dev.Name] {
+				// Two instances with one uuid on one GPU: odd hardware. A slice with a name twice is
+				// refused whole, so the second is left out rather than every device of the node.
+				continue
+			}
+			seen[dev.Name] = true
+			out = append(out, share{dev: dev, share: d})
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	sort.Slice(out, func(i, j int) bool { return out[i].dev.Name < out[j].dev.Name })
 	return out
+}
+
+// OfGPU says whether a published device name belongs to the GPU of that index (a MIG instance's too):
+// the drain matches claims' allocation results with it, and a GPU being drained publishes no devices, so
+// the name alone must tell.
+func OfGPU(name string, index int32) bool {
+	whole := fmt.Sprintf("gpu-%d", index)
+	return name == whole || strings.HasPrefix(name, whole+"-")
 }
 
 func device(d deviceplugin.Device, g v1alpha1.GPUStatus, replicas int64) resourcev1.Device {
@@ -90,7 +133,9 @@ func device(d deviceplugin.Device, g v1alpha1.GPUStatus, replicas int64) resourc
 			capacity[CapacityMemory] = resourcev1.DeviceCapacity{Value: *g.Memory}
 		}
 	case deviceplugin.KindMIG:
-		name = "mig-" + dnsLabel(strings.TrimPrefix(d.VisibleUUID, "MIG-"))
+		// Under its GPU's index: the name says which GPU the instance is on (OfGPU), and stays unique
+		// where MIG uuids repeat across GPUs (go-nvml's mock numbers every GPU's instances alike).
+		name = fmt.Sprintf("gpu-%d-mig-%s", d.GPUIndex, dnsLabel(strings.TrimPrefix(d.VisibleUUID, "MIG-")))
 		attrs[AttrParentUUID] = str(d.GPUUUID)
 		attrs[AttrMIGProfile] = str(d.MIGProfile)
 		for _, p := range g.MIGProfiles {

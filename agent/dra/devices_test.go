@@ -56,12 +56,12 @@ func TestDevicesPublishEachKindOfShareWithItsAttributes(t *testing.T) {
 		got = append(got, attrs(d))
 	}
 	want := []string{
+		"gpu-0-mig-a1 share=MIG strategy=MIG replicas=1 migProfile=3g.40gb memory=40448Mi",
 		"gpu-1-mps-0 share=MPS strategy=MPS replicas=2 mpsActiveThreadPercentage=50 mpsPinnedMemoryLimitMiB=8192 memory=8Gi",
 		"gpu-1-mps-1 share=MPS strategy=MPS replicas=2 mpsActiveThreadPercentage=50 mpsPinnedMemoryLimitMiB=8192 memory=8Gi",
 		"gpu-2-shared-0 share=Shared strategy=TimeSlicing replicas=2 oversubscription",
 		"gpu-2-shared-1 share=Shared strategy=TimeSlicing replicas=2 oversubscription",
 		"gpu-3 share=Exclusive strategy=Exclusive replicas=1 memory=80Gi",
-		"mig-a1 share=MIG strategy=MIG replicas=1 migProfile=3g.40gb memory=40448Mi",
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("devices:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
@@ -73,9 +73,52 @@ func TestUnhealthyAndDrainingGPUsPublishNothing(t *testing.T) {
 	sick.Conditions[0].Status = metav1.ConditionFalse
 	draining := gpu(1, nil)
 	draining.Drain = &v1alpha1.GPUDrainStatus{Phase: v1alpha1.DrainPhaseDraining}
-	devs := Devices(v1alpha1.GPUNodeStatus{GPUs: []v1alpha1.GPUStatus{sick, draining, gpu(2, nil)}}, deviceplugin.DefaultConfig())
-	if len(devs) != 1 || devs[0].Name != "gpu-2" {
-		t.Errorf("devices = %v, want only gpu-2", devs)
+	// A drain that timed out left the GPU as it was: the device plugin advertises it again, so does DRA.
+	timedOut := gpu(3, nil)
+	timedOut.Drain = &v1alpha1.GPUDrainStatus{Phase: v1alpha1.DrainPhaseTimedOut}
+	devs := Devices(v1alpha1.GPUNodeStatus{GPUs: []v1alpha1.GPUStatus{sick, draining, gpu(2, nil), timedOut}}, deviceplugin.DefaultConfig())
+	var names []string
+	for _, d := range devs {
+		names = append(names, d.Name)
+	}
+	if strings.Join(names, " ") != "gpu-2 gpu-3" {
+		t.Errorf("devices = %v, want gpu-2 and gpu-3", names)
+	}
+}
+
+// go-nvml's mock gives every GPU's MIG instances the same uuids: the names stay distinct per GPU, and an
+// instance repeated on one GPU is published once (a slice with a name twice is refused whole).
+func TestMIGDeviceNamesAreUniqueWhereUUIDsRepeat(t *testing.T) {
+	mig := func(i int, uuids ...string) v1alpha1.GPUStatus {
+		a := &v1alpha1.AppliedSharing{Strategy: v1alpha1.StrategyMIG}
+		for _, u := range uuids {
+			a.MIGInstances = append(a.MIGInstances, v1alpha1.MIGInstanceStatus{Profile: "1g.10gb", UUID: u})
+		}
+		g := gpu(i, a)
+		g.MIGMode = &v1alpha1.MIGModeStatus{Current: "Enabled"}
+		return g
+	}
+	devs := Devices(v1alpha1.GPUNodeStatus{GPUs: []v1alpha1.GPUStatus{mig(0, "MIG-1-gi0-ci0", "MIG-1-gi1-ci0"), mig(1, "MIG-1-gi0-ci0", "MIG-1-gi0-ci0")}}, deviceplugin.DefaultConfig())
+	var names []string
+	for _, d := range devs {
+		names = append(names, d.Name)
+	}
+	if got := strings.Join(names, " "); got != "gpu-0-mig-1-gi0-ci0 gpu-0-mig-1-gi1-ci0 gpu-1-mig-1-gi0-ci0" {
+		t.Errorf("devices %s", got)
+	}
+}
+
+func TestOfGPUTellsAGPUsDevicesByName(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		want bool
+	}{
+		{"gpu-1", true}, {"gpu-1-mps-3", true}, {"gpu-1-mig-1-gi0-ci0", true}, {"gpu-1-timeslicing-0", true},
+		{"gpu-10", false}, {"gpu-10-mps-0", false}, {"gpu-2", false}, {"xgpu-1", false},
+	} {
+		if got := OfGPU(tt.name, 1); got != tt.want {
+			t.Errorf("OfGPU(%q, 1) = %v, want %v", tt.name, got, tt.want)
+		}
 	}
 }
 

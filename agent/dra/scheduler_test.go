@@ -151,6 +151,12 @@ func claimPod(t *testing.T, ctx context.Context, c client.Client, name, class, c
 	if err := c.Create(ctx, claim); err != nil {
 		t.Fatalf("claim %s: %v", name, err)
 	}
+	podFor(t, ctx, c, name)
+}
+
+// podFor creates a pod named like the claim it uses.
+func podFor(t *testing.T, ctx context.Context, c client.Client, name string) {
+	t.Helper()
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
 		Spec: corev1.PodSpec{
 			Containers:     []corev1.Container{{Name: "c", Image: "local/cuda:1", Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpu"}}}}},
@@ -205,12 +211,12 @@ func TestTheSchedulerAllocatesEachKindOfShareFromThePublishedSlices(t *testing.T
 		name, class, cel, want string
 	}{
 		{"whole", "gpusharing-exclusive", "", "gpu-5"},
-		{"mig-3g", "gpusharing-mig", attr + `.migProfile == "3g.40gb"`, "mig-0000-3g"},
+		{"mig-3g", "gpusharing-mig", attr + `.migProfile == "3g.40gb"`, "gpu-0-mig-0000-3g"},
 		{"mps-half", "gpusharing-mps", attr + `.mpsActiveThreadPercentage >= 50`, "gpu-1-mps-"},
 		{"mps-quarter", "gpusharing-mps", attr + `.mpsActiveThreadPercentage < 50`, "gpu-2-mps-"},
 		{"timesliced", "gpusharing-timeslicing", "", "gpu-3-timeslicing-"},
 		{"shared", "gpusharing-shared", attr + `.oversubscription`, "gpu-4-shared-"},
-		{"mig-small", "gpusharing-mig", `device.capacity["gpu.gpusharing.io"].memory.compareTo(quantity("10Gi")) <= 0`, "mig-0000-1"},
+		{"mig-small", "gpusharing-mig", `device.capacity["gpu.gpusharing.io"].memory.compareTo(quantity("10Gi")) <= 0`, "gpu-0-mig-0000-1"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			claimPod(t, ctx, c, tt.name, tt.class, tt.cel)

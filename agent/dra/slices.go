@@ -161,3 +161,20 @@ func (p *StatusPublisher) PublishStatus(ctx context.Context, status v1alpha1.GPU
 	p.published, p.synced = devices, true
 	return nil
 }
+
+// Driver is the agent's DRA side as the reconciler sees it (a node.SlicePublisher): each status goes to
+// the kubelet plugin first, then to the slices, so a device the scheduler can allocate is one the plugin
+// can prepare.
+type Driver struct {
+	Slices *StatusPublisher
+	// Plugin is nil where the node publishes slices without serving the kubelet plugin (tests, the demo).
+	Plugin *KubeletPlugin
+}
+
+// PublishStatus tells the plugin the status's shares and publishes them.
+func (d *Driver) PublishStatus(ctx context.Context, status v1alpha1.GPUNodeStatus) error {
+	if d.Plugin != nil {
+		d.Plugin.Update(status)
+	}
+	return d.Slices.PublishStatus(ctx, status)
+}

@@ -1,8 +1,10 @@
 // Package drain empties one GPU before a disruptive change: it finds the pods that hold the GPU's
-// devices through the kubelet's PodResources API, then waits for them to end (WaitForIdle) or evicts them
+// devices through the kubelet's PodResources API (device plugin pods) and the pods holding DRA
+// ResourceClaims on them (Claims), then waits for them to end (WaitForIdle) or evicts them
 // through the Eviction API so PodDisruptionBudgets hold (Evict), until a timeout. Every step goes to a
 // progress callback, so the agent can show it in GPUNode status. Stopping new pods from landing on the GPU
-// is the caller's step before Drain (deviceplugin.Manager.Cordon).
+// is the caller's step before Drain (deviceplugin.Manager.Cordon; a drained GPU's DRA devices leave its
+// ResourceSlices).
 package drain
 
 import (
@@ -24,6 +26,8 @@ var (
 	ErrDrainTimeout = errors.New("drain timed out")
 	// ErrPodResourcesUnavailable: the kubelet's PodResources API could not be listed.
 	ErrPodResourcesUnavailable = errors.New("kubelet PodResources API unavailable")
+	// ErrClaimsUnavailable: the ResourceClaims could not be listed.
+	ErrClaimsUnavailable = errors.New("ResourceClaims unavailable")
 	// ErrEvictionFailed: the API server refused an eviction for a reason waiting will not fix (not a
 	// PodDisruptionBudget), for example RBAC.
 	ErrEvictionFailed = errors.New("eviction failed")
@@ -79,6 +83,8 @@ type Request struct {
 	GPUUUID string
 	// MIGUUIDs are its MIG devices, whose pods count as the GPU's too.
 	MIGUUIDs []string
+	// GPUIndex is the GPU's NVML index: DRA device names carry it (Claims).
+	GPUIndex int32
 	// Mode is WaitForIdle (default when empty) or Evict.
 	Mode v1alpha1.DrainMode
 	// Timeout bounds the drain; 0 means look once and fail if any pod uses the GPU.
@@ -103,8 +109,12 @@ type Result struct {
 
 // Drainer drains GPUs of one node.
 type Drainer struct {
-	// PodResources lists the kubelet's pods and their devices (see DialPodResources).
+	// PodResources lists the kubelet's pods and their devices (see DialPodResources): the device
+	// plugin's pods. Nil on a node that serves DRA only.
 	PodResources PodResourcesLister
+	// Claims lists the pods holding DRA ResourceClaims on the GPU (dra.ClaimHolders): a pod counts when
+	// either source names it. Nil on a node without DRA.
+	Claims ClaimHolders
 	// Evictor evicts pods (Evict only; see NewEvictor).
 	Evictor Evictor
 	// Pods reads pods to tell an ended pod (Succeeded, Failed or gone) from a running one, since the
@@ -143,8 +153,8 @@ func (d *Drainer) Drain(ctx context.Context, req Request) (Result, error) {
 		return r.res, fmt.Errorf("%w: unknown mode %q", ErrInvalidRequest, mode)
 	case mode == v1alpha1.DrainEvict && d.Evictor == nil:
 		return r.res, fmt.Errorf("%w: Evict needs an Evictor", ErrInvalidRequest)
-	case d.PodResources == nil:
-		return r.res, fmt.Errorf("%w: no PodResources client", ErrInvalidRequest)
+	case d.PodResources == nil && d.Claims == nil:
+		return r.res, fmt.Errorf("%w: neither a PodResources client nor a ResourceClaim source", ErrInvalidRequest)
 	}
 	err := r.loop(ctx, mode, start)
 	r.res.Duration = r.now().Sub(start)

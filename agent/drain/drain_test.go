@@ -308,6 +308,7 @@ func TestInvalidRequestsAreRefused(t *testing.T) {
 		{"no GPU uuid", &Drainer{PodResources: lister}, Request{Timeout: time.Second}},
 		{"unknown mode", &Drainer{PodResources: lister}, Request{GPUUUID: "GPU-a", Mode: "Delete"}},
 		{"Evict without an Evictor", &Drainer{PodResources: lister}, Request{GPUUUID: "GPU-a", Mode: v1alpha1.DrainEvict}},
+		{"neither PodResources nor claims", &Drainer{}, Request{GPUUUID: "GPU-a"}},
 		{"no PodResources client", &Drainer{}, Request{GPUUUID: "GPU-a"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

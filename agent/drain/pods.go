@@ -39,31 +39,52 @@ func DialPodResources(socketPath string) (podresourcesv1.PodResourcesListerClien
 	return podresourcesv1.NewPodResourcesListerClient(conn), conn.Close, nil
 }
 
-// podsUsingGPU lists the pods the kubelet reports holding one of the GPU's devices, less those the API
-// server says have ended.
+// ClaimHolders finds the pods that hold DRA ResourceClaims allocated devices of a GPU.
+type ClaimHolders interface {
+	// PodsHoldingGPU lists the pods a claim on the GPU of index (or one of its MIG instances) is
+	// reserved for.
+	PodsHoldingGPU(ctx context.Context, index int32) ([]PodRef, error)
+}
+
+// podsUsingGPU lists the pods the kubelet reports holding one of the GPU's devices and the pods
+// holding claims on them, less those the API server says have ended.
 func (r *run) podsUsingGPU(ctx context.Context) ([]PodRef, error) {
 	lctx, cancel := context.WithTimeout(ctx, listTimeout)
 	defer cancel()
-	resp, err := r.d.PodResources.List(lctx, &podresourcesv1.ListPodResourcesRequest{})
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrPodResourcesUnavailable, err)
+	holders := map[PodRef]bool{}
+	if r.d.PodResources != nil {
+		resp, err := r.d.PodResources.List(lctx, &podresourcesv1.ListPodResourcesRequest{})
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrPodResourcesUnavailable, err)
+		}
+		ids := map[string]bool{r.req.GPUUUID: true}
+		for _, m := range r.req.MIGUUIDs {
+			ids[m] = true
+		}
+		for _, p := range resp.GetPodResources() {
+			if holdsDevice(p, ids) {
+				holders[PodRef{Namespace: p.GetNamespace(), Name: p.GetName()}] = true
+			}
+		}
 	}
-	ids := map[string]bool{r.req.GPUUUID: true}
-	for _, m := range r.req.MIGUUIDs {
-		ids[m] = true
+	if r.d.Claims != nil {
+		pods, err := r.d.Claims.PodsHoldingGPU(lctx, r.req.GPUIndex)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrClaimsUnavailable, err)
+		}
+		for _, p := range pods {
+			holders[p] = true
+		}
 	}
 	var out []PodRef
-	for _, p := range resp.GetPodResources() {
-		if holdsDevice(p, ids) {
-			ref := PodRef{Namespace: p.GetNamespace(), Name: p.GetName()}
-			ended, err := r.inspect(ctx, ref)
-			if err != nil {
-				// Could not check is not "ended": the pod still counts.
-				ended = false
-			}
-			if !ended {
-				out = append(out, ref)
-			}
+	for ref := range holders {
+		ended, err := r.inspect(ctx, ref)
+		if err != nil {
+			// Could not check is not "ended": the pod still counts.
+			ended = false
+		}
+		if !ended {
+			out = append(out, ref)
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })

@@ -45,7 +45,10 @@ const (
 	DefaultDrainBackoffMax = time.Hour
 )
 
-func (r *Reconciler) drainOn() bool { return r.Devices != nil && r.Drainer != nil }
+// drainOn says whether disruptive changes drain first: a drainer, and something that stops advertising
+// the GPU while it is drained (the device plugin's Cordon, or the ResourceSlices, which leave out a GPU
+// whose status says Draining).
+func (r *Reconciler) drainOn() bool { return r.Drainer != nil && (r.Devices != nil || r.Slices != nil) }
 
 func (r *Reconciler) notify() {
 	if r.Notify != nil {
@@ -126,7 +129,11 @@ func (r *Reconciler) perform(ctx context.Context, sc *scope, dev gpu.Device, wan
 	for _, a := range acts {
 		switch a {
 		case actCordon:
-			// A registration error is retried by the device plugin's own loop; the GPU is hidden either way.
+			// The slices follow the status this pass publishes (Draining). A registration error is retried
+			// by the device plugin's own loop; the GPU is hidden either way.
+			if r.Devices == nil {
+				continue
+			}
 			if err := r.Devices.Cordon(ctx, dev.UUID); err != nil {
 				log.Error(err, "Device plugin update after cordoning GPU failed")
 			}
@@ -158,7 +165,7 @@ func (r *Reconciler) startDrain(ctx context.Context, dev gpu.Device, s drainStat
 		}
 	}
 	log.Info("Draining GPU before a disruptive change", "target", s.target, "mode", string(s.mode), "timeout", s.timeout.String())
-	req := drain.Request{GPUUUID: dev.UUID, MIGUUIDs: migs, Mode: s.mode, Timeout: s.timeout}
+	req := drain.Request{GPUUUID: dev.UUID, GPUIndex: int32(dev.Index), MIGUUIDs: migs, Mode: s.mode, Timeout: s.timeout}
 	r.drains.start(ctx, dev.UUID, s.seq, s.view, func(dctx context.Context, progress func(drain.Step)) ([]string, error) {
 		req.Progress = progress
 		res, err := r.Drainer.Drain(dctx, req)

@@ -61,8 +61,8 @@ type Reconciler struct {
 	Devices DevicePlugin
 	// Slices, when set, publishes every status a pass computes as DRA ResourceSlices.
 	Slices SlicePublisher
-	// Drainer, with Devices, empties a GPU before a disruptive change (see drain.go). Without either, a
-	// disruptive change is applied at once and refused with GPUBusy while processes use the GPU.
+	// Drainer, with Devices or Slices, empties a GPU before a disruptive change (see drain.go). Without
+	// them, a disruptive change is applied at once and refused with GPUBusy while processes use the GPU.
 	Drainer Drainer
 	// DrainBackoff and DrainBackoffMax bound the wait before a GPU whose drain failed is drained again
 	// for the same desired sharing (defaults DefaultDrainBackoff, DefaultDrainBackoffMax).

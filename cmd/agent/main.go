@@ -23,6 +23,7 @@ import (
 
 	"github.com/gpusharing/gpusharing/agent/app"
 	"github.com/gpusharing/gpusharing/agent/deviceplugin"
+	"github.com/gpusharing/gpusharing/agent/dra"
 	"github.com/gpusharing/gpusharing/agent/drain"
 	"github.com/gpusharing/gpusharing/agent/gpu"
 	"github.com/gpusharing/gpusharing/agent/health"
@@ -49,8 +50,13 @@ type options struct {
 	devicePlugin       *deviceplugin.Config
 	podResourcesSocket string
 	resourceSlices     bool
-	drainBackoff       time.Duration
-	drainPoll          time.Duration
+	// shares is how the device plugin would cut GPUs into shares and which host paths they mount; DRA
+	// uses it also where the device plugin is off.
+	shares deviceplugin.Config
+	// draPlugin is nil unless --dra.
+	draPlugin    *dra.PluginConfig
+	drainBackoff time.Duration
+	drainPoll    time.Duration
 	// schedulerRoot holds the shim scheduler sockets, whether or not the device plugin runs.
 	schedulerRoot  string
 	oversubReserve uint64
@@ -97,7 +103,13 @@ func parse(args []string) (options, *textlogger.Config) {
 	dp := deviceplugin.DefaultConfig()
 	var dpOn bool
 	reserve := resource.NewQuantity(node.DefaultOversubReserve, resource.BinarySI)
-	fs.BoolVar(&o.resourceSlices, "dra-resource-slices", false, "publish the applied sharing as DRA ResourceSlices (driver gpu.gpusharing.io, docs/dra.md); the DRA kubelet plugin is not there yet")
+	var draOn bool
+	draCfg := dra.PluginConfig{}.WithDefaults()
+	fs.BoolVar(&draOn, "dra", false, "serve this node's GPUs through Dynamic Resource Allocation: publish ResourceSlices (driver gpu.gpusharing.io) and serve the DRA kubelet plugin that prepares claims through CDI (docs/dra.md); with --device-plugin both run side by side")
+	fs.BoolVar(&o.resourceSlices, "dra-resource-slices", false, "publish the ResourceSlices without serving the DRA kubelet plugin (--dra does both)")
+	fs.StringVar(&draCfg.PluginDir, "dra-plugin-dir", draCfg.PluginDir, "the DRA kubelet plugin's directory: its gRPC socket dra.sock and its checkpoint of prepared claims")
+	fs.StringVar(&draCfg.RegistryDir, "dra-registry-dir", draCfg.RegistryDir, "the kubelet's plugin registration directory")
+	fs.StringVar(&draCfg.CDIDir, "cdi-dir", draCfg.CDIDir, "where the DRA kubelet plugin writes the CDI specs of prepared claims; the container runtime must read CDI specs there")
 	fs.BoolVar(&dpOn, "device-plugin", true, "serve the kubelet device plugin API for this node's GPUs (and drain a GPU before a disruptive change)")
 	fs.StringVar(&dp.SocketDir, "device-plugin-dir", dp.SocketDir, "the kubelet's device plugin directory (kubelet.sock and the plugins' sockets)")
 	fs.StringVar(&o.podResourcesSocket, "pod-resources-socket", drain.DefaultPodResourcesSocket, "the kubelet's PodResources API socket, to find the pods using a GPU before a disruptive change; empty turns the drain off")
@@ -134,16 +146,22 @@ func parse(args []string) (options, *textlogger.Config) {
 	if sim.configured {
 		o.simulate = &sim
 	}
+	if draOn {
+		o.resourceSlices = true
+		o.draPlugin = &draCfg
+	}
 	if o.schedulerRoot == "" {
 		o.schedulerRoot = filepath.Join(o.hostRoot, "scheduler")
 	}
 	o.oversubReserve = uint64(reserve.Value())
+	// The device plugin names the sockets the agent's schedulers listen on: one root for both.
+	dp.SchedulerRoot = o.schedulerRoot
+	dp.ShimReplicas = int32(*shimReplicas)
+	// The MPS root is not a device plugin flag: app.Setup takes it from --mps-root, the daemons' root.
+	dp.MPSRoot = ""
+	// DRA cuts and mounts shares as the device plugin does, whether or not the device plugin runs.
+	o.shares = dp
 	if dpOn {
-		// The device plugin names the sockets the agent's schedulers listen on: one root for both.
-		dp.SchedulerRoot = o.schedulerRoot
-		dp.ShimReplicas = int32(*shimReplicas)
-		// The MPS root is not a device plugin flag: app.Setup takes it from --mps-root, the daemons' root.
-		dp.MPSRoot = ""
 		o.devicePlugin = &dp
 	}
 	if o.mpsRoot == "" {
@@ -251,6 +269,8 @@ func run(ctx context.Context, o options) error {
 		DevicePlugin:        o.devicePlugin,
 		PodResourcesSocket:  o.podResourcesSocket,
 		ResourceSlices:      o.resourceSlices,
+		DRAPlugin:           o.draPlugin,
+		Shares:              o.shares,
 		DrainBackoff:        o.drainBackoff,
 		DrainPollInterval:   o.drainPoll,
 	})
@@ -261,7 +281,7 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	log.Info("Starting agent", "node", o.nodeName, "mpsRoot", o.mpsRoot, "schedulerRoot", o.schedulerRoot, "oversubReserve", o.oversubReserve, "stateDir", o.stateDir, "mpsControl", o.mpsControl, "nvidiaSMI", o.nvidiaSMI,
-		"devicePlugin", o.devicePlugin != nil, "podResourcesSocket", o.podResourcesSocket)
+		"devicePlugin", o.devicePlugin != nil, "podResourcesSocket", o.podResourcesSocket, "resourceSlices", o.resourceSlices, "draKubeletPlugin", o.draPlugin != nil)
 	return mgr.Start(ctx)
 }
 

@@ -3,6 +3,8 @@ package main
 import (
 	"testing"
 	"time"
+
+	"github.com/gpusharing/gpusharing/agent/dra"
 )
 
 func TestParseDerivesHostPathsFromTheHostRoot(t *testing.T) {
@@ -72,6 +74,33 @@ func TestParseTurnsTheDevicePluginOnWithItsFlags(t *testing.T) {
 	}
 	if o, _ = parse([]string{"--device-plugin=false"}); o.devicePlugin != nil {
 		t.Errorf("--device-plugin=false left the device plugin on")
+	}
+	if o.resourceSlices || o.draPlugin != nil {
+		t.Errorf("DRA on by default: slices %v, kubelet plugin %+v", o.resourceSlices, o.draPlugin)
+	}
+}
+
+// --dra publishes slices and serves the kubelet plugin, with or without the device plugin; the shares
+// it prepares are cut and mounted as the device plugin's flags say even when the device plugin is off.
+func TestParseTurnsDRAOnBesideOrInsteadOfTheDevicePlugin(t *testing.T) {
+	t.Setenv("NODE_NAME", "node-a")
+	o, _ := parse([]string{"--host-root=/h", "--dra", "--device-plugin=false", "--shim-library=/lib/gs.so", "--shim-replicas=3",
+		"--dra-plugin-dir=/p", "--dra-registry-dir=/r", "--cdi-dir=/cdi"})
+	if o.devicePlugin != nil || !o.resourceSlices || o.draPlugin == nil {
+		t.Fatalf("--dra --device-plugin=false: device plugin %v, slices %v, kubelet plugin %v", o.devicePlugin != nil, o.resourceSlices, o.draPlugin != nil)
+	}
+	if *o.draPlugin != (dra.PluginConfig{PluginDir: "/p", RegistryDir: "/r", CDIDir: "/cdi"}) {
+		t.Errorf("kubelet plugin config %+v", *o.draPlugin)
+	}
+	if o.shares.ShimLibrary != "/lib/gs.so" || o.shares.ShimReplicas != 3 || o.shares.SchedulerRoot != "/h/scheduler" {
+		t.Errorf("shares %+v: want the shim flags and the scheduler root", o.shares)
+	}
+	o, _ = parse([]string{"--dra"})
+	if o.devicePlugin == nil || o.draPlugin == nil || o.draPlugin.PluginDir != "/var/lib/kubelet/plugins/gpu.gpusharing.io" || o.draPlugin.CDIDir != "/var/run/cdi" {
+		t.Errorf("--dra beside the device plugin: %v, %+v", o.devicePlugin != nil, o.draPlugin)
+	}
+	if o, _ = parse([]string{"--dra-resource-slices"}); !o.resourceSlices || o.draPlugin != nil {
+		t.Errorf("--dra-resource-slices: slices %v, kubelet plugin %+v; want slices only", o.resourceSlices, o.draPlugin)
 	}
 }
 

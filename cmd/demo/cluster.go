@@ -3,17 +3,23 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
+	"time"
 
+	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	ctrl "sigs.k8s.io/controller-runtime"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/gpusharing/gpusharing/agent/deviceplugin"
+	"github.com/gpusharing/gpusharing/agent/dra"
 	"github.com/gpusharing/gpusharing/agent/runner"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 	"github.com/gpusharing/gpusharing/controllers/setup"
@@ -120,4 +126,137 @@ func (c *cluster) printTable(w io.Writer) error {
 		return fmt.Errorf("kubectl get gpusharing: %w", err)
 	}
 	return nil
+}
+
+// applyDeviceClasses creates the DeviceClasses users install with `kubectl apply -k config/dra`.
+func (c *cluster) applyDeviceClasses(ctx context.Context) error {
+	data, err := os.ReadFile(filepath.Join(c.env.RepoRoot, "config", "dra", "deviceclasses.yaml"))
+	if err != nil {
+		return err
+	}
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
+	for {
+		var dc resourcev1.DeviceClass
+		if err := dec.Decode(&dc); errors.Is(err, io.EOF) {
+			return nil
+		} else if err != nil {
+			return fmt.Errorf("config/dra/deviceclasses.yaml: %w", err)
+		}
+		if dc.Name == "" {
+			continue
+		}
+		if err := c.env.Client.Create(ctx, &dc); err != nil {
+			return fmt.Errorf("DeviceClass %s: %w", dc.Name, err)
+		}
+	}
+}
+
+// printSlices runs `kubectl get resourceslices` and sums each node's published devices by kind of
+// share, the DRA view of the table above.
+func (c *cluster) printSlices(ctx context.Context, w io.Writer) error {
+	if err := c.waitSlices(ctx); err != nil {
+		return err
+	}
+	res, err := runner.Exec{}.Run(ctx, runner.Cmd{Path: c.kubectl, Args: []string{"--kubeconfig", c.kubeconfig, "get", "resourceslices"}})
+	if _, werr := fmt.Fprint(w, "\n$ kubectl get resourceslices\n", res.Stdout, res.Stderr); werr != nil {
+		return werr
+	}
+	if err != nil {
+		return fmt.Errorf("kubectl get resourceslices: %w", err)
+	}
+	var list resourcev1.ResourceSliceList
+	if err := c.env.Client.List(ctx, &list); err != nil {
+		return err
+	}
+	kinds := map[string]map[string]int{}
+	for _, s := range list.Items {
+		if s.Spec.Driver != dra.DriverName || s.Spec.NodeName == nil {
+			continue
+		}
+		node := *s.Spec.NodeName
+		if kinds[node] == nil {
+			kinds[node] = map[string]int{}
+		}
+		for _, d := range s.Spec.Devices {
+			if a, ok := d.Attributes[dra.AttrShare]; ok && a.StringValue != nil {
+				kinds[node][*a.StringValue]++
+			}
+		}
+	}
+	nodes := make([]string, 0, len(kinds))
+	for n := range kinds {
+		nodes = append(nodes, n)
+	}
+	sort.Strings(nodes)
+	if _, err := fmt.Fprintf(w, "\nDRA devices per node (driver %s; a claim asks for a DeviceClass gpusharing-<share>):\n", dra.DriverName); err != nil {
+		return err
+	}
+	for _, n := range nodes {
+		var parts []string
+		for k, v := range kinds[n] {
+			parts = append(parts, fmt.Sprintf("%d %s", v, k))
+		}
+		sort.Strings(parts)
+		if _, err := fmt.Fprintf(w, "  %-12s %s\n", n, strings.Join(parts, ", ")); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// waitSlices waits (bounded) until every node's slices publish what its GPUNode status offers: an agent
+// publishes in the pass that writes the status, so the two agree within a pass or two.
+func (c *cluster) waitSlices(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	differ := "not listed yet"
+	for {
+		d, err := c.slicesDiffer(ctx)
+		switch {
+		case err == nil && d == "":
+			return nil
+		case err == nil:
+			differ = d
+		case ctx.Err() == nil:
+			differ = err.Error()
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("ResourceSlices do not follow the GPUNode status within 30s: %s", differ)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// slicesDiffer names a node whose published devices differ from its status's, or "".
+func (c *cluster) slicesDiffer(ctx context.Context) (string, error) {
+	var nodes v1alpha1.GPUNodeList
+	if err := c.env.Client.List(ctx, &nodes); err != nil {
+		return "", err
+	}
+	var slices resourcev1.ResourceSliceList
+	if err := c.env.Client.List(ctx, &slices); err != nil {
+		return "", err
+	}
+	published := map[string][]string{}
+	for _, s := range slices.Items {
+		if s.Spec.Driver == dra.DriverName && s.Spec.NodeName != nil {
+			for _, d := range s.Spec.Devices {
+				published[*s.Spec.NodeName] = append(published[*s.Spec.NodeName], d.Name)
+			}
+		}
+	}
+	for _, n := range nodes.Items {
+		var want []string
+		for _, d := range dra.Devices(n.Status, deviceplugin.Config{}) {
+			want = append(want, d.Name)
+		}
+		got := published[n.Name]
+		sort.Strings(got)
+		sort.Strings(want)
+		if strings.Join(got, " ") != strings.Join(want, " ") {
+			return fmt.Sprintf("%s publishes %v, its status offers %v", n.Name, got, want), nil
+		}
+	}
+	return "", nil
 }

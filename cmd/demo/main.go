@@ -24,6 +24,7 @@ type options struct {
 	once    bool
 	timeout time.Duration
 	verbose bool
+	dra     bool
 }
 
 func main() {
@@ -31,6 +32,7 @@ func main() {
 	flag.BoolVar(&o.once, "once", false, "exit after the converged table instead of staying up (non-zero when not converged)")
 	flag.DurationVar(&o.timeout, "timeout", 3*time.Minute, "how long to wait for every sample policy to become Ready")
 	flag.BoolVar(&o.verbose, "v", false, "show the controller's and agents' logs")
+	flag.BoolVar(&o.dra, "dra", true, "the simulated nodes also publish their shares as DRA ResourceSlices, listed after the table (docs/dra.md)")
 	flag.Parse()
 
 	// The controllers log every pass; the demo's own lines are what a first-time user should read.
@@ -64,7 +66,14 @@ func run(ctx context.Context, o options) error {
 	if err := c.runController(ctx, errs); err != nil {
 		return err
 	}
+	if o.dra {
+		say("Installing the DRA DeviceClasses from config/dra")
+		if err := c.applyDeviceClasses(ctx); err != nil {
+			return err
+		}
+	}
 	for _, n := range simNodes {
+		n.ResourceSlices = o.dra
 		say("Starting simulated node %s: %d x %s, labels %v", n.Name, n.GPUs, n.Model, n.Labels)
 		if err := c.runNode(ctx, n, errs); err != nil {
 			return err
@@ -84,6 +93,11 @@ func run(ctx context.Context, o options) error {
 	if tableErr := c.printTable(os.Stdout); tableErr != nil {
 		return tableErr
 	}
+	if o.dra {
+		if sliceErr := c.printSlices(ctx, os.Stdout); sliceErr != nil {
+			return sliceErr
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -98,8 +112,8 @@ func run(ctx context.Context, o options) error {
 		return nil
 	}
 
-	fmt.Printf("\nThe cluster stays up. In another terminal:\n  export KUBECONFIG=%s\n  %s get gpusharing -o wide\n  %s edit gsp inference-mps   # change a policy and watch the nodes follow\nCtrl-C stops and removes everything.\n",
-		c.kubeconfig, c.kubectl, c.kubectl)
+	fmt.Printf("\nThe cluster stays up. In another terminal:\n  export KUBECONFIG=%s\n  %s get gpusharing -o wide\n  %s edit gsp inference-mps   # change a policy and watch the nodes follow\n  %s get resourceslices        # the same shares as DRA devices (--dra)\nCtrl-C stops and removes everything.\n",
+		c.kubeconfig, c.kubectl, c.kubectl, c.kubectl)
 	select {
 	case <-ctx.Done():
 	case err := <-errs:

@@ -171,6 +171,9 @@ func TestChartValuesReachTheObjects(t *testing.T) {
 			t.Errorf("agent args %s lack %s", args, want)
 		}
 	}
+	if strings.Contains(args, "--dra") {
+		t.Errorf("agent args %s turn DRA on by default", args)
+	}
 	if sel, _, _ := unstructured.NestedStringMap(ds.Object, "spec", "template", "spec", "nodeSelector"); sel["pool"] != "a100" {
 		t.Errorf("agent nodeSelector %v lacks pool=a100", sel)
 	}
@@ -182,5 +185,46 @@ func TestChartValuesReachTheObjects(t *testing.T) {
 		if h[want] == nil {
 			t.Errorf("the chart with serviceMonitor and dashboard on renders no %s (it renders %v)", want, keys(h))
 		}
+	}
+}
+
+// agent.deviceInterface=DRA turns the device plugin off and DRA on, with the kubelet's plugin
+// directories and the CDI directory mounted at their host paths (the kubelet dials the socket there, the
+// runtime reads the specs there).
+func TestChartDeviceInterfaceDRAServesClaimsInsteadOfExtendedResources(t *testing.T) {
+	h := renderChart(t, "agent.deviceInterface=DRA", "agent.cdiDir=/etc/cdi")
+	spec, _, _ := unstructured.NestedMap(h["DaemonSet/"+namespace+"/gpusharing-agent"].Object, "spec", "template", "spec")
+	agent := spec["containers"].([]any)[0].(map[string]any)
+	args := fmt.Sprint(agent["args"])
+	for _, want := range []string{"--device-plugin=false", "--dra ", "--dra-plugin-dir=/var/lib/kubelet/plugins/gpu.gpusharing.io", "--dra-registry-dir=/var/lib/kubelet/plugins_registry", "--cdi-dir=/etc/cdi"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("agent args %s lack %q", args, want)
+		}
+	}
+	hostPath := map[string]string{}
+	for _, v := range spec["volumes"].([]any) {
+		v := v.(map[string]any)
+		if hp, ok := v["hostPath"].(map[string]any); ok {
+			hostPath[v["name"].(string)] = hp["path"].(string)
+		}
+	}
+	mounted := map[string]bool{}
+	for _, m := range agent["volumeMounts"].([]any) {
+		m := m.(map[string]any)
+		if hostPath[m["name"].(string)] == m["mountPath"] {
+			mounted[m["mountPath"].(string)] = true
+		}
+	}
+	for _, p := range []string{"/var/lib/kubelet/plugins/gpu.gpusharing.io", "/var/lib/kubelet/plugins_registry", "/etc/cdi"} {
+		if !mounted[p] {
+			t.Errorf("%s is not a hostPath mounted at its host path (mounts %v)", p, agent["volumeMounts"])
+		}
+	}
+	both := fmt.Sprint(renderChart(t, "agent.deviceInterface=Both")["DaemonSet/"+namespace+"/gpusharing-agent"].Object)
+	if !strings.Contains(both, "--dra ") || strings.Contains(both, "--device-plugin=false") {
+		t.Errorf("Both: want --dra beside the device plugin")
+	}
+	if out, err := tool(t, "helm", "", "template", "gpusharing", chartDir(), "--set", "agent.deviceInterface=Dra"); err == nil || !strings.Contains(string(out), "want DevicePlugin, DRA or Both") {
+		t.Errorf("an unknown deviceInterface rendered (%v): %s", err, out)
 	}
 }

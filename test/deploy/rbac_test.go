@@ -58,6 +58,8 @@ var reviewed = map[string]map[string]string{
 		"resource.k8s.io/resourceslices:create": "--dra-resource-slices: a node's first slices",
 		"resource.k8s.io/resourceslices:update": "--dra-resource-slices: a new pool generation when the devices change",
 		"resource.k8s.io/resourceslices:delete": "--dra-resource-slices: slices past the new count",
+		"resource.k8s.io/resourceclaims:get":    "--dra: the kubelet plugin reads the claims the kubelet asks it to prepare",
+		"resource.k8s.io/resourceclaims:list":   "--dra: the drain finds the pods holding claims on a GPU (read uncached, paged)",
 		"gpusharing.io/gpunodes/status:patch":   "the one status write per pass",
 	},
 }

@@ -38,6 +38,9 @@ type Node struct {
 	Labels map[string]string
 	// Seq makes the node's GPU UUIDs distinct from other simulated nodes'.
 	Seq int
+	// ResourceSlices publishes the node's shares as DRA ResourceSlices (no kubelet plugin: nothing runs
+	// a kubelet here).
+	ResourceSlices bool
 }
 
 // CreateNode registers the Node object. Nothing runs a kubelet: the controller and the agent only read
@@ -82,6 +85,7 @@ func Start(ctx context.Context, cfg *rest.Config, scheme *k8sruntime.Scheme, n N
 		Resync:             10 * time.Second,
 		SkipNameValidation: true,
 		Health:             &app.HealthOptions{},
+		ResourceSlices:     n.ResourceSlices,
 	})
 	if err != nil {
 		return err

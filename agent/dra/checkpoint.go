@@ -1,0 +1,83 @@
+package dra
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// The checkpoint lists the claims the kubelet plugin prepared, so that NodeUnprepareResources, which
+// names a claim by uid only (the claim may be gone from the API server), is answered after an agent
+// restart, and a repeated NodePrepareResources returns what the first one did.
+const (
+	checkpointKind    = "gpusharing.io/dra-checkpoint"
+	checkpointVersion = 1
+)
+
+type checkpoint struct {
+	Kind    string                      `json:"kind"`
+	Version int                         `json:"version"`
+	Node    string                      `json:"node"`
+	Claims  map[types.UID]preparedClaim `json:"claims"`
+}
+
+// preparedClaim is what one NodePrepareResources did for a claim.
+type preparedClaim struct {
+	Namespace string           `json:"namespace"`
+	Name      string           `json:"name"`
+	Devices   []preparedDevice `json:"devices"`
+	// Spec is the CDI spec written for the claim, kept so a spec file removed behind the plugin's back is
+	// written again when the kubelet prepares the claim again.
+	Spec cdiSpec `json:"spec"`
+}
+
+type preparedDevice struct {
+	Requests     []string `json:"requests"`
+	Pool         string   `json:"pool"`
+	Device       string   `json:"device"`
+	CDIDeviceIDs []string `json:"cdiDeviceIDs,omitempty"`
+}
+
+// errCorruptCheckpoint: the file exists but is not a checkpoint this version of the agent wrote.
+var errCorruptCheckpoint = errors.New("corrupt DRA checkpoint")
+
+// readCheckpoint loads path; a missing file is an empty checkpoint (a first start).
+func readCheckpoint(path, node string) (checkpoint, error) {
+	cp := checkpoint{Kind: checkpointKind, Version: checkpointVersion, Node: node, Claims: map[types.UID]preparedClaim{}}
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return cp, nil
+	}
+	if err != nil {
+		return cp, fmt.Errorf("reading the DRA checkpoint %s: %w", path, err)
+	}
+	var got checkpoint
+	if err := json.Unmarshal(data, &got); err != nil {
+		return cp, fmt.Errorf("%w: %s: %v", errCorruptCheckpoint, path, err)
+	}
+	if got.Kind != checkpointKind || got.Version != checkpointVersion {
+		return cp, fmt.Errorf("%w: %s is kind %q version %d, want %q version %d", errCorruptCheckpoint, path, got.Kind, got.Version, checkpointKind, checkpointVersion)
+	}
+	if got.Node != node {
+		// A node's claims mean nothing on another node (a state directory copied with an image).
+		return cp, fmt.Errorf("%w: %s was written for node %q, this is %q", errCorruptCheckpoint, path, got.Node, node)
+	}
+	if got.Claims == nil {
+		got.Claims = map[types.UID]preparedClaim{}
+	}
+	return got, nil
+}
+
+func writeCheckpoint(path string, cp checkpoint) error {
+	data, err := json.MarshalIndent(cp, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := writeFileAtomic(path, data, 0o600); err != nil {
+		return fmt.Errorf("writing the DRA checkpoint %s: %w", path, err)
+	}
+	return nil
+}

@@ -1,0 +1,303 @@
+package dra
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+
+	"github.com/go-logr/logr"
+	resourcev1 "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+
+	"github.com/gpusharing/gpusharing/agent/deviceplugin"
+	"github.com/gpusharing/gpusharing/api/v1alpha1"
+)
+
+// Default kubelet paths of the plugin.
+const (
+	// DefaultPluginDir holds the plugin's gRPC socket and its checkpoint.
+	DefaultPluginDir = "/var/lib/kubelet/plugins/" + DriverName
+	// DefaultRegistryDir is where the kubelet looks for plugin registration sockets.
+	DefaultRegistryDir = kubeletplugin.KubeletRegistryDir
+	// CheckpointFile is the checkpoint's name in the plugin directory.
+	CheckpointFile = "checkpoint.json"
+)
+
+var (
+	// ErrDeviceNotPublished: a claim names a device this node does not publish now (its GPU is drained,
+	// unhealthy or shared otherwise since the scheduler allocated it). The kubelet retries; the pod waits.
+	ErrDeviceNotPublished = errors.New("device not published on this node")
+	// ErrDeviceInUse: a device is prepared for another claim already; the plugin is the last line of
+	// defence against two workloads on one share.
+	ErrDeviceInUse = errors.New("device prepared for another claim")
+	// ErrOtherPool: a claim's device of this driver is in another node's pool.
+	ErrOtherPool = errors.New("device of another node's pool")
+)
+
+// PluginConfig says where the kubelet plugin serves and writes.
+type PluginConfig struct {
+	// PluginDir holds the DRA gRPC socket (dra.sock) and the checkpoint (default DefaultPluginDir).
+	PluginDir string
+	// RegistryDir is the kubelet's plugin registration directory (default DefaultRegistryDir).
+	RegistryDir string
+	// CDIDir is where the CDI specs of prepared claims are written (default DefaultCDIDir).
+	CDIDir string
+}
+
+// WithDefaults fills the zero fields.
+func (c PluginConfig) WithDefaults() PluginConfig {
+	if c.PluginDir == "" {
+		c.PluginDir = DefaultPluginDir
+	}
+	if c.RegistryDir == "" {
+		c.RegistryDir = DefaultRegistryDir
+	}
+	if c.CDIDir == "" {
+		c.CDIDir = DefaultCDIDir
+	}
+	return c
+}
+
+// KubeletPlugin is the DRA kubelet plugin: it prepares a claim's devices by writing a CDI spec with what
+// the device plugin's Allocate gives the same shares (deviceplugin.ContainerEdits), and keeps a
+// checkpoint of the claims it prepared. The agent tells it every status it computes (Update), as it tells
+// the device plugin; a device the status does not publish is not prepared.
+type KubeletPlugin struct {
+	node string
+	cfg  PluginConfig
+	dp   deviceplugin.Config
+	log  logr.Logger
+
+	mu     sync.Mutex
+	shares map[string]deviceplugin.Device
+	cp     checkpoint
+}
+
+// NewKubeletPlugin loads the checkpoint of node's plugin. dp must be the device plugin's configuration
+// (host paths of the MPS pipe directories, the scheduler sockets and the shim). A checkpoint that cannot
+// be read is moved aside (its claims' spec files are still removed by uid on unprepare) rather than
+// keeping the agent from starting.
+func NewKubeletPlugin(node string, cfg PluginConfig, dp deviceplugin.Config, log logr.Logger) (*KubeletPlugin, error) {
+	if node == "" {
+		return nil, errors.New("the DRA kubelet plugin needs the node name")
+	}
+	cfg = cfg.WithDefaults()
+	p := &KubeletPlugin{node: node, cfg: cfg, dp: dp.WithDefaults(), log: log}
+	path := p.checkpointPath()
+	cp, err := readCheckpoint(path, node)
+	if errors.Is(err, errCorruptCheckpoint) {
+		log.Error(err, "Moving the unreadable DRA checkpoint aside", "path", path)
+		if rerr := os.Rename(path, path+".corrupt"); rerr != nil {
+			return nil, fmt.Errorf("%w; moving it aside: %v", err, rerr)
+		}
+	} else if err != nil {
+		return nil, err
+	}
+	p.cp = cp
+	return p, nil
+}
+
+func (p *KubeletPlugin) checkpointPath() string {
+	return filepath.Join(p.cfg.PluginDir, CheckpointFile)
+}
+
+// Update takes the shares a node status publishes; the reconciler calls it with every status.
+func (p *KubeletPlugin) Update(status v1alpha1.GPUNodeStatus) {
+	shares := Shares(status, p.dp)
+	p.mu.Lock()
+	p.shares = shares
+	p.mu.Unlock()
+}
+
+// Prepared lists the uids of the claims the checkpoint holds, sorted.
+func (p *KubeletPlugin) Prepared() []types.UID {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]types.UID, 0, len(p.cp.Claims))
+	for uid := range p.cp.Claims {
+		out = append(out, uid)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Start serves the plugin to the kubelet (registration and the DRA v1 and v1beta1 services) until ctx
+// ends or the returned helper is stopped. kube reads the ResourceClaims the kubelet names.
+func (p *KubeletPlugin) Start(ctx context.Context, kube kubernetes.Interface) (*kubeletplugin.Helper, error) {
+	// The helper listens in these directories but does not make them; the kubelet makes only its own
+	// registry, and not before it first looks for plugins.
+	for _, dir := range []string{p.cfg.PluginDir, p.cfg.RegistryDir} {
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			return nil, fmt.Errorf("creating the DRA plugin directory: %w", err)
+		}
+	}
+	return kubeletplugin.Start(ctx, p,
+		kubeletplugin.DriverName(DriverName),
+		kubeletplugin.NodeName(p.node),
+		kubeletplugin.KubeClient(kube),
+		kubeletplugin.PluginDataDirectoryPath(p.cfg.PluginDir),
+		kubeletplugin.RegistrarDirectoryPath(p.cfg.RegistryDir),
+	)
+}
+
+// PrepareResourceClaims writes a CDI spec per claim and returns its device IDs (kubeletplugin.DRAPlugin).
+// A claim prepared before (by this process or the one before a restart) gets the same answer.
+func (p *KubeletPlugin) PrepareResourceClaims(ctx context.Context, claims []*resourcev1.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	changed := false
+	for _, c := range claims {
+		pc, fresh, err := p.prepare(c)
+		if err != nil {
+			out[c.UID] = kubeletplugin.PrepareResult{Err: fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, err)}
+			continue
+		}
+		if fresh {
+			p.cp.Claims[c.UID] = pc
+			changed = true
+		}
+		out[c.UID] = kubeletplugin.PrepareResult{Devices: resultDevices(pc)}
+	}
+	if changed {
+		// The checkpoint is written before the kubelet hears of success: a claim the kubelet thinks
+		// prepared is always one a restarted agent can unprepare.
+		if err := writeCheckpoint(p.checkpointPath(), p.cp); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// prepare builds and writes one claim's CDI spec; fresh says the checkpoint lacks the claim.
+func (p *KubeletPlugin) prepare(c *resourcev1.ResourceClaim) (preparedClaim, bool, error) {
+	if pc, ok := p.cp.Claims[c.UID]; ok {
+		// The kubelet may ask again (its own restart): the same answer, the spec file written again if it
+		// went missing.
+		path := CDISpecPath(p.cfg.CDIDir, c.UID)
+		if _, err := os.Stat(path); err != nil {
+			if err := writeCDISpec(path, pc.Spec); err != nil {
+				return pc, false, fmt.Errorf("writing CDI spec: %w", err)
+			}
+		}
+		return pc, false, nil
+	}
+	if c.Status.Allocation == nil {
+		return preparedClaim{}, false, errors.New("not allocated")
+	}
+	// The devices of each request, in allocation order. Results of other drivers are theirs to prepare.
+	var requests []string
+	byRequest := map[string][]resourcev1.DeviceRequestAllocationResult{}
+	for _, r := range c.Status.Allocation.Devices.Results {
+		if r.Driver != DriverName {
+			continue
+		}
+		if r.Pool != p.node {
+			return preparedClaim{}, false, fmt.Errorf("%w: %s/%s (this is %s)", ErrOtherPool, r.Pool, r.Device, p.node)
+		}
+		if owner := p.holder(r.Device, c.UID); owner != "" {
+			return preparedClaim{}, false, fmt.Errorf("%w: %s is prepared for claim %s", ErrDeviceInUse, r.Device, owner)
+		}
+		if _, ok := byRequest[r.Request]; !ok {
+			requests = append(requests, r.Request)
+		}
+		byRequest[r.Request] = append(byRequest[r.Request], r)
+	}
+	pc := preparedClaim{Namespace: c.Namespace, Name: c.Name, Spec: cdiSpec{Version: CDIVersion, Kind: CDIKind}}
+	for _, req := range requests {
+		results := byRequest[req]
+		devs := make([]deviceplugin.Device, 0, len(results))
+		for _, r := range results {
+			d, ok := p.shares[r.Device]
+			if !ok {
+				return preparedClaim{}, false, fmt.Errorf("%w: %s", ErrDeviceNotPublished, r.Device)
+			}
+			devs = append(devs, d)
+		}
+		// One container asking for this request gets what one container asking the device plugin for
+		// these shares gets: the same function decides it.
+		resp, err := deviceplugin.ContainerEdits(p.dp, devs)
+		if err != nil {
+			return preparedClaim{}, false, fmt.Errorf("request %s: %w", req, err)
+		}
+		name := cdiDeviceName(c.UID, req)
+		pc.Spec.Devices = append(pc.Spec.Devices, cdiDevice{Name: name, ContainerEdits: cdiEditsOf(resp)})
+		for i, r := range results {
+			d := preparedDevice{Requests: []string{r.Request}, Pool: r.Pool, Device: r.Device}
+			// The request's edits are one CDI device, named on its first device only: a container gets
+			// them once however many shares the request holds (several MPS shares add up in one client).
+			if i == 0 {
+				d.CDIDeviceIDs = []string{CDIID(name)}
+			}
+			pc.Devices = append(pc.Devices, d)
+		}
+	}
+	if len(pc.Spec.Devices) > 0 {
+		if err := writeCDISpec(CDISpecPath(p.cfg.CDIDir, c.UID), pc.Spec); err != nil {
+			return preparedClaim{}, false, fmt.Errorf("writing CDI spec: %w", err)
+		}
+	}
+	return pc, true, nil
+}
+
+// holder is the claim other than self the checkpoint has device prepared for, or "".
+func (p *KubeletPlugin) holder(device string, self types.UID) types.UID {
+	for uid, pc := range p.cp.Claims {
+		if uid == self {
+			continue
+		}
+		for _, d := range pc.Devices {
+			if d.Device == device {
+				return uid
+			}
+		}
+	}
+	return ""
+}
+
+func resultDevices(pc preparedClaim) []kubeletplugin.Device {
+	out := make([]kubeletplugin.Device, 0, len(pc.Devices))
+	for _, d := range pc.Devices {
+		out = append(out, kubeletplugin.Device{Requests: d.Requests, PoolName: d.Pool, DeviceName: d.Device, CDIDeviceIDs: d.CDIDeviceIDs})
+	}
+	return out
+}
+
+// UnprepareResourceClaims removes the claims' CDI specs and forgets them (kubeletplugin.DRAPlugin). A
+// claim never prepared, or unprepared already, is no error.
+func (p *KubeletPlugin) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[types.UID]error, len(claims))
+	changed := false
+	for _, c := range claims {
+		// By uid, whether or not the checkpoint knows the claim: a spec left by a lost checkpoint goes too.
+		if err := os.Remove(CDISpecPath(p.cfg.CDIDir, c.UID)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			out[c.UID] = fmt.Errorf("removing the CDI spec of claim %s: %w", c.String(), err)
+			continue
+		}
+		if _, ok := p.cp.Claims[c.UID]; ok {
+			delete(p.cp.Claims, c.UID)
+			changed = true
+		}
+		out[c.UID] = nil
+	}
+	if changed {
+		if err := writeCheckpoint(p.checkpointPath(), p.cp); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// HandleError logs errors of the helper's background work (kubeletplugin.DRAPlugin). The plugin
+// publishes no slices through the helper (Publisher does), so none of them is fatal here.
+func (p *KubeletPlugin) HandleError(ctx context.Context, err error, msg string) {
+	p.log.Error(err, msg)
+}

@@ -110,6 +110,16 @@ func (p *schedProc) stop(t *testing.T) string {
 	return p.out.String()
 }
 
+var reconnectLine = regexp.MustCompile(`reconnected to the GPU scheduler after [0-9.]+ s; re-announced \d+ bytes resident, \d+ swapped out`)
+
+// logReconnects records how long each client took to reconnect and what it re-announced.
+func logReconnects(t *testing.T, ps ...*proc) {
+	t.Helper()
+	for _, p := range ps {
+		t.Logf("client %d: %s", p.pid(), reconnectLine.FindString(p.stderr.String()))
+	}
+}
+
 // The scheduler is SIGKILLed while one client holds the lock and another
 // waits. Both keep running (without the lock) until a new scheduler is up on
 // the same socket; then they reconnect, re-announce, and the lock works
@@ -132,6 +142,7 @@ func TestSchedulerKilledWhileHoldingIsRejoinedAndTheLockWorksAgain(t *testing.T)
 			strings.Contains(b.stderr.String(), "reconnected to the GPU scheduler")
 	})
 	rejoined := monoNow(t)
+	logReconnects(t, a, b)
 	a.wait(t, 60*time.Second)
 	b.wait(t, 60*time.Second)
 	out := s2.stop(t)
@@ -184,8 +195,10 @@ func TestSchedulerKilledWithMemorySwappedOutLosesNothing(t *testing.T) {
 	args := []string{"bufs=5", "size=2097152", "small=8", "iters=3000", "sleep_us=100", "verify_every=100"}
 	a := e.startOversub(env, append(args, "seed=1")...)
 	b := e.startOversub(env, append(args, "seed=2")...)
-	eventually(t, 20*time.Second, "both clients swapped under the first scheduler", func() bool {
-		return strings.Contains(a.stderr.String(), "swap out:") && strings.Contains(b.stderr.String(), "swap out:")
+	// Once both allocated everything (the device is made full below: a new allocation would fail) and swapped.
+	eventually(t, 20*time.Second, "both clients allocated and swapped under the first scheduler", func() bool {
+		return strings.Contains(a.stdout.String(), "oversub allocated") && strings.Contains(b.stdout.String(), "oversub allocated") &&
+			strings.Count(a.stderr.String(), "swap out:") >= 2 && strings.Count(b.stderr.String(), "swap out:") >= 2
 	})
 	if err := os.WriteFile(full, nil, 0o644); err != nil {
 		t.Fatal(err)
@@ -210,6 +223,7 @@ func TestSchedulerKilledWithMemorySwappedOutLosesNothing(t *testing.T) {
 	out := s2.stop(t)
 	t.Logf("verified %d and %d ranges; swaps a out=%d in=%d, b out=%d in=%d", va["verified"], vb["verified"],
 		va["swap_out"], va["swap_in"], vb["swap_out"], vb["swap_in"])
+	logReconnects(t, a, b)
 	for _, p := range []*proc{a, b} {
 		if !strings.Contains(p.stderr.String(), "reconnected to the GPU scheduler") {
 			t.Errorf("client %d did not reconnect:\n%s", p.pid(), p.stderr.String())

@@ -31,15 +31,10 @@ var (
 // schedulerBinary builds cmd/gpushare-scheduler once per test run.
 func schedulerBinary(t *testing.T) string {
 	t.Helper()
-	shimBuild(t) // skips in -short
+	build := shimBuild(t) // skips in -short
 	schedBinOnce.Do(func() {
 		_, file, _, _ := runtime.Caller(0)
-		dir, err := os.MkdirTemp("", "gs-bin")
-		if err != nil {
-			schedBinErr = err
-			return
-		}
-		schedBin = filepath.Join(dir, "gpushare-scheduler")
+		schedBin = filepath.Join(build, "gpushare-scheduler") // where the GPU checks expect it too
 		cmd := exec.Command("go", "build", "-o", schedBin, "./cmd/gpushare-scheduler")
 		cmd.Dir = filepath.Join(filepath.Dir(file), "..", "..")
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -128,8 +123,8 @@ func logReconnects(t *testing.T, ps ...*proc) {
 func TestSchedulerKilledWhileHoldingIsRejoinedAndTheLockWorksAgain(t *testing.T) {
 	e := procEnv(t)
 	s1 := e.startScheduler("50ms:5s", 300*time.Millisecond)
-	a := e.startClient(nil, "procaddr", "1200", "1000")
-	b := e.startClient(nil, "procaddr", "1200", "1000")
+	a := e.startClient(nil, "procaddr", "3000", "1000")
+	b := e.startClient(nil, "procaddr", "3000", "1000")
 	eventually(t, 10*time.Second, "both clients ran under the first scheduler", func() bool {
 		tr := e.readTrace()
 		return tr.count(a.pid()) > 20 && tr.count(b.pid()) > 20
@@ -381,7 +376,7 @@ func TestShimMemReplyWaitIsBounded(t *testing.T) {
 // and lease are untouched. Parent and child never run GPU work at the same
 // time, both finish, and neither sees its scheduler connection fail.
 func TestForkedChildIsItsOwnClientAndLeavesTheParentsConnection(t *testing.T) {
-	e := newEnv(t, 20*time.Millisecond, 200*time.Millisecond)
+	e := newEnv(t, 20*time.Millisecond, 5*time.Second) // a grace no loaded machine outlasts: no revocation
 	a := e.startClient([]string{"CLIENT_FORK_AT=100", "CLIENT_FORK_LAUNCHES=200"}, "procaddr", "600", "500")
 	var parentID uint32
 	eventually(t, 5*time.Second, "the parent is a client", func() bool {

@@ -128,8 +128,8 @@ func (s *ShimSchedulers) Ensure(ctx context.Context, dev gpu.Device, o v1alpha1.
 }
 
 // Stop ends the GPU's scheduler, if any, and removes its socket (a stale one an earlier agent left too).
-// Its clients continue in pass-through. The directory stays: running pods mount it, and a scheduler
-// started later for the GPU must appear in it.
+// Its clients run without the lock and keep trying to reconnect (shim.md). The directory stays: running
+// pods mount it, and a scheduler started later for the GPU must appear in it.
 func (s *ShimSchedulers) Stop(ctx context.Context, uuid string) error {
 	if s == nil {
 		return nil
@@ -183,7 +183,8 @@ func (s *ShimSchedulers) State(uuid string) (ShimState, bool) {
 	return ShimState{GPU: sch.GPUs()[0], Clients: sch.Snapshot()}, true
 }
 
-// Run stops every scheduler when ctx ends (the agent stops): their sockets go, clients pass through.
+// Run stops every scheduler when ctx ends (the agent stops): their sockets go; clients run without the lock
+// and reconnect to the schedulers a restarted agent starts, re-announcing their memory (shim.md).
 func (s *ShimSchedulers) Run(ctx context.Context) error {
 	<-ctx.Done()
 	s.mu.Lock()

@@ -119,7 +119,7 @@ func (m shimStrategy) Apply(ctx context.Context, dev gpu.Device, want v1alpha1.S
 	return m.s.Shim.Ensure(ctx, dev, *want.Oversubscription)
 }
 
-// Teardown closes the scheduler (its clients pass through) and removes its socket.
+// Teardown closes the scheduler (its clients run without the lock, reconnecting) and removes its socket.
 func (m shimStrategy) Teardown(ctx context.Context, dev gpu.Device) error {
 	return m.s.Shim.Stop(ctx, dev.UUID)
 }

@@ -30,6 +30,7 @@ const (
 	MemReplySize  = 28
 	EvictSize     = 24
 	UsageSize     = 84
+	RejoinSize    = 44
 )
 
 // MsgType names a message; each type has one fixed size.
@@ -47,6 +48,7 @@ const (
 	MsgMemReply  MsgType = 9  // scheduler -> holder: answer to MemReq
 	MsgEvict     MsgType = 10 // scheduler -> non-holder: bring resident bytes down to Target
 	MsgUsage     MsgType = 11 // client -> scheduler: memory state and swap counters
+	MsgRejoin    MsgType = 12 // client -> scheduler, right after Welcome on a reconnection (rebuild.go)
 )
 
 // Mode is a GPU's anti-thrashing policy.
@@ -114,6 +116,7 @@ var msgSizes = map[MsgType]int{
 	MsgMemReply:  MemReplySize,
 	MsgEvict:     EvictSize,
 	MsgUsage:     UsageSize,
+	MsgRejoin:    RejoinSize,
 }
 
 func (t MsgType) String() string {
@@ -140,6 +143,8 @@ func (t MsgType) String() string {
 		return "Evict"
 	case MsgUsage:
 		return "Usage"
+	case MsgRejoin:
+		return "Rejoin"
 	}
 	return fmt.Sprintf("MsgType(%d)", uint16(t))
 }
@@ -192,7 +197,8 @@ type Message struct {
 	Target   uint64    // Evict
 	Reason   uint32    // Usage
 	Acks     uint32    // Usage
-	Stats    SwapStats // Usage
+	Stats    SwapStats // Usage; Rejoin carries Stats.Swapped
+	Flags    uint32    // Rejoin
 }
 
 // SwapStats are a client's swap counters as it reports them.
@@ -255,6 +261,8 @@ func Encode(m Message) ([]byte, error) {
 		le.PutUint64(p[8:], m.Resident)
 	case MsgEvict:
 		le.PutUint64(p[4:], m.Target)
+	case MsgRejoin:
+		encodeRejoin(p, m)
 	case MsgUsage:
 		le.PutUint32(p[0:], m.Reason)
 		le.PutUint32(p[4:], m.Acks)
@@ -354,6 +362,10 @@ func Decode(b []byte) (Message, error) {
 			return Message{}, fmt.Errorf("evict padding not zero: %w", ErrBadField)
 		}
 		m.Target = le.Uint64(p[4:])
+	case MsgRejoin:
+		if err := decodeRejoin(p, &m); err != nil {
+			return Message{}, err
+		}
 	case MsgUsage:
 		m.Reason = le.Uint32(p[0:])
 		if m.Reason > UsageEvicted {

@@ -47,6 +47,7 @@ type queue struct {
 	reserved uint64 // sum of reservations
 	peak     uint64 // highest reserved ever seen
 	retry    Timer  // re-dispatch after an eviction that could not free enough
+	rebuild  rebuildState
 }
 
 // client is one connected shim process.
@@ -90,6 +91,7 @@ type client struct {
 	memNeed      uint64
 	evictions    uint64
 	reported     Message // last Usage
+	rejoined     bool    // sent its Rejoin (rebuild.go)
 }
 
 func newQueue(cfg GPUConfig, clock Clock, m *Metrics, log logr.Logger) *queue {
@@ -290,7 +292,7 @@ func (q *queue) tryMemLocked(c *client) {
 		q.sendLocked(c, Message{Type: MsgMemReply, Status: MemTooLarge, Resident: c.reservation})
 		return
 	}
-	if q.evictLocked(extra-q.free(), c) {
+	if q.evictLocked(extra-q.free()+q.overLocked(), c) {
 		return // answered when the evictions are done
 	}
 	if len(q.holders) > 1 {
@@ -366,7 +368,7 @@ func (q *queue) dispatchLocked(acquirer *client) {
 	}
 	for {
 		head := q.headLocked()
-		if head == nil {
+		if head == nil || q.rebuildingLocked() {
 			return
 		}
 		if q.exclusive() && len(q.holders) > 0 {
@@ -382,7 +384,7 @@ func (q *queue) dispatchLocked(acquirer *client) {
 				extra = head.need - head.reservation
 			}
 			if extra > q.free() {
-				if q.evictLocked(extra-q.free(), head) {
+				if q.evictLocked(extra-q.free()+q.overLocked(), head) {
 					return
 				}
 				q.contendLocked()

@@ -59,6 +59,10 @@ type Options struct {
 	// WriteTimeout bounds one write to a client (default 1s); a client that
 	// does not read is dropped, freeing the lock if it held it.
 	WriteTimeout time.Duration
+	// RebuildWindow is how long a scheduler restarted on a socket left by a
+	// previous run grants nothing while its clients re-announce their memory
+	// (rebuild.go; default DefaultRebuildWindow, negative: none).
+	RebuildWindow time.Duration
 }
 
 // ClientState is what the agent publishes about one shim client.
@@ -138,6 +142,9 @@ func New(opts Options) (*Scheduler, error) {
 	if opts.WriteTimeout == 0 {
 		opts.WriteTimeout = time.Second
 	}
+	if opts.RebuildWindow == 0 {
+		opts.RebuildWindow = DefaultRebuildWindow
+	}
 	m := opts.Metrics
 	if m == nil {
 		var err error
@@ -179,9 +186,9 @@ func (g GPUConfig) WithDefaults() GPUConfig {
 }
 
 // Reconfigure changes a served GPU's quantum, grace, budget and mode in place,
-// keeping its socket and its clients' leases: restarting would cost every
-// connected process its lock for good, since a shim never reconnects to a
-// scheduler that went away (it passes through until it exits).
+// keeping its socket and its clients' leases: restarting would drop every
+// connected process into running without the lock until it reconnects, and
+// hold every grant for the rebuild window (rebuild.go).
 //
 // The quantum reaches connected clients with their next grant (a grant carries
 // it) and a revocation deadline armed after the change; mode and budget apply
@@ -191,8 +198,8 @@ func (g GPUConfig) WithDefaults() GPUConfig {
 // not use, a cut it meets as waits and out-of-memory on growth beyond it.
 // Reservations above a lowered budget are never revoked; they shrink as their
 // holders release and are evicted. A change between no budget and a budget
-// drops the GPU's clients, which continue in pass-through: their memory was set
-// up for the other mode at hello.
+// drops the GPU's clients: they reconnect, and one whose memory was set up as
+// swappable at hello continues in pass-through when the budget is gone.
 func (s *Scheduler) Reconfigure(g GPUConfig) error {
 	g = g.WithDefaults()
 	if g.Mode > ModeOff {
@@ -215,7 +222,7 @@ func (s *Scheduler) Reconfigure(g GPUConfig) error {
 }
 
 // Run listens on every GPU's socket and serves until ctx ends; then it closes
-// every connection (clients continue in pass-through) and removes the sockets.
+// every connection (clients run without the lock and reconnect).
 func (s *Scheduler) Run(ctx context.Context) error {
 	if err := s.Listen(ctx); err != nil {
 		return err
@@ -236,10 +243,14 @@ func (s *Scheduler) Listen(ctx context.Context) error {
 		q.mu.Lock()
 		q.log = log.WithValues("gpu", g.UUID)
 		q.mu.Unlock()
+		restarted := leftByPreviousRun(g.SocketPath)
 		ln, err := listenUnix(g.SocketPath)
 		if err != nil {
 			s.Close()
 			return fmt.Errorf("GPU %s: %w", g.UUID, err)
+		}
+		if restarted && s.opts.RebuildWindow > 0 {
+			q.startRebuild(s.opts.RebuildWindow)
 		}
 		s.mu.Lock()
 		s.listeners = append(s.listeners, ln)
@@ -255,12 +266,16 @@ func (s *Scheduler) Listen(ctx context.Context) error {
 	return nil
 }
 
-// Close stops accepting, drops every client and removes the sockets. Clients
-// see their connection end and continue in pass-through.
+// Close stops accepting, drops every client and removes the sockets (leaving
+// a restart mark when it dropped clients, rebuild.go). Clients see their
+// connection end, run without the lock and reconnect with backoff.
 func (s *Scheduler) Close() {
 	s.mu.Lock()
 	lns := s.listeners
 	s.listeners = nil
+	if len(s.conns) > 0 {
+		s.markRestartLocked()
+	}
 	for c := range s.conns {
 		_ = c.Close() // the client is gone either way
 	}
@@ -435,6 +450,8 @@ func (s *Scheduler) serveConn(conn net.Conn, q *queue) {
 			q.memReq(c, m.Need)
 		case MsgUsage:
 			q.usage(c, m)
+		case MsgRejoin:
+			q.rejoin(c, m)
 		default:
 			log.Info("Dropping shim client that sent an unexpected message", "client", c.id, "pid", pid, "type", m.Type)
 			q.leave(c)

@@ -95,6 +95,8 @@ func run() error {
 	dir := flag.String("socket-dir", "/run/gpushare", "directory for the per-GPU sockets")
 	metricsAddr := flag.String("metrics-addr", "", "serve Prometheus metrics on this address (empty: off)")
 	verbosity := flag.Int("v", 0, "log verbosity (1: client connects and disconnects)")
+	rebuild := flag.Duration("rebuild-window", scheduler.DefaultRebuildWindow,
+		"after a restart (a socket or restart mark left by a previous run), grant nothing this long while clients re-announce their memory")
 	flag.Var(&gpus, "gpu", "uuid:quantum[:grace], repeatable")
 	flag.Parse()
 	if len(gpus) == 0 {
@@ -114,7 +116,10 @@ func run() error {
 	log := funcr.New(func(prefix, args string) { fmt.Fprintln(os.Stderr, prefix, args) },
 		funcr.Options{Verbosity: *verbosity, LogTimestamp: true})
 	reg := prometheus.NewRegistry()
-	s, err := scheduler.New(scheduler.Options{GPUs: cfgs, Registerer: reg})
+	if *rebuild <= 0 {
+		*rebuild = -1 // Options: negative is none
+	}
+	s, err := scheduler.New(scheduler.Options{GPUs: cfgs, Registerer: reg, RebuildWindow: *rebuild})
 	if err != nil {
 		return err
 	}

@@ -22,6 +22,15 @@
  * strength of a report written before a raise it has already sent.
  * A scheduler with budget 0 in WELCOME grants the lock only (version 1
  * behaviour) and every need is 0.
+ *
+ * Restarts (docs/shim.md, "Scheduler restarts"): a shim whose connection
+ * ends reconnects with backoff and, right after WELCOME, sends REJOIN with
+ * its memory state, before anything else. A client's raise count ("acks")
+ * starts again at 0 on every connection. A scheduler that finds its socket
+ * left by a previous run holds every grant for a bounded rebuild window, so
+ * the re-announced memory is accounted before anything is handed out.
+ * REJOIN is a new type within version 2: an older scheduler drops a client
+ * that sends it, and the shim keeps reconnecting with backoff.
  */
 #ifndef GPUSHARE_PROTO_H
 #define GPUSHARE_PROTO_H
@@ -45,6 +54,7 @@
 #define GS_MSG_MEMREPLY 9u  /* s->c: answer to MEMREQ: status, reservation */
 #define GS_MSG_EVICT 10u    /* s->c: non-holder, bring your resident bytes down to target */
 #define GS_MSG_USAGE 11u    /* c->s: memory state and swap counters (reason: report / evicted) */
+#define GS_MSG_REJOIN 12u   /* c->s: right after WELCOME on a reconnection: memory state to account */
 
 /* Anti-thrashing modes (WELCOME.mode). */
 #define GS_MODE_AUTO 0u   /* concurrent while the working sets fit the budget together */
@@ -59,6 +69,9 @@
 /* USAGE.reason */
 #define GS_USAGE_REPORT 0u
 #define GS_USAGE_EVICTED 1u /* answers an EVICT: the eviction is done (or gave up) */
+
+/* REJOIN.flags */
+#define GS_REJOIN_HELD 1u /* it held the GPU when the previous connection ended */
 
 #define GS_PRIORITY_NORMAL 0u
 #define GS_PRIORITY_HIGH 1u
@@ -76,6 +89,7 @@
 #define GS_MEMREPLY_SIZE 28u
 #define GS_EVICT_SIZE 24u
 #define GS_USAGE_SIZE 84u
+#define GS_REJOIN_SIZE 44u
 
 struct gs_header {
     uint32_t magic;
@@ -162,6 +176,15 @@ struct gs_usage {
     uint64_t swap_ns; /* time spent swapping */
 } __attribute__((packed));
 
+struct gs_rejoin {
+    struct gs_header h;
+    uint32_t flags; /* GS_REJOIN_* */
+    uint32_t pad;
+    uint64_t need;     /* working set: bytes of all swappable allocations */
+    uint64_t resident; /* physically mapped now: the scheduler accounts it as the reservation */
+    uint64_t swapped;  /* in host staging */
+} __attribute__((packed));
+
 #ifndef __cplusplus
 _Static_assert(sizeof(struct gs_header) == GS_HEADER_SIZE, "header size");
 _Static_assert(sizeof(struct gs_hello) == GS_HELLO_SIZE, "hello size");
@@ -175,6 +198,7 @@ _Static_assert(sizeof(struct gs_memreq) == GS_MEMREQ_SIZE, "memreq size");
 _Static_assert(sizeof(struct gs_memreply) == GS_MEMREPLY_SIZE, "memreply size");
 _Static_assert(sizeof(struct gs_evict) == GS_EVICT_SIZE, "evict size");
 _Static_assert(sizeof(struct gs_usage) == GS_USAGE_SIZE, "usage size");
+_Static_assert(sizeof(struct gs_rejoin) == GS_REJOIN_SIZE, "rejoin size");
 #endif
 
 #endif

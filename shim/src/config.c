@@ -71,6 +71,13 @@ void gs_config_load(void)
         gs_cfg.idle_ms = 1;
     gs_cfg.connect_timeout_ms = env_u32("GPUSHARE_CONNECT_TIMEOUT_MS", 1000);
     gs_cfg.wait_timeout_ms = env_u32("GPUSHARE_WAIT_TIMEOUT_MS", 600000);
+    gs_cfg.reconnect_max_ms = env_u32("GPUSHARE_RECONNECT_MAX_MS", 1000);
+    if (gs_cfg.reconnect_max_ms < 10)
+        gs_cfg.reconnect_max_ms = 10;
+    gs_cfg.restore_wait_ms = env_u32("GPUSHARE_RESTORE_WAIT_MS", 30000);
+    gs_cfg.memreply_timeout_ms = env_u32("GPUSHARE_MEMREPLY_TIMEOUT_MS", 10000);
+    if (gs_cfg.memreply_timeout_ms == 0)
+        gs_cfg.memreply_timeout_ms = 1; /* never unbounded */
     atomic_store(&gs_count_calls, gs_cfg.log_level >= GS_LOG_DEBUG);
 
     const char *ov = getenv("GPUSHARE_OVERSUB");

@@ -12,8 +12,18 @@
  * flight, makes the GPU work done (cuCtxSynchronize per context) unless a
  * stream is capturing (then the release is deferred), and sends RELEASE.
  *
- * Anything wrong with the scheduler (absent, bad socket, protocol error, EOF)
- * opens the gate for good: pass-through with one warning.
+ * A scheduler that is absent at the first GPU call, or that breaks the
+ * protocol, opens the gate for good: pass-through with one warning. One that
+ * goes away after we connected (killed, restarted, its connection lost) is
+ * reconnected by the background thread, with backoff; meanwhile the process
+ * runs without the lock. On reconnection the thread quiesces the process
+ * (gate closed, calls in flight done, GPU work drained), re-announces it with
+ * REJOIN (its memory state) and the next GPU call waits in line again.
+ * With memory swapped out the gate never opens while any of it is unmapped:
+ * it stays closed until a grant of the new scheduler brings the memory back,
+ * or, after GPUSHARE_RESTORE_WAIT_MS without one, until it could be restored
+ * without a budget (retried, with a log line, for as long as it fails: the
+ * host copies stay until then).
  *
  * With oversubscription (mm.c) the same thread also moves memory: after a
  * GRANT it maps and copies the process's swapped-out allocations back in
@@ -43,7 +53,8 @@ atomic_int gs_gate_open;
 atomic_int gs_count_calls;
 _Atomic uint64_t gs_calls[GS_HOOK_COUNT];
 
-enum { CONN_NEW, CONN_UP, CONN_PASSTHROUGH };
+/* CONN_DOWN: was connected, the connection ended; the background thread reconnects. */
+enum { CONN_NEW, CONN_UP, CONN_DOWN, CONN_PASSTHROUGH };
 
 #define TICK_MS 5
 #define DRAIN_WAIT_NS (20ull * 1000000ull)
@@ -71,8 +82,12 @@ static struct {
     int swapping;            /* the background thread is moving memory */
     int evict_pending;       /* an EVICT to carry out when quiet */
     uint64_t evict_target;
-    int restore_pending;     /* went pass-through with memory swapped out: map it back before opening */
     uint64_t backoff_until;  /* no ACQUIRE before this (after a swap-in that failed) */
+    /* restarts */
+    int bg_running;          /* the background thread lives: it restores memory and reconnects */
+    int was_held;            /* held the GPU when the connection ended (REJOIN says so) */
+    uint64_t lost_ns;        /* when the connection ended */
+    uint64_t reconnects;
 } st = {.fd = -1};
 
 static void cv_init(void)
@@ -84,6 +99,13 @@ static void cv_init(void)
     pthread_condattr_destroy(&a);
 }
 
+/* Some of this process's memory is (being) swapped out: the gate must not open onto it. */
+static int must_restore_locked(void)
+{
+    return atomic_load(&gs_mm_on) && (st.swapping || st.opening || gs_mm_swapped() > 0);
+}
+
+/* Pass-through for good (no scheduler at the start, a protocol error, no grant in time, exit). */
 static void passthrough_locked(const char *reason)
 {
     if (st.conn == CONN_PASSTHROUGH)
@@ -93,14 +115,43 @@ static void passthrough_locked(const char *reason)
     if (st.fd >= 0)
         shutdown(st.fd, SHUT_RDWR); /* wakes the background thread, which closes it */
     gs_mm_on_reply(0, 0, UINT32_MAX); /* a thread waiting for a MEMREPLY goes on without a budget */
-    if (atomic_load(&gs_mm_on) && (st.swapping || st.opening || gs_mm_swapped() > 0) && st.fd >= 0) {
-        /* Memory is (being) swapped out: the background thread maps it back, then opens the gate. */
-        st.restore_pending = 1;
-    } else {
+    /* Memory (being) swapped out: the background thread maps it back, then opens the gate. */
+    if (!(st.bg_running && must_restore_locked()))
         atomic_store(&gs_gate_open, 1);
-    }
     pthread_cond_broadcast(&cv);
     gs_warn_failopen(reason);
+}
+
+/* The connection ended (EOF, a failed send, no MEMREPLY in time): the background thread reconnects.
+ * Meanwhile the process runs without the lock, unless memory is swapped out (then the gate stays
+ * closed until it is back). */
+static void lost_locked(const char *reason)
+{
+    if (st.conn != CONN_UP)
+        return;
+    st.was_held = st.held || st.opening;
+    st.conn = CONN_DOWN;
+    st.held = 0;
+    st.acquire_sent = 0;
+    st.contended = 0;
+    st.evict_pending = 0;
+    st.lost_ns = gs_now_ns();
+    if (st.fd >= 0)
+        shutdown(st.fd, SHUT_RDWR); /* wakes the background thread, which closes it and reconnects */
+    gs_mm_on_reply(0, 0, UINT32_MAX);
+    if (must_restore_locked()) {
+        atomic_store(&gs_gate_open, 0);
+        gs_log(GS_LOG_WARN,
+               "the GPU scheduler went away (%s) while %llu bytes of this process's GPU memory are swapped "
+               "out: GPU calls wait until that memory is back (reconnecting; after GPUSHARE_RESTORE_WAIT_MS=%u "
+               "ms without a scheduler it is restored without a budget)",
+               reason, (unsigned long long)gs_mm_swapped(), gs_cfg.restore_wait_ms);
+    } else {
+        atomic_store(&gs_gate_open, 1);
+        gs_log(GS_LOG_WARN, "the GPU scheduler went away (%s): running without the GPU lock while reconnecting",
+               reason);
+    }
+    pthread_cond_broadcast(&cv);
 }
 
 static void *bg_main(void *arg);
@@ -134,6 +185,7 @@ static void connect_locked(void)
         passthrough_locked("cannot start the shim's scheduler thread");
         return;
     }
+    st.bg_running = 1;
     gs_log(GS_LOG_INFO, "connected to %s (quantum %u ms, grace %u ms, idle %u ms)", gs_cfg.socket_path, q, g,
            gs_cfg.idle_ms);
     /* Registered now, after the driver registered its own exit handlers, so
@@ -159,7 +211,7 @@ void gs_gate_wait(void)
         while (!atomic_load(&gs_gate_open)) {
             if (!st.held && !st.acquire_sent && st.conn == CONN_UP && gs_now_ns() >= st.backoff_until) {
                 if (gs_conn_send(st.fd, GS_MSG_ACQUIRE, 0, gs_mm_need()) != 0) {
-                    passthrough_locked("cannot send to the GPU scheduler");
+                    lost_locked("cannot send to the GPU scheduler");
                     break;
                 }
                 st.acquire_sent = 1;
@@ -218,7 +270,7 @@ static void release_locked(const char *reason)
     st.releasing = 0;
     pthread_cond_broadcast(&cv); /* gs_gate_atexit may wait for this */
     if (st.conn != CONN_UP)
-        return; /* went pass-through meanwhile; the gate is open */
+        return; /* lost or pass-through meanwhile: the gate is theirs to decide */
     if (!ok) {
         /* A call stayed in the driver or a capture began: keep the lock, retry next tick. */
         atomic_store(&gs_gate_open, 1);
@@ -226,7 +278,7 @@ static void release_locked(const char *reason)
         return;
     }
     if (gs_conn_send(st.fd, GS_MSG_RELEASE, st.epoch, gs_mm_resident()) != 0) {
-        passthrough_locked("cannot send to the GPU scheduler");
+        lost_locked("cannot send to the GPU scheduler");
         return;
     }
     st.held = 0;
@@ -274,7 +326,7 @@ static void finish_grant_locked(void)
          * working set grew after we asked): give the grant back and ask again shortly. */
         gs_log(GS_LOG_WARN, "could not bring this process's memory back onto the GPU; releasing and retrying");
         if (gs_conn_send(st.fd, GS_MSG_RELEASE, st.epoch, gs_mm_resident()) != 0) {
-            passthrough_locked("cannot send to the GPU scheduler");
+            lost_locked("cannot send to the GPU scheduler");
             return;
         }
         st.held = 0;
@@ -405,9 +457,9 @@ static int handle_input_locked(unsigned char *buf, size_t *have)
     return 0;
 }
 
-static void *bg_main(void *arg)
+/* Reads and acts on the scheduler's messages until the connection ends; returns with mu not held. */
+static void serve(int fd)
 {
-    int fd = (int)(intptr_t)arg;
     unsigned char buf[2 * GS_MAX_MSG_SIZE];
     size_t have = 0;
     for (;;) {
@@ -416,21 +468,21 @@ static void *bg_main(void *arg)
         pthread_mutex_lock(&mu);
         if (st.conn != CONN_UP || st.fd != fd) {
             pthread_mutex_unlock(&mu);
-            break;
+            return;
         }
         if (r > 0) {
             ssize_t n = recv(fd, buf + have, sizeof(buf) - have, MSG_DONTWAIT);
             if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
-                passthrough_locked("the GPU scheduler went away");
+                lost_locked("its connection ended");
                 pthread_mutex_unlock(&mu);
-                break;
+                return;
             }
             if (n > 0) {
                 have += (size_t)n;
                 if (handle_input_locked(buf, &have) != 0) {
                     passthrough_locked("protocol error from the GPU scheduler");
                     pthread_mutex_unlock(&mu);
-                    break;
+                    return;
                 }
             }
         }
@@ -441,18 +493,175 @@ static void *bg_main(void *arg)
         maybe_release_locked();
         pthread_mutex_unlock(&mu);
     }
-    pthread_mutex_lock(&mu);
-    if (st.restore_pending) {
-        /* Pass-through with memory swapped out: map it back (budget or not) before anything runs. */
-        pthread_mutex_unlock(&mu);
-        gs_mm_swap_in_all(1);
-        pthread_mutex_lock(&mu);
-        st.restore_pending = 0;
-        atomic_store(&gs_gate_open, 1);
-        pthread_cond_broadcast(&cv);
-    }
+}
+
+/* Sleeps up to ms on cv (exit and pass-through wake it); mu held. */
+static void nap_locked(uint32_t ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)ms * 1000000ull;
+    ts.tv_sec += (time_t)(ns / 1000000000ull);
+    ts.tv_nsec = (long)(ns % 1000000000ull);
+    pthread_cond_timedwait(&cv, &mu, &ts);
+}
+
+/* Maps every swapped-out allocation back without a budget (no scheduler to ask); opens the gate when
+ * nothing is left unmapped. 0 when everything is back. mu held, dropped meanwhile. */
+static int restore_alone_locked(void)
+{
+    st.swapping = 1;
     pthread_mutex_unlock(&mu);
-    close(fd);
+    int r = gs_mm_swap_in_all(1);
+    pthread_mutex_lock(&mu);
+    st.swapping = 0;
+    if (r == 0 && !atomic_load(&gs_gate_open))
+        atomic_store(&gs_gate_open, 1);
+    pthread_cond_broadcast(&cv);
+    return r;
+}
+
+/* After a lost connection: reconnect with backoff (GPUSHARE_RECONNECT_MAX_MS at most between attempts)
+ * and re-announce. Meanwhile the gate is open only when nothing is unmapped; swapped-out memory waits
+ * for the new scheduler's grant, or after GPUSHARE_RESTORE_WAIT_MS is restored without a budget.
+ * Returns the new connection (CONN_UP, REJOIN sent), or -1 once pass-through is for good. mu held. */
+static int reconnect_locked(void)
+{
+    uint32_t backoff = 20;
+    int restore_logged = 0;
+    uint64_t fail_logged = 0;
+    for (;;) {
+        if (st.conn != CONN_DOWN)
+            return -1;
+        uint64_t now = gs_now_ns();
+        if (!atomic_load(&gs_gate_open)) {
+            if (!must_restore_locked()) {
+                atomic_store(&gs_gate_open, 1); /* nothing unmapped: run without the lock meanwhile */
+                pthread_cond_broadcast(&cv);
+            } else if (now - st.lost_ns >= (uint64_t)gs_cfg.restore_wait_ms * 1000000ull) {
+                if (!restore_logged) {
+                    restore_logged = 1;
+                    gs_log(GS_LOG_WARN,
+                           "no GPU scheduler for %u ms: restoring %llu bytes of swapped-out GPU memory without "
+                           "a budget",
+                           gs_cfg.restore_wait_ms, (unsigned long long)gs_mm_swapped());
+                }
+                if (restore_alone_locked() != 0 && gs_now_ns() - fail_logged >= 10000000000ull) {
+                    fail_logged = gs_now_ns();
+                    gs_log(GS_LOG_WARN,
+                           "could not restore %llu bytes of swapped-out GPU memory (the GPU is full): GPU calls "
+                           "keep waiting and the host copies are kept; retrying",
+                           (unsigned long long)gs_mm_swapped());
+                }
+                if (st.conn != CONN_DOWN)
+                    return -1;
+            }
+        }
+        pthread_mutex_unlock(&mu);
+        struct gs_welcome w;
+        int fd = gs_conn_open(&w);
+        pthread_mutex_lock(&mu);
+        if (fd >= 0 && st.conn != CONN_DOWN) {
+            close(fd);
+            return -1;
+        }
+        if (fd >= 0 && atomic_load(&gs_mm_on) && w.budget == 0) {
+            /* Our memory is swappable and needs a budget; this scheduler accounts none. */
+            close(fd);
+            passthrough_locked("the GPU scheduler came back without a memory budget");
+            return -1;
+        }
+        int quiet = 1;
+        if (fd >= 0 && atomic_load(&gs_gate_open)) {
+            /* Calls ran without the lock meanwhile: quiesce before taking a place in line again. */
+            atomic_store(&gs_gate_open, 0);
+            st.releasing = 1;
+            pthread_mutex_unlock(&mu);
+            quiet = wait_inflight_zero() && gs_gpu_drain() == 0;
+            pthread_mutex_lock(&mu);
+            st.releasing = 0;
+            pthread_cond_broadcast(&cv);
+            if (st.conn != CONN_DOWN) {
+                close(fd);
+                return -1;
+            }
+            if (!quiet)
+                atomic_store(&gs_gate_open, 1); /* busy in the driver or capturing: try again after a backoff */
+        }
+        if (fd >= 0 && quiet) {
+            struct gs_rejoin m;
+            memset(&m, 0, sizeof(m));
+            m.flags = st.was_held ? GS_REJOIN_HELD : 0;
+            uint64_t need, res, swp;
+            gs_mm_rejoin(&need, &res, &swp);
+            m.need = need;
+            m.resident = res;
+            m.swapped = swp;
+            if (gs_conn_send_raw(fd, &m, GS_MSG_REJOIN, GS_REJOIN_SIZE) == 0) {
+                st.fd = fd;
+                st.conn = CONN_UP;
+                st.held = 0;
+                st.acquire_sent = 0;
+                st.contended = 0;
+                st.evict_pending = 0;
+                st.backoff_until = 0;
+                st.quantum_ms = w.quantum_ms;
+                st.grace_ms = w.grace_ms;
+                st.reconnects++;
+                gs_log(GS_LOG_WARN,
+                       "reconnected to the GPU scheduler after %.1f s; re-announced %llu bytes resident, %llu "
+                       "swapped out; GPU calls take the lock again",
+                       (double)(gs_now_ns() - st.lost_ns) / 1e9, (unsigned long long)m.resident,
+                       (unsigned long long)m.swapped);
+                pthread_cond_broadcast(&cv); /* waiting threads ACQUIRE on the new connection */
+                return fd;
+            }
+            if (!must_restore_locked())
+                atomic_store(&gs_gate_open, 1);
+            pthread_cond_broadcast(&cv);
+        }
+        if (fd >= 0)
+            close(fd);
+        nap_locked(backoff);
+        backoff = backoff * 2 > gs_cfg.reconnect_max_ms ? gs_cfg.reconnect_max_ms : backoff * 2;
+    }
+}
+
+static void *bg_main(void *arg)
+{
+    int fd = (int)(intptr_t)arg;
+    pthread_mutex_lock(&mu);
+    while (fd >= 0) {
+        pthread_mutex_unlock(&mu);
+        serve(fd);
+        pthread_mutex_lock(&mu);
+        close(fd);
+        if (st.fd == fd)
+            st.fd = -1;
+        fd = st.conn == CONN_DOWN ? reconnect_locked() : -1;
+    }
+    /* Pass-through for good: never open the gate onto unmapped memory; map it back (without a budget)
+     * however long that takes, with a log line now and then. Exit opens the gate regardless. */
+    uint64_t fail_logged = 0;
+    while (!atomic_load(&gs_gate_open)) {
+        if (!must_restore_locked()) {
+            atomic_store(&gs_gate_open, 1);
+            pthread_cond_broadcast(&cv);
+            break;
+        }
+        if (restore_alone_locked() == 0)
+            break;
+        if (gs_now_ns() - fail_logged >= 10000000000ull) {
+            fail_logged = gs_now_ns();
+            gs_log(GS_LOG_WARN,
+                   "could not restore %llu bytes of swapped-out GPU memory (the GPU is full): GPU calls keep "
+                   "waiting and the host copies are kept; retrying",
+                   (unsigned long long)gs_mm_swapped());
+        }
+        nap_locked(100);
+    }
+    st.bg_running = 0;
+    pthread_mutex_unlock(&mu);
     return NULL;
 }
 
@@ -472,7 +681,7 @@ static void gs_gate_atexit(void)
         }
         pthread_cond_timedwait(&cv, &mu, &ts);
     }
-    if (st.conn == CONN_UP) {
+    if (st.conn == CONN_UP || st.conn == CONN_DOWN) {
         st.conn = CONN_PASSTHROUGH;
         st.held = 0;
         if (st.fd >= 0)
@@ -499,6 +708,13 @@ int gs_gate_connected(void)
     int up = st.conn == CONN_UP;
     pthread_mutex_unlock(&mu);
     return up;
+}
+
+void gs_gate_drop(const char *reason)
+{
+    pthread_mutex_lock(&mu);
+    lost_locked(reason);
+    pthread_mutex_unlock(&mu);
 }
 
 int gs_thread_start(void *(*fn)(void *), void *arg)
@@ -543,7 +759,10 @@ void gs_gate_atfork_parent(void)
     pthread_mutex_unlock(&mu);
 }
 
-/* The child has no background thread and must not share the parent's lease. */
+/* The child of fork() never touches the parent's connection: it closes its copy of the socket and
+ * forgets the parent's lease, memory account and reconnection (CUDA does not survive fork, so it has
+ * none of the parent's GPU state either). It is a new client of its own, connecting at its first GPU
+ * call, or stays in pass-through if the parent was. The parent's connection and lease are untouched. */
 void gs_gate_atfork_child(void)
 {
     if (st.fd >= 0)

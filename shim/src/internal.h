@@ -45,6 +45,9 @@ struct gs_config {
     uint32_t idle_ms;
     uint32_t connect_timeout_ms;
     uint32_t wait_timeout_ms; /* 0: wait for a grant as long as the scheduler lives */
+    uint32_t reconnect_max_ms;  /* backoff cap between reconnection attempts after the scheduler went away */
+    uint32_t restore_wait_ms;   /* with memory swapped out and no scheduler: wait this long, then restore alone */
+    uint32_t memreply_timeout_ms; /* longest wait for a MEMREPLY before the connection is given up */
     int log_level;
     char cuda_library[256];
     int oversub;              /* GPUSHARE_OVERSUB=1: back device memory with swappable VMM allocations */
@@ -136,6 +139,8 @@ int gs_gate_send(void *msg, uint16_t type, uint32_t size);
 void gs_gate_yield(void);
 /* 1 while connected to a scheduler (not pass-through). */
 int gs_gate_connected(void);
+/* Gives up the connection (the scheduler stopped answering): reconnects and re-announces, as after EOF. */
+void gs_gate_drop(const char *reason);
 /* Starts a detached thread of the shim's, with every signal blocked in it; pthread_create's result. */
 int gs_thread_start(void *(*fn)(void *), void *arg);
 /* Fork handlers and the exit report, registered once by gs_init. */
@@ -156,6 +161,9 @@ void gs_mm_on_reply(int raise, uint64_t reserved, uint32_t status); /* GRANT / M
 int gs_mm_swap_in_all(int ignore_budget);                             /* 0: everything resident */
 void gs_mm_evict(uint64_t target);                                    /* swap out until resident <= target */
 void gs_mm_send_usage(uint32_t reason);
+/* On a new connection: the memory state to re-announce (REJOIN); the raise count starts again at 0 and the
+ * reservation is what is resident. Atomics only: called under the gate's mutex. */
+void gs_mm_rejoin(uint64_t *need, uint64_t *resident, uint64_t *swapped);
 /* Allocation entry points (the caller is in flight through the gate). */
 CUresult gs_mm_alloc(CUdeviceptr *dptr, size_t n, int *yield);
 int gs_mm_free(CUdeviceptr d, CUresult *r);

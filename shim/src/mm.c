@@ -78,6 +78,17 @@ static pthread_cond_t rep_cv = PTHREAD_COND_INITIALIZER;
 static uint64_t rep_seq;
 static uint32_t rep_status;
 
+/* rep_cv waits on the monotonic clock: a wall-clock step must not stretch or cut the bound. */
+static void rep_cv_init(void)
+{
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(&rep_cv, &a);
+    pthread_condattr_destroy(&a);
+}
+static pthread_once_t rep_once = PTHREAD_ONCE_INIT;
+
 static size_t round_up(size_t v, size_t a)
 {
     return (v + a - 1) / a * a;
@@ -87,6 +98,7 @@ void gs_mm_configure(uint64_t sched_budget, uint32_t sched_mode)
 {
     if (mm_state != MM_UNDECIDED)
         return;
+    pthread_once(&rep_once, rep_cv_init); /* before any thread can wait for or answer a MEMREQ */
     mm_state = MM_OFF;
     if (!gs_cfg.oversub)
         return;
@@ -119,6 +131,15 @@ uint64_t gs_mm_resident(void)
 uint64_t gs_mm_swapped(void)
 {
     return atomic_load(&swapped_bytes);
+}
+
+void gs_mm_rejoin(uint64_t *need, uint64_t *resident, uint64_t *swapped)
+{
+    atomic_store(&acks, 0);
+    *need = atomic_load(&need_bytes);
+    *resident = atomic_load(&resident_bytes);
+    *swapped = atomic_load(&swapped_bytes);
+    atomic_store(&reserved, *resident);
 }
 
 void gs_mm_on_reply(int raise, uint64_t res, uint32_t status)
@@ -555,6 +576,25 @@ static void start_stager_locked(void)
 
 /* ---- allocation ---- */
 
+
+/* Waits for the answer after seq: 0 when it came, -1 after GPUSHARE_MEMREPLY_TIMEOUT_MS. */
+static int wait_reply(uint64_t seq)
+{
+    pthread_once(&rep_once, rep_cv_init);
+    struct timespec dl;
+    clock_gettime(CLOCK_MONOTONIC, &dl);
+    uint64_t ns = (uint64_t)dl.tv_nsec + (uint64_t)gs_cfg.memreply_timeout_ms * 1000000ull;
+    dl.tv_sec += (time_t)(ns / 1000000000ull);
+    dl.tv_nsec = (long)(ns % 1000000000ull);
+    int r = 0;
+    pthread_mutex_lock(&rep_mu);
+    while (rep_seq == seq && r != ETIMEDOUT)
+        r = pthread_cond_timedwait(&rep_cv, &rep_mu, &dl);
+    int got = rep_seq != seq;
+    pthread_mutex_unlock(&rep_mu);
+    return got ? 0 : -1;
+}
+
 /* Makes sure `more` bytes beyond the working set fit the reservation; asks the scheduler if not. */
 int mm_reserve_locked(uint64_t more)
 {
@@ -580,9 +620,18 @@ int mm_reserve_locked(uint64_t more)
         m.need = want;
         if (gs_gate_send(&m, GS_MSG_MEMREQ, GS_MEMREQ_SIZE) != 0)
             return GS_MM_OK; /* no scheduler any more: pass-through has no budget */
+        if (wait_reply(seq) != 0) {
+            /* A scheduler that does not answer must not stall the application: give the connection up
+             * (the shim reconnects and re-announces) and go on as in pass-through, without a budget. */
+            gs_log(GS_LOG_WARN,
+                   "no answer to a memory request from the GPU scheduler within %u ms "
+                   "(GPUSHARE_MEMREPLY_TIMEOUT_MS): dropping the connection; the allocation goes on without a "
+                   "budget until the shim has reconnected",
+                   gs_cfg.memreply_timeout_ms);
+            gs_gate_drop("no answer to a memory request");
+            continue;
+        }
         pthread_mutex_lock(&rep_mu);
-        while (rep_seq == seq)
-            pthread_cond_wait(&rep_cv, &rep_mu);
         uint32_t status = rep_status;
         pthread_mutex_unlock(&rep_mu);
         if (status == GS_MEM_OK || status == UINT32_MAX)
@@ -939,7 +988,7 @@ void gs_mm_atfork_child(void)
     /* CUDA does not survive fork: the child starts without swappable memory. */
     pthread_mutex_init(&mm_mu, NULL);
     pthread_mutex_init(&rep_mu, NULL);
-    pthread_cond_init(&rep_cv, NULL);
+    rep_cv_init();
     pthread_cond_init(&pin_cv, NULL);
     stager_started = 0;
     mm_nreg = 0;

@@ -13,9 +13,14 @@
  * CAPTURE_MS (a holder that cannot release). It synchronizes before exiting
  * and prints "client done pid=P launches=N", then stays alive, idle, for
  * LINGER_MS (so only the shim's idle release can free the lock).
+ * With CLIENT_FORK_AT=K in the environment it forks before launch K: the child
+ * launches CLIENT_FORK_LAUNCHES times (default 50, same sleep), synchronizes,
+ * prints "child done pid=P" and exits; the parent goes on, and before its own
+ * "client done" waits for the child and prints "child status=S".
  */
 #include <dlfcn.h>
 #include <stdio.h>
+#include <sys/wait.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -98,7 +103,32 @@ int main(int argc, char **argv)
         end = (end_fn)dlsym(handle, "cuStreamEndCapture");
         begin(cap_stream, 0);
     }
+    const char *fork_at_s = getenv("CLIENT_FORK_AT");
+    long fork_at = fork_at_s ? atol(fork_at_s) : -1;
+    pid_t child = -1;
     for (long i = 0; i < n; i++) {
+        if (i == fork_at) {
+            fflush(stdout);
+            child = fork();
+            if (child == 0) {
+                const char *m = getenv("CLIENT_FORK_LAUNCHES");
+                long k = m ? atol(m) : 50;
+                for (long j = 0; j < k; j++) {
+                    if (launch(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) != CUDA_SUCCESS) {
+                        fprintf(stderr, "client: child launch failed\n");
+                        exit(1);
+                    }
+                    if (sleep_us > 0)
+                        usleep((useconds_t)sleep_us);
+                }
+                sync();
+                printf("child done pid=%d\n", (int)getpid());
+                fflush(stdout);
+                exit(0);
+            }
+            printf("forked child pid=%d\n", (int)child);
+            fflush(stdout);
+        }
         if (launch(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) != CUDA_SUCCESS) {
             fprintf(stderr, "client: launch failed\n");
             return 1;
@@ -117,6 +147,11 @@ int main(int argc, char **argv)
     alloc(&d, 1 << 20);
     mfree(d);
     sync();
+    if (child > 0) {
+        int status = -1;
+        waitpid(child, &status, 0);
+        printf("child status=%d\n", status);
+    }
     printf("client done pid=%d launches=%ld\n", (int)getpid(), n);
     fflush(stdout);
     if (linger_ms > 0)

@@ -91,6 +91,18 @@ static void *worker(void *arg)
     return NULL;
 }
 
+/* The child of fork() gets a queue of its own and a worker to run it (the parent's worker is not
+ * in the child; its queue and lock are the parent's state at the fork). */
+static void atfork_child(void)
+{
+    pthread_mutex_init(&mu, NULL);
+    pthread_cond_init(&cv, NULL);
+    qhead = qtail = 0;
+    pthread_t th;
+    pthread_create(&th, NULL, worker, NULL);
+    pthread_detach(th);
+}
+
 static void init(void)
 {
     const char *t = getenv("GPUSHARE_STUB_TRACE");
@@ -105,6 +117,7 @@ static void init(void)
     pthread_t th;
     pthread_create(&th, NULL, worker, NULL);
     pthread_detach(th);
+    pthread_atfork(NULL, NULL, atfork_child);
 }
 
 /* Queues work (fn may be NULL: just busy time); with wait, returns when it ran. */

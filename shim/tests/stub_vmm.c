@@ -17,6 +17,8 @@
  *   GPUSHARE_STUB_HOST_LIMIT bytes of page-locked host memory (cuMemAllocHost, cuMemHostRegister)
  *                            before they fail (default: none)
  *   GPUSHARE_STUB_MEM_TOTAL  what cuMemGetInfo reports as total (default 80 GiB)
+ *   GPUSHARE_STUB_FULL_FILE  while this file exists, cuMemCreate fails with out of memory (the device is
+ *                            full: another process holds it)
  */
 #include <fcntl.h>
 #include <pthread.h>
@@ -189,6 +191,9 @@ STUB_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, c
     stub_enqueue("cuMemCreate", NULL, 0, 0, 0, 0, 0);
     if (size == 0 || size % GRAN)
         return CUDA_ERROR_INVALID_VALUE;
+    const char *full = getenv("GPUSHARE_STUB_FULL_FILE");
+    if (full != NULL && *full != '\0' && access(full, F_OK) == 0)
+        return CUDA_ERROR_OUT_OF_MEMORY; /* "another process holds the rest of the device" */
     memtrace((long long)size);
     void *at = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
     struct phys *ph = at == MAP_FAILED ? NULL : malloc(sizeof(*ph));

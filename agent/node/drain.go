@@ -92,7 +92,7 @@ func (r *Reconciler) convergeListed(ctx context.Context, sc *scope, dev gpu.Devi
 		s, acts = r.step(ctx, dev, s, o)
 		s, _ = r.perform(ctx, sc, dev, want, s, acts)
 	}
-	o := r.passObservation(dev, want, now)
+	o := r.passObservation(sc, dev, want, now)
 	// Cordoned is left in the same pass: a GPU cordoned by this observation starts draining at once.
 	for range 2 {
 		var acts []drainAction
@@ -108,8 +108,14 @@ func (r *Reconciler) convergeListed(ctx context.Context, sc *scope, dev gpu.Devi
 
 // passObservation is what this pass knows of the GPU for the drain: what is wanted, whether it is a
 // disruptive change from what is in force, and whether the GPU could take it.
-func (r *Reconciler) passObservation(dev gpu.Device, want v1alpha1.GPUDesired, now time.Time) observation {
+func (r *Reconciler) passObservation(sc *scope, dev gpu.Device, want v1alpha1.GPUDesired, now time.Time) observation {
 	from, _ := sharing.AppliedShape(applied(dev, r.observe(dev.UUID)))
+	if !from.Shim && publishedShim(sc.node, dev.UUID, from.Strategy) {
+		// The shim's scheduler lives in the agent, so a restarted agent observes none; the status the agent
+		// before it published says the shim was in force. Starting the scheduler again is a resume (shim
+		// processes reconnect and re-announce), not turning oversubscription on under running work.
+		from.Shim = true
+	}
 	mode, timeout := drainSettings(want.Drain)
 	_, admitErr := r.Admit(dev, want.Sharing)
 	return observation{
@@ -334,4 +340,18 @@ func errString(err error) string {
 		return ""
 	}
 	return err.Error()
+}
+
+// publishedShim says whether the GPUNode status last published (by this agent or the one before a
+// restart) shows the shim in force on the GPU with this strategy.
+func publishedShim(node *v1alpha1.GPUNode, uuid string, strategy v1alpha1.Strategy) bool {
+	if node == nil {
+		return false
+	}
+	for _, g := range node.Status.GPUs {
+		if g.UUID == uuid {
+			return g.Applied != nil && g.Applied.Shim != nil && g.Applied.Strategy == strategy
+		}
+	}
+	return false
 }

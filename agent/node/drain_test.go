@@ -117,3 +117,31 @@ func TestRequeueComesBeforeTheResyncWhenABackoffEndsFirst(t *testing.T) {
 		t.Errorf("backoff ending after the resync: requeue after %v, want the resync", got)
 	}
 }
+
+// A restarted agent runs no shim scheduler yet; the status the agent before it published says whether
+// the shim was in force, which makes starting it again a resume rather than a disruptive change (the
+// real-node e2e's agent upgrade drained every shim GPU with a pod before this).
+func TestPublishedShimMakesARestartedSchedulerAResume(t *testing.T) {
+	shimOn := &v1alpha1.AppliedSharing{Strategy: v1alpha1.StrategyExclusive, Shim: &v1alpha1.ShimStatus{}}
+	node := &v1alpha1.GPUNode{Status: v1alpha1.GPUNodeStatus{GPUs: []v1alpha1.GPUStatus{
+		{UUID: "GPU-a", Applied: shimOn},
+		{UUID: "GPU-b", Applied: &v1alpha1.AppliedSharing{Strategy: v1alpha1.StrategyExclusive}},
+	}}}
+	for _, tt := range []struct {
+		uuid     string
+		strategy v1alpha1.Strategy
+		want     bool
+	}{
+		{"GPU-a", v1alpha1.StrategyExclusive, true},
+		{"GPU-a", v1alpha1.StrategyTimeSlicing, false}, // published under another strategy: not this shape
+		{"GPU-b", v1alpha1.StrategyExclusive, false},   // the shim was never on: turning it on drains
+		{"GPU-c", v1alpha1.StrategyExclusive, false},   // not published yet
+	} {
+		if got := publishedShim(node, tt.uuid, tt.strategy); got != tt.want {
+			t.Errorf("publishedShim(%s, %s) = %v, want %v", tt.uuid, tt.strategy, got, tt.want)
+		}
+	}
+	if publishedShim(nil, "GPU-a", v1alpha1.StrategyExclusive) {
+		t.Error("no GPUNode yet: nothing was published")
+	}
+}

@@ -94,3 +94,15 @@ func writeFile(path, content string) error { return os.WriteFile(path, []byte(co
 func clientInNamespace(ns string) client.InNamespace         { return client.InNamespace(ns) }
 func clientLabels(l map[string]string) client.MatchingLabels { return client.MatchingLabels(l) }
 func clientKey(name string) client.ObjectKey                 { return client.ObjectKey{Name: name} }
+
+// ensureNamespace creates the workloads' namespace unless an earlier scenario did (scenarios can be run
+// alone after Install and Sharing: go test -run 'TestE2E/(Install|Sharing|Upgrade)').
+func ensureNamespace(t *testing.T) {
+	t.Helper()
+	if out, err := kubectlErr("get", "namespace", Namespace); err == nil {
+		return
+	} else if !strings.Contains(out, "NotFound") {
+		t.Fatalf("kubectl get namespace %s: %v: %s", Namespace, err, out)
+	}
+	kubectl(t, "create", "namespace", Namespace)
+}

@@ -46,6 +46,10 @@ func run(m *testing.M) (code int) {
 	logs := filepath.Join(root, "test", "e2e", "logs")
 	_ = os.RemoveAll(logs)
 	defer func() {
+		if os.Getenv("E2E_KEEP") != "" {
+			fmt.Println("e2e: E2E_KEEP set: the node stays up for inspection; kubeconfig", n.Kubeconfig, "(the next run clears it)")
+			return
+		}
 		if err := n.Down(logs); err != nil {
 			fmt.Fprintln(os.Stderr, "e2e: teardown:", err)
 			code = 1

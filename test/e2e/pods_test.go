@@ -123,7 +123,7 @@ func gpuUUIDs(t *testing.T) (byIndex map[int32]string, migByProfile map[string][
 func testPods(t *testing.T) {
 	dumpOnFailure(t)
 	ctx := context.Background()
-	kubectl(t, "create", "namespace", Namespace)
+	ensureNamespace(t)
 	gpus, mig := gpuUUIDs(t)
 	pods := []*corev1.Pod{
 		sharePod("mig-3g", "nvidia.com/mig-3g.40gb", 1, nil),

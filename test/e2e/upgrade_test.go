@@ -28,11 +28,10 @@ const (
 // workerScript runs the shim's test client (dynamically linked: LD_PRELOAD from Allocate loads
 // libgpushare.so into it) in the background and reports, once a second, that it is alive; at the end
 // its own summary and exit status. busybox sh is static, so only the client loads the shim.
-var workerScript = fmt.Sprintf(`/client dlsym %d %d > /tmp/client.log 2>&1 &
+var workerScript = fmt.Sprintf(`/client dlsym %d %d 2>&1 &
 pid=$!
 while kill -0 $pid 2>/dev/null; do echo "alive $(date +%%s)"; sleep 1; done
 wait $pid; rc=$?
-cat /tmp/client.log
 echo "client exit=$rc"
 exec sleep 3600`, workerLaunches, workerSleepUS)
 
@@ -42,6 +41,7 @@ exec sleep 3600`, workerLaunches, workerSleepUS)
 func testUpgrade(t *testing.T) {
 	dumpOnFailure(t)
 	ctx := context.Background()
+	ensureNamespace(t)
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "shim-worker", Namespace: Namespace},
 		Spec: corev1.PodSpec{

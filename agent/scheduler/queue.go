@@ -37,6 +37,9 @@ type queue struct {
 	revocations prometheus.Counter
 	evictions   prometheus.Counter
 	clientGauge prometheus.Gauge
+	// droppedEvict counts clients dropped for ignoring an EVICT (deadline.go).
+	droppedEvict prometheus.Counter
+	evictTimeout time.Duration
 
 	mu       sync.Mutex
 	nextID   uint32
@@ -85,6 +88,7 @@ type client struct {
 	raises       uint32 // Grants and MemReply OKs sent: the acks a report must carry to lower the reservation
 	evictPending bool
 	evictTarget  uint64
+	evictTimer   Timer // the EVICT's answer deadline (deadline.go)
 	noEvictUntil time.Time
 	memPending   bool
 	memNeed      uint64
@@ -94,20 +98,21 @@ type client struct {
 
 func newQueue(cfg GPUConfig, clock Clock, m *Metrics, log logr.Logger) *queue {
 	return &queue{
-		uuid:        cfg.UUID,
-		quantum:     cfg.Quantum,
-		grace:       cfg.Grace,
-		budget:      cfg.Budget,
-		mode:        cfg.Mode,
-		clock:       clock,
-		log:         log.WithValues("gpu", cfg.UUID),
-		waitHist:    m.wait.WithLabelValues(cfg.UUID),
-		holdHist:    m.hold.WithLabelValues(cfg.UUID),
-		handoffs:    m.handoffs.WithLabelValues(cfg.UUID),
-		revocations: m.revocations.WithLabelValues(cfg.UUID),
-		evictions:   m.evictions.WithLabelValues(cfg.UUID),
-		clientGauge: m.clients.WithLabelValues(cfg.UUID),
-		clients:     map[uint32]*client{},
+		uuid:         cfg.UUID,
+		quantum:      cfg.Quantum,
+		grace:        cfg.Grace,
+		budget:       cfg.Budget,
+		mode:         cfg.Mode,
+		clock:        clock,
+		log:          log.WithValues("gpu", cfg.UUID),
+		waitHist:     m.wait.WithLabelValues(cfg.UUID),
+		holdHist:     m.hold.WithLabelValues(cfg.UUID),
+		handoffs:     m.handoffs.WithLabelValues(cfg.UUID),
+		revocations:  m.revocations.WithLabelValues(cfg.UUID),
+		evictions:    m.evictions.WithLabelValues(cfg.UUID),
+		clientGauge:  m.clients.WithLabelValues(cfg.UUID),
+		droppedEvict: m.dropped.WithLabelValues(cfg.UUID, DropEvictTimeout),
+		clients:      map[uint32]*client{},
 	}
 }
 
@@ -134,6 +139,10 @@ func (q *queue) join(pid int32, prio Priority, send func([]byte) bool, drop func
 func (q *queue) leave(c *client) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	q.leaveLocked(c)
+}
+
+func (q *queue) leaveLocked(c *client) {
 	if _, ok := q.clients[c.id]; !ok {
 		return
 	}
@@ -146,6 +155,7 @@ func (q *queue) leave(c *client) {
 	}
 	q.setReservationLocked(c, 0)
 	c.evictPending = false
+	q.stopEvictDeadlineLocked(c)
 	q.dispatchLocked(nil)
 }
 
@@ -216,6 +226,7 @@ func (q *queue) usage(c *client, m Message) {
 			return
 		}
 		c.evictPending = false
+		q.stopEvictDeadlineLocked(c)
 		if m.Resident > c.evictTarget {
 			// It could not free what was asked (it failed to copy out): leave it
 			// alone for a moment and let the next dispatch pick others.
@@ -237,11 +248,7 @@ func (q *queue) usage(c *client, m Message) {
 	}
 	if c.holding && c.startPending && m.Reason == UsageReport && m.Acks == c.raises {
 		// Its memory is in: the hold (and its quantum) starts now.
-		c.startPending = false
-		c.grantedAt = q.clock.Now()
-		if c.contendedSent {
-			q.contendLocked()
-		}
+		q.restartHoldLocked(c)
 	}
 	q.dispatchLocked(nil)
 }
@@ -352,6 +359,7 @@ func (q *queue) evictLocked(amount uint64, forc *client) bool {
 		o.evictions++
 		q.evictions.Inc()
 		q.sendLocked(o, Message{Type: MsgEvict, Target: o.evictTarget})
+		q.armEvictDeadlineLocked(o)
 	}
 	return true
 }
@@ -439,9 +447,10 @@ func (q *queue) contendLocked() {
 			h.contendedSent = true
 			q.sendLocked(h, Message{Type: MsgContended, Epoch: h.epoch, Waiters: uint32(q.nWaitingLocked())})
 		}
-		if h.revokeTimer == nil && !h.startPending {
+		if h.revokeTimer == nil {
 			// The holder may keep its quantum, and always gets the grace period
 			// after learning that someone waits, to drain its GPU work and release.
+			// A budget holder still swapping in counts from its grant (restartHoldLocked).
 			h, epoch := h, h.epoch
 			now := q.clock.Now()
 			start := h.grantedAt.Add(q.quantum)

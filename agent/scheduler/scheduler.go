@@ -59,6 +59,8 @@ type Options struct {
 	// WriteTimeout bounds one write to a client (default 1s); a client that
 	// does not read is dropped, freeing the lock if it held it.
 	WriteTimeout time.Duration
+	// Guards limit what one client may take and check what it claims (limits.go).
+	Guards
 }
 
 // ClientState is what the agent publishes about one shim client.
@@ -122,6 +124,8 @@ type Scheduler struct {
 	listeners []net.Listener
 	conns     map[net.Conn]struct{}
 	wg        sync.WaitGroup
+	lim       connLimiter
+	procMem   procMemCache
 }
 
 // New validates the options and registers the metrics.
@@ -138,6 +142,7 @@ func New(opts Options) (*Scheduler, error) {
 	if opts.WriteTimeout == 0 {
 		opts.WriteTimeout = time.Second
 	}
+	opts = opts.withLimitDefaults()
 	m := opts.Metrics
 	if m == nil {
 		var err error
@@ -160,7 +165,9 @@ func New(opts Options) (*Scheduler, error) {
 			return nil, fmt.Errorf("%w: GPU %q anti-thrashing mode %d", ErrInvalidConfig, g.UUID, g.Mode)
 		}
 		s.cfgs = append(s.cfgs, g)
-		s.queues = append(s.queues, newQueue(g, opts.Clock, m, logr.Discard()))
+		q := newQueue(g, opts.Clock, m, logr.Discard())
+		q.evictTimeout = opts.EvictTimeout
+		s.queues = append(s.queues, q)
 	}
 	m.attach(s)
 	return s, nil
@@ -325,9 +332,14 @@ func (s *Scheduler) acceptLoop(ln net.Listener, q *queue) {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
+		release, ok := s.admit(conn, q)
+		if !ok {
+			continue
+		}
 		s.mu.Lock()
 		if s.listeners == nil {
 			s.mu.Unlock()
+			release()
 			_ = conn.Close()
 			return
 		}
@@ -336,6 +348,7 @@ func (s *Scheduler) acceptLoop(ln net.Listener, q *queue) {
 		s.mu.Unlock()
 		go func() {
 			defer s.wg.Done()
+			defer release()
 			s.serveConn(conn, q)
 			s.mu.Lock()
 			delete(s.conns, conn)
@@ -375,6 +388,7 @@ func (s *Scheduler) serveConn(conn net.Conn, q *queue) {
 	hello, err := ReadMessage(conn)
 	if err != nil || hello.Type != MsgHello {
 		log.V(1).Info("Dropping shim connection without a valid hello", "err", err, "type", hello.Type)
+		s.metrics.dropped.WithLabelValues(q.uuid, DropNoHello).Inc()
 		return
 	}
 	if hello.GPUUUID != "" && hello.GPUUUID != q.uuid {
@@ -415,17 +429,20 @@ func (s *Scheduler) serveConn(conn net.Conn, q *queue) {
 			return false
 		}
 	}
-	c := q.join(pid, hello.Priority, send, drop)
-	log.V(1).Info("Shim client connected", "client", c.id, "pid", pid, "priority", hello.Priority)
+	prio := s.priorityFor(log, pid, hello.Priority)
+	c := q.join(pid, prio, send, drop)
+	log.V(1).Info("Shim client connected", "client", c.id, "pid", pid, "priority", prio)
 	s.clientsChanged(q.uuid)
 	for {
-		m, err := ReadMessage(conn)
+		m, err := readFrame(conn, s.opts.FrameTimeout)
 		if err != nil {
 			if !errors.Is(err, net.ErrClosed) && !isEOF(err) {
 				log.Info("Dropping shim client after a protocol error", "client", c.id, "pid", pid, "err", err.Error())
+				s.countDrop(q, err)
 			}
 			break
 		}
+		m = s.crossCheck(q, pid, m)
 		switch m.Type {
 		case MsgAcquire:
 			q.acquire(c, m.Need)

@@ -1,8 +1,12 @@
 package scheduler
 
 import (
+	"context"
+	"fmt"
 	"sync"
 	"time"
+
+	"github.com/gpusharing/gpusharing/agent/gpu"
 )
 
 // What the scheduler trusts in a memory report. A client's Release and Usage carry the bytes it says it
@@ -75,4 +79,23 @@ func (s *Scheduler) crossCheck(q *queue, pid int32, m Message) Message {
 		m.Resident = floor
 	}
 	return m
+}
+
+// ProcessMemoryFrom reads each process's device memory through the agent's GPU interface (NVML's
+// running compute processes), for Guards.ProcessMemory. Where NVML is missing it errors, and reports
+// are taken as they come.
+func ProcessMemoryFrom(g gpu.Interface) func(uuid string) (map[int32]uint64, error) {
+	return func(uuid string) (map[int32]uint64, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		d, err := g.Device(ctx, uuid)
+		if err != nil {
+			return nil, fmt.Errorf("reading the processes of GPU %s: %w", uuid, err)
+		}
+		out := make(map[int32]uint64, len(d.Processes))
+		for _, p := range d.Processes {
+			out[p.PID] = p.UsedMemory
+		}
+		return out, nil
+	}
 }

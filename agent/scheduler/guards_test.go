@@ -163,3 +163,52 @@ func TestPriorityBelowTheAllowanceIsKept(t *testing.T) {
 		t.Fatalf("clients = %+v", snap)
 	}
 }
+
+// The real shim with GPUSHARE_PRIORITY=high, in a pod that allows only Normal, queues at Normal and
+// does not pass an earlier normal waiter: a process cannot raise itself. (The same client goes first
+// where the scheduler trusts its environment: TestHighPriorityShimClientGoesFirstAtHandOff.)
+func TestShimAskingForHighPriorityGetsWhatItsPodAllows(t *testing.T) {
+	build := shimBuild(t)
+	dir, err := os.MkdirTemp("", "gs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	e := &env{t: t, build: build, dir: dir, sock: filepath.Join(dir, "gpu.sock"), trace: filepath.Join(dir, "trace"),
+		m: prometheus.NewRegistry()}
+	e.s, err = New(Options{GPUs: []GPUConfig{{UUID: "GPU-test", SocketPath: e.sock, Quantum: time.Minute, Grace: time.Minute}},
+		Registerer: e.m, Guards: Guards{PeerPriority: func(int32) Priority { return PriorityNormal }}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.s.Listen(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.s.Close)
+
+	holder := dialRaw(t, e.sock, PriorityNormal)
+	epoch := holder.hold()
+	normal := dialRaw(t, e.sock, PriorityNormal)
+	normal.send(Message{Type: MsgAcquire})
+	eventually(t, time.Second, "the normal waiter queues", func() bool {
+		for _, s := range e.s.Snapshot() {
+			if s.Waiting {
+				return true
+			}
+		}
+		return false
+	})
+	asking := e.startClient([]string{"GPUSHARE_PRIORITY=high"}, "dlsym", "20", "1000")
+	eventually(t, 2*time.Second, "the client asking for High queues", func() bool {
+		s, ok := e.state(asking.pid())
+		return ok && s.Waiting
+	})
+	if s, _ := e.state(asking.pid()); s.Priority != PriorityNormal {
+		t.Fatalf("a client whose pod allows Normal runs at %v", s.Priority)
+	}
+	holder.send(Message{Type: MsgRelease, Epoch: epoch})
+	normal.expect(MsgGrant, 2*time.Second) // the earlier normal waiter goes first
+	if s, _ := e.state(asking.pid()); s.Holding {
+		t.Fatal("the client that asked for High passed the earlier normal waiter")
+	}
+}

@@ -1,0 +1,26 @@
+package podpid
+
+import "context"
+
+// Priority returns the scheduling priority of the pod pid runs in: its spec.priority, the value of its
+// PriorityClass that the API server's admission resolved and that the pod's own processes cannot
+// change. ok is false for a process outside any pod, or in a pod this node does not list (yet).
+func (r *Resolver) Priority(ctx context.Context, pid int32) (priority int32, ok bool) {
+	procRoot := r.ProcRoot
+	if procRoot == "" {
+		procRoot = "/proc"
+	}
+	uid, ok := UIDOf(procRoot, pid)
+	if !ok {
+		return 0, false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, known := r.byUID[uid]; !known && r.mayList() {
+		r.list(ctx)
+	}
+	if _, known := r.byUID[uid]; !known {
+		return 0, false
+	}
+	return r.prioByID[uid], true // a pod without a priority runs at 0, as the kube-scheduler treats it
+}

@@ -54,10 +54,12 @@ func shimGuards(o Options, r *podpid.Resolver) scheduler.Guards {
 }
 
 // peerPriority allows High to a pid whose pod's priority is at least min, and Normal to every other
-// pid, including one whose pod cannot be found: a lookup that fails never raises anyone.
+// pid, including one whose pod cannot be found: a lookup that fails never raises anyone. The lookup
+// runs between the client's HELLO and its WELCOME, which the shim waits for 1s
+// (GPUSHARE_CONNECT_TIMEOUT_MS), so a slow API server costs the client its High, never its lease.
 func peerPriority(r *podpid.Resolver, min int32) func(int32) scheduler.Priority {
 	return func(pid int32) scheduler.Priority {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 		defer cancel()
 		if p, ok := r.Priority(ctx, pid); ok && p >= min {
 			return scheduler.PriorityHigh

@@ -1,6 +1,15 @@
 package podpid
 
-import "context"
+import (
+	"context"
+	"time"
+)
+
+// priorityRelist bounds how often a pid of an unknown pod makes Priority list this node's pods again.
+// It is shorter than MinRelist: a pod the list misses would run at the lowest priority for the life of
+// its connection, and only a new pod's processes (a pod UID the list has not seen) trigger a list. A
+// pod's processes connect seconds after it was created, so a list this recent has it.
+const priorityRelist = 200 * time.Millisecond
 
 // Priority returns the scheduling priority of the pod pid runs in: its spec.priority, the value of its
 // PriorityClass that the API server's admission resolved and that the pod's own processes cannot
@@ -16,7 +25,7 @@ func (r *Resolver) Priority(ctx context.Context, pid int32) (priority int32, ok 
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if _, known := r.byUID[uid]; !known && r.mayList() {
+	if _, known := r.byUID[uid]; !known && (r.lastList.IsZero() || r.clock().Since(r.lastList) >= priorityRelist) {
 		r.list(ctx)
 	}
 	if _, known := r.byUID[uid]; !known {

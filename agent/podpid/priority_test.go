@@ -3,10 +3,12 @@ package podpid
 import (
 	"context"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clocktesting "k8s.io/utils/clock/testing"
 )
 
 // The priority a pid gets is its pod's, as the API server's Priority admission resolved it from the
@@ -45,5 +47,28 @@ func TestPriorityIsThePodsResolvedPriorityClassValue(t *testing.T) {
 	}
 	if _, ok := r.Priority(ctx, 33); ok {
 		t.Error("a pid without a /proc entry was given a priority")
+	}
+}
+
+// A new pod's process is looked up with a fresh list even within MinRelist (a miss would leave it at
+// the lowest priority for the life of its connection), but not more often than priorityRelist.
+func TestPriorityOfANewPodListsAgainSoon(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	first := createPod(t, "prio-first", "node-q")
+	writeCgroup(t, root, 40, cgroupOf(first))
+	clk := clocktesting.NewFakePassiveClock(time.Date(2026, 11, 24, 1, 0, 0, 0, time.UTC))
+	r := &Resolver{Reader: env.Client, NodeName: "node-q", ProcRoot: root, MinRelist: time.Hour, Clock: clk}
+	if _, ok := r.Priority(ctx, 40); !ok {
+		t.Fatal("first pod not found")
+	}
+	second := createPod(t, "prio-second", "node-q")
+	writeCgroup(t, root, 41, cgroupOf(second))
+	if _, ok := r.Priority(ctx, 41); ok {
+		t.Fatal("listed again at once: the relist bound does not hold")
+	}
+	clk.SetTime(clk.Now().Add(priorityRelist))
+	if _, ok := r.Priority(ctx, 41); !ok {
+		t.Fatal("a new pod was not found after priorityRelist, though MinRelist had not passed")
 	}
 }

@@ -182,8 +182,9 @@ func (s *Scheduler) admit(conn net.Conn, q *queue) (release func(), ok bool) {
 	if refused == "" {
 		return release, true
 	}
-	_ = conn.Close() // refused: nothing was read or sent
+	// Counted before the close, so whoever sees the connection end sees it counted.
 	s.metrics.refused.WithLabelValues(q.uuid, refused).Inc()
+	_ = conn.Close() // refused: nothing was read or sent
 	// V(1): a peer opening connections in a loop must not flood the log; the counter says it all.
 	q.log.V(1).Info("Refusing shim connection over the limit", "pid", pid, "reason", refused,
 		"maxConns", s.opts.MaxConns, "maxConnsPerPeer", s.opts.MaxConnsPerPeer)

@@ -97,23 +97,24 @@ type client struct {
 }
 
 func newQueue(cfg GPUConfig, clock Clock, m *Metrics, log logr.Logger) *queue {
-	return &queue{
-		uuid:         cfg.UUID,
-		quantum:      cfg.Quantum,
-		grace:        cfg.Grace,
-		budget:       cfg.Budget,
-		mode:         cfg.Mode,
-		clock:        clock,
-		log:          log.WithValues("gpu", cfg.UUID),
-		waitHist:     m.wait.WithLabelValues(cfg.UUID),
-		holdHist:     m.hold.WithLabelValues(cfg.UUID),
-		handoffs:     m.handoffs.WithLabelValues(cfg.UUID),
-		revocations:  m.revocations.WithLabelValues(cfg.UUID),
-		evictions:    m.evictions.WithLabelValues(cfg.UUID),
-		clientGauge:  m.clients.WithLabelValues(cfg.UUID),
-		droppedEvict: m.dropped.WithLabelValues(cfg.UUID, DropEvictTimeout),
-		clients:      map[uint32]*client{},
+	q := &queue{
+		uuid:        cfg.UUID,
+		quantum:     cfg.Quantum,
+		grace:       cfg.Grace,
+		budget:      cfg.Budget,
+		mode:        cfg.Mode,
+		clock:       clock,
+		log:         log.WithValues("gpu", cfg.UUID),
+		waitHist:    m.wait.WithLabelValues(cfg.UUID),
+		holdHist:    m.hold.WithLabelValues(cfg.UUID),
+		handoffs:    m.handoffs.WithLabelValues(cfg.UUID),
+		revocations: m.revocations.WithLabelValues(cfg.UUID),
+		evictions:   m.evictions.WithLabelValues(cfg.UUID),
+		clientGauge: m.clients.WithLabelValues(cfg.UUID),
+		clients:     map[uint32]*client{},
 	}
+	q.droppedEvict = m.dropped.WithLabelValues(cfg.UUID, DropEvictTimeout)
+	return q
 }
 
 func ms(d time.Duration) uint32 { return uint32(d / time.Millisecond) }

@@ -47,6 +47,13 @@ type Options struct {
 	// OversubReserve is the GPU memory left out of an oversubscription budget the policy does not set
 	// (default node.DefaultOversubReserve).
 	OversubReserve uint64
+	// ShimGuards limit each shim client (frame deadline, connection caps, EVICT deadline, the context
+	// overhead left out of the NVML check); zero fields take the scheduler's defaults. The agent sets
+	// their sources itself (shimguards.go).
+	ShimGuards scheduler.Guards
+	// ShimHighPriorityMin is the lowest pod priority whose shim clients may run High (0: the default,
+	// DefaultShimHighPriorityMin).
+	ShimHighPriorityMin int32
 	// StateDir holds the agent's runtime state; it must not outlive a reboot.
 	StateDir string
 	// MPSControl and NvidiaSMI are the host tools' paths.
@@ -147,6 +154,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	if err := mgr.Add(runnable(mpsMgr.Run)); err != nil {
 		return err
 	}
+	pods := podResolver(mgr, o)
 	var shim *node.ShimSchedulers
 	if o.SchedulerRoot != "" {
 		reserve := o.OversubReserve
@@ -155,7 +163,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		}
 		// Clients connecting and leaving wake a pass, which publishes them: no polling of the schedulers.
 		shim = &node.ShimSchedulers{Root: o.SchedulerRoot, Reserve: reserve, Metrics: schedMetrics, Clock: o.Clock,
-			Notify: func() { notify("") }}
+			Notify: func() { notify("") }, Guards: shimGuards(o, pods)}
 		if err := mgr.Add(runnable(shim.Run)); err != nil {
 			return err
 		}
@@ -180,7 +188,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		Notify:             func() { notify("") },
 		SkipNameValidation: o.SkipNameValidation,
 		Health:             healthSource(hw),
-		PodNames:           podNames(mgr, o),
+		PodNames:           podNames(pods),
 		DrainBackoff:       o.DrainBackoff,
 		Clock:              o.Clock,
 		Strategies: node.Strategies{
@@ -328,11 +336,10 @@ func setupDevicePlugin(mgr ctrl.Manager, o Options, r *node.Reconciler) error {
 // podNames names shim clients' pods from their cgroups and this node's pods, read uncached so the agent
 // does not cache every pod of the cluster. Only where schedulers run, and never for the demo's simulated
 // nodes, whose "clients" are not in pods.
-func podNames(mgr ctrl.Manager, o Options) func([]int32) map[int32]string {
-	if o.SchedulerRoot == "" || o.ProcRoot == "" {
+func podNames(r *podpid.Resolver) func([]int32) map[int32]string {
+	if r == nil {
 		return nil
 	}
-	r := &podpid.Resolver{Reader: mgr.GetAPIReader(), NodeName: o.NodeName, ProcRoot: o.ProcRoot, Clock: o.Clock}
 	return func(pids []int32) map[int32]string { return r.Names(context.Background(), pids) }
 }
 

@@ -44,6 +44,8 @@ type ShimSchedulers struct {
 	Clock scheduler.Clock
 	// Notify is called when a GPU's clients connect or disconnect, so a pass publishes them; it must not block.
 	Notify func()
+	// Guards limit every scheduler's clients and check their claims (scheduler.Guards).
+	Guards scheduler.Guards
 
 	mu    sync.Mutex
 	byGPU map[string]*scheduler.Scheduler
@@ -112,7 +114,7 @@ func (s *ShimSchedulers) Ensure(ctx context.Context, dev gpu.Device, o v1alpha1.
 		return fmt.Errorf("creating the shim scheduler directory of GPU %s: %w", dev.UUID, err)
 	}
 	sch, err := scheduler.New(scheduler.Options{GPUs: []scheduler.GPUConfig{cfg}, Metrics: s.Metrics, Clock: s.Clock,
-		OnClientsChange: func(string) { s.notify() }})
+		OnClientsChange: func(string) { s.notify() }, Guards: s.Guards})
 	if err != nil {
 		return err
 	}

@@ -61,6 +61,7 @@ type Resolver struct {
 
 	mu       sync.Mutex
 	byUID    map[string]string
+	prioByID map[string]int32 // each pod's spec.priority (priority.go)
 	lastList time.Time
 }
 
@@ -125,8 +126,12 @@ func (r *Resolver) list(ctx context.Context) {
 		return
 	}
 	byUID := make(map[string]string, len(pods.Items))
+	prio := make(map[string]int32, len(pods.Items))
 	for _, p := range pods.Items {
 		byUID[string(p.UID)] = p.Namespace + "/" + p.Name
+		if p.Spec.Priority != nil {
+			prio[string(p.UID)] = *p.Spec.Priority
+		}
 	}
-	r.byUID = byUID
+	r.byUID, r.prioByID = byUID, prio
 }

@@ -188,7 +188,7 @@ func TestBudgetHoldStartsWhenTheMemoryIsIn(t *testing.T) {
 	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
 	fx.q.acquire(a.c, 40*mib)
 	fx.q.acquire(b.c, 10*mib)
-	fx.clock.Advance(time.Second) // a swaps in slowly: not revoked meanwhile
+	fx.clock.Advance(140 * time.Millisecond) // a swaps in slowly, within quantum + grace: not revoked meanwhile
 	if a.count(MsgRevoked) != 0 {
 		t.Fatal("revoked while still swapping in")
 	}

@@ -33,6 +33,11 @@ type Metrics struct {
 	revocations *prometheus.CounterVec
 	evictions   *prometheus.CounterVec
 	clients     *prometheus.GaugeVec
+	// refused and dropped count connections turned away and clients cut off by the limits (limits.go);
+	// underReports counts reports NVML contradicted (memcheck.go).
+	refused      *prometheus.CounterVec
+	dropped      *prometheus.CounterVec
+	underReports *prometheus.CounterVec
 
 	mu     sync.Mutex
 	scheds map[*Scheduler]struct{}
@@ -69,13 +74,14 @@ func newMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}, []string{"gpu"}),
 		scheds: map[*Scheduler]struct{}{},
 	}
+	m.refused, m.dropped, m.underReports = newGuardMetrics()
 	if reg == nil {
 		return m, nil
 	}
 	// The per-client memory series are read from the schedulers' snapshots at each scrape, so a
 	// client's series vanish when it leaves. The memory collector goes first, so NewMetrics can tell
 	// series another agent of the process registered.
-	for _, c := range []prometheus.Collector{&memCollector{m: m}, m.wait, m.hold, m.handoffs, m.revocations, m.evictions, m.clients} {
+	for _, c := range []prometheus.Collector{&memCollector{m: m}, m.wait, m.hold, m.handoffs, m.revocations, m.evictions, m.clients, m.refused, m.dropped, m.underReports} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -111,6 +117,9 @@ func (m *Metrics) Forget(gpu string) {
 	for _, v := range []interface{ DeleteLabelValues(...string) bool }{m.wait, m.hold, m.handoffs, m.revocations, m.evictions, m.clients} {
 		v.DeleteLabelValues(gpu)
 	}
+	m.refused.DeletePartialMatch(prometheus.Labels{"gpu": gpu})
+	m.dropped.DeletePartialMatch(prometheus.Labels{"gpu": gpu})
+	m.underReports.DeleteLabelValues(gpu)
 }
 
 var (

@@ -37,6 +37,9 @@ type queue struct {
 	revocations prometheus.Counter
 	evictions   prometheus.Counter
 	clientGauge prometheus.Gauge
+	// droppedEvict counts clients dropped for ignoring an EVICT (deadline.go).
+	droppedEvict prometheus.Counter
+	evictTimeout time.Duration
 
 	mu       sync.Mutex
 	nextID   uint32
@@ -86,6 +89,7 @@ type client struct {
 	raises       uint32 // Grants and MemReply OKs sent: the acks a report must carry to lower the reservation
 	evictPending bool
 	evictTarget  uint64
+	evictTimer   Timer // the EVICT's answer deadline (deadline.go)
 	noEvictUntil time.Time
 	memPending   bool
 	memNeed      uint64
@@ -95,7 +99,7 @@ type client struct {
 }
 
 func newQueue(cfg GPUConfig, clock Clock, m *Metrics, log logr.Logger) *queue {
-	return &queue{
+	q := &queue{
 		uuid:        cfg.UUID,
 		quantum:     cfg.Quantum,
 		grace:       cfg.Grace,
@@ -111,6 +115,8 @@ func newQueue(cfg GPUConfig, clock Clock, m *Metrics, log logr.Logger) *queue {
 		clientGauge: m.clients.WithLabelValues(cfg.UUID),
 		clients:     map[uint32]*client{},
 	}
+	q.droppedEvict = m.dropped.WithLabelValues(cfg.UUID, DropEvictTimeout)
+	return q
 }
 
 func ms(d time.Duration) uint32 { return uint32(d / time.Millisecond) }
@@ -136,6 +142,10 @@ func (q *queue) join(pid int32, prio Priority, send func([]byte) bool, drop func
 func (q *queue) leave(c *client) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	q.leaveLocked(c)
+}
+
+func (q *queue) leaveLocked(c *client) {
 	if _, ok := q.clients[c.id]; !ok {
 		return
 	}
@@ -148,6 +158,7 @@ func (q *queue) leave(c *client) {
 	}
 	q.setReservationLocked(c, 0)
 	c.evictPending = false
+	q.stopEvictDeadlineLocked(c)
 	q.dispatchLocked(nil)
 }
 
@@ -218,6 +229,7 @@ func (q *queue) usage(c *client, m Message) {
 			return
 		}
 		c.evictPending = false
+		q.stopEvictDeadlineLocked(c)
 		if m.Resident > c.evictTarget {
 			// It could not free what was asked (it failed to copy out): leave it
 			// alone for a moment and let the next dispatch pick others.
@@ -239,11 +251,7 @@ func (q *queue) usage(c *client, m Message) {
 	}
 	if c.holding && c.startPending && m.Reason == UsageReport && m.Acks == c.raises {
 		// Its memory is in: the hold (and its quantum) starts now.
-		c.startPending = false
-		c.grantedAt = q.clock.Now()
-		if c.contendedSent {
-			q.contendLocked()
-		}
+		q.restartHoldLocked(c)
 	}
 	q.dispatchLocked(nil)
 }
@@ -354,6 +362,7 @@ func (q *queue) evictLocked(amount uint64, forc *client) bool {
 		o.evictions++
 		q.evictions.Inc()
 		q.sendLocked(o, Message{Type: MsgEvict, Target: o.evictTarget})
+		q.armEvictDeadlineLocked(o)
 	}
 	return true
 }
@@ -441,9 +450,10 @@ func (q *queue) contendLocked() {
 			h.contendedSent = true
 			q.sendLocked(h, Message{Type: MsgContended, Epoch: h.epoch, Waiters: uint32(q.nWaitingLocked())})
 		}
-		if h.revokeTimer == nil && !h.startPending {
+		if h.revokeTimer == nil {
 			// The holder may keep its quantum, and always gets the grace period
 			// after learning that someone waits, to drain its GPU work and release.
+			// A budget holder still swapping in counts from its grant (restartHoldLocked).
 			h, epoch := h, h.epoch
 			now := q.clock.Now()
 			start := h.grantedAt.Add(q.quantum)

@@ -63,6 +63,8 @@ type Options struct {
 	// previous run grants nothing while its clients re-announce their memory
 	// (rebuild.go; default DefaultRebuildWindow, negative: none).
 	RebuildWindow time.Duration
+	// Guards limit what one client may take and check what it claims (limits.go).
+	Guards
 }
 
 // ClientState is what the agent publishes about one shim client.
@@ -126,6 +128,8 @@ type Scheduler struct {
 	listeners []net.Listener
 	conns     map[net.Conn]struct{}
 	wg        sync.WaitGroup
+	lim       connLimiter
+	procMem   procMemCache
 }
 
 // New validates the options and registers the metrics.
@@ -145,6 +149,7 @@ func New(opts Options) (*Scheduler, error) {
 	if opts.RebuildWindow == 0 {
 		opts.RebuildWindow = DefaultRebuildWindow
 	}
+	opts = opts.withLimitDefaults()
 	m := opts.Metrics
 	if m == nil {
 		var err error
@@ -167,7 +172,9 @@ func New(opts Options) (*Scheduler, error) {
 			return nil, fmt.Errorf("%w: GPU %q anti-thrashing mode %d", ErrInvalidConfig, g.UUID, g.Mode)
 		}
 		s.cfgs = append(s.cfgs, g)
-		s.queues = append(s.queues, newQueue(g, opts.Clock, m, logr.Discard()))
+		q := newQueue(g, opts.Clock, m, logr.Discard())
+		q.evictTimeout = opts.EvictTimeout
+		s.queues = append(s.queues, q)
 	}
 	m.attach(s)
 	return s, nil
@@ -340,9 +347,14 @@ func (s *Scheduler) acceptLoop(ln net.Listener, q *queue) {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
+		release, ok := s.admit(conn, q)
+		if !ok {
+			continue
+		}
 		s.mu.Lock()
 		if s.listeners == nil {
 			s.mu.Unlock()
+			release()
 			_ = conn.Close()
 			return
 		}
@@ -351,6 +363,7 @@ func (s *Scheduler) acceptLoop(ln net.Listener, q *queue) {
 		s.mu.Unlock()
 		go func() {
 			defer s.wg.Done()
+			defer release()
 			s.serveConn(conn, q)
 			s.mu.Lock()
 			delete(s.conns, conn)
@@ -390,6 +403,7 @@ func (s *Scheduler) serveConn(conn net.Conn, q *queue) {
 	hello, err := ReadMessage(conn)
 	if err != nil || hello.Type != MsgHello {
 		log.V(1).Info("Dropping shim connection without a valid hello", "err", err, "type", hello.Type)
+		s.metrics.dropped.WithLabelValues(q.uuid, DropNoHello).Inc()
 		return
 	}
 	if hello.GPUUUID != "" && hello.GPUUUID != q.uuid {
@@ -430,17 +444,20 @@ func (s *Scheduler) serveConn(conn net.Conn, q *queue) {
 			return false
 		}
 	}
-	c := q.join(pid, hello.Priority, send, drop)
-	log.V(1).Info("Shim client connected", "client", c.id, "pid", pid, "priority", hello.Priority)
+	prio := s.priorityFor(log, pid, hello.Priority)
+	c := q.join(pid, prio, send, drop)
+	log.V(1).Info("Shim client connected", "client", c.id, "pid", pid, "priority", prio)
 	s.clientsChanged(q.uuid)
 	for {
-		m, err := ReadMessage(conn)
+		m, err := readFrame(conn, s.opts.FrameTimeout)
 		if err != nil {
 			if !errors.Is(err, net.ErrClosed) && !isEOF(err) {
 				log.Info("Dropping shim client after a protocol error", "client", c.id, "pid", pid, "err", err.Error())
+				s.countDrop(q, err)
 			}
 			break
 		}
+		m = s.crossCheck(q, pid, m)
 		switch m.Type {
 		case MsgAcquire:
 			q.acquire(c, m.Need)

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -29,6 +30,7 @@ import (
 	"github.com/gpusharing/gpusharing/agent/health"
 	"github.com/gpusharing/gpusharing/agent/node"
 	"github.com/gpusharing/gpusharing/agent/runner"
+	"github.com/gpusharing/gpusharing/agent/scheduler"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -60,6 +62,9 @@ type options struct {
 	// schedulerRoot holds the shim scheduler sockets, whether or not the device plugin runs.
 	schedulerRoot  string
 	oversubReserve uint64
+	// shimGuards and shimHighPriorityMin limit the shim's clients (docs/agent.md).
+	shimGuards          scheduler.Guards
+	shimHighPriorityMin int32
 	// health configures the NVML Xid watcher.
 	health app.HealthOptions
 	// simulate, when set, replaces NVML and the driver tools with simulated ones (simulate.go).
@@ -129,6 +134,28 @@ func parse(args []string) (options, *textlogger.Config) {
 		reserve = &q
 		return nil
 	})
+	fs.DurationVar(&o.shimGuards.FrameTimeout, "shim-frame-timeout", scheduler.DefaultFrameTimeout, "longest a shim client may take to finish a message it started before it is dropped")
+	fs.IntVar(&o.shimGuards.MaxConns, "shim-max-conns", scheduler.DefaultMaxConns, "most connections one GPU's scheduler socket accepts at once")
+	fs.IntVar(&o.shimGuards.MaxConnsPerPeer, "shim-max-conns-per-pod", scheduler.DefaultMaxConnsPerPeer, "most connections one pod (one process where the pod is unknown) may hold on one GPU's scheduler socket")
+	fs.DurationVar(&o.shimGuards.EvictTimeout, "shim-evict-timeout", scheduler.DefaultEvictTimeout, "longest a shim client may take to answer an eviction before it is dropped to pass-through and its memory leaves the budget")
+	shimOverhead := resource.NewQuantity(app.DefaultShimContextOverhead, resource.BinarySI)
+	fs.Func("shim-context-overhead", fmt.Sprintf("device memory of a shim process NVML reports beyond its allocations (CUDA context, driver); left out when its reported residency is checked against NVML (default %s)", shimOverhead), func(s string) error {
+		q, err := resource.ParseQuantity(s)
+		if err != nil || q.Sign() < 0 {
+			return fmt.Errorf("want a non-negative quantity such as 1Gi")
+		}
+		shimOverhead = &q
+		return nil
+	})
+	o.shimHighPriorityMin = app.DefaultShimHighPriorityMin
+	fs.Func("shim-high-priority-min", fmt.Sprintf("lowest pod priority (its PriorityClass value) whose shim clients may run High; a process's GPUSHARE_PRIORITY can lower its priority, never raise it (default %d)", app.DefaultShimHighPriorityMin), func(s string) error {
+		v, err := strconv.ParseInt(s, 10, 32)
+		if err != nil {
+			return fmt.Errorf("want a pod priority (a 32-bit integer)")
+		}
+		o.shimHighPriorityMin = int32(v)
+		return nil
+	})
 	fs.StringVar(&dp.ShimLibrary, "shim-library", dp.ShimLibrary, "host path of libgpushare.so, mounted into shim-shared containers")
 	shimReplicas := fs.Int("shim-replicas", int(dp.ShimReplicas), "shares an Exclusive GPU with oversubscription is cut into")
 	healthChecks := fs.Bool("health-checks", true, "watch NVML events and report a GPU with a critical Xid unhealthy (its devices are then not advertised)")
@@ -161,6 +188,7 @@ func parse(args []string) (options, *textlogger.Config) {
 	dp.MPSRoot = ""
 	// DRA cuts and mounts shares as the device plugin does, whether or not the device plugin runs.
 	o.shares = dp
+	o.shimGuards.ContextOverhead = uint64(shimOverhead.Value())
 	if dpOn {
 		o.devicePlugin = &dp
 	}
@@ -253,12 +281,14 @@ func run(ctx context.Context, o options) error {
 		return fmt.Errorf("creating the manager: %w", err)
 	}
 	err = app.Setup(mgr, app.Options{
-		NodeName:       o.nodeName,
-		GPU:            gpus,
-		MPSRoot:        o.mpsRoot,
-		SchedulerRoot:  o.schedulerRoot,
-		OversubReserve: o.oversubReserve,
-		Health:         &o.health,
+		NodeName:            o.nodeName,
+		GPU:                 gpus,
+		MPSRoot:             o.mpsRoot,
+		SchedulerRoot:       o.schedulerRoot,
+		OversubReserve:      o.oversubReserve,
+		ShimGuards:          o.shimGuards,
+		ShimHighPriorityMin: o.shimHighPriorityMin,
+		Health:              &o.health,
 		// hostPID: the agent's /proc is the host's, where the scheduler's client pids live.
 		ProcRoot:            "/proc",
 		StateDir:            o.stateDir,

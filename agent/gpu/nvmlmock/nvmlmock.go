@@ -82,6 +82,20 @@ func (g *GPU) SetProcesses(pids ...uint32) {
 	}
 }
 
+// SetProcessMemory sets the device memory one running pid uses (added to the processes if absent),
+// as GetComputeRunningProcesses reports it.
+func (g *GPU) SetProcessMemory(pid uint32, used uint64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for i := range g.processes {
+		if g.processes[i].Pid == pid {
+			g.processes[i].UsedGpuMemory = used
+			return
+		}
+	}
+	g.processes = append(g.processes, nvml.ProcessInfo{Pid: pid, UsedGpuMemory: used})
+}
+
 // SetMIGCapable turns MIG support on or off.
 func (g *GPU) SetMIGCapable(capable bool) { g.mu.Lock(); g.migCapable = capable; g.mu.Unlock() }
 

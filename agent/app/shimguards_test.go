@@ -1,0 +1,65 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpusharing/gpusharing/agent/gpu"
+	"github.com/gpusharing/gpusharing/agent/podpid"
+	"github.com/gpusharing/gpusharing/agent/scheduler"
+)
+
+// The agent lets a shim client run High only when its pod's priority reaches the threshold; a pod
+// without a class, a pod below the threshold and a process in no pod run Normal. Without a resolver
+// (the demo's simulated nodes) the hello is trusted: PeerPriority is unset.
+func TestShimClientPriorityComesFromItsPod(t *testing.T) {
+	ctx := context.Background()
+	pc := &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: "app-gpu-high"}, Value: 1000}
+	if err := env.Client.Create(ctx, pc); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(ctx, pc) })
+	root := t.TempDir()
+	pod := func(name, class string, pid int32) {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+			Spec: corev1.PodSpec{NodeName: "prio-node", PriorityClassName: class, Containers: []corev1.Container{{Name: "c", Image: "x"}}}}
+		if err := env.Client.Create(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = env.Client.Delete(ctx, p) })
+		dir := filepath.Join(root, fmt.Sprint(pid))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		cg := fmt.Sprintf("0::/kubepods.slice/kubepods-pod%s.slice/cri-containerd-x.scope\n", p.UID)
+		if err := os.WriteFile(filepath.Join(dir, "cgroup"), []byte(cg), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pod("prio-high", pc.Name, 50)
+	pod("prio-plain", "", 51)
+	r := &podpid.Resolver{Reader: env.Client, NodeName: "prio-node", ProcRoot: root}
+
+	g := shimGuards(Options{GPU: gpu.Null{}}, r)
+	for pid, want := range map[int32]scheduler.Priority{50: scheduler.PriorityHigh, 51: scheduler.PriorityNormal, 52: scheduler.PriorityNormal} {
+		if got := g.PeerPriority(pid); got != want {
+			t.Errorf("pid %d: allowed %v, want %v", pid, got, want)
+		}
+	}
+	if k := g.PeerKey(50); k == "" || k == g.PeerKey(51) {
+		t.Errorf("peer keys of two pods: %q and %q", k, g.PeerKey(51))
+	}
+	if got := shimGuards(Options{GPU: gpu.Null{}, ShimHighPriorityMin: 2000}, r).PeerPriority(50); got != scheduler.PriorityNormal {
+		t.Errorf("a pod below --shim-high-priority-min allowed %v", got)
+	}
+	if demo := shimGuards(Options{GPU: gpu.Null{}}, nil); demo.PeerPriority != nil || demo.ProcessMemory == nil {
+		t.Error("without a resolver: want the hello trusted and NVML still checked")
+	}
+}

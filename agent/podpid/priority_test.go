@@ -1,0 +1,74 @@
+package podpid
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clocktesting "k8s.io/utils/clock/testing"
+)
+
+// The priority a pid gets is its pod's, as the API server's Priority admission resolved it from the
+// pod's PriorityClass: nothing the process itself says enters it.
+func TestPriorityIsThePodsResolvedPriorityClassValue(t *testing.T) {
+	ctx := context.Background()
+	pc := &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: "podpid-gpu-high"}, Value: 1000}
+	if err := env.Client.Create(ctx, pc); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(ctx, pc) })
+	high := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "high", Namespace: "default"},
+		Spec: corev1.PodSpec{NodeName: "node-p", PriorityClassName: pc.Name,
+			Containers: []corev1.Container{{Name: "c", Image: "busybox"}}},
+	}
+	if err := env.Client.Create(ctx, high); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(ctx, high) })
+	plain := createPod(t, "plain", "node-p")
+
+	root := t.TempDir()
+	writeCgroup(t, root, 30, cgroupOf(high))
+	writeCgroup(t, root, 31, cgroupOf(plain))
+	writeCgroup(t, root, 32, "0::/system.slice/host.service\n")
+	r := &Resolver{Reader: env.Client, NodeName: "node-p", ProcRoot: root}
+	if p, ok := r.Priority(ctx, 30); !ok || p != 1000 {
+		t.Errorf("pod with class %s: priority %d, %v; want 1000", pc.Name, p, ok)
+	}
+	if p, ok := r.Priority(ctx, 31); !ok || p != 0 {
+		t.Errorf("pod without a class: priority %d, %v; want 0", p, ok)
+	}
+	if _, ok := r.Priority(ctx, 32); ok {
+		t.Error("a host process was given a pod's priority")
+	}
+	if _, ok := r.Priority(ctx, 33); ok {
+		t.Error("a pid without a /proc entry was given a priority")
+	}
+}
+
+// A new pod's process is looked up with a fresh list even within MinRelist (a miss would leave it at
+// the lowest priority for the life of its connection), but not more often than priorityRelist.
+func TestPriorityOfANewPodListsAgainSoon(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	first := createPod(t, "prio-first", "node-q")
+	writeCgroup(t, root, 40, cgroupOf(first))
+	clk := clocktesting.NewFakePassiveClock(time.Date(2026, 11, 24, 1, 0, 0, 0, time.UTC))
+	r := &Resolver{Reader: env.Client, NodeName: "node-q", ProcRoot: root, MinRelist: time.Hour, Clock: clk}
+	if _, ok := r.Priority(ctx, 40); !ok {
+		t.Fatal("first pod not found")
+	}
+	second := createPod(t, "prio-second", "node-q")
+	writeCgroup(t, root, 41, cgroupOf(second))
+	if _, ok := r.Priority(ctx, 41); ok {
+		t.Fatal("listed again at once: the relist bound does not hold")
+	}
+	clk.SetTime(clk.Now().Add(priorityRelist))
+	if _, ok := r.Priority(ctx, 41); !ok {
+		t.Fatal("a new pod was not found after priorityRelist, though MinRelist had not passed")
+	}
+}

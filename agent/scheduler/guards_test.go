@@ -1,0 +1,214 @@
+package scheduler
+
+import (
+	"context"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// startGuarded serves GPU "GPU-test" with the given config and guards on a fresh socket, with no C
+// programs: the peers of these tests are raw protocol clients.
+func startGuarded(t *testing.T, cfg GPUConfig, g Guards) (*Scheduler, string, *Metrics) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "gs") // short: a socket path must fit in 108 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	cfg.UUID, cfg.SocketPath = "GPU-test", filepath.Join(dir, "gpu.sock")
+	m, err := newMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Options{GPUs: []GPUConfig{cfg}, Metrics: m, Guards: g})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Listen(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return s, cfg.SocketPath, m
+}
+
+// closedWithin reports whether the peer closes conn within d without sending anything more than skip
+// messages' worth of bytes (a refused connection gets no Welcome).
+func closedWithin(conn net.Conn, d time.Duration) (closed bool, got int) {
+	_ = conn.SetReadDeadline(time.Now().Add(d))
+	n, err := io.Copy(io.Discard, conn)
+	return err == nil, int(n) // io.Copy returns nil at EOF
+}
+
+// A holder that starts a message and stops mid-way is dropped at the frame deadline, so its waiter
+// gets the GPU long before any quantum. Without the deadline the read blocked for good and the
+// waiter waited for quantum + grace (here 20s) at best.
+func TestPeerStallingMidMessageIsDroppedAndItsWaiterRuns(t *testing.T) {
+	_, sock, m := startGuarded(t, GPUConfig{Quantum: 10 * time.Second, Grace: 10 * time.Second},
+		Guards{FrameTimeout: 200 * time.Millisecond})
+	a := dialRaw(t, sock, PriorityNormal)
+	a.hold()
+	b := dialRaw(t, sock, PriorityNormal)
+	b.send(Message{Type: MsgAcquire})
+	frame, _ := Encode(Message{Type: MsgRelease, Epoch: 1})
+	if _, err := a.conn.Write(frame[:5]); err != nil { // half a header, then silence
+		t.Fatal(err)
+	}
+	b.expect(MsgGrant, 3*time.Second)
+	if v := counterValue(t, m.dropped.WithLabelValues("GPU-test", DropFrameTimeout)); v != 1 {
+		t.Fatalf("frame-timeout drops = %v", v)
+	}
+}
+
+// A quiet client (no message started) is never dropped by the frame deadline: its lease is its
+// connection, however long it idles.
+func TestIdleClientOutlivesTheFrameDeadline(t *testing.T) {
+	_, sock, _ := startGuarded(t, GPUConfig{Quantum: 10 * time.Second}, Guards{FrameTimeout: 50 * time.Millisecond})
+	a := dialRaw(t, sock, PriorityNormal)
+	a.hold()
+	time.Sleep(300 * time.Millisecond)
+	a.send(Message{Type: MsgRelease, Epoch: 1})
+	a.hold() // still served: granted again
+}
+
+// Connections beyond the per-peer cap, then beyond the socket's cap, are closed before any Welcome
+// and counted; a slot given back is usable again.
+func TestConnectionsPerPeerAndPerSocketAreCapped(t *testing.T) {
+	t.Run("per peer", func(t *testing.T) {
+		_, sock, m := startGuarded(t, GPUConfig{}, Guards{MaxConns: 10, MaxConnsPerPeer: 2})
+		dialRaw(t, sock, PriorityNormal)
+		second := dialRaw(t, sock, PriorityNormal)
+		third, err := net.Dial("unix", sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer third.Close()
+		if closed, n := closedWithin(third, 2*time.Second); !closed || n != 0 {
+			t.Fatalf("third connection of one peer: closed=%v after %d bytes", closed, n)
+		}
+		if v := counterValue(t, m.refused.WithLabelValues("GPU-test", RefusePeerLimit)); v != 1 {
+			t.Fatalf("peer-limit refusals = %v", v)
+		}
+		second.conn.Close()
+		eventually(t, 2*time.Second, "a freed slot is usable again", func() bool {
+			c, err := net.Dial("unix", sock)
+			if err != nil {
+				return false
+			}
+			defer c.Close()
+			b, _ := Encode(Message{Type: MsgHello, PID: 1, GPUUUID: "GPU-test"})
+			_, _ = c.Write(b)
+			_ = c.SetReadDeadline(time.Now().Add(time.Second))
+			w, err := ReadMessage(c)
+			return err == nil && w.Type == MsgWelcome
+		})
+	})
+	t.Run("per socket", func(t *testing.T) {
+		// Every connection of this test comes from one process: a PeerKey naming each connection's
+		// own slot makes only the socket's cap apply.
+		n := 0
+		_, sock, m := startGuarded(t, GPUConfig{}, Guards{MaxConns: 2, PeerKey: func(int32) string { n++; return string(rune('a' + n)) }})
+		dialRaw(t, sock, PriorityNormal)
+		dialRaw(t, sock, PriorityNormal)
+		third, err := net.Dial("unix", sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer third.Close()
+		if closed, n := closedWithin(third, 2*time.Second); !closed || n != 0 {
+			t.Fatalf("third connection of the socket: closed=%v after %d bytes", closed, n)
+		}
+		if v := counterValue(t, m.refused.WithLabelValues("GPU-test", RefuseSocketLimit)); v != 1 {
+			t.Fatalf("socket-limit refusals = %v", v)
+		}
+	})
+}
+
+// A process whose environment asks for High priority runs at what its pod allows: Normal here. A pod
+// allowed High keeps it.
+func TestPriorityIsCappedByWhatThePeersPodAllows(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		allowed Priority
+		want    Priority
+	}{
+		{"pod allows Normal", PriorityNormal, PriorityNormal},
+		{"pod allows High", PriorityHigh, PriorityHigh},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var asked int32
+			s, sock, _ := startGuarded(t, GPUConfig{}, Guards{PeerPriority: func(pid int32) Priority { asked = pid; return tc.allowed }})
+			dialRaw(t, sock, PriorityHigh)
+			snap := s.Snapshot()
+			if len(snap) != 1 || snap[0].Priority != tc.want {
+				t.Fatalf("clients = %+v, want one at %v", snap, tc.want)
+			}
+			if asked != int32(os.Getpid()) {
+				t.Fatalf("the pod was looked up for pid %d, want the peer's (SO_PEERCRED) %d", asked, os.Getpid())
+			}
+		})
+	}
+}
+
+// A lower-priority ask is kept: the pod's allowance is a ceiling, not a floor.
+func TestPriorityBelowTheAllowanceIsKept(t *testing.T) {
+	s, sock, _ := startGuarded(t, GPUConfig{}, Guards{PeerPriority: func(int32) Priority { return PriorityHigh }})
+	dialRaw(t, sock, PriorityNormal)
+	if snap := s.Snapshot(); len(snap) != 1 || snap[0].Priority != PriorityNormal {
+		t.Fatalf("clients = %+v", snap)
+	}
+}
+
+// The real shim with GPUSHARE_PRIORITY=high, in a pod that allows only Normal, queues at Normal and
+// does not pass an earlier normal waiter: a process cannot raise itself. (The same client goes first
+// where the scheduler trusts its environment: TestHighPriorityShimClientGoesFirstAtHandOff.)
+func TestShimAskingForHighPriorityGetsWhatItsPodAllows(t *testing.T) {
+	build := shimBuild(t)
+	dir, err := os.MkdirTemp("", "gs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	e := &env{t: t, build: build, dir: dir, sock: filepath.Join(dir, "gpu.sock"), trace: filepath.Join(dir, "trace"),
+		m: prometheus.NewRegistry()}
+	e.s, err = New(Options{GPUs: []GPUConfig{{UUID: "GPU-test", SocketPath: e.sock, Quantum: time.Minute, Grace: time.Minute}},
+		Registerer: e.m, Guards: Guards{PeerPriority: func(int32) Priority { return PriorityNormal }}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.s.Listen(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.s.Close)
+
+	holder := dialRaw(t, e.sock, PriorityNormal)
+	epoch := holder.hold()
+	normal := dialRaw(t, e.sock, PriorityNormal)
+	normal.send(Message{Type: MsgAcquire})
+	eventually(t, time.Second, "the normal waiter queues", func() bool {
+		for _, s := range e.s.Snapshot() {
+			if s.Waiting {
+				return true
+			}
+		}
+		return false
+	})
+	asking := e.startClient([]string{"GPUSHARE_PRIORITY=high"}, "dlsym", "20", "1000")
+	eventually(t, 2*time.Second, "the client asking for High queues", func() bool {
+		s, ok := e.state(asking.pid())
+		return ok && s.Waiting
+	})
+	if s, _ := e.state(asking.pid()); s.Priority != PriorityNormal {
+		t.Fatalf("a client whose pod allows Normal runs at %v", s.Priority)
+	}
+	holder.send(Message{Type: MsgRelease, Epoch: epoch})
+	normal.expect(MsgGrant, 2*time.Second) // the earlier normal waiter goes first
+	if s, _ := e.state(asking.pid()); s.Holding {
+		t.Fatal("the client that asked for High passed the earlier normal waiter")
+	}
+}

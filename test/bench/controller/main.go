@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -21,6 +22,8 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	v1 "github.com/gpusharing/gpusharing/api/v1alpha1"
+	"github.com/gpusharing/gpusharing/controllers/gpunode"
+	"github.com/gpusharing/gpusharing/controllers/policy"
 	b "github.com/gpusharing/gpusharing/controllers/testutil/builders"
 	"github.com/gpusharing/gpusharing/test/testenv"
 )
@@ -36,6 +39,11 @@ type options struct {
 	timeout         time.Duration
 	managerLog      string
 	managerV        int
+	pprof           bool
+	floor           bool
+	failover        bool
+	// failoverMaxUnavailable is the rollout budget of the failover step.
+	failoverMaxUnavailable string
 }
 
 func main() {
@@ -51,6 +59,10 @@ func main() {
 	flag.DurationVar(&o.timeout, "timeout", 10*time.Minute, "Give up on a step after this long.")
 	flag.StringVar(&o.managerLog, "manager-log", "", "Keep the manager's log in this file (default: discarded with its temporary directory).")
 	flag.IntVar(&o.managerV, "manager-v", 0, "The manager's log verbosity (-v).")
+	flag.BoolVar(&o.pprof, "pprof", false, "Serve the manager's /debug/pprof/ (its address is printed) to profile a step.")
+	flag.BoolVar(&o.floor, "floor", true, "Measure the floor: the same spec writes and acks by a bare client with no controller.")
+	flag.BoolVar(&o.failover, "failover", true, "Run the leader failover step: two replicas, the leader SIGKILLed mid-rollout.")
+	flag.StringVar(&o.failoverMaxUnavailable, "failover-max-unavailable", "10%", "The failover step's rollout.maxUnavailable.")
 	flag.Parse()
 	ctrl.SetLogger(logr.Discard())
 	if err := run(o); err != nil {
@@ -68,14 +80,11 @@ func run(o options) error {
 	}
 	defer func() { _ = env.Stop() }()
 	// An interrupted benchmark must not leave kube-apiserver, etcd and the manager running.
-	var mgr *manager
 	signals := make(chan os.Signal, 1)
 	signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
 	go func() {
 		<-signals
-		if mgr != nil {
-			mgr.stop()
-		}
+		stopAll()
 		_ = env.Stop()
 		os.Exit(130)
 	}()
@@ -92,12 +101,20 @@ func run(o options) error {
 	}
 	defer agents.stop()
 
-	mgr, err = startManager(ctx, env, o)
+	mb, err := buildManager(ctx, env)
+	if err != nil {
+		return err
+	}
+	defer mb.remove()
+	mgr, err := mb.start(o, "manager")
 	if err != nil {
 		return err
 	}
 	defer mgr.stop()
 	fmt.Printf("Manager running as pid %d (%s), idle RSS %s\n", mgr.pid(), mgr.binary, mib(mgr.rss()))
+	if mgr.pprof != "" {
+		fmt.Printf("Manager pprof: http://%s/debug/pprof/\n", mgr.pprof)
+	}
 
 	steps := []step{{name: "create policy (as found -> MPS 4x25%, disruptive)", sharing: b.MPS(4, 25), create: true}}
 	switch o.change {
@@ -112,15 +129,70 @@ func run(o options) error {
 	}
 	fmt.Printf("\nnodes=%d gpus/node=%d maxUnavailable=%s resolver-workers=%d qps=%.0f burst=%d\n",
 		o.nodes, o.gpus, o.maxUnavailable, o.resolverWorkers, o.qps, o.burst)
+	results := make([]result, 0, len(steps))
 	for _, s := range steps {
 		r, err := s.run(ctx, env, agents, mgr, o)
 		if err != nil {
 			return fmt.Errorf("%s: %w", s.name, err)
 		}
 		r.print()
+		results = append(results, r)
 	}
-	fmt.Printf("\nManager peak RSS (VmHWM of the child process): %s\n", mib(mgr.peakRSS()))
+	peak := mgr.peakRSS()
+	fmt.Printf("\nManager peak RSS (VmHWM of the child process): %s\n", mib(peak))
+	// The floor and the failover replicas must not share the API server with this manager.
+	mgr.stop()
+
+	var fo *failoverResult
+	if o.failover {
+		r, err := runFailover(ctx, env, agents, mb, o)
+		if err != nil {
+			return fmt.Errorf("failover: %w", err)
+		}
+		r.print(o)
+		fo = &r
+	}
+	floors := make([]time.Duration, len(steps))
+	if o.floor {
+		// The floor runs last, on the same GPUNodes: no controller is left to undo its writes.
+		for i, s := range steps {
+			d, err := runFloor(ctx, env, agents, o, s.sharing, floorGenBase+int64(i))
+			if err != nil {
+				return err
+			}
+			floors[i] = d
+			fmt.Printf("floor for %q: %.2fs\n", s.name, d.Seconds())
+		}
+	}
+	summarize(o, steps, results, floors, peak, fo)
 	return nil
+}
+
+// summarize prints the figures issue 16 asks for in one block: floor, ratios, peak RSS, reconcile p99,
+// the failover line and the command that reproduces them.
+func summarize(o options, steps []step, results []result, floors []time.Duration, peak int64, fo *failoverResult) {
+	fmt.Printf("\n== summary: %d nodes x %d GPUs ==\n", o.nodes, o.gpus)
+	fmt.Printf("%-52s %9s %9s %7s\n", "step", "floor", "Ready", "ratio")
+	var p99r, p99s float64
+	for i, r := range results {
+		ratio := "-"
+		if floors[i] > 0 {
+			ratio = fmt.Sprintf("%.2fx", r.ready.Seconds()/floors[i].Seconds())
+		}
+		fmt.Printf("%-52s %8.2fs %8.2fs %7s\n", steps[i].name, floors[i].Seconds(), r.ready.Seconds(), ratio)
+		p99r, p99s = max(p99r, r.resolver.p99), max(p99s, r.status.p99)
+	}
+	fmt.Printf("manager peak RSS %s; reconcile p99 (worst step) %s %.1fms, %s %.1fms\n",
+		mib(peak), gpunode.ControllerName, p99r*1000, policy.ControllerName, p99s*1000)
+	if fo != nil {
+		verdict := "PASS"
+		if !fo.ok() {
+			verdict = "FAIL"
+		}
+		fmt.Printf("failover: takeover %.1fs after SIGKILL, Ready %.1fs, max disrupted %d/%d, GPUs configured twice %d: %s\n",
+			fo.takeover.Seconds(), fo.ready.Seconds(), fo.maxDisrupted, fo.limit, fo.twice, verdict)
+	}
+	fmt.Printf("reproduce: make bench-controller BIN=<bin> BENCH_ARGS=%q\n", strings.Join(os.Args[1:], " "))
 }
 
 func mib(kib int64) string {

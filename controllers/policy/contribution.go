@@ -17,11 +17,11 @@ type contribution struct {
 	// waiting: a GPU the policy wins has a disruptive change waiting for the rollout budget.
 	waiting bool
 	// inFlight: a disruptive change of the policy is written and not yet applied.
-	inFlight                bool
-	matchedGPUs, readyGPUs  int
-	applying                []GPURef
-	failures                []Failure
-	conflicts               map[string]*Conflict
+	inFlight               bool
+	matchedGPUs, readyGPUs int
+	applying               []GPURef
+	failures               []Failure
+	conflicts              map[string]*Conflict
 }
 
 // policyFacts are what every node's contribution needs of one policy, computed once per policy set:

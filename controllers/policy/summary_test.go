@@ -44,10 +44,10 @@ func TestSummarize(t *testing.T) {
 		SelectedNodes: 4,
 		WaitingNodes:  []string{"n3"}, WaitingCount: 1,
 		InFlightNodes: []string{"n2"}, InFlightCount: 1,
-		Applying:      []policy.GPURef{{Node: "n2", Index: 0}}, ApplyingCount: 1,
-		Failures:      []policy.Failure{{GPURef: policy.GPURef{Node: "n2", Index: 1}, Reason: v1.ReasonLayoutDoesNotFit, Message: "no room"}},
-		FailureCount:  1,
-		Conflicts:     []policy.Conflict{{Other: "rival", GPUs: 3, Winner: "mig"}},
+		Applying: []policy.GPURef{{Node: "n2", Index: 0}}, ApplyingCount: 1,
+		Failures:     []policy.Failure{{GPURef: policy.GPURef{Node: "n2", Index: 1}, Reason: v1.ReasonLayoutDoesNotFit, Message: "no room"}},
+		FailureCount: 1,
+		Conflicts:    []policy.Conflict{{Other: "rival", GPUs: 3, Winner: "mig"}},
 	}
 	if fmt.Sprintf("%+v", got) != fmt.Sprintf("%+v", want) {
 		t.Errorf("Summarize =\n%+v\nwant\n%+v", got, want)

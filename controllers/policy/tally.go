@@ -37,8 +37,8 @@ type Tally struct {
 // name order, and a set of names is cheap to scan compared with resolving every GPUNode.
 type totals struct {
 	selected, matchedNodes, matchedGPUs, readyGPUs, applyingGPUs, failedGPUs int
-	waiting, inFlight, applying, failing                                      map[string]bool
-	conflicts                                                                 map[string]*Conflict
+	waiting, inFlight, applying, failing                                     map[string]bool
+	conflicts                                                                map[string]*Conflict
 }
 
 func newTotals() *totals {

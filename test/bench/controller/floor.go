@@ -8,11 +8,14 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/gpusharing/gpusharing/api/v1alpha1"
+	"github.com/gpusharing/gpusharing/controllers/resolve"
 	b "github.com/gpusharing/gpusharing/controllers/testutil/builders"
 	"github.com/gpusharing/gpusharing/test/testenv"
 )
@@ -79,10 +82,23 @@ func writeFloorSpec(ctx context.Context, c client.Client, name string, gpus int,
 	}
 	gn := &v1.GPUNode{}
 	gn.Name = name
-	if err := c.Patch(ctx, gn, client.RawPatch(types.MergePatchType, patch)); err != nil {
+	if err := patchRetrying(ctx, c, gn, patch); err != nil {
 		return fmt.Errorf("floor: patching GPUNode %s spec: %w", name, err)
 	}
 	return nil
+}
+
+// patchRetrying merge-patches gn, retrying a few times on errors other than NotFound and Invalid, as the
+// resolver's work queue would: a loaded API server now and then drops a connection.
+func patchRetrying(ctx context.Context, c client.Client, gn *v1.GPUNode, patch []byte) error {
+	var err error
+	for try := 0; try < 5; try++ {
+		if err = c.Patch(ctx, gn, client.RawPatch(types.MergePatchType, patch)); err == nil || apierrors.IsNotFound(err) || apierrors.IsInvalid(err) {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return err
 }
 
 func (a *agents) nodeNames() []string {
@@ -94,4 +110,120 @@ func (a *agents) nodeNames() []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// snapshot copies every GPUNode as the agents last saw it, for restore.
+func (a *agents) snapshot() map[string]*v1.GPUNode {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make(map[string]*v1.GPUNode, len(a.latest))
+	for n, gn := range a.latest {
+		out[n] = gn.DeepCopy()
+	}
+	return out
+}
+
+func (a *agents) latestCopy(name string) *v1.GPUNode {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.latest[name].DeepCopy()
+}
+
+// restore puts every GPUNode's spec and status back to the snapshot taken before the floor, so the
+// controller's step starts from exactly the state it left (as found, for the first step): the resolver
+// finds its own spec in place and writes nothing when it starts. It is not timed and uses the fast client.
+func restore(ctx context.Context, env *testenv.Env, a *agents, snap map[string]*v1.GPUNode, timeout time.Duration) error {
+	c, err := fastClient(env)
+	if err != nil {
+		return err
+	}
+	work := make(chan string)
+	errs := make(chan error, len(snap))
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for name := range work {
+				errs <- restoreNode(ctx, c, a, snap[name])
+			}
+		}()
+	}
+	for name := range snap {
+		work <- name
+	}
+	close(work)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		done := 0
+		for name, want := range snap {
+			if restored(a.latestCopy(name), want) {
+				done++
+			}
+		}
+		if done == len(snap) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("restore: %d of %d GPUNodes back after %s", done, len(snap), timeout)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func restoreNode(ctx context.Context, c client.Client, a *agents, want *v1.GPUNode) error {
+	patch, err := json.Marshal(map[string]any{"spec": map[string]any{"gpus": want.Spec.GPUs}})
+	if err != nil {
+		return err
+	}
+	gn := &v1.GPUNode{}
+	gn.Name = want.Name
+	if err := patchRetrying(ctx, c, gn, patch); err != nil {
+		return fmt.Errorf("restore: patching GPUNode %s spec: %w", want.Name, err)
+	}
+	// The status goes back too: an agent does not undo an applied sharing when its entry disappears.
+	for try := 0; try < 100; try++ {
+		cur := gn.DeepCopy()
+		if try > 0 {
+			cur = a.latestCopy(want.Name)
+		}
+		if restored(cur, want) {
+			return nil
+		}
+		cur.Status = *want.Status.DeepCopy()
+		err := c.Status().Update(ctx, cur)
+		if err == nil {
+			return nil
+		}
+		if !apierrors.IsConflict(err) {
+			return fmt.Errorf("restore: writing GPUNode %s status: %w", want.Name, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("restore: GPUNode %s status kept conflicting", want.Name)
+}
+
+// restored says whether gn's spec and applied sharing are the snapshot's.
+func restored(gn, want *v1.GPUNode) bool {
+	if gn == nil || !equality.Semantic.DeepEqual(gn.Spec.GPUs, want.Spec.GPUs) {
+		return false
+	}
+	for i := range want.Status.GPUs {
+		w := &want.Status.GPUs[i]
+		g := resolve.FindGPU(gn.Status.GPUs, w.UUID)
+		if g == nil || (g.Applied == nil) != (w.Applied == nil) {
+			return false
+		}
+		if w.Applied != nil && (g.Applied.SpecHash != w.Applied.SpecHash || g.Applied.PolicyGeneration != w.Applied.PolicyGeneration) {
+			return false
+		}
+	}
+	return true
 }

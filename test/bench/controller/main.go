@@ -106,16 +106,6 @@ func run(o options) error {
 		return err
 	}
 	defer mb.remove()
-	mgr, err := mb.start(o, "manager")
-	if err != nil {
-		return err
-	}
-	defer mgr.stop()
-	fmt.Printf("Manager running as pid %d (%s), idle RSS %s\n", mgr.pid(), mgr.binary, mib(mgr.rss()))
-	if mgr.pprof != "" {
-		fmt.Printf("Manager pprof: http://%s/debug/pprof/\n", mgr.pprof)
-	}
-
 	steps := []step{{name: "create policy (as found -> MPS 4x25%, disruptive)", sharing: b.MPS(4, 25), create: true}}
 	switch o.change {
 	case "tweak":
@@ -129,19 +119,49 @@ func run(o options) error {
 	}
 	fmt.Printf("\nnodes=%d gpus/node=%d maxUnavailable=%s resolver-workers=%d qps=%.0f burst=%d\n",
 		o.nodes, o.gpus, o.maxUnavailable, o.resolverWorkers, o.qps, o.burst)
+	// Each step runs its floor first, with no manager running, then puts every GPUNode back and starts a
+	// fresh manager for the controller's run of the same step: the two figures of a ratio are taken
+	// minutes apart at most, which matters on a machine whose load changes by the minute.
 	results := make([]result, 0, len(steps))
-	for _, s := range steps {
+	floors := make([]time.Duration, len(steps))
+	var peak int64 = -1
+	for i, s := range steps {
+		if o.floor {
+			snap := agents.snapshot()
+			d, err := runFloor(ctx, env, agents, o, s.sharing, floorGenBase+int64(i))
+			if err != nil {
+				return err
+			}
+			floors[i] = d
+			fmt.Printf("\nfloor for %q: %.2fs (no controller; restoring the GPUNodes...)\n", s.name, d.Seconds())
+			if err := restore(ctx, env, agents, snap, o.timeout); err != nil {
+				return err
+			}
+		}
+		mgr, err := mb.start(o, fmt.Sprintf("manager-%d", i))
+		if err != nil {
+			return err
+		}
+		if err := mgr.waitIdle(o.nodes, o.timeout); err != nil {
+			mgr.stop()
+			return err
+		}
+		if i == 0 {
+			fmt.Printf("Manager running as pid %d (%s), idle RSS %s\n", mgr.pid(), mgr.binary, mib(mgr.rss()))
+		}
+		if mgr.pprof != "" {
+			fmt.Printf("Manager pprof: http://%s/debug/pprof/\n", mgr.pprof)
+		}
 		r, err := s.run(ctx, env, agents, mgr, o)
+		peak = max(peak, mgr.peakRSS())
+		mgr.stop()
 		if err != nil {
 			return fmt.Errorf("%s: %w", s.name, err)
 		}
 		r.print()
 		results = append(results, r)
 	}
-	peak := mgr.peakRSS()
-	fmt.Printf("\nManager peak RSS (VmHWM of the child process): %s\n", mib(peak))
-	// The floor and the failover replicas must not share the API server with this manager.
-	mgr.stop()
+	fmt.Printf("\nManager peak RSS (largest VmHWM of the step's manager processes): %s\n", mib(peak))
 
 	var fo *failoverResult
 	if o.failover {
@@ -151,18 +171,6 @@ func run(o options) error {
 		}
 		r.print(o)
 		fo = &r
-	}
-	floors := make([]time.Duration, len(steps))
-	if o.floor {
-		// The floor runs last, on the same GPUNodes: no controller is left to undo its writes.
-		for i, s := range steps {
-			d, err := runFloor(ctx, env, agents, o, s.sharing, floorGenBase+int64(i))
-			if err != nil {
-				return err
-			}
-			floors[i] = d
-			fmt.Printf("floor for %q: %.2fs\n", s.name, d.Seconds())
-		}
 	}
 	summarize(o, steps, results, floors, peak, fo)
 	return nil

@@ -190,3 +190,22 @@ func freePort() (int, error) {
 	defer func() { _ = l.Close() }()
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
+
+// waitIdle waits until a freshly started manager has resolved every node once and its queues stayed
+// empty for a second: only then does a timed step start, so the start-up pass is not in it.
+func (m *manager) waitIdle(nodes int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	last, quietSince := -1.0, time.Now()
+	for time.Now().Before(deadline) {
+		n, depth, err := activity(m.metrics)
+		if err == nil {
+			if n != last || depth > 0 {
+				last, quietSince = n, time.Now()
+			} else if n >= float64(nodes) && time.Since(quietSince) > time.Second {
+				return nil
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("the manager did not settle within %s", timeout)
+}

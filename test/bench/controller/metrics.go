@@ -113,3 +113,32 @@ func isLeader(url string) (bool, error) {
 	}
 	return false, s.Err()
 }
+
+// activity sums the manager's resolver reconciles so far and its work queues' depth.
+func activity(url string) (reconciles, depth float64, err error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	s := bufio.NewScanner(resp.Body)
+	s.Buffer(make([]byte, 1<<20), 1<<20)
+	for s.Scan() {
+		line := s.Text()
+		fields := strings.Fields(line)
+		if len(fields) != 2 {
+			continue
+		}
+		v, err := strconv.ParseFloat(fields[1], 64)
+		if err != nil {
+			continue
+		}
+		switch {
+		case strings.HasPrefix(line, `controller_runtime_reconcile_total{controller="gpunode-resolver"`):
+			reconciles += v
+		case strings.HasPrefix(line, "workqueue_depth{"):
+			depth += v
+		}
+	}
+	return reconciles, depth, s.Err()
+}

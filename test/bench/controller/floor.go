@@ -29,14 +29,16 @@ const floorGenBase = 1000
 // workers, merge-patches every GPUNode's spec to the entries the resolver writes for that sharing (one
 // patch per node, as the resolver does), and the agents ack them as they ack the controller. The time
 // ends when every GPU reports the sharing applied: the controller's counterpart is "policy Ready".
-func runFloor(ctx context.Context, env *testenv.Env, a *agents, o options, s v1.Sharing, gen int64) (time.Duration, error) {
+func runFloor(ctx context.Context, env *testenv.Env, a *agents, o options, s v1.Sharing, gen int64) (floorResult, error) {
 	cfg := rest.CopyConfig(env.Config)
 	cfg.QPS, cfg.Burst = float32(o.qps), o.burst
 	c, err := client.New(cfg, client.Options{Scheme: env.Scheme})
 	if err != nil {
-		return 0, err
+		return floorResult{}, err
 	}
 	names := a.nodeNames()
+	var latMu sync.Mutex
+	lat := make([]time.Duration, 0, len(names))
 	start := time.Now()
 	acked := a.setAckTarget(gen, v1.SharingHash(s))
 	work := make(chan string)
@@ -47,7 +49,12 @@ func runFloor(ctx context.Context, env *testenv.Env, a *agents, o options, s v1.
 		go func() {
 			defer wg.Done()
 			for name := range work {
-				errs <- writeFloorSpec(ctx, c, name, o.gpus, s, gen)
+				t0 := time.Now()
+				err := writeFloorSpec(ctx, c, name, o.gpus, s, gen)
+				latMu.Lock()
+				lat = append(lat, time.Since(t0))
+				latMu.Unlock()
+				errs <- err
 			}
 		}()
 	}
@@ -59,15 +66,27 @@ func runFloor(ctx context.Context, env *testenv.Env, a *agents, o options, s v1.
 	close(errs)
 	for err := range errs {
 		if err != nil {
-			return 0, err
+			return floorResult{}, err
 		}
 	}
 	select {
 	case <-acked:
-		return time.Since(start), nil
 	case <-time.After(o.timeout):
-		return 0, fmt.Errorf("floor: agents did not ack every spec within %s", o.timeout)
+		return floorResult{}, fmt.Errorf("floor: agents did not ack every spec within %s", o.timeout)
 	}
+	r := floorResult{took: time.Since(start)}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	if len(lat) > 0 {
+		r.patchP50, r.patchP99 = lat[len(lat)/2], lat[min(len(lat)-1, len(lat)*99/100)]
+	}
+	return r, nil
+}
+
+// floorResult is one floor: the time until every GPU was acked, and the latency of the bare spec patches
+// (the API server's share of a resolver reconcile, measured in the same run).
+type floorResult struct {
+	took               time.Duration
+	patchP50, patchP99 time.Duration
 }
 
 // writeFloorSpec is the resolver's spec write without the resolver: a merge patch of spec.gpus.

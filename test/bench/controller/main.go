@@ -123,7 +123,7 @@ func run(o options) error {
 	// fresh manager for the controller's run of the same step: the two figures of a ratio are taken
 	// minutes apart at most, which matters on a machine whose load changes by the minute.
 	results := make([]result, 0, len(steps))
-	floors := make([]time.Duration, len(steps))
+	floors := make([]floorResult, len(steps))
 	var peak int64 = -1
 	for i, s := range steps {
 		if o.floor {
@@ -133,7 +133,8 @@ func run(o options) error {
 				return err
 			}
 			floors[i] = d
-			fmt.Printf("\nfloor for %q: %.2fs (no controller; restoring the GPUNodes...)\n", s.name, d.Seconds())
+			fmt.Printf("\nfloor for %q: %.2fs, bare spec patch p50 %.1fms p99 %.1fms (no controller; restoring the GPUNodes...)\n",
+				s.name, d.took.Seconds(), ms(d.patchP50), ms(d.patchP99))
 			if err := restore(ctx, env, agents, snap, o.timeout); err != nil {
 				return err
 			}
@@ -178,20 +179,19 @@ func run(o options) error {
 
 // summarize prints the figures issue 16 asks for in one block: floor, ratios, peak RSS, reconcile p99,
 // the failover line and the command that reproduces them.
-func summarize(o options, steps []step, results []result, floors []time.Duration, peak int64, fo *failoverResult) {
+func summarize(o options, steps []step, results []result, floors []floorResult, peak int64, fo *failoverResult) {
 	fmt.Printf("\n== summary: %d nodes x %d GPUs ==\n", o.nodes, o.gpus)
-	fmt.Printf("%-52s %9s %9s %7s\n", "step", "floor", "Ready", "ratio")
-	var p99r, p99s float64
+	fmt.Printf("%-52s %9s %9s %7s %12s %12s %12s\n", "step", "floor", "Ready", "ratio", "resolver p99", "status p99", "bare patch p99")
 	for i, r := range results {
 		ratio := "-"
-		if floors[i] > 0 {
-			ratio = fmt.Sprintf("%.2fx", r.ready.Seconds()/floors[i].Seconds())
+		if floors[i].took > 0 {
+			ratio = fmt.Sprintf("%.2fx", r.ready.Seconds()/floors[i].took.Seconds())
 		}
-		fmt.Printf("%-52s %8.2fs %8.2fs %7s\n", steps[i].name, floors[i].Seconds(), r.ready.Seconds(), ratio)
-		p99r, p99s = max(p99r, r.resolver.p99), max(p99s, r.status.p99)
+		fmt.Printf("%-52s %8.2fs %8.2fs %7s %10.1fms %10.1fms %12.1fms\n", steps[i].name, floors[i].took.Seconds(), r.ready.Seconds(), ratio,
+			r.resolver.p99*1000, r.status.p99*1000, ms(floors[i].patchP99))
 	}
-	fmt.Printf("manager peak RSS %s; reconcile p99 (worst step) %s %.1fms, %s %.1fms\n",
-		mib(peak), gpunode.ControllerName, p99r*1000, policy.ControllerName, p99s*1000)
+	fmt.Printf("manager peak RSS %s (reconcile p99 from controller_runtime_reconcile_time_seconds of %s and %s)\n",
+		mib(peak), gpunode.ControllerName, policy.ControllerName)
 	if fo != nil {
 		verdict := "PASS"
 		if !fo.ok() {
@@ -202,6 +202,8 @@ func summarize(o options, steps []step, results []result, floors []time.Duration
 	}
 	fmt.Printf("reproduce: make bench-controller BIN=<bin> BENCH_ARGS=%q\n", strings.Join(os.Args[1:], " "))
 }
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 func mib(kib int64) string {
 	if kib < 0 {

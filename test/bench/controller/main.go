@@ -50,7 +50,7 @@ func main() {
 	var o options
 	flag.IntVar(&o.nodes, "nodes", 1000, "Nodes (and GPUNodes) to create.")
 	flag.IntVar(&o.gpus, "gpus", 8, "GPUs per node.")
-	flag.StringVar(&o.change, "change", "both", "Policy change to time after creation: tweak (MPS percentage, goes out at once), strategy (MPS to time-slicing, disruptive, rolled out within maxUnavailable) both, or none (only the create step).")
+	flag.StringVar(&o.change, "change", "both", "Policy change to time after creation: tweak (MPS percentage, goes out at once), strategy (MPS to time-slicing, disruptive, rolled out within maxUnavailable), both, or none (only the create step).")
 	flag.StringVar(&o.maxUnavailable, "max-unavailable", "100%", "The policy's rollout.maxUnavailable (a count or a percentage).")
 	flag.IntVar(&o.agentWorkers, "agent-workers", 8, "Goroutines playing the agents.")
 	flag.IntVar(&o.resolverWorkers, "resolver-workers", 8, "The manager's --resolver-workers.")

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -41,6 +42,10 @@ func run() error {
 		statusWorkers  int
 		restoreTimeout time.Duration
 		debounce       time.Duration
+		pprofAddr      string
+		leaseDuration  time.Duration
+		renewDeadline  time.Duration
+		retryPeriod    time.Duration
 	)
 	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "Address the Prometheus metrics endpoint binds to; 0 disables it.")
 	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address the /healthz and /readyz probes bind to.")
@@ -52,6 +57,10 @@ func run() error {
 	flag.IntVar(&statusWorkers, "status-workers", 2, "Policies whose status is computed at once.")
 	flag.DurationVar(&debounce, "status-debounce", 250*time.Millisecond, "Node events are folded into one policy status pass per this interval; each pass reads every GPUNode.")
 	flag.DurationVar(&restoreTimeout, "restore-timeout", policy.DefaultRestoreTimeout, "How long a deleted policy waits for agents to confirm its GPUs are back on the default.")
+	flag.StringVar(&pprofAddr, "pprof-bind-address", "", "Address Go's pprof endpoints bind to (/debug/pprof/); empty disables them.")
+	flag.DurationVar(&leaseDuration, "leader-election-lease-duration", 15*time.Second, "How long a follower waits after the leader's last renewal before it takes over.")
+	flag.DurationVar(&renewDeadline, "leader-election-renew-deadline", 10*time.Second, "How long the leader keeps trying to renew before it gives up leading (less than the lease duration).")
+	flag.DurationVar(&retryPeriod, "leader-election-retry-period", 2*time.Second, "How often candidates try to acquire or renew the lease.")
 	logCfg := textlogger.NewConfig()
 	logCfg.AddFlags(flag.CommandLine)
 	flag.Parse()
@@ -70,13 +79,21 @@ func run() error {
 	}
 	cfg.QPS, cfg.Burst = float32(qps), burst
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                        scheme,
-		Metrics:                       metricsserver.Options{BindAddress: metricsAddr},
+		Scheme:  scheme,
+		Metrics: metricsserver.Options{BindAddress: metricsAddr},
+		// managedFields are a large share of every cached GPUNode (the agent's status fields, the
+		// resolver's spec fields) and of every Node's metadata, and the controllers never read them
+		// (they write merge patches): dropping them from the cache cuts the manager's memory per node.
+		Cache:                         cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
 		HealthProbeBindAddress:        probeAddr,
 		LeaderElection:                leaderElect,
 		LeaderElectionID:              "gpusharing-controller.gpusharing.io",
 		LeaderElectionNamespace:       leaderElectNS,
 		LeaderElectionReleaseOnCancel: true,
+		LeaseDuration:                 &leaseDuration,
+		RenewDeadline:                 &renewDeadline,
+		RetryPeriod:                   &retryPeriod,
+		PprofBindAddress:              pprofAddr,
 	})
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)

@@ -15,6 +15,7 @@ const maxCauses = 3
 
 // SetStatus recomputes the policy's counts and its four conditions from the summary.
 func SetStatus(p *v1.GPUSharingPolicy, s Summary, maxUnavailable int) {
+	s = s.withCounts()
 	p.Status.MatchedNodes = int32(s.MatchedNodes)
 	p.Status.MatchedGPUs = int32(s.MatchedGPUs)
 	p.Status.ReadyGPUs = int32(s.ReadyGPUs)
@@ -46,6 +47,7 @@ func SetKstatusConditions(p *v1.GPUSharingPolicy) {
 // SetReadyCondition: True when the policy wins GPUs and every one of them reports its sharing applied;
 // otherwise False with the most pressing cause first: no GPUs, hardware rejections, rollout, applying.
 func SetReadyCondition(p *v1.GPUSharingPolicy, s Summary) {
+	s = s.withCounts()
 	status, reason, msg := metav1.ConditionFalse, "", ""
 	switch {
 	case s.MatchedGPUs == 0:
@@ -53,12 +55,12 @@ func SetReadyCondition(p *v1.GPUSharingPolicy, s Summary) {
 		if s.SelectorErr != nil {
 			msg = fmt.Sprintf("no GPU matches the policy: %v", s.SelectorErr)
 		}
-	case len(s.Failures) > 0:
-		reason, msg = v1.ReasonHardwareRejected, fmt.Sprintf("%d of %d GPUs applied; %s", s.ReadyGPUs, s.MatchedGPUs, failures(s.Failures))
-	case len(s.WaitingNodes) > 0:
-		reason, msg = v1.ReasonWaitingForRollout, fmt.Sprintf("%d of %d GPUs applied; %d nodes wait for their turn", s.ReadyGPUs, s.MatchedGPUs, len(s.WaitingNodes))
+	case s.FailureCount > 0:
+		reason, msg = v1.ReasonHardwareRejected, fmt.Sprintf("%d of %d GPUs applied; %s", s.ReadyGPUs, s.MatchedGPUs, failures(s.Failures, s.FailureCount))
+	case s.WaitingCount > 0:
+		reason, msg = v1.ReasonWaitingForRollout, fmt.Sprintf("%d of %d GPUs applied; %d nodes wait for their turn", s.ReadyGPUs, s.MatchedGPUs, s.WaitingCount)
 	case s.ReadyGPUs < s.MatchedGPUs:
-		reason, msg = v1.ReasonApplying, fmt.Sprintf("%d of %d GPUs applied; applying on %s", s.ReadyGPUs, s.MatchedGPUs, refs(s.Applying))
+		reason, msg = v1.ReasonApplying, fmt.Sprintf("%d of %d GPUs applied; applying on %s", s.ReadyGPUs, s.MatchedGPUs, refs(s.Applying, s.ApplyingCount))
 	default:
 		status, reason, msg = metav1.ConditionTrue, v1.ReasonAsDesired, fmt.Sprintf("all %s on %s run the declared sharing", count(s.MatchedGPUs, "GPU"), count(s.MatchedNodes, "node"))
 	}
@@ -68,14 +70,15 @@ func SetReadyCondition(p *v1.GPUSharingPolicy, s Summary) {
 // SetProgressingCondition: True while disruptive changes wait for the rollout budget (WaitingForRollout)
 // or written changes are not yet applied (Applying); False once nothing is left to roll out.
 func SetProgressingCondition(p *v1.GPUSharingPolicy, s Summary, maxUnavailable int) {
+	s = s.withCounts()
 	switch {
-	case len(s.WaitingNodes) > 0:
+	case s.WaitingCount > 0:
 		set(p, v1.ConditionProgressing, metav1.ConditionTrue, v1.ReasonWaitingForRollout,
 			fmt.Sprintf("%d nodes wait for their turn, %d in flight (maxUnavailable %d): %s",
-				len(s.WaitingNodes), len(s.InFlightNodes), maxUnavailable, names(s.WaitingNodes)))
-	case len(s.Applying) > 0:
+				s.WaitingCount, s.InFlightCount, maxUnavailable, names(s.WaitingNodes, s.WaitingCount)))
+	case s.ApplyingCount > 0:
 		set(p, v1.ConditionProgressing, metav1.ConditionTrue, v1.ReasonApplying,
-			fmt.Sprintf("%d GPUs being applied: %s", len(s.Applying), refs(s.Applying)))
+			fmt.Sprintf("%d GPUs being applied: %s", s.ApplyingCount, refs(s.Applying, s.ApplyingCount)))
 	default:
 		set(p, v1.ConditionProgressing, metav1.ConditionFalse, v1.ReasonRolledOut, "nothing left to roll out")
 	}
@@ -84,8 +87,9 @@ func SetProgressingCondition(p *v1.GPUSharingPolicy, s Summary, maxUnavailable i
 // SetDegradedCondition: True when an agent reports a GPU it cannot configure as declared or unhealthy;
 // the message carries the agent's own words for the first GPUs.
 func SetDegradedCondition(p *v1.GPUSharingPolicy, s Summary) {
-	if len(s.Failures) > 0 {
-		set(p, v1.ConditionDegraded, metav1.ConditionTrue, v1.ReasonHardwareRejected, failures(s.Failures))
+	s = s.withCounts()
+	if s.FailureCount > 0 {
+		set(p, v1.ConditionDegraded, metav1.ConditionTrue, v1.ReasonHardwareRejected, failures(s.Failures, s.FailureCount))
 		return
 	}
 	set(p, v1.ConditionDegraded, metav1.ConditionFalse, v1.ReasonAsDesired, "no GPU reports a failure")
@@ -109,7 +113,7 @@ func SetConflictedCondition(p *v1.GPUSharingPolicy, s Summary) {
 // SetRestoringConditions reports a deleting policy that waits for its GPUs to return to the default.
 func SetRestoringConditions(p *v1.GPUSharingPolicy, remaining []GPURef, deadline metav1.Time) {
 	msg := fmt.Sprintf("deleting: %d GPUs do not yet run the default (Exclusive): %s; the finalizer is released at %s at the latest",
-		len(remaining), refs(remaining), deadline.UTC().Format("15:04:05Z"))
+		len(remaining), refs(remaining, len(remaining)), deadline.UTC().Format("15:04:05Z"))
 	set(p, v1.ConditionReady, metav1.ConditionFalse, v1.ReasonRestoringDefault, msg)
 	set(p, v1.ConditionProgressing, metav1.ConditionTrue, v1.ReasonRestoringDefault, msg)
 	SetKstatusConditions(p)
@@ -121,30 +125,33 @@ func set(p *v1.GPUSharingPolicy, t string, status metav1.ConditionStatus, reason
 	})
 }
 
-func failures(fs []Failure) string {
+func failures(fs []Failure, total int) string {
 	out := make([]string, len(fs))
 	for i, f := range fs {
 		out[i] = f.String()
 	}
-	return list(out, "; ")
+	return list(out, total, "; ")
 }
 
-func refs(rs []GPURef) string {
+func refs(rs []GPURef, total int) string {
 	out := make([]string, len(rs))
 	for i, r := range rs {
 		out[i] = r.String()
 	}
-	return list(out, ", ")
+	return list(out, total, ", ")
 }
 
-func names(ns []string) string { return list(ns, ", ") }
+func names(ns []string, total int) string { return list(ns, total, ", ") }
 
-// list joins the first maxCauses items and says how many more there are.
-func list(items []string, sep string) string {
-	if len(items) <= maxCauses {
+// list joins the first maxCauses items and says how many more of total there are.
+func list(items []string, total int, sep string) string {
+	if len(items) > maxCauses {
+		items = items[:maxCauses]
+	}
+	if total <= len(items) {
 		return strings.Join(items, sep)
 	}
-	return fmt.Sprintf("%s and %d more", strings.Join(items[:maxCauses], sep), len(items)-maxCauses)
+	return fmt.Sprintf("%s and %d more", strings.Join(items, sep), total-len(items))
 }
 
 // Transition is a condition that changed status or reason in this pass: it gets an event.

@@ -42,7 +42,7 @@ func (r *Reconciler) restoreDefault(ctx context.Context, s *scope) error {
 	if len(remaining) > 0 {
 		reason, kind = v1.ReasonRestoreTimedOut, corev1.EventTypeWarning
 		note = fmt.Sprintf("gave up after %s waiting for agents to confirm the default on %d GPUs (%s); the default stays in their GPUNode spec",
-			timeout, len(remaining), refs(remaining))
+			timeout, len(remaining), refs(remaining, len(remaining)))
 	}
 	patch := client.MergeFrom(p.DeepCopy())
 	controllerutil.RemoveFinalizer(p, Finalizer)

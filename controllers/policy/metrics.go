@@ -32,18 +32,19 @@ func init() {
 }
 
 func recordMetrics(policy string, s Summary) {
+	s = s.withCounts()
 	conflicted := 0
 	for _, c := range s.Conflicts {
 		conflicted += c.GPUs
 	}
 	policyGPUs.WithLabelValues(policy, stateMatched).Set(float64(s.MatchedGPUs))
 	policyGPUs.WithLabelValues(policy, stateReady).Set(float64(s.ReadyGPUs))
-	policyGPUs.WithLabelValues(policy, stateApplying).Set(float64(len(s.Applying)))
-	policyGPUs.WithLabelValues(policy, stateDegraded).Set(float64(len(s.Failures)))
+	policyGPUs.WithLabelValues(policy, stateApplying).Set(float64(s.ApplyingCount))
+	policyGPUs.WithLabelValues(policy, stateDegraded).Set(float64(s.FailureCount))
 	policyGPUs.WithLabelValues(policy, stateConflicted).Set(float64(conflicted))
 	policyNodes.WithLabelValues(policy, stateMatched).Set(float64(s.MatchedNodes))
-	policyNodes.WithLabelValues(policy, stateInFlight).Set(float64(len(s.InFlightNodes)))
-	policyNodes.WithLabelValues(policy, stateWaiting).Set(float64(len(s.WaitingNodes)))
+	policyNodes.WithLabelValues(policy, stateInFlight).Set(float64(s.InFlightCount))
+	policyNodes.WithLabelValues(policy, stateWaiting).Set(float64(s.WaitingCount))
 }
 
 // forgetMetrics drops a deleted policy's series, so dashboards do not show a ghost.

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -45,6 +46,17 @@ type Reconciler struct {
 	RestoreTimeout time.Duration
 	// Clock is the time source for the deletion bound; nil means the real clock.
 	Clock clock.PassiveClock
+
+	// tally keeps every policy's counts from node events (see tallyOf).
+	tally     *Tally
+	tallyOnce sync.Once
+}
+
+// tallyOf returns the reconciler's tally, created on first use so the event handlers and the workers
+// share one.
+func (r *Reconciler) tallyOf() *Tally {
+	r.tallyOnce.Do(func() { r.tally = NewTally() })
+	return r.tally
 }
 
 // scope is what one pass learns and decides about one policy.
@@ -74,11 +86,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 		reterr = errors.Join(reterr, r.writeStatus(ctx, s, reterr == nil))
 	}()
 
-	phases := []func(context.Context, *scope) error{r.loadNodes, r.loadPolicies}
-	if p.DeletionTimestamp.IsZero() {
-		phases = append([]func(context.Context, *scope) error{r.ensureFinalizer}, append(phases, r.summarize)...)
-	} else {
-		phases = append(phases, r.restoreDefault)
+	// A live policy's counts come from the tally, which re-reads only the nodes that changed; only a
+	// deleting policy, rare and bounded in time, reads every GPUNode for the GPUs it still configures.
+	phases := []func(context.Context, *scope) error{r.ensureFinalizer, r.loadPolicies, r.summarize}
+	if !p.DeletionTimestamp.IsZero() {
+		phases = []func(context.Context, *scope) error{r.loadNodes, r.restoreDefault}
 	}
 	for _, phase := range phases {
 		if err := phase(ctx, s); err != nil {
@@ -144,28 +156,14 @@ func (r *Reconciler) loadNodes(ctx context.Context, s *scope) error {
 }
 
 func (r *Reconciler) summarize(ctx context.Context, s *scope) error {
-	s.summary = Summarize(s.policy, s.compiled, s.nodes)
-	recordMetrics(s.policy.Name, s.summary)
-	limit := resolve.MaxUnavailable(s.policy.Spec.Rollout, r.selectedNodes(s))
-	SetStatus(s.policy, s.summary, limit)
-	return nil
-}
-
-// selectedNodes counts the nodes the policy's nodeSelector selects, the base of a percentage budget,
-// the same way the resolver counts it.
-func (r *Reconciler) selectedNodes(s *scope) int {
-	n := 0
-	for _, c := range s.compiled {
-		if c.Policy.Name != s.policy.Name {
-			continue
-		}
-		for _, nv := range s.nodes {
-			if c.SelectsNode(nv.Labels) {
-				n++
-			}
-		}
+	sum, err := r.tallyOf().Summary(ctx, r.Client, s.compiled, s.policy)
+	if err != nil {
+		return err
 	}
-	return n
+	s.summary = sum
+	recordMetrics(s.policy.Name, s.summary)
+	SetStatus(s.policy, s.summary, resolve.MaxUnavailable(s.policy.Spec.Rollout, s.summary.SelectedNodes))
+	return nil
 }
 
 // writeStatus is the pass's one status write: observedGeneration only after a clean pass, nothing when

@@ -26,36 +26,40 @@ const ControllerName = "policy-status"
 
 // SetupWithManager wires the status reconciler. A policy's standing depends on every other policy
 // (priority, conflicts), every GPUNode and every Node's labels, so each of those events re-runs every
-// policy. A pass reads every GPUNode, so node events are folded: each queues the policies debounce
-// later, and the queue keeps one entry per policy however many nodes change meanwhile. During a
-// rollout that bounds the status passes to about one per debounce instead of one per agent ack.
+// policy. A node event marks that node dirty in the tally, so the pass re-reads only the nodes that
+// changed; the events are also folded: each queues the policies debounce later, and the queue keeps
+// one entry per policy however many nodes change meanwhile.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options, debounce time.Duration) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(ControllerName).
 		For(&v1.GPUSharingPolicy{}, builder.WithPredicates(predicates.PolicySpecOrDeletion())).
 		Watches(&v1.GPUSharingPolicy{}, handler.EnqueueRequestsFromMapFunc(r.everyPolicy), builder.WithPredicates(predicates.PolicySpecOrDeletion())).
-		Watches(&v1.GPUNode{}, r.everyPolicyAfter(debounce)).
-		WatchesMetadata(&corev1.Node{}, r.everyPolicyAfter(debounce), builder.WithPredicates(predicates.NodeLabelsOrLifecycle())).
+		Watches(&v1.GPUNode{}, r.nodeChanged(debounce)).
+		WatchesMetadata(&corev1.Node{}, r.nodeChanged(debounce), builder.WithPredicates(predicates.NodeLabelsOrLifecycle())).
 		WithOptions(opts).
 		Complete(r)
 }
 
-// everyPolicyAfter queues every policy d after any event.
-func (r *Reconciler) everyPolicyAfter(d time.Duration) handler.EventHandler {
-	add := func(ctx context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+// nodeChanged marks the node of a Node or GPUNode event dirty in the tally (the next pass re-reads it)
+// and queues every policy d later.
+func (r *Reconciler) nodeChanged(d time.Duration) handler.EventHandler {
+	add := func(ctx context.Context, o client.Object, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+		if o != nil {
+			r.tallyOf().MarkDirty(o.GetName())
+		}
 		for _, req := range r.everyPolicy(ctx, nil) {
 			q.AddAfter(req, d)
 		}
 	}
 	return handler.Funcs{
-		CreateFunc: func(ctx context.Context, _ event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-			add(ctx, q)
+		CreateFunc: func(ctx context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			add(ctx, e.Object, q)
 		},
-		UpdateFunc: func(ctx context.Context, _ event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-			add(ctx, q)
+		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			add(ctx, e.ObjectNew, q)
 		},
-		DeleteFunc: func(ctx context.Context, _ event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-			add(ctx, q)
+		DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			add(ctx, e.Object, q)
 		},
 	}
 }
@@ -71,6 +75,12 @@ func (r *Reconciler) everyPolicy(ctx context.Context, _ client.Object) []reconci
 		reqs[i] = reconcile.Request{NamespacedName: types.NamespacedName{Name: list.Items[i].Name}}
 	}
 	return reqs
+}
+
+func nodeMeta() *metav1.PartialObjectMetadata {
+	n := &metav1.PartialObjectMetadata{}
+	n.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Node"))
+	return n
 }
 
 func nodeMetaList() *metav1.PartialObjectMetadataList {

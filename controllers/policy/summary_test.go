@@ -40,11 +40,14 @@ func TestSummarize(t *testing.T) {
 	got := policy.Summarize(p, resolve.Compile([]*v1.GPUSharingPolicy{p, rival}), nodes)
 	want := policy.Summary{
 		MatchedNodes: 3, MatchedGPUs: 6, ReadyGPUs: 2,
-		WaitingNodes:  []string{"n3"},
-		InFlightNodes: []string{"n2"},
-		Applying:      []policy.GPURef{{Node: "n2", Index: 0}},
-		Failures:      []policy.Failure{{GPURef: policy.GPURef{Node: "n2", Index: 1}, Reason: v1.ReasonLayoutDoesNotFit, Message: "no room"}},
-		Conflicts:     []policy.Conflict{{Other: "rival", GPUs: 3, Winner: "mig"}},
+		// n1, n2, n3 and n5 (no inventory yet) carry pool=x: the base of a percentage budget.
+		SelectedNodes: 4,
+		WaitingNodes:  []string{"n3"}, WaitingCount: 1,
+		InFlightNodes: []string{"n2"}, InFlightCount: 1,
+		Applying: []policy.GPURef{{Node: "n2", Index: 0}}, ApplyingCount: 1,
+		Failures:     []policy.Failure{{GPURef: policy.GPURef{Node: "n2", Index: 1}, Reason: v1.ReasonLayoutDoesNotFit, Message: "no room"}},
+		FailureCount: 1,
+		Conflicts:    []policy.Conflict{{Other: "rival", GPUs: 3, Winner: "mig"}},
 	}
 	if fmt.Sprintf("%+v", got) != fmt.Sprintf("%+v", want) {
 		t.Errorf("Summarize =\n%+v\nwant\n%+v", got, want)

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -21,6 +22,8 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	v1 "github.com/gpusharing/gpusharing/api/v1alpha1"
+	"github.com/gpusharing/gpusharing/controllers/gpunode"
+	"github.com/gpusharing/gpusharing/controllers/policy"
 	b "github.com/gpusharing/gpusharing/controllers/testutil/builders"
 	"github.com/gpusharing/gpusharing/test/testenv"
 )
@@ -36,13 +39,18 @@ type options struct {
 	timeout         time.Duration
 	managerLog      string
 	managerV        int
+	pprof           bool
+	floor           bool
+	failover        bool
+	// failoverMaxUnavailable is the rollout budget of the failover step.
+	failoverMaxUnavailable string
 }
 
 func main() {
 	var o options
 	flag.IntVar(&o.nodes, "nodes", 1000, "Nodes (and GPUNodes) to create.")
 	flag.IntVar(&o.gpus, "gpus", 8, "GPUs per node.")
-	flag.StringVar(&o.change, "change", "both", "Policy change to time after creation: tweak (MPS percentage, goes out at once), strategy (MPS to time-slicing, disruptive, rolled out within maxUnavailable) or both.")
+	flag.StringVar(&o.change, "change", "both", "Policy change to time after creation: tweak (MPS percentage, goes out at once), strategy (MPS to time-slicing, disruptive, rolled out within maxUnavailable), both, or none (only the create step).")
 	flag.StringVar(&o.maxUnavailable, "max-unavailable", "100%", "The policy's rollout.maxUnavailable (a count or a percentage).")
 	flag.IntVar(&o.agentWorkers, "agent-workers", 8, "Goroutines playing the agents.")
 	flag.IntVar(&o.resolverWorkers, "resolver-workers", 8, "The manager's --resolver-workers.")
@@ -51,6 +59,10 @@ func main() {
 	flag.DurationVar(&o.timeout, "timeout", 10*time.Minute, "Give up on a step after this long.")
 	flag.StringVar(&o.managerLog, "manager-log", "", "Keep the manager's log in this file (default: discarded with its temporary directory).")
 	flag.IntVar(&o.managerV, "manager-v", 0, "The manager's log verbosity (-v).")
+	flag.BoolVar(&o.pprof, "pprof", false, "Serve the manager's /debug/pprof/ (its address is printed) to profile a step.")
+	flag.BoolVar(&o.floor, "floor", true, "Measure the floor: the same spec writes and acks by a bare client with no controller.")
+	flag.BoolVar(&o.failover, "failover", true, "Run the leader failover step: two replicas, the leader SIGKILLed mid-rollout.")
+	flag.StringVar(&o.failoverMaxUnavailable, "failover-max-unavailable", "10%", "The failover step's rollout.maxUnavailable.")
 	flag.Parse()
 	ctrl.SetLogger(logr.Discard())
 	if err := run(o); err != nil {
@@ -68,14 +80,11 @@ func run(o options) error {
 	}
 	defer func() { _ = env.Stop() }()
 	// An interrupted benchmark must not leave kube-apiserver, etcd and the manager running.
-	var mgr *manager
 	signals := make(chan os.Signal, 1)
 	signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
 	go func() {
 		<-signals
-		if mgr != nil {
-			mgr.stop()
-		}
+		stopAll()
 		_ = env.Stop()
 		os.Exit(130)
 	}()
@@ -92,15 +101,14 @@ func run(o options) error {
 	}
 	defer agents.stop()
 
-	mgr, err = startManager(ctx, env, o)
+	mb, err := buildManager(ctx, env)
 	if err != nil {
 		return err
 	}
-	defer mgr.stop()
-	fmt.Printf("Manager running as pid %d (%s), idle RSS %s\n", mgr.pid(), mgr.binary, mib(mgr.rss()))
-
+	defer mb.remove()
 	steps := []step{{name: "create policy (as found -> MPS 4x25%, disruptive)", sharing: b.MPS(4, 25), create: true}}
 	switch o.change {
+	case "none":
 	case "tweak":
 		steps = append(steps, step{name: "change MPS 25% -> 50% (non-disruptive)", sharing: b.MPS(4, 50)})
 	case "strategy":
@@ -112,16 +120,91 @@ func run(o options) error {
 	}
 	fmt.Printf("\nnodes=%d gpus/node=%d maxUnavailable=%s resolver-workers=%d qps=%.0f burst=%d\n",
 		o.nodes, o.gpus, o.maxUnavailable, o.resolverWorkers, o.qps, o.burst)
-	for _, s := range steps {
+	// Each step runs its floor first, with no manager running, then puts every GPUNode back and starts a
+	// fresh manager for the controller's run of the same step: the two figures of a ratio are taken
+	// minutes apart at most, which matters on a machine whose load changes by the minute.
+	results := make([]result, 0, len(steps))
+	floors := make([]floorResult, len(steps))
+	var peak int64 = -1
+	for i, s := range steps {
+		if o.floor {
+			snap := agents.snapshot()
+			d, err := runFloor(ctx, env, agents, o, s.sharing, floorGenBase+int64(i))
+			if err != nil {
+				return err
+			}
+			floors[i] = d
+			fmt.Printf("\nfloor for %q: %.2fs, bare spec patch p50 %.1fms p99 %.1fms (no controller; restoring the GPUNodes...)\n",
+				s.name, d.took.Seconds(), ms(d.patchP50), ms(d.patchP99))
+			if err := restore(ctx, env, agents, snap, o.timeout); err != nil {
+				return err
+			}
+		}
+		mgr, err := mb.start(o, fmt.Sprintf("manager-%d", i))
+		if err != nil {
+			return err
+		}
+		if err := mgr.waitIdle(o.nodes, o.timeout); err != nil {
+			mgr.stop()
+			return err
+		}
+		if i == 0 {
+			fmt.Printf("Manager running as pid %d (%s), idle RSS %s\n", mgr.pid(), mgr.binary, mib(mgr.rss()))
+		}
+		if mgr.pprof != "" {
+			fmt.Printf("Manager pprof: http://%s/debug/pprof/\n", mgr.pprof)
+		}
 		r, err := s.run(ctx, env, agents, mgr, o)
+		peak = max(peak, mgr.peakRSS())
+		mgr.stop()
 		if err != nil {
 			return fmt.Errorf("%s: %w", s.name, err)
 		}
 		r.print()
+		results = append(results, r)
 	}
-	fmt.Printf("\nManager peak RSS (VmHWM of the child process): %s\n", mib(mgr.peakRSS()))
+	fmt.Printf("\nManager peak RSS (largest VmHWM of the step's manager processes): %s\n", mib(peak))
+
+	var fo *failoverResult
+	if o.failover {
+		r, err := runFailover(ctx, env, agents, mb, o)
+		if err != nil {
+			return fmt.Errorf("failover: %w", err)
+		}
+		r.print(o)
+		fo = &r
+	}
+	summarize(o, steps, results, floors, peak, fo)
 	return nil
 }
+
+// summarize prints the figures issue 16 asks for in one block: floor, ratios, peak RSS, reconcile p99,
+// the failover line and the command that reproduces them.
+func summarize(o options, steps []step, results []result, floors []floorResult, peak int64, fo *failoverResult) {
+	fmt.Printf("\n== summary: %d nodes x %d GPUs ==\n", o.nodes, o.gpus)
+	fmt.Printf("%-52s %9s %9s %7s %12s %12s %12s\n", "step", "floor", "Ready", "ratio", "resolver p99", "status p99", "bare patch p99")
+	for i, r := range results {
+		ratio := "-"
+		if floors[i].took > 0 {
+			ratio = fmt.Sprintf("%.2fx", r.ready.Seconds()/floors[i].took.Seconds())
+		}
+		fmt.Printf("%-52s %8.2fs %8.2fs %7s %10.1fms %10.1fms %12.1fms\n", steps[i].name, floors[i].took.Seconds(), r.ready.Seconds(), ratio,
+			r.resolver.p99*1000, r.status.p99*1000, ms(floors[i].patchP99))
+	}
+	fmt.Printf("manager peak RSS %s (reconcile p99 from controller_runtime_reconcile_time_seconds of %s and %s)\n",
+		mib(peak), gpunode.ControllerName, policy.ControllerName)
+	if fo != nil {
+		verdict := "PASS"
+		if !fo.ok() {
+			verdict = "FAIL"
+		}
+		fmt.Printf("failover: takeover %.1fs after SIGKILL, Ready %.1fs, max disrupted %d/%d, GPUs configured twice %d: %s\n",
+			fo.takeover.Seconds(), fo.ready.Seconds(), fo.maxDisrupted, fo.limit, fo.twice, verdict)
+	}
+	fmt.Printf("reproduce: make bench-controller BIN=<bin> BENCH_ARGS=%q\n", strings.Join(os.Args[1:], " "))
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 func mib(kib int64) string {
 	if kib < 0 {

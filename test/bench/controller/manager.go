@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -22,50 +23,91 @@ type manager struct {
 	binary  string
 	cmd     *exec.Cmd
 	metrics string
+	pprof   string
 	dir     string
+	exited  chan struct{}
 }
 
-func startManager(ctx context.Context, env *testenv.Env, o options) (*manager, error) {
+// started lists every replica, so an interrupted benchmark stops them all.
+var started struct {
+	sync.Mutex
+	all []*manager
+}
+
+func stopAll() {
+	started.Lock()
+	defer started.Unlock()
+	for _, m := range started.all {
+		m.stop()
+	}
+}
+
+// managerBuild is cmd/manager built once per benchmark, with the kubeconfig every replica uses.
+type managerBuild struct {
+	dir, binary, kubeconfig string
+}
+
+func buildManager(ctx context.Context, env *testenv.Env) (*managerBuild, error) {
 	dir, err := os.MkdirTemp("", "gpusharing-bench-")
 	if err != nil {
 		return nil, err
 	}
-	m := &manager{binary: filepath.Join(dir, "manager"), dir: dir}
-	build := exec.CommandContext(ctx, "go", "build", "-o", m.binary, "./cmd/manager")
+	mb := &managerBuild{dir: dir, binary: filepath.Join(dir, "manager")}
+	build := exec.CommandContext(ctx, "go", "build", "-o", mb.binary, "./cmd/manager")
 	build.Dir, build.Stdout, build.Stderr = env.RepoRoot, os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		return nil, fmt.Errorf("building cmd/manager: %w", err)
 	}
-	kubeconfig, err := env.AdminKubeconfig(dir)
-	if err != nil {
+	if mb.kubeconfig, err = env.AdminKubeconfig(dir); err != nil {
 		return nil, err
 	}
+	return mb, nil
+}
+
+func (mb *managerBuild) remove() { _ = os.RemoveAll(mb.dir) }
+
+// start runs one manager replica named name (its log file) with the benchmark's settings and extra flags.
+func (mb *managerBuild) start(o options, name string, extra ...string) (*manager, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
 	}
+	m := &manager{binary: mb.binary, dir: mb.dir, exited: make(chan struct{})}
 	m.metrics = fmt.Sprintf("http://127.0.0.1:%d/metrics", port)
-	logPath := filepath.Join(dir, "manager.log")
+	logPath := filepath.Join(mb.dir, name+".log")
 	if o.managerLog != "" {
-		logPath = o.managerLog
+		logPath = o.managerLog + "." + name
 	}
 	logs, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
 	}
-	m.cmd = exec.Command(m.binary,
-		"--kubeconfig", kubeconfig,
+	args := []string{
+		"--kubeconfig", mb.kubeconfig,
 		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", port),
 		"--health-probe-bind-address", "0",
 		"--kube-api-qps", strconv.FormatFloat(o.qps, 'f', -1, 64),
 		"--kube-api-burst", strconv.Itoa(o.burst),
 		"--resolver-workers", strconv.Itoa(o.resolverWorkers),
 		"-v", strconv.Itoa(o.managerV),
-	)
+	}
+	if o.pprof {
+		pport, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		m.pprof = fmt.Sprintf("127.0.0.1:%d", pport)
+		args = append(args, "--pprof-bind-address", m.pprof)
+	}
+	m.cmd = exec.Command(m.binary, append(args, extra...)...)
 	m.cmd.Stdout, m.cmd.Stderr = logs, logs
 	if err := m.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting the manager: %w", err)
 	}
+	go func() { _ = m.cmd.Wait(); close(m.exited) }()
+	started.Lock()
+	started.all = append(started.all, m)
+	started.Unlock()
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
 		if resp, err := http.Get(m.metrics); err == nil {
@@ -83,9 +125,19 @@ func (m *manager) pid() int { return m.cmd.Process.Pid }
 func (m *manager) stop() {
 	if m.cmd != nil && m.cmd.Process != nil {
 		_ = m.cmd.Process.Signal(syscall.SIGTERM)
-		_ = m.cmd.Wait()
+		select {
+		case <-m.exited:
+		case <-time.After(30 * time.Second):
+			_ = m.cmd.Process.Kill()
+			<-m.exited
+		}
 	}
-	_ = os.RemoveAll(m.dir)
+}
+
+// kill ends the manager with SIGKILL: no lease release, no graceful shutdown.
+func (m *manager) kill() {
+	_ = m.cmd.Process.Kill()
+	<-m.exited
 }
 
 // rss and peakRSS read VmRSS and VmHWM (KiB) of the manager process; -1 when unreadable.
@@ -137,4 +189,23 @@ func freePort() (int, error) {
 	}
 	defer func() { _ = l.Close() }()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// waitIdle waits until a freshly started manager has resolved every node once and its queues stayed
+// empty for a second: only then does a timed step start, so the start-up pass is not in it.
+func (m *manager) waitIdle(nodes int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	last, quietSince := -1.0, time.Now()
+	for time.Now().Before(deadline) {
+		n, depth, err := activity(m.metrics)
+		if err == nil {
+			if n != last || depth > 0 {
+				last, quietSince = n, time.Now()
+			} else if n >= float64(nodes) && time.Since(quietSince) > time.Second {
+				return nil
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("the manager did not settle within %s", timeout)
 }

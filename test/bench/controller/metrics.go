@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"sort"
 	"strconv"
+	"strings"
 )
 
 // histograms maps a controller name to its reconcile-time histogram: cumulative counts per upper bound.
@@ -92,4 +93,52 @@ func (h histograms) since(before histograms, ctrl string) latency {
 		return prevLe
 	}
 	return latency{count: int(total), p50: q(0.50), p99: q(0.99)}
+}
+
+// isLeader says whether the manager at url holds the leader election Lease, from controller-runtime's
+// leader_election_master_status gauge.
+func isLeader(url string) (bool, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return false, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	s := bufio.NewScanner(resp.Body)
+	s.Buffer(make([]byte, 1<<20), 1<<20)
+	for s.Scan() {
+		line := s.Text()
+		if strings.HasPrefix(line, "leader_election_master_status{") && strings.HasSuffix(line, " 1") {
+			return true, nil
+		}
+	}
+	return false, s.Err()
+}
+
+// activity sums the manager's resolver reconciles so far and its work queues' depth.
+func activity(url string) (reconciles, depth float64, err error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	s := bufio.NewScanner(resp.Body)
+	s.Buffer(make([]byte, 1<<20), 1<<20)
+	for s.Scan() {
+		line := s.Text()
+		fields := strings.Fields(line)
+		if len(fields) != 2 {
+			continue
+		}
+		v, err := strconv.ParseFloat(fields[1], 64)
+		if err != nil {
+			continue
+		}
+		switch {
+		case strings.HasPrefix(line, `controller_runtime_reconcile_total{controller="gpunode-resolver"`):
+			reconciles += v
+		case strings.HasPrefix(line, "workqueue_depth{"):
+			depth += v
+		}
+	}
+	return reconciles, depth, s.Err()
 }

@@ -54,22 +54,10 @@ func (s step) run(ctx context.Context, env *testenv.Env, a *agents, m *manager, 
 	case <-time.After(o.timeout):
 		return r, fmt.Errorf("specs not all written within %s", o.timeout)
 	}
-	deadline := time.Now().Add(o.timeout)
-	for {
-		p := &v1.GPUSharingPolicy{}
-		if err := env.Client.Get(ctx, client.ObjectKey{Name: policyName}, p); err != nil {
-			return r, err
-		}
-		if p.Status.ObservedGeneration == gen && meta.IsStatusConditionTrue(p.Status.Conditions, v1.ConditionReady) &&
-			int(p.Status.ReadyGPUs) == o.nodes*o.gpus {
-			r.ready = time.Since(start)
-			break
-		}
-		if time.Now().After(deadline) {
-			return r, fmt.Errorf("policy not Ready within %s: %+v", o.timeout, p.Status)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := waitReady(ctx, env, o, gen, o.timeout); err != nil {
+		return r, err
 	}
+	r.ready = time.Since(start)
 	after, err := scrape(m.metrics)
 	if err != nil {
 		return r, err
@@ -111,4 +99,23 @@ func (r result) print() {
 	fmt.Printf("  manager CPU time    %8.2fs\n", r.cpu.Seconds())
 	fmt.Printf("  %-18s  %6d reconciles  p50 %7.2fms  p99 %7.2fms\n", gpunode.ControllerName, r.resolver.count, r.resolver.p50*1000, r.resolver.p99*1000)
 	fmt.Printf("  %-18s  %6d reconciles  p50 %7.2fms  p99 %7.2fms\n", policy.ControllerName, r.status.count, r.status.p50*1000, r.status.p99*1000)
+}
+
+// waitReady waits for the policy to report generation gen Ready with every GPU ready.
+func waitReady(ctx context.Context, env *testenv.Env, o options, gen int64, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		p := &v1.GPUSharingPolicy{}
+		if err := env.Client.Get(ctx, client.ObjectKey{Name: policyName}, p); err != nil {
+			return err
+		}
+		if p.Status.ObservedGeneration == gen && meta.IsStatusConditionTrue(p.Status.Conditions, v1.ConditionReady) &&
+			int(p.Status.ReadyGPUs) == o.nodes*o.gpus {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("policy not Ready within %s: %+v", timeout, p.Status)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

@@ -1,0 +1,248 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/gpusharing/gpusharing/api/v1alpha1"
+	"github.com/gpusharing/gpusharing/controllers/resolve"
+	b "github.com/gpusharing/gpusharing/controllers/testutil/builders"
+	"github.com/gpusharing/gpusharing/test/testenv"
+)
+
+// floorGenBase keeps the floor's policy generations clear of the real policy's, so an ack from the
+// controller's steps can never count for the floor.
+const floorGenBase = 1000
+
+// runFloor times what the API server alone needs for one step, with no controller running: a bare
+// client limited to the manager's QPS and burst, with as many writers as the manager has resolver
+// workers, merge-patches every GPUNode's spec to the entries the resolver writes for that sharing (one
+// patch per node, as the resolver does), and the agents ack them as they ack the controller. The time
+// ends when every GPU reports the sharing applied: the controller's counterpart is "policy Ready".
+func runFloor(ctx context.Context, env *testenv.Env, a *agents, o options, s v1.Sharing, gen int64) (floorResult, error) {
+	cfg := rest.CopyConfig(env.Config)
+	cfg.QPS, cfg.Burst = float32(o.qps), o.burst
+	c, err := client.New(cfg, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		return floorResult{}, err
+	}
+	names := a.nodeNames()
+	var latMu sync.Mutex
+	lat := make([]time.Duration, 0, len(names))
+	start := time.Now()
+	acked := a.setAckTarget(gen, v1.SharingHash(s))
+	work := make(chan string)
+	errs := make(chan error, len(names))
+	var wg sync.WaitGroup
+	for range max(o.resolverWorkers, 1) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for name := range work {
+				t0 := time.Now()
+				err := writeFloorSpec(ctx, c, name, o.gpus, s, gen)
+				latMu.Lock()
+				lat = append(lat, time.Since(t0))
+				latMu.Unlock()
+				errs <- err
+			}
+		}()
+	}
+	for _, n := range names {
+		work <- n
+	}
+	close(work)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			return floorResult{}, err
+		}
+	}
+	select {
+	case <-acked:
+	case <-time.After(o.timeout):
+		return floorResult{}, fmt.Errorf("floor: agents did not ack every spec within %s", o.timeout)
+	}
+	r := floorResult{took: time.Since(start)}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	if len(lat) > 0 {
+		r.patchP50, r.patchP99 = lat[len(lat)/2], lat[min(len(lat)-1, len(lat)*99/100)]
+	}
+	return r, nil
+}
+
+// floorResult is one floor: the time until every GPU was acked, and the latency of the bare spec patches
+// (the API server's share of a resolver reconcile, measured in the same run).
+type floorResult struct {
+	took               time.Duration
+	patchP50, patchP99 time.Duration
+}
+
+// writeFloorSpec is the resolver's spec write without the resolver: a merge patch of spec.gpus.
+func writeFloorSpec(ctx context.Context, c client.Client, name string, gpus int, s v1.Sharing, gen int64) error {
+	entries := make([]v1.GPUDesired, gpus)
+	for i := range entries {
+		entries[i] = b.Desired(name, int32(i), policyName, gen, s)
+	}
+	patch, err := json.Marshal(map[string]any{"spec": map[string]any{"gpus": entries}})
+	if err != nil {
+		return err
+	}
+	gn := &v1.GPUNode{}
+	gn.Name = name
+	if err := patchRetrying(ctx, c, gn, patch); err != nil {
+		return fmt.Errorf("floor: patching GPUNode %s spec: %w", name, err)
+	}
+	return nil
+}
+
+// patchRetrying merge-patches gn, retrying a few times on errors other than NotFound and Invalid, as the
+// resolver's work queue would: a loaded API server now and then drops a connection.
+func patchRetrying(ctx context.Context, c client.Client, gn *v1.GPUNode, patch []byte) error {
+	var err error
+	for try := 0; try < 5; try++ {
+		if err = c.Patch(ctx, gn, client.RawPatch(types.MergePatchType, patch)); err == nil || apierrors.IsNotFound(err) || apierrors.IsInvalid(err) {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return err
+}
+
+func (a *agents) nodeNames() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]string, 0, len(a.latest))
+	for n := range a.latest {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// snapshot copies every GPUNode as the agents last saw it, for restore.
+func (a *agents) snapshot() map[string]*v1.GPUNode {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make(map[string]*v1.GPUNode, len(a.latest))
+	for n, gn := range a.latest {
+		out[n] = gn.DeepCopy()
+	}
+	return out
+}
+
+func (a *agents) latestCopy(name string) *v1.GPUNode {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.latest[name].DeepCopy()
+}
+
+// restore puts every GPUNode's spec and status back to the snapshot taken before the floor, so the
+// controller's step starts from exactly the state it left (as found, for the first step): the resolver
+// finds its own spec in place and writes nothing when it starts. It is not timed and uses the fast client.
+func restore(ctx context.Context, env *testenv.Env, a *agents, snap map[string]*v1.GPUNode, timeout time.Duration) error {
+	c, err := fastClient(env)
+	if err != nil {
+		return err
+	}
+	work := make(chan string)
+	errs := make(chan error, len(snap))
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for name := range work {
+				errs <- restoreNode(ctx, c, a, snap[name])
+			}
+		}()
+	}
+	for name := range snap {
+		work <- name
+	}
+	close(work)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		done := 0
+		for name, want := range snap {
+			if restored(a.latestCopy(name), want) {
+				done++
+			}
+		}
+		if done == len(snap) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("restore: %d of %d GPUNodes back after %s", done, len(snap), timeout)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func restoreNode(ctx context.Context, c client.Client, a *agents, want *v1.GPUNode) error {
+	patch, err := json.Marshal(map[string]any{"spec": map[string]any{"gpus": want.Spec.GPUs}})
+	if err != nil {
+		return err
+	}
+	gn := &v1.GPUNode{}
+	gn.Name = want.Name
+	if err := patchRetrying(ctx, c, gn, patch); err != nil {
+		return fmt.Errorf("restore: patching GPUNode %s spec: %w", want.Name, err)
+	}
+	// The status goes back too: an agent does not undo an applied sharing when its entry disappears.
+	for try := 0; try < 100; try++ {
+		cur := gn.DeepCopy()
+		if try > 0 {
+			cur = a.latestCopy(want.Name)
+		}
+		if restored(cur, want) {
+			return nil
+		}
+		cur.Status = *want.Status.DeepCopy()
+		err := c.Status().Update(ctx, cur)
+		if err == nil {
+			return nil
+		}
+		if !apierrors.IsConflict(err) {
+			return fmt.Errorf("restore: writing GPUNode %s status: %w", want.Name, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("restore: GPUNode %s status kept conflicting", want.Name)
+}
+
+// restored says whether gn's spec and applied sharing are the snapshot's.
+func restored(gn, want *v1.GPUNode) bool {
+	if gn == nil || !equality.Semantic.DeepEqual(gn.Spec.GPUs, want.Spec.GPUs) {
+		return false
+	}
+	for i := range want.Status.GPUs {
+		w := &want.Status.GPUs[i]
+		g := resolve.FindGPU(gn.Status.GPUs, w.UUID)
+		if g == nil || (g.Applied == nil) != (w.Applied == nil) {
+			return false
+		}
+		if w.Applied != nil && (g.Applied.SpecHash != w.Applied.SpecHash || g.Applied.PolicyGeneration != w.Applied.PolicyGeneration) {
+			return false
+		}
+	}
+	return true
+}

@@ -110,7 +110,7 @@ func writeArchive(out, ref string, img v1.Image) error {
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
+	defer func() { _ = os.RemoveAll(dir) }()
 	p, err := layout.Write(dir, empty.Index)
 	if err != nil {
 		return err
@@ -243,7 +243,7 @@ func addEntry(tw *tar.Writer, name, src string) error {
 	if err != nil {
 		return err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	_, err = io.Copy(tw, f)
 	return err
 }

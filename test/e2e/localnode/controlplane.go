@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -28,7 +29,8 @@ func (n *Node) startControlPlane(ctx context.Context) error {
 	env := &envtest.Environment{BinaryAssetsDirectory: n.Bin, ControlPlaneStartTimeout: 2 * time.Minute}
 	api := env.ControlPlane.GetAPIServer()
 	api.CertDir = certDir
-	api.SecurePort = APIServerPort
+	api.SecureServing.Address = "127.0.0.1"
+	api.SecureServing.Port = strconv.Itoa(APIServerPort)
 	api.Out, api.Err = n.logFile("kube-apiserver"), n.logFile("kube-apiserver")
 	args := api.Configure()
 	args.Set("authorization-mode", "Node,RBAC")

@@ -74,7 +74,7 @@ func (n *Node) startKubelet(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		resp.Body.Close()
+		_ = resp.Body.Close()
 		if resp.StatusCode != http.StatusOK {
 			return fmt.Errorf("healthz: %s", resp.Status)
 		}

@@ -144,7 +144,7 @@ func (n *Node) WaitReady(ctx context.Context, timeout time.Duration) error {
 				if c.Status == corev1.ConditionTrue {
 					return nil
 				}
-				return fmt.Errorf("Ready=%s: %s", c.Status, c.Message)
+				return fmt.Errorf("node condition Ready=%s: %s", c.Status, c.Message)
 			}
 		}
 		return fmt.Errorf("no Ready condition yet")

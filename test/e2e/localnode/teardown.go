@@ -162,7 +162,7 @@ func (n *Node) mounts() []string {
 	if err != nil {
 		return nil
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	roots := append([]string{n.Root}, HostDirs...)
 	var out []string
 	sc := bufio.NewScanner(f)

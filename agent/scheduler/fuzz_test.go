@@ -21,6 +21,7 @@ func seedMessages() []Message {
 		{Type: MsgEvict, Target: 2 << 20},
 		{Type: MsgUsage, Reason: UsageEvicted, Acks: 2, Need: 9, Resident: 8, Stats: SwapStats{Swapped: 7, SwapOuts: 6,
 			SwapIns: 5, BytesOut: 4, BytesIn: 3, SwapNS: 2}},
+		{Type: MsgRejoin, Flags: RejoinHeld, Need: 3 << 20, Resident: 2 << 20, Stats: SwapStats{Swapped: 1 << 20}},
 	}
 }
 

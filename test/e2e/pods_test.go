@@ -37,7 +37,10 @@ exec sleep 3600`
 
 // sharePod is a pod asking for count of resource, running reportScript.
 func sharePod(name string, resource corev1.ResourceName, count int64, labels map[string]string) *corev1.Pod {
-	q := *resourceQuantity(count)
+	limits := corev1.ResourceList{}
+	if resource != "" {
+		limits[resource] = *resourceQuantity(count)
+	}
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: Namespace, Labels: labels},
 		Spec: corev1.PodSpec{
@@ -45,7 +48,7 @@ func sharePod(name string, resource corev1.ResourceName, count int64, labels map
 			Containers: []corev1.Container{{
 				Name: "report", Image: BusyboxImage, ImagePullPolicy: corev1.PullNever,
 				Command:   []string{"/bin/sh", "-c", reportScript},
-				Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{resource: q}},
+				Resources: corev1.ResourceRequirements{Limits: limits},
 			}},
 		},
 	}

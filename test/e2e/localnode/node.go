@@ -69,6 +69,10 @@ const marker = ".gpusharing-e2e"
 // real node; Down removes them.
 var HostDirs = []string{KubeletRoot, "/run/gpusharing", "/usr/lib/gpusharing", PodLogs, "/var/log/containers"}
 
+// CDISpecs are the CDI specs the agent's DRA kubelet plugin writes; teardown removes them, and only them
+// (other drivers' specs may share the directory).
+const CDISpecs = "/run/cdi/gpusharing.io-*"
+
 // PodLogs is where the kubelet writes container logs; Down keeps a copy of them with the components'.
 const PodLogs = "/var/log/pods"
 

@@ -91,6 +91,12 @@ func (n *Node) cleanup() error {
 			errs = append(errs, err)
 		}
 	}
+	specs, _ := filepath.Glob(CDISpecs)
+	for _, f := range specs {
+		if err := os.Remove(f); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -112,6 +118,10 @@ func (n *Node) Leftovers() []string {
 	}
 	if hasNodeIP() {
 		out = append(out, "address "+NodeIP+" on lo")
+	}
+	specs, _ := filepath.Glob(CDISpecs)
+	for _, f := range specs {
+		out = append(out, "CDI spec "+f)
 	}
 	for _, d := range append([]string{n.Root}, HostDirs...) {
 		if _, err := os.Stat(d); err == nil {

@@ -50,8 +50,6 @@ var reviewed = map[string]map[string]string{
 		"gpusharing.io/gpunodes:list":           "informer restricted to its own name",
 		"gpusharing.io/gpunodes:watch":          "spec changes from the controller",
 		"gpusharing.io/gpunodes:create":         "the first pass creates the GPUNode",
-		"gpusharing.io/gpunodes:update":         "labels and owner reference",
-		"gpusharing.io/gpunodes:patch":          "labels and owner reference",
 		"gpusharing.io/gpunodes/status:update":  "the one status write per pass",
 		"resource.k8s.io/resourceslices:get":    "--dra-resource-slices: the publisher reads its node's slices",
 		"resource.k8s.io/resourceslices:list":   "--dra-resource-slices: its node's slices (field selector spec.nodeName)",
@@ -60,7 +58,6 @@ var reviewed = map[string]map[string]string{
 		"resource.k8s.io/resourceslices:delete": "--dra-resource-slices: slices past the new count",
 		"resource.k8s.io/resourceclaims:get":    "--dra: the kubelet plugin reads the claims the kubelet asks it to prepare",
 		"resource.k8s.io/resourceclaims:list":   "--dra: the drain finds the pods holding claims on a GPU (read uncached, paged)",
-		"gpusharing.io/gpunodes/status:patch":   "the one status write per pass",
 	},
 }
 

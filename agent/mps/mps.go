@@ -286,7 +286,7 @@ func (m *Manager) launch(ctx context.Context, uuid string, s Settings) error {
 	if _, err := m.cfg.Runner.Run(ctx, cmd); err != nil {
 		return err
 	}
-	started := func() (bool, error) { _, ok := m.runningPID(uuid); return ok, nil }
+	started := func() (bool, error) { return m.adoptStarted(uuid), nil }
 	if err := m.waitFor(ctx, started); err != nil {
 		return fmt.Errorf("the daemon wrote no live pid to %s within %s: %w", filepath.Join(m.PipeDir(uuid), PIDFile), m.cfg.StartTimeout, err)
 	}
@@ -401,16 +401,66 @@ func (m *Manager) waitFor(ctx context.Context, done func() (bool, error)) error 
 
 // runningPID reads the daemon's pid file and reports the pid when that process is alive.
 func (m *Manager) runningPID(uuid string) (int, bool) {
-	data, err := os.ReadFile(filepath.Join(m.PipeDir(uuid), PIDFile))
+	pid, ok := readPID(m.recordPath(uuid))
+	if !ok {
+		return 0, false
+	}
+	return pid, m.isOurDaemon(uuid, pid)
+}
+
+// The daemon writes its pid into its pipe directory, which MPS client pods mount read-write: a pod could
+// point the agent at any process (to have it adopt a dead daemon as running, or a live one as its own).
+// The agent therefore reads that file once, right after it started the daemon, checks the process (it
+// carries this GPU's host pipe directory in its environment, which no pod process has: pods see the
+// directory at their own path), and from then on trusts only its own record, daemon.pid in the GPU's
+// directory beside pipe/ and log/, which no pod mounts.
+func (m *Manager) recordPath(uuid string) string {
+	return filepath.Join(filepath.Dir(m.PipeDir(uuid)), "daemon.pid")
+}
+
+// adoptStarted takes the pid the daemon just wrote into its pipe directory, if it is the daemon this
+// agent started, and records it.
+func (m *Manager) adoptStarted(uuid string) bool {
+	pid, ok := readPID(filepath.Join(m.PipeDir(uuid), PIDFile))
+	if !ok || !m.isOurDaemon(uuid, pid) {
+		return false
+	}
+	return writeFileAtomic(m.recordPath(uuid), []byte(strconv.Itoa(pid)+"\n")) == nil
+}
+
+// isOurDaemon: pid runs and its environment names this GPU's host pipe directory.
+func (m *Manager) isOurDaemon(uuid string, pid int) bool {
+	if alive, err := m.alive(pid); err != nil || !alive {
+		return false
+	}
+	env, err := os.ReadFile(filepath.Join(m.cfg.ProcRoot, strconv.Itoa(pid), "environ"))
+	if err != nil {
+		return false
+	}
+	want := "CUDA_MPS_PIPE_DIRECTORY=" + m.PipeDir(uuid)
+	for _, kv := range strings.Split(string(env), "\x00") {
+		if kv == want {
+			return true
+		}
+	}
+	return false
+}
+
+func readPID(path string) (int, bool) {
+	data, err := os.ReadFile(path)
 	if err != nil {
 		return 0, false
 	}
 	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
-	if err != nil || pid <= 0 {
-		return 0, false
+	return pid, err == nil && pid > 0
+}
+
+func writeFileAtomic(path string, data []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return err
 	}
-	alive, err := m.alive(pid)
-	return pid, err == nil && alive
+	return os.Rename(tmp, path)
 }
 
 // alive reports whether pid runs. A zombie counts as dead (and is reaped when it is our child: the

@@ -3,8 +3,10 @@ package mps
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -255,5 +257,30 @@ func TestAPassThatFindsTheDaemonDeadRestartsItAtOnce(t *testing.T) {
 	}
 	if got, want := f.fake.Calls(t), f.startCalls(settingsCalls); !reflect.DeepEqual(got, want) {
 		t.Errorf("commands = %q, want %q", got, want)
+	}
+}
+
+// The pipe directory is a pod's to write: a pod that points the daemon's pid file at another live process
+// must not make a restarted agent adopt that process (it would report a dead daemon running and never
+// restart it). The agent adopts what it recorded when it started the daemon.
+func TestAPodRewritingThePidFileCannotPointTheAgentElsewhere(t *testing.T) {
+	f := newFixture(t)
+	first := f.started(t)
+	// Some other live process (not the test's own: the fake's quit and the cleanup kill what the file names).
+	other := exec.Command("sleep", "60")
+	if err := other.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = other.Process.Kill(); _ = other.Wait() })
+	forged := filepath.Join(f.root, gpuUUID, "pipe", PIDFile)
+	if err := os.WriteFile(forged, []byte(strconv.Itoa(other.Process.Pid)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	st, err := f.manager().Ensure(context.Background(), gpuUUID, settings)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.PID != first.PID {
+		t.Errorf("a restarted agent adopted pid %d from the pod-writable pid file, want its own record %d", st.PID, first.PID)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -54,7 +55,11 @@ type Node struct {
 	kubelet           *proc
 	kubeletKubeconfig string
 	logs              []io.Closer
+	lock              *os.File
 }
+
+// LockFile is held (flock) by the run that owns the machine's node.
+const LockFile = "/run/gpusharing-e2e.lock"
 
 // NodeIP is the node's address. The kubelet refuses a loopback one, so the run adds this private address
 // to lo: like loopback, nothing outside this machine can reach it, and Down removes it. The kubelet
@@ -89,7 +94,17 @@ func Up(ctx context.Context, o Options) (*Node, error) {
 			}
 		}
 	}
-	n := &Node{Options: o}
+	// One node per machine: a second run would take the first one's leftovers for a killed run's and clear
+	// them under it. The lock is the process's: it goes when the run ends, however it ends.
+	lock, err := os.OpenFile(LockFile, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		_ = lock.Close()
+		return nil, fmt.Errorf("another e2e run holds %s: one real node per machine", LockFile)
+	}
+	n := &Node{Options: o, lock: lock}
 	// A run killed before its Down left its processes and mounts: clear them first.
 	if err := n.cleanup(); err != nil {
 		return nil, fmt.Errorf("clearing a previous run: %w", err)

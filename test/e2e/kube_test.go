@@ -91,10 +91,6 @@ func dumpOnFailure(t *testing.T) {
 
 func writeFile(path, content string) error { return os.WriteFile(path, []byte(content), 0o644) }
 
-func clientInNamespace(ns string) client.InNamespace         { return client.InNamespace(ns) }
-func clientLabels(l map[string]string) client.MatchingLabels { return client.MatchingLabels(l) }
-func clientKey(name string) client.ObjectKey                 { return client.ObjectKey{Name: name} }
-
 // ensureNamespace creates the workloads' namespace unless an earlier scenario did (scenarios can be run
 // alone after Install and Sharing: go test -run 'TestE2E/(Install|Sharing|Upgrade)').
 func ensureNamespace(t *testing.T) {

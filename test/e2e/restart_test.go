@@ -10,6 +10,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // shareResources are the resource names the agent advertises.
@@ -60,7 +61,7 @@ func testKubeletRestart(t *testing.T) {
 // heartbeatAfter is nil once the kubelet has written node status after t.
 func heartbeatAfter(ctx context.Context, t time.Time) error {
 	var n corev1.Node
-	if err := k8s.Get(ctx, clientKey(NodeName), &n); err != nil {
+	if err := k8s.Get(ctx, client.ObjectKey{Name: NodeName}, &n); err != nil {
 		return err
 	}
 	for _, c := range n.Status.Conditions {
@@ -74,7 +75,7 @@ func heartbeatAfter(ctx context.Context, t time.Time) error {
 func allocatable(t *testing.T) map[corev1.ResourceName]int64 {
 	t.Helper()
 	var n corev1.Node
-	must(t, k8s.Get(context.Background(), clientKey(NodeName), &n))
+	must(t, k8s.Get(context.Background(), client.ObjectKey{Name: NodeName}, &n))
 	out := map[corev1.ResourceName]int64{}
 	for _, r := range shareResources {
 		q := n.Status.Allocatable[r]

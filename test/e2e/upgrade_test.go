@@ -14,6 +14,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
@@ -146,7 +147,7 @@ func tail(s string) string {
 func agentPodUID(t *testing.T) string {
 	t.Helper()
 	var l corev1.PodList
-	must(t, k8s.List(context.Background(), &l, clientInNamespace("gpusharing-system"), clientLabels(map[string]string{"app.kubernetes.io/name": "gpusharing-agent"})))
+	must(t, k8s.List(context.Background(), &l, client.InNamespace("gpusharing-system"), client.MatchingLabels{"app.kubernetes.io/name": "gpusharing-agent"}))
 	var uids []string
 	for _, p := range l.Items {
 		if p.DeletionTimestamp == nil {
@@ -159,7 +160,7 @@ func agentPodUID(t *testing.T) string {
 // shimClientListed says whether GPUNode status lists the pod among a GPU's shim clients.
 func shimClientListed(ctx context.Context, pod string) error {
 	var gn v1alpha1.GPUNode
-	if err := k8s.Get(ctx, clientKey(NodeName), &gn); err != nil {
+	if err := k8s.Get(ctx, client.ObjectKey{Name: NodeName}, &gn); err != nil {
 		return err
 	}
 	var seen []string

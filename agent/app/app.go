@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
+	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -200,13 +201,17 @@ func Setup(mgr ctrl.Manager, o Options) error {
 			Shim:                shim,
 		},
 	}
-	if err := setupDevicePlugin(mgr, o, r); err != nil {
+	podResources, err := dialPodResources(mgr, o)
+	if err != nil {
+		return err
+	}
+	if err := setupDevicePlugin(mgr, o, r, podResources); err != nil {
 		return err
 	}
 	if err := setupResourceSlices(mgr, o, r); err != nil {
 		return err
 	}
-	if err := setupDrain(mgr, o, r); err != nil {
+	if err := setupDrain(mgr, o, r, podResources); err != nil {
 		return err
 	}
 	if err := r.SetupWithManager(mgr); err != nil {
@@ -282,20 +287,27 @@ func setupResourceSlices(mgr ctrl.Manager, o Options, r *node.Reconciler) error 
 	}))
 }
 
+// dialPodResources connects to the kubelet's PodResources API where the device plugin runs: the drain
+// finds a GPU's pods there, and the device plugin which devices of a cordoned GPU pods still hold. Nil
+// where there is no device plugin or no socket.
+func dialPodResources(mgr ctrl.Manager, o Options) (podresourcesv1.PodResourcesListerClient, error) {
+	if o.DevicePlugin == nil || o.PodResourcesSocket == "" {
+		return nil, nil
+	}
+	lister, closeLister, err := drain.DialPodResources(o.PodResourcesSocket)
+	if err != nil {
+		return nil, err
+	}
+	if err := mgr.Add(runnable(func(ctx context.Context) error { <-ctx.Done(); return closeLister() })); err != nil {
+		return nil, err
+	}
+	return lister, nil
+}
+
 // setupDrain gives r a drainer where something lists a GPU's pods: the kubelet's PodResources for the
 // device plugin's pods, the ResourceClaims for DRA's.
-func setupDrain(mgr ctrl.Manager, o Options, r *node.Reconciler) error {
-	d := &drain.Drainer{Pods: mgr.GetAPIReader(), NodeName: o.NodeName, PollInterval: o.DrainPollInterval, Clock: o.Clock}
-	if o.DevicePlugin != nil && o.PodResourcesSocket != "" {
-		lister, closeLister, err := drain.DialPodResources(o.PodResourcesSocket)
-		if err != nil {
-			return err
-		}
-		if err := mgr.Add(runnable(func(ctx context.Context) error { <-ctx.Done(); return closeLister() })); err != nil {
-			return err
-		}
-		d.PodResources = lister
-	}
+func setupDrain(mgr ctrl.Manager, o Options, r *node.Reconciler, podResources podresourcesv1.PodResourcesListerClient) error {
+	d := &drain.Drainer{Pods: mgr.GetAPIReader(), NodeName: o.NodeName, PollInterval: o.DrainPollInterval, Clock: o.Clock, PodResources: podResources}
 	if o.ResourceSlices {
 		// Claims are read uncached, like pods: the agent must not cache every claim of the cluster.
 		d.Claims = dra.ClaimHolders{Reader: mgr.GetAPIReader(), Node: o.NodeName}
@@ -313,7 +325,7 @@ func setupDrain(mgr ctrl.Manager, o Options, r *node.Reconciler) error {
 }
 
 // setupDevicePlugin adds the device plugin to r.
-func setupDevicePlugin(mgr ctrl.Manager, o Options, r *node.Reconciler) error {
+func setupDevicePlugin(mgr ctrl.Manager, o Options, r *node.Reconciler, podResources podresourcesv1.PodResourcesListerClient) error {
 	if o.DevicePlugin == nil {
 		return nil
 	}
@@ -325,6 +337,7 @@ func setupDevicePlugin(mgr ctrl.Manager, o Options, r *node.Reconciler) error {
 	if err != nil {
 		return err
 	}
+	dp.SetPodResources(podResources)
 	dpLog := mgr.GetLogger().WithName("device-plugin")
 	if err := mgr.Add(runnable(func(ctx context.Context) error { return dp.Run(ctrl.LoggerInto(ctx, dpLog)) })); err != nil {
 		return err

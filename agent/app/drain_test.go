@@ -39,9 +39,9 @@ func migUUIDs(g *v1alpha1.GPUNode, uuid string) map[string]string {
 	return out
 }
 
-// (b) A MIG layout change on a GPU a pod uses: the GPU is cordoned (its devices leave ListAndWatch), the
-// status says Draining and names the pod, nothing changes on the GPU until the pod ends, then the new
-// layout is applied and advertised.
+// (b) A MIG layout change on a GPU a pod uses: the GPU is cordoned (its devices leave ListAndWatch, the
+// pod's own one once the pod is gone), the status says Draining and names the pod, nothing changes on the
+// GPU until the pod ends, then the new layout is applied and advertised.
 func TestMIGLayoutChangeWaitsForThePodUsingTheGPUThenAppliesAndAdvertisesAgain(t *testing.T) {
 	n := startNode(t, 1)
 	uuid := n.uuid(0)
@@ -63,7 +63,7 @@ func TestMIGLayoutChangeWaitsForThePodUsingTheGPUThenAppliesAndAdvertisesAgain(t
 	drainsBefore, secondsBefore := drainObservations(t, uuid, "drained")
 	n.setSpec(t, v1alpha1.GPUDesired{UUID: uuid, Sharing: migSharing("3g.20gb", 1), Drain: drainSpec(v1alpha1.DrainWaitForIdle, time.Minute)})
 	n.waitFor(t, "Draining naming the pod", draining(uuid, podName, "waiting for 1 pods"))
-	n.waitDevices(t, "the cordoned GPU's MIG devices leave ListAndWatch", "nvidia.com/mig-1g.5gb", nil)
+	n.waitDevices(t, "the cordoned GPU's MIG devices leave ListAndWatch but the pod's", "nvidia.com/mig-1g.5gb", map[string]string{oneMIG: "Healthy"})
 	// Several drain polls later the layout is untouched: the pod still holds the GPU.
 	time.Sleep(500 * time.Millisecond)
 	g = n.get(t)
@@ -135,7 +135,8 @@ func TestEvictWaitsWhileABudgetBlocksAndSaysSoThenApplies(t *testing.T) {
 
 	n.setSpec(t, v1alpha1.GPUDesired{UUID: uuid, Sharing: timeSlicing(4), Drain: drainSpec(v1alpha1.DrainEvict, time.Minute)})
 	n.waitFor(t, "Draining, eviction blocked by the budget", draining(uuid, podName, "evicting 1 pods", "disruption budget"))
-	n.waitDevices(t, "the cordoned GPU leaves ListAndWatch", "nvidia.com/gpu", nil)
+	// Held by the pod, the cordoned GPU stays advertised (Allocate refuses it) until the pod is gone.
+	n.waitDevices(t, "the cordoned GPU advertised while its pod holds it", "nvidia.com/gpu", map[string]string{uuid: "Healthy"})
 	time.Sleep(500 * time.Millisecond)
 	var p corev1.Pod
 	if err := env.Client.Get(context.Background(), client.ObjectKeyFromObject(pod), &p); err != nil || p.DeletionTimestamp != nil {
@@ -274,7 +275,9 @@ func TestRevertingTheSpecDuringADrainCancelsItAndAdvertisesTheGPUAgain(t *testin
 
 	n.setSpec(t, v1alpha1.GPUDesired{UUID: uuid, Sharing: mpsSharing(4), Drain: drainSpec(v1alpha1.DrainWaitForIdle, time.Minute)})
 	n.waitFor(t, "Draining naming the pod", draining(uuid, podName))
-	n.waitDevices(t, "the cordoned GPU leaves ListAndWatch", "nvidia.com/gpu", nil)
+	// The pod still holds the GPU, so it stays advertised (held: Allocate refuses it) and keeps counting
+	// in the node's allocatable as the pod counts in its requests.
+	n.waitDevices(t, "the cordoned GPU advertised while its pod holds it", "nvidia.com/gpu", map[string]string{uuid: "Healthy"})
 
 	n.setSpec(t, v1alpha1.GPUDesired{UUID: uuid, Sharing: exclusive()})
 	g := n.waitFor(t, "Exclusive again", appliedAsDesired(uuid))

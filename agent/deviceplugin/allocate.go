@@ -27,6 +27,9 @@ var (
 	// ErrUnknownDevice is returned when the kubelet allocates a device this resource does not advertise
 	// (for example one cordoned a moment ago).
 	ErrUnknownDevice = errors.New("device not advertised")
+	// ErrCordonedDevice is returned when the kubelet allocates a device of a GPU being drained, which is
+	// advertised only while the pod that held it runs.
+	ErrCordonedDevice = errors.New("device of a GPU cordoned for a drain")
 	// ErrDevicesSpanGPUs is returned when one container gets MPS or shim shares of more than one GPU: a
 	// process connects to one MPS daemon and one scheduler socket.
 	ErrDevicesSpanGPUs = errors.New("shares of more than one GPU in one container")

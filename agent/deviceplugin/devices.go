@@ -61,6 +61,9 @@ type Device struct {
 	// ShimOversub says the GPU's shim scheduler grants a memory budget, so the shim swaps memory
 	// (KindShared only).
 	ShimOversub bool
+	// Held marks a device of a cordoned GPU that is advertised only because a pod still holds it:
+	// Allocate refuses it and GetPreferredAllocation leaves it out.
+	Held bool
 }
 
 // ReplicaID is the device ID of replica n of a GPU.

@@ -23,7 +23,12 @@ import (
 //   - a registered plugin whose last ListAndWatch stream the kubelet closed registers again (the kubelet
 //     drops such a plugin, and can drop a freshly re-registered one when the old stream ends late).
 //
-// Cordon and Uncordon hide and restore one GPU's devices (its MIG instances included) for a drain.
+// Cordon and Uncordon hide and restore one GPU's devices (its MIG instances included) for a drain. A
+// cordoned GPU's devices that pods still hold stay advertised until the kubelet no longer lists them
+// (SetPodResources): the scheduler counts those pods' requests against the node, so hiding their
+// devices too would make the node look fuller than it is and keep a drained pod's replacement Pending
+// even where another GPU has room. The kubelet never allocates a device it has allocated already, and
+// Allocate refuses a cordoned GPU's devices anyway.
 type Manager struct {
 	cfg Config
 
@@ -32,6 +37,12 @@ type Manager struct {
 	cordoned map[string]bool
 	plugins  map[ResourceName]*entry
 	kubelet  kubeletIdentity
+	// pods is the kubelet's PodResources API; nil hides every device of a cordoned GPU.
+	pods PodResourcesLister
+	// held are the devices the kubelet had allocated to pods at the latest look while a GPU was
+	// cordoned; nil when that look failed, which hides every device of a cordoned GPU.
+	held        map[heldDevice]bool
+	heldFailing bool
 }
 
 type entry struct {
@@ -81,12 +92,23 @@ func (m *Manager) UpdateFromStatus(ctx context.Context, status v1alpha1.GPUNodeS
 	return m.Update(ctx, DevicesFromStatus(status, m.cfg))
 }
 
-// Cordon stops advertising every device of the GPU (replicas and MIG instances alike) until Uncordon,
-// whatever later Updates say. Allocate refuses the GPU's devices from now on.
+// SetPodResources gives the manager the kubelet's PodResources API, so a cordoned GPU's devices that
+// pods hold stay advertised. Call it before Run.
+func (m *Manager) SetPodResources(l PodResourcesLister) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.pods = l
+}
+
+// Cordon stops advertising every device of the GPU (replicas and MIG instances alike) that no pod holds,
+// and each held one once its pod has gone, until Uncordon, whatever later Updates say. Allocate refuses
+// the GPU's devices from now on.
 func (m *Manager) Cordon(ctx context.Context, gpuUUID string) error {
+	held, herr := listHeld(ctx, m.podResources())
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.cordoned[gpuUUID] = true
+	m.setHeldLocked(ctx, held, herr)
 	logr.FromContextOrDiscard(ctx).Info("Cordoned GPU in the device plugin", "gpu", gpuUUID)
 	return m.reconcileLocked(ctx)
 }
@@ -96,6 +118,7 @@ func (m *Manager) Uncordon(ctx context.Context, gpuUUID string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	delete(m.cordoned, gpuUUID)
+	m.setHeldLocked(ctx, m.held, nil)
 	logr.FromContextOrDiscard(ctx).Info("Uncordoned GPU in the device plugin", "gpu", gpuUUID)
 	return m.reconcileLocked(ctx)
 }
@@ -140,8 +163,15 @@ func (m *Manager) Run(ctx context.Context) error {
 }
 
 func (m *Manager) checkKubelet(ctx context.Context) error {
+	// The kubelet is asked outside the lock: Allocate must not wait for it.
+	var held map[heldDevice]bool
+	var herr error
+	if m.anyCordoned() {
+		held, herr = listHeld(ctx, m.podResources())
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.setHeldLocked(ctx, held, herr)
 	now := statKubelet(m.cfg.KubeletSocket())
 	restarted := now.restartedSince(m.kubelet)
 	m.kubelet = now
@@ -173,13 +203,43 @@ func (m *Manager) checkKubelet(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// effectiveLocked is the desired map without cordoned GPUs and without empty resources.
+func (m *Manager) podResources() PodResourcesLister {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.pods
+}
+
+func (m *Manager) anyCordoned() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.cordoned) > 0
+}
+
+// setHeldLocked records the kubelet's latest answer; a failed look hides every device of a cordoned GPU
+// (the scheduler then under-counts the node, which is safe) and is logged when it starts failing.
+func (m *Manager) setHeldLocked(ctx context.Context, held map[heldDevice]bool, err error) {
+	if len(m.cordoned) == 0 {
+		m.held, m.heldFailing = nil, false
+		return
+	}
+	if err != nil && !m.heldFailing {
+		logr.FromContextOrDiscard(ctx).Error(err, "Cannot tell which devices of a cordoned GPU pods still hold; hiding all of them")
+	}
+	m.held, m.heldFailing = held, err != nil
+}
+
+// effectiveLocked is the desired map without the devices of cordoned GPUs that no pod holds, and without
+// empty resources.
 func (m *Manager) effectiveLocked() map[ResourceName][]Device {
 	out := map[ResourceName][]Device{}
 	for res, devs := range m.desired {
 		var keep []Device
 		for _, d := range devs {
-			if !m.cordoned[d.GPUUUID] {
+			switch {
+			case !m.cordoned[d.GPUUUID]:
+				keep = append(keep, d)
+			case m.held[heldDevice{res, d.ID}]:
+				d.Held = true
 				keep = append(keep, d)
 			}
 		}

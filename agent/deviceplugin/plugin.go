@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -206,6 +207,7 @@ func (p *plugin) ListAndWatch(_ *pluginapi.Empty, s pluginapi.DevicePlugin_ListA
 // GetPreferredAllocation answers each container request with preferredAllocation.
 func (p *plugin) GetPreferredAllocation(_ context.Context, req *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {
 	devs, _ := p.snapshot()
+	devs = slices.DeleteFunc(slices.Clone(devs), func(d Device) bool { return d.Held })
 	resp := &pluginapi.PreferredAllocationResponse{}
 	for _, cr := range req.GetContainerRequests() {
 		ids := preferredAllocation(devs, cr.GetAvailableDeviceIDs(), cr.GetMustIncludeDeviceIDs(), int(cr.GetAllocationSize()))
@@ -229,6 +231,9 @@ func (p *plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*p
 			if !ok {
 				return nil, status.Errorf(codes.InvalidArgument, "%s: %v: %s", p.resource, ErrUnknownDevice, id)
 			}
+			if d.Held {
+				return nil, status.Errorf(codes.InvalidArgument, "%s: %v: %s", p.resource, ErrCordonedDevice, id)
+			}
 			picked = append(picked, d)
 		}
 		cresp, err := containerResponse(p.cfg, picked)
@@ -246,13 +251,13 @@ func (p *plugin) PreStartContainer(context.Context, *pluginapi.PreStartContainer
 	return &pluginapi.PreStartContainerResponse{}, nil
 }
 
-// sameDevices compares two lists including health.
+// sameDevices compares two lists including health and whether a device is held on a cordoned GPU.
 func sameDevices(a, b []Device) bool {
 	if len(a) != len(b) {
 		return false
 	}
 	for i := range a {
-		if !sameSpec(a[i], b[i]) || a[i].Healthy != b[i].Healthy {
+		if !sameSpec(a[i], b[i]) || a[i].Healthy != b[i].Healthy || a[i].Held != b[i].Held {
 			return false
 		}
 	}

@@ -33,14 +33,14 @@ spec:
     drain: {mode: Evict, timeout: 5m}
 `
 
-// testDrain changes GPU 4 while a one-replica Deployment with a PodDisruptionBudget (minAvailable 1) runs
-// there and bystanders run on an MPS and a shim GPU: only the pod on GPU 4 is evicted, not before the
-// budget allows it (after a replacement, which can only land on GPU 5, is Ready), and the pods on other
-// GPUs keep their containers.
+// testDrain changes GPU 4 while a two-replica Deployment with a PodDisruptionBudget (minAvailable 2) runs
+// one replica there and one on GPU 5, and bystanders run on an MPS and a shim GPU: only the pod on GPU 4 is
+// evicted, not before the budget allows it (after a third replica, which can only land on GPU 5's free
+// share, is Ready), and the pods on other GPUs keep their containers.
 //
-// One replica, not two on GPUs 4 and 5: a cordoned GPU's shares leave the node's allocatable while its
-// pod still counts against it, so with GPU 5 half used the scheduler would see no room for a replacement
-// (docs/e2e.md, "What the e2e found").
+// The third replica schedules only because GPU 4's held share stays in the node's allocatable while its
+// pod runs: hidden, the scheduler would count GPU 4's pod against GPU 5's two shares and see no room, and
+// the budget would wait for a replacement that waits for the eviction.
 func testDrain(t *testing.T) {
 	dumpOnFailure(t)
 	ctx := context.Background()
@@ -50,7 +50,7 @@ func testDrain(t *testing.T) {
 	dep := &appsv1.Deployment{
 		ObjectMeta: metav1.ObjectMeta{Name: "ts-app", Namespace: Namespace},
 		Spec: appsv1.DeploymentSpec{
-			Replicas: ptr(int32(1)),
+			Replicas: ptr(int32(2)),
 			Selector: &metav1.LabelSelector{MatchLabels: app},
 			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: app}, Spec: tmpl.Spec},
 		},
@@ -58,7 +58,7 @@ func testDrain(t *testing.T) {
 	must(t, k8s.Create(ctx, dep))
 	must(t, k8s.Create(ctx, &policyv1.PodDisruptionBudget{
 		ObjectMeta: metav1.ObjectMeta{Name: "ts-app", Namespace: Namespace},
-		Spec:       policyv1.PodDisruptionBudgetSpec{MinAvailable: ptr(intstr.FromInt32(1)), Selector: &metav1.LabelSelector{MatchLabels: app}},
+		Spec:       policyv1.PodDisruptionBudgetSpec{MinAvailable: ptr(intstr.FromInt32(2)), Selector: &metav1.LabelSelector{MatchLabels: app}},
 	}))
 	kubectl(t, "-n", Namespace, "rollout", "status", "deployment/ts-app", "--timeout=120s")
 	must(t, k8s.Create(ctx, sharePod("bystander-mps", "gpusharing.io/gpu-mps", 1, nil)))
@@ -70,20 +70,23 @@ func testDrain(t *testing.T) {
 	for _, p := range podsOf(t, app) {
 		onGPU[p.Name] = readReport(t, p.Name).env["NVIDIA_VISIBLE_DEVICES"]
 	}
-	var victim string
+	var victim, neighbour string
 	for pod, uuid := range onGPU {
-		if uuid == gpus[4] {
+		switch uuid {
+		case gpus[4]:
 			victim = pod
+		case gpus[5]:
+			neighbour = pod
 		}
 	}
-	if victim == "" {
-		t.Fatalf("ts-app's replica is on %v, want GPU 4 (%s): the least used GPU, lowest index first", onGPU, gpus[4])
+	if victim == "" || neighbour == "" {
+		t.Fatalf("ts-app's replicas are on %v, want one on GPU 4 (%s) and one on GPU 5 (%s): the least used GPU, lowest index first", onGPU, gpus[4], gpus[5])
 	}
 	before := containerIDs(t, "bystander-mps", "bystander-shim")
 
 	applyYAML(t, exclusiveGPU4)
 
-	// The drain cordons GPU 4 and asks to evict its pod; the budget (1 of 1 must stay) refuses.
+	// The drain cordons GPU 4 and asks to evict its pod; the budget (2 of 2 must stay) refuses.
 	eventually(t, time.Minute, "GPU 4 draining", func(ctx context.Context) error {
 		return gpuHasCondition(ctx, 4, "Draining")
 	})
@@ -91,20 +94,24 @@ func testDrain(t *testing.T) {
 	if !podExists(t, victim) {
 		t.Fatalf("%s was evicted although its PodDisruptionBudget allowed no disruption", victim)
 	}
-	// A replacement: the new replica can only land on GPU 5 (GPU 4's shares are no longer advertised).
-	kubectl(t, "-n", Namespace, "scale", "deployment/ts-app", "--replicas=2")
+	// GPU 4's pod still holds its share, so the node still advertises it; its free share is gone.
+	eventually(t, time.Minute, "allocatable: GPU 5's two shares and GPU 4's held one", func(ctx context.Context) error {
+		return allocatableIs(ctx, map[corev1.ResourceName]int64{"gpusharing.io/gpu-timeslice": 3})
+	})
+	// A third replica: it can only land on GPU 5's free share.
+	kubectl(t, "-n", Namespace, "scale", "deployment/ts-app", "--replicas=3")
 	// Until the replacement is Ready the budget allows no disruption: the victim must be there at every
 	// look (the eviction may follow the replacement's Ready within a poll, so only the order is checked).
 	var replacementReady time.Time
 	evictedEarly := false
-	eventually(t, 2*time.Minute, "a second ts-app replica Ready", func(ctx context.Context) error {
+	eventually(t, 2*time.Minute, "a third ts-app replica Ready", func(ctx context.Context) error {
 		ready := 0
 		for _, p := range podsOf(t, app) {
 			if p.Name != victim && p.DeletionTimestamp == nil && isReady(p) {
 				ready++
 			}
 		}
-		if ready < 1 {
+		if ready < 2 {
 			if !podExists(t, victim) {
 				evictedEarly = true
 				return nil
@@ -123,7 +130,7 @@ func testDrain(t *testing.T) {
 		}
 		return nil
 	})
-	t.Logf("%s evicted %s after the replacement was Ready", victim, time.Since(replacementReady).Round(time.Second))
+	t.Logf("%s evicted %s after the third replica was Ready", victim, time.Since(replacementReady).Round(time.Second))
 	eventually(t, 2*time.Minute, "GPU 4 Exclusive and advertised whole", func(ctx context.Context) error {
 		if err := gpuApplied(ctx, 4, v1alpha1.StrategyExclusive); err != nil {
 			return err

@@ -1,9 +1,9 @@
 // Package mps runs one nvidia-cuda-mps-control daemon per GPU, each with its own pipe and log
 // directory under a configurable root, so a client fault takes down only that GPU's MPS, and with a
-// size-capped tmpfs of its own as /dev/shm (shm.go, launch.go), which only that GPU's clients mount. It applies the
-// default active-thread percentage and pinned device memory limit through the control pipe, watches the
-// daemons and restarts a dead one with exponential backoff, reports state and client count, and quits a
-// daemon when its GPU leaves MPS. Every command goes through runner.Runner.
+// size-capped tmpfs of its own as /dev/shm (shm.go, launch.go), which only that GPU's clients mount. It
+// applies the default active-thread percentage and pinned device memory limit through the control pipe,
+// watches the daemons and restarts a dead one with exponential backoff, reports state and client count,
+// and quits a daemon when its GPU leaves MPS. Every command goes through runner.Runner.
 package mps
 
 import (

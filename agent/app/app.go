@@ -40,8 +40,13 @@ type Options struct {
 	NodeName string
 	// GPU is the node's GPUs: NVML, a mock, or gpu.Null where NVML is missing.
 	GPU gpu.Interface
-	// MPSRoot holds each MPS GPU's pipe and log directories (<root>/<uuid>/{pipe,log}).
+	// MPSRoot holds each MPS GPU's pipe and log directories and its /dev/shm tmpfs (<root>/<uuid>/{pipe,log,shm}).
 	MPSRoot string
+	// MPSLauncher is the executable whose mps-launch subcommand starts a GPU's daemon with the GPU's
+	// tmpfs as its /dev/shm (the agent itself, mps.Launch); empty starts daemons without one (mps.Config).
+	MPSLauncher string
+	// MPSShmSize caps each MPS GPU's /dev/shm tmpfs in bytes (0: mps.DefaultShmSize).
+	MPSShmSize int64
 	// SchedulerRoot holds the shim scheduler socket of each GPU whose sharing has oversubscription
 	// (<root>/<uuid>/gpushare.sock); empty runs no scheduler, and such a sharing fails to apply.
 	SchedulerRoot string
@@ -151,7 +156,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	if err != nil {
 		return fmt.Errorf("registering the shim scheduler's metrics: %w", err)
 	}
-	mpsMgr := mps.New(mps.Config{Control: o.MPSControl, Root: o.MPSRoot, Runner: run, Notify: notify, Clock: o.Clock})
+	mpsMgr := mps.New(mps.Config{Control: o.MPSControl, Root: o.MPSRoot, Launcher: o.MPSLauncher, ShmSize: o.MPSShmSize, Runner: run, Notify: notify, Clock: o.Clock})
 	if err := mgr.Add(runnable(mpsMgr.Run)); err != nil {
 		return err
 	}

@@ -4,8 +4,11 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/gpusharing/gpusharing/agent/deviceplugin"
 	"github.com/gpusharing/gpusharing/agent/hostpath"
@@ -28,6 +31,12 @@ func TestDevicePluginAndMPSDaemonsShareOneMPSLayout(t *testing.T) {
 		if cfg.MPSLogDir(uuid) != daemons.LogDir(uuid) {
 			t.Errorf("log dir of %s: device plugin %q, MPS daemon %q", uuid, cfg.MPSLogDir(uuid), daemons.LogDir(uuid))
 		}
+		if cfg.MPSShmDir(uuid) != daemons.ShmDir(uuid) {
+			t.Errorf("/dev/shm of %s: device plugin %q, MPS daemon %q", uuid, cfg.MPSShmDir(uuid), daemons.ShmDir(uuid))
+		}
+	}
+	if cfg.MPSShmDir("GPU-a") == cfg.MPSShmDir("GPU-b") {
+		t.Errorf("two GPUs share the /dev/shm %q, want one each", cfg.MPSShmDir("GPU-a"))
 	}
 	if _, err := DevicePluginConfig(deviceplugin.Config{MPSRoot: "/elsewhere"}, "/run/gs/mps", ""); err == nil {
 		t.Error("a device plugin MPS root other than the daemons' was accepted")
@@ -70,13 +79,24 @@ func TestAgentRegistersWhatItsStatusReportsAndReRegistersOnAStrategyChange(t *te
 		t.Fatal(err)
 	}
 	if len(resp.Mounts) != 2 || resp.Mounts[1].ContainerPath != "/dev/shm" {
-		t.Fatalf("MPS allocation mounts %v, want the pipe directory and the daemons' /dev/shm", resp.Mounts)
+		t.Fatalf("MPS allocation mounts %v, want the pipe directory and the GPU's /dev/shm", resp.Mounts)
 	}
-	if _, err := os.Stat(filepath.Join(resp.Mounts[0].HostPath, mps.PIDFile)); err != nil {
+	pid, err := os.ReadFile(filepath.Join(resp.Mounts[0].HostPath, mps.PIDFile))
+	if err != nil {
 		t.Errorf("MPS mount %s is not the daemon's pipe directory: %v", resp.Mounts[0].HostPath, err)
 	}
-	if want := hostpath.MPSShmDir(filepath.Join(n.dir, "mps")); resp.Mounts[1].HostPath != want {
-		t.Errorf("MPS /dev/shm mount is %s, want the daemons' %s", resp.Mounts[1].HostPath, want)
+	if want := hostpath.MPSShmDir(filepath.Join(n.dir, "mps"), mpsGPU); resp.Mounts[1].HostPath != want {
+		t.Errorf("MPS /dev/shm mount is %s, want the GPU's %s", resp.Mounts[1].HostPath, want)
+	}
+	// Where the harness runs daemons through the launcher (as root), the pod's /dev/shm is the one the
+	// GPU's daemon sees: the same tmpfs.
+	if n.isolatedMPS {
+		var daemon, mount unix.Stat_t
+		errD := unix.Stat(filepath.Join("/proc", strings.TrimSpace(string(pid)), "root/dev/shm"), &daemon)
+		errM := unix.Stat(resp.Mounts[1].HostPath, &mount)
+		if errD != nil || errM != nil || daemon.Dev != mount.Dev {
+			t.Errorf("the MPS daemon's /dev/shm (device %d, %v) is not the pod's mount %s (device %d, %v)", daemon.Dev, errD, resp.Mounts[1].HostPath, mount.Dev, errM)
+		}
 	}
 
 	// TimeSlicing -> MPS: the time-slice resource goes away and the MPS resource re-registers with the

@@ -36,6 +36,8 @@ type testNode struct {
 	kubelet *fakekubelet.Kubelet
 	pods    *fakekubelet.PodResources
 	mpsCtl  *fakebin.Fake
+	// isolatedMPS: the daemons run through the launcher, each with its GPU's tmpfs as /dev/shm.
+	isolatedMPS bool
 }
 
 var nodeSeq int
@@ -101,6 +103,15 @@ func startNodeWith(t *testing.T, gpus int, with func(*Options)) *testNode {
 		// Long enough that a test sees no retry after a failed drain.
 		DrainBackoff: time.Hour,
 		Health:       &HealthOptions{},
+	}
+	// As root the daemons run as in production, each in its namespace with its GPU's tmpfs as /dev/shm;
+	// otherwise without (mps.Config.Launcher), and the tests that need the tmpfs check nothing of it.
+	if os.Geteuid() == 0 {
+		if opts.MPSLauncher, err = os.Executable(); err != nil {
+			t.Fatal(err)
+		}
+		opts.MPSShmSize = 16 << 20
+		n.isolatedMPS = true
 	}
 	if with != nil {
 		with(&opts)

@@ -94,9 +94,9 @@ func addMPS(cfg Config, resp *pluginapi.ContainerAllocateResponse, devs []Device
 		ReadOnly: false,
 	}, &pluginapi.Mount{
 		// The client and the daemon exchange work through shared memory: the container's /dev/shm is
-		// the daemons' (shared by every MPS client on the node, as with NVIDIA's device plugin).
+		// its GPU's daemon's, a size-capped tmpfs of that GPU alone (agent/mps).
 		ContainerPath: ContainerShm,
-		HostPath:      cfg.MPSShmDir(),
+		HostPath:      cfg.MPSShmDir(d.GPUUUID),
 	})
 	resp.Envs[EnvMPSPipeDirectory] = ContainerMPSPipeDir
 	if atp > 0 {

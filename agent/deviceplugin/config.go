@@ -25,7 +25,7 @@ type ResourceName string
 const (
 	// ContainerMPSPipeDir is where a GPU's MPS pipe directory is mounted (CUDA_MPS_PIPE_DIRECTORY).
 	ContainerMPSPipeDir = "/var/run/gpusharing/mps"
-	// ContainerShm is where an MPS client sees the daemons' shared memory.
+	// ContainerShm is where an MPS client sees its GPU's daemon's shared memory (the GPU's tmpfs).
 	ContainerShm = "/dev/shm"
 	// ContainerShimLibrary is where libgpushare.so is mounted (LD_PRELOAD).
 	ContainerShimLibrary = "/usr/lib/gpusharing/libgpushare.so"
@@ -56,7 +56,7 @@ type Config struct {
 	Resources ResourceNames
 	// SocketDir is the kubelet's device plugin directory; kubelet.sock lives there and so do the plugin sockets.
 	SocketDir string
-	// MPSRoot holds one directory per MPS GPU: <MPSRoot>/<gpu-uuid>/pipe and .../log (see MPSPipeDir).
+	// MPSRoot holds one directory per MPS GPU: <MPSRoot>/<gpu-uuid>/pipe, .../log and .../shm (see MPSPipeDir).
 	MPSRoot string
 	// SchedulerRoot holds one directory per shim-shared GPU with its scheduler socket (see SchedulerSocketPath).
 	SchedulerRoot string
@@ -133,8 +133,9 @@ func (c Config) KubeletSocket() string { return filepath.Join(c.SocketDir, "kube
 // MPS package starts the daemon with this directory so that the mount Allocate hands out reaches it.
 func (c Config) MPSPipeDir(gpuUUID string) string { return hostpath.MPSPipeDir(c.MPSRoot, gpuUUID) }
 
-// MPSShmDir is the host directory mounted at /dev/shm in the MPS daemons and their client containers.
-func (c Config) MPSShmDir() string { return hostpath.MPSShmDir(c.MPSRoot) }
+// MPSShmDir is the host directory of a GPU's MPS tmpfs, which is /dev/shm for its daemon and its client
+// containers (and for no other GPU's).
+func (c Config) MPSShmDir(gpuUUID string) string { return hostpath.MPSShmDir(c.MPSRoot, gpuUUID) }
 
 // MPSLogDir is the host directory for a GPU's MPS daemon logs (CUDA_MPS_LOG_DIRECTORY); never mounted into pods.
 func (c Config) MPSLogDir(gpuUUID string) string { return hostpath.MPSLogDir(c.MPSRoot, gpuUUID) }

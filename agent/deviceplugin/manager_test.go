@@ -177,7 +177,7 @@ func TestManagerRegistersServesAndAllocatesEveryMode(t *testing.T) {
 			wantEnvs: map[string]string{"NVIDIA_VISIBLE_DEVICES": "GPU-ts", "CUDA_VISIBLE_DEVICES": "GPU-ts"},
 		},
 		{
-			name: "an MPS share mounts the GPU's pipe directory and sets the client limits", resource: resMPS, ids: []string{"GPU-mps::1"},
+			name: "an MPS share mounts the GPU's pipe directory and its own /dev/shm and sets the client limits", resource: resMPS, ids: []string{"GPU-mps::1"},
 			wantEnvs: map[string]string{
 				"NVIDIA_VISIBLE_DEVICES":            "GPU-mps",
 				"CUDA_VISIBLE_DEVICES":              "GPU-mps",
@@ -185,7 +185,7 @@ func TestManagerRegistersServesAndAllocatesEveryMode(t *testing.T) {
 				"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "40",
 				"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT":  "0=8192M",
 			},
-			wantMounts: []*pluginapi.Mount{{ContainerPath: "/var/run/gpusharing/mps", HostPath: "/host/run/mps/GPU-mps/pipe", ReadOnly: false}, {ContainerPath: "/dev/shm", HostPath: "/host/run/mps/shm"}},
+			wantMounts: []*pluginapi.Mount{{ContainerPath: "/var/run/gpusharing/mps", HostPath: "/host/run/mps/GPU-mps/pipe", ReadOnly: false}, {ContainerPath: "/dev/shm", HostPath: "/host/run/mps/GPU-mps/shm"}},
 		},
 		{
 			name: "two MPS shares of one GPU add their limits up", resource: resMPS, ids: []string{"GPU-mps::0", "GPU-mps::1"},
@@ -196,7 +196,7 @@ func TestManagerRegistersServesAndAllocatesEveryMode(t *testing.T) {
 				"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "80",
 				"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT":  "0=16384M",
 			},
-			wantMounts: []*pluginapi.Mount{{ContainerPath: "/var/run/gpusharing/mps", HostPath: "/host/run/mps/GPU-mps/pipe", ReadOnly: false}, {ContainerPath: "/dev/shm", HostPath: "/host/run/mps/shm"}},
+			wantMounts: []*pluginapi.Mount{{ContainerPath: "/var/run/gpusharing/mps", HostPath: "/host/run/mps/GPU-mps/pipe", ReadOnly: false}, {ContainerPath: "/dev/shm", HostPath: "/host/run/mps/GPU-mps/shm"}},
 		},
 		{
 			name: "MIG instances name the MIG uuids", resource: resMIG1g, ids: []string{"MIG-a", "MIG-b"},

@@ -198,13 +198,13 @@ func TestKubeletPluginPreparesSchedulerAllocatedClaimsWithWhatAllocateGives(t *t
 		"mps": {
 			env: []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8192M", "CUDA_MPS_PIPE_DIRECTORY=/var/run/gpusharing/mps",
 				"CUDA_VISIBLE_DEVICES=" + gpu1, "NVIDIA_VISIBLE_DEVICES=" + gpu1},
-			mounts: []string{"/run/gpusharing/mps/" + gpu1 + "/pipe:/var/run/gpusharing/mps:rw", "/run/gpusharing/mps/shm:/dev/shm:rw"},
+			mounts: []string{"/run/gpusharing/mps/" + gpu1 + "/pipe:/var/run/gpusharing/mps:rw", "/run/gpusharing/mps/" + gpu1 + "/shm:/dev/shm:rw"},
 		},
 		// Two MPS shares in one request are one client with their threads added up.
 		"mps-two": {
 			env: []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50", "CUDA_MPS_PIPE_DIRECTORY=/var/run/gpusharing/mps",
 				"CUDA_VISIBLE_DEVICES=" + gpu2, "NVIDIA_VISIBLE_DEVICES=" + gpu2},
-			mounts: []string{"/run/gpusharing/mps/" + gpu2 + "/pipe:/var/run/gpusharing/mps:rw", "/run/gpusharing/mps/shm:/dev/shm:rw"},
+			mounts: []string{"/run/gpusharing/mps/" + gpu2 + "/pipe:/var/run/gpusharing/mps:rw", "/run/gpusharing/mps/" + gpu2 + "/shm:/dev/shm:rw"},
 		},
 		"shared": {
 			env: []string{"CUDA_VISIBLE_DEVICES=" + gpu4, "GPUSHARE_GPU_UUID=" + gpu4, "GPUSHARE_OVERSUB=1", "GPUSHARE_SOCKET=/var/run/gpusharing/scheduler/gpushare.sock",

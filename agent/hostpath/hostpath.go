@@ -10,13 +10,14 @@ import "path/filepath"
 func MPSPipeDir(mpsRoot, gpuUUID string) string { return filepath.Join(mpsRoot, gpuUUID, "pipe") }
 
 // MPSLogDir is a GPU's CUDA_MPS_LOG_DIRECTORY under the MPS root: <root>/<gpu-uuid>/log.
-// MPSShmDir is the shared memory directory of every MPS daemon on the node and of their clients: MPS
-// servers and clients exchange work through POSIX shared memory, so a client in its own pod must see the
-// daemon's /dev/shm. The agent (whose children the daemons are) and each MPS client container mount it
-// at /dev/shm. Under /run it is a tmpfs on usual hosts, as /dev/shm is.
-func MPSShmDir(mpsRoot string) string { return filepath.Join(mpsRoot, "shm") }
-
 func MPSLogDir(mpsRoot, gpuUUID string) string { return filepath.Join(mpsRoot, gpuUUID, "log") }
+
+// MPSShmDir is a GPU's shared memory directory under the MPS root: <root>/<gpu-uuid>/shm. MPS servers and
+// clients exchange work through POSIX shared memory, so a client in its own pod must see its daemon's
+// /dev/shm. The agent mounts a size-capped tmpfs here for each MPS GPU and starts that GPU's daemon in a
+// mount namespace where it is /dev/shm; each MPS client container of the GPU mounts it at /dev/shm. One per
+// GPU: a pod can fill only its own GPU's, up to the cap, and never sees another GPU's daemon's memory.
+func MPSShmDir(mpsRoot, gpuUUID string) string { return filepath.Join(mpsRoot, gpuUUID, "shm") }
 
 // SchedulerSocketName is the file name of a GPU's shim scheduler socket in its directory.
 const SchedulerSocketName = "gpushare.sock"

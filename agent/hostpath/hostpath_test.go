@@ -3,12 +3,12 @@ package hostpath
 import "testing"
 
 // The layout is part of the node's contract (pods mount the pipe directory; docs name it): pin it.
-func TestMPSLayoutIsRootUUIDPipeAndLog(t *testing.T) {
+func TestMPSLayoutIsRootUUIDPipeLogAndShm(t *testing.T) {
 	if got := MPSPipeDir("/run/gpusharing/mps", "GPU-1"); got != "/run/gpusharing/mps/GPU-1/pipe" {
 		t.Errorf("MPSPipeDir = %q, want /run/gpusharing/mps/GPU-1/pipe", got)
 	}
-	if got := MPSShmDir("/run/gpusharing/mps"); got != "/run/gpusharing/mps/shm" {
-		t.Errorf("MPSShmDir = %q, want /run/gpusharing/mps/shm", got)
+	if got := MPSShmDir("/run/gpusharing/mps", "GPU-1"); got != "/run/gpusharing/mps/GPU-1/shm" {
+		t.Errorf("MPSShmDir = %q, want /run/gpusharing/mps/GPU-1/shm", got)
 	}
 	if got := MPSLogDir("/run/gpusharing/mps", "GPU-1"); got != "/run/gpusharing/mps/GPU-1/log" {
 		t.Errorf("MPSLogDir = %q, want /run/gpusharing/mps/GPU-1/log", got)

@@ -1,8 +1,9 @@
 // Package mps runs one nvidia-cuda-mps-control daemon per GPU, each with its own pipe and log
-// directory under a configurable root, so a client fault takes down only that GPU's MPS. It applies the
-// default active-thread percentage and pinned device memory limit through the control pipe, watches the
-// daemons and restarts a dead one with exponential backoff, reports state and client count, and quits a
-// daemon when its GPU leaves MPS. Every command goes through runner.Runner.
+// directory under a configurable root, so a client fault takes down only that GPU's MPS, and with a
+// size-capped tmpfs of its own as /dev/shm (shm.go, launch.go), which only that GPU's clients mount. It
+// applies the default active-thread percentage and pinned device memory limit through the control pipe,
+// watches the daemons and restarts a dead one with exponential backoff, reports state and client count,
+// and quits a daemon when its GPU leaves MPS. Every command goes through runner.Runner.
 package mps
 
 import (
@@ -65,8 +66,16 @@ type Status struct {
 type Config struct {
 	// Control is the path of nvidia-cuda-mps-control.
 	Control string
-	// Root holds one directory per GPU uuid with pipe/ and log/ inside.
+	// Root holds one directory per GPU uuid with pipe/, log/ and shm/ inside.
 	Root string
+	// Launcher is an executable with the mps-launch subcommand (Launch), normally the agent itself. The
+	// manager mounts a tmpfs of ShmSize on each GPU's shm/ and starts the daemon through the launcher,
+	// which makes that tmpfs the daemon's /dev/shm. Empty starts the daemon directly in the agent's own
+	// namespace with shm/ a plain directory: for tests of the command sequence and nothing else, as the
+	// daemon then does not share memory with the clients the device plugin mounts shm/ into.
+	Launcher string
+	// ShmSize caps each GPU's tmpfs in bytes; default DefaultShmSize.
+	ShmSize int64
 	// ProcRoot is the proc filesystem used to tell a live daemon from a zombie; default /proc.
 	ProcRoot string
 	// Runner runs the commands.
@@ -131,6 +140,9 @@ func New(cfg Config) *Manager {
 	}
 	if cfg.WatchInterval == 0 {
 		cfg.WatchInterval = 5 * time.Second
+	}
+	if cfg.ShmSize <= 0 {
+		cfg.ShmSize = DefaultShmSize
 	}
 	return &Manager{cfg: cfg, daemons: map[string]*daemon{}}
 }
@@ -198,6 +210,15 @@ func (m *Manager) Ensure(ctx context.Context, uuid string, s Settings) (Status, 
 		// A daemon from a previous run of the agent: adopt it and re-apply the settings, which are lost
 		// only with the daemon.
 		if pid, ok := m.runningPID(uuid); ok {
+			if restart, err := m.offItsShm(ctx, uuid, pid); err != nil {
+				return Status{}, err
+			} else if restart {
+				d = &daemon{uuid: uuid, state: StateStarting}
+				m.mu.Lock()
+				m.daemons[uuid] = d
+				m.mu.Unlock()
+				return m.start(ctx, d, s)
+			}
 			log.Info("Adopting MPS daemon", "pid", pid)
 			d = &daemon{uuid: uuid, pid: pid, state: StateStarting, startedAt: m.cfg.Clock.Now()}
 			if err := m.applySettings(ctx, uuid, s); err != nil {
@@ -273,7 +294,7 @@ func (m *Manager) start(ctx context.Context, d *daemon, s Settings) (Status, err
 }
 
 func (m *Manager) launch(ctx context.Context, uuid string, s Settings) error {
-	for _, dir := range []string{m.PipeDir(uuid), m.LogDir(uuid)} {
+	for _, dir := range []string{m.PipeDir(uuid), m.LogDir(uuid), m.ShmDir(uuid)} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return err
 		}
@@ -283,6 +304,12 @@ func (m *Manager) launch(ctx context.Context, uuid string, s Settings) error {
 		return err
 	}
 	cmd := runner.Cmd{Path: m.cfg.Control, Args: []string{"-d"}, Env: append(m.env(uuid), "CUDA_VISIBLE_DEVICES="+uuid), Timeout: m.cfg.CommandTimeout}
+	if m.isolated() {
+		if err := m.mountShm(uuid); err != nil {
+			return err
+		}
+		cmd.Path, cmd.Args = m.cfg.Launcher, []string{LaunchCommand, m.ShmDir(uuid), m.cfg.Control, "-d"}
+	}
 	if _, err := m.cfg.Runner.Run(ctx, cmd); err != nil {
 		return err
 	}
@@ -348,7 +375,8 @@ func (m *Manager) Stop(ctx context.Context, uuid string) error {
 		m.mu.Lock()
 		delete(m.daemons, uuid)
 		m.mu.Unlock()
-		return nil
+		// A daemon that died (or a Stop whose unmount failed after the quit) may have left the tmpfs.
+		return m.unmountShm(uuid)
 	}
 	clients, err := m.clients(ctx, uuid)
 	if err != nil {
@@ -364,7 +392,35 @@ func (m *Manager) Stop(ctx context.Context, uuid string) error {
 	m.mu.Lock()
 	delete(m.daemons, uuid)
 	m.mu.Unlock()
-	return nil
+	// Only now, with the daemon gone and no client connected, is the tmpfs unmounted.
+	return m.unmountShm(uuid)
+}
+
+// offItsShm decides, for a running daemon a previous agent left, whether it must be restarted because
+// its /dev/shm is not the GPU's tmpfs (it was started before the agent gave each GPU one): clients the
+// device plugin now mounts the tmpfs into could not reach it. It quits that daemon when no client is
+// connected and refuses with GPUBusy while some are, as for new settings. It mounts the tmpfs (adopting
+// one that is there) in every case.
+func (m *Manager) offItsShm(ctx context.Context, uuid string, pid int) (bool, error) {
+	if !m.isolated() {
+		return false, nil
+	}
+	if err := m.mountShm(uuid); err != nil {
+		return false, err
+	}
+	on, err := m.onItsShm(uuid, pid)
+	if err != nil || on {
+		return false, err
+	}
+	clients, err := m.clients(ctx, uuid)
+	if err != nil {
+		return false, err
+	}
+	if clients > 0 {
+		return false, &outcome.Error{Reason: v1alpha1.ReasonGPUBusy, Message: fmt.Sprintf("the MPS daemon %d does not use its GPU's /dev/shm tmpfs (an earlier agent started it); it is restarted onto it once its %d MPS clients are gone", pid, clients)}
+	}
+	logr.FromContextOrDiscard(ctx).Info("Restarting MPS daemon onto its GPU's /dev/shm tmpfs", "gpu", uuid, "pid", pid)
+	return true, m.quit(ctx, uuid, pid)
 }
 
 func (m *Manager) quit(ctx context.Context, uuid string, pid int) error {

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 )
 
@@ -41,12 +42,8 @@ func TestDaemonSetFlagsParseAndEveryHostPathIsMountedAtItsHostPath(t *testing.T)
 		}
 	}
 	mounted := func(path string) (string, bool) {
-		for _, m := range c.VolumeMounts {
-			if path == m.MountPath || strings.HasPrefix(path, m.MountPath+"/") {
-				return m.Name, hostPathOf[m.Name] == m.MountPath
-			}
-		}
-		return "", false
+		m, ok := mountOf(c, path)
+		return m.Name, ok && hostPathOf[m.Name] == m.MountPath
 	}
 	for what, path := range map[string]string{
 		"--device-plugin-dir":    o.devicePlugin.SocketDir,
@@ -59,6 +56,42 @@ func TestDaemonSetFlagsParseAndEveryHostPathIsMountedAtItsHostPath(t *testing.T)
 		if vol, same := mounted(path); vol == "" || !same {
 			t.Errorf("%s %s: in volume %q, mounted at its host path: %v; want a hostPath volume mounted at the same path", what, path, vol, same)
 		}
+	}
+}
+
+// mountOf is the volume mount in effect at path: the deepest one that holds it.
+func mountOf(c corev1.Container, path string) (corev1.VolumeMount, bool) {
+	var best corev1.VolumeMount
+	found := false
+	for _, m := range c.VolumeMounts {
+		if (path == m.MountPath || strings.HasPrefix(path, m.MountPath+"/")) && len(m.MountPath) >= len(best.MountPath) {
+			best, found = m, true
+		}
+	}
+	return best, found
+}
+
+// The agent mounts each MPS GPU's /dev/shm tmpfs under --mps-root; pods get it from the host, so that
+// directory's mount must propagate the agent's mounts to the host (Bidirectional, which only a privileged
+// container may have). No node-wide directory is mounted at the agent's /dev/shm any more: each daemon
+// gets its GPU's tmpfs in a namespace of its own.
+func TestTheMPSRootPropagatesTheAgentsTmpfsMountsToTheHost(t *testing.T) {
+	ds := agentDaemonSet(t)
+	c := ds.Spec.Template.Spec.Containers[0]
+	t.Setenv("NODE_NAME", "node-a")
+	o, _ := parse(c.Args)
+	m, ok := mountOf(c, filepath.Join(o.mpsRoot, "GPU-x", "shm"))
+	if !ok || m.MountPropagation == nil || *m.MountPropagation != corev1.MountPropagationBidirectional {
+		t.Errorf("the mount holding %s/<uuid>/shm is %+v; want mountPropagation Bidirectional", o.mpsRoot, m)
+	}
+	if c.SecurityContext == nil || c.SecurityContext.Privileged == nil || !*c.SecurityContext.Privileged {
+		t.Error("the agent is not privileged: it can neither mount the tmpfs nor have Bidirectional propagation")
+	}
+	if m, ok := mountOf(c, "/dev/shm"); ok {
+		t.Errorf("volume %q is mounted at the agent's /dev/shm; want none (each daemon gets its GPU's tmpfs)", m.Name)
+	}
+	if o.mpsShmSize < 1<<30 {
+		t.Errorf("--mps-shm-size is %d bytes; want at least 1Gi, room for DataLoader workers", o.mpsShmSize)
 	}
 }
 

@@ -28,6 +28,7 @@ import (
 	"github.com/gpusharing/gpusharing/agent/drain"
 	"github.com/gpusharing/gpusharing/agent/gpu"
 	"github.com/gpusharing/gpusharing/agent/health"
+	"github.com/gpusharing/gpusharing/agent/mps"
 	"github.com/gpusharing/gpusharing/agent/node"
 	"github.com/gpusharing/gpusharing/agent/runner"
 	"github.com/gpusharing/gpusharing/agent/scheduler"
@@ -40,6 +41,7 @@ type options struct {
 	hostRoot            string
 	driverRoot          string
 	mpsRoot             string
+	mpsShmSize          int64
 	stateDir            string
 	nvmlLib             string
 	mpsControl          string
@@ -80,6 +82,11 @@ func main() {
 			os.Exit(runPlan(os.Args[2:]))
 		case "install-shim":
 			os.Exit(runInstallShim(os.Args[2:]))
+		case mps.LaunchCommand:
+			// Started by the agent itself for each MPS daemon; it returns only on failure.
+			err := mps.Launch(os.Args[2:], os.Environ())
+			fmt.Fprintf(os.Stderr, "%s: %v\n", mps.LaunchCommand, err)
+			os.Exit(1)
 		}
 	}
 	o, logConfig := parse(os.Args[1:])
@@ -96,12 +103,21 @@ func parse(args []string) (options, *textlogger.Config) {
 	fs.StringVar(&o.nodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name, which is also its GPUNode's (default $NODE_NAME)")
 	fs.StringVar(&o.hostRoot, "host-root", "/run/gpusharing", "the agent's directory on the host (a hostPath); every host path the agent writes is under it unless named below")
 	fs.StringVar(&o.driverRoot, "driver-root", "/", "where the NVIDIA driver's tools are installed; nvidia-smi and nvidia-cuda-mps-control are looked up under it, then in $PATH")
-	fs.StringVar(&o.mpsRoot, "mps-root", "", "directory holding each MPS GPU's pipe and log directories, <root>/<uuid>/{pipe,log} (default <host-root>/mps)")
+	fs.StringVar(&o.mpsRoot, "mps-root", "", "directory holding each MPS GPU's pipe and log directories and /dev/shm tmpfs, <root>/<uuid>/{pipe,log,shm} (default <host-root>/mps)")
 	fs.StringVar(&o.stateDir, "state-dir", "", "directory for runtime state (the time-slicing in force); must not outlive a reboot (default <host-root>/state)")
 	fs.StringVar(&o.nvmlLib, "nvml-lib", "", "path of libnvidia-ml.so.1 (default: the dynamic loader's search)")
 	fs.StringVar(&o.mpsControl, "mps-control", "", "path of nvidia-cuda-mps-control (default: found under --driver-root)")
 	fs.StringVar(&o.nvidiaSMI, "nvidia-smi", "", "path of nvidia-smi (default: found under --driver-root)")
 	fs.DurationVar(&o.resync, "resync", 30*time.Second, "how often the GPUs are checked when nothing else triggers a pass")
+	shmSize := resource.NewQuantity(mps.DefaultShmSize, resource.BinarySI)
+	fs.Func("mps-shm-size", fmt.Sprintf("size cap of the tmpfs each MPS GPU's daemon and client containers get as /dev/shm; room for PyTorch DataLoader workers, which pass batches through /dev/shm (default %s)", shmSize), func(s string) error {
+		q, err := resource.ParseQuantity(s)
+		if err != nil || q.Sign() <= 0 {
+			return fmt.Errorf("want a positive quantity such as 2Gi")
+		}
+		shmSize = &q
+		return nil
+	})
 	fs.BoolVar(&o.mpsExclusiveProcess, "mps-exclusive-process", false, "set EXCLUSIVE_PROCESS compute mode on MPS GPUs")
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8081", "metrics endpoint address (0 disables)")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8082", "health probe address")
@@ -181,6 +197,7 @@ func parse(args []string) (options, *textlogger.Config) {
 		o.schedulerRoot = filepath.Join(o.hostRoot, "scheduler")
 	}
 	o.oversubReserve = uint64(reserve.Value())
+	o.mpsShmSize = shmSize.Value()
 	// The device plugin names the sockets the agent's schedulers listen on: one root for both.
 	dp.SchedulerRoot = o.schedulerRoot
 	dp.ShimReplicas = int32(*shimReplicas)
@@ -271,6 +288,11 @@ func run(ctx context.Context, o options) error {
 		log.Info("NVML is not available; publishing Ready=False NVMLUnavailable", "cause", gpus.(gpu.Null).Cause.Error())
 	}
 
+	// The agent starts each MPS daemon through its own mps-launch subcommand.
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("finding the agent's executable for mps-launch: %w", err)
+	}
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
 		Scheme:                 scheme(),
 		Metrics:                metricsserver.Options{BindAddress: o.metricsAddr},
@@ -284,6 +306,8 @@ func run(ctx context.Context, o options) error {
 		NodeName:            o.nodeName,
 		GPU:                 gpus,
 		MPSRoot:             o.mpsRoot,
+		MPSLauncher:         self,
+		MPSShmSize:          o.mpsShmSize,
 		SchedulerRoot:       o.schedulerRoot,
 		OversubReserve:      o.oversubReserve,
 		ShimGuards:          o.shimGuards,
@@ -310,7 +334,7 @@ func run(ctx context.Context, o options) error {
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return err
 	}
-	log.Info("Starting agent", "node", o.nodeName, "mpsRoot", o.mpsRoot, "schedulerRoot", o.schedulerRoot, "oversubReserve", o.oversubReserve, "stateDir", o.stateDir, "mpsControl", o.mpsControl, "nvidiaSMI", o.nvidiaSMI,
+	log.Info("Starting agent", "node", o.nodeName, "mpsRoot", o.mpsRoot, "mpsShmSize", o.mpsShmSize, "schedulerRoot", o.schedulerRoot, "oversubReserve", o.oversubReserve, "stateDir", o.stateDir, "mpsControl", o.mpsControl, "nvidiaSMI", o.nvidiaSMI,
 		"devicePlugin", o.devicePlugin != nil, "podResourcesSocket", o.podResourcesSocket, "resourceSlices", o.resourceSlices, "draKubeletPlugin", o.draPlugin != nil)
 	return mgr.Start(ctx)
 }

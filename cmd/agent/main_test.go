@@ -35,6 +35,17 @@ func TestParseDerivesHostPathsFromTheHostRoot(t *testing.T) {
 	}
 }
 
+// Each MPS GPU's /dev/shm tmpfs is capped by --mps-shm-size, 2Gi by default.
+func TestMPSShmSizeFlag(t *testing.T) {
+	t.Setenv("NODE_NAME", "node-a")
+	if o, _ := parse(nil); o.mpsShmSize != 2<<30 {
+		t.Errorf("default --mps-shm-size = %d, want 2Gi", o.mpsShmSize)
+	}
+	if o, _ := parse([]string{"--mps-shm-size=512Mi"}); o.mpsShmSize != 512<<20 {
+		t.Errorf("--mps-shm-size=512Mi gives %d bytes", o.mpsShmSize)
+	}
+}
+
 func TestDriverToolLooksUnderTheDriverRootFirst(t *testing.T) {
 	root := t.TempDir()
 	if got := driverTool(root, "no-such-tool-xyz"); got != root+"/usr/bin/no-such-tool-xyz" {

@@ -151,7 +151,7 @@ func diff(a, b any, path string) string {
 
 func TestChartValuesReachTheObjects(t *testing.T) {
 	h := renderChart(t,
-		"agent.image.tag=v9", "agent.nodeSelector.pool=a100", "agent.oversubReserve=4Gi",
+		"agent.image.tag=v9", "agent.nodeSelector.pool=a100", "agent.oversubReserve=4Gi", "agent.mpsShmSize=512Mi",
 		"agent.resourceNames.mps=example.com/mps", "agent.healthChecks.enabled=false",
 		"agent.healthChecks.ignoredXids=13\\,31", "manager.replicas=1",
 		"metrics.serviceMonitor.enabled=true", "grafana.dashboard.enabled=true",
@@ -166,7 +166,7 @@ func TestChartValuesReachTheObjects(t *testing.T) {
 		t.Errorf("agent image %v, want gpusharing/agent:v9", agent["image"])
 	}
 	args := fmt.Sprint(agent["args"])
-	for _, want := range []string{"--oversub-reserve=4Gi", "--resource-mps=example.com/mps", "--health-checks=false", "--health-ignored-xids=13,31"} {
+	for _, want := range []string{"--oversub-reserve=4Gi", "--mps-shm-size=512Mi", "--resource-mps=example.com/mps", "--health-checks=false", "--health-ignored-xids=13,31"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("agent args %s lack %s", args, want)
 		}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -68,6 +69,9 @@ func testDRA(t *testing.T) {
 		if _, ok := r.mounts[mp]; !ok {
 			t.Errorf("dra-mps: %s not mounted", mp)
 		}
+	}
+	if shm := r.probes["shm"]; !strings.HasPrefix(shm, "tmpfs gpusharing-mps-shm ") {
+		t.Errorf("dra-mps: /dev/shm is %q, want its GPU's tmpfs (gpusharing-mps-shm)", shm)
 	}
 	must(t, k8s.Get(ctx, client.ObjectKeyFromObject(claim), claim))
 	if claim.Status.Allocation == nil || len(claim.Status.Allocation.Devices.Results) != 1 || claim.Status.Allocation.Devices.Results[0].Driver != "gpu.gpusharing.io" {

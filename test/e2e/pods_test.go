@@ -32,6 +32,7 @@ echo "== mounts"; awk '{print $5, $6}' /proc/self/mountinfo
 echo "== probes"
 [ -n "$GPUSHARE_SOCKET" ] && [ -S "$GPUSHARE_SOCKET" ] && echo "probe socket=ok"
 [ -n "$LD_PRELOAD" ] && { if touch "$LD_PRELOAD" 2>/dev/null; then echo "probe library=writable"; else echo "probe library=readonly"; fi; }
+awk '$5 == "/dev/shm" { for (i = 7; i < NF; i++) if ($i == "-") print "probe shm=" $(i+1) " " $(i+2) " " $(i+3) }' /proc/self/mountinfo
 echo "== end"
 exec sleep 3600`
 
@@ -179,6 +180,10 @@ func testPods(t *testing.T) {
 	}
 	ro("mps", r, "/var/run/gpusharing/mps", false)
 	ro("mps", r, "/dev/shm", false)
+	// The GPU's own tmpfs, which the agent mounted (source gpusharing-mps-shm) with --mps-shm-size=2Gi.
+	if shm := r.probes["shm"]; !strings.HasPrefix(shm, "tmpfs gpusharing-mps-shm ") || !strings.Contains(shm, "size=2097152k") {
+		t.Errorf("mps: /dev/shm is %q, want the GPU's tmpfs (gpusharing-mps-shm, size=2097152k)", shm)
+	}
 
 	r = readReport(t, "timeslice-2")
 	ts := visible(r)

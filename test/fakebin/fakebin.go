@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -74,14 +75,47 @@ func (f *Fake) Calls(t testing.TB) []string {
 // writes its pid to $CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid as the real one does; commands
 // on stdin fail like the real client when that daemon is not running; quit ends it; get_server_list and
 // get_client_list print the files "servers" and "clients.<pid>" a test writes into the pipe directory.
+// With ShmMarkerEnv set to a file name, -d writes $CUDA_VISIBLE_DEVICES into /dev/shm/<name>, so a test
+// can find which /dev/shm the daemon saw. Cleanup ends the daemons and unmounts what the agent under
+// test mounted in dir (the MPS tmpfs), so the test's temporary directory can be removed.
 func MPSControl(t testing.TB, dir string) *Fake {
 	t.Helper()
 	f, err := NewMPSControl(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { KillDaemons(dir) })
+	t.Cleanup(func() {
+		KillDaemons(dir)
+		if err := UnmountUnder(dir); err != nil {
+			t.Error(err)
+		}
+	})
 	return f
+}
+
+// ShmMarkerEnv names the file the fake MPS daemon writes into its /dev/shm; see MPSControl.
+const ShmMarkerEnv = "FAKEBIN_MPS_SHM_MARKER"
+
+// UnmountUnder unmounts every mount point below dir in this mount namespace, the latest first.
+func UnmountUnder(dir string) error {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return err
+	}
+	prefix := filepath.Clean(dir) + "/"
+	var points []string
+	for _, line := range strings.Split(string(data), "\n") {
+		// Field 5 is the mount point, octal-escaped (\040 for a space); test directories have none.
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], prefix) {
+			points = append(points, f[4])
+		}
+	}
+	for i := len(points) - 1; i >= 0; i-- {
+		if err := syscall.Unmount(points[i], syscall.MNT_DETACH); err != nil {
+			return fmt.Errorf("unmounting %s: %w", points[i], err)
+		}
+	}
+	return nil
 }
 
 // NewMPSControl writes the fake nvidia-cuda-mps-control described at MPSControl. Its stand-in daemons
@@ -92,6 +126,7 @@ pipe="${CUDA_MPS_PIPE_DIRECTORY:?}"
 pidfile="$pipe/nvidia-cuda-mps-control.pid"
 if [ "$1" = "-d" ]; then
 	[ -d "$pipe" ] || { echo "no pipe directory $pipe" >&2; exit 1; }
+	[ -z "$`+ShmMarkerEnv+`" ] || printf '%s\n' "$CUDA_VISIBLE_DEVICES" > "/dev/shm/$`+ShmMarkerEnv+`"
 	sleep 86400 </dev/null >/dev/null 2>&1 &
 	echo $! > "$pidfile"
 	exit 0

@@ -133,6 +133,9 @@ func (n *Node) up(ctx context.Context) error {
 	if err := n.startControlPlane(ctx); err != nil {
 		return err
 	}
+	if err := sharedMount("/run/gpusharing"); err != nil {
+		return err
+	}
 	if err := n.startContainerd(ctx); err != nil {
 		return err
 	}
@@ -189,4 +192,21 @@ func (n *Node) labels() string {
 	}
 	sort.Strings(parts)
 	return strings.Join(parts, ",")
+}
+
+// sharedMount makes dir a shared mount of its own. The agent's MPS root (under /run/gpusharing) is
+// mounted Bidirectional, so that the /dev/shm tmpfs the agent mounts for each MPS GPU reaches the host and
+// its pods, and the container runtime refuses Bidirectional on a host path whose mount is not shared. A
+// systemd host's / is shared; this machine's is private. Down unmounts it with the run's other mounts.
+func sharedMount(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := syscall.Mount(dir, dir, "", syscall.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind-mounting %s onto itself: %w", dir, err)
+	}
+	if err := syscall.Mount("", dir, "", syscall.MS_SHARED, ""); err != nil {
+		return fmt.Errorf("making %s a shared mount: %w", dir, err)
+	}
+	return nil
 }

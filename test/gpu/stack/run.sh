@@ -62,6 +62,9 @@ nvidia-smi --query-gpu=$QUERY --format=csv -i "$GPU" > "$OUT/gpu-after.csv"
 check "MIG mode and compute mode unchanged" cmp -s "$OUT/gpu-before.csv" "$OUT/gpu-after.csv"
 left=$(pgrep -f 'nvidia-cuda-mps|gpusharing|/tmp/gs-bin' | grep -v $$ || true)
 check "nothing left running" test -z "$left"
+# The agent mounts each MPS GPU's /dev/shm tmpfs (source gpusharing-mps-shm) and unmounts it when the GPU
+# leaves MPS; stackcheck unmounts any a failed run left.
+check "no MPS /dev/shm tmpfs left mounted" sh -c '! grep -q " gpusharing-mps-shm " /proc/self/mountinfo'
 for f in "$DETAIL"/*.log; do echo "-- $(basename "$f") (last lines)"; tail -n 5 "$f"; done
 tar -C "$DETAIL" -czf "$OUT/stack-detail.tar.gz" .
 rm -rf "$BIN" "$DETAIL"

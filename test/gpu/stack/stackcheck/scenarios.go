@@ -104,6 +104,7 @@ func (s *stack) exclusiveToMPS(ctx context.Context) *container {
 	e := alloc.resp.Envs
 	s.r.check("Allocate: the share's MPS env", e["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50" && e["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=8192M" && e["CUDA_VISIBLE_DEVICES"] == s.gpuUUID,
 		"%v mounts %d", e, len(alloc.resp.Mounts))
+	s.checkMPSShm(ctx, alloc, int(m.PID))
 	if !s.r.must("admit the pod", s.admitPod(ctx, "mps-client", alloc)) {
 		return nil
 	}
@@ -180,6 +181,9 @@ func (s *stack) mpsToExclusive(ctx context.Context, c *container) {
 	}
 	s.r.timed("back to Exclusive after the last client exits", d, restoreTarget)
 	s.r.check("GPU: the MPS daemon was quit", !alive(daemon) && len(mpsProcesses()) == 0, "daemon %d alive %v, MPS processes %v", daemon, alive(daemon), mpsProcesses())
+	shm := filepath.Join(s.mpsRoot, s.gpuUUID, "shm")
+	_, statErr := os.Stat(shm)
+	s.r.check("host: the GPU's /dev/shm tmpfs unmounted and removed", os.IsNotExist(statErr) && len(mountsUnder(s.mpsRoot)) == 0, "stat %v, mounts under the MPS root %v", statErr, mountsUnder(s.mpsRoot))
 	_, err = waitFor(ctx, 30*time.Second, 50*time.Millisecond, func() bool { return s.policyReady(ctx, policyName) }, time.Now())
 	s.r.must("policy Ready", err)
 }

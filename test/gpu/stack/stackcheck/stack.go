@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -127,26 +128,25 @@ func (s *stack) startManager() error {
 		"--metrics-bind-address=0", "--health-probe-bind-address=127.0.0.1:0", "--status-debounce=50ms"})
 }
 
-// startAgent runs the agent as the DaemonSet does, in a mount namespace whose /dev/shm is the MPS
-// daemons' shared directory (config/agent mounts <mps-root>/shm there), so MPS clients started with
-// Allocate's mounts share memory with the daemons exactly as pods do.
+// startAgent runs the agent as the DaemonSet does: in the machine's mount namespace, which is what the
+// DaemonSet's Bidirectional MPS root amounts to. The agent itself mounts each MPS GPU's tmpfs at
+// <mps-root>/<uuid>/shm and starts the daemon with it as /dev/shm (agent mps-launch), so MPS clients
+// started with Allocate's mounts share memory with their daemon exactly as pods do.
 func (s *stack) startAgent(dpDir string) error {
 	smi, err := s.refusingSMI()
 	if err != nil {
-		return err
-	}
-	shm := filepath.Join(s.mpsRoot, "shm")
-	if err := os.MkdirAll(shm, 0o755); err != nil {
 		return err
 	}
 	agent := []string{filepath.Join(s.o.bin, "agent"),
 		"--node-name=" + nodeName, "--host-root=" + s.hostRoot, "--mps-root=" + s.mpsRoot, "--scheduler-root=" + s.schedRoot,
 		"--nvidia-smi=" + smi, "--device-plugin-dir=" + dpDir, "--pod-resources-socket=" + s.podRes.Path(),
 		"--shim-library=" + s.o.shimLib, "--metrics-bind-address=0", "--health-probe-bind-address=127.0.0.1:0",
-		"--resync=2s", "--drain-poll-interval=250ms", "-v=2"}
-	script := fmt.Sprintf("mount --bind %s /dev/shm && exec %s", shQuote(shm), shJoin(agent))
-	return s.start("agent", []string{"unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script})
+		"--mps-shm-size=" + strconv.FormatInt(mpsShmSize, 10), "--resync=2s", "--drain-poll-interval=250ms", "-v=2"}
+	return s.start("agent", agent)
 }
+
+// mpsShmSize is the agent's --mps-shm-size here (1 GiB), checked on the GPU's tmpfs.
+const mpsShmSize = 1 << 30
 
 // start runs a component with the admin kubeconfig, its output in <out>/<name>.log.
 func (s *stack) start(name string, argv []string) error {
@@ -181,6 +181,9 @@ func (s *stack) teardown() {
 		}
 	}
 	quitMPSDaemons(s.mpsRoot)
+	// The agent unmounts a GPU's tmpfs when it leaves MPS; one left by a failed run must not stay mounted
+	// on the shared machine.
+	unmountUnder(s.mpsRoot)
 	if s.podRes != nil {
 		s.podRes.Stop()
 	}

@@ -27,7 +27,8 @@
  *                                 expandable_segments): a reserved range, 2 MiB cuMemCreate
  *                                 handles mapped into it (every other one released right after
  *                                 mapping), access set over the whole range; the loop also unmaps
- *                                 the last segment and maps a new one (shrink and grow)
+ *                                 the last segment and maps a new one (shrink and grow), right
+ *                                 after a kernel over the buffer, the stream synchronized first
  *     seed=N
  * Prints "oversub ..." lines; exits 1 on the first mismatch.
  */

@@ -270,12 +270,23 @@ static CUresult unmap_one(CUdeviceptr ptr, size_t *size)
     if (ph == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     *size = ph->size;
+    void *at = (void *)(uintptr_t)ptr;
     void *scratch = mmap(NULL, ph->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (scratch == MAP_FAILED ||
-        mremap((void *)(uintptr_t)ptr, ph->size, ph->size, MREMAP_MAYMOVE | MREMAP_FIXED, scratch) == MAP_FAILED)
+    if (scratch == MAP_FAILED)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    mmap((void *)(uintptr_t)ptr, ph->size, PROT_NONE,
-         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+    /* The range never has a hole: it is PROT_NONE before the pages leave, and MREMAP_DONTUNMAP
+     * leaves it mapped (empty), so no other thread's mmap can land there and be overwritten by
+     * the next cuMemMap. Kernels before 5.7 lack it: move, then reserve again at once. */
+    mprotect(at, ph->size, PROT_NONE);
+    if (mremap(at, ph->size, ph->size, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, scratch) == MAP_FAILED) {
+        if (mremap(at, ph->size, ph->size, MREMAP_MAYMOVE | MREMAP_FIXED, scratch) == MAP_FAILED) {
+            mprotect(at, ph->size, PROT_READ | PROT_WRITE);
+            munmap(scratch, ph->size);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        mmap(at, ph->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+    }
+    mprotect(scratch, ph->size, PROT_READ | PROT_WRITE);
     ph->at = scratch;
     ph->mapped = 0;
     if (ph->refs == 0) {

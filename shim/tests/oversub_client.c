@@ -27,7 +27,8 @@
  *                                 expandable_segments): a reserved range, 2 MiB cuMemCreate
  *                                 handles mapped into it (every other one released right after
  *                                 mapping), access set over the whole range; the loop also unmaps
- *                                 the last segment and maps a new one (shrink and grow)
+ *                                 the last segment and maps a new one (shrink and grow), right
+ *                                 after a kernel over the buffer, the stream synchronized first
  *     seed=N
  * Prints "oversub ..." lines; exits 1 on the first mismatch.
  */
@@ -133,6 +134,7 @@ static map_fn mmap_;
 static unmap_fn munmap_;
 static release_fn mrelease;
 static access_fn maccess;
+static CUresult (*stream_sync)(CUstream);
 
 static void resolve_alloc_kinds(void)
 {
@@ -143,6 +145,15 @@ static void resolve_alloc_kinds(void)
     munmap_ = (unmap_fn)sym("cuMemUnmap");
     mrelease = (release_fn)sym("cuMemRelease");
     maccess = (access_fn)sym("cuMemSetAccess");
+    stream_sync = (CUresult(*)(CUstream))sym("cuStreamSynchronize");
+}
+
+/* cuMemUnmap does not wait for work queued on the memory (on a GPU that work would then fault):
+ * like PyTorch before it unmaps an expandable segment, wait for the stream that works on it. */
+static CUresult vmm_unmap(CUdeviceptr d, size_t n)
+{
+    CUresult r = stream_sync(NULL);
+    return r != CUDA_SUCCESS ? r : munmap_(d, n);
 }
 
 static CUmemAllocationProp dev_prop(void)
@@ -209,7 +220,7 @@ static CUresult vmm_alloc(struct buf *b, size_t n)
 /* Unmaps the whole range in one call (over many mappings) and releases what is still held. */
 static CUresult vmm_free(struct buf *b)
 {
-    CUresult r = munmap_(b->d, b->n);
+    CUresult r = vmm_unmap(b->d, b->n);
     for (size_t k = 0; r == CUDA_SUCCESS && k < b->n / SEG; k++)
         if (b->h[k] != 0)
             r = mrelease(b->h[k]);
@@ -250,6 +261,18 @@ static void fill(struct buf *b, size_t off, size_t len)
     for (size_t k = 0; k < len; k++)
         b->m[off + k] = (unsigned char)rnd();
     htod(b->d + off, b->m + off, len);
+}
+
+/* The stub's asynchronous XOR "kernel" over the buffer's whole 64-bit words, and the same on the mirror. */
+static void xor_kernel(struct buf *x, launch_fn launch)
+{
+    uint64_t key = rnd();
+    size_t words = x->n / 8 * 8;
+    CUdeviceptr p = x->d;
+    void *params[] = {&p, &words, &key};
+    launch(XOR_KERNEL, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
+    for (size_t k = 0; k < words / 8; k++)
+        ((uint64_t *)(void *)x->m)[k] ^= key; /* mirrors are malloc'd: 8-byte aligned */
 }
 
 static dtoh_fn dtoh;
@@ -370,16 +393,9 @@ int main(int argc, char **argv)
             htod(x->d + off, tmp, len);
             memcpy(x->m + off, tmp, len);
             break;
-        case 1: { /* the asynchronous XOR kernel over whole 64-bit words */
-            uint64_t key = rnd();
-            size_t words = x->n / 8 * 8;
-            CUdeviceptr p = x->d;
-            void *params[] = {&p, &words, &key};
-            launch(XOR_KERNEL, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
-            for (size_t k = 0; k < words / 8; k++)
-                ((uint64_t *)(void *)x->m)[k] ^= key; /* mirrors are malloc'd: 8-byte aligned */
+        case 1: /* the asynchronous XOR kernel */
+            xor_kernel(x, launch);
             break;
-        }
         case 2: { /* memset */
             unsigned char v = (unsigned char)rnd();
             set8(x->d + off, v, len);
@@ -418,9 +434,11 @@ int main(int argc, char **argv)
                 fill(x, 0, x->n);
                 churned++;
             } else if (x->kind == VMM) {
-                /* shrink by the last segment, grow again with a new one */
+                /* shrink by the last segment, grow again with a new one; the buffer's last
+                 * kernel may still be queued when it shrinks, as when PyTorch frees a block */
                 size_t k = x->n / SEG - 1;
-                CUresult r = munmap_(x->d + k * SEG, SEG);
+                xor_kernel(x, launch);
+                CUresult r = vmm_unmap(x->d + k * SEG, SEG);
                 if (r == CUDA_SUCCESS && x->h[k] != 0)
                     r = mrelease(x->h[k]);
                 if (r == CUDA_SUCCESS)

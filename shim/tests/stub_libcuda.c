@@ -15,6 +15,9 @@
  *   GPUSHARE_STUB_TRACE      trace file (no trace when unset)
  *   GPUSHARE_STUB_LAUNCH_US  busy time per launch-like call (default 1000)
  *   GPUSHARE_STUB_COPY_US    busy time per copy/memset/alloc call (default 0: not traced)
+ *   GPUSHARE_STUB_WORKER_DELAY_US  the worker waits this long before it starts each item (default 0):
+ *                            a GPU that runs queued work late, as the stub's worker does when the
+ *                            machine's CPUs are starved; makes "work still queued" races happen every time
  *
  * Memory (stub_vmm.c) is host memory, so device pointers are real addresses
  * and copies move real bytes: copies, memsets and the test "kernel" run on
@@ -37,7 +40,7 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
 static int trace_fd = -1;
-static long launch_us = 1000, copy_us;
+static long launch_us = 1000, copy_us, worker_delay_us;
 
 #define QCAP 4096
 static struct item {
@@ -75,6 +78,8 @@ static void *worker(void *arg)
             pthread_cond_wait(&cv, &mu);
         struct item it = queue[qhead % QCAP];
         pthread_mutex_unlock(&mu);
+        if (worker_delay_us > 0)
+            usleep((useconds_t)worker_delay_us);
         if (it.us > 0)
             trace('B', it.name);
         if (it.fn)
@@ -114,6 +119,9 @@ static void init(void)
     const char *c = getenv("GPUSHARE_STUB_COPY_US");
     if (c && *c)
         copy_us = atol(c);
+    const char *d = getenv("GPUSHARE_STUB_WORKER_DELAY_US");
+    if (d && *d)
+        worker_delay_us = atol(d);
     pthread_t th;
     pthread_create(&th, NULL, worker, NULL);
     pthread_detach(th);
@@ -148,6 +156,36 @@ __attribute__((visibility("hidden"))) void stub_drain(void)
     while (qhead != qtail)
         pthread_cond_wait(&cv, &mu);
     pthread_mutex_unlock(&mu);
+}
+
+/* Whether an item reads or writes any byte of [lo, hi). */
+static int item_touches(const struct item *it, uint64_t lo, uint64_t hi)
+{
+    const uint64_t *a = it->a;
+    if (it->fn == NULL)
+        return 0;
+    if (strncmp(it->name, "cuMemcpy", 8) == 0) /* a0 dst, a1 src, a2 bytes: either end */
+        return (a[0] < hi && a[0] + a[2] > lo) || (a[1] < hi && a[1] + a[2] > lo);
+    uint64_t n = a[2]; /* memsets: a0 at, a2 count */
+    if (strcmp(it->name, "cuMemsetD32_v2") == 0)
+        n = a[2] * 4;
+    else if (strcmp(it->name, "cuLaunchKernel") == 0)
+        n = a[1]; /* the XOR kernel: a0 at, a1 bytes */
+    return a[0] < hi && a[0] + n > lo;
+}
+
+/* The name of queued or running work (the worker leaves an item queued until it finished) that
+ * touches [lo, hi), or NULL. */
+__attribute__((visibility("hidden"))) const char *stub_inflight_at(uint64_t lo, uint64_t hi)
+{
+    pthread_once(&once, init);
+    const char *hit = NULL;
+    pthread_mutex_lock(&mu);
+    for (unsigned i = qhead; hit == NULL && i != qtail; i++)
+        if (item_touches(&queue[i % QCAP], lo, hi))
+            hit = queue[i % QCAP].name;
+    pthread_mutex_unlock(&mu);
+    return hit;
 }
 
 static CUresult submit(const char *name)

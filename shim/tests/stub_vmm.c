@@ -5,7 +5,11 @@
  *   cuMemAddressReserve      mmap PROT_NONE: a range with nothing behind it
  *   cuMemCreate              pre-faulted anonymous pages: the "physical memory"
  *   cuMemMap / SetAccess     mremap of those pages onto the reserved range, read-write
- *   cuMemUnmap               pages moved out, PROT_NONE again: touching swapped-out memory faults
+ *   cuMemUnmap               pages moved out, PROT_NONE again: touching swapped-out memory faults.
+ *                            Unmapping memory that queued or running work still uses aborts with a
+ *                            line that names the work: on a GPU that work would fault
+ *                            (CUDA_ERROR_ILLEGAL_ADDRESS, the context lost), since cuMemUnmap does
+ *                            not wait for it; here the worker would fault later, at random
  *   cuMemAllocHost_v2        pre-faulted anonymous memory
  * Copies, memsets and the test kernel (f == STUB_XOR_KERNEL: params ptr, bytes,
  * key; XORs 64-bit words with key) run on the stub's worker in order, so a
@@ -39,6 +43,7 @@
 CUresult stub_enqueue(const char *name, void (*fn)(uint64_t *), uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3,
                       int wait);
 void stub_drain(void);
+const char *stub_inflight_at(uint64_t lo, uint64_t hi);
 
 static pthread_mutex_t vmu = PTHREAD_MUTEX_INITIALIZER;
 static atomic_llong host_used;
@@ -265,12 +270,23 @@ static CUresult unmap_one(CUdeviceptr ptr, size_t *size)
     if (ph == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     *size = ph->size;
+    void *at = (void *)(uintptr_t)ptr;
     void *scratch = mmap(NULL, ph->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (scratch == MAP_FAILED ||
-        mremap((void *)(uintptr_t)ptr, ph->size, ph->size, MREMAP_MAYMOVE | MREMAP_FIXED, scratch) == MAP_FAILED)
+    if (scratch == MAP_FAILED)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    mmap((void *)(uintptr_t)ptr, ph->size, PROT_NONE,
-         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+    /* The range never has a hole: it is PROT_NONE before the pages leave, and MREMAP_DONTUNMAP
+     * leaves it mapped (empty), so no other thread's mmap can land there and be overwritten by
+     * the next cuMemMap. Kernels before 5.7 lack it: move, then reserve again at once. */
+    mprotect(at, ph->size, PROT_NONE);
+    if (mremap(at, ph->size, ph->size, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, scratch) == MAP_FAILED) {
+        if (mremap(at, ph->size, ph->size, MREMAP_MAYMOVE | MREMAP_FIXED, scratch) == MAP_FAILED) {
+            mprotect(at, ph->size, PROT_READ | PROT_WRITE);
+            munmap(scratch, ph->size);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        mmap(at, ph->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+    }
+    mprotect(scratch, ph->size, PROT_READ | PROT_WRITE);
     ph->at = scratch;
     ph->mapped = 0;
     if (ph->refs == 0) {
@@ -284,6 +300,14 @@ static CUresult unmap_one(CUdeviceptr ptr, size_t *size)
  * The range is one or more whole mappings, back to back. */
 STUB_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
+    const char *busy = stub_inflight_at(ptr, ptr + size);
+    if (busy != NULL) {
+        /* Deterministic where the worker's fault would be timing-dependent: whoever unmaps
+         * (the application or the shim) must have waited for its work first. */
+        fprintf(stderr, "stub driver: cuMemUnmap(0x%llx, %zu) while queued work (%s) still uses it: "
+                        "the caller did not wait for its work first\n", (unsigned long long)ptr, size, busy);
+        abort();
+    }
     while (size > 0) {
         size_t n = size;
         CUresult e = unmap_one(ptr, &n);

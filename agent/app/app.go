@@ -168,7 +168,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 			reserve = node.DefaultOversubReserve
 		}
 		// Clients connecting and leaving wake a pass, which publishes them: no polling of the schedulers.
-		shim = &node.ShimSchedulers{Root: o.SchedulerRoot, Reserve: reserve, Metrics: schedMetrics, Clock: o.Clock,
+		shim = &node.ShimSchedulers{Root: o.SchedulerRoot, Reserve: reserve, Headroom: node.DefaultOversubHeadroom, Metrics: schedMetrics, Clock: o.Clock,
 			Notify: func() { notify("") }, Guards: shimGuards(o, pods)}
 		if err := mgr.Add(runnable(shim.Run)); err != nil {
 			return err

@@ -122,6 +122,7 @@ func (n *NVML) snapshot(h nvml.Device) (Device, error) {
 	if err := check("GetComputeRunningProcesses", r); err != nil && !notSupported(err) {
 		return d, err
 	}
+	d.ProcessesRead = r == nvml.SUCCESS
 	for _, p := range procs {
 		d.Processes = append(d.Processes, Process{PID: int32(p.Pid), UsedMemory: p.UsedGpuMemory})
 	}

@@ -107,6 +107,10 @@ type Device struct {
 	Instances []Instance `json:"instances,omitempty"`
 	// Processes are the compute processes running on the GPU (all its MIG instances included).
 	Processes []Process `json:"processes,omitempty"`
+	// ProcessesRead says that NVML listed the compute processes, so Processes is all of them (a
+	// process's UsedMemory may still be NVML's "not available", all ones); false where the driver
+	// does not support the list, and an empty Processes tells nothing.
+	ProcessesRead bool `json:"-"`
 }
 
 // Profile returns the profile with the given name.

@@ -23,8 +23,17 @@ import (
 const (
 	// DefaultShimQuantum is the quantum of a policy that names none (the CRD defaults it too).
 	DefaultShimQuantum = 20 * time.Second
-	// DefaultOversubReserve is the GPU memory left out of a budget the policy does not set.
+	// DefaultOversubReserve is the GPU memory left out of a budget the policy does not set, where NVML
+	// cannot list the GPU's processes and their memory.
 	DefaultOversubReserve = 2 << 30
+	// DefaultOversubHeadroom is what a budget measured from NVML leaves free besides the memory it sees
+	// outside the budget: the CUDA context of a process that does not show in NVML's list yet (about
+	// 0.5 GiB on the H100) and drift between two passes.
+	DefaultOversubHeadroom = 1 << 30
+	// outsideStep rounds the memory seen outside the budget up, and is the least change of the budget a
+	// pass applies: contexts and NVML's samples move by megabytes, and every budget change reconfigures
+	// the scheduler.
+	outsideStep = 256 << 20
 )
 
 // ShimSchedulers runs the shim's lock scheduler (agent/scheduler) of each GPU whose desired sharing has
@@ -33,11 +42,16 @@ const (
 type ShimSchedulers struct {
 	// Root holds one directory per GPU with its socket.
 	Root string
-	// Reserve is the GPU memory left out of a budget the policy does not set. CUDA contexts (about
-	// 0.5 GiB per process), lock-only clients and memory the shim cannot swap (cuMemAllocAsync pools,
-	// the application's own VMM, managed memory) are not counted in the budget, so the budget must leave
-	// room for them or swap-ins fail on a GPU the scheduler believes has room.
+	// Reserve is the GPU memory left out of a budget the policy does not set, where NVML cannot tell
+	// what the GPU's processes use. CUDA contexts (about 0.5 GiB per process), lock-only clients,
+	// other processes and memory the shim cannot swap (graph memory nodes, application-made pools,
+	// managed memory) are not counted in the budget, so the budget must leave room for them or
+	// swap-ins fail on a GPU the scheduler believes has room. Where NVML lists the processes and
+	// their memory, the budget is instead the GPU's memory less what they use outside the budget
+	// (outsideBudget) less Headroom, followed pass by pass.
 	Reserve uint64
+	// Headroom is what a budget measured from NVML leaves free on top (DefaultOversubHeadroom).
+	Headroom uint64
 	// Metrics are the schedulers' series, registered once per process; nil leaves them unregistered.
 	Metrics *scheduler.Metrics
 	// Clock drives every scheduler's quanta and grace; nil means the real clock.
@@ -61,7 +75,8 @@ type ShimState struct {
 
 // SchedulerConfig is the scheduler a GPU gets from its policy's oversubscription block: the quantum
 // (default 20s), the memory budget (the policy's, at most the GPU's memory; else the GPU's memory less
-// the reserve; 0, the lock only, when the GPU has no more than the reserve) and the anti-thrashing mode.
+// what NVML sees its processes use outside the budget and the headroom, or less the fixed reserve where
+// NVML cannot tell; 0, the lock only, when nothing is left) and the anti-thrashing mode.
 func (s *ShimSchedulers) SchedulerConfig(dev gpu.Device, o v1alpha1.Oversubscription) (scheduler.GPUConfig, error) {
 	cfg := scheduler.GPUConfig{UUID: dev.UUID, SocketPath: hostpath.SchedulerSocket(s.Root, dev.UUID), Quantum: DefaultShimQuantum}
 	if o.TimeQuantum != nil && o.TimeQuantum.Duration > 0 {
@@ -71,8 +86,14 @@ func (s *ShimSchedulers) SchedulerConfig(dev gpu.Device, o v1alpha1.Oversubscrip
 	case o.MemoryBudget != nil && o.MemoryBudget.Value() > 0:
 		// More than the GPU has would make swap-ins fail instead of making clients wait.
 		cfg.Budget = min(uint64(o.MemoryBudget.Value()), dev.MemoryBytes)
-	case dev.MemoryBytes > s.Reserve:
-		cfg.Budget = dev.MemoryBytes - s.Reserve
+	default:
+		reserve := s.Reserve
+		if outside, ok := s.outsideBudget(dev); ok {
+			reserve = outside + s.Headroom
+		}
+		if dev.MemoryBytes > reserve {
+			cfg.Budget = s.steadyBudget(dev.UUID, dev.MemoryBytes-reserve)
+		}
 	}
 	mode, err := scheduler.ParseMode(string(o.AntiThrashing))
 	if err != nil {
@@ -80,6 +101,53 @@ func (s *ShimSchedulers) SchedulerConfig(dev gpu.Device, o v1alpha1.Oversubscrip
 	}
 	cfg.Mode = mode
 	return cfg.WithDefaults(), nil
+}
+
+// outsideBudget is the device memory NVML sees the GPU's processes use outside the scheduler's budget,
+// rounded up to outsideStep: all of a process that is not a client of the GPU's scheduler (lock-only
+// clients, pods without the shim, processes of the host), and of a client what it uses beyond its
+// swappable memory (its CUDA context, memory the shim passes to the driver). A client's swappable
+// memory is at most its reservation (the shim maps no more), or what it last reported resident where
+// that is larger (a report not yet lowered). false where NVML cannot list the processes or read a
+// process's memory: the caller falls back to the fixed reserve.
+func (s *ShimSchedulers) outsideBudget(dev gpu.Device) (uint64, bool) {
+	if !dev.ProcessesRead {
+		return 0, false
+	}
+	own := map[int32]uint64{}
+	s.mu.Lock()
+	sch := s.byGPU[dev.UUID]
+	s.mu.Unlock()
+	if sch != nil {
+		for _, c := range sch.Snapshot() {
+			own[c.PID] += max(c.ReservedBytes, c.ResidentBytes)
+		}
+	}
+	var outside uint64
+	for _, p := range dev.Processes {
+		if p.UsedMemory == ^uint64(0) { // NVML_VALUE_NOT_AVAILABLE: it may not read this process
+			return 0, false
+		}
+		outside += p.UsedMemory - min(own[p.PID], p.UsedMemory)
+	}
+	return (outside + outsideStep - 1) / outsideStep * outsideStep, true
+}
+
+// steadyBudget keeps the running scheduler's budget where the measured one differs from it by one
+// outsideStep at most, so that a figure sitting on a rounding boundary does not reconfigure every pass
+// (the headroom covers the step).
+func (s *ShimSchedulers) steadyBudget(uuid string, measured uint64) uint64 {
+	s.mu.Lock()
+	sch := s.byGPU[uuid]
+	s.mu.Unlock()
+	if sch == nil {
+		return measured
+	}
+	cur := sch.GPUs()[0].Budget
+	if cur > 0 && max(cur, measured)-min(cur, measured) <= outsideStep {
+		return cur
+	}
+	return measured
 }
 
 // Ensure runs the GPU's scheduler with the settings of o. It asserts first: a running scheduler with

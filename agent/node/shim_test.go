@@ -87,7 +87,7 @@ func TestOversubscriptionRunsTheGPUsSchedulerFromThePolicyAndPublishesItsClients
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(root) })
-	a.r.Shim = &ShimSchedulers{Root: root, Reserve: DefaultOversubReserve}
+	a.r.Shim = &ShimSchedulers{Root: root, Reserve: DefaultOversubReserve, Headroom: DefaultOversubHeadroom}
 	t.Cleanup(func() {
 		for _, g := range a.server.GPUs {
 			_ = a.r.Shim.Stop(t.Context(), g.UUID)
@@ -130,11 +130,12 @@ func TestOversubscriptionRunsTheGPUsSchedulerFromThePolicyAndPublishesItsClients
 		t.Errorf("the grant after the quantum change carries %d ms, want 5000", g.QuantumMS)
 	}
 
-	// Without a budget in the policy: the GPU's memory less the reserve.
+	// Without a budget in the policy: the GPU's memory less what NVML sees outside the budget (nothing
+	// here) and the headroom.
 	a.setSpec(t, v1alpha1.GPUDesired{UUID: uuid, Sharing: oversubscribed(5*time.Second, "")})
 	n = a.pass(t)
-	if got, want := shimOf(t, n).MemoryBudget.Value(), n.Status.GPUs[0].Memory.Value()-DefaultOversubReserve; got != want {
-		t.Errorf("default budget = %d, want the GPU's memory less 2Gi = %d", got, want)
+	if got, want := shimOf(t, n).MemoryBudget.Value(), n.Status.GPUs[0].Memory.Value()-DefaultOversubHeadroom; got != want {
+		t.Errorf("default budget = %d, want the GPU's memory less the 1Gi headroom = %d", got, want)
 	}
 
 	// Leaving oversubscription stops the scheduler: socket removed, the client's connection ends.
@@ -153,6 +154,62 @@ func TestOversubscriptionRunsTheGPUsSchedulerFromThePolicyAndPublishesItsClients
 	if fi, err := os.Stat(hostpath.SchedulerDir(root, uuid)); err != nil || !fi.IsDir() {
 		t.Errorf("the GPU's scheduler directory is gone (%v): running pods mount it", err)
 	}
+}
+
+// A budget the policy does not set is the GPU's memory less what NVML sees used outside it: all of a
+// process that is not a client (a pod without the shim), a client's memory beyond its reservation (its
+// CUDA context), rounded up to 256 MiB, and the headroom. It follows NVML pass by pass, ignores drift of
+// one step, and falls back to the fixed reserve where NVML cannot list the processes or read their
+// memory.
+func TestDefaultBudgetIsTheGPUsMemoryLessWhatNVMLSeesOutsideIt(t *testing.T) {
+	a := newAgent(t, withNVML)
+	root, err := os.MkdirTemp("", "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	a.r.Shim = &ShimSchedulers{Root: root, Reserve: DefaultOversubReserve, Headroom: DefaultOversubHeadroom}
+	g := a.server.GPUs[0]
+	uuid := g.UUID
+	t.Cleanup(func() { _ = a.r.Shim.Stop(t.Context(), uuid) })
+	const gi, mi = uint64(1 << 30), uint64(1 << 20)
+	budget := func(what string, want uint64) {
+		t.Helper()
+		n := a.pass(t)
+		mem := uint64(n.Status.GPUs[0].Memory.Value())
+		if got := uint64(shimOf(t, n).MemoryBudget.Value()); got != mem-want {
+			t.Errorf("%s: budget = GPU memory - %d MiB, want GPU memory - %d MiB", what, (mem-got)/mi, want/mi)
+		}
+	}
+	a.pass(t)
+	g.SetProcessMemory(4242, 3*gi) // not a client: all of it is outside the budget
+	a.setSpec(t, v1alpha1.GPUDesired{UUID: uuid, Sharing: oversubscribed(time.Second, "")})
+	budget("another process of 3 GiB", 3*gi+DefaultOversubHeadroom)
+
+	// A client granted 2 GiB that NVML sees use 2 GiB + 300 MiB: only its context is outside.
+	c, _ := dialShim(t, hostpath.SchedulerSocket(root, uuid), uuid)
+	c.send(scheduler.Message{Type: scheduler.MsgAcquire, Need: 2 * gi})
+	if gr := c.expect(scheduler.MsgGrant); gr.Resident != 2*gi {
+		t.Fatalf("grant reservation %d, want 2 GiB", gr.Resident)
+	}
+	g.SetProcessMemory(uint32(os.Getpid()), 2*gi+300*mi)
+	budget("+ a client's context of 300 MiB (rounded up to 512)", 3*gi+512*mi+DefaultOversubHeadroom)
+
+	// Drift of one step (the context grows to 2 GiB + 600 MiB: 768 MiB rounded) keeps the budget.
+	g.SetProcessMemory(uint32(os.Getpid()), 2*gi+600*mi)
+	budget("drift of one step", 3*gi+512*mi+DefaultOversubHeadroom)
+	// The other process leaving is followed.
+	g.SetProcesses(uint32(os.Getpid()))
+	g.SetProcessMemory(uint32(os.Getpid()), 2*gi+300*mi)
+	budget("the other process gone", 512*mi+DefaultOversubHeadroom)
+
+	// NVML cannot read a process's memory, or cannot list processes: the fixed reserve.
+	g.SetProcessMemory(4242, ^uint64(0))
+	budget("a process's memory not available", DefaultOversubReserve)
+	g.SetProcessMemory(4242, 3*gi)
+	budget("readable again", 3*gi+512*mi+DefaultOversubHeadroom)
+	g.SetProcessesUnsupported(true)
+	budget("processes not supported", DefaultOversubReserve)
 }
 
 // Exclusive with oversubscription runs the scheduler too; strategies where the shim cannot run (MPS, MIG)

@@ -281,6 +281,29 @@ func TestOversubSwapsThroughPageableStagingWhenPinningFails(t *testing.T) {
 	}
 }
 
+// Host staging is page-locked in pieces of at most 64 MiB (one cuMemHostRegister of a whole 5.75 GiB
+// allocation held the driver, and the application's calls, for seconds on the H100): with the stub
+// refusing larger registrations, two processes of 72 MiB allocations swap with every piece pinned and
+// every byte right.
+func TestOversubPinsStagingInPiecesOfAtMost64MiB(t *testing.T) {
+	const budget = 96 * mib
+	e := newMemEnv(t, 20*time.Millisecond, 2*time.Second, budget, ModeAuto)
+	args := []string{"bufs=1", "size=" + strconv.Itoa(72*mib), "small=0", "iters=2", "sleep_us=200"}
+	most := []string{"GPUSHARE_STUB_REGISTER_MAX=" + strconv.Itoa(64*mib)}
+	a := e.startOversub(most, append(args, "seed=1")...)
+	b := e.startOversub(most, append(args, "seed=2")...)
+	va := a.waitOversub(t, 90*time.Second)
+	vb := b.waitOversub(t, 90*time.Second)
+	if va["swap_out"]+vb["swap_out"] == 0 {
+		t.Error("no swapping happened")
+	}
+	for _, p := range []*proc{a, b} {
+		if strings.Contains(p.stderr.String(), "cannot page-lock") {
+			t.Errorf("client %d could not page-lock its staging:\n%s", p.pid(), p.stderr.String())
+		}
+	}
+}
+
 // PyTorch's other two allocators are swapped too: the stream-ordered one
 // (cuMemAllocAsync / cuMemFreeAsync on two streams, freed memory reused in
 // stream order) and the application's own VMM handles (expandable segments:

@@ -30,6 +30,11 @@ struct app_map {
     int nacc;
 };
 
+/* Staging is page-locked and copied in pieces of this size: one cuMemHostRegister holds the driver
+ * (the application's calls wait) for as long as it pins, so a whole large allocation at once stalled
+ * the process's start-up for seconds on the H100; a copy never spans two registrations. */
+#define STAGE_CHUNK ((size_t)64 << 20)
+
 struct region {
     CUdeviceptr va; /* the application's pointer; for a handle, our private range (also the handle's value) */
     size_t size;    /* reserved = physical bytes, a multiple of the granularity */
@@ -41,8 +46,10 @@ struct region {
     CUmemGenericAllocationHandle h;
     int resident;
     void *staging;
-    int pinned;  /* staging is page-locked */
-    int pinning; /* the stager is registering it: do not unmap */
+    int pinned;     /* staging is page-locked, all of it */
+    size_t pin_off; /* bytes of staging page-locked so far, from its start, in STAGE_CHUNK registrations */
+    uint64_t pin_t0; /* when the stager began (for its log line) */
+    int pinning;    /* the stager is registering a piece of it: do not unmap */
     int pin_failed;
     int picked; /* chosen for the eviction being planned */
     int vacant; /* freed with cuMemFreeAsync and kept: its bytes need no copy either way */

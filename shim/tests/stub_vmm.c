@@ -20,6 +20,7 @@
  *                            physical residency over time, across processes)
  *   GPUSHARE_STUB_HOST_LIMIT bytes of page-locked host memory (cuMemAllocHost, cuMemHostRegister)
  *                            before they fail (default: none)
+ *   GPUSHARE_STUB_REGISTER_MAX  cuMemHostRegister of more bytes than this at once fails (default: none)
  *   GPUSHARE_STUB_MEM_TOTAL  what cuMemGetInfo reports as total (default 80 GiB)
  *   GPUSHARE_STUB_FULL_FILE  while this file exists, cuMemCreate fails with out of memory (the device is
  *                            full: another process holds it)
@@ -362,6 +363,9 @@ STUB_EXPORT CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned int fla
     long long limit = env_ll("GPUSHARE_STUB_HOST_LIMIT", -1);
     if (limit >= 0 && atomic_load(&host_used) + (long long)size > limit)
         return CUDA_ERROR_OUT_OF_MEMORY;
+    long long most = env_ll("GPUSHARE_STUB_REGISTER_MAX", -1);
+    if (most >= 0 && (long long)size > most)
+        return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&vmu);
     for (int i = 0; i < MAXREG; i++)
         if (registered[i].p == NULL) {

@@ -28,6 +28,8 @@ type GPU struct {
 	mu sync.Mutex
 	// processes are what GetComputeRunningProcesses reports.
 	processes []nvml.ProcessInfo
+	// procsUnsupported makes GetComputeRunningProcesses answer ERROR_NOT_SUPPORTED.
+	procsUnsupported bool
 	// computeMode is what GetComputeMode reports.
 	computeMode nvml.ComputeMode
 	// migCapable false makes MIG calls answer ERROR_NOT_SUPPORTED, as on a GPU without MIG.
@@ -96,6 +98,10 @@ func (g *GPU) SetProcessMemory(pid uint32, used uint64) {
 	g.processes = append(g.processes, nvml.ProcessInfo{Pid: pid, UsedGpuMemory: used})
 }
 
+// SetProcessesUnsupported makes GetComputeRunningProcesses answer ERROR_NOT_SUPPORTED (a driver or
+// virtual GPU that cannot list processes) or, with false, the processes again.
+func (g *GPU) SetProcessesUnsupported(v bool) { g.mu.Lock(); g.procsUnsupported = v; g.mu.Unlock() }
+
 // SetMIGCapable turns MIG support on or off.
 func (g *GPU) SetMIGCapable(capable bool) { g.mu.Lock(); g.migCapable = capable; g.mu.Unlock() }
 
@@ -158,6 +164,9 @@ func (g *GPU) override() {
 	d.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
 		g.mu.Lock()
 		defer g.mu.Unlock()
+		if g.procsUnsupported {
+			return nil, nvml.ERROR_NOT_SUPPORTED
+		}
 		return append([]nvml.ProcessInfo(nil), g.processes...), nvml.SUCCESS
 	}
 	d.GetMigModeFunc = func() (int, int, nvml.Return) {

@@ -217,6 +217,7 @@ func countCalls(lines []string, prefix string) int {
 // holds those instances, each with its compute instance.
 func checkLayoutMadeOnce(t *testing.T, state string, instances int) {
 	t.Helper()
+	failedBefore := t.Failed()
 	lines := journal(t, state)
 	if n := countCalls(lines, "SetMigMode(1)"); n != 1 {
 		t.Errorf("MIG mode was enabled %d times, want once", n)
@@ -250,7 +251,7 @@ func checkLayoutMadeOnce(t *testing.T, state string, instances int) {
 			t.Errorf("GPU instance %d has %d compute instances, want 1", gi.ID, len(gi.CIs))
 		}
 	}
-	if t.Failed() {
+	if t.Failed() && !failedBefore {
 		t.Logf("journal:\n%s", strings.Join(lines, "\n"))
 	}
 }

@@ -78,6 +78,10 @@ func run() error {
 	logCfg.AddFlags(flag.CommandLine)
 	flag.Parse()
 	ctrl.SetLogger(textlogger.NewLogger(logCfg))
+	if leaderElect && leaseDuration <= renewDeadline {
+		// Lowering only the lease (say to the former 15 s) would leave it under the 60 s default deadline.
+		return fmt.Errorf("--leader-election-lease-duration (%s) must be longer than --leader-election-renew-deadline (%s): set both", leaseDuration, renewDeadline)
+	}
 
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {

@@ -54,7 +54,8 @@ const (
 	PhaseListed Phase = "Listed"
 	// PhaseWaiting: pods still use the GPU (reported when the set changes).
 	PhaseWaiting Phase = "Waiting"
-	// PhaseEvicted: the API server accepted the eviction of Pods[0].
+	// PhaseEvicted: the API server accepted the eviction of Pods[0], or Pods[0] was already terminating
+	// (evicted before, perhaps by an agent process killed since) and is waited for, not evicted again.
 	PhaseEvicted Phase = "Evicted"
 	// PhaseEvictionBlocked: a PodDisruptionBudget refused the eviction of Pods[0] for now (HTTP 429); the
 	// drain retries on every poll. Reported again only when the API server's message changes.

@@ -404,3 +404,42 @@ func TestEvictionCarriesThePodsUIDAsAPrecondition(t *testing.T) {
 		t.Fatalf("eviction with the pod's own uid: %v", err)
 	}
 }
+
+// countingEvictor counts the evictions asked of the API server.
+type countingEvictor struct {
+	Evictor
+	calls int
+}
+
+func (c *countingEvictor) Evict(ctx context.Context, pod PodRef, uid types.UID) error {
+	c.calls++
+	return c.Evictor.Evict(ctx, pod, uid)
+}
+
+// A pod already terminating (evicted by an agent killed mid-drain, the drain resumed by the next one) is
+// waited for, not evicted a second time.
+func TestATerminatingPodIsWaitedForNotEvictedAgain(t *testing.T) {
+	ctx := testCtx(t)
+	ns := namespace(t, ctx)
+	pr, lister := startPodResources(t)
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "leaving"},
+		Spec: corev1.PodSpec{NodeName: "this-node", Containers: []corev1.Container{{Name: "main", Image: "example.com/cuda:1"}}}}
+	if err := env.Client.Create(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	env.SetPodPhase(t, ctx, pod, corev1.PodRunning)
+	// Bound to a node, the pod stays (terminating) until its kubelet confirms; envtest has none.
+	if err := env.Client.Delete(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	pr.SetPods(fakekubelet.Pod(ns, "leaving", "nvidia.com/gpu", "GPU-a"))
+	ev := &countingEvictor{Evictor: evictor(t, env.Config)}
+	d := &Drainer{PodResources: lister, Pods: env.Client, Evictor: ev, NodeName: "this-node", PollInterval: pollInterval}
+	res, err := d.Drain(ctx, Request{GPUUUID: "GPU-a", Mode: v1alpha1.DrainEvict, Timeout: time.Second})
+	if !errors.Is(err, ErrDrainTimeout) || len(res.Remaining) != 1 {
+		t.Fatalf("Drain = %v, remaining %v; want a timeout waiting for the terminating pod", err, res.Remaining)
+	}
+	if ev.calls != 0 || len(res.Evicted) != 0 {
+		t.Errorf("%d evictions asked (evicted %v), want none: the pod was already terminating", ev.calls, res.Evicted)
+	}
+}

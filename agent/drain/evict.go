@@ -67,6 +67,13 @@ func (r *run) evictAll(ctx context.Context, pods []PodRef, deadline time.Time) e
 			r.blockedMsg[p] = msg
 			continue
 		}
+		if known && who.terminating {
+			// Already on its way out (evicted by this drain's earlier run, an agent killed mid-drain, or
+			// deleted by someone): wait for it to end rather than disrupt it a second time.
+			r.evicted[p] = true
+			r.step(ctx, PhaseEvicted, []PodRef{p}, "pod %s is already terminating; waiting for it to end", p)
+			continue
+		}
 		cctx, cancel := context.WithTimeout(ctx, max(time.Second, min(evictTimeout, deadline.Sub(r.now()))))
 		err := r.d.Evictor.Evict(cctx, p, who.uid)
 		callTimedOut := errors.Is(cctx.Err(), context.DeadlineExceeded)

@@ -106,12 +106,15 @@ func holdsDevice(p *podresourcesv1.PodResources, ids map[string]bool) bool {
 	return false
 }
 
-// apiPod is what the API server said of a pod the kubelet lists: its uid (the eviction's precondition)
-// and whether it is bound to another node than the drain's.
+// apiPod is what the API server said of a pod the kubelet lists: its uid (the eviction's precondition),
+// whether it is bound to another node than the drain's, and whether it is already being deleted.
 type apiPod struct {
 	uid       types.UID
 	node      string
 	elsewhere bool
+	// terminating: the pod has a deletion timestamp (an eviction already went through, perhaps by an
+	// agent process killed since); evicting it again would be a second disruption of the same pod.
+	terminating bool
 }
 
 // inspect says whether the API server reports the pod gone or finished, and records its uid and node for
@@ -128,6 +131,7 @@ func (r *run) inspect(ctx context.Context, ref PodRef) (bool, error) {
 		return false, err
 	}
 	r.pods[ref] = apiPod{uid: pod.UID, node: pod.Spec.NodeName,
-		elsewhere: r.d.NodeName != "" && pod.Spec.NodeName != "" && pod.Spec.NodeName != r.d.NodeName}
+		elsewhere:   r.d.NodeName != "" && pod.Spec.NodeName != "" && pod.Spec.NodeName != r.d.NodeName,
+		terminating: pod.DeletionTimestamp != nil}
 	return pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed, nil
 }

@@ -59,7 +59,8 @@ type drainTarget struct {
 }
 
 // drainState is one GPU's drain. It lives in memory only: an agent that restarts mid-drain has no GPU
-// cordoned (its device plugin starts afresh) and simply drains again.
+// cordoned (its device plugin starts afresh) and drains again, which resumes the drain before it: a pod
+// already terminating is waited for, not evicted twice (agent/drain).
 type drainState struct {
 	phase drainPhase
 	drainTarget

@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -361,12 +362,24 @@ func (r *Reconciler) emitEvents(before, after *v1alpha1.GPUNode) {
 	}
 }
 
+// rateLimiter retries a failed pass with controller-runtime's exponential backoff, but never later than
+// the resync: through an API server outage every pass fails (its status write is refused), and the
+// default cap (1000 s) would leave what the agent observed meanwhile unpublished for many minutes after
+// the API server is back.
+func (r *Reconciler) rateLimiter() workqueue.TypedRateLimiter[reconcile.Request] {
+	limit := r.Resync
+	if limit <= 0 {
+		limit = 30 * time.Second
+	}
+	return workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](5*time.Millisecond, limit)
+}
+
 // SetupWithManager watches only this node's GPUNode, and wakes on the MPS manager's notifications.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	onlyMine := predicate.NewPredicateFuncs(func(o client.Object) bool { return o.GetName() == r.NodeName })
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named("gpunode-agent").
-		WithOptions(controller.Options{SkipNameValidation: &r.SkipNameValidation}).
+		WithOptions(controller.Options{SkipNameValidation: &r.SkipNameValidation, RateLimiter: r.rateLimiter()}).
 		For(&v1alpha1.GPUNode{}, builder.WithPredicates(onlyMine, predicate.Or(predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{})))
 	if r.Wake != nil {
 		mine := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {

@@ -181,6 +181,8 @@ func parse(args []string) (options, *textlogger.Config) {
 		return err
 	})
 	var sim simulateFlag
+	fs.StringVar(&sim.stateFile, "simulate-gpus-state", "", "with --simulate-gpus: a file the simulated GPUs' MIG mode, instances and compute mode are kept in, so a restarted agent finds them as the one before it left them (as real GPUs outlive the agent); mutations are journaled in FILE.journal")
+	fs.IntVar(&sim.pauseAfter, "simulate-gpus-pause-after", 0, "with --simulate-gpus-state: stop for good after this process's n-th GPU mutation, once it is written, and create FILE.paused (tests kill the agent there)")
 	fs.Var(&sim, "simulate-gpus", "MODEL:COUNT[:SEQ] (H100 or A100, 1-8 GPUs): run over a simulated DGX with stand-in driver tools instead of NVML, for tests on machines without a GPU (the real-node e2e); never on a real node")
 	logConfig := textlogger.NewConfig()
 	logConfig.AddFlags(fs)

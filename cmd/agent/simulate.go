@@ -20,6 +20,9 @@ type simulateFlag struct {
 	model      string
 	gpus, seq  int
 	configured bool
+	// stateFile and pauseAfter are --simulate-gpus-state and --simulate-gpus-pause-after.
+	stateFile  string
+	pauseAfter int
 }
 
 func (s *simulateFlag) String() string {
@@ -57,6 +60,14 @@ func simulatedGPUs(s *simulateFlag, o *options) (gpu.Interface, error) {
 	server, err := nvmlmock.NewNode(s.model, s.gpus, s.seq)
 	if err != nil {
 		return nil, err
+	}
+	if s.pauseAfter > 0 && s.stateFile == "" {
+		return nil, fmt.Errorf("--simulate-gpus-pause-after needs --simulate-gpus-state")
+	}
+	if s.stateFile != "" {
+		if err := server.Persist(s.stateFile, nvmlmock.PersistOptions{PauseAfter: s.pauseAfter}); err != nil {
+			return nil, err
+		}
 	}
 	dir := filepath.Join(o.hostRoot, "simulated-bin")
 	if err := os.MkdirAll(dir, 0o755); err != nil {

@@ -23,6 +23,19 @@ import (
 	"github.com/gpusharing/gpusharing/controllers/setup"
 )
 
+// Leader election defaults. The renew deadline is the longest API server outage a leader rides out: past
+// it, controller-runtime stops leading and the process exits (a restart loses nothing, every controller
+// rebuilds from the API server, but the pod restarts). 60 s covers a 30 s outage (a control-plane upgrade,
+// an etcd leader change) plus the time a restarted API server takes to answer again (13 s on the loaded
+// test machine, docs/reliability.md). The lease outlasts the deadline by 15 s, so a follower never takes
+// over before the old leader has given up. The price is failover time when the leader dies without
+// releasing the lease (a SIGKILL, a lost node): up to 75 s plus a retry. A graceful stop (a rolling
+// update) releases it at once, and the agents keep serving their nodes without the manager meanwhile.
+const (
+	defaultLeaseDuration = 75 * time.Second
+	defaultRenewDeadline = 60 * time.Second
+)
+
 func main() {
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "manager:", err)
@@ -58,13 +71,17 @@ func run() error {
 	flag.DurationVar(&debounce, "status-debounce", 250*time.Millisecond, "Node events are folded into one policy status pass per this interval; each pass reads every GPUNode.")
 	flag.DurationVar(&restoreTimeout, "restore-timeout", policy.DefaultRestoreTimeout, "How long a deleted policy waits for agents to confirm its GPUs are back on the default.")
 	flag.StringVar(&pprofAddr, "pprof-bind-address", "", "Address Go's pprof endpoints bind to (/debug/pprof/); empty disables them.")
-	flag.DurationVar(&leaseDuration, "leader-election-lease-duration", 15*time.Second, "How long a follower waits after the leader's last renewal before it takes over.")
-	flag.DurationVar(&renewDeadline, "leader-election-renew-deadline", 10*time.Second, "How long the leader keeps trying to renew before it gives up leading (less than the lease duration).")
+	flag.DurationVar(&leaseDuration, "leader-election-lease-duration", defaultLeaseDuration, "How long a follower waits after the leader's last renewal before it takes over: the failover time when a leader dies without releasing the lease.")
+	flag.DurationVar(&renewDeadline, "leader-election-renew-deadline", defaultRenewDeadline, "How long the leader keeps trying to renew before it gives up leading and exits (less than the lease duration): the longest API server outage the manager rides out.")
 	flag.DurationVar(&retryPeriod, "leader-election-retry-period", 2*time.Second, "How often candidates try to acquire or renew the lease.")
 	logCfg := textlogger.NewConfig()
 	logCfg.AddFlags(flag.CommandLine)
 	flag.Parse()
 	ctrl.SetLogger(textlogger.NewLogger(logCfg))
+	if leaderElect && leaseDuration <= renewDeadline {
+		// Lowering only the lease (say to the former 15 s) would leave it under the 60 s default deadline.
+		return fmt.Errorf("--leader-election-lease-duration (%s) must be longer than --leader-election-renew-deadline (%s): set both", leaseDuration, renewDeadline)
+	}
 
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {

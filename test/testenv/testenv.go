@@ -71,7 +71,28 @@ func start(installCRDs bool) (*Env, error) {
 // tree they were built from is not (test/gpu/stack runs on the GPU machine).
 func StartAt(root, bin string) (*Env, error) { return startAt(root, bin, true) }
 
+// Options change how the API server runs.
+type Options struct {
+	// APIServerFlags are added to kube-apiserver's command line (name without dashes: value), for
+	// example an audit log a test counts requests in.
+	APIServerFlags map[string]string
+}
+
+// StartWith is Start with options.
+func StartWith(o Options) (*Env, error) {
+	root := RepoRoot()
+	bin := os.Getenv("KUBEBUILDER_ASSETS")
+	if bin == "" {
+		bin = filepath.Join(root, "bin")
+	}
+	return startWith(root, bin, true, o)
+}
+
 func startAt(root, bin string, installCRDs bool) (*Env, error) {
+	return startWith(root, bin, installCRDs, Options{})
+}
+
+func startWith(root, bin string, installCRDs bool, o Options) (*Env, error) {
 	for _, name := range []string{"kube-apiserver", "etcd"} {
 		if _, err := os.Stat(filepath.Join(bin, name)); err != nil {
 			return nil, fmt.Errorf("%s not found in %s: run 'make control-plane' (it builds the real binaries from the Go module proxy): %w", name, bin, err)
@@ -81,6 +102,9 @@ func startAt(root, bin string, installCRDs bool) (*Env, error) {
 	env := &envtest.Environment{
 		BinaryAssetsDirectory: bin,
 		Scheme:                s,
+	}
+	for name, value := range o.APIServerFlags {
+		env.ControlPlane.GetAPIServer().Configure().Set(name, value)
 	}
 	if installCRDs {
 		env.CRDDirectoryPaths = []string{filepath.Join(root, "config", "crd", "bases")}

@@ -42,6 +42,8 @@ type GPU struct {
 	failCI, ciCreates int
 	// calls records every mutating NVML call, so tests can assert that a pass changed nothing.
 	calls []string
+	// mutated, when set, is told every mutation that succeeded, after it took effect (persist.go).
+	mutated func(g *GPU, call string)
 }
 
 // NewA100 returns a DGX A100 with n GPUs: A100-SXM4-40GB with NVIDIA's documented MIG profiles and
@@ -157,8 +159,9 @@ func (g *GPU) override() {
 	d.SetComputeModeFunc = func(m nvml.ComputeMode) nvml.Return {
 		g.record("SetComputeMode(%d)", m)
 		g.mu.Lock()
-		defer g.mu.Unlock()
 		g.computeMode = m
+		g.mu.Unlock()
+		g.changed("SetComputeMode(%d)", m)
 		return nvml.SUCCESS
 	}
 	d.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
@@ -180,16 +183,20 @@ func (g *GPU) override() {
 	d.SetMigModeFunc = func(mode int) (nvml.Return, nvml.Return) {
 		g.record("SetMigMode(%d)", mode)
 		g.mu.Lock()
-		defer g.mu.Unlock()
 		if !g.migCapable {
+			g.mu.Unlock()
 			return nvml.ERROR_NOT_SUPPORTED, nvml.ERROR_NOT_SUPPORTED
 		}
 		g.pending = mode
+		activation := nvml.SUCCESS
 		if g.needsReset {
-			return nvml.SUCCESS, nvml.ERROR_IN_USE
+			activation = nvml.ERROR_IN_USE
+		} else {
+			g.current = mode
 		}
-		g.current = mode
-		return nvml.SUCCESS, nvml.SUCCESS
+		g.mu.Unlock()
+		g.changed("SetMigMode(%d)", mode)
+		return nvml.SUCCESS, activation
 	}
 	d.GetGpuInstanceProfileInfoFunc = func(id int) (nvml.GpuInstanceProfileInfo, nvml.Return) {
 		g.mu.Lock()
@@ -209,7 +216,9 @@ func (g *GPU) override() {
 		if r != nvml.SUCCESS {
 			return nil, r
 		}
-		g.overrideGI(gi.(*server.GpuInstance))
+		sgi := gi.(*server.GpuInstance)
+		g.overrideGI(sgi)
+		g.changed("CreateGpuInstance(profile %d at %d+%d) = GI %d", info.Id, pl.Start, pl.Size, sgi.Info.Id)
 		return gi, nvml.SUCCESS
 	}
 	d.GetGpuInstanceByIdFunc = func(id int) (nvml.GpuInstance, nvml.Return) {
@@ -277,11 +286,8 @@ func (g *GPU) overrideGI(gi *server.GpuInstance) {
 			return nil, r
 		}
 		sci := ci.(*server.ComputeInstance)
-		ciDestroy := sci.DestroyFunc
-		sci.DestroyFunc = func() nvml.Return {
-			g.record("DestroyComputeInstance(GI %d CI %d)", gi.Info.Id, sci.Info.Id)
-			return ciDestroy()
-		}
+		g.overrideCI(gi, sci)
+		g.changed("CreateComputeInstance(GI %d) = CI %d", gi.Info.Id, sci.Info.Id)
 		return ci, r
 	}
 	gi.DestroyFunc = func() nvml.Return {
@@ -292,7 +298,34 @@ func (g *GPU) overrideGI(gi *server.GpuInstance) {
 		if busy {
 			return nvml.ERROR_IN_USE // as the driver: compute instances first
 		}
-		return origDestroy()
+		if r := origDestroy(); r != nvml.SUCCESS {
+			return r
+		}
+		g.changed("DestroyGpuInstance(%d)", gi.Info.Id)
+		return nvml.SUCCESS
+	}
+}
+
+func (g *GPU) overrideCI(gi *server.GpuInstance, ci *server.ComputeInstance) {
+	origDestroy := ci.DestroyFunc
+	ci.DestroyFunc = func() nvml.Return {
+		g.record("DestroyComputeInstance(GI %d CI %d)", gi.Info.Id, ci.Info.Id)
+		if r := origDestroy(); r != nvml.SUCCESS {
+			return r
+		}
+		g.changed("DestroyComputeInstance(GI %d CI %d)", gi.Info.Id, ci.Info.Id)
+		return nvml.SUCCESS
+	}
+}
+
+// changed tells the mutation hook, if any, what just took effect. It runs with no lock held: the hook
+// reads the whole GPU.
+func (g *GPU) changed(format string, args ...any) {
+	g.mu.Lock()
+	hook := g.mutated
+	g.mu.Unlock()
+	if hook != nil {
+		hook(g, fmt.Sprintf(format, args...))
 	}
 }
 

@@ -24,7 +24,12 @@ check() { # check NAME COMMAND...
 }
 BIN=$(mktemp -d /tmp/gs-bin.XXXXXX)
 DETAIL=$(mktemp -d /tmp/gs-out.XXXXXX) # component logs and each workload's output, packed into $OUT at the end
-for f in "$HERE"/bin/*.xz; do xz -dc "$f" > "$BIN/$(basename "$f" .xz)"; done
+for f in "$HERE"/bin/*.xz; do
+	case $f in
+	*.tar.xz) xz -dc "$f" | tar xf - -C "$BIN" ;;
+	*) xz -dc "$f" > "$BIN/$(basename "$f" .xz)" ;;
+	esac
+done
 chmod +x "$BIN"/*
 ls -la "$BIN"
 GPU=${GPU:-0}

@@ -61,9 +61,16 @@ func gpuStatus(dev gpu.Device, obs observed, desired *v1alpha1.GPUDesired, err e
 		st.Applied.SpecHash = v1alpha1.SharingHash(desired.Sharing)
 		setCondition(&st.Conditions, v1alpha1.ConditionApplied, metav1.ConditionTrue, v1alpha1.ReasonAsDesired, describeDesired(desired.Sharing)+" is in force")
 	}
-	if desired != nil && st.Applied.MPS != nil && desired.Sharing.MPS != nil {
-		// Replicas are the device plugin's shares of the daemon, not a daemon setting.
-		st.Applied.MPS.Replicas = desired.Sharing.MPS.Replicas
+	if st.Applied.MPS != nil {
+		// Replicas are the device plugin's shares of the daemon, not a daemon setting: the desired count, or,
+		// while the GPU is being changed away from MPS (drained), the count in force before. Without it the
+		// shares the drained pods still hold would vanish from the status and from the node's allocatable.
+		switch {
+		case desired != nil && desired.Sharing.MPS != nil:
+			st.Applied.MPS.Replicas = desired.Sharing.MPS.Replicas
+		case prev != nil && prev.Applied != nil && prev.Applied.MPS != nil:
+			st.Applied.MPS.Replicas = prev.Applied.MPS.Replicas
+		}
 	}
 	if desired != nil {
 		st.Applied.Policy = desired.Policy

@@ -154,3 +154,21 @@ func TestHealthyConditionSaysWhetherXidsAreWatched(t *testing.T) {
 		})
 	}
 }
+
+// A GPU drained away from MPS still runs its daemon with the replicas of before: its status keeps them, so
+// the shares its pods hold stay counted (found on the H100: the status said MPS with 0 replicas while
+// draining, and the device plugin advertised none of the held shares).
+func TestMPSReplicasStayInTheStatusWhileTheGPUIsDrainedAwayFromMPS(t *testing.T) {
+	dev := gpu.Device{Index: 0, UUID: "GPU-a"}
+	obs := observed{mps: &mps.Status{State: mps.StateRunning, PID: 42, Settings: mps.Settings{ActiveThreadPercentage: 50}}}
+	mpsDesired := &v1alpha1.GPUDesired{UUID: "GPU-a", Sharing: v1alpha1.Sharing{Strategy: v1alpha1.StrategyMPS, MPS: &v1alpha1.MPSSharing{Replicas: 2}}}
+	prev := gpuStatus(dev, obs, mpsDesired, nil, nil)
+	if prev.Applied.MPS == nil || prev.Applied.MPS.Replicas != 2 {
+		t.Fatalf("applied MPS %+v, want 2 replicas", prev.Applied.MPS)
+	}
+	exclusive := &v1alpha1.GPUDesired{UUID: "GPU-a", Sharing: v1alpha1.Sharing{Strategy: v1alpha1.StrategyExclusive}}
+	st := gpuStatus(dev, obs, exclusive, errors.New("draining"), &prev)
+	if st.Applied.MPS == nil || st.Applied.MPS.Replicas != 2 {
+		t.Errorf("while draining to Exclusive: applied MPS %+v, want the 2 replicas in force", st.Applied.MPS)
+	}
+}

@@ -37,6 +37,21 @@ func (t *podTable) set(name, resource string, ids []string) {
 	t.publishLocked()
 }
 
+// ids are the device IDs the pod's container holds.
+func (t *podTable) ids(name string) []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []string
+	if p := t.pods[name]; p != nil {
+		for _, c := range p.GetContainers() {
+			for _, d := range c.GetDevices() {
+				out = append(out, d.GetDeviceIds()...)
+			}
+		}
+	}
+	return out
+}
+
 func (t *podTable) remove(name string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()

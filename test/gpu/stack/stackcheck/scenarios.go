@@ -160,7 +160,12 @@ func (s *stack) mpsToExclusive(ctx context.Context, c *container) {
 	_, g = s.gpuNode(ctx)
 	s.r.check("status: still draining while the client runs", g.Drain != nil && g.Drain.Phase == v1alpha1.DrainPhaseDraining && appliedStrategy(g) == v1alpha1.StrategyMPS && alive(daemon),
 		"drain %s, applied %s", jsonOf(g.Drain), appliedStrategy(g))
-	s.r.check("kubelet: the cordoned GPU's shares are not advertised", healthyCount(s.kubelet.Devices(resMPS)) == 0, "%v", s.kubelet.Devices(resMPS))
+	// The pod's share stays advertised while the pod holds it (so the node's allocatable keeps counting
+	// what its pods' requests count); the free one is not.
+	held := s.pods.ids("mps-client")
+	advertised := s.kubelet.Devices(resMPS)
+	s.r.check("kubelet: of the cordoned GPU's shares only the one the pod holds is advertised",
+		len(held) == 1 && healthyCount(advertised) == 1 && advertised[held[0]] == "Healthy", "advertised %v, held %v", advertised, held)
 
 	_ = c.stdin.Close() // the client ends by itself
 	select {

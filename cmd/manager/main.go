@@ -43,6 +43,8 @@ func run() error {
 		restoreTimeout time.Duration
 		debounce       time.Duration
 		pprofAddr      string
+		latencyTarget  time.Duration
+		gateMin        int
 		leaseDuration  time.Duration
 		renewDeadline  time.Duration
 		retryPeriod    time.Duration
@@ -54,6 +56,8 @@ func run() error {
 	flag.Float64Var(&qps, "kube-api-qps", 50, "Sustained requests per second to the API server; one spec write per node per change, so this bounds rollout speed.")
 	flag.IntVar(&burst, "kube-api-burst", 100, "Burst of requests to the API server above kube-api-qps.")
 	flag.IntVar(&resolvers, "resolver-workers", 8, "Nodes resolved at once; admission decisions are serialized, the writes run in parallel.")
+	flag.DurationVar(&latencyTarget, "write-latency-target", 50*time.Millisecond, "The resolver runs as many reconciles at once (at least --resolver-min-workers, at most --resolver-workers) as keep its writes answered within this latency: more writes in flight than the API server serves only queue there. 0 always runs --resolver-workers.")
+	flag.IntVar(&gateMin, "resolver-min-workers", 2, "The fewest nodes resolved at once however slow the API server answers.")
 	flag.IntVar(&statusWorkers, "status-workers", 2, "Policies whose status is computed at once.")
 	flag.DurationVar(&debounce, "status-debounce", 250*time.Millisecond, "Node events are folded into one policy status pass per this interval; each pass reads every GPUNode.")
 	flag.DurationVar(&restoreTimeout, "restore-timeout", policy.DefaultRestoreTimeout, "How long a deleted policy waits for agents to confirm its GPUs are back on the default.")
@@ -100,10 +104,12 @@ func run() error {
 	}
 	ctx := ctrl.SetupSignalHandler()
 	if err := setup.Controllers(ctx, mgr, setup.Options{
-		ResolverWorkers: resolvers,
-		StatusWorkers:   statusWorkers,
-		RestoreTimeout:  restoreTimeout,
-		StatusDebounce:  debounce,
+		ResolverWorkers:    resolvers,
+		StatusWorkers:      statusWorkers,
+		RestoreTimeout:     restoreTimeout,
+		StatusDebounce:     debounce,
+		WriteLatencyTarget: latencyTarget,
+		GateMin:            gateMin,
 	}); err != nil {
 		return err
 	}

@@ -44,6 +44,7 @@ func run() error {
 		debounce       time.Duration
 		pprofAddr      string
 		latencyTarget  time.Duration
+		progressEvery  time.Duration
 		gateMin        int
 		leaseDuration  time.Duration
 		renewDeadline  time.Duration
@@ -60,6 +61,7 @@ func run() error {
 	flag.IntVar(&gateMin, "resolver-min-workers", 2, "The fewest nodes resolved at once however slow the API server answers.")
 	flag.IntVar(&statusWorkers, "status-workers", 2, "Policies whose status is computed at once.")
 	flag.DurationVar(&debounce, "status-debounce", time.Second, "Node events are folded into one policy status pass (and at most one status write) per policy per this interval: during a rollout every pass writes, and at 250ms those writes took a tenth of a saturated API server's throughput.")
+	flag.DurationVar(&progressEvery, "status-progress-interval", 5*time.Second, "A policy status write that only reports progress (counts) waits until this long after the policy's last status write; condition changes and a new observed generation are written at once. 0 writes every change.")
 	flag.DurationVar(&restoreTimeout, "restore-timeout", policy.DefaultRestoreTimeout, "How long a deleted policy waits for agents to confirm its GPUs are back on the default.")
 	flag.StringVar(&pprofAddr, "pprof-bind-address", "", "Address Go's pprof endpoints bind to (/debug/pprof/); empty disables them.")
 	flag.DurationVar(&leaseDuration, "leader-election-lease-duration", 15*time.Second, "How long a follower waits after the leader's last renewal before it takes over.")
@@ -104,12 +106,13 @@ func run() error {
 	}
 	ctx := ctrl.SetupSignalHandler()
 	if err := setup.Controllers(ctx, mgr, setup.Options{
-		ResolverWorkers:    resolvers,
-		StatusWorkers:      statusWorkers,
-		RestoreTimeout:     restoreTimeout,
-		StatusDebounce:     debounce,
-		WriteLatencyTarget: latencyTarget,
-		GateMin:            gateMin,
+		ResolverWorkers:        resolvers,
+		StatusWorkers:          statusWorkers,
+		RestoreTimeout:         restoreTimeout,
+		StatusDebounce:         debounce,
+		WriteLatencyTarget:     latencyTarget,
+		StatusProgressInterval: progressEvery,
+		GateMin:                gateMin,
 	}); err != nil {
 		return err
 	}

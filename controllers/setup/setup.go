@@ -29,6 +29,9 @@ type Options struct {
 	StatusWorkers int
 	// StatusDebounce folds node events into one status pass per policy per interval.
 	StatusDebounce time.Duration
+	// StatusProgressInterval spaces the policy status writes that only report progress (counts); the
+	// transitions are written at once. Zero writes every change.
+	StatusProgressInterval time.Duration
 	// RestoreTimeout bounds the wait for agents after a policy is deleted; zero means the default.
 	RestoreTimeout time.Duration
 	// Clock is the controllers' time source (the policy reconciler's deletion bound, the rollout's
@@ -72,10 +75,11 @@ func Controllers(ctx context.Context, mgr ctrl.Manager, o Options) error {
 		return fmt.Errorf("setting up %s: %w", gpunode.ControllerName, err)
 	}
 	status := &policy.Reconciler{
-		Client:         mgr.GetClient(),
-		Recorder:       mgr.GetEventRecorder(EventSource),
-		RestoreTimeout: o.RestoreTimeout,
-		Clock:          o.Clock,
+		Client:           mgr.GetClient(),
+		Recorder:         mgr.GetEventRecorder(EventSource),
+		RestoreTimeout:   o.RestoreTimeout,
+		Clock:            o.Clock,
+		ProgressInterval: o.StatusProgressInterval,
 	}
 	if err := status.SetupWithManager(mgr, copts(o.StatusWorkers), o.StatusDebounce); err != nil {
 		return fmt.Errorf("setting up %s: %w", policy.ControllerName, err)

@@ -56,6 +56,9 @@ func run() error {
 		restoreTimeout time.Duration
 		debounce       time.Duration
 		pprofAddr      string
+		latencyTarget  time.Duration
+		progressEvery  time.Duration
+		gateMin        int
 		leaseDuration  time.Duration
 		renewDeadline  time.Duration
 		retryPeriod    time.Duration
@@ -67,8 +70,11 @@ func run() error {
 	flag.Float64Var(&qps, "kube-api-qps", 50, "Sustained requests per second to the API server; one spec write per node per change, so this bounds rollout speed.")
 	flag.IntVar(&burst, "kube-api-burst", 100, "Burst of requests to the API server above kube-api-qps.")
 	flag.IntVar(&resolvers, "resolver-workers", 8, "Nodes resolved at once; admission decisions are serialized, the writes run in parallel.")
+	flag.DurationVar(&latencyTarget, "write-latency-target", 50*time.Millisecond, "The resolver runs as many reconciles at once (at least --resolver-min-workers, at most --resolver-workers) as keep its writes answered within this latency: more writes in flight than the API server serves only queue there. 0 always runs --resolver-workers.")
+	flag.IntVar(&gateMin, "resolver-min-workers", 2, "The fewest nodes resolved at once however slow the API server answers.")
 	flag.IntVar(&statusWorkers, "status-workers", 2, "Policies whose status is computed at once.")
-	flag.DurationVar(&debounce, "status-debounce", 250*time.Millisecond, "Node events are folded into one policy status pass per this interval; each pass reads every GPUNode.")
+	flag.DurationVar(&debounce, "status-debounce", time.Second, "Node events are folded into one policy status pass (and at most one status write) per policy per this interval: during a rollout every pass writes, and at 250ms those writes took a tenth of a saturated API server's throughput.")
+	flag.DurationVar(&progressEvery, "status-progress-interval", 5*time.Second, "A policy status write that only reports progress (counts) waits until this long after the policy's last status write; condition changes and a new observed generation are written at once. 0 writes every change.")
 	flag.DurationVar(&restoreTimeout, "restore-timeout", policy.DefaultRestoreTimeout, "How long a deleted policy waits for agents to confirm its GPUs are back on the default.")
 	flag.StringVar(&pprofAddr, "pprof-bind-address", "", "Address Go's pprof endpoints bind to (/debug/pprof/); empty disables them.")
 	flag.DurationVar(&leaseDuration, "leader-election-lease-duration", defaultLeaseDuration, "How long a follower waits after the leader's last renewal before it takes over: the failover time when a leader dies without releasing the lease.")
@@ -117,10 +123,13 @@ func run() error {
 	}
 	ctx := ctrl.SetupSignalHandler()
 	if err := setup.Controllers(ctx, mgr, setup.Options{
-		ResolverWorkers: resolvers,
-		StatusWorkers:   statusWorkers,
-		RestoreTimeout:  restoreTimeout,
-		StatusDebounce:  debounce,
+		ResolverWorkers:        resolvers,
+		StatusWorkers:          statusWorkers,
+		RestoreTimeout:         restoreTimeout,
+		StatusDebounce:         debounce,
+		WriteLatencyTarget:     latencyTarget,
+		StatusProgressInterval: progressEvery,
+		GateMin:                gateMin,
 	}); err != nil {
 		return err
 	}

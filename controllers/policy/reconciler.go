@@ -46,6 +46,12 @@ type Reconciler struct {
 	RestoreTimeout time.Duration
 	// Clock is the time source for the deletion bound; nil means the real clock.
 	Clock clock.PassiveClock
+	// ProgressInterval spaces the status writes that only report progress (see progressWriteDelay);
+	// zero writes every change at once.
+	ProgressInterval time.Duration
+
+	// lastWrite holds, per policy name, when its status was last written.
+	lastWrite sync.Map
 
 	// tally keeps every policy's counts from node events (see tallyOf).
 	tally     *Tally
@@ -72,11 +78,12 @@ type scope struct {
 }
 
 // Reconcile recomputes the policy named by req.
-func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, reterr error) {
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, reterr error) {
 	p := &v1.GPUSharingPolicy{}
 	if err := r.Client.Get(ctx, req.NamespacedName, p); err != nil {
 		if apierrors.IsNotFound(err) {
 			forgetMetrics(req.Name)
+			r.lastWrite.Delete(req.Name)
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, fmt.Errorf("getting GPUSharingPolicy: %w", err)
@@ -84,6 +91,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Re
 	s := &scope{policy: p, original: p.DeepCopy()}
 	defer func() {
 		reterr = errors.Join(reterr, r.writeStatus(ctx, s, reterr == nil))
+		if reterr == nil && s.requeue > 0 {
+			// writeStatus may have held back a progress write: come back to write it.
+			res.RequeueAfter = s.requeue
+		}
 	}()
 
 	// A live policy's counts come from the tally, which re-reads only the nodes that changed; only a
@@ -178,12 +189,23 @@ func (r *Reconciler) writeStatus(ctx context.Context, s *scope, clean bool) erro
 	if equality.Semantic.DeepEqual(s.original.Status, s.policy.Status) {
 		return nil
 	}
+	var last time.Time
+	if v, ok := r.lastWrite.Load(s.policy.Name); ok {
+		last = v.(time.Time)
+	}
+	if wait := progressWriteDelay(&s.original.Status, &s.policy.Status, last, r.now(), r.ProgressInterval); wait > 0 {
+		if s.requeue == 0 || wait < s.requeue {
+			s.requeue = wait
+		}
+		return nil
+	}
 	if err := r.Client.Status().Patch(ctx, s.policy, client.MergeFrom(s.original)); err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
 		return fmt.Errorf("writing GPUSharingPolicy status: %w", err)
 	}
+	r.lastWrite.Store(s.policy.Name, r.now())
 	for _, t := range Transitions(s.original.Status.Conditions, s.policy.Status.Conditions) {
 		r.event(s.policy, t.Warning, t.Condition.Reason, t.Condition.Type+": "+t.Condition.Message)
 	}

@@ -11,6 +11,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 
+	"github.com/gpusharing/gpusharing/controllers/gate"
 	"github.com/gpusharing/gpusharing/controllers/gpunode"
 	"github.com/gpusharing/gpusharing/controllers/index"
 	"github.com/gpusharing/gpusharing/controllers/policy"
@@ -28,11 +29,20 @@ type Options struct {
 	StatusWorkers int
 	// StatusDebounce folds node events into one status pass per policy per interval.
 	StatusDebounce time.Duration
+	// StatusProgressInterval spaces the policy status writes that only report progress (counts); the
+	// transitions are written at once. Zero writes every change.
+	StatusProgressInterval time.Duration
 	// RestoreTimeout bounds the wait for agents after a policy is deleted; zero means the default.
 	RestoreTimeout time.Duration
 	// Clock is the controllers' time source (the policy reconciler's deletion bound, the rollout's
 	// admission reservations); nil means the real clock.
 	Clock clock.PassiveClock
+	// WriteLatencyTarget, when set, gates the resolver: it runs at most as many reconciles at once as keep
+	// its writes answered within this latency (between GateMin and ResolverWorkers; see package gate).
+	// Zero runs ResolverWorkers at once whatever the API server's latency.
+	WriteLatencyTarget time.Duration
+	// GateMin is the fewest resolver reconciles the gate admits at once; below 1 means 2.
+	GateMin int
 	// SkipNameValidation lets tests start several managers in one process.
 	SkipNameValidation bool
 }
@@ -52,14 +62,24 @@ func Controllers(ctx context.Context, mgr ctrl.Manager, o Options) error {
 		return controller.Options{MaxConcurrentReconciles: workers, SkipNameValidation: &o.SkipNameValidation}
 	}
 	resolver := &gpunode.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Clock: o.Clock}
-	if err := resolver.SetupWithManager(mgr, copts(o.ResolverWorkers)); err != nil {
+	ropts := copts(o.ResolverWorkers)
+	if o.WriteLatencyTarget > 0 {
+		if o.GateMin < 1 {
+			o.GateMin = 2
+		}
+		g := gate.New(gate.Options{Min: o.GateMin, Max: ropts.MaxConcurrentReconciles, Target: o.WriteLatencyTarget, Clock: o.Clock})
+		resolver.Client = gate.WithWriteTiming(resolver.Client, g)
+		ropts.NewQueue = gate.NewQueue(g)
+	}
+	if err := resolver.SetupWithManager(mgr, ropts); err != nil {
 		return fmt.Errorf("setting up %s: %w", gpunode.ControllerName, err)
 	}
 	status := &policy.Reconciler{
-		Client:         mgr.GetClient(),
-		Recorder:       mgr.GetEventRecorder(EventSource),
-		RestoreTimeout: o.RestoreTimeout,
-		Clock:          o.Clock,
+		Client:           mgr.GetClient(),
+		Recorder:         mgr.GetEventRecorder(EventSource),
+		RestoreTimeout:   o.RestoreTimeout,
+		Clock:            o.Clock,
+		ProgressInterval: o.StatusProgressInterval,
 	}
 	if err := status.SetupWithManager(mgr, copts(o.StatusWorkers), o.StatusDebounce); err != nil {
 		return fmt.Errorf("setting up %s: %w", policy.ControllerName, err)

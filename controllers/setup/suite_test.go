@@ -63,7 +63,11 @@ func run(m *testing.M) int {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if err := setup.Controllers(ctx, mgr, setup.Options{ResolverWorkers: 2, StatusWorkers: 2, RestoreTimeout: restoreTimeout, StatusDebounce: 50 * time.Millisecond}); err != nil {
+	if err := setup.Controllers(ctx, mgr, setup.Options{ResolverWorkers: 2, StatusWorkers: 2, RestoreTimeout: restoreTimeout, StatusDebounce: 50 * time.Millisecond,
+		// The resolver runs behind its gate as cmd/manager runs it, between one and two reconciles at once.
+		WriteLatencyTarget: 50 * time.Millisecond, GateMin: 1,
+		// Progress-only status writes are spaced as in cmd/manager, at a tenth of its interval.
+		StatusProgressInterval: 500 * time.Millisecond}); err != nil {
 		fmt.Fprintln(os.Stderr, "setting up the controllers:", err)
 		return 1
 	}

@@ -75,6 +75,9 @@ func createNode(ctx context.Context, c client.Client, name string, gpus int) err
 		inv[i] = b.GPU(name, int32(i), b.WithApplied(b.Exclusive(), ""))
 	}
 	gn.Status.GPUs, gn.Status.GPUCount = inv, int32(gpus)
+	// An agent that has published its inventory has observed its GPUNode's generation; without it every
+	// simulated agent would write an ack of generation 1 into the first timed phase.
+	gn.Status.ObservedGeneration = gn.Generation
 	if err := c.Status().Update(ctx, gn); err != nil {
 		return fmt.Errorf("publishing GPUNode %s inventory: %w", name, err)
 	}

@@ -15,24 +15,29 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/gpusharing/gpusharing/api/v1alpha1"
+	"github.com/gpusharing/gpusharing/controllers/gate"
 	"github.com/gpusharing/gpusharing/controllers/resolve"
 	b "github.com/gpusharing/gpusharing/controllers/testutil/builders"
 	"github.com/gpusharing/gpusharing/test/testenv"
 )
 
-// floorGenBase keeps the floor's policy generations clear of the real policy's, so an ack from the
-// controller's steps can never count for the floor.
-const floorGenBase = 1000
-
 // runFloor times what the API server alone needs for one step, with no controller running: a bare
 // client limited to the manager's QPS and burst, with as many writers as the manager has resolver
-// workers, merge-patches every GPUNode's spec to the entries the resolver writes for that sharing (one
-// patch per node, as the resolver does), and the agents ack them as they ack the controller. The time
-// ends when every GPU reports the sharing applied: the controller's counterpart is "policy Ready".
+// workers, admitted by the same adaptive gate as the manager's resolver (controllers/gate, same
+// options: more writes in flight than the server serves only slow each one down, so a floor without
+// the gate would not be a lower bound), merge-patches every GPUNode's spec to the entries the resolver writes for that sharing (one
+// patch per node, as the resolver does, with the policy generation gen the controller's step writes),
+// and the agents ack them as they ack the controller. The time ends when every GPU reports the sharing
+// applied: the controller's counterpart is "policy Ready". No manager runs meanwhile, so no other write
+// can count for the floor.
 func runFloor(ctx context.Context, env *testenv.Env, a *agents, o options, s v1.Sharing, gen int64) (floorResult, error) {
 	cfg := rest.CopyConfig(env.Config)
 	cfg.QPS, cfg.Burst = float32(o.qps), o.burst
 	c, err := client.New(cfg, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		return floorResult{}, err
+	}
+	before, err := scrapeWrites(ctx, env)
 	if err != nil {
 		return floorResult{}, err
 	}
@@ -43,16 +48,25 @@ func runFloor(ctx context.Context, env *testenv.Env, a *agents, o options, s v1.
 	acked := a.setAckTarget(gen, v1.SharingHash(s))
 	work := make(chan string)
 	errs := make(chan error, len(names))
+	workers := max(o.resolverWorkers, 1)
+	g := gate.New(gate.Options{Min: o.resolverMinWorkers, Max: workers, Target: o.writeLatencyTarget})
+	if o.writeLatencyTarget <= 0 {
+		g = gate.New(gate.Options{Min: workers, Max: workers})
+	}
 	var wg sync.WaitGroup
-	for range max(o.resolverWorkers, 1) {
+	for range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for name := range work {
+				g.Acquire()
 				t0 := time.Now()
 				err := writeFloorSpec(ctx, c, name, o.gpus, s, gen)
+				d := time.Since(t0)
+				g.Observe(d)
+				g.Release()
 				latMu.Lock()
-				lat = append(lat, time.Since(t0))
+				lat = append(lat, d)
 				latMu.Unlock()
 				errs <- err
 			}
@@ -75,6 +89,9 @@ func runFloor(ctx context.Context, env *testenv.Env, a *agents, o options, s v1.
 		return floorResult{}, fmt.Errorf("floor: agents did not ack every spec within %s", o.timeout)
 	}
 	r := floorResult{took: time.Since(start)}
+	if after, err := scrapeWrites(ctx, env); err == nil {
+		r.writes = after.since(before)
+	}
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	if len(lat) > 0 {
 		r.patchP50, r.patchP99 = lat[len(lat)/2], lat[min(len(lat)-1, len(lat)*99/100)]
@@ -87,6 +104,7 @@ func runFloor(ctx context.Context, env *testenv.Env, a *agents, o options, s v1.
 type floorResult struct {
 	took               time.Duration
 	patchP50, patchP99 time.Duration
+	writes             string
 }
 
 // writeFloorSpec is the resolver's spec write without the resolver: a merge patch of spec.gpus.
@@ -180,13 +198,21 @@ func restore(ctx context.Context, env *testenv.Env, a *agents, snap map[string]*
 		}
 	}
 	deadline := time.Now().Add(timeout)
+	pending := make(map[string]bool, len(snap))
+	for name := range snap {
+		pending[name] = true
+	}
 	for {
-		done := 0
-		for name, want := range snap {
-			if restored(a.latestCopy(name), want) {
-				done++
+		// Only the nodes not yet seen restored are checked again, and without copies: at 10,000 nodes a
+		// full scan of copies every 100ms would take a good part of a core from the API server.
+		a.mu.Lock()
+		for name := range pending {
+			if restored(a.latest[name], snap[name]) {
+				delete(pending, name)
 			}
 		}
+		a.mu.Unlock()
+		done := len(snap) - len(pending)
 		if done == len(snap) {
 			return nil
 		}
@@ -217,6 +243,10 @@ func restoreNode(ctx context.Context, c client.Client, a *agents, want *v1.GPUNo
 			return nil
 		}
 		cur.Status = *want.Status.DeepCopy()
+		// The spec patch moved the generation: a status that still reported the snapshot's would make
+		// every agent write an ack of the new generation, and those writes would land in the next timed
+		// phase.
+		cur.Status.ObservedGeneration = cur.Generation
 		err := c.Status().Update(ctx, cur)
 		if err == nil {
 			return nil
@@ -229,9 +259,10 @@ func restoreNode(ctx context.Context, c client.Client, a *agents, want *v1.GPUNo
 	return fmt.Errorf("restore: GPUNode %s status kept conflicting", want.Name)
 }
 
-// restored says whether gn's spec and applied sharing are the snapshot's.
+// restored says whether gn's spec and applied sharing are the snapshot's, with the status observing the
+// current generation (so no agent has an ack left to write).
 func restored(gn, want *v1.GPUNode) bool {
-	if gn == nil || !equality.Semantic.DeepEqual(gn.Spec.GPUs, want.Spec.GPUs) {
+	if gn == nil || !equality.Semantic.DeepEqual(gn.Spec.GPUs, want.Spec.GPUs) || gn.Status.ObservedGeneration != gn.Generation {
 		return false
 	}
 	for i := range want.Status.GPUs {

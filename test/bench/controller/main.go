@@ -34,14 +34,17 @@ type options struct {
 	maxUnavailable  string
 	agentWorkers    int
 	resolverWorkers int
-	qps             float64
-	burst           int
-	timeout         time.Duration
-	managerLog      string
-	managerV        int
-	pprof           bool
-	floor           bool
-	failover        bool
+	// resolverMinWorkers and writeLatencyTarget are the manager's gate (see controllers/gate).
+	resolverMinWorkers int
+	writeLatencyTarget time.Duration
+	qps                float64
+	burst              int
+	timeout            time.Duration
+	managerLog         string
+	managerV           int
+	pprof              bool
+	floor              bool
+	failover           bool
 	// failoverMaxUnavailable is the rollout budget of the failover step.
 	failoverMaxUnavailable string
 }
@@ -54,6 +57,8 @@ func main() {
 	flag.StringVar(&o.maxUnavailable, "max-unavailable", "100%", "The policy's rollout.maxUnavailable (a count or a percentage).")
 	flag.IntVar(&o.agentWorkers, "agent-workers", 8, "Goroutines playing the agents.")
 	flag.IntVar(&o.resolverWorkers, "resolver-workers", 8, "The manager's --resolver-workers.")
+	flag.IntVar(&o.resolverMinWorkers, "resolver-min-workers", 2, "The manager's --resolver-min-workers.")
+	flag.DurationVar(&o.writeLatencyTarget, "write-latency-target", 50*time.Millisecond, "The manager's --write-latency-target (0: always --resolver-workers at once).")
 	flag.Float64Var(&o.qps, "qps", 200, "The manager's --kube-api-qps.")
 	flag.IntVar(&o.burst, "burst", 400, "The manager's --kube-api-burst.")
 	flag.DurationVar(&o.timeout, "timeout", 10*time.Minute, "Give up on a step after this long.")
@@ -118,50 +123,58 @@ func run(o options) error {
 			step{name: "change MPS 25% -> 50% (non-disruptive)", sharing: b.MPS(4, 50)},
 			step{name: "change MPS -> TimeSlicing (disruptive)", sharing: b.TimeSlicing(4, v1.TimeSliceShort)})
 	}
-	fmt.Printf("\nnodes=%d gpus/node=%d maxUnavailable=%s resolver-workers=%d qps=%.0f burst=%d\n",
-		o.nodes, o.gpus, o.maxUnavailable, o.resolverWorkers, o.qps, o.burst)
-	// Each step runs its floor first, with no manager running, then puts every GPUNode back and starts a
-	// fresh manager for the controller's run of the same step: the two figures of a ratio are taken
-	// minutes apart at most, which matters on a machine whose load changes by the minute.
+	fmt.Printf("\nnodes=%d gpus/node=%d maxUnavailable=%s resolver-workers=%d (min %d, write latency target %s) qps=%.0f burst=%d\n",
+		o.nodes, o.gpus, o.maxUnavailable, o.resolverWorkers, o.resolverMinWorkers, o.writeLatencyTarget, o.qps, o.burst)
+	fmt.Printf("etcd runs with --unsafe-no-fsync (envtest's default), for the floor and the controller alike\n")
+	// Each step's floor and controller run back to back from the same state, alternating which goes
+	// first (even steps the floor, odd steps the controller): on a machine whose load changes by the
+	// minute, a fixed order would favour whichever runs in the quieter half. The floor writes exactly the
+	// spec the controller writes (same policy generation), so a floor that runs second leaves the state
+	// the controller's step left, and either order needs one untimed restore per step.
 	results := make([]result, 0, len(steps))
 	floors := make([]floorResult, len(steps))
 	var peak int64 = -1
 	for i, s := range steps {
-		if o.floor {
-			snap := agents.snapshot()
-			d, err := runFloor(ctx, env, agents, o, s.sharing, floorGenBase+int64(i))
+		gen := int64(i + 1) // the policy's generation once the step's write lands: created at 1, +1 per change
+		floorFirst := i%2 == 0
+		snap := agents.snapshot()
+		floor := func() error {
+			if !o.floor {
+				return nil
+			}
+			d, err := runFloor(ctx, env, agents, o, s.sharing, gen)
 			if err != nil {
 				return err
 			}
 			floors[i] = d
-			fmt.Printf("\nfloor for %q: %.2fs, bare spec patch p50 %.1fms p99 %.1fms (no controller; restoring the GPUNodes...)\n",
-				s.name, d.took.Seconds(), ms(d.patchP50), ms(d.patchP99))
-			if err := restore(ctx, env, agents, snap, o.timeout); err != nil {
+			fmt.Printf("\nfloor for %q (%s): %.2fs, bare spec patch p50 %.1fms p99 %.1fms; %s\n",
+				s.name, map[bool]string{true: "before the controller", false: "after the controller"}[floorFirst],
+				d.took.Seconds(), ms(d.patchP50), ms(d.patchP99), d.writes)
+			return nil
+		}
+		if floorFirst {
+			if err := floor(); err != nil {
+				return err
+			}
+			if err := restoreTimed(ctx, env, agents, snap, o); err != nil {
 				return err
 			}
 		}
-		mgr, err := mb.start(o, fmt.Sprintf("manager-%d", i))
-		if err != nil {
-			return err
-		}
-		if err := mgr.waitIdle(o.nodes, o.timeout); err != nil {
-			mgr.stop()
-			return err
-		}
-		if i == 0 {
-			fmt.Printf("Manager running as pid %d (%s), idle RSS %s\n", mgr.pid(), mgr.binary, mib(mgr.rss()))
-		}
-		if mgr.pprof != "" {
-			fmt.Printf("Manager pprof: http://%s/debug/pprof/\n", mgr.pprof)
-		}
-		r, err := s.run(ctx, env, agents, mgr, o)
-		peak = max(peak, mgr.peakRSS())
-		mgr.stop()
+		r, rss, err := runController(ctx, env, agents, mb, o, s, i, gen)
+		peak = max(peak, rss)
 		if err != nil {
 			return fmt.Errorf("%s: %w", s.name, err)
 		}
 		r.print()
 		results = append(results, r)
+		if !floorFirst && o.floor {
+			if err := restoreTimed(ctx, env, agents, snap, o); err != nil {
+				return err
+			}
+			if err := floor(); err != nil {
+				return err
+			}
+		}
 	}
 	fmt.Printf("\nManager peak RSS (largest VmHWM of the step's manager processes): %s\n", mib(peak))
 
@@ -202,6 +215,53 @@ func summarize(o options, steps []step, results []result, floors []floorResult, 
 			fo.takeover.Seconds(), fo.ready.Seconds(), fo.maxDisrupted, fo.limit, fo.twice, verdict)
 	}
 	fmt.Printf("reproduce: make bench-controller BIN=<bin> BENCH_ARGS=%q\n", strings.Join(os.Args[1:], " "))
+}
+
+// runController starts a fresh manager for step i, waits until it has resolved every node and settled,
+// runs the step and stops the manager; it returns the step's result and the manager's peak RSS.
+func runController(ctx context.Context, env *testenv.Env, a *agents, mb *managerBuild, o options, s step, i int, gen int64) (result, int64, error) {
+	before, err := scrapeWrites(ctx, env)
+	if err != nil {
+		return result{}, -1, err
+	}
+	mgr, err := mb.start(o, fmt.Sprintf("manager-%d", i))
+	if err != nil {
+		return result{}, -1, err
+	}
+	defer mgr.stop()
+	if err := mgr.waitIdle(o.nodes, o.timeout); err != nil {
+		return result{}, mgr.peakRSS(), err
+	}
+	settled, err := scrapeWrites(ctx, env)
+	if err != nil {
+		return result{}, mgr.peakRSS(), err
+	}
+	fmt.Printf("\nManager %d running as pid %d, idle RSS %s; its start-up (initial list and resolve of every node): %s\n",
+		i, mgr.pid(), mib(mgr.rss()), settled.since(before))
+	if mgr.pprof != "" {
+		fmt.Printf("Manager pprof: http://%s/debug/pprof/\n", mgr.pprof)
+	}
+	r, err := s.run(ctx, env, a, mgr, o)
+	if err == nil && r.gen != gen {
+		err = fmt.Errorf("the policy reached generation %d, the floor assumed %d", r.gen, gen)
+	}
+	if err == nil {
+		var after writeCounts
+		if after, err = scrapeWrites(ctx, env); err == nil {
+			r.writes = after.since(settled)
+		}
+	}
+	return r, mgr.peakRSS(), err
+}
+
+// restoreTimed is restore with its time printed (it is not part of any ratio).
+func restoreTimed(ctx context.Context, env *testenv.Env, a *agents, snap map[string]*v1.GPUNode, o options) error {
+	start := time.Now()
+	if err := restore(ctx, env, a, snap, o.timeout); err != nil {
+		return err
+	}
+	fmt.Printf("(restored every GPUNode to the step's starting state in %.1fs, untimed)\n", time.Since(start).Seconds())
+	return nil
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

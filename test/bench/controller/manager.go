@@ -89,6 +89,8 @@ func (mb *managerBuild) start(o options, name string, extra ...string) (*manager
 		"--kube-api-qps", strconv.FormatFloat(o.qps, 'f', -1, 64),
 		"--kube-api-burst", strconv.Itoa(o.burst),
 		"--resolver-workers", strconv.Itoa(o.resolverWorkers),
+		"--resolver-min-workers", strconv.Itoa(o.resolverMinWorkers),
+		"--write-latency-target", o.writeLatencyTarget.String(),
 		"-v", strconv.Itoa(o.managerV),
 	}
 	if o.pprof {

@@ -82,12 +82,7 @@ func shimOf(t *testing.T, n *v1alpha1.GPUNode) *v1alpha1.ShimStatus {
 // nothing new writes nothing and leaves the scheduler alone.
 func TestOversubscriptionRunsTheGPUsSchedulerFromThePolicyAndPublishesItsClients(t *testing.T) {
 	a := newAgent(t, withNVML)
-	root, err := os.MkdirTemp("", "s")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(root) })
-	a.r.Shim = &ShimSchedulers{Root: root, Reserve: DefaultOversubReserve, Headroom: DefaultOversubHeadroom}
+	root := withShimSchedulers(t, a, &ShimSchedulers{Reserve: DefaultOversubReserve, Headroom: DefaultOversubHeadroom})
 	t.Cleanup(func() {
 		for _, g := range a.server.GPUs {
 			_ = a.r.Shim.Stop(t.Context(), g.UUID)
@@ -163,12 +158,7 @@ func TestOversubscriptionRunsTheGPUsSchedulerFromThePolicyAndPublishesItsClients
 // memory.
 func TestDefaultBudgetIsTheGPUsMemoryLessWhatNVMLSeesOutsideIt(t *testing.T) {
 	a := newAgent(t, withNVML)
-	root, err := os.MkdirTemp("", "s")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(root) })
-	a.r.Shim = &ShimSchedulers{Root: root, Reserve: DefaultOversubReserve, Headroom: DefaultOversubHeadroom}
+	root := withShimSchedulers(t, a, &ShimSchedulers{Reserve: DefaultOversubReserve, Headroom: DefaultOversubHeadroom})
 	g := a.server.GPUs[0]
 	uuid := g.UUID
 	t.Cleanup(func() { _ = a.r.Shim.Stop(t.Context(), uuid) })
@@ -216,12 +206,7 @@ func TestDefaultBudgetIsTheGPUsMemoryLessWhatNVMLSeesOutsideIt(t *testing.T) {
 // stop it.
 func TestExclusiveRunsTheGPUsSchedulerAndMPSStopsIt(t *testing.T) {
 	a := newAgent(t, withNVML)
-	root, err := os.MkdirTemp("", "s")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(root) })
-	a.r.Shim = &ShimSchedulers{Root: root, Reserve: DefaultOversubReserve}
+	root := withShimSchedulers(t, a, &ShimSchedulers{Reserve: DefaultOversubReserve})
 	uuid := a.server.GPUs[0].UUID
 	a.pass(t)
 	excl := v1alpha1.Sharing{Strategy: v1alpha1.StrategyExclusive, Oversubscription: &v1alpha1.Oversubscription{TimeQuantum: &metav1.Duration{Duration: time.Second}}}
@@ -316,4 +301,18 @@ func TestShimStatusListsAtMostMaxClientsAndCountsTheRest(t *testing.T) {
 	if few := shimStatus(ShimState{Clients: clients[:2]}); few.OmittedClients != 0 || len(few.Clients) != 2 {
 		t.Errorf("two clients: %d listed, %d omitted", len(few.Clients), few.OmittedClients)
 	}
+}
+
+// withShimSchedulers gives the agent sched with a fresh, short socket root (t.TempDir() paths can pass
+// the 108-byte limit of a Unix socket path) and returns that root.
+func withShimSchedulers(t *testing.T, a *agent, sched *ShimSchedulers) string {
+	t.Helper()
+	root, err := os.MkdirTemp("", "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	sched.Root = root
+	a.r.Shim = sched
+	return root
 }

@@ -123,6 +123,15 @@ func (c *shimClient) expect(typ scheduler.MsgType) (scheduler.Message, error) {
 
 // stillServing checks, while the API server is away, that both processes run and that the agent serves
 // its node: the device plugin lists and allocates the GPU's shares to the kubelet, and the GPU's shim
+// servesThroughTheOutage checks serving halfway through the outage that began at start and at its end.
+func servesThroughTheOutage(t *testing.T, start time.Time, check func()) {
+	t.Helper()
+	time.Sleep(outage / 2)
+	check()
+	time.Sleep(time.Until(start.Add(outage)))
+	check()
+}
+
 // scheduler grants its lock to a new client.
 func stillServing(t *testing.T, kubelet *fakekubelet.Kubelet, sock string, procs ...*proc) {
 	t.Helper()
@@ -241,11 +250,7 @@ func TestAPIServerAwayForThirtySecondsTwice(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	stopped := time.Now()
-	time.Sleep(outage / 2)
-	stillServing(t, kubelet, sock, ag, mgr)
-	time.Sleep(time.Until(stopped.Add(outage)))
-	stillServing(t, kubelet, sock, ag, mgr)
+	servesThroughTheOutage(t, time.Now(), func() { stillServing(t, kubelet, sock, ag, mgr) })
 	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
@@ -262,10 +267,7 @@ func TestAPIServerAwayForThirtySecondsTwice(t *testing.T) {
 		t.Fatal(err)
 	}
 	killed := time.Now()
-	time.Sleep(outage / 2)
-	stillServing(t, kubelet, sock, ag, mgr)
-	time.Sleep(time.Until(killed.Add(outage)))
-	stillServing(t, kubelet, sock, ag, mgr)
+	servesThroughTheOutage(t, killed, func() { stillServing(t, kubelet, sock, ag, mgr) })
 	restarted := exec.Command(argv[0], argv[1:]...)
 	var apiLog bytes.Buffer
 	restarted.Stdout, restarted.Stderr = &apiLog, &apiLog

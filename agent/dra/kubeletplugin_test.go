@@ -148,20 +148,21 @@ func multiClaim(t *testing.T, ctx context.Context, c client.Client, name string,
 	podFor(t, ctx, c, name)
 }
 
-func TestKubeletPluginPreparesSchedulerAllocatedClaimsWithWhatAllocateGives(t *testing.T) {
-	ctx := context.Background()
-	env, err := testenv.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
-	c := env.Client
-	readyNode(t, ctx, c)
-	applyDeviceClasses(t, ctx, env)
-	if _, err := (&dra.Publisher{Client: c, Node: nodeName}).Sync(ctx, dra.Devices(mixedNode(), dpConfig)); err != nil {
+// schedulingCluster is draCluster with the mixed node's devices published and the real kube-scheduler
+// allocating claims from them.
+func schedulingCluster(t *testing.T) (context.Context, *testenv.Env) {
+	t.Helper()
+	ctx, env := draCluster(t)
+	if _, err := (&dra.Publisher{Client: env.Client, Node: nodeName}).Sync(ctx, dra.Devices(mixedNode(), dpConfig)); err != nil {
 		t.Fatal(err)
 	}
 	startScheduler(t, env)
+	return ctx, env
+}
+
+func TestKubeletPluginPreparesSchedulerAllocatedClaimsWithWhatAllocateGives(t *testing.T) {
+	ctx, env := schedulingCluster(t)
+	c := env.Client
 	attr := `device.attributes["gpu.gpusharing.io"]`
 	claimPod(t, ctx, c, "whole", "gpusharing-exclusive", "")
 	claimPod(t, ctx, c, "mig", "gpusharing-mig", attr+`.migProfile == "3g.40gb"`)
@@ -292,19 +293,8 @@ func TestKubeletPluginPreparesSchedulerAllocatedClaimsWithWhatAllocateGives(t *t
 // A device the node stopped publishing since the allocation (its GPU turned unhealthy) is not prepared:
 // the claim gets an error the kubelet retries, and no spec is written.
 func TestKubeletPluginRefusesADeviceTheNodeNoLongerPublishes(t *testing.T) {
-	ctx := context.Background()
-	env, err := testenv.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
+	ctx, env := schedulingCluster(t)
 	c := env.Client
-	readyNode(t, ctx, c)
-	applyDeviceClasses(t, ctx, env)
-	if _, err := (&dra.Publisher{Client: c, Node: nodeName}).Sync(ctx, dra.Devices(mixedNode(), dpConfig)); err != nil {
-		t.Fatal(err)
-	}
-	startScheduler(t, env)
 	claimPod(t, ctx, c, "whole", "gpusharing-exclusive", "")
 	allocated(t, ctx, c, "whole")
 

@@ -27,6 +27,20 @@ import (
 const nodeName = "dra-node"
 
 // startScheduler runs the real kube-scheduler v1.36.3 (hack/build-control-plane.sh) against env.
+// draCluster starts a real API server with this test's node Ready and the operator's DeviceClasses applied.
+func draCluster(t *testing.T) (context.Context, *testenv.Env) {
+	t.Helper()
+	ctx := context.Background()
+	env, err := testenv.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	readyNode(t, ctx, env.Client)
+	applyDeviceClasses(t, ctx, env)
+	return ctx, env
+}
+
 func startScheduler(t *testing.T, env *testenv.Env) {
 	t.Helper()
 	bin := filepath.Join(env.BinDir, "kube-scheduler")
@@ -187,15 +201,8 @@ func allocated(t *testing.T, ctx context.Context, c client.Client, name string) 
 }
 
 func TestTheSchedulerAllocatesEachKindOfShareFromThePublishedSlices(t *testing.T) {
-	ctx := context.Background()
-	env, err := testenv.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
+	ctx, env := draCluster(t)
 	c := env.Client
-	readyNode(t, ctx, c)
-	applyDeviceClasses(t, ctx, env)
 	pub := &dra.Publisher{Client: c, Node: nodeName}
 	devices := dra.Devices(mixedNode(), deviceplugin.DefaultConfig())
 	if changed, err := pub.Sync(ctx, devices); err != nil || !changed {

@@ -8,9 +8,13 @@ import (
 // GPUNodeSpec is the desired sharing of each GPU of one node. The controller owns it.
 type GPUNodeSpec struct {
 	// gpus lists the GPUs some policy configures; a GPU not listed is left as found.
-	// +listType=map
-	// +listMapKey=uuid
+	// The list is atomic, not a map keyed by uuid: the controller is its only writer and always writes
+	// it whole, and per-GPU field ownership made managedFields more than half of every GPUNode, which
+	// the API server decodes, diffs and encodes again on every write (see docs/controller.md, "At fleet
+	// scale"). The rule keeps what the map key enforced.
+	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:XValidation:rule="self.all(g, self.exists_one(h, h.uuid == g.uuid))",message="each GPU uuid may be listed once"
 	// +optional
 	GPUs []GPUDesired `json:"gpus,omitempty"`
 }
@@ -74,9 +78,11 @@ type GPUNodeStatus struct {
 	// +optional
 	Summary string `json:"summary,omitempty"`
 
-	// gpus lists each GPU's identity and what is actually applied on it.
-	// +listType=map
-	// +listMapKey=uuid
+	// gpus lists each GPU's identity and what is actually applied on it. Atomic for the reason spec.gpus
+	// is: the agent is its only writer and always writes it whole.
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:XValidation:rule="self.all(g, self.exists_one(h, h.uuid == g.uuid))",message="each GPU uuid may be listed once"
 	// +optional
 	GPUs []GPUStatus `json:"gpus,omitempty"`
 
@@ -90,6 +96,8 @@ type GPUNodeStatus struct {
 // GPUStatus is one GPU's identity, capabilities and applied sharing.
 type GPUStatus struct {
 	// uuid is the GPU's UUID.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=64
 	// +required
 	UUID string `json:"uuid"`
 

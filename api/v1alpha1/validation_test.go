@@ -179,3 +179,70 @@ func TestRejectsGPUNodeEntryWithoutUUID(t *testing.T) {
 		t.Errorf("message does not name spec.gpus[0].uuid: %v", err)
 	}
 }
+
+// gpuNodeWithGPUs is a GPUNode whose spec lists the given uuids.
+func gpuNodeWithGPUs(name string, uuids ...string) *unstructured.Unstructured {
+	gpus := make([]any, len(uuids))
+	for i, u := range uuids {
+		gpus[i] = map[string]any{"uuid": u, "index": int64(i), "sharing": map[string]any{"strategy": "Exclusive"}}
+	}
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "gpusharing.io/v1alpha1",
+		"kind":       "GPUNode",
+		"metadata":   map[string]any{"name": name},
+		"spec":       map[string]any{"gpus": gpus},
+	}}
+}
+
+func TestRejectsAGPUListedTwice(t *testing.T) {
+	ctx := context.Background()
+	err := env.Client.Create(ctx, gpuNodeWithGPUs("gpu-twice-in-spec", "GPU-a", "GPU-b", "GPU-a"))
+	if err == nil || !strings.Contains(err.Error(), "spec.gpus: Invalid value") || !strings.Contains(err.Error(), "each GPU uuid may be listed once") {
+		t.Fatalf("a spec listing GPU-a twice: want the uniqueness rule's message on spec.gpus, got %v", err)
+	}
+
+	obj := gpuNodeWithGPUs("gpu-twice-in-status", "GPU-a")
+	if err := env.Client.Create(ctx, obj); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(ctx, obj) })
+	status := []any{
+		map[string]any{"uuid": "GPU-a", "index": int64(0)},
+		map[string]any{"uuid": "GPU-a", "index": int64(1)},
+	}
+	if err := unstructured.SetNestedSlice(obj.Object, status, "status", "gpus"); err != nil {
+		t.Fatal(err)
+	}
+	err = env.Client.Status().Update(ctx, obj)
+	if err == nil || !strings.Contains(err.Error(), "status.gpus: Invalid value") || !strings.Contains(err.Error(), "each GPU uuid may be listed once") {
+		t.Fatalf("a status listing GPU-a twice: want the uniqueness rule's message on status.gpus, got %v", err)
+	}
+}
+
+// The GPU lists are atomic (one writer each, always written whole): their managedFields entry is the
+// list, not every field of every GPU, which on a node of 8 GPUs was more than half of the object that the
+// API server decodes, diffs and encodes on every write.
+func TestGPUListsAreOwnedWhole(t *testing.T) {
+	ctx := context.Background()
+	obj := gpuNodeWithGPUs("gpu-lists-owned-whole", "GPU-a", "GPU-b")
+	if err := env.Client.Create(ctx, obj); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(ctx, obj) })
+	status := []any{map[string]any{"uuid": "GPU-a", "index": int64(0)}, map[string]any{"uuid": "GPU-b", "index": int64(1)}}
+	if err := unstructured.SetNestedSlice(obj.Object, status, "status", "gpus"); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Status().Update(ctx, obj); err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range obj.GetManagedFields() {
+		fields := string(mf.FieldsV1.Raw)
+		if strings.Contains(fields, `k:{\"uuid\"`) {
+			t.Errorf("managedFields of %s (%s) list each GPU: %s", mf.Manager, mf.Subresource, fields)
+		}
+		if !strings.Contains(fields, `"f:gpus":{}`) {
+			t.Errorf("managedFields of %s (%s) do not own the GPU list whole: %s", mf.Manager, mf.Subresource, fields)
+		}
+	}
+}

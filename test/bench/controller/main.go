@@ -47,6 +47,9 @@ type options struct {
 	failover           bool
 	// failoverMaxUnavailable is the rollout budget of the failover step.
 	failoverMaxUnavailable string
+	// kubeconfig, when set, is where an admin kubeconfig of the bench's API server is written, so the
+	// running bench can be inspected (kubectl get --raw /debug/pprof/profile profiles the API server).
+	kubeconfig string
 }
 
 func main() {
@@ -68,6 +71,7 @@ func main() {
 	flag.BoolVar(&o.floor, "floor", true, "Measure the floor: the same spec writes and acks by a bare client with no controller.")
 	flag.BoolVar(&o.failover, "failover", true, "Run the leader failover step: two replicas, the leader SIGKILLed mid-rollout.")
 	flag.StringVar(&o.failoverMaxUnavailable, "failover-max-unavailable", "10%", "The failover step's rollout.maxUnavailable.")
+	flag.StringVar(&o.kubeconfig, "admin-kubeconfig", "", "Write an admin kubeconfig of the bench's API server to this file (to inspect or profile it while the bench runs).")
 	flag.Parse()
 	ctrl.SetLogger(logr.Discard())
 	if err := run(o); err != nil {
@@ -94,6 +98,12 @@ func run(o options) error {
 		os.Exit(130)
 	}()
 
+	if o.kubeconfig != "" {
+		if err := writeKubeconfig(env, o.kubeconfig); err != nil {
+			return err
+		}
+		fmt.Printf("Admin kubeconfig of the API server: %s\n", o.kubeconfig)
+	}
 	start := time.Now()
 	if err := createNodes(ctx, env, o); err != nil {
 		return err
@@ -262,6 +272,24 @@ func restoreTimed(ctx context.Context, env *testenv.Env, a *agents, snap map[str
 	}
 	fmt.Printf("(restored every GPUNode to the step's starting state in %.1fs, untimed)\n", time.Since(start).Seconds())
 	return nil
+}
+
+// writeKubeconfig copies an admin kubeconfig of env's API server to path.
+func writeKubeconfig(env *testenv.Env, path string) error {
+	dir, err := os.MkdirTemp("", "bench-kubeconfig-")
+	if err != nil {
+		return err
+	}
+	defer func() { _ = os.RemoveAll(dir) }()
+	kc, err := env.AdminKubeconfig(dir)
+	if err != nil {
+		return err
+	}
+	data, err := os.ReadFile(kc)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, data, 0o600)
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

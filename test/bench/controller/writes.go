@@ -19,6 +19,7 @@ import (
 type writeCounts struct {
 	byKind    map[string]float64 // "gpunodes/status PUT"
 	conflicts map[string]float64 // the same keys, code 409 only
+	cpu       map[string]float64 // serverCPU at the scrape
 }
 
 // scrapeWrites reads the API server's request counters.
@@ -31,7 +32,7 @@ func scrapeWrites(ctx context.Context, env *testenv.Env) (writeCounts, error) {
 	if err != nil {
 		return writeCounts{}, fmt.Errorf("reading the API server's metrics: %w", err)
 	}
-	w := writeCounts{byKind: map[string]float64{}, conflicts: map[string]float64{}}
+	w := writeCounts{byKind: map[string]float64{}, conflicts: map[string]float64{}, cpu: serverCPU()}
 	s := bufio.NewScanner(bytes.NewReader(raw))
 	s.Buffer(make([]byte, 1<<20), 1<<20)
 	for s.Scan() {
@@ -67,7 +68,7 @@ func scrapeWrites(ctx context.Context, env *testenv.Env) (writeCounts, error) {
 }
 
 // since is the writes between an earlier scrape and this one, as one line: resource verb count, largest
-// first, conflicts in brackets.
+// first, conflicts in brackets; then the API server's and etcd's CPU over the same span.
 func (w writeCounts) since(before writeCounts) string {
 	type kv struct {
 		k    string
@@ -90,5 +91,5 @@ func (w writeCounts) since(before writeCounts) string {
 		}
 		parts = append(parts, p)
 	}
-	return fmt.Sprintf("%.0f writes: %s", total, strings.Join(parts, ", "))
+	return fmt.Sprintf("%.0f writes: %s; %s", total, strings.Join(parts, ", "), cpuSince(w.cpu, before.cpu, total))
 }

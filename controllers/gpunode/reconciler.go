@@ -33,6 +33,7 @@ type Reconciler struct {
 	Clock clock.PassiveClock
 
 	rollout *rollout
+	echoes  *echoes
 }
 
 // scope is what one pass learns and decides about one node, filled phase by phase.
@@ -58,6 +59,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err := r.Client.Get(ctx, req.NamespacedName, gn); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.rollout.forget(req.Name)
+			r.echoes.forget(req.Name)
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, fmt.Errorf("getting GPUNode: %w", err)
@@ -71,6 +73,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err := r.loadNode(ctx, s); err != nil {
 		if errors.Is(err, errNodeGone) {
 			r.rollout.forget(gn.Name)
+			r.echoes.forget(gn.Name)
 			return ctrl.Result{}, r.deleteOrphan(ctx, gn)
 		}
 		return ctrl.Result{}, err

@@ -24,14 +24,16 @@ import (
 // ControllerName names the resolver in logs and in controller-runtime's metrics.
 const ControllerName = "gpunode-resolver"
 
-// SetupWithManager wires the resolver: GPUNodes are its primary objects; a Node's label change or
-// deletion re-runs that node; a policy's spec change or deletion re-runs every node; a node leaving a
-// policy's in-flight set wakes the next nodes waiting on that policy. index.Setup must have run.
+// SetupWithManager wires the resolver: GPUNodes are its primary objects (except the echo of its own spec
+// write, see echoes); a Node's label change or deletion re-runs that node; a policy's spec change or
+// deletion re-runs every node; a node leaving a policy's in-flight set wakes the next nodes waiting on
+// that policy. index.Setup must have run.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options) error {
 	r.rollout = newRollout(r.Clock)
+	r.echoes = newEchoes()
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(ControllerName).
-		For(&v1.GPUNode{}).
+		For(&v1.GPUNode{}, builder.WithPredicates(r.echoes.notEcho())).
 		Watches(&v1.GPUNode{}, r.slotFreed()).
 		WatchesMetadata(&corev1.Node{}, &handler.EnqueueRequestForObject{}, builder.WithPredicates(predicates.NodeLabelsOrLifecycle())).
 		Watches(&v1.GPUSharingPolicy{}, handler.EnqueueRequestsFromMapFunc(r.everyGPUNode), builder.WithPredicates(predicates.PolicySpecOrDeletion())).

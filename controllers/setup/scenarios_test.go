@@ -384,3 +384,25 @@ func gaugeIs(name string, labels map[string]string, want float64) error {
 }
 
 func isNotFound(err error) bool { return apierrors.IsNotFound(err) }
+
+// The resolver skips the update event of its own spec write (controllers/gpunode/echo.go); someone else's
+// edit of the spec, right after that write, must still be put back.
+func TestASpecEditByAnyoneElseIsPutBack(t *testing.T) {
+	x := id(t)
+	addNode(t, x, b.GPUs(x, 2, b.H100), "pool", x)
+	addPolicy(t, b.Policy(x, b.WithNodeLabels("pool", x), b.WithSharing(b.TimeSlicing(4, v1.TimeSliceShort))), x)
+	want := map[int32]string{0: x + "/TimeSlicing", 1: x + "/TimeSlicing"}
+	eventually(t, wait, "spec written", func() error { return specIs(x, want) })
+	for round := range 3 {
+		gn, err := getGPUNode(x)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gn.Spec.GPUs = gn.Spec.GPUs[:1]
+		gn.Spec.GPUs[0].Sharing = b.MPS(2, 50)
+		if err := k8s.Update(context.Background(), gn); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, wait, fmt.Sprintf("edit %d put back", round), func() error { return specIs(x, want) })
+	}
+}

@@ -52,11 +52,12 @@ func parseStat(s string) (string, []string, bool) {
 	return s[open+1 : end], fields, true
 }
 
-// cpuSince formats the servers' CPU between two readings, per write when there were writes.
+// cpuSince formats the servers' CPU between two readings, per write when writes were most of the work
+// (a manager's start-up lists every object and writes one lease: no per-write figure there).
 func cpuSince(after, before map[string]float64, writes float64) string {
 	api, etcd := after["kube-apiserver"]-before["kube-apiserver"], after["etcd"]-before["etcd"]
 	s := fmt.Sprintf("CPU: kube-apiserver %.1fs, etcd %.1fs", api, etcd)
-	if writes > 0 {
+	if writes >= 100 {
 		s += fmt.Sprintf(" (%.1f ms and %.1f ms a write)", api*1000/writes, etcd*1000/writes)
 	}
 	return s

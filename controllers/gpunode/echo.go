@@ -1,6 +1,8 @@
 package gpunode
 
 import (
+	"encoding/json"
+	"hash/fnv"
 	"sync"
 
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -10,52 +12,67 @@ import (
 	v1 "github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
-// echoes remembers, per node, the generation the resolver's own last spec write produced, so that the
-// update event of that write does not run the node again. That pass would compute the spec it just wrote
-// from the state it just read: the write changed nothing else, and any other change made in between
-// (a status report, a label, a policy) has an event of its own. At fleet scale the echo was half of the
-// resolver's reconciles, each holding one of the write gate's few slots while it found nothing to do.
+// echoes remembers, per node, the spec the resolver last wrote (as a hash), so that the update event of
+// that write does not run the node again. That pass would compute the spec it just wrote from the state
+// it just read: the write changed nothing else, and any other change made in between (a status report, a
+// label, a policy) has an event of its own. At fleet scale the echo was half of the resolver's
+// reconciles, each holding one of the write gate's few slots while it found nothing to do.
+//
+// The test is the spec's content, not the generation the write produced: under load the event often
+// reaches the informer before the write's answer reaches the worker, and someone else's edit of the spec
+// has other content, so it still runs the node (and is put back).
 type echoes struct {
-	mu  sync.Mutex
-	gen map[string]int64
+	mu   sync.Mutex
+	spec map[string]uint64
 }
 
-func newEchoes() *echoes { return &echoes{gen: map[string]int64{}} }
+func newEchoes() *echoes { return &echoes{spec: map[string]uint64{}} }
 
-// wrote records that the resolver's write left node at generation gen.
-func (e *echoes) wrote(node string, gen int64) {
+// writing records the spec the resolver is about to write to node; call it before the write.
+func (e *echoes) writing(node string, spec []v1.GPUDesired) {
+	h, ok := specHash(spec)
 	e.mu.Lock()
-	e.gen[node] = gen
-	e.mu.Unlock()
+	defer e.mu.Unlock()
+	if !ok {
+		delete(e.spec, node)
+		return
+	}
+	e.spec[node] = h
 }
 
 // forget drops a node that is gone.
 func (e *echoes) forget(node string) {
 	e.mu.Lock()
-	delete(e.gen, node)
+	delete(e.spec, node)
 	e.mu.Unlock()
 }
 
-// isEcho says whether an update is exactly the resolver's own last write to the node: the generation
-// moved to the one that write produced, and nothing but the spec changed. Anyone else's spec edit has
-// another generation (the resolver must put it back), and an event that also carries a status or
-// metadata change is not skipped.
+// isEcho says whether an update only moved the spec, to what the resolver last wrote there.
 func (e *echoes) isEcho(old, cur *v1.GPUNode) bool {
-	e.mu.Lock()
-	gen, ok := e.gen[cur.Name]
-	e.mu.Unlock()
-	if !ok || cur.Generation != gen || old.Generation >= cur.Generation {
-		return false
-	}
-	if !equality.Semantic.DeepEqual(old.Status, cur.Status) ||
+	if old.Generation >= cur.Generation ||
+		!equality.Semantic.DeepEqual(old.Status, cur.Status) ||
 		!equality.Semantic.DeepEqual(old.Labels, cur.Labels) ||
 		!equality.Semantic.DeepEqual(old.Annotations, cur.Annotations) ||
 		!equality.Semantic.DeepEqual(old.Finalizers, cur.Finalizers) ||
 		!old.DeletionTimestamp.Equal(cur.DeletionTimestamp) {
 		return false
 	}
-	e.forget(cur.Name)
-	return true
+	h, ok := specHash(cur.Spec.GPUs)
+	e.mu.Lock()
+	want, known := e.spec[cur.Name]
+	e.mu.Unlock()
+	return ok && known && h == want
+}
+
+// specHash is a hash of the spec's JSON: the API server's round trip keeps every field the resolver sets.
+func specHash(spec []v1.GPUDesired) (uint64, bool) {
+	raw, err := json.Marshal(spec)
+	if err != nil {
+		return 0, false
+	}
+	h := fnv.New64a()
+	_, _ = h.Write(raw)
+	return h.Sum64(), true
 }
 
 // notEcho is the predicate for the resolver's own GPUNode events.

@@ -211,10 +211,11 @@ func (r *Reconciler) writeSpec(ctx context.Context, s *scope) error {
 	}
 	patch := client.MergeFrom(gn.DeepCopy())
 	gn.Spec.GPUs = s.spec
+	// Before the write: its event can reach the informer before its answer reaches this worker.
+	r.echoes.writing(gn.Name, s.spec)
 	if err := r.Client.Patch(ctx, gn, patch); err != nil {
 		return fmt.Errorf("writing GPUNode spec: %w", err)
 	}
-	r.echoes.wrote(gn.Name, gn.Generation)
 	logf.FromContext(ctx).V(1).Info("Wrote GPUNode spec", "gpus", len(s.spec), "generation", gn.Generation, "admitted", s.reserved)
 	if len(s.reserved) > 0 {
 		// The reservations now last until the cache shows this generation (see rollout.written); the

@@ -173,6 +173,18 @@ func (r *rollout) setWaiting(node string, policies []string) {
 // forget drops a node that no longer exists from every wait list.
 func (r *rollout) forget(node string) { r.setWaiting(node, nil) }
 
+// isWaiting says whether node waits for a slot of any policy.
+func (r *rollout) isWaiting(node string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, nodes := range r.waiting {
+		if nodes[node] {
+			return true
+		}
+	}
+	return false
+}
+
 // next returns the waiting nodes of a policy to re-run when a slot frees: the first limit of them in name
 // order, which is the order they are admitted in.
 func (r *rollout) next(policy string) []string {

@@ -25,15 +25,15 @@ import (
 const ControllerName = "gpunode-resolver"
 
 // SetupWithManager wires the resolver: GPUNodes are its primary objects (except the echo of its own spec
-// write, see echoes); a Node's label change or deletion re-runs that node; a policy's spec change or
-// deletion re-runs every node; a node leaving a policy's in-flight set wakes the next nodes waiting on
-// that policy. index.Setup must have run.
+// write, see echoes, and an agent's plain ack, see isPlainAck); a Node's label change or deletion
+// re-runs that node; a policy's spec change or deletion re-runs every node; a node leaving a policy's
+// in-flight set wakes the next nodes waiting on that policy. index.Setup must have run.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options) error {
 	r.rollout = newRollout(r.Clock)
 	r.echoes = newEchoes()
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(ControllerName).
-		For(&v1.GPUNode{}, builder.WithPredicates(r.echoes.notEcho())).
+		For(&v1.GPUNode{}, builder.WithPredicates(r.echoes.notEcho(), r.notPlainAck())).
 		Watches(&v1.GPUNode{}, r.slotFreed()).
 		WatchesMetadata(&corev1.Node{}, &handler.EnqueueRequestForObject{}, builder.WithPredicates(predicates.NodeLabelsOrLifecycle())).
 		Watches(&v1.GPUSharingPolicy{}, handler.EnqueueRequestsFromMapFunc(r.everyGPUNode), builder.WithPredicates(predicates.PolicySpecOrDeletion())).

@@ -123,12 +123,27 @@ func (e *env) peakPhysical() int64 {
 // every byte right, after thousands of swaps, and the physical memory of the
 // two never exceeded the budget (from the stub's own record and from the
 // scheduler's account).
+// Both as five 2 MiB allocations and as one 10 MiB allocation in 2 MiB segments (each evicted and
+// brought back on its own).
 func TestOversubTwoClientsOverBudgetKeepEveryByteAcrossThousandsOfSwaps(t *testing.T) {
-	const budget = 16 * mib // each client: 5 x 2 MiB + one 2 MiB slab = 12 MiB; together 24 MiB
+	for _, tc := range []struct {
+		name string
+		env  []string
+		bufs []string
+	}{
+		{"allocations", nil, []string{"bufs=5", "size=2097152"}},
+		{"segments", []string{"GPUSHARE_SEGMENT_MIB=2"}, []string{"bufs=1", "size=" + strconv.Itoa(10*mib)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) { twoClientsOverBudget(t, tc.env, tc.bufs) })
+	}
+}
+
+func twoClientsOverBudget(t *testing.T, env, bufs []string) {
+	const budget = 16 * mib // each client: 10 MiB + one 2 MiB slab = 12 MiB; together 24 MiB
 	e := newMemEnv(t, 5*time.Millisecond, 200*time.Millisecond, budget, ModeAuto)
-	args := []string{"bufs=5", "size=2097152", "small=8", "iters=2500", "sleep_us=20", "verify_every=250"}
-	a := e.startOversub(nil, append(args, "seed=1")...)
-	b := e.startOversub(nil, append(args, "seed=2")...)
+	args := append(append([]string{}, bufs...), "small=8", "iters=2500", "sleep_us=20", "verify_every=250")
+	a := e.startOversub(env, append(args, "seed=1")...)
+	b := e.startOversub(env, append(args, "seed=2")...)
 	var peakReserved uint64
 	done := make(chan struct{})
 	go func() {
@@ -189,6 +204,46 @@ func TestOversubEvictsOnlyWhatTheNextHolderNeeds(t *testing.T) {
 	}
 	a.waitOversub(t, 10*time.Second)
 	b.waitOversub(t, 10*time.Second)
+}
+
+// A large allocation leaves only in part: an idle process with one 12 MiB allocation (in 2 MiB
+// segments) next to a newcomer 8 MiB short on a 16 MiB budget gives up 8 MiB of it, not all 12 (on the
+// H100 a 5.75 GiB ballast left whole where 4.4 GB would do). Its next grant brings back only the
+// missing segments, and every byte of the allocation is right afterwards; pointer queries still
+// answer for the whole allocation.
+func TestOversubEvictsPartOfALargeAllocation(t *testing.T) {
+	const budget = 16 * mib
+	e := newMemEnv(t, 50*time.Millisecond, 200*time.Millisecond, budget, ModeAuto)
+	seg := []string{"GPUSHARE_SEGMENT_MIB=2"}
+	a := e.startOversub(seg, "bufs=1", "size="+strconv.Itoa(12*mib), "small=0", "iters=50", "hold_ms=1500",
+		"recheck=1")
+	eventually(t, 5*time.Second, "the first client finished its work", func() bool {
+		return strings.Contains(a.stdout.String(), "oversub done")
+	})
+	b := e.startOversub(seg, "bufs=1", "size="+strconv.Itoa(8*mib), "small=0", "iters=50", "seed=3", "hold_ms=300")
+	eventually(t, 5*time.Second, "the newcomer finished its work", func() bool {
+		return strings.Contains(b.stdout.String(), "oversub done")
+	})
+	sa, _ := e.state(a.pid())
+	sb, _ := e.state(b.pid())
+	// Each also has a 2 MiB slab (the client's small allocations): a needs 14 MiB, b 10 MiB, so b's
+	// grant is 8 MiB short: four segments, where the whole 12 MiB would have left unsplit.
+	deficit := sb.NeedBytes - (budget - sa.NeedBytes)
+	t.Logf("a: need %d resident %d swapped %d outs %d; b: need %d", sa.NeedBytes, sa.ResidentBytes, sa.SwappedBytes,
+		sa.SwapOuts, sb.NeedBytes)
+	if sa.NeedBytes != 14*mib || sb.NeedBytes != 10*mib || sa.SwappedBytes != deficit || sa.SwapOuts != 4 {
+		t.Errorf("a: %d swapped in %d swap-outs; want the %d bytes b lacked, in 2 MiB segments", sa.SwappedBytes,
+			sa.SwapOuts, deficit)
+	}
+	va := a.waitOversub(t, 10*time.Second)
+	b.waitOversub(t, 10*time.Second)
+	if !strings.Contains(a.stdout.String(), "oversub rechecked") || va["range_ok"] != 1 || va["ctx_ok"] != 1 {
+		t.Errorf("a did not check its memory after the hold, or its pointer answers were off: %v\n%s", va,
+			a.stdout.String())
+	}
+	if va["swap_in"] != 4 {
+		t.Errorf("a swapped in %d segments, want the 4 that left", va["swap_in"])
+	}
 }
 
 // A process that holds its memory while a stream captures cannot be

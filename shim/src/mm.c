@@ -632,7 +632,8 @@ void mm_free_region_locked(int i)
     }
     mm_handles -= r->handle;
     atomic_fetch_sub(&need_bytes, r->size);
-    REAL(cuMemAddressFree)(r->va, r->size);
+    if (r->span > 0)
+        REAL(cuMemAddressFree)(r->va, r->span);
     mm_stage_release_locked(r);
     remove_region_locked(i);
     free(r->blk);
@@ -640,11 +641,11 @@ void mm_free_region_locked(int i)
     free(r);
 }
 
-/* A new region of `size` physical bytes (a multiple of mm_gran), resident: mapped at its own
- * address for plain memory; for an application handle (prop given) pages only, mapped by the
- * application later. */
-CUresult mm_new_region_locked(size_t size, size_t user, int slab, const CUmemAllocationProp *prop,
-                              struct region **out)
+/* A region of `size` physical bytes (a multiple of mm_gran) at va, a range already reserved, resident:
+ * mapped there for plain memory; for an application handle (prop given) pages only, mapped by the
+ * application later. The caller frees the range on failure. */
+static CUresult new_region_at_locked(CUdeviceptr va, size_t size, size_t user, int slab,
+                                     const CUmemAllocationProp *prop, struct region **out)
 {
     CUcontext ctx = NULL;
     CUdevice dev = 0;
@@ -655,8 +656,9 @@ CUresult mm_new_region_locked(size_t size, size_t user, int slab, const CUmemAll
     struct region *r = calloc(1, sizeof(*r));
     if (r == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    r->size = size;
-    r->user = user;
+    r->va = r->base = va;
+    r->size = r->span = size;
+    r->user = r->base_user = user;
     r->slab = slab;
     r->ctx = ctx;
     r->handle = prop != NULL;
@@ -673,20 +675,15 @@ CUresult mm_new_region_locked(size_t size, size_t user, int slab, const CUmemAll
         free(r);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    CUresult e = REAL(cuMemAddressReserve)(&r->va, size, mm_gran, 0, 0);
-    if (e == CUDA_SUCCESS) {
-        if (r->handle) {
-            e = REAL(cuMemCreate)(&r->h, size, &r->prop, 0);
-            r->resident = e == CUDA_SUCCESS;
-        } else {
-            e = map_locked(r);
-        }
-        if (e != CUDA_SUCCESS)
-            REAL(cuMemAddressFree)(r->va, size);
+    CUresult e;
+    if (r->handle) {
+        e = REAL(cuMemCreate)(&r->h, size, &r->prop, 0);
+        r->resident = e == CUDA_SUCCESS;
+    } else {
+        e = map_locked(r);
     }
     if (e == CUDA_SUCCESS && insert_region_locked(r) != 0) {
         release_pages_locked(r);
-        REAL(cuMemAddressFree)(r->va, size);
         e = CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (e != CUDA_SUCCESS) {
@@ -699,6 +696,65 @@ CUresult mm_new_region_locked(size_t size, size_t user, int slab, const CUmemAll
     atomic_fetch_add(&resident_bytes, size);
     mm_stage_kick_locked();
     *out = r;
+    return CUDA_SUCCESS;
+}
+
+CUresult mm_new_region_locked(size_t size, size_t user, int slab, const CUmemAllocationProp *prop,
+                              struct region **out)
+{
+    CUdeviceptr va;
+    CUresult e = REAL(cuMemAddressReserve)(&va, size, mm_gran, 0, 0);
+    if (e != CUDA_SUCCESS)
+        return e;
+    e = new_region_at_locked(va, size, user, slab, prop, out);
+    if (e != CUDA_SUCCESS)
+        REAL(cuMemAddressFree)(va, size);
+    return e;
+}
+
+/* Frees every segment of the allocation at base, the last first (the first frees the address range). */
+static void free_allocation_locked(CUdeviceptr base)
+{
+    for (;;) {
+        int i = mm_find_region_locked(base), last = i;
+        if (i < 0)
+            return;
+        while (last + 1 < mm_nreg && mm_regions[last + 1]->base == base && mm_regions[last + 1]->va != base)
+            last++;
+        mm_free_region_locked(last);
+        if (last == i)
+            return;
+    }
+}
+
+/* A large cuMemAlloc as segments of gs_cfg.segment_bytes on one address range, each its own physical
+ * allocation, staging and residency: an eviction then takes only the segments the next holder needs
+ * (a 5.75 GiB PyTorch ballast left whole when 4.4 GB would do), and the next grant brings back only
+ * the missing ones. Pointers and the answers about the allocation stay those of one allocation. */
+static CUresult new_split_locked(size_t size, size_t user, size_t seg, CUdeviceptr *dptr)
+{
+    CUdeviceptr va;
+    CUresult e = REAL(cuMemAddressReserve)(&va, size, mm_gran, 0, 0);
+    if (e != CUDA_SUCCESS)
+        return e;
+    uint64_t id = next_id;
+    for (size_t off = 0; off < size; off += seg) {
+        size_t n = size - off < seg ? size - off : seg;
+        struct region *r;
+        e = new_region_at_locked(va + off, n, user > off ? (user - off < n ? user - off : n) : 0, 0, NULL, &r);
+        if (e != CUDA_SUCCESS) {
+            if (off == 0)
+                REAL(cuMemAddressFree)(va, size);
+            else
+                free_allocation_locked(va);
+            return e;
+        }
+        r->base = va;
+        r->base_user = user;
+        r->span = off == 0 ? size : 0;
+        r->id = id;
+    }
+    *dptr = va;
     return CUDA_SUCCESS;
 }
 
@@ -746,7 +802,7 @@ static int slab_take_locked(struct region *r, size_t sz, size_t user, CUdevicept
     return -1;
 }
 
-CUresult gs_mm_alloc(CUdeviceptr *dptr, size_t n, int *yield)
+CUresult gs_mm_alloc(CUdeviceptr *dptr, size_t n, int split, int *yield)
 {
     *yield = 0;
     if (dptr == NULL || n == 0)
@@ -797,10 +853,15 @@ CUresult gs_mm_alloc(CUdeviceptr *dptr, size_t n, int *yield)
             *yield = rr == GS_MM_YIELD;
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
+        size_t seg = round_up(gs_cfg.segment_bytes, mm_gran);
         struct region *r;
-        e = mm_new_region_locked(phys, n, 0, NULL, &r);
-        if (e == CUDA_SUCCESS)
-            *dptr = r->va;
+        if (split && seg > 0 && phys > seg) {
+            e = new_split_locked(phys, n, seg, dptr);
+        } else {
+            e = mm_new_region_locked(phys, n, 0, NULL, &r);
+            if (e == CUDA_SUCCESS)
+                *dptr = r->va;
+        }
     }
     mm_allocated_locked(t0);
     pthread_mutex_unlock(&mm_mu);
@@ -839,13 +900,13 @@ int mm_free_locked(CUdeviceptr d, int sync, CUresult *res)
     struct region *r = mm_regions[i];
     *res = CUDA_SUCCESS;
     if (!r->slab) {
-        if (d != r->va) {
+        if (d != r->base) {
             *res = CUDA_ERROR_INVALID_VALUE;
             return GS_MM_OK;
         }
         if (sync)
             mm_sync_ctx(r->ctx); /* like cuMemFree: the memory is not in use when it goes */
-        mm_free_region_locked(i);
+        free_allocation_locked(d);
         mm_report_locked(GS_USAGE_REPORT);
         return GS_MM_OK;
     }
@@ -909,9 +970,9 @@ int gs_mm_lookup(CUdeviceptr p, struct gs_mm_info *out)
         out->dev = r->dev;
         out->resident = r->resident;
         if (!r->slab) {
-            if (p < r->va + r->user) {
-                out->base = r->va;
-                out->size = r->user;
+            if (p < r->base + r->base_user) {
+                out->base = r->base;
+                out->size = r->base_user;
                 out->id = r->id;
                 found = 1;
             }

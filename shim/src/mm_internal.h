@@ -38,7 +38,12 @@ struct app_map {
 struct region {
     CUdeviceptr va; /* the application's pointer; for a handle, our private range (also the handle's value) */
     size_t size;    /* reserved = physical bytes, a multiple of the granularity */
-    size_t user;    /* bytes asked for (whole-region allocations) */
+    size_t user;    /* bytes asked for (whole-region allocations), of them in this segment */
+    /* A large cuMemAlloc is split into segments, one region each (mm.c, new_split_locked); a region
+     * not split is its allocation's only segment. */
+    CUdeviceptr base; /* the allocation's address (its first segment's va) */
+    size_t base_user; /* the bytes the allocation asked for */
+    size_t span;      /* address range this region frees: the allocation's on its first segment, else 0 */
     int slab;
     CUcontext ctx;
     CUdevice dev;

@@ -13,6 +13,7 @@
  *     verify_every=N       full comparison every N operations (default 100)
  *     capture_ms=MS        first begin a stream capture, stay idle MS ms, end it
  *     hold_ms=MS           after the work, stay alive and idle MS ms
+ *     recheck=1            after the hold, check every byte once more (memory evicted meanwhile comes back)
  *     churn_thread=1       alloc=async: the churn frees and allocates on a second thread (as
  *                          PyTorch's autograd thread does), default stream
  *     idle_after_free_ms=MS after freeing everything, stay alive and idle MS ms (stream-ordered
@@ -517,6 +518,12 @@ int main(int argc, char **argv)
     fflush(stdout);
     if (hold_ms > 0)
         usleep((useconds_t)hold_ms * 1000);
+    if (opt(argc, argv, "recheck", 0)) {
+        for (int i = 0; i < n; i++)
+            verify(&b[i], 0, b[i].n, "check after the hold");
+        printf("oversub rechecked pid=%d\n", (int)getpid());
+        fflush(stdout);
+    }
     for (int i = 0; i < n; i++)
         if (free_kind(&b[i], STREAM_B, mfree) != CUDA_SUCCESS) {
             printf("oversub FAIL pid=%d free %d\n", (int)getpid(), i);

@@ -366,8 +366,10 @@ static void swap_out_locked(struct region **list, int n)
     gs_fn_cuCtxPushCurrent_v2 push = REAL(cuCtxPushCurrent_v2);
     gs_fn_cuCtxPopCurrent_v2 pop = REAL(cuCtxPopCurrent_v2);
     int ok[n];
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         list[i]->urgent = !list[i]->pinned && !list[i]->pin_failed; /* the stager pins these first */
+        list[i]->swapping = 1;
+    }
     mm_stage_kick_locked();
     for (int i = 0; i < n; i++) {
         struct region *r = list[i];
@@ -417,6 +419,9 @@ static void swap_out_locked(struct region **list, int n)
         swap_outs++;
         bytes_out += copy_len(r);
     }
+    for (int i = 0; i < n; i++)
+        list[i]->swapping = 0;
+    mm_stage_kick_locked(); /* wakes frees that waited for this swap */
     uint64_t dt = gs_now_ns() - t0;
     swap_ns += dt;
     gs_log(GS_LOG_INFO, "swap out: %d allocation(s), %llu bytes in %.3f ms (%.2f GB/s)", n,
@@ -475,6 +480,8 @@ int gs_mm_swap_in_all(int ignore_budget)
     gs_fn_cuCtxPushCurrent_v2 push = REAL(cuCtxPushCurrent_v2);
     gs_fn_cuCtxPopCurrent_v2 pop = REAL(cuCtxPopCurrent_v2);
     int missing = 0, moved = 0;
+    for (int i = 0; i < mm_nreg; i++)
+        mm_regions[i]->swapping = 1; /* the list stays as it is while a copy waits for the stager */
     for (int i = 0; i < mm_nreg; i++) {
         struct region *r = mm_regions[i];
         if (r->resident)
@@ -532,6 +539,9 @@ int gs_mm_swap_in_all(int ignore_budget)
         gs_log(GS_LOG_INFO, "swap in: %d allocation(s), %llu bytes in %.3f ms (%.2f GB/s)", moved,
                (unsigned long long)(bytes_in - b0), dt / 1e6, dt ? (double)(bytes_in - b0) / (double)dt : 0.0);
     }
+    for (int i = 0; i < mm_nreg; i++)
+        mm_regions[i]->swapping = 0;
+    mm_stage_kick_locked(); /* wakes frees that waited for this swap */
     if (moved > 0 || !ignore_budget)
         mm_report_locked(GS_USAGE_REPORT); /* after a grant: "my memory is in", the scheduler starts the quantum */
     pthread_mutex_unlock(&mm_mu);

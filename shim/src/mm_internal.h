@@ -57,6 +57,7 @@ struct region {
     int pinning;    /* the stager is registering a piece of it: do not unmap */
     int pin_failed;
     int urgent; /* a swap needs its staging: the stager pins it before the others */
+    int swapping; /* in a swap that may wait for the stager with mm_mu released: not to be freed */
     int picked; /* chosen for the eviction being planned */
     int vacant; /* freed with cuMemFreeAsync and kept: its bytes need no copy either way */
     uint64_t id;
@@ -99,7 +100,7 @@ void mm_stage_atfork_child(void);
 void *mm_staging_map(size_t size);           /* MAP_FAILED when the host has no memory */
 void mm_stage_kick_locked(void);             /* staging to pin, or a swap made some urgent */
 void mm_stage_wait_locked(struct region *r, size_t end); /* until pinned up to end (bounded) */
-void mm_stage_wait_busy_locked(struct region *r);        /* until the stager is not using r */
+void mm_stage_wait_busy_locked(struct region *r);        /* until neither the stager nor a swap uses r */
 void mm_stage_release_locked(struct region *r);          /* unregister and unmap r's staging */
 void mm_stage_stats_locked(uint64_t *pinned, uint64_t *failures, uint64_t *waits, uint64_t *wait_ns);
 

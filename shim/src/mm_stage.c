@@ -81,9 +81,11 @@ void mm_stage_release_locked(struct region *r)
     munmap(r->staging, r->size);
 }
 
+/* A swap waiting for the stager releases mm_mu; an application thread that frees meanwhile (calls
+ * that do not wait for the GPU: cuMemRelease, cuMemPoolTrimTo) waits for it here. */
 void mm_stage_wait_busy_locked(struct region *r)
 {
-    while (r->pinning)
+    while (r->pinning || r->swapping)
         pthread_cond_wait(&pin_cv, &mm_mu);
 }
 

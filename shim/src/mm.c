@@ -357,7 +357,24 @@ static CUresult copy_async(struct region *r, size_t len, int out, CUstream s)
     return CUDA_SUCCESS;
 }
 
-/* Copies regions out (one stream per context, one synchronization) and releases their pages. */
+/* Waits until every copy queued on the shim's streams is done. */
+static void sync_streams_locked(void)
+{
+    gs_fn_cuCtxPushCurrent_v2 push = REAL(cuCtxPushCurrent_v2);
+    gs_fn_cuCtxPopCurrent_v2 pop = REAL(cuCtxPopCurrent_v2);
+    for (int i = 0; i < nstreams; i++) {
+        CUcontext c;
+        if (push(streams[i].ctx) == CUDA_SUCCESS) {
+            REAL(cuStreamSynchronize)(streams[i].s);
+            pop(&c);
+        }
+    }
+}
+
+/* Copies regions out (one stream per context) and releases their pages. Each region's copy is
+ * followed by an event, and its pages go as soon as that event completes, while the copies of the
+ * regions after it still run: releasing hundreds of 20 MiB allocations one by one after a single
+ * synchronization cost the H100 swap-out ~10-15% of its rate. */
 static void swap_out_locked(struct region **list, int n)
 {
     if (n == 0)
@@ -366,6 +383,7 @@ static void swap_out_locked(struct region **list, int n)
     gs_fn_cuCtxPushCurrent_v2 push = REAL(cuCtxPushCurrent_v2);
     gs_fn_cuCtxPopCurrent_v2 pop = REAL(cuCtxPopCurrent_v2);
     int ok[n];
+    CUevent ev[n];
     for (int i = 0; i < n; i++) {
         list[i]->urgent = !list[i]->pinned && !list[i]->pin_failed; /* the stager pins these first */
         list[i]->swapping = 1;
@@ -374,6 +392,7 @@ static void swap_out_locked(struct region **list, int n)
     for (int i = 0; i < n; i++) {
         struct region *r = list[i];
         ok[i] = 0;
+        ev[i] = NULL;
         CUcontext c;
         if (push(r->ctx) != CUDA_SUCCESS)
             continue;
@@ -391,17 +410,23 @@ static void swap_out_locked(struct region **list, int n)
         CUstream s = stream_for_locked(r->ctx);
         size_t len = copy_len(r);
         ok[i] = copy_async(r, len, 1, s) == CUDA_SUCCESS;
+        if (ok[i] && REAL(cuEventCreate)(&ev[i], CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS &&
+            REAL(cuEventRecord)(ev[i], s) != CUDA_SUCCESS) {
+            REAL(cuEventDestroy_v2)(ev[i]);
+            ev[i] = NULL;
+        }
         pop(&c);
     }
-    for (int i = 0; i < nstreams; i++) {
-        CUcontext c;
-        if (push(streams[i].ctx) == CUDA_SUCCESS) {
-            REAL(cuStreamSynchronize)(streams[i].s);
-            pop(&c);
-        }
-    }
+    int synced = 0;
     for (int i = 0; i < n; i++) {
         struct region *r = list[i];
+        if (ev[i] != NULL) {
+            REAL(cuEventSynchronize)(ev[i]);
+            REAL(cuEventDestroy_v2)(ev[i]);
+        } else if (!synced) {
+            sync_streams_locked(); /* no event (or a copy that failed part way): wait for all of them */
+            synced = 1;
+        }
         if (!ok[i]) {
             gs_log(GS_LOG_WARN, "could not copy out %zu bytes at 0x%llx; they stay resident", r->size,
                    (unsigned long long)r->va);
@@ -514,13 +539,8 @@ int gs_mm_swap_in_all(int ignore_budget)
             missing++;
         }
     }
-    for (int i = 0; moved > 0 && i < nstreams; i++) {
-        CUcontext c;
-        if (push(streams[i].ctx) == CUDA_SUCCESS) {
-            REAL(cuStreamSynchronize)(streams[i].s);
-            pop(&c);
-        }
-    }
+    if (moved > 0)
+        sync_streams_locked();
     /* The application's handles: the pages go from our range to where the application mapped them. */
     for (int i = 0; moved > 0 && mm_handles > 0 && i < mm_nreg; i++) {
         struct region *r = mm_regions[i];

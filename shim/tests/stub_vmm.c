@@ -19,7 +19,8 @@
  *                            (logged before creating and after releasing: an upper bound of
  *                            physical residency over time, across processes)
  *                            and "P <pid> <ns> <+bytes>" per asynchronous copy whose host side is not
- *                            page-locked (cuMemHostRegister), which a GPU runs at a fraction of the rate
+ *                            page-locked (cuMemHostRegister), which a GPU runs at a fraction of the rate,
+ *                            and "D <pid> <ns> <+bytes>" when the worker has done an asynchronous copy to the host
  *   GPUSHARE_STUB_REGISTER_US   every cuMemHostRegister takes this long (a host slow to page-lock)
  *   GPUSHARE_STUB_HOST_LIMIT bytes of page-locked host memory (cuMemAllocHost, cuMemHostRegister)
  *                            before they fail (default: none)
@@ -523,6 +524,13 @@ static void op_copy(uint64_t *a)
     memmove((void *)(uintptr_t)a[0], (const void *)(uintptr_t)a[1], (size_t)a[2]);
 }
 
+/* an asynchronous copy to the host: logged when the worker has done it */
+static void op_copy_out(uint64_t *a)
+{
+    memmove((void *)(uintptr_t)a[0], (const void *)(uintptr_t)a[1], (size_t)a[2]);
+    memtrace('D', (long long)a[2]);
+}
+
 static void op_set8(uint64_t *a)
 {
     memset((void *)(uintptr_t)a[0], (int)a[1], (size_t)a[2]);
@@ -548,21 +556,21 @@ static void op_xor(uint64_t *a)
     {                                                                                              \
         return stub_enqueue(#name, op_copy, (uint64_t)(uintptr_t)dst, (uint64_t)(uintptr_t)src, n, 0, wait); \
     }
-#define COPYA(name, dstT, srcT, host)                                                              \
+#define COPYA(name, dstT, srcT, host, op)                                                          \
     STUB_EXPORT CUresult name(dstT dst, srcT src, size_t n, CUstream s);                           \
     STUB_EXPORT CUresult name(dstT dst, srcT src, size_t n, CUstream s)                            \
     {                                                                                              \
         (void)s;                                                                                   \
         if (host != NULL && !registered_covers(host, n))                                          \
             memtrace('P', (long long)n);                                                           \
-        return stub_enqueue(#name, op_copy, (uint64_t)(uintptr_t)dst, (uint64_t)(uintptr_t)src, n, 0, 0); \
+        return stub_enqueue(#name, op, (uint64_t)(uintptr_t)dst, (uint64_t)(uintptr_t)src, n, 0, 0); \
     }
 COPY(cuMemcpyHtoD_v2, CUdeviceptr, const void *, 1)
 COPY(cuMemcpyDtoH_v2, void *, CUdeviceptr, 1)
 COPY(cuMemcpyDtoD_v2, CUdeviceptr, CUdeviceptr, 1)
-COPYA(cuMemcpyHtoDAsync_v2, CUdeviceptr, const void *, (const void *)src)
-COPYA(cuMemcpyDtoHAsync_v2, void *, CUdeviceptr, (const void *)dst)
-COPYA(cuMemcpyDtoDAsync_v2, CUdeviceptr, CUdeviceptr, (const void *)NULL)
+COPYA(cuMemcpyHtoDAsync_v2, CUdeviceptr, const void *, (const void *)src, op_copy)
+COPYA(cuMemcpyDtoHAsync_v2, void *, CUdeviceptr, (const void *)dst, op_copy_out)
+COPYA(cuMemcpyDtoDAsync_v2, CUdeviceptr, CUdeviceptr, (const void *)NULL, op_copy)
 
 STUB_EXPORT CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n)
 {

@@ -1,6 +1,7 @@
 /*
  * Host staging costs on a GPU machine (driver API through dlopen, builds with gcc, no shim):
- *   stage_bench BYTES THREADS
+ *   stage_bench BYTES THREADS          (built by make -C shim testbins: build/bench/stage_bench)
+ *   stage_bench BYTES THREADS scale    only faulting in, on 1..16 threads, huge pages and 4 KiB pages
  * For BYTES of 2 MiB-aligned anonymous memory asking for transparent huge pages, in 64 MiB pieces
  * (the shim's STAGE_CHUNK), prints the rate of each way a swap-out can reach host memory:
  *   populate      faulting the pages in (MADV_POPULATE_WRITE), 1 and THREADS threads

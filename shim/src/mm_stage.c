@@ -7,10 +7,11 @@
  * and with it the application's calls, for ~5 s on the H100.
  *
  * What bounds the stager is the kernel faulting the pages in, not the registration: on the H100
- * machine registering faulted-in huge pages ran at 33-38 GB/s,  faulting them in at 3.9-7.2 GB/s on one
- * thread and 8-23 GB/s on four (more threads were slower again; a fresh VM: 2.3), and a copy into staging not faulted
- * in yet ran at 1-2.6 GB/s (shim/bench/stage_bench.c). So the stager faults a batch of pieces in on
- * up to STAGE_THREADS threads, then registers them one by one (a few ms of driver each), and a swap
+ * machine registering faulted-in huge pages ran at 33-38 GB/s, faulting them in at 3.9-7.2 GB/s on
+ * one thread and 8-23 GB/s on four (more threads were slower again; 2.3 on a fresh VM's first touch),
+ * and a copy into staging not faulted in yet ran at 1-2.6 GB/s (shim/bench/stage_bench.c). So the
+ * stager faults a batch of pieces in on up to STAGE_THREADS threads, then registers them one by one
+ * (a few ms of driver each), and a swap
  * that reaches a piece not pinned yet waits for it (mm_stage_wait_locked) instead of copying through
  * pageable memory: the copy of piece i runs while piece i+1 is faulted in. A swap's regions go first
  * (urgent). Where pinning fails, or makes no progress for PIN_WAIT_NS, the copy goes through

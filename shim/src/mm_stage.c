@@ -11,11 +11,10 @@
  * one thread and 8-23 GB/s on four (more threads were slower again; 2.3 on a fresh VM's first touch),
  * and a copy into staging not faulted in yet ran at 1-2.6 GB/s (shim/bench/stage_bench.c). So the
  * stager faults a batch of pieces in on up to STAGE_THREADS threads, then registers them one by one
- * (a few ms of driver each), and a swap
- * that reaches a piece not pinned yet waits for it (mm_stage_wait_locked) instead of copying through
- * pageable memory: the copy of piece i runs while piece i+1 is faulted in. A swap's regions go first
- * (urgent). Where pinning fails, or makes no progress for PIN_WAIT_NS, the copy goes through
- * pageable memory: slower, still correct.
+ * (a few ms of driver each), and a swap that reaches a piece not pinned yet waits for it
+ * (mm_stage_wait_locked) instead of copying through pageable memory: the copy of piece i runs while
+ * piece i+1 is faulted in. A swap's regions go first (urgent). Where pinning fails, or makes no
+ * progress for PIN_WAIT_NS, the copy goes through pageable memory: slower, still correct.
  */
 #include <errno.h>
 #include <pthread.h>

@@ -608,3 +608,45 @@ func TestOversubEvictionReleasesEachAllocationAfterItsOwnCopy(t *testing.T) {
 		t.Errorf("a's eviction released no pages before its fourth copy out was done: %s", seq)
 	}
 }
+
+// A swap that waits for the stager lets go of the memory manager's lock meanwhile, and calls that do
+// not wait for the GPU can free memory then (cuMemPoolTrimTo frees the stream-ordered memory a
+// process kept, which an eviction takes first). Such a free waits until the swap is done: with the
+// stub taking 300 ms per registration, an idle process with two kept and two live 2 MiB allocations
+// is evicted for an 8 MiB-short newcomer and trims its pool as soon as the scheduler has asked for the
+// eviction, inside the eviction's wait for the stager.
+// It keeps its data, and its account ends at zero (freeing a region the swap still used left the
+// account off and released pages twice).
+func TestOversubFreeDuringASwapWaitsForIt(t *testing.T) {
+	const budget = 16 * mib
+	e := newMemEnv(t, 50*time.Millisecond, 2*time.Second, budget, ModeAuto)
+	slow := []string{"GPUSHARE_STUB_REGISTER_US=300000", "PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync"}
+	trim := filepath.Join(e.dir, "trim")
+	a := e.startOversub(slow, "alloc=async", "bufs=4", "size=2097152", "small=0", "iters=20", "keep_freed=2",
+		"trim_file="+trim, "hold_ms=2500", "recheck=1")
+	eventually(t, 10*time.Second, "the first client finished its work", func() bool {
+		return strings.Contains(a.stdout.String(), "oversub done")
+	})
+	b := e.startOversub(nil, "bufs=1", "size="+strconv.Itoa(12*mib), "small=0", "iters=20", "seed=3")
+	eventually(t, 10*time.Second, "the scheduler asked a to evict", func() bool {
+		s, ok := e.state(a.pid())
+		return ok && s.Evictions > 0
+	})
+	if err := os.WriteFile(trim, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b.waitOversub(t, 30*time.Second)
+	va := a.waitOversub(t, 30*time.Second)
+	t.Logf("a: %v", va)
+	if va["trimmed_during_hold"] != 1 || !strings.Contains(a.stdout.String(), "oversub rechecked") {
+		t.Errorf("a did not trim its pool or check its memory after the hold:\n%s", a.stdout.String())
+	}
+	if va["swap_out"] == 0 || va["swap_pin_waits"] == 0 {
+		t.Errorf("a's eviction did not wait for the stager (swap-outs %d, waits %d): the test tested nothing",
+			va["swap_out"], va["swap_pin_waits"])
+	}
+	if va["swap_resident"] != 0 || va["swap_swapped"] != 0 {
+		t.Errorf("a's account at exit, all memory freed: resident %d, swapped %d; want 0 and 0", va["swap_resident"],
+			va["swap_swapped"])
+	}
+}

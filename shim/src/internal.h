@@ -52,6 +52,7 @@ struct gs_config {
     char cuda_library[256];
     int oversub;              /* GPUSHARE_OVERSUB=1: back device memory with swappable VMM allocations */
     uint64_t budget_cap;      /* GPUSHARE_BUDGET_BYTES: at most this much of the scheduler's budget (0: all) */
+    uint64_t segment_bytes;   /* GPUSHARE_SEGMENT_MIB: cuMemAlloc above this swaps in segments (0: whole) */
 };
 extern struct gs_config gs_cfg;
 void gs_config_load(void);
@@ -165,7 +166,7 @@ void gs_mm_send_usage(uint32_t reason);
  * reservation is what is resident. Atomics only: called under the gate's mutex. */
 void gs_mm_rejoin(uint64_t *need, uint64_t *resident, uint64_t *swapped);
 /* Allocation entry points (the caller is in flight through the gate). */
-CUresult gs_mm_alloc(CUdeviceptr *dptr, size_t n, int *yield);
+CUresult gs_mm_alloc(CUdeviceptr *dptr, size_t n, int split, int *yield); /* split: may be segmented */
 int gs_mm_free(CUdeviceptr d, CUresult *r);
 void gs_mm_atfork_child(void);
 /* A swappable allocation as the application sees it (the range it asked for). */

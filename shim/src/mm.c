@@ -61,11 +61,8 @@ static _Atomic uint64_t need_bytes, resident_bytes, swapped_bytes, pending_growt
 static _Atomic uint64_t reserved;
 static _Atomic uint32_t acks;
 static uint64_t swap_outs, swap_ins, bytes_out, bytes_in, swap_ns;
-static uint64_t alloc_ns, allocs, pinned_bytes, pin_failures;
+static uint64_t alloc_ns, allocs;
 
-/* the stager: pins staging in the background */
-static pthread_cond_t pin_cv = PTHREAD_COND_INITIALIZER; /* with mm_mu: work for the stager, or a pin finished */
-static int stager_started;
 
 static struct {
     CUcontext ctx;
@@ -87,6 +84,7 @@ static void rep_cv_init(void)
     pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
     pthread_cond_init(&rep_cv, &a);
     pthread_condattr_destroy(&a);
+    mm_stage_init();
 }
 static pthread_once_t rep_once = PTHREAD_ONCE_INIT;
 
@@ -342,11 +340,15 @@ void gs_mm_send_usage(uint32_t reason)
 /* ---- swapping ---- */
 
 /* Queues the copy of len bytes between r's pages and its staging on s, one piece per staging
- * registration (a copy across two registrations would go through pageable memory). */
+ * registration (a copy across two registrations would go through pageable memory). A piece whose
+ * staging the stager has not page-locked yet is waited for: the copy of the previous piece runs
+ * meanwhile, and a pageable copy into memory not faulted in yet is several times slower than
+ * faulting it in on the stager's threads (mm_stage.c). */
 static CUresult copy_async(struct region *r, size_t len, int out, CUstream s)
 {
     for (size_t off = 0; off < len; off += STAGE_CHUNK) {
         size_t n = len - off < STAGE_CHUNK ? len - off : STAGE_CHUNK;
+        mm_stage_wait_locked(r, off + n);
         CUresult e = out ? REAL(cuMemcpyDtoHAsync_v2)((char *)r->staging + off, r->va + off, n, s)
                          : REAL(cuMemcpyHtoDAsync_v2)(r->va + off, (char *)r->staging + off, n, s);
         if (e != CUDA_SUCCESS)
@@ -355,7 +357,24 @@ static CUresult copy_async(struct region *r, size_t len, int out, CUstream s)
     return CUDA_SUCCESS;
 }
 
-/* Copies regions out (one stream per context, one synchronization) and releases their pages. */
+/* Waits until every copy queued on the shim's streams is done. */
+static void sync_streams_locked(void)
+{
+    gs_fn_cuCtxPushCurrent_v2 push = REAL(cuCtxPushCurrent_v2);
+    gs_fn_cuCtxPopCurrent_v2 pop = REAL(cuCtxPopCurrent_v2);
+    for (int i = 0; i < nstreams; i++) {
+        CUcontext c;
+        if (push(streams[i].ctx) == CUDA_SUCCESS) {
+            REAL(cuStreamSynchronize)(streams[i].s);
+            pop(&c);
+        }
+    }
+}
+
+/* Copies regions out (one stream per context) and releases their pages. Each region's copy is
+ * followed by an event, and its pages go as soon as that event completes, while the copies of the
+ * regions after it still run: releasing hundreds of 20 MiB allocations one by one after a single
+ * synchronization cost the H100 swap-out ~10-15% of its rate. */
 static void swap_out_locked(struct region **list, int n)
 {
     if (n == 0)
@@ -364,9 +383,16 @@ static void swap_out_locked(struct region **list, int n)
     gs_fn_cuCtxPushCurrent_v2 push = REAL(cuCtxPushCurrent_v2);
     gs_fn_cuCtxPopCurrent_v2 pop = REAL(cuCtxPopCurrent_v2);
     int ok[n];
+    CUevent ev[n];
+    for (int i = 0; i < n; i++) {
+        list[i]->urgent = !list[i]->pinned && !list[i]->pin_failed; /* the stager pins these first */
+        list[i]->swapping = 1;
+    }
+    mm_stage_kick_locked();
     for (int i = 0; i < n; i++) {
         struct region *r = list[i];
         ok[i] = 0;
+        ev[i] = NULL;
         CUcontext c;
         if (push(r->ctx) != CUDA_SUCCESS)
             continue;
@@ -384,17 +410,23 @@ static void swap_out_locked(struct region **list, int n)
         CUstream s = stream_for_locked(r->ctx);
         size_t len = copy_len(r);
         ok[i] = copy_async(r, len, 1, s) == CUDA_SUCCESS;
+        if (ok[i] && REAL(cuEventCreate)(&ev[i], CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS &&
+            REAL(cuEventRecord)(ev[i], s) != CUDA_SUCCESS) {
+            REAL(cuEventDestroy_v2)(ev[i]);
+            ev[i] = NULL;
+        }
         pop(&c);
     }
-    for (int i = 0; i < nstreams; i++) {
-        CUcontext c;
-        if (push(streams[i].ctx) == CUDA_SUCCESS) {
-            REAL(cuStreamSynchronize)(streams[i].s);
-            pop(&c);
-        }
-    }
+    int synced = 0;
     for (int i = 0; i < n; i++) {
         struct region *r = list[i];
+        if (ev[i] != NULL) {
+            REAL(cuEventSynchronize)(ev[i]);
+            REAL(cuEventDestroy_v2)(ev[i]);
+        } else if (!synced) {
+            sync_streams_locked(); /* no event (or a copy that failed part way): wait for all of them */
+            synced = 1;
+        }
         if (!ok[i]) {
             gs_log(GS_LOG_WARN, "could not copy out %zu bytes at 0x%llx; they stay resident", r->size,
                    (unsigned long long)r->va);
@@ -412,6 +444,9 @@ static void swap_out_locked(struct region **list, int n)
         swap_outs++;
         bytes_out += copy_len(r);
     }
+    for (int i = 0; i < n; i++)
+        list[i]->swapping = 0;
+    mm_stage_kick_locked(); /* wakes frees that waited for this swap */
     uint64_t dt = gs_now_ns() - t0;
     swap_ns += dt;
     gs_log(GS_LOG_INFO, "swap out: %d allocation(s), %llu bytes in %.3f ms (%.2f GB/s)", n,
@@ -470,6 +505,8 @@ int gs_mm_swap_in_all(int ignore_budget)
     gs_fn_cuCtxPushCurrent_v2 push = REAL(cuCtxPushCurrent_v2);
     gs_fn_cuCtxPopCurrent_v2 pop = REAL(cuCtxPopCurrent_v2);
     int missing = 0, moved = 0;
+    for (int i = 0; i < mm_nreg; i++)
+        mm_regions[i]->swapping = 1; /* the list stays as it is while a copy waits for the stager */
     for (int i = 0; i < mm_nreg; i++) {
         struct region *r = mm_regions[i];
         if (r->resident)
@@ -502,13 +539,8 @@ int gs_mm_swap_in_all(int ignore_budget)
             missing++;
         }
     }
-    for (int i = 0; moved > 0 && i < nstreams; i++) {
-        CUcontext c;
-        if (push(streams[i].ctx) == CUDA_SUCCESS) {
-            REAL(cuStreamSynchronize)(streams[i].s);
-            pop(&c);
-        }
-    }
+    if (moved > 0)
+        sync_streams_locked();
     /* The application's handles: the pages go from our range to where the application mapped them. */
     for (int i = 0; moved > 0 && mm_handles > 0 && i < mm_nreg; i++) {
         struct region *r = mm_regions[i];
@@ -527,86 +559,13 @@ int gs_mm_swap_in_all(int ignore_budget)
         gs_log(GS_LOG_INFO, "swap in: %d allocation(s), %llu bytes in %.3f ms (%.2f GB/s)", moved,
                (unsigned long long)(bytes_in - b0), dt / 1e6, dt ? (double)(bytes_in - b0) / (double)dt : 0.0);
     }
+    for (int i = 0; i < mm_nreg; i++)
+        mm_regions[i]->swapping = 0;
+    mm_stage_kick_locked(); /* wakes frees that waited for this swap */
     if (moved > 0 || !ignore_budget)
         mm_report_locked(GS_USAGE_REPORT); /* after a grant: "my memory is in", the scheduler starts the quantum */
     pthread_mutex_unlock(&mm_mu);
     return missing ? -1 : 0;
-}
-
-/* ---- the stager ---- */
-
-/* Faults the staging's pages in without holding the driver: cuMemHostRegister then only locks them.
- * MADV_POPULATE_WRITE leaves the contents alone (a swap may already be copying through it); where
- * the kernel lacks it, registering faults the pages in as before. */
-static void populate(void *p, size_t n)
-{
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
-    (void)madvise(p, n, MADV_POPULATE_WRITE);
-}
-
-/* Pins staging one STAGE_CHUNK at a time, first come first served, mm_mu released while it pins. */
-static void *stager_main(void *arg)
-{
-    (void)arg;
-    gs_fn_cuCtxPushCurrent_v2 push = REAL(cuCtxPushCurrent_v2);
-    gs_fn_cuCtxPopCurrent_v2 pop = REAL(cuCtxPopCurrent_v2);
-    gs_fn_cuMemHostRegister_v2 reg = REAL(cuMemHostRegister_v2);
-    pthread_mutex_lock(&mm_mu);
-    for (;;) {
-        struct region *r = NULL;
-        for (int i = 0; i < mm_nreg && r == NULL; i++)
-            if (!mm_regions[i]->pinned && !mm_regions[i]->pin_failed && !mm_regions[i]->pinning)
-                r = mm_regions[i];
-        if (r == NULL) {
-            pthread_cond_wait(&pin_cv, &mm_mu);
-            continue;
-        }
-        r->pinning = 1;
-        char *p = (char *)r->staging + r->pin_off;
-        size_t n = r->size - r->pin_off < STAGE_CHUNK ? r->size - r->pin_off : STAGE_CHUNK;
-        CUcontext ctx = r->ctx;
-        pthread_mutex_unlock(&mm_mu);
-        uint64_t t0 = gs_now_ns();
-        populate(p, n);
-        CUresult e = CUDA_ERROR_NOT_INITIALIZED;
-        CUcontext c;
-        if (reg != NULL && push(ctx) == CUDA_SUCCESS) {
-            e = reg(p, n, 0);
-            pop(&c);
-        }
-        pthread_mutex_lock(&mm_mu);
-        r->pinning = 0;
-        if (e == CUDA_SUCCESS) {
-            if (r->pin_off == 0)
-                r->pin_t0 = t0;
-            r->pin_off += n;
-            r->pinned = r->pin_off == r->size;
-            pinned_bytes += n;
-            if (r->pinned)
-                gs_log(GS_LOG_DEBUG, "staging of %zu bytes page-locked in %.3f s", r->size,
-                       (gs_now_ns() - r->pin_t0) / 1e9);
-        } else {
-            r->pin_failed = 1;
-            if (pin_failures++ == 0)
-                gs_log(GS_LOG_WARN,
-                       "cannot page-lock %zu bytes of host staging (CUDA error %d): that memory swaps through "
-                       "pageable host memory, more slowly",
-                       n, e);
-        }
-        pthread_cond_broadcast(&pin_cv);
-    }
-    return NULL;
-}
-
-static void start_stager_locked(void)
-{
-    if (stager_started)
-        return;
-    stager_started = 1;
-    if (gs_thread_start(stager_main, NULL) != 0)
-        gs_log(GS_LOG_WARN, "cannot start the staging thread: swaps go through pageable host memory");
 }
 
 /* ---- allocation ---- */
@@ -691,8 +650,7 @@ int mm_reserve_locked(uint64_t more)
 void mm_free_region_locked(int i)
 {
     struct region *r = mm_regions[i];
-    while (r->pinning)
-        pthread_cond_wait(&pin_cv, &mm_mu);
+    mm_stage_wait_busy_locked(r);
     if (r->slab && r->used > 0)
         return; /* a new block was taken from this slab while we waited */
     i = mm_find_region_locked(r->va); /* the array may have moved while we waited */
@@ -704,42 +662,20 @@ void mm_free_region_locked(int i)
     }
     mm_handles -= r->handle;
     atomic_fetch_sub(&need_bytes, r->size);
-    REAL(cuMemAddressFree)(r->va, r->size);
-    for (size_t off = 0; off < r->pin_off; off += STAGE_CHUNK)
-        REAL(cuMemHostUnregister)((char *)r->staging + off);
-    pinned_bytes -= r->pin_off;
-    munmap(r->staging, r->size);
+    if (r->span > 0)
+        REAL(cuMemAddressFree)(r->va, r->span);
+    mm_stage_release_locked(r);
     remove_region_locked(i);
     free(r->blk);
     free(r->maps);
     free(r);
 }
 
-/* Host staging of size bytes, 2 MiB aligned and asking for transparent huge pages: page-locking
- * huge pages costs the driver a fraction of what 4 KiB pages do (H100 machine: 6.17 GB pinned in
- * 2.1 s, faulting included). The price, measured there: a swap that copies through staging not pinned
- * yet (a job's first swap-out, within ~2 s of its allocation) ran at 3-4 GB/s; asking for huge pages
- * only per piece, just before pinning it, made that 1-1.7 GB/s. MAP_FAILED when the host has none. */
-static void *staging_map(size_t size)
-{
-    const size_t huge = (size_t)2 << 20;
-    char *raw = mmap(NULL, size + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (raw == MAP_FAILED)
-        return MAP_FAILED;
-    char *p = (char *)(((uintptr_t)raw + huge - 1) & ~(uintptr_t)(huge - 1));
-    if (p > raw)
-        munmap(raw, (size_t)(p - raw));
-    if (raw + huge > p)
-        munmap(p + size, (size_t)(raw + huge - p));
-    (void)madvise(p, size, MADV_HUGEPAGE);
-    return p;
-}
-
-/* A new region of `size` physical bytes (a multiple of mm_gran), resident: mapped at its own
- * address for plain memory; for an application handle (prop given) pages only, mapped by the
- * application later. */
-CUresult mm_new_region_locked(size_t size, size_t user, int slab, const CUmemAllocationProp *prop,
-                              struct region **out)
+/* A region of `size` physical bytes (a multiple of mm_gran) at va, a range already reserved, resident:
+ * mapped there for plain memory; for an application handle (prop given) pages only, mapped by the
+ * application later. The caller frees the range on failure. */
+static CUresult new_region_at_locked(CUdeviceptr va, size_t size, size_t user, int slab,
+                                     const CUmemAllocationProp *prop, struct region **out)
 {
     CUcontext ctx = NULL;
     CUdevice dev = 0;
@@ -750,8 +686,9 @@ CUresult mm_new_region_locked(size_t size, size_t user, int slab, const CUmemAll
     struct region *r = calloc(1, sizeof(*r));
     if (r == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    r->size = size;
-    r->user = user;
+    r->va = r->base = va;
+    r->size = r->span = size;
+    r->user = r->base_user = user;
     r->slab = slab;
     r->ctx = ctx;
     r->handle = prop != NULL;
@@ -759,7 +696,7 @@ CUresult mm_new_region_locked(size_t size, size_t user, int slab, const CUmemAll
     r->prop = prop ? *prop : prop_for(dev);
     r->id = next_id++;
     /* Host staging first: reserved with the memory, never in a hand-off; pinned by the stager. */
-    r->staging = staging_map(size);
+    r->staging = mm_staging_map(size);
     if (r->staging == MAP_FAILED) {
         gs_log(GS_LOG_WARN,
                "%s: out of memory: cannot allocate %zu bytes of host memory to swap this allocation to (host "
@@ -768,20 +705,15 @@ CUresult mm_new_region_locked(size_t size, size_t user, int slab, const CUmemAll
         free(r);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    CUresult e = REAL(cuMemAddressReserve)(&r->va, size, mm_gran, 0, 0);
-    if (e == CUDA_SUCCESS) {
-        if (r->handle) {
-            e = REAL(cuMemCreate)(&r->h, size, &r->prop, 0);
-            r->resident = e == CUDA_SUCCESS;
-        } else {
-            e = map_locked(r);
-        }
-        if (e != CUDA_SUCCESS)
-            REAL(cuMemAddressFree)(r->va, size);
+    CUresult e;
+    if (r->handle) {
+        e = REAL(cuMemCreate)(&r->h, size, &r->prop, 0);
+        r->resident = e == CUDA_SUCCESS;
+    } else {
+        e = map_locked(r);
     }
     if (e == CUDA_SUCCESS && insert_region_locked(r) != 0) {
         release_pages_locked(r);
-        REAL(cuMemAddressFree)(r->va, size);
         e = CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (e != CUDA_SUCCESS) {
@@ -792,9 +724,67 @@ CUresult mm_new_region_locked(size_t size, size_t user, int slab, const CUmemAll
     mm_handles += r->handle;
     atomic_fetch_add(&need_bytes, size);
     atomic_fetch_add(&resident_bytes, size);
-    start_stager_locked();
-    pthread_cond_broadcast(&pin_cv);
+    mm_stage_kick_locked();
     *out = r;
+    return CUDA_SUCCESS;
+}
+
+CUresult mm_new_region_locked(size_t size, size_t user, int slab, const CUmemAllocationProp *prop,
+                              struct region **out)
+{
+    CUdeviceptr va;
+    CUresult e = REAL(cuMemAddressReserve)(&va, size, mm_gran, 0, 0);
+    if (e != CUDA_SUCCESS)
+        return e;
+    e = new_region_at_locked(va, size, user, slab, prop, out);
+    if (e != CUDA_SUCCESS)
+        REAL(cuMemAddressFree)(va, size);
+    return e;
+}
+
+/* Frees every segment of the allocation at base, the last first (the first frees the address range). */
+static void free_allocation_locked(CUdeviceptr base)
+{
+    for (;;) {
+        int i = mm_find_region_locked(base), last = i;
+        if (i < 0)
+            return;
+        while (last + 1 < mm_nreg && mm_regions[last + 1]->base == base && mm_regions[last + 1]->va != base)
+            last++;
+        mm_free_region_locked(last);
+        if (last == i)
+            return;
+    }
+}
+
+/* A large cuMemAlloc as segments of gs_cfg.segment_bytes on one address range, each its own physical
+ * allocation, staging and residency: an eviction then takes only the segments the next holder needs
+ * (a 5.75 GiB PyTorch ballast left whole when 4.4 GB would do), and the next grant brings back only
+ * the missing ones. Pointers and the answers about the allocation stay those of one allocation. */
+static CUresult new_split_locked(size_t size, size_t user, size_t seg, CUdeviceptr *dptr)
+{
+    CUdeviceptr va;
+    CUresult e = REAL(cuMemAddressReserve)(&va, size, mm_gran, 0, 0);
+    if (e != CUDA_SUCCESS)
+        return e;
+    uint64_t id = next_id;
+    for (size_t off = 0; off < size; off += seg) {
+        size_t n = size - off < seg ? size - off : seg;
+        struct region *r;
+        e = new_region_at_locked(va + off, n, user > off ? (user - off < n ? user - off : n) : 0, 0, NULL, &r);
+        if (e != CUDA_SUCCESS) {
+            if (off == 0)
+                REAL(cuMemAddressFree)(va, size);
+            else
+                free_allocation_locked(va);
+            return e;
+        }
+        r->base = va;
+        r->base_user = user;
+        r->span = off == 0 ? size : 0;
+        r->id = id;
+    }
+    *dptr = va;
     return CUDA_SUCCESS;
 }
 
@@ -842,7 +832,7 @@ static int slab_take_locked(struct region *r, size_t sz, size_t user, CUdevicept
     return -1;
 }
 
-CUresult gs_mm_alloc(CUdeviceptr *dptr, size_t n, int *yield)
+CUresult gs_mm_alloc(CUdeviceptr *dptr, size_t n, int split, int *yield)
 {
     *yield = 0;
     if (dptr == NULL || n == 0)
@@ -893,10 +883,15 @@ CUresult gs_mm_alloc(CUdeviceptr *dptr, size_t n, int *yield)
             *yield = rr == GS_MM_YIELD;
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
+        size_t seg = round_up(gs_cfg.segment_bytes, mm_gran);
         struct region *r;
-        e = mm_new_region_locked(phys, n, 0, NULL, &r);
-        if (e == CUDA_SUCCESS)
-            *dptr = r->va;
+        if (split && seg > 0 && phys > seg) {
+            e = new_split_locked(phys, n, seg, dptr);
+        } else {
+            e = mm_new_region_locked(phys, n, 0, NULL, &r);
+            if (e == CUDA_SUCCESS)
+                *dptr = r->va;
+        }
     }
     mm_allocated_locked(t0);
     pthread_mutex_unlock(&mm_mu);
@@ -935,13 +930,13 @@ int mm_free_locked(CUdeviceptr d, int sync, CUresult *res)
     struct region *r = mm_regions[i];
     *res = CUDA_SUCCESS;
     if (!r->slab) {
-        if (d != r->va) {
+        if (d != r->base) {
             *res = CUDA_ERROR_INVALID_VALUE;
             return GS_MM_OK;
         }
         if (sync)
             mm_sync_ctx(r->ctx); /* like cuMemFree: the memory is not in use when it goes */
-        mm_free_region_locked(i);
+        free_allocation_locked(d);
         mm_report_locked(GS_USAGE_REPORT);
         return GS_MM_OK;
     }
@@ -1005,9 +1000,9 @@ int gs_mm_lookup(CUdeviceptr p, struct gs_mm_info *out)
         out->dev = r->dev;
         out->resident = r->resident;
         if (!r->slab) {
-            if (p < r->va + r->user) {
-                out->base = r->va;
-                out->size = r->user;
+            if (p < r->base + r->base_user) {
+                out->base = r->base;
+                out->size = r->base_user;
                 out->id = r->id;
                 found = 1;
             }
@@ -1043,8 +1038,7 @@ void gs_mm_atfork_child(void)
     pthread_mutex_init(&mm_mu, NULL);
     pthread_mutex_init(&rep_mu, NULL);
     rep_cv_init();
-    pthread_cond_init(&pin_cv, NULL);
-    stager_started = 0;
+    mm_stage_atfork_child();
     mm_nreg = 0;
     mm_handles = 0;
     nstreams = 0;
@@ -1063,16 +1057,17 @@ void gs_mm_log_stats(void)
     if (mm_state != MM_ACTIVE)
         return;
     pthread_mutex_lock(&mm_mu);
-    uint64_t reused, fresh, passed;
+    uint64_t reused, fresh, passed, pinned, pin_failures, pin_waits, pin_wait_ns;
     mm_async_stats_locked(&reused, &fresh, &passed);
+    mm_stage_stats_locked(&pinned, &pin_failures, &pin_waits, &pin_wait_ns);
     gs_log(GS_LOG_INFO,
            "swap stats: out=%llu (%llu bytes) in=%llu (%llu bytes) time=%.3f s resident=%llu swapped=%llu; "
-           "new allocations=%llu in %.3f s, staging pinned=%llu bytes, pin failures=%llu; stream-ordered "
-           "allocations async_new=%llu async_reused=%llu async_passed=%llu",
+           "new allocations=%llu in %.3f s, staging pinned=%llu bytes, pin failures=%llu, pin_waits=%llu "
+           "(%.3f s); stream-ordered allocations async_new=%llu async_reused=%llu async_passed=%llu",
            (unsigned long long)swap_outs, (unsigned long long)bytes_out, (unsigned long long)swap_ins,
            (unsigned long long)bytes_in, swap_ns / 1e9, (unsigned long long)atomic_load(&resident_bytes),
            (unsigned long long)atomic_load(&swapped_bytes), (unsigned long long)allocs, alloc_ns / 1e9,
-           (unsigned long long)pinned_bytes, (unsigned long long)pin_failures, (unsigned long long)fresh,
-           (unsigned long long)reused, (unsigned long long)passed);
+           (unsigned long long)pinned, (unsigned long long)pin_failures, (unsigned long long)pin_waits,
+           pin_wait_ns / 1e9, (unsigned long long)fresh, (unsigned long long)reused, (unsigned long long)passed);
     pthread_mutex_unlock(&mm_mu);
 }

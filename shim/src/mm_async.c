@@ -254,7 +254,7 @@ static CUresult alloc_async(int id, CUdeviceptr *dptr, size_t n, int from_pool, 
             return CUDA_SUCCESS;
         }
         int yield;
-        CUresult r = gs_mm_alloc(dptr, n, &yield);
+        CUresult r = gs_mm_alloc(dptr, n, 0, &yield); /* one region: kept and reused whole */
         if (r == CUDA_SUCCESS) {
             pthread_mutex_lock(&mm_mu);
             fresh++;

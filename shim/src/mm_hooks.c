@@ -29,7 +29,7 @@ GS_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t n)
             return r;
         }
         int yield;
-        CUresult r = gs_mm_alloc(dptr, n, &yield);
+        CUresult r = gs_mm_alloc(dptr, n, 1, &yield);
         gs_gate_leave();
         if (!yield)
             return r;

@@ -38,7 +38,12 @@ struct app_map {
 struct region {
     CUdeviceptr va; /* the application's pointer; for a handle, our private range (also the handle's value) */
     size_t size;    /* reserved = physical bytes, a multiple of the granularity */
-    size_t user;    /* bytes asked for (whole-region allocations) */
+    size_t user;    /* bytes asked for (whole-region allocations), of them in this segment */
+    /* A large cuMemAlloc is split into segments, one region each (mm.c, new_split_locked); a region
+     * not split is its allocation's only segment. */
+    CUdeviceptr base; /* the allocation's address (its first segment's va) */
+    size_t base_user; /* the bytes the allocation asked for */
+    size_t span;      /* address range this region frees: the allocation's on its first segment, else 0 */
     int slab;
     CUcontext ctx;
     CUdevice dev;
@@ -51,6 +56,8 @@ struct region {
     uint64_t pin_t0; /* when the stager began (for its log line) */
     int pinning;    /* the stager is registering a piece of it: do not unmap */
     int pin_failed;
+    int urgent; /* a swap needs its staging: the stager pins it before the others */
+    int swapping; /* in a swap that may wait for the stager with mm_mu released: not to be freed */
     int picked; /* chosen for the eviction being planned */
     int vacant; /* freed with cuMemFreeAsync and kept: its bytes need no copy either way */
     uint64_t id;
@@ -86,6 +93,16 @@ void mm_learn_granularity_locked(void);
 /* Frees an allocation the application made; sync: wait for the context first (cuMemFree semantics). */
 int mm_free_locked(CUdeviceptr d, int sync, CUresult *res);
 void mm_sync_ctx(CUcontext ctx);
+
+/* mm_stage.c: host staging and the stager thread that page-locks it */
+void mm_stage_init(void);                    /* once, before the first region */
+void mm_stage_atfork_child(void);
+void *mm_staging_map(size_t size);           /* MAP_FAILED when the host has no memory */
+void mm_stage_kick_locked(void);             /* staging to pin, or a swap made some urgent */
+void mm_stage_wait_locked(struct region *r, size_t end); /* until pinned up to end (bounded) */
+void mm_stage_wait_busy_locked(struct region *r);        /* until neither the stager nor a swap uses r */
+void mm_stage_release_locked(struct region *r);          /* unregister and unmap r's staging */
+void mm_stage_stats_locked(uint64_t *pinned, uint64_t *failures, uint64_t *waits, uint64_t *wait_ns);
 
 /* mm_vmm.c: the application's mappings of a handle region */
 void mm_vmm_detach_locked(struct region *r);   /* unmap the application's mappings (pages stay) */

@@ -13,6 +13,10 @@
  *     verify_every=N       full comparison every N operations (default 100)
  *     capture_ms=MS        first begin a stream capture, stay idle MS ms, end it
  *     hold_ms=MS           after the work, stay alive and idle MS ms
+ *     recheck=1            after the hold, check every byte once more (memory evicted meanwhile comes back)
+ *     keep_freed=N         alloc=async: before the hold, free the first N large buffers (the shim keeps them)
+ *     trim_file=PATH       during the hold, a second thread calls cuMemPoolTrimTo(0) once PATH exists (a call
+ *                          that does not wait for the GPU: it frees kept memory while an eviction may be running)
  *     churn_thread=1       alloc=async: the churn frees and allocates on a second thread (as
  *                          PyTorch's autograd thread does), default stream
  *     idle_after_free_ms=MS after freeing everything, stay alive and idle MS ms (stream-ordered
@@ -245,6 +249,20 @@ static CUresult free_kind(struct buf *b, CUstream s, free_fn mfree)
     if (b->kind == VMM)
         return vmm_free(b);
     return mfree(b->d);
+}
+
+static const char *trim_file;
+static void *trim_main(void *arg)
+{
+    (void)arg;
+    while (access(trim_file, F_OK) != 0)
+        usleep(1000);
+    CUmemoryPool pool;
+    ((CUresult(*)(CUmemoryPool *, CUdevice))sym("cuDeviceGetDefaultMemPool"))(&pool, 0);
+    CUresult r = ((CUresult(*)(CUmemoryPool, size_t))sym("cuMemPoolTrimTo"))(pool, 0);
+    printf("oversub trimmed_during_hold=%d\n", r == CUDA_SUCCESS);
+    fflush(stdout);
+    return NULL;
 }
 
 /* The churn of a thread with no context of its own, on the legacy default stream. */
@@ -511,14 +529,37 @@ int main(int argc, char **argv)
         int fd = -1;
         export_r = ((export_fn)sym("cuMemExportToShareableHandle"))(&fd, b[0].h[0], 1, 0);
     }
+    long keep_freed = opt(argc, argv, "keep_freed", 0);
+    for (int i = 0; i < keep_freed && i < n; i++) {
+        if (free_kind(&b[i], STREAM_B, mfree) != CUDA_SUCCESS) {
+            printf("oversub FAIL pid=%d free %d before the hold\n", (int)getpid(), i);
+            return 1;
+        }
+        b[i].d = 0;
+    }
+    pthread_t trim;
+    for (int i = 1; i < argc; i++)
+        if (strncmp(argv[i], "trim_file=", 10) == 0)
+            trim_file = argv[i] + 10;
+    if (trim_file != NULL)
+        pthread_create(&trim, NULL, trim_main, NULL);
     printf("oversub done pid=%d verified=%d range_ok=%d ctx_ok=%d total=%zu ipc=%d big=%d kind_ok=%d churned=%ld "
            "export=%d\n",
            (int)getpid(), verified, range_ok, ctx_ok, tot, ipc_r, big_r, kind_ok, churned, export_r);
     fflush(stdout);
     if (hold_ms > 0)
         usleep((useconds_t)hold_ms * 1000);
+    if (trim_file != NULL)
+        pthread_join(trim, NULL);
+    if (opt(argc, argv, "recheck", 0)) {
+        for (int i = 0; i < n; i++)
+            if (b[i].d != 0)
+                verify(&b[i], 0, b[i].n, "check after the hold");
+        printf("oversub rechecked pid=%d\n", (int)getpid());
+        fflush(stdout);
+    }
     for (int i = 0; i < n; i++)
-        if (free_kind(&b[i], STREAM_B, mfree) != CUDA_SUCCESS) {
+        if (b[i].d != 0 && free_kind(&b[i], STREAM_B, mfree) != CUDA_SUCCESS) {
             printf("oversub FAIL pid=%d free %d\n", (int)getpid(), i);
             return 1;
         }

@@ -18,6 +18,10 @@
  *   GPUSHARE_STUB_MEMTRACE   file: "M <pid> <ns> <+bytes|-bytes>" per cuMemCreate / cuMemRelease
  *                            (logged before creating and after releasing: an upper bound of
  *                            physical residency over time, across processes)
+ *                            and "P <pid> <ns> <+bytes>" per asynchronous copy whose host side is not
+ *                            page-locked (cuMemHostRegister), which a GPU runs at a fraction of the rate,
+ *                            and "D <pid> <ns> <+bytes>" when the worker has done an asynchronous copy to the host
+ *   GPUSHARE_STUB_REGISTER_US   every cuMemHostRegister takes this long (a host slow to page-lock)
  *   GPUSHARE_STUB_HOST_LIMIT bytes of page-locked host memory (cuMemAllocHost, cuMemHostRegister)
  *                            before they fail (default: none)
  *   GPUSHARE_STUB_REGISTER_MAX  cuMemHostRegister of more bytes than this at once fails (default: none)
@@ -62,7 +66,9 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static void memtrace(long long delta)
+/* kind 'M': physical memory created (+) or released (-); 'P': an asynchronous copy of delta bytes
+ * to or from host memory that is not page-locked (on a GPU: a copy at a fraction of the pinned rate) */
+static void memtrace(char kind, long long delta)
 {
     static int fd = -2;
     if (fd == -2) {
@@ -72,7 +78,7 @@ static void memtrace(long long delta)
     if (fd < 0)
         return;
     char line[96];
-    int n = snprintf(line, sizeof(line), "M %d %llu %+lld\n", (int)getpid(), (unsigned long long)now_ns(), delta);
+    int n = snprintf(line, sizeof(line), "%c %d %llu %+lld\n", kind, (int)getpid(), (unsigned long long)now_ns(), delta);
     ssize_t w = write(fd, line, (size_t)n);
     (void)w;
 }
@@ -200,13 +206,13 @@ STUB_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, c
     const char *full = getenv("GPUSHARE_STUB_FULL_FILE");
     if (full != NULL && *full != '\0' && access(full, F_OK) == 0)
         return CUDA_ERROR_OUT_OF_MEMORY; /* "another process holds the rest of the device" */
-    memtrace((long long)size);
+    memtrace('M', (long long)size);
     void *at = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
     struct phys *ph = at == MAP_FAILED ? NULL : malloc(sizeof(*ph));
     if (ph == NULL) {
         if (at != MAP_FAILED)
             munmap(at, size);
-        memtrace(-(long long)size);
+        memtrace('M', -(long long)size);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     *ph = (struct phys){.at = at, .size = size, .refs = 1};
@@ -224,7 +230,7 @@ STUB_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h)
     size_t size = ph->size;
     munmap(ph->at, size);
     free(ph);
-    memtrace(-(long long)size);
+    memtrace('M', -(long long)size);
     return CUDA_SUCCESS;
 }
 
@@ -366,6 +372,9 @@ STUB_EXPORT CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned int fla
     long long most = env_ll("GPUSHARE_STUB_REGISTER_MAX", -1);
     if (most >= 0 && (long long)size > most)
         return CUDA_ERROR_INVALID_VALUE;
+    long long us = env_ll("GPUSHARE_STUB_REGISTER_US", 0);
+    if (us > 0)
+        usleep((useconds_t)us);
     pthread_mutex_lock(&vmu);
     for (int i = 0; i < MAXREG; i++)
         if (registered[i].p == NULL) {
@@ -376,6 +385,19 @@ STUB_EXPORT CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned int fla
     pthread_mutex_unlock(&vmu);
     atomic_fetch_add(&host_used, (long long)size);
     return CUDA_SUCCESS;
+}
+
+/* Whether [p, p+n) lies in one page-locked range. */
+static int registered_covers(const void *p, size_t n)
+{
+    const char *c = p;
+    int yes = 0;
+    pthread_mutex_lock(&vmu);
+    for (int i = 0; i < MAXREG && !yes; i++)
+        yes = registered[i].p != NULL && c >= (char *)registered[i].p &&
+              c + n <= (char *)registered[i].p + registered[i].n;
+    pthread_mutex_unlock(&vmu);
+    return yes;
 }
 
 STUB_EXPORT CUresult cuMemHostUnregister(void *p)
@@ -502,6 +524,13 @@ static void op_copy(uint64_t *a)
     memmove((void *)(uintptr_t)a[0], (const void *)(uintptr_t)a[1], (size_t)a[2]);
 }
 
+/* an asynchronous copy to the host: logged when the worker has done it */
+static void op_copy_out(uint64_t *a)
+{
+    memmove((void *)(uintptr_t)a[0], (const void *)(uintptr_t)a[1], (size_t)a[2]);
+    memtrace('D', (long long)a[2]);
+}
+
 static void op_set8(uint64_t *a)
 {
     memset((void *)(uintptr_t)a[0], (int)a[1], (size_t)a[2]);
@@ -527,19 +556,21 @@ static void op_xor(uint64_t *a)
     {                                                                                              \
         return stub_enqueue(#name, op_copy, (uint64_t)(uintptr_t)dst, (uint64_t)(uintptr_t)src, n, 0, wait); \
     }
-#define COPYA(name, dstT, srcT)                                                                    \
+#define COPYA(name, dstT, srcT, host, op)                                                          \
     STUB_EXPORT CUresult name(dstT dst, srcT src, size_t n, CUstream s);                           \
     STUB_EXPORT CUresult name(dstT dst, srcT src, size_t n, CUstream s)                            \
     {                                                                                              \
         (void)s;                                                                                   \
-        return stub_enqueue(#name, op_copy, (uint64_t)(uintptr_t)dst, (uint64_t)(uintptr_t)src, n, 0, 0); \
+        if (host != NULL && !registered_covers(host, n))                                          \
+            memtrace('P', (long long)n);                                                           \
+        return stub_enqueue(#name, op, (uint64_t)(uintptr_t)dst, (uint64_t)(uintptr_t)src, n, 0, 0); \
     }
 COPY(cuMemcpyHtoD_v2, CUdeviceptr, const void *, 1)
 COPY(cuMemcpyDtoH_v2, void *, CUdeviceptr, 1)
 COPY(cuMemcpyDtoD_v2, CUdeviceptr, CUdeviceptr, 1)
-COPYA(cuMemcpyHtoDAsync_v2, CUdeviceptr, const void *)
-COPYA(cuMemcpyDtoHAsync_v2, void *, CUdeviceptr)
-COPYA(cuMemcpyDtoDAsync_v2, CUdeviceptr, CUdeviceptr)
+COPYA(cuMemcpyHtoDAsync_v2, CUdeviceptr, const void *, (const void *)src, op_copy)
+COPYA(cuMemcpyDtoHAsync_v2, void *, CUdeviceptr, (const void *)dst, op_copy_out)
+COPYA(cuMemcpyDtoDAsync_v2, CUdeviceptr, CUdeviceptr, (const void *)NULL, op_copy)
 
 STUB_EXPORT CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n)
 {

@@ -1,0 +1,263 @@
+/*
+ * Host staging: where swapped-out memory lives, and the stager thread that page-locks it.
+ *
+ * Staging is reserved with each allocation (an anonymous mapping asking for transparent huge pages)
+ * and page-locked in the background in STAGE_CHUNK pieces, so that neither the allocating thread nor
+ * a hand-off pays for pinning: one cuMemHostRegister of a whole 5.75 GiB allocation held the driver,
+ * and with it the application's calls, for ~5 s on the H100.
+ *
+ * What bounds the stager is the kernel faulting the pages in, not the registration: on the H100
+ * machine registering faulted-in huge pages ran at 33-38 GB/s, faulting them in at 3.9-7.2 GB/s on
+ * one thread and 8-23 GB/s on four (more threads were slower again; 2.3 on a fresh VM's first touch),
+ * and a copy into staging not faulted in yet ran at 1-2.6 GB/s (shim/bench/stage_bench.c). So the
+ * stager faults a batch of pieces in on up to STAGE_THREADS threads, then registers them one by one
+ * (a few ms of driver each), and a swap that reaches a piece not pinned yet waits for it
+ * (mm_stage_wait_locked) instead of copying through pageable memory: the copy of piece i runs while
+ * piece i+1 is faulted in. A swap's regions go first (urgent). Where pinning fails, or makes no
+ * progress for PIN_WAIT_NS, the copy goes through pageable memory: slower, still correct.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#include "mm_internal.h"
+
+#define STAGE_THREADS 4
+#define PIN_WAIT_NS 2000000000ull /* no progress for this long: the swap stops waiting for the stager */
+
+static pthread_cond_t pin_cv; /* with mm_mu: work for the stager, or a pin finished */
+static int stager_started, stager_running;
+static int stage_threads = 1;
+static uint64_t pinned_bytes, pin_failures, pin_waits, pin_wait_ns;
+
+/* pin_cv waits on the monotonic clock (a swap's bounded wait). */
+void mm_stage_init(void)
+{
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(&pin_cv, &a);
+    pthread_condattr_destroy(&a);
+    cpu_set_t set;
+    int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+    stage_threads = cpus < STAGE_THREADS ? (cpus < 1 ? 1 : cpus) : STAGE_THREADS;
+}
+
+/* After rep_cv_init (which made pin_cv again): no stager in the child yet. */
+void mm_stage_atfork_child(void)
+{
+    stager_started = 0;
+    stager_running = 0;
+    pinned_bytes = 0;
+}
+
+/* Host staging of size bytes, 2 MiB aligned and asking for transparent huge pages: page-locking
+ * huge pages costs the driver a fraction of what 4 KiB pages do. MAP_FAILED when the host has none. */
+void *mm_staging_map(size_t size)
+{
+    const size_t huge = (size_t)2 << 20;
+    char *raw = mmap(NULL, size + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED)
+        return MAP_FAILED;
+    char *p = (char *)(((uintptr_t)raw + huge - 1) & ~(uintptr_t)(huge - 1));
+    if (p > raw)
+        munmap(raw, (size_t)(p - raw));
+    if (raw + huge > p)
+        munmap(p + size, (size_t)(raw + huge - p));
+    (void)madvise(p, size, MADV_HUGEPAGE);
+    return p;
+}
+
+/* Unregisters and unmaps r's staging, once the stager is done with it. */
+void mm_stage_release_locked(struct region *r)
+{
+    for (size_t off = 0; off < r->pin_off; off += STAGE_CHUNK)
+        REAL(cuMemHostUnregister)((char *)r->staging + off);
+    pinned_bytes -= r->pin_off;
+    munmap(r->staging, r->size);
+}
+
+/* A swap waiting for the stager releases mm_mu; an application thread that frees meanwhile (calls
+ * that do not wait for the GPU: cuMemRelease, cuMemPoolTrimTo) waits for it here. */
+void mm_stage_wait_busy_locked(struct region *r)
+{
+    while (r->pinning || r->swapping)
+        pthread_cond_wait(&pin_cv, &mm_mu);
+}
+
+void mm_stage_stats_locked(uint64_t *pinned, uint64_t *failures, uint64_t *waits, uint64_t *wait_ns)
+{
+    *pinned = pinned_bytes;
+    *failures = pin_failures;
+    *waits = pin_waits;
+    *wait_ns = pin_wait_ns;
+}
+
+static int pinnable(const struct region *r)
+{
+    return !r->pinned && !r->pin_failed && !r->pinning;
+}
+
+/* Waits until r's staging is page-locked up to end (mm_mu released meanwhile). Returns without it
+ * when pinning failed, no stager runs, or the stager made no progress on r for PIN_WAIT_NS. */
+void mm_stage_wait_locked(struct region *r, size_t end)
+{
+    if (r->pin_off >= end || r->pin_failed || !stager_running)
+        return;
+    uint64_t t0 = gs_now_ns(), last_ns = t0;
+    size_t last = r->pin_off;
+    r->urgent = 1;
+    pthread_cond_broadcast(&pin_cv);
+    while (r->pin_off < end && !r->pin_failed) {
+        uint64_t dl = last_ns + PIN_WAIT_NS;
+        struct timespec ts = {.tv_sec = (time_t)(dl / 1000000000ull), .tv_nsec = (long)(dl % 1000000000ull)};
+        int e = pthread_cond_timedwait(&pin_cv, &mm_mu, &ts);
+        if (r->pin_off != last) {
+            last = r->pin_off;
+            last_ns = gs_now_ns();
+        } else if (e == ETIMEDOUT) {
+            gs_log(GS_LOG_WARN,
+                   "host staging was not page-locked within %.1f s: this swap copies through pageable memory",
+                   PIN_WAIT_NS / 1e9);
+            break;
+        }
+    }
+    pin_waits++;
+    pin_wait_ns += gs_now_ns() - t0;
+}
+
+/* ---- the stager ---- */
+
+struct piece {
+    struct region *r;
+    char *p;
+    size_t n;
+    CUcontext ctx;
+};
+
+/* Faults the pages in without holding the driver: cuMemHostRegister then only locks them.
+ * MADV_POPULATE_WRITE leaves the contents alone (a swap may already be copying through it); where
+ * the kernel lacks it, registering faults the pages in as before. */
+static void *populate(void *arg)
+{
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+    struct piece *pc = arg;
+    (void)madvise(pc->p, pc->n, MADV_POPULATE_WRITE);
+    return NULL;
+}
+
+/* Up to stage_threads pieces, consecutive within each region: a swap's regions first, then the
+ * others in address order. Marks their regions busy. */
+static int pick_batch_locked(struct piece *b)
+{
+    int n = 0;
+    for (int pass = 0; pass < 2 && n < stage_threads; pass++)
+        for (int i = 0; i < mm_nreg && n < stage_threads; i++) {
+            struct region *r = mm_regions[i];
+            if (!pinnable(r) || (pass == 0 && !r->urgent))
+                continue;
+            for (size_t off = r->pin_off; off < r->size && n < stage_threads; off += STAGE_CHUNK) {
+                size_t len = r->size - off < STAGE_CHUNK ? r->size - off : STAGE_CHUNK;
+                b[n++] = (struct piece){r, (char *)r->staging + off, len, r->ctx};
+            }
+            r->pinning = 1;
+        }
+    return n;
+}
+
+/* Joinable threads that take none of the application's signals. */
+static int start_joinable(pthread_t *t, void *(*fn)(void *), void *arg)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int err = pthread_create(t, NULL, fn, arg);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return err;
+}
+
+static void *stager_main(void *arg)
+{
+    (void)arg;
+    gs_fn_cuCtxPushCurrent_v2 push = REAL(cuCtxPushCurrent_v2);
+    gs_fn_cuCtxPopCurrent_v2 pop = REAL(cuCtxPopCurrent_v2);
+    gs_fn_cuMemHostRegister_v2 reg = REAL(cuMemHostRegister_v2);
+    struct piece b[STAGE_THREADS];
+    pthread_mutex_lock(&mm_mu);
+    for (;;) {
+        int n = pick_batch_locked(b);
+        if (n == 0) {
+            pthread_cond_wait(&pin_cv, &mm_mu);
+            continue;
+        }
+        pthread_mutex_unlock(&mm_mu);
+        uint64_t t0 = gs_now_ns();
+        pthread_t th[STAGE_THREADS];
+        int started[STAGE_THREADS] = {0};
+        for (int k = 1; k < n; k++)
+            started[k] = start_joinable(&th[k], populate, &b[k]) == 0;
+        populate(&b[0]);
+        for (int k = 1; k < n; k++) {
+            if (started[k])
+                pthread_join(th[k], NULL);
+            else
+                populate(&b[k]);
+        }
+        CUresult e[STAGE_THREADS];
+        for (int k = 0; k < n; k++) {
+            e[k] = CUDA_ERROR_NOT_INITIALIZED;
+            if (k > 0 && b[k].r == b[k - 1].r && e[k - 1] != CUDA_SUCCESS)
+                continue; /* a region's pieces are pinned in order, or not at all beyond a failure */
+            CUcontext c;
+            if (reg != NULL && push(b[k].ctx) == CUDA_SUCCESS) {
+                e[k] = reg(b[k].p, b[k].n, 0);
+                pop(&c);
+            }
+        }
+        pthread_mutex_lock(&mm_mu);
+        for (int k = 0; k < n; k++) {
+            struct region *r = b[k].r;
+            r->pinning = 0;
+            if (e[k] == CUDA_SUCCESS) {
+                if (r->pin_off == 0)
+                    r->pin_t0 = t0;
+                r->pin_off += b[k].n;
+                r->pinned = r->pin_off == r->size;
+                pinned_bytes += b[k].n;
+                if (r->pinned) {
+                    r->urgent = 0;
+                    gs_log(GS_LOG_DEBUG, "staging of %zu bytes page-locked in %.3f s", r->size,
+                           (gs_now_ns() - r->pin_t0) / 1e9);
+                }
+            } else if (!r->pin_failed) {
+                r->pin_failed = 1;
+                r->urgent = 0;
+                if (pin_failures++ == 0)
+                    gs_log(GS_LOG_WARN,
+                           "cannot page-lock %zu bytes of host staging (CUDA error %d): that memory swaps through "
+                           "pageable host memory, more slowly",
+                           b[k].n, e[k]);
+            }
+        }
+        pthread_cond_broadcast(&pin_cv);
+    }
+    return NULL;
+}
+
+/* A new region has staging to pin: wake the stager, starting it the first time. */
+void mm_stage_kick_locked(void)
+{
+    if (!stager_started) {
+        stager_started = 1;
+        stager_running = gs_thread_start(stager_main, NULL) == 0;
+        if (!stager_running)
+            gs_log(GS_LOG_WARN, "cannot start the staging thread: swaps go through pageable host memory");
+    }
+    pthread_cond_broadcast(&pin_cv);
+}

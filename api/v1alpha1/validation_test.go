@@ -237,7 +237,7 @@ func TestGPUListsAreOwnedWhole(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, mf := range obj.GetManagedFields() {
-		fields := string(mf.FieldsV1.Raw)
+		fields := mf.FieldsV1.GetRawString()
 		if strings.Contains(fields, `k:{\"uuid\"`) {
 			t.Errorf("managedFields of %s (%s) list each GPU: %s", mf.Manager, mf.Subresource, fields)
 		}

@@ -53,6 +53,15 @@ func (e *env) idleThenNewcomer(t *testing.T, first []string, ready string, newco
 	return a, b
 }
 
+// oversubPair runs two clients with the same environment and arguments (seeds 1 and 2) and waits for
+// both to finish their work with correct data; it returns each one's values.
+func (e *env) oversubPair(t *testing.T, d time.Duration, extraEnv []string, args ...string) (*proc, *proc, map[string]int64, map[string]int64) {
+	t.Helper()
+	a := e.startOversub(extraEnv, append(args, "seed=1")...)
+	b := e.startOversub(extraEnv, append(args, "seed=2")...)
+	return a, b, a.waitOversub(t, d), b.waitOversub(t, d)
+}
+
 // waitOversub fails the test unless the client finished its work with correct data.
 func (p *proc) waitOversub(t *testing.T, d time.Duration) map[string]int64 {
 	t.Helper()
@@ -324,10 +333,7 @@ func TestOversubSwapsThroughPageableStagingWhenPinningFails(t *testing.T) {
 	e := newMemEnv(t, 5*time.Millisecond, 200*time.Millisecond, budget, ModeAuto)
 	args := []string{"bufs=3", "size=2097152", "small=0", "iters=300", "sleep_us=50"}
 	lim := []string{"GPUSHARE_STUB_HOST_LIMIT=" + strconv.Itoa(2*mib)}
-	a := e.startOversub(lim, append(args, "seed=1")...)
-	b := e.startOversub(lim, append(args, "seed=2")...)
-	va := a.waitOversub(t, 30*time.Second)
-	vb := b.waitOversub(t, 30*time.Second)
+	a, _, va, vb := e.oversubPair(t, 30*time.Second, lim, args...)
 	if va["swap_out"]+vb["swap_out"] == 0 {
 		t.Error("no swapping happened")
 	}
@@ -345,10 +351,7 @@ func TestOversubPinsStagingInPiecesOfAtMost64MiB(t *testing.T) {
 	e := newMemEnv(t, 20*time.Millisecond, 2*time.Second, budget, ModeAuto)
 	args := []string{"bufs=1", "size=" + strconv.Itoa(72*mib), "small=0", "iters=2", "sleep_us=200"}
 	most := []string{"GPUSHARE_STUB_REGISTER_MAX=" + strconv.Itoa(64*mib)}
-	a := e.startOversub(most, append(args, "seed=1")...)
-	b := e.startOversub(most, append(args, "seed=2")...)
-	va := a.waitOversub(t, 90*time.Second)
-	vb := b.waitOversub(t, 90*time.Second)
+	a, b, va, vb := e.oversubPair(t, 90*time.Second, most, args...)
 	if va["swap_out"]+vb["swap_out"] == 0 {
 		t.Error("no swapping happened")
 	}
@@ -381,10 +384,7 @@ func TestOversubSwapsPyTorchsOtherAllocatorsToo(t *testing.T) {
 			args := []string{"alloc=" + tc.kind, bufs, "size=" + tc.size, "small=8", "iters=1500", "sleep_us=20",
 				"verify_every=250"}
 			env := []string{"PYTORCH_CUDA_ALLOC_CONF=" + tc.conf}
-			a := e.startOversub(env, append(args, "seed=1")...)
-			b := e.startOversub(env, append(args, "seed=2")...)
-			va := a.waitOversub(t, 120*time.Second)
-			vb := b.waitOversub(t, 120*time.Second)
+			a, b, va, vb := e.oversubPair(t, 120*time.Second, env, args...)
 			swaps := va["swap_out"] + va["swap_in"] + vb["swap_out"] + vb["swap_in"]
 			t.Logf("swaps: a out=%d in=%d, b out=%d in=%d; churned %d and %d; reused %d and %d", va["swap_out"],
 				va["swap_in"], vb["swap_out"], vb["swap_in"], va["churned"], vb["churned"], va["swap_async_reused"],
@@ -536,10 +536,7 @@ func TestOversubSwapsWaitForStagingToBePinned(t *testing.T) {
 	e := newMemEnv(t, 20*time.Millisecond, 2*time.Second, budget, ModeAuto)
 	args := []string{"bufs=2", "size=" + strconv.Itoa(36*mib), "small=0", "iters=2", "sleep_us=200"}
 	slow := []string{"GPUSHARE_STUB_REGISTER_US=150000"}
-	a := e.startOversub(slow, append(args, "seed=1")...)
-	b := e.startOversub(slow, append(args, "seed=2")...)
-	va := a.waitOversub(t, 90*time.Second)
-	vb := b.waitOversub(t, 90*time.Second)
+	a, b, va, vb := e.oversubPair(t, 90*time.Second, slow, args...)
 	if va["swap_out"]+vb["swap_out"] == 0 {
 		t.Fatal("no swapping happened")
 	}

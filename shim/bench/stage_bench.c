@@ -40,23 +40,8 @@ typedef CUresult (*screate_fn)(CUstream *, unsigned);
 typedef CUresult (*set32_fn)(CUdeviceptr, unsigned int, size_t);
 typedef CUresult (*sync_fn)(void);
 
-static void *lib;
-static void *sym(const char *n)
-{
-    void *p = dlsym(lib, n);
-    if (p == NULL) {
-        fprintf(stderr, "stage_bench: no %s\n", n);
-        exit(2);
-    }
-    return p;
-}
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+#define BENCH_NAME "stage_bench"
+#include "bench_dl.h"
 
 static char *thp_map(size_t size)
 {

@@ -30,23 +30,8 @@ typedef CUresult (*htod_fn)(CUdeviceptr, const void *, size_t);
 typedef CUresult (*set32_fn)(CUdeviceptr, unsigned int, size_t);
 typedef CUresult (*sync_fn)(void);
 
-static void *lib;
-static void *sym(const char *n)
-{
-    void *p = dlsym(lib, n);
-    if (p == NULL) {
-        fprintf(stderr, "swap_bench: no %s\n", n);
-        exit(2);
-    }
-    return p;
-}
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+#define BENCH_NAME "swap_bench"
+#include "bench_dl.h"
 
 static int cmpd(const void *a, const void *b)
 {

@@ -17,7 +17,8 @@ import (
 // slotFreed, which sees every event. Skipping these halves the resolver's reconciles during a rollout
 // (one write and one ack a node).
 func (r *Reconciler) isPlainAck(old, cur *v1.GPUNode) bool {
-	if old.Generation != cur.Generation || len(cur.Spec.GPUs) == 0 ||
+	// The same resourceVersion is a resync, the safety net for anything missed: it always runs.
+	if old.ResourceVersion == cur.ResourceVersion || old.Generation != cur.Generation || len(cur.Spec.GPUs) == 0 ||
 		!equality.Semantic.DeepEqual(old.Labels, cur.Labels) ||
 		!equality.Semantic.DeepEqual(old.Annotations, cur.Annotations) ||
 		!equality.Semantic.DeepEqual(old.Finalizers, cur.Finalizers) ||

@@ -21,8 +21,10 @@ func ackPair() (*v1.GPUNode, *v1.GPUNode) {
 		b.GPU("node-a", 1, b.WithApplied(b.Exclusive(), "")),
 	}
 	before.Spec.GPUs = []v1.GPUDesired{b.Desired("node-a", 0, "p", 1, b.MPS(4, 25)), b.Desired("node-a", 1, "p", 1, b.MPS(4, 25))}
+	before.ResourceVersion = "10"
 	after := before.DeepCopy()
 	agentsim.Apply(after, nil)
+	after.ResourceVersion = "11"
 	return before, after
 }
 
@@ -62,7 +64,8 @@ func TestStatusChangesTheResolverActsOnRunTheNode(t *testing.T) {
 		"the node waits for a rollout slot": func(r *Reconciler, _ *v1.GPUNode) {
 			r.rollout.setWaiting("node-a", []string{"q"})
 		},
-		"the spec changed too": func(_ *Reconciler, cur *v1.GPUNode) { cur.Generation++ },
+		"the spec changed too":            func(_ *Reconciler, cur *v1.GPUNode) { cur.Generation++ },
+		"a resync (same resourceVersion)": func(_ *Reconciler, cur *v1.GPUNode) { cur.ResourceVersion = "10" },
 		"labels changed too": func(_ *Reconciler, cur *v1.GPUNode) {
 			cur.Labels = map[string]string{"x": "y"}
 		},

@@ -7,11 +7,8 @@ import (
 
 // GPUNodeSpec is the desired sharing of each GPU of one node. The controller owns it.
 type GPUNodeSpec struct {
-	// gpus lists the GPUs some policy configures; a GPU not listed is left as found.
-	// The list is atomic, not a map keyed by uuid: the controller is its only writer and always writes
-	// it whole, and per-GPU field ownership made managedFields more than half of every GPUNode, which
-	// the API server decodes, diffs and encodes again on every write (see docs/controller.md, "At fleet
-	// scale"). The rule keeps what the map key enforced.
+	// gpus lists the GPUs some policy configures, one entry per uuid; a GPU not listed is left as found.
+	// The controller writes the list whole.
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=64
 	// +kubebuilder:validation:XValidation:rule="self.all(g, self.exists_one(h, h.uuid == g.uuid))",message="each GPU uuid may be listed once"
@@ -78,8 +75,8 @@ type GPUNodeStatus struct {
 	// +optional
 	Summary string `json:"summary,omitempty"`
 
-	// gpus lists each GPU's identity and what is actually applied on it. Atomic for the reason spec.gpus
-	// is: the agent is its only writer and always writes it whole.
+	// gpus lists each GPU's identity and what is actually applied on it, one entry per uuid. The agent
+	// writes the list whole.
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=64
 	// +kubebuilder:validation:XValidation:rule="self.all(g, self.exists_one(h, h.uuid == g.uuid))",message="each GPU uuid may be listed once"

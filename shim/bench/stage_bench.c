@@ -27,9 +27,6 @@
 #endif
 #define PIECE ((size_t)64 << 20)
 
-typedef CUresult (*init_fn)(unsigned);
-typedef CUresult (*retain_fn)(CUcontext *, CUdevice);
-typedef CUresult (*push_fn)(CUcontext);
 typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
 typedef CUresult (*reg_fn)(void *, size_t, unsigned);
 typedef CUresult (*unreg_fn)(void *);
@@ -95,16 +92,8 @@ int main(int argc, char **argv)
     }
     size_t bytes = strtoull(argv[1], NULL, 10) / PIECE * PIECE;
     int threads = atoi(argv[2]);
-    lib = dlopen("libcuda.so.1", RTLD_NOW);
-    if (lib == NULL) {
-        fprintf(stderr, "stage_bench: %s\n", dlerror());
+    if (open_driver() != 0)
         return 2;
-    }
-    ((init_fn)sym("cuInit"))(0);
-    CUcontext ctx;
-    if (((retain_fn)sym("cuDevicePrimaryCtxRetain"))(&ctx, 0) != CUDA_SUCCESS)
-        return 2;
-    ((push_fn)sym("cuCtxPushCurrent_v2"))(ctx);
     reg_fn reg = (reg_fn)sym("cuMemHostRegister_v2");
     dtoh_fn dtoh = (dtoh_fn)sym("cuMemcpyDtoH_v2");
     dtoha_fn dtoha = (dtoha_fn)sym("cuMemcpyDtoHAsync_v2");

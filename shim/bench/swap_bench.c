@@ -20,9 +20,6 @@
 
 #include "cuda_abi.h"
 
-typedef CUresult (*init_fn)(unsigned);
-typedef CUresult (*retain_fn)(CUcontext *, CUdevice);
-typedef CUresult (*push_fn)(CUcontext);
 typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
 typedef CUresult (*halloc_fn)(void **, size_t);
 typedef CUresult (*dtoh_fn)(void *, CUdeviceptr, size_t);
@@ -45,16 +42,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: swap_bench copy BYTES REPS | hold BYTES CHUNK SECS\n");
         return 2;
     }
-    lib = dlopen("libcuda.so.1", RTLD_NOW);
-    if (lib == NULL) {
-        fprintf(stderr, "swap_bench: %s\n", dlerror());
+    if (open_driver() != 0)
         return 2;
-    }
-    ((init_fn)sym("cuInit"))(0);
-    CUcontext ctx;
-    if (((retain_fn)sym("cuDevicePrimaryCtxRetain"))(&ctx, 0) != CUDA_SUCCESS)
-        return 2;
-    ((push_fn)sym("cuCtxPushCurrent_v2"))(ctx);
     alloc_fn alloc = (alloc_fn)sym("cuMemAlloc_v2");
     halloc_fn halloc = (halloc_fn)sym("cuMemAllocHost_v2");
     dtoh_fn dtoh = (dtoh_fn)sym("cuMemcpyDtoH_v2");

@@ -7,11 +7,15 @@ import (
 
 // GPUNodeSpec is the desired sharing of each GPU of one node. The controller owns it.
 type GPUNodeSpec struct {
+	// Both GPU lists check uuids with distinct(), which reads each uuid once: the API server runs the rule
+	// on every write, and the pairwise form (self.all + exists_one) read 2n² fields, each of which copies
+	// the schema's property map there, 2.1 ms a write at 8 GPUs (BenchmarkGPUNodeWriteValidation).
+
 	// gpus lists the GPUs some policy configures, one entry per uuid; a GPU not listed is left as found.
 	// The controller writes the list whole.
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=64
-	// +kubebuilder:validation:XValidation:rule="self.all(g, self.exists_one(h, h.uuid == g.uuid))",message="each GPU uuid may be listed once"
+	// +kubebuilder:validation:XValidation:rule="self.map(g, g.uuid).distinct().size() == self.size()",message="each GPU uuid may be listed once"
 	// +optional
 	GPUs []GPUDesired `json:"gpus,omitempty"`
 }
@@ -79,7 +83,7 @@ type GPUNodeStatus struct {
 	// writes the list whole.
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=64
-	// +kubebuilder:validation:XValidation:rule="self.all(g, self.exists_one(h, h.uuid == g.uuid))",message="each GPU uuid may be listed once"
+	// +kubebuilder:validation:XValidation:rule="self.map(g, g.uuid).distinct().size() == self.size()",message="each GPU uuid may be listed once"
 	// +optional
 	GPUs []GPUStatus `json:"gpus,omitempty"`
 

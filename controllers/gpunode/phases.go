@@ -2,6 +2,7 @@ package gpunode
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -9,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -201,6 +203,27 @@ func (r *Reconciler) countSelected(ctx context.Context, c resolve.Compiled) (int
 	return n, nil
 }
 
+// patchSpec merge-patches the GPUNode's spec.gpus to gpus and returns the object's new generation. The
+// list is atomic, so the patch replaces it whole, as a diff of the two objects would, without the copy and
+// the two encodings a diff costs. The answer asked for is the object's metadata (the generation is all the
+// resolver reads from it): the API server encodes, and this process decodes, a tenth of the GPUNode.
+func (r *Reconciler) patchSpec(ctx context.Context, name string, gpus []v1.GPUDesired) (int64, error) {
+	if len(gpus) == 0 {
+		gpus = nil // null removes the list, as the diff of an emptied one did
+	}
+	body, err := json.Marshal(map[string]any{"spec": map[string]any{"gpus": gpus}})
+	if err != nil {
+		return 0, err
+	}
+	m := &metav1.PartialObjectMetadata{}
+	m.SetGroupVersionKind(v1.GroupVersion.WithKind("GPUNode"))
+	m.Name = name
+	if err := r.Client.Patch(ctx, m, client.RawPatch(types.MergePatchType, body)); err != nil {
+		return 0, err
+	}
+	return m.Generation, nil
+}
+
 // writeSpec patches the GPUNode's spec when it changed. The controller is the only writer of spec, and a
 // merge patch replaces the whole list, so no optimistic lock is needed against the agent's status writes.
 func (r *Reconciler) writeSpec(ctx context.Context, s *scope) error {
@@ -209,13 +232,13 @@ func (r *Reconciler) writeSpec(ctx context.Context, s *scope) error {
 	if len(gn.Spec.GPUs) == 0 && len(s.spec) == 0 || equality.Semantic.DeepEqual(gn.Spec.GPUs, s.spec) {
 		return nil
 	}
-	patch := client.MergeFrom(gn.DeepCopy())
-	gn.Spec.GPUs = s.spec
 	// Before the write: its event can reach the informer before its answer reaches this worker.
 	r.echoes.writing(gn.Name, s.spec)
-	if err := r.Client.Patch(ctx, gn, patch); err != nil {
+	generation, err := r.patchSpec(ctx, gn.Name, s.spec)
+	if err != nil {
 		return fmt.Errorf("writing GPUNode spec: %w", err)
 	}
+	gn.Spec.GPUs, gn.Generation = s.spec, generation
 	logf.FromContext(ctx).V(1).Info("Wrote GPUNode spec", "gpus", len(s.spec), "generation", gn.Generation, "admitted", s.reserved)
 	if len(s.reserved) > 0 {
 		// The reservations now last until the cache shows this generation (see rollout.written); the

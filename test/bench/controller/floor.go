@@ -90,7 +90,7 @@ func runFloor(ctx context.Context, env *testenv.Env, a *agents, o options, s v1.
 	}
 	r := floorResult{took: time.Since(start)}
 	if after, err := scrapeWrites(ctx, env); err == nil {
-		r.writes = after.since(before)
+		r.writes = after.since(before) + "; " + objectSize(ctx, env)
 	}
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	if len(lat) > 0 {

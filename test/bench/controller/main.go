@@ -258,7 +258,7 @@ func runController(ctx context.Context, env *testenv.Env, a *agents, mb *manager
 	if err == nil {
 		var after writeCounts
 		if after, err = scrapeWrites(ctx, env); err == nil {
-			r.writes = after.since(settled)
+			r.writes = after.since(settled) + "; " + objectSize(ctx, env)
 		}
 	}
 	return r, mgr.peakRSS(), err

@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/gpusharing/gpusharing/api/v1alpha1"
@@ -37,6 +38,11 @@ func runFloor(ctx context.Context, env *testenv.Env, a *agents, o options, s v1.
 	if err != nil {
 		return floorResult{}, err
 	}
+	stopWatchers, err := startWatchers(ctx, env, o.floorWatchers)
+	if err != nil {
+		return floorResult{}, err
+	}
+	defer stopWatchers()
 	before, err := scrapeWrites(ctx, env)
 	if err != nil {
 		return floorResult{}, err
@@ -97,6 +103,30 @@ func runFloor(ctx context.Context, env *testenv.Env, a *agents, o options, s v1.
 		r.patchP50, r.patchP99 = lat[len(lat)/2], lat[min(len(lat)-1, len(lat)*99/100)]
 	}
 	return r, nil
+}
+
+// startWatchers starts n informers on GPUNodes that do nothing with what they receive, each with its own
+// connection, and waits until they have listed: a floor run with them tells what a watcher of every
+// GPUNode (the manager is one) costs the API server, apart from anything the manager writes.
+func startWatchers(ctx context.Context, env *testenv.Env, n int) (stop func(), err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	for range n {
+		ca, err := cache.New(fastConfig(env), cache.Options{Scheme: env.Scheme})
+		if err != nil {
+			cancel()
+			return nil, err
+		}
+		if _, err := ca.GetInformer(ctx, &v1.GPUNode{}); err != nil {
+			cancel()
+			return nil, err
+		}
+		go func() { _ = ca.Start(ctx) }()
+		if !ca.WaitForCacheSync(ctx) {
+			cancel()
+			return nil, fmt.Errorf("a passive GPUNode watcher did not sync")
+		}
+	}
+	return cancel, nil
 }
 
 // floorResult is one floor: the time until every GPU was acked, and the latency of the bare spec patches

@@ -547,6 +547,11 @@ func TestOversubSwapsWaitForStagingToBePinned(t *testing.T) {
 		t.Errorf("%d copies went through host memory that was not page-locked; stderr:\n%s\n%s", n, a.stderr.String(),
 			b.stderr.String())
 	}
+	// The swap's own log line says it waited (the benchmark tells those swaps apart from the copy rate).
+	waited := regexp.MustCompile(`swap (out|in): .*; waited [0-9.]+ ms for staging to be page-locked\)`)
+	if !waited.MatchString(a.stderr.String() + b.stderr.String()) {
+		t.Errorf("no swap line says it waited for its staging; stderr:\n%s\n%s", a.stderr.String(), b.stderr.String())
+	}
 }
 
 // An eviction releases each allocation's pages as soon as its own copy is done, while the copies of

@@ -77,6 +77,7 @@ has swap && for chunk in 268435456 20971520; do
     wait $P1 $P2
     stop_sched
     cat "$WORK/h1.err" "$WORK/h2.err" >"$WORK/h.err"
+    if [ -n "${BENCH_LOGS:-}" ]; then mkdir -p "$BENCH_LOGS"; cp "$WORK/h.err" "$BENCH_LOGS/swap-$((chunk >> 20))mib.err"; fi
     read -r out nout wout <<<"$(rate "$WORK/h.err" out)"
     read -r in nin win <<<"$(rate "$WORK/h.err" in)"
     read -r sout nsout _ <<<"$(rate "$WORK/h.err" out steady)"

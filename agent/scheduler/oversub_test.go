@@ -553,7 +553,7 @@ func TestOversubSwapsWaitForStagingToBePinned(t *testing.T) {
 			b.stderr.String())
 	}
 	// The swap's own log line says it waited (the benchmark tells those swaps apart from the copy rate).
-	waited := regexp.MustCompile(`swap (out|in): .*; waited [0-9.]+ ms for staging to be page-locked\)`)
+	waited := regexp.MustCompile(`swap (out|in): .*; waited [0-9.]+ ms for staging to be page-locked[;)]`)
 	if !waited.MatchString(a.stderr.String() + b.stderr.String()) {
 		t.Errorf("no swap line says it waited for its staging; stderr:\n%s\n%s", a.stderr.String(), b.stderr.String())
 	}

@@ -57,12 +57,13 @@ SHIM_ENV=(CUDA_VISIBLE_DEVICES=0 LD_PRELOAD="$BUILD/libgpushare.so" GPUSHARE_SOC
 fails=0
 
 # rate FILE DIRECTION [steady]: bytes-weighted GB/s over the swaps that moved at least half a working
-# set; with "steady", only those that did not wait for their host staging to be page-locked (the shim's
+# set (a swap-in that overlapped the other process's swap-out counts from its first copy, "copying for
+# N ms": before that it waited for the first bytes to be released); with "steady", only those that did not wait for their host staging to be page-locked (the shim's
 # swap line then says "waited N ms": on a fresh VM the kernel faults never-touched host memory in at
 # 2-4 GB/s, and a swap right after a large allocation waits for that first touch; the plain pinned copy
 # it is compared with has its first touch in its untimed cuMemAllocHost). Prints rate, swaps, waited ms.
 rate() { awk -v dir="$2" -v steady="${3:-}" -v min="$((SWAP_BYTES / 2))" '$0 ~ "swap "dir":" {
-        w = 0; for (i = 1; i <= NF; i++) { if ($i == "bytes" && $(i+1) == "in") { b = $(i-1); t = $(i+2) } if ($i == "waited") w = $(i+1) }
+        w = 0; for (i = 1; i <= NF; i++) { if ($i == "bytes" && $(i+1) == "in") { b = $(i-1); t = $(i+2) } if ($i == "waited") w = $(i+1); if ($i == "copying" && $(i+1) == "for") t = $(i+2) }
         if (b + 0 >= min && !(steady != "" && w + 0 > 0)) { B += b; T += t; W += w; n++ } }
     END { if (T > 0) printf "%.2f %d %.0f", B / (T * 1e6), n, W; else print "0 0 0" }' "$1"; }
 

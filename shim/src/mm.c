@@ -394,14 +394,17 @@ static uint64_t pin_wait_ns_locked(void)
  * was never touched (a fresh VM) the kernel faults staging in at 2-4 GB/s, and a swap that comes
  * right after a large allocation waits for that, a cost of the allocation's first touch, not of the
  * copy (shim/bench/oversub.sh reports the rate with and without those swaps). */
-static void log_swap(const char *dir, int n, uint64_t bytes, uint64_t dt, uint64_t waited, int raises)
+static void log_swap(const char *dir, int n, uint64_t bytes, uint64_t dt, uint64_t waited, int raises,
+                     uint64_t copying)
 {
-    char w[192] = "";
+    char w[224] = "";
     int k = 0;
     if (waited > 0)
         k = snprintf(w, sizeof(w), "; waited %.3f ms for staging to be page-locked", waited / 1e6);
     if (raises > 0 && k >= 0 && (size_t)k < sizeof(w))
-        snprintf(w + k, sizeof(w) - (size_t)k, "; overlapped the previous holder's swap out (%d raises)", raises);
+        snprintf(w + k, sizeof(w) - (size_t)k,
+                 "; overlapped the previous holder's swap out (%d raises), copying for %.3f ms", raises,
+                 copying / 1e6);
     gs_log(GS_LOG_INFO, "swap %s: %d allocation(s), %llu bytes in %.3f ms (%.2f GB/s%s)", dir, n,
            (unsigned long long)bytes, dt / 1e6, dt ? (double)bytes / (double)dt : 0.0, w);
 }
@@ -496,7 +499,7 @@ static void swap_out_locked(struct region **list, int n)
     mm_stage_kick_locked(); /* wakes frees that waited for this swap */
     uint64_t dt = gs_now_ns() - t0;
     swap_ns += dt;
-    log_swap("out", n, bytes_out - b0, dt, pin_wait_ns_locked() - w0, 0);
+    log_swap("out", n, bytes_out - b0, dt, pin_wait_ns_locked() - w0, 0, dt);
 }
 
 void gs_mm_evict(uint64_t target)
@@ -595,13 +598,15 @@ static void swap_in_pass_locked(int ignore_budget, int *moved, int *missing, int
 int gs_mm_swap_in_all(int ignore_budget)
 {
     pthread_mutex_lock(&mm_mu);
-    uint64_t t0 = gs_now_ns(), b0 = bytes_in, w0 = pin_wait_ns_locked(), fill_ns = 0;
+    uint64_t t0 = gs_now_ns(), b0 = bytes_in, w0 = pin_wait_ns_locked(), fill_ns = 0, t_first = 0;
     int moved = 0, missing = 0, failed = 0, raises = 0;
     uint64_t last_res = atomic_load(&reserved), last_ns = t0;
     for (int i = 0; i < mm_nreg; i++)
         mm_regions[i]->swapping = 1; /* the list stays as it is while we wait (the stager, a RAISE) */
     for (;;) {
         swap_in_pass_locked(ignore_budget, &moved, &missing, &failed);
+        if (moved > 0 && t_first == 0)
+            t_first = gs_now_ns(); /* a partial grant's copies start here, paced by the other's releases */
         if (missing == 0 || failed > 0 || ignore_budget)
             break;
         /* Missing for want of reservation: a partial grant fills in as the other process's memory
@@ -638,7 +643,7 @@ int gs_mm_swap_in_all(int ignore_budget)
     if (moved > 0) {
         uint64_t dt = gs_now_ns() - t0;
         swap_ns += dt;
-        log_swap("in", moved, bytes_in - b0, dt, pin_wait_ns_locked() - w0, raises);
+        log_swap("in", moved, bytes_in - b0, dt, pin_wait_ns_locked() - w0, raises, gs_now_ns() - t_first);
         overlapped += raises > 0;
         if (fill_ns > 0)
             gs_log(GS_LOG_DEBUG, "swap in overlapped the previous holder's swap out: %d raise(s), %.3f ms waiting for them",

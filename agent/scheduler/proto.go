@@ -13,11 +13,8 @@ import (
 // once, in shim/include/gpushare_proto.h; proto_test.go parses that header and
 // fails when these constants drift from it.
 const (
-	Magic   uint32 = 0x48535047 // bytes "GPSH"
-	Version uint16 = 3
-	// MinVersion is the oldest peer the scheduler still serves (in that peer's version, without
-	// what came later: a version 2 client never gets a partial Grant or a Raise).
-	MinVersion uint16 = 2
+	Magic      uint32 = 0x48535047 // bytes "GPSH"
+	Version    uint16 = 3
 	MaxMsgSize        = 256
 	UUIDLen           = 64
 
@@ -36,6 +33,10 @@ const (
 	RejoinSize    = 44
 	RaiseSize     = 28
 )
+
+// MinVersion is the oldest peer the scheduler still serves (in that peer's version, without what
+// came later: a version 2 client never gets a partial Grant or a Raise).
+const MinVersion uint16 = 2
 
 // MsgType names a message; each type has one fixed size.
 type MsgType uint16

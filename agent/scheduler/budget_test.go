@@ -458,3 +458,29 @@ func TestBudgetVersion2ClientWaitsForTheWholeEviction(t *testing.T) {
 		t.Fatalf("grant = %+v (%v), want the whole 40 MiB in a version %d frame", g, ok, MinVersion)
 	}
 }
+
+// A holder filling in holds up the others only while what it misses is on its way: once an eviction
+// gave up part way and nobody else can give the rest, the next waiter is served (the filling holder's
+// swap-in gives its grant back after its own timeout).
+func TestBudgetFillingHolderDoesNotBlockOthersWhenNothingMoreComes(t *testing.T) {
+	fx := newBudgetFixture(t, 64*mib, ModeAuto)
+	a, b, c := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	fx.q.acquire(a.c, 40*mib)
+	fx.report(a, UsageReport, 40*mib, 40*mib)
+	fx.q.release(a.c, grantEpoch(t, a), 40*mib)
+	fx.q.acquire(b.c, 40*mib)
+	if !fx.holding(b) || fx.whole(b) {
+		t.Fatal("b is not filling in while a's eviction runs")
+	}
+	fx.q.acquire(c.c, 0) // a lock-only client: it needs no memory
+	if fx.holding(c) {
+		t.Fatal("c granted while the memory b misses is on its way")
+	}
+	fx.report(a, UsageEvicted, 40*mib, 40*mib) // a could not copy anything out
+	if !fx.holding(c) {
+		t.Fatal("c still waits although nothing more will come to b")
+	}
+	if fx.whole(b) {
+		t.Fatal("b got memory nobody freed")
+	}
+}

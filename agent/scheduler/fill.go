@@ -66,12 +66,16 @@ func (q *queue) fillLocked() bool {
 			h.filling = false
 			continue
 		}
-		if missing := h.need - h.reservation; q.free()+q.evictingLocked() < missing {
-			// An eviction gave up part way (it could not copy out): ask the others for the rest; if
-			// nobody can give it, the holder's swap-in times out and it releases (gate.c).
+		missing := h.need - h.reservation
+		if q.free()+q.evictingLocked() < missing {
+			// An eviction gave up part way (it could not copy out): ask the others for the rest.
 			q.evictLocked(missing-q.free()+q.overLocked(), h)
 		}
-		busy = true
+		// Others wait while what it misses is on its way; if nobody can give it, they go on and the
+		// holder's swap-in gives the grant back after GPUSHARE_MEMREPLY_TIMEOUT_MS (gate.c).
+		if q.free()+q.evictingLocked() >= missing {
+			busy = true
+		}
 	}
 	return busy
 }

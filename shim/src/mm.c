@@ -40,8 +40,9 @@
 
 #define SLAB_ALIGN 512
 /* An eviction reports its progress each time it has released an eighth of what it moves, at most
- * this much (a message per 256 MiB segment; per few of PyTorch's 20 MiB blocks). */
-#define PROGRESS_BYTES ((uint64_t)64 << 20)
+ * this much: a message per 256 MiB segment, per 13 of PyTorch's 20 MiB blocks (the scheduler reads
+ * NVML for each, ~1 ms, to check it). */
+#define PROGRESS_BYTES ((uint64_t)256 << 20)
 #define MAX_STREAMS 32
 
 enum { MM_UNDECIDED, MM_ACTIVE, MM_OFF };

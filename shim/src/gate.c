@@ -27,7 +27,9 @@
  *
  * With oversubscription (mm.c) the same thread also moves memory: after a
  * GRANT it maps and copies the process's swapped-out allocations back in
- * before it opens the gate; on EVICT (only ever sent while we do not hold
+ * before it opens the gate (a GRANT of part of the need, protocol 3, comes
+ * while another process still copies out: the swap-in reads the RAISEs that
+ * follow itself, through gs_gate_pump, and maps more with each); on EVICT (only ever sent while we do not hold
  * the GPU) it waits for calls in flight, synchronizes every context (never
  * while a stream captures: the eviction is then deferred, tick after tick,
  * until the capture ends), copies out and releases what was asked, and

@@ -21,7 +21,8 @@
  *
  * Physical residency is bounded by the reservation the scheduler grants
  * (GRANT / MEMREPLY); growing beyond it asks the scheduler first (MEMREQ).
- * The gate's background thread calls gs_mm_swap_in_all after a GRANT and
+ * The gate's background thread calls gs_mm_swap_in_all after a GRANT (which, after a partial
+ * GRANT, maps more as RAISE messages come in) and
  * gs_mm_evict on EVICT, both with the process quiesced.
  *
  * Locks: mm_mu (regions, counters) may be held while taking the gate's mutex

@@ -29,6 +29,13 @@ func (fx *queueFixture) holding(f *fakeClient) bool {
 	return f.c.holding
 }
 
+// whole: f holds the GPU with all it needs reserved (not, or no longer, filling in).
+func (fx *queueFixture) whole(f *fakeClient) bool {
+	fx.q.mu.Lock()
+	defer fx.q.mu.Unlock()
+	return f.c.holding && !f.c.filling && f.c.reservation >= f.c.need
+}
+
 func (fx *queueFixture) reserved() uint64 {
 	fx.q.mu.Lock()
 	defer fx.q.mu.Unlock()
@@ -85,8 +92,10 @@ func TestBudgetAlwaysRunsOneClientAtATime(t *testing.T) {
 	}
 }
 
+// A version 2 client waits for the whole eviction before its grant (the hand-off in series).
 func TestBudgetAutoSerializesWhenWorkingSetsDoNotFit(t *testing.T) {
 	fx := newBudgetFixture(t, 64*mib, ModeAuto)
+	fx.version = MinVersion
 	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
 	fx.q.acquire(a.c, 40*mib)
 	fx.report(a, UsageReport, 40*mib, 40*mib)
@@ -263,7 +272,7 @@ func TestBudgetMetricsReportPerClientMemoryAndSwaps(t *testing.T) {
 		t.Fatal(err)
 	}
 	q := s.queues[0]
-	c := q.join(42, PriorityNormal, func([]byte) bool { return true }, func() {})
+	c := q.join(42, PriorityNormal, 0, func([]byte) bool { return true }, func() {})
 	q.acquire(c, 8*mib)
 	q.usage(c, Message{Type: MsgUsage, Acks: c.raises, Need: 8 * mib, Resident: 6 * mib,
 		Stats: SwapStats{Swapped: 2 * mib, SwapOuts: 3, SwapIns: 4, BytesOut: 5, BytesIn: 7, SwapNS: 2e9}})
@@ -339,5 +348,139 @@ func TestBudgetAReportBeforeTheGrowthKeepsItsReservation(t *testing.T) {
 	fx.report(b, UsageReport, 40*mib, 40*mib)
 	if r := fx.reserved(); r > 64*mib {
 		t.Fatalf("reserved %d MiB over the budget", r/mib)
+	}
+}
+
+// The two directions of a hand-off overlap: the newcomer is granted as soon as the eviction under way
+// covers what it misses, with what is free then, and every progress report of the leaver raises its
+// reservation by what was released, so it copies in while the leaver still copies out. The sum of
+// the reservations never exceeds the budget; the quantum starts only when everything is in.
+func TestBudgetHandOffOverlapsTheLeaversCopyOutWithTheNewcomersCopyIn(t *testing.T) {
+	fx := newBudgetFixture(t, 64*mib, ModeAlways)
+	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	fx.q.acquire(a.c, 40*mib)
+	fx.report(a, UsageReport, 40*mib, 40*mib)
+	fx.q.acquire(b.c, 40*mib)
+	fx.clock.Advance(100 * time.Millisecond)
+	fx.q.release(a.c, grantEpoch(t, a), 40*mib)
+	if e, ok := a.last(MsgEvict); !ok || e.Target != 24*mib {
+		t.Fatalf("evict = %+v (%v), want a asked down to 24 MiB", e, ok)
+	}
+	g, ok := b.last(MsgGrant)
+	if !ok || !fx.holding(b) {
+		t.Fatal("b is not granted while a's eviction is under way: the hand-off runs in series")
+	}
+	if g.Resident != 24*mib {
+		t.Fatalf("b granted with a reservation of %d MiB, want the 24 MiB free now", g.Resident/mib)
+	}
+	// b's memory is not all in: a report now (acks of the grant only) must not start its quantum.
+	steps := []struct{ resident, raisedTo uint64 }{{36 * mib, 28 * mib}, {30 * mib, 34 * mib}, {24 * mib, 40 * mib}}
+	for i, st := range steps {
+		reason := UsageProgress
+		if i == len(steps)-1 {
+			reason = UsageEvicted
+		}
+		fx.report(a, reason, 40*mib, st.resident)
+		r, ok := b.last(MsgRaise)
+		if !ok || r.Resident != st.raisedTo || r.Epoch != g.Epoch {
+			t.Fatalf("after a reported %d MiB resident: raise = %+v (%v), want b raised to %d MiB", st.resident/mib,
+				r, ok, st.raisedTo/mib)
+		}
+		if got := fx.reserved(); got > 64*mib {
+			t.Fatalf("reserved %d MiB > budget 64", got/mib)
+		}
+	}
+	if n := b.count(MsgRaise); n != 3 {
+		t.Errorf("b got %d raises, want 3 (one per progress report)", n)
+	}
+	fx.q.mu.Lock()
+	filling, pending := b.c.filling, b.c.startPending
+	fx.q.mu.Unlock()
+	if filling || !pending {
+		t.Fatalf("after the last raise: filling=%v startPending=%v, want done filling and the quantum not started", filling, pending)
+	}
+	fx.report(b, UsageReport, 40*mib, 40*mib)
+	fx.q.mu.Lock()
+	pending = b.c.startPending
+	fx.q.mu.Unlock()
+	if pending {
+		t.Fatal("b's report with everything in did not start its quantum")
+	}
+}
+
+// A report written before a raise reached the client cannot lower its reservation, and a progress
+// report after the eviction was answered is ignored.
+func TestBudgetOverlappedHandOffKeepsTheAcksRule(t *testing.T) {
+	fx := newBudgetFixture(t, 64*mib, ModeAlways)
+	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	fx.q.acquire(a.c, 40*mib)
+	fx.report(a, UsageReport, 40*mib, 40*mib)
+	fx.q.acquire(b.c, 40*mib)
+	fx.q.release(a.c, grantEpoch(t, a), 40*mib)
+	fx.report(a, UsageProgress, 40*mib, 30*mib)
+	fx.q.mu.Lock()
+	acks := b.c.raises - 1 // b has not applied the raise yet
+	fx.q.mu.Unlock()
+	fx.q.usage(b.c, Message{Type: MsgUsage, Reason: UsageReport, Acks: acks, Need: 40 * mib, Resident: 24 * mib,
+		Stats: SwapStats{Swapped: 16 * mib}})
+	fx.q.mu.Lock()
+	res := b.c.reservation
+	fx.q.mu.Unlock()
+	if res != 34*mib {
+		t.Fatalf("b's reservation = %d MiB after a stale report, want the raised 34", res/mib)
+	}
+	fx.report(a, UsageEvicted, 40*mib, 24*mib)
+	fx.report(a, UsageProgress, 40*mib, 10*mib) // late: the eviction is over
+	fx.q.mu.Lock()
+	resA := a.c.reservation
+	fx.q.mu.Unlock()
+	if resA != 24*mib {
+		t.Fatalf("a's reservation = %d MiB after a late progress report, want 24", resA/mib)
+	}
+}
+
+// A version 2 client is never granted part of its need, nor sent a Raise.
+func TestBudgetVersion2ClientWaitsForTheWholeEviction(t *testing.T) {
+	fx := newBudgetFixture(t, 64*mib, ModeAlways)
+	a := fx.join(t, PriorityNormal)
+	fx.version = MinVersion
+	b := fx.join(t, PriorityNormal)
+	fx.q.acquire(a.c, 40*mib)
+	fx.report(a, UsageReport, 40*mib, 40*mib)
+	fx.q.acquire(b.c, 40*mib)
+	fx.q.release(a.c, grantEpoch(t, a), 40*mib)
+	fx.report(a, UsageProgress, 40*mib, 30*mib)
+	if fx.holding(b) || b.count(MsgRaise) != 0 {
+		t.Fatal("a version 2 client was granted before the eviction was done")
+	}
+	fx.report(a, UsageEvicted, 40*mib, 24*mib)
+	if g, ok := b.last(MsgGrant); !ok || g.Resident != 40*mib || g.Version != MinVersion {
+		t.Fatalf("grant = %+v (%v), want the whole 40 MiB in a version %d frame", g, ok, MinVersion)
+	}
+}
+
+// A holder filling in holds up the others only while what it misses is on its way: once an eviction
+// gave up part way and nobody else can give the rest, the next waiter is served (the filling holder's
+// swap-in gives its grant back after its own timeout).
+func TestBudgetFillingHolderDoesNotBlockOthersWhenNothingMoreComes(t *testing.T) {
+	fx := newBudgetFixture(t, 64*mib, ModeAuto)
+	a, b, c := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	fx.q.acquire(a.c, 40*mib)
+	fx.report(a, UsageReport, 40*mib, 40*mib)
+	fx.q.release(a.c, grantEpoch(t, a), 40*mib)
+	fx.q.acquire(b.c, 40*mib)
+	if !fx.holding(b) || fx.whole(b) {
+		t.Fatal("b is not filling in while a's eviction runs")
+	}
+	fx.q.acquire(c.c, 0) // a lock-only client: it needs no memory
+	if fx.holding(c) {
+		t.Fatal("c granted while the memory b misses is on its way")
+	}
+	fx.report(a, UsageEvicted, 40*mib, 40*mib) // a could not copy anything out
+	if !fx.holding(c) {
+		t.Fatal("c still waits although nothing more will come to b")
+	}
+	if fx.whole(b) {
+		t.Fatal("b got memory nobody freed")
 	}
 }

@@ -40,7 +40,8 @@ func TestBudgetHolderThatNeverReportsIsRevokedAtQuantumPlusGrace(t *testing.T) {
 }
 
 // A client that does not run and ignores an EVICT is dropped at the deadline: its reservation returns
-// to the budget and the waiter the eviction was for runs. Before the fix the waiter waited for good.
+// to the budget and the waiter the eviction was for gets all it needs (it was granted what was free
+// when the eviction began, to swap in while the eviction ran). Before the fix the waiter waited for good.
 func TestClientIgnoringEvictIsDroppedAtTheDeadline(t *testing.T) {
 	fx := newBudgetFixture(t, 64*mib, ModeAuto)
 	fx.q.evictTimeout = 2 * time.Second
@@ -49,19 +50,19 @@ func TestClientIgnoringEvictIsDroppedAtTheDeadline(t *testing.T) {
 	fx.report(a, UsageReport, 50*mib, 50*mib)
 	fx.q.release(a.c, grantEpoch(t, a), 50*mib) // a keeps its 50 MiB resident, not running
 	fx.q.acquire(b.c, 40*mib)
-	if a.count(MsgEvict) != 1 || fx.holding(b) {
-		t.Fatalf("want a asked to evict and b waiting; evicts=%d", a.count(MsgEvict))
+	if a.count(MsgEvict) != 1 || fx.whole(b) {
+		t.Fatalf("want a asked to evict and b without all it needs; evicts=%d", a.count(MsgEvict))
 	}
 	fx.clock.Advance(2*time.Second - time.Millisecond)
-	if a.dropped || fx.holding(b) {
+	if a.dropped || fx.whole(b) {
 		t.Fatal("dropped before the deadline")
 	}
 	fx.clock.Advance(time.Millisecond) // a never answers
 	if !a.dropped {
 		t.Fatal("a client that ignored EVICT was not dropped at the deadline")
 	}
-	if !fx.holding(b) || fx.reserved() != 40*mib {
-		t.Fatalf("after the drop: b holding=%v reserved=%d MiB", fx.holding(b), fx.reserved()/mib)
+	if !fx.whole(b) || fx.reserved() != 40*mib {
+		t.Fatalf("after the drop: b holding all it needs=%v reserved=%d MiB", fx.whole(b), fx.reserved()/mib)
 	}
 	if v := counterValue(t, fx.m.dropped.WithLabelValues("GPU-test", DropEvictTimeout)); v != 1 {
 		t.Fatalf("evict-timeout drops = %v", v)

@@ -18,6 +18,10 @@ func FuzzQueue(f *testing.F) {
 	f.Add([]byte{1, 0, 0, 1, 0, 60, 1, 1, 30, 5, 0, 0, 8, 0, 250, 8, 0, 250, 1, 2, 10})
 	f.Add([]byte{2, 0, 0, 1, 0, 20, 1, 1, 20, 1, 2, 20, 3, 0, 50, 3, 1, 60, 6, 0, 0})
 	f.Add([]byte{3, 0, 0, 1, 0, 0, 1, 1, 0, 8, 0, 255, 8, 0, 255, 2, 1, 0})
+	// an overlapped hand-off: a releases, b is granted while a's eviction reports progress
+	f.Add([]byte{1, 0, 0, 40, 4, 0, 40, 0, 1, 40, 2, 0, 40, 5, 0, 1, 5, 0, 1, 5, 0, 2, 4, 1, 40})
+	// the same with the newcomer a version 2 client (cs[3])
+	f.Add([]byte{1, 0, 0, 40, 4, 0, 40, 0, 3, 40, 2, 0, 40, 5, 0, 1, 5, 0, 2, 4, 3, 40})
 	f.Fuzz(func(t *testing.T, in []byte) {
 		if len(in) == 0 {
 			return
@@ -40,8 +44,12 @@ func FuzzQueue(f *testing.F) {
 		fx := &queueFixture{q: q, clock: clock, m: m}
 		var cs [4]*fakeClient
 		for i := range cs {
+			if i == len(cs)-1 {
+				fx.version = MinVersion // one client without the overlapped hand-off
+			}
 			cs[i] = fx.join(t, Priority(i%2))
 		}
+		fx.version = 0
 		in = in[1:]
 		for step := 0; len(in) >= 3; step, in = step+1, in[3:] {
 			op, f, arg := in[0]%10, cs[int(in[1])%len(cs)], uint64(in[2])
@@ -61,12 +69,18 @@ func FuzzQueue(f *testing.F) {
 				q.memReq(f.c, arg*mib)
 			case 4: // a periodic report, acks up to date or stale
 				q.usage(f.c, Message{Type: MsgUsage, Reason: UsageReport, Acks: raises - uint32(arg%2), Need: arg * mib, Resident: min(arg*mib, res)})
-			case 5: // an eviction answered, done or failed
-				resident := target
-				if arg%3 == 0 {
+			case 5: // an eviction answered (done or failed), or its progress
+				resident, reason := target, UsageEvicted
+				switch arg % 4 {
+				case 0:
 					resident = res
+				case 1:
+					reason = UsageProgress
+					if res > target {
+						resident = target + (res-target)/2
+					}
 				}
-				q.usage(f.c, Message{Type: MsgUsage, Reason: UsageEvicted, Acks: raises, Need: res, Resident: resident})
+				q.usage(f.c, Message{Type: MsgUsage, Reason: reason, Acks: raises, Need: res, Resident: resident})
 			case 6:
 				q.leave(f.c)
 			case 7:
@@ -101,6 +115,10 @@ func checkQueueInvariants(q *queue) error {
 		}
 		if c.holding && c.waiting {
 			return fmt.Errorf("client %d both holds and waits", c.id)
+		}
+		if c.filling && (!c.holding || c.reservation >= c.need || !c.fillsPartially()) {
+			return fmt.Errorf("client %d (version %d) filling: holding=%v, reservation %d, need %d", c.id, c.version,
+				c.holding, c.reservation, c.need)
 		}
 	}
 	if sum != q.reserved {

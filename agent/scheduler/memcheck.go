@@ -15,8 +15,9 @@ import (
 // would fail. Where NVML can see per-process memory, the figure it reports for the client's pid (less
 // Guards.ContextOverhead, the CUDA context and driver memory that is outside the budget) is a floor:
 // the scheduler accounts the larger of the two. It never lowers a report: an over-report only costs
-// the client itself. A report that answers an EVICT, and a Release, are checked against a fresh read
-// (a cached read may predate the frees they follow); periodic reports may use one up to procMemTTL old.
+// the client itself. A report that answers an EVICT or gives its progress, and a Release, are checked
+// against a fresh read (a cached read may predate the frees they follow); periodic reports may use one
+// up to procMemTTL old.
 
 // procMemTTL bounds how often one GPU's process list is read: reports may come every few
 // milliseconds, and one NVML read costs about a millisecond.
@@ -67,7 +68,9 @@ func (s *Scheduler) crossCheck(q *queue, pid int32, m Message) Message {
 	if m.Type != MsgRelease && m.Type != MsgUsage {
 		return m
 	}
-	fresh := m.Type == MsgRelease || m.Reason == UsageEvicted
+	// An eviction's progress reports too: each raises the next holder by what it released (fill.go),
+	// and a read cached from before the eviction would hold every one of them at the old figure.
+	fresh := m.Type == MsgRelease || m.Reason == UsageEvicted || m.Reason == UsageProgress
 	seen, ok := s.nvmlResident(q.uuid, pid, fresh)
 	if !ok || seen <= s.opts.ContextOverhead {
 		return m

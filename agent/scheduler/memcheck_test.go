@@ -78,3 +78,31 @@ func TestResidencyStandsWhereNVMLCannotTell(t *testing.T) {
 		t.Fatalf("reserved = %d MiB with NVML's value not available, want the 0 reported", st.ReservedBytes/mib)
 	}
 }
+
+// An eviction's progress reports are checked against a fresh NVML read: each one raises the next
+// holder by what was released, and the read cached at the release (before any of it) would hold the
+// leaver at its old residency, so the hand-off would run in series. Both clients are this process;
+// only the leaver reports while NVML's figure falls.
+func TestEvictionProgressIsCheckedAgainstAFreshNVMLRead(t *testing.T) {
+	_, sock, _, mock := memcheckEnv(t)
+	pid := uint32(os.Getpid())
+	mock.SetProcessMemory(pid, 48*mib) // 40 MiB of allocations + 8 MiB context
+	a := dialRaw(t, sock, PriorityNormal)
+	a.send(Message{Type: MsgAcquire, Need: 40 * mib})
+	g := a.expect(MsgGrant, 2*time.Second)
+	a.send(Message{Type: MsgUsage, Acks: 1, Need: 40 * mib, Resident: 40 * mib})
+	a.send(Message{Type: MsgRelease, Epoch: g.Epoch, Resident: 40 * mib}) // a fresh read: 48 MiB, now cached
+	b := dialRaw(t, sock, PriorityNormal)
+	b.send(Message{Type: MsgAcquire, Need: 40 * mib})
+	if e := a.expect(MsgEvict, 2*time.Second); e.Target != 24*mib {
+		t.Fatalf("evict target %d MiB, want 24", e.Target/mib)
+	}
+	if gb := b.expect(MsgGrant, 2*time.Second); gb.Resident != 24*mib {
+		t.Fatalf("b granted %d MiB, want the 24 free", gb.Resident/mib)
+	}
+	mock.SetProcessMemory(pid, 38*mib) // a released 10 MiB
+	a.send(Message{Type: MsgUsage, Reason: UsageProgress, Acks: 1, Need: 40 * mib, Resident: 30 * mib})
+	if r := b.expect(MsgRaise, 2*time.Second); r.Resident != 34*mib {
+		t.Fatalf("b raised to %d MiB, want 34", r.Resident/mib)
+	}
+}

@@ -173,6 +173,11 @@ func twoClientsOverBudget(t *testing.T, env, bufs []string) {
 	if swaps < 1000 {
 		t.Errorf("only %d swaps; the test wants thousands", swaps)
 	}
+	// Hand-offs overlap (protocol 3): swap-ins that mapped memory as the other's eviction freed it.
+	t.Logf("overlapped swap-ins: a %d, b %d", va["swap_overlapped"], vb["swap_overlapped"])
+	if va["swap_overlapped"]+vb["swap_overlapped"] == 0 {
+		t.Errorf("no swap-in overlapped the other process's swap-out")
+	}
 	if p := e.peakPhysical(); p > budget || p == 0 {
 		t.Errorf("physical memory of both processes peaked at %d bytes, budget %d", p, budget)
 	}
@@ -547,6 +552,11 @@ func TestOversubSwapsWaitForStagingToBePinned(t *testing.T) {
 		t.Errorf("%d copies went through host memory that was not page-locked; stderr:\n%s\n%s", n, a.stderr.String(),
 			b.stderr.String())
 	}
+	// The swap's own log line says it waited (the benchmark tells those swaps apart from the copy rate).
+	waited := regexp.MustCompile(`swap (out|in): .*; waited [0-9.]+ ms for staging to be page-locked[;)]`)
+	if !waited.MatchString(a.stderr.String() + b.stderr.String()) {
+		t.Errorf("no swap line says it waited for its staging; stderr:\n%s\n%s", a.stderr.String(), b.stderr.String())
+	}
 }
 
 // An eviction releases each allocation's pages as soon as its own copy is done, while the copies of
@@ -645,5 +655,67 @@ func TestOversubFreeDuringASwapWaitsForIt(t *testing.T) {
 	if va["swap_resident"] != 0 || va["swap_swapped"] != 0 {
 		t.Errorf("a's account at exit, all memory freed: resident %d, swapped %d; want 0 and 0", va["swap_resident"],
 			va["swap_swapped"])
+	}
+}
+
+// The two directions of a hand-off overlap (protocol 3): the process coming back maps and copies in
+// while the one it takes the memory from still copies out. a works, then idles holding its memory;
+// b takes 8 MiB of it (growth), works and idles; a comes back for a last check of every byte, and
+// b's eviction (4 allocations of 2 MiB, each copy 5 ms late on the stub's worker) reports each
+// release: a's pages are created between b's releases ("b- a+ b-" in the stub's trace). In series
+// every release of b comes before a's first creation. Every byte right in both.
+func TestOversubHandOffCopiesInWhileThePreviousHolderCopiesOut(t *testing.T) {
+	const budget = 16 * mib
+	e := newMemEnv(t, 50*time.Millisecond, 2*time.Second, budget, ModeAuto)
+	slow := []string{"GPUSHARE_STUB_WORKER_DELAY_US=5000"}
+	a := e.startOversub(slow, "bufs=6", "size=2097152", "small=0", "iters=20", "hold_ms=2500", "recheck=1")
+	eventually(t, 10*time.Second, "the first client finished its work", func() bool {
+		return strings.Contains(a.stdout.String(), "oversub done")
+	})
+	b := e.startOversub(slow, "bufs=6", "size=2097152", "small=0", "iters=20", "hold_ms=4000", "seed=3")
+	a.waitOversub(t, 30*time.Second)
+	b.waitOversub(t, 30*time.Second)
+	type ev struct {
+		pid    string
+		create bool
+		ns     int64
+	}
+	var evs []ev
+	data, err := os.ReadFile(e.memtrace())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(data), "\n") {
+		f := strings.Fields(l)
+		if len(f) != 4 || f[0] != "M" {
+			continue
+		}
+		ns, _ := strconv.ParseInt(f[2], 10, 64)
+		evs = append(evs, ev{f[1], !strings.HasPrefix(f[3], "-"), ns})
+	}
+	sort.SliceStable(evs, func(i, j int) bool { return evs[i].ns < evs[j].ns })
+	ap, bp := strconv.Itoa(a.pid()), strconv.Itoa(b.pid())
+	// a creation of a between two releases of b, with no creation of b in between
+	overlapped, bReleased, aCreated := false, false, false
+	for _, x := range evs {
+		switch {
+		case x.pid == bp && x.create:
+			bReleased, aCreated = false, false
+		case x.pid == bp && !x.create:
+			if bReleased && aCreated {
+				overlapped = true
+			}
+			bReleased, aCreated = true, false
+		case x.pid == ap && x.create && bReleased:
+			aCreated = true
+		}
+	}
+	if !overlapped {
+		seq := ""
+		for _, x := range evs {
+			who := map[bool]string{true: "a", false: "b"}[x.pid == ap]
+			seq += who + map[bool]string{true: "+", false: "-"}[x.create] + " "
+		}
+		t.Fatalf("a's swap-in never created pages while b's eviction was still releasing (in series); trace: %s", seq)
 	}
 }

@@ -14,7 +14,7 @@ import (
 // fails when these constants drift from it.
 const (
 	Magic      uint32 = 0x48535047 // bytes "GPSH"
-	Version    uint16 = 2
+	Version    uint16 = 3
 	MaxMsgSize        = 256
 	UUIDLen           = 64
 
@@ -31,7 +31,12 @@ const (
 	EvictSize     = 24
 	UsageSize     = 84
 	RejoinSize    = 44
+	RaiseSize     = 28
 )
+
+// MinVersion is the oldest peer the scheduler still serves (in that peer's version, without what
+// came later: a version 2 client never gets a partial Grant or a Raise).
+const MinVersion uint16 = 2
 
 // MsgType names a message; each type has one fixed size.
 type MsgType uint16
@@ -49,6 +54,7 @@ const (
 	MsgEvict     MsgType = 10 // scheduler -> non-holder: bring resident bytes down to Target
 	MsgUsage     MsgType = 11 // client -> scheduler: memory state and swap counters
 	MsgRejoin    MsgType = 12 // client -> scheduler, right after Welcome on a reconnection (rebuild.go)
+	MsgRaise     MsgType = 13 // scheduler -> holder filling in after a partial Grant (version 3): reservation raised
 )
 
 // Mode is a GPU's anti-thrashing policy.
@@ -102,6 +108,9 @@ const (
 const (
 	UsageReport  uint32 = 0
 	UsageEvicted uint32 = 1 // answers an Evict
+	// UsageProgress (version 3): an eviction under way has released this much so far; the
+	// eviction goes on and ends with UsageEvicted.
+	UsageProgress uint32 = 2
 )
 
 var msgSizes = map[MsgType]int{
@@ -117,6 +126,7 @@ var msgSizes = map[MsgType]int{
 	MsgEvict:     EvictSize,
 	MsgUsage:     UsageSize,
 	MsgRejoin:    RejoinSize,
+	MsgRaise:     RaiseSize,
 }
 
 func (t MsgType) String() string {
@@ -145,6 +155,8 @@ func (t MsgType) String() string {
 		return "Usage"
 	case MsgRejoin:
 		return "Rejoin"
+	case MsgRaise:
+		return "Raise"
 	}
 	return fmt.Sprintf("MsgType(%d)", uint16(t))
 }
@@ -177,6 +189,9 @@ var (
 // Message is any protocol message; only the fields of its Type are meaningful.
 type Message struct {
 	Type MsgType
+	// Version is the protocol version of the frame: 0 is the current Version (so that messages
+	// built in code need not say it); an older peer's frames carry and get its own.
+	Version uint16
 
 	PID      uint32   // Hello
 	Priority Priority // Hello
@@ -188,11 +203,11 @@ type Message struct {
 	Mode      Mode   // Welcome
 	Budget    uint64 // Welcome
 
-	Epoch   uint32 // Grant, Release, Contended, Revoked
+	Epoch   uint32 // Grant, Release, Contended, Revoked, Raise
 	Waiters uint32 // Contended
 
 	Need     uint64    // Acquire, MemReq, Usage
-	Resident uint64    // Grant, Release, MemReply, Usage
+	Resident uint64    // Grant, Release, MemReply, Usage, Raise
 	Status   MemStatus // MemReply
 	Target   uint64    // Evict
 	Reason   uint32    // Usage
@@ -219,9 +234,16 @@ func Encode(m Message) ([]byte, error) {
 	if !ok {
 		return nil, fmt.Errorf("encode %v: %w", m.Type, ErrUnknownType)
 	}
+	v := m.Version
+	if v == 0 {
+		v = Version
+	}
+	if err := checkVersion(v, m.Type, m.Reason); err != nil {
+		return nil, fmt.Errorf("encode: %w", err)
+	}
 	b := make([]byte, size)
 	le.PutUint32(b[0:], Magic)
-	le.PutUint16(b[4:], Version)
+	le.PutUint16(b[4:], v)
 	le.PutUint16(b[6:], uint16(m.Type))
 	le.PutUint32(b[8:], uint32(size))
 	p := b[HeaderSize:]
@@ -248,7 +270,7 @@ func Encode(m Message) ([]byte, error) {
 		le.PutUint32(p[0:], m.Epoch)
 		le.PutUint32(p[4:], m.QuantumMS)
 		le.PutUint64(p[8:], m.Resident)
-	case MsgRelease:
+	case MsgRelease, MsgRaise:
 		le.PutUint32(p[0:], m.Epoch)
 		le.PutUint64(p[8:], m.Resident)
 	case MsgRevoked:
@@ -274,31 +296,46 @@ func Encode(m Message) ([]byte, error) {
 	return b, nil
 }
 
-// parseHeader validates a header and returns the type and total size.
-func parseHeader(h []byte) (MsgType, int, error) {
+// checkVersion refuses what a version does not have: Raise and UsageProgress came with version 3.
+func checkVersion(v uint16, t MsgType, reason uint32) error {
+	if v < MinVersion || v > Version {
+		return fmt.Errorf("%w %d", ErrBadVersion, v)
+	}
+	if v < 3 && t == MsgRaise {
+		return fmt.Errorf("%w %d in version %d", ErrUnknownType, uint16(t), v)
+	}
+	if v < 3 && t == MsgUsage && reason == UsageProgress {
+		return fmt.Errorf("usage reason %d in version %d: %w", reason, v, ErrBadField)
+	}
+	return nil
+}
+
+// parseHeader validates a header and returns the type, total size and version.
+func parseHeader(h []byte) (MsgType, int, uint16, error) {
 	if len(h) < HeaderSize {
-		return 0, 0, ErrShortMessage
+		return 0, 0, 0, ErrShortMessage
 	}
 	if le.Uint32(h[0:]) != Magic {
-		return 0, 0, ErrBadMagic
+		return 0, 0, 0, ErrBadMagic
 	}
-	if le.Uint16(h[4:]) != Version {
-		return 0, 0, fmt.Errorf("%w %d", ErrBadVersion, le.Uint16(h[4:]))
+	v := le.Uint16(h[4:])
+	if v < MinVersion || v > Version {
+		return 0, 0, 0, fmt.Errorf("%w %d", ErrBadVersion, v)
 	}
 	t := MsgType(le.Uint16(h[6:]))
 	want, ok := msgSizes[t]
-	if !ok {
-		return 0, 0, fmt.Errorf("%w %d", ErrUnknownType, uint16(t))
+	if !ok || (t == MsgRaise && v < 3) {
+		return 0, 0, 0, fmt.Errorf("%w %d", ErrUnknownType, uint16(t))
 	}
 	if got := le.Uint32(h[8:]); got != uint32(want) {
-		return 0, 0, fmt.Errorf("%v of %d bytes: %w", t, got, ErrBadSize)
+		return 0, 0, 0, fmt.Errorf("%v of %d bytes: %w", t, got, ErrBadSize)
 	}
-	return t, want, nil
+	return t, want, v, nil
 }
 
 // Decode parses exactly one message; b must hold exactly its bytes.
 func Decode(b []byte) (Message, error) {
-	t, size, err := parseHeader(b)
+	t, size, v, err := parseHeader(b)
 	if err != nil {
 		return Message{}, err
 	}
@@ -306,6 +343,9 @@ func Decode(b []byte) (Message, error) {
 		return Message{}, fmt.Errorf("%v: %d bytes for a %d-byte message: %w", t, len(b), size, ErrBadSize)
 	}
 	m := Message{Type: t}
+	if v != Version {
+		m.Version = v
+	}
 	p := b[HeaderSize:]
 	switch t {
 	case MsgHello:
@@ -340,10 +380,10 @@ func Decode(b []byte) (Message, error) {
 		m.Epoch = le.Uint32(p[0:])
 		m.QuantumMS = le.Uint32(p[4:])
 		m.Resident = le.Uint64(p[8:])
-	case MsgRelease:
+	case MsgRelease, MsgRaise:
 		m.Epoch = le.Uint32(p[0:])
 		if le.Uint32(p[4:]) != 0 {
-			return Message{}, fmt.Errorf("release padding not zero: %w", ErrBadField)
+			return Message{}, fmt.Errorf("%v padding not zero: %w", t, ErrBadField)
 		}
 		m.Resident = le.Uint64(p[8:])
 	case MsgRevoked:
@@ -368,8 +408,11 @@ func Decode(b []byte) (Message, error) {
 		}
 	case MsgUsage:
 		m.Reason = le.Uint32(p[0:])
-		if m.Reason > UsageEvicted {
+		if m.Reason > UsageProgress {
 			return Message{}, fmt.Errorf("usage reason %d: %w", m.Reason, ErrBadField)
+		}
+		if err := checkVersion(v, t, m.Reason); err != nil {
+			return Message{}, err
 		}
 		m.Acks = le.Uint32(p[4:])
 		v := make([]uint64, 8)
@@ -389,7 +432,7 @@ func ReadMessage(r io.Reader) (Message, error) {
 	if _, err := io.ReadFull(r, buf[:HeaderSize]); err != nil {
 		return Message{}, err
 	}
-	_, size, err := parseHeader(buf[:HeaderSize])
+	_, size, _, err := parseHeader(buf[:HeaderSize])
 	if err != nil {
 		return Message{}, err
 	}

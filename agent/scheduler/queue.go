@@ -58,6 +58,7 @@ type client struct {
 	id       uint32
 	pid      int32
 	priority Priority
+	version  uint16 // its protocol version; 0: the current one
 	// send queues an encoded message without blocking; false means the
 	// client is not reading and must be dropped.
 	send func([]byte) bool
@@ -82,6 +83,10 @@ type client struct {
 	// startPending: granted with a budget, still swapping its memory in; the
 	// quantum (and any revocation deadline) starts at its first report.
 	startPending bool
+	// filling: granted before its whole need was free (the memory it needs was
+	// still leaving another client); its reservation rises by Raise as the
+	// evictions release bytes, and it swaps in meanwhile (fill.go).
+	filling bool
 
 	// memory (budget > 0)
 	need         uint64 // bytes it must have resident to run
@@ -125,11 +130,12 @@ func ms(d time.Duration) uint32 { return uint32(d / time.Millisecond) }
 func (q *queue) exclusive() bool { return q.budget == 0 || q.mode == ModeAlways }
 
 // join registers a client and queues its Welcome before anything else can be sent to it.
-func (q *queue) join(pid int32, prio Priority, send func([]byte) bool, drop func()) *client {
+func (q *queue) join(pid int32, prio Priority, version uint16, send func([]byte) bool, drop func()) *client {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.nextID++
-	c := &client{id: q.nextID, pid: pid, priority: prio, send: send, drop: drop, connectedAt: q.clock.Now()}
+	c := &client{id: q.nextID, pid: pid, priority: prio, version: version, send: send, drop: drop,
+		connectedAt: q.clock.Now()}
 	q.clients[c.id] = c
 	q.clientGauge.Set(float64(len(q.clients)))
 	q.sendLocked(c, Message{Type: MsgWelcome, ClientID: c.id, QuantumMS: ms(q.quantum), GraceMS: ms(q.grace),
@@ -224,6 +230,9 @@ func (q *queue) usage(c *client, m Message) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	c.reported = m
+	if m.Reason == UsageProgress && !c.evictPending {
+		return // a late progress report of an eviction already answered
+	}
 	if m.Reason == UsageEvicted {
 		if !c.evictPending {
 			return
@@ -249,7 +258,7 @@ func (q *queue) usage(c *client, m Message) {
 	if c.holding && m.Need < c.need {
 		c.need = m.Need
 	}
-	if c.holding && c.startPending && m.Reason == UsageReport && m.Acks == c.raises {
+	if c.holding && c.startPending && !c.filling && m.Reason == UsageReport && m.Acks == c.raises {
 		// Its memory is in: the hold (and its quantum) starts now.
 		q.restartHoldLocked(c)
 	}
@@ -372,6 +381,9 @@ func (q *queue) evictLocked(amount uint64, forc *client) bool {
 // head waiter cannot run because of the holders, they are told (CONTENDED)
 // and will yield after their quantum.
 func (q *queue) dispatchLocked(acquirer *client) {
+	if q.fillLocked() {
+		return // freed bytes go to the holder filling in first; waiters wait until it is whole
+	}
 	for _, h := range q.holders {
 		q.tryMemLocked(h)
 	}
@@ -394,6 +406,7 @@ func (q *queue) dispatchLocked(acquirer *client) {
 			}
 			if extra > q.free() {
 				if q.evictLocked(extra-q.free()+q.overLocked(), head) {
+					q.grantFillingLocked(head, head != acquirer)
 					return
 				}
 				q.contendLocked()
@@ -493,6 +506,7 @@ func (q *queue) endHoldLocked(c *client) {
 	q.holdHist.Observe(hold.Seconds())
 	c.holding = false
 	c.startPending = false
+	c.filling = false
 	for i, h := range q.holders {
 		if h == c {
 			q.holders = append(q.holders[:i:i], q.holders[i+1:]...)
@@ -536,6 +550,7 @@ func (q *queue) removeWaiterLocked(c *client) {
 }
 
 func (q *queue) sendLocked(c *client, m Message) {
+	m.Version = c.version
 	b, err := Encode(m)
 	if err != nil {
 		q.log.Error(err, "Encoding a scheduler message", "type", m.Type)

@@ -39,6 +39,9 @@ type queueFixture struct {
 	q     *queue
 	clock *fakeClock
 	m     *Metrics
+	// version the clients join with (0: the current one; MinVersion: a client without the
+	// overlapped hand-off)
+	version uint16
 }
 
 func newQueueFixture(t *testing.T, quantum, grace time.Duration) *queueFixture {
@@ -55,7 +58,7 @@ func newQueueFixture(t *testing.T, quantum, grace time.Duration) *queueFixture {
 func (fx *queueFixture) join(t *testing.T, prio Priority) *fakeClient {
 	t.Helper()
 	f := &fakeClient{}
-	f.c = fx.q.join(100, prio, func(b []byte) bool {
+	f.c = fx.q.join(100, prio, fx.version, func(b []byte) bool {
 		if f.full {
 			return false
 		}

@@ -445,7 +445,7 @@ func (s *Scheduler) serveConn(conn net.Conn, q *queue) {
 		}
 	}
 	prio := s.priorityFor(log, pid, hello.Priority)
-	c := q.join(pid, prio, send, drop)
+	c := q.join(pid, prio, hello.Version, send, drop)
 	log.V(1).Info("Shim client connected", "client", c.id, "pid", pid, "priority", prio)
 	s.clientsChanged(q.uuid)
 	for {
@@ -455,6 +455,11 @@ func (s *Scheduler) serveConn(conn net.Conn, q *queue) {
 				log.Info("Dropping shim client after a protocol error", "client", c.id, "pid", pid, "err", err.Error())
 				s.countDrop(q, err)
 			}
+			break
+		}
+		if m.Version != hello.Version {
+			log.Info("Dropping shim client that changed protocol version", "client", c.id, "pid", pid,
+				"hello", hello.Version, "frame", m.Version)
 			break
 		}
 		m = s.crossCheck(q, pid, m)

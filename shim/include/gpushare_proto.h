@@ -31,6 +31,19 @@
  * the re-announced memory is accounted before anything is handed out.
  * REJOIN is a new type within version 2: an older scheduler drops a client
  * that sends it, and the shim keeps reconnecting with backoff.
+ *
+ * Version 3 overlaps the two directions of a hand-off (docs/oversubscription.md,
+ * "Overlapped hand-off"). A client carrying out an EVICT reports each release
+ * as it goes (USAGE reason progress; USAGE evicted still ends the eviction).
+ * The next holder may be granted before all it needs is free, when the
+ * evictions under way cover the rest: its GRANT then carries a reservation
+ * below its need, and RAISE messages raise it (each counts as a raise for the
+ * acks) as the evicted bytes come free. It maps and copies in what its
+ * reservation allows while the other process still copies out, and opens its
+ * gate (and reports, which starts its quantum) when everything is in.
+ * The scheduler serves version 2 clients as before, in version 2 frames (no
+ * partial GRANT, no RAISE); a version 3 shim facing a version 2 scheduler is
+ * refused at HELLO and passes through.
  */
 #ifndef GPUSHARE_PROTO_H
 #define GPUSHARE_PROTO_H
@@ -38,7 +51,8 @@
 #include <stdint.h>
 
 #define GS_PROTO_MAGIC 0x48535047u /* bytes "GPSH" */
-#define GS_PROTO_VERSION 2u
+#define GS_PROTO_VERSION 3u
+#define GS_PROTO_MIN_VERSION 2u /* the oldest client version the scheduler serves */
 #define GS_MAX_MSG_SIZE 256u
 #define GS_UUID_LEN 64u
 
@@ -55,6 +69,7 @@
 #define GS_MSG_EVICT 10u    /* s->c: non-holder, bring your resident bytes down to target */
 #define GS_MSG_USAGE 11u    /* c->s: memory state and swap counters (reason: report / evicted) */
 #define GS_MSG_REJOIN 12u   /* c->s: right after WELCOME on a reconnection: memory state to account */
+#define GS_MSG_RAISE 13u    /* s->c (v3): a holder filling in after a partial GRANT: reservation raised */
 
 /* Anti-thrashing modes (WELCOME.mode). */
 #define GS_MODE_AUTO 0u   /* concurrent while the working sets fit the budget together */
@@ -69,6 +84,7 @@
 /* USAGE.reason */
 #define GS_USAGE_REPORT 0u
 #define GS_USAGE_EVICTED 1u /* answers an EVICT: the eviction is done (or gave up) */
+#define GS_USAGE_PROGRESS 2u /* (v3) an eviction under way: resident bytes so far; it goes on */
 
 /* REJOIN.flags */
 #define GS_REJOIN_HELD 1u /* it held the GPU when the previous connection ended */
@@ -90,6 +106,7 @@
 #define GS_EVICT_SIZE 24u
 #define GS_USAGE_SIZE 84u
 #define GS_REJOIN_SIZE 44u
+#define GS_RAISE_SIZE 28u
 
 struct gs_header {
     uint32_t magic;
@@ -185,7 +202,15 @@ struct gs_rejoin {
     uint64_t swapped;  /* in host staging */
 } __attribute__((packed));
 
+struct gs_raise {
+    struct gs_header h;
+    uint32_t epoch;
+    uint32_t pad;
+    uint64_t resident; /* the reservation from now on */
+} __attribute__((packed));
+
 #ifndef __cplusplus
+_Static_assert(sizeof(struct gs_raise) == GS_RAISE_SIZE, "raise size");
 _Static_assert(sizeof(struct gs_header) == GS_HEADER_SIZE, "header size");
 _Static_assert(sizeof(struct gs_hello) == GS_HELLO_SIZE, "hello size");
 _Static_assert(sizeof(struct gs_welcome) == GS_WELCOME_SIZE, "welcome size");

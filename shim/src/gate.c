@@ -27,7 +27,9 @@
  *
  * With oversubscription (mm.c) the same thread also moves memory: after a
  * GRANT it maps and copies the process's swapped-out allocations back in
- * before it opens the gate; on EVICT (only ever sent while we do not hold
+ * before it opens the gate (a GRANT of part of the need, protocol 3, comes
+ * while another process still copies out: the swap-in reads the RAISEs that
+ * follow itself, through gs_gate_pump, and maps more with each); on EVICT (only ever sent while we do not hold
  * the GPU) it waits for calls in flight, synchronizes every context (never
  * while a stream captures: the eviction is then deferred, tick after tick,
  * until the capture ends), copies out and releases what was asked, and
@@ -372,6 +374,8 @@ static uint32_t expected_size(uint16_t type)
         return GS_MEMREPLY_SIZE;
     case GS_MSG_EVICT:
         return GS_EVICT_SIZE;
+    case GS_MSG_RAISE:
+        return GS_RAISE_SIZE;
     default:
         return 0;
     }
@@ -405,6 +409,13 @@ static void on_message_locked(const unsigned char *m, uint16_t type)
         }
         atomic_store(&gs_gate_open, 1);
         pthread_cond_broadcast(&cv);
+    } else if (type == GS_MSG_RAISE) {
+        /* Always applied and counted (the acks must match what the scheduler sent); it only ever comes
+         * to the holder filling in after a partial GRANT, before anything that would end that grant. */
+        struct gs_raise r;
+        memcpy(&r, m, sizeof(r));
+        gs_log(GS_LOG_DEBUG, "reservation raised to %llu in epoch %u", (unsigned long long)r.resident, r.epoch);
+        gs_mm_on_raise(r.resident);
     } else if (type == GS_MSG_MEMREPLY) {
         struct gs_memreply r;
         memcpy(&r, m, sizeof(r));
@@ -457,11 +468,54 @@ static int handle_input_locked(unsigned char *buf, size_t *have)
     return 0;
 }
 
+/* What the scheduler sent and we have not parsed yet, on the current connection (the background
+ * thread reads it: serve, and gs_gate_pump while a swap-in waits for RAISE). */
+static unsigned char rbuf[2 * GS_MAX_MSG_SIZE];
+static size_t rhave;
+
+/* Reads what fd has and acts on whole messages; -1 once the connection ended (lost, or a protocol
+ * error: pass-through). mu held. */
+static int read_input_locked(int fd)
+{
+    ssize_t n = recv(fd, rbuf + rhave, sizeof(rbuf) - rhave, MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+        lost_locked("its connection ended");
+        return -1;
+    }
+    if (n > 0) {
+        rhave += (size_t)n;
+        if (handle_input_locked(rbuf, &rhave) != 0) {
+            passthrough_locked("protocol error from the GPU scheduler");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int gs_gate_pump(int ms)
+{
+    pthread_mutex_lock(&mu);
+    int fd = st.fd;
+    int ok = st.conn == CONN_UP && st.held && st.opening;
+    pthread_mutex_unlock(&mu);
+    if (!ok)
+        return -1;
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    int r = poll(&p, 1, ms);
+    pthread_mutex_lock(&mu);
+    if (r > 0 && st.conn == CONN_UP && st.fd == fd)
+        read_input_locked(fd);
+    ok = st.conn == CONN_UP && st.held && st.opening;
+    pthread_mutex_unlock(&mu);
+    return ok ? 0 : -1;
+}
+
 /* Reads and acts on the scheduler's messages until the connection ends; returns with mu not held. */
 static void serve(int fd)
 {
-    unsigned char buf[2 * GS_MAX_MSG_SIZE];
-    size_t have = 0;
+    pthread_mutex_lock(&mu);
+    rhave = 0;
+    pthread_mutex_unlock(&mu);
     for (;;) {
         struct pollfd p = {.fd = fd, .events = POLLIN};
         int r = poll(&p, 1, TICK_MS);
@@ -470,21 +524,9 @@ static void serve(int fd)
             pthread_mutex_unlock(&mu);
             return;
         }
-        if (r > 0) {
-            ssize_t n = recv(fd, buf + have, sizeof(buf) - have, MSG_DONTWAIT);
-            if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
-                lost_locked("its connection ended");
-                pthread_mutex_unlock(&mu);
-                return;
-            }
-            if (n > 0) {
-                have += (size_t)n;
-                if (handle_input_locked(buf, &have) != 0) {
-                    passthrough_locked("protocol error from the GPU scheduler");
-                    pthread_mutex_unlock(&mu);
-                    return;
-                }
-            }
+        if (r > 0 && read_input_locked(fd) != 0) {
+            pthread_mutex_unlock(&mu);
+            return;
         }
         if (st.opening)
             finish_grant_locked();
@@ -770,6 +812,7 @@ void gs_gate_atfork_child(void)
     st.fd = -1;
     int pass = st.conn == CONN_PASSTHROUGH;
     memset(&st, 0, sizeof(st));
+    rhave = 0;
     st.fd = -1;
     st.conn = pass ? CONN_PASSTHROUGH : CONN_NEW;
     atomic_store(&gs_gate_word, 0);

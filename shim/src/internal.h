@@ -136,6 +136,9 @@ uint64_t gs_now_ns(void);
 /* ---- the gate, for the memory manager (gate.c) ---- */
 /* Sends a message built by the caller (header filled in here); -1 when not connected. */
 int gs_gate_send(void *msg, uint16_t type, uint32_t size);
+/* Reads and applies the scheduler's messages for up to ms, on the background thread (a swap-in
+ * waiting for RAISE); 0 while the grant being filled in stands, -1 once it ended. mm_mu not held. */
+int gs_gate_pump(int ms);
 /* Gives the GPU back so that a larger need can be granted (MEMREPLY BUSY); the caller is not in flight. */
 void gs_gate_yield(void);
 /* 1 while connected to a scheduler (not pass-through). */
@@ -159,6 +162,7 @@ uint64_t gs_mm_resident(void); /* physically mapped bytes */
 void gs_mm_log_stats(void);    /* the memory manager's counters, at exit */
 uint64_t gs_mm_swapped(void);
 void gs_mm_on_reply(int raise, uint64_t reserved, uint32_t status); /* GRANT / MEMREPLY, under the gate's mutex */
+void gs_mm_on_raise(uint64_t reserved);                              /* RAISE, under the gate's mutex */
 int gs_mm_swap_in_all(int ignore_budget);                             /* 0: everything resident */
 void gs_mm_evict(uint64_t target);                                    /* swap out until resident <= target */
 void gs_mm_send_usage(uint32_t reason);

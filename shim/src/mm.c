@@ -21,7 +21,8 @@
  *
  * Physical residency is bounded by the reservation the scheduler grants
  * (GRANT / MEMREPLY); growing beyond it asks the scheduler first (MEMREQ).
- * The gate's background thread calls gs_mm_swap_in_all after a GRANT and
+ * The gate's background thread calls gs_mm_swap_in_all after a GRANT (which, after a partial
+ * GRANT, maps more as RAISE messages come in) and
  * gs_mm_evict on EVICT, both with the process quiesced.
  *
  * Locks: mm_mu (regions, counters) may be held while taking the gate's mutex
@@ -39,6 +40,10 @@
 #include "mm_internal.h"
 
 #define SLAB_ALIGN 512
+/* An eviction reports its progress each time it has released an eighth of what it moves, at most
+ * this much: a message per 256 MiB segment, per 13 of PyTorch's 20 MiB blocks (the scheduler reads
+ * NVML for each, ~1 ms, to check it). */
+#define PROGRESS_BYTES ((uint64_t)256 << 20)
 #define MAX_STREAMS 32
 
 enum { MM_UNDECIDED, MM_ACTIVE, MM_OFF };
@@ -61,6 +66,7 @@ static _Atomic uint64_t need_bytes, resident_bytes, swapped_bytes, pending_growt
 static _Atomic uint64_t reserved;
 static _Atomic uint32_t acks;
 static uint64_t swap_outs, swap_ins, bytes_out, bytes_in, swap_ns;
+static uint64_t overlapped; /* swap-ins that mapped memory as the previous holder's eviction freed it (RAISE) */
 static uint64_t alloc_ns, allocs;
 
 
@@ -139,6 +145,14 @@ void gs_mm_rejoin(uint64_t *need, uint64_t *resident, uint64_t *swapped)
     *resident = atomic_load(&resident_bytes);
     *swapped = atomic_load(&swapped_bytes);
     atomic_store(&reserved, *resident);
+}
+
+/* RAISE (protocol 3): the reservation of a holder filling in after a partial GRANT rose; the swap-in
+ * waiting in gs_mm_swap_in_all (through gs_gate_pump, on the same thread) maps more. */
+void gs_mm_on_raise(uint64_t res)
+{
+    atomic_store(&reserved, res);
+    atomic_fetch_add(&acks, 1);
 }
 
 void gs_mm_on_reply(int raise, uint64_t res, uint32_t status)
@@ -371,6 +385,32 @@ static void sync_streams_locked(void)
     }
 }
 
+static uint64_t pin_wait_ns_locked(void)
+{
+    uint64_t pinned, failures, waits, wait_ns;
+    mm_stage_stats_locked(&pinned, &failures, &waits, &wait_ns);
+    return wait_ns;
+}
+
+/* One info line per swap. A swap that waited for the stager says how long: on a host whose memory
+ * was never touched (a fresh VM) the kernel faults staging in at 2-4 GB/s, and a swap that comes
+ * right after a large allocation waits for that, a cost of the allocation's first touch, not of the
+ * copy (shim/bench/oversub.sh reports the rate with and without those swaps). */
+static void log_swap(const char *dir, int n, uint64_t bytes, uint64_t dt, uint64_t waited, int raises,
+                     uint64_t copying)
+{
+    char w[224] = "";
+    int k = 0;
+    if (waited > 0)
+        k = snprintf(w, sizeof(w), "; waited %.3f ms for staging to be page-locked", waited / 1e6);
+    if (raises > 0 && k >= 0 && (size_t)k < sizeof(w))
+        snprintf(w + k, sizeof(w) - (size_t)k,
+                 "; overlapped the previous holder's swap out (%d raises), copying for %.3f ms", raises,
+                 copying / 1e6);
+    gs_log(GS_LOG_INFO, "swap %s: %d allocation(s), %llu bytes in %.3f ms (%.2f GB/s%s)", dir, n,
+           (unsigned long long)bytes, dt / 1e6, dt ? (double)bytes / (double)dt : 0.0, w);
+}
+
 /* Copies regions out (one stream per context) and releases their pages. Each region's copy is
  * followed by an event, and its pages go as soon as that event completes, while the copies of the
  * regions after it still run: releasing hundreds of 20 MiB allocations one by one after a single
@@ -379,7 +419,7 @@ static void swap_out_locked(struct region **list, int n)
 {
     if (n == 0)
         return;
-    uint64_t t0 = gs_now_ns(), b0 = bytes_out;
+    uint64_t t0 = gs_now_ns(), b0 = bytes_out, w0 = pin_wait_ns_locked();
     gs_fn_cuCtxPushCurrent_v2 push = REAL(cuCtxPushCurrent_v2);
     gs_fn_cuCtxPopCurrent_v2 pop = REAL(cuCtxPopCurrent_v2);
     int ok[n];
@@ -418,6 +458,10 @@ static void swap_out_locked(struct region **list, int n)
         pop(&c);
     }
     int synced = 0;
+    uint64_t unreported = 0, step = 0;
+    for (int i = 0; i < n; i++)
+        step += list[i]->size;
+    step = step / 8 < PROGRESS_BYTES ? step / 8 : PROGRESS_BYTES;
     for (int i = 0; i < n; i++) {
         struct region *r = list[i];
         if (ev[i] != NULL) {
@@ -443,14 +487,21 @@ static void swap_out_locked(struct region **list, int n)
         atomic_fetch_add(&swapped_bytes, r->size);
         swap_outs++;
         bytes_out += copy_len(r);
+        /* The next holder maps and copies in what we release while we copy out the rest (protocol 3:
+         * the scheduler raises its reservation by what we report). Not after the last: USAGE(evicted)
+         * follows at once. */
+        unreported += r->size;
+        if (i < n - 1 && unreported >= step) {
+            mm_report_locked(GS_USAGE_PROGRESS);
+            unreported = 0;
+        }
     }
     for (int i = 0; i < n; i++)
         list[i]->swapping = 0;
     mm_stage_kick_locked(); /* wakes frees that waited for this swap */
     uint64_t dt = gs_now_ns() - t0;
     swap_ns += dt;
-    gs_log(GS_LOG_INFO, "swap out: %d allocation(s), %llu bytes in %.3f ms (%.2f GB/s)", n,
-           (unsigned long long)(bytes_out - b0), dt / 1e6, dt ? (double)(bytes_out - b0) / (double)dt : 0.0);
+    log_swap("out", n, bytes_out - b0, dt, pin_wait_ns_locked() - w0, 0, dt);
 }
 
 void gs_mm_evict(uint64_t target)
@@ -498,26 +549,25 @@ void gs_mm_evict(uint64_t target)
     pthread_mutex_unlock(&mm_mu);
 }
 
-int gs_mm_swap_in_all(int ignore_budget)
+/* Maps and queues the copy-in of every swapped-out region the reservation has room for (all of them
+ * with ignore_budget). Counts what it moved; *missing: regions left out for want of reservation,
+ * *failed: regions that could not be mapped or copied. */
+static void swap_in_pass_locked(int ignore_budget, int *moved, int *missing, int *failed)
 {
-    pthread_mutex_lock(&mm_mu);
-    uint64_t t0 = gs_now_ns(), b0 = bytes_in;
     gs_fn_cuCtxPushCurrent_v2 push = REAL(cuCtxPushCurrent_v2);
     gs_fn_cuCtxPopCurrent_v2 pop = REAL(cuCtxPopCurrent_v2);
-    int missing = 0, moved = 0;
-    for (int i = 0; i < mm_nreg; i++)
-        mm_regions[i]->swapping = 1; /* the list stays as it is while a copy waits for the stager */
+    *missing = *failed = 0;
     for (int i = 0; i < mm_nreg; i++) {
         struct region *r = mm_regions[i];
         if (r->resident)
             continue;
         if (!ignore_budget && atomic_load(&resident_bytes) + r->size > atomic_load(&reserved)) {
-            missing++;
+            (*missing)++;
             continue;
         }
         CUcontext c;
         if (push(r->ctx) != CUDA_SUCCESS) {
-            missing++;
+            (*failed)++;
             continue;
         }
         CUresult e = map_locked(r);
@@ -530,14 +580,53 @@ int gs_mm_swap_in_all(int ignore_budget)
             atomic_fetch_sub(&swapped_bytes, r->size);
             swap_ins++;
             bytes_in += len;
-            moved++;
+            (*moved)++;
         }
         pop(&c);
         if (e != CUDA_SUCCESS) {
             gs_log(GS_LOG_WARN, "swapping in %zu bytes at 0x%llx failed (CUDA error %d)", r->size,
                    (unsigned long long)r->va, e);
-            missing++;
+            (*failed)++;
         }
+    }
+}
+
+/* Brings the swapped-out memory back (after a GRANT; ignore_budget: without a scheduler). A grant
+ * may come before all we need is free (protocol 3: the previous holder still copies its memory out);
+ * then what fits is mapped and copied in at once, and each RAISE of the reservation (read by
+ * gs_gate_pump on this same thread) lets in more, so both copy engines run. It returns when
+ * everything is in (0), or -1 when something could not come back, or no RAISE came for
+ * GPUSHARE_MEMREPLY_TIMEOUT_MS, or the grant ended meanwhile. */
+int gs_mm_swap_in_all(int ignore_budget)
+{
+    pthread_mutex_lock(&mm_mu);
+    uint64_t t0 = gs_now_ns(), b0 = bytes_in, w0 = pin_wait_ns_locked(), fill_ns = 0, t_first = 0;
+    int moved = 0, missing = 0, failed = 0, raises = 0;
+    uint64_t last_res = atomic_load(&reserved), last_ns = t0;
+    for (int i = 0; i < mm_nreg; i++)
+        mm_regions[i]->swapping = 1; /* the list stays as it is while we wait (the stager, a RAISE) */
+    for (;;) {
+        swap_in_pass_locked(ignore_budget, &moved, &missing, &failed);
+        if (moved > 0 && t_first == 0)
+            t_first = gs_now_ns(); /* a partial grant's copies start here, paced by the other's releases */
+        if (missing == 0 || failed > 0 || ignore_budget)
+            break;
+        /* Missing for want of reservation: a partial grant fills in as the other process's memory
+         * leaves. Wait for a RAISE without mm_mu (the stager needs it; frees wait for r->swapping). */
+        if (gs_now_ns() - last_ns >= (uint64_t)gs_cfg.memreply_timeout_ms * 1000000ull)
+            break;
+        pthread_mutex_unlock(&mm_mu);
+        uint64_t w = gs_now_ns();
+        int alive = gs_gate_pump(5);
+        fill_ns += gs_now_ns() - w;
+        pthread_mutex_lock(&mm_mu);
+        if (atomic_load(&reserved) != last_res) {
+            last_res = atomic_load(&reserved);
+            last_ns = gs_now_ns();
+            raises++;
+        }
+        if (alive != 0)
+            break; /* revoked, disconnected or pass-through: what is in stays, the rest comes later */
     }
     if (moved > 0)
         sync_streams_locked();
@@ -556,12 +645,16 @@ int gs_mm_swap_in_all(int ignore_budget)
     if (moved > 0) {
         uint64_t dt = gs_now_ns() - t0;
         swap_ns += dt;
-        gs_log(GS_LOG_INFO, "swap in: %d allocation(s), %llu bytes in %.3f ms (%.2f GB/s)", moved,
-               (unsigned long long)(bytes_in - b0), dt / 1e6, dt ? (double)(bytes_in - b0) / (double)dt : 0.0);
+        log_swap("in", moved, bytes_in - b0, dt, pin_wait_ns_locked() - w0, raises, gs_now_ns() - t_first);
+        overlapped += raises > 0;
+        if (fill_ns > 0)
+            gs_log(GS_LOG_DEBUG, "swap in overlapped the previous holder's swap out: %d raise(s), %.3f ms waiting for them",
+                   raises, fill_ns / 1e6);
     }
     for (int i = 0; i < mm_nreg; i++)
         mm_regions[i]->swapping = 0;
     mm_stage_kick_locked(); /* wakes frees that waited for this swap */
+    missing += failed;
     if (moved > 0 || !ignore_budget)
         mm_report_locked(GS_USAGE_REPORT); /* after a grant: "my memory is in", the scheduler starts the quantum */
     pthread_mutex_unlock(&mm_mu);
@@ -1061,11 +1154,12 @@ void gs_mm_log_stats(void)
     mm_async_stats_locked(&reused, &fresh, &passed);
     mm_stage_stats_locked(&pinned, &pin_failures, &pin_waits, &pin_wait_ns);
     gs_log(GS_LOG_INFO,
-           "swap stats: out=%llu (%llu bytes) in=%llu (%llu bytes) time=%.3f s resident=%llu swapped=%llu; "
+           "swap stats: out=%llu (%llu bytes) in=%llu (%llu bytes) overlapped=%llu time=%.3f s resident=%llu "
+           "swapped=%llu; "
            "new allocations=%llu in %.3f s, staging pinned=%llu bytes, pin failures=%llu, pin_waits=%llu "
            "(%.3f s); stream-ordered allocations async_new=%llu async_reused=%llu async_passed=%llu",
            (unsigned long long)swap_outs, (unsigned long long)bytes_out, (unsigned long long)swap_ins,
-           (unsigned long long)bytes_in, swap_ns / 1e9, (unsigned long long)atomic_load(&resident_bytes),
+           (unsigned long long)bytes_in, (unsigned long long)overlapped, swap_ns / 1e9, (unsigned long long)atomic_load(&resident_bytes),
            (unsigned long long)atomic_load(&swapped_bytes), (unsigned long long)allocs, alloc_ns / 1e9,
            (unsigned long long)pinned, (unsigned long long)pin_failures, (unsigned long long)pin_waits,
            pin_wait_ns / 1e9, (unsigned long long)fresh, (unsigned long long)reused, (unsigned long long)passed);

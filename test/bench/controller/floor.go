@@ -10,6 +10,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -147,9 +148,12 @@ func writeFloorSpec(ctx context.Context, c client.Client, name string, gpus int,
 	if err != nil {
 		return err
 	}
-	gn := &v1.GPUNode{}
-	gn.Name = name
-	if err := patchRetrying(ctx, c, gn, patch); err != nil {
+	// Answered with metadata only, as the resolver's patch is (controllers/gpunode patchSpec): a floor that
+	// had the whole object encoded would cost the API server more than the controller's writes do.
+	m := &metav1.PartialObjectMetadata{}
+	m.SetGroupVersionKind(v1.GroupVersion.WithKind("GPUNode"))
+	m.Name = name
+	if err := patchRetrying(ctx, c, m, patch); err != nil {
 		return fmt.Errorf("floor: patching GPUNode %s spec: %w", name, err)
 	}
 	return nil
@@ -157,7 +161,7 @@ func writeFloorSpec(ctx context.Context, c client.Client, name string, gpus int,
 
 // patchRetrying merge-patches gn, retrying a few times on errors other than NotFound and Invalid, as the
 // resolver's work queue would: a loaded API server now and then drops a connection.
-func patchRetrying(ctx context.Context, c client.Client, gn *v1.GPUNode, patch []byte) error {
+func patchRetrying(ctx context.Context, c client.Client, gn client.Object, patch []byte) error {
 	var err error
 	for try := 0; try < 5; try++ {
 		if err = c.Patch(ctx, gn, client.RawPatch(types.MergePatchType, patch)); err == nil || apierrors.IsNotFound(err) || apierrors.IsInvalid(err) {

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Oversubscription benchmarks on a GPU (GPU 0). Needs gcc, a built
+# Oversubscription benchmarks on one GPU (GPU=0, nvidia-smi's index). Needs gcc, a built
 # gpushare-scheduler (go build -o shim/build/gpushare-scheduler ./cmd/gpushare-scheduler)
 # and, for the job tables, python3 with PyTorch.
 #   make -C shim bench-oversub [SECTIONS="swap jobs fit"] [QUANTA="5 10 20 30"] [BUDGET_GB=8] [JOB_SECS=40]
 #       [JOB_STEPS=auto] [MIX_EVERY= MIX_SLEEP=] [FIT_ROUNDS=6] [FIT_SECS=20] [BENCH_BUDGET_S=0] [SWAP_BYTES=4294967296]
-#       [PAIRS="heavy mixed"] [BENCH_LOG_LEVEL=info]
+#       [PAIRS="heavy mixed"] [BENCH_LOG_LEVEL=info] [GPU=0]
+# On a machine of several GPUs, runs on different GPUs (GPU=1 with its own BUILD=) do not share a scheduler,
+# a socket or a process: two quantum pairs can run side by side, each with its own serial baseline.
 # Prints, side by side in this one run:
 #   swap rate     each way, from the shim's own swap log, against a plain pinned copy of the same size
 #   job table     nvshare's table: a GPU-heavy pair and a mixed (~50/50 GPU/CPU) pair, working sets 1.5x the
@@ -41,7 +43,9 @@ BENCH_T0=$(date +%s)
 has() { case " $SECTIONS " in *" $1 "*) return 0 ;; esac; return 1; }
 [ -x "$SCHED" ] || { echo "bench-oversub: $SCHED missing: go build -o shim/build/gpushare-scheduler ./cmd/gpushare-scheduler" >&2; exit 1; }
 make -s -C "$SHIM_DIR" SHIM_BUILD="$BUILD" all "$BUILD/bench/swap_bench" >/dev/null || exit 1
-UUID=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i 0 | tr -d ' ')
+GPU=${GPU:-0}
+UUID=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i "$GPU" | tr -d ' ')
+[ -n "$UUID" ] || { echo "bench-oversub: no GPU with index $GPU" >&2; exit 1; }
 WORK=$(mktemp -d)
 SPID=
 start_sched() { # quantum budget mode
@@ -52,7 +56,7 @@ start_sched() { # quantum budget mode
 }
 stop_sched() { [ -n "$SPID" ] && { kill -INT "$SPID" 2>/dev/null; wait "$SPID" 2>/dev/null; SPID=; }; rm -f "$WORK/$UUID.sock"; }
 trap 'stop_sched; rm -rf "$WORK"' EXIT
-SHIM_ENV=(CUDA_VISIBLE_DEVICES=0 LD_PRELOAD="$BUILD/libgpushare.so" GPUSHARE_SOCKET="$WORK/$UUID.sock" GPUSHARE_GPU_UUID="$UUID"
+SHIM_ENV=(CUDA_VISIBLE_DEVICES="$UUID" LD_PRELOAD="$BUILD/libgpushare.so" GPUSHARE_SOCKET="$WORK/$UUID.sock" GPUSHARE_GPU_UUID="$UUID"
     GPUSHARE_OVERSUB=1 GPUSHARE_LOG_LEVEL="${BENCH_LOG_LEVEL:-info}")
 fails=0
 
@@ -88,7 +92,7 @@ handoff() { awk -v min="$((SWAP_BYTES / 2))" '/swap (out|in):/ {
 
 has swap && echo "== swap rate ($SWAP_BYTES bytes per working set, two processes, budget fits one)"
 has swap && for chunk in 268435456 20971520; do
-    base=$(CUDA_VISIBLE_DEVICES=0 "$BUILD/bench/swap_bench" copy "$SWAP_BYTES" 5)
+    base=$(CUDA_VISIBLE_DEVICES="$UUID" "$BUILD/bench/swap_bench" copy "$SWAP_BYTES" 5)
     start_sched 500ms $((SWAP_BYTES + 64 * 1048576)) Auto
     env "${SHIM_ENV[@]}" "$BUILD/bench/swap_bench" hold "$SWAP_BYTES" "$chunk" "$SWAP_SECS" >"$WORK/h1.out" 2>"$WORK/h1.err" &
     P1=$!
@@ -133,7 +137,7 @@ job() { # name shim|lock|plain python-args...
     case $mode in
     shim) env "${SHIM_ENV[@]}" timeout 400 python3 "$TRAIN" --ballast-gb "$BALLAST" "$@" >"$WORK/$name.json" 2>"$WORK/$name.err" ;;
     lock) env "${SHIM_ENV[@]}" GPUSHARE_OVERSUB=0 timeout 400 python3 "$TRAIN" --ballast-gb "$BALLAST" "$@" >"$WORK/$name.json" 2>"$WORK/$name.err" ;;
-    *) CUDA_VISIBLE_DEVICES=0 timeout 400 python3 "$TRAIN" --ballast-gb "$BALLAST" "$@" >"$WORK/$name.json" 2>"$WORK/$name.err" ;;
+    *) CUDA_VISIBLE_DEVICES="$UUID" timeout 400 python3 "$TRAIN" --ballast-gb "$BALLAST" "$@" >"$WORK/$name.json" 2>"$WORK/$name.err" ;;
     esac
 }
 # swap time (s) summed over the swap log lines of the given files

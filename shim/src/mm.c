@@ -764,6 +764,15 @@ void mm_free_region_locked(int i)
     free(r);
 }
 
+/* The reason an allocation fails when the host has no memory to stage it (errno from the mapping). */
+static void no_staging(const char *call, size_t size)
+{
+    gs_log(GS_LOG_WARN,
+           "%s: out of memory: cannot allocate %zu bytes of host memory to swap this allocation to (host "
+           "memory exhausted: %s)",
+           call, size, strerror(errno));
+}
+
 /* A region of `size` physical bytes (a multiple of mm_gran) at va, a range already reserved, resident:
  * mapped there for plain memory; for an application handle (prop given) pages only, mapped by the
  * application later. The caller frees the range on failure. */
@@ -791,10 +800,7 @@ static CUresult new_region_at_locked(CUdeviceptr va, size_t size, size_t user, i
     /* Host staging first: reserved with the memory, never in a hand-off; pinned by the stager. */
     r->staging = mm_staging_map(size);
     if (r->staging == MAP_FAILED) {
-        gs_log(GS_LOG_WARN,
-               "%s: out of memory: cannot allocate %zu bytes of host memory to swap this allocation to (host "
-               "memory exhausted: %s)",
-               prop ? "cuMemCreate" : "cuMemAlloc", size, strerror(errno));
+        no_staging(prop ? "cuMemCreate" : "cuMemAlloc", size);
         free(r);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -856,6 +862,10 @@ static void free_allocation_locked(CUdeviceptr base)
  * the missing ones. Pointers and the answers about the allocation stay those of one allocation. */
 static CUresult new_split_locked(size_t size, size_t user, size_t seg, CUdeviceptr *dptr)
 {
+    if (!mm_staging_fits(size)) {
+        no_staging("cuMemAlloc", size);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     CUdeviceptr va;
     CUresult e = REAL(cuMemAddressReserve)(&va, size, mm_gran, 0, 0);
     if (e != CUDA_SUCCESS)

@@ -98,6 +98,7 @@ void mm_sync_ctx(CUcontext ctx);
 void mm_stage_init(void);                    /* once, before the first region */
 void mm_stage_atfork_child(void);
 void *mm_staging_map(size_t size);           /* MAP_FAILED when the host has no memory */
+int mm_staging_fits(size_t size);            /* 0 when the host could not stage size bytes as one mapping */
 void mm_stage_kick_locked(void);             /* staging to pin, or a swap made some urgent */
 void mm_stage_wait_locked(struct region *r, size_t end); /* until pinned up to end (bounded) */
 void mm_stage_wait_busy_locked(struct region *r);        /* until neither the stager nor a swap uses r */

@@ -72,6 +72,19 @@ void *mm_staging_map(size_t size)
     return p;
 }
 
+/* Whether the host would give one mapping of `size` bytes: the kernel's overcommit check, which an
+ * allocation's staging gets when it is one mapping. An allocation staged in segments asks this for the
+ * whole first: each segment alone passes the check, and staging the host cannot back kills the process
+ * when a swap-out first touches it. Nothing is touched, so this costs two system calls. */
+int mm_staging_fits(size_t size)
+{
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return 0;
+    munmap(p, size);
+    return 1;
+}
+
 /* Unregisters and unmaps r's staging, once the stager is done with it. */
 void mm_stage_release_locked(struct region *r)
 {

@@ -459,6 +459,26 @@ func TestBudgetVersion2ClientWaitsForTheWholeEviction(t *testing.T) {
 	}
 }
 
+// With SerialHandoffs a version 3 client too waits for the whole eviction: it is granted all it needs
+// in one Grant once the leaver is out, and never sent a Raise (each direction of the swap runs alone).
+func TestBudgetSerialHandoffsGrantOnlyOnceTheLeaverIsOut(t *testing.T) {
+	fx := newBudgetFixture(t, 64*mib, ModeAlways)
+	fx.q.serial = true
+	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	fx.q.acquire(a.c, 40*mib)
+	fx.report(a, UsageReport, 40*mib, 40*mib)
+	fx.q.acquire(b.c, 40*mib)
+	fx.q.release(a.c, grantEpoch(t, a), 40*mib)
+	fx.report(a, UsageProgress, 40*mib, 30*mib)
+	if fx.holding(b) || b.count(MsgRaise) != 0 {
+		t.Fatal("b was granted while a still copied out: the hand-off overlapped")
+	}
+	fx.report(a, UsageEvicted, 40*mib, 24*mib)
+	if g, ok := b.last(MsgGrant); !ok || g.Resident != 40*mib || b.count(MsgRaise) != 0 {
+		t.Fatalf("grant = %+v (%v), raises %d: want the whole 40 MiB in one grant", g, ok, b.count(MsgRaise))
+	}
+}
+
 // A holder filling in holds up the others only while what it misses is on its way: once an eviction
 // gave up part way and nobody else can give the rest, the next waiter is served (the filling holder's
 // swap-in gives its grant back after its own timeout).

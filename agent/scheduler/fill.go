@@ -15,7 +15,8 @@ package scheduler
 //
 // The budget invariant is untouched: a reservation rises only from free budget,
 // and the leaver's falls only by its own reports (acks as for any report). A
-// version 2 client is never granted partially: it waits for the whole, as before.
+// version 2 client is never granted partially: it waits for the whole, as before,
+// and neither is any client of a GPU with SerialHandoffs.
 
 // fillsPartially: the client understands a partial Grant and Raise.
 func (c *client) fillsPartially() bool { return c.version == 0 || c.version >= 3 }
@@ -35,7 +36,7 @@ func (q *queue) evictingLocked() uint64 {
 // evictions under way cover the rest (evictLocked has just made sure of them),
 // so that it swaps in while they copy out. Otherwise it waits, as before.
 func (q *queue) grantFillingLocked(head *client, handoff bool) {
-	if !head.fillsPartially() || q.overLocked() > 0 {
+	if q.serial || !head.fillsPartially() || q.overLocked() > 0 {
 		return
 	}
 	missing := head.need - head.reservation // > free: the caller checked

@@ -28,6 +28,7 @@ type queue struct {
 	grace   time.Duration
 	budget  uint64
 	mode    Mode
+	serial  bool // GPUConfig.SerialHandoffs
 	clock   Clock
 	log     logr.Logger
 
@@ -110,6 +111,7 @@ func newQueue(cfg GPUConfig, clock Clock, m *Metrics, log logr.Logger) *queue {
 		grace:       cfg.Grace,
 		budget:      cfg.Budget,
 		mode:        cfg.Mode,
+		serial:      cfg.SerialHandoffs,
 		clock:       clock,
 		log:         log.WithValues("gpu", cfg.UUID),
 		waitHist:    m.wait.WithLabelValues(cfg.UUID),

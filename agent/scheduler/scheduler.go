@@ -37,6 +37,11 @@ type GPUConfig struct {
 	Budget uint64
 	// Mode is the anti-thrashing policy when Budget > 0 (default ModeAuto).
 	Mode Mode
+	// SerialHandoffs grants a waiter only once all it needs is free, as for a
+	// version 2 client: the leaver's copy-out and the newcomer's copy-in run
+	// one after the other instead of overlapped (fill.go). Slower; it exists
+	// to measure each direction of a swap alone (bench-oversub's swap section).
+	SerialHandoffs bool
 }
 
 // Options configure a Scheduler.

@@ -97,7 +97,9 @@ func run() error {
 	verbosity := flag.Int("v", 0, "log verbosity (1: client connects and disconnects)")
 	rebuild := flag.Duration("rebuild-window", scheduler.DefaultRebuildWindow,
 		"after a restart (a socket or restart mark left by a previous run), grant nothing this long while clients re-announce their memory")
-	flag.Var(&gpus, "gpu", "uuid:quantum[:grace], repeatable")
+	flag.Var(&gpus, "gpu", "uuid:quantum[:grace[:budget[:mode]]], repeatable")
+	serial := flag.Bool("serial-handoffs", false,
+		"hand off in series, the newcomer's copy-in only after the leaver's copy-out (slower: to measure each direction of a swap alone)")
 	flag.Parse()
 	if len(gpus) == 0 {
 		return errors.New("at least one --gpu is required")
@@ -111,6 +113,7 @@ func run() error {
 		if err != nil {
 			return err
 		}
+		cfg.SerialHandoffs = *serial
 		cfgs = append(cfgs, cfg)
 	}
 	log := funcr.New(func(prefix, args string) { fmt.Fprintln(os.Stderr, prefix, args) },

@@ -4,6 +4,7 @@
 # and, for the job tables, python3 with PyTorch.
 #   make -C shim bench-oversub [SECTIONS="swap jobs fit"] [QUANTA="5 10 20 30"] [BUDGET_GB=8] [JOB_SECS=40]
 #       [JOB_STEPS=auto] [MIX_EVERY= MIX_SLEEP=] [FIT_ROUNDS=6] [FIT_SECS=20] [BENCH_BUDGET_S=0] [SWAP_BYTES=4294967296]
+#       [SWAP_PASSES="overlapped:268435456 overlapped:20971520 serial:268435456 serial:20971520"]
 #       [PAIRS="heavy mixed"] [BENCH_LOG_LEVEL=info] [GPU=0]
 # On a machine of several GPUs, runs on different GPUs (GPU=1 with its own BUILD=) do not share a scheduler,
 # a socket or a process: two quantum pairs can run side by side, each with its own serial baseline.
@@ -48,9 +49,9 @@ UUID=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i "$GPU" | tr -d ' ')
 [ -n "$UUID" ] || { echo "bench-oversub: no GPU with index $GPU" >&2; exit 1; }
 WORK=$(mktemp -d)
 SPID=
-start_sched() { # quantum budget mode
+start_sched() { # quantum budget mode [scheduler flags...]
     stop_sched
-    "$SCHED" --socket-dir "$WORK" --gpu "$UUID:$1::$2:$3" 2>>"$WORK/sched.log" &
+    "$SCHED" --socket-dir "$WORK" --gpu "$UUID:$1::$2:$3" "${@:4}" 2>>"$WORK/sched.log" &
     SPID=$!
     for _ in $(seq 100); do [ -S "$WORK/$UUID.sock" ] && break; sleep 0.05; done
 }
@@ -90,10 +91,15 @@ handoff() { awk -v min="$((SWAP_BYTES / 2))" '/swap (out|in):/ {
         for (i = 2; i <= m; i++) for (j = i; j > 1 && Y[j-1] > Y[j]; j--) { x = Y[j]; Y[j] = Y[j-1]; Y[j-1] = x }
         if (m > 0) printf "%.1f %d %.0f", H[int((m + 1) / 2)], m, Y[int((m + 1) / 2)]; else print "0 0 0" }' "$@"; }
 
+# Each pass: two processes of one working set each, the budget fits one. "overlapped" is the product
+# (a hand-off's two directions at once); "serial" is the scheduler's --serial-handoffs, where each
+# direction runs alone: its per-direction rates are the issue's "swap each way" against a pinned copy.
 has swap && echo "== swap rate ($SWAP_BYTES bytes per working set, two processes, budget fits one)"
-has swap && for chunk in 268435456 20971520; do
+has swap && for pass in ${SWAP_PASSES:-overlapped:268435456 overlapped:20971520 serial:268435456 serial:20971520}; do
+    chunk=${pass#*:} handoffs=${pass%%:*}
     base=$(CUDA_VISIBLE_DEVICES="$UUID" "$BUILD/bench/swap_bench" copy "$SWAP_BYTES" 5)
-    start_sched 500ms $((SWAP_BYTES + 64 * 1048576)) Auto
+    if [ "$handoffs" = serial ]; then start_sched 500ms $((SWAP_BYTES + 64 * 1048576)) Auto --serial-handoffs
+    else start_sched 500ms $((SWAP_BYTES + 64 * 1048576)) Auto; fi
     env "${SHIM_ENV[@]}" "$BUILD/bench/swap_bench" hold "$SWAP_BYTES" "$chunk" "$SWAP_SECS" >"$WORK/h1.out" 2>"$WORK/h1.err" &
     P1=$!
     env "${SHIM_ENV[@]}" "$BUILD/bench/swap_bench" hold "$SWAP_BYTES" "$chunk" "$SWAP_SECS" >"$WORK/h2.out" 2>"$WORK/h2.err" &
@@ -101,7 +107,7 @@ has swap && for chunk in 268435456 20971520; do
     wait $P1 $P2
     stop_sched
     cat "$WORK/h1.err" "$WORK/h2.err" >"$WORK/h.err"
-    if [ -n "${BENCH_LOGS:-}" ]; then mkdir -p "$BENCH_LOGS"; cp "$WORK/h.err" "$BENCH_LOGS/swap-$((chunk >> 20))mib.err"; fi
+    if [ -n "${BENCH_LOGS:-}" ]; then mkdir -p "$BENCH_LOGS"; cp "$WORK/h.err" "$BENCH_LOGS/swap-$handoffs-$((chunk >> 20))mib.err"; fi
     read -r out nout wout <<<"$(rate "$WORK/h.err" out)"
     read -r in nin win <<<"$(rate "$WORK/h.err" in)"
     read -r sout nsout _ <<<"$(rate "$WORK/h.err" out steady)"
@@ -110,13 +116,17 @@ has swap && for chunk in 268435456 20971520; do
     cin=$(sed -n 's/.* in=\([0-9.]*\).*/\1/p' <<<"$base")
     read -r hms nh hb <<<"$(handoff "$WORK/h1.err" "$WORK/h2.err")"
     ok=$(cat "$WORK/h1.out" "$WORK/h2.out" | grep -c "hold done ok=1")
-    echo "chunk $((chunk >> 20)) MiB: $base"
+    echo "$handoffs hand-offs, chunk $((chunk >> 20)) MiB: $base"
     awk -v o="$out" -v i="$in" -v co="$cout" -v ci="$cin" -v no="$nout" -v ni="$nin" -v ok="$ok" -v wo="$wout" -v wi="$win" \
-        -v so="$sout" -v si="$sin" -v nso="$nsout" -v nsi="$nsin" -v hms="$hms" -v nh="$nh" -v hb="$hb" 'BEGIN {
-        printf "  every swap:         out %6.2f GB/s (%d swaps, %.0f ms of them waiting for staging)  plain copy %6.2f  ratio %.2f  %s\n", o, no, wo, co, o / co, (o >= 0.85 * co) ? "PASS" : "MISS (target >= 0.85x the pinned copy)";
-        printf "                      in  %6.2f GB/s (%d swaps, %.0f ms of them waiting for staging)  plain copy %6.2f  ratio %.2f  %s\n", i, ni, wi, ci, i / ci, (i >= 0.85 * ci) ? "PASS" : "MISS (target >= 0.85x the pinned copy)";
-        printf "  staging pinned (no first touch): out %6.2f GB/s (%d swaps)  ratio %.2f  %s\n", so, nso, so / co, (so >= 0.85 * co) ? "PASS" : "MISS (target >= 0.85x the pinned copy)";
-        printf "                                   in  %6.2f GB/s (%d swaps)  ratio %.2f  %s\n", si, nsi, si / ci, (si >= 0.85 * ci) ? "PASS" : "MISS (target >= 0.85x the pinned copy)";
+        -v so="$sout" -v si="$sin" -v nso="$nsout" -v nsi="$nsin" -v hms="$hms" -v nh="$nh" -v hb="$hb" -v mode="$handoffs" '
+        # The target (>= 0.85x a pinned copy each way) is for a direction alone: overlapped directions share
+        # the host and the link, so there the hand-off against copies in series is the measure.
+        function mark(r) { return mode != "serial" ? "(both directions at once: see the hand-off)" : r >= 0.85 ? "PASS" : "MISS (target >= 0.85x the pinned copy)" }
+        BEGIN {
+        printf "  every swap:         out %6.2f GB/s (%d swaps, %.0f ms of them waiting for staging)  plain copy %6.2f  ratio %.2f  %s\n", o, no, wo, co, o / co, mark(o / co);
+        printf "                      in  %6.2f GB/s (%d swaps, %.0f ms of them waiting for staging)  plain copy %6.2f  ratio %.2f  %s\n", i, ni, wi, ci, i / ci, mark(i / ci);
+        printf "  staging pinned (no first touch): out %6.2f GB/s (%d swaps)  ratio %.2f  %s\n", so, nso, so / co, mark(so / co);
+        printf "                                   in  %6.2f GB/s (%d swaps)  ratio %.2f  %s\n", si, nsi, si / ci, mark(si / ci);
         printf "  hand-off (one out + the other in, median of %d): %.1f ms for %.2f GB each way; pinned copies of that size: %.1f ms in series, %.1f ms the slower direction alone\n", nh, hms, hb / 1e9, hb / (co * 1e6) + hb / (ci * 1e6), hb / ((co < ci ? co : ci) * 1e6);
         printf "  data intact in both processes: %s\n", ok == 2 ? "yes" : "NO" }'
     [ "$ok" = 2 ] || fails=$((fails + 1))

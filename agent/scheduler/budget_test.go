@@ -439,32 +439,12 @@ func TestBudgetOverlappedHandOffKeepsTheAcksRule(t *testing.T) {
 	}
 }
 
-// A version 2 client is never granted part of its need, nor sent a Raise.
-func TestBudgetVersion2ClientWaitsForTheWholeEviction(t *testing.T) {
-	fx := newBudgetFixture(t, 64*mib, ModeAlways)
-	a := fx.join(t, PriorityNormal)
-	fx.version = MinVersion
-	b := fx.join(t, PriorityNormal)
-	fx.q.acquire(a.c, 40*mib)
-	fx.report(a, UsageReport, 40*mib, 40*mib)
-	fx.q.acquire(b.c, 40*mib)
-	fx.q.release(a.c, grantEpoch(t, a), 40*mib)
-	fx.report(a, UsageProgress, 40*mib, 30*mib)
-	if fx.holding(b) || b.count(MsgRaise) != 0 {
-		t.Fatal("a version 2 client was granted before the eviction was done")
-	}
-	fx.report(a, UsageEvicted, 40*mib, 24*mib)
-	if g, ok := b.last(MsgGrant); !ok || g.Resident != 40*mib || g.Version != MinVersion {
-		t.Fatalf("grant = %+v (%v), want the whole 40 MiB in a version %d frame", g, ok, MinVersion)
-	}
-}
-
-// With SerialHandoffs a version 3 client too waits for the whole eviction: it is granted all it needs
-// in one Grant once the leaver is out, and never sent a Raise (each direction of the swap runs alone).
-func TestBudgetSerialHandoffsGrantOnlyOnceTheLeaverIsOut(t *testing.T) {
-	fx := newBudgetFixture(t, 64*mib, ModeAlways)
-	fx.q.serial = true
-	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+// handOffInSeries has a (40 of a 64 MiB budget, version 3) leave for b (40 MiB, joined as fx.version
+// says) and checks that b waits while a copies out and gets its whole need in one Grant, without a
+// Raise, once a is out; it returns that Grant.
+func handOffInSeries(t *testing.T, fx *queueFixture, a *fakeClient, joinB func() *fakeClient) Message {
+	t.Helper()
+	b := joinB()
 	fx.q.acquire(a.c, 40*mib)
 	fx.report(a, UsageReport, 40*mib, 40*mib)
 	fx.q.acquire(b.c, 40*mib)
@@ -474,9 +454,30 @@ func TestBudgetSerialHandoffsGrantOnlyOnceTheLeaverIsOut(t *testing.T) {
 		t.Fatal("b was granted while a still copied out: the hand-off overlapped")
 	}
 	fx.report(a, UsageEvicted, 40*mib, 24*mib)
-	if g, ok := b.last(MsgGrant); !ok || g.Resident != 40*mib || b.count(MsgRaise) != 0 {
+	g, ok := b.last(MsgGrant)
+	if !ok || g.Resident != 40*mib || b.count(MsgRaise) != 0 {
 		t.Fatalf("grant = %+v (%v), raises %d: want the whole 40 MiB in one grant", g, ok, b.count(MsgRaise))
 	}
+	return g
+}
+
+// A version 2 client is never granted part of its need, nor sent a Raise, and its grant is a version 2 frame.
+func TestBudgetVersion2ClientWaitsForTheWholeEviction(t *testing.T) {
+	fx := newBudgetFixture(t, 64*mib, ModeAlways)
+	a := fx.join(t, PriorityNormal)
+	g := handOffInSeries(t, fx, a, func() *fakeClient { fx.version = MinVersion; return fx.join(t, PriorityNormal) })
+	if g.Version != MinVersion {
+		t.Fatalf("grant in a version %d frame, want %d", g.Version, MinVersion)
+	}
+}
+
+// With SerialHandoffs a version 3 client too waits for the whole eviction (each direction of the swap
+// runs alone).
+func TestBudgetSerialHandoffsGrantOnlyOnceTheLeaverIsOut(t *testing.T) {
+	fx := newBudgetFixture(t, 64*mib, ModeAlways)
+	fx.q.serial = true
+	a := fx.join(t, PriorityNormal)
+	handOffInSeries(t, fx, a, func() *fakeClient { return fx.join(t, PriorityNormal) })
 }
 
 // A holder filling in holds up the others only while what it misses is on its way: once an eviction

@@ -31,5 +31,17 @@ func testInstall(t *testing.T) {
 		}
 		return nil
 	})
-	t.Log(kubectl(t, "get", "gpusharing", "-o", "wide"))
+	// kubectl caches discovery on disk: a cache written by the apply above, before the CRDs were served,
+	// lacks the category, and kubectl drops a stale cache only after a lookup failed with it, so the
+	// first `get gpusharing` can fail where the next one succeeds (as it would for a user).
+	var out string
+	eventually(t, 30*time.Second, "kubectl get gpusharing", func(context.Context) error {
+		var err error
+		out, err = kubectlErr("get", "gpusharing", "-o", "wide")
+		if err != nil {
+			return fmt.Errorf("%w: %s", err, out)
+		}
+		return nil
+	})
+	t.Log(out)
 }

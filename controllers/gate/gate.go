@@ -16,9 +16,9 @@ import (
 
 // Options tune a Gate.
 type Options struct {
-	// Min and Max bound the limit. Min keeps the pipeline to the API server and etcd busy even when every
-	// write is late (below two, the server idles between one write's answer and the next request); Max is
-	// the controller's worker count.
+	// Min and Max bound the limit: Min is the concurrency kept however late writes come back, Max the
+	// controller's worker count. During a rollout the agents' acks keep the API server busy between the
+	// resolver's writes, so one write in flight loses no throughput (docs/controller.md).
 	Min, Max int
 	// Target is the write latency the gate aims at; writes slower than it shrink the limit.
 	Target time.Duration

@@ -41,7 +41,7 @@ type Options struct {
 	// its writes answered within this latency (between GateMin and ResolverWorkers; see package gate).
 	// Zero runs ResolverWorkers at once whatever the API server's latency.
 	WriteLatencyTarget time.Duration
-	// GateMin is the fewest resolver reconciles the gate admits at once; below 1 means 2.
+	// GateMin is the fewest resolver reconciles the gate admits at once; below 1 means 1.
 	GateMin int
 	// SkipNameValidation lets tests start several managers in one process.
 	SkipNameValidation bool
@@ -65,7 +65,7 @@ func Controllers(ctx context.Context, mgr ctrl.Manager, o Options) error {
 	ropts := copts(o.ResolverWorkers)
 	if o.WriteLatencyTarget > 0 {
 		if o.GateMin < 1 {
-			o.GateMin = 2
+			o.GateMin = 1
 		}
 		g := gate.New(gate.Options{Min: o.GateMin, Max: ropts.MaxConcurrentReconciles, Target: o.WriteLatencyTarget, Clock: o.Clock})
 		resolver.Client = gate.WithWriteTiming(resolver.Client, g)

@@ -18,7 +18,8 @@ import (
 type Options struct {
 	// Min and Max bound the limit: Min is the concurrency kept however late writes come back, Max the
 	// controller's worker count. During a rollout the agents' acks keep the API server busy between the
-	// resolver's writes, so one write in flight loses no throughput (docs/controller.md).
+	// resolver's writes, so one write in flight keeps most of the throughput and answers each write sooner
+	// (docs/controller.md, Write concurrency).
 	Min, Max int
 	// Target is the write latency the gate aims at; writes slower than it shrink the limit.
 	Target time.Duration

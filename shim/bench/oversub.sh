@@ -98,8 +98,8 @@ has swap && echo "== swap rate ($SWAP_BYTES bytes per working set, two processes
 has swap && for pass in ${SWAP_PASSES:-overlapped:268435456 overlapped:20971520 serial:268435456 serial:20971520}; do
     chunk=${pass#*:} handoffs=${pass%%:*}
     base=$(CUDA_VISIBLE_DEVICES="$UUID" "$BUILD/bench/swap_bench" copy "$SWAP_BYTES" 5)
-    if [ "$handoffs" = serial ]; then start_sched 500ms $((SWAP_BYTES + 64 * 1048576)) Auto --serial-handoffs
-    else start_sched 500ms $((SWAP_BYTES + 64 * 1048576)) Auto; fi
+    flags=(); [ "$handoffs" = serial ] && flags=(--serial-handoffs)
+    start_sched 500ms $((SWAP_BYTES + 64 * 1048576)) Auto "${flags[@]}"
     env "${SHIM_ENV[@]}" "$BUILD/bench/swap_bench" hold "$SWAP_BYTES" "$chunk" "$SWAP_SECS" >"$WORK/h1.out" 2>"$WORK/h1.err" &
     P1=$!
     env "${SHIM_ENV[@]}" "$BUILD/bench/swap_bench" hold "$SWAP_BYTES" "$chunk" "$SWAP_SECS" >"$WORK/h2.out" 2>"$WORK/h2.err" &

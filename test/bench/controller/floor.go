@@ -24,10 +24,11 @@ import (
 )
 
 // runFloor times what the API server alone needs for one step, with no controller running: a bare
-// client limited to the manager's QPS and burst, with as many writers as the manager has resolver
-// workers, admitted by the same adaptive gate as the manager's resolver (controllers/gate, same
-// options: more writes in flight than the server serves only slow each one down, so a floor without
-// the gate would not be a lower bound), merge-patches every GPUNode's spec to the entries the resolver writes for that sharing (one
+// client limited to the manager's QPS and burst, with -floor-writers writers admitted by the adaptive
+// gate the manager's resolver uses (controllers/gate, between -floor-min-writers and -floor-writers,
+// the same latency target: more writes in flight than the server serves only slow each one down, and
+// fewer leave it idle between them, so a floor without the gate, or with the manager's one write in
+// flight, would not be a lower bound), merge-patches every GPUNode's spec to the entries the resolver writes for that sharing (one
 // patch per node, as the resolver does, with the policy generation gen the controller's step writes),
 // and the agents ack them as they ack the controller. The time ends when every GPU reports the sharing
 // applied: the controller's counterpart is "policy Ready". No manager runs meanwhile, so no other write
@@ -55,8 +56,8 @@ func runFloor(ctx context.Context, env *testenv.Env, a *agents, o options, s v1.
 	acked := a.setAckTarget(gen, v1.SharingHash(s))
 	work := make(chan string)
 	errs := make(chan error, len(names))
-	workers := max(o.resolverWorkers, 1)
-	g := gate.New(gate.Options{Min: o.resolverMinWorkers, Max: workers, Target: o.writeLatencyTarget})
+	workers := max(o.floorWriters, 1)
+	g := gate.New(gate.Options{Min: max(o.floorMinWriters, 1), Max: workers, Target: o.writeLatencyTarget})
 	if o.writeLatencyTarget <= 0 {
 		g = gate.New(gate.Options{Min: workers, Max: workers})
 	}

@@ -56,11 +56,9 @@ func runFloor(ctx context.Context, env *testenv.Env, a *agents, o options, s v1.
 	acked := a.setAckTarget(gen, v1.SharingHash(s))
 	work := make(chan string)
 	errs := make(chan error, len(names))
-	workers := max(o.floorWriters, 1)
-	g := gate.New(gate.Options{Min: max(o.floorMinWriters, 1), Max: workers, Target: o.writeLatencyTarget})
-	if o.writeLatencyTarget <= 0 {
-		g = gate.New(gate.Options{Min: workers, Max: workers})
-	}
+	gateOpts := floorGate(o)
+	workers := gateOpts.Max
+	g := gate.New(gateOpts)
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Add(1)
@@ -105,6 +103,16 @@ func runFloor(ctx context.Context, env *testenv.Env, a *agents, o options, s v1.
 		r.patchP50, r.patchP99 = lat[len(lat)/2], lat[min(len(lat)-1, len(lat)*99/100)]
 	}
 	return r, nil
+}
+
+// floorGate is the floor's gate: between -floor-min-writers and -floor-writers writes in flight, adapting
+// to -write-latency-target as the manager's gate does, or always -floor-writers where the target is 0.
+func floorGate(o options) gate.Options {
+	most := max(o.floorWriters, 1)
+	if o.writeLatencyTarget <= 0 {
+		return gate.Options{Min: most, Max: most}
+	}
+	return gate.Options{Min: min(max(o.floorMinWriters, 1), most), Max: most, Target: o.writeLatencyTarget}
 }
 
 // startWatchers starts n informers on GPUNodes that do nothing with what they receive, each with its own

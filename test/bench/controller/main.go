@@ -146,10 +146,9 @@ func run(o options) error {
 	}
 	fmt.Printf("\nnodes=%d gpus/node=%d maxUnavailable=%s resolver-workers=%d (min %d, write latency target %s) qps=%.0f burst=%d\n",
 		o.nodes, o.gpus, o.maxUnavailable, o.resolverWorkers, o.resolverMinWorkers, o.writeLatencyTarget, o.qps, o.burst)
-	if o.floor && o.writeLatencyTarget > 0 {
-		fmt.Printf("floor: a bare client, %d-%d writes in flight (write latency target %s), same qps and burst\n", max(o.floorMinWriters, 1), max(o.floorWriters, 1), o.writeLatencyTarget)
-	} else if o.floor {
-		fmt.Printf("floor: a bare client, %d writes in flight (no gate), same qps and burst\n", max(o.floorWriters, 1))
+	if o.floor {
+		g := floorGate(o)
+		fmt.Printf("floor: a bare client, %d-%d writes in flight (write latency target %s; 0: no gate), same qps and burst\n", g.Min, g.Max, g.Target)
 	}
 	fmt.Printf("etcd runs with --unsafe-no-fsync (envtest's default), for the floor and the controller alike\n")
 	// Each step's floor and controller run back to back from the same state, alternating which goes

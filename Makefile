@@ -102,7 +102,7 @@ bench-controller: control-plane ## Controller convergence at scale against the r
 	go run ./test/bench/controller $(BENCH_ARGS)
 
 .PHONY: stack-bin
-stack-bin: control-plane ## Binaries for test/gpu/stack/run.sh on the GPU machine, xz-compressed into test/gpu/stack/bin (carry that folder)
+stack-bin: control-plane ## Binaries for test/gpu/stack/run.sh on the GPU machine, xz-compressed into test/gpu/stack/bin (copy that folder along)
 	mkdir -p test/gpu/stack/bin $(BIN)/stack
 	CGO_ENABLED=1 go build -ldflags "-s -w" -o $(BIN)/stack/manager ./cmd/manager
 	CGO_ENABLED=1 go build -ldflags "-s -w" -o $(BIN)/stack/agent ./cmd/agent
@@ -111,7 +111,7 @@ stack-bin: control-plane ## Binaries for test/gpu/stack/run.sh on the GPU machin
 	rm -f test/gpu/stack/bin/*.xz
 	for f in etcd kube-apiserver kubectl; do xz -T2 -9e -c $(BIN)/stack/$$f > test/gpu/stack/bin/$$f.xz; done
 	# Our three Go binaries share most of their code (client-go, controller-runtime): one solid stream with a
-	# dictionary larger than all three together is 9 MB smaller than three, and the carry is capped at 64 MiB.
+	# dictionary larger than all three together is 9 MB smaller than three, which keeps the folder small to copy to the GPU machine.
 	tar cf - -C $(BIN)/stack agent manager stackcheck | xz -T1 --lzma2=preset=6,dict=192MiB > test/gpu/stack/bin/gpusharing.tar.xz
 	@du -sh test/gpu/stack/bin
 

@@ -64,8 +64,12 @@ fmt: ## Fail on unformatted Go files
 	@out="$$(gofmt -l $$(git ls-files '*.go' | grep -v '^bin/') 2>&1)"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 vet: ## go vet every package
 	go vet ./...
-lint: fmt vet golangci-lint ## gofmt, go vet and golangci-lint (.golangci.yml: layering, environment, exec)
+lint: fmt vet golangci-lint check-docs ## gofmt, go vet, golangci-lint (.golangci.yml: layering, environment, exec) and the docs' links and tables
 	$(GOLANGCI_LINT) run ./...
+
+.PHONY: check-docs
+check-docs: ## Every Markdown link and #anchor in the repository resolves, every table row has its header's cells
+	hack/check-docs.sh
 
 .PHONY: golangci-lint
 golangci-lint: ## Build golangci-lint $(GOLANGCI_LINT_VERSION) from the module proxy into $(BIN) (skipped when present)

@@ -64,8 +64,12 @@ fmt: ## Fail on unformatted Go files
 	@out="$$(gofmt -l $$(git ls-files '*.go' | grep -v '^bin/') 2>&1)"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 vet: ## go vet every package
 	go vet ./...
-lint: fmt vet golangci-lint ## gofmt, go vet and golangci-lint (.golangci.yml: layering, environment, exec)
+lint: fmt vet golangci-lint check-docs ## gofmt, go vet, golangci-lint (.golangci.yml: layering, environment, exec) and the docs' links and tables
 	$(GOLANGCI_LINT) run ./...
+
+.PHONY: check-docs
+check-docs: ## Every Markdown link and #anchor in the repository resolves, every table row has its header's cells
+	hack/check-docs.sh
 
 .PHONY: golangci-lint
 golangci-lint: ## Build golangci-lint $(GOLANGCI_LINT_VERSION) from the module proxy into $(BIN) (skipped when present)
@@ -102,7 +106,7 @@ bench-controller: control-plane ## Controller convergence at scale against the r
 	go run ./test/bench/controller $(BENCH_ARGS)
 
 .PHONY: stack-bin
-stack-bin: control-plane ## Binaries for test/gpu/stack/run.sh on the GPU machine, xz-compressed into test/gpu/stack/bin (carry that folder)
+stack-bin: control-plane ## Binaries for test/gpu/stack/run.sh on the GPU machine, xz-compressed into test/gpu/stack/bin (copy that folder along)
 	mkdir -p test/gpu/stack/bin $(BIN)/stack
 	CGO_ENABLED=1 go build -ldflags "-s -w" -o $(BIN)/stack/manager ./cmd/manager
 	CGO_ENABLED=1 go build -ldflags "-s -w" -o $(BIN)/stack/agent ./cmd/agent
@@ -111,7 +115,7 @@ stack-bin: control-plane ## Binaries for test/gpu/stack/run.sh on the GPU machin
 	rm -f test/gpu/stack/bin/*.xz
 	for f in etcd kube-apiserver kubectl; do xz -T2 -9e -c $(BIN)/stack/$$f > test/gpu/stack/bin/$$f.xz; done
 	# Our three Go binaries share most of their code (client-go, controller-runtime): one solid stream with a
-	# dictionary larger than all three together is 9 MB smaller than three, and the carry is capped at 64 MiB.
+	# dictionary larger than all three together is 9 MB smaller than three, which keeps the folder small to copy to the GPU machine.
 	tar cf - -C $(BIN)/stack agent manager stackcheck | xz -T1 --lzma2=preset=6,dict=192MiB > test/gpu/stack/bin/gpusharing.tar.xz
 	@du -sh test/gpu/stack/bin
 

@@ -296,8 +296,8 @@ func (p *KubeletPlugin) UnprepareResourceClaims(ctx context.Context, claims []ku
 	return out, nil
 }
 
-// HandleError logs errors of the helper's background work (kubeletplugin.DRAPlugin). The plugin
-// publishes no slices through the helper (Publisher does), so none of them is fatal here.
+// HandleError logs errors of kubeletplugin.Helper's background work (kubeletplugin.DRAPlugin). The plugin
+// publishes no slices through kubeletplugin.Helper (Publisher does), so none of them is fatal here.
 func (p *KubeletPlugin) HandleError(ctx context.Context, err error, msg string) {
 	p.log.Error(err, msg)
 }

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The agent on a real GPU, read-only except for one MPS daemon in a temp folder. Run it through the
-# `run` device tool from the repository root, with test/gpu/agent/bin (built here: no Go there) carried:
+# The agent on a real GPU, read-only except for one MPS daemon in a temp folder. Run it on the GPU machine
+# from the repository root, with test/gpu/agent/bin copied along (the GPU machine has no Go: build them
+# elsewhere):
 #   CGO_ENABLED=1 go build -o test/gpu/agent/bin/agent ./cmd/agent
 #   CGO_ENABLED=1 go build -o test/gpu/agent/bin/mpsdrive ./test/gpu/agent/mpsdrive
-# House rules: never change MIG mode, compute mode or the time-slice policy, never reset the GPU; the MPS
+# The GPU machine is shared: never change MIG mode, compute mode or the time-slice policy, never reset the GPU; the MPS
 # daemon uses its own pipe/log dirs and is quit before the script ends; no managed memory.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)

@@ -4,11 +4,11 @@
 # test/fakekubelet (this machine has no kubelet), policies applied with kubectl. One command, under 10
 # minutes, PASS/FAIL per check and the apply-to-Ready times; the log lands in $OUT (default a temp dir).
 #
-# No Go on the GPU machine: build here, then carry test/gpu/stack/bin (git-ignored):
+# No Go on the GPU machine: build on a machine with Go, then copy test/gpu/stack/bin (git-ignored) along:
 #   make stack-bin            # xz-compressed etcd, kube-apiserver, kubectl, manager, agent, stackcheck
-# and run through the device tool, from the repository root:
+# and run it on the GPU machine, from the repository root:
 #   test/gpu/stack/run.sh
-# House rules: MIG mode, compute mode and the time-slice policy are never changed (the agent gets a
+# The GPU machine is shared: MIG mode, compute mode and the time-slice policy are never changed (the agent gets a
 # refusing nvidia-smi; no policy asks for MIG or TimeSlicing), the GPU is never reset, MPS daemons live
 # under a temporary directory and are quit before the script ends, and no managed memory is used.
 set -uo pipefail

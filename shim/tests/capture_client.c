@@ -5,8 +5,9 @@
  * trace and the fake scheduler to decide when each step may go on.
  *
  *   capture_client capture go=PATH swapped=PATH
- *     allocates A (8 MiB) and fills it; begins a global-mode capture on a stream; in it allocates C
- *     (4 MiB) with the thread in relaxed mode (as PyTorch's allocator does), queues the XOR kernel on A
+ *     allocates A (8 MiB) and fills it, and G (2 MiB); begins a global-mode capture on a stream; in it
+ *     allocates C (4 MiB) and frees G with the thread in relaxed mode (as PyTorch's allocator does),
+ *     queues the XOR kernel on A
  *     and C and a copy of A's first MiB into C; prints "capturing"; waits for PATH go; ends the
  *     capture ("capture_end=<CUresult>"); waits for PATH swapped (memory evicted meanwhile); replays the
  *     graph three times and checks every byte of A and C against a host mirror ("replayed ok").
@@ -125,14 +126,16 @@ static int capture(int argc, char **argv)
     unsigned char *ma = malloc(na), *mc = calloc(1, nc);
     for (size_t i = 0; i < na; i++)
         ma[i] = (unsigned char)(i * 131 + 7);
-    CUdeviceptr a, c;
+    CUdeviceptr a, c, gone;
     CHECK(alloc(&a, na));
     CHECK(htod(a, ma, na));
+    CHECK(alloc(&gone, 2 << 20));
 
     CHECK(begin(STREAM, CU_STREAM_CAPTURE_MODE_GLOBAL));
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
     exchange(&mode);
     CHECK(alloc(&c, nc)); /* memory allocated during the capture, used by the graph */
+    CHECK(dfree(gone));   /* a free during the capture (cuMemFree synchronizes: not now) */
     exchange(&mode);
     size_t nA = na, nC = nc;
     uint64_t keyA = ka, keyC = kc;

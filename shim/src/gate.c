@@ -83,6 +83,7 @@ static struct {
     int opening;             /* granted; swapping in before the gate opens */
     int swapping;            /* the background thread is moving memory */
     int evict_pending;       /* an EVICT to carry out when quiet */
+    int evict_deferred;      /* the last attempt found the process busy or capturing (logged once) */
     uint64_t evict_target;
     uint64_t backoff_until;  /* no ACQUIRE before this (after a swap-in that failed) */
     /* restarts */
@@ -359,6 +360,9 @@ static void evict_locked(void)
     st.swapping = 0;
     if (quiet && st.evict_target == target)
         st.evict_pending = 0;
+    if (!quiet && !st.evict_deferred && gs_capturing())
+        gs_log(GS_LOG_DEBUG, "an eviction waits: a stream captures");
+    st.evict_deferred = !quiet;
 }
 
 static uint32_t expected_size(uint16_t type)
@@ -672,6 +676,7 @@ static int reconnect_locked(void)
 static void *bg_main(void *arg)
 {
     int fd = (int)(intptr_t)arg;
+    gs_thread_relax_capture();
     pthread_mutex_lock(&mu);
     while (fd >= 0) {
         pthread_mutex_unlock(&mu);

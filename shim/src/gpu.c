@@ -4,9 +4,22 @@
  * never be synchronized: cuCtxSynchronize from another thread invalidates a
  * global-mode capture). Touched only when contexts or captures come and go
  * and at a release, never per launch.
+ *
+ * Captures are counted (gs_captures) from the shim's own hooks of every
+ * cuStreamBeginCapture variant and cuStreamEndCapture, whatever the capture
+ * mode, rather than asked of the driver: cuStreamIsCapturing answers for one
+ * stream (and for the legacy or per-thread stream only on the capturing
+ * thread), and cuThreadExchangeStreamCaptureMode says how the calling thread
+ * is bound, not whether another captures. Counting every capture the same
+ * way covers global mode (which binds every thread, the shim's included),
+ * thread-local and relaxed captures, and captures on several threads at once;
+ * a capture whose end we never saw is dropped from the count the next time
+ * the set is checked with the driver (gs_capture_active).
  */
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "internal.h"
 
@@ -62,14 +75,58 @@ void gs_ctx_record_current(void)
         gs_ctx_add(c);
 }
 
-void gs_capture_add(CUstream s)
+atomic_int gs_captures;
+static atomic_int unsafe_inflight; /* shim threads inside a call that a capture forbids */
+
+void gs_capture_begin(void)
 {
+    atomic_fetch_add_explicit(&gs_captures, 1, memory_order_seq_cst);
+    /* A stager's page-lock takes a few ms at most (its pages are faulted in beforehand). */
+    for (int spins = 0; atomic_load_explicit(&unsafe_inflight, memory_order_seq_cst) > 0; spins++) {
+        if (spins < 64) {
+            sched_yield();
+        } else {
+            struct timespec ts = {0, 50000};
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
+void gs_capture_begun(CUstream s, CUresult r)
+{
+    if (r != CUDA_SUCCESS) {
+        atomic_fetch_sub(&gs_captures, 1);
+        return;
+    }
     pthread_mutex_lock(&set_mu);
     if (ncap < GS_MAX_CAPTURE)
         caps[ncap++] = s;
     else
         cap_overflow++;
     pthread_mutex_unlock(&set_mu);
+}
+
+int gs_unsafe_begin(void)
+{
+    atomic_fetch_add_explicit(&unsafe_inflight, 1, memory_order_seq_cst);
+    if (!gs_capturing())
+        return 1;
+    atomic_fetch_sub_explicit(&unsafe_inflight, 1, memory_order_seq_cst);
+    return 0;
+}
+
+void gs_unsafe_end(void)
+{
+    atomic_fetch_sub_explicit(&unsafe_inflight, 1, memory_order_release);
+}
+
+void gs_thread_relax_capture(void)
+{
+    gs_fn_cuThreadExchangeStreamCaptureMode x =
+        (gs_fn_cuThreadExchangeStreamCaptureMode)gs_real(GS_ID_cuThreadExchangeStreamCaptureMode);
+    CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
+    if (x != NULL)
+        x(&m);
 }
 
 void gs_capture_remove(CUstream s)
@@ -82,8 +139,12 @@ void gs_capture_remove(CUstream s)
             found = 1;
             break;
         }
-    if (!found && cap_overflow > 0)
+    if (!found && cap_overflow > 0) {
         cap_overflow--;
+        found = 1;
+    }
+    if (found)
+        atomic_fetch_sub(&gs_captures, 1);
     pthread_mutex_unlock(&set_mu);
 }
 
@@ -108,6 +169,7 @@ int gs_capture_active(void)
             capturing = is_cap(caps[i], &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE;
         if (!capturing) {
             caps[i] = caps[--ncap]; /* ended without us seeing cuStreamEndCapture */
+            atomic_fetch_sub(&gs_captures, 1);
             continue;
         }
         active = 1;
@@ -150,4 +212,6 @@ void gs_gpu_atfork_child(void)
     nctx = 0;
     ncap = 0;
     cap_overflow = 0;
+    atomic_store(&gs_captures, 0);
+    atomic_store(&unsafe_inflight, 0);
 }

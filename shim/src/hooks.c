@@ -23,9 +23,9 @@
     {                                                                                              \
         GS_REAL_OR_FAIL(name)                                                                      \
         gs_gate_enter(GS_ID_##name);                                                               \
+        gs_capture_begin();                                                                        \
         CUresult r = real args;                                                                    \
-        if (r == CUDA_SUCCESS)                                                                     \
-            gs_capture_add(stream);                                                                \
+        gs_capture_begun(stream, r);                                                               \
         gs_gate_leave();                                                                           \
         return r;                                                                                  \
     }

@@ -119,9 +119,34 @@ void gs_ctx_remove(CUcontext ctx);
 void gs_ctx_record_current(void);
 /* The process's one context, or NULL when it has none or several. */
 CUcontext gs_ctx_only(void);
-void gs_capture_add(CUstream s);
+/*
+ * Stream capture. While any stream of the process captures, in any mode and on any thread, the
+ * shim makes no call the driver refuses during capture (page-locking, synchronizing, copies
+ * outside the captured stream): a refused call returns CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and
+ * invalidates the capture, and in global mode (PyTorch's default) even the shim's own threads
+ * are bound by another thread's capture. gs_captures counts the captures begun and not ended
+ * (one load on the paths that check it); a begin counts itself first and then waits until no
+ * shim thread is inside such a call (gs_unsafe_begin, Dekker-style like the gate), so a capture
+ * never starts under one.
+ */
+extern atomic_int gs_captures;
+static inline int gs_capturing(void)
+{
+    return atomic_load_explicit(&gs_captures, memory_order_seq_cst) > 0;
+}
+/* Before a capture begins: counts it and waits for the shim's refused calls in flight. */
+void gs_capture_begin(void);
+/* After the driver's answer: remembers the stream, or uncounts a begin that failed. */
+void gs_capture_begun(CUstream s, CUresult r);
 void gs_capture_remove(CUstream s);
 int gs_capture_active(void);
+/* A shim thread about to make a call a capture forbids: 1 when allowed (end with gs_unsafe_end),
+ * 0 while a stream captures (nothing to end). */
+int gs_unsafe_begin(void);
+void gs_unsafe_end(void);
+/* Puts the calling shim thread in relaxed capture mode, so another thread's global-mode capture
+ * never binds the few queries it makes (stream capture status, events of its own streams). */
+void gs_thread_relax_capture(void);
 /* Waits for all GPU work of every known context; -1 (nothing synchronized) while a stream captures. */
 int gs_gpu_drain(void);
 void gs_gpu_atfork_child(void);

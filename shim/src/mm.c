@@ -27,6 +27,24 @@
  *
  * Locks: mm_mu (regions, counters) may be held while taking the gate's mutex
  * (gs_gate_send), never the other way round; rep_mu is a leaf.
+ * Invariant: an application thread never waits for the scheduler or the GPU
+ * while it holds mm_mu. A thread that must wait (a MEMREPLY, a free's
+ * cuCtxSynchronize, a stream-ordered free's event) marks what it waits for
+ * under mm_mu (memreq_busy; an entry taken off a list), drops mm_mu, and
+ * after taking it again reads the state afresh (working set, reservation,
+ * where the pointer lives), so other threads' allocations and frees, the
+ * stager and an eviction go on meanwhile. Only the background thread's swaps
+ * copy with mm_mu held, while no application call is in flight (the gate is
+ * closed), and a swap-in waits for RAISE with it released.
+ *
+ * Stream capture (internal.h, gs_capturing): while any stream captures,
+ * nothing here page-locks, synchronizes or copies. A free that must wait
+ * for the GPU (cuMemFree) is kept until the capture ended; an allocation
+ * neither drops kept memory that the GPU may still use nor gives the GPU back
+ * to grow (it fails with out of memory instead: a capturing process cannot
+ * be quiesced); evictions wait (gate.c); memory allocated during capture is
+ * swappable like any other, at an address that never changes, so a graph
+ * replays correctly after it was swapped out and back in.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -45,6 +63,8 @@
  * NVML for each, ~1 ms, to check it). */
 #define PROGRESS_BYTES ((uint64_t)256 << 20)
 #define MAX_STREAMS 32
+/* Regions an eviction copies out at once: bounded storage on the stack, whatever the region count. */
+#define SWAP_BATCH 64
 
 enum { MM_UNDECIDED, MM_ACTIVE, MM_OFF };
 
@@ -81,6 +101,15 @@ static pthread_mutex_t rep_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t rep_cv = PTHREAD_COND_INITIALIZER;
 static uint64_t rep_seq;
 static uint32_t rep_status;
+/* A MEMREQ waits for its MEMREPLY (mm_mu): one at a time, since the replies carry no request id;
+ * another thread that needs more waits on memreq_cv (mm_mu released) and then looks again. */
+static int memreq_busy;
+static pthread_cond_t memreq_cv = PTHREAD_COND_INITIALIZER;
+
+/* Frees that must wait for the GPU, made while a stream captured: done once no stream captures. */
+static CUdeviceptr *deferred;
+static int ndeferred_locked, capdeferred;
+static atomic_int ndeferred;
 
 /* rep_cv waits on the monotonic clock: a wall-clock step must not stretch or cut the bound. */
 static void rep_cv_init(void)
@@ -411,24 +440,22 @@ static void log_swap(const char *dir, int n, uint64_t bytes, uint64_t dt, uint64
            (unsigned long long)bytes, dt / 1e6, dt ? (double)bytes / (double)dt : 0.0, w);
 }
 
-/* Copies regions out (one stream per context) and releases their pages. Each region's copy is
- * followed by an event, and its pages go as soon as that event completes, while the copies of the
- * regions after it still run: releasing hundreds of 20 MiB allocations one by one after a single
- * synchronization cost the H100 swap-out ~10-15% of its rate. */
-static void swap_out_locked(struct region **list, int n)
+/* Progress of one eviction across its batches. */
+struct swap_out_state {
+    uint64_t unreported, step;
+    int left; /* regions after the current one */
+};
+
+/* Copies up to SWAP_BATCH regions out (one stream per context) and releases their pages. Each
+ * region's copy is followed by an event, and its pages go as soon as that event completes, while
+ * the copies of the regions after it still run: releasing hundreds of 20 MiB allocations one by one
+ * after a single synchronization cost the H100 swap-out ~10-15% of its rate. */
+static void swap_out_batch_locked(struct region **list, int n, struct swap_out_state *so)
 {
-    if (n == 0)
-        return;
-    uint64_t t0 = gs_now_ns(), b0 = bytes_out, w0 = pin_wait_ns_locked();
     gs_fn_cuCtxPushCurrent_v2 push = REAL(cuCtxPushCurrent_v2);
     gs_fn_cuCtxPopCurrent_v2 pop = REAL(cuCtxPopCurrent_v2);
-    int ok[n];
-    CUevent ev[n];
-    for (int i = 0; i < n; i++) {
-        list[i]->urgent = !list[i]->pinned && !list[i]->pin_failed; /* the stager pins these first */
-        list[i]->swapping = 1;
-    }
-    mm_stage_kick_locked();
+    int ok[SWAP_BATCH];
+    CUevent ev[SWAP_BATCH];
     for (int i = 0; i < n; i++) {
         struct region *r = list[i];
         ok[i] = 0;
@@ -458,12 +485,9 @@ static void swap_out_locked(struct region **list, int n)
         pop(&c);
     }
     int synced = 0;
-    uint64_t unreported = 0, step = 0;
-    for (int i = 0; i < n; i++)
-        step += list[i]->size;
-    step = step / 8 < PROGRESS_BYTES ? step / 8 : PROGRESS_BYTES;
     for (int i = 0; i < n; i++) {
         struct region *r = list[i];
+        so->left--;
         if (ev[i] != NULL) {
             REAL(cuEventSynchronize)(ev[i]);
             REAL(cuEventDestroy_v2)(ev[i]);
@@ -490,12 +514,31 @@ static void swap_out_locked(struct region **list, int n)
         /* The next holder maps and copies in what we release while we copy out the rest (protocol 3:
          * the scheduler raises its reservation by what we report). Not after the last: USAGE(evicted)
          * follows at once. */
-        unreported += r->size;
-        if (i < n - 1 && unreported >= step) {
+        so->unreported += r->size;
+        if (so->left > 0 && so->unreported >= so->step) {
             mm_report_locked(GS_USAGE_PROGRESS);
-            unreported = 0;
+            so->unreported = 0;
         }
     }
+}
+
+/* Copies regions out and releases their pages, SWAP_BATCH at a time. */
+static void swap_out_locked(struct region **list, int n)
+{
+    if (n == 0)
+        return;
+    uint64_t t0 = gs_now_ns(), b0 = bytes_out, w0 = pin_wait_ns_locked();
+    for (int i = 0; i < n; i++) {
+        list[i]->urgent = !list[i]->pinned && !list[i]->pin_failed; /* the stager pins these first */
+        list[i]->swapping = 1;
+    }
+    mm_stage_kick_locked();
+    struct swap_out_state so = {.left = n};
+    for (int i = 0; i < n; i++)
+        so.step += list[i]->size;
+    so.step = so.step / 8 < PROGRESS_BYTES ? so.step / 8 : PROGRESS_BYTES;
+    for (int i = 0; i < n; i += SWAP_BATCH)
+        swap_out_batch_locked(list + i, n - i < SWAP_BATCH ? n - i : SWAP_BATCH, &so);
     for (int i = 0; i < n; i++)
         list[i]->swapping = 0;
     mm_stage_kick_locked(); /* wakes frees that waited for this swap */
@@ -506,7 +549,10 @@ static void swap_out_locked(struct region **list, int n)
 
 void gs_mm_evict(uint64_t target)
 {
+    mm_flush_deferred();
     pthread_mutex_lock(&mm_mu);
+    /* On the heap: a process may have thousands of regions. Without it nothing is evicted (fail open:
+     * the scheduler hears USAGE(evicted) with what is still resident). */
     struct region **list = malloc((size_t)(mm_nreg ? mm_nreg : 1) * sizeof(*list));
     int n = 0;
     uint64_t res = atomic_load(&resident_bytes);
@@ -682,13 +728,17 @@ static int wait_reply(uint64_t seq)
     return got ? 0 : -1;
 }
 
-/* Makes sure `more` bytes beyond the working set fit the reservation; asks the scheduler if not. */
+/* Makes sure `more` bytes beyond the working set fit the reservation; asks the scheduler if not,
+ * waiting for its answer with mm_mu released (it may take GPUSHARE_MEMREPLY_TIMEOUT_MS), and then
+ * looking at the working set and the reservation again. */
 int mm_reserve_locked(uint64_t more)
 {
     for (;;) {
         uint64_t want = atomic_load(&need_bytes) + more;
-        if (want > budget && mm_async_drop_locked(1, want - budget) > 0)
-            continue; /* freed stream-ordered memory we kept is the first to give back */
+        /* Freed stream-ordered memory we kept is the first to give back (during a capture only what
+         * the GPU is done with: waiting for the rest would synchronize). */
+        if (want > budget && mm_async_drop_locked(!gs_capturing(), want - budget) > 0)
+            continue;
         if (want > budget) {
             gs_log(GS_LOG_WARN,
                    "cuMemAlloc: out of memory: the working set would grow to %llu bytes, more than this "
@@ -699,6 +749,10 @@ int mm_reserve_locked(uint64_t more)
         }
         if (want <= atomic_load(&reserved) || !gs_gate_connected())
             return GS_MM_OK;
+        if (memreq_busy) {
+            pthread_cond_wait(&memreq_cv, &mm_mu); /* another thread's request: its answer may cover ours */
+            continue;
+        }
         pthread_mutex_lock(&rep_mu);
         uint64_t seq = rep_seq;
         pthread_mutex_unlock(&rep_mu);
@@ -707,7 +761,13 @@ int mm_reserve_locked(uint64_t more)
         m.need = want;
         if (gs_gate_send(&m, GS_MSG_MEMREQ, GS_MEMREQ_SIZE) != 0)
             return GS_MM_OK; /* no scheduler any more: pass-through has no budget */
-        if (wait_reply(seq) != 0) {
+        memreq_busy = 1;
+        pthread_mutex_unlock(&mm_mu);
+        int got = wait_reply(seq);
+        pthread_mutex_lock(&mm_mu);
+        memreq_busy = 0;
+        pthread_cond_broadcast(&memreq_cv);
+        if (got != 0) {
             /* A scheduler that does not answer must not stall the application: give the connection up
              * (the shim reconnects and re-announces) and go on as in pass-through, without a budget. */
             gs_log(GS_LOG_WARN,
@@ -722,10 +782,11 @@ int mm_reserve_locked(uint64_t more)
         uint32_t status = rep_status;
         pthread_mutex_unlock(&rep_mu);
         if (status == GS_MEM_OK || status == UINT32_MAX)
-            continue;
+            continue; /* the working set may have changed meanwhile: look again */
         /* The GPU has no more for us now: the freed stream-ordered memory we kept goes before we
          * wait or fail (while the budget has room, it stays, as in a pool that keeps everything). */
-        if (mm_async_drop_locked(1, want - atomic_load(&reserved)) > 0)
+        uint64_t res = atomic_load(&reserved);
+        if (want > res && mm_async_drop_locked(!gs_capturing(), want - res) > 0)
             continue;
         if (status == GS_MEM_TOO_LARGE) {
             gs_log(GS_LOG_WARN,
@@ -735,9 +796,54 @@ int mm_reserve_locked(uint64_t more)
             atomic_store(&pending_growth, 0); /* no growth under way any more */
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
+        if (gs_capturing()) {
+            /* Growing means giving the GPU back and waiting in line, which needs the process's work
+             * drained: impossible while a stream captures (and the capture may be this very thread's). */
+            gs_log(GS_LOG_WARN,
+                   "cuMemAlloc: out of memory: the working set would grow to %llu bytes, which other processes "
+                   "hold now, and this process cannot give the GPU back while a stream captures",
+                   (unsigned long long)want);
+            atomic_store(&pending_growth, 0);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
         atomic_store(&pending_growth, more);
         return GS_MM_YIELD;
     }
+}
+
+/* Frees kept during a capture: once none runs, after waiting for the GPU (cuMemFree semantics), with
+ * mm_mu released while waiting. A free the list could not hold stays allocated (fail open). */
+void mm_flush_deferred(void)
+{
+    if (GS_LIKELY(atomic_load_explicit(&ndeferred, memory_order_relaxed) == 0) || gs_capturing())
+        return;
+    pthread_mutex_lock(&mm_mu);
+    int n = ndeferred_locked;
+    CUdeviceptr *list = deferred;
+    deferred = NULL;
+    ndeferred_locked = capdeferred = 0;
+    atomic_store(&ndeferred, 0);
+    CUcontext ctx = NULL;
+    for (int i = 0; i < n; i++) {
+        int k = mm_find_region_locked(list[i]);
+        if (k >= 0)
+            ctx = mm_regions[k]->ctx;
+    }
+    pthread_mutex_unlock(&mm_mu);
+    if (n == 0) {
+        free(list);
+        return;
+    }
+    gs_ctx_record_current();
+    CUcontext only = gs_ctx_only();
+    mm_sync_ctx(only != NULL ? only : ctx);
+    pthread_mutex_lock(&mm_mu);
+    for (int i = 0; i < n; i++) {
+        CUresult r;
+        mm_free_locked(list[i], 0, &r);
+    }
+    pthread_mutex_unlock(&mm_mu);
+    free(list);
 }
 
 void mm_free_region_locked(int i)
@@ -940,6 +1046,7 @@ CUresult gs_mm_alloc(CUdeviceptr *dptr, size_t n, int split, int *yield)
     *yield = 0;
     if (dptr == NULL || n == 0)
         return CUDA_ERROR_INVALID_VALUE;
+    mm_flush_deferred();
     uint64_t t0 = gs_now_ns();
     pthread_mutex_lock(&mm_mu);
     mm_learn_granularity_locked();
@@ -1073,16 +1180,46 @@ int mm_free_locked(CUdeviceptr d, int sync, CUresult *res)
     return GS_MM_OK;
 }
 
+/* cuMemFree of swappable memory: like the driver, it waits for the context's work first, with
+ * mm_mu released; during a capture that wait is not allowed, so the free is kept until it ended. */
 int gs_mm_free(CUdeviceptr d, CUresult *res)
 {
+    mm_flush_deferred();
     pthread_mutex_lock(&mm_mu);
-    int r;
     if (mm_async_cached_locked(d)) {
         *res = CUDA_ERROR_INVALID_VALUE; /* already freed by cuMemFreeAsync */
-        r = GS_MM_OK;
-    } else {
-        r = mm_free_locked(d, 1, res);
+        pthread_mutex_unlock(&mm_mu);
+        return GS_MM_OK;
     }
+    int i = mm_find_region_locked(d);
+    if (i < 0 || mm_regions[i]->handle) {
+        pthread_mutex_unlock(&mm_mu);
+        return GS_MM_NOT_OURS;
+    }
+    CUcontext ctx = mm_regions[i]->ctx;
+    if (gs_capturing()) {
+        *res = CUDA_SUCCESS;
+        if (ndeferred_locked == capdeferred) {
+            int cap = capdeferred ? capdeferred * 2 : 16;
+            CUdeviceptr *n = realloc(deferred, (size_t)cap * sizeof(*n));
+            if (n == NULL) {
+                pthread_mutex_unlock(&mm_mu);
+                gs_log(GS_LOG_WARN, "cuMemFree(0x%llx) during a stream capture: cannot remember it; the memory "
+                                    "stays allocated", (unsigned long long)d);
+                return GS_MM_OK;
+            }
+            deferred = n;
+            capdeferred = cap;
+        }
+        deferred[ndeferred_locked++] = d;
+        atomic_store(&ndeferred, ndeferred_locked);
+        pthread_mutex_unlock(&mm_mu);
+        return GS_MM_OK;
+    }
+    pthread_mutex_unlock(&mm_mu);
+    mm_sync_ctx(ctx); /* like cuMemFree: the memory is not in use when it goes */
+    pthread_mutex_lock(&mm_mu);
+    int r = mm_free_locked(d, 0, res); /* looked up again: the regions may have changed meanwhile */
     pthread_mutex_unlock(&mm_mu);
     return r;
 }
@@ -1140,6 +1277,11 @@ void gs_mm_atfork_child(void)
     /* CUDA does not survive fork: the child starts without swappable memory. */
     pthread_mutex_init(&mm_mu, NULL);
     pthread_mutex_init(&rep_mu, NULL);
+    pthread_cond_init(&memreq_cv, NULL);
+    memreq_busy = 0;
+    deferred = NULL;
+    ndeferred_locked = capdeferred = 0;
+    atomic_store(&ndeferred, 0);
     rep_cv_init();
     mm_stage_atfork_child();
     mm_nreg = 0;

@@ -144,33 +144,46 @@ static void set_vacant_locked(CUdeviceptr p, int v)
         mm_regions[i]->vacant = v;
 }
 
+/* How much the working set shrank since start (other threads may have grown it while mm_mu was released). */
+static uint64_t shrunk(uint64_t start)
+{
+    uint64_t now = mm_need_locked();
+    return start > now ? start - now : 0;
+}
+
 uint64_t mm_async_drop_locked(int wait, uint64_t goal)
 {
     uint64_t start = mm_need_locked();
     /* completed ones first; the ones the GPU may still use only when waiting is allowed */
-    for (int pass = 0; pass < 2 && start - mm_need_locked() < goal; pass++) {
-        for (int i = nkept - 1; i >= 0 && start - mm_need_locked() < goal; i--) {
+    for (int pass = 0; pass < 2 && shrunk(start) < goal; pass++) {
+        for (int i = nkept - 1; i >= 0 && shrunk(start) < goal; i--) {
             if (i >= nkept)
                 continue; /* mm_mu was released while a region was freed: the list changed */
             struct kept k = kept[i];
             if (pass == 0 && (k.ev == NULL || REAL(cuEventQuery)(k.ev) != CUDA_SUCCESS))
                 continue;
+            remove_kept_locked(i); /* off the list: no other thread reuses or drops it meanwhile */
             if (pass == 1) {
-                if (!wait || (k.ev == NULL && gs_capture_active()))
+                if (!wait || gs_capturing()) {
+                    kept[nkept++] = k; /* the list never shrinks below its capacity: room for it */
+                    kept_bytes += k.n;
                     break;
+                }
+                /* Waiting for the GPU without mm_mu (mm.c's invariant); the list is read afresh after. */
+                pthread_mutex_unlock(&mm_mu);
                 if (k.ev != NULL)
                     REAL(cuEventSynchronize)(k.ev);
                 else
                     mm_sync_ctx(k.ctx);
+                pthread_mutex_lock(&mm_mu);
             }
-            remove_kept_locked(i);
             put_event_locked(k.ev);
             set_vacant_locked(k.p, 0);
             CUresult res;
             mm_free_locked(k.p, 0, &res);
         }
     }
-    return start - mm_need_locked();
+    return shrunk(start);
 }
 
 /* Memory freed earlier that this allocation may reuse now. */
@@ -269,20 +282,45 @@ static CUresult alloc_async(int id, CUdeviceptr *dptr, size_t n, int from_pool, 
     }
 }
 
-/* Keeps freed memory for reuse, behind an event on the freeing stream; frees it at once when the
- * stream cannot be followed (no event) or the list cannot grow (after waiting for the stream). */
-static CUresult keep_locked(CUdeviceptr d, const struct gs_mm_info *in, CUstream s)
+/* Frees d after waiting for wait_ev (else the stream s, else the context), with mm_mu released. */
+static CUresult free_after_locked(CUdeviceptr d, CUevent wait_ev, CUstream s, CUcontext ctx)
 {
     CUresult r = CUDA_SUCCESS;
+    if (gs_capturing()) {
+        /* Waiting for the GPU is not allowed now; fail open: the memory stays allocated. */
+        gs_log(GS_LOG_WARN, "stream-ordered free of 0x%llx during a stream capture could not be followed: the "
+                            "memory stays allocated", (unsigned long long)d);
+        put_event_locked(wait_ev);
+        return r;
+    }
+    pthread_mutex_unlock(&mm_mu);
+    if (wait_ev != NULL)
+        REAL(cuEventSynchronize)(wait_ev);
+    else if (s != NULL)
+        REAL(cuStreamSynchronize)(s);
+    else
+        mm_sync_ctx(ctx);
+    pthread_mutex_lock(&mm_mu);
+    put_event_locked(wait_ev);
+    set_vacant_locked(d, 0);
+    mm_free_locked(d, 0, &r); /* looked up again */
+    return r;
+}
+
+/* Keeps freed memory for reuse, behind an event on the freeing stream; frees it (after waiting for
+ * the stream, mm_mu released) when the stream cannot be followed or the list cannot grow. During a
+ * capture it is kept without an event (reusable once the context was synchronized). */
+static CUresult keep_locked(CUdeviceptr d, const struct gs_mm_info *in, CUstream s)
+{
     CUevent ev = NULL;
     char why[128];
     if (!capturing(s, why, sizeof(why))) {
         ev = get_event_locked();
         if (ev == NULL || REAL(cuEventRecord)(ev, s) != CUDA_SUCCESS) {
             put_event_locked(ev);
-            REAL(cuStreamSynchronize)(s);
-            mm_free_locked(d, 0, &r);
-            return r;
+            ev = NULL;
+            if (!gs_capturing())
+                return free_after_locked(d, NULL, s == NULL ? (CUstream)0x1 : s, in->ctx);
         }
     }
     if (nkept == capkept) {
@@ -299,15 +337,9 @@ static CUresult keep_locked(CUdeviceptr d, const struct gs_mm_info *in, CUstream
         kept[nkept++] = (struct kept){.p = d, .n = in->size, .s = s, .ctx = in->ctx, .ev = ev};
         kept_bytes += in->size;
         set_vacant_locked(d, 1);
-        return r;
+        return CUDA_SUCCESS;
     }
-    if (ev != NULL)
-        REAL(cuEventSynchronize)(ev);
-    else
-        mm_sync_ctx(in->ctx);
-    put_event_locked(ev);
-    mm_free_locked(d, 0, &r);
-    return r;
+    return free_after_locked(d, ev, NULL, in->ctx);
 }
 
 static CUresult free_async(int id, CUdeviceptr d, CUstream s, int ptsz)

@@ -93,6 +93,8 @@ void mm_learn_granularity_locked(void);
 /* Frees an allocation the application made; sync: wait for the context first (cuMemFree semantics). */
 int mm_free_locked(CUdeviceptr d, int sync, CUresult *res);
 void mm_sync_ctx(CUcontext ctx);
+/* Frees made during a capture, done once none runs (mm_mu not held). */
+void mm_flush_deferred(void);
 
 /* mm_stage.c: host staging and the stager thread that page-locks it */
 void mm_stage_init(void);                    /* once, before the first region */

@@ -15,11 +15,18 @@
  * (mm_stage_wait_locked) instead of copying through pageable memory: the copy of piece i runs while
  * piece i+1 is faulted in. A swap's regions go first (urgent). Where pinning fails, or makes no
  * progress for PIN_WAIT_NS, the copy goes through pageable memory: slower, still correct.
+ *
+ * While a stream of the process captures (gs_capturing), the stager neither page-locks nor
+ * unregisters: both are calls the driver refuses during capture, and in global mode a refusal on
+ * this thread invalidates the application's capture. It waits for the capture to end (checking the
+ * count every CAPTURE_POLL_NS, and the driver for captures that ended unseen), and the staging of
+ * memory freed meanwhile is unregistered and unmapped by it afterwards.
  */
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
@@ -28,11 +35,21 @@
 
 #define STAGE_THREADS 4
 #define PIN_WAIT_NS 2000000000ull /* no progress for this long: the swap stops waiting for the stager */
+#define CAPTURE_POLL_NS 20000000ull /* while a stream captures, the stager looks again this often */
 
 static pthread_cond_t pin_cv; /* with mm_mu: work for the stager, or a pin finished */
 static int stager_started, stager_running;
 static int stage_threads = 1;
 static uint64_t pinned_bytes, pin_failures, pin_waits, pin_wait_ns;
+
+/* Staging of memory freed while a stream captured: unregistered and unmapped once it ended. */
+struct late {
+    void *p;
+    size_t pinned, size;
+};
+static struct late *lates;
+static int nlate, caplate;
+static uint64_t capture_defers; /* times the stager found a capture and waited */
 
 /* pin_cv waits on the monotonic clock (a swap's bounded wait). */
 void mm_stage_init(void)
@@ -53,6 +70,9 @@ void mm_stage_atfork_child(void)
     stager_started = 0;
     stager_running = 0;
     pinned_bytes = 0;
+    lates = NULL;
+    nlate = caplate = 0;
+    capture_defers = 0;
 }
 
 /* Host staging of size bytes, 2 MiB aligned and asking for transparent huge pages: page-locking
@@ -86,12 +106,40 @@ int mm_staging_fits(size_t size)
 }
 
 /* Unregisters and unmaps r's staging, once the stager is done with it. */
+static void unregister_unmap(void *p, size_t pinned, size_t size)
+{
+    for (size_t off = 0; off < pinned; off += STAGE_CHUNK)
+        REAL(cuMemHostUnregister)((char *)p + off);
+    munmap(p, size);
+}
+
 void mm_stage_release_locked(struct region *r)
 {
-    for (size_t off = 0; off < r->pin_off; off += STAGE_CHUNK)
-        REAL(cuMemHostUnregister)((char *)r->staging + off);
     pinned_bytes -= r->pin_off;
-    munmap(r->staging, r->size);
+    if (r->pin_off == 0) {
+        munmap(r->staging, r->size);
+        return;
+    }
+    if (gs_unsafe_begin()) {
+        unregister_unmap(r->staging, r->pin_off, r->size);
+        gs_unsafe_end();
+        return;
+    }
+    /* A stream captures: the stager unregisters it when the capture ended. */
+    if (nlate == caplate) {
+        int cap = caplate ? caplate * 2 : 16;
+        struct late *n = realloc(lates, (size_t)cap * sizeof(*n));
+        if (n == NULL) {
+            /* Fail open: the page-locked host memory stays until the process exits. */
+            gs_log(GS_LOG_WARN, "cannot remember %zu bytes of page-locked staging freed during a stream capture: "
+                                "kept until exit", r->pin_off);
+            return;
+        }
+        lates = n;
+        caplate = cap;
+    }
+    lates[nlate++] = (struct late){r->staging, r->pin_off, r->size};
+    pthread_cond_broadcast(&pin_cv);
 }
 
 /* A swap waiting for the stager releases mm_mu; an application thread that frees meanwhile (calls
@@ -195,6 +243,34 @@ static int start_joinable(pthread_t *t, void *(*fn)(void *), void *arg)
     return err;
 }
 
+/* Anything left to page-lock. */
+static int has_work_locked(void)
+{
+    for (int i = 0; i < mm_nreg; i++)
+        if (pinnable(mm_regions[i]))
+            return 1;
+    return 0;
+}
+
+/* While a stream captures: sleeps CAPTURE_POLL_NS at a time (a capture's end is not signalled to
+ * the stager), dropping captures that ended without cuStreamEndCapture being seen. */
+static void wait_capture_locked(void)
+{
+    gs_log(capture_defers++ == 0 ? GS_LOG_INFO : GS_LOG_DEBUG,
+           "a stream captures: page-locking host staging waits until the capture ends");
+    while (gs_capturing()) {
+        uint64_t dl = gs_now_ns() + CAPTURE_POLL_NS;
+        struct timespec ts = {.tv_sec = (time_t)(dl / 1000000000ull), .tv_nsec = (long)(dl % 1000000000ull)};
+        pthread_cond_timedwait(&pin_cv, &mm_mu, &ts);
+        if (gs_capturing()) {
+            pthread_mutex_unlock(&mm_mu); /* gs_capture_active asks the driver: not under mm_mu */
+            gs_capture_active();
+            pthread_mutex_lock(&mm_mu);
+        }
+    }
+    gs_log(GS_LOG_DEBUG, "stream capture ended: page-locking host staging resumes");
+}
+
 static void *stager_main(void *arg)
 {
     (void)arg;
@@ -202,8 +278,25 @@ static void *stager_main(void *arg)
     gs_fn_cuCtxPopCurrent_v2 pop = REAL(cuCtxPopCurrent_v2);
     gs_fn_cuMemHostRegister_v2 reg = REAL(cuMemHostRegister_v2);
     struct piece b[STAGE_THREADS];
+    gs_thread_relax_capture();
     pthread_mutex_lock(&mm_mu);
     for (;;) {
+        if (gs_capturing() && (nlate > 0 || has_work_locked())) {
+            wait_capture_locked();
+            continue;
+        }
+        if (nlate > 0) {
+            struct late l = lates[--nlate];
+            if (!gs_unsafe_begin()) {
+                nlate++; /* a capture began meanwhile */
+                continue;
+            }
+            pthread_mutex_unlock(&mm_mu);
+            unregister_unmap(l.p, l.pinned, l.size);
+            gs_unsafe_end();
+            pthread_mutex_lock(&mm_mu);
+            continue;
+        }
         int n = pick_batch_locked(b);
         if (n == 0) {
             pthread_cond_wait(&pin_cv, &mm_mu);
@@ -225,13 +318,20 @@ static void *stager_main(void *arg)
         CUresult e[STAGE_THREADS];
         for (int k = 0; k < n; k++) {
             e[k] = CUDA_ERROR_NOT_INITIALIZED;
-            if (k > 0 && b[k].r == b[k - 1].r && e[k - 1] != CUDA_SUCCESS)
-                continue; /* a region's pieces are pinned in order, or not at all beyond a failure */
+            if (k > 0 && b[k].r == b[k - 1].r && e[k - 1] != CUDA_SUCCESS) {
+                e[k] = e[k - 1]; /* a region's pieces are pinned in order, or not at all beyond a failure */
+                continue;
+            }
             CUcontext c;
+            if (!gs_unsafe_begin()) {
+                e[k] = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; /* not tried: pinned after the capture */
+                continue;
+            }
             if (reg != NULL && push(b[k].ctx) == CUDA_SUCCESS) {
                 e[k] = reg(b[k].p, b[k].n, 0);
                 pop(&c);
             }
+            gs_unsafe_end();
         }
         pthread_mutex_lock(&mm_mu);
         for (int k = 0; k < n; k++) {
@@ -248,6 +348,8 @@ static void *stager_main(void *arg)
                     gs_log(GS_LOG_DEBUG, "staging of %zu bytes page-locked in %.3f s", r->size,
                            (gs_now_ns() - r->pin_t0) / 1e9);
                 }
+            } else if (e[k] == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) {
+                /* not tried (a capture began), or refused by a capture we did not see begin: again later */
             } else if (!r->pin_failed) {
                 r->pin_failed = 1;
                 r->urgent = 0;

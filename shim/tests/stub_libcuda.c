@@ -8,9 +8,10 @@
  *     E <pid> <monotonic ns>
  * to the file named by GPUSHARE_STUB_TRACE (O_APPEND, one write per line), so
  * a test can check that work of two processes never overlapped.
- * cuCtxSynchronize waits until the queue is empty, like the real one, and
- * writes "X <pid> <ns> cuCtxSynchronize-during-capture" if called while a
- * stream captures (the real driver would invalidate the capture).
+ * cuCtxSynchronize waits until the queue is empty, like the real one.
+ * Stream capture follows the real driver's rules (stub_capture.c): a call it
+ * refuses during capture fails, invalidates the capture and writes an "X"
+ * line to the trace.
  *
  *   GPUSHARE_STUB_TRACE      trace file (no trace when unset)
  *   GPUSHARE_STUB_LAUNCH_US  busy time per launch-like call (default 1000)
@@ -37,6 +38,7 @@
 #define STUB_EXPORT __attribute__((visibility("default")))
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
+static void init(void);
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
 static int trace_fd = -1;
@@ -58,6 +60,7 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+__attribute__((visibility("hidden"))) void stub_trace(char kind, const char *name);
 static void trace(char kind, const char *name)
 {
     if (trace_fd < 0)
@@ -67,6 +70,12 @@ static void trace(char kind, const char *name)
                      name ? name : "");
     ssize_t w = write(trace_fd, line, (size_t)n);
     (void)w;
+}
+
+__attribute__((visibility("hidden"))) void stub_trace(char kind, const char *name)
+{
+    pthread_once(&once, init);
+    trace(kind, name);
 }
 
 static void *worker(void *arg)
@@ -241,25 +250,8 @@ STUB_EXPORT CUresult cuEventDestroy_v2(CUevent ev)
     return CUDA_SUCCESS;
 }
 
-/* ---- capture and context bookkeeping ---- */
-#define MAXCAP 16
-static CUstream capturing[MAXCAP];
-
-static void set_capture(CUstream s, int on)
-{
-    pthread_mutex_lock(&mu);
-    for (int i = 0; i < MAXCAP; i++) {
-        if (on && capturing[i] == NULL) {
-            capturing[i] = s;
-            break;
-        }
-        if (!on && capturing[i] == s) {
-            capturing[i] = NULL;
-            break;
-        }
-    }
-    pthread_mutex_unlock(&mu);
-}
+/* ---- capture (stub_capture.c) and context bookkeeping ---- */
+CUresult stub_capture_conflict(const char *name, CUstream s, int any);
 
 static CUcontext fake_ctx(void)
 {
@@ -272,12 +264,9 @@ static CUcontext fake_ctx(void)
     STUB_EXPORT CUresult name params;                                                              \
     __attribute__((weak)) STUB_EXPORT CUresult name params { return submit(#name); }
 #define STUB_MM(name, params, args, extra) STUB_EXPORT CUresult name params;
-#define STUB_CAPBEGIN(name, params, args, s)                                                       \
-    STUB_EXPORT CUresult name params;                                                              \
-    STUB_EXPORT CUresult name params { set_capture(s, 1); return CUDA_SUCCESS; }
-#define STUB_CAPEND(name, params, args, s)                                                         \
-    STUB_EXPORT CUresult name params;                                                              \
-    STUB_EXPORT CUresult name params { set_capture(s, 0); return CUDA_SUCCESS; }
+/* stub_capture.c defines them */
+#define STUB_CAPBEGIN(name, params, args, s) STUB_EXPORT CUresult name params;
+#define STUB_CAPEND(name, params, args, s) STUB_EXPORT CUresult name params;
 #define STUB_CTXNEW(name, params, args, pctx)                                                      \
     STUB_EXPORT CUresult name params;                                                              \
     STUB_EXPORT CUresult name params { *(pctx) = fake_ctx(); return CUDA_SUCCESS; }
@@ -325,6 +314,12 @@ static int has_ctx(void)
     return pushed_ctx > 0 || v == NULL || *v != '1' || pthread_equal(pthread_self(), first_thread);
 }
 
+__attribute__((visibility("hidden"))) int stub_has_ctx(void);
+__attribute__((visibility("hidden"))) int stub_has_ctx(void)
+{
+    return has_ctx();
+}
+
 STUB_EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
 {
     *pctx = has_ctx() ? fake_ctx() : NULL;
@@ -351,32 +346,13 @@ STUB_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
 STUB_EXPORT CUresult cuCtxSynchronize(void)
 {
     pthread_once(&once, init);
+    /* The real driver refuses it during any capture of the context and invalidates the capture. */
+    if (stub_capture_conflict("cuCtxSynchronize-during-capture", NULL, 1) != CUDA_SUCCESS)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     pthread_mutex_lock(&mu);
-    int capturing_now = 0;
-    for (int i = 0; i < MAXCAP; i++)
-        capturing_now |= capturing[i] != NULL;
-    if (capturing_now) {
-        /* The real driver would invalidate the capture: record the mistake. */
-        pthread_mutex_unlock(&mu);
-        trace('X', "cuCtxSynchronize-during-capture");
-        return 901; /* CUDA_ERROR_STREAM_CAPTURE_INVALIDATED */
-    }
     while (qhead != qtail)
         pthread_cond_wait(&cv, &mu);
     pthread_mutex_unlock(&mu);
-    return CUDA_SUCCESS;
-}
-
-STUB_EXPORT CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *status)
-{
-    if (s == NULL && !has_ctx())
-        return CUDA_ERROR_INVALID_CONTEXT; /* the legacy stream is the current context's */
-    int on = 0;
-    pthread_mutex_lock(&mu);
-    for (int i = 0; i < MAXCAP; i++)
-        on |= capturing[i] == s && s != NULL;
-    pthread_mutex_unlock(&mu);
-    *status = on ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
     return CUDA_SUCCESS;
 }
 
@@ -392,6 +368,7 @@ STUB_EXPORT CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *stat
 #define STUB_T_USE STUB_ENTRY_ANY
 #define STUB_T_MM STUB_ENTRY_ANY
 STUB_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
+STUB_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph g, unsigned long long flags);
 STUB_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                                          CUdriverProcAddressQueryResult *symbolStatus);
 static const struct {
@@ -401,7 +378,7 @@ static const struct {
 #define GS_HOOK(cls, name, params, args, extra) STUB_T_##cls(name, params, args, extra)
 #include "hooks.def"
 #undef GS_HOOK
-    STUB_ENTRY(cuInit) STUB_ENTRY(cuDriverGetVersion)};
+    STUB_ENTRY(cuInit) STUB_ENTRY(cuDriverGetVersion) STUB_ENTRY(cuGraphInstantiateWithFlags)};
 
 static void *lookup(const char *name)
 {

@@ -49,6 +49,19 @@ CUresult stub_enqueue(const char *name, void (*fn)(uint64_t *), uint64_t a0, uin
                       int wait);
 void stub_drain(void);
 const char *stub_inflight_at(uint64_t lo, uint64_t hi);
+/* stub_capture.c: the real driver's refusals during stream capture */
+CUresult stub_capture_unsafe(const char *name);
+CUresult stub_capture_conflict(const char *name, CUstream s, int any);
+int stub_capture_record(CUstream s, const char *name, void (*fn)(uint64_t *), uint64_t a0, uint64_t a1, uint64_t a2,
+                        uint64_t a3);
+#define UNSAFE(name)                                                                               \
+    do {                                                                                           \
+        CUresult refused_ = stub_capture_unsafe(name);                                             \
+        if (refused_ != CUDA_SUCCESS)                                                              \
+            return refused_;                                                                       \
+    } while (0)
+/* the legacy stream (NULL, CU_STREAM_LEGACY) synchronizes with every blocking stream, capturing ones too */
+#define LEGACY(s) ((s) == NULL || (uintptr_t)(s) == 1)
 
 static pthread_mutex_t vmu = PTHREAD_MUTEX_INITIALIZER;
 static atomic_llong host_used;
@@ -90,7 +103,16 @@ static struct {
     size_t n;
 } plain[MAXPLAIN];
 
+static CUresult plain_alloc(CUdeviceptr *dptr, size_t n);
+static CUresult plain_free(CUdeviceptr d);
+
 STUB_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t n)
+{
+    UNSAFE("cuMemAlloc_v2");
+    return plain_alloc(dptr, n);
+}
+
+static CUresult plain_alloc(CUdeviceptr *dptr, size_t n)
 {
     stub_enqueue("cuMemAlloc_v2", NULL, 0, 0, 0, 0, 0);
     if (n == 0)
@@ -118,6 +140,12 @@ STUB_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t
 }
 
 STUB_EXPORT CUresult cuMemFree_v2(CUdeviceptr d)
+{
+    UNSAFE("cuMemFree_v2");
+    return plain_free(d);
+}
+
+static CUresult plain_free(CUdeviceptr d)
 {
     stub_enqueue("cuMemFree_v2", NULL, 0, 0, 0, 0, 0);
     stub_drain();
@@ -172,6 +200,7 @@ STUB_EXPORT CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocat
 STUB_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr,
                                          unsigned long long flags)
 {
+    UNSAFE("cuMemAddressReserve");
     (void)addr;
     (void)flags;
     if (align < GRAN)
@@ -192,12 +221,14 @@ STUB_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t a
 
 STUB_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
 {
+    UNSAFE("cuMemAddressFree");
     return munmap((void *)(uintptr_t)ptr, size) == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 STUB_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,
                                  unsigned long long flags)
 {
+    UNSAFE("cuMemCreate");
     (void)prop;
     (void)flags;
     stub_enqueue("cuMemCreate", NULL, 0, 0, 0, 0, 0);
@@ -222,6 +253,7 @@ STUB_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, c
 
 STUB_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h)
 {
+    UNSAFE("cuMemRelease");
     struct phys *ph = (struct phys *)(uintptr_t)h;
     if (ph == NULL || ph->refs <= 0)
         return CUDA_ERROR_INVALID_VALUE;
@@ -237,6 +269,7 @@ STUB_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h)
 STUB_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
                               unsigned long long flags)
 {
+    UNSAFE("cuMemMap");
     (void)flags;
     struct phys *ph = (struct phys *)(uintptr_t)h;
     if (ph == NULL || offset != 0 || size != ph->size || ph->mapped)
@@ -257,6 +290,7 @@ STUB_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmem
 
 STUB_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
 {
+    UNSAFE("cuMemSetAccess");
     (void)desc;
     (void)count;
     return mprotect((void *)(uintptr_t)ptr, size, PROT_READ | PROT_WRITE) == 0 ? CUDA_SUCCESS
@@ -307,6 +341,7 @@ static CUresult unmap_one(CUdeviceptr ptr, size_t *size)
  * The range is one or more whole mappings, back to back. */
 STUB_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
+    UNSAFE("cuMemUnmap");
     const char *busy = stub_inflight_at(ptr, ptr + size);
     if (busy != NULL) {
         /* Deterministic where the worker's fault would be timing-dependent: whoever unmaps
@@ -332,6 +367,7 @@ STUB_EXPORT CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned int fla
 STUB_EXPORT CUresult cuMemHostUnregister(void *p);
 STUB_EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t size)
 {
+    UNSAFE("cuMemAllocHost_v2");
     long long limit = env_ll("GPUSHARE_STUB_HOST_LIMIT", -1);
     if (limit >= 0 && atomic_load(&host_used) + (long long)size > limit)
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -347,6 +383,7 @@ STUB_EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t size)
 
 STUB_EXPORT CUresult cuMemFreeHost(void *p)
 {
+    UNSAFE("cuMemFreeHost");
     if (p == NULL)
         return CUDA_SUCCESS;
     char *base = (char *)p - 4096;
@@ -365,6 +402,7 @@ static struct {
 
 STUB_EXPORT CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned int flags)
 {
+    UNSAFE("cuMemHostRegister_v2");
     (void)flags;
     long long limit = env_ll("GPUSHARE_STUB_HOST_LIMIT", -1);
     if (limit >= 0 && atomic_load(&host_used) + (long long)size > limit)
@@ -402,6 +440,7 @@ static int registered_covers(const void *p, size_t n)
 
 STUB_EXPORT CUresult cuMemHostUnregister(void *p)
 {
+    UNSAFE("cuMemHostUnregister");
     pthread_mutex_lock(&vmu);
     for (int i = 0; i < MAXREG; i++)
         if (registered[i].p == p && p != NULL) {
@@ -430,13 +469,16 @@ STUB_EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int flags)
 
 STUB_EXPORT CUresult cuStreamSynchronize(CUstream s)
 {
-    (void)s;
+    if (stub_capture_conflict("cuStreamSynchronize", s, LEGACY(s)) != CUDA_SUCCESS)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    UNSAFE("cuStreamSynchronize");
     stub_drain();
     return CUDA_SUCCESS;
 }
 
 STUB_EXPORT CUresult cuMemGetInfo_v2(size_t *free_, size_t *total)
 {
+    UNSAFE("cuMemGetInfo_v2");
     *total = (size_t)env_ll("GPUSHARE_STUB_MEM_TOTAL", 80ll << 30);
     *free_ = *total;
     return CUDA_SUCCESS;
@@ -554,13 +596,19 @@ static void op_xor(uint64_t *a)
     STUB_EXPORT CUresult name(dstT dst, srcT src, size_t n);                                       \
     STUB_EXPORT CUresult name(dstT dst, srcT src, size_t n)                                        \
     {                                                                                              \
+        if (stub_capture_conflict(#name, NULL, 1) != CUDA_SUCCESS) /* the legacy stream */         \
+            return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;                                             \
         return stub_enqueue(#name, op_copy, (uint64_t)(uintptr_t)dst, (uint64_t)(uintptr_t)src, n, 0, wait); \
     }
 #define COPYA(name, dstT, srcT, host, op)                                                          \
     STUB_EXPORT CUresult name(dstT dst, srcT src, size_t n, CUstream s);                           \
     STUB_EXPORT CUresult name(dstT dst, srcT src, size_t n, CUstream s)                            \
     {                                                                                              \
-        (void)s;                                                                                   \
+        if (stub_capture_record(s, #name, op, (uint64_t)(uintptr_t)dst, (uint64_t)(uintptr_t)src, n, 0)) \
+            return CUDA_SUCCESS;                                                                   \
+        if (LEGACY(s) && stub_capture_conflict(#name, NULL, 1) != CUDA_SUCCESS)                   \
+            return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;                                             \
+        UNSAFE(#name); /* a copy outside the captured stream */                                   \
         if (host != NULL && !registered_covers(host, n))                                          \
             memtrace('P', (long long)n);                                                           \
         return stub_enqueue(#name, op, (uint64_t)(uintptr_t)dst, (uint64_t)(uintptr_t)src, n, 0, 0); \
@@ -574,18 +622,26 @@ COPYA(cuMemcpyDtoDAsync_v2, CUdeviceptr, CUdeviceptr, (const void *)NULL, op_cop
 
 STUB_EXPORT CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n)
 {
+    if (stub_capture_conflict("cuMemsetD8_v2", NULL, 1) != CUDA_SUCCESS)
+        return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
     return stub_enqueue("cuMemsetD8_v2", op_set8, d, v, n, 0, 1);
 }
 
 STUB_EXPORT CUresult cuMemsetD32_v2(CUdeviceptr d, unsigned int v, size_t n)
 {
+    if (stub_capture_conflict("cuMemsetD32_v2", NULL, 1) != CUDA_SUCCESS)
+        return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
     return stub_enqueue("cuMemsetD32_v2", op_set32, d, v, n, 0, 1);
 }
 
 STUB_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                     unsigned bz, unsigned shmem, CUstream s, void **params, void **extra)
 {
-    (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)s, (void)extra;
+    (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)extra;
+    if (f == STUB_XOR_KERNEL && params != NULL &&
+        stub_capture_record(s, "cuLaunchKernel", op_xor, *(CUdeviceptr *)params[0], *(size_t *)params[1],
+                            *(uint64_t *)params[2], 0))
+        return CUDA_SUCCESS;
     if (f == STUB_XOR_KERNEL && params != NULL)
         return stub_enqueue("cuLaunchKernel", op_xor, *(CUdeviceptr *)params[0], *(size_t *)params[1],
                             *(uint64_t *)params[2], 0, 0);
@@ -597,8 +653,8 @@ STUB_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsi
 
 STUB_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t n, CUstream s)
 {
-    (void)s;
-    return cuMemAlloc_v2(dptr, n);
+    (void)s; /* legal during capture (a graph memory node on a GPU) */
+    return plain_alloc(dptr, n);
 }
 
 STUB_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t n, CUstream s)
@@ -620,7 +676,7 @@ STUB_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t n, C
 STUB_EXPORT CUresult cuMemFreeAsync(CUdeviceptr d, CUstream s)
 {
     (void)s;
-    return cuMemFree_v2(d);
+    return plain_free(d);
 }
 
 STUB_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr d, CUstream s)

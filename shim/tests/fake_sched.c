@@ -1,0 +1,202 @@
+/*
+ * A scripted GPU scheduler for the shim's oversubscription tests: one client at a time, every
+ * answer decided by its options and by files the test creates, so a test drives each state it
+ * checks (a reply held back, an eviction requested) instead of waiting for the real scheduler's
+ * timing.
+ *   fake_sched SOCKET key=value ...
+ *     budget=BYTES         WELCOME's budget (default 1 GiB), mode Auto, quantum 60 s
+ *     stall_above=BYTES    a MEMREQ for more than this is answered only once release_file exists;
+ *                          memreq_file is created when such a MEMREQ arrives
+ *     memreq_file=PATH release_file=PATH
+ *     evict_on_release=1   after each RELEASE: EVICT down to 0 (the next grant swaps everything in)
+ *     revoke_file=PATH     once PATH exists (once): REVOKED for the holder's epoch, then EVICT to 0
+ * Every message it gets or sends is a line on stdout: "got ACQUIRE need=N", "sent EVICT", "got USAGE
+ * reason=R resident=N swapped=N", ...
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "gpushare_proto.h"
+
+static const char *arg(int argc, char **argv, const char *key, const char *def)
+{
+    size_t k = strlen(key);
+    for (int i = 2; i < argc; i++)
+        if (strncmp(argv[i], key, k) == 0 && argv[i][k] == '=')
+            return argv[i] + k + 1;
+    return def;
+}
+
+static int exists(const char *p)
+{
+    return p != NULL && *p != '\0' && access(p, F_OK) == 0;
+}
+
+static void hdr(void *msg, uint16_t type, uint32_t size)
+{
+    struct gs_header h = {.magic = GS_PROTO_MAGIC, .version = GS_PROTO_VERSION, .type = type, .size = size};
+    memcpy(msg, &h, sizeof(h));
+}
+
+static void say(const char *fmt, unsigned long long a, unsigned long long b, unsigned long long c)
+{
+    printf(fmt, a, b, c);
+    fflush(stdout);
+}
+
+static void send_msg(int fd, void *m, uint16_t type, uint32_t size)
+{
+    hdr(m, type, size);
+    if (send(fd, m, size, MSG_NOSIGNAL) != (ssize_t)size)
+        fprintf(stderr, "fake_sched: send failed: %s\n", strerror(errno));
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: fake_sched SOCKET key=value...\n");
+        return 2;
+    }
+    uint64_t budget = strtoull(arg(argc, argv, "budget", "1073741824"), NULL, 10);
+    uint64_t stall_above = strtoull(arg(argc, argv, "stall_above", "18446744073709551615"), NULL, 10);
+    const char *memreq_file = arg(argc, argv, "memreq_file", NULL);
+    const char *release_file = arg(argc, argv, "release_file", NULL);
+    const char *revoke_file = arg(argc, argv, "revoke_file", NULL);
+    int evict_on_release = atoi(arg(argc, argv, "evict_on_release", "0"));
+
+    int ls = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un a;
+    memset(&a, 0, sizeof(a));
+    a.sun_family = AF_UNIX;
+    strncpy(a.sun_path, argv[1], sizeof(a.sun_path) - 1);
+    unlink(argv[1]);
+    if (bind(ls, (struct sockaddr *)&a, sizeof(a)) != 0 || listen(ls, 4) != 0) {
+        perror("fake_sched: bind");
+        return 2;
+    }
+    say("listening\n", 0, 0, 0);
+    int fd = -1, held = 0, revoked = 0;
+    uint32_t epoch = 0;
+    uint64_t stalled = 0, reserved = 0; /* stalled: the need of a MEMREQ not answered yet */
+    unsigned char buf[4096];
+    size_t have = 0;
+    for (;;) {
+        struct pollfd p = {.fd = fd >= 0 ? fd : ls, .events = POLLIN};
+        int r = poll(&p, 1, 5);
+        if (r > 0 && fd < 0) {
+            fd = accept(ls, NULL, NULL);
+            have = 0;
+            continue;
+        }
+        if (r > 0) {
+            ssize_t n = recv(fd, buf + have, sizeof(buf) - have, 0);
+            if (n <= 0) {
+                say("client gone\n", 0, 0, 0);
+                close(fd);
+                fd = -1;
+                held = 0;
+                continue;
+            }
+            have += (size_t)n;
+        }
+        while (fd >= 0 && have >= GS_HEADER_SIZE) {
+            struct gs_header h;
+            memcpy(&h, buf, sizeof(h));
+            if (h.magic != GS_PROTO_MAGIC || h.size < GS_HEADER_SIZE || h.size > GS_MAX_MSG_SIZE) {
+                fprintf(stderr, "fake_sched: bad message\n");
+                return 1;
+            }
+            if (have < h.size)
+                break;
+            unsigned char m[GS_MAX_MSG_SIZE];
+            memcpy(m, buf, h.size);
+            memmove(buf, buf + h.size, have - h.size);
+            have -= h.size;
+            if (h.type == GS_MSG_HELLO) {
+                struct gs_welcome w;
+                memset(&w, 0, sizeof(w));
+                w.client_id = 1;
+                w.quantum_ms = 60000;
+                w.grace_ms = 60000;
+                w.mode = GS_MODE_AUTO;
+                w.budget = budget;
+                send_msg(fd, &w, GS_MSG_WELCOME, GS_WELCOME_SIZE);
+            } else if (h.type == GS_MSG_ACQUIRE) {
+                struct gs_acquire q;
+                memcpy(&q, m, sizeof(q));
+                struct gs_grant g;
+                memset(&g, 0, sizeof(g));
+                g.epoch = ++epoch;
+                g.quantum_ms = 60000;
+                reserved = q.need > reserved ? q.need : reserved;
+                g.resident = reserved;
+                held = 1;
+                send_msg(fd, &g, GS_MSG_GRANT, GS_GRANT_SIZE);
+                say("got ACQUIRE need=%llu; sent GRANT epoch=%llu\n", q.need, epoch, 0);
+            } else if (h.type == GS_MSG_RELEASE) {
+                held = 0;
+                say("got RELEASE\n", 0, 0, 0);
+                if (evict_on_release) {
+                    struct gs_evict e;
+                    memset(&e, 0, sizeof(e));
+                    send_msg(fd, &e, GS_MSG_EVICT, GS_EVICT_SIZE);
+                    say("sent EVICT\n", 0, 0, 0);
+                }
+            } else if (h.type == GS_MSG_MEMREQ) {
+                struct gs_memreq q;
+                memcpy(&q, m, sizeof(q));
+                say("got MEMREQ need=%llu\n", q.need, 0, 0);
+                if (q.need > stall_above && !exists(release_file)) {
+                    stalled = q.need;
+                    if (memreq_file != NULL) {
+                        FILE *f = fopen(memreq_file, "w");
+                        if (f != NULL)
+                            fclose(f);
+                    }
+                    say("holding the MEMREPLY back\n", 0, 0, 0);
+                    continue;
+                }
+                struct gs_memreply rep;
+                memset(&rep, 0, sizeof(rep));
+                rep.status = q.need <= budget ? GS_MEM_OK : GS_MEM_TOO_LARGE;
+                reserved = q.need <= budget ? q.need : reserved;
+                rep.resident = reserved;
+                send_msg(fd, &rep, GS_MSG_MEMREPLY, GS_MEMREPLY_SIZE);
+            } else if (h.type == GS_MSG_USAGE) {
+                struct gs_usage u;
+                memcpy(&u, m, sizeof(u));
+                if (u.resident < reserved && u.reason != GS_USAGE_REPORT)
+                    reserved = u.resident;
+                say("got USAGE reason=%llu resident=%llu swapped=%llu\n", u.reason, u.resident, u.swapped);
+            }
+        }
+        if (fd >= 0 && stalled > 0 && exists(release_file)) {
+            struct gs_memreply rep;
+            memset(&rep, 0, sizeof(rep));
+            rep.status = GS_MEM_OK;
+            reserved = stalled;
+            rep.resident = reserved;
+            stalled = 0;
+            send_msg(fd, &rep, GS_MSG_MEMREPLY, GS_MEMREPLY_SIZE);
+            say("sent the MEMREPLY held back\n", 0, 0, 0);
+        }
+        if (fd >= 0 && held && !revoked && exists(revoke_file)) {
+            revoked = 1;
+            held = 0;
+            struct gs_revoked v;
+            memset(&v, 0, sizeof(v));
+            v.epoch = epoch;
+            send_msg(fd, &v, GS_MSG_REVOKED, GS_REVOKED_SIZE);
+            struct gs_evict e;
+            memset(&e, 0, sizeof(e));
+            send_msg(fd, &e, GS_MSG_EVICT, GS_EVICT_SIZE);
+            say("sent REVOKED epoch=%llu and EVICT\n", epoch, 0, 0);
+        }
+    }
+}

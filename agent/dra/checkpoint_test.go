@@ -11,6 +11,7 @@ import (
 	"github.com/go-logr/logr"
 	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -155,4 +156,120 @@ func TestAFailedCheckpointWriteIsWrittenOnTheKubeletsRetry(t *testing.T) {
 			t.Errorf("a second claim on the freed device after a restart = %v", err)
 		}
 	})
+}
+
+// Entries of claims deleted while nothing unprepared them (the agent was down) are forgotten on start:
+// the claim is gone, or its name now belongs to a new claim (another UID). A claim still there stays.
+func TestTheKubeletPluginForgetsClaimsThatAreGoneOnStart(t *testing.T) {
+	ctx := context.Background()
+	env, err := testenv.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	c := env.Client
+	heldClaim(t, ctx, c, "deleted", dra.DriverName, nodeName, "gpu-5")
+	heldClaim(t, ctx, c, "recreated", dra.DriverName, nodeName, "gpu-3-timeslicing-0")
+	heldClaim(t, ctx, c, "kept", dra.DriverName, nodeName, "gpu-1-mps-0")
+	deleted, recreated, kept := getClaim(t, ctx, c, "deleted"), getClaim(t, ctx, c, "recreated"), getClaim(t, ctx, c, "kept")
+
+	dirs := newPluginDirs(t)
+	p := newPlugin(t, dirs, nil)
+	for _, claim := range []*resourcev1.ResourceClaim{deleted, recreated, kept} {
+		if err := prepareOne(ctx, p, claim); err != nil {
+			t.Fatalf("claim %s: %v", claim.Name, err)
+		}
+	}
+
+	// The agent stops; meanwhile one claim is deleted, another deleted and created again under its name.
+	for _, claim := range []*resourcev1.ResourceClaim{deleted, recreated} {
+		if err := c.Delete(ctx, claim); err != nil {
+			t.Fatal(err)
+		}
+	}
+	heldClaim(t, ctx, c, "recreated", dra.DriverName, nodeName, "gpu-3-timeslicing-0")
+	heldClaim(t, ctx, c, "successor", dra.DriverName, nodeName, "gpu-5")
+	successor, again := getClaim(t, ctx, c, "successor"), getClaim(t, ctx, c, "recreated")
+	if again.UID == recreated.UID {
+		t.Fatal("the claim created again has its old UID")
+	}
+
+	restarted := newPlugin(t, dirs, nil)
+	// What the stale entries did before they were forgotten: the freed devices are refused.
+	if err := prepareOne(ctx, restarted, successor); !errors.Is(err, dra.ErrDeviceInUse) {
+		t.Fatalf("before the stale entries are forgotten, a claim on a freed device = %v, want ErrDeviceInUse", err)
+	}
+	kube, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	h, err := restarted.Start(runCtx, kube)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Stop(); cancel() })
+
+	// Start forgot them before it served.
+	if got := restarted.Prepared(); !slices.Equal(got, []types.UID{kept.UID}) {
+		t.Fatalf("prepared after the start = %v, want only the claim still there (%s)", got, kept.UID)
+	}
+	if got := onDisk(t, dirs); !slices.Equal(got, []types.UID{kept.UID}) {
+		t.Errorf("checkpoint after the start holds %v, want only %s", got, kept.UID)
+	}
+	for _, claim := range []*resourcev1.ResourceClaim{deleted, recreated} {
+		if _, err := os.Stat(dra.CDISpecPath(dirs.cdi, claim.UID)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("the CDI spec of the forgotten claim %s is still there: %v", claim.Name, err)
+		}
+	}
+	if _, err := os.Stat(dra.CDISpecPath(dirs.cdi, kept.UID)); err != nil {
+		t.Errorf("the CDI spec of the claim still there: %v", err)
+	}
+	for _, claim := range []*resourcev1.ResourceClaim{successor, again} {
+		if err := prepareOne(ctx, restarted, claim); err != nil {
+			t.Errorf("claim %s on a freed device: %v", claim.Name, err)
+		}
+	}
+}
+
+// A claim that cannot be looked up is kept: not knowing is not "gone".
+func TestTheKubeletPluginKeepsClaimsItCannotLookUp(t *testing.T) {
+	ctx := context.Background()
+	env, err := testenv.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	heldClaim(t, ctx, env.Client, "held", dra.DriverName, nodeName, "gpu-5")
+	held := getClaim(t, ctx, env.Client, "held")
+	dirs := newPluginDirs(t)
+	p := newPlugin(t, dirs, nil)
+	if err := prepareOne(ctx, p, held); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Delete(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	// A client no API server answers as it should: every lookup fails.
+	cfg := *env.Config
+	cfg.Host = "https://127.0.0.1:1"
+	unreachable, err := kubernetes.NewForConfig(&cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := p.ForgetGoneClaims(ctx, unreachable); err == nil || n != 0 {
+		t.Errorf("looking up through an unreachable API server = %d forgotten, %v; want none and an error", n, err)
+	}
+	if got := p.Prepared(); !slices.Equal(got, []types.UID{held.UID}) {
+		t.Errorf("prepared = %v, want the claim kept", got)
+	}
+	// Once the API server answers, the claim is found gone.
+	kube, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := p.ForgetGoneClaims(ctx, kube); err != nil || n != 1 {
+		t.Errorf("ForgetGoneClaims = %d, %v; want 1 forgotten", n, err)
+	}
 }

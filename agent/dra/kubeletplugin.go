@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/go-logr/logr"
 	resourcev1 "k8s.io/api/resource/v1"
@@ -48,6 +49,9 @@ type PluginConfig struct {
 	RegistryDir string
 	// CDIDir is where the CDI specs of prepared claims are written (default DefaultCDIDir).
 	CDIDir string
+	// GoneClaimsInterval is how often the checkpoint's claims are looked up to forget those whose
+	// ResourceClaim is gone (zero: DefaultGoneClaimsInterval); they are looked up once on Start too.
+	GoneClaimsInterval time.Duration
 }
 
 // WithDefaults fills the zero fields.
@@ -142,7 +146,10 @@ func (p *KubeletPlugin) Prepared() []types.UID {
 }
 
 // Start serves the plugin to the kubelet (registration and the DRA v1 and v1beta1 services) until ctx
-// ends or the returned helper is stopped. kube reads the ResourceClaims the kubelet names.
+// ends or the returned helper is stopped. kube reads the ResourceClaims the kubelet names. Before it
+// serves, the checkpoint's claims whose ResourceClaim is gone are forgotten (ForgetGoneClaims, bounded by
+// firstSweepTimeout), so a device freed while the agent was down is not refused; then again every
+// GoneClaimsInterval until ctx ends.
 func (p *KubeletPlugin) Start(ctx context.Context, kube kubernetes.Interface) (*kubeletplugin.Helper, error) {
 	// The helper listens in these directories but does not make them; the kubelet makes only its own
 	// registry, and not before it first looks for plugins.
@@ -151,6 +158,15 @@ func (p *KubeletPlugin) Start(ctx context.Context, kube kubernetes.Interface) (*
 			return nil, fmt.Errorf("creating the DRA plugin directory: %w", err)
 		}
 	}
+	firstCtx, cancel := context.WithTimeout(ctx, firstSweepTimeout)
+	// Errors are logged per claim; what could not be looked up is kept for the next sweep.
+	_, _ = p.ForgetGoneClaims(firstCtx, kube)
+	cancel()
+	interval := p.cfg.GoneClaimsInterval
+	if interval <= 0 {
+		interval = DefaultGoneClaimsInterval
+	}
+	go p.forgetGoneClaimsEvery(ctx, kube, interval)
 	return kubeletplugin.Start(ctx, p,
 		kubeletplugin.DriverName(DriverName),
 		kubeletplugin.NodeName(p.node),

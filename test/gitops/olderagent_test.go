@@ -152,6 +152,8 @@ func TestKstatusOfAPolicyWhoseGPUNodesAnOlderAgentWrote(t *testing.T) {
 			if err := env.Client.Create(ctx, p); err != nil {
 				t.Fatal(err)
 			}
+			// The policy has no finalizer: it is gone once deleted, and a second run of the test creates it anew.
+			t.Cleanup(func() { _ = env.Client.Delete(ctx, p) })
 			// The controller wrote this generation of the policy into the node's spec.
 			node.Spec.GPUs[0].Policy, node.Spec.GPUs[0].PolicyGeneration = p.Name, p.Generation
 			node.Generation, node.Status.ObservedGeneration = 1, 1

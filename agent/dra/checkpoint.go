@@ -12,6 +12,12 @@ import (
 // The checkpoint lists the claims the kubelet plugin prepared, so that NodeUnprepareResources, which
 // names a claim by uid only (the claim may be gone from the API server), is answered after an agent
 // restart, and a repeated NodePrepareResources returns what the first one did.
+//
+// The plugin's in-memory checkpoint is always the one on disk: a change is made to a copy, the copy is
+// written (a temporary file and a rename), and only then does the copy replace the record. A failed write
+// leaves both as they were, so the kubelet's retry finds the claim still to prepare (or still to forget)
+// and writes it then; a record that ran ahead of the file would answer the retry from memory and never
+// write, and a restart would bring back a claim the kubelet had unprepared.
 const (
 	checkpointKind    = "gpusharing.io/dra-checkpoint"
 	checkpointVersion = 1
@@ -71,12 +77,27 @@ func readCheckpoint(path, node string) (checkpoint, error) {
 	return got, nil
 }
 
-func writeCheckpoint(path string, cp checkpoint) error {
+// clone is a copy of cp whose claim map can change without changing cp. A preparedClaim is never changed
+// once recorded (a claim is added or removed whole), so the entries are shared.
+func (cp checkpoint) clone() checkpoint {
+	out := cp
+	out.Claims = make(map[types.UID]preparedClaim, len(cp.Claims))
+	for uid, pc := range cp.Claims {
+		out.Claims[uid] = pc
+	}
+	return out
+}
+
+// fileWriter writes a file whole or not at all (writeFileAtomic); the kubelet plugin writes its
+// checkpoint through one, so a test can make the write fail.
+type fileWriter func(path string, data []byte, perm os.FileMode) error
+
+func writeCheckpoint(write fileWriter, path string, cp checkpoint) error {
 	data, err := json.MarshalIndent(cp, "", "  ")
 	if err != nil {
 		return err
 	}
-	if err := writeFileAtomic(path, data, 0o600); err != nil {
+	if err := write(path, data, 0o600); err != nil {
 		return fmt.Errorf("writing the DRA checkpoint %s: %w", path, err)
 	}
 	return nil

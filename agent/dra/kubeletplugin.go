@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/go-logr/logr"
 	resourcev1 "k8s.io/api/resource/v1"
@@ -48,6 +49,9 @@ type PluginConfig struct {
 	RegistryDir string
 	// CDIDir is where the CDI specs of prepared claims are written (default DefaultCDIDir).
 	CDIDir string
+	// GoneClaimsInterval is how often the checkpoint's claims are looked up to forget those whose
+	// ResourceClaim is gone (zero: DefaultGoneClaimsInterval); they are looked up once on Start too.
+	GoneClaimsInterval time.Duration
 }
 
 // WithDefaults fills the zero fields.
@@ -74,9 +78,13 @@ type KubeletPlugin struct {
 	dp   deviceplugin.Config
 	log  logr.Logger
 
+	// writeFile writes the checkpoint (writeFileAtomic; a test makes it fail).
+	writeFile fileWriter
+
 	mu     sync.Mutex
 	shares map[string]deviceplugin.Device
-	cp     checkpoint
+	// cp is the checkpoint as last written: it changes only through commit.
+	cp checkpoint
 }
 
 // NewKubeletPlugin loads the checkpoint of node's plugin. dp must be the device plugin's configuration
@@ -88,7 +96,7 @@ func NewKubeletPlugin(node string, cfg PluginConfig, dp deviceplugin.Config, log
 		return nil, errors.New("the DRA kubelet plugin needs the node name")
 	}
 	cfg = cfg.WithDefaults()
-	p := &KubeletPlugin{node: node, cfg: cfg, dp: dp.WithDefaults(), log: log}
+	p := &KubeletPlugin{node: node, cfg: cfg, dp: dp.WithDefaults(), log: log, writeFile: writeFileAtomic}
 	path := p.checkpointPath()
 	cp, err := readCheckpoint(path, node)
 	if errors.Is(err, errCorruptCheckpoint) {
@@ -105,6 +113,16 @@ func NewKubeletPlugin(node string, cfg PluginConfig, dp deviceplugin.Config, log
 
 func (p *KubeletPlugin) checkpointPath() string {
 	return filepath.Join(p.cfg.PluginDir, CheckpointFile)
+}
+
+// commit writes next as the checkpoint and, only once it is on disk, makes it the plugin's record; on an
+// error the record stays what the file holds. p.mu must be held.
+func (p *KubeletPlugin) commit(next checkpoint) error {
+	if err := writeCheckpoint(p.writeFile, p.checkpointPath(), next); err != nil {
+		return err
+	}
+	p.cp = next
+	return nil
 }
 
 // Update takes the shares a node status publishes; the reconciler calls it with every status.
@@ -128,7 +146,10 @@ func (p *KubeletPlugin) Prepared() []types.UID {
 }
 
 // Start serves the plugin to the kubelet (registration and the DRA v1 and v1beta1 services) until ctx
-// ends or the returned helper is stopped. kube reads the ResourceClaims the kubelet names.
+// ends or the returned helper is stopped. kube reads the ResourceClaims the kubelet names. Before it
+// serves, the checkpoint's claims whose ResourceClaim is gone are forgotten (ForgetGoneClaims, bounded by
+// firstSweepTimeout), so a device freed while the agent was down is not refused; then again every
+// GoneClaimsInterval until ctx ends.
 func (p *KubeletPlugin) Start(ctx context.Context, kube kubernetes.Interface) (*kubeletplugin.Helper, error) {
 	// The helper listens in these directories but does not make them; the kubelet makes only its own
 	// registry, and not before it first looks for plugins.
@@ -137,6 +158,15 @@ func (p *KubeletPlugin) Start(ctx context.Context, kube kubernetes.Interface) (*
 			return nil, fmt.Errorf("creating the DRA plugin directory: %w", err)
 		}
 	}
+	firstCtx, cancel := context.WithTimeout(ctx, firstSweepTimeout)
+	// Errors are logged per claim; what could not be looked up is kept for the next sweep.
+	_, _ = p.ForgetGoneClaims(firstCtx, kube)
+	cancel()
+	interval := p.cfg.GoneClaimsInterval
+	if interval <= 0 {
+		interval = DefaultGoneClaimsInterval
+	}
+	go p.forgetGoneClaimsEvery(ctx, kube, interval)
 	return kubeletplugin.Start(ctx, p,
 		kubeletplugin.DriverName(DriverName),
 		kubeletplugin.NodeName(p.node),
@@ -147,37 +177,46 @@ func (p *KubeletPlugin) Start(ctx context.Context, kube kubernetes.Interface) (*
 }
 
 // PrepareResourceClaims writes a CDI spec per claim and returns its device IDs (kubeletplugin.DRAPlugin).
-// A claim prepared before (by this process or the one before a restart) gets the same answer.
+// A claim prepared before (by this process or the one before a restart) gets the same answer. When the
+// checkpoint cannot be written the call fails as a whole, no claim of it is recorded and the spec files
+// written for them are removed: the kubelet retries, and the retry prepares and writes them again.
 func (p *KubeletPlugin) PrepareResourceClaims(ctx context.Context, claims []*resourcev1.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
-	changed := false
+	// Claims of this call are recorded in next, so two of them cannot take one device.
+	next := p.cp.clone()
+	var fresh []types.UID
 	for _, c := range claims {
-		pc, fresh, err := p.prepare(c)
+		pc, isFresh, err := p.prepare(next, c)
 		if err != nil {
 			out[c.UID] = kubeletplugin.PrepareResult{Err: fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, err)}
 			continue
 		}
-		if fresh {
-			p.cp.Claims[c.UID] = pc
-			changed = true
+		if isFresh {
+			next.Claims[c.UID] = pc
+			fresh = append(fresh, c.UID)
 		}
 		out[c.UID] = kubeletplugin.PrepareResult{Devices: resultDevices(pc)}
 	}
-	if changed {
+	if len(fresh) > 0 {
 		// The checkpoint is written before the kubelet hears of success: a claim the kubelet thinks
 		// prepared is always one a restarted agent can unprepare.
-		if err := writeCheckpoint(p.checkpointPath(), p.cp); err != nil {
+		if err := p.commit(next); err != nil {
+			for _, uid := range fresh {
+				if rerr := os.Remove(CDISpecPath(p.cfg.CDIDir, uid)); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+					p.log.Error(rerr, "Removing the CDI spec of a ResourceClaim whose preparation was not recorded", "claimUID", uid)
+				}
+			}
 			return nil, err
 		}
 	}
 	return out, nil
 }
 
-// prepare builds and writes one claim's CDI spec; fresh says the checkpoint lacks the claim.
-func (p *KubeletPlugin) prepare(c *resourcev1.ResourceClaim) (preparedClaim, bool, error) {
-	if pc, ok := p.cp.Claims[c.UID]; ok {
+// prepare builds and writes one claim's CDI spec; fresh says the checkpoint cp lacks the claim.
+func (p *KubeletPlugin) prepare(cp checkpoint, c *resourcev1.ResourceClaim) (preparedClaim, bool, error) {
+	if pc, ok := cp.Claims[c.UID]; ok {
 		// The kubelet may ask again (its own restart): the same answer, the spec file written again if it
 		// went missing.
 		path := CDISpecPath(p.cfg.CDIDir, c.UID)
@@ -201,7 +240,7 @@ func (p *KubeletPlugin) prepare(c *resourcev1.ResourceClaim) (preparedClaim, boo
 		if r.Pool != p.node {
 			return preparedClaim{}, false, fmt.Errorf("%w: %s/%s (this is %s)", ErrOtherPool, r.Pool, r.Device, p.node)
 		}
-		if owner := p.holder(r.Device, c.UID); owner != "" {
+		if owner := cp.holder(r.Device, c.UID); owner != "" {
 			return preparedClaim{}, false, fmt.Errorf("%w: %s is prepared for claim %s", ErrDeviceInUse, r.Device, owner)
 		}
 		if _, ok := byRequest[r.Request]; !ok {
@@ -247,8 +286,8 @@ func (p *KubeletPlugin) prepare(c *resourcev1.ResourceClaim) (preparedClaim, boo
 }
 
 // holder is the claim other than self the checkpoint has device prepared for, or "".
-func (p *KubeletPlugin) holder(device string, self types.UID) types.UID {
-	for uid, pc := range p.cp.Claims {
+func (cp checkpoint) holder(device string, self types.UID) types.UID {
+	for uid, pc := range cp.Claims {
 		if uid == self {
 			continue
 		}
@@ -270,11 +309,14 @@ func resultDevices(pc preparedClaim) []kubeletplugin.Device {
 }
 
 // UnprepareResourceClaims removes the claims' CDI specs and forgets them (kubeletplugin.DRAPlugin). A
-// claim never prepared, or unprepared already, is no error.
+// claim never prepared, or unprepared already, is no error. When the checkpoint cannot be written the call
+// fails and the claims stay recorded (their specs are gone already): the kubelet retries, and the retry
+// writes the checkpoint without them.
 func (p *KubeletPlugin) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := make(map[types.UID]error, len(claims))
+	next := p.cp.clone()
 	changed := false
 	for _, c := range claims {
 		// By uid, whether or not the checkpoint knows the claim: a spec left by a lost checkpoint goes too.
@@ -282,14 +324,14 @@ func (p *KubeletPlugin) UnprepareResourceClaims(ctx context.Context, claims []ku
 			out[c.UID] = fmt.Errorf("removing the CDI spec of claim %s: %w", c.String(), err)
 			continue
 		}
-		if _, ok := p.cp.Claims[c.UID]; ok {
-			delete(p.cp.Claims, c.UID)
+		if _, ok := next.Claims[c.UID]; ok {
+			delete(next.Claims, c.UID)
 			changed = true
 		}
 		out[c.UID] = nil
 	}
 	if changed {
-		if err := writeCheckpoint(p.checkpointPath(), p.cp); err != nil {
+		if err := p.commit(next); err != nil {
 			return nil, err
 		}
 	}

@@ -1,5 +1,7 @@
 package v1alpha1
 
+import "slices"
+
 // Condition types on GPUSharingPolicy.
 const (
 	// ConditionReady is True when every GPU the policy wins reports its sharing applied as desired.
@@ -120,20 +122,26 @@ const (
 // hardwareRejections are the agent's Applied=False reasons that mean "this cannot be done here" rather
 // than "not done yet"; GPUBusy, Draining and Applying are not among them, work is simply in progress. A
 // drain that timed out or failed left the GPU as it was: that is reported (Degraded, Stalled) while the
-// agent retries on its own backoff.
-var hardwareRejections = map[string]bool{
-	ReasonDrainTimedOut:            true,
-	ReasonDrainFailed:              true,
-	ReasonLayoutDoesNotFit:         true,
-	ReasonNotMIGCapable:            true,
-	ReasonMIGModeChangePending:     true,
-	ReasonStrategyNeedsMIGDisabled: true,
-	ReasonInvalidSharing:           true,
-	ReasonMPSDaemonFailed:          true,
-	ReasonNVMLError:                true,
-	ReasonCommandFailed:            true,
+// agent retries on its own backoff. This is the only list: the agent's Stalled, the controller's Degraded
+// and the Argo CD health check of GPUNode (config/argocd, checked against it by test/gitops) read it.
+var hardwareRejections = []string{
+	ReasonCommandFailed,
+	ReasonDrainFailed,
+	ReasonDrainTimedOut,
+	ReasonInvalidSharing,
+	ReasonLayoutDoesNotFit,
+	ReasonMIGModeChangePending,
+	ReasonMPSDaemonFailed,
+	ReasonNVMLError,
+	ReasonNotMIGCapable,
+	ReasonStrategyNeedsMIGDisabled,
 }
+
+// HardwareRejectionReasons lists, sorted, the Applied=False reasons IsHardwareRejection accepts: those
+// that mean the GPU cannot take its desired sharing until someone acts. Readers of a status written by an
+// agent that did not yet write Stalled derive "stalled" from a GPU's Applied reason with it.
+func HardwareRejectionReasons() []string { return slices.Clone(hardwareRejections) }
 
 // IsHardwareRejection says whether an Applied=False reason means the GPU cannot take its desired sharing
 // until someone acts (the controller's Degraded and both kinds' Stalled), rather than work in progress.
-func IsHardwareRejection(reason string) bool { return hardwareRejections[reason] }
+func IsHardwareRejection(reason string) bool { return slices.Contains(hardwareRejections, reason) }

@@ -132,6 +132,8 @@ func TestKstatusOfAGPUNodeInEveryPhase(t *testing.T) {
 	if err := env.Client.Create(ctx, fresh); err != nil {
 		t.Fatal(err)
 	}
+	// GPUNodes carry no finalizer here: deleted at the end, a second run of the test creates them anew.
+	t.Cleanup(func() { _ = env.Client.Delete(ctx, fresh) })
 	if res := kstatusOf(t, fresh); res.Status != status.InProgressStatus {
 		t.Errorf("a GPUNode no agent has reported is %s (%s), want InProgress", res.Status, res.Message)
 	}
@@ -154,6 +156,7 @@ func TestKstatusOfAGPUNodeInEveryPhase(t *testing.T) {
 			if err := env.Client.Create(ctx, n); err != nil {
 				t.Fatal(err)
 			}
+			t.Cleanup(func() { _ = env.Client.Delete(ctx, n) })
 			n.Status = want0.Status
 			n.Status.ObservedGeneration = n.Generation
 			if err := env.Client.Status().Update(ctx, n); err != nil {

@@ -115,6 +115,10 @@ stack-bin: control-plane ## Binaries for test/gpu/stack/run.sh on the GPU machin
 	tar cf - -C $(BIN)/stack agent manager stackcheck | xz -T1 --lzma2=preset=6,dict=192MiB > test/gpu/stack/bin/gpusharing.tar.xz
 	@du -sh test/gpu/stack/bin
 
+.PHONY: bench-accounting
+bench-accounting: ## Agent CPU for per-pod accounting: 8 mock GPUs, 64 processes, at the default interval (BENCH_ARGS="-reads 2000")
+	go run ./test/bench/accounting $(BENCH_ARGS)
+
 .PHONY: bench-shim
 bench-shim: ## Shim launch tax, hand-off and idle release (needs a GPU)
 	$(MAKE) -C shim bench

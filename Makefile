@@ -119,6 +119,11 @@ stack-bin: control-plane ## Binaries for test/gpu/stack/run.sh on the GPU machin
 bench-accounting: ## Agent CPU for per-pod accounting: 8 mock GPUs, 64 processes, at the default interval (BENCH_ARGS="-reads 2000")
 	go run ./test/bench/accounting $(BENCH_ARGS)
 
+.PHONY: acctcheck-bin
+acctcheck-bin: ## Build test/gpu/accounting/bin/acctcheck for test/gpu/accounting/run.sh on the GPU machine (carry that folder)
+	mkdir -p test/gpu/accounting/bin
+	CGO_ENABLED=1 go build -ldflags "-s -w" -o test/gpu/accounting/bin/acctcheck ./test/gpu/accounting/acctcheck
+
 .PHONY: bench-shim
 bench-shim: ## Shim launch tax, hand-off and idle release (needs a GPU)
 	$(MAKE) -C shim bench

@@ -78,7 +78,7 @@ golangci-lint: ## Build golangci-lint $(GOLANGCI_LINT_VERSION) from the module p
 .PHONY: helm-lint
 helm-lint: helm ## helm lint the chart, with the defaults and with every optional part on
 	$(BIN)/helm lint charts/gpusharing
-	$(BIN)/helm lint charts/gpusharing --set metrics.serviceMonitor.enabled=true --set grafana.dashboard.enabled=true --set dra.deviceClasses=true
+	$(BIN)/helm lint charts/gpusharing --set metrics.serviceMonitor.enabled=true --set metrics.prometheusRule.enabled=true --set grafana.dashboard.enabled=true --set dra.deviceClasses=true
 
 .PHONY: test
 test: control-plane helm verify-generated lint helm-lint ## The test command: unit, envtest (real apiserver), chart and shim suites
@@ -118,6 +118,15 @@ stack-bin: control-plane ## Binaries for test/gpu/stack/run.sh on the GPU machin
 	# dictionary larger than all three together is 9 MB smaller than three, which keeps the folder small to copy to the GPU machine.
 	tar cf - -C $(BIN)/stack agent manager stackcheck | xz -T1 --lzma2=preset=6,dict=192MiB > test/gpu/stack/bin/gpusharing.tar.xz
 	@du -sh test/gpu/stack/bin
+
+.PHONY: bench-accounting
+bench-accounting: ## Agent CPU for per-pod accounting: 8 mock GPUs, 64 processes, at the default interval (BENCH_ARGS="-reads 2000")
+	go run ./test/bench/accounting $(BENCH_ARGS)
+
+.PHONY: acctcheck-bin
+acctcheck-bin: ## Build test/gpu/accounting/bin/acctcheck for test/gpu/accounting/run.sh on the GPU machine (carry that folder)
+	mkdir -p test/gpu/accounting/bin
+	CGO_ENABLED=1 go build -ldflags "-s -w" -o test/gpu/accounting/bin/acctcheck ./test/gpu/accounting/acctcheck
 
 .PHONY: bench-shim
 bench-shim: ## Shim launch tax, hand-off and idle release (needs a GPU)

@@ -6,11 +6,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 files=charts/gpusharing/files
-rm -rf "$files/crds" "$files/rbac" "$files/admission" "$files/dra"
-mkdir -p "$files/crds" "$files/rbac" "$files/admission" "$files/dashboards" "$files/dra"
+rm -rf "$files/crds" "$files/rbac" "$files/admission" "$files/dra" "$files/prometheus"
+mkdir -p "$files/crds" "$files/rbac" "$files/admission" "$files/dashboards" "$files/dra" "$files/prometheus"
 cp config/crd/bases/*.yaml "$files/crds/"
 cp config/rbac/manager/role.yaml "$files/rbac/manager-role.yaml"
 cp config/rbac/agent/role.yaml "$files/rbac/agent-role.yaml"
 cp config/admission/agent_gpunode_policy.yaml "$files/admission/"
 cp config/dra/deviceclasses.yaml "$files/dra/"
+cp config/prometheus/alerts.yaml "$files/prometheus/"
 if [[ -f config/grafana/gpusharing.json ]]; then cp config/grafana/gpusharing.json "$files/dashboards/"; fi

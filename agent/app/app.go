@@ -77,6 +77,8 @@ type Options struct {
 	ProcRoot string
 	// Health configures the NVML event (Xid) watcher; nil runs none and every GPU counts as healthy.
 	Health *HealthOptions
+	// Accounting configures the per-pod accounting (agent/accounting); nil runs none.
+	Accounting *AccountingOptions
 	// Clock is the agent's one clock: drain start and retry times, the drain's polls and timeout, MPS
 	// restart backoff, health timestamps, pod-name relists and the shim schedulers' quanta. Nil means
 	// the real clock; tests pass a testing clock.
@@ -217,6 +219,9 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		return err
 	}
 	if err := setupDrain(mgr, o, r, podResources); err != nil {
+		return err
+	}
+	if err := setupAccounting(mgr, o, r, shim, pods); err != nil {
 		return err
 	}
 	if err := r.SetupWithManager(mgr); err != nil {

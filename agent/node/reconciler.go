@@ -55,6 +55,8 @@ type Reconciler struct {
 	Notify func()
 	// Metrics, when set, mirror each published status (NewMetrics).
 	Metrics *Metrics
+	// Usage, when set, is the accounting whose snapshot fills each GPU's status.usage (usage.go).
+	Usage UsageSource
 	// SkipNameValidation lets several agents run in one process (the demo's simulated nodes).
 	SkipNameValidation bool
 
@@ -72,6 +74,7 @@ type Reconciler struct {
 	Clock clock.PassiveClock
 
 	drains drains
+	usage  usageState
 }
 
 // scope is what one pass learns, filled by the phases and written once at the end.
@@ -205,6 +208,7 @@ func (r *Reconciler) convergeGPUs(ctx context.Context, sc *scope) {
 		}
 		st := gpuStatus(dev, r.observe(dev.UUID), want, err, prev[dev.UUID])
 		st.Drain = drainSt
+		st.Usage = r.gpuUsage(dev.UUID, prev[dev.UUID])
 		sc.gpus = append(sc.gpus, st)
 	}
 	r.cleanupDrains(sc, listed)
@@ -253,6 +257,8 @@ func (r *Reconciler) setNodeStatus(_ context.Context, sc *scope) {
 	setApplied(st, sc.node.Spec, sc.invErr)
 	setKstatusConditions(st)
 	st.Summary = Summary(st.GPUs)
+	st.MemoryUsed = memoryUsedSummary(st.GPUs)
+	r.usage.set(st.GPUs)
 	if sc.transientErr == nil && sc.invErr == nil {
 		st.ObservedGeneration = sc.node.Generation
 	}

@@ -62,7 +62,9 @@ type Resolver struct {
 	mu       sync.Mutex
 	byUID    map[string]string
 	prioByID map[string]int32 // each pod's spec.priority (priority.go)
-	lastList time.Time
+	// containers maps runtime container ids to container names (containers.go)
+	containers map[string]string
+	lastList   time.Time
 }
 
 // Names returns the pod of each pid it can name; pids outside pods, or in pods it cannot find, are left out.
@@ -127,11 +129,14 @@ func (r *Resolver) list(ctx context.Context) {
 	}
 	byUID := make(map[string]string, len(pods.Items))
 	prio := make(map[string]int32, len(pods.Items))
-	for _, p := range pods.Items {
+	containers := map[string]string{}
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		containerNames(p, containers)
 		byUID[string(p.UID)] = p.Namespace + "/" + p.Name
 		if p.Spec.Priority != nil {
 			prio[string(p.UID)] = *p.Spec.Priority
 		}
 	}
-	r.byUID, r.prioByID = byUID, prio
+	r.byUID, r.prioByID, r.containers = byUID, prio, containers
 }

@@ -79,6 +79,11 @@ type GPUNodeStatus struct {
 	// +optional
 	Summary string `json:"summary,omitempty"`
 
+	// memoryUsed is the device memory each GPU's processes hold, in index order, for people:
+	// "0:12.5Gi/80Gi 1:0/80Gi". Empty where the agent's accounting does not run.
+	// +optional
+	MemoryUsed string `json:"memoryUsed,omitempty"`
+
 	// gpus lists each GPU's identity and what is actually applied on it, one entry per uuid. The agent
 	// writes the list whole.
 	// +listType=atomic
@@ -144,6 +149,10 @@ type GPUStatus struct {
 	// failed; absent otherwise.
 	// +optional
 	Drain *GPUDrainStatus `json:"drain,omitempty"`
+
+	// usage is who uses the GPU and how much, from the agent's accounting; absent where it does not run.
+	// +optional
+	Usage *GPUUsage `json:"usage,omitempty"`
 
 	// conditions: Applied, Healthy.
 	// +listType=map
@@ -379,6 +388,55 @@ type ShimClient struct {
 	SwapIns int64 `json:"swapIns,omitempty"`
 }
 
+// GPUUsage is what a GPU's processes use, as the agent's accounting read it. The agent publishes a
+// change only when a consumer comes or goes or a figure moves past a threshold (docs/accounting.md),
+// so figures here lag the metrics by up to those thresholds.
+type GPUUsage struct {
+	// memoryUsed is the device memory the GPU's processes hold together, in pods or not (the device's
+	// used memory where NVML cannot list processes).
+	// +optional
+	MemoryUsed *resource.Quantity `json:"memoryUsed,omitempty"`
+	// processes counts the processes using the GPU.
+	// +optional
+	Processes int32 `json:"processes,omitempty"`
+	// consumers lists the containers using the GPU, those holding the most memory first, at most
+	// MaxConsumersInStatus (a crowded GPU must not push the GPUNode past etcd's object size limit).
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=32
+	// +optional
+	Consumers []GPUConsumer `json:"consumers,omitempty"`
+	// omittedConsumers counts the containers left out of consumers.
+	// +optional
+	OmittedConsumers int32 `json:"omittedConsumers,omitempty"`
+}
+
+// MaxConsumersInStatus bounds status.gpus[].usage.consumers; the rest are counted in omittedConsumers.
+const MaxConsumersInStatus = 32
+
+// GPUConsumer is one container using a GPU.
+type GPUConsumer struct {
+	// namespace and pod name the container's pod.
+	// +required
+	Namespace string `json:"namespace"`
+	// +required
+	Pod string `json:"pod"`
+	// container is the container's name; empty while the pod's status does not list it yet.
+	// +optional
+	Container string `json:"container,omitempty"`
+	// processes counts its processes on the GPU.
+	// +optional
+	Processes int32 `json:"processes,omitempty"`
+	// memory is the device memory its processes hold; absent where NVML cannot read it.
+	// +optional
+	Memory *resource.Quantity `json:"memory,omitempty"`
+	// smUtilization is the percent of time its processes had kernels on the SMs; absent where the GPU
+	// takes no per-process samples (MIG).
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=100
+	// +optional
+	SMUtilization *int32 `json:"smUtilization,omitempty"`
+}
+
 // GPUNode is one node's GPUs: desired sharing (spec, from the controller) against what is applied
 // (status, from the node's agent). Its name is the node's name.
 // +kubebuilder:object:root=true
@@ -391,6 +449,7 @@ type ShimClient struct {
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Applied")].reason`
 // +kubebuilder:printcolumn:name="Message",type=string,priority=1,JSONPath=`.status.conditions[?(@.type=="Applied")].message`
 // +kubebuilder:printcolumn:name="Driver",type=string,priority=1,JSONPath=`.status.driverVersion`
+// +kubebuilder:printcolumn:name="Memory Used",type=string,priority=1,JSONPath=`.status.memoryUsed`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type GPUNode struct {
 	metav1.TypeMeta   `json:",inline"`

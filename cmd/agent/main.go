@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/gpusharing/gpusharing/agent/accounting"
 	"github.com/gpusharing/gpusharing/agent/app"
 	"github.com/gpusharing/gpusharing/agent/deviceplugin"
 	"github.com/gpusharing/gpusharing/agent/dra"
@@ -69,6 +70,8 @@ type options struct {
 	shimHighPriorityMin int32
 	// health configures the NVML Xid watcher.
 	health app.HealthOptions
+	// accounting configures the per-pod accounting; its Interval 0 turns it off.
+	accounting app.AccountingOptions
 	// simulate, when set, replaces NVML and the driver tools with simulated ones (simulate.go).
 	simulate *simulateFlag
 }
@@ -119,6 +122,8 @@ func parse(args []string) (options, *textlogger.Config) {
 		return nil
 	})
 	fs.BoolVar(&o.mpsExclusiveProcess, "mps-exclusive-process", false, "set EXCLUSIVE_PROCESS compute mode on MPS GPUs")
+	fs.DurationVar(&o.accounting.Interval, "accounting-interval", accounting.DefaultInterval, "how often each GPU's processes are read for the per-pod memory and utilization (metrics and status.gpus[].usage); 0 turns the accounting off")
+	fs.IntVar(&o.accounting.MaxSeriesPerGPU, "accounting-max-series-per-gpu", accounting.DefaultMaxSeriesPerGPU, "most containers a GPU exports per-pod series for; the rest are counted in gpusharing_pod_series_omitted")
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8081", "metrics endpoint address (0 disables)")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8082", "health probe address")
 	dp := deviceplugin.DefaultConfig()
@@ -315,6 +320,7 @@ func run(ctx context.Context, o options) error {
 		ShimGuards:          o.shimGuards,
 		ShimHighPriorityMin: o.shimHighPriorityMin,
 		Health:              &o.health,
+		Accounting:          accountingOptions(o.accounting),
 		// hostPID: the agent's /proc is the host's, where the scheduler's client pids live.
 		ProcRoot:            "/proc",
 		StateDir:            o.stateDir,
@@ -352,4 +358,12 @@ func utilruntime(err error) {
 	if err != nil {
 		panic(err)
 	}
+}
+
+// accountingOptions is nil, no accounting, for --accounting-interval=0.
+func accountingOptions(o app.AccountingOptions) *app.AccountingOptions {
+	if o.Interval <= 0 {
+		return nil
+	}
+	return &o
 }

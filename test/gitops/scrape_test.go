@@ -30,7 +30,8 @@ import (
 
 // eventOnly are the dashboard's series that exist only after an event this test does not cause: a shim
 // client connecting (per-client memory and swaps), a drain (drain durations, tested in agent/app), an
-// MPS daemon restart. They must still be declared by the code
+// MPS daemon restart, a process of a pod using a GPU (the per-pod accounting series, tested in
+// agent/accounting). They must still be declared by the code
 // (TestEveryDashboardQueryNamesAMetricTheCodeExports). The scheduler's per-GPU lock series (wait, hold,
 // hand-offs, revocations, evictions) are served as soon as a GPU's scheduler runs, so they are checked.
 var eventOnly = map[string]bool{
@@ -41,6 +42,10 @@ var eventOnly = map[string]bool{
 	"gpusharing_scheduler_client_swap_seconds_total": true,
 	"gpusharing_agent_drain_duration_seconds":        true,
 	"gpusharing_agent_mps_daemon_restarts":           true,
+	"gpusharing_pod_gpu_memory_used_bytes":           true,
+	"gpusharing_pod_gpu_sm_utilization_percent":      true,
+	"gpusharing_pod_shim_lock_wait_seconds_total":    true,
+	"gpusharing_pod_shim_swapped_bytes":              true,
 }
 
 // dashboardMetrics lists the gpusharing_ series the dashboard queries, histogram suffixes removed.

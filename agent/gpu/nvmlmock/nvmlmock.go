@@ -44,6 +44,8 @@ type GPU struct {
 	calls []string
 	// mutated, when set, is told every mutation that succeeded, after it took effect (persist.go).
 	mutated func(g *GPU, call string)
+	// usage is the MPS list, utilization samples and read failures (processes.go).
+	usage usage
 }
 
 // NewA100 returns a DGX A100 with n GPUs: A100-SXM4-40GB with NVIDIA's documented MIG profiles and
@@ -172,6 +174,7 @@ func (g *GPU) override() {
 		}
 		return append([]nvml.ProcessInfo(nil), g.processes...), nvml.SUCCESS
 	}
+	g.overrideUsage()
 	d.GetMigModeFunc = func() (int, int, nvml.Return) {
 		g.mu.Lock()
 		defer g.mu.Unlock()
@@ -354,6 +357,7 @@ func (g *GPU) migDevices() []nvml.Device {
 		m := &mock.Device{}
 		m.GetGpuInstanceIdFunc = func() (int, nvml.Return) { return int(p.gi), nvml.SUCCESS }
 		m.GetComputeInstanceIdFunc = func() (int, nvml.Return) { return int(p.ci), nvml.SUCCESS }
+		g.migProcesses(m, p.gi, p.ci)
 		m.GetUUIDFunc = func() (string, nvml.Return) {
 			// The whole GPU uuid: two GPUs of one node must not share MIG device uuids (the device plugin
 			// would advertise one device for both; the real-node e2e caught that with a shorter prefix).

@@ -1,0 +1,100 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/gpusharing/gpusharing/agent/gpu/nvmlmock"
+	"github.com/gpusharing/gpusharing/api/v1alpha1"
+)
+
+// podSeries reports whether the registry serves a per-pod memory series for the pod.
+func podSeries(t *testing.T, pod string) bool {
+	t.Helper()
+	mfs, err := metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "gpusharing_pod_gpu_memory_used_bytes" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "pod" && l.GetValue() == pod {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// TestAgentAccountsAPodsProcessInStatusAndMetrics runs the agent as cmd/agent builds it with the
+// accounting on: a process on a mock GPU whose cgroup file names a pod of this node shows in the GPU's
+// status.usage with its pod and container (from the pod's status in the API server) and as a per-pod
+// series; when it leaves, both go.
+func TestAgentAccountsAPodsProcessInStatusAndMetrics(t *testing.T) {
+	procRoot := t.TempDir()
+	n := startNodeWith(t, 1, func(o *Options) {
+		o.ProcRoot = procRoot
+		o.Accounting = &AccountingOptions{Interval: 100 * time.Millisecond}
+	})
+	ctx := context.Background()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "acct-" + n.name, Namespace: "default"},
+		Spec:       corev1.PodSpec{NodeName: n.name, Containers: []corev1.Container{{Name: "main", Image: "trainer"}}},
+	}
+	if err := env.Client.Create(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), pod) })
+	cid := strings.Repeat("ab", 32)
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "main", ContainerID: "containerd://" + cid, Image: "trainer", ImageID: "trainer"}}
+	if err := env.Client.Status().Update(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	const pid = 4242
+	cg := fmt.Sprintf("0::/kubepods/burstable/pod%s/%s\n", pod.UID, cid)
+	if err := os.MkdirAll(filepath.Join(procRoot, fmt.Sprint(pid)), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(procRoot, fmt.Sprint(pid), "cgroup"), []byte(cg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	g0 := n.gpus.GPUs[0]
+	g0.SetUsage(nvmlmock.Proc(pid, 2<<30, 50))
+	g0.AdvanceSamples(1_000_000)
+
+	n.waitFor(t, "the GPU lists the pod's container", func(g *v1alpha1.GPUNode) (bool, string) {
+		u := g.Status.GPUs[0].Usage
+		if u == nil || len(u.Consumers) != 1 {
+			return false, fmt.Sprintf("usage %+v", u)
+		}
+		c := u.Consumers[0]
+		ok := c.Namespace == "default" && c.Pod == pod.Name && c.Container == "main" && c.Memory != nil && c.Memory.Value() == 2<<30 &&
+			c.SMUtilization != nil && *c.SMUtilization == 50 && strings.HasPrefix(g.Status.MemoryUsed, "0:2Gi/")
+		return ok, fmt.Sprintf("consumer %+v, memoryUsed %q", c, g.Status.MemoryUsed)
+	})
+	if !podSeries(t, pod.Name) {
+		t.Errorf("no per-pod series for %s", pod.Name)
+	}
+
+	g0.SetUsage()
+	n.waitFor(t, "the pod's container leaves the status", func(g *v1alpha1.GPUNode) (bool, string) {
+		u := g.Status.GPUs[0].Usage
+		return u != nil && len(u.Consumers) == 0, fmt.Sprintf("usage %+v", u)
+	})
+	if podSeries(t, pod.Name) {
+		t.Errorf("the per-pod series of %s outlived its process", pod.Name)
+	}
+}

@@ -186,6 +186,58 @@ else
 fi
 stop_fake
 
+# 12. The memory limit (GPUSHARE_MEMORY_LIMIT_BYTES), every allocation path, no oversubscription: four
+# allocations of a quarter fill it, the fifth and a 1 MiB cuMemAlloc fail with out of memory (2: the
+# bytes are counted as the driver takes them, pitch * height for a pitched one), a free gives its
+# bytes back; cuMemGetInfo reports the limit as the total and what it leaves as free.
+LIM=67108864
+for path in alloc pitch managed async pool vmm; do
+    out=$(run_client GPUSHARE_MEMORY_LIMIT_BYTES=$LIM "$BUILD/tests/cap_client" $path $LIM 2>&1)
+    if grep -q "cap $path fill=0,0,0,0 over=2 over_small=2 freed=0 again=0 total=$LIM free_full=0 free_empty=$LIM\$" <<<"$out"; then
+        pass "memory limit: $path allocations stop at the limit, a free gives the bytes back, cuMemGetInfo reports it"
+    else
+        fail "memory limit on $path" "$out"
+    fi
+done
+
+# 13. The limit with oversubscription on. Below the budget it bounds what the process may allocate,
+# every path (swappable memory, the shim's stream-ordered cache, the application's VMM handles);
+# above the budget it loosens nothing: the working set still stops at the budget (the third
+# allocation fails for the budget, with its own warning), and cuMemGetInfo reports the smaller.
+D=$TMP/capover
+mkdir -p "$D"
+start_fake "$D" budget=1073741824
+for path in alloc pitch async vmm; do
+    out=$(run_client GPUSHARE_OVERSUB=1 GPUSHARE_SOCKET="$D/s.sock" GPUSHARE_LOG_LEVEL=info GPUSHARE_MEMORY_LIMIT_BYTES=$LIM \
+        "$BUILD/tests/cap_client" $path $LIM 2>&1)
+    if grep -q "cap $path fill=0,0,0,0 over=2 over_small=2 freed=0 again=0 total=$LIM free_full=0 free_empty=$LIM\$" <<<"$out" &&
+        grep -q "oversubscription on: budget 1073741824" <<<"$out" && grep -q "container's limit of $LIM" <<<"$out"; then
+        pass "memory limit below the oversubscription budget: $path stops at the limit"
+    else
+        fail "memory limit below the budget on $path" "$out"
+    fi
+done
+stop_fake
+start_fake "$D" budget=33554432
+out=$(run_client GPUSHARE_OVERSUB=1 GPUSHARE_SOCKET="$D/s.sock" GPUSHARE_MEMORY_LIMIT_BYTES=$LIM \
+    "$BUILD/tests/cap_client" alloc $LIM 2>&1)
+if grep -q "cap alloc fill=0,0,2,2 over=2 over_small=2 freed=0 again=0 total=33554432 free_full=0 free_empty=33554432\$" <<<"$out" &&
+    grep -q "more than this process's budget of 33554432" <<<"$out" && ! grep -q "container's limit" <<<"$out"; then
+    pass "memory limit above the oversubscription budget: the budget still stops the working set"
+else
+    fail "memory limit above the budget" "$out"
+fi
+stop_fake
+
+# 14. A malformed limit is ignored with one warning: no limit, the driver's answers.
+out=$(run_client GPUSHARE_MEMORY_LIMIT_BYTES=8Gi "$BUILD/tests/cap_client" alloc $LIM 2>&1)
+n=$(grep -c "ignoring GPUSHARE_MEMORY_LIMIT_BYTES=8Gi" <<<"$out" || true)
+if [ "$n" = 1 ] && grep -q "cap alloc fill=0,0,0,0 over=0 over_small=0 freed=0 again=0 total=85899345920 " <<<"$out"; then
+    pass "a malformed memory limit is ignored with one warning"
+else
+    fail "malformed memory limit" "$out"
+fi
+
 if [ "$fails" -ne 0 ]; then
     echo "$fails shim test(s) failed"
     exit 1

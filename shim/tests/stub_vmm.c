@@ -139,6 +139,14 @@ STUB_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t
     return cuMemAlloc_v2(dptr, *pitch * h);
 }
 
+/* Managed memory: host memory like the rest. */
+STUB_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t n, unsigned int flags)
+{
+    (void)flags;
+    UNSAFE("cuMemAllocManaged");
+    return plain_alloc(dptr, n);
+}
+
 STUB_EXPORT CUresult cuMemFree_v2(CUdeviceptr d)
 {
     UNSAFE("cuMemFree_v2");

@@ -91,6 +91,8 @@ static inline void gs_cap_done(CUresult r, uint32_t kind, uint64_t key, uint64_t
 /* What cuMemGetInfo and NVML report under the limit, from what the driver said. */
 void gs_cap_report(uint64_t drv_total, uint64_t drv_free, uint64_t *total, uint64_t *free_);
 void gs_cap_atfork_child(void);
+/* nvml.c: NVML's memory queries under the limit; dlsym's answer for name (NULL: none). */
+void *gs_nvml_dlsym(const char *name, void *found);
 
 /* ---- logging (log.c): never on the hot path ---- */
 void gs_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -103,6 +105,7 @@ void gs_bind_cuda(void);
 void *gs_bind_slow(int id);
 int gs_id_for_name(const char *name);
 void *gs_substitute(const char *symbol, void *fn);
+void *gs_real_dlsym(void *handle, const char *name); /* the C library's dlsym (NULL before gs_init) */
 extern _Atomic(void *) gs_real_fn[GS_HOOK_COUNT];
 extern const char *const gs_hook_names[GS_HOOK_COUNT];
 

@@ -15,11 +15,11 @@ run_client() { # env... -- args: runs the client under the shim with the stub dr
     env LD_LIBRARY_PATH="$BUILD/stub" LD_PRELOAD="$SHIM" GPUSHARE_STUB_LAUNCH_US=10 "$@"
 }
 
-# 1. Only CUDA entry points and dlsym leave the library.
+# 1. Only CUDA entry points, NVML's two memory queries and dlsym leave the library.
 exported=$(nm -D --defined-only "$SHIM" | awk '{print $3}')
-extra=$(grep -v -e '^cu' -e '^dlsym$' <<<"$exported" || true)
-if [ -z "$extra" ]; then pass "exports only cu* and dlsym"; else fail "exports only cu* and dlsym" "also exports: $extra"; fi
-for sym in cuLaunchKernel cuLaunchKernelEx cuGraphLaunch cuMemAlloc_v2 cuMemAllocAsync cuMemcpyHtoDAsync_v2_ptsz cuGetProcAddress_v2 dlsym; do
+extra=$(grep -v -e '^cu' -e '^dlsym$' -e '^nvmlDeviceGetMemoryInfo$' -e '^nvmlDeviceGetMemoryInfo_v2$' <<<"$exported" || true)
+if [ -z "$extra" ]; then pass "exports only cu*, NVML's memory queries and dlsym"; else fail "exports only cu*, NVML's memory queries and dlsym" "also exports: $extra"; fi
+for sym in cuLaunchKernel cuLaunchKernelEx cuGraphLaunch cuMemAlloc_v2 cuMemAllocAsync cuMemcpyHtoDAsync_v2_ptsz cuGetProcAddress_v2 dlsym nvmlDeviceGetMemoryInfo_v2; do
     grep -qx "$sym" <<<"$exported" || fail "exports $sym" "missing"
 done
 
@@ -91,12 +91,13 @@ cat >"$TMP/probe.c" <<'C'
 #include <dlfcn.h>
 #include <stdio.h>
 int main(void) {
-    puts(dlsym(RTLD_DEFAULT, "cuLaunchKernel") || dlsym(RTLD_DEFAULT, "cuGetProcAddress_v2") ? "found" : "absent");
+    puts(dlsym(RTLD_DEFAULT, "cuLaunchKernel") || dlsym(RTLD_DEFAULT, "cuGetProcAddress_v2") ||
+         dlsym(RTLD_DEFAULT, "nvmlDeviceGetMemoryInfo") ? "found" : "absent");
     return 0;
 }
 C
-if ${CC:-gcc} -o "$TMP/probe" "$TMP/probe.c" -ldl && [ "$(LD_PRELOAD="$SHIM" "$TMP/probe")" = absent ]; then
-    pass "no driver, no cu* symbols from dlsym(RTLD_DEFAULT)"
+if ${CC:-gcc} -o "$TMP/probe" "$TMP/probe.c" -ldl && [ "$(GPUSHARE_MEMORY_LIMIT_BYTES=1048576 LD_PRELOAD="$SHIM" "$TMP/probe")" = absent ]; then
+    pass "no driver, no cu* or NVML symbols from dlsym(RTLD_DEFAULT)"
 else
     fail "dlsym(RTLD_DEFAULT) without a driver" "the shim's own exports were handed out"
 fi
@@ -218,6 +219,8 @@ for path in alloc pitch async vmm; do
     fi
 done
 stop_fake
+D=$TMP/capover2 # a new socket path: start_fake waits for the socket file to appear
+mkdir -p "$D"
 start_fake "$D" budget=33554432
 out=$(run_client GPUSHARE_OVERSUB=1 GPUSHARE_SOCKET="$D/s.sock" GPUSHARE_MEMORY_LIMIT_BYTES=$LIM \
     "$BUILD/tests/cap_client" alloc $LIM 2>&1)
@@ -236,6 +239,19 @@ if [ "$n" = 1 ] && grep -q "cap alloc fill=0,0,0,0 over=0 over_small=0 freed=0 a
     pass "a malformed memory limit is ignored with one warning"
 else
     fail "malformed memory limit" "$out"
+fi
+
+# 15. NVML's memory queries report the limit (v1 and v2 through dlsym, v1 through a direct link):
+# total the limit, used what this process allocated (16 MiB), free the rest; NVML's own numbers
+# without a limit.
+want="nvml v1 $LIM/50331648/16777216 v2 $LIM/50331648/16777216 direct $LIM/50331648/16777216"
+out=$(run_client GPUSHARE_MEMORY_LIMIT_BYTES=$LIM "$BUILD/tests/nvml_client" 2>&1)
+if grep -qx "$want" <<<"$out"; then pass "NVML reports the memory limit (dlsym v1, v2, direct link)"; else fail "NVML under the limit" "$out"; fi
+out=$(run_client "$BUILD/tests/nvml_client" 2>&1)
+if grep -qx "nvml v1 85899345920/75161927680/10737418240 v2 85899345920/75161927680/9663676416 direct 85899345920/75161927680/10737418240" <<<"$out"; then
+    pass "NVML untouched without a limit"
+else
+    fail "NVML without a limit" "$out"
 fi
 
 if [ "$fails" -ne 0 ]; then

@@ -12,8 +12,17 @@
  *   cap PATH fill=<results> over=<result> over_small=<result> again=<result> total=T free_full=F free_empty=E
  * where results are CUresult numbers (0 success, 2 out of memory). Without a limit set it prints the
  * same line with what the driver answered.
+ *
+ *   cap_client retain L   a cuMemCreate handle of L/2, mapped, retained through its address
+ *                         (cuMemRetainAllocationHandle) and released twice; after each release, an
+ *                         allocation of L/2 + 1 MiB. Prints "cap retain first=R second=R": the
+ *                         allocation must fail while the retained handle still holds its pages (2)
+ *                         and succeed once the last release gave them back (0)
+ *   cap_client threads L  8 threads allocate 1 MiB blocks with cuMemAlloc until refused, then free them
+ *                         all. Prints "cap threads got=N free_after=F": N must be L / 1 MiB exactly
  */
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +44,10 @@ typedef CUresult (*create_fn)(CUmemGenericAllocationHandle *, size_t, const CUme
                               unsigned long long);
 typedef CUresult (*release_fn)(CUmemGenericAllocationHandle);
 typedef CUresult (*info_fn)(size_t *, size_t *);
+typedef CUresult (*reserve_fn)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+typedef CUresult (*map_fn)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+typedef CUresult (*unmap_fn)(CUdeviceptr, size_t);
+typedef CUresult (*retainh_fn)(CUmemGenericAllocationHandle *, void *);
 
 static gpa2_fn gpa;
 
@@ -96,6 +109,46 @@ static CUresult give(unsigned long long key)
     return ((free_fn)sym("cuMemFree"))(key);
 }
 
+static CUresult retained(size_t lim)
+{
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof(prop));
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    CUmemGenericAllocationHandle h = 0, h2 = 0;
+    CUdeviceptr va = 0, probe = 0;
+    if (((create_fn)sym("cuMemCreate"))(&h, lim / 2, &prop, 0) != CUDA_SUCCESS ||
+        ((reserve_fn)sym("cuMemAddressReserve"))(&va, lim / 2, 0, 0, 0) != CUDA_SUCCESS ||
+        ((map_fn)sym("cuMemMap"))(va, lim / 2, 0, h, 0) != CUDA_SUCCESS ||
+        ((retainh_fn)sym("cuMemRetainAllocationHandle"))(&h2, (void *)(uintptr_t)va) != CUDA_SUCCESS) {
+        fprintf(stderr, "cap_client: cannot set up the retained handle\n");
+        exit(1);
+    }
+    alloc_fn alloc = (alloc_fn)sym("cuMemAlloc");
+    ((release_fn)sym("cuMemRelease"))(h);
+    CUresult first = alloc(&probe, lim / 2 + (1 << 20));
+    if (first == CUDA_SUCCESS)
+        ((free_fn)sym("cuMemFree"))(probe);
+    ((unmap_fn)sym("cuMemUnmap"))(va, lim / 2);
+    ((release_fn)sym("cuMemRelease"))(h2);
+    CUresult second = alloc(&probe, lim / 2 + (1 << 20));
+    printf("cap retain first=%d second=%d\n", first, second);
+    return CUDA_SUCCESS;
+}
+
+#define THREADS 8
+static CUdeviceptr got[THREADS][4096];
+static int ngot[THREADS];
+
+static void *filler(void *arg)
+{
+    int t = (int)(intptr_t)arg;
+    alloc_fn alloc = (alloc_fn)sym("cuMemAlloc");
+    while (ngot[t] < 4096 && alloc(&got[t][ngot[t]], 1 << 20) == CUDA_SUCCESS)
+        ngot[t]++;
+    return NULL;
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 3) {
@@ -115,6 +168,25 @@ int main(int argc, char **argv)
     ((retain_fn)dlsym(lib, "cuDevicePrimaryCtxRetain"))(&ctx, 0);
     ((defpool_fn)sym("cuDeviceGetDefaultMemPool"))(&pool, 0);
     info_fn info = (info_fn)sym("cuMemGetInfo");
+    if (!strcmp(path, "retain"))
+        return retained(unit * 4);
+    if (!strcmp(path, "threads")) {
+        pthread_t th[THREADS];
+        for (int t = 0; t < THREADS; t++)
+            pthread_create(&th[t], NULL, filler, (void *)(intptr_t)t);
+        int n = 0;
+        for (int t = 0; t < THREADS; t++) {
+            pthread_join(th[t], NULL);
+            n += ngot[t];
+        }
+        for (int t = 0; t < THREADS; t++)
+            for (int i = 0; i < ngot[t]; i++)
+                ((free_fn)sym("cuMemFree"))(got[t][i]);
+        size_t fr = 0, tot = 0;
+        info(&fr, &tot);
+        printf("cap threads got=%d free_after=%zu\n", n, fr);
+        return 0;
+    }
 
     unsigned long long keys[4], extra = 0, small = 0;
     char fill[64] = "";

@@ -201,6 +201,13 @@ for path in alloc pitch managed async pool vmm; do
     fi
 done
 
+# A retained VMM handle keeps its charge until its last release; threads racing for the last bytes
+# get exactly the limit between them, and give all of it back.
+out=$(run_client GPUSHARE_MEMORY_LIMIT_BYTES=$LIM "$BUILD/tests/cap_client" retain $LIM 2>&1)
+if grep -q "cap retain first=2 second=0" <<<"$out"; then pass "memory limit: a retained handle stays charged until its last release"; else fail "memory limit with a retained handle" "$out"; fi
+out=$(run_client GPUSHARE_MEMORY_LIMIT_BYTES=$LIM "$BUILD/tests/cap_client" threads $LIM 2>&1)
+if grep -q "cap threads got=64 free_after=$LIM\$" <<<"$out"; then pass "memory limit: 8 threads racing get exactly the limit"; else fail "memory limit under threads" "$out"; fi
+
 # 13. The limit with oversubscription on. Below the budget it bounds what the process may allocate,
 # every path (swappable memory, the shim's stream-ordered cache, the application's VMM handles);
 # above the budget it loosens nothing: the working set still stops at the budget (the third

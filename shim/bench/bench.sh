@@ -6,6 +6,7 @@
 #   launch tax      p50 of an empty-kernel launch call, baseline vs shim holding the lock
 #   hand-off        scheduler release->grant latency, p50/p99 over BENCH_HANDOFFS hand-offs
 #   idle release    time from a process's last GPU work to the lock reaching a waiter
+#   memory limit    what GPUSHARE_MEMORY_LIMIT_BYTES adds to an allocation and its free (stub driver)
 set -euo pipefail
 SHIM_DIR=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${BUILD:-$SHIM_DIR/build}
@@ -28,6 +29,16 @@ hp_shim=$(env LD_LIBRARY_PATH="$BUILD/stub" GPUSHARE_STUB_LAUNCH_US=0 LD_PRELOAD
 echo "without shim: $hp_base"
 echo "with shim:    $hp_shim"
 kill $HPID; wait $HPID 2>/dev/null || true; rm -rf "$HP"
+
+# The memory limit's own cost per cuMemAlloc + cuMemFree pair, on the stub driver (no memory behind
+# its addresses): the shim without and with a limit it never reaches, alternately.
+echo "== memory limit, ns per cuMemAlloc + cuMemFree pair on the stub driver (without limit / with)"
+for r in $(seq "${BENCH_ROUNDS:-5}"); do
+    cc_env=(LD_LIBRARY_PATH="$BUILD/stub" GPUSHARE_STUB_ALLOC_NOMAP=1 LD_PRELOAD="$BUILD/libgpushare.so")
+    u=$(env "${cc_env[@]}" "$BUILD/bench/cap_cost" 2>/dev/null)
+    c=$(env "${cc_env[@]}" GPUSHARE_MEMORY_LIMIT_BYTES=$((64 << 30)) "$BUILD/bench/cap_cost" 2>/dev/null)
+    echo "round $r: $u / $c"
+done
 
 command -v nvcc >/dev/null || { echo "bench: nvcc not found; the GPU benchmarks need a CUDA machine" >&2; exit 1; }
 mkdir -p "$BUILD/bench"

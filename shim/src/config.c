@@ -1,4 +1,5 @@
 /* Configuration: read once from the environment inside gs_init, never again. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,24 @@ static uint32_t env_u32(const char *name, uint32_t def)
         return def;
     }
     return (uint32_t)n;
+}
+
+/* A byte count: decimal digits only (no sign, suffix or spaces), 0 when unset or empty. A malformed
+ * value is ignored with one warning (the configuration is read once), so the process runs as if it
+ * were unset: the shim fails open rather than refusing to start. */
+static uint64_t env_bytes(const char *name)
+{
+    const char *v = getenv(name);
+    if (v == NULL || *v == '\0')
+        return 0;
+    char *end = NULL;
+    errno = 0;
+    unsigned long long n = strtoull(v, &end, 10);
+    if (*v < '0' || *v > '9' || end == v || *end != '\0' || errno == ERANGE) {
+        gs_log(GS_LOG_WARN, "ignoring %s=%s: not a byte count (decimal digits, e.g. 8589934592)", name, v);
+        return 0;
+    }
+    return n;
 }
 
 static void env_str(const char *name, char *dst, size_t cap, int *set)
@@ -85,13 +104,7 @@ void gs_config_load(void)
     /* Segments of 256 MiB: each costs a cuMemCreate + map and a release per swap (~0.1-0.2 ms on the H100,
      * ~3 ms for a 6 GiB allocation against ~120 ms of copying), and an eviction moves at most one more. */
     gs_cfg.segment_bytes = (uint64_t)env_u32("GPUSHARE_SEGMENT_MIB", 256) << 20;
-    const char *cap = getenv("GPUSHARE_BUDGET_BYTES");
-    if (cap != NULL && *cap != '\0') {
-        char *end = NULL;
-        unsigned long long v = strtoull(cap, &end, 10);
-        if (end == cap || *end != '\0')
-            gs_log(GS_LOG_WARN, "ignoring GPUSHARE_BUDGET_BYTES=%s: not a byte count", cap);
-        else
-            gs_cfg.budget_cap = v;
-    }
+    gs_cfg.budget_cap = env_bytes("GPUSHARE_BUDGET_BYTES");
+    /* The container's memory claim, set per container by the DRA kubelet plugin (docs/shim.md). */
+    gs_cfg.memory_limit = env_bytes("GPUSHARE_MEMORY_LIMIT_BYTES");
 }

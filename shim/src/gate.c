@@ -825,6 +825,7 @@ void gs_gate_atfork_child(void)
     cv_init();
     gs_gpu_atfork_child();
     gs_mm_atfork_child();
+    gs_cap_atfork_child();
     pthread_mutex_unlock(&mu);
 }
 

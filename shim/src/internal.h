@@ -52,10 +52,47 @@ struct gs_config {
     char cuda_library[256];
     int oversub;              /* GPUSHARE_OVERSUB=1: back device memory with swappable VMM allocations */
     uint64_t budget_cap;      /* GPUSHARE_BUDGET_BYTES: at most this much of the scheduler's budget (0: all) */
+    uint64_t memory_limit;    /* GPUSHARE_MEMORY_LIMIT_BYTES: most device memory the process may allocate (0: none) */
     uint64_t segment_bytes;   /* GPUSHARE_SEGMENT_MIB: cuMemAlloc above this swaps in segments (0: whole) */
 };
 extern struct gs_config gs_cfg;
 void gs_config_load(void);
+
+/* ---- memory limit (cap.c): GPUSHARE_MEMORY_LIMIT_BYTES; every call below only when it is set ---- */
+enum { GS_CAP_PTR = 1, GS_CAP_HANDLE = 2 };
+static inline int gs_cap_on(void)
+{
+    return gs_cfg.memory_limit != 0;
+}
+/* Takes n bytes of the limit (CUDA_SUCCESS) or refuses them (CUDA_ERROR_OUT_OF_MEMORY); no lock. */
+CUresult gs_cap_charge(uint64_t n);
+void gs_cap_uncharge(uint64_t n);
+/* After a successful allocation charged with bytes: remembers it for its free. */
+void gs_cap_track(uint32_t kind, uint64_t key, uint64_t bytes);
+/* cuMemRetainAllocationHandle on a handle we count: one more cuMemRelease before its bytes return. */
+int gs_cap_retain(uint32_t kind, uint64_t key);
+struct gs_cap_free {
+    uint64_t key, bytes;
+    uint32_t kind, refs; /* refs 0: not counted */
+};
+/* Around a free: begin before the driver's call (forgets the allocation), end with its result
+ * (gives the bytes back, or remembers the allocation again when the driver refused). */
+int gs_cap_free_begin(uint32_t kind, uint64_t key, struct gs_cap_free *f);
+void gs_cap_free_end(const struct gs_cap_free *f, CUresult r);
+uint64_t gs_cap_used(void);
+/* After an allocation charged with bytes: tracked when it succeeded, the bytes back when it failed. */
+static inline void gs_cap_done(CUresult r, uint32_t kind, uint64_t key, uint64_t bytes)
+{
+    if (r == CUDA_SUCCESS)
+        gs_cap_track(kind, key, bytes);
+    else
+        gs_cap_uncharge(bytes);
+}
+/* What cuMemGetInfo and NVML report under the limit, from what the driver said. */
+void gs_cap_report(uint64_t drv_total, uint64_t drv_free, uint64_t *total, uint64_t *free_);
+void gs_cap_atfork_child(void);
+/* nvml.c: NVML's memory queries under the limit; dlsym's answer for name (NULL: none). */
+void *gs_nvml_dlsym(const char *name, void *found);
 
 /* ---- logging (log.c): never on the hot path ---- */
 void gs_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -68,6 +105,7 @@ void gs_bind_cuda(void);
 void *gs_bind_slow(int id);
 int gs_id_for_name(const char *name);
 void *gs_substitute(const char *symbol, void *fn);
+void *gs_real_dlsym(void *handle, const char *name); /* the C library's dlsym (NULL before gs_init) */
 extern _Atomic(void *) gs_real_fn[GS_HOOK_COUNT];
 extern const char *const gs_hook_names[GS_HOOK_COUNT];
 

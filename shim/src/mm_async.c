@@ -371,34 +371,62 @@ static CUresult free_async(int id, CUdeviceptr d, CUstream s, int ptsz)
     return r;
 }
 
+/* The memory limit charges the bytes asked for: the driver's pool (or, with oversubscription, the
+ * shim's cache) keeps freed memory for reuse, and that reserve is shared by later allocations, so
+ * only what is allocated and not yet freed is the application's. cuMemFreeAsync gives the bytes back;
+ * a pool trim has nothing more to give. */
+static CUresult alloc_capped(int id, CUdeviceptr *dptr, size_t n, int from_pool, CUmemoryPool pool, CUstream s,
+                             int ptsz)
+{
+    if (GS_LIKELY(!gs_cap_on()) || dptr == NULL || n == 0)
+        return alloc_async(id, dptr, n, from_pool, pool, s, ptsz);
+    CUresult r = gs_cap_charge(n);
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = alloc_async(id, dptr, n, from_pool, pool, s, ptsz);
+    gs_cap_done(r, GS_CAP_PTR, r == CUDA_SUCCESS ? *dptr : 0, n);
+    return r;
+}
+
+static CUresult free_capped(int id, CUdeviceptr d, CUstream s, int ptsz)
+{
+    if (GS_LIKELY(!gs_cap_on()))
+        return free_async(id, d, s, ptsz);
+    struct gs_cap_free f;
+    gs_cap_free_begin(GS_CAP_PTR, d, &f);
+    CUresult r = free_async(id, d, s, ptsz);
+    gs_cap_free_end(&f, r);
+    return r;
+}
+
 GS_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t n, CUstream s)
 {
-    return alloc_async(GS_ID_cuMemAllocAsync, dptr, n, 0, NULL, s, 0);
+    return alloc_capped(GS_ID_cuMemAllocAsync, dptr, n, 0, NULL, s, 0);
 }
 
 GS_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t n, CUstream s)
 {
-    return alloc_async(GS_ID_cuMemAllocAsync_ptsz, dptr, n, 0, NULL, s, 1);
+    return alloc_capped(GS_ID_cuMemAllocAsync_ptsz, dptr, n, 0, NULL, s, 1);
 }
 
 GS_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t n, CUmemoryPool pool, CUstream s)
 {
-    return alloc_async(GS_ID_cuMemAllocFromPoolAsync, dptr, n, 1, pool, s, 0);
+    return alloc_capped(GS_ID_cuMemAllocFromPoolAsync, dptr, n, 1, pool, s, 0);
 }
 
 GS_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t n, CUmemoryPool pool, CUstream s)
 {
-    return alloc_async(GS_ID_cuMemAllocFromPoolAsync_ptsz, dptr, n, 1, pool, s, 1);
+    return alloc_capped(GS_ID_cuMemAllocFromPoolAsync_ptsz, dptr, n, 1, pool, s, 1);
 }
 
 GS_EXPORT CUresult cuMemFreeAsync(CUdeviceptr d, CUstream s)
 {
-    return free_async(GS_ID_cuMemFreeAsync, d, s, 0);
+    return free_capped(GS_ID_cuMemFreeAsync, d, s, 0);
 }
 
 GS_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr d, CUstream s)
 {
-    return free_async(GS_ID_cuMemFreeAsync_ptsz, d, s, 1);
+    return free_capped(GS_ID_cuMemFreeAsync_ptsz, d, s, 1);
 }
 
 static int ours(CUmemoryPool pool)

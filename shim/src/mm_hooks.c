@@ -5,9 +5,11 @@
  * driver would for a plain cuMemAlloc allocation: the range is the user's
  * allocation (not the 2 MiB reservation or the slab), the context is the one
  * that allocated it, the buffer id does not change when the pages do, and
- * cuMemGetInfo reports the budget as the total. Anything else goes to the
- * driver untouched.
+ * cuMemGetInfo reports the budget as the total. Under a memory limit (cap.c)
+ * every allocation is charged to it first and cuMemGetInfo reports the
+ * limit. Anything else goes to the driver untouched.
  */
+#include <stdint.h>
 #include <string.h>
 
 #include "internal.h"
@@ -18,9 +20,8 @@
     if (GS_UNLIKELY(real == NULL))                                                                 \
         return CUDA_ERROR_NOT_INITIALIZED;
 
-GS_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t n)
+static CUresult alloc_v2(gs_fn_cuMemAlloc_v2 real, CUdeviceptr *dptr, size_t n)
 {
-    REAL_OR_FAIL(cuMemAlloc_v2)
     for (;;) {
         gs_gate_enter(GS_ID_cuMemAlloc_v2);
         if (!atomic_load_explicit(&gs_mm_on, memory_order_relaxed)) {
@@ -37,9 +38,34 @@ GS_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t n)
     }
 }
 
-GS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, size_t h, unsigned int elem)
+/* The memory limit (cap.c) is charged first, so that memory past it is never taken from the GPU,
+ * not even for a moment; calls the driver refuses anyway (no pointer, no bytes) are left to it. */
+GS_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t n)
 {
-    REAL_OR_FAIL(cuMemAllocPitch_v2)
+    REAL_OR_FAIL(cuMemAlloc_v2)
+    if (GS_LIKELY(!gs_cap_on()) || dptr == NULL || n == 0)
+        return alloc_v2(real, dptr, n);
+    CUresult r = gs_cap_charge(n);
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = alloc_v2(real, dptr, n);
+    gs_cap_done(r, GS_CAP_PTR, r == CUDA_SUCCESS ? *dptr : 0, n);
+    return r;
+}
+
+static CUresult free_v2(gs_fn_cuMemFree_v2 real, CUdeviceptr d)
+{
+    gs_gate_enter(GS_ID_cuMemFree_v2);
+    CUresult r;
+    if (!atomic_load_explicit(&gs_mm_on, memory_order_relaxed) || gs_mm_free(d, &r) == GS_MM_NOT_OURS)
+        r = real(d);
+    gs_gate_leave();
+    return r;
+}
+
+static CUresult pitch_v2(gs_fn_cuMemAllocPitch_v2 real, CUdeviceptr *dptr, size_t *pitch, size_t w, size_t h,
+                         unsigned int elem)
+{
     if (!atomic_load_explicit(&gs_mm_on, memory_order_relaxed)) {
         gs_gate_enter(GS_ID_cuMemAllocPitch_v2);
         int on = atomic_load_explicit(&gs_mm_on, memory_order_relaxed);
@@ -53,33 +79,105 @@ GS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w
     if (pitch == NULL || w == 0 || h == 0 || (elem != 4 && elem != 8 && elem != 16))
         return CUDA_ERROR_INVALID_VALUE;
     size_t p = (w + 511) / 512 * 512; /* the texture pitch alignment of current GPUs */
-    CUresult r = cuMemAlloc_v2(dptr, p * h);
+    gs_fn_cuMemAlloc_v2 alloc = (gs_fn_cuMemAlloc_v2)gs_real(GS_ID_cuMemAlloc_v2);
+    if (alloc == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = alloc_v2(alloc, dptr, p * h);
     if (r == CUDA_SUCCESS)
         *pitch = p;
+    return r;
+}
+
+/* The limit counts pitch * height, what the driver really takes: w * h is charged first (the pitch
+ * is never less), the padding once the driver has said what the pitch is. */
+GS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, size_t h, unsigned int elem)
+{
+    REAL_OR_FAIL(cuMemAllocPitch_v2)
+    if (GS_LIKELY(!gs_cap_on()) || dptr == NULL || pitch == NULL || w == 0 || h == 0)
+        return pitch_v2(real, dptr, pitch, w, h, elem);
+    if (w > SIZE_MAX / h)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = gs_cap_charge((uint64_t)w * h);
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = pitch_v2(real, dptr, pitch, w, h, elem);
+    if (r != CUDA_SUCCESS) {
+        gs_cap_uncharge((uint64_t)w * h);
+        return r;
+    }
+    uint64_t pad = *pitch > w ? (uint64_t)(*pitch - w) * h : 0;
+    if (pad != 0 && gs_cap_charge(pad) != CUDA_SUCCESS) {
+        gs_fn_cuMemFree_v2 fr = (gs_fn_cuMemFree_v2)gs_real(GS_ID_cuMemFree_v2);
+        if (fr != NULL)
+            free_v2(fr, *dptr);
+        gs_cap_uncharge((uint64_t)w * h);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    gs_cap_track(GS_CAP_PTR, *dptr, (uint64_t)w * h + pad);
+    return CUDA_SUCCESS;
+}
+
+/* Managed memory is never swapped by the shim (the driver migrates it), but it counts in the limit:
+ * it can all be on the GPU at once. */
+GS_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t n, unsigned int flags)
+{
+    REAL_OR_FAIL(cuMemAllocManaged)
+    int cap = gs_cap_on() && dptr != NULL && n != 0;
+    if (cap) {
+        CUresult r = gs_cap_charge(n);
+        if (r != CUDA_SUCCESS)
+            return r;
+    }
+    gs_gate_enter(GS_ID_cuMemAllocManaged);
+    CUresult r = real(dptr, n, flags);
+    gs_gate_leave();
+    if (cap)
+        gs_cap_done(r, GS_CAP_PTR, r == CUDA_SUCCESS ? *dptr : 0, n);
     return r;
 }
 
 GS_EXPORT CUresult cuMemFree_v2(CUdeviceptr d)
 {
     REAL_OR_FAIL(cuMemFree_v2)
-    gs_gate_enter(GS_ID_cuMemFree_v2);
-    CUresult r;
-    if (!atomic_load_explicit(&gs_mm_on, memory_order_relaxed) || gs_mm_free(d, &r) == GS_MM_NOT_OURS)
-        r = real(d);
-    gs_gate_leave();
+    if (GS_LIKELY(!gs_cap_on()))
+        return free_v2(real, d);
+    struct gs_cap_free f;
+    gs_cap_free_begin(GS_CAP_PTR, d, &f);
+    CUresult r = free_v2(real, d);
+    gs_cap_free_end(&f, r);
     return r;
 }
 
+/*
+ * With oversubscription the budget stands for the driver: the process's working set never passes it
+ * (others are swapped out to make room), so the total is the budget and the free memory what the
+ * working set leaves. A memory limit lowers both: the total is the limit (never more than the GPU's
+ * memory or the budget), the free memory what the limit leaves (never more than there is).
+ */
 GS_EXPORT CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
 {
     REAL_OR_FAIL(cuMemGetInfo_v2)
     uint64_t b, used;
-    if (!gs_mm_budget(&b, &used))
+    int mm = gs_mm_budget(&b, &used);
+    if (!mm && !gs_cap_on())
         return real(free, total);
     if (free == NULL || total == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    *total = b;
-    *free = used < b ? b - used : 0;
+    uint64_t t, f;
+    if (mm) {
+        t = b;
+        f = used < b ? b - used : 0;
+        if (gs_cap_on())
+            gs_cap_report(b, f, &t, &f);
+    } else {
+        size_t rf = 0, rt = 0;
+        CUresult r = real(&rf, &rt);
+        if (r != CUDA_SUCCESS)
+            return r;
+        gs_cap_report(rt, rf, &t, &f);
+    }
+    *total = (size_t)t;
+    *free = (size_t)f;
     return CUDA_SUCCESS;
 }
 

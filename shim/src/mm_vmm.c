@@ -131,10 +131,9 @@ static CUresult create_locked(CUmemGenericAllocationHandle *handle, size_t size,
     return e;
 }
 
-GS_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
-                               unsigned long long flags)
+static CUresult create(gs_fn_cuMemCreate real, CUmemGenericAllocationHandle *handle, size_t size,
+                       const CUmemAllocationProp *prop, unsigned long long flags)
 {
-    REAL_OR_FAIL(cuMemCreate)
     for (;;) {
         gs_gate_enter(GS_ID_cuMemCreate);
         if (!atomic_load_explicit(&gs_mm_on, memory_order_relaxed) || handle == NULL || !swappable(prop, flags)) {
@@ -153,9 +152,39 @@ GS_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
     }
 }
 
+/* The memory limit charges a device handle's size (a multiple of the granularity: what the driver
+ * takes) from cuMemCreate until its last cuMemRelease; mapping it costs nothing more. */
+GS_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                               unsigned long long flags)
+{
+    REAL_OR_FAIL(cuMemCreate)
+    if (GS_LIKELY(!gs_cap_on()) || handle == NULL || size == 0 || prop == NULL ||
+        prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return create(real, handle, size, prop, flags);
+    CUresult r = gs_cap_charge(size);
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = create(real, handle, size, prop, flags);
+    gs_cap_done(r, GS_CAP_HANDLE, r == CUDA_SUCCESS ? *handle : 0, size);
+    return r;
+}
+
+static CUresult release(gs_fn_cuMemRelease real, CUmemGenericAllocationHandle h);
+
 GS_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h)
 {
     REAL_OR_FAIL(cuMemRelease)
+    if (GS_LIKELY(!gs_cap_on()))
+        return release(real, h);
+    struct gs_cap_free f;
+    gs_cap_free_begin(GS_CAP_HANDLE, h, &f);
+    CUresult r = release(real, h);
+    gs_cap_free_end(&f, r);
+    return r;
+}
+
+static CUresult release(gs_fn_cuMemRelease real, CUmemGenericAllocationHandle h)
+{
     if (!any_handles())
         return real(h);
     pthread_mutex_lock(&mm_mu);
@@ -315,9 +344,20 @@ GS_EXPORT CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocation
     return e;
 }
 
+static CUresult retain(gs_fn_cuMemRetainAllocationHandle real, CUmemGenericAllocationHandle *handle, void *addr);
+
+/* A retained handle needs one more cuMemRelease before its pages, and its charge, go. */
 GS_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
 {
     REAL_OR_FAIL(cuMemRetainAllocationHandle)
+    CUresult r = retain(real, handle, addr);
+    if (gs_cap_on() && r == CUDA_SUCCESS && handle != NULL)
+        gs_cap_retain(GS_CAP_HANDLE, *handle);
+    return r;
+}
+
+static CUresult retain(gs_fn_cuMemRetainAllocationHandle real, CUmemGenericAllocationHandle *handle, void *addr)
+{
     if (!any_handles() || handle == NULL)
         return real(handle, addr);
     pthread_mutex_lock(&mm_mu);

@@ -73,6 +73,11 @@ static void do_init(void)
     atexit(gs_print_call_counts);
 }
 
+void *gs_real_dlsym(void *handle, const char *name)
+{
+    return real_dlsym != NULL ? real_dlsym(handle, name) : NULL;
+}
+
 void gs_init(void)
 {
     pthread_once(&init_once, do_init);
@@ -187,7 +192,7 @@ GS_EXPORT void *dlsym(void *handle, const char *name)
         return NULL;
     int id = gs_id_for_name(name);
     if (id < 0)
-        return r;
+        return name[0] == 'n' ? gs_nvml_dlsym(name, r) : r;
     /* The driver answered for a name we hook: libcuda is loaded, bind it. */
     gs_bind_cuda();
     if (r == hook_fn[id] && atomic_load(&gs_real_fn[id]) == NULL)

@@ -15,11 +15,11 @@ run_client() { # env... -- args: runs the client under the shim with the stub dr
     env LD_LIBRARY_PATH="$BUILD/stub" LD_PRELOAD="$SHIM" GPUSHARE_STUB_LAUNCH_US=10 "$@"
 }
 
-# 1. Only CUDA entry points and dlsym leave the library.
+# 1. Only CUDA entry points, NVML's two memory queries and dlsym leave the library.
 exported=$(nm -D --defined-only "$SHIM" | awk '{print $3}')
-extra=$(grep -v -e '^cu' -e '^dlsym$' <<<"$exported" || true)
-if [ -z "$extra" ]; then pass "exports only cu* and dlsym"; else fail "exports only cu* and dlsym" "also exports: $extra"; fi
-for sym in cuLaunchKernel cuLaunchKernelEx cuGraphLaunch cuMemAlloc_v2 cuMemAllocAsync cuMemcpyHtoDAsync_v2_ptsz cuGetProcAddress_v2 dlsym; do
+extra=$(grep -v -e '^cu' -e '^dlsym$' -e '^nvmlDeviceGetMemoryInfo$' -e '^nvmlDeviceGetMemoryInfo_v2$' <<<"$exported" || true)
+if [ -z "$extra" ]; then pass "exports only cu*, NVML's memory queries and dlsym"; else fail "exports only cu*, NVML's memory queries and dlsym" "also exports: $extra"; fi
+for sym in cuLaunchKernel cuLaunchKernelEx cuGraphLaunch cuMemAlloc_v2 cuMemAllocAsync cuMemcpyHtoDAsync_v2_ptsz cuGetProcAddress_v2 dlsym nvmlDeviceGetMemoryInfo_v2; do
     grep -qx "$sym" <<<"$exported" || fail "exports $sym" "missing"
 done
 
@@ -91,12 +91,13 @@ cat >"$TMP/probe.c" <<'C'
 #include <dlfcn.h>
 #include <stdio.h>
 int main(void) {
-    puts(dlsym(RTLD_DEFAULT, "cuLaunchKernel") || dlsym(RTLD_DEFAULT, "cuGetProcAddress_v2") ? "found" : "absent");
+    puts(dlsym(RTLD_DEFAULT, "cuLaunchKernel") || dlsym(RTLD_DEFAULT, "cuGetProcAddress_v2") ||
+         dlsym(RTLD_DEFAULT, "nvmlDeviceGetMemoryInfo") ? "found" : "absent");
     return 0;
 }
 C
-if ${CC:-gcc} -o "$TMP/probe" "$TMP/probe.c" -ldl && [ "$(LD_PRELOAD="$SHIM" "$TMP/probe")" = absent ]; then
-    pass "no driver, no cu* symbols from dlsym(RTLD_DEFAULT)"
+if ${CC:-gcc} -o "$TMP/probe" "$TMP/probe.c" -ldl && [ "$(GPUSHARE_MEMORY_LIMIT_BYTES=1048576 LD_PRELOAD="$SHIM" "$TMP/probe")" = absent ]; then
+    pass "no driver, no cu* or NVML symbols from dlsym(RTLD_DEFAULT)"
 else
     fail "dlsym(RTLD_DEFAULT) without a driver" "the shim's own exports were handed out"
 fi
@@ -185,6 +186,80 @@ else
     fail "memory lock held across a scheduler wait" "$out"
 fi
 stop_fake
+
+# 12. The memory limit (GPUSHARE_MEMORY_LIMIT_BYTES), every allocation path, no oversubscription: four
+# allocations of a quarter fill it, the fifth and a 1 MiB cuMemAlloc fail with out of memory (2: the
+# bytes are counted as the driver takes them, pitch * height for a pitched one), a free gives its
+# bytes back; cuMemGetInfo reports the limit as the total and what it leaves as free.
+LIM=67108864
+for path in alloc pitch managed async pool vmm; do
+    out=$(run_client GPUSHARE_MEMORY_LIMIT_BYTES=$LIM "$BUILD/tests/cap_client" $path $LIM 2>&1)
+    if grep -q "cap $path fill=0,0,0,0 over=2 over_small=2 freed=0 again=0 total=$LIM free_full=0 free_empty=$LIM\$" <<<"$out"; then
+        pass "memory limit: $path allocations stop at the limit, a free gives the bytes back, cuMemGetInfo reports it"
+    else
+        fail "memory limit on $path" "$out"
+    fi
+done
+
+# A retained VMM handle keeps its charge until its last release; threads racing for the last bytes
+# get exactly the limit between them, and give all of it back.
+out=$(run_client GPUSHARE_MEMORY_LIMIT_BYTES=$LIM "$BUILD/tests/cap_client" retain $LIM 2>&1)
+if grep -q "cap retain first=2 second=0" <<<"$out"; then pass "memory limit: a retained handle stays charged until its last release"; else fail "memory limit with a retained handle" "$out"; fi
+out=$(run_client GPUSHARE_MEMORY_LIMIT_BYTES=$LIM "$BUILD/tests/cap_client" threads $LIM 2>&1)
+if grep -q "cap threads got=64 free_after=$LIM\$" <<<"$out"; then pass "memory limit: 8 threads racing get exactly the limit"; else fail "memory limit under threads" "$out"; fi
+
+# 13. The limit with oversubscription on. Below the budget it bounds what the process may allocate,
+# every path (swappable memory, the shim's stream-ordered cache, the application's VMM handles);
+# above the budget it loosens nothing: the working set still stops at the budget (the third
+# allocation fails for the budget, with its own warning), and cuMemGetInfo reports the smaller.
+D=$TMP/capover
+mkdir -p "$D"
+start_fake "$D" budget=1073741824
+for path in alloc pitch async vmm; do
+    out=$(run_client GPUSHARE_OVERSUB=1 GPUSHARE_SOCKET="$D/s.sock" GPUSHARE_LOG_LEVEL=info GPUSHARE_MEMORY_LIMIT_BYTES=$LIM \
+        "$BUILD/tests/cap_client" $path $LIM 2>&1)
+    if grep -q "cap $path fill=0,0,0,0 over=2 over_small=2 freed=0 again=0 total=$LIM free_full=0 free_empty=$LIM\$" <<<"$out" &&
+        grep -q "oversubscription on: budget 1073741824" <<<"$out" && grep -q "container's limit of $LIM" <<<"$out"; then
+        pass "memory limit below the oversubscription budget: $path stops at the limit"
+    else
+        fail "memory limit below the budget on $path" "$out"
+    fi
+done
+stop_fake
+D=$TMP/capover2 # a new socket path: start_fake waits for the socket file to appear
+mkdir -p "$D"
+start_fake "$D" budget=33554432
+out=$(run_client GPUSHARE_OVERSUB=1 GPUSHARE_SOCKET="$D/s.sock" GPUSHARE_MEMORY_LIMIT_BYTES=$LIM \
+    "$BUILD/tests/cap_client" alloc $LIM 2>&1)
+if grep -q "cap alloc fill=0,0,2,2 over=2 over_small=2 freed=0 again=0 total=33554432 free_full=0 free_empty=33554432\$" <<<"$out" &&
+    grep -q "more than this process's budget of 33554432" <<<"$out" && ! grep -q "container's limit" <<<"$out"; then
+    pass "memory limit above the oversubscription budget: the budget still stops the working set"
+else
+    fail "memory limit above the budget" "$out"
+fi
+stop_fake
+
+# 14. A malformed limit is ignored with one warning: no limit, the driver's answers.
+out=$(run_client GPUSHARE_MEMORY_LIMIT_BYTES=8Gi "$BUILD/tests/cap_client" alloc $LIM 2>&1)
+n=$(grep -c "ignoring GPUSHARE_MEMORY_LIMIT_BYTES=8Gi" <<<"$out" || true)
+if [ "$n" = 1 ] && grep -q "cap alloc fill=0,0,0,0 over=0 over_small=0 freed=0 again=0 total=85899345920 " <<<"$out"; then
+    pass "a malformed memory limit is ignored with one warning"
+else
+    fail "malformed memory limit" "$out"
+fi
+
+# 15. NVML's memory queries report the limit (v1 and v2 through dlsym, v1 through a direct link):
+# total the limit, used what this process allocated (16 MiB), free the rest; NVML's own numbers
+# without a limit.
+want="nvml v1 $LIM/50331648/16777216 v2 $LIM/50331648/16777216 direct $LIM/50331648/16777216"
+out=$(run_client GPUSHARE_MEMORY_LIMIT_BYTES=$LIM "$BUILD/tests/nvml_client" 2>&1)
+if grep -qx "$want" <<<"$out"; then pass "NVML reports the memory limit (dlsym v1, v2, direct link)"; else fail "NVML under the limit" "$out"; fi
+out=$(run_client "$BUILD/tests/nvml_client" 2>&1)
+if grep -qx "nvml v1 85899345920/75161927680/10737418240 v2 85899345920/75161927680/9663676416 direct 85899345920/75161927680/10737418240" <<<"$out"; then
+    pass "NVML untouched without a limit"
+else
+    fail "NVML without a limit" "$out"
+fi
 
 if [ "$fails" -ne 0 ]; then
     echo "$fails shim test(s) failed"

@@ -26,6 +26,8 @@
  *                            before they fail (default: none)
  *   GPUSHARE_STUB_REGISTER_MAX  cuMemHostRegister of more bytes than this at once fails (default: none)
  *   GPUSHARE_STUB_MEM_TOTAL  what cuMemGetInfo reports as total (default 80 GiB)
+ *   GPUSHARE_STUB_ALLOC_NOMAP=1  cuMemAlloc hands out addresses with no memory behind them and cuMemFree
+ *                            frees nothing (benchmarks of the shim's own cost per allocation)
  *   GPUSHARE_STUB_FULL_FILE  while this file exists, cuMemCreate fails with out of memory (the device is
  *                            full: another process holds it)
  */
@@ -112,8 +114,24 @@ STUB_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t n)
     return plain_alloc(dptr, n);
 }
 
+static int nomap(void)
+{
+    static atomic_int v = -1;
+    int x = atomic_load(&v);
+    if (x < 0)
+        atomic_store(&v, x = env_ll("GPUSHARE_STUB_ALLOC_NOMAP", 0) == 1);
+    return x;
+}
+
 static CUresult plain_alloc(CUdeviceptr *dptr, size_t n)
 {
+    if (nomap()) {
+        static _Atomic CUdeviceptr next = 0x7e0000000000ull;
+        if (n == 0)
+            return CUDA_ERROR_INVALID_VALUE;
+        *dptr = atomic_fetch_add(&next, (n + 4095) / 4096 * 4096);
+        return CUDA_SUCCESS;
+    }
     stub_enqueue("cuMemAlloc_v2", NULL, 0, 0, 0, 0, 0);
     if (n == 0)
         return CUDA_ERROR_INVALID_VALUE;
@@ -139,6 +157,14 @@ STUB_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t
     return cuMemAlloc_v2(dptr, *pitch * h);
 }
 
+/* Managed memory: host memory like the rest. */
+STUB_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t n, unsigned int flags)
+{
+    (void)flags;
+    UNSAFE("cuMemAllocManaged");
+    return plain_alloc(dptr, n);
+}
+
 STUB_EXPORT CUresult cuMemFree_v2(CUdeviceptr d)
 {
     UNSAFE("cuMemFree_v2");
@@ -147,6 +173,8 @@ STUB_EXPORT CUresult cuMemFree_v2(CUdeviceptr d)
 
 static CUresult plain_free(CUdeviceptr d)
 {
+    if (nomap())
+        return CUDA_SUCCESS;
     stub_enqueue("cuMemFree_v2", NULL, 0, 0, 0, 0, 0);
     stub_drain();
     pthread_mutex_lock(&vmu);

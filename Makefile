@@ -124,7 +124,7 @@ bench-accounting: ## Agent CPU for per-pod accounting: 8 mock GPUs, 64 processes
 	go run ./test/bench/accounting $(BENCH_ARGS)
 
 .PHONY: acctcheck-bin
-acctcheck-bin: ## Build test/gpu/accounting/bin/acctcheck for test/gpu/accounting/run.sh on the GPU machine (carry that folder)
+acctcheck-bin: ## Build test/gpu/accounting/bin/acctcheck for test/gpu/accounting/run.sh on the GPU machine (copy that folder along)
 	mkdir -p test/gpu/accounting/bin
 	CGO_ENABLED=1 go build -ldflags "-s -w" -o test/gpu/accounting/bin/acctcheck ./test/gpu/accounting/acctcheck
 

@@ -2,11 +2,11 @@
 # Per-process accounting on the real GPU against nvidia-smi: two PyTorch processes (6 GiB busy all the
 # time, 3 GiB busy 30% of each second) run while acctcheck reads them through agent/accounting over
 # NVML and compares with nvidia-smi --query-compute-apps and pmon. Run from the repository root on the
-# GPU machine, with test/gpu/accounting/bin/acctcheck built here (make acctcheck-bin) and carried.
+# GPU machine, with test/gpu/accounting/bin/acctcheck built on a machine with Go (make acctcheck-bin) and copied along.
 set -u
 OUT=${OUT:-$(mktemp -d)}
 bin=test/gpu/accounting/bin/acctcheck
-[ -x "$bin" ] || { echo "FAIL $bin missing: build it with make acctcheck-bin and carry test/gpu/accounting/bin"; exit 3; }
+[ -x "$bin" ] || { echo "FAIL $bin missing: build it with make acctcheck-bin and copy test/gpu/accounting/bin along"; exit 3; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 export PYTHONUNBUFFERED=1
 python3 test/gpu/accounting/workload.py 6 1.0 >"$OUT/a.log" 2>&1 & a=$!

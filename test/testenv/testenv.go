@@ -31,6 +31,8 @@ type Env struct {
 	BinDir string
 
 	env *envtest.Environment
+	// wrapDir holds the links through which etcd and kube-apiserver die with the test process.
+	wrapDir string
 }
 
 // RepoRoot finds the repository root from this source file's location, so tests work from any package.
@@ -99,8 +101,12 @@ func startWith(root, bin string, installCRDs bool, o Options) (*Env, error) {
 		}
 	}
 	s := Scheme()
+	wrapDir, err := dyingBinDir(bin)
+	if err != nil {
+		return nil, fmt.Errorf("preparing the control plane to die with the test process: %w", err)
+	}
 	env := &envtest.Environment{
-		BinaryAssetsDirectory: bin,
+		BinaryAssetsDirectory: wrapDir,
 		Scheme:                s,
 	}
 	for name, value := range o.APIServerFlags {
@@ -112,18 +118,23 @@ func startWith(root, bin string, installCRDs bool, o Options) (*Env, error) {
 	}
 	cfg, err := env.Start()
 	if err != nil {
+		_ = os.RemoveAll(wrapDir)
 		return nil, fmt.Errorf("starting kube-apiserver and etcd from %s: %w", bin, err)
 	}
 	c, err := client.New(cfg, client.Options{Scheme: s})
 	if err != nil {
 		_ = env.Stop()
+		_ = os.RemoveAll(wrapDir)
 		return nil, fmt.Errorf("building a client: %w", err)
 	}
-	return &Env{Config: cfg, Client: c, Scheme: s, RepoRoot: root, BinDir: bin, env: env}, nil
+	return &Env{Config: cfg, Client: c, Scheme: s, RepoRoot: root, BinDir: bin, env: env, wrapDir: wrapDir}, nil
 }
 
 // Stop ends the API server and etcd.
-func (e *Env) Stop() error { return e.env.Stop() }
+func (e *Env) Stop() error {
+	defer os.RemoveAll(e.wrapDir)
+	return e.env.Stop()
+}
 
 // GVR names the resources the tests list.
 var (

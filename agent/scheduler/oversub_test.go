@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gpusharing/gpusharing/test/wait"
 )
 
 // Oversubscription end to end: real processes (shim/tests/oversub_client)
@@ -43,13 +45,13 @@ func (e *env) startOversub(extraEnv []string, args ...string) *proc {
 func (e *env) idleThenNewcomer(t *testing.T, first []string, ready string, newcomer []string) (a, b *proc) {
 	t.Helper()
 	a = e.startOversub(nil, first...)
-	eventually(t, 5*time.Second, "the first client: "+ready, func() bool {
+	wait.Until(t, 5*time.Second, func() bool {
 		return strings.Contains(a.stdout.String(), ready)
-	})
+	}, "the first client: %s", ready)
 	b = e.startOversub(nil, newcomer...)
-	eventually(t, 5*time.Second, "the newcomer finished its work", func() bool {
+	wait.Until(t, 5*time.Second, func() bool {
 		return strings.Contains(b.stdout.String(), "oversub done")
-	})
+	}, "the newcomer finished its work")
 	return a, b
 }
 
@@ -231,13 +233,13 @@ func TestOversubEvictsPartOfALargeAllocation(t *testing.T) {
 	seg := []string{"GPUSHARE_SEGMENT_MIB=2"}
 	a := e.startOversub(seg, "bufs=1", "size="+strconv.Itoa(12*mib), "small=0", "iters=50", "hold_ms=1500",
 		"recheck=1")
-	eventually(t, 5*time.Second, "the first client finished its work", func() bool {
+	wait.Until(t, 5*time.Second, func() bool {
 		return strings.Contains(a.stdout.String(), "oversub done")
-	})
+	}, "the first client finished its work")
 	b := e.startOversub(seg, "bufs=1", "size="+strconv.Itoa(8*mib), "small=0", "iters=50", "seed=3", "hold_ms=300")
-	eventually(t, 5*time.Second, "the newcomer finished its work", func() bool {
+	wait.Until(t, 5*time.Second, func() bool {
 		return strings.Contains(b.stdout.String(), "oversub done")
-	})
+	}, "the newcomer finished its work")
 	sa, _ := e.state(a.pid())
 	sb, _ := e.state(b.pid())
 	// Each also has a 2 MiB slab (the client's small allocations): a needs 14 MiB, b 10 MiB, so b's
@@ -267,9 +269,9 @@ func TestOversubEvictionWaitsForAStreamCapture(t *testing.T) {
 	const budget = 16 * mib
 	e := newMemEnv(t, 20*time.Millisecond, 50*time.Millisecond, budget, ModeAuto)
 	a := e.startOversub(nil, "bufs=5", "size=2097152", "small=0", "iters=30", "capture_ms=700")
-	eventually(t, 5*time.Second, "the first client captures", func() bool {
+	wait.Until(t, 5*time.Second, func() bool {
 		return strings.Contains(a.stdout.String(), "capture_begin_ns")
-	})
+	}, "the first client captures")
 	b := e.startOversub(nil, "bufs=3", "size=2097152", "small=0", "iters=30", "seed=5")
 	va := a.waitOversub(t, 20*time.Second)
 	vb := b.waitOversub(t, 20*time.Second)
@@ -321,7 +323,7 @@ func TestOversubAllocationWithoutHostStagingFailsWithOutOfMemory(t *testing.T) {
 	const budget = 1 << 50 // a budget the host cannot stage
 	e := newMemEnv(t, 50*time.Millisecond, 200*time.Millisecond, budget, ModeAuto)
 	a := e.startOversub(nil, "bufs=1", "size=2097152", "small=2", "iters=20", "big="+strconv.Itoa(1<<48), "hold_ms=200")
-	eventually(t, 10*time.Second, "the client finished", func() bool { return strings.Contains(a.stdout.String(), "oversub done") })
+	wait.Until(t, 10*time.Second, func() bool { return strings.Contains(a.stdout.String(), "oversub done") }, "the client finished")
 	s, _ := e.state(a.pid())
 	va := a.waitOversub(t, 10*time.Second)
 	if va["big"] != 2 || !strings.Contains(a.stderr.String(), "host memory to swap this allocation to") {
@@ -569,9 +571,9 @@ func TestOversubEvictionReleasesEachAllocationAfterItsOwnCopy(t *testing.T) {
 	e := newMemEnv(t, 50*time.Millisecond, 2*time.Second, budget, ModeAuto)
 	slow := []string{"GPUSHARE_STUB_WORKER_DELAY_US=5000"}
 	a := e.startOversub(slow, "bufs=6", "size=2097152", "small=0", "iters=20", "hold_ms=1500")
-	eventually(t, 10*time.Second, "the first client finished its work", func() bool {
+	wait.Until(t, 10*time.Second, func() bool {
 		return strings.Contains(a.stdout.String(), "oversub done")
-	})
+	}, "the first client finished its work")
 	// b's one 12 MiB allocation takes six of a's allocations in one eviction
 	b := e.startOversub(slow, "bufs=1", "size="+strconv.Itoa(12*mib), "small=0", "iters=20", "seed=3")
 	b.waitOversub(t, 30*time.Second)
@@ -631,14 +633,14 @@ func TestOversubFreeDuringASwapWaitsForIt(t *testing.T) {
 	trim := filepath.Join(e.dir, "trim")
 	a := e.startOversub(slow, "alloc=async", "bufs=4", "size=2097152", "small=0", "iters=20", "keep_freed=2",
 		"trim_file="+trim, "hold_ms=2500", "recheck=1")
-	eventually(t, 10*time.Second, "the first client finished its work", func() bool {
+	wait.Until(t, 10*time.Second, func() bool {
 		return strings.Contains(a.stdout.String(), "oversub done")
-	})
+	}, "the first client finished its work")
 	b := e.startOversub(nil, "bufs=1", "size="+strconv.Itoa(12*mib), "small=0", "iters=20", "seed=3")
-	eventually(t, 10*time.Second, "the scheduler asked a to evict", func() bool {
+	wait.Until(t, 10*time.Second, func() bool {
 		s, ok := e.state(a.pid())
 		return ok && s.Evictions > 0
-	})
+	}, "the scheduler asked a to evict")
 	if err := os.WriteFile(trim, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -669,9 +671,9 @@ func TestOversubHandOffCopiesInWhileThePreviousHolderCopiesOut(t *testing.T) {
 	e := newMemEnv(t, 50*time.Millisecond, 2*time.Second, budget, ModeAuto)
 	slow := []string{"GPUSHARE_STUB_WORKER_DELAY_US=5000"}
 	a := e.startOversub(slow, "bufs=6", "size=2097152", "small=0", "iters=20", "hold_ms=2500", "recheck=1")
-	eventually(t, 10*time.Second, "the first client finished its work", func() bool {
+	wait.Until(t, 10*time.Second, func() bool {
 		return strings.Contains(a.stdout.String(), "oversub done")
-	})
+	}, "the first client finished its work")
 	b := e.startOversub(slow, "bufs=6", "size=2097152", "small=0", "iters=20", "hold_ms=4000", "seed=3")
 	a.waitOversub(t, 30*time.Second)
 	b.waitOversub(t, 30*time.Second)

@@ -10,6 +10,9 @@
  *     bufs=N size=BYTES    N large buffers (default 4 x 8 MiB)
  *     small=N              N small buffers of 1..96 KiB (slab-packed; default 16)
  *     iters=N              random operations (default 1000), sleep_us=US between them
+ *     until_file=PATH      after the iters operations, keep going until PATH exists (a test ends the work
+ *                          when the state it drives is reached, not after a count that a loaded machine
+ *                          may finish early)
  *     verify_every=N       full comparison every N operations (default 100)
  *     capture_ms=MS        first begin a stream capture, stay idle MS ms, end it
  *     hold_ms=MS           after the work, stay alive and idle MS ms
@@ -401,7 +404,11 @@ int main(int argc, char **argv)
     }
 
     unsigned char *tmp = malloc((size_t)(size > (96 << 10) ? size : (96 << 10)) + 65536);
-    for (long it = 0; it < iters; it++) {
+    const char *until_file = NULL;
+    for (int i = 1; i < argc; i++)
+        if (strncmp(argv[i], "until_file=", 11) == 0)
+            until_file = argv[i] + 11;
+    for (long it = 0; it < iters || (until_file != NULL && access(until_file, F_OK) != 0); it++) {
         struct buf *x = &b[rnd() % (uint64_t)n];
         size_t off = rnd() % x->n, len = 1 + rnd() % (x->n - off);
         switch (rnd() % (kind == PLAIN ? 5 : 6)) {

@@ -11,11 +11,11 @@ import (
 )
 
 // kube-apiserver and etcd die with the test process that started them. envtest starts them itself, with
-// no way to ask for a parent-death signal, so it is pointed at a directory where both names link to the
-// test binary: started under one of those names (and with the environment below), the test binary asks
-// the kernel for SIGKILL when its parent dies and replaces itself with the real binary; the request
-// survives the exec. A test binary killed by -timeout, a signal or a crash then leaves no control plane
-// behind eating the CPU of the next run.
+// no way to ask for a parent-death signal, so it is given their paths as links to the test binary in a
+// directory of their own: started under one of those names (and with the environment below), the test
+// binary asks the kernel for SIGKILL when its parent dies and replaces itself with the real binary; the
+// request survives the exec. A test binary killed by -timeout, a signal or a crash then leaves no control
+// plane behind eating the CPU of the next run.
 
 const (
 	// realBinEnv names the directory of the real binaries, parentEnv the pid of the test process.
@@ -65,8 +65,8 @@ func hasKey(kv, key string) bool {
 }
 
 // dyingBinDir makes a directory in which etcd and kube-apiserver start the real ones in bin so that
-// they die with this process, and kubectl is bin's; it sets the environment those starts read. The
-// caller removes the directory.
+// they die with this process; it sets the environment those starts read. The caller removes the
+// directory.
 func dyingBinDir(bin string) (string, error) {
 	self, err := os.Executable()
 	if err != nil {
@@ -85,10 +85,6 @@ func dyingBinDir(bin string) (string, error) {
 			_ = os.RemoveAll(dir)
 			return "", err
 		}
-	}
-	if err := os.Symlink(filepath.Join(absBin, "kubectl"), filepath.Join(dir, "kubectl")); err != nil {
-		_ = os.RemoveAll(dir)
-		return "", err
 	}
 	// Read by the children envtest starts (they inherit this process's environment).
 	if err := os.Setenv(realBinEnv, absBin); err != nil {

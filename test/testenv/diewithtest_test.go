@@ -53,9 +53,6 @@ func TestTheControlPlaneDiesWithTheTestProcess(t *testing.T) {
 	if err := os.Symlink(sleep, filepath.Join(bin, "etcd")); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Symlink(sleep, filepath.Join(bin, "kubectl")); err != nil {
-		t.Fatal(err)
-	}
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)

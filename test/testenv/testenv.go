@@ -106,9 +106,13 @@ func startWith(root, bin string, installCRDs bool, o Options) (*Env, error) {
 		return nil, fmt.Errorf("preparing the control plane to die with the test process: %w", err)
 	}
 	env := &envtest.Environment{
-		BinaryAssetsDirectory: wrapDir,
+		BinaryAssetsDirectory: bin,
 		Scheme:                s,
 	}
+	// Explicit paths: envtest would take $KUBEBUILDER_ASSETS over any directory given to it.
+	env.ControlPlane.GetAPIServer().Path = filepath.Join(wrapDir, "kube-apiserver")
+	env.ControlPlane.Etcd = &envtest.Etcd{Path: filepath.Join(wrapDir, "etcd")}
+	env.ControlPlane.KubectlPath = filepath.Join(bin, "kubectl")
 	for name, value := range o.APIServerFlags {
 		env.ControlPlane.GetAPIServer().Configure().Set(name, value)
 	}

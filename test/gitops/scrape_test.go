@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -26,6 +27,7 @@ import (
 	"github.com/gpusharing/gpusharing/controllers/setup"
 	"github.com/gpusharing/gpusharing/test/simnode"
 	"github.com/gpusharing/gpusharing/test/testenv"
+	"github.com/gpusharing/gpusharing/test/wait"
 )
 
 // eventOnly are the dashboard's series that exist only after an event this test does not cause: a shim
@@ -126,8 +128,7 @@ func TestTheDashboardsSeriesAreServedByARunningManagerAndAgent(t *testing.T) {
 	if err := env.Client.Create(ctx, p); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	wait.UntilState(t, 60*time.Second, func() (bool, string) {
 		select {
 		case err := <-errs:
 			t.Fatal(err)
@@ -136,36 +137,24 @@ func TestTheDashboardsSeriesAreServedByARunningManagerAndAgent(t *testing.T) {
 		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(p), p); err != nil {
 			t.Fatal(err)
 		}
-		if meta.IsStatusConditionTrue(p.Status.Conditions, v1.ConditionReady) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the policy did not become Ready: %+v", p.Status.Conditions)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return meta.IsStatusConditionTrue(p.Status.Conditions, v1.ConditionReady), fmt.Sprintf("%+v", p.Status.Conditions)
+	}, "the policy Ready")
 
 	srv := httptest.NewServer(promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}))
 	defer srv.Close()
-	// The policy's status pass and the agent's pass record their gauges right after their writes; give
-	// the last pass a moment.
+	// The policy's status pass and the agent's pass record their gauges right after their writes: wait
+	// until the last pass recorded them.
 	var got map[string]bool
-	var missing []string
-	for i := 0; i < 50; i++ {
-		got, missing = scrape(t, srv.URL), nil
+	wait.UntilState(t, 30*time.Second, func() (bool, string) {
+		var missing []string
+		got = scrape(t, srv.URL)
 		for _, name := range dashboardMetrics(t) {
 			if !got[name] && !eventOnly[name] {
 				missing = append(missing, name)
 			}
 		}
-		if len(missing) == 0 {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if len(missing) > 0 {
-		t.Errorf("the dashboard queries %v, which the running manager and agent do not serve", missing)
-	}
+		return len(missing) == 0, fmt.Sprintf("not served: %v", missing)
+	}, "the running manager and agent serve every series the dashboard queries")
 	// The event-only list must not hide series that are in fact always there.
 	for name := range eventOnly {
 		if got[name] {

@@ -142,8 +142,8 @@ func TestDRAOnlyNodePreparesClaimsAndDrainsThePodsHoldingThem(t *testing.T) {
 	n.setSpec(t, v1alpha1.GPUDesired{UUID: uuid, Index: 0, Sharing: timeSlicing(2), Drain: drainSpec(v1alpha1.DrainWaitForIdle, time.Minute)})
 	n.waitFor(t, "Draining naming the pod holding the claim", draining(uuid, podName, "waiting for 1 pods"))
 	waitSlices(t, n.name, "")
-	// Drain polls and a pass later the GPU is still draining: the pod holds its claim.
-	n.drainPolled(t)
+	// A pass later the GPU is still draining: the pod holds its claim. (This drain finds the pods through
+	// their claims in the API server, not the kubelet's PodResources: a pass is the event seen here.)
 	n.reconciled(t)
 	if reason, _, _ := applied(n.get(t), uuid); reason != v1alpha1.ReasonDraining {
 		t.Fatalf("Applied reason %s while the pod holds its claim, want Draining", reason)

@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -96,6 +97,10 @@ func scrape(t *testing.T, url string) map[string]bool {
 	return out
 }
 
+// scrapeRuns numbers this test's runs in one process (go test -count): each names its node, pool and
+// policy (and its GPUs' UUIDs) of its own, since the objects of an earlier run stay in the API server.
+var scrapeRuns atomic.Int32
+
 // The controller and a simulated node's real agent run in this process against the API server and
 // converge a time-slicing policy with oversubscription (so the shim scheduler runs); their shared
 // registry is served over HTTP as their /metrics endpoints serve it, and scraped.
@@ -115,12 +120,14 @@ func TestTheDashboardsSeriesAreServedByARunningManagerAndAgent(t *testing.T) {
 			errs <- err
 		}
 	}()
-	n := simnode.Node{Name: "scrape-node", Model: "H100", GPUs: 1, Labels: map[string]string{"pool": "scrape"}, Seq: 91}
+	r := scrapeRuns.Add(1)
+	pool := fmt.Sprintf("scrape-r%d", r)
+	n := simnode.Node{Name: pool + "-node", Model: "H100", GPUs: 1, Labels: map[string]string{"pool": pool}, Seq: 90 + int(r)}
 	simnode.StartForTest(t, ctx, env.Client, env.Config, env.Scheme, n, errs)
 	p := &v1.GPUSharingPolicy{
-		ObjectMeta: metav1.ObjectMeta{Name: "scrape-oversub"},
+		ObjectMeta: metav1.ObjectMeta{Name: pool + "-oversub"},
 		Spec: v1.GPUSharingPolicySpec{
-			NodeSelector: &v1.NodeSelector{MatchLabels: map[string]v1.LabelValue{"pool": "scrape"}},
+			NodeSelector: &v1.NodeSelector{MatchLabels: map[string]v1.LabelValue{"pool": v1.LabelValue(pool)}},
 			Sharing: v1.Sharing{Strategy: v1.StrategyTimeSlicing, TimeSlicing: &v1.TimeSlicingSharing{Replicas: 2},
 				Oversubscription: &v1.Oversubscription{}},
 		},

@@ -29,6 +29,9 @@ var (
 	// dryRun is what the API server makes of config/default's objects (defaults filled in), captured with
 	// a server-side dry run before the chart is installed, so that nothing the chart did can leak into it.
 	dryRun map[string]*unstructured.Unstructured
+	// installed is what the chart created for each of those objects, read right after the install: the
+	// upgrade tests change the live objects later in the same process (go test -count).
+	installed map[string]*unstructured.Unstructured
 )
 
 // install captures config/default's objects as the API server would store them, then installs the chart
@@ -61,6 +64,14 @@ func install(t *testing.T) {
 		// kubectl prints one JSON object per created object.
 		dryRun = decodeAll(t, string(out))
 		run(t, "helm", "install", "gpusharing", chartDir(), "--kubeconfig", kc, "--namespace", namespace, "--wait=false")
+		installed = map[string]*unstructured.Unstructured{}
+		for k, want := range dryRun {
+			switch want.GetKind() {
+			case "Deployment", "DaemonSet", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+				"ClusterRole", "Role", "ClusterRoleBinding", "RoleBinding", "ServiceAccount":
+				installed[k] = live(t, want)
+			}
+		}
 		// The tests create policies and GPUNodes next: wait until the chart's CRDs serve.
 		wait.For(t, 60*time.Second, func() error { return env.Client.List(ctx, &v1.GPUNodeList{}) }, "the chart's CRDs serve")
 	})
@@ -97,7 +108,7 @@ func TestChartInstallsTheManagerAndAgentObjectsKustomizeApplies(t *testing.T) {
 		default:
 			continue
 		}
-		got := live(t, want)
+		got := installed[k].DeepCopy()
 		compared[want.GetKind()] = true
 		// Helm labels what it manages; everything else must be kustomize's.
 		labels := got.GetLabels()

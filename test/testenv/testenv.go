@@ -136,8 +136,9 @@ func startWith(root, bin string, installCRDs bool, o Options) (*Env, error) {
 
 // Stop ends the API server and etcd.
 func (e *Env) Stop() error {
-	defer os.RemoveAll(e.wrapDir)
-	return e.env.Stop()
+	err := e.env.Stop()
+	_ = os.RemoveAll(e.wrapDir)
+	return err
 }
 
 // GVR names the resources the tests list.

@@ -85,6 +85,10 @@ test: control-plane helm verify-generated lint helm-lint ## The test command: un
 	go test $(GO_TEST_FLAGS) ./...
 	@if [ -f shim/Makefile ]; then $(MAKE) -C shim test; fi
 
+.PHONY: flake-check
+flake-check: control-plane helm ## Run the timing-sensitive suites N times each and report every failure (N=5)
+	hack/flake-check.sh $(or $(N),5)
+
 .PHONY: e2e-deps images e2e
 e2e-deps: control-plane ## Build the rest of a real node into bin/: kubelet, kube-controller-manager, containerd v2, runc, CNI plugins
 	BIN=$(BIN) hack/build-control-plane.sh kube-controller-manager kubelet

@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/gpusharing/gpusharing/agent/dra"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
+	"github.com/gpusharing/gpusharing/test/wait"
 )
 
 // slicedDevices lists the device names of node's ResourceSlices and their pool generation.
@@ -45,17 +47,13 @@ func slicedDevices(t *testing.T, node string) (string, int64, []metav1.OwnerRefe
 
 func waitSlices(t *testing.T, node, want string) int64 {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		got, gen, _ := slicedDevices(t, node)
-		if got == want {
-			return gen
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("ResourceSlices of %s list %q, want %q", node, got, want)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	var gen int64
+	wait.UntilState(t, 30*time.Second, func() (bool, string) {
+		var got string
+		got, gen, _ = slicedDevices(t, node)
+		return got == want, fmt.Sprintf("slices list %q", got)
+	}, "the ResourceSlices of %s list %q", node, want)
+	return gen
 }
 
 func TestAgentPublishesItsAppliedSharingAsResourceSlices(t *testing.T) {
@@ -144,7 +142,9 @@ func TestDRAOnlyNodePreparesClaimsAndDrainsThePodsHoldingThem(t *testing.T) {
 	n.setSpec(t, v1alpha1.GPUDesired{UUID: uuid, Index: 0, Sharing: timeSlicing(2), Drain: drainSpec(v1alpha1.DrainWaitForIdle, time.Minute)})
 	n.waitFor(t, "Draining naming the pod holding the claim", draining(uuid, podName, "waiting for 1 pods"))
 	waitSlices(t, n.name, "")
-	time.Sleep(500 * time.Millisecond)
+	// A pass later the GPU is still draining: the pod holds its claim. (This drain finds the pods through
+	// their claims in the API server, not the kubelet's PodResources: a pass is the event seen here.)
+	n.reconciled(t)
 	if reason, _, _ := applied(n.get(t), uuid); reason != v1alpha1.ReasonDraining {
 		t.Fatalf("Applied reason %s while the pod holds its claim, want Draining", reason)
 	}

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/gpusharing/gpusharing/agent/deviceplugin"
@@ -24,6 +25,7 @@ import (
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 	"github.com/gpusharing/gpusharing/test/fakebin"
 	"github.com/gpusharing/gpusharing/test/fakekubelet"
+	"github.com/gpusharing/gpusharing/test/wait"
 )
 
 // testNode is one agent built by Setup, as cmd/agent builds it, over a mock DGX A100, fake host tools, a
@@ -163,25 +165,84 @@ func (n *testNode) setSpec(t *testing.T, gpus ...v1alpha1.GPUDesired) {
 	}
 }
 
-// waitFor polls the GPUNode until ok holds; it fails the test with the last explanation otherwise.
+// waitFor polls the GPUNode until ok holds and returns it; it fails the test with the last explanation
+// otherwise.
 func (n *testNode) waitFor(t *testing.T, what string, ok func(*v1alpha1.GPUNode) (bool, string)) *v1alpha1.GPUNode {
 	t.Helper()
-	var last string
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
+	var got *v1alpha1.GPUNode
+	wait.UntilState(t, 30*time.Second, func() (bool, string) {
 		g := &v1alpha1.GPUNode{}
-		if err := env.Client.Get(context.Background(), types.NamespacedName{Name: n.name}, g); err == nil {
-			var done bool
-			if done, last = ok(g); done {
-				return g
-			}
-		} else {
-			last = err.Error()
+		if err := env.Client.Get(context.Background(), types.NamespacedName{Name: n.name}, g); err != nil {
+			return false, err.Error()
 		}
-		time.Sleep(50 * time.Millisecond)
+		done, state := ok(g)
+		if done {
+			got = g
+		}
+		return done, state
+	}, "%s", what)
+	return got
+}
+
+// reconciled makes the agent look at its GPUNode once more (a label changes, the spec does not) and
+// waits until the agent's controller has counted a reconcile since: a "nothing happened" check made
+// after it knows the agent had its chance to act.
+func (n *testNode) reconciled(t *testing.T) {
+	t.Helper()
+	before := agentReconciles(t)
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		g := &v1alpha1.GPUNode{}
+		if err := env.Client.Get(context.Background(), types.NamespacedName{Name: n.name}, g); err != nil {
+			return err
+		}
+		if g.Labels == nil {
+			g.Labels = map[string]string{}
+		}
+		g.Labels["test.gpusharing.io/poke"] = fmt.Sprint(time.Now().UnixNano())
+		return env.Client.Update(context.Background(), g)
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatalf("%s: not within 30s; last: %s", what, last)
-	return nil
+	wait.UntilState(t, 30*time.Second, func() (bool, string) {
+		got := agentReconciles(t)
+		return got > before, fmt.Sprintf("%v reconciles, %v before the poke", got, before)
+	}, "the agent reconciled its GPUNode after a label change")
+}
+
+// drainPolled waits until the kubelet's PodResources answered four more List calls: a running drain
+// lists the pods on its GPU at each poll (the device plugin's check of a cordoned GPU lists too, at the
+// same 100 ms pace), so the drain has polled since and acted on what it found.
+func (n *testNode) drainPolled(t *testing.T) {
+	t.Helper()
+	base := n.pods.Lists()
+	wait.UntilState(t, 30*time.Second, func() (bool, string) {
+		return n.pods.Lists() >= base+4, fmt.Sprintf("%d lists since", n.pods.Lists()-base)
+	}, "the drain polled the kubelet")
+}
+
+// agentReconciles is controller-runtime's count of the agent controller's finished reconciles in this
+// process (the package's tests run one agent at a time).
+func agentReconciles(t *testing.T) float64 {
+	t.Helper()
+	families, err := metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n float64
+	for _, f := range families {
+		if f.GetName() != "controller_runtime_reconcile_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "controller" && l.GetValue() == "gpunode-agent" {
+					n += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return n
 }
 
 // waitDevices polls the kubelet's view of resource until it equals want (device ID -> health).
@@ -190,27 +251,15 @@ func (n *testNode) waitDevices(t *testing.T, what, resource string, want map[str
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if len(want) == 0 {
-		eventually(t, what, func() (bool, string) {
+		wait.UntilState(t, 30*time.Second, func() (bool, string) {
 			got := n.kubelet.Devices(resource)
 			return len(got) == 0, fmt.Sprintf("kubelet's %s: %v", resource, got)
-		})
+		}, "%s", what)
 		return
 	}
 	if err := n.kubelet.WaitForDevices(ctx, resource, want); err != nil {
 		t.Fatalf("%s: %v", what, err)
 	}
-}
-
-func eventually(t *testing.T, what string, ok func() (bool, string)) {
-	t.Helper()
-	var last string
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		var done bool
-		if done, last = ok(); done {
-			return
-		}
-	}
-	t.Fatalf("%s: not within 30s; last: %s", what, last)
 }
 
 // gpuState finds a GPU in status.

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
+	"github.com/gpusharing/gpusharing/test/wait"
 )
 
 func healthy(g *v1alpha1.GPUNode, uuid string) *metav1.Condition {
@@ -51,14 +52,10 @@ func TestACriticalXidMarksTheGPUUnhealthyInStatusAndAtTheKubelet(t *testing.T) {
 	// The transition is an event on the GPUNode whose reason is the condition's, and only one: later
 	// passes that find the GPU still unhealthy make none.
 	var events []string
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
+	wait.Until(t, 30*time.Second, func() bool {
 		events = gpuNodeEvents(t, n.name, "XidError")
-		if len(events) > 0 {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return len(events) > 0
+	}, "an XidError event on GPUNode %s", n.name)
 	if len(events) != 1 || !strings.Contains(events[0], "GPU 1") || !strings.Contains(events[0], "Xid 79") {
 		t.Errorf("XidError events on GPUNode %s: %q, want one Warning naming GPU 1 and Xid 79", n.name, events)
 	}

@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gpusharing/gpusharing/agent/gpu"
 	"github.com/gpusharing/gpusharing/agent/podpid"
@@ -21,19 +22,22 @@ import (
 // (the demo's simulated nodes) the hello is trusted: PeerPriority is unset.
 func TestShimClientPriorityComesFromItsPod(t *testing.T) {
 	ctx := context.Background()
-	pc := &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: "app-gpu-high"}, Value: 1000}
+	// Names of this run's own: with no kubelet, a deleted pod bound to a node stays (terminating), so a
+	// second run in the same API server (-count) must not reuse the first one's names.
+	pc := &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{GenerateName: "app-gpu-high-"}, Value: 1000}
 	if err := env.Client.Create(ctx, pc); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = env.Client.Delete(ctx, pc) })
+	node := "prio-node-" + pc.Name[len(pc.GenerateName):]
 	root := t.TempDir()
 	pod := func(name, class string, pid int32) {
-		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
-			Spec: corev1.PodSpec{NodeName: "prio-node", PriorityClassName: class, Containers: []corev1.Container{{Name: "c", Image: "x"}}}}
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{GenerateName: name + "-", Namespace: "default"},
+			Spec: corev1.PodSpec{NodeName: node, PriorityClassName: class, Containers: []corev1.Container{{Name: "c", Image: "x"}}}}
 		if err := env.Client.Create(ctx, p); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = env.Client.Delete(ctx, p) })
+		t.Cleanup(func() { _ = env.Client.Delete(ctx, p, client.GracePeriodSeconds(0)) })
 		dir := filepath.Join(root, fmt.Sprint(pid))
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			t.Fatal(err)
@@ -45,7 +49,7 @@ func TestShimClientPriorityComesFromItsPod(t *testing.T) {
 	}
 	pod("prio-high", pc.Name, 50)
 	pod("prio-plain", "", 51)
-	r := &podpid.Resolver{Reader: env.Client, NodeName: "prio-node", ProcRoot: root}
+	r := &podpid.Resolver{Reader: env.Client, NodeName: node, ProcRoot: root}
 
 	g := shimGuards(Options{GPU: gpu.Null{}}, r)
 	for pid, want := range map[int32]scheduler.Priority{50: scheduler.PriorityHigh, 51: scheduler.PriorityNormal, 52: scheduler.PriorityNormal} {

@@ -24,6 +24,7 @@ import (
 	"github.com/gpusharing/gpusharing/agent/deviceplugin"
 	"github.com/gpusharing/gpusharing/agent/dra"
 	"github.com/gpusharing/gpusharing/test/testenv"
+	"github.com/gpusharing/gpusharing/test/wait"
 )
 
 // The host paths the kubelet plugin hands out, as the agent configures them.
@@ -334,13 +335,9 @@ func TestKubeletPluginRefusesADeviceTheNodeNoLongerPublishes(t *testing.T) {
 
 func waitAllocated(t *testing.T, ctx context.Context, c client.Client, name string) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
+	wait.Until(t, 60*time.Second, func() bool {
 		var claim resourcev1.ResourceClaim
-		if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, &claim); err == nil && claim.Status.Allocation != nil {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("claim %s not allocated within 20s", name)
+		err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, &claim)
+		return err == nil && claim.Status.Allocation != nil
+	}, "claim %s allocated", name)
 }

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -22,6 +23,7 @@ import (
 	"github.com/gpusharing/gpusharing/agent/dra"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 	"github.com/gpusharing/gpusharing/test/testenv"
+	"github.com/gpusharing/gpusharing/test/wait"
 )
 
 const nodeName = "dra-node"
@@ -56,6 +58,7 @@ func startScheduler(t *testing.T, env *testenv.Env) {
 	cmd := exec.Command(bin, "--kubeconfig="+kcfg, "--authentication-kubeconfig="+kcfg, "--authorization-kubeconfig="+kcfg,
 		"--leader-elect=false", "--bind-address=127.0.0.1", "--secure-port=0", "-v=2")
 	cmd.Stdout, cmd.Stderr = &log, &log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // dies with a test binary killed by -timeout
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -184,20 +187,16 @@ func podFor(t *testing.T, ctx context.Context, c client.Client, name string) {
 // allocated waits for the claim's allocation and returns the device it got.
 func allocated(t *testing.T, ctx context.Context, c client.Client, name string) string {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
-		var claim resourcev1.ResourceClaim
-		if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, &claim); err == nil && claim.Status.Allocation != nil {
-			r := claim.Status.Allocation.Devices.Results
-			if len(r) != 1 || r[0].Driver != dra.DriverName || r[0].Pool != nodeName {
-				t.Fatalf("claim %s allocated %+v", name, r)
-			}
-			return r[0].Device
-		}
-		time.Sleep(100 * time.Millisecond)
+	var claim resourcev1.ResourceClaim
+	wait.Until(t, 60*time.Second, func() bool {
+		err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, &claim)
+		return err == nil && claim.Status.Allocation != nil
+	}, "claim %s allocated", name)
+	r := claim.Status.Allocation.Devices.Results
+	if len(r) != 1 || r[0].Driver != dra.DriverName || r[0].Pool != nodeName {
+		t.Fatalf("claim %s allocated %+v", name, r)
 	}
-	t.Fatalf("claim %s not allocated within 20s", name)
-	return ""
+	return r[0].Device
 }
 
 func TestTheSchedulerAllocatesEachKindOfShareFromThePublishedSlices(t *testing.T) {
@@ -245,23 +244,24 @@ func TestTheSchedulerAllocatesEachKindOfShareFromThePublishedSlices(t *testing.T
 // fails when the pod is bound.
 func pendingReason(t *testing.T, ctx context.Context, c client.Client, name string) string {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
+	var msg string
+	wait.Until(t, 60*time.Second, func() bool {
 		var pod corev1.Pod
-		if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, &pod); err == nil {
-			if pod.Spec.NodeName != "" {
-				t.Fatalf("pod %s was bound to %s", name, pod.Spec.NodeName)
-			}
-			for _, cond := range pod.Status.Conditions {
-				if cond.Type == corev1.PodScheduled && cond.Status == corev1.ConditionFalse && cond.Reason == corev1.PodReasonUnschedulable {
-					return cond.Message
-				}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, &pod); err != nil {
+			return false
+		}
+		if pod.Spec.NodeName != "" {
+			t.Fatalf("pod %s was bound to %s", name, pod.Spec.NodeName)
+		}
+		for _, cond := range pod.Status.Conditions {
+			if cond.Type == corev1.PodScheduled && cond.Status == corev1.ConditionFalse && cond.Reason == corev1.PodReasonUnschedulable {
+				msg = cond.Message
+				return true
 			}
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("pod %s not reported unschedulable within 20s", name)
-	return ""
+		return false
+	}, "pod %s reported unschedulable", name)
+	return msg
 }
 
 func tailOf(s string, n int) string {

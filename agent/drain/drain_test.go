@@ -22,6 +22,7 @@ import (
 
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 	"github.com/gpusharing/gpusharing/test/fakekubelet"
+	"github.com/gpusharing/gpusharing/test/wait"
 )
 
 const pollInterval = 50 * time.Millisecond
@@ -187,8 +188,10 @@ func TestEvictWaitsWhileAPodDisruptionBudgetBlocksAndCompletesWhenItAllows(t *te
 	if !reflect.DeepEqual(blocked.Pods, []PodRef{{ns, "server"}}) || !strings.Contains(blocked.Message, "disruption budget") {
 		t.Errorf("blocked step: pods %v message %q; want the pod and the budget named", blocked.Pods, blocked.Message)
 	}
-	// Several polls later the pod is still there: the budget holds.
-	time.Sleep(5 * pollInterval)
+	// Several polls later (each lists the kubelet's pods, then tries the eviction again) the pod is still
+	// there: the budget holds.
+	listed := pr.Lists()
+	wait.Until(t, 30*time.Second, func() bool { return pr.Lists() >= listed+3 }, "three more polls of the drain")
 	var pod corev1.Pod
 	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "server"}, &pod); err != nil || pod.DeletionTimestamp != nil {
 		t.Fatalf("pod while the budget blocks: %v, deleting=%v; want it untouched", err, pod.DeletionTimestamp != nil)

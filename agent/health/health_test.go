@@ -13,6 +13,7 @@ import (
 	"github.com/gpusharing/gpusharing/agent/gpu"
 	"github.com/gpusharing/gpusharing/agent/gpu/nvmlmock"
 	"github.com/gpusharing/gpusharing/agent/health"
+	"github.com/gpusharing/gpusharing/test/wait"
 )
 
 var t0 = time.Date(2026, 11, 22, 10, 5, 0, 0, time.UTC)
@@ -253,17 +254,19 @@ func TestWaitErrorIsRetriedWithDoublingBackoff(t *testing.T) {
 	// After each failure the watcher sleeps on the clock and calls Wait again only when the backoff passed:
 	// 1s, 2s, then 3s (the bound) twice.
 	for n, backoff := range []time.Duration{time.Second, 2 * time.Second, 3 * time.Second, 3 * time.Second} {
-		waitFor(t, func() bool { return f.clock.HasWaiters() }, "the watcher to sleep after failed wait %d", n+1)
+		wait.Until(t, 5*time.Second, func() bool { return f.clock.HasWaiters() }, "the watcher to sleep after failed wait %d", n+1)
 		if got := set.Waits(); got != n+1 {
 			t.Fatalf("waits = %d after failure %d, want %d", got, n+1, n+1)
 		}
 		f.clock.Step(backoff - time.Millisecond)
-		time.Sleep(20 * time.Millisecond)
+		// Asleep on the clock again: had the step fired its timer, the watcher would have called Wait
+		// (counted below) before it slept again.
+		wait.Until(t, 5*time.Second, func() bool { return f.clock.HasWaiters() }, "the watcher asleep after a %v step", backoff-time.Millisecond)
 		if got := set.Waits(); got != n+1 {
 			t.Fatalf("waits = %d %v into a %v backoff, want %d (no retry before it passed)", got, backoff-time.Millisecond, backoff, n+1)
 		}
 		f.clock.Step(time.Millisecond)
-		waitFor(t, func() bool { return set.Waits() > n+1 }, "a retry after the %v backoff", backoff)
+		wait.Until(t, 5*time.Second, func() bool { return set.Waits() > n+1 }, "a retry after the %v backoff", backoff)
 	}
 	// Recovered: events are handled again.
 	f.pushXid(0, 79)
@@ -287,7 +290,7 @@ func TestEventSetCreationIsRetriedWithBackoff(t *testing.T) {
 	go func() { defer close(done); _ = w.Run(ctx) }()
 	defer func() { cancel(); <-done }()
 
-	waitFor(t, clk.HasWaiters, "the watcher to sleep after the failed EventSetCreate")
+	wait.Until(t, 5*time.Second, clk.HasWaiters, "the watcher to sleep after the failed EventSetCreate")
 	select {
 	case <-w.Ready():
 		t.Fatal("ready before any event set exists")
@@ -351,16 +354,5 @@ func TestParseXids(t *testing.T) {
 	}
 	if got := health.FormatXids(health.DefaultIgnoredXids); got != "13,31,43,45,68,109" {
 		t.Errorf("defaults = %s", got)
-	}
-}
-
-func waitFor(t *testing.T, cond func() bool, what string, args ...any) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for "+what, args...)
-		}
-		time.Sleep(time.Millisecond)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/gpusharing/gpusharing/agent/runner"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 	"github.com/gpusharing/gpusharing/test/fakebin"
+	"github.com/gpusharing/gpusharing/test/wait"
 )
 
 const gpuUUID = "GPU-0000aaaa-0000-0000-0000-000000000000"
@@ -231,13 +232,10 @@ func write(t *testing.T, path, data string) {
 func waitDead(t *testing.T, pid int) {
 	t.Helper()
 	m := New(Config{})
-	for i := 0; i < 500; i++ {
-		if alive, _ := m.alive(pid); !alive {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("process %d still alive", pid)
+	wait.Until(t, 5*time.Second, func() bool {
+		alive, _ := m.alive(pid)
+		return !alive
+	}, "process %d is gone", pid)
 }
 
 func TestAPassThatFindsTheDaemonDeadRestartsItAtOnce(t *testing.T) {

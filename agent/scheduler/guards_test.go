@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gpusharing/gpusharing/test/wait"
 )
 
 // startGuarded serves GPU "GPU-test" with the given config and guards on a fresh socket, with no C
@@ -68,11 +70,20 @@ func TestPeerStallingMidMessageIsDroppedAndItsWaiterRuns(t *testing.T) {
 // A quiet client (no message started) is never dropped by the frame deadline: its lease is its
 // connection, however long it idles.
 func TestIdleClientOutlivesTheFrameDeadline(t *testing.T) {
-	_, sock, _ := startGuarded(t, GPUConfig{Quantum: 10 * time.Second}, Guards{FrameTimeout: 50 * time.Millisecond})
+	_, sock, m := startGuarded(t, GPUConfig{Quantum: time.Minute}, Guards{FrameTimeout: 50 * time.Millisecond})
 	a := dialRaw(t, sock, PriorityNormal)
-	a.hold()
-	time.Sleep(300 * time.Millisecond)
-	a.send(Message{Type: MsgRelease, Epoch: 1})
+	epoch := a.hold()
+	// A second peer stops mid-message after a's last message: once it is dropped for that, the frame
+	// deadline of every message a sent has passed too.
+	b := dialRaw(t, sock, PriorityNormal)
+	frame, _ := Encode(Message{Type: MsgAcquire})
+	if _, err := b.conn.Write(frame[:5]); err != nil {
+		t.Fatal(err)
+	}
+	wait.Until(t, 10*time.Second, func() bool {
+		return counterValue(t, m.dropped.WithLabelValues("GPU-test", DropFrameTimeout)) == 1
+	}, "the peer that stopped mid-message is dropped at the frame deadline")
+	a.send(Message{Type: MsgRelease, Epoch: epoch})
 	a.hold() // still served: granted again
 }
 
@@ -95,7 +106,7 @@ func TestConnectionsPerPeerAndPerSocketAreCapped(t *testing.T) {
 			t.Fatalf("peer-limit refusals = %v", v)
 		}
 		second.conn.Close()
-		eventually(t, 2*time.Second, "a freed slot is usable again", func() bool {
+		wait.Until(t, 2*time.Second, func() bool {
 			c, err := net.Dial("unix", sock)
 			if err != nil {
 				return false
@@ -106,7 +117,7 @@ func TestConnectionsPerPeerAndPerSocketAreCapped(t *testing.T) {
 			_ = c.SetReadDeadline(time.Now().Add(time.Second))
 			w, err := ReadMessage(c)
 			return err == nil && w.Type == MsgWelcome
-		})
+		}, "a freed slot is usable again")
 	})
 	t.Run("per socket", func(t *testing.T) {
 		// Every connection of this test comes from one process: a PeerKey naming each connection's
@@ -190,19 +201,19 @@ func TestShimAskingForHighPriorityGetsWhatItsPodAllows(t *testing.T) {
 	epoch := holder.hold()
 	normal := dialRaw(t, e.sock, PriorityNormal)
 	normal.send(Message{Type: MsgAcquire})
-	eventually(t, time.Second, "the normal waiter queues", func() bool {
+	wait.Until(t, time.Second, func() bool {
 		for _, s := range e.s.Snapshot() {
 			if s.Waiting {
 				return true
 			}
 		}
 		return false
-	})
+	}, "the normal waiter queues")
 	asking := e.startClient([]string{"GPUSHARE_PRIORITY=high"}, "dlsym", "20", "1000")
-	eventually(t, 2*time.Second, "the client asking for High queues", func() bool {
+	wait.Until(t, 2*time.Second, func() bool {
 		s, ok := e.state(asking.pid())
 		return ok && s.Waiting
-	})
+	}, "the client asking for High queues")
 	if s, _ := e.state(asking.pid()); s.Priority != PriorityNormal {
 		t.Fatalf("a client whose pod allows Normal runs at %v", s.Priority)
 	}

@@ -14,10 +14,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gpusharing/gpusharing/test/wait"
 )
 
 // Harness for the integration tests: the real shim (shim/build/libgpushare.so),
@@ -150,6 +153,7 @@ func (e *env) startProgram(name string, extraEnv []string, args ...string) *proc
 	)
 	p.cmd.Env = append(p.cmd.Env, extraEnv...)
 	p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // dies with a test binary killed by -timeout
 	if err := p.cmd.Start(); err != nil {
 		e.t.Fatal(err)
 	}
@@ -189,16 +193,23 @@ func (p *proc) exited() bool {
 	}
 }
 
-// eventually polls cond every 5 ms until it holds or d passes.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+// waitQueued waits until the scheduler has handled the acquisitions that must wait: n clients wait and
+// exactly one holds. A grant to a waiter that should wait shows as a timeout here, with the states.
+func (e *env) waitQueued(t *testing.T, n int) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting until %s", d, what)
+	wait.UntilState(t, 5*time.Second, func() (bool, string) {
+		st := e.s.Snapshot()
+		waiting, holding := 0, 0
+		for _, c := range st {
+			if c.Waiting {
+				waiting++
+			}
+			if c.Holding {
+				holding++
+			}
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return waiting == n && holding == 1, fmt.Sprintf("%d waiting, %d holding: %+v", waiting, holding, st)
+	}, "%d clients wait and one holds the lock", n)
 }
 
 func (e *env) state(pid int) (ClientState, bool) {

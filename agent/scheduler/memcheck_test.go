@@ -7,6 +7,7 @@ import (
 
 	"github.com/gpusharing/gpusharing/agent/gpu"
 	"github.com/gpusharing/gpusharing/agent/gpu/nvmlmock"
+	"github.com/gpusharing/gpusharing/test/wait"
 )
 
 // memcheckEnv serves a 64 MiB budget whose process memory comes from a go-nvml mock GPU, through the
@@ -32,14 +33,14 @@ func holdAndRelease(t *testing.T, s *Scheduler, sock string, need, released uint
 	c.send(Message{Type: MsgUsage, Acks: 1, Need: need, Resident: need})
 	c.send(Message{Type: MsgRelease, Epoch: g.Epoch, Resident: released})
 	var st ClientState
-	eventually(t, 2*time.Second, "the release is handled", func() bool {
+	wait.Until(t, 2*time.Second, func() bool {
 		snap := s.Snapshot()
 		if len(snap) != 1 {
 			return false
 		}
 		st = snap[0]
 		return !st.Holding
-	})
+	}, "the release is handled")
 	return st
 }
 

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gpusharing/gpusharing/test/wait"
 )
 
 // Oversubscription end to end: real processes (shim/tests/oversub_client)
@@ -37,20 +39,38 @@ func (e *env) startOversub(extraEnv []string, args ...string) *proc {
 	}, extraEnv...), args...)
 }
 
+// gate is a file a client waits for (its hold_until= or idle_until= option): it idles until the test
+// has seen what it checks, however long that takes on a loaded machine. open creates the file.
+func (e *env) gate(name string) (path string, open func()) {
+	path = filepath.Join(e.dir, name)
+	return path, func() {
+		if err := os.WriteFile(path, nil, 0o644); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+}
+
 // idleThenNewcomer starts a client, waits until it prints ready (then it
-// idles, holding its memory), then starts a newcomer and waits until that one
-// finished its work.
-func (e *env) idleThenNewcomer(t *testing.T, first []string, ready string, newcomer []string) (a, b *proc) {
+// idles, holding its memory, until release), then starts a newcomer and waits
+// until that one finished its work (it too idles until release).
+func (e *env) idleThenNewcomer(t *testing.T, first []string, ready string, newcomer []string) (a, b *proc, release func()) {
 	t.Helper()
+	held, release := e.gate("release")
+	idle := "hold_until=" // idle after the work, holding the memory
+	if ready == "oversub freed" {
+		idle = "idle_until=" // idle after freeing it
+	}
+	first = append(first, idle+held)
+	newcomer = append(newcomer, "hold_until="+held)
 	a = e.startOversub(nil, first...)
-	eventually(t, 5*time.Second, "the first client: "+ready, func() bool {
+	wait.Until(t, 5*time.Second, func() bool {
 		return strings.Contains(a.stdout.String(), ready)
-	})
+	}, "the first client: %s", ready)
 	b = e.startOversub(nil, newcomer...)
-	eventually(t, 5*time.Second, "the newcomer finished its work", func() bool {
+	wait.Until(t, 5*time.Second, func() bool {
 		return strings.Contains(b.stdout.String(), "oversub done")
-	})
-	return a, b
+	}, "the newcomer finished its work")
+	return a, b, release
 }
 
 // oversubPair runs two clients with the same environment and arguments (seeds 1 and 2) and waits for
@@ -199,8 +219,8 @@ func twoClientsOverBudget(t *testing.T, env, bufs []string) {
 func TestOversubEvictsOnlyWhatTheNextHolderNeeds(t *testing.T) {
 	const budget = 16 * mib
 	e := newMemEnv(t, 50*time.Millisecond, 200*time.Millisecond, budget, ModeAuto)
-	a, b := e.idleThenNewcomer(t, []string{"bufs=5", "size=2097152", "small=0", "iters=50", "hold_ms=1500"},
-		"oversub done", []string{"bufs=3", "size=2097152", "small=0", "iters=50", "seed=3", "hold_ms=300"})
+	a, b, release := e.idleThenNewcomer(t, []string{"bufs=5", "size=2097152", "small=0", "iters=50"},
+		"oversub done", []string{"bufs=3", "size=2097152", "small=0", "iters=50", "seed=3"})
 	sa, _ := e.state(a.pid())
 	sb, _ := e.state(b.pid())
 	t.Logf("a: need %d resident %d swapped %d outs %d; b: need %d resident %d", sa.NeedBytes, sa.ResidentBytes,
@@ -216,6 +236,7 @@ func TestOversubEvictsOnlyWhatTheNextHolderNeeds(t *testing.T) {
 		t.Errorf("reservations a=%d b=%d (budget %d), evictions of a = %d, b resident %d", sa.ReservedBytes,
 			sb.ReservedBytes, budget, sa.Evictions, sb.ResidentBytes)
 	}
+	release()
 	a.waitOversub(t, 10*time.Second)
 	b.waitOversub(t, 10*time.Second)
 }
@@ -229,15 +250,18 @@ func TestOversubEvictsPartOfALargeAllocation(t *testing.T) {
 	const budget = 16 * mib
 	e := newMemEnv(t, 50*time.Millisecond, 200*time.Millisecond, budget, ModeAuto)
 	seg := []string{"GPUSHARE_SEGMENT_MIB=2"}
-	a := e.startOversub(seg, "bufs=1", "size="+strconv.Itoa(12*mib), "small=0", "iters=50", "hold_ms=1500",
+	// a idles until b is gone; b until its state was read.
+	heldA, releaseA := e.gate("release-a")
+	heldB, releaseB := e.gate("release-b")
+	a := e.startOversub(seg, "bufs=1", "size="+strconv.Itoa(12*mib), "small=0", "iters=50", "hold_until="+heldA,
 		"recheck=1")
-	eventually(t, 5*time.Second, "the first client finished its work", func() bool {
+	wait.Until(t, 5*time.Second, func() bool {
 		return strings.Contains(a.stdout.String(), "oversub done")
-	})
-	b := e.startOversub(seg, "bufs=1", "size="+strconv.Itoa(8*mib), "small=0", "iters=50", "seed=3", "hold_ms=300")
-	eventually(t, 5*time.Second, "the newcomer finished its work", func() bool {
+	}, "the first client finished its work")
+	b := e.startOversub(seg, "bufs=1", "size="+strconv.Itoa(8*mib), "small=0", "iters=50", "seed=3", "hold_until="+heldB)
+	wait.Until(t, 5*time.Second, func() bool {
 		return strings.Contains(b.stdout.String(), "oversub done")
-	})
+	}, "the newcomer finished its work")
 	sa, _ := e.state(a.pid())
 	sb, _ := e.state(b.pid())
 	// Each also has a 2 MiB slab (the client's small allocations): a needs 14 MiB, b 10 MiB, so b's
@@ -249,8 +273,10 @@ func TestOversubEvictsPartOfALargeAllocation(t *testing.T) {
 		t.Errorf("a: %d swapped in %d swap-outs; want the %d bytes b lacked, in 2 MiB segments", sa.SwappedBytes,
 			sa.SwapOuts, deficit)
 	}
-	va := a.waitOversub(t, 10*time.Second)
+	releaseB()
 	b.waitOversub(t, 10*time.Second)
+	releaseA()
+	va := a.waitOversub(t, 10*time.Second)
 	if !strings.Contains(a.stdout.String(), "oversub rechecked") || va["range_ok"] != 1 || va["ctx_ok"] != 1 {
 		t.Errorf("a did not check its memory after the hold, or its pointer answers were off: %v\n%s", va,
 			a.stdout.String())
@@ -267,9 +293,9 @@ func TestOversubEvictionWaitsForAStreamCapture(t *testing.T) {
 	const budget = 16 * mib
 	e := newMemEnv(t, 20*time.Millisecond, 50*time.Millisecond, budget, ModeAuto)
 	a := e.startOversub(nil, "bufs=5", "size=2097152", "small=0", "iters=30", "capture_ms=700")
-	eventually(t, 5*time.Second, "the first client captures", func() bool {
+	wait.Until(t, 5*time.Second, func() bool {
 		return strings.Contains(a.stdout.String(), "capture_begin_ns")
-	})
+	}, "the first client captures")
 	b := e.startOversub(nil, "bufs=3", "size=2097152", "small=0", "iters=30", "seed=5")
 	va := a.waitOversub(t, 20*time.Second)
 	vb := b.waitOversub(t, 20*time.Second)
@@ -320,9 +346,14 @@ func TestOversubAllocationWithoutHostStagingFailsWithOutOfMemory(t *testing.T) {
 	}
 	const budget = 1 << 50 // a budget the host cannot stage
 	e := newMemEnv(t, 50*time.Millisecond, 200*time.Millisecond, budget, ModeAuto)
-	a := e.startOversub(nil, "bufs=1", "size=2097152", "small=2", "iters=20", "big="+strconv.Itoa(1<<48), "hold_ms=200")
-	eventually(t, 10*time.Second, "the client finished", func() bool { return strings.Contains(a.stdout.String(), "oversub done") })
-	s, _ := e.state(a.pid())
+	held, release := e.gate("release")
+	a := e.startOversub(nil, "bufs=1", "size=2097152", "small=2", "iters=20", "big="+strconv.Itoa(1<<48), "hold_until="+held)
+	wait.Until(t, 10*time.Second, func() bool { return strings.Contains(a.stdout.String(), "oversub done") }, "the client finished")
+	s, ok := e.state(a.pid())
+	if !ok {
+		t.Fatal("the client, idle and alive, is not in the scheduler's snapshot")
+	}
+	release()
 	va := a.waitOversub(t, 10*time.Second)
 	if va["big"] != 2 || !strings.Contains(a.stderr.String(), "host memory to swap this allocation to") {
 		t.Errorf("allocation without host staging: result %d, want 2 and a reason:\n%s", va["big"], a.stderr.String())
@@ -438,9 +469,8 @@ func TestOversubSwapsPyTorchsOtherAllocatorsToo(t *testing.T) {
 func TestOversubKeptStreamOrderedMemoryLeavesWithoutACopy(t *testing.T) {
 	const budget = 16 * mib
 	e := newMemEnv(t, 50*time.Millisecond, 200*time.Millisecond, budget, ModeAuto)
-	a, b := e.idleThenNewcomer(t, []string{"alloc=async", "bufs=5", "size=2097152", "small=0", "iters=50",
-		"idle_after_free_ms=1500"}, "oversub freed", []string{"bufs=5", "size=2097152", "small=0", "iters=50",
-		"seed=3", "hold_ms=300"})
+	a, b, release := e.idleThenNewcomer(t, []string{"alloc=async", "bufs=5", "size=2097152", "small=0", "iters=50"},
+		"oversub freed", []string{"bufs=5", "size=2097152", "small=0", "iters=50", "seed=3"})
 	sa, _ := e.state(a.pid())
 	t.Logf("a: need %d resident %d swapped %d outs %d bytes out %d", sa.NeedBytes, sa.ResidentBytes, sa.SwappedBytes,
 		sa.SwapOuts, sa.BytesOut)
@@ -451,6 +481,7 @@ func TestOversubKeptStreamOrderedMemoryLeavesWithoutACopy(t *testing.T) {
 	if sa.BytesOut != 0 {
 		t.Errorf("%d bytes of freed memory were copied out", sa.BytesOut)
 	}
+	release()
 	a.waitOversub(t, 10*time.Second)
 	b.waitOversub(t, 10*time.Second)
 }
@@ -568,13 +599,15 @@ func TestOversubEvictionReleasesEachAllocationAfterItsOwnCopy(t *testing.T) {
 	const budget = 16 * mib
 	e := newMemEnv(t, 50*time.Millisecond, 2*time.Second, budget, ModeAuto)
 	slow := []string{"GPUSHARE_STUB_WORKER_DELAY_US=5000"}
-	a := e.startOversub(slow, "bufs=6", "size=2097152", "small=0", "iters=20", "hold_ms=1500")
-	eventually(t, 10*time.Second, "the first client finished its work", func() bool {
+	held, release := e.gate("release")
+	a := e.startOversub(slow, "bufs=6", "size=2097152", "small=0", "iters=20", "hold_until="+held)
+	wait.Until(t, 10*time.Second, func() bool {
 		return strings.Contains(a.stdout.String(), "oversub done")
-	})
+	}, "the first client finished its work")
 	// b's one 12 MiB allocation takes six of a's allocations in one eviction
 	b := e.startOversub(slow, "bufs=1", "size="+strconv.Itoa(12*mib), "small=0", "iters=20", "seed=3")
 	b.waitOversub(t, 30*time.Second)
+	release()
 	a.waitOversub(t, 30*time.Second)
 	type rec struct {
 		kind string
@@ -629,20 +662,22 @@ func TestOversubFreeDuringASwapWaitsForIt(t *testing.T) {
 	e := newMemEnv(t, 50*time.Millisecond, 2*time.Second, budget, ModeAuto)
 	slow := []string{"GPUSHARE_STUB_REGISTER_US=300000", "PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync"}
 	trim := filepath.Join(e.dir, "trim")
+	held, release := e.gate("release")
 	a := e.startOversub(slow, "alloc=async", "bufs=4", "size=2097152", "small=0", "iters=20", "keep_freed=2",
-		"trim_file="+trim, "hold_ms=2500", "recheck=1")
-	eventually(t, 10*time.Second, "the first client finished its work", func() bool {
+		"trim_file="+trim, "hold_until="+held, "recheck=1")
+	wait.Until(t, 10*time.Second, func() bool {
 		return strings.Contains(a.stdout.String(), "oversub done")
-	})
+	}, "the first client finished its work")
 	b := e.startOversub(nil, "bufs=1", "size="+strconv.Itoa(12*mib), "small=0", "iters=20", "seed=3")
-	eventually(t, 10*time.Second, "the scheduler asked a to evict", func() bool {
+	wait.Until(t, 10*time.Second, func() bool {
 		s, ok := e.state(a.pid())
 		return ok && s.Evictions > 0
-	})
+	}, "the scheduler asked a to evict")
 	if err := os.WriteFile(trim, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	b.waitOversub(t, 30*time.Second)
+	release()
 	va := a.waitOversub(t, 30*time.Second)
 	t.Logf("a: %v", va)
 	if va["trimmed_during_hold"] != 1 || !strings.Contains(a.stdout.String(), "oversub rechecked") {
@@ -668,12 +703,20 @@ func TestOversubHandOffCopiesInWhileThePreviousHolderCopiesOut(t *testing.T) {
 	const budget = 16 * mib
 	e := newMemEnv(t, 50*time.Millisecond, 2*time.Second, budget, ModeAuto)
 	slow := []string{"GPUSHARE_STUB_WORKER_DELAY_US=5000"}
-	a := e.startOversub(slow, "bufs=6", "size=2097152", "small=0", "iters=20", "hold_ms=2500", "recheck=1")
-	eventually(t, 10*time.Second, "the first client finished its work", func() bool {
+	heldA, releaseA := e.gate("release-a")
+	heldB, releaseB := e.gate("release-b")
+	a := e.startOversub(slow, "bufs=6", "size=2097152", "small=0", "iters=20", "hold_until="+heldA, "recheck=1")
+	wait.Until(t, 10*time.Second, func() bool {
 		return strings.Contains(a.stdout.String(), "oversub done")
-	})
-	b := e.startOversub(slow, "bufs=6", "size=2097152", "small=0", "iters=20", "hold_ms=4000", "seed=3")
+	}, "the first client finished its work")
+	b := e.startOversub(slow, "bufs=6", "size=2097152", "small=0", "iters=20", "hold_until="+heldB, "seed=3")
+	// a comes back once b has worked and idles; b leaves once a is done.
+	wait.Until(t, 30*time.Second, func() bool {
+		return strings.Contains(b.stdout.String(), "oversub done")
+	}, "the second client finished its work")
+	releaseA()
 	a.waitOversub(t, 30*time.Second)
+	releaseB()
 	b.waitOversub(t, 30*time.Second)
 	type ev struct {
 		pid    string

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gpusharing/gpusharing/test/wait"
 )
 
 func serveOne(t *testing.T, cfg GPUConfig, opts Options) *Scheduler {
@@ -99,9 +101,9 @@ func TestOnClientsChangeIsCalledOnConnectAndDisconnect(t *testing.T) {
 		return len(calls)
 	}
 	c := dialRaw(t, s.cfgs[0].SocketPath, PriorityNormal)
-	waitUntil(t, "a call on connect", func() bool { return n() == 1 })
+	wait.Until(t, 5*time.Second, func() bool { return n() == 1 }, "a call on connect")
 	c.conn.Close()
-	waitUntil(t, "a call on disconnect", func() bool { return n() == 2 })
+	wait.Until(t, 5*time.Second, func() bool { return n() == 2 }, "a call on disconnect")
 	mu.Lock()
 	defer mu.Unlock()
 	if calls[0] != "GPU-test" || calls[1] != "GPU-test" {
@@ -155,14 +157,4 @@ func TestSchedulersSharingMetricsRegisterOnceAndReportEach(t *testing.T) {
 	if got := budgets(); len(got) != 1 || got["GPU-b"] != 2<<30 {
 		t.Errorf("budget series after GPU-a's scheduler closed = %v, want GPU-b only", got)
 	}
-}
-
-func waitUntil(t *testing.T, what string, ok func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if ok() {
-			return
-		}
-	}
-	t.Fatalf("%s: not within 5s", what)
 }

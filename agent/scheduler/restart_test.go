@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gpusharing/gpusharing/test/wait"
 )
 
 // Faults around restarts, with real processes: the scheduler is the
@@ -73,14 +75,15 @@ func (e *env) startScheduler(gpu string, window time.Duration) *schedProc {
 	p.cmd = exec.Command(schedulerBinary(e.t), "--socket-dir", e.dir, "--gpu", "GPU-test:"+gpu,
 		"--rebuild-window", window.String(), "-v", "1")
 	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // dies with a test binary killed by -timeout
 	if err := p.cmd.Start(); err != nil {
 		e.t.Fatal(err)
 	}
 	go func() { _ = p.cmd.Wait(); close(p.done) }()
 	e.t.Cleanup(func() { _ = p.cmd.Process.Kill(); <-p.done })
-	eventually(e.t, 10*time.Second, "the scheduler serves its socket", func() bool {
+	wait.Until(e.t, 10*time.Second, func() bool {
 		return strings.Contains(p.out.String(), "Serving GPU lock")
-	})
+	}, "the scheduler serves its socket")
 	return p
 }
 
@@ -122,22 +125,46 @@ func logReconnects(t *testing.T, ps ...*proc) {
 // scheduler granted both.
 func TestSchedulerKilledWhileHoldingIsRejoinedAndTheLockWorksAgain(t *testing.T) {
 	e := procEnv(t)
+	stop := filepath.Join(e.dir, "stop")
 	s1 := e.startScheduler("50ms:5s", 300*time.Millisecond)
-	a := e.startClient(nil, "procaddr", "3000", "1000")
-	b := e.startClient(nil, "procaddr", "3000", "1000")
-	eventually(t, 10*time.Second, "both clients ran under the first scheduler", func() bool {
+	// The clients launch until the test has seen them work under the new scheduler (CLIENT_UNTIL_FILE):
+	// neither may finish during the outage or the rebuild window.
+	until := []string{"CLIENT_UNTIL_FILE=" + stop}
+	a := e.startClient(until, "procaddr", "3000", "1000")
+	b := e.startClient(until, "procaddr", "3000", "1000")
+	wait.Until(t, 10*time.Second, func() bool {
 		tr := e.readTrace()
 		return tr.count(a.pid()) > 20 && tr.count(b.pid()) > 20
-	})
+	}, "both clients ran under the first scheduler")
 	s1.kill(t)
-	time.Sleep(300 * time.Millisecond) // the outage
+	killed := monoNow(t)
+	// The outage: both clients noticed it and went on without the lock.
+	wait.Until(t, 10*time.Second, func() bool {
+		tr := e.readTrace()
+		return strings.Contains(a.stderr.String(), "running without the GPU lock") &&
+			strings.Contains(b.stderr.String(), "running without the GPU lock") &&
+			tr.lastCall[a.pid()] > killed && tr.lastCall[b.pid()] > killed
+	}, "both clients ran GPU work without the lock while the scheduler was down")
 	s2 := e.startScheduler("50ms:5s", 300*time.Millisecond)
-	eventually(t, 10*time.Second, "both clients reconnected", func() bool {
+	wait.Until(t, 10*time.Second, func() bool {
 		return strings.Contains(a.stderr.String(), "reconnected to the GPU scheduler") &&
 			strings.Contains(b.stderr.String(), "reconnected to the GPU scheduler")
-	})
+	}, "both clients reconnected")
 	rejoined := monoNow(t)
 	logReconnects(t, a, b)
+	// Work under the new scheduler: its rebuild window passed and each client was granted since.
+	wait.Until(t, 30*time.Second, func() bool {
+		var after trace
+		for _, w := range e.readTrace().work {
+			if w.start > rejoined {
+				after.work = append(after.work, w)
+			}
+		}
+		return after.count(a.pid()) > 20 && after.count(b.pid()) > 20
+	}, "both clients ran under the new scheduler")
+	if err := os.WriteFile(stop, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	a.wait(t, 60*time.Second)
 	b.wait(t, 60*time.Second)
 	out := s2.stop(t)
@@ -157,9 +184,6 @@ func TestSchedulerKilledWhileHoldingIsRejoinedAndTheLockWorksAgain(t *testing.T)
 		}
 		t.Logf("a:\n%s\nb:\n%s", a.stderr.String(), b.stderr.String())
 	}
-	if after.count(a.pid()) == 0 || after.count(b.pid()) == 0 {
-		t.Errorf("want work of both clients after they rejoined: a=%d b=%d", after.count(a.pid()), after.count(b.pid()))
-	}
 	if m := regexp.MustCompile(`gpusharing_scheduler_handoffs_total\{gpu="GPU-test"\} (\d+)`).FindStringSubmatch(out); m == nil || m[1] == "0" {
 		t.Errorf("the new scheduler handed the lock from one client to the other no time:\n%s", out)
 	}
@@ -174,43 +198,70 @@ func TestSchedulerKilledWhileHoldingIsRejoinedAndTheLockWorksAgain(t *testing.T)
 }
 
 // Oversubscription: the scheduler is SIGKILLed while the two clients swap
-// (one of them has memory swapped out) and the device is full meanwhile, so
-// nothing can be mapped back without a scheduler. The process with memory
-// swapped out never runs on unmapped memory (its GPU calls wait, it is not
-// killed), both reconnect to the restarted scheduler, which rebuilds its
-// account from their reports before granting, and both finish with every
-// byte right; physical memory never exceeded the budget.
+// (together they hold 1.5x the budget, so one of them has memory swapped out)
+// and the device is full meanwhile, so nothing can be mapped back without a
+// scheduler. The process with memory swapped out never runs on unmapped memory
+// (its GPU calls wait, it is not killed), both reconnect to the restarted
+// scheduler, which rebuilds its account from their reports before granting,
+// and both finish with every byte right; physical memory never exceeded the
+// budget. The clients work until the test has seen them reconnect (until_file),
+// so neither can finish during the outage.
 func TestSchedulerKilledWithMemorySwappedOutLosesNothing(t *testing.T) {
 	const budget = 16 * mib // each client 12 MiB: together 1.5x the budget
 	e := procEnv(t)
-	full := filepath.Join(e.dir, "full")
+	full, stop := filepath.Join(e.dir, "full"), filepath.Join(e.dir, "stop")
 	gpu := fmt.Sprintf("5ms:200ms:%d:Auto", budget)
 	s1 := e.startScheduler(gpu, 500*time.Millisecond)
 	env := []string{"GPUSHARE_STUB_FULL_FILE=" + full, "GPUSHARE_RESTORE_WAIT_MS=60000"}
-	args := []string{"bufs=5", "size=2097152", "small=8", "iters=3000", "sleep_us=100", "verify_every=100"}
+	args := []string{"bufs=5", "size=2097152", "small=8", "iters=3000", "sleep_us=100", "verify_every=100", "until_file=" + stop}
 	a := e.startOversub(env, append(args, "seed=1")...)
 	b := e.startOversub(env, append(args, "seed=2")...)
 	// Once both allocated everything (the device is made full below: a new allocation would fail) and swapped.
-	eventually(t, 20*time.Second, "both clients allocated and swapped under the first scheduler", func() bool {
+	wait.Until(t, 20*time.Second, func() bool {
 		return strings.Contains(a.stdout.String(), "oversub allocated") && strings.Contains(b.stdout.String(), "oversub allocated") &&
 			strings.Count(a.stderr.String(), "swap out:") >= 2 && strings.Count(b.stderr.String(), "swap out:") >= 2
-	})
+	}, "both clients allocated and swapped under the first scheduler")
 	if err := os.WriteFile(full, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	s1.kill(t)
-	time.Sleep(time.Second) // the outage, with the device full
+	killed := monoNow(t)
+	// Each client's background thread reads the EOF at once and logs which way it goes on: its GPU calls
+	// wait (memory swapped out) or it runs without the lock.
+	const gone = "GPU scheduler went away"
+	wait.UntilState(t, 10*time.Second, func() (bool, string) {
+		return strings.Contains(a.stderr.String(), gone) && strings.Contains(b.stderr.String(), gone),
+			fmt.Sprintf("a noticed=%v b noticed=%v", strings.Contains(a.stderr.String(), gone), strings.Contains(b.stderr.String(), gone))
+	}, "both clients noticed that the scheduler went away")
+	var swapped []*proc
+	for _, p := range []*proc{a, b} {
+		if strings.Contains(p.stderr.String(), "swapped out: GPU calls wait") {
+			swapped = append(swapped, p)
+			continue
+		}
+		// A client with nothing swapped out goes on without the lock: the outage is lived through once
+		// it queued GPU work after the kill.
+		wait.Until(t, 10*time.Second, func() bool { return e.readTrace().lastCall[p.pid()] > killed },
+			"client %d, with nothing swapped out, ran GPU work while the scheduler was down", p.pid())
+	}
+	if len(swapped) == 0 {
+		t.Fatalf("no client had memory swapped out when the scheduler died:\n%s\n%s", a.stderr.String(), b.stderr.String())
+	}
 	for _, p := range []*proc{a, b} {
 		if p.exited() {
 			t.Fatalf("client %d died while the scheduler was down (%v):\nstdout:\n%s\nstderr:\n%s", p.pid(), p.err,
 				p.stdout.String(), p.stderr.String())
 		}
 	}
-	if !strings.Contains(a.stderr.String()+b.stderr.String(), "swapped out: GPU calls wait") {
-		t.Fatalf("no client had memory swapped out when the scheduler died:\n%s\n%s", a.stderr.String(), b.stderr.String())
-	}
 	s2 := e.startScheduler(gpu, 500*time.Millisecond)
 	if err := os.Remove(full); err != nil {
+		t.Fatal(err)
+	}
+	wait.Until(t, 30*time.Second, func() bool {
+		return strings.Contains(a.stderr.String(), "reconnected to the GPU scheduler") &&
+			strings.Contains(b.stderr.String(), "reconnected to the GPU scheduler")
+	}, "both clients reconnected to the new scheduler")
+	if err := os.WriteFile(stop, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	va := a.waitOversub(t, 120*time.Second)
@@ -219,11 +270,6 @@ func TestSchedulerKilledWithMemorySwappedOutLosesNothing(t *testing.T) {
 	t.Logf("verified %d and %d ranges; swaps a out=%d in=%d, b out=%d in=%d", va["verified"], vb["verified"],
 		va["swap_out"], va["swap_in"], vb["swap_out"], vb["swap_in"])
 	logReconnects(t, a, b)
-	for _, p := range []*proc{a, b} {
-		if !strings.Contains(p.stderr.String(), "reconnected to the GPU scheduler") {
-			t.Errorf("client %d did not reconnect:\n%s", p.pid(), p.stderr.String())
-		}
-	}
 	if n := strings.Count(out, "Shim client re-announced itself"); n < 2 {
 		t.Errorf("the new scheduler logged %d re-announcements, want 2:\n%s", n, out)
 	}
@@ -259,8 +305,10 @@ func TestRestartedSchedulerHoldsGrantsUntilClientsReannounce(t *testing.T) {
 	ln.(*net.UnixListener).SetUnlinkOnClose(false)
 	_ = ln.Close()
 
+	// The window ends when the test advances the clock, after both clients' messages were handled.
+	clk := newFakeClock()
 	s, err := New(Options{GPUs: []GPUConfig{{UUID: "GPU-test", SocketPath: sock, Quantum: time.Second, Budget: budget}},
-		RebuildWindow: 600 * time.Millisecond})
+		RebuildWindow: 600 * time.Millisecond, Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,15 +319,21 @@ func TestRestartedSchedulerHoldsGrantsUntilClientsReannounce(t *testing.T) {
 	early := dialRaw(t, sock, PriorityNormal)
 	early.send(Message{Type: MsgRejoin})
 	early.send(Message{Type: MsgAcquire, Need: budget})
-	time.Sleep(200 * time.Millisecond)
+	wait.UntilState(t, 5*time.Second, func() (bool, string) {
+		st := s.Snapshot()
+		return len(st) == 1 && st[0].Waiting, fmt.Sprintf("%+v", st)
+	}, "the early client's acquire is handled: it waits")
+	clk.Advance(200 * time.Millisecond)
 	late := dialRaw(t, sock, PriorityNormal)
 	late.send(Message{Type: MsgRejoin, Flags: RejoinHeld, Need: budget / 2, Resident: budget / 2})
-	if m, ok := early.next(MsgGrant, 200*time.Millisecond); ok {
-		t.Fatalf("granted %v before the late client's memory was accounted", m)
+	wait.Until(t, 5*time.Second, func() bool { return s.GPUs()[0].ReservedBytes == budget/2 },
+		"the late client's memory is accounted")
+	for _, c := range s.Snapshot() {
+		if c.Grants != 0 || c.Holding {
+			t.Fatalf("granted during the rebuild window, before the late client's memory was accounted: %+v", s.Snapshot())
+		}
 	}
-	eventually(t, time.Second, "the late client's memory is accounted", func() bool {
-		return s.GPUs()[0].ReservedBytes == budget/2
-	})
+	clk.Advance(400 * time.Millisecond) // the window ends
 	ev := late.expect(MsgEvict, 2*time.Second)
 	if ev.Target != 0 {
 		t.Errorf("evict target %d, want 0", ev.Target)
@@ -289,8 +343,19 @@ func TestRestartedSchedulerHoldsGrantsUntilClientsReannounce(t *testing.T) {
 	if g.Resident != budget/2 {
 		t.Errorf("grant reservation %d, want the free %d", g.Resident, budget/2)
 	}
-	if m, ok := early.next(MsgRaise, 100*time.Millisecond); ok {
-		t.Fatalf("raised (%v) before the eviction freed anything", m)
+	// The grant is sent with the account that goes with it: the holder may have only the free half until
+	// the eviction is done (a raise would have grown its reservation to the whole budget).
+	holders := 0
+	for _, c := range s.Snapshot() {
+		if c.Holding {
+			holders++
+			if c.ReservedBytes != budget/2 {
+				t.Fatalf("the holder's reservation is %d before the eviction freed anything, want %d: %+v", c.ReservedBytes, budget/2, s.Snapshot())
+			}
+		}
+	}
+	if holders != 1 {
+		t.Fatalf("%d holders after the grant, want 1: %+v", holders, s.Snapshot())
 	}
 	late.send(Message{Type: MsgUsage, Reason: UsageEvicted, Stats: SwapStats{Swapped: budget / 2}})
 	if r := early.expect(MsgRaise, 2*time.Second); r.Resident != budget {
@@ -308,7 +373,7 @@ func TestRejoinAfterOtherMessagesDropsTheClient(t *testing.T) {
 	r.send(Message{Type: MsgAcquire, Need: mib})
 	r.expect(MsgGrant, time.Second)
 	r.send(Message{Type: MsgRejoin, Resident: 32 * mib})
-	eventually(t, 2*time.Second, "the client is dropped", func() bool { return len(e.s.Snapshot()) == 0 })
+	wait.Until(t, 2*time.Second, func() bool { return len(e.s.Snapshot()) == 0 }, "the client is dropped")
 	if got := e.s.GPUs()[0].ReservedBytes; got != 0 {
 		t.Errorf("reserved %d after the client was dropped", got)
 	}
@@ -383,11 +448,11 @@ func TestForkedChildIsItsOwnClientAndLeavesTheParentsConnection(t *testing.T) {
 	e := newEnv(t, 20*time.Millisecond, 5*time.Second) // a grace no loaded machine outlasts: no revocation
 	a := e.startClient([]string{"CLIENT_FORK_AT=100", "CLIENT_FORK_LAUNCHES=200"}, "procaddr", "600", "500")
 	var parentID uint32
-	eventually(t, 5*time.Second, "the parent is a client", func() bool {
+	wait.Until(t, 5*time.Second, func() bool {
 		s, ok := e.state(a.pid())
 		parentID = s.ID
 		return ok
-	})
+	}, "the parent is a client")
 	a.wait(t, 30*time.Second)
 	m := regexp.MustCompile(`forked child pid=(\d+)`).FindStringSubmatch(a.stdout.String())
 	if m == nil || !strings.Contains(a.stdout.String(), "child done") || !strings.Contains(a.stdout.String(), "child status=0") {

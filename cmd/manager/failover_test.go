@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 	"github.com/gpusharing/gpusharing/controllers/testutil/agentsim"
 	b "github.com/gpusharing/gpusharing/controllers/testutil/builders"
 	"github.com/gpusharing/gpusharing/test/testenv"
+	"github.com/gpusharing/gpusharing/test/wait"
 )
 
 // Leader election timing of the test's replicas: short, so the takeover is quick, with the same ratios
@@ -152,12 +154,9 @@ func TestLeaderFailoverMidRollout(t *testing.T) {
 	if err := c.Create(ctx, p); err != nil {
 		t.Fatal(err)
 	}
-	for count() < nodes/3 {
-		if ctx.Err() != nil {
-			t.Fatalf("a third of the nodes never acked (%d did)", count())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	wait.UntilState(t, 2*time.Minute, func() (bool, string) {
+		return count() >= nodes/3, fmt.Sprintf("%d acked", count())
+	}, "a third of the nodes acked")
 	killedWith := count()
 	if killedWith == nodes {
 		t.Fatal("the rollout finished before the leader was killed; the test checks nothing")
@@ -175,21 +174,14 @@ func TestLeaderFailoverMidRollout(t *testing.T) {
 		t.Logf("leader SIGKILLed with %d of %d nodes acked; the other replica led %s later", killedWith, nodes, took.Round(10*time.Millisecond))
 	}
 
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
+	wait.UntilState(t, 2*time.Minute, func() (bool, string) {
 		got := &v1.GPUSharingPolicy{}
 		if err := c.Get(ctx, client.ObjectKey{Name: "fo"}, got); err != nil {
 			t.Fatal(err)
 		}
-		if got.Status.ObservedGeneration == got.Generation && meta.IsStatusConditionTrue(got.Status.Conditions, v1.ConditionReady) &&
-			got.Status.ReadyGPUs == 2*nodes && count() == nodes {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the rollout did not finish after the failover: %d of %d nodes acked, status %+v", count(), nodes, got.Status)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return got.Status.ObservedGeneration == got.Generation && meta.IsStatusConditionTrue(got.Status.Conditions, v1.ConditionReady) &&
+			got.Status.ReadyGPUs == 2*nodes && count() == nodes, fmt.Sprintf("%d of %d nodes acked, status %+v", count(), nodes, got.Status)
+	}, "the rollout finished after the failover")
 	mu.Lock()
 	defer mu.Unlock()
 	if !watching {
@@ -259,6 +251,7 @@ func startReplica(t *testing.T, bin, kubeconfig, dir, name string) *replica {
 		"--leader-election-lease-duration", testLease.String(), "--leader-election-renew-deadline", testRenew.String(),
 		"--leader-election-retry-period", testRetry.String(), "--kube-api-qps", "200", "--kube-api-burst", "400")
 	r.cmd.Stdout, r.cmd.Stderr = logs, logs
+	r.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // dies with a test binary killed by -timeout
 	if err := r.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -287,14 +280,7 @@ func (r *replica) kill(t *testing.T) {
 // waitLeading waits for the replica's leader_election_master_status gauge to read 1.
 func waitLeading(t *testing.T, r *replica, timeout time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		if leading(r.metrics) {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("replica %s did not lead within %s", r.metrics, timeout)
+	wait.Until(t, timeout, func() bool { return leading(r.metrics) }, "replica %s leads", r.metrics)
 }
 
 func leading(url string) bool {

@@ -35,6 +35,7 @@ type Gate struct {
 	// limit is fractional so that the additive increase (1/limit per fast write) adds one per round trip.
 	limit        float64
 	inUse        int
+	waiting      int // Acquire calls waiting for a slot
 	closed       bool
 	lastDecrease time.Time
 }
@@ -56,7 +57,9 @@ func (g *Gate) Acquire() bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for !g.closed && g.inUse >= int(g.limit) {
+		g.waiting++
 		g.cond.Wait()
+		g.waiting--
 	}
 	if g.closed {
 		return false

@@ -1,6 +1,7 @@
 package gate
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -10,6 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/gpusharing/gpusharing/test/wait"
 )
 
 func TestLateWritesShrinkTheLimitOncePerRoundTripDownToMin(t *testing.T) {
@@ -71,12 +74,18 @@ func TestAcquireWaitsForAFreeSlotAndCloseReleasesWaiters(t *testing.T) {
 	if !g.Acquire() {
 		t.Fatal("first Acquire failed")
 	}
-	got := make(chan bool)
+	got := make(chan bool, 1)
 	go func() { got <- g.Acquire() }()
+	// The second Acquire found the only slot taken and waits.
+	wait.Until(t, 10*time.Second, func() bool {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return g.waiting == 1
+	}, "a second Acquire waits")
 	select {
 	case <-got:
 		t.Fatal("a second Acquire got a slot while the only one was taken")
-	case <-time.After(50 * time.Millisecond):
+	default:
 	}
 	g.Release()
 	if ok := <-got; !ok {
@@ -110,6 +119,19 @@ func TestTheGatedQueueRunsAtMostLimitItemsAtOnce(t *testing.T) {
 				}
 				n := running.Add(1)
 				for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+				}
+				// The first item is held until a second one runs beside it, so the limit is reached
+				// however the workers are scheduled; the others take a moment, room for a third to slip in.
+				if done.Load() == 0 && n == 1 {
+					err := wait.Poll(10*time.Second, func() error {
+						if peak.Load() < 2 {
+							return errors.New("one item runs")
+						}
+						return nil
+					})
+					if err != nil { // a worker's goroutine: no t.Fatal
+						t.Errorf("no second item ran beside the first: %v", err)
+					}
 				}
 				time.Sleep(2 * time.Millisecond)
 				running.Add(-1)

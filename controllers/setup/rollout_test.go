@@ -16,6 +16,7 @@ import (
 	v1 "github.com/gpusharing/gpusharing/api/v1alpha1"
 	"github.com/gpusharing/gpusharing/controllers/testutil/agentsim"
 	b "github.com/gpusharing/gpusharing/controllers/testutil/builders"
+	"github.com/gpusharing/gpusharing/test/wait"
 )
 
 // unapplied says whether a node has a spec entry of the policy that its agent has not reported applied:
@@ -131,7 +132,7 @@ func rollout(t *testing.T, gpuNodes, cpuNodes int, maxUnavailable intstr.IntOrSt
 	addPolicy(t, b.Policy(policy, b.WithNodeLabels("pool", x), b.WithSharing(b.MIG("3g.40gb", 2)),
 		b.WithMaxUnavailable(maxUnavailable)), nodes...)
 
-	eventually(t, 30*time.Second, "every node converges", func() error {
+	wait.For(t, 30*time.Second, func() error {
 		mu.Lock()
 		alive := watching
 		mu.Unlock()
@@ -142,7 +143,7 @@ func rollout(t *testing.T, gpuNodes, cpuNodes int, maxUnavailable intstr.IntOrSt
 			sawWaiting = true
 		}
 		return readyWith(policy, int32(n), int32(2*n))
-	})
+	}, "every node converges")
 	mu.Lock()
 	stillWatching := watching
 	mu.Unlock()

@@ -23,6 +23,7 @@ import (
 	"github.com/gpusharing/gpusharing/controllers/testutil/agentsim"
 	b "github.com/gpusharing/gpusharing/controllers/testutil/builders"
 	"github.com/gpusharing/gpusharing/test/testenv"
+	"github.com/gpusharing/gpusharing/test/wait"
 )
 
 // restoreTimeout is short so the test of the bound does not hold the suite up.
@@ -92,20 +93,6 @@ func id(t *testing.T) string {
 	return strings.Trim(s, "-")
 }
 
-// eventually polls fn every 20ms until it returns nil, failing the test with the last error at timeout.
-func eventually(t *testing.T, timeout time.Duration, what string, fn func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = fn(); err == nil {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("%s: not within %s: %v", what, timeout, err)
-}
-
 // addNode creates a Node and its GPUNode with the agent's inventory, as an agent does at start.
 func addNode(t *testing.T, name string, gpus []v1.GPUStatus, labels ...string) {
 	t.Helper()
@@ -139,17 +126,19 @@ func addPolicy(t *testing.T, p *v1.GPUSharingPolicy, nodes ...string) *v1.GPUSha
 	t.Cleanup(func() {
 		ctx := context.Background()
 		_ = k8s.Delete(ctx, p)
-		deadline := time.Now().Add(2 * restoreTimeout)
-		for time.Now().Before(deadline) {
+		err := wait.Poll(2*restoreTimeout, func() error {
 			for _, n := range nodes {
 				_ = agentsim.Ack(ctx, k8s, n, nil)
 			}
-			if err := k8s.Get(ctx, client.ObjectKeyFromObject(p), &v1.GPUSharingPolicy{}); apierrors.IsNotFound(err) {
-				return
+			err := k8s.Get(ctx, client.ObjectKeyFromObject(p), &v1.GPUSharingPolicy{})
+			if apierrors.IsNotFound(err) {
+				return nil
 			}
-			time.Sleep(20 * time.Millisecond)
+			return fmt.Errorf("still there (%v)", err)
+		})
+		if err != nil {
+			t.Errorf("policy %s was not deleted within %s: %v", p.Name, 2*restoreTimeout, err)
 		}
-		t.Errorf("policy %s was not deleted within %s", p.Name, 2*restoreTimeout)
 	})
 	return p
 }

@@ -17,6 +17,8 @@
  * launches CLIENT_FORK_LAUNCHES times (default 50, same sleep), synchronizes,
  * prints "child done pid=P" and exits; the parent goes on, and before its own
  * "client done" waits for the child and prints "child status=S".
+ * With CLIENT_UNTIL_FILE=PATH it keeps launching after LAUNCHES until PATH
+ * exists (a test ends the work once the state it drives is reached).
  */
 #include <dlfcn.h>
 #include <stdio.h>
@@ -106,7 +108,9 @@ int main(int argc, char **argv)
     const char *fork_at_s = getenv("CLIENT_FORK_AT");
     long fork_at = fork_at_s ? atol(fork_at_s) : -1;
     pid_t child = -1;
-    for (long i = 0; i < n; i++) {
+    const char *until_file = getenv("CLIENT_UNTIL_FILE");
+    long launched = 0;
+    for (long i = 0; i < n || (until_file != NULL && access(until_file, F_OK) != 0); i++, launched++) {
         if (i == fork_at) {
             fflush(stdout);
             child = fork();
@@ -152,7 +156,7 @@ int main(int argc, char **argv)
         waitpid(child, &status, 0);
         printf("child status=%d\n", status);
     }
-    printf("client done pid=%d launches=%ld\n", (int)getpid(), n);
+    printf("client done pid=%d launches=%ld\n", (int)getpid(), launched);
     fflush(stdout);
     if (linger_ms > 0)
         usleep((useconds_t)(linger_ms * 1000));

@@ -10,15 +10,21 @@
  *     bufs=N size=BYTES    N large buffers (default 4 x 8 MiB)
  *     small=N              N small buffers of 1..96 KiB (slab-packed; default 16)
  *     iters=N              random operations (default 1000), sleep_us=US between them
+ *     until_file=PATH      after the iters operations, keep going until PATH exists (a test ends the work
+ *                          when the state it drives is reached, not after a count that a loaded machine
+ *                          may finish early)
  *     verify_every=N       full comparison every N operations (default 100)
  *     capture_ms=MS        first begin a stream capture, stay idle MS ms, end it
  *     hold_ms=MS           after the work, stay alive and idle MS ms
+ *     hold_until=PATH      after the work (and hold_ms), stay idle until PATH exists (the test says when
+ *                          the state it checks during the hold was observed)
  *     recheck=1            after the hold, check every byte once more (memory evicted meanwhile comes back)
  *     keep_freed=N         alloc=async: before the hold, free the first N large buffers (the shim keeps them)
  *     trim_file=PATH       during the hold, a second thread calls cuMemPoolTrimTo(0) once PATH exists (a call
  *                          that does not wait for the GPU: it frees kept memory while an eviction may be running)
  *     churn_thread=1       alloc=async: the churn frees and allocates on a second thread (as
  *                          PyTorch's autograd thread does), default stream
+ *     idle_until=PATH      after freeing everything (and idle_after_free_ms), stay idle until PATH exists
  *     idle_after_free_ms=MS after freeing everything, stay alive and idle MS ms (stream-ordered
  *                          memory is then kept by the pool, unused)
  *     big=BYTES            also try one allocation of BYTES and report its result
@@ -251,6 +257,16 @@ static CUresult free_kind(struct buf *b, CUstream s, free_fn mfree)
     return mfree(b->d);
 }
 
+/* Stays idle until the file named by the option key=PATH exists (no option: returns at once). */
+static void idle_until(int argc, char **argv, const char *key)
+{
+    size_t k = strlen(key);
+    for (int i = 1; i < argc; i++)
+        if (strncmp(argv[i], key, k) == 0 && argv[i][k] == '=')
+            while (access(argv[i] + k + 1, F_OK) != 0)
+                usleep(1000);
+}
+
 static const char *trim_file;
 static void *trim_main(void *arg)
 {
@@ -401,7 +417,11 @@ int main(int argc, char **argv)
     }
 
     unsigned char *tmp = malloc((size_t)(size > (96 << 10) ? size : (96 << 10)) + 65536);
-    for (long it = 0; it < iters; it++) {
+    const char *until_file = NULL;
+    for (int i = 1; i < argc; i++)
+        if (strncmp(argv[i], "until_file=", 11) == 0)
+            until_file = argv[i] + 11;
+    for (long it = 0; it < iters || (until_file != NULL && access(until_file, F_OK) != 0); it++) {
         struct buf *x = &b[rnd() % (uint64_t)n];
         size_t off = rnd() % x->n, len = 1 + rnd() % (x->n - off);
         switch (rnd() % (kind == PLAIN ? 5 : 6)) {
@@ -549,6 +569,7 @@ int main(int argc, char **argv)
     fflush(stdout);
     if (hold_ms > 0)
         usleep((useconds_t)hold_ms * 1000);
+    idle_until(argc, argv, "hold_until");
     if (trim_file != NULL)
         pthread_join(trim, NULL);
     if (opt(argc, argv, "recheck", 0)) {
@@ -567,6 +588,7 @@ int main(int argc, char **argv)
     fflush(stdout);
     if (idle_after_free_ms > 0)
         usleep((useconds_t)idle_after_free_ms * 1000);
+    idle_until(argc, argv, "idle_until");
     if (kind == ASYNC) {
         /* what torch.cuda.empty_cache() does with cudaMallocAsync: the pool gives the memory back */
         CUmemoryPool pool;

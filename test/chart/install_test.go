@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/gpusharing/gpusharing/api/v1alpha1"
+	"github.com/gpusharing/gpusharing/test/wait"
 )
 
 var (
@@ -28,6 +29,9 @@ var (
 	// dryRun is what the API server makes of config/default's objects (defaults filled in), captured with
 	// a server-side dry run before the chart is installed, so that nothing the chart did can leak into it.
 	dryRun map[string]*unstructured.Unstructured
+	// installed is what the chart created for each of those objects, read right after the install: the
+	// upgrade tests change the live objects later in the same process (go test -count).
+	installed map[string]*unstructured.Unstructured
 )
 
 // install captures config/default's objects as the API server would store them, then installs the chart
@@ -60,18 +64,16 @@ func install(t *testing.T) {
 		// kubectl prints one JSON object per created object.
 		dryRun = decodeAll(t, string(out))
 		run(t, "helm", "install", "gpusharing", chartDir(), "--kubeconfig", kc, "--namespace", namespace, "--wait=false")
-		// The tests create policies and GPUNodes next: wait until the chart's CRDs serve.
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			err := env.Client.List(ctx, &v1.GPUNodeList{})
-			if err == nil {
-				break
+		installed = map[string]*unstructured.Unstructured{}
+		for k, want := range dryRun {
+			switch want.GetKind() {
+			case "Deployment", "DaemonSet", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+				"ClusterRole", "Role", "ClusterRoleBinding", "RoleBinding", "ServiceAccount":
+				installed[k] = live(t, want)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the chart's CRDs do not serve: %v", err)
-			}
-			time.Sleep(200 * time.Millisecond)
 		}
+		// The tests create policies and GPUNodes next: wait until the chart's CRDs serve.
+		wait.For(t, 60*time.Second, func() error { return env.Client.List(ctx, &v1.GPUNodeList{}) }, "the chart's CRDs serve")
 	})
 	if dryRun == nil {
 		t.Fatal("the chart was not installed (see the first failure)")
@@ -106,7 +108,7 @@ func TestChartInstallsTheManagerAndAgentObjectsKustomizeApplies(t *testing.T) {
 		default:
 			continue
 		}
-		got := live(t, want)
+		got := installed[k].DeepCopy()
 		compared[want.GetKind()] = true
 		// Helm labels what it manages; everything else must be kustomize's.
 		labels := got.GetLabels()
@@ -152,13 +154,15 @@ func gpuNode(name string) *v1.GPUNode {
 func TestAdmissionPolicyKeepsEachAgentToItsOwnGPUNodeStatus(t *testing.T) {
 	install(t)
 	ctx := context.Background()
-	other := gpuNode("vap-node-b")
+	sfx := runSuffix()
+	nodeA, nodeB, nodeC, nodeD := "vap-node-a"+sfx, "vap-node-b"+sfx, "vap-node-c"+sfx, "vap-node-d"+sfx
+	other := gpuNode(nodeB)
 	if err := env.Client.Create(ctx, other); err != nil {
 		t.Fatal(err)
 	}
-	agentA := asAgent(t, "vap-node-a")
+	agentA := asAgent(t, nodeA)
 	forged := func() error {
-		n := gpuNode("vap-node-b")
+		n := gpuNode(nodeB)
 		if err := agentA.Get(ctx, client.ObjectKeyFromObject(n), n); err != nil {
 			return err
 		}
@@ -168,19 +172,19 @@ func TestAdmissionPolicyKeepsEachAgentToItsOwnGPUNodeStatus(t *testing.T) {
 	// The API server compiles a new policy asynchronously: wait until it refuses the forged write. Until
 	// then RBAC alone allows it, which is exactly what this policy exists to prevent.
 	var err error
-	deadline := time.Now().Add(30 * time.Second)
-	for err = forged(); err == nil && time.Now().Before(deadline); err = forged() {
-		time.Sleep(200 * time.Millisecond)
+	wait.UntilState(t, 60*time.Second, func() (bool, string) {
+		err = forged()
+		return err != nil, "the forged write was accepted"
+	}, "the API server refuses node a's write of node b's status")
+	if !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err) {
+		t.Fatalf("agent of node %s wrote GPUNode %s's status: err %v, want a refusal", nodeA, nodeB, err)
 	}
-	if err == nil || !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err) {
-		t.Fatalf("agent of node vap-node-a wrote GPUNode vap-node-b's status: err %v, want a refusal", err)
-	}
-	if !strings.Contains(err.Error(), "may write only GPUNode vap-node-a, not vap-node-b") {
+	if !strings.Contains(err.Error(), fmt.Sprintf("may write only GPUNode %s, not %s", nodeA, nodeB)) {
 		t.Errorf("the refusal does not say why: %v", err)
 	}
 
 	// Its own GPUNode: the agent creates it with an empty spec and writes its status.
-	own := gpuNode("vap-node-a")
+	own := gpuNode(nodeA)
 	if err := agentA.Create(ctx, own); err != nil {
 		t.Fatalf("agent could not create its own GPUNode: %v", err)
 	}
@@ -196,22 +200,22 @@ func TestAdmissionPolicyKeepsEachAgentToItsOwnGPUNodeStatus(t *testing.T) {
 		says  string
 	}{
 		{"writing its own GPUNode's spec", func() error {
-			n := gpuNode("vap-node-a")
+			n := gpuNode(nodeA)
 			if err := agentA.Get(ctx, client.ObjectKeyFromObject(n), n); err != nil {
 				return err
 			}
 			n.Spec.GPUs = []v1.GPUDesired{{UUID: "GPU-1", Sharing: v1.Sharing{Strategy: v1.StrategyExclusive}}}
 			return agentA.Update(ctx, n)
 		}, `cannot update resource "gpunodes"`}, // RBAC first since the agent lost update: the policy is the second wall
-		{"creating another node's GPUNode", func() error { return agentA.Create(ctx, gpuNode("vap-node-c")) }, "not vap-node-c"},
+		{"creating another node's GPUNode", func() error { return agentA.Create(ctx, gpuNode(nodeC)) }, "not " + nodeC},
 		{"creating its own GPUNode with a spec", func() error {
-			n := gpuNode("vap-node-d")
+			n := gpuNode(nodeD)
 			n.Spec.GPUs = []v1.GPUDesired{{UUID: "GPU-1", Sharing: v1.Sharing{Strategy: v1.StrategyExclusive}}}
-			return asAgent(t, "vap-node-d").Create(ctx, n)
+			return asAgent(t, nodeD).Create(ctx, n)
 		}, "create it with an empty spec"},
-		{"deleting its own GPUNode (RBAC grants no delete)", func() error { return agentA.Delete(ctx, gpuNode("vap-node-a")) }, "forbidden"},
+		{"deleting its own GPUNode (RBAC grants no delete)", func() error { return agentA.Delete(ctx, gpuNode(nodeA)) }, "forbidden"},
 		{"writing status with a token bound to no node", func() error {
-			n := gpuNode("vap-node-a")
+			n := gpuNode(nodeA)
 			c := asAgent(t, "")
 			if err := c.Get(ctx, client.ObjectKeyFromObject(n), n); err != nil {
 				return err
@@ -232,7 +236,7 @@ func TestAdmissionPolicyKeepsEachAgentToItsOwnGPUNodeStatus(t *testing.T) {
 	}
 
 	// Other users (the controller, admins) are not matched by the policy.
-	n := gpuNode("vap-node-b")
+	n := gpuNode(nodeB)
 	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(n), n); err != nil {
 		t.Fatal(err)
 	}
@@ -252,7 +256,7 @@ func TestChartUpgradeWithAPolicyInFlightLeavesGPUNodesAlone(t *testing.T) {
 	install(t)
 	ctx := context.Background()
 	p := &v1.GPUSharingPolicy{
-		ObjectMeta: metav1.ObjectMeta{Name: "upgrade-mig"},
+		ObjectMeta: metav1.ObjectMeta{Name: "upgrade-mig" + runSuffix()},
 		Spec:       v1.GPUSharingPolicySpec{Sharing: v1.Sharing{Strategy: v1.StrategyTimeSlicing, TimeSlicing: &v1.TimeSlicingSharing{Replicas: 4}}},
 	}
 	if err := env.Client.Create(ctx, p); err != nil {
@@ -260,7 +264,7 @@ func TestChartUpgradeWithAPolicyInFlightLeavesGPUNodesAlone(t *testing.T) {
 	}
 	applied := v1.Sharing{Strategy: v1.StrategyTimeSlicing, TimeSlicing: &v1.TimeSlicingSharing{Replicas: 4, Interval: v1.TimeSliceDefault}}
 	draining := v1.Sharing{Strategy: v1.StrategyMIG, MIG: &v1.MIGSharing{Instances: []v1.MIGInstanceRequest{{Profile: "1g.10gb", Count: 7}}}}
-	n := gpuNode("upgrade-node")
+	n := gpuNode("upgrade-node" + strings.TrimPrefix(p.Name, "upgrade-mig"))
 	n.Spec.GPUs = []v1.GPUDesired{
 		{UUID: "GPU-0", Index: 0, Policy: p.Name, PolicyGeneration: p.Generation, Sharing: applied},
 		{UUID: "GPU-1", Index: 1, Policy: p.Name, PolicyGeneration: p.Generation, Sharing: draining},

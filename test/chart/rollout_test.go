@@ -7,17 +7,22 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	v1 "github.com/gpusharing/gpusharing/api/v1alpha1"
+	"github.com/gpusharing/gpusharing/controllers/gpunode"
 	"github.com/gpusharing/gpusharing/controllers/setup"
 	"github.com/gpusharing/gpusharing/test/simnode"
+	"github.com/gpusharing/gpusharing/test/wait"
 )
 
 // asServiceAccount is the admin config impersonating one of the chart's service accounts, with the
@@ -61,8 +66,7 @@ func startManager(t *testing.T, errs chan<- error) (stop func()) {
 func waitReady(t *testing.T, p *v1.GPUSharingPolicy, gpus int32, errs <-chan error) {
 	t.Helper()
 	ctx := context.Background()
-	deadline := time.Now().Add(90 * time.Second)
-	for {
+	wait.UntilState(t, 90*time.Second, func() (bool, string) {
 		select {
 		case err := <-errs:
 			t.Fatalf("a component stopped: %v", err)
@@ -71,15 +75,67 @@ func waitReady(t *testing.T, p *v1.GPUSharingPolicy, gpus int32, errs <-chan err
 		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(p), p); err != nil {
 			t.Fatal(err)
 		}
-		if p.Status.ObservedGeneration == p.Generation && p.Status.ReadyGPUs == gpus &&
-			meta.IsStatusConditionTrue(p.Status.Conditions, v1.ConditionReady) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("policy %s not Ready on %d GPUs: %+v", p.Name, gpus, p.Status)
-		}
-		time.Sleep(200 * time.Millisecond)
+		return p.Status.ObservedGeneration == p.Generation && p.Status.ReadyGPUs == gpus &&
+			meta.IsStatusConditionTrue(p.Status.Conditions, v1.ConditionReady), fmt.Sprintf("%+v", p.Status)
+	}, "policy %s Ready on %d GPUs", p.Name, gpus)
+}
+
+// reconciles is controller-runtime's count of the named controller's finished reconciles in this
+// process (the manager and the simulated nodes' agents run here).
+func reconciles(t *testing.T, controller string) float64 {
+	t.Helper()
+	families, err := metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
 	}
+	var n float64
+	for _, f := range families {
+		if f.GetName() != "controller_runtime_reconcile_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "controller" && l.GetValue() == controller {
+					n += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return n
+}
+
+// lookAgain changes a label of each node's Node and GPUNode (no selector reads it; no spec or status
+// changes) and waits until the controller has reconciled every node and every agent its GPUNode since:
+// a check made afterwards that nothing changed knows they all had their chance to act.
+func lookAgain(t *testing.T, nodes ...string) {
+	t.Helper()
+	ctx := context.Background()
+	resolver, agent := reconciles(t, gpunode.ControllerName), reconciles(t, "gpunode-agent")
+	poke := fmt.Sprint(time.Now().UnixNano())
+	for _, name := range nodes {
+		for _, obj := range []client.Object{&corev1.Node{}, &v1.GPUNode{}} {
+			err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+				if err := env.Client.Get(ctx, client.ObjectKey{Name: name}, obj); err != nil {
+					return err
+				}
+				labels := obj.GetLabels()
+				if labels == nil {
+					labels = map[string]string{}
+				}
+				labels["test.gpusharing.io/poke"] = poke
+				obj.SetLabels(labels)
+				return env.Client.Update(ctx, obj)
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	want := float64(len(nodes))
+	wait.UntilState(t, 60*time.Second, func() (bool, string) {
+		r, a := reconciles(t, gpunode.ControllerName)-resolver, reconciles(t, "gpunode-agent")-agent
+		return r >= want && a >= want, fmt.Sprintf("%v controller and %v agent reconciles since the poke", r, a)
+	}, "the controller and the agents reconciled the %d nodes again", len(nodes))
 }
 
 // The chart's upgrade during a disruptive rollout, with the real controller and the real agents of two
@@ -102,9 +158,12 @@ func TestChartUpgradeDuringADisruptiveRolloutWithTheRealControllerAndAgents(t *t
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { simnode.StopDaemons(dir); _ = os.RemoveAll(dir) })
+	sfx := runSuffix()
+	seq := 200 + 2*int(runs.Load()) // GPU UUIDs of this run's own
+	pool := "upgrade" + sfx
 	nodes := []simnode.Node{
-		{Name: "upgrade-a", Model: "H100", GPUs: 1, Labels: map[string]string{"pool": "upgrade"}, Seq: 201},
-		{Name: "upgrade-b", Model: "H100", GPUs: 1, Labels: map[string]string{"pool": "upgrade"}, Seq: 202},
+		{Name: "upgrade-a" + sfx, Model: "H100", GPUs: 1, Labels: map[string]string{"pool": pool}, Seq: seq + 1},
+		{Name: "upgrade-b" + sfx, Model: "H100", GPUs: 1, Labels: map[string]string{"pool": pool}, Seq: seq + 2},
 	}
 	// Each agent has its own lifetime, so that node a's can be stopped to hold the rollout in flight.
 	stopAgent := map[string]context.CancelFunc{}
@@ -123,11 +182,11 @@ func TestChartUpgradeDuringADisruptiveRolloutWithTheRealControllerAndAgents(t *t
 	}
 	one := intstr.FromInt32(1)
 	p := &v1.GPUSharingPolicy{
-		ObjectMeta: metav1.ObjectMeta{Name: "upgrade-rollout"},
+		ObjectMeta: metav1.ObjectMeta{Name: "upgrade-rollout" + sfx},
 		Spec: v1.GPUSharingPolicySpec{
 			// Above the other tests' policy, which selects every node.
 			Priority:     10,
-			NodeSelector: &v1.NodeSelector{MatchLabels: map[string]v1.LabelValue{"pool": "upgrade"}},
+			NodeSelector: &v1.NodeSelector{MatchLabels: map[string]v1.LabelValue{"pool": v1.LabelValue(pool)}},
 			Sharing:      v1.Sharing{Strategy: v1.StrategyMPS, MPS: &v1.MPSSharing{Replicas: 2}},
 			Rollout:      v1.Rollout{MaxUnavailable: &one},
 		},
@@ -148,25 +207,19 @@ func TestChartUpgradeDuringADisruptiveRolloutWithTheRealControllerAndAgents(t *t
 	// A disruptive change (MPS to MIG) with maxUnavailable 1: one node at a time. Node a's agent is
 	// stopped first, so the node admitted first cannot finish and the rollout stays in flight (one node
 	// written, the other waiting its turn) until the upgrade is done.
-	stopAgent["upgrade-a"]()
+	stopAgent[nodes[0].Name]()
 	p.Spec.Sharing = v1.Sharing{Strategy: v1.StrategyMIG, MIG: &v1.MIGSharing{Instances: []v1.MIGInstanceRequest{{Profile: "3g.40gb", Count: 1}, {Profile: "1g.10gb", Count: 4}}}}
 	if err := env.Client.Update(ctx, p); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	wait.UntilState(t, 60*time.Second, func() (bool, string) {
 		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(p), p); err != nil {
 			t.Fatal(err)
 		}
 		c := meta.FindStatusCondition(p.Status.Conditions, v1.ConditionProgressing)
-		if p.Status.ObservedGeneration == p.Generation && c != nil && c.Reason == v1.ReasonWaitingForRollout {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the MIG change is not in flight with a node waiting: %+v", p.Status.Conditions)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return p.Status.ObservedGeneration == p.Generation && c != nil && c.Reason == v1.ReasonWaitingForRollout,
+			fmt.Sprintf("%+v", p.Status.Conditions)
+	}, "the MIG change in flight with a node waiting")
 	run(t, "helm", "upgrade", "gpusharing", chartDir(), "--kubeconfig", kubeconfig(t), "--namespace", namespace,
 		"--set", "manager.image.tag=v0.2.0", "--set", "agent.image.tag=v0.2.0", "--set", "agent.oversubReserve=3Gi", "--wait=false")
 	stopManager()
@@ -191,8 +244,8 @@ func TestChartUpgradeDuringADisruptiveRolloutWithTheRealControllerAndAgents(t *t
 		settled[n.Name] = g
 	}
 	// Nothing is applied again afterwards: the status (MIG instance uuids included) stays as it is while
-	// the restarted controller and the agents keep running.
-	time.Sleep(3 * time.Second)
+	// the restarted controller and the agents look at the nodes again.
+	lookAgain(t, nodes[0].Name, nodes[1].Name)
 	for _, n := range nodes {
 		g := &v1.GPUNode{}
 		if err := env.Client.Get(ctx, client.ObjectKey{Name: n.Name}, g); err != nil {

@@ -4,10 +4,12 @@
 package chart
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/gpusharing/gpusharing/test/testenv"
@@ -19,6 +21,12 @@ var env *testenv.Env
 func TestMain(m *testing.M) { testenv.MainWithoutCRDs(m, &env) }
 
 const namespace = "gpusharing-system"
+
+// runs numbers the runs of this package's tests in one process (go test -count=N). The objects of an
+// earlier run stay in the shared API server, so each run names its own: runSuffix() is "-r<run>".
+var runs atomic.Int32
+
+func runSuffix() string { return fmt.Sprintf("-r%d", runs.Add(1)) }
 
 // tool runs bin/<name> (helm from $HELM when set) and returns its combined output.
 func tool(t *testing.T, name, stdin string, args ...string) (string, error) {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	b "github.com/gpusharing/gpusharing/controllers/testutil/builders"
 	"github.com/gpusharing/gpusharing/test/fakekubelet"
 	"github.com/gpusharing/gpusharing/test/testenv"
+	"github.com/gpusharing/gpusharing/test/wait"
 )
 
 // auditPolicy records every pod eviction once, when its response is sent.
@@ -126,9 +128,9 @@ func TestAgentKilledMidDrainResumesWithoutEvictingTwice(t *testing.T) {
 			"--pod-resources-socket="+podRes.Path(), "--drain-poll-interval=200ms")
 	}
 	first := start(t, dir, "agent-1", kenv, args()...)
-	waitFor(t, 60*time.Second, "the first agent applying Exclusive", func() (bool, error) {
+	wait.UntilOK(t, 60*time.Second, func() (bool, error) {
 		return appliedAsDesired(ctx, env.Client, node)
-	})
+	}, "the first agent applying Exclusive")
 
 	// The pod the kubelet says holds the GPU, bound to this node and running.
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "trainer"},
@@ -148,11 +150,11 @@ func TestAgentKilledMidDrainResumesWithoutEvictingTwice(t *testing.T) {
 	if err := env.Client.Update(ctx, gn); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 60*time.Second, "the first agent evicting the pod", func() (bool, error) {
+	wait.UntilOK(t, 60*time.Second, func() (bool, error) {
 		got := &corev1.Pod{}
 		err := env.Client.Get(ctx, client.ObjectKeyFromObject(pod), got)
 		return err == nil && got.DeletionTimestamp != nil, err
-	})
+	}, "the first agent evicting the pod")
 	first.kill(t)
 	if n := evictions(t, audit, ns, pod.Name); n != 1 {
 		t.Fatalf("the first agent asked %d evictions before the kill, want 1", n)
@@ -162,15 +164,20 @@ func TestAgentKilledMidDrainResumesWithoutEvictingTwice(t *testing.T) {
 	}
 
 	second := start(t, dir, "agent-2", kenv, args()...)
-	waitFor(t, 60*time.Second, "the second agent's drain waiting for the pod", func() (bool, error) {
+	wait.UntilOK(t, 60*time.Second, func() (bool, error) {
 		if !second.alive() {
 			t.Fatalf("the second agent exited: %v", second.err)
 		}
 		out, err := os.ReadFile(second.log)
 		return strings.Contains(string(out), `phase="Waiting"`), err
-	})
-	// Three more polls of the drain: time for a second eviction, were there one.
-	time.Sleep(600 * time.Millisecond)
+	}, "the second agent's drain waiting for the pod")
+	// More polls of the drain, each of which lists the kubelet's pods and then evicts what it must: a
+	// second eviction, were there one, is in the audit log once three more lists were answered (the device
+	// plugin's kubelet checks list too, at a slower pace: a fourth covers one of those).
+	listed := podRes.Lists()
+	wait.UntilState(t, 60*time.Second, func() (bool, string) {
+		return podRes.Lists() >= listed+4, fmt.Sprintf("%d lists since the drain waited", podRes.Lists()-listed)
+	}, "the second agent's drain polled the kubelet three more times")
 	if j := journal(t, state); len(j) != 0 {
 		t.Fatalf("the second agent changed the GPU while the pod still held it: %v", j)
 	}
@@ -181,9 +188,9 @@ func TestAgentKilledMidDrainResumesWithoutEvictingTwice(t *testing.T) {
 		t.Fatal(err)
 	}
 	ended := time.Now()
-	waitFor(t, 60*time.Second, "the second agent applying the layout", func() (bool, error) {
+	wait.UntilOK(t, 60*time.Second, func() (bool, error) {
 		return appliedAsDesired(ctx, env.Client, node)
-	})
+	}, "the second agent applying the layout")
 	t.Logf("the layout was applied %s after the pod ended", time.Since(ended).Round(10*time.Millisecond))
 	if n := evictions(t, audit, ns, pod.Name); n != 1 {
 		t.Errorf("the pod was asked to be evicted %d times in all, want once (the second agent must resume the drain, not evict again)", n)

@@ -14,6 +14,7 @@ import (
 	v1 "github.com/gpusharing/gpusharing/api/v1alpha1"
 	b "github.com/gpusharing/gpusharing/controllers/testutil/builders"
 	"github.com/gpusharing/gpusharing/test/testenv"
+	"github.com/gpusharing/gpusharing/test/wait"
 )
 
 // TestAgentKilledMidMIGApplyConvergesWithNoDuplicateWork runs the real agent over a simulated H100 whose
@@ -48,13 +49,13 @@ func TestAgentKilledMidMIGApplyConvergesWithNoDuplicateWork(t *testing.T) {
 	state := filepath.Join(dir, "gpus.json")
 	hostRoot := filepath.Join(dir, "host")
 	first := start(t, dir, "agent-1", kenv, agentArgs(agent, node, hostRoot, state, "--device-plugin=false", "--simulate-gpus-pause-after=4")...)
-	waitFor(t, 60*time.Second, "the first agent reaching its fourth GPU mutation", func() (bool, error) {
+	wait.UntilOK(t, 60*time.Second, func() (bool, error) {
 		if !first.alive() {
 			t.Fatalf("the first agent exited: %v", first.err)
 		}
 		_, err := os.Stat(nvmlmock.PausedPath(state))
 		return err == nil, err
-	})
+	}, "the first agent reaching its fourth GPU mutation")
 	first.kill(t)
 	killedAt := journal(t, state)
 	t.Logf("first agent SIGKILLed after: %s", strings.Join(killedAt, "; "))
@@ -65,12 +66,12 @@ func TestAgentKilledMidMIGApplyConvergesWithNoDuplicateWork(t *testing.T) {
 
 	started := time.Now()
 	second := start(t, dir, "agent-2", kenv, agentArgs(agent, node, hostRoot, state, "--device-plugin=false")...)
-	waitFor(t, 60*time.Second, "the second agent reporting the layout applied", func() (bool, error) {
+	wait.UntilOK(t, 60*time.Second, func() (bool, error) {
 		if !second.alive() {
 			t.Fatalf("the second agent exited: %v", second.err)
 		}
 		return appliedAsDesired(ctx, env.Client, node)
-	})
+	}, "the second agent reporting the layout applied")
 	t.Logf("the second agent applied the layout %s after it started", time.Since(started).Round(10*time.Millisecond))
 	checkLayoutMadeOnce(t, state, 4)
 	after := journal(t, state)[len(killedAt):]

@@ -16,7 +16,6 @@ import (
 	"sync"
 	"syscall"
 	"testing"
-	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -87,6 +86,7 @@ func start(t *testing.T, dir, name string, env []string, argv ...string) *proc {
 	p.cmd = exec.Command(argv[0], argv[1:]...)
 	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.Stdout, p.cmd.Stderr = logs, logs
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // dies with a test binary killed by -timeout
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -136,22 +136,6 @@ func agentArgs(bin, node, hostRoot, state string, extra ...string) []string {
 		"--simulate-gpus=H100:1", "--simulate-gpus-state=" + state,
 		"--metrics-bind-address=0", "--health-probe-bind-address=127.0.0.1:0", "--health-checks=false",
 		"--resync=1s", "-v=2"}, extra...)
-}
-
-// waitFor polls cond every 100 ms until it holds or the timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, error)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var lastErr error
-	for time.Now().Before(deadline) {
-		ok, err := cond()
-		if ok {
-			return
-		}
-		lastErr = err
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("%s: not within %s (last error: %v)", what, timeout, lastErr)
 }
 
 // appliedAsDesired says whether the agent reports every listed GPU running its desired sharing for the

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,6 +28,7 @@ import (
 	"github.com/gpusharing/gpusharing/controllers/setup"
 	"github.com/gpusharing/gpusharing/test/simnode"
 	"github.com/gpusharing/gpusharing/test/testenv"
+	"github.com/gpusharing/gpusharing/test/wait"
 )
 
 // eventOnly are the dashboard's series that exist only after an event this test does not cause: a shim
@@ -99,6 +102,10 @@ func scrape(t *testing.T, url string) map[string]bool {
 	return out
 }
 
+// scrapeRuns numbers this test's runs in one process (go test -count): each names its node, pool and
+// policy (and its GPUs' UUIDs) of its own, since the objects of an earlier run stay in the API server.
+var scrapeRuns atomic.Int32
+
 // The controller and a simulated node's real agent run in this process against the API server and
 // converge a time-slicing policy with oversubscription (so the shim scheduler runs); their shared
 // registry is served over HTTP as their /metrics endpoints serve it, and scraped.
@@ -118,12 +125,14 @@ func TestTheDashboardsSeriesAreServedByARunningManagerAndAgent(t *testing.T) {
 			errs <- err
 		}
 	}()
-	n := simnode.Node{Name: "scrape-node", Model: "H100", GPUs: 1, Labels: map[string]string{"pool": "scrape"}, Seq: 91}
+	r := scrapeRuns.Add(1)
+	pool := fmt.Sprintf("scrape-r%d", r)
+	n := simnode.Node{Name: pool + "-node", Model: "H100", GPUs: 1, Labels: map[string]string{"pool": pool}, Seq: 90 + int(r)}
 	simnode.StartForTest(t, ctx, env.Client, env.Config, env.Scheme, n, errs)
 	p := &v1.GPUSharingPolicy{
-		ObjectMeta: metav1.ObjectMeta{Name: "scrape-oversub"},
+		ObjectMeta: metav1.ObjectMeta{Name: pool + "-oversub"},
 		Spec: v1.GPUSharingPolicySpec{
-			NodeSelector: &v1.NodeSelector{MatchLabels: map[string]v1.LabelValue{"pool": "scrape"}},
+			NodeSelector: &v1.NodeSelector{MatchLabels: map[string]v1.LabelValue{"pool": v1.LabelValue(pool)}},
 			Sharing: v1.Sharing{Strategy: v1.StrategyTimeSlicing, TimeSlicing: &v1.TimeSlicingSharing{Replicas: 2},
 				Oversubscription: &v1.Oversubscription{}},
 		},
@@ -131,8 +140,7 @@ func TestTheDashboardsSeriesAreServedByARunningManagerAndAgent(t *testing.T) {
 	if err := env.Client.Create(ctx, p); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	wait.UntilState(t, 60*time.Second, func() (bool, string) {
 		select {
 		case err := <-errs:
 			t.Fatal(err)
@@ -141,36 +149,24 @@ func TestTheDashboardsSeriesAreServedByARunningManagerAndAgent(t *testing.T) {
 		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(p), p); err != nil {
 			t.Fatal(err)
 		}
-		if meta.IsStatusConditionTrue(p.Status.Conditions, v1.ConditionReady) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the policy did not become Ready: %+v", p.Status.Conditions)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return meta.IsStatusConditionTrue(p.Status.Conditions, v1.ConditionReady), fmt.Sprintf("%+v", p.Status.Conditions)
+	}, "the policy Ready")
 
 	srv := httptest.NewServer(promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}))
 	defer srv.Close()
-	// The policy's status pass and the agent's pass record their gauges right after their writes; give
-	// the last pass a moment.
+	// The policy's status pass and the agent's pass record their gauges right after their writes: wait
+	// until the last pass recorded them.
 	var got map[string]bool
-	var missing []string
-	for i := 0; i < 50; i++ {
-		got, missing = scrape(t, srv.URL), nil
+	wait.UntilState(t, 30*time.Second, func() (bool, string) {
+		var missing []string
+		got = scrape(t, srv.URL)
 		for _, name := range dashboardMetrics(t) {
 			if !got[name] && !eventOnly[name] {
 				missing = append(missing, name)
 			}
 		}
-		if len(missing) == 0 {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if len(missing) > 0 {
-		t.Errorf("the dashboard queries %v, which the running manager and agent do not serve", missing)
-	}
+		return len(missing) == 0, fmt.Sprintf("not served: %v", missing)
+	}, "the running manager and agent serve every series the dashboard queries")
 	// The event-only list must not hide series that are in fact always there.
 	for name := range eventOnly {
 		if got[name] {

@@ -31,6 +31,8 @@ type Env struct {
 	BinDir string
 
 	env *envtest.Environment
+	// wrapDir holds the links through which etcd and kube-apiserver die with the test process.
+	wrapDir string
 }
 
 // RepoRoot finds the repository root from this source file's location, so tests work from any package.
@@ -99,10 +101,18 @@ func startWith(root, bin string, installCRDs bool, o Options) (*Env, error) {
 		}
 	}
 	s := Scheme()
+	wrapDir, err := dyingBinDir(bin)
+	if err != nil {
+		return nil, fmt.Errorf("preparing the control plane to die with the test process: %w", err)
+	}
 	env := &envtest.Environment{
 		BinaryAssetsDirectory: bin,
 		Scheme:                s,
 	}
+	// Explicit paths: envtest would take $KUBEBUILDER_ASSETS over any directory given to it.
+	env.ControlPlane.GetAPIServer().Path = filepath.Join(wrapDir, "kube-apiserver")
+	env.ControlPlane.Etcd = &envtest.Etcd{Path: filepath.Join(wrapDir, "etcd")}
+	env.ControlPlane.KubectlPath = filepath.Join(bin, "kubectl")
 	for name, value := range o.APIServerFlags {
 		env.ControlPlane.GetAPIServer().Configure().Set(name, value)
 	}
@@ -112,18 +122,24 @@ func startWith(root, bin string, installCRDs bool, o Options) (*Env, error) {
 	}
 	cfg, err := env.Start()
 	if err != nil {
+		_ = os.RemoveAll(wrapDir)
 		return nil, fmt.Errorf("starting kube-apiserver and etcd from %s: %w", bin, err)
 	}
 	c, err := client.New(cfg, client.Options{Scheme: s})
 	if err != nil {
 		_ = env.Stop()
+		_ = os.RemoveAll(wrapDir)
 		return nil, fmt.Errorf("building a client: %w", err)
 	}
-	return &Env{Config: cfg, Client: c, Scheme: s, RepoRoot: root, BinDir: bin, env: env}, nil
+	return &Env{Config: cfg, Client: c, Scheme: s, RepoRoot: root, BinDir: bin, env: env, wrapDir: wrapDir}, nil
 }
 
 // Stop ends the API server and etcd.
-func (e *Env) Stop() error { return e.env.Stop() }
+func (e *Env) Stop() error {
+	err := e.env.Stop()
+	_ = os.RemoveAll(e.wrapDir)
+	return err
+}
 
 // GVR names the resources the tests list.
 var (

@@ -3,6 +3,7 @@ package gitops
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net"
 	"net/http"
 	"os"
@@ -21,6 +22,7 @@ import (
 	"github.com/gpusharing/gpusharing/agent/podpid"
 	"github.com/gpusharing/gpusharing/test/prom"
 	"github.com/gpusharing/gpusharing/test/testenv"
+	"github.com/gpusharing/gpusharing/test/wait"
 )
 
 // grafanaVars replaces the dashboard's variables as Grafana would for "All" and a 1m rate interval.
@@ -125,23 +127,26 @@ func TestEveryDashboardAndAlertQueryEvaluatesInPrometheus(t *testing.T) {
 	p := prom.Start(t, prom.Target{Job: "gpusharing", Addr: l.Addr().String()})
 	p.TargetsUp(t, 60*time.Second)
 	queries := dashboardAndAlertQueries(t)
-	deadline := time.Now().Add(60 * time.Second)
 	for _, q := range queries {
 		perPod := strings.Contains(q.expr, "gpusharing_pod_")
-		for {
+		// A query that does not evaluate fails at once; a per-pod one waits for the scrape that serves it.
+		var evalErr error
+		err := wait.Poll(60*time.Second, func() error {
 			res, err := p.Query(q.expr)
 			if err != nil {
-				t.Errorf("%s: %q does not evaluate: %v", q.where, q.expr, err)
-				break
+				evalErr = err
+				return nil
 			}
-			if !perPod || len(res) > 0 {
-				break
+			if perPod && len(res) == 0 {
+				return errors.New("no series yet")
 			}
-			if time.Now().After(deadline) {
-				t.Errorf("%s: %q returns no series while pods use the GPU", q.where, q.expr)
-				break
-			}
-			time.Sleep(500 * time.Millisecond)
+			return nil
+		})
+		switch {
+		case evalErr != nil:
+			t.Errorf("%s: %q does not evaluate: %v", q.where, q.expr, evalErr)
+		case err != nil:
+			t.Errorf("%s: %q returns no series while pods use the GPU", q.where, q.expr)
 		}
 	}
 	// A query that must fail to parse does, so the check above can fail.

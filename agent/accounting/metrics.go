@@ -1,10 +1,11 @@
 package accounting
 
 import (
-	"errors"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gpusharing/gpusharing/internal/promreg"
 )
 
 // DefaultMaxSeriesPerGPU bounds the containers a GPU exports series for. A GPU shared by more (MPS
@@ -45,19 +46,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			"Containers using the GPU that export no per-pod series because the GPU has more than the cap.", []string{"gpu", "node"}, nil),
 		nodes: map[string]*Accountant{},
 	}
-	if reg == nil {
-		return m, nil
-	}
-	if err := reg.Register(m); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(*Metrics); ok {
-				return existing, nil
-			}
-		}
-		return nil, err
-	}
-	return m, nil
+	return promreg.Register(reg, m)
 }
 
 // Add exports the node's accountant; a nil *Metrics exports nothing.

@@ -1,7 +1,6 @@
 package node
 
 import (
-	"errors"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -9,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
+	"github.com/gpusharing/gpusharing/internal/promreg"
 )
 
 // Metrics mirror the published status, so a fleet dashboard needs no API server queries. Series carry
@@ -60,19 +60,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		seen:        map[string]map[string]bool{},
 		sharingLast: map[string]map[string][]string{},
 	}
-	if reg == nil {
-		return m, nil
-	}
-	if err := reg.Register(m); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(*Metrics); ok {
-				return existing, nil
-			}
-		}
-		return nil, err
-	}
-	return m, nil
+	return promreg.Register(reg, m)
 }
 
 func (m *Metrics) vecs() []*prometheus.GaugeVec {

@@ -568,15 +568,25 @@ func (e *env) pageableCopies() int {
 
 // A swap never copies through staging that is not page-locked yet: on the H100 such a copy (a job's
 // first swap-out, ~2 s after its allocation, before the stager had pinned it) ran at 1-4 GB/s against
-// 53 GB/s pinned. With the stub taking 150 ms per registration, the first hand-off comes long before
-// the staging is pinned; the swap waits for the stager, which pins the evicted regions first, and the
-// stub records no copy through pageable memory.
+// 53 GB/s pinned. The stub holds every registration until the test has seen a swap wait for its
+// staging, so the first hand-off always comes before the staging is pinned, however the two clients'
+// starts fall on a loaded machine; the swap waits for the stager, which pins the evicted regions
+// first, and the stub records no copy through pageable memory.
 func TestOversubSwapsWaitForStagingToBePinned(t *testing.T) {
 	const budget = 96 * mib
 	e := newMemEnv(t, 20*time.Millisecond, 2*time.Second, budget, ModeAuto)
 	args := []string{"bufs=2", "size=" + strconv.Itoa(36*mib), "small=0", "iters=2", "sleep_us=200"}
-	slow := []string{"GPUSHARE_STUB_REGISTER_US=150000"}
-	a, b, va, vb := e.oversubPair(t, 90*time.Second, slow, args...)
+	pinGate, pin := e.gate("pin")
+	held := []string{"GPUSHARE_STUB_REGISTER_UNTIL=" + pinGate}
+	a := e.startOversub(held, append(args, "seed=1")...)
+	b := e.startOversub(held, append(args, "seed=2")...)
+	// The shim stops waiting for a stager that makes no progress for 2 s: open the gate as soon as a
+	// swap says it waits (polled every 10 ms).
+	wait.Until(t, 60*time.Second, func() bool {
+		return strings.Contains(a.stderr.String()+b.stderr.String(), "swap waits for host staging to be page-locked")
+	}, "a swap waits for its staging to be page-locked")
+	pin()
+	va, vb := a.waitOversub(t, 90*time.Second), b.waitOversub(t, 90*time.Second)
 	if va["swap_out"]+vb["swap_out"] == 0 {
 		t.Fatal("no swapping happened")
 	}

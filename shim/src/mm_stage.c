@@ -172,6 +172,9 @@ void mm_stage_wait_locked(struct region *r, size_t end)
     uint64_t t0 = gs_now_ns(), last_ns = t0;
     size_t last = r->pin_off;
     r->urgent = 1;
+    /* Once per waiting swap piece, not per launch: says the swap waits while it waits (the swap's own
+     * line comes after it), which is what a host slow to page-lock shows first. */
+    gs_log(GS_LOG_INFO, "swap waits for host staging to be page-locked");
     pthread_cond_broadcast(&pin_cv);
     while (r->pin_off < end && !r->pin_failed) {
         uint64_t dl = last_ns + PIN_WAIT_NS;

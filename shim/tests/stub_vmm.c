@@ -22,6 +22,7 @@
  *                            page-locked (cuMemHostRegister), which a GPU runs at a fraction of the rate,
  *                            and "D <pid> <ns> <+bytes>" when the worker has done an asynchronous copy to the host
  *   GPUSHARE_STUB_REGISTER_US   every cuMemHostRegister takes this long (a host slow to page-lock)
+ *   GPUSHARE_STUB_REGISTER_UNTIL every cuMemHostRegister waits until this file exists (at most 60 s)
  *   GPUSHARE_STUB_HOST_LIMIT bytes of page-locked host memory (cuMemAllocHost, cuMemHostRegister)
  *                            before they fail (default: none)
  *   GPUSHARE_STUB_REGISTER_MAX  cuMemHostRegister of more bytes than this at once fails (default: none)
@@ -441,6 +442,11 @@ STUB_EXPORT CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned int fla
     long long us = env_ll("GPUSHARE_STUB_REGISTER_US", 0);
     if (us > 0)
         usleep((useconds_t)us);
+    /* Held until the test has seen a swap wait for this staging (bounded: a test that never opens the
+     * gate gets its registrations after 60 s, not a hung client). */
+    const char *until = getenv("GPUSHARE_STUB_REGISTER_UNTIL");
+    for (int i = 0; until != NULL && *until != '\0' && access(until, F_OK) != 0 && i < 60000; i++)
+        usleep(1000);
     pthread_mutex_lock(&vmu);
     for (int i = 0; i < MAXREG; i++)
         if (registered[i].p == NULL) {

@@ -47,7 +47,7 @@ func run(duration, interval time.Duration, pidList string, memTol, smTol float64
 	if r := lib.Init(); r != nvml.SUCCESS {
 		return fmt.Errorf("nvml init: %v", r)
 	}
-	defer lib.Shutdown()
+	defer func() { _ = lib.Shutdown() }() // the process exits next; nothing to do with a failed shutdown
 	a := &accounting.Accountant{GPUs: gpu.NewNVML(lib)}
 	want := map[int32]bool{}
 	for _, f := range strings.Split(pidList, ",") {

@@ -44,7 +44,7 @@ CUresult gs_cap_charge(uint64_t n)
         if (n > lim || cur > lim - n) {
             static atomic_int warned;
             gs_log(atomic_exchange(&warned, 1) ? GS_LOG_DEBUG : GS_LOG_WARN,
-                   "out of memory: %llu bytes more would pass this container's limit of %llu bytes "
+                   "out of memory: %llu bytes more would pass this process's memory limit of %llu bytes "
                    "(GPUSHARE_MEMORY_LIMIT_BYTES; %llu allocated)",
                    (unsigned long long)n, (unsigned long long)lim, (unsigned long long)cur);
             return CUDA_ERROR_OUT_OF_MEMORY;

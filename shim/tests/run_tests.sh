@@ -219,7 +219,7 @@ for path in alloc pitch async vmm; do
     out=$(run_client GPUSHARE_OVERSUB=1 GPUSHARE_SOCKET="$D/s.sock" GPUSHARE_LOG_LEVEL=info GPUSHARE_MEMORY_LIMIT_BYTES=$LIM \
         "$BUILD/tests/cap_client" $path $LIM 2>&1)
     if grep -q "cap $path fill=0,0,0,0 over=2 over_small=2 freed=0 again=0 total=$LIM free_full=0 free_empty=$LIM\$" <<<"$out" &&
-        grep -q "oversubscription on: budget 1073741824" <<<"$out" && grep -q "container's limit of $LIM" <<<"$out"; then
+        grep -q "oversubscription on: budget 1073741824" <<<"$out" && grep -q "process's memory limit of $LIM" <<<"$out"; then
         pass "memory limit below the oversubscription budget: $path stops at the limit"
     else
         fail "memory limit below the budget on $path" "$out"
@@ -232,7 +232,7 @@ start_fake "$D" budget=33554432
 out=$(run_client GPUSHARE_OVERSUB=1 GPUSHARE_SOCKET="$D/s.sock" GPUSHARE_MEMORY_LIMIT_BYTES=$LIM \
     "$BUILD/tests/cap_client" alloc $LIM 2>&1)
 if grep -q "cap alloc fill=0,0,2,2 over=2 over_small=2 freed=0 again=0 total=33554432 free_full=0 free_empty=33554432\$" <<<"$out" &&
-    grep -q "more than this process's budget of 33554432" <<<"$out" && ! grep -q "container's limit" <<<"$out"; then
+    grep -q "more than this process's budget of 33554432" <<<"$out" && ! grep -q "process's memory limit" <<<"$out"; then
     pass "memory limit above the oversubscription budget: the budget still stops the working set"
 else
     fail "memory limit above the budget" "$out"

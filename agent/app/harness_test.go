@@ -16,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/gpusharing/gpusharing/agent/deviceplugin"
@@ -25,6 +24,7 @@ import (
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 	"github.com/gpusharing/gpusharing/test/fakebin"
 	"github.com/gpusharing/gpusharing/test/fakekubelet"
+	"github.com/gpusharing/gpusharing/test/testenv"
 	"github.com/gpusharing/gpusharing/test/wait"
 )
 
@@ -189,7 +189,7 @@ func (n *testNode) waitFor(t *testing.T, what string, ok func(*v1alpha1.GPUNode)
 // after it knows the agent had its chance to act.
 func (n *testNode) reconciled(t *testing.T) {
 	t.Helper()
-	before := agentReconciles(t)
+	before := testenv.Reconciles(t, "gpunode-agent")
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		g := &v1alpha1.GPUNode{}
 		if err := env.Client.Get(context.Background(), types.NamespacedName{Name: n.name}, g); err != nil {
@@ -205,7 +205,7 @@ func (n *testNode) reconciled(t *testing.T) {
 		t.Fatal(err)
 	}
 	wait.UntilState(t, 30*time.Second, func() (bool, string) {
-		got := agentReconciles(t)
+		got := testenv.Reconciles(t, "gpunode-agent")
 		return got > before, fmt.Sprintf("%v reconciles, %v before the poke", got, before)
 	}, "the agent reconciled its GPUNode after a label change")
 }
@@ -219,30 +219,6 @@ func (n *testNode) drainPolled(t *testing.T) {
 	wait.UntilState(t, 30*time.Second, func() (bool, string) {
 		return n.pods.Lists() >= base+4, fmt.Sprintf("%d lists since", n.pods.Lists()-base)
 	}, "the drain polled the kubelet")
-}
-
-// agentReconciles is controller-runtime's count of the agent controller's finished reconciles in this
-// process (the package's tests run one agent at a time).
-func agentReconciles(t *testing.T) float64 {
-	t.Helper()
-	families, err := metrics.Registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var n float64
-	for _, f := range families {
-		if f.GetName() != "controller_runtime_reconcile_total" {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "controller" && l.GetValue() == "gpunode-agent" {
-					n += m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return n
 }
 
 // waitDevices polls the kubelet's view of resource until it equals want (device ID -> health).

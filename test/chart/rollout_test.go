@@ -15,13 +15,13 @@ import (
 	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	v1 "github.com/gpusharing/gpusharing/api/v1alpha1"
 	"github.com/gpusharing/gpusharing/controllers/gpunode"
 	"github.com/gpusharing/gpusharing/controllers/setup"
 	"github.com/gpusharing/gpusharing/test/simnode"
+	"github.com/gpusharing/gpusharing/test/testenv"
 	"github.com/gpusharing/gpusharing/test/wait"
 )
 
@@ -80,37 +80,13 @@ func waitReady(t *testing.T, p *v1.GPUSharingPolicy, gpus int32, errs <-chan err
 	}, "policy %s Ready on %d GPUs", p.Name, gpus)
 }
 
-// reconciles is controller-runtime's count of the named controller's finished reconciles in this
-// process (the manager and the simulated nodes' agents run here).
-func reconciles(t *testing.T, controller string) float64 {
-	t.Helper()
-	families, err := metrics.Registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var n float64
-	for _, f := range families {
-		if f.GetName() != "controller_runtime_reconcile_total" {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "controller" && l.GetValue() == controller {
-					n += m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return n
-}
-
 // lookAgain changes a label of each node's Node and GPUNode (no selector reads it; no spec or status
 // changes) and waits until the controller has reconciled every node and every agent its GPUNode since:
 // a check made afterwards that nothing changed knows they all had their chance to act.
 func lookAgain(t *testing.T, nodes ...string) {
 	t.Helper()
 	ctx := context.Background()
-	resolver, agent := reconciles(t, gpunode.ControllerName), reconciles(t, "gpunode-agent")
+	resolver, agent := testenv.Reconciles(t, gpunode.ControllerName), testenv.Reconciles(t, "gpunode-agent")
 	poke := fmt.Sprint(time.Now().UnixNano())
 	for _, name := range nodes {
 		for _, obj := range []client.Object{&corev1.Node{}, &v1.GPUNode{}} {
@@ -133,7 +109,7 @@ func lookAgain(t *testing.T, nodes ...string) {
 	}
 	want := float64(len(nodes))
 	wait.UntilState(t, 60*time.Second, func() (bool, string) {
-		r, a := reconciles(t, gpunode.ControllerName)-resolver, reconciles(t, "gpunode-agent")-agent
+		r, a := testenv.Reconciles(t, gpunode.ControllerName)-resolver, testenv.Reconciles(t, "gpunode-agent")-agent
 		return r >= want && a >= want, fmt.Sprintf("%v controller and %v agent reconciles since the poke", r, a)
 	}, "the controller and the agents reconciled the %d nodes again", len(nodes))
 }

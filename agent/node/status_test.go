@@ -172,3 +172,46 @@ func TestMPSReplicasStayInTheStatusWhileTheGPUIsDrainedAwayFromMPS(t *testing.T)
 		t.Errorf("while draining to Exclusive: applied MPS %+v, want the 2 replicas in force", st.Applied.MPS)
 	}
 }
+
+func sizedMPS(step string) v1alpha1.Sharing {
+	q := resource.MustParse(step)
+	return v1alpha1.Sharing{Strategy: v1alpha1.StrategyMPS, MPS: &v1alpha1.MPSSharing{Replicas: 4},
+		Sizing: &v1alpha1.Sizing{Mode: v1alpha1.SizingPerClaim, MemoryStep: &q}}
+}
+
+// The sizing in force decides what DRA publishes and whether the device plugin advertises the GPU, so it
+// follows the GPU, not the spec: the desired sizing once applied, the previous one while a change drains.
+func TestSizingInForceFollowsTheGPUThroughADrain(t *testing.T) {
+	dev := gpu.Device{Index: 0, UUID: "GPU-a", MemoryBytes: 40 << 30}
+	obs := observed{mps: &mps.Status{State: mps.StateRunning, PID: 42}}
+	fixed := &v1alpha1.GPUDesired{UUID: "GPU-a", Sharing: v1alpha1.Sharing{Strategy: v1alpha1.StrategyMPS, MPS: &v1alpha1.MPSSharing{Replicas: 4}}}
+	sized := &v1alpha1.GPUDesired{UUID: "GPU-a", Sharing: sizedMPS("1Gi")}
+	devicePlugin := func(st v1alpha1.GPUStatus) string {
+		c := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionDevicePlugin)
+		if c == nil {
+			return "absent"
+		}
+		return string(c.Status) + "/" + c.Reason
+	}
+
+	st := gpuStatus(dev, obs, fixed, nil, nil)
+	if st.Applied.Sizing != nil || devicePlugin(st) != "absent" {
+		t.Fatalf("fixed shares: sizing %+v, DevicePlugin %s; want none, absent", st.Applied.Sizing, devicePlugin(st))
+	}
+	st = gpuStatus(dev, obs, sized, errors.New("draining"), &st)
+	if st.Applied.Sizing != nil || devicePlugin(st) != "absent" {
+		t.Fatalf("while draining to sized shares: sizing %+v, DevicePlugin %s; want the fixed shares in force", st.Applied.Sizing, devicePlugin(st))
+	}
+	st = gpuStatus(dev, obs, sized, nil, &st)
+	if !st.Applied.Sizing.PerClaim() || devicePlugin(st) != "False/"+v1alpha1.ReasonSizedByClaim {
+		t.Fatalf("sized shares applied: sizing %+v, DevicePlugin %s; want PerClaim, False/SizedByClaim", st.Applied.Sizing, devicePlugin(st))
+	}
+	st = gpuStatus(dev, obs, fixed, errors.New("draining"), &st)
+	if !st.Applied.Sizing.PerClaim() || devicePlugin(st) != "False/"+v1alpha1.ReasonSizedByClaim {
+		t.Fatalf("while draining back to fixed shares: sizing %+v, DevicePlugin %s; want the sized shares in force", st.Applied.Sizing, devicePlugin(st))
+	}
+	st = gpuStatus(dev, obs, fixed, nil, &st)
+	if st.Applied.Sizing != nil || devicePlugin(st) != "absent" {
+		t.Errorf("fixed shares applied again: sizing %+v, DevicePlugin %s; want none, absent", st.Applied.Sizing, devicePlugin(st))
+	}
+}

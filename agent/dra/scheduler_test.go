@@ -358,9 +358,9 @@ func sizedNode() v1alpha1.GPUNodeStatus {
 	}}}
 }
 
-// sizedClaimPod creates a claim of the sized class asking for memory (and compute, when set) and a pod
-// that uses it.
-func sizedClaimPod(t *testing.T, ctx context.Context, c client.Client, name, memory, compute string) {
+// sizedClaimPod creates a claim of the sized class asking for memory and compute (each when set),
+// narrowed by cel when set, and a pod that uses it.
+func sizedClaimPod(t *testing.T, ctx context.Context, c client.Client, name, memory, compute, cel string) {
 	t.Helper()
 	requests := map[resourcev1.QualifiedName]resource.Quantity{}
 	if memory != "" {
@@ -371,6 +371,9 @@ func sizedClaimPod(t *testing.T, ctx context.Context, c client.Client, name, mem
 	}
 	req := resourcev1.DeviceRequest{Name: "gpu", Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: "gpusharing-sized",
 		Capacity: &resourcev1.CapacityRequirements{Requests: requests}}}
+	if cel != "" {
+		req.Exactly.Selectors = []resourcev1.DeviceSelector{{CEL: &resourcev1.CELDeviceSelector{Expression: cel}}}
+	}
 	claim := &resourcev1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
 		Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{req}}}}
 	if err := c.Create(ctx, claim); err != nil {
@@ -420,7 +423,7 @@ func TestTheSchedulerPacksSizedClaimsOntoAGPUUntilItsMemoryIsUsed(t *testing.T) 
 		{"sized-20", "20Gi", "40", "20Gi", "40"},
 		{"sized-6", "6Gi", "10", "6Gi", "10"},
 	} {
-		sizedClaimPod(t, ctx, c, tt.name, tt.memory, tt.compute)
+		sizedClaimPod(t, ctx, c, tt.name, tt.memory, tt.compute, "")
 		r := consumed(t, ctx, c, tt.name)
 		if r.Device != "gpu-0-sized" || r.ShareID == nil {
 			t.Fatalf("claim %s: device %s share %v; want a share of gpu-0-sized", tt.name, r.Device, r.ShareID)
@@ -432,14 +435,14 @@ func TestTheSchedulerPacksSizedClaimsOntoAGPUUntilItsMemoryIsUsed(t *testing.T) 
 	}
 
 	// 40 GiB are taken (92 % of the SMs): the next claim, however small, waits.
-	sizedClaimPod(t, ctx, c, "sized-next", "1Gi", "1")
+	sizedClaimPod(t, ctx, c, "sized-next", "1Gi", "1", "")
 	msg := pendingReason(t, ctx, c, "sized-next")
 	t.Logf("a claim on the full GPU: PodScheduled=False: %s", msg)
 	if !strings.Contains(msg, "cannot allocate all claims") {
 		t.Errorf("pod sized-next is pending with %q; want the scheduler's reason about claims", msg)
 	}
 	// More than any GPU has never fits.
-	sizedClaimPod(t, ctx, c, "sized-huge", "41Gi", "")
+	sizedClaimPod(t, ctx, c, "sized-huge", "41Gi", "", "")
 	msg = pendingReason(t, ctx, c, "sized-huge")
 	t.Logf("a claim larger than any GPU: PodScheduled=False: %s", msg)
 	if !strings.Contains(msg, "cannot allocate all claims") {

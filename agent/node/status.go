@@ -179,8 +179,14 @@ func setCondition(conds *[]metav1.Condition, typ string, status metav1.Condition
 	meta.SetStatusCondition(conds, metav1.Condition{Type: typ, Status: status, Reason: reason, Message: msg})
 }
 
-// describeDesired renders a sharing for messages: "MIG 3g.40gb x1 + 1g.10gb x4", "MPS x4".
+// describeDesired renders a sharing for messages: "MIG 3g.40gb x1 + 1g.10gb x4", "MPS x4", "MPS x4
+// sized per claim" (the drain's target says the contract a drain makes room for).
 func describeDesired(s v1alpha1.Sharing) string {
+	if s.Sizing.PerClaim() {
+		sized := s
+		sized.Sizing = nil
+		return describeDesired(sized) + " sized per claim"
+	}
 	switch {
 	case s.MIG != nil:
 		var parts []string

@@ -206,6 +206,9 @@ func TestSizingInForceFollowsTheGPUThroughADrain(t *testing.T) {
 	if !st.Applied.Sizing.PerClaim() || devicePlugin(st) != "False/"+v1alpha1.ReasonSizedByClaim {
 		t.Fatalf("sized shares applied: sizing %+v, DevicePlugin %s; want PerClaim, False/SizedByClaim", st.Applied.Sizing, devicePlugin(st))
 	}
+	if c := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionApplied); c == nil || c.Message != "MPS x4 sized per claim is in force" {
+		t.Errorf("Applied condition %+v: want the message to name the sizing", c)
+	}
 	st = gpuStatus(dev, obs, fixed, errors.New("draining"), &st)
 	if !st.Applied.Sizing.PerClaim() || devicePlugin(st) != "False/"+v1alpha1.ReasonSizedByClaim {
 		t.Fatalf("while draining back to fixed shares: sizing %+v, DevicePlugin %s; want the sized shares in force", st.Applied.Sizing, devicePlugin(st))

@@ -461,6 +461,16 @@ func TestTheSchedulerPacksSizedClaimsOntoAGPUUntilItsMemoryIsUsed(t *testing.T) 
 	if r := consumed(t, ctx, c, "sized-next"); r.Device != "gpu-0-sized" {
 		t.Errorf("claim sized-next got %s after sized-10 was deleted, want gpu-0-sized", r.Device)
 	}
+	// Compute adds up too: 63 % of the SMs are taken (12 + 40 + 10 + 1), so a claim of 40 % waits with
+	// memory to spare (5Gi are free), and one of 37 % fits exactly.
+	sizedClaimPod(t, ctx, c, "sized-compute-40", "1Gi", "40", "")
+	if msg := pendingReason(t, ctx, c, "sized-compute-40"); !strings.Contains(msg, "cannot allocate all claims") {
+		t.Errorf("pod sized-compute-40 is pending with %q; want the scheduler's reason about claims", msg)
+	}
+	sizedClaimPod(t, ctx, c, "sized-compute-37", "1Gi", "37", "")
+	if r := consumed(t, ctx, c, "sized-compute-37"); r.Device != "gpu-0-sized" {
+		t.Errorf("claim sized-compute-37 got %s, want gpu-0-sized", r.Device)
+	}
 	var huge resourcev1.ResourceClaim
 	if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: "sized-huge"}, &huge); err != nil {
 		t.Fatal(err)

@@ -109,6 +109,14 @@ func TestMPSSettingsDefaultThreadsToAnEqualShare(t *testing.T) {
 			t.Errorf("%s: MPSSettings = %+v, want %+v", tt.name, got, tt.want)
 		}
 	}
+	// Sized per claim, the daemon keeps the GPU's defaults: a client can only lower them, and each claim
+	// lowers them to its own size.
+	if got := mpsSettingsFor(sizedMPS("1Gi")); got != (mps.Settings{}) {
+		t.Errorf("sized MPS: daemon settings %+v, want the GPU's defaults", got)
+	}
+	if got := mpsSettingsFor(v1alpha1.Sharing{Strategy: v1alpha1.StrategyMPS, MPS: &v1alpha1.MPSSharing{Replicas: 4}}); got.ActiveThreadPercentage != 25 {
+		t.Errorf("fixed MPS x4: daemon settings %+v, want 25%% threads", got)
+	}
 }
 
 func TestReasonForNamesTheCauseOfAFailedPass(t *testing.T) {

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
@@ -151,4 +152,57 @@ func TestDRAOnlyNodePreparesClaimsAndDrainsThePodsHoldingThem(t *testing.T) {
 	env.SetPodPhase(t, ctx, pod, corev1.PodSucceeded)
 	n.waitFor(t, "time-slicing applied after the pod ended", appliedAsDesired(uuid))
 	waitSlices(t, n.name, "gpu-0-timeslicing-0 gpu-0-timeslicing-1")
+}
+
+// Sizing per claim through the whole agent: the policy's sizing reaches the GPU's status once applied,
+// the GPU becomes one sized device in the slices, the device plugin stops advertising its replicas and
+// the status says why; going back to fixed shares restores both.
+func TestAgentPublishesASizedGPUAsOneDeviceAndTheDevicePluginLeavesItOut(t *testing.T) {
+	n := startNodeWith(t, 1, func(o *Options) { o.ResourceSlices = true })
+	if err := env.Client.Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name}}); err != nil {
+		t.Fatal(err)
+	}
+	uuid := n.uuid(0)
+	fixed := v1alpha1.Sharing{Strategy: v1alpha1.StrategyMPS, MPS: &v1alpha1.MPSSharing{Replicas: 2}}
+	sized := *fixed.DeepCopy()
+	sized.Sizing = &v1alpha1.Sizing{Mode: v1alpha1.SizingPerClaim}
+	devicePlugin := func(g *v1alpha1.GPUNode) string {
+		st := gpuState(g, uuid)
+		if st == nil {
+			return "<no GPU>"
+		}
+		if c := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionDevicePlugin); c != nil {
+			return string(c.Status) + "/" + c.Reason
+		}
+		return "absent"
+	}
+
+	n.setSpec(t, v1alpha1.GPUDesired{UUID: uuid, Index: 0, Sharing: fixed})
+	waitSlices(t, n.name, "gpu-0-mps-0 gpu-0-mps-1")
+	n.waitDevices(t, "fixed MPS replicas", "gpusharing.io/gpu-mps", replicas(uuid, 2, nil))
+
+	// No pod holds the GPU, so the drain this disruptive change takes ends at once.
+	n.setSpec(t, v1alpha1.GPUDesired{UUID: uuid, Index: 0, Sharing: sized, Drain: drainSpec(v1alpha1.DrainWaitForIdle, time.Minute)})
+	g := n.waitFor(t, "sized shares applied", func(g *v1alpha1.GPUNode) (bool, string) {
+		ok, msg := appliedAsDesired(uuid)(g)
+		return ok && devicePlugin(g) == "False/"+v1alpha1.ReasonSizedByClaim, msg + "; DevicePlugin " + devicePlugin(g)
+	})
+	if a := gpuState(g, uuid).Applied; !a.Sizing.PerClaim() || a.SpecHash != v1alpha1.SharingHash(sized) {
+		t.Errorf("applied %+v: want sizing PerClaim under the sized sharing's hash", a)
+	}
+	// The daemon keeps the GPU's defaults (a client can only lower them): no thread percentage of
+	// 100/replicas that would cap a claim asking for more.
+	if m := gpuState(g, uuid).Applied.MPS; m == nil || m.ActiveThreadPercentage != 0 || m.PinnedMemoryLimit != nil {
+		t.Errorf("the sized GPU's MPS daemon runs with %+v, want the GPU's defaults", m)
+	}
+	waitSlices(t, n.name, "gpu-0-sized")
+	n.waitDevices(t, "no fixed replicas beside the sized device", "gpusharing.io/gpu-mps", nil)
+
+	n.setSpec(t, v1alpha1.GPUDesired{UUID: uuid, Index: 0, Sharing: fixed, Drain: drainSpec(v1alpha1.DrainWaitForIdle, time.Minute)})
+	n.waitFor(t, "fixed shares again", func(g *v1alpha1.GPUNode) (bool, string) {
+		ok, msg := appliedAsDesired(uuid)(g)
+		return ok && devicePlugin(g) == "absent" && !gpuState(g, uuid).Applied.Sizing.PerClaim(), msg + "; DevicePlugin " + devicePlugin(g)
+	})
+	waitSlices(t, n.name, "gpu-0-mps-0 gpu-0-mps-1")
+	n.waitDevices(t, "fixed MPS replicas again", "gpusharing.io/gpu-mps", replicas(uuid, 2, nil))
 }

@@ -21,6 +21,7 @@ const (
 	EnvShimSocket             = "GPUSHARE_SOCKET"
 	EnvShimGPUUUID            = "GPUSHARE_GPU_UUID"
 	EnvShimOversub            = "GPUSHARE_OVERSUB"
+	EnvShimMemoryLimit        = "GPUSHARE_MEMORY_LIMIT_BYTES"
 )
 
 var (
@@ -70,7 +71,7 @@ func containerResponse(cfg Config, devs []Device) (*pluginapi.ContainerAllocateR
 		if len(visible) != 1 {
 			return nil, fmt.Errorf("%w: shim shares of %s", ErrDevicesSpanGPUs, strings.Join(visible, ", "))
 		}
-		addShim(cfg, resp, devs[0])
+		addShim(cfg, resp, devs)
 	}
 	return resp, nil
 }
@@ -108,8 +109,14 @@ func addMPS(cfg Config, resp *pluginapi.ContainerAllocateResponse, devs []Device
 	}
 }
 
-// addShim preloads libgpushare.so and points it at the GPU's scheduler socket.
-func addShim(cfg Config, resp *pluginapi.ContainerAllocateResponse, d Device) {
+// addShim preloads libgpushare.so and points it at the GPU's scheduler socket. Sized shares of one GPU
+// in one container add up, as MPS shares do: one limit of their sum for each of its processes.
+func addShim(cfg Config, resp *pluginapi.ContainerAllocateResponse, devs []Device) {
+	d := devs[0]
+	var limit int64
+	for _, x := range devs {
+		limit += x.MemoryLimitBytes
+	}
 	sock := cfg.SchedulerSocketPath(d.GPUUUID)
 	resp.Mounts = append(resp.Mounts,
 		&pluginapi.Mount{ContainerPath: ContainerShimLibrary, HostPath: cfg.ShimLibrary, ReadOnly: true},
@@ -126,6 +133,10 @@ func addShim(cfg Config, resp *pluginapi.ContainerAllocateResponse, d Device) {
 	// in force when it was admitted and a later raise would never reach it.
 	if d.ShimOversub {
 		resp.Envs[EnvShimOversub] = "1"
+	}
+	if limit > 0 {
+		// Unlike the quantum and the budget, a claim's size is fixed for its life: the shim reads it once.
+		resp.Envs[EnvShimMemoryLimit] = strconv.FormatInt(limit, 10)
 	}
 }
 

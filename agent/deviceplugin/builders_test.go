@@ -93,3 +93,10 @@ func health(s metav1.ConditionStatus) gpuOption {
 		g.Conditions = append(g.Conditions, metav1.Condition{Type: v1alpha1.ConditionHealthy, Status: s, Reason: "Test"})
 	}
 }
+
+// sizedPerClaim marks the GPU's shares sized per claim, as the agent reports once that is in force.
+func sizedPerClaim() gpuOption {
+	return func(g *v1alpha1.GPUStatus) {
+		applied(g).Sizing = &v1alpha1.Sizing{Mode: v1alpha1.SizingPerClaim}
+	}
+}

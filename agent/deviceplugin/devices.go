@@ -64,6 +64,13 @@ type Device struct {
 	// Held marks a device of a cordoned GPU that is advertised only because a pod still holds it:
 	// Allocate refuses it and GetPreferredAllocation leaves it out.
 	Held bool
+	// Sized marks the one DRA device of a GPU whose shares are sized per claim (KindMPS or KindShared):
+	// the device plugin never advertises it, and the DRA kubelet plugin fills MPS or MemoryLimitBytes
+	// from each claim's consumed capacity before ContainerEdits.
+	Sized bool
+	// MemoryLimitBytes is the shim's per-process memory limit (GPUSHARE_MEMORY_LIMIT_BYTES) of a sized
+	// shim share; 0 sets none (KindShared only).
+	MemoryLimitBytes int64
 }
 
 // ReplicaID is the device ID of replica n of a GPU.
@@ -83,7 +90,10 @@ func GPUOfDeviceID(id string) string {
 //   - MPS: mps.replicas devices under Resources.MPS, Unhealthy unless the daemon is Running;
 //   - MIG: one device per MIG instance that has a uuid, under MIGPrefix+profile;
 //   - Exclusive or TimeSlicing with applied.shim: the replicas go under Resources.Shared instead, so a pod
-//     gets the shim only when it asks for it (Exclusive uses cfg.ShimReplicas).
+//     gets the shim only when it asks for it (Exclusive uses cfg.ShimReplicas);
+//   - a GPU whose applied.sizing is PerClaim: nothing. Its shares are sized by each claim, which only DRA
+//     carries (the GPU's DevicePlugin condition says so); fixed replicas beside them would hand out
+//     memory and SMs the claims' sizes already account for.
 //
 // A GPU whose Healthy condition is False has all its devices Unhealthy. Each resource's devices are
 // sorted by GPU index, then replica, then ID.
@@ -108,6 +118,9 @@ func gpuDevices(g v1alpha1.GPUStatus, cfg Config) map[ResourceName][]Device {
 	healthy := !meta.IsStatusConditionPresentAndEqual(g.Conditions, v1alpha1.ConditionHealthy, metav1.ConditionFalse)
 	base := Device{GPUUUID: g.UUID, GPUIndex: g.Index, VisibleUUID: g.UUID, Healthy: healthy}
 	a := g.Applied
+	if a != nil && a.Sizing.PerClaim() {
+		return nil
+	}
 	strategy := v1alpha1.StrategyExclusive
 	if a != nil && a.Strategy != "" {
 		strategy = a.Strategy

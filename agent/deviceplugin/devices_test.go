@@ -95,6 +95,12 @@ func TestDevicesFromStatus(t *testing.T) {
 			},
 		},
 		{
+			name: "a GPU sized per claim is DRA's alone, MPS or shim; the other GPUs are advertised as before",
+			status: nodeStatus(gpu(0, "GPU-a", mps(4, 0, "", "Running"), sizedPerClaim()), gpu(1, "GPU-b", timeSliced(2), shim(time.Second), sizedPerClaim()),
+				gpu(2, "GPU-c", mps(2, 0, "", "Running"))),
+			want: []string{"gpusharing.io/gpu-mps: GPU-c::0(MPS,Healthy) GPU-c::1(MPS,Healthy)"},
+		},
+		{
 			name:   "MPS without a reported daemon advertises nothing",
 			status: nodeStatus(gpu(0, "GPU-a", func(g *v1alpha1.GPUStatus) { applied(g).Strategy = v1alpha1.StrategyMPS })),
 			want:   nil,

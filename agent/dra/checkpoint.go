@@ -45,6 +45,8 @@ type preparedDevice struct {
 	Pool         string   `json:"pool"`
 	Device       string   `json:"device"`
 	CDIDeviceIDs []string `json:"cdiDeviceIDs,omitempty"`
+	// ShareID is the allocation's share of a sized device (many claims hold one device); absent before.
+	ShareID *types.UID `json:"shareID,omitempty"`
 }
 
 // errCorruptCheckpoint: the file exists but is not a checkpoint this version of the agent wrote.

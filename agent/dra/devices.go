@@ -27,14 +27,14 @@ const (
 	AttrIndex          = "index"       // int: the GPU's NVML index
 	AttrProductName    = "productName" // string: as NVML names it, "NVIDIA H100 80GB HBM3"
 	AttrStrategy       = "strategy"    // string: Exclusive, MIG, MPS or TimeSlicing, as the GPU applies it
-	AttrShare          = "share"       // string: Exclusive, MIG, MPS, TimeSlicing or Shared (a shim share)
-	AttrReplicas       = "replicas"    // int: shares the GPU is cut into (1 for a whole GPU or a MIG instance)
+	AttrShare          = "share"       // string: Exclusive, MIG, MPS, TimeSlicing, Shared (a shim share) or Sized
+	AttrReplicas       = "replicas"    // int: shares the GPU is cut into (1 for a whole GPU or a MIG instance; a sized GPU's defaults are one of them)
 	AttrMIGProfile     = "migProfile"  // string: the instance's profile, 3g.40gb
 	AttrMPSThreads     = "mpsActiveThreadPercentage"
 	AttrMPSMemoryMiB   = "mpsPinnedMemoryLimitMiB" // int: 0 when the policy sets none
 	AttrOversubscribed = "oversubscription"        // bool: the shim swaps memory under a budget
 	// CapacityMemory is a device's GPU memory where a share has a size: the whole GPU's, the MIG
-	// profile's, the MPS pinned limit.
+	// profile's, the MPS pinned limit, a sized GPU's (consumed by each claim).
 	CapacityMemory = "memory"
 )
 
@@ -101,6 +101,13 @@ func published(status v1alpha1.GPUNodeStatus, cfg deviceplugin.Config) []share {
 			}
 			seen[dev.Name] = true
 			out = append(out, share{dev: dev, share: d})
+		}
+	}
+	// GPUs sized per claim are not among the device plugin's devices: each is one device of its own.
+	for _, g := range status.GPUs {
+		if s, ok := sizedShare(g, cfg); ok && !seen[s.dev.Name] {
+			seen[s.dev.Name] = true
+			out = append(out, s)
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].dev.Name < out[j].dev.Name })

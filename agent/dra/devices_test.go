@@ -1,6 +1,7 @@
 package dra
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -144,5 +145,128 @@ func TestSlicesHoldAtMost128DevicesOfOnePoolGeneration(t *testing.T) {
 	}
 	if empty := Slices("node-a", 1, nil); len(empty) != 1 || len(empty[0].Spec.Devices) != 0 {
 		t.Errorf("a node without devices publishes %d slices", len(empty))
+	}
+}
+
+func sizedGPU(i int, memory string, a *v1alpha1.AppliedSharing, step, minimum string) v1alpha1.GPUStatus {
+	g := gpu(i, a)
+	m := resource.MustParse(memory)
+	g.Memory = &m
+	a.Sizing = &v1alpha1.Sizing{Mode: v1alpha1.SizingPerClaim}
+	if step != "" {
+		q := resource.MustParse(step)
+		a.Sizing.MemoryStep = &q
+	}
+	if minimum != "" {
+		q := resource.MustParse(minimum)
+		a.Sizing.MinMemory = &q
+	}
+	return g
+}
+
+// sizedCapacity renders a capacity with its request policy: "memory=40Gi default=10Gi min=1Gi step=1Gi".
+func sizedCapacity(d resourcev1.Device, name resourcev1.QualifiedName) string {
+	c, ok := d.Capacity[name]
+	if !ok {
+		return "none"
+	}
+	s := fmt.Sprintf("%s=%s", name, c.Value.String())
+	if p := c.RequestPolicy; p != nil {
+		s += " default=" + p.Default.String()
+		if r := p.ValidRange; r != nil {
+			s += " min=" + r.Min.String() + " step=" + r.Step.String()
+			if r.Max != nil {
+				s += " max=" + r.Max.String()
+			}
+		}
+	}
+	return s
+}
+
+// A GPU sized per claim is one device many claims share, with memory and compute each consumed by a
+// request policy (a capacity without one would be taken whole by every claim). A claim that asks nothing
+// gets a fixed share's size: the memory over the replicas on the step grid, 100/replicas percent.
+func TestASizedGPUIsOneDeviceWithConsumableMemoryAndCompute(t *testing.T) {
+	budget := resource.MustParse("38Gi")
+	st := v1alpha1.GPUNodeStatus{GPUs: []v1alpha1.GPUStatus{
+		sizedGPU(0, "40Gi", &v1alpha1.AppliedSharing{Strategy: v1alpha1.StrategyMPS, MPS: &v1alpha1.MPSStatus{State: "Running", Replicas: 3}}, "", ""),
+		sizedGPU(1, "80Gi", &v1alpha1.AppliedSharing{Strategy: v1alpha1.StrategyTimeSlicing, TimeSlicing: &v1alpha1.TimeSlicingSharing{Replicas: 4},
+			Shim: &v1alpha1.ShimStatus{MemoryBudget: &budget}}, "2Gi", "4Gi"),
+		sizedGPU(2, "40Gi", &v1alpha1.AppliedSharing{Strategy: v1alpha1.StrategyExclusive, Shim: &v1alpha1.ShimStatus{}}, "512Mi", "30Gi"),
+		// Not published: a daemon down, a step the GPU cannot hold twice, nothing that enforces a size.
+		sizedGPU(3, "40Gi", &v1alpha1.AppliedSharing{Strategy: v1alpha1.StrategyMPS, MPS: &v1alpha1.MPSStatus{State: "Restarting", Replicas: 3}}, "", ""),
+		sizedGPU(4, "40Gi", &v1alpha1.AppliedSharing{Strategy: v1alpha1.StrategyMPS, MPS: &v1alpha1.MPSStatus{State: "Running", Replicas: 3}}, "24Gi", ""),
+		sizedGPU(5, "40Gi", &v1alpha1.AppliedSharing{Strategy: v1alpha1.StrategyTimeSlicing, TimeSlicing: &v1alpha1.TimeSlicingSharing{Replicas: 2}}, "", ""),
+	}}
+	var got []string
+	for _, d := range Devices(st, deviceplugin.DefaultConfig()) {
+		multi := d.AllowMultipleAllocations != nil && *d.AllowMultipleAllocations
+		got = append(got, fmt.Sprintf("%s multi=%v enforced=%s | %s | %s", attrs(d), multi,
+			*d.Attributes[AttrSizeEnforcement].StringValue, sizedCapacity(d, CapacityMemory), sizedCapacity(d, CapacityCompute)))
+	}
+	want := []string{
+		// 40Gi/3 = 13.33Gi, down to the 1Gi grid.
+		"gpu-0-sized share=Sized strategy=MPS replicas=3 memory=40Gi multi=true enforced=MPS | memory=40Gi default=13Gi min=1Gi step=1Gi | compute=100 default=33 min=1 step=1",
+		"gpu-1-sized share=Sized strategy=TimeSlicing replicas=4 oversubscription memory=80Gi multi=true enforced=ShimMemory | memory=80Gi default=20Gi min=4Gi step=2Gi | compute=100 default=25 min=1 step=1",
+		// ShimReplicas (4) of 40Gi is 10Gi, below the 30Gi minimum: the minimum.
+		"gpu-2-sized share=Sized strategy=Exclusive replicas=4 memory=40Gi multi=true enforced=ShimMemory | memory=40Gi default=30Gi min=30Gi step=512Mi | compute=100 default=25 min=1 step=1",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("devices:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	// The device plugin's shares of a sized GPU are not published beside it.
+	if sh := Shares(st, deviceplugin.DefaultConfig()); len(sh) != 3 || !sh["gpu-0-sized"].Sized || sh["gpu-0-sized"].Kind != deviceplugin.KindMPS ||
+		sh["gpu-1-sized"].Kind != deviceplugin.KindShared || !sh["gpu-1-sized"].ShimOversub {
+		t.Errorf("shares %+v: want the three sized devices, MPS and shim", sh)
+	}
+}
+
+// A claim's consumed capacity becomes its container's limits: MPS pinned memory in whole MiB (rounded
+// down, so never above the allocation) and thread percentage; the shim's memory limit in bytes, with no
+// compute limit.
+func TestSizedLimitsTurnConsumedCapacityIntoLimits(t *testing.T) {
+	mpsDev := deviceplugin.Device{Kind: deviceplugin.KindMPS, GPUUUID: "GPU-a", Sized: true}
+	shimDev := deviceplugin.Device{Kind: deviceplugin.KindShared, GPUUUID: "GPU-a", Sized: true}
+	caps := func(memory, compute string) map[resourcev1.QualifiedName]resource.Quantity {
+		m := map[resourcev1.QualifiedName]resource.Quantity{}
+		if memory != "" {
+			m[CapacityMemory] = resource.MustParse(memory)
+		}
+		if compute != "" {
+			m[CapacityCompute] = resource.MustParse(compute)
+		}
+		return m
+	}
+	for _, tt := range []struct {
+		name     string
+		dev      deviceplugin.Device
+		consumed map[resourcev1.QualifiedName]resource.Quantity
+		want     string
+		err      error
+	}{
+		{"MPS, 10Gi and 30 percent", mpsDev, caps("10Gi", "30"), "mps 30% 10240MiB", nil},
+		{"MPS, the defaults a claim that asked nothing consumed", mpsDev, caps("13Gi", "33"), "mps 33% 13312MiB", nil},
+		{"MPS, a memory amount off the MiB grid rounds down", mpsDev, caps("1536Ki", "1"), "mps 1% 1MiB", nil},
+		{"MPS, less than a MiB is still a limit", mpsDev, caps("512Ki", "1"), "mps 1% 1MiB", nil},
+		{"MPS, a fraction of a percent rounds up to a whole one", mpsDev, caps("1Gi", "500m"), "mps 1% 1024MiB", nil},
+		{"shim, bytes as consumed, compute not limited", shimDev, caps("4Gi", "50"), "shim 4294967296", nil},
+		{"shim, a claim allocated without consumed capacity", shimDev, caps("", ""), "", ErrNoConsumedCapacity},
+		{"MPS, no compute consumed", mpsDev, caps("4Gi", ""), "", ErrNoConsumedCapacity},
+	} {
+		d, err := SizedLimits(tt.dev, tt.consumed)
+		if !errors.Is(err, tt.err) {
+			t.Errorf("%s: error %v, want %v", tt.name, err, tt.err)
+			continue
+		}
+		if err != nil {
+			continue
+		}
+		got := fmt.Sprintf("shim %d", d.MemoryLimitBytes)
+		if d.MPS != nil {
+			got = fmt.Sprintf("mps %d%% %dMiB", d.MPS.ActiveThreadPercentage, d.MPS.PinnedMemoryLimitMiB)
+		}
+		if got != tt.want {
+			t.Errorf("%s: %s, want %s", tt.name, got, tt.want)
+		}
 	}
 }

@@ -240,7 +240,9 @@ func (p *KubeletPlugin) prepare(cp checkpoint, c *resourcev1.ResourceClaim) (pre
 		if r.Pool != p.node {
 			return preparedClaim{}, false, fmt.Errorf("%w: %s/%s (this is %s)", ErrOtherPool, r.Pool, r.Device, p.node)
 		}
-		if owner := cp.holder(r.Device, c.UID); owner != "" {
+		// A sized device is allocated to many claims, each with a share id; the scheduler keeps their sum
+		// within its capacity.
+		if owner := cp.holder(r.Device, c.UID); owner != "" && r.ShareID == nil {
 			return preparedClaim{}, false, fmt.Errorf("%w: %s is prepared for claim %s", ErrDeviceInUse, r.Device, owner)
 		}
 		if _, ok := byRequest[r.Request]; !ok {
@@ -257,6 +259,12 @@ func (p *KubeletPlugin) prepare(cp checkpoint, c *resourcev1.ResourceClaim) (pre
 			if !ok {
 				return preparedClaim{}, false, fmt.Errorf("%w: %s", ErrDeviceNotPublished, r.Device)
 			}
+			if d.Sized {
+				var err error
+				if d, err = SizedLimits(d, r.ConsumedCapacity); err != nil {
+					return preparedClaim{}, false, fmt.Errorf("%s: %w", r.Device, err)
+				}
+			}
 			devs = append(devs, d)
 		}
 		// One container asking for this request gets what one container asking the device plugin for
@@ -268,7 +276,7 @@ func (p *KubeletPlugin) prepare(cp checkpoint, c *resourcev1.ResourceClaim) (pre
 		name := cdiDeviceName(c.UID, req)
 		pc.Spec.Devices = append(pc.Spec.Devices, cdiDevice{Name: name, ContainerEdits: cdiEditsOf(resp)})
 		for i, r := range results {
-			d := preparedDevice{Requests: []string{r.Request}, Pool: r.Pool, Device: r.Device}
+			d := preparedDevice{Requests: []string{r.Request}, Pool: r.Pool, Device: r.Device, ShareID: r.ShareID}
 			// The request's edits are one CDI device, named on its first device only: a container gets
 			// them once however many shares the request holds (several MPS shares add up in one client).
 			if i == 0 {
@@ -303,7 +311,7 @@ func (cp checkpoint) holder(device string, self types.UID) types.UID {
 func resultDevices(pc preparedClaim) []kubeletplugin.Device {
 	out := make([]kubeletplugin.Device, 0, len(pc.Devices))
 	for _, d := range pc.Devices {
-		out = append(out, kubeletplugin.Device{Requests: d.Requests, PoolName: d.Pool, DeviceName: d.Device, CDIDeviceIDs: d.CDIDeviceIDs})
+		out = append(out, kubeletplugin.Device{Requests: d.Requests, PoolName: d.Pool, DeviceName: d.Device, CDIDeviceIDs: d.CDIDeviceIDs, ShareID: d.ShareID})
 	}
 	return out
 }

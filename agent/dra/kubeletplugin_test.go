@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	resourcev1 "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/gpusharing/gpusharing/agent/deviceplugin"
 	"github.com/gpusharing/gpusharing/agent/dra"
+	"github.com/gpusharing/gpusharing/api/v1alpha1"
 	"github.com/gpusharing/gpusharing/test/testenv"
 	"github.com/gpusharing/gpusharing/test/wait"
 )
@@ -52,12 +54,23 @@ func (d pluginDirs) config() dra.PluginConfig {
 // kubelet dials it, and a stop func (an agent exit).
 func startPlugin(t *testing.T, env *testenv.Env, dirs pluginDirs, known bool) (drapb.DRAPluginClient, func()) {
 	t.Helper()
+	var status *v1alpha1.GPUNodeStatus
+	if known {
+		st := mixedNode()
+		status = &st
+	}
+	return startPluginWith(t, env, dirs, status)
+}
+
+// startPluginWith is startPlugin told status first, when not nil.
+func startPluginWith(t *testing.T, env *testenv.Env, dirs pluginDirs, status *v1alpha1.GPUNodeStatus) (drapb.DRAPluginClient, func()) {
+	t.Helper()
 	p, err := dra.NewKubeletPlugin(nodeName, dirs.config(), dpConfig, logr.Discard())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if known {
-		p.Update(mixedNode())
+	if status != nil {
+		p.Update(*status)
 	}
 	kube, err := kubernetes.NewForConfig(env.Config)
 	if err != nil {
@@ -340,4 +353,80 @@ func waitAllocated(t *testing.T, ctx context.Context, c client.Client, name stri
 		err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, &claim)
 		return err == nil && claim.Status.Allocation != nil
 	}, "claim %s allocated", name)
+}
+
+// sizedMPSAndShimNode is sizedNode with a second 40 GiB GPU sized per claim over the shim (time-sliced x4).
+func sizedMPSAndShimNode() v1alpha1.GPUNodeStatus {
+	st := sizedNode()
+	step := resource.MustParse("1Gi")
+	st.GPUs = append(st.GPUs, v1alpha1.GPUStatus{
+		Index: 1, UUID: "GPU-00000001-0000-0000-0000-00000000a100", Product: "NVIDIA A100-SXM4-40GB",
+		Memory: resource.NewQuantity(40<<30, resource.BinarySI),
+		Applied: &v1alpha1.AppliedSharing{Strategy: v1alpha1.StrategyTimeSlicing, TimeSlicing: &v1alpha1.TimeSlicingSharing{Replicas: 4},
+			Shim: &v1alpha1.ShimStatus{}, Sizing: &v1alpha1.Sizing{Mode: v1alpha1.SizingPerClaim, MemoryStep: &step}},
+		Conditions: []metav1.Condition{{Type: v1alpha1.ConditionHealthy, Status: metav1.ConditionTrue}},
+	})
+	return st
+}
+
+// Claims the real scheduler allocated on sized GPUs get their sizes as limits: on MPS the client's pinned
+// memory and thread percentage, on the shim its memory limit beside the shim's LD_PRELOAD. Two claims
+// share one sized device, which is no ErrDeviceInUse.
+func TestKubeletPluginPreparesSizedClaimsWithTheirSizesAsLimits(t *testing.T) {
+	ctx, env := draCluster(t)
+	c := env.Client
+	st := sizedMPSAndShimNode()
+	if _, err := (&dra.Publisher{Client: c, Node: nodeName}).Sync(ctx, dra.Devices(st, dpConfig)); err != nil {
+		t.Fatal(err)
+	}
+	startScheduler(t, env)
+	onMPS := `device.attributes["gpu.gpusharing.io"].sizeEnforcement == "MPS"`
+	onShim := `device.attributes["gpu.gpusharing.io"].sizeEnforcement == "ShimMemory"`
+	sizedClaimPod(t, ctx, c, "mps-10g", "10Gi", "30", onMPS)
+	sizedClaimPod(t, ctx, c, "mps-default", "", "", onMPS)
+	sizedClaimPod(t, ctx, c, "shim-6g", "5500Mi", "20", onShim)
+	for _, name := range []string{"mps-10g", "mps-default", "shim-6g"} {
+		allocated(t, ctx, c, name)
+	}
+
+	dirs := newPluginDirs(t)
+	kubelet, _ := startPluginWith(t, env, dirs, &st)
+	const mpsGPU, shimGPU = "GPU-00000000-0000-0000-0000-00000000a100", "GPU-00000001-0000-0000-0000-00000000a100"
+	mpsMounts := []string{"/run/gpusharing/mps/" + mpsGPU + "/pipe:/var/run/gpusharing/mps:rw", "/run/gpusharing/mps/" + mpsGPU + "/shm:/dev/shm:rw"}
+	want := map[string]struct{ env, mounts []string }{
+		"mps-10g": {env: []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M", "CUDA_MPS_PIPE_DIRECTORY=/var/run/gpusharing/mps",
+			"CUDA_VISIBLE_DEVICES=" + mpsGPU, "NVIDIA_VISIBLE_DEVICES=" + mpsGPU}, mounts: mpsMounts},
+		// A claim that asks nothing: a fixed share of 8 replicas, 40Gi/8 and 100/8 percent.
+		"mps-default": {env: []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=12", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=5120M", "CUDA_MPS_PIPE_DIRECTORY=/var/run/gpusharing/mps",
+			"CUDA_VISIBLE_DEVICES=" + mpsGPU, "NVIDIA_VISIBLE_DEVICES=" + mpsGPU}, mounts: mpsMounts},
+		// 5500Mi rounded up to the 1Gi step: 6 GiB. Compute is not limited on a shim GPU.
+		"shim-6g": {env: []string{"CUDA_VISIBLE_DEVICES=" + shimGPU, "GPUSHARE_GPU_UUID=" + shimGPU, "GPUSHARE_MEMORY_LIMIT_BYTES=6442450944",
+			"GPUSHARE_SOCKET=/var/run/gpusharing/scheduler/gpushare.sock", "LD_PRELOAD=/usr/lib/gpusharing/libgpushare.so", "NVIDIA_VISIBLE_DEVICES=" + shimGPU},
+			mounts: []string{"/var/lib/gpusharing/lib/libgpushare.so:/usr/lib/gpusharing/libgpushare.so:ro", "/run/gpusharing/scheduler/" + shimGPU + ":/var/run/gpusharing/scheduler:ro"}},
+	}
+	var claims []*drapb.Claim
+	for _, name := range []string{"mps-10g", "mps-default", "shim-6g"} {
+		claims = append(claims, claimRef(t, ctx, c, name))
+	}
+	// One call for all three, as the kubelet does for a pod's claims: the two MPS claims share a device.
+	resp, err := kubelet.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: claims})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cl := range claims {
+		got := resp.Claims[cl.Uid]
+		if got == nil || got.Error != "" {
+			t.Fatalf("claim %s: %+v", cl.Name, got)
+		}
+		if len(got.Devices) != 1 || !strings.HasSuffix(got.Devices[0].DeviceName, "-sized") || got.Devices[0].GetShareId() == "" {
+			t.Errorf("claim %s devices %+v: want one share of a sized device", cl.Name, got.Devices)
+		}
+		f := readCDI(t, dirs.cdi, cl.Uid)
+		if env := f.Devices[0].ContainerEdits.Env; !reflect.DeepEqual(env, want[cl.Name].env) {
+			t.Errorf("claim %s CDI env\n got %v\nwant %v", cl.Name, env, want[cl.Name].env)
+		}
+		if m := mountsOf(f); !reflect.DeepEqual(m, want[cl.Name].mounts) {
+			t.Errorf("claim %s CDI mounts\n got %v\nwant %v", cl.Name, m, want[cl.Name].mounts)
+		}
+	}
 }

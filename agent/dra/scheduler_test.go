@@ -71,6 +71,36 @@ func startScheduler(t *testing.T, env *testenv.Env) {
 	})
 }
 
+// startClaimController runs kube-controller-manager v1.36.3 with only its ResourceClaim controller, which
+// takes a pod that ended out of its claims' reservedFor and deallocates a claim nobody reserves: that is
+// what gives a deleted claim's capacity back to the scheduler.
+func startClaimController(t *testing.T, env *testenv.Env) {
+	t.Helper()
+	bin := filepath.Join(env.BinDir, "kube-controller-manager")
+	if _, err := os.Stat(bin); err != nil {
+		t.Fatalf("%s: run 'make control-plane': %v", bin, err)
+	}
+	kcfg, err := env.AdminKubeconfig(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var log bytes.Buffer
+	cmd := exec.Command(bin, "--kubeconfig="+kcfg, "--authentication-kubeconfig="+kcfg, "--authorization-kubeconfig="+kcfg,
+		"--controllers=resourceclaim-controller", "--leader-elect=false", "--bind-address=127.0.0.1", "--secure-port=0", "-v=2")
+	cmd.Stdout, cmd.Stderr = &log, &log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("kube-controller-manager log (tail):\n%s", tailOf(log.String(), 3000))
+		}
+	})
+}
+
 // readyNode registers a schedulable Node: nothing runs a kubelet, so its status is written as one would.
 func readyNode(t *testing.T, ctx context.Context, c client.Client) *corev1.Node {
 	t.Helper()
@@ -311,5 +341,141 @@ func TestSyncFollowsTheStatusAndRaisesThePoolGeneration(t *testing.T) {
 	gen2, names := published()
 	if names["gpu-5"] || !names["gpu-7"] || gen2 != gen1+1 {
 		t.Errorf("after the change: generation %d (was %d), devices %v; want gpu-5 gone, gpu-7 back, generation +1", gen2, gen1, names)
+	}
+}
+
+// sizedNode is a node with one GPU of 40 GiB (an A100 40GB) sized per claim over MPS with 8 replicas (a
+// claim that asks nothing gets 5Gi and 12 % of the SMs), step and minimum 1Gi: claims of 4, 10, 20 and 6
+// GiB fill its memory exactly.
+func sizedNode() v1alpha1.GPUNodeStatus {
+	step := resource.MustParse("1Gi")
+	return v1alpha1.GPUNodeStatus{GPUs: []v1alpha1.GPUStatus{{
+		Index: 0, UUID: "GPU-00000000-0000-0000-0000-00000000a100", Product: "NVIDIA A100-SXM4-40GB",
+		Memory: resource.NewQuantity(40<<30, resource.BinarySI),
+		Applied: &v1alpha1.AppliedSharing{Strategy: v1alpha1.StrategyMPS, MPS: &v1alpha1.MPSStatus{State: "Running", Replicas: 8},
+			Sizing: &v1alpha1.Sizing{Mode: v1alpha1.SizingPerClaim, MemoryStep: &step}},
+		Conditions: []metav1.Condition{{Type: v1alpha1.ConditionHealthy, Status: metav1.ConditionTrue}},
+	}}}
+}
+
+// sizedClaimPod creates a claim of the sized class asking for memory and compute (each when set),
+// narrowed by cel when set, and a pod that uses it.
+func sizedClaimPod(t *testing.T, ctx context.Context, c client.Client, name, memory, compute, cel string) {
+	t.Helper()
+	requests := map[resourcev1.QualifiedName]resource.Quantity{}
+	if memory != "" {
+		requests[dra.CapacityMemory] = resource.MustParse(memory)
+	}
+	if compute != "" {
+		requests[dra.CapacityCompute] = resource.MustParse(compute)
+	}
+	req := resourcev1.DeviceRequest{Name: "gpu", Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: "gpusharing-sized",
+		Capacity: &resourcev1.CapacityRequirements{Requests: requests}}}
+	if cel != "" {
+		req.Exactly.Selectors = []resourcev1.DeviceSelector{{CEL: &resourcev1.CELDeviceSelector{Expression: cel}}}
+	}
+	claim := &resourcev1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+		Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{req}}}}
+	if err := c.Create(ctx, claim); err != nil {
+		t.Fatalf("claim %s: %v", name, err)
+	}
+	podFor(t, ctx, c, name)
+}
+
+// consumed waits for the claim's allocation and returns its one result.
+func consumed(t *testing.T, ctx context.Context, c client.Client, name string) resourcev1.DeviceRequestAllocationResult {
+	t.Helper()
+	allocated(t, ctx, c, name)
+	var claim resourcev1.ResourceClaim
+	if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, &claim); err != nil {
+		t.Fatal(err)
+	}
+	return claim.Status.Allocation.Devices.Results[0]
+}
+
+func TestTheSchedulerPacksSizedClaimsOntoAGPUUntilItsMemoryIsUsed(t *testing.T) {
+	ctx, env := draCluster(t)
+	c := env.Client
+	pub := &dra.Publisher{Client: c, Node: nodeName}
+	if _, err := pub.Sync(ctx, dra.Devices(sizedNode(), deviceplugin.DefaultConfig())); err != nil {
+		t.Fatalf("the API server refused the sized device: %v", err)
+	}
+	var slices resourcev1.ResourceSliceList
+	if err := c.List(ctx, &slices); err != nil {
+		t.Fatal(err)
+	}
+	if len(slices.Items) != 1 || len(slices.Items[0].Spec.Devices) != 1 {
+		t.Fatalf("published %+v; want one slice with the one sized device", slices.Items)
+	}
+	if d := slices.Items[0].Spec.Devices[0]; d.AllowMultipleAllocations == nil || !*d.AllowMultipleAllocations || d.Capacity[dra.CapacityMemory].RequestPolicy == nil {
+		t.Fatalf("the API server dropped the consumable capacity fields (is DRAConsumableCapacity off?): %+v", d)
+	}
+	startScheduler(t, env)
+	startClaimController(t, env)
+
+	// 3500Mi is rounded up to the 1Gi step; a claim that asks no compute gets the default, 100/8 percent.
+	for _, tt := range []struct {
+		name, memory, compute   string
+		wantMemory, wantCompute string
+	}{
+		{"sized-4", "3500Mi", "", "4Gi", "12"},
+		{"sized-10", "10Gi", "30", "10Gi", "30"},
+		{"sized-20", "20Gi", "40", "20Gi", "40"},
+		{"sized-6", "6Gi", "10", "6Gi", "10"},
+	} {
+		sizedClaimPod(t, ctx, c, tt.name, tt.memory, tt.compute, "")
+		r := consumed(t, ctx, c, tt.name)
+		if r.Device != "gpu-0-sized" || r.ShareID == nil {
+			t.Fatalf("claim %s: device %s share %v; want a share of gpu-0-sized", tt.name, r.Device, r.ShareID)
+		}
+		mem, compute := r.ConsumedCapacity[dra.CapacityMemory], r.ConsumedCapacity[dra.CapacityCompute]
+		if mem.Cmp(resource.MustParse(tt.wantMemory)) != 0 || compute.Cmp(resource.MustParse(tt.wantCompute)) != 0 {
+			t.Errorf("claim %s consumes memory %s compute %s; want %s and %s", tt.name, mem.String(), compute.String(), tt.wantMemory, tt.wantCompute)
+		}
+	}
+
+	// 40 GiB are taken (92 % of the SMs): the next claim, however small, waits.
+	sizedClaimPod(t, ctx, c, "sized-next", "1Gi", "1", "")
+	msg := pendingReason(t, ctx, c, "sized-next")
+	t.Logf("a claim on the full GPU: PodScheduled=False: %s", msg)
+	if !strings.Contains(msg, "cannot allocate all claims") {
+		t.Errorf("pod sized-next is pending with %q; want the scheduler's reason about claims", msg)
+	}
+	// More than any GPU has never fits.
+	sizedClaimPod(t, ctx, c, "sized-huge", "41Gi", "", "")
+	msg = pendingReason(t, ctx, c, "sized-huge")
+	t.Logf("a claim larger than any GPU: PodScheduled=False: %s", msg)
+	if !strings.Contains(msg, "cannot allocate all claims") {
+		t.Errorf("pod sized-huge is pending with %q; want the scheduler's reason about claims", msg)
+	}
+
+	// The 10 GiB claim ends: its memory goes to the waiting claim.
+	for _, obj := range []client.Object{
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "sized-10"}},
+		&resourcev1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "sized-10"}},
+	} {
+		if err := c.Delete(ctx, obj, client.GracePeriodSeconds(0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r := consumed(t, ctx, c, "sized-next"); r.Device != "gpu-0-sized" {
+		t.Errorf("claim sized-next got %s after sized-10 was deleted, want gpu-0-sized", r.Device)
+	}
+	// Compute adds up too: 63 % of the SMs are taken (12 + 40 + 10 + 1), so a claim of 40 % waits with
+	// memory to spare (5Gi are free), and one of 37 % fits exactly.
+	sizedClaimPod(t, ctx, c, "sized-compute-40", "1Gi", "40", "")
+	if msg := pendingReason(t, ctx, c, "sized-compute-40"); !strings.Contains(msg, "cannot allocate all claims") {
+		t.Errorf("pod sized-compute-40 is pending with %q; want the scheduler's reason about claims", msg)
+	}
+	sizedClaimPod(t, ctx, c, "sized-compute-37", "1Gi", "37", "")
+	if r := consumed(t, ctx, c, "sized-compute-37"); r.Device != "gpu-0-sized" {
+		t.Errorf("claim sized-compute-37 got %s, want gpu-0-sized", r.Device)
+	}
+	var huge resourcev1.ResourceClaim
+	if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: "sized-huge"}, &huge); err != nil {
+		t.Fatal(err)
+	}
+	if huge.Status.Allocation != nil {
+		t.Errorf("claim sized-huge (41Gi) was allocated %+v on a 40 GiB GPU", huge.Status.Allocation.Devices.Results)
 	}
 }

@@ -116,6 +116,8 @@ func (r *Reconciler) passObservation(sc *scope, dev gpu.Device, want v1alpha1.GP
 		// processes reconnect and re-announce), not turning oversubscription on under running work.
 		from.Shim = true
 	}
+	// Sizing is no hardware state: what the status last published says is in force.
+	from.Sized = publishedSizing(sc.node, dev.UUID).PerClaim()
 	mode, timeout := drainSettings(want.Drain)
 	_, admitErr := r.Admit(dev, want.Sharing)
 	return observation{
@@ -354,4 +356,18 @@ func publishedShim(node *v1alpha1.GPUNode, uuid string, strategy v1alpha1.Strate
 		}
 	}
 	return false
+}
+
+// publishedSizing is the sizing the GPUNode status last published (by this agent or the one before a
+// restart) shows in force on the GPU; nil for fixed shares.
+func publishedSizing(node *v1alpha1.GPUNode, uuid string) *v1alpha1.Sizing {
+	if node == nil {
+		return nil
+	}
+	for _, g := range node.Status.GPUs {
+		if g.UUID == uuid && g.Applied != nil {
+			return g.Applied.Sizing
+		}
+	}
+	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 
@@ -142,6 +143,27 @@ func TestPublishedShimMakesARestartedSchedulerAResume(t *testing.T) {
 		}
 	}
 	if publishedShim(nil, "GPU-a", v1alpha1.StrategyExclusive) {
+		t.Error("no GPUNode yet: nothing was published")
+	}
+}
+
+// Sizing is no hardware state, so the drain takes what is in force from the published status: turning
+// per-claim sizing on or off empties the GPU, a sized GPU staying sized does not.
+func TestPublishedSizingDecidesWhetherSizingChangesDisrupt(t *testing.T) {
+	step := resource.MustParse("1Gi")
+	node := &v1alpha1.GPUNode{Status: v1alpha1.GPUNodeStatus{GPUs: []v1alpha1.GPUStatus{
+		{UUID: "GPU-a", Applied: &v1alpha1.AppliedSharing{Strategy: v1alpha1.StrategyMPS, Sizing: &v1alpha1.Sizing{Mode: v1alpha1.SizingPerClaim, MemoryStep: &step}}},
+		{UUID: "GPU-b", Applied: &v1alpha1.AppliedSharing{Strategy: v1alpha1.StrategyMPS}},
+	}}}
+	if !publishedSizing(node, "GPU-a").PerClaim() {
+		t.Error("GPU-a publishes sized shares")
+	}
+	for _, uuid := range []string{"GPU-b", "GPU-c"} {
+		if publishedSizing(node, uuid).PerClaim() {
+			t.Errorf("%s publishes no sized shares", uuid)
+		}
+	}
+	if publishedSizing(nil, "GPU-a") != nil {
 		t.Error("no GPUNode yet: nothing was published")
 	}
 }

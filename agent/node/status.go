@@ -72,6 +72,23 @@ func gpuStatus(dev gpu.Device, obs observed, desired *v1alpha1.GPUDesired, err e
 			st.Applied.MPS.Replicas = prev.Applied.MPS.Replicas
 		}
 	}
+	// The sizing in force is the desired one once applied, and the one before while a change drains the
+	// GPU: the claims allocated on it keep their sized device (and the device plugin keeps its shares
+	// away) until the GPU is empty.
+	switch {
+	case desired != nil && err == nil:
+		if desired.Sharing.Sizing.PerClaim() {
+			st.Applied.Sizing = desired.Sharing.Sizing.DeepCopy()
+		}
+	case desired != nil && prev != nil && prev.Applied != nil && prev.Applied.Strategy == st.Applied.Strategy:
+		st.Applied.Sizing = prev.Applied.Sizing.DeepCopy()
+	}
+	if st.Applied.Sizing.PerClaim() {
+		setCondition(&st.Conditions, v1alpha1.ConditionDevicePlugin, metav1.ConditionFalse, v1alpha1.ReasonSizedByClaim,
+			"shares are sized per claim, which only DRA carries: claim them with the DeviceClass gpusharing-sized")
+	} else {
+		meta.RemoveStatusCondition(&st.Conditions, v1alpha1.ConditionDevicePlugin)
+	}
 	if desired != nil {
 		st.Applied.Policy = desired.Policy
 		st.Applied.PolicyGeneration = desired.PolicyGeneration
@@ -162,8 +179,14 @@ func setCondition(conds *[]metav1.Condition, typ string, status metav1.Condition
 	meta.SetStatusCondition(conds, metav1.Condition{Type: typ, Status: status, Reason: reason, Message: msg})
 }
 
-// describeDesired renders a sharing for messages: "MIG 3g.40gb x1 + 1g.10gb x4", "MPS x4".
+// describeDesired renders a sharing for messages: "MIG 3g.40gb x1 + 1g.10gb x4", "MPS x4", "MPS x4
+// sized per claim" (the drain's target says the contract a drain makes room for).
 func describeDesired(s v1alpha1.Sharing) string {
+	if s.Sizing.PerClaim() {
+		sized := s
+		sized.Sizing = nil
+		return describeDesired(sized) + " sized per claim"
+	}
 	switch {
 	case s.MIG != nil:
 		var parts []string

@@ -109,6 +109,14 @@ func TestMPSSettingsDefaultThreadsToAnEqualShare(t *testing.T) {
 			t.Errorf("%s: MPSSettings = %+v, want %+v", tt.name, got, tt.want)
 		}
 	}
+	// Sized per claim, the daemon keeps the GPU's defaults: a client can only lower them, and each claim
+	// lowers them to its own size.
+	if got := mpsSettingsFor(sizedMPS("1Gi")); got != (mps.Settings{}) {
+		t.Errorf("sized MPS: daemon settings %+v, want the GPU's defaults", got)
+	}
+	if got := mpsSettingsFor(v1alpha1.Sharing{Strategy: v1alpha1.StrategyMPS, MPS: &v1alpha1.MPSSharing{Replicas: 4}}); got.ActiveThreadPercentage != 25 {
+		t.Errorf("fixed MPS x4: daemon settings %+v, want 25%% threads", got)
+	}
 }
 
 func TestReasonForNamesTheCauseOfAFailedPass(t *testing.T) {
@@ -170,5 +178,51 @@ func TestMPSReplicasStayInTheStatusWhileTheGPUIsDrainedAwayFromMPS(t *testing.T)
 	st := gpuStatus(dev, obs, exclusive, errors.New("draining"), &prev)
 	if st.Applied.MPS == nil || st.Applied.MPS.Replicas != 2 {
 		t.Errorf("while draining to Exclusive: applied MPS %+v, want the 2 replicas in force", st.Applied.MPS)
+	}
+}
+
+func sizedMPS(step string) v1alpha1.Sharing {
+	q := resource.MustParse(step)
+	return v1alpha1.Sharing{Strategy: v1alpha1.StrategyMPS, MPS: &v1alpha1.MPSSharing{Replicas: 4},
+		Sizing: &v1alpha1.Sizing{Mode: v1alpha1.SizingPerClaim, MemoryStep: &q}}
+}
+
+// The sizing in force decides what DRA publishes and whether the device plugin advertises the GPU, so it
+// follows the GPU, not the spec: the desired sizing once applied, the previous one while a change drains.
+func TestSizingInForceFollowsTheGPUThroughADrain(t *testing.T) {
+	dev := gpu.Device{Index: 0, UUID: "GPU-a", MemoryBytes: 40 << 30}
+	obs := observed{mps: &mps.Status{State: mps.StateRunning, PID: 42}}
+	fixed := &v1alpha1.GPUDesired{UUID: "GPU-a", Sharing: v1alpha1.Sharing{Strategy: v1alpha1.StrategyMPS, MPS: &v1alpha1.MPSSharing{Replicas: 4}}}
+	sized := &v1alpha1.GPUDesired{UUID: "GPU-a", Sharing: sizedMPS("1Gi")}
+	devicePlugin := func(st v1alpha1.GPUStatus) string {
+		c := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionDevicePlugin)
+		if c == nil {
+			return "absent"
+		}
+		return string(c.Status) + "/" + c.Reason
+	}
+
+	st := gpuStatus(dev, obs, fixed, nil, nil)
+	if st.Applied.Sizing != nil || devicePlugin(st) != "absent" {
+		t.Fatalf("fixed shares: sizing %+v, DevicePlugin %s; want none, absent", st.Applied.Sizing, devicePlugin(st))
+	}
+	st = gpuStatus(dev, obs, sized, errors.New("draining"), &st)
+	if st.Applied.Sizing != nil || devicePlugin(st) != "absent" {
+		t.Fatalf("while draining to sized shares: sizing %+v, DevicePlugin %s; want the fixed shares in force", st.Applied.Sizing, devicePlugin(st))
+	}
+	st = gpuStatus(dev, obs, sized, nil, &st)
+	if !st.Applied.Sizing.PerClaim() || devicePlugin(st) != "False/"+v1alpha1.ReasonSizedByClaim {
+		t.Fatalf("sized shares applied: sizing %+v, DevicePlugin %s; want PerClaim, False/SizedByClaim", st.Applied.Sizing, devicePlugin(st))
+	}
+	if c := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionApplied); c == nil || c.Message != "MPS x4 sized per claim is in force" {
+		t.Errorf("Applied condition %+v: want the message to name the sizing", c)
+	}
+	st = gpuStatus(dev, obs, fixed, errors.New("draining"), &st)
+	if !st.Applied.Sizing.PerClaim() || devicePlugin(st) != "False/"+v1alpha1.ReasonSizedByClaim {
+		t.Fatalf("while draining back to fixed shares: sizing %+v, DevicePlugin %s; want the sized shares in force", st.Applied.Sizing, devicePlugin(st))
+	}
+	st = gpuStatus(dev, obs, fixed, nil, &st)
+	if st.Applied.Sizing != nil || devicePlugin(st) != "absent" {
+		t.Errorf("fixed shares applied again: sizing %+v, DevicePlugin %s; want none, absent", st.Applied.Sizing, devicePlugin(st))
 	}
 }

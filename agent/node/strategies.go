@@ -52,7 +52,7 @@ func (m mpsStrategy) Satisfied(_ context.Context, dev gpu.Device, want v1alpha1.
 	if m.s.MPSExclusiveProcess && dev.ComputeMode != gpu.ComputeModeExclusiveProcess {
 		return false, nil
 	}
-	return m.s.MPS.Satisfied(dev.UUID, MPSSettings(*want.MPS))
+	return m.s.MPS.Satisfied(dev.UUID, mpsSettingsFor(want))
 }
 
 func (m mpsStrategy) Apply(ctx context.Context, dev gpu.Device, want v1alpha1.Sharing) error {
@@ -61,7 +61,7 @@ func (m mpsStrategy) Apply(ctx context.Context, dev gpu.Device, want v1alpha1.Sh
 			return err
 		}
 	}
-	_, err := m.s.MPS.Ensure(ctx, dev.UUID, MPSSettings(*want.MPS))
+	_, err := m.s.MPS.Ensure(ctx, dev.UUID, mpsSettingsFor(want))
 	return err
 }
 
@@ -143,6 +143,16 @@ func needsMIGOff(dev gpu.Device, s v1alpha1.Strategy) error {
 		return outcome.Newf(v1alpha1.ReasonStrategyNeedsMIGDisabled, "%s needs MIG mode disabled on GPU %d, which has it enabled (%d instances); ask for Exclusive first to disable it", s, dev.Index, len(dev.Instances))
 	}
 	return nil
+}
+
+// mpsSettingsFor is the daemon's settings for a desired sharing. Shares sized per claim leave the
+// daemon at the GPU's defaults (every SM, no pinned limit): a client can lower the daemon's defaults,
+// never raise them, so a default of 100/replicas would cap a claim that asked for more.
+func mpsSettingsFor(want v1alpha1.Sharing) mps.Settings {
+	if want.Sizing.PerClaim() {
+		return mps.Settings{}
+	}
+	return MPSSettings(*want.MPS)
 }
 
 // MPSSettings turns the API's MPS block into daemon settings: the active thread percentage defaults to

@@ -4,6 +4,8 @@ import (
 	"context"
 	"slices"
 
+	"k8s.io/apimachinery/pkg/api/resource"
+
 	"github.com/gpusharing/gpusharing/agent/gpu"
 	"github.com/gpusharing/gpusharing/agent/mig"
 	"github.com/gpusharing/gpusharing/agent/mps"
@@ -95,7 +97,26 @@ func (s *Strategies) Admit(dev gpu.Device, want v1alpha1.Sharing) ([]Strategy, e
 			return nil, err
 		}
 	}
+	if err := checkSizing(dev, want.Sizing); err != nil {
+		return nil, err
+	}
 	return use, nil
+}
+
+// checkSizing refuses per-claim sizes the GPU cannot publish: a device with consumable capacity must
+// hold at least the minimum plus one step (the API server refuses a ResourceSlice otherwise), so a step
+// or minimum meant for larger GPUs leaves this one as it was, with the reason in its status.
+func checkSizing(dev gpu.Device, s *v1alpha1.Sizing) error {
+	if !s.PerClaim() || dev.MemoryBytes == 0 {
+		return nil
+	}
+	if need := s.Min() + s.Step(); uint64(need) > dev.MemoryBytes {
+		return outcome.Newf(v1alpha1.ReasonSizingDoesNotFit,
+			"sizing PerClaim needs at least minMemory %s plus memoryStep %s (%s) of GPU memory; this GPU has %s",
+			resource.NewQuantity(s.Min(), resource.BinarySI), resource.NewQuantity(s.Step(), resource.BinarySI),
+			resource.NewQuantity(need, resource.BinarySI), resource.NewQuantity(int64(dev.MemoryBytes), resource.BinarySI))
+	}
+	return nil
 }
 
 // converge puts the desired sharing in force on one GPU: every strategy it does not use is torn down,

@@ -4,9 +4,11 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 
@@ -243,6 +245,43 @@ func TestMPSExclusiveProcessSetsAndRestoresTheComputeMode(t *testing.T) {
 		}
 		if !on && len(calls) != 0 {
 			t.Errorf("off, leaving MPS: NVML calls %v, want none", calls)
+		}
+	}
+}
+
+// A device with consumable capacity must hold the minimum plus one step, or the API server refuses the
+// node's whole ResourceSlice: the agent refuses such sizes before it touches the GPU, with the sizes in
+// the message.
+func TestAdmitRefusesSizesTheGPUCannotHold(t *testing.T) {
+	var s Strategies
+	dev := gpu.Device{Index: 0, UUID: "GPU-a", MemoryBytes: 40 << 30}
+	for _, tt := range []struct {
+		step, min string
+		reason    string
+	}{
+		{"1Gi", "", ""},
+		{"20Gi", "20Gi", ""},
+		{"21Gi", "", v1alpha1.ReasonSizingDoesNotFit},
+		{"24Gi", "24Gi", v1alpha1.ReasonSizingDoesNotFit},
+		{"1Ti", "", v1alpha1.ReasonSizingDoesNotFit},
+	} {
+		want := sizedMPS(tt.step)
+		if tt.min != "" {
+			q := resource.MustParse(tt.min)
+			want.Sizing.MinMemory = &q
+		}
+		_, err := s.Admit(dev, want)
+		got := ""
+		if o, ok := outcome.As(err); ok {
+			got = o.Reason
+			if !strings.Contains(o.Message, "this GPU has 40Gi") {
+				t.Errorf("step %s, min %s: message %q does not name the GPU's memory", tt.step, tt.min, o.Message)
+			}
+		} else if err != nil {
+			got = err.Error()
+		}
+		if got != tt.reason {
+			t.Errorf("step %s, min %s: Admit %q, want %q", tt.step, tt.min, got, tt.reason)
 		}
 	}
 }

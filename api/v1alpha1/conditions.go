@@ -35,6 +35,9 @@ const (
 	// ConditionHealthy is False when NVML reports the GPU unhealthy (Xid errors, lost GPU).
 	ConditionHealthy = "Healthy"
 	// ConditionReady on GPUNode is True while the agent runs and publishes inventory.
+	// ConditionDevicePlugin on a GPU is False while the device plugin leaves the GPU out although it is
+	// healthy and applied (reason SizedByClaim); absent otherwise.
+	ConditionDevicePlugin = "DevicePlugin"
 )
 
 // Reasons. Each surfaces where its comment says; a condition's reason and the event on its transition match.
@@ -103,6 +106,14 @@ const (
 	// ReasonDrainFailed: the drain stopped on an error waiting cannot fix, for example an eviction the API
 	// server refuses for another reason than a PodDisruptionBudget (GPU Applied=False).
 	ReasonDrainFailed = "DrainFailed"
+
+	// ReasonSizedByClaim: the GPU's shares are sized per claim (sizing PerClaim), which only DRA can
+	// carry, so the device plugin does not advertise the GPU (GPU DevicePlugin=False).
+	ReasonSizedByClaim = "SizedByClaim"
+	// ReasonSizingDoesNotFit: sizing PerClaim asks for a memory step and minimum the GPU cannot hold
+	// twice over (the least a device with consumable capacity must offer); the GPU is left as it was
+	// (GPU Applied=False; the message names the sizes and the GPU's memory).
+	ReasonSizingDoesNotFit = "SizingDoesNotFit"
 )
 
 // Reasons on GPUSharingPolicy while it is deleted: its finalizer holds the object until the GPUs it
@@ -134,6 +145,7 @@ var hardwareRejections = []string{
 	ReasonMPSDaemonFailed,
 	ReasonNVMLError,
 	ReasonNotMIGCapable,
+	ReasonSizingDoesNotFit,
 	ReasonStrategyNeedsMIGDisabled,
 }
 

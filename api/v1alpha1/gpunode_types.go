@@ -274,6 +274,11 @@ type AppliedSharing struct {
 	// shim lists the shim's clients on this GPU.
 	// +optional
 	Shim *ShimStatus `json:"shim,omitempty"`
+	// sizing is the sizing in force, set when shares are sized per claim: the desired one once applied,
+	// the one before while a change to or from it drains the GPU. DRA publishes the GPU as one device
+	// with consumable capacity from it, and the device plugin leaves the GPU out.
+	// +optional
+	Sizing *Sizing `json:"sizing,omitempty"`
 }
 
 // MPSDaemonState is the state of a GPU's MPS control daemon. The agent's mps package sets it and the

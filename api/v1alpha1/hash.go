@@ -71,7 +71,12 @@ var sharingHashV1Fields = map[string]bool{
 // sharingHashLaterDefaults maps the JSON path of each field added to Sharing after version 1 to its
 // default as JSON (the +kubebuilder:default marker's value), or to "" when it has none. Such a field
 // is hashed only when it differs from both its zero value and its default.
-var sharingHashLaterDefaults = map[string]string{}
+var sharingHashLaterDefaults = map[string]string{
+	"sizing":            "",
+	"sizing.mode":       `"Fixed"`,
+	"sizing.memoryStep": "",
+	"sizing.minMemory":  "",
+}
 
 // canonicalJSON writes v as encoding/json would, except that fields outside sharingHashV1Fields are
 // omitted while zero or equal to their entry in laterDefaults.

@@ -54,7 +54,7 @@ func TestServerAcceptsEverySample(t *testing.T) {
 
 func TestSamplesCoverEveryStrategyAndOversubscription(t *testing.T) {
 	seen := map[gpusharingv1alpha1.Strategy]bool{}
-	oversubscribed := false
+	oversubscribed, sized := false, false
 	for _, f := range sampleFiles(t) {
 		data, err := os.ReadFile(f)
 		if err != nil {
@@ -69,6 +69,10 @@ func TestSamplesCoverEveryStrategyAndOversubscription(t *testing.T) {
 		}
 		seen[p.Spec.Sharing.Strategy] = true
 		oversubscribed = oversubscribed || p.Spec.Sharing.Oversubscription != nil
+		sized = sized || p.Spec.Sharing.Sizing.PerClaim()
+	}
+	if !sized {
+		t.Error("no sample policy sizes shares per claim")
 	}
 	for _, s := range []gpusharingv1alpha1.Strategy{gpusharingv1alpha1.StrategyExclusive, gpusharingv1alpha1.StrategyTimeSlicing, gpusharingv1alpha1.StrategyMPS, gpusharingv1alpha1.StrategyMIG} {
 		if !seen[s] {

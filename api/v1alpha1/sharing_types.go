@@ -26,6 +26,9 @@ const (
 // +kubebuilder:validation:XValidation:rule="has(self.timeSlicing) == (self.strategy == 'TimeSlicing')",message="sharing.timeSlicing: set it exactly when sharing.strategy is TimeSlicing"
 // +kubebuilder:validation:XValidation:rule="has(self.mig) == (self.strategy == 'MIG')",message="sharing.mig: set it exactly when sharing.strategy is MIG"
 // +kubebuilder:validation:XValidation:rule="!has(self.oversubscription) || self.strategy in ['TimeSlicing', 'Exclusive']",message="sharing.oversubscription: allowed only with strategy TimeSlicing or Exclusive (MPS and MIG clients cannot be swapped by the shim)"
+// +kubebuilder:validation:XValidation:rule="!has(self.sizing) || self.sizing.mode != 'PerClaim' || self.strategy != 'MIG'",message="sharing.sizing: mode PerClaim is not possible with MIG (an instance's size is its profile's)"
+// +kubebuilder:validation:XValidation:rule="!has(self.sizing) || self.sizing.mode != 'PerClaim' || self.strategy in ['MPS', 'MIG'] || has(self.oversubscription)",message="sharing.sizing: mode PerClaim needs something that enforces each claim's size: strategy MPS, or oversubscription (the shim's memory limit) with TimeSlicing or Exclusive"
+// +kubebuilder:validation:XValidation:rule="!has(self.sizing) || self.sizing.mode != 'PerClaim' || !has(self.mps) || (!has(self.mps.activeThreadPercentage) && !has(self.mps.pinnedMemoryLimit))",message="sharing.mps: leave activeThreadPercentage and pinnedMemoryLimit unset with sizing PerClaim (each claim sets its own, and an MPS client can only lower the daemon's defaults)"
 type Sharing struct {
 	// strategy is how the GPU is shared: Exclusive, TimeSlicing, MPS or MIG.
 	// +required
@@ -47,6 +50,75 @@ type Sharing struct {
 	// oversubscription by explicit swapping. Only with TimeSlicing or Exclusive.
 	// +optional
 	Oversubscription *Oversubscription `json:"oversubscription,omitempty"`
+
+	// sizing says who sizes the GPU's shares: the policy (Fixed, the default: replicas of equal size) or
+	// each workload's ResourceClaim (PerClaim: one DRA device with consumable memory and compute). Only
+	// with MPS, or with oversubscription on TimeSlicing or Exclusive, where something enforces a size.
+	// Changing it is disruptive: the GPU is drained first.
+	// +optional
+	Sizing *Sizing `json:"sizing,omitempty"`
+}
+
+// SizingMode says who sizes a shared GPU's shares.
+// +kubebuilder:validation:Enum=Fixed;PerClaim
+type SizingMode string
+
+const (
+	// SizingFixed: the policy cuts the GPU into replicas of equal size (device plugin and DRA).
+	SizingFixed SizingMode = "Fixed"
+	// SizingPerClaim: each DRA claim asks for its memory and compute; the GPU is one device with
+	// consumable capacity, offered through DRA only.
+	SizingPerClaim SizingMode = "PerClaim"
+)
+
+// DefaultMemoryStep is the memory granularity of sized shares when the policy sets none.
+const DefaultMemoryStep = "1Gi"
+
+// Sizing is how the shares of a GPU are sized.
+// +kubebuilder:validation:XValidation:rule="self.mode == 'PerClaim' || (!has(self.memoryStep) && !has(self.minMemory))",message="sizing: memoryStep and minMemory apply only to mode PerClaim"
+// +kubebuilder:validation:XValidation:rule="!has(self.minMemory) || !isQuantity(self.minMemory) || !isQuantity(has(self.memoryStep) ? self.memoryStep : '1Gi') || !quantity(has(self.memoryStep) ? self.memoryStep : '1Gi').isInteger() || quantity(has(self.memoryStep) ? self.memoryStep : '1Gi').asInteger() <= 0 || (quantity(self.minMemory).isInteger() && quantity(self.minMemory).asInteger() % quantity(has(self.memoryStep) ? self.memoryStep : '1Gi').asInteger() == 0)",message="sizing.minMemory: must be a multiple of memoryStep (1Gi when unset)"
+type Sizing struct {
+	// mode is Fixed (default: the policy's replicas) or PerClaim (each ResourceClaim's size).
+	// +kubebuilder:default=Fixed
+	// +optional
+	Mode SizingMode `json:"mode,omitempty"`
+
+	// memoryStep is the granularity of a claim's memory: a request is rounded up to a multiple of it.
+	// A positive multiple of 1Mi (MPS takes its limit in MiB). Omitted: 1Gi. A step the GPU cannot hold
+	// twice over with minMemory is refused by the agent (SizingDoesNotFit).
+	// +kubebuilder:validation:XValidation:rule="isQuantity(self) && quantity(self).isInteger() && quantity(self).asInteger() > 0 && quantity(self).asInteger() % 1048576 == 0",message="sizing.memoryStep: must be a positive multiple of 1Mi such as 512Mi or 1Gi"
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	MemoryStep *resource.Quantity `json:"memoryStep,omitempty"`
+
+	// minMemory is the least memory a claim gets (a smaller request is rounded up to it); a multiple of
+	// memoryStep. Omitted: memoryStep.
+	// +kubebuilder:validation:XValidation:rule="isQuantity(self) && quantity(self).isGreaterThan(quantity('0'))",message="sizing.minMemory: must be a positive quantity such as 4Gi"
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	MinMemory *resource.Quantity `json:"minMemory,omitempty"`
+}
+
+// PerClaim says whether s sizes its shares per claim; nil is Fixed.
+func (s *Sizing) PerClaim() bool { return s != nil && s.Mode == SizingPerClaim }
+
+// Step is the memory step in bytes, DefaultMemoryStep where unset.
+func (s *Sizing) Step() int64 {
+	if s == nil || s.MemoryStep == nil || s.MemoryStep.Value() <= 0 {
+		def := resource.MustParse(DefaultMemoryStep)
+		return def.Value()
+	}
+	return s.MemoryStep.Value()
+}
+
+// Min is the least memory of a claim in bytes: minMemory, or the step where unset.
+func (s *Sizing) Min() int64 {
+	if s == nil || s.MinMemory == nil || s.MinMemory.Value() <= 0 {
+		return s.Step()
+	}
+	return s.MinMemory.Value()
 }
 
 // MPSSharing configures the MPS control daemon of a GPU and the shares it is cut into.

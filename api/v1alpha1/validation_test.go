@@ -140,6 +140,36 @@ func TestRejectsInvalidPolicies(t *testing.T) {
 			[]string{"spec.gpus.indices[0]", "less than or equal to 63"}},
 		{"GPU uuid malformed", `{sharing: {strategy: Exclusive}, gpus: {uuids: [not-a-uuid]}}`,
 			[]string{"spec.gpus.uuids[0]", "should match"}},
+		{"per-claim sizing with MIG", `sharing: {strategy: MIG, mig: {instances: [{profile: 1g.10gb, count: 1}]}, sizing: {mode: PerClaim}}`,
+			[]string{"sharing.sizing: mode PerClaim is not possible with MIG"}},
+		{"per-claim sizing on time-slicing without the shim", `sharing: {strategy: TimeSlicing, timeSlicing: {replicas: 2}, sizing: {mode: PerClaim}}`,
+			[]string{"sharing.sizing: mode PerClaim needs something that enforces each claim's size"}},
+		{"per-claim sizing on a whole GPU without the shim", `sharing: {strategy: Exclusive, sizing: {mode: PerClaim}}`,
+			[]string{"sharing.sizing: mode PerClaim needs something that enforces each claim's size"}},
+		{"per-claim sizing with the policy's MPS thread percentage", `sharing: {strategy: MPS, mps: {replicas: 4, activeThreadPercentage: 25}, sizing: {mode: PerClaim}}`,
+			[]string{"sharing.mps: leave activeThreadPercentage and pinnedMemoryLimit unset with sizing PerClaim"}},
+		{"per-claim sizing with the policy's MPS pinned memory limit", `sharing: {strategy: MPS, mps: {replicas: 4, pinnedMemoryLimit: 10Gi}, sizing: {mode: PerClaim}}`,
+			[]string{"sharing.mps: leave activeThreadPercentage and pinnedMemoryLimit unset with sizing PerClaim"}},
+		{"unknown sizing mode", `sharing: {strategy: MPS, mps: {replicas: 4}, sizing: {mode: Elastic}}`,
+			[]string{"spec.sharing.sizing.mode", `Unsupported value: "Elastic"`}},
+		{"memory step with fixed sizing", `sharing: {strategy: MPS, mps: {replicas: 4}, sizing: {memoryStep: 1Gi}}`,
+			[]string{"sizing: memoryStep and minMemory apply only to mode PerClaim"}},
+		{"minimum memory with fixed sizing", `sharing: {strategy: MPS, mps: {replicas: 4}, sizing: {mode: Fixed, minMemory: 4Gi}}`,
+			[]string{"sizing: memoryStep and minMemory apply only to mode PerClaim"}},
+		{"zero memory step", `sharing: {strategy: MPS, mps: {replicas: 4}, sizing: {mode: PerClaim, memoryStep: "0"}}`,
+			[]string{"spec.sharing.sizing.memoryStep", "must be a positive multiple of 1Mi"}},
+		{"negative memory step", `sharing: {strategy: MPS, mps: {replicas: 4}, sizing: {mode: PerClaim, memoryStep: -1Gi}}`,
+			[]string{"spec.sharing.sizing.memoryStep", "must be a positive multiple of 1Mi"}},
+		{"memory step below a MiB", `sharing: {strategy: MPS, mps: {replicas: 4}, sizing: {mode: PerClaim, memoryStep: 1000Ki}}`,
+			[]string{"spec.sharing.sizing.memoryStep", "must be a positive multiple of 1Mi"}},
+		{"memory step that is no quantity", `sharing: {strategy: MPS, mps: {replicas: 4}, sizing: {mode: PerClaim, memoryStep: lots}}`,
+			[]string{"spec.sharing.sizing.memoryStep", "must be a positive multiple of 1Mi"}},
+		{"zero minimum memory", `sharing: {strategy: MPS, mps: {replicas: 4}, sizing: {mode: PerClaim, minMemory: "0"}}`,
+			[]string{"spec.sharing.sizing.minMemory", "must be a positive quantity"}},
+		{"minimum memory not a multiple of the step", `sharing: {strategy: MPS, mps: {replicas: 4}, sizing: {mode: PerClaim, memoryStep: 2Gi, minMemory: 3Gi}}`,
+			[]string{"sizing.minMemory: must be a multiple of memoryStep"}},
+		{"minimum memory not a multiple of the default step", `sharing: {strategy: MPS, mps: {replicas: 4}, sizing: {mode: PerClaim, minMemory: 1536Mi}}`,
+			[]string{"sizing.minMemory: must be a multiple of memoryStep (1Gi when unset)"}},
 	}
 	ctx := context.Background()
 	for i, tc := range cases {
@@ -159,6 +189,26 @@ func TestRejectsInvalidPolicies(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestAcceptsSizingWhereSomethingEnforcesIt(t *testing.T) {
+	ctx := context.Background()
+	for i, spec := range []string{
+		`sharing: {strategy: MPS, mps: {replicas: 4}, sizing: {mode: PerClaim}}`,
+		`sharing: {strategy: MPS, mps: {replicas: 8}, sizing: {mode: PerClaim, memoryStep: 512Mi, minMemory: 2Gi}}`,
+		`sharing: {strategy: TimeSlicing, timeSlicing: {replicas: 4}, oversubscription: {}, sizing: {mode: PerClaim, minMemory: 4Gi}}`,
+		`sharing: {strategy: Exclusive, oversubscription: {}, sizing: {mode: PerClaim}}`,
+		// Fixed is today's sizing, with every strategy; a step larger than any GPU is the agent's to refuse.
+		`sharing: {strategy: MIG, mig: {instances: [{profile: 1g.10gb, count: 1}]}, sizing: {mode: Fixed}}`,
+		`sharing: {strategy: MPS, mps: {replicas: 4}, sizing: {mode: PerClaim, memoryStep: 1Ti}}`,
+	} {
+		obj := policy(t, fmt.Sprintf("sized-%d", i), spec)
+		if err := env.Client.Create(ctx, obj); err != nil {
+			t.Errorf("%s: rejected: %v", spec, err)
+			continue
+		}
+		t.Cleanup(func() { _ = env.Client.Delete(context.Background(), obj) })
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -16,6 +17,7 @@ import (
 func TestChangeIsDisruptive(t *testing.T) {
 	mps4 := b.MPS(4, 25)
 	mig := b.MIG("3g.40gb", 1, "1g.10gb", 4)
+	mpsUnset := v1.Sharing{Strategy: v1.StrategyMPS, MPS: &v1.MPSSharing{Replicas: 4}}
 	tests := []struct {
 		name    string
 		current *v1.Sharing
@@ -40,6 +42,12 @@ func TestChangeIsDisruptive(t *testing.T) {
 		{"an unlisted GPU running another strategy is disrupted", nil, b.AppliedFor(b.Exclusive(), ""), mps4, true},
 		{"a GPU whose applied state is unknown is treated as disrupted", nil, nil, b.Exclusive(), true},
 		{"a tweak on top of a disruptive change still in flight counts as disruptive", &mps4, b.AppliedFor(b.Exclusive(), ""), b.MPS(4, 50), true},
+		{"sizing MPS per claim disrupts", &mpsUnset, b.AppliedFor(mpsUnset, "p"), sized(mpsUnset, "1Gi"), true},
+		{"going back to fixed shares disrupts", ptr(sized(mpsUnset, "1Gi")), b.AppliedFor(sized(mpsUnset, "1Gi"), "p"), mpsUnset, true},
+		{"an explicit Fixed sizing does not disrupt", &mpsUnset, b.AppliedFor(mpsUnset, "p"), fixed(mpsUnset), false},
+		{"a sized GPU's memory step goes out at once",
+			ptr(sized(mpsUnset, "1Gi")), b.AppliedFor(sized(mpsUnset, "1Gi"), "p"), sized(mpsUnset, "2Gi"), false},
+		{"a sized GPU still applied fixed is disrupted", ptr(sized(mpsUnset, "1Gi")), b.AppliedFor(mpsUnset, "p"), sized(mpsUnset, "2Gi"), true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -93,6 +101,17 @@ func TestAdmit(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+func sized(s v1.Sharing, step string) v1.Sharing {
+	q := resource.MustParse(step)
+	s.Sizing = &v1.Sizing{Mode: v1.SizingPerClaim, MemoryStep: &q}
+	return s
+}
+
+func fixed(s v1.Sharing) v1.Sharing {
+	s.Sizing = &v1.Sizing{Mode: v1.SizingFixed}
+	return s
+}
 
 func withOversub(s v1.Sharing) v1.Sharing {
 	s.Oversubscription = &v1.Oversubscription{AntiThrashing: v1.AntiThrashingAlways}

@@ -13,6 +13,9 @@ func TestPlanNode(t *testing.T) {
 	mig := b.MIG("3g.40gb", 2)
 	migPolicy := b.Policy("mig", b.WithSharing(mig), b.WithIndices(0))
 	mpsPolicy := b.Policy("mps", b.WithSharing(b.MPS(4, 50)), b.WithIndices(1))
+	unlimited := v1.Sharing{Strategy: v1.StrategyMPS, MPS: &v1.MPSSharing{Replicas: 4}}
+	sizedMPS := sized(unlimited, "2Gi")
+	sizedPolicy := b.Policy("sized", b.WithSharing(sizedMPS), b.WithIndices(0))
 	tests := []struct {
 		name        string
 		policies    []*v1.GPUSharingPolicy
@@ -36,6 +39,20 @@ func TestPlanNode(t *testing.T) {
 			node:     b.GPUNode("n", b.WithGPUs(b.GPU("n", 0, b.WithApplied(b.Exclusive(), "")))),
 			admitted: map[string]bool{"mig": true},
 			wantSpec: []v1.GPUDesired{b.Desired("n", 0, "mig", 1, mig)},
+		},
+		{
+			name:        "holds sizing per claim on an MPS GPU as a disruptive change",
+			policies:    []*v1.GPUSharingPolicy{sizedPolicy},
+			node:        b.GPUNode("n", b.WithSpec(b.Desired("n", 0, "sized", 1, unlimited)), b.WithGPUs(b.GPU("n", 0, b.WithApplied(unlimited, "sized")))),
+			wantSpec:    []v1.GPUDesired{b.Desired("n", 0, "sized", 1, unlimited)},
+			wantWaiting: []string{"sized"},
+		},
+		{
+			name:     "writes the sizing into the GPU's desired state once admitted",
+			policies: []*v1.GPUSharingPolicy{sizedPolicy},
+			node:     b.GPUNode("n", b.WithSpec(b.Desired("n", 0, "sized", 1, unlimited)), b.WithGPUs(b.GPU("n", 0, b.WithApplied(unlimited, "sized")))),
+			admitted: map[string]bool{"sized": true},
+			wantSpec: []v1.GPUDesired{b.Desired("n", 0, "sized", 1, sizedMPS)},
 		},
 		{
 			name: "returns a GPU its policy no longer selects to the default",

@@ -11,9 +11,10 @@ import (
 )
 
 // Shape is the part of a GPU's sharing that running work depends on: the strategy, for MIG the layout,
-// and whether the shim's scheduler runs. Changing it means emptying the GPU; everything else (MPS
-// percentages and limits, time-slice replicas and interval, the quantum, budget and mode of
-// oversubscription) is adjusted under running work.
+// whether the shim's scheduler runs, and whether shares are sized per claim. Changing it means emptying
+// the GPU; everything else (MPS percentages and limits, time-slice replicas and interval, the quantum,
+// budget and mode of oversubscription, a sized GPU's memory step and minimum) is adjusted under running
+// work.
 type Shape struct {
 	Strategy v1.Strategy
 	// Layout is the MIG layout in canonical form ("1g.10gb x4,3g.40gb x1"), empty for other strategies.
@@ -21,11 +22,15 @@ type Shape struct {
 	// Shim is whether oversubscription is on. Turning it on beside pods that run without the shim would
 	// let them use memory the budget hands to others; turning it off leaves shim pods with no lock.
 	Shim bool
+	// Sized is whether shares are sized per claim. Pods hold fixed shares through the device plugin or
+	// DRA devices that a sized GPU no longer publishes, and sized claims hold limits that fixed shares do
+	// not know, so neither kind of holder may stay across the change.
+	Sized bool
 }
 
 // ShapeOf is the shape a desired sharing asks for.
 func ShapeOf(s v1.Sharing) Shape {
-	sh := Shape{Strategy: s.Strategy, Shim: s.Oversubscription != nil}
+	sh := Shape{Strategy: s.Strategy, Shim: s.Oversubscription != nil, Sized: s.Sizing.PerClaim()}
 	if s.Strategy == v1.StrategyMIG && s.MIG != nil {
 		counts := map[string]int32{}
 		for _, in := range s.MIG.Instances {
@@ -41,7 +46,7 @@ func AppliedShape(a *v1.AppliedSharing) (Shape, bool) {
 	if a == nil || a.Strategy == "" {
 		return Shape{}, false
 	}
-	sh := Shape{Strategy: a.Strategy, Shim: a.Shim != nil}
+	sh := Shape{Strategy: a.Strategy, Shim: a.Shim != nil, Sized: a.Sizing.PerClaim()}
 	if a.Strategy == v1.StrategyMIG {
 		counts := map[string]int32{}
 		for _, in := range a.MIGInstances {
@@ -62,8 +67,8 @@ func layout(counts map[string]int32) string {
 }
 
 // Disruptive says whether moving a GPU from one shape to another disturbs the work running on it: a
-// strategy change (for example MPS to time-slicing), a different MIG layout, or oversubscription turned
-// on or off.
+// strategy change (for example MPS to time-slicing), a different MIG layout, oversubscription turned
+// on or off, or sizing per claim turned on or off.
 func Disruptive(from, to Shape) bool {
 	return from != to
 }

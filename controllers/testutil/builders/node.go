@@ -125,6 +125,9 @@ func AppliedFor(s v1.Sharing, policy string) *v1.AppliedSharing {
 		// The agent reports the shim's scheduler only while it runs, with the settings it enforces.
 		a.Shim = &v1.ShimStatus{TimeQuantum: s.Oversubscription.TimeQuantum, AntiThrashing: s.Oversubscription.AntiThrashing}
 	}
+	if s.Sizing.PerClaim() {
+		a.Sizing = s.Sizing.DeepCopy()
+	}
 	return a
 }
 

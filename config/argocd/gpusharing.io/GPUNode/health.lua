@@ -25,6 +25,7 @@ local permanent = {
   MPSDaemonFailed = true,
   NVMLError = true,
   NotMIGCapable = true,
+  SizingDoesNotFit = true,
   StrategyNeedsMIGDisabled = true,
 }
 

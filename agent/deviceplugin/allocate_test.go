@@ -1,0 +1,31 @@
+package deviceplugin
+
+import "testing"
+
+// A sized shim share carries the shim's memory limit; several of one GPU in one container add up, and a
+// fixed share (no limit) sets none, so a fixed-share container is unchanged.
+func TestShimSharesCarryTheirMemoryLimitSummed(t *testing.T) {
+	base := Device{Kind: KindShared, GPUUUID: "GPU-a", VisibleUUID: "GPU-a", Healthy: true}
+	sized := func(limit int64) Device { d := base; d.Sized, d.MemoryLimitBytes = true, limit; return d }
+	for _, tt := range []struct {
+		name string
+		devs []Device
+		want string
+	}{
+		{"a fixed share", []Device{base}, ""},
+		{"a sized share", []Device{sized(4 << 30)}, "4294967296"},
+		{"two sized shares of one GPU", []Device{sized(4 << 30), sized(10 << 30)}, "15032385536"},
+	} {
+		resp, err := ContainerEdits(Config{}, tt.devs)
+		if err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		got, set := resp.Envs[EnvShimMemoryLimit]
+		if got != tt.want || set != (tt.want != "") {
+			t.Errorf("%s: %s=%q (set %v), want %q", tt.name, EnvShimMemoryLimit, got, set, tt.want)
+		}
+		if resp.Envs[EnvLDPreload] != ContainerShimLibrary {
+			t.Errorf("%s: LD_PRELOAD=%q, want the shim", tt.name, resp.Envs[EnvLDPreload])
+		}
+	}
+}

@@ -20,20 +20,22 @@ func newBudgetFixture(t *testing.T, budget uint64, mode Mode) *queueFixture {
 	clock := newFakeClock()
 	q := newQueue(GPUConfig{UUID: "GPU-test", Quantum: 100 * time.Millisecond, Grace: 50 * time.Millisecond,
 		Budget: budget, Mode: mode}, clock, m, logr.Discard())
-	return &queueFixture{q: q, clock: clock, m: m}
+	fx := &queueFixture{q: q, clock: clock, m: m}
+	fx.checkViolations(t)
+	return fx
 }
 
 func (fx *queueFixture) holding(f *fakeClient) bool {
 	fx.q.mu.Lock()
 	defer fx.q.mu.Unlock()
-	return f.c.holding
+	return f.c.state.granted()
 }
 
 // whole: f holds the GPU with all it needs reserved (not, or no longer, filling in).
 func (fx *queueFixture) whole(f *fakeClient) bool {
 	fx.q.mu.Lock()
 	defer fx.q.mu.Unlock()
-	return f.c.holding && !f.c.filling && f.c.reservation >= f.c.need
+	return f.c.state.granted() && f.c.state != stateFilling && f.c.reservation >= f.c.need
 }
 
 func (fx *queueFixture) reserved() uint64 {
@@ -238,7 +240,7 @@ func TestBudgetReservationsNeverExceedTheBudget(t *testing.T) {
 			for step := range 5000 {
 				f := cs[rng.Intn(len(cs))]
 				fx.q.mu.Lock()
-				holding, waiting, evicting, res := f.c.holding, f.c.waiting, f.c.evictPending, f.c.reservation
+				holding, waiting, evicting, res := f.c.state.granted(), f.c.state == stateWaiting, f.c.evictPending, f.c.reservation
 				target := f.c.evictTarget
 				fx.q.mu.Unlock()
 				switch {
@@ -394,16 +396,16 @@ func TestBudgetHandOffOverlapsTheLeaversCopyOutWithTheNewcomersCopyIn(t *testing
 		t.Errorf("b got %d raises, want 3 (one per progress report)", n)
 	}
 	fx.q.mu.Lock()
-	filling, pending := b.c.filling, b.c.startPending
+	st := b.c.state
 	fx.q.mu.Unlock()
-	if filling || !pending {
-		t.Fatalf("after the last raise: filling=%v startPending=%v, want done filling and the quantum not started", filling, pending)
+	if st != stateStarting {
+		t.Fatalf("after the last raise: b %v, want starting (done filling, the quantum not started)", st)
 	}
 	fx.report(b, UsageReport, 40*mib, 40*mib)
 	fx.q.mu.Lock()
-	pending = b.c.startPending
+	st = b.c.state
 	fx.q.mu.Unlock()
-	if pending {
+	if st != stateRunning {
 		t.Fatal("b's report with everything in did not start its quantum")
 	}
 }

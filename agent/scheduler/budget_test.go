@@ -507,3 +507,35 @@ func TestBudgetFillingHolderDoesNotBlockOthersWhenNothingMoreComes(t *testing.T)
 		t.Fatal("b got memory nobody freed")
 	}
 }
+
+// A filling holder whose report says it needs less than it has reserved keeps what the report
+// leaves it and is raised no further: freed budget goes to others. Before the fix the filling
+// computed need - reservation unsigned and handed it the free budget, beyond its need.
+func TestFillingHolderWhoseNeedDropsBelowItsReservationIsNotRaised(t *testing.T) {
+	fx := newBudgetFixture(t, 64*mib, ModeAuto)
+	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	fx.q.acquire(a.c, 40*mib)
+	fx.report(a, UsageReport, 40*mib, 40*mib)
+	fx.q.release(a.c, grantEpoch(t, a), 40*mib)
+	fx.q.acquire(b.c, 40*mib) // granted the free 24 MiB, fills while a is evicted to 24
+	fx.q.mu.Lock()
+	st, res := b.c.state, b.c.reservation
+	fx.q.mu.Unlock()
+	if st != stateFilling || res != 24*mib {
+		t.Fatalf("b %v with %d MiB reserved, want filling with 24", st, res/mib)
+	}
+	fx.report(b, UsageReport, 10*mib, 20*mib) // it freed memory: 10 MiB needed, 20 still resident
+	fx.q.mu.Lock()
+	st, res, need := b.c.state, b.c.reservation, b.c.need
+	fx.q.mu.Unlock()
+	if st != stateStarting || res != 20*mib || need != 10*mib || b.count(MsgRaise) != 0 {
+		t.Fatalf("after b's report: %v, reservation %d MiB, need %d MiB, %d raises; want starting, 20, 10, 0",
+			st, res/mib, need/mib, b.count(MsgRaise))
+	}
+	m, _ := a.last(MsgEvict)
+	fx.report(a, UsageEvicted, 40*mib, m.Target)
+	if got := b.count(MsgRaise); got != 0 || fx.reserved() != 20*mib+m.Target {
+		t.Fatalf("after a's eviction: b raised %d times, reserved %d MiB; want 0 and b's 20 + a's %d",
+			got, fx.reserved()/mib, m.Target/mib)
+	}
+}

@@ -20,20 +20,22 @@ func newBudgetFixture(t *testing.T, budget uint64, mode Mode) *queueFixture {
 	clock := newFakeClock()
 	q := newQueue(GPUConfig{UUID: "GPU-test", Quantum: 100 * time.Millisecond, Grace: 50 * time.Millisecond,
 		Budget: budget, Mode: mode}, clock, m, logr.Discard())
-	return &queueFixture{q: q, clock: clock, m: m}
+	fx := &queueFixture{q: q, clock: clock, m: m}
+	fx.checkViolations(t)
+	return fx
 }
 
 func (fx *queueFixture) holding(f *fakeClient) bool {
 	fx.q.mu.Lock()
 	defer fx.q.mu.Unlock()
-	return f.c.holding
+	return f.c.state.granted()
 }
 
 // whole: f holds the GPU with all it needs reserved (not, or no longer, filling in).
 func (fx *queueFixture) whole(f *fakeClient) bool {
 	fx.q.mu.Lock()
 	defer fx.q.mu.Unlock()
-	return f.c.holding && !f.c.filling && f.c.reservation >= f.c.need
+	return f.c.state.granted() && f.c.state != stateFilling && f.c.reservation >= f.c.need
 }
 
 func (fx *queueFixture) reserved() uint64 {
@@ -238,7 +240,7 @@ func TestBudgetReservationsNeverExceedTheBudget(t *testing.T) {
 			for step := range 5000 {
 				f := cs[rng.Intn(len(cs))]
 				fx.q.mu.Lock()
-				holding, waiting, evicting, res := f.c.holding, f.c.waiting, f.c.evictPending, f.c.reservation
+				holding, waiting, evicting, res := f.c.state.granted(), f.c.state == stateWaiting, f.c.evictPending, f.c.reservation
 				target := f.c.evictTarget
 				fx.q.mu.Unlock()
 				switch {
@@ -394,16 +396,16 @@ func TestBudgetHandOffOverlapsTheLeaversCopyOutWithTheNewcomersCopyIn(t *testing
 		t.Errorf("b got %d raises, want 3 (one per progress report)", n)
 	}
 	fx.q.mu.Lock()
-	filling, pending := b.c.filling, b.c.startPending
+	st := b.c.state
 	fx.q.mu.Unlock()
-	if filling || !pending {
-		t.Fatalf("after the last raise: filling=%v startPending=%v, want done filling and the quantum not started", filling, pending)
+	if st != stateStarting {
+		t.Fatalf("after the last raise: b %v, want starting (done filling, the quantum not started)", st)
 	}
 	fx.report(b, UsageReport, 40*mib, 40*mib)
 	fx.q.mu.Lock()
-	pending = b.c.startPending
+	st = b.c.state
 	fx.q.mu.Unlock()
-	if pending {
+	if st != stateRunning {
 		t.Fatal("b's report with everything in did not start its quantum")
 	}
 }
@@ -503,5 +505,37 @@ func TestBudgetFillingHolderDoesNotBlockOthersWhenNothingMoreComes(t *testing.T)
 	}
 	if fx.whole(b) {
 		t.Fatal("b got memory nobody freed")
+	}
+}
+
+// A filling holder whose report says it needs less than it has reserved keeps what the report
+// leaves it and is raised no further: freed budget goes to others. Before the fix the filling
+// computed need - reservation unsigned and handed it the free budget, beyond its need.
+func TestFillingHolderWhoseNeedDropsBelowItsReservationIsNotRaised(t *testing.T) {
+	fx := newBudgetFixture(t, 64*mib, ModeAuto)
+	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	fx.q.acquire(a.c, 40*mib)
+	fx.report(a, UsageReport, 40*mib, 40*mib)
+	fx.q.release(a.c, grantEpoch(t, a), 40*mib)
+	fx.q.acquire(b.c, 40*mib) // granted the free 24 MiB, fills while a is evicted to 24
+	fx.q.mu.Lock()
+	st, res := b.c.state, b.c.reservation
+	fx.q.mu.Unlock()
+	if st != stateFilling || res != 24*mib {
+		t.Fatalf("b %v with %d MiB reserved, want filling with 24", st, res/mib)
+	}
+	fx.report(b, UsageReport, 10*mib, 20*mib) // it freed memory: 10 MiB needed, 20 still resident
+	fx.q.mu.Lock()
+	st, res, need := b.c.state, b.c.reservation, b.c.need
+	fx.q.mu.Unlock()
+	if st != stateStarting || res != 20*mib || need != 10*mib || b.count(MsgRaise) != 0 {
+		t.Fatalf("after b's report: %v, reservation %d MiB, need %d MiB, %d raises; want starting, 20, 10, 0",
+			st, res/mib, need/mib, b.count(MsgRaise))
+	}
+	m, _ := a.last(MsgEvict)
+	fx.report(a, UsageEvicted, 40*mib, m.Target)
+	if got := b.count(MsgRaise); got != 0 || fx.reserved() != 20*mib+m.Target {
+		t.Fatalf("after a's eviction: b raised %d times, reserved %d MiB; want 0 and b's 20 + a's %d",
+			got, fx.reserved()/mib, m.Target/mib)
 	}
 }

@@ -53,7 +53,9 @@ func (q *queue) evictOverdue(c *client, seq uint64) {
 // then the revocation deadline ran from the grant (a holder that never reports loses the GPU at
 // quantum + grace after it, as a lock-only holder does); from now on it runs from this moment.
 func (q *queue) restartHoldLocked(c *client) {
-	c.startPending = false
+	if q.setStateLocked(c, stateRunning) != nil {
+		return
+	}
 	c.grantedAt = q.clock.Now()
 	if c.revokeTimer != nil {
 		c.revokeTimer.Stop()

@@ -13,8 +13,9 @@ package scheduler
 // copies out. Its gate opens, and its quantum starts, only when all of its
 // memory is in (its USAGE report), as before.
 //
-// The budget invariant is untouched: a reservation rises only from free budget,
-// and the leaver's falls only by its own reports (acks as for any report). A
+// The budget rule (checkBudget) is untouched: the newcomer's reservation rises
+// only from free budget, and the leaver's falls only by its own reports (acks as
+// for any report). A
 // version 2 client is never granted partially: it waits for the whole, as before,
 // and neither is any client of a GPU with SerialHandoffs.
 
@@ -44,9 +45,7 @@ func (q *queue) grantFillingLocked(head *client, handoff bool) {
 		return // an eviction that cannot free everything: wait for the whole (the retry timer asks again)
 	}
 	q.setReservationLocked(head, head.reservation+q.free())
-	head.filling = true
-	q.removeWaiterLocked(head)
-	q.grantLocked(head, handoff)
+	q.grantLocked(head, handoff, true)
 }
 
 // fillLocked hands freed budget to the holders filling in (Raise) and says
@@ -55,16 +54,17 @@ func (q *queue) grantFillingLocked(head *client, handoff bool) {
 func (q *queue) fillLocked() bool {
 	busy := false
 	for _, h := range q.holders {
-		if !h.filling {
+		if h.state != stateFilling {
 			continue
 		}
-		if give := min(h.need-h.reservation, q.free()); give > 0 {
+		// Its need may have fallen below its reservation since the grant (a report after a free).
+		if give := min(h.need-min(h.reservation, h.need), q.free()); give > 0 {
 			q.setReservationLocked(h, h.reservation+give)
 			h.raises++
 			q.sendLocked(h, Message{Type: MsgRaise, Epoch: h.epoch, Resident: h.reservation})
 		}
 		if h.reservation >= h.need {
-			h.filling = false
+			_ = q.setStateLocked(h, stateStarting) // its quantum still starts at its report that all is in
 			continue
 		}
 		missing := h.need - h.reservation

@@ -9,10 +9,22 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// FuzzQueue drives one GPU's queue with any sequence of client actions (join, acquire, release, grow,
-// report, answer or ignore an eviction, leave, time passing) and checks its invariants after each:
-// the reserved sum equals the sum of the reservations, it never exceeds the budget, an exclusive GPU
-// has at most one holder, and holders and waiters are consistent. The seeds run in every `go test`.
+// FuzzQueue drives one GPU's queue with any sequence of client actions (join, re-announce, acquire,
+// release, grow, report, answer or ignore an eviction, leave, act after leaving, time passing, the
+// budget reconfigured) and checks its invariants after each: every client's state agrees with its
+// fields and moved only along clientTransitions, no move was refused and no reservation changed
+// against the budget rule (checkBudget), the reserved sum equals the sum of the reservations and
+// stays within the budget (a sum above it, after a re-announcement or a lowered budget, only
+// falls), an exclusive GPU has at most one holder, and the holder and waiting lists are the
+// granted and waiting clients. The seeds run in every `go test`.
+//
+// Each step is three bytes: op, client, arg. Ops 0-1 acquire arg MiB; 2 release; 3 MemReq arg MiB;
+// 4 a periodic report of arg MiB, acks up to date or stale (arg >= 128: need arg-128 MiB with more
+// resident, acks up to date); 5 an eviction answered, failed or in progress; 6 leave; 7 join a
+// client in a free slot (arg >= 128: which then re-announces arg-128 MiB; on a connected client,
+// a re-announcement, refused after other messages); 8-9 time passing (op 9 with arg >= 240: the
+// budget reconfigured to (arg-239)*8 MiB). A client that left keeps acting until its slot is
+// joined again: its messages were read before its connection's end was noticed.
 func FuzzQueue(f *testing.F) {
 	f.Add([]byte{0, 0, 0, 1, 0, 40, 1, 1, 40, 8, 0, 200, 2, 0, 0})
 	f.Add([]byte{1, 0, 0, 1, 0, 60, 1, 1, 30, 5, 0, 0, 8, 0, 250, 8, 0, 250, 1, 2, 10})
@@ -22,123 +34,249 @@ func FuzzQueue(f *testing.F) {
 	f.Add([]byte{1, 0, 0, 40, 4, 0, 40, 0, 1, 40, 2, 0, 40, 5, 0, 1, 5, 0, 1, 5, 0, 2, 4, 1, 40})
 	// the same with the newcomer a version 2 client (cs[3])
 	f.Add([]byte{1, 0, 0, 40, 4, 0, 40, 0, 3, 40, 2, 0, 40, 5, 0, 1, 5, 0, 2, 4, 3, 40})
+	for _, seed := range fuzzQueueSeeds {
+		f.Add(seed.in)
+	}
 	f.Fuzz(func(t *testing.T, in []byte) {
-		if len(in) == 0 {
-			return
-		}
-		const budget = 64 * mib
-		cfg := GPUConfig{UUID: "GPU-fuzz", Quantum: 100 * time.Millisecond, Grace: 50 * time.Millisecond, Budget: budget}
-		switch in[0] % 4 {
-		case 0, 1, 2:
-			cfg.Mode = Mode(in[0] % 4) // Auto, Always, Off
-		case 3:
-			cfg.Budget = 0 // the lock only
-		}
-		m, err := newMetrics(prometheus.NewRegistry())
-		if err != nil {
+		if err := runQueueSteps(t, in); err != nil {
 			t.Fatal(err)
-		}
-		clock := newFakeClock()
-		q := newQueue(cfg, clock, m, logr.Discard())
-		q.evictTimeout = time.Second
-		fx := &queueFixture{q: q, clock: clock, m: m}
-		var cs [4]*fakeClient
-		for i := range cs {
-			if i == len(cs)-1 {
-				fx.version = MinVersion // one client without the overlapped hand-off
-			}
-			cs[i] = fx.join(t, Priority(i%2))
-		}
-		fx.version = 0
-		in = in[1:]
-		for step := 0; len(in) >= 3; step, in = step+1, in[3:] {
-			op, f, arg := in[0]%10, cs[int(in[1])%len(cs)], uint64(in[2])
-			q.mu.Lock()
-			_, joined := q.clients[f.c.id]
-			epoch, res, target, raises := f.c.epoch, f.c.reservation, f.c.evictTarget, f.c.raises
-			q.mu.Unlock()
-			if !joined && op != 7 {
-				continue
-			}
-			switch op {
-			case 0, 1:
-				q.acquire(f.c, arg*mib)
-			case 2:
-				q.release(f.c, epoch, min(arg*mib, res))
-			case 3:
-				q.memReq(f.c, arg*mib)
-			case 4: // a periodic report, acks up to date or stale
-				q.usage(f.c, Message{Type: MsgUsage, Reason: UsageReport, Acks: raises - uint32(arg%2), Need: arg * mib, Resident: min(arg*mib, res)})
-			case 5: // an eviction answered (done or failed), or its progress
-				resident, reason := target, UsageEvicted
-				switch arg % 4 {
-				case 0:
-					resident = res
-				case 1:
-					reason = UsageProgress
-					if res > target {
-						resident = target + (res-target)/2
-					}
-				}
-				q.usage(f.c, Message{Type: MsgUsage, Reason: reason, Acks: raises, Need: res, Resident: resident})
-			case 6:
-				q.leave(f.c)
-			case 7:
-				if !joined {
-					cs[int(in[1])%len(cs)] = fx.join(t, Priority(arg%2))
-				}
-			case 8, 9:
-				clock.Advance(time.Duration(arg) * 10 * time.Millisecond)
-			}
-			// A client the queue dropped (it stopped reading, ignored an eviction, asked for too much)
-			// loses its connection, and the connection's end makes it leave, as serveConn does.
-			for _, c := range cs {
-				if c.dropped {
-					q.leave(c.c)
-				}
-			}
-			if err := checkQueueInvariants(q); err != nil {
-				t.Fatalf("step %d (op %d): %v", step, op, err)
-			}
 		}
 	})
 }
 
-func checkQueueInvariants(q *queue) error {
+// fuzzQueueSeeds are FuzzQueue inputs that once found a bug, or pin a case named in a design note.
+var fuzzQueueSeeds = []struct {
+	name string
+	in   []byte
+}{
+	// A filling holder whose reported need drops below its reservation: a runs and releases 40 MiB
+	// of 64, b (40 MiB) is granted the free 24 MiB and fills while a is evicted; b's report says
+	// 10 MiB needed, 20 resident. Its reservation falls to 20 and must not rise again: the filling
+	// computed need - reservation unsigned and handed b the freed 4 MiB, beyond its need.
+	{"filling holder's need drops below its reservation",
+		[]byte{0, 0, 0, 40, 4, 0, 40, 2, 0, 40, 0, 1, 40, 4, 1, 138, 5, 0, 2, 4, 1, 10, 2, 1, 10}},
+	// A client dropped for ignoring its EVICT (the deadline leaves it at once) whose Acquire was
+	// already read: it must not be queued, granted or given a reservation after it left.
+	{"acquire after the scheduler dropped the client",
+		[]byte{0, 0, 0, 40, 4, 0, 40, 2, 0, 40, 0, 1, 40, 8, 0, 101, 0, 0, 30, 2, 1, 40, 0, 2, 50}},
+	// Re-announced memory beyond the budget, then a lowered budget: the excess only falls.
+	{"rejoins above the budget, then a lower budget",
+		[]byte{0, 7, 0, 0, 6, 0, 0, 7, 0, 168, 6, 1, 0, 7, 1, 168, 0, 2, 8, 5, 0, 2, 5, 1, 2, 9, 0, 243, 4, 2, 8}},
+}
+
+// TestQueueRegressions runs each of fuzzQueueSeeds as its own named test.
+func TestQueueRegressions(t *testing.T) {
+	for _, seed := range fuzzQueueSeeds {
+		t.Run(seed.name, func(t *testing.T) {
+			if err := runQueueSteps(t, seed.in); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// runQueueSteps runs one FuzzQueue input and returns the first broken invariant.
+func runQueueSteps(t *testing.T, in []byte) error {
+	if len(in) == 0 {
+		return nil
+	}
+	const budget = 64 * mib
+	cfg := GPUConfig{UUID: "GPU-fuzz", Quantum: 100 * time.Millisecond, Grace: 50 * time.Millisecond, Budget: budget}
+	switch in[0] % 4 {
+	case 0, 1, 2:
+		cfg.Mode = Mode(in[0] % 4) // Auto, Always, Off
+	case 3:
+		cfg.Budget = 0 // the lock only
+	}
+	m, err := newMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := newFakeClock()
+	q := newQueue(cfg, clock, m, logr.Discard())
+	q.evictTimeout = time.Second
+	fx := &queueFixture{q: q, clock: clock, m: m}
+	var cs [4]*fakeClient
+	for i := range cs {
+		if i == len(cs)-1 {
+			fx.version = MinVersion // one client without the overlapped hand-off
+		}
+		cs[i] = fx.join(t, Priority(i%2))
+	}
+	fx.version = 0
+	prev := observeQueue(q, cs[:])
+	in = in[1:]
+	for step := 0; len(in) >= 3; step, in = step+1, in[3:] {
+		op, slot, arg := in[0]%10, int(in[1])%len(cs), uint64(in[2])
+		f := cs[slot]
+		q.mu.Lock()
+		_, joined := q.clients[f.c.id]
+		epoch, res, target, raises := f.c.epoch, f.c.reservation, f.c.evictTarget, f.c.raises
+		q.mu.Unlock()
+		switch op {
+		case 0, 1:
+			q.acquire(f.c, arg*mib)
+		case 2:
+			q.release(f.c, epoch, min(arg*mib, res))
+		case 3:
+			q.memReq(f.c, arg*mib)
+		case 4: // a periodic report, acks up to date or stale
+			if arg >= 128 { // a smaller need than it has resident
+				need := (arg - 128) * mib
+				q.usage(f.c, Message{Type: MsgUsage, Reason: UsageReport, Acks: raises, Need: need, Resident: min(res, 2*need)})
+				break
+			}
+			q.usage(f.c, Message{Type: MsgUsage, Reason: UsageReport, Acks: raises - uint32(arg%2), Need: arg * mib, Resident: min(arg*mib, res)})
+		case 5: // an eviction answered (done or failed), or its progress
+			resident, reason := target, UsageEvicted
+			switch arg % 4 {
+			case 0:
+				resident = res
+			case 1:
+				reason = UsageProgress
+				if res > target {
+					resident = target + (res-target)/2
+				}
+			}
+			q.usage(f.c, Message{Type: MsgUsage, Reason: reason, Acks: raises, Need: res, Resident: resident})
+		case 6:
+			q.leave(f.c)
+		case 7:
+			if !joined {
+				f = fx.join(t, Priority(arg%2))
+				cs[slot] = f
+			}
+			if arg >= 128 {
+				q.rejoin(f.c, Message{Type: MsgRejoin, Need: (arg - 128) * mib, Resident: (arg - 128) * mib})
+			}
+		case 8, 9:
+			if op == 9 && arg >= 240 {
+				if cfg.Budget > 0 {
+					cfg.Budget = (arg - 239) * 8 * mib
+					q.reconfigure(cfg)
+				}
+				break
+			}
+			clock.Advance(time.Duration(arg) * 10 * time.Millisecond)
+		}
+		// A client the queue dropped (it stopped reading, ignored an eviction, asked for too much)
+		// loses its connection, and the connection's end makes it leave, as serveConn does.
+		for _, c := range cs {
+			if c.dropped {
+				q.leave(c.c)
+			}
+		}
+		cur := observeQueue(q, cs[:])
+		if err := checkQueueInvariants(q, cs[:]); err != nil {
+			return fmt.Errorf("step %d (op %d): %w", step, op, err)
+		}
+		if err := checkQueueStep(prev, cur, (op == 7 || op == 9) && arg >= 128); err != nil {
+			return fmt.Errorf("step %d (op %d): %w", step, op, err)
+		}
+		prev = cur
+	}
+	return nil
+}
+
+// queueObservation is what checkQueueStep compares between two steps.
+type queueObservation struct {
+	budget, reserved uint64
+	states           map[*client]clientState
+}
+
+func observeQueue(q *queue, cs []*fakeClient) queueObservation {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	o := queueObservation{budget: q.budget, reserved: q.reserved, states: map[*client]clientState{}}
+	for _, c := range q.clients {
+		o.states[c] = c.state
+	}
+	for _, f := range cs {
+		o.states[f.c] = f.c.state
+	}
+	return o
+}
+
+// reachable[a][b]: a client in state a may be in state b after one call into the queue, which may
+// move it more than once (granted part of its need, filled and started in one dispatch).
+var reachable = func() (r [numClientStates][numClientStates]bool) {
+	for s := range numClientStates {
+		r[s][s] = true
+	}
+	for range numClientStates {
+		for _, tr := range clientTransitions {
+			for s := range numClientStates {
+				if r[s][tr.from] {
+					r[s][tr.to] = true
+				}
+			}
+		}
+	}
+	return r
+}()
+
+// checkQueueStep checks one step's changes: every client moved only along clientTransitions, and
+// the reserved sum, when above the budget, did not grow but by a re-announcement (rejoin: the step
+// may have re-announced or changed the budget).
+func checkQueueStep(prev, cur queueObservation, rejoin bool) error {
+	for c, to := range cur.states {
+		from, ok := prev.states[c]
+		if !ok {
+			from = stateIdle // joined in this step
+		}
+		if !reachable[from][to] {
+			return fmt.Errorf("client %d moved %v -> %v, not along clientTransitions", c.id, from, to)
+		}
+	}
+	if !rejoin && cur.budget > 0 && cur.reserved > max(cur.budget, prev.reserved) {
+		return fmt.Errorf("reserved %d rose from %d above the budget %d", cur.reserved, prev.reserved, cur.budget)
+	}
+	return nil
+}
+
+// checkQueueInvariants checks the queue and every client, cs as well as those that left.
+func checkQueueInvariants(q *queue, cs []*fakeClient) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.violations) > 0 {
+		return fmt.Errorf("%d broken invariants, the first: %w", len(q.violations), q.violations[0])
+	}
 	var sum uint64
+	nGranted, nWaiting := 0, 0
 	for _, c := range q.clients {
 		sum += c.reservation
 		if q.budget == 0 && c.reservation != 0 {
 			return fmt.Errorf("client %d reserves %d on a GPU without a budget", c.id, c.reservation)
 		}
-		if c.holding && c.waiting {
-			return fmt.Errorf("client %d both holds and waits", c.id)
+		if c.state.granted() {
+			nGranted++
 		}
-		if c.filling && (!c.holding || c.reservation >= c.need || !c.fillsPartially()) {
-			return fmt.Errorf("client %d (version %d) filling: holding=%v, reservation %d, need %d", c.id, c.version,
-				c.holding, c.reservation, c.need)
+		if c.state == stateWaiting {
+			nWaiting++
+		}
+	}
+	for _, f := range cs {
+		if err := q.clientInvariantLocked(f.c); err != nil {
+			return err
+		}
+	}
+	for _, c := range q.clients {
+		if err := q.clientInvariantLocked(c); err != nil {
+			return err
 		}
 	}
 	if sum != q.reserved {
 		return fmt.Errorf("reserved %d != sum of reservations %d", q.reserved, sum)
 	}
-	if q.budget > 0 && q.reserved > q.budget {
-		return fmt.Errorf("reserved %d > budget %d", q.reserved, q.budget)
-	}
 	if q.exclusive() && len(q.holders) > 1 {
 		return fmt.Errorf("%d holders of an exclusive GPU", len(q.holders))
 	}
-	for _, h := range q.holders {
-		if !h.holding || q.clients[h.id] != h {
-			return fmt.Errorf("holder %d: holding=%v, connected=%v", h.id, h.holding, q.clients[h.id] == h)
-		}
+	if nGranted != len(q.holders) {
+		return fmt.Errorf("%d clients granted, %d in the holder list", nGranted, len(q.holders))
 	}
-	nWaiting := 0
-	for _, c := range q.clients {
-		if c.waiting {
-			nWaiting++
+	for _, h := range q.holders {
+		if !h.state.granted() || q.clients[h.id] != h {
+			return fmt.Errorf("holder %d: %v, connected=%v", h.id, h.state, q.clients[h.id] == h)
 		}
 	}
 	if nWaiting != q.nWaitingLocked() {
@@ -146,8 +284,8 @@ func checkQueueInvariants(q *queue) error {
 	}
 	for p := range q.waiting {
 		for _, w := range q.waiting[p] {
-			if !w.waiting || q.clients[w.id] != w {
-				return fmt.Errorf("waiter %d: waiting=%v, connected=%v", w.id, w.waiting, q.clients[w.id] == w)
+			if w.state != stateWaiting || w.priority != Priority(p) || q.clients[w.id] != w {
+				return fmt.Errorf("waiter %d: %v, priority %v, connected=%v", w.id, w.state, w.priority, q.clients[w.id] == w)
 			}
 		}
 	}

@@ -90,6 +90,15 @@ func startEnv(t *testing.T, cfg GPUConfig) *env {
 	if err := e.s.Listen(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { // after Close: the clients' ends are checked too
+		for _, q := range e.s.queues {
+			q.mu.Lock()
+			if len(q.violations) > 0 {
+				t.Errorf("GPU %s: the queue saw %d broken invariants: %v", q.uuid, len(q.violations), q.violations)
+			}
+			q.mu.Unlock()
+		}
+	})
 	t.Cleanup(e.s.Close)
 	return e
 }

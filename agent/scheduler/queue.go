@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"fmt"
 	"sort"
 	"sync"
 	"time"
@@ -16,7 +17,7 @@ import (
 // Without a budget (Budget 0) it is the plain lock: one holder at a time,
 // FIFO waiters in two priority classes, quantum and revocation. With a
 // budget it also keeps, per client, a reservation (bytes it may have
-// resident), and the sum of the reservations never exceeds the budget. A
+// resident), under the budget rule (checkBudget). A
 // waiter is granted when its need fits the free budget, after evicting what
 // is missing from clients that do not run (least recently run first, only
 // as much as needed); in ModeAuto several clients hold at once while their
@@ -52,6 +53,8 @@ type queue struct {
 	peak     uint64 // highest reserved ever seen
 	retry    Timer  // re-dispatch after an eviction that could not free enough
 	rebuild  rebuildState
+	// violations are the broken invariants seen, most recent last (violationLocked); tests fail on any.
+	violations []error
 }
 
 // client is one connected shim process.
@@ -65,8 +68,9 @@ type client struct {
 	send func([]byte) bool
 	drop func()
 
-	connectedAt  time.Time
-	waiting      bool
+	connectedAt time.Time
+	// state is where it stands with the lock (state.go); only setStateLocked changes it.
+	state        clientState
 	waitingSince time.Time
 	waits        uint64
 	waitTotal    time.Duration
@@ -75,19 +79,11 @@ type client struct {
 	revocations  uint64
 
 	// the current hold
-	holding       bool
 	epoch         uint32
 	grantedAt     time.Time
 	contendedSent bool
 	revokeTimer   Timer
 	lastRun       time.Time
-	// startPending: granted with a budget, still swapping its memory in; the
-	// quantum (and any revocation deadline) starts at its first report.
-	startPending bool
-	// filling: granted before its whole need was free (the memory it needs was
-	// still leaving another client); its reservation rises by Raise as the
-	// evictions release bytes, and it swaps in meanwhile (fill.go).
-	filling bool
 
 	// memory (budget > 0)
 	need         uint64 // bytes it must have resident to run
@@ -159,11 +155,11 @@ func (q *queue) leaveLocked(c *client) {
 	}
 	delete(q.clients, c.id)
 	q.clientGauge.Set(float64(len(q.clients)))
-	q.removeWaiterLocked(c)
-	if c.holding {
+	if c.state.granted() {
 		q.log.V(1).Info("Holder disconnected, freeing the GPU", "client", c.id, "pid", c.pid)
 		q.endHoldLocked(c)
 	}
+	_ = q.setStateLocked(c, stateGone) // from idle or waiting: always legal
 	q.setReservationLocked(c, 0)
 	c.evictPending = false
 	q.stopEvictDeadlineLocked(c)
@@ -174,8 +170,8 @@ func (q *queue) leaveLocked(c *client) {
 func (q *queue) acquire(c *client, need uint64) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if c.holding || c.waiting {
-		return
+	if c.state != stateIdle {
+		return // it waits or holds already, or it is gone
 	}
 	if q.budget == 0 {
 		need = 0
@@ -186,11 +182,12 @@ func (q *queue) acquire(c *client, need uint64) {
 		return
 	}
 	c.need = need
-	c.waiting = true
 	c.waitingSince = q.clock.Now()
-	q.waiting[c.priority] = append(q.waiting[c.priority], c)
+	if q.setStateLocked(c, stateWaiting) != nil {
+		return
+	}
 	q.dispatchLocked(c)
-	if c.waiting {
+	if c.state == stateWaiting {
 		c.waits++
 	}
 }
@@ -199,7 +196,7 @@ func (q *queue) acquire(c *client, need uint64) {
 func (q *queue) release(c *client, epoch uint32, resident uint64) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if !c.holding || epoch != c.epoch {
+	if !c.state.granted() || epoch != c.epoch {
 		return
 	}
 	q.endHoldLocked(c)
@@ -214,7 +211,7 @@ func (q *queue) memReq(c *client, need uint64) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	switch {
-	case !c.holding:
+	case !c.state.granted():
 		q.sendLocked(c, Message{Type: MsgMemReply, Status: MemBusy, Resident: c.reservation})
 	case q.budget == 0 || need > q.budget:
 		q.sendLocked(c, Message{Type: MsgMemReply, Status: MemTooLarge, Resident: c.reservation})
@@ -231,6 +228,9 @@ func (q *queue) memReq(c *client, need uint64) {
 func (q *queue) usage(c *client, m Message) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if c.state == stateGone {
+		return // a report read before its connection ended
+	}
 	c.reported = m
 	if m.Reason == UsageProgress && !c.evictPending {
 		return // a late progress report of an eviction already answered
@@ -251,31 +251,36 @@ func (q *queue) usage(c *client, m Message) {
 	// A holder's report keeps what it is growing into: right after the grant for an
 	// allocation, the report comes before the allocation is made (need > resident + swapped).
 	keep := m.Resident
-	if c.holding && m.Reason == UsageReport && m.Need > m.Resident+m.Stats.Swapped {
+	if c.state.granted() && m.Reason == UsageReport && m.Need > m.Resident+m.Stats.Swapped {
 		keep += m.Need - m.Resident - m.Stats.Swapped
 	}
 	if q.budget > 0 && m.Acks == c.raises && keep < c.reservation && !c.memPending {
 		q.setReservationLocked(c, keep)
 	}
-	if c.holding && m.Need < c.need {
+	if c.state.granted() && m.Need < c.need {
 		c.need = m.Need
 	}
-	if c.holding && c.startPending && !c.filling && m.Reason == UsageReport && m.Acks == c.raises {
+	if c.state == stateStarting && m.Reason == UsageReport && m.Acks == c.raises {
 		// Its memory is in: the hold (and its quantum) starts now.
 		q.restartHoldLocked(c)
 	}
 	q.dispatchLocked(nil)
 }
 
-func (q *queue) setReservationLocked(c *client, v uint64) {
+// setReservationLocked changes c's reservation to v, if the budget rule allows it (checkBudget; a
+// Rejoin's accounting passes rejoin). A change against it is a scheduler bug: refused (the shim maps
+// only what its reservation allows, so memory stays within the budget), logged and counted.
+func (q *queue) setReservationLocked(c *client, v uint64) { q.reserveLocked(c, v, false) }
+
+func (q *queue) reserveLocked(c *client, v uint64, rejoin bool) {
+	if err := checkBudget(q.budget, q.reserved, c.reservation, v, c.need, rejoin); err != nil {
+		q.violationLocked(fmt.Errorf("client %d: %w", c.id, err))
+		return
+	}
 	q.reserved = q.reserved - c.reservation + v
 	c.reservation = v
 	if q.reserved > q.peak {
 		q.peak = q.reserved
-	}
-	if q.budget > 0 && q.reserved > q.budget {
-		// Unreachable by construction; loud if it ever happens.
-		q.log.Error(nil, "GPU memory reservations exceed the budget", "reserved", q.reserved, "budget", q.budget)
 	}
 }
 
@@ -341,7 +346,7 @@ func (q *queue) evictLocked(amount uint64, forc *client) bool {
 			if o.reservation > o.evictTarget {
 				pending += o.reservation - o.evictTarget
 			}
-		case o != forc && !o.holding && o.reservation > 0 && !now.Before(o.noEvictUntil):
+		case o != forc && !o.state.granted() && o.reservation > 0 && !now.Before(o.noEvictUntil):
 			cands = append(cands, o)
 		}
 	}
@@ -418,8 +423,9 @@ func (q *queue) dispatchLocked(acquirer *client) {
 				q.setReservationLocked(head, head.need)
 			}
 		}
-		q.removeWaiterLocked(head)
-		q.grantLocked(head, head != acquirer)
+		if !q.grantLocked(head, head != acquirer, false) {
+			return
+		}
 	}
 }
 
@@ -436,14 +442,24 @@ func (q *queue) nWaitingLocked() int {
 	return len(q.waiting[PriorityHigh]) + len(q.waiting[PriorityNormal])
 }
 
-func (q *queue) grantLocked(c *client, handoff bool) {
+// grantLocked grants the waiter c the GPU; filling: before its whole need is reserved (fill.go).
+// False when c could not be moved (a scheduler bug, violationLocked).
+func (q *queue) grantLocked(c *client, handoff, filling bool) bool {
+	to := stateRunning
+	switch {
+	case filling:
+		to = stateFilling
+	case q.budget > 0 && c.need > 0:
+		to = stateStarting // its quantum starts when its memory is in (usage)
+	}
+	if q.setStateLocked(c, to) != nil {
+		return false
+	}
 	now := q.clock.Now()
 	q.epoch++
-	c.holding = true
 	c.epoch = q.epoch
 	c.grantedAt = now
 	c.contendedSent = false
-	q.holders = append(q.holders, c)
 	wait := now.Sub(c.waitingSince)
 	c.waitTotal += wait
 	c.grants++
@@ -453,9 +469,9 @@ func (q *queue) grantLocked(c *client, handoff bool) {
 	}
 	if q.budget > 0 {
 		c.raises++
-		c.startPending = c.need > 0
 	}
 	q.sendLocked(c, Message{Type: MsgGrant, Epoch: c.epoch, QuantumMS: ms(q.quantum), Resident: c.reservation})
+	return true
 }
 
 // contendLocked tells every holder someone waits (once per hold) and arms its revocation.
@@ -484,7 +500,7 @@ func (q *queue) contendLocked() {
 func (q *queue) revokeIfOverdue(c *client, epoch uint32) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if !c.holding || c.epoch != epoch {
+	if !c.state.granted() || c.epoch != epoch {
 		return // released in time; the timer lost the race
 	}
 	c.revokeTimer = nil
@@ -501,20 +517,15 @@ func (q *queue) revokeIfOverdue(c *client, epoch uint32) {
 }
 
 func (q *queue) endHoldLocked(c *client) {
+	if q.setStateLocked(c, stateIdle) != nil {
+		return
+	}
 	now := q.clock.Now()
 	hold := now.Sub(c.grantedAt)
 	c.holdTotal += hold
 	c.lastRun = now
 	q.holdHist.Observe(hold.Seconds())
-	c.holding = false
-	c.startPending = false
-	c.filling = false
-	for i, h := range q.holders {
-		if h == c {
-			q.holders = append(q.holders[:i:i], q.holders[i+1:]...)
-			break
-		}
-	}
+	c.contendedSent = false
 	if c.revokeTimer != nil {
 		c.revokeTimer.Stop()
 		c.revokeTimer = nil
@@ -535,20 +546,6 @@ func (q *queue) armRetryLocked(d time.Duration) {
 		q.retry = nil
 		q.dispatchLocked(nil)
 	})
-}
-
-func (q *queue) removeWaiterLocked(c *client) {
-	if !c.waiting {
-		return
-	}
-	c.waiting = false
-	w := q.waiting[c.priority]
-	for i := range w {
-		if w[i] == c {
-			q.waiting[c.priority] = append(w[:i:i], w[i+1:]...)
-			return
-		}
-	}
 }
 
 func (q *queue) sendLocked(c *client, m Message) {
@@ -585,8 +582,8 @@ func (q *queue) snapshot() []ClientState {
 			ID:            c.id,
 			PID:           c.pid,
 			Priority:      c.priority,
-			Holding:       c.holding,
-			Waiting:       c.waiting,
+			Holding:       c.state.granted(),
+			Waiting:       c.state == stateWaiting,
 			Waits:         c.waits,
 			WaitTime:      c.waitTotal,
 			HoldTime:      c.holdTotal,
@@ -607,7 +604,7 @@ func (q *queue) snapshot() []ClientState {
 		if s.Holding {
 			s.HoldTime += now.Sub(c.grantedAt)
 		}
-		if c.waiting {
+		if c.state == stateWaiting {
 			s.WaitTime += now.Sub(c.waitingSince)
 		}
 		out = append(out, s)

@@ -42,6 +42,19 @@ type queueFixture struct {
 	// version the clients join with (0: the current one; MinVersion: a client without the
 	// overlapped hand-off)
 	version uint16
+	// ignoreViolations: the test breaks an invariant on purpose (state_test.go).
+	ignoreViolations bool
+}
+
+// checkViolations fails t, at its end, on any invariant the queue saw broken.
+func (fx *queueFixture) checkViolations(t *testing.T) {
+	t.Cleanup(func() {
+		fx.q.mu.Lock()
+		defer fx.q.mu.Unlock()
+		if !fx.ignoreViolations && len(fx.q.violations) > 0 {
+			t.Errorf("the queue saw %d broken invariants: %v", len(fx.q.violations), fx.q.violations)
+		}
+	})
 }
 
 func newQueueFixture(t *testing.T, quantum, grace time.Duration) *queueFixture {
@@ -52,7 +65,9 @@ func newQueueFixture(t *testing.T, quantum, grace time.Duration) *queueFixture {
 	}
 	clock := newFakeClock()
 	q := newQueue(GPUConfig{UUID: "GPU-test", Quantum: quantum, Grace: grace}, clock, m, logr.Discard())
-	return &queueFixture{q: q, clock: clock, m: m}
+	fx := &queueFixture{q: q, clock: clock, m: m}
+	fx.checkViolations(t)
+	return fx
 }
 
 func (fx *queueFixture) join(t *testing.T, prio Priority) *fakeClient {

@@ -26,10 +26,10 @@ import (
 //
 // What is trusted: a Rejoin is accepted once per connection and only as its
 // first message after Hello; its resident bytes become the client's
-// reservation, capped at the GPU's budget. The sum may then exceed the budget
-// (the memory is physically there, or the client lies about it and loses
-// that much of the budget to itself): nothing more is granted until
-// evictions and releases bring the sum back under the budget.
+// reservation, capped at the GPU's budget: the one exception to the budget
+// rule (checkBudget). The sum may then exceed the budget (the memory is
+// physically there, or the client lies about it and loses that much of the
+// budget to itself).
 
 // DefaultRebuildWindow is how long a restarted scheduler holds every grant.
 const DefaultRebuildWindow = 3 * time.Second
@@ -118,7 +118,7 @@ func (q *queue) overLocked() uint64 {
 func (q *queue) rejoin(c *client, m Message) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if c.rejoined || c.holding || c.waiting || c.grants > 0 || c.raises > 0 || c.reported.Type != 0 {
+	if c.rejoined || c.state != stateIdle || c.grants > 0 || c.raises > 0 || c.reported.Type != 0 {
 		q.log.Info("Dropping shim client that re-announced itself after other messages", "client", c.id, "pid", c.pid)
 		c.drop()
 		return
@@ -132,10 +132,7 @@ func (q *queue) rejoin(c *client, m Message) {
 	}
 	res := min(m.Resident, q.budget)
 	c.need = res
-	// Not setReservationLocked: exceeding the budget here is expected, not a bug.
-	q.reserved += res
-	c.reservation = res
-	q.peak = max(q.peak, q.reserved)
+	q.reserveLocked(c, res, true)
 	if q.reserved > q.budget {
 		q.log.Info("Re-announced memory exceeds the budget; nothing more is granted until it is evicted or released",
 			"reserved", q.reserved, "budget", q.budget)

@@ -107,7 +107,7 @@ type GPUState struct {
 	Grace             time.Duration
 	Budget            uint64
 	Mode              Mode
-	ReservedBytes     uint64 // sum of the clients' reservations: never above Budget
+	ReservedBytes     uint64 // sum of the clients' reservations: within Budget but after a restart or a lowered Budget (checkBudget)
 	PeakReservedBytes uint64 // highest ReservedBytes since start
 	Holders           int
 	Waiters           int

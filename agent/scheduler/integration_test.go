@@ -152,7 +152,10 @@ func TestHighPriorityShimClientGoesFirstAtHandOff(t *testing.T) {
 		}
 		return false
 	}, "the normal waiter queues")
-	high := e.startClient([]string{"GPUSHARE_PRIORITY=high"}, "dlsym", "20", "1000")
+	// Its idle window outlasts the test: a pause between its launches (a loaded machine) must not
+	// release the lock early, or its next launch would wait behind the normal waiter, which never
+	// releases. It lets go when it exits.
+	high := e.startClient([]string{"GPUSHARE_PRIORITY=high", "GPUSHARE_IDLE_MS=60000"}, "dlsym", "20", "1000")
 	wait.Until(t, 2*time.Second, func() bool {
 		s, ok := e.state(high.pid())
 		return ok && s.Waiting && s.Priority == PriorityHigh

@@ -39,6 +39,7 @@ import (
 // options are every flag and environment variable the agent reads, parsed once here.
 type options struct {
 	nodeName            string
+	procRoot            string
 	hostRoot            string
 	driverRoot          string
 	mpsRoot             string
@@ -104,6 +105,7 @@ func parse(args []string) (options, *textlogger.Config) {
 	var o options
 	fs := flag.NewFlagSet("agent", flag.ExitOnError)
 	fs.StringVar(&o.nodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name, which is also its GPUNode's (default $NODE_NAME)")
+	fs.StringVar(&o.procRoot, "proc-root", "/proc", "the host's proc filesystem, where each GPU process's cgroup names its pod (the DaemonSet shares the host's PID namespace; an agent that does not mounts the host's /proc elsewhere and names it here)")
 	fs.StringVar(&o.hostRoot, "host-root", "/run/gpusharing", "the agent's directory on the host (a hostPath); every host path the agent writes is under it unless named below")
 	fs.StringVar(&o.driverRoot, "driver-root", "/", "where the NVIDIA driver's tools are installed; nvidia-smi and nvidia-cuda-mps-control are looked up under it, then in $PATH")
 	fs.StringVar(&o.mpsRoot, "mps-root", "", "directory holding each MPS GPU's pipe and log directories and /dev/shm tmpfs, <root>/<uuid>/{pipe,log,shm} (default <host-root>/mps)")
@@ -322,7 +324,7 @@ func run(ctx context.Context, o options) error {
 		Health:              &o.health,
 		Accounting:          accountingOptions(o.accounting),
 		// hostPID: the agent's /proc is the host's, where the scheduler's client pids live.
-		ProcRoot:            "/proc",
+		ProcRoot:            o.procRoot,
 		StateDir:            o.stateDir,
 		MPSControl:          o.mpsControl,
 		NvidiaSMI:           o.nvidiaSMI,

@@ -9,8 +9,8 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"math"
 	"os"
-	"os/exec"
 	"sort"
 	"strconv"
 	"strings"
@@ -21,6 +21,7 @@ import (
 
 	"github.com/gpusharing/gpusharing/agent/accounting"
 	"github.com/gpusharing/gpusharing/agent/gpu"
+	"github.com/gpusharing/gpusharing/test/gpu/smi"
 )
 
 func main() {
@@ -74,12 +75,12 @@ func run(duration, interval time.Duration, pidList string, memTol, smTol float64
 		cpu += cpuTime() - c0
 		reads++
 		// nvidia-smi right after: memory is a level, so both must agree within the tolerance.
-		smiMem, err := smiMemory()
+		smiMem, err := smi.Memory()
 		if err != nil {
 			return err
 		}
 		// pmon prints the latest sample per process: the window our mean covers ends there.
-		smiSM, err := smiPmon()
+		smiSM, err := smi.Pmon()
 		if err != nil {
 			return err
 		}
@@ -98,7 +99,7 @@ func run(duration, interval time.Duration, pidList string, memTol, smTol float64
 				}
 				if m, ok := smiMem[p.PID]; ok && p.MemoryKnown {
 					s.memChecks++
-					diff := rel(float64(p.MemoryBytes), float64(m))
+					diff := smi.Rel(float64(p.MemoryBytes), float64(m))
 					s.worstMem = max(s.worstMem, diff)
 					if diff > memTol {
 						s.memFail++
@@ -131,13 +132,13 @@ func run(duration, interval time.Duration, pidList string, memTol, smTol float64
 	}
 	for _, pid := range pids {
 		s := stats[pid]
-		ours, theirs := mean(s.ourSM), mean(s.smiSM)
+		ours, theirs := smi.Mean(s.ourSM), smi.Mean(s.smiSM)
 		fmt.Printf("pid %d: memory %d/%d reads within %.0f%% (worst %.2f%%); mean SM %.1f%% (ours, %d reads) vs %.1f%% (pmon, %d reads)\n",
 			pid, s.memChecks-s.memFail, s.memChecks, 100*memTol, 100*s.worstMem, ours, len(s.ourSM), theirs, len(s.smiSM))
 		if s.memChecks == 0 || s.memFail > 0 {
 			failed = append(failed, fmt.Sprintf("pid %d memory", pid))
 		}
-		if len(s.ourSM) == 0 || len(s.smiSM) == 0 || abs(ours-theirs) > smTol {
+		if len(s.ourSM) == 0 || len(s.smiSM) == 0 || math.Abs(ours-theirs) > smTol {
 			failed = append(failed, fmt.Sprintf("pid %d utilization", pid))
 		}
 	}
@@ -157,84 +158,6 @@ func seesAny(s accounting.Snapshot, want map[int32]bool) bool {
 		}
 	}
 	return false
-}
-
-// smiMemory is nvidia-smi's per-process used memory in bytes.
-func smiMemory() (map[int32]uint64, error) {
-	out, err := exec.Command("nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits").Output()
-	if err != nil {
-		return nil, fmt.Errorf("nvidia-smi --query-compute-apps: %w", err)
-	}
-	m := map[int32]uint64{}
-	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		f := strings.Split(line, ",")
-		if len(f) != 2 {
-			continue
-		}
-		pid, err1 := strconv.Atoi(strings.TrimSpace(f[0]))
-		mib, err2 := strconv.ParseUint(strings.TrimSpace(f[1]), 10, 64)
-		if err1 == nil && err2 == nil {
-			m[int32(pid)] = mib << 20
-		}
-	}
-	return m, nil
-}
-
-// smiPmon is nvidia-smi pmon's SM percent per process (one sample).
-func smiPmon() (map[int32]float64, error) {
-	out, err := exec.Command("nvidia-smi", "pmon", "-c", "1", "-s", "u").Output()
-	if err != nil {
-		return nil, fmt.Errorf("nvidia-smi pmon: %w", err)
-	}
-	m := map[int32]float64{}
-	for _, line := range strings.Split(string(out), "\n") {
-		if strings.HasPrefix(line, "#") {
-			continue
-		}
-		f := strings.Fields(line)
-		// gpu pid type sm mem enc dec ... command
-		if len(f) < 5 {
-			continue
-		}
-		pid, err := strconv.Atoi(f[1])
-		if err != nil {
-			continue
-		}
-		sm, err := strconv.ParseFloat(f[3], 64)
-		if err != nil {
-			sm = 0 // "-": no sample in pmon's window
-		}
-		m[int32(pid)] = sm
-	}
-	return m, nil
-}
-
-func rel(a, b float64) float64 {
-	if b == 0 {
-		if a == 0 {
-			return 0
-		}
-		return 1
-	}
-	return abs(a-b) / b
-}
-
-func abs(x float64) float64 {
-	if x < 0 {
-		return -x
-	}
-	return x
-}
-
-func mean(xs []float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	var s float64
-	for _, x := range xs {
-		s += x
-	}
-	return s / float64(len(xs))
 }
 
 func cpuTime() time.Duration {

@@ -40,6 +40,7 @@ func (s *stack) run(ctx context.Context) {
 	s.mpsToExclusive(ctx, client)
 	s.oversubscription(ctx)
 	s.policyDeleted(ctx)
+	s.perPodUsage(ctx)
 	calls, _ := os.ReadFile(s.smiCalls)
 	s.r.check("nvidia-smi never called (time-slice policy and compute mode untouched)", len(calls) == 0, "%q", strings.TrimSpace(string(calls)))
 }

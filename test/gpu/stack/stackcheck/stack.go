@@ -36,13 +36,17 @@ type stack struct {
 	kcfg string // admin kubeconfig, for kubectl and both components
 
 	hostRoot, mpsRoot, schedRoot string
-	smiCalls                     string // every call of the refusing nvidia-smi lands here
-	kubelet                      *fakekubelet.Kubelet
-	podRes                       *fakekubelet.PodResources
-	pods                         *podTable
-	procs                        []*exec.Cmd
-	madeDirs                     []string // container mount points created on the host, removed at the end
-	gpuUUID                      string
+	// procRoot is the agent's --proc-root: this machine has no kubelet to put processes in pod cgroups,
+	// so the per-pod usage scenario writes, for each of its processes, the cgroup file a kubelet's
+	// container would have (usage.go).
+	procRoot string
+	smiCalls string // every call of the refusing nvidia-smi lands here
+	kubelet  *fakekubelet.Kubelet
+	podRes   *fakekubelet.PodResources
+	pods     *podTable
+	procs    []*exec.Cmd
+	madeDirs []string // container mount points created on the host, removed at the end
+	gpuUUID  string
 }
 
 func newStack(ctx context.Context, o options, r *report) (*stack, error) {
@@ -66,6 +70,7 @@ func newStack(ctx context.Context, o options, r *report) (*stack, error) {
 	}
 	s := &stack{o: o, r: r, hostRoot: filepath.Join(o.work, "h")}
 	s.mpsRoot, s.schedRoot = filepath.Join(s.hostRoot, "mps"), filepath.Join(s.hostRoot, "s")
+	s.procRoot = filepath.Join(o.work, "proc")
 	if err := os.MkdirAll(o.out, 0o755); err != nil {
 		return nil, err
 	}
@@ -140,7 +145,8 @@ func (s *stack) startAgent(dpDir string) error {
 	agent := []string{filepath.Join(s.o.bin, "agent"),
 		"--node-name=" + nodeName, "--host-root=" + s.hostRoot, "--mps-root=" + s.mpsRoot, "--scheduler-root=" + s.schedRoot,
 		"--nvidia-smi=" + smi, "--device-plugin-dir=" + dpDir, "--pod-resources-socket=" + s.podRes.Path(),
-		"--shim-library=" + s.o.shimLib, "--metrics-bind-address=0", "--health-probe-bind-address=127.0.0.1:0",
+		"--shim-library=" + s.o.shimLib, "--metrics-bind-address=" + agentMetrics, "--health-probe-bind-address=127.0.0.1:0",
+		"--proc-root=" + s.procRoot, "--accounting-interval=" + accountingInterval.String(),
 		"--mps-shm-size=" + strconv.FormatInt(mpsShmSize, 10), "--resync=2s", "--drain-poll-interval=250ms", "-v=2"}
 	return s.start("agent", agent)
 }

@@ -282,11 +282,16 @@ func run(ctx context.Context, o options) error {
 	}
 	var gpus gpu.Interface
 	if o.simulate != nil {
-		sim, err := simulatedGPUs(o.simulate, &o)
+		sim, server, err := simulatedGPUs(o.simulate, &o)
 		if err != nil {
 			return fmt.Errorf("--simulate-gpus: %w", err)
 		}
 		gpus = sim
+		// Pods on the simulated GPUs may declare what they would use (nvmlmock.EnvSimulatedMemoryMiB), so
+		// the per-pod accounting has processes to report on a machine without a GPU.
+		go server.WatchHostProcesses(ctx, "/proc", simulatedProcessScan, func(err error) {
+			log.Error(err, "Cannot scan the host's processes for simulated GPU use")
+		})
 		log.Info("Running over simulated GPUs (--simulate-gpus); no NVML or driver tool is used", "gpus", o.simulate.String())
 	} else {
 		nvmlGPUs, shutdown := openGPUs(o.nvmlLib)

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/gpusharing/gpusharing/agent/gpu"
 	"github.com/gpusharing/gpusharing/agent/gpu/nvmlmock"
@@ -54,34 +55,38 @@ func (s *simulateFlag) Set(v string) error {
 	return nil
 }
 
+// simulatedProcessScan is how often the host's processes are read for declared simulated use: well
+// inside the accounting's default interval, so a pod's usage shows at the accounting's next read.
+const simulatedProcessScan = 2 * time.Second
+
 // simulatedGPUs returns the mock server and writes the stand-in tools into <hostRoot>/simulated-bin,
 // pointing o at them unless the flags named others.
-func simulatedGPUs(s *simulateFlag, o *options) (gpu.Interface, error) {
+func simulatedGPUs(s *simulateFlag, o *options) (gpu.Interface, *nvmlmock.Server, error) {
 	server, err := nvmlmock.NewNode(s.model, s.gpus, s.seq)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if s.pauseAfter > 0 && s.stateFile == "" {
-		return nil, fmt.Errorf("--simulate-gpus-pause-after needs --simulate-gpus-state")
+		return nil, nil, fmt.Errorf("--simulate-gpus-pause-after needs --simulate-gpus-state")
 	}
 	if s.stateFile != "" {
 		if err := server.Persist(s.stateFile, nvmlmock.PersistOptions{PauseAfter: s.pauseAfter}); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	dir := filepath.Join(o.hostRoot, "simulated-bin")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	// A restarted agent finds the stand-in MPS daemons of the one before it (their pid files are in the
 	// pipe directories), as the real agent finds real daemons.
 	mps, err := fakebin.NewMPSControl(dir)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	smi, err := fakebin.NewNvidiaSMI(dir, false)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if o.mpsControl == "" {
 		o.mpsControl = mps.Path
@@ -89,5 +94,5 @@ func simulatedGPUs(s *simulateFlag, o *options) (gpu.Interface, error) {
 	if o.nvidiaSMI == "" {
 		o.nvidiaSMI = smi.Path
 	}
-	return gpu.NewNVML(server), nil
+	return gpu.NewNVML(server), server, nil
 }

@@ -14,6 +14,7 @@ func TestE2E(t *testing.T) {
 		{"Install", testInstall},
 		{"Sharing", testSharing},
 		{"Pods", testPods},
+		{"Usage", testUsage},
 		{"DRA", testDRA},
 		{"Drain", testDrain},
 		{"Upgrade", testUpgrade},

@@ -9,18 +9,9 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/gpusharing/gpusharing/test/prom"
 	"github.com/gpusharing/gpusharing/test/testenv"
 )
-
-type rulesFile struct {
-	Groups []struct {
-		Name  string `json:"name"`
-		Rules []struct {
-			Alert string `json:"alert"`
-			Expr  string `json:"expr"`
-		} `json:"rules"`
-	} `json:"groups"`
-}
 
 func TestEveryAlertNamesAMetricTheCodeExports(t *testing.T) {
 	have := exported(t)
@@ -32,7 +23,7 @@ func TestEveryAlertNamesAMetricTheCodeExports(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var f rulesFile
+		var f prom.RulesFile
 		if err := yaml.Unmarshal(data, &f); err != nil {
 			t.Fatalf("%s: %v", path, err)
 		}

@@ -2,19 +2,14 @@ package gitops
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
-	"sigs.k8s.io/yaml"
 
 	"github.com/gpusharing/gpusharing/agent/accounting"
 	"github.com/gpusharing/gpusharing/agent/gpu"
@@ -24,48 +19,6 @@ import (
 	"github.com/gpusharing/gpusharing/test/testenv"
 	"github.com/gpusharing/gpusharing/test/wait"
 )
-
-// grafanaVars replaces the dashboard's variables as Grafana would for "All" and a 1m rate interval.
-var grafanaVars = strings.NewReplacer("$node", ".*", "$namespace", ".*", "$__rate_interval", "1m")
-
-type query struct{ where, expr string }
-
-func dashboardAndAlertQueries(t *testing.T) []query {
-	t.Helper()
-	var out []query
-	data, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "config", "grafana", "gpusharing.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var dash struct {
-		Panels []struct {
-			Title   string                  `json:"title"`
-			Targets []struct{ Expr string } `json:"targets"`
-		} `json:"panels"`
-	}
-	if err := json.Unmarshal(data, &dash); err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range dash.Panels {
-		for _, q := range p.Targets {
-			out = append(out, query{"panel " + p.Title, grafanaVars.Replace(q.Expr)})
-		}
-	}
-	data, err = os.ReadFile(filepath.Join(testenv.RepoRoot(), "config", "prometheus", "alerts.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rules rulesFile
-	if err := yaml.Unmarshal(data, &rules); err != nil {
-		t.Fatal(err)
-	}
-	for _, g := range rules.Groups {
-		for _, r := range g.Rules {
-			out = append(out, query{"alert " + r.Alert, r.Expr})
-		}
-	}
-	return out
-}
 
 type podTable map[int32]podpid.Ref
 
@@ -126,13 +79,16 @@ func TestEveryDashboardAndAlertQueryEvaluatesInPrometheus(t *testing.T) {
 
 	p := prom.Start(t, prom.Target{Job: "gpusharing", Addr: l.Addr().String()})
 	p.TargetsUp(t, 60*time.Second)
-	queries := dashboardAndAlertQueries(t)
+	queries, err := prom.DashboardAndAlertQueries(testenv.RepoRoot())
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, q := range queries {
-		perPod := strings.Contains(q.expr, "gpusharing_pod_")
+		perPod := q.PerPod()
 		// A query that does not evaluate fails at once; a per-pod one waits for the scrape that serves it.
 		var evalErr error
 		err := wait.Poll(60*time.Second, func() error {
-			res, err := p.Query(q.expr)
+			res, err := p.Query(q.Expr)
 			if err != nil {
 				evalErr = err
 				return nil
@@ -144,9 +100,9 @@ func TestEveryDashboardAndAlertQueryEvaluatesInPrometheus(t *testing.T) {
 		})
 		switch {
 		case evalErr != nil:
-			t.Errorf("%s: %q does not evaluate: %v", q.where, q.expr, evalErr)
+			t.Errorf("%s: %q does not evaluate: %v", q.Where, q.Expr, evalErr)
 		case err != nil:
-			t.Errorf("%s: %q returns no series while pods use the GPU", q.where, q.expr)
+			t.Errorf("%s: %q returns no series while pods use the GPU", q.Where, q.Expr)
 		}
 	}
 	// A query that must fail to parse does, so the check above can fail.

@@ -46,6 +46,8 @@ type GPU struct {
 	mutated func(g *GPU, call string)
 	// usage is the MPS list, utilization samples and read failures (processes.go).
 	usage usage
+	// simulated is what the last host-process scan put on this GPU (hostprocs.go); nil before any.
+	simulated []Process
 }
 
 // NewA100 returns a DGX A100 with n GPUs: A100-SXM4-40GB with NVIDIA's documented MIG profiles and

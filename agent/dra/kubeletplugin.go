@@ -81,6 +81,10 @@ type KubeletPlugin struct {
 	// writeFile writes the checkpoint (writeFileAtomic; a test makes it fail).
 	writeFile fileWriter
 
+	// OnChange, when set, is called after the prepared claims change, so the GPUNode status lists them;
+	// it must not block. Set it before Start.
+	OnChange func()
+
 	mu     sync.Mutex
 	shares map[string]deviceplugin.Device
 	// cp is the checkpoint as last written: it changes only through commit.
@@ -122,6 +126,9 @@ func (p *KubeletPlugin) commit(next checkpoint) error {
 		return err
 	}
 	p.cp = next
+	if p.OnChange != nil {
+		p.OnChange()
+	}
 	return nil
 }
 

@@ -73,7 +73,16 @@ func TestAgentAccountsAPodsProcessInStatusAndMetrics(t *testing.T) {
 	}
 	g0 := n.gpus.GPUs[0]
 	g0.SetUsage(nvmlmock.Proc(pid, 2<<30, 50))
-	g0.AdvanceSamples(1_000_000)
+	// NVML's samples keep coming while the process runs: a read whose window holds none reads the
+	// process idle, and on a loaded machine two reads can fall between two looks at the status.
+	sampling, stopSampling := context.WithCancel(ctx)
+	defer stopSampling()
+	go func() {
+		for sampling.Err() == nil {
+			g0.AdvanceSamples(20_000)
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
 
 	n.waitFor(t, "the GPU lists the pod's container", func(g *v1alpha1.GPUNode) (bool, string) {
 		u := g.Status.GPUs[0].Usage

@@ -282,6 +282,13 @@ func setupResourceSlices(mgr ctrl.Manager, o Options, r *node.Reconciler) error 
 	if d.Plugin, err = dra.NewKubeletPlugin(o.NodeName, *o.DRAPlugin, cfg, log); err != nil {
 		return err
 	}
+	claimMetrics, err := dra.NewClaimMetrics(metrics.Registry)
+	if err != nil {
+		return fmt.Errorf("registering the sized claims' metrics: %w", err)
+	}
+	claimMetrics.Add(o.NodeName, d.Plugin)
+	r.Claims = d.Plugin
+	d.Plugin.OnChange = r.Notify
 	kube, err := kubernetes.NewForConfig(mgr.GetConfig())
 	if err != nil {
 		return fmt.Errorf("building the DRA kubelet plugin's client: %w", err)

@@ -35,6 +35,9 @@ type preparedClaim struct {
 	Namespace string           `json:"namespace"`
 	Name      string           `json:"name"`
 	Devices   []preparedDevice `json:"devices"`
+	// Pods are the names of the pods, in the claim's namespace, the claim was reserved for when it was
+	// prepared (status.reservedFor): the consumers its size is exported and checked against.
+	Pods []string `json:"pods,omitempty"`
 	// Spec is the CDI spec written for the claim, kept so a spec file removed behind the plugin's back is
 	// written again when the kubelet prepares the claim again.
 	Spec cdiSpec `json:"spec"`
@@ -47,6 +50,11 @@ type preparedDevice struct {
 	CDIDeviceIDs []string `json:"cdiDeviceIDs,omitempty"`
 	// ShareID is the allocation's share of a sized device (many claims hold one device); absent before.
 	ShareID *types.UID `json:"shareID,omitempty"`
+	// GPU, MemoryBytes and ComputePercent are a sized device's GPU uuid and the amounts the allocation
+	// consumes (its consumedCapacity); absent for every other device.
+	GPU            string `json:"gpu,omitempty"`
+	MemoryBytes    int64  `json:"memoryBytes,omitempty"`
+	ComputePercent int64  `json:"computePercent,omitempty"`
 }
 
 // errCorruptCheckpoint: the file exists but is not a checkpoint this version of the agent wrote.

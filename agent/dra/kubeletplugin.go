@@ -81,6 +81,10 @@ type KubeletPlugin struct {
 	// writeFile writes the checkpoint (writeFileAtomic; a test makes it fail).
 	writeFile fileWriter
 
+	// OnChange, when set, is called after the prepared claims change, so the GPUNode status lists them;
+	// it must not block. Set it before Start.
+	OnChange func()
+
 	mu     sync.Mutex
 	shares map[string]deviceplugin.Device
 	// cp is the checkpoint as last written: it changes only through commit.
@@ -122,6 +126,9 @@ func (p *KubeletPlugin) commit(next checkpoint) error {
 		return err
 	}
 	p.cp = next
+	if p.OnChange != nil {
+		p.OnChange()
+	}
 	return nil
 }
 
@@ -250,11 +257,12 @@ func (p *KubeletPlugin) prepare(cp checkpoint, c *resourcev1.ResourceClaim) (pre
 		}
 		byRequest[r.Request] = append(byRequest[r.Request], r)
 	}
-	pc := preparedClaim{Namespace: c.Namespace, Name: c.Name, Spec: cdiSpec{Version: CDIVersion, Kind: CDIKind}}
+	pc := preparedClaim{Namespace: c.Namespace, Name: c.Name, Pods: reservedPods(c), Spec: cdiSpec{Version: CDIVersion, Kind: CDIKind}}
 	for _, req := range requests {
 		results := byRequest[req]
 		devs := make([]deviceplugin.Device, 0, len(results))
-		for _, r := range results {
+		sized := make([]preparedDevice, len(results))
+		for i, r := range results {
 			d, ok := p.shares[r.Device]
 			if !ok {
 				return preparedClaim{}, false, fmt.Errorf("%w: %s", ErrDeviceNotPublished, r.Device)
@@ -264,6 +272,7 @@ func (p *KubeletPlugin) prepare(cp checkpoint, c *resourcev1.ResourceClaim) (pre
 				if d, err = SizedLimits(d, r.ConsumedCapacity); err != nil {
 					return preparedClaim{}, false, fmt.Errorf("%s: %w", r.Device, err)
 				}
+				sized[i] = sizedAmounts(d.GPUUUID, r.ConsumedCapacity)
 			}
 			devs = append(devs, d)
 		}
@@ -276,7 +285,8 @@ func (p *KubeletPlugin) prepare(cp checkpoint, c *resourcev1.ResourceClaim) (pre
 		name := cdiDeviceName(c.UID, req)
 		pc.Spec.Devices = append(pc.Spec.Devices, cdiDevice{Name: name, ContainerEdits: cdiEditsOf(resp)})
 		for i, r := range results {
-			d := preparedDevice{Requests: []string{r.Request}, Pool: r.Pool, Device: r.Device, ShareID: r.ShareID}
+			d := sized[i]
+			d.Requests, d.Pool, d.Device, d.ShareID = []string{r.Request}, r.Pool, r.Device, r.ShareID
 			// The request's edits are one CDI device, named on its first device only: a container gets
 			// them once however many shares the request holds (several MPS shares add up in one client).
 			if i == 0 {

@@ -57,6 +57,9 @@ type Reconciler struct {
 	Metrics *Metrics
 	// Usage, when set, is the accounting whose snapshot fills each GPU's status.usage (usage.go).
 	Usage UsageSource
+	// Claims, when set, lists the sized claims the DRA kubelet plugin prepared, which fill each sized
+	// GPU's status.sized (sized.go).
+	Claims SizedClaimSource
 	// SkipNameValidation lets several agents run in one process (the demo's simulated nodes).
 	SkipNameValidation bool
 
@@ -248,6 +251,7 @@ func (r *Reconciler) observe(uuid string) observed {
 // setNodeStatus fills the node-level fields and the Ready and Applied conditions.
 func (r *Reconciler) setNodeStatus(_ context.Context, sc *scope) {
 	st := &sc.node.Status
+	r.setSizedClaims(sc.gpus, st.GPUs)
 	st.GPUs = sc.gpus
 	st.DriverVersion, st.CUDAVersion = sc.inventory.DriverVersion, sc.inventory.CUDAVersion
 	if sc.invErr == nil {
@@ -258,6 +262,7 @@ func (r *Reconciler) setNodeStatus(_ context.Context, sc *scope) {
 	setKstatusConditions(st)
 	st.Summary = Summary(st.GPUs)
 	st.MemoryUsed = memoryUsedSummary(st.GPUs)
+	st.MemoryAllocated = memoryAllocatedSummary(st.GPUs)
 	r.usage.set(st.GPUs)
 	if sc.transientErr == nil && sc.invErr == nil {
 		st.ObservedGeneration = sc.node.Generation

@@ -84,6 +84,11 @@ type GPUNodeStatus struct {
 	// +optional
 	MemoryUsed string `json:"memoryUsed,omitempty"`
 
+	// memoryAllocated is the device memory the prepared claims of each GPU sized per claim were
+	// allocated, in index order, for people: "0:30Gi/80Gi". Empty where no GPU is sized per claim.
+	// +optional
+	MemoryAllocated string `json:"memoryAllocated,omitempty"`
+
 	// gpus lists each GPU's identity and what is actually applied on it, one entry per uuid. The agent
 	// writes the list whole.
 	// +listType=atomic
@@ -153,6 +158,12 @@ type GPUStatus struct {
 	// usage is who uses the GPU and how much, from the agent's accounting; absent where it does not run.
 	// +optional
 	Usage *GPUUsage `json:"usage,omitempty"`
+
+	// sized is what the ResourceClaims the node's kubelet prepared hold of the GPU, where its shares are
+	// sized per claim (applied.sizing PerClaim); absent on other GPUs and where the DRA kubelet plugin
+	// does not run.
+	// +optional
+	Sized *GPUSizedClaims `json:"sized,omitempty"`
 
 	// conditions: Applied, Healthy.
 	// +listType=map
@@ -415,6 +426,58 @@ type GPUUsage struct {
 	OmittedConsumers int32 `json:"omittedConsumers,omitempty"`
 }
 
+// GPUSizedClaims is what the prepared claims of a GPU sized per claim were allocated (their
+// consumedCapacity) and use.
+type GPUSizedClaims struct {
+	// memoryAllocated is the device memory the claims were allocated together.
+	// +optional
+	MemoryAllocated *resource.Quantity `json:"memoryAllocated,omitempty"`
+	// computeAllocated is the percent of the GPU's SMs the claims were allocated together.
+	// +optional
+	ComputeAllocated int32 `json:"computeAllocated,omitempty"`
+	// claims lists the claims, the largest first, at most MaxSizedClaimsInStatus.
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=32
+	// +optional
+	Claims []SizedClaimStatus `json:"claims,omitempty"`
+	// omittedClaims counts the claims left out of claims.
+	// +optional
+	OmittedClaims int32 `json:"omittedClaims,omitempty"`
+}
+
+// MaxSizedClaimsInStatus bounds status.gpus[].sized.claims; the rest are counted in omittedClaims.
+const MaxSizedClaimsInStatus = 32
+
+// MaxSizedClaimPodsInStatus bounds the pods listed per claim (a claim may be reserved for up to 256).
+const MaxSizedClaimPodsInStatus = 8
+
+// SizedClaimStatus is one ResourceClaim's holding of a sized GPU.
+type SizedClaimStatus struct {
+	// namespace and name name the ResourceClaim.
+	// +required
+	Namespace string `json:"namespace"`
+	// +required
+	Name string `json:"name"`
+	// pods are the pods, in the claim's namespace, it was reserved for when the kubelet prepared it; at
+	// most MaxSizedClaimPodsInStatus.
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=8
+	// +optional
+	Pods []string `json:"pods,omitempty"`
+	// memory is the device memory the claim was allocated.
+	// +optional
+	Memory *resource.Quantity `json:"memory,omitempty"`
+	// compute is the percent of the GPU's SMs the claim was allocated.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=100
+	// +optional
+	Compute int32 `json:"compute,omitempty"`
+	// memoryUsed is the device memory its pods' processes hold on the GPU, as the accounting last read
+	// it; absent where the accounting does not run or has not read the GPU.
+	// +optional
+	MemoryUsed *resource.Quantity `json:"memoryUsed,omitempty"`
+}
+
 // MaxConsumersInStatus bounds status.gpus[].usage.consumers; the rest are counted in omittedConsumers.
 const MaxConsumersInStatus = 32
 
@@ -455,6 +518,7 @@ type GPUConsumer struct {
 // +kubebuilder:printcolumn:name="Message",type=string,priority=1,JSONPath=`.status.conditions[?(@.type=="Applied")].message`
 // +kubebuilder:printcolumn:name="Driver",type=string,priority=1,JSONPath=`.status.driverVersion`
 // +kubebuilder:printcolumn:name="Memory Used",type=string,priority=1,JSONPath=`.status.memoryUsed`
+// +kubebuilder:printcolumn:name="Memory Allocated",type=string,priority=1,JSONPath=`.status.memoryAllocated`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type GPUNode struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/gpusharing/gpusharing/agent/accounting"
+	"github.com/gpusharing/gpusharing/agent/dra"
 	"github.com/gpusharing/gpusharing/agent/gpu"
 	"github.com/gpusharing/gpusharing/agent/gpu/nvmlmock"
 	"github.com/gpusharing/gpusharing/agent/podpid"
@@ -36,9 +37,14 @@ type shimTable map[string][]accounting.ShimClient
 
 func (s shimTable) ShimClients(uuid string) []accounting.ShimClient { return s[uuid] }
 
+type claimTable []dra.SizedClaim
+
+func (c claimTable) SizedClaims() []dra.SizedClaim { return c }
+
 // TestEveryDashboardAndAlertQueryEvaluatesInPrometheus scrapes this process's metrics registry (the
 // manager's and agent's series as registered in code, and the accounting's collector over a mock GPU
-// whose two processes are named as pods, one a shim client) with a real Prometheus, and evaluates every
+// whose two processes are named as pods, one a shim client, and the sized claims' collector, the first
+// pod's claim smaller than what it uses) with a real Prometheus, and evaluates every
 // dashboard and alert query through its HTTP API: each must parse, and the per-pod ones must return
 // series.
 func TestEveryDashboardAndAlertQueryEvaluatesInPrometheus(t *testing.T) {
@@ -58,6 +64,12 @@ func TestEveryDashboardAndAlertQueryEvaluatesInPrometheus(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.Add("prom-node", acct)
+	cm, err := dra.NewClaimMetrics(metrics.Registry)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// train uses 6 GiB of a 4 GiB claim: the claim alert's query has a pod to return.
+	cm.Add("prom-node", claimTable{{Namespace: "ml", Name: "train-gpu", Pods: []string{"train"}, GPU: g0.UUID, MemoryBytes: 4 << 30, ComputePercent: 50}})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	// Reads keep coming, as the agent's would, so counters move and rates have two points.

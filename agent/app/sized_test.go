@@ -1,0 +1,138 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/uuid"
+	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
+
+	"github.com/gpusharing/gpusharing/agent/dra"
+	"github.com/gpusharing/gpusharing/agent/gpu/nvmlmock"
+	"github.com/gpusharing/gpusharing/api/v1alpha1"
+	"github.com/gpusharing/gpusharing/test/wait"
+)
+
+// accountedPod creates a pod of the node whose process pid, on the mock GPUs, the accounting names
+// through its cgroup file under procRoot.
+func accountedPod(t *testing.T, node, procRoot string, pid int) *corev1.Pod {
+	t.Helper()
+	ctx := context.Background()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "sized-" + node, Namespace: "default"},
+		Spec:       corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "main", Image: "trainer"}}},
+	}
+	if err := env.Client.Create(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), pod) })
+	cid := strings.Repeat("cd", 32)
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "main", ContainerID: "containerd://" + cid, Image: "trainer", ImageID: "trainer"}}
+	if err := env.Client.Status().Update(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(procRoot, fmt.Sprint(pid))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cg := fmt.Sprintf("0::/kubepods/burstable/pod%s/%s\n", pod.UID, cid)
+	if err := os.WriteFile(filepath.Join(dir, "cgroup"), []byte(cg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return pod
+}
+
+// A GPU sized per claim lists in its status what the prepared claims were allocated, each claim with
+// its pod and the memory the pod uses, and the wide column shows the allocated memory; unpreparing the
+// claim empties both.
+func TestAgentListsTheSizedClaimsOfAGPUWithTheirPodsUse(t *testing.T) {
+	ctx := context.Background()
+	procRoot := t.TempDir()
+	plugin := dra.PluginConfig{}
+	n := startNodeWith(t, 1, func(o *Options) {
+		o.DevicePlugin, o.PodResourcesSocket = nil, ""
+		o.ResourceSlices = true
+		o.ProcRoot = procRoot
+		o.Accounting = &AccountingOptions{Interval: 100 * time.Millisecond}
+		root := filepath.Dir(o.MPSRoot)
+		plugin = dra.PluginConfig{PluginDir: filepath.Join(root, "p"), RegistryDir: filepath.Join(root, "r"), CDIDir: filepath.Join(root, "cdi")}
+		o.DRAPlugin = &plugin
+	})
+	if err := env.Client.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name}}); err != nil {
+		t.Fatal(err)
+	}
+	gpuUUID := n.uuid(0)
+	sized := v1alpha1.Sharing{Strategy: v1alpha1.StrategyMPS, MPS: &v1alpha1.MPSSharing{Replicas: 2}, Sizing: &v1alpha1.Sizing{Mode: v1alpha1.SizingPerClaim}}
+	n.setSpec(t, v1alpha1.GPUDesired{UUID: gpuUUID, Index: 0, Sharing: sized})
+	n.waitFor(t, "sized shares applied", appliedAsDesired(gpuUUID))
+	waitSlices(t, n.name, "gpu-0-sized")
+
+	const pid = 4343
+	pod := accountedPod(t, n.name, procRoot, pid)
+	n.gpus.GPUs[0].SetUsage(nvmlmock.Proc(pid, 3<<30, 40))
+
+	// The scheduler's work, written as it writes it: a 10Gi, 30% share of the sized device, reserved for the pod.
+	claim := &resourcev1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: "sized-" + n.name},
+		Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{{Name: "gpu",
+			Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: "gpusharing-sized"}}}}}}
+	if err := env.Client.Create(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), claim) })
+	share := uuid.NewUUID()
+	claim.Status.Allocation = &resourcev1.AllocationResult{Devices: resourcev1.DeviceAllocationResult{
+		Results: []resourcev1.DeviceRequestAllocationResult{{Request: "gpu", Driver: dra.DriverName, Pool: n.name, Device: "gpu-0-sized", ShareID: &share,
+			ConsumedCapacity: map[resourcev1.QualifiedName]resource.Quantity{dra.CapacityMemory: resource.MustParse("10Gi"), dra.CapacityCompute: resource.MustParse("30")}}}}}
+	claim.Status.ReservedFor = []resourcev1.ResourceClaimConsumerReference{{Resource: "pods", Name: pod.Name, UID: pod.UID}}
+	if err := env.Client.Status().Update(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient("unix://"+filepath.Join(plugin.PluginDir, "dra.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	kubelet := drapb.NewDRAPluginClient(conn)
+	ref := &drapb.Claim{Namespace: claim.Namespace, Name: claim.Name, Uid: string(claim.UID)}
+	// The kubelet retries a claim whose device the plugin has not been told of yet.
+	wait.UntilState(t, 30*time.Second, func() (bool, string) {
+		resp, err := kubelet.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{ref}})
+		if err != nil {
+			return false, err.Error()
+		}
+		got := resp.Claims[string(claim.UID)]
+		return got != nil && got.Error == "", fmt.Sprintf("prepare = %+v", got)
+	}, "the claim prepared")
+
+	n.waitFor(t, "the sized GPU lists the claim with its pod's use", func(g *v1alpha1.GPUNode) (bool, string) {
+		s := gpuState(g, gpuUUID).Sized
+		if s == nil || len(s.Claims) != 1 {
+			return false, fmt.Sprintf("sized %+v", s)
+		}
+		c := s.Claims[0]
+		ok := s.MemoryAllocated.Value() == 10<<30 && s.ComputeAllocated == 30 && c.Name == claim.Name && c.Namespace == claim.Namespace &&
+			len(c.Pods) == 1 && c.Pods[0] == pod.Name && c.Memory.Value() == 10<<30 && c.Compute == 30 &&
+			c.MemoryUsed != nil && c.MemoryUsed.Value() == 3<<30 && g.Status.MemoryAllocated == "0:10Gi/40Gi"
+		return ok, fmt.Sprintf("sized %+v claim %+v memoryAllocated %q", s, c, g.Status.MemoryAllocated)
+	})
+
+	if _, err := kubelet.NodeUnprepareResources(ctx, &drapb.NodeUnprepareResourcesRequest{Claims: []*drapb.Claim{ref}}); err != nil {
+		t.Fatal(err)
+	}
+	n.waitFor(t, "the claim leaves the status", func(g *v1alpha1.GPUNode) (bool, string) {
+		s := gpuState(g, gpuUUID).Sized
+		return s != nil && len(s.Claims) == 0 && s.MemoryAllocated.Value() == 0 && g.Status.MemoryAllocated == "0:0/40Gi",
+			fmt.Sprintf("sized %+v memoryAllocated %q", s, g.Status.MemoryAllocated)
+	})
+}

@@ -1,0 +1,119 @@
+package node
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/gpusharing/gpusharing/agent/accounting"
+	"github.com/gpusharing/gpusharing/agent/dra"
+	"github.com/gpusharing/gpusharing/api/v1alpha1"
+)
+
+// SizedClaimSource lists the sized claims the kubelet plugin prepared (*dra.KubeletPlugin).
+type SizedClaimSource interface {
+	SizedClaims() []dra.SizedClaim
+}
+
+// setSizedClaims fills status.gpus[].sized of the GPUs sized per claim from the prepared claims, and the
+// memory their pods use from the accounting's latest snapshot; prev is the status published before, whose
+// figures are kept where they moved less than the usage thresholds.
+func (r *Reconciler) setSizedClaims(gpus []v1alpha1.GPUStatus, prev []v1alpha1.GPUStatus) {
+	if r.Claims == nil {
+		return
+	}
+	byGPU := map[string][]dra.SizedClaim{}
+	for _, c := range r.Claims.SizedClaims() {
+		byGPU[c.GPU] = append(byGPU[c.GPU], c)
+	}
+	prevByUUID := map[string]*v1alpha1.GPUSizedClaims{}
+	for _, g := range prev {
+		prevByUUID[g.UUID] = g.Sized
+	}
+	var snap accounting.Snapshot
+	if r.Usage != nil {
+		snap = r.Usage.Latest()
+	}
+	for i := range gpus {
+		g := &gpus[i]
+		if g.Applied == nil || !g.Applied.Sizing.PerClaim() {
+			continue
+		}
+		acct, ok := snap.GPU(g.UUID)
+		if ok && acct.Err != nil {
+			ok = false
+		}
+		g.Sized = sizedStatus(byGPU[g.UUID], acct, ok, prevByUUID[g.UUID])
+	}
+}
+
+// sizedStatus is one sized GPU's claims; acct is its account when read (ok).
+func sizedStatus(claims []dra.SizedClaim, acct accounting.GPU, read bool, prev *v1alpha1.GPUSizedClaims) *v1alpha1.GPUSizedClaims {
+	out := &v1alpha1.GPUSizedClaims{}
+	var mem, compute int64
+	for _, c := range claims {
+		mem += c.MemoryBytes
+		compute += c.ComputePercent
+	}
+	out.MemoryAllocated = resource.NewQuantity(mem, resource.BinarySI)
+	out.ComputeAllocated = int32(min(compute, dra.ComputeCapacity))
+	// The largest first, then by name, so the choice is stable between passes.
+	sorted := slices.Clone(claims)
+	slices.SortStableFunc(sorted, func(a, b dra.SizedClaim) int {
+		return cmp.Or(cmp.Compare(b.MemoryBytes, a.MemoryBytes), cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+	})
+	if n := len(sorted) - v1alpha1.MaxSizedClaimsInStatus; n > 0 {
+		out.OmittedClaims = int32(n)
+		sorted = sorted[:v1alpha1.MaxSizedClaimsInStatus]
+	}
+	prevUsed := map[string]*resource.Quantity{}
+	if prev != nil {
+		for _, c := range prev.Claims {
+			prevUsed[c.Namespace+"/"+c.Name] = c.MemoryUsed
+		}
+	}
+	for _, c := range sorted {
+		sc := v1alpha1.SizedClaimStatus{Namespace: c.Namespace, Name: c.Name, Compute: int32(min(c.ComputePercent, dra.ComputeCapacity)),
+			Memory: resource.NewQuantity(c.MemoryBytes, resource.BinarySI)}
+		sc.Pods = c.Pods[:min(len(c.Pods), v1alpha1.MaxSizedClaimPodsInStatus)]
+		if read {
+			sc.MemoryUsed = steadyMemory(podsMemory(acct, c.Namespace, c.Pods), prevUsed[c.Namespace+"/"+c.Name])
+		}
+		out.Claims = append(out.Claims, sc)
+	}
+	return out
+}
+
+// podsMemory sums the memory the pods' containers hold on the GPU. A pod that holds two claims of the
+// GPU counts whole against each: NVML cannot tell which claim a process's memory is under.
+func podsMemory(g accounting.GPU, namespace string, pods []string) uint64 {
+	var sum uint64
+	for _, c := range g.Containers {
+		if c.Namespace == namespace && slices.Contains(pods, c.Name) {
+			sum += c.MemoryBytes
+		}
+	}
+	return sum
+}
+
+// memoryAllocatedSummary renders each sized GPU's allocated memory for the wide table: "0:30Gi/80Gi".
+func memoryAllocatedSummary(gpus []v1alpha1.GPUStatus) string {
+	sorted := append([]v1alpha1.GPUStatus(nil), gpus...)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Index < sorted[j].Index })
+	var parts []string
+	for _, g := range sorted {
+		if g.Sized == nil || g.Sized.MemoryAllocated == nil {
+			continue
+		}
+		total := "?"
+		if g.Memory != nil {
+			total = humanGi(g.Memory.Value())
+		}
+		parts = append(parts, fmt.Sprintf("%d:%s/%s", g.Index, humanGi(g.Sized.MemoryAllocated.Value()), total))
+	}
+	return strings.Join(parts, " ")
+}

@@ -2,8 +2,8 @@
 // of the SMs of every compute process (MPS clients and processes on MIG instances included), as NVML
 // reports them, named by pod and container through the process's cgroup, with the lock wait, hold time
 // and swapped memory of the shim's clients. One Accountant samples on an interval and keeps the latest
-// Snapshot for its readers: the metrics (metrics.go), the GPUNode status (agent/node) and the check that
-// a pod stays within its sized claim.
+// Snapshot for its readers: the metrics (metrics.go) and the GPUNode status (agent/node), whose sized
+// claims show the memory their pods use beside what they were allocated.
 package accounting
 
 import (

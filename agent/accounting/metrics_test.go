@@ -8,33 +8,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gpusharing/gpusharing/agent/gpu/nvmlmock"
+	"github.com/gpusharing/gpusharing/test/prom"
 )
-
-// series gathers reg and returns each per-pod series as "name{pod,container,gpu,node}" -> value.
-func series(t *testing.T, reg *prometheus.Registry) map[string]float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]float64{}
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			l := map[string]string{}
-			for _, lp := range m.GetLabel() {
-				l[lp.GetName()] = lp.GetValue()
-			}
-			key := fmt.Sprintf("%s{%s/%s,%s,%s,%s}", mf.GetName(), l["namespace"], l["pod"], l["container"], l["gpu"], l["node"])
-			switch {
-			case m.GetGauge() != nil:
-				out[key] = m.GetGauge().GetValue()
-			case m.GetCounter() != nil:
-				out[key] = m.GetCounter().GetValue()
-			}
-		}
-	}
-	return out
-}
 
 func TestPodSeriesLeaveWithThePod(t *testing.T) {
 	srv := nvmlmock.NewH100(1)
@@ -51,7 +26,7 @@ func TestPodSeriesLeaveWithThePod(t *testing.T) {
 	m.Add("node-1", a)
 	a.Sample(context.Background())
 
-	got := series(t, reg)
+	got := prom.Gathered(t, reg, "container")
 	u := g0.UUID
 	want := map[string]float64{
 		"gpusharing_pod_gpu_memory_used_bytes{ml/a,train," + u + ",node-1}":        3 * gib,
@@ -75,7 +50,7 @@ func TestPodSeriesLeaveWithThePod(t *testing.T) {
 	g0.SetUsage(nvmlmock.Proc(100, 3*gib, 40))
 	delete(s, g0.UUID)
 	a.Sample(context.Background())
-	got = series(t, reg)
+	got = prom.Gathered(t, reg, "container")
 	for k := range got {
 		if k != "gpusharing_pod_gpu_memory_used_bytes{ml/a,train,"+u+",node-1}" && k != "gpusharing_pod_gpu_sm_utilization_percent{ml/a,train,"+u+",node-1}" {
 			t.Errorf("series %s outlived its pod", k)
@@ -104,7 +79,7 @@ func TestPodSeriesPerGPUAreCapped(t *testing.T) {
 	m.MaxSeriesPerGPU = 4
 	m.Add("n", a)
 	a.Sample(context.Background())
-	got := series(t, reg)
+	got := prom.Gathered(t, reg, "container")
 	memory := map[string]int{}
 	for k := range got {
 		if len(k) > len("gpusharing_pod_gpu_memory_used_bytes") && k[:len("gpusharing_pod_gpu_memory_used_bytes")] == "gpusharing_pod_gpu_memory_used_bytes" {

@@ -14,6 +14,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
 	"github.com/gpusharing/gpusharing/agent/dra"
+	"github.com/gpusharing/gpusharing/test/prom"
 )
 
 const (
@@ -63,26 +64,6 @@ func prepare(t *testing.T, p *dra.KubeletPlugin, claims ...*resourcev1.ResourceC
 	}
 }
 
-// claimSeries gathers reg as "name{namespace/pod,claim,gpu,node}" -> value.
-func claimSeries(t *testing.T, reg *prometheus.Registry) map[string]float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]float64{}
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			l := map[string]string{}
-			for _, lp := range m.GetLabel() {
-				l[lp.GetName()] = lp.GetValue()
-			}
-			out[fmt.Sprintf("%s{%s/%s,%s,%s,%s}", mf.GetName(), l["namespace"], l["pod"], l["claim"], l["gpu"], l["node"])] = m.GetGauge().GetValue()
-		}
-	}
-	return out
-}
-
 func equalSeries(t *testing.T, got, want map[string]float64) {
 	t.Helper()
 	if len(got) != len(want) {
@@ -108,7 +89,7 @@ func TestClaimSeriesFollowThePreparedClaims(t *testing.T) {
 	prepare(t, p, sizedClaim("train", 0, "10Gi", "30", "train-0"),
 		sizedClaim("shared", 1, "6Gi", "20", "serve-a", "serve-b"))
 
-	equalSeries(t, claimSeries(t, reg), map[string]float64{
+	equalSeries(t, prom.Gathered(t, reg, "claim"), map[string]float64{
 		"gpusharing_pod_claim_memory_bytes{ml/train-0,train," + sizedMPSGPU + "," + nodeName + "}":      10 << 30,
 		"gpusharing_pod_claim_compute_percent{ml/train-0,train," + sizedMPSGPU + "," + nodeName + "}":   30,
 		"gpusharing_pod_claim_memory_bytes{ml/serve-a,shared," + sizedShimGPU + "," + nodeName + "}":    6 << 30,
@@ -121,7 +102,7 @@ func TestClaimSeriesFollowThePreparedClaims(t *testing.T) {
 	if err != nil || res["uid-shared"] != nil {
 		t.Fatalf("unprepare: %v %v", err, res)
 	}
-	equalSeries(t, claimSeries(t, reg), map[string]float64{
+	equalSeries(t, prom.Gathered(t, reg, "claim"), map[string]float64{
 		"gpusharing_pod_claim_memory_bytes{ml/train-0,train," + sizedMPSGPU + "," + nodeName + "}":    10 << 30,
 		"gpusharing_pod_claim_compute_percent{ml/train-0,train," + sizedMPSGPU + "," + nodeName + "}": 30,
 	})
@@ -140,7 +121,7 @@ func TestClaimSeriesAreCappedPerGPU(t *testing.T) {
 	prepare(t, p, sizedClaim("big", 0, "20Gi", "50", "big-0"), sizedClaim("mid", 0, "10Gi", "30", "mid-0"),
 		sizedClaim("small", 0, "2Gi", "10", "small-0"), sizedClaim("other", 1, "1Gi", "", "other-0"))
 
-	equalSeries(t, claimSeries(t, reg), map[string]float64{
+	equalSeries(t, prom.Gathered(t, reg, "claim"), map[string]float64{
 		"gpusharing_pod_claim_memory_bytes{ml/big-0,big," + sizedMPSGPU + "," + nodeName + "}":         20 << 30,
 		"gpusharing_pod_claim_compute_percent{ml/big-0,big," + sizedMPSGPU + "," + nodeName + "}":      50,
 		"gpusharing_pod_claim_memory_bytes{ml/mid-0,mid," + sizedMPSGPU + "," + nodeName + "}":         10 << 30,

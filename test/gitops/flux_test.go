@@ -143,14 +143,7 @@ func TestFluxExpressionsReadEveryGPUNodeAsArgoCDDoes(t *testing.T) {
 func TestFluxExpressionsFailAnOlderAgentsGPUNodeExactlyForThePermanentReasons(t *testing.T) {
 	inProgress, failed, current := gpuNodeExprs(t)
 	for _, reason := range reasonConstants(t) {
-		obj := readObject(t, filepath.Join(gpuNodeDir(), "testdata", "applying-before-stalled.yaml"))
-		gpu := obj["status"].(map[string]any)["gpus"].([]any)[0].(map[string]any)
-		for _, c := range gpu["conditions"].([]any) {
-			if c := c.(map[string]any); c["type"] == v1.ConditionApplied {
-				c["reason"] = reason
-			}
-		}
-		got, err := fluxStatus(inProgress, failed, current, obj)
+		got, err := fluxStatus(inProgress, failed, current, olderAgentGPUNode(t, reason))
 		if err != nil {
 			t.Fatalf("%s: %v", reason, err)
 		}

@@ -94,6 +94,19 @@ func reasonConstants(t *testing.T) []string {
 	return out
 }
 
+// olderAgentGPUNode is an older agent's GPUNode (no Stalled) whose GPU 0 is Applied=False for reason.
+func olderAgentGPUNode(t *testing.T, reason string) map[string]any {
+	t.Helper()
+	obj := readObject(t, filepath.Join(gpuNodeDir(), "testdata", "applying-before-stalled.yaml"))
+	gpu := obj["status"].(map[string]any)["gpus"].([]any)[0].(map[string]any)
+	for _, c := range gpu["conditions"].([]any) {
+		if c := c.(map[string]any); c["type"] == v1.ConditionApplied {
+			c["reason"] = reason
+		}
+	}
+	return obj
+}
+
 // Every reason the API defines, on GPU 0's Applied=False of a GPUNode without Stalled: the health check
 // reads Degraded exactly for the reasons the agent stalls on, Progressing for the others.
 func TestAnOlderAgentsGPUNodeIsDegradedExactlyForThePermanentReasons(t *testing.T) {
@@ -102,14 +115,7 @@ func TestAnOlderAgentsGPUNodeIsDegradedExactlyForThePermanentReasons(t *testing.
 		t.Fatal(err)
 	}
 	for _, reason := range reasonConstants(t) {
-		obj := readObject(t, filepath.Join(gpuNodeDir(), "testdata", "applying-before-stalled.yaml"))
-		gpu := obj["status"].(map[string]any)["gpus"].([]any)[0].(map[string]any)
-		for _, c := range gpu["conditions"].([]any) {
-			if c := c.(map[string]any); c["type"] == v1.ConditionApplied {
-				c["reason"] = reason
-			}
-		}
-		st, msg, err := runHealth(string(script), obj)
+		st, msg, err := runHealth(string(script), olderAgentGPUNode(t, reason))
 		if err != nil {
 			t.Fatalf("%s: %v", reason, err)
 		}

@@ -90,9 +90,11 @@ flake-check: control-plane helm ## Run the timing-sensitive suites N times each 
 	hack/flake-check.sh $(or $(N),5)
 
 .PHONY: e2e-deps images e2e
-e2e-deps: control-plane ## Build the rest of a real node into bin/: kubelet, kube-controller-manager, containerd v2, runc, CNI plugins
+e2e-deps: control-plane ## Build the rest of a real node into bin/: kubelet, kube-controller-manager, containerd v2, runc, CNI plugins; install Debian's prometheus
 	BIN=$(BIN) hack/build-control-plane.sh kube-controller-manager kubelet
 	BIN=$(BIN) hack/build-runtime.sh
+	@# The Usage scenario scrapes the installed operator with a real Prometheus (root, as the e2e is).
+	command -v prometheus >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus; }
 
 images: build ## OCI image archives of the manager and the agent (plus pause and busybox for the e2e) into bin/images, without Docker
 	BIN=$(BIN) hack/build-images.sh

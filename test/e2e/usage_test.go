@@ -77,6 +77,9 @@ func testUsage(t *testing.T) {
 		return shimClientListed(ctx, Namespace+"/usage-shim")
 	})
 
+	if prom.Binary() == "" {
+		t.Fatal("prometheus is not installed: make e2e installs Debian's package (make e2e-deps)")
+	}
 	// The manager's and the agent's metrics ports are on the host network, bound to loopback.
 	p := prom.Start(t, prom.Target{Job: "gpusharing-manager", Addr: "127.0.0.1:8080"}, prom.Target{Job: "gpusharing-agent", Addr: "127.0.0.1:9081"})
 	p.TargetsUp(t, 90*time.Second)

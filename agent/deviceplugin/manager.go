@@ -264,10 +264,15 @@ func (m *Manager) reconcileLocked(ctx context.Context) error {
 		case e == nil:
 			log.Info("Serving device plugin resource", "resource", string(res), "devices", len(devs))
 			errs = append(errs, m.restartLocked(ctx, res, devs))
-		case !sameSpecs(cur, devs):
-			log.Info("Device plugin resource changed; re-registering", "resource", string(res), "devices", len(devs))
-			errs = append(errs, m.restartLocked(ctx, res, devs))
 		case !sameDevices(cur, devs):
+			// Every later change (devices added or gone, their settings, their health) goes through the
+			// open ListAndWatch streams: the kubelet replaces the resource's device list with each one it
+			// is sent, and Allocate reads the list at call time. Registering again would race the old
+			// stream's end in the kubelet, which can leave the new client's devices unhealthy with its
+			// stream still open (docs/deviceplugin.md).
+			if !sameSpecs(cur, devs) {
+				log.Info("Device plugin resource changed", "resource", string(res), "devices", len(devs))
+			}
 			e.p.setDevices(devs)
 		}
 	}

@@ -406,7 +406,10 @@ func TestRegistrationIsRetriedUntilTheKubeletComes(t *testing.T) {
 	}
 }
 
-func TestStrategyChangeReRegistersOnlyTheAffectedResources(t *testing.T) {
+// A resource registers once: later changes of its devices (a GPU gone to another strategy, MPS limits)
+// go through its open ListAndWatch stream and Allocate, never a new registration, whose old stream's end
+// a real kubelet can handle after the new client connected and leave the resource's devices unhealthy.
+func TestDeviceChangesGoThroughTheOpenStreamWithoutRegisteringAgain(t *testing.T) {
 	ctx := testCtx(t)
 	dir := socketDir(t)
 	k := startKubelet(t, dir)
@@ -415,56 +418,44 @@ func TestStrategyChangeReRegistersOnlyTheAffectedResources(t *testing.T) {
 	if err := m.UpdateFromStatus(ctx, before); err != nil {
 		t.Fatal(err)
 	}
-	oldTS := watch(t, ctx, dialPlugin(t, k, resTimeSlice))
-	if _, err := oldTS.Next(ctx); err != nil {
+	ts := watch(t, ctx, dialPlugin(t, k, resTimeSlice))
+	if _, err := ts.Next(ctx); err != nil {
 		t.Fatal(err)
 	}
 
-	// GPU-a moves from time-slicing to MPS.
+	// GPU-a moves from time-slicing to MPS: the time-slice stream now lists GPU-b's replicas only.
 	after := nodeStatus(gpu(0, "GPU-a", mps(2, 0, "", "Running")), gpu(1, "GPU-b", timeSliced(2)), gpu(2, "GPU-c"))
 	if err := m.UpdateFromStatus(ctx, after); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := k.WaitForRegistrations(ctx, resTimeSlice, 2); err != nil {
-		t.Fatalf("the time-slice resource lost a GPU but did not re-register: %v", err)
+	if _, err := ts.WaitFor(ctx, func(h map[string]string) bool { return reflect.DeepEqual(h, allHealthy("GPU-b::0", "GPU-b::1")) }); err != nil {
+		t.Fatalf("the open time-slice stream did not send GPU-b's replicas only: %v", err)
 	}
 	if _, err := k.WaitForRegistrations(ctx, resMPS, 1); err != nil {
 		t.Fatal(err)
 	}
-	if n := len(k.Registrations(resGPU)); n != 1 {
-		t.Errorf("nvidia.com/gpu did not change but has %d registrations, want 1", n)
-	}
-	got, err := watch(t, ctx, dialPlugin(t, k, resTimeSlice)).Next(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if h := fakekubelet.Health(got); !reflect.DeepEqual(h, allHealthy("GPU-b::0", "GPU-b::1")) {
-		t.Errorf("re-registered time-slice resource lists %v, want GPU-b's replicas only", h)
-	}
-	// Whichever way the kubelet's handling of the old stream races the new registration, it ends up
-	// connected with the new device sets.
 	if err := k.WaitForDevices(ctx, resTimeSlice, allHealthy("GPU-b::0", "GPU-b::1")); err != nil {
 		t.Error(err)
 	}
 	if err := k.WaitForDevices(ctx, resMPS, allHealthy("GPU-a::0", "GPU-a::1")); err != nil {
 		t.Error(err)
 	}
-	// The old stream ends so the kubelet moves to the new endpoint.
-	for {
-		if _, err := oldTS.Next(ctx); err != nil {
-			if !errors.Is(err, fakekubelet.ErrStreamEnded) {
-				t.Errorf("old ListAndWatch stream: %v, want it ended", err)
-			}
-			break
-		}
-	}
 
-	// An MPS setting in force changes (thread percentage): the MPS resource re-registers.
+	// An MPS setting in force changes (thread percentage): Allocate gives the new one at once.
 	if err := m.UpdateFromStatus(ctx, nodeStatus(gpu(0, "GPU-a", mps(2, 30, "", "Running")), gpu(1, "GPU-b", timeSliced(2)), gpu(2, "GPU-c"))); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := k.WaitForRegistrations(ctx, resMPS, 2); err != nil {
-		t.Fatalf("MPS limits changed but the resource did not re-register: %v", err)
+	resp, err := dialPlugin(t, k, resMPS).AllocateOne(ctx, "GPU-a::0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := resp.Envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"]; got != "30" {
+		t.Errorf("Allocate after the limit changed: thread percentage %q, want 30", got)
+	}
+	for res, want := range map[string]int{resTimeSlice: 1, resMPS: 1, resGPU: 1} {
+		if n := len(k.Registrations(res)); n != want {
+			t.Errorf("%s registered %d times, want %d", res, n, want)
+		}
 	}
 }
 
@@ -516,7 +507,7 @@ func TestCordonHidesAGPUsDevicesAndUncordonRestoresThem(t *testing.T) {
 	if err := m.Cordon(ctx, "GPU-m"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := k.WaitForRegistrations(ctx, resGPU, 2); err != nil {
+	if err := k.WaitForDevices(ctx, resGPU, allHealthy("GPU-b")); err != nil {
 		t.Fatal(err)
 	}
 	p := dialPlugin(t, k, resGPU)
@@ -553,9 +544,6 @@ func TestCordonHidesAGPUsDevicesAndUncordonRestoresThem(t *testing.T) {
 	if err := m.Uncordon(ctx, "GPU-m"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := k.WaitForRegistrations(ctx, resGPU, 3); err != nil {
-		t.Fatal(err)
-	}
 	var ids []string
 	for _, d := range m.Advertised()[resGPU] {
 		ids = append(ids, d.ID)
@@ -569,6 +557,10 @@ func TestCordonHidesAGPUsDevicesAndUncordonRestoresThem(t *testing.T) {
 	}
 	if err := k.WaitForDevices(ctx, resMIG1g, allHealthy("MIG-a")); err != nil {
 		t.Errorf("MIG instances not re-advertised after Uncordon: %v", err)
+	}
+	// The exclusive resource kept its devices' list current on its one registration.
+	if n := len(k.Registrations(resGPU)); n != 1 {
+		t.Errorf("nvidia.com/gpu registered %d times, want 1", n)
 	}
 }
 

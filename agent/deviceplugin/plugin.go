@@ -264,7 +264,7 @@ func sameDevices(a, b []Device) bool {
 	return true
 }
 
-// sameSpec compares what a device is, ignoring its health: a difference means the resource re-registers.
+// sameSpec compares what a device is, ignoring its health.
 func sameSpec(a, b Device) bool {
 	if a.ID != b.ID || a.Kind != b.Kind || a.GPUUUID != b.GPUUUID || a.VisibleUUID != b.VisibleUUID ||
 		a.MIGProfile != b.MIGProfile || a.ShimOversub != b.ShimOversub || a.GPUIndex != b.GPUIndex {

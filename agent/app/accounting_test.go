@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -39,6 +40,35 @@ func podSeries(t *testing.T, pod string) bool {
 	return false
 }
 
+// accountedPod creates the pod name on the node whose process pid, on the mock GPUs, the accounting names
+// through its cgroup file under procRoot.
+func accountedPod(t *testing.T, name, node, procRoot string, pid int) *corev1.Pod {
+	t.Helper()
+	ctx := context.Background()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		Spec:       corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "main", Image: "trainer"}}},
+	}
+	if err := env.Client.Create(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), pod) })
+	cid := fmt.Sprintf("%x", sha256.Sum256([]byte(name))) // a runtime id: 64 hex digits
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "main", ContainerID: "containerd://" + cid, Image: "trainer", ImageID: "trainer"}}
+	if err := env.Client.Status().Update(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(procRoot, fmt.Sprint(pid))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cg := fmt.Sprintf("0::/kubepods/burstable/pod%s/%s\n", pod.UID, cid)
+	if err := os.WriteFile(filepath.Join(dir, "cgroup"), []byte(cg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return pod
+}
+
 // TestAgentAccountsAPodsProcessInStatusAndMetrics runs the agent as cmd/agent builds it with the
 // accounting on: a process on a mock GPU whose cgroup file names a pod of this node shows in the GPU's
 // status.usage with its pod and container (from the pod's status in the API server) and as a per-pod
@@ -50,27 +80,8 @@ func TestAgentAccountsAPodsProcessInStatusAndMetrics(t *testing.T) {
 		o.Accounting = &AccountingOptions{Interval: 100 * time.Millisecond}
 	})
 	ctx := context.Background()
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "acct-" + n.name, Namespace: "default"},
-		Spec:       corev1.PodSpec{NodeName: n.name, Containers: []corev1.Container{{Name: "main", Image: "trainer"}}},
-	}
-	if err := env.Client.Create(ctx, pod); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), pod) })
-	cid := strings.Repeat("ab", 32)
-	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "main", ContainerID: "containerd://" + cid, Image: "trainer", ImageID: "trainer"}}
-	if err := env.Client.Status().Update(ctx, pod); err != nil {
-		t.Fatal(err)
-	}
 	const pid = 4242
-	cg := fmt.Sprintf("0::/kubepods/burstable/pod%s/%s\n", pod.UID, cid)
-	if err := os.MkdirAll(filepath.Join(procRoot, fmt.Sprint(pid)), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(procRoot, fmt.Sprint(pid), "cgroup"), []byte(cg), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	pod := accountedPod(t, "acct-"+n.name, n.name, procRoot, pid)
 	g0 := n.gpus.GPUs[0]
 	g0.SetUsage(nvmlmock.Proc(pid, 2<<30, 50))
 	// NVML's samples keep coming while the process runs: a read whose window holds none reads the

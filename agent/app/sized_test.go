@@ -3,9 +3,7 @@ package app
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -23,35 +21,6 @@ import (
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 	"github.com/gpusharing/gpusharing/test/wait"
 )
-
-// accountedPod creates a pod of the node whose process pid, on the mock GPUs, the accounting names
-// through its cgroup file under procRoot.
-func accountedPod(t *testing.T, node, procRoot string, pid int) *corev1.Pod {
-	t.Helper()
-	ctx := context.Background()
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "sized-" + node, Namespace: "default"},
-		Spec:       corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "main", Image: "trainer"}}},
-	}
-	if err := env.Client.Create(ctx, pod); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), pod) })
-	cid := strings.Repeat("cd", 32)
-	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "main", ContainerID: "containerd://" + cid, Image: "trainer", ImageID: "trainer"}}
-	if err := env.Client.Status().Update(ctx, pod); err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(procRoot, fmt.Sprint(pid))
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	cg := fmt.Sprintf("0::/kubepods/burstable/pod%s/%s\n", pod.UID, cid)
-	if err := os.WriteFile(filepath.Join(dir, "cgroup"), []byte(cg), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return pod
-}
 
 // A GPU sized per claim lists in its status what the prepared claims were allocated, each claim with
 // its pod and the memory the pod uses, and the wide column shows the allocated memory; unpreparing the
@@ -79,7 +48,7 @@ func TestAgentListsTheSizedClaimsOfAGPUWithTheirPodsUse(t *testing.T) {
 	waitSlices(t, n.name, "gpu-0-sized")
 
 	const pid = 4343
-	pod := accountedPod(t, n.name, procRoot, pid)
+	pod := accountedPod(t, "sized-"+n.name, n.name, procRoot, pid)
 	n.gpus.GPUs[0].SetUsage(nvmlmock.Proc(pid, 3<<30, 40))
 
 	// The scheduler's work, written as it writes it: a 10Gi, 30% share of the sized device, reserved for the pod.

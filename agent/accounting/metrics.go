@@ -1,8 +1,6 @@
 package accounting
 
 import (
-	"sync"
-
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gpusharing/gpusharing/internal/promreg"
@@ -24,8 +22,7 @@ type Metrics struct {
 
 	memory, sm, swapped, lockWait, lockHold, omitted *prometheus.Desc
 
-	mu    sync.Mutex
-	nodes map[string]*Accountant
+	nodes promreg.Nodes[*Accountant]
 }
 
 // NewMetrics registers the per-pod series on reg (nil: unregistered, for tests), or returns the
@@ -44,7 +41,6 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			"Time the container's shim clients held the GPU lock (resets when a client process exits).", podLabels, nil),
 		omitted: prometheus.NewDesc("gpusharing_pod_series_omitted",
 			"Containers using the GPU that export no per-pod series because the GPU has more than the cap.", []string{"gpu", "node"}, nil),
-		nodes: map[string]*Accountant{},
 	}
 	return promreg.Register(reg, m)
 }
@@ -54,9 +50,7 @@ func (m *Metrics) Add(node string, a *Accountant) {
 	if m == nil {
 		return
 	}
-	m.mu.Lock()
-	m.nodes[node] = a
-	m.mu.Unlock()
+	m.nodes.Add(node, a)
 }
 
 // Describe implements prometheus.Collector.
@@ -68,17 +62,11 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
-	m.mu.Lock()
-	nodes := make(map[string]*Accountant, len(m.nodes))
-	for k, v := range m.nodes {
-		nodes[k] = v
-	}
 	limit := m.MaxSeriesPerGPU
-	m.mu.Unlock()
 	if limit <= 0 {
 		limit = DefaultMaxSeriesPerGPU
 	}
-	for node, a := range nodes {
+	for node, a := range m.nodes.Snapshot() {
 		for _, g := range a.Latest().GPUs {
 			m.collectGPU(ch, node, g, limit)
 		}

@@ -3,7 +3,6 @@ package dra
 import (
 	"cmp"
 	"slices"
-	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -34,8 +33,7 @@ type ClaimMetrics struct {
 
 	memory, compute, omitted *prometheus.Desc
 
-	mu    sync.Mutex
-	nodes map[string]SizedClaimLister
+	nodes promreg.Nodes[SizedClaimLister]
 }
 
 // NewClaimMetrics registers the claim series on reg (nil: unregistered, for tests), or returns the
@@ -48,7 +46,6 @@ func NewClaimMetrics(reg prometheus.Registerer) (*ClaimMetrics, error) {
 			"Percent of a sized GPU's SMs the pod's ResourceClaim was allocated (a limit on MPS GPUs only).", claimLabels, nil),
 		omitted: prometheus.NewDesc("gpusharing_pod_claim_series_omitted",
 			"Pods of sized claims that export no claim series because the GPU has more than the cap.", []string{"gpu", "node"}, nil),
-		nodes: map[string]SizedClaimLister{},
 	}
 	return promreg.Register(reg, m)
 }
@@ -58,9 +55,7 @@ func (m *ClaimMetrics) Add(node string, l SizedClaimLister) {
 	if m == nil {
 		return
 	}
-	m.mu.Lock()
-	m.nodes[node] = l
-	m.mu.Unlock()
+	m.nodes.Add(node, l)
 }
 
 // Describe implements prometheus.Collector.
@@ -78,17 +73,11 @@ type claimSeries struct {
 
 // Collect implements prometheus.Collector.
 func (m *ClaimMetrics) Collect(ch chan<- prometheus.Metric) {
-	m.mu.Lock()
-	nodes := make(map[string]SizedClaimLister, len(m.nodes))
-	for k, v := range m.nodes {
-		nodes[k] = v
-	}
 	limit := m.MaxSeriesPerGPU
-	m.mu.Unlock()
 	if limit <= 0 {
 		limit = DefaultMaxClaimSeriesPerGPU
 	}
-	for node, l := range nodes {
+	for node, l := range m.nodes.Snapshot() {
 		byGPU := map[string][]claimSeries{}
 		// A claim deleted and made again under its name may be prepared before the old one is
 		// unprepared: one series per label set, or the whole scrape fails.

@@ -188,6 +188,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	}
 	r := &node.Reconciler{
 		Client:             mgr.GetClient(),
+		Live:               mgr.GetAPIReader(),
 		NodeName:           o.NodeName,
 		Recorder:           mgr.GetEventRecorder("gpusharing-agent"),
 		Metrics:            agentMetrics,

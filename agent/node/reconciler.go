@@ -37,7 +37,10 @@ import (
 
 // Reconciler converges this node's GPUs to its GPUNode's spec and reports them in its status.
 type Reconciler struct {
-	Client   client.Client
+	Client client.Client
+	// Live reads the GPUNode from the API server when a status write from Client's cache conflicted
+	// (the manager's APIReader; see writeStatus); nil reads through Client.
+	Live     client.Reader
 	NodeName string
 	Strategies
 	// PodNames names the pods of shim clients by pid ("namespace/name"); nil leaves status.shim's pod empty.
@@ -107,7 +110,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (ctrl
 		phase(ctx, sc)
 	}
 	if !equality.Semantic.DeepEqual(before.Status, node.Status) {
-		if err := r.Client.Status().Update(ctx, node); err != nil {
+		if err := r.writeStatus(ctx, node); err != nil {
 			return ctrl.Result{}, fmt.Errorf("updating GPUNode %s status: %w", r.NodeName, err)
 		}
 		log.V(1).Info("Published GPUNode status", "summary", node.Status.Summary)
@@ -118,6 +121,38 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (ctrl
 		return ctrl.Result{}, fmt.Errorf("converging GPUNode %s: %w", r.NodeName, sc.transientErr)
 	}
 	return ctrl.Result{RequeueAfter: r.requeueAfter()}, nil
+}
+
+// writeStatus writes the pass's status. The agent is the status's only writer, so a conflict says the
+// cached GPUNode is behind: after an API server outage the informer's watch reconnects on client-go's
+// backoff, up to a minute later, and every write from the cache would conflict until then, leaving what
+// the agent saw during the outage unpublished. The status is then written over the API server's object,
+// but only while its spec is the one the pass converged to: a newer spec waits for the cache, so the
+// agent never acts on one object's spec and the next pass on an older one's (which would undo changes).
+func (r *Reconciler) writeStatus(ctx context.Context, node *v1alpha1.GPUNode) error {
+	err := r.Client.Status().Update(ctx, node)
+	if !apierrors.IsConflict(err) {
+		return err
+	}
+	live := &v1alpha1.GPUNode{}
+	if gerr := r.live().Get(ctx, types.NamespacedName{Name: node.Name}, live); gerr != nil || live.Generation != node.Generation {
+		return err
+	}
+	ctrl.LoggerFrom(ctx).V(1).Info("Status write from the cache conflicted; writing it over the API server's GPUNode of the same spec")
+	live.Status = node.Status
+	if err := r.Client.Status().Update(ctx, live); err != nil {
+		return err
+	}
+	node.ResourceVersion = live.ResourceVersion
+	return nil
+}
+
+// live reads from the API server itself (Live, or Client when that is not cached).
+func (r *Reconciler) live() client.Reader {
+	if r.Live != nil {
+		return r.Live
+	}
+	return r.Client
 }
 
 // requeueAfter is the resync, or sooner when a failed drain's backoff ends first (nothing else would

@@ -107,6 +107,12 @@ func (m *Metrics) record(node string, st v1alpha1.GPUNodeStatus) {
 			v = 1
 		}
 		m.gpuApplied.WithLabelValues(node, g.UUID).Set(v)
+		// Every outcome's histogram exists from the GPU's first pass, at zero: increase() reads nothing in
+		// a series born at its first observation, so without it the GPU's first timed-out drain would
+		// never fire GPUSharingDrainTimedOut, and the drain panels would have no series until a drain.
+		for _, o := range drainOutcomes {
+			m.drainDuration.WithLabelValues(node, g.UUID, o)
+		}
 		if g.Applied != nil && g.Applied.MPS != nil {
 			m.mpsRestarts.WithLabelValues(node, g.UUID).Set(float64(g.Applied.MPS.Restarts))
 		} else {

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
@@ -65,4 +66,30 @@ func seriesOf(c prometheus.Collector) int {
 	c.Collect(ch)
 	close(ch)
 	return len(ch)
+}
+
+// A GPU's drain histograms exist at zero for every outcome from its first pass: increase() reads nothing
+// in a series born at its first observation, so the GPU's first timed-out drain must find its series.
+func TestEveryDrainOutcomeIsPublishedAtZeroAndLeavesWithTheGPU(t *testing.T) {
+	m, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.record("n1", v1alpha1.GPUNodeStatus{GPUCount: 2, GPUs: []v1alpha1.GPUStatus{appliedGPU("GPU-a", -1), appliedGPU("GPU-b", -1)}})
+	if got, want := seriesOf(m.drainDuration), 2*len(drainOutcomes); got != want {
+		t.Fatalf("%d drain_duration series before any drain, want %d (every outcome of both GPUs)", got, want)
+	}
+	for _, o := range []string{drainOutcomeDrained, drainOutcomeTimedOut, drainOutcomeFailed} {
+		h := &dto.Metric{}
+		if err := m.drainDuration.WithLabelValues("n1", "GPU-a", o).(prometheus.Histogram).Write(h); err != nil {
+			t.Fatal(err)
+		}
+		if c := h.GetHistogram().GetSampleCount(); c != 0 {
+			t.Errorf("%s: %d drains before any drain", o, c)
+		}
+	}
+	m.record("n1", v1alpha1.GPUNodeStatus{GPUCount: 1, GPUs: []v1alpha1.GPUStatus{appliedGPU("GPU-a", -1)}})
+	if got, want := seriesOf(m.drainDuration), len(drainOutcomes); got != want {
+		t.Errorf("%d drain_duration series after GPU-b left, want %d", got, want)
+	}
 }

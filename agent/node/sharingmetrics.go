@@ -15,6 +15,8 @@ const (
 	drainOutcomeFailed   = "failed"
 )
 
+var drainOutcomes = []string{drainOutcomeDrained, drainOutcomeTimedOut, drainOutcomeFailed}
+
 // observeDrain records a drain that ended, from the cordon to now. A nil *Metrics records nothing.
 func (m *Metrics) observeDrain(node, uuid string, started, now time.Time, outcome string) {
 	if m == nil || started.IsZero() {

@@ -35,11 +35,11 @@ var usagePods = []struct {
 	{"usage-shim", "gpusharing.io/gpu-shared", "gpusharing.io/e2e/shim-worker:1", []string{"/client", "dlsym", "100000", "20000"}, 1536, 20},
 }
 
-// testUsage runs pods on an MPS share and a shim share, each declaring GPU use to the simulated GPUs
-// (nvmlmock.EnvSimulatedMemoryMiB), and checks the per-pod accounting end to end: the GPUNode lists each
-// pod with its memory; a real Prometheus scraping the manager and the agent on this node evaluates every
-// dashboard and alert query, each per-pod one returning series for these pods; and the pods' series and
-// consumers leave when the pods do.
+// testUsage runs pods on an MPS share, a shim share and a sized claim (sized_test.go), each declaring GPU
+// use to the simulated GPUs (nvmlmock.EnvSimulatedMemoryMiB), and checks the per-pod accounting end to
+// end: the GPUNode lists each pod with its memory; a real Prometheus scraping the manager and the agent on
+// this node evaluates every dashboard and alert query, each returning series (returnsSeries); and the
+// pods' series and consumers leave when the pods do.
 func testUsage(t *testing.T) {
 	dumpOnFailure(t)
 	ctx := context.Background()
@@ -77,6 +77,8 @@ func testUsage(t *testing.T) {
 		return shimClientListed(ctx, Namespace+"/usage-shim")
 	})
 
+	startSizedClaimPod(t)
+
 	if prom.Binary() == "" {
 		t.Fatal("prometheus is not installed: make e2e installs Debian's package (make e2e-deps)")
 	}
@@ -87,35 +89,12 @@ func testUsage(t *testing.T) {
 	must(t, err)
 	for _, q := range queries {
 		var evalErr error
-		eventually(t, 90*time.Second, q.Where+" evaluating", func(context.Context) error {
-			res, err := p.Query(q.Expr)
-			if err != nil {
+		eventually(t, 90*time.Second, q.Where+" returning series", func(context.Context) error {
+			if _, err := p.Query(q.Expr); err != nil {
 				evalErr = err
 				return nil // a query that does not evaluate will not start to
 			}
-			// The e2e's pods use fixed shares: no sized claim exists, so the claim alert (over
-			// gpusharing_pod_claim_*) has only to evaluate here; test/gitops has it return series.
-			if !q.PerPod() || strings.Contains(q.Expr, "gpusharing_pod_claim_") {
-				return nil
-			}
-			// A per-pod query returns series naming the pods its series exist for: the shim's only for
-			// the shim client, the rest for both.
-			want := []string{"usage-shim"}
-			if !strings.Contains(q.Expr, "_shim_") {
-				want = append(want, "usage-mps")
-			}
-			var got []string
-			for _, s := range res {
-				if s.Metric["namespace"] == Namespace {
-					got = append(got, s.Metric["pod"])
-				}
-			}
-			for _, w := range want {
-				if !slices.Contains(got, w) {
-					return fmt.Errorf("%q: series for pods %v, want %v among them", q.Expr, got, want)
-				}
-			}
-			return nil
+			return returnsSeries(p, q)
 		})
 		if evalErr != nil {
 			t.Errorf("%s: %q does not evaluate in Prometheus: %v", q.Where, q.Expr, evalErr)
@@ -133,6 +112,7 @@ func testUsage(t *testing.T) {
 	}
 
 	kubectl(t, "-n", Namespace, "delete", "pod", "usage-mps", "usage-shim", "--wait=true", "--timeout=60s")
+	stopSizedClaimPod(t)
 	eventually(t, time.Minute, "the pods' consumers and series gone", func(ctx context.Context) error {
 		for _, u := range usagePods {
 			if err := consumerListed(ctx, u.name, 0); err == nil {
@@ -176,4 +156,51 @@ func consumerListed(ctx context.Context, pod string, memory int64) error {
 		}
 	}
 	return fmt.Errorf("%s/%s with %d bytes: %w (listed: %v)", Namespace, pod, memory, errNotListed, seen)
+}
+
+// returnsSeries says whether q returns the series it must while the scenario's pods run. A dashboard panel
+// returns series; a per-pod one names the pods its series exist for (the shim's only the shim client, the
+// others all three). An alert's operands (what it compares) return series whether or not it fires, and
+// the claim alert fires for sizedPod, which uses more than its claim.
+func returnsSeries(p *prom.Server, q prom.Query) error {
+	queries := []string{q.Expr}
+	if q.Alert() {
+		queries = q.Inputs()
+	}
+	for _, expr := range queries {
+		res, err := p.Query(expr)
+		if err != nil {
+			return err
+		}
+		if len(res) == 0 {
+			return fmt.Errorf("%q returns no series", expr)
+		}
+	}
+	var want []string
+	switch {
+	case q.Alert() && strings.Contains(q.Expr, "gpusharing_pod_claim_"):
+		want = []string{sizedPod}
+	case q.Alert() || !q.PerPod():
+		return nil
+	case strings.Contains(q.Expr, "_shim_"):
+		want = []string{"usage-shim"}
+	default:
+		want = []string{"usage-shim", "usage-mps", sizedPod}
+	}
+	res, err := p.Query(q.Expr)
+	if err != nil {
+		return err
+	}
+	var got []string
+	for _, s := range res {
+		if s.Metric["namespace"] == Namespace {
+			got = append(got, s.Metric["pod"])
+		}
+	}
+	for _, w := range want {
+		if !slices.Contains(got, w) {
+			return fmt.Errorf("%q: series for pods %v, want %v among them", q.Expr, got, want)
+		}
+	}
+	return nil
 }

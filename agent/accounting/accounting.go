@@ -139,6 +139,11 @@ type Accountant struct {
 	Shim ShimSource
 	// Interval is how often Run samples (DefaultInterval).
 	Interval time.Duration
+	// Hurry, when set and true, has Run sample every HurryInterval instead: while a sized GPU has claims,
+	// a process over its claim must be seen within seconds. A read costs milliseconds of CPU
+	// (docs/accounting.md), so this stays far below a percent of a core.
+	Hurry         func() bool
+	HurryInterval time.Duration
 	// Clock stamps the reads and drives Run; nil means the real clock.
 	Clock clock.WithTicker
 	// OnSample, when set, is told every snapshot Run takes; it must not block.
@@ -167,15 +172,13 @@ func (a *Accountant) Latest() Snapshot {
 	return a.latest
 }
 
-// Run samples every Interval until ctx ends.
+// Run samples every Interval (HurryInterval while Hurry says so) until ctx ends.
 func (a *Accountant) Run(ctx context.Context) error {
 	interval := a.Interval
 	if interval <= 0 {
 		interval = DefaultInterval
 	}
 	log := logr.FromContextOrDiscard(ctx).WithName("accounting")
-	t := a.clock().NewTicker(interval)
-	defer t.Stop()
 	var lastErr string
 	for {
 		snap := a.Sample(ctx)
@@ -189,10 +192,14 @@ func (a *Accountant) Run(ctx context.Context) error {
 		if a.OnSample != nil {
 			a.OnSample(snap)
 		}
+		wait := interval
+		if a.Hurry != nil && a.HurryInterval > 0 && a.HurryInterval < wait && a.Hurry() {
+			wait = a.HurryInterval
+		}
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-t.C():
+		case <-a.clock().After(wait):
 		}
 	}
 }

@@ -44,6 +44,11 @@ func setupAccounting(mgr ctrl.Manager, o Options, r *node.Reconciler, shim *node
 	if shim != nil {
 		a.Shim = shim
 	}
+	if claims := r.Claims; claims != nil {
+		// A pod over its sized claims must be seen within seconds (claimguard.go).
+		a.Hurry = func() bool { return len(claims.SizedClaims()) > 0 }
+		a.HurryInterval = node.ClaimCheckInterval
+	}
 	m, err := accounting.NewMetrics(metrics.Registry)
 	if err != nil {
 		return fmt.Errorf("registering the accounting's metrics: %w", err)

@@ -339,6 +339,7 @@ func setupDrain(mgr ctrl.Manager, o Options, r *node.Reconciler, podResources po
 	}
 	d.Evictor = evictor
 	r.Drainer = d
+	r.ClaimEvictor = evictor
 	return nil
 }
 

@@ -70,13 +70,19 @@ func TestACriticalXidMarksTheGPUUnhealthyInStatusAndAtTheKubelet(t *testing.T) {
 // gpuNodeEvents lists "type: note" of the events about a GPUNode with the given reason.
 func gpuNodeEvents(t *testing.T, name, reason string) []string {
 	t.Helper()
+	return eventsAbout(t, "GPUNode", name, reason)
+}
+
+// eventsAbout lists "type: note" of the events about an object of kind and name with the given reason.
+func eventsAbout(t *testing.T, kind, name, reason string) []string {
+	t.Helper()
 	var list eventsv1.EventList
 	if err := env.Client.List(context.Background(), &list); err != nil {
 		t.Fatal(err)
 	}
 	var out []string
 	for _, e := range list.Items {
-		if e.Regarding.Kind == "GPUNode" && e.Regarding.Name == name && e.Reason == reason {
+		if e.Regarding.Kind == kind && e.Regarding.Name == name && e.Reason == reason {
 			out = append(out, e.Type+": "+e.Note)
 			if e.Series != nil {
 				// The recorder folds a repeated event into a series: the transition was emitted again.

@@ -22,10 +22,22 @@ import (
 	"github.com/gpusharing/gpusharing/test/wait"
 )
 
-// A GPU sized per claim lists in its status what the prepared claims were allocated, each claim with
-// its pod and the memory the pod uses, and the wide column shows the allocated memory; unpreparing the
-// claim empties both.
-func TestAgentListsTheSizedClaimsOfAGPUWithTheirPodsUse(t *testing.T) {
+// preparedClaim is a 10Gi, 30% claim of a simulated 40 GiB GPU sized per claim, prepared through the
+// agent's kubelet plugin for a pod whose process (pid) the accounting names.
+type preparedClaim struct {
+	n       *testNode
+	gpu     string
+	pid     uint32
+	pod     *corev1.Pod
+	claim   *resourcev1.ResourceClaim
+	kubelet drapb.DRAPluginClient
+	ref     *drapb.Claim
+}
+
+// prepareSizedClaim runs an agent with DRA and the accounting (every 100 ms), sizes its GPU per claim
+// with sizing, and prepares the claim as the kubelet would, the pod's process using 3 GiB.
+func prepareSizedClaim(t *testing.T, sizing v1alpha1.Sizing) preparedClaim {
+	t.Helper()
 	ctx := context.Background()
 	procRoot := t.TempDir()
 	plugin := dra.PluginConfig{}
@@ -42,7 +54,7 @@ func TestAgentListsTheSizedClaimsOfAGPUWithTheirPodsUse(t *testing.T) {
 		t.Fatal(err)
 	}
 	gpuUUID := n.uuid(0)
-	sized := v1alpha1.Sharing{Strategy: v1alpha1.StrategyMPS, MPS: &v1alpha1.MPSSharing{Replicas: 2}, Sizing: &v1alpha1.Sizing{Mode: v1alpha1.SizingPerClaim}}
+	sized := v1alpha1.Sharing{Strategy: v1alpha1.StrategyMPS, MPS: &v1alpha1.MPSSharing{Replicas: 2}, Sizing: &sizing}
 	n.setSpec(t, v1alpha1.GPUDesired{UUID: gpuUUID, Index: 0, Sharing: sized})
 	n.waitFor(t, "sized shares applied", appliedAsDesired(gpuUUID))
 	waitSlices(t, n.name, "gpu-0-sized")
@@ -71,7 +83,7 @@ func TestAgentListsTheSizedClaimsOfAGPUWithTheirPodsUse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = conn.Close() }()
+	t.Cleanup(func() { _ = conn.Close() })
 	kubelet := drapb.NewDRAPluginClient(conn)
 	ref := &drapb.Claim{Namespace: claim.Namespace, Name: claim.Name, Uid: string(claim.UID)}
 	// The kubelet retries a claim whose device the plugin has not been told of yet.
@@ -83,7 +95,16 @@ func TestAgentListsTheSizedClaimsOfAGPUWithTheirPodsUse(t *testing.T) {
 		got := resp.Claims[string(claim.UID)]
 		return got != nil && got.Error == "", fmt.Sprintf("prepare = %+v", got)
 	}, "the claim prepared")
+	return preparedClaim{n: n, gpu: gpuUUID, pid: pid, pod: pod, claim: claim, kubelet: kubelet, ref: ref}
+}
 
+// A GPU sized per claim lists in its status what the prepared claims were allocated, each claim with
+// its pod and the memory the pod uses, and the wide column shows the allocated memory; unpreparing the
+// claim empties both.
+func TestAgentListsTheSizedClaimsOfAGPUWithTheirPodsUse(t *testing.T) {
+	ctx := context.Background()
+	pc := prepareSizedClaim(t, v1alpha1.Sizing{Mode: v1alpha1.SizingPerClaim})
+	n, gpuUUID, claim, pod, kubelet, ref := pc.n, pc.gpu, pc.claim, pc.pod, pc.kubelet, pc.ref
 	n.waitFor(t, "the sized GPU lists the claim with its pod's use", func(g *v1alpha1.GPUNode) (bool, string) {
 		s := gpuState(g, gpuUUID).Sized
 		if s == nil || len(s.Claims) != 1 {

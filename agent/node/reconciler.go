@@ -30,6 +30,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
+	"github.com/gpusharing/gpusharing/agent/drain"
 	"github.com/gpusharing/gpusharing/agent/gpu"
 	"github.com/gpusharing/gpusharing/agent/health"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
@@ -79,8 +80,13 @@ type Reconciler struct {
 	// Clock decides drain start and retry times; nil means the real clock.
 	Clock clock.PassiveClock
 
+	// ClaimEvictor, with Claims, evicts the pods over their claims on GPUs whose sizing says Evict
+	// (claimguard.go); nil only reports them.
+	ClaimEvictor drain.Evictor
+
 	drains drains
 	usage  usageState
+	claims claimGuard
 }
 
 // scope is what one pass learns, filled by the phases and written once at the end.
@@ -93,6 +99,8 @@ type scope struct {
 	transientErr error
 	// uncordon lists the GPUs to advertise again once the device plugin has this pass's status.
 	uncordon []string
+	// overClaims lists, per sized GPU, the pods over their claims (claimguard.go).
+	overClaims map[string][]overClaim
 }
 
 // Reconcile is one pass: get or create the GPUNode, read the GPUs, converge each, write status.
@@ -106,7 +114,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (ctrl
 	}
 	before := node.DeepCopy()
 	sc := &scope{node: node}
-	for _, phase := range []func(context.Context, *scope){r.readInventory, r.convergeGPUs, r.setNodeStatus, r.publishDevices} {
+	for _, phase := range []func(context.Context, *scope){r.readInventory, r.convergeGPUs, r.setNodeStatus, r.publishDevices, r.guardSizedClaims} {
 		phase(ctx, sc)
 	}
 	if !equality.Semantic.DeepEqual(before.Status, node.Status) {
@@ -286,7 +294,7 @@ func (r *Reconciler) observe(uuid string) observed {
 // setNodeStatus fills the node-level fields and the Ready and Applied conditions.
 func (r *Reconciler) setNodeStatus(_ context.Context, sc *scope) {
 	st := &sc.node.Status
-	r.setSizedClaims(sc.gpus, st.GPUs)
+	r.setSizedClaims(sc, sc.gpus, st.GPUs)
 	st.GPUs = sc.gpus
 	st.DriverVersion, st.CUDAVersion = sc.inventory.DriverVersion, sc.inventory.CUDAVersion
 	if sc.invErr == nil {
@@ -400,7 +408,7 @@ func (r *Reconciler) emitEvents(before, after *v1alpha1.GPUNode) {
 		old[g.UUID] = g.Conditions
 	}
 	for _, g := range after.Status.GPUs {
-		for _, typ := range []string{v1alpha1.ConditionApplied, v1alpha1.ConditionHealthy} {
+		for _, typ := range []string{v1alpha1.ConditionApplied, v1alpha1.ConditionHealthy, v1alpha1.ConditionWithinClaims} {
 			if c := meta.FindStatusCondition(g.Conditions, typ); c != nil {
 				emit(old[g.UUID], *c, "GPU %d (%s) %s: %s", g.Index, g.UUID, c.Type, c.Message)
 			}

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpusharing/gpusharing/agent/accounting"
 	"github.com/gpusharing/gpusharing/agent/dra"
@@ -22,7 +23,7 @@ type SizedClaimSource interface {
 // setSizedClaims fills status.gpus[].sized of the GPUs sized per claim from the prepared claims, and the
 // memory their pods use from the accounting's latest snapshot; prev is the status published before, whose
 // figures are kept where they moved less than the usage thresholds.
-func (r *Reconciler) setSizedClaims(gpus []v1alpha1.GPUStatus, prev []v1alpha1.GPUStatus) {
+func (r *Reconciler) setSizedClaims(sc *scope, gpus []v1alpha1.GPUStatus, prev []v1alpha1.GPUStatus) {
 	if r.Claims == nil {
 		return
 	}
@@ -31,8 +32,10 @@ func (r *Reconciler) setSizedClaims(gpus []v1alpha1.GPUStatus, prev []v1alpha1.G
 		byGPU[c.GPU] = append(byGPU[c.GPU], c)
 	}
 	prevByUUID := map[string]*v1alpha1.GPUSizedClaims{}
+	prevConds := map[string][]metav1.Condition{}
 	for _, g := range prev {
 		prevByUUID[g.UUID] = g.Sized
+		prevConds[g.UUID] = g.Conditions
 	}
 	var snap accounting.Snapshot
 	if r.Usage != nil {
@@ -48,6 +51,17 @@ func (r *Reconciler) setSizedClaims(gpus []v1alpha1.GPUStatus, prev []v1alpha1.G
 			ok = false
 		}
 		g.Sized = sizedStatus(byGPU[g.UUID], acct, ok, prevByUUID[g.UUID])
+		var over []overClaim
+		if ok {
+			over = overClaims(byGPU[g.UUID], acct)
+		}
+		setWithinClaims(g, over, ok, prevConds[g.UUID])
+		if len(over) > 0 {
+			if sc.overClaims == nil {
+				sc.overClaims = map[string][]overClaim{}
+			}
+			sc.overClaims[g.UUID] = over
+		}
 	}
 }
 

@@ -60,6 +60,10 @@ func (r *Reconciler) UsageSampled(snap accounting.Snapshot) {
 	if published == nil {
 		return // no pass has published yet; the first one reads the snapshot
 	}
+	if r.overClaimsChanged(snap) {
+		r.Notify()
+		return
+	}
 	for _, g := range snap.GPUs {
 		if g.Err != nil {
 			continue

@@ -38,6 +38,10 @@ const (
 	// ConditionDevicePlugin on a GPU is False while the device plugin leaves the GPU out although it is
 	// healthy and applied (reason SizedByClaim); absent otherwise.
 	ConditionDevicePlugin = "DevicePlugin"
+	// ConditionWithinClaims on a GPU sized per claim is False while a pod's processes hold more of its
+	// memory than the pod's claims were allocated (reason ClaimExceeded; the message names the pods);
+	// absent on other GPUs and while the agent cannot read the GPU's processes.
+	ConditionWithinClaims = "WithinClaims"
 )
 
 // Reasons. Each surfaces where its comment says; a condition's reason and the event on its transition match.
@@ -114,6 +118,11 @@ const (
 	// twice over (the least a device with consumable capacity must offer); the GPU is left as it was
 	// (GPU Applied=False; the message names the sizes and the GPU's memory).
 	ReasonSizingDoesNotFit = "SizingDoesNotFit"
+	// ReasonAsClaimed: every pod on the sized GPU holds no more memory than its claims (GPU WithinClaims=True).
+	ReasonAsClaimed = "AsClaimed"
+	// ReasonClaimExceeded: a pod's processes hold more of the sized GPU's memory than its claims were
+	// allocated (GPU WithinClaims=False, a warning event on the pod; evicted with sizing onExceed Evict).
+	ReasonClaimExceeded = "ClaimExceeded"
 )
 
 // Reasons on GPUSharingPolicy while it is deleted: its finalizer holds the object until the GPUs it

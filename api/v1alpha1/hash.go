@@ -76,6 +76,8 @@ var sharingHashLaterDefaults = map[string]string{
 	"sizing.mode":       `"Fixed"`,
 	"sizing.memoryStep": "",
 	"sizing.minMemory":  "",
+	// Omitted means Report: both hash alike.
+	"sizing.onExceed": `"Report"`,
 }
 
 // canonicalJSON writes v as encoding/json would, except that fields outside sharingHashV1Fields are

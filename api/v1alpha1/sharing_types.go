@@ -71,11 +71,24 @@ const (
 	SizingPerClaim SizingMode = "PerClaim"
 )
 
+// ExceedAction is what the agent does about a pod holding more of a sized GPU's memory than its claims.
+// +kubebuilder:validation:Enum=Report;Evict
+type ExceedAction string
+
+const (
+	// ExceedReport: the GPU's WithinClaims condition turns False naming the pod, with a warning event on
+	// the pod and on the GPUNode.
+	ExceedReport ExceedAction = "Report"
+	// ExceedEvict: reported, and the pod is evicted through the Eviction API (its PodDisruptionBudget
+	// applies).
+	ExceedEvict ExceedAction = "Evict"
+)
+
 // DefaultMemoryStep is the memory granularity of sized shares when the policy sets none.
 const DefaultMemoryStep = "1Gi"
 
 // Sizing is how the shares of a GPU are sized.
-// +kubebuilder:validation:XValidation:rule="self.mode == 'PerClaim' || (!has(self.memoryStep) && !has(self.minMemory))",message="sizing: memoryStep and minMemory apply only to mode PerClaim"
+// +kubebuilder:validation:XValidation:rule="self.mode == 'PerClaim' || (!has(self.memoryStep) && !has(self.minMemory) && !has(self.onExceed))",message="sizing: memoryStep, minMemory and onExceed apply only to mode PerClaim"
 // +kubebuilder:validation:XValidation:rule="!has(self.minMemory) || !isQuantity(self.minMemory) || !isQuantity(has(self.memoryStep) ? self.memoryStep : '1Gi') || !quantity(has(self.memoryStep) ? self.memoryStep : '1Gi').isInteger() || quantity(has(self.memoryStep) ? self.memoryStep : '1Gi').asInteger() <= 0 || (quantity(self.minMemory).isInteger() && quantity(self.minMemory).asInteger() % quantity(has(self.memoryStep) ? self.memoryStep : '1Gi').asInteger() == 0)",message="sizing.minMemory: must be a multiple of memoryStep (1Gi when unset)"
 type Sizing struct {
 	// mode is Fixed (default: the policy's replicas) or PerClaim (each ResourceClaim's size).
@@ -99,7 +112,17 @@ type Sizing struct {
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
 	MinMemory *resource.Quantity `json:"minMemory,omitempty"`
+
+	// onExceed is what the agent does when a pod's processes hold more of the GPU's memory than its
+	// claims were allocated, which only a process that dropped the limits its claim set can do: Report
+	// (omitted) or Evict. The agent checks every 2 s while the GPU has claims. Changing it is not
+	// disruptive.
+	// +optional
+	OnExceed ExceedAction `json:"onExceed,omitempty"`
 }
+
+// Evicts says whether a pod over its claims is evicted.
+func (s *Sizing) Evicts() bool { return s != nil && s.OnExceed == ExceedEvict }
 
 // PerClaim says whether s sizes its shares per claim; nil is Fixed.
 func (s *Sizing) PerClaim() bool { return s != nil && s.Mode == SizingPerClaim }

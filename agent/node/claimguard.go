@@ -1,0 +1,225 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/gpusharing/gpusharing/agent/accounting"
+	"github.com/gpusharing/gpusharing/agent/dra"
+	"github.com/gpusharing/gpusharing/agent/drain"
+	"github.com/gpusharing/gpusharing/api/v1alpha1"
+)
+
+// ClaimCheckInterval is how often the accounting reads the GPUs while a sized GPU has claims, so a pod
+// over its claims is reported within a few seconds rather than at the 10 s default.
+const ClaimCheckInterval = 2 * time.Second
+
+// claimEvictRetry spaces the evictions of one pod over its claims that did not end it (a
+// PodDisruptionBudget that allows none now, an API server away).
+const claimEvictRetry = 10 * time.Second
+
+// maxOverClaimsInMessage bounds the pods a WithinClaims=False message names.
+const maxOverClaimsInMessage = 4
+
+// overClaim is a pod whose processes hold more of a sized GPU's memory than its claims on it.
+type overClaim struct {
+	drain.PodRef
+	// uid is the pod's, where the accounting knows it: an eviction's precondition, so a pod recreated
+	// under the same name (a StatefulSet's) is not evicted for its predecessor.
+	uid           types.UID
+	used, claimed int64
+}
+
+func (o overClaim) String() string {
+	return fmt.Sprintf("%s holds %s, its claims %s", o.PodRef, humanBytes(o.used), humanBytes(o.claimed))
+}
+
+func humanBytes(b int64) string { return resource.NewQuantity(b, resource.BinarySI).String() }
+
+// overClaims lists, sorted, the pods with processes on the GPU that hold more of its memory than the
+// claims of the GPU reserved for them: what the alert GPUSharingPodExceedsClaim compares, at every read.
+// A pod on the GPU with no claim of it has claimed nothing: on a GPU sized per claim only claims give a
+// pod the GPU (the device plugin does not advertise it), so such a pod reached it another way.
+func overClaims(claims []dra.SizedClaim, acct accounting.GPU) []overClaim {
+	claimed := map[drain.PodRef]int64{}
+	for _, c := range claims {
+		for _, p := range c.Pods {
+			claimed[drain.PodRef{Namespace: c.Namespace, Name: p}] += c.MemoryBytes
+		}
+	}
+	used := map[drain.PodRef]int64{}
+	uids := map[drain.PodRef]types.UID{}
+	for _, c := range acct.Containers {
+		if c.Name == "" {
+			continue // a process of no pod: the MPS server, something on the host
+		}
+		p := drain.PodRef{Namespace: c.Namespace, Name: c.Name}
+		used[p] += int64(c.MemoryBytes)
+		uids[p] = types.UID(c.UID)
+	}
+	var out []overClaim
+	for p, u := range used {
+		if u > claimed[p] {
+			out = append(out, overClaim{PodRef: p, uid: uids[p], used: u, claimed: claimed[p]})
+		}
+	}
+	slices.SortFunc(out, func(a, b overClaim) int { return strings.Compare(a.String(), b.String()) })
+	return out
+}
+
+// setWithinClaims sets a sized GPU's WithinClaims condition from the pods over their claims; unread
+// (the accounting has not read the GPU) keeps what was published before.
+func setWithinClaims(g *v1alpha1.GPUStatus, over []overClaim, read bool, prev []metav1.Condition) {
+	if !read {
+		if c := meta.FindStatusCondition(prev, v1alpha1.ConditionWithinClaims); c != nil {
+			meta.SetStatusCondition(&g.Conditions, *c)
+		}
+		return
+	}
+	if len(over) == 0 {
+		setCondition(&g.Conditions, v1alpha1.ConditionWithinClaims, metav1.ConditionTrue, v1alpha1.ReasonAsClaimed,
+			"every pod on the GPU holds no more memory than its claims")
+		return
+	}
+	var names []string
+	for _, o := range over[:min(len(over), maxOverClaimsInMessage)] {
+		names = append(names, o.String())
+	}
+	msg := strings.Join(names, "; ")
+	if n := len(over) - maxOverClaimsInMessage; n > 0 {
+		msg += fmt.Sprintf("; and %d more", n)
+	}
+	action := "reported"
+	if g.Applied.Sizing.Evicts() {
+		action = "evicted (sizing onExceed Evict)"
+	}
+	setCondition(&g.Conditions, v1alpha1.ConditionWithinClaims, metav1.ConditionFalse, v1alpha1.ReasonClaimExceeded,
+		fmt.Sprintf("pods over their claims, %s: %s", action, msg))
+}
+
+// claimGuard remembers the pods over their claims, to warn once per breach and space evictions.
+type claimGuard struct {
+	mu sync.Mutex
+	// sized lists the GPUs sized per claim at the last pass, and over, per GPU, the pods over their
+	// claims then (overClaimsChanged compares).
+	sized map[string]bool
+	over  map[string][]drain.PodRef
+	// warned and evicted are keyed by GPU and pod; an entry leaves with the breach.
+	warned  map[string]bool
+	evicted map[string]time.Time
+}
+
+// overClaimsChanged says whether a snapshot puts other pods over their claims than the last pass saw,
+// which is worth a pass of its own: the accounting reads every ClaimCheckInterval while claims exist.
+func (r *Reconciler) overClaimsChanged(snap accounting.Snapshot) bool {
+	if r.Claims == nil {
+		return false
+	}
+	r.claims.mu.Lock()
+	sized, over := r.claims.sized, r.claims.over
+	r.claims.mu.Unlock()
+	if len(sized) == 0 {
+		return false
+	}
+	byGPU := map[string][]dra.SizedClaim{}
+	for _, c := range r.Claims.SizedClaims() {
+		byGPU[c.GPU] = append(byGPU[c.GPU], c)
+	}
+	for _, g := range snap.GPUs {
+		if !sized[g.UUID] || g.Err != nil {
+			continue
+		}
+		var now []drain.PodRef
+		for _, o := range overClaims(byGPU[g.UUID], g) {
+			now = append(now, o.PodRef)
+		}
+		if !slices.Equal(now, over[g.UUID]) {
+			return true
+		}
+	}
+	return false
+}
+
+// guardSizedClaims is the pass's phase over guardClaims.
+func (r *Reconciler) guardSizedClaims(ctx context.Context, sc *scope) {
+	if r.Claims == nil {
+		return
+	}
+	r.guardClaims(ctx, sc.node.Status.GPUs, sc.overClaims)
+}
+
+// guardClaims warns about and, where the GPU's sizing says Evict, evicts the pods over their claims. It
+// runs in the pass, after the status is computed; a failed eviction is retried after claimEvictRetry.
+func (r *Reconciler) guardClaims(ctx context.Context, gpus []v1alpha1.GPUStatus, over map[string][]overClaim) {
+	log := ctrl.LoggerFrom(ctx)
+	var evict []overClaim
+	cg := &r.claims
+	cg.mu.Lock()
+	if cg.warned == nil {
+		cg.warned, cg.evicted = map[string]bool{}, map[string]time.Time{}
+	}
+	now := r.clock().Now()
+	still := map[string]bool{}
+	cg.over, cg.sized = map[string][]drain.PodRef{}, map[string]bool{}
+	for _, g := range gpus {
+		if g.Applied != nil && g.Applied.Sizing.PerClaim() {
+			cg.sized[g.UUID] = true
+		}
+		for _, o := range over[g.UUID] {
+			key := g.UUID + "/" + o.PodRef.String()
+			still[key] = true
+			cg.over[g.UUID] = append(cg.over[g.UUID], o.PodRef)
+			if !cg.warned[key] {
+				cg.warned[key] = true
+				log.Info("Pod over its claims", "pod", o.PodRef, "gpu", g.UUID, "used", o.used, "claimed", o.claimed)
+				if r.Recorder != nil {
+					pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: o.Namespace, Name: o.Name, UID: o.uid}}
+					r.Recorder.Eventf(pod, nil, corev1.EventTypeWarning, v1alpha1.ReasonClaimExceeded, "Check",
+						"GPU %d (%s) on %s: %s", g.Index, g.UUID, r.NodeName, o)
+				}
+			}
+			if !g.Applied.Sizing.Evicts() || r.ClaimEvictor == nil {
+				continue
+			}
+			if last, ok := cg.evicted[key]; ok && now.Sub(last) < claimEvictRetry {
+				continue
+			}
+			cg.evicted[key] = now
+			evict = append(evict, o)
+		}
+	}
+	for key := range cg.warned {
+		if !still[key] {
+			delete(cg.warned, key)
+			delete(cg.evicted, key)
+		}
+	}
+	cg.mu.Unlock()
+
+	// Outside the lock: the accounting's goroutine reads cg.over, and must not wait on the API server.
+	for _, o := range evict {
+		cctx, cancel := context.WithTimeout(ctx, claimEvictRetry)
+		err := r.ClaimEvictor.Evict(cctx, o.PodRef, o.uid)
+		cancel()
+		switch {
+		case err == nil:
+			log.Info("Evicted a pod over its claims", "pod", o.PodRef)
+		case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
+			// Gone already, or a pod of the same name with another uid: not the one over its claims.
+		default:
+			log.Info("Cannot evict a pod over its claims yet", "pod", o.PodRef, "error", err.Error())
+		}
+	}
+}

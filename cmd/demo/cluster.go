@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -33,6 +34,9 @@ type cluster struct {
 	dir        string
 	kubeconfig string
 	kubectl    string
+	// scheduler is the kube-scheduler the sized claims need (sized.go), once started.
+	scheduler    *exec.Cmd
+	schedulerLog *os.File
 }
 
 func startCluster() (*cluster, error) {
@@ -58,6 +62,7 @@ func startCluster() (*cluster, error) {
 
 // stop ends the simulated nodes' stand-in daemons, the API server and etcd, and removes the work dir.
 func (c *cluster) stop() {
+	c.stopScheduler()
 	simnode.StopDaemons(c.dir)
 	_ = c.env.Stop()
 	_ = os.RemoveAll(c.dir)

@@ -1,7 +1,8 @@
 // Command demo is gpusharing's main job on an embedded default: it starts a local kube-apiserver and etcd
 // with the CRDs, runs the controller and simulated GPU nodes (the real agent over go-nvml's mock DGX A100
 // and H100 servers, with fake nvidia-smi and nvidia-cuda-mps-control), applies the sample policies, waits
-// until they converge and prints `kubectl get gpusharing -o wide`. Interactive by default: it stays up
+// until they converge and prints `kubectl get gpusharing -o wide`; with --dra (the default) it also lists
+// the DRA devices and has the real kube-scheduler pack three sized claims onto one GPU. Interactive by default: it stays up
 // and prints a kubeconfig to use; --once exits after the table (for CI).
 package main
 
@@ -108,12 +109,19 @@ func run(ctx context.Context, o options) error {
 		return fmt.Errorf("not every policy became Ready within %s; the table above says why", o.timeout)
 	}
 	say("All %d sample policies are Ready after %s", len(names), time.Since(started).Round(100*time.Millisecond))
+	if o.dra {
+		fmt.Println()
+		say("Claiming 4Gi, 10Gi and 20Gi of the notebook pool's sized GPUs (DeviceClass gpusharing-sized); the real kube-scheduler allocates them")
+		if err := c.scheduleSizedClaims(ctx, os.Stdout); err != nil {
+			return err
+		}
+	}
 	if o.once {
 		return nil
 	}
 
-	fmt.Printf("\nThe cluster stays up. In another terminal:\n  export KUBECONFIG=%s\n  %s get gpusharing -o wide\n  %s edit gsp inference-mps   # change a policy and watch the nodes follow\n  %s get resourceslices        # the same shares as DRA devices (--dra)\nCtrl-C stops and removes everything.\n",
-		c.kubeconfig, c.kubectl, c.kubectl, c.kubectl)
+	fmt.Printf("\nThe cluster stays up. In another terminal:\n  export KUBECONFIG=%s\n  %s get gpusharing -o wide\n  %s edit gsp inference-mps   # change a policy and watch the nodes follow\n  %s get resourceslices        # the same shares as DRA devices (--dra)\n  %s get resourceclaims        # the three sized claims, packed onto one GPU (--dra)\nCtrl-C stops and removes everything.\n",
+		c.kubeconfig, c.kubectl, c.kubectl, c.kubectl, c.kubectl)
 	select {
 	case <-ctx.Done():
 	case err := <-errs:

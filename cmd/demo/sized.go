@@ -1,0 +1,161 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/gpusharing/gpusharing/agent/dra"
+	"github.com/gpusharing/gpusharing/agent/runner"
+)
+
+// sizedNode is the simulated node whose GPUs 4-7 the sized sample policy sizes per claim.
+const sizedNode = "dgx-a100-c"
+
+// sizedWorkloads are three notebooks of different sizes, each a pod with a claim of the DeviceClass
+// gpusharing-sized: the real kube-scheduler packs them onto one A100 (34 of its 40Gi).
+var sizedWorkloads = []struct{ name, memory, compute string }{
+	{"notebook-small", "4Gi", "10"},
+	{"notebook-medium", "10Gi", "30"},
+	{"notebook-large", "20Gi", "50"},
+}
+
+// scheduleSizedClaims runs the real kube-scheduler, lets it allocate the sized workloads' claims from
+// the agents' ResourceSlices and prints where each landed with its size. Nothing runs a kubelet here, so
+// the node is marked Ready as a kubelet would and the pods stay Pending-bound: the claims are allocated,
+// not prepared.
+func (c *cluster) scheduleSizedClaims(ctx context.Context, w io.Writer) error {
+	if err := c.startScheduler(); err != nil {
+		return err
+	}
+	if err := c.markReady(ctx, sizedNode); err != nil {
+		return err
+	}
+	for _, s := range sizedWorkloads {
+		claim := &resourcev1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: s.name},
+			Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{{Name: "gpu",
+				Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: "gpusharing-sized", Capacity: &resourcev1.CapacityRequirements{
+					Requests: map[resourcev1.QualifiedName]resource.Quantity{
+						dra.CapacityMemory: resource.MustParse(s.memory), dra.CapacityCompute: resource.MustParse(s.compute)}}}}}}}}
+		if err := c.env.Client.Create(ctx, claim); err != nil {
+			return fmt.Errorf("claim %s: %w", s.name, err)
+		}
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: s.name},
+			Spec: corev1.PodSpec{
+				NodeSelector:   map[string]string{"pool": "notebooks"},
+				Containers:     []corev1.Container{{Name: "notebook", Image: "jupyter", Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpu"}}}}},
+				ResourceClaims: []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: &claim.Name}},
+			}}
+		if err := c.env.Client.Create(ctx, pod); err != nil {
+			return fmt.Errorf("pod %s: %w", s.name, err)
+		}
+	}
+	if err := c.waitAllocated(ctx); err != nil {
+		return err
+	}
+	cols := "CLAIM:.metadata.name,DEVICE:.status.allocation.devices.results[0].device,MEMORY:.status.allocation.devices.results[0].consumedCapacity.memory,COMPUTE:.status.allocation.devices.results[0].consumedCapacity.compute,NODE:.status.allocation.nodeSelector.nodeSelectorTerms[0].matchFields[0].values[0]"
+	res, err := runner.Exec{}.Run(ctx, runner.Cmd{Path: c.kubectl, Args: []string{"--kubeconfig", c.kubeconfig, "get", "resourceclaims", "-o", "custom-columns=" + cols}})
+	if _, werr := fmt.Fprint(w, "\n$ kubectl get resourceclaims -o custom-columns=...\n", res.Stdout, res.Stderr); werr != nil {
+		return werr
+	}
+	if err != nil {
+		return fmt.Errorf("kubectl get resourceclaims: %w", err)
+	}
+	return nil
+}
+
+// waitAllocated waits (bounded) until the scheduler has allocated every sized workload's claim.
+func (c *cluster) waitAllocated(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	for {
+		var pending []string
+		for _, s := range sizedWorkloads {
+			claim := &resourcev1.ResourceClaim{}
+			if err := c.env.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: s.name}, claim); err != nil || claim.Status.Allocation == nil {
+				pending = append(pending, s.name)
+			}
+		}
+		if len(pending) == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			log, _ := os.ReadFile(filepath.Join(c.dir, "kube-scheduler.log"))
+			return fmt.Errorf("the scheduler did not allocate %s within a minute; kube-scheduler's log ends:\n%s", strings.Join(pending, ", "), tail(string(log), 3000))
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// startScheduler runs bin/kube-scheduler (make control-plane builds it) against the embedded API server;
+// stop ends it.
+func (c *cluster) startScheduler() error {
+	bin := filepath.Join(c.env.BinDir, "kube-scheduler")
+	if _, err := os.Stat(bin); err != nil {
+		return fmt.Errorf("%s: run 'make control-plane' (it builds kube-scheduler from the Go module proxy): %w", bin, err)
+	}
+	logFile, err := os.Create(filepath.Join(c.dir, "kube-scheduler.log"))
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(bin, "--kubeconfig="+c.kubeconfig, "--authentication-kubeconfig="+c.kubeconfig, "--authorization-kubeconfig="+c.kubeconfig,
+		"--leader-elect=false", "--bind-address=127.0.0.1", "--secure-port=0", "-v=2")
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // dies with the demo
+	if err := cmd.Start(); err != nil {
+		_ = logFile.Close()
+		return err
+	}
+	c.scheduler = cmd
+	c.schedulerLog = logFile
+	return nil
+}
+
+// markReady writes the Node as its kubelet and the node lifecycle controller would: Ready, with room
+// for pods, without the not-ready taint the API server put on it at creation.
+func (c *cluster) markReady(ctx context.Context, name string) error {
+	n := &corev1.Node{}
+	if err := c.env.Client.Get(ctx, client.ObjectKey{Name: name}, n); err != nil {
+		return err
+	}
+	n.Spec.Taints = nil
+	if err := c.env.Client.Update(ctx, n); err != nil {
+		return err
+	}
+	room := corev1.ResourceList{corev1.ResourcePods: resource.MustParse("110"), corev1.ResourceCPU: resource.MustParse("64"),
+		corev1.ResourceMemory: resource.MustParse("512Gi")}
+	n.Status.Capacity, n.Status.Allocatable = room, room
+	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
+		LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}}
+	return c.env.Client.Status().Update(ctx, n)
+}
+
+// stopScheduler ends kube-scheduler, if started.
+func (c *cluster) stopScheduler() {
+	if c.scheduler == nil {
+		return
+	}
+	_ = c.scheduler.Process.Kill()
+	_ = c.scheduler.Wait()
+	_ = c.schedulerLog.Close()
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}

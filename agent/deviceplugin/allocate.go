@@ -81,12 +81,13 @@ func containerResponse(cfg Config, devs []Device) (*pluginapi.ContainerAllocateR
 func addMPS(cfg Config, resp *pluginapi.ContainerAllocateResponse, devs []Device) {
 	d := devs[0]
 	var atp int32
-	var memMiB int64
+	var memMiB, limit int64
 	for _, x := range devs {
 		if x.MPS != nil {
 			atp += x.MPS.ActiveThreadPercentage
 			memMiB += x.MPS.PinnedMemoryLimitMiB
 		}
+		limit += x.MemoryLimitBytes
 	}
 	resp.Mounts = append(resp.Mounts, &pluginapi.Mount{
 		ContainerPath: ContainerMPSPipeDir,
@@ -106,6 +107,15 @@ func addMPS(cfg Config, resp *pluginapi.ContainerAllocateResponse, devs []Device
 	if memMiB > 0 {
 		// The container sees exactly one GPU, so it is device ordinal 0 for the client.
 		resp.Envs[EnvMPSPinnedMemLimit] = fmt.Sprintf("0=%dM", memMiB)
+	}
+	if limit > 0 && cfg.ShimLibrary != "" {
+		// A sized claim: the MPS server holds the client to its pinned limit, but reports the whole GPU
+		// as total to cudaMemGetInfo and NVML, which frameworks size their pools from. The shim, with no
+		// scheduler socket, holds the same limit and reports it as the GPU's memory (measured on the
+		// H100: docs/dra.md); the lock stays off, MPS shares the GPU.
+		resp.Mounts = append(resp.Mounts, &pluginapi.Mount{ContainerPath: ContainerShimLibrary, HostPath: cfg.ShimLibrary, ReadOnly: true})
+		resp.Envs[EnvLDPreload] = ContainerShimLibrary
+		resp.Envs[EnvShimMemoryLimit] = strconv.FormatInt(limit, 10)
 	}
 }
 

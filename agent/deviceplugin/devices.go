@@ -65,11 +65,12 @@ type Device struct {
 	// Allocate refuses it and GetPreferredAllocation leaves it out.
 	Held bool
 	// Sized marks the one DRA device of a GPU whose shares are sized per claim (KindMPS or KindShared):
-	// the device plugin never advertises it, and the DRA kubelet plugin fills MPS or MemoryLimitBytes
+	// the device plugin never advertises it, and the DRA kubelet plugin fills MPS and MemoryLimitBytes
 	// from each claim's consumed capacity before ContainerEdits.
 	Sized bool
 	// MemoryLimitBytes is the shim's per-process memory limit (GPUSHARE_MEMORY_LIMIT_BYTES) of a sized
-	// shim share; 0 sets none (KindShared only).
+	// share: on a shim GPU the limit itself, on an MPS GPU what the shim reports as the GPU's memory
+	// (the MPS server enforces the pinned limit); 0 sets none.
 	MemoryLimitBytes int64
 }
 

@@ -392,13 +392,15 @@ func TestKubeletPluginPreparesSizedClaimsWithTheirSizesAsLimits(t *testing.T) {
 	dirs := newPluginDirs(t)
 	kubelet, _ := startPluginWith(t, env, dirs, &st)
 	const mpsGPU, shimGPU = "GPU-00000000-0000-0000-0000-00000000a100", "GPU-00000001-0000-0000-0000-00000000a100"
-	mpsMounts := []string{"/run/gpusharing/mps/" + mpsGPU + "/pipe:/var/run/gpusharing/mps:rw", "/run/gpusharing/mps/" + mpsGPU + "/shm:/dev/shm:rw"}
+	mpsMounts := []string{"/run/gpusharing/mps/" + mpsGPU + "/pipe:/var/run/gpusharing/mps:rw", "/run/gpusharing/mps/" + mpsGPU + "/shm:/dev/shm:rw",
+		"/var/lib/gpusharing/lib/libgpushare.so:/usr/lib/gpusharing/libgpushare.so:ro"}
 	want := map[string]struct{ env, mounts []string }{
+		// MPS holds the claim; the shim, with no scheduler socket, reports it as the GPU's memory.
 		"mps-10g": {env: []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M", "CUDA_MPS_PIPE_DIRECTORY=/var/run/gpusharing/mps",
-			"CUDA_VISIBLE_DEVICES=" + mpsGPU, "NVIDIA_VISIBLE_DEVICES=" + mpsGPU}, mounts: mpsMounts},
+			"CUDA_VISIBLE_DEVICES=" + mpsGPU, "GPUSHARE_MEMORY_LIMIT_BYTES=10737418240", "LD_PRELOAD=/usr/lib/gpusharing/libgpushare.so", "NVIDIA_VISIBLE_DEVICES=" + mpsGPU}, mounts: mpsMounts},
 		// A claim that asks nothing: a fixed share of 8 replicas, 40Gi/8 and 100/8 percent.
 		"mps-default": {env: []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=12", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=5120M", "CUDA_MPS_PIPE_DIRECTORY=/var/run/gpusharing/mps",
-			"CUDA_VISIBLE_DEVICES=" + mpsGPU, "NVIDIA_VISIBLE_DEVICES=" + mpsGPU}, mounts: mpsMounts},
+			"CUDA_VISIBLE_DEVICES=" + mpsGPU, "GPUSHARE_MEMORY_LIMIT_BYTES=5368709120", "LD_PRELOAD=/usr/lib/gpusharing/libgpushare.so", "NVIDIA_VISIBLE_DEVICES=" + mpsGPU}, mounts: mpsMounts},
 		// 5500Mi rounded up to the 1Gi step: 6 GiB. Compute is not limited on a shim GPU.
 		"shim-6g": {env: []string{"CUDA_VISIBLE_DEVICES=" + shimGPU, "GPUSHARE_GPU_UUID=" + shimGPU, "GPUSHARE_MEMORY_LIMIT_BYTES=6442450944",
 			"GPUSHARE_SOCKET=/var/run/gpusharing/scheduler/gpushare.sock", "LD_PRELOAD=/usr/lib/gpusharing/libgpushare.so", "NVIDIA_VISIBLE_DEVICES=" + shimGPU},

@@ -136,7 +136,8 @@ func defaultCompute(replicas int32) int64 {
 
 // SizedLimits fills a sized device's limits from the amounts its claim consumes: on an MPS GPU the
 // client's pinned memory limit (whole MiB, rounded down so the limit never passes what was allocated)
-// and active thread percentage (1-100); on a shim GPU the shim's memory limit in bytes. Compute is not
+// and active thread percentage (1-100), and the shim's memory limit, which reports the claim as the
+// GPU's memory; on a shim GPU the shim's memory limit in bytes. Compute is not
 // enforced on shim GPUs: the lock gives the holder every SM for its quantum.
 func SizedLimits(d deviceplugin.Device, consumed map[resourcev1.QualifiedName]resource.Quantity) (deviceplugin.Device, error) {
 	mem, ok := consumed[CapacityMemory]
@@ -154,6 +155,8 @@ func SizedLimits(d deviceplugin.Device, consumed map[resourcev1.QualifiedName]re
 		// Value rounds a fraction up; the policy's step of 1 makes every amount whole anyway.
 		atp := int32(min(ComputeCapacity, max(1, compute.Value())))
 		d.MPS = &deviceplugin.MPSLimits{ActiveThreadPercentage: atp, PinnedMemoryLimitMiB: mib}
+		// The shim reports the claim as the GPU's memory to the client (addMPS); MPS enforces it.
+		d.MemoryLimitBytes = mem.Value()
 	case deviceplugin.KindShared:
 		d.MemoryLimitBytes = mem.Value()
 	default:

@@ -164,6 +164,11 @@ static void connect_locked(void)
 {
     char why[256];
     if (!gs_cfg.socket_set) {
+        /* With a memory limit and no scheduler, the limit is the whole job (a sized claim on an MPS
+         * GPU: the MPS server shares the GPU, the shim reports and holds the claim's memory). That is
+         * configured, not a fault, so it is said once at info level rather than warned about. */
+        if (gs_cap_on())
+            gs_note_no_lock("GPUSHARE_SOCKET is not set; GPUSHARE_MEMORY_LIMIT_BYTES alone is in force");
         passthrough_locked("GPUSHARE_SOCKET is not set");
         return;
     }

@@ -98,6 +98,8 @@ void *gs_nvml_dlsym(const char *name, void *found);
 void gs_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The single fail-open warning: the first caller prints, later ones log at debug. */
 void gs_warn_failopen(const char *reason);
+/* Says once, at info level, that the process runs without the lock by configuration (no warning after it). */
+void gs_note_no_lock(const char *reason);
 
 /* ---- resolution (resolve.c) ---- */
 void gs_init(void);

@@ -32,10 +32,18 @@ void gs_log(int level, const char *fmt, ...)
     (void)w;
 }
 
+/* Set once the process was told it runs without the lock: later pass-throughs log at debug level. */
+static atomic_int failopen_told;
+
+void gs_note_no_lock(const char *reason)
+{
+    atomic_store(&failopen_told, 1);
+    gs_log(GS_LOG_INFO, "no GPU lock: %s", reason);
+}
+
 void gs_warn_failopen(const char *reason)
 {
-    static atomic_int warned;
-    if (atomic_exchange(&warned, 1) == 0)
+    if (atomic_exchange(&failopen_told, 1) == 0)
         gs_log(GS_LOG_WARN, "GPU lock disabled, passing CUDA calls straight to the driver: %s", reason);
     else
         gs_log(GS_LOG_DEBUG, "pass-through: %s", reason);

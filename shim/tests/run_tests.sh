@@ -40,6 +40,18 @@ out=$(run_client "$CLIENT" dlsym 5 2>&1)
 n=$(grep -c "GPU lock disabled" <<<"$out" || true)
 if grep -q "client done" <<<"$out" && [ "$n" = 1 ]; then pass "unset GPUSHARE_SOCKET passes through with one warning"; else fail "unset socket" "$out"; fi
 
+# 3b. A memory limit and no scheduler (a sized claim on an MPS GPU): the limit alone, said at info level,
+# no warning; a socket that fails still warns.
+out=$(run_client GPUSHARE_MEMORY_LIMIT_BYTES=$((64 << 20)) GPUSHARE_LOG_LEVEL=info "$CLIENT" dlsym 5 2>&1)
+if grep -q "client done" <<<"$out" && ! grep -q "GPU lock disabled" <<<"$out" && grep -q "GPUSHARE_MEMORY_LIMIT_BYTES alone is in force" <<<"$out"; then
+    pass "a memory limit without GPUSHARE_SOCKET runs the limit alone without a warning"
+else
+    fail "limit without socket" "$out"
+fi
+out=$(run_client GPUSHARE_MEMORY_LIMIT_BYTES=$((64 << 20)) GPUSHARE_SOCKET="$TMP/nothing.sock" timeout 10 "$CLIENT" dlsym 5 2>&1)
+n=$(grep -c "GPU lock disabled" <<<"$out" || true)
+if grep -q "client done" <<<"$out" && [ "$n" = 1 ]; then pass "a memory limit with a missing scheduler still warns once"; else fail "limit with missing scheduler" "$out"; fi
+
 # 4. A socket path with nothing behind it: pass-through, one warning, no hang.
 start=$(date +%s%N)
 out=$(run_client GPUSHARE_SOCKET="$TMP/nothing.sock" timeout 10 "$CLIENT" procaddr 50 2>&1)

@@ -67,6 +67,9 @@ func startSizedClaimPod(t *testing.T) {
 		"NVIDIA_VISIBLE_DEVICES":            gpus[sizedGPU],
 		"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT":  fmt.Sprintf("0=%dM", sizedClaimMiB),
 		"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": strconv.Itoa(sizedComputePercent),
+		// The shim, with no scheduler socket, reports the claim as the GPU's memory.
+		"LD_PRELOAD":                  "/usr/lib/gpusharing/libgpushare.so",
+		"GPUSHARE_MEMORY_LIMIT_BYTES": strconv.Itoa(sizedClaimMiB << 20),
 	} {
 		if r.env[k] != v {
 			t.Errorf("%s: %s=%q inside the container, want %q (its claim's size)", sizedPod, k, r.env[k], v)

@@ -29,6 +29,8 @@ def say(**kw):
 
 free, total = torch.cuda.mem_get_info()
 say(event="mem_get_info", free=free, total=total)
+# Under MPS the client's active-thread percentage shows here (the SMs its kernels may use).
+say(event="device", sms=torch.cuda.get_device_properties(0).multi_processor_count)
 
 
 class Mem(ctypes.Structure):

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -24,6 +25,13 @@ type SizedClaimSource interface {
 // memory their pods use from the accounting's latest snapshot; prev is the status published before, whose
 // figures are kept where they moved less than the usage thresholds.
 func (r *Reconciler) setSizedClaims(sc *scope, gpus []v1alpha1.GPUStatus, prev []v1alpha1.GPUStatus) {
+	for i := range gpus {
+		if r.Claims == nil || gpus[i].Applied == nil || !gpus[i].Applied.Sizing.PerClaim() {
+			// Carried over from the status before (status.go): a GPU no longer sized, or an agent without
+			// the kubelet plugin, checks no claims.
+			meta.RemoveStatusCondition(&gpus[i].Conditions, v1alpha1.ConditionWithinClaims)
+		}
+	}
 	if r.Claims == nil {
 		return
 	}

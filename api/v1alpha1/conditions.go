@@ -40,7 +40,7 @@ const (
 	ConditionDevicePlugin = "DevicePlugin"
 	// ConditionWithinClaims on a GPU sized per claim is False while a pod's processes hold more of its
 	// memory than the pod's claims were allocated (reason ClaimExceeded; the message names the pods);
-	// absent on other GPUs and while the agent cannot read the GPU's processes.
+	// absent on other GPUs, and kept as last read while the agent cannot read the GPU's processes.
 	ConditionWithinClaims = "WithinClaims"
 )
 

@@ -28,7 +28,6 @@ import (
 
 const nodeName = "dra-node"
 
-// startScheduler runs the real kube-scheduler v1.36.3 (hack/build-control-plane.sh) against env.
 // draCluster starts a real API server with this test's node Ready and the operator's DeviceClasses applied.
 func draCluster(t *testing.T) (context.Context, *testenv.Env) {
 	t.Helper()
@@ -43,30 +42,17 @@ func draCluster(t *testing.T) (context.Context, *testenv.Env) {
 	return ctx, env
 }
 
+// startScheduler runs the real kube-scheduler v1.36.3 (hack/build-control-plane.sh) against env.
 func startScheduler(t *testing.T, env *testenv.Env) {
 	t.Helper()
-	bin := filepath.Join(env.BinDir, "kube-scheduler")
-	if _, err := os.Stat(bin); err != nil {
-		t.Fatalf("%s: run 'make control-plane' (it builds kube-scheduler from the Go module proxy): %v", bin, err)
-	}
-	dir := t.TempDir()
-	kcfg, err := env.AdminKubeconfig(dir)
+	s, err := env.StartScheduler(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	var log bytes.Buffer
-	cmd := exec.Command(bin, "--kubeconfig="+kcfg, "--authentication-kubeconfig="+kcfg, "--authorization-kubeconfig="+kcfg,
-		"--leader-elect=false", "--bind-address=127.0.0.1", "--secure-port=0", "-v=2")
-	cmd.Stdout, cmd.Stderr = &log, &log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // dies with a test binary killed by -timeout
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
 	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
+		s.Stop()
 		if t.Failed() {
-			t.Logf("kube-scheduler log (tail):\n%s", tailOf(log.String(), 3000))
+			t.Logf("kube-scheduler log (tail):\n%s", s.LogTail(3000))
 		}
 	})
 }

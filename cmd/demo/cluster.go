@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -35,8 +34,7 @@ type cluster struct {
 	kubeconfig string
 	kubectl    string
 	// scheduler is the kube-scheduler the sized claims need (sized.go), once started.
-	scheduler    *exec.Cmd
-	schedulerLog *os.File
+	scheduler *testenv.Scheduler
 }
 
 func startCluster() (*cluster, error) {

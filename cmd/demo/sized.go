@@ -4,11 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -93,34 +89,19 @@ func (c *cluster) waitAllocated(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
-			log, _ := os.ReadFile(filepath.Join(c.dir, "kube-scheduler.log"))
-			return fmt.Errorf("the scheduler did not allocate %s within a minute; kube-scheduler's log ends:\n%s", strings.Join(pending, ", "), tail(string(log), 3000))
+			return fmt.Errorf("the scheduler did not allocate %s within a minute; kube-scheduler's log ends:\n%s", strings.Join(pending, ", "), c.scheduler.LogTail(3000))
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
 }
 
-// startScheduler runs bin/kube-scheduler (make control-plane builds it) against the embedded API server;
-// stop ends it.
+// startScheduler runs the real kube-scheduler against the embedded API server; stop ends it.
 func (c *cluster) startScheduler() error {
-	bin := filepath.Join(c.env.BinDir, "kube-scheduler")
-	if _, err := os.Stat(bin); err != nil {
-		return fmt.Errorf("%s: run 'make control-plane' (it builds kube-scheduler from the Go module proxy): %w", bin, err)
-	}
-	logFile, err := os.Create(filepath.Join(c.dir, "kube-scheduler.log"))
+	s, err := c.env.StartScheduler(c.dir)
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(bin, "--kubeconfig="+c.kubeconfig, "--authentication-kubeconfig="+c.kubeconfig, "--authorization-kubeconfig="+c.kubeconfig,
-		"--leader-elect=false", "--bind-address=127.0.0.1", "--secure-port=0", "-v=2")
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // dies with the demo
-	if err := cmd.Start(); err != nil {
-		_ = logFile.Close()
-		return err
-	}
-	c.scheduler = cmd
-	c.schedulerLog = logFile
+	c.scheduler = s
 	return nil
 }
 
@@ -145,17 +126,7 @@ func (c *cluster) markReady(ctx context.Context, name string) error {
 
 // stopScheduler ends kube-scheduler, if started.
 func (c *cluster) stopScheduler() {
-	if c.scheduler == nil {
-		return
+	if c.scheduler != nil {
+		c.scheduler.Stop()
 	}
-	_ = c.scheduler.Process.Kill()
-	_ = c.scheduler.Wait()
-	_ = c.schedulerLog.Close()
-}
-
-func tail(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
 }

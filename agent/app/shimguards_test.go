@@ -25,10 +25,7 @@ func TestShimClientPriorityComesFromItsPod(t *testing.T) {
 	// Names of this run's own: with no kubelet, a deleted pod bound to a node stays (terminating), so a
 	// second run in the same API server (-count) must not reuse the first one's names.
 	pc := &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{GenerateName: "app-gpu-high-"}, Value: 1000}
-	if err := env.Client.Create(ctx, pc); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Client.Delete(ctx, pc) })
+	env.PriorityClass(t, ctx, pc)
 	node := "prio-node-" + pc.Name[len(pc.GenerateName):]
 	root := t.TempDir()
 	pod := func(name, class string, pid int32) {

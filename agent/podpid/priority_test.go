@@ -16,10 +16,7 @@ import (
 func TestPriorityIsThePodsResolvedPriorityClassValue(t *testing.T) {
 	ctx := context.Background()
 	pc := &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: "podpid-gpu-high"}, Value: 1000}
-	if err := env.Client.Create(ctx, pc); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Client.Delete(ctx, pc) })
+	env.PriorityClass(t, ctx, pc)
 	high := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "high", Namespace: "default"},
 		Spec: corev1.PodSpec{NodeName: "node-p", PriorityClassName: pc.Name,

@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gpusharing/gpusharing/test/testenv"
 )
@@ -67,7 +68,9 @@ func createPod(t *testing.T, name, node string) *corev1.Pod {
 	if err := env.Client.Create(context.Background(), p); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), p) })
+	// At once: with no kubelet, a pod bound to a node would stay terminating and keep its name from the
+	// next run of the test (-count).
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), p, client.GracePeriodSeconds(0)) })
 	return p
 }
 

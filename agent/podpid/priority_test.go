@@ -9,6 +9,7 @@ import (
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // The priority a pid gets is its pod's, as the API server's Priority admission resolved it from the
@@ -25,7 +26,7 @@ func TestPriorityIsThePodsResolvedPriorityClassValue(t *testing.T) {
 	if err := env.Client.Create(ctx, high); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = env.Client.Delete(ctx, high) })
+	t.Cleanup(func() { _ = env.Client.Delete(ctx, high, client.GracePeriodSeconds(0)) })
 	plain := createPod(t, "plain", "node-p")
 
 	root := t.TempDir()

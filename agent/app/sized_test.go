@@ -35,7 +35,7 @@ type preparedClaim struct {
 }
 
 // prepareSizedClaim runs an agent with DRA and the accounting (every 100 ms), sizes its GPU per claim
-// with sizing, and prepares the claim as the kubelet would, the pod's process using 3 GiB.
+// with sizing, and prepares the claim as the kubelet would; then the pod's process uses 3 GiB.
 func prepareSizedClaim(t *testing.T, sizing v1alpha1.Sizing) preparedClaim {
 	t.Helper()
 	ctx := context.Background()
@@ -61,7 +61,6 @@ func prepareSizedClaim(t *testing.T, sizing v1alpha1.Sizing) preparedClaim {
 
 	const pid = 4343
 	pod := accountedPod(t, "sized-"+n.name, n.name, procRoot, pid)
-	n.gpus.GPUs[0].SetUsage(nvmlmock.Proc(pid, 3<<30, 40))
 
 	// The scheduler's work, written as it writes it: a 10Gi, 30% share of the sized device, reserved for the pod.
 	claim := &resourcev1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: "sized-" + n.name},
@@ -95,6 +94,9 @@ func prepareSizedClaim(t *testing.T, sizing v1alpha1.Sizing) preparedClaim {
 		got := resp.Claims[string(claim.UID)]
 		return got != nil && got.Error == "", fmt.Sprintf("prepare = %+v", got)
 	}, "the claim prepared")
+	// The pod's process uses the GPU only now, as on a node: the kubelet starts a pod's containers after
+	// its claims are prepared (a pod using the GPU without a claim is over its claims).
+	n.gpus.GPUs[0].SetUsage(nvmlmock.Proc(pid, 3<<30, 40))
 	return preparedClaim{n: n, gpu: gpuUUID, pid: pid, pod: pod, claim: claim, kubelet: kubelet, ref: ref}
 }
 

@@ -254,7 +254,7 @@ func (r *Reconciler) convergeGPUs(ctx context.Context, sc *scope) {
 		}
 		st := gpuStatus(dev, r.observe(dev.UUID), want, err, prev[dev.UUID])
 		st.Drain = drainSt
-		st.Usage = r.gpuUsage(dev.UUID, prev[dev.UUID])
+		st.Usage = r.gpuUsage(dev.UUID, prev[dev.UUID], appliedQoS(&st))
 		sc.gpus = append(sc.gpus, st)
 	}
 	r.cleanupDrains(sc, listed)

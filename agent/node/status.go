@@ -83,6 +83,14 @@ func gpuStatus(dev gpu.Device, obs observed, desired *v1alpha1.GPUDesired, err e
 	case desired != nil && prev != nil && prev.Applied != nil && prev.Applied.Strategy == st.Applied.Strategy:
 		st.Applied.Sizing = prev.Applied.Sizing.DeepCopy()
 	}
+	// Production classes take effect with the sharing that carries them (the shim's scheduler, the MPS
+	// clients' env), so they are in force exactly when it is.
+	switch {
+	case desired != nil && err == nil:
+		st.Applied.QoS = desired.Sharing.QoS.DeepCopy()
+	case desired != nil && prev != nil && prev.Applied != nil && prev.Applied.Strategy == st.Applied.Strategy:
+		st.Applied.QoS = prev.Applied.QoS.DeepCopy()
+	}
 	if st.Applied.Sizing.PerClaim() {
 		setCondition(&st.Conditions, v1alpha1.ConditionDevicePlugin, metav1.ConditionFalse, v1alpha1.ReasonSizedByClaim,
 			"shares are sized per claim, which only DRA carries: claim them with the DeviceClass gpusharing-sized")

@@ -35,13 +35,20 @@ type UsageSource interface {
 // worth a pass; samples arrive on the accounting's goroutine.
 type usageState struct {
 	mu        sync.Mutex
-	published map[string]*v1alpha1.GPUUsage
+	published map[string]publishedUsage
+}
+
+// publishedUsage is one GPU's usage as the last pass published it, with the production classes it
+// was classed by.
+type publishedUsage struct {
+	usage *v1alpha1.GPUUsage
+	qos   *v1alpha1.QoS
 }
 
 func (u *usageState) set(gpus []v1alpha1.GPUStatus) {
-	m := make(map[string]*v1alpha1.GPUUsage, len(gpus))
-	for _, g := range gpus {
-		m[g.UUID] = g.Usage
+	m := make(map[string]publishedUsage, len(gpus))
+	for i := range gpus {
+		m[gpus[i].UUID] = publishedUsage{usage: gpus[i].Usage, qos: appliedQoS(&gpus[i])}
 	}
 	u.mu.Lock()
 	u.published = m
@@ -72,7 +79,7 @@ func (r *Reconciler) UsageSampled(snap accounting.Snapshot) {
 		if !ok {
 			continue // a GPU the status does not list yet: the pass that lists it reads the snapshot
 		}
-		if !equality.Semantic.DeepEqual(usageStatus(g, prev), prev) {
+		if !equality.Semantic.DeepEqual(usageStatus(g, prev.usage, prev.qos), prev.usage) {
 			r.Notify()
 			return
 		}
@@ -81,7 +88,7 @@ func (r *Reconciler) UsageSampled(snap accounting.Snapshot) {
 
 // gpuUsage is the GPU's usage for the status: from the latest snapshot, or what was published where
 // the accounting has not read the GPU (yet, or this time).
-func (r *Reconciler) gpuUsage(uuid string, prev *v1alpha1.GPUStatus) *v1alpha1.GPUUsage {
+func (r *Reconciler) gpuUsage(uuid string, prev *v1alpha1.GPUStatus, qos *v1alpha1.QoS) *v1alpha1.GPUUsage {
 	var old *v1alpha1.GPUUsage
 	if prev != nil {
 		old = prev.Usage
@@ -93,12 +100,21 @@ func (r *Reconciler) gpuUsage(uuid string, prev *v1alpha1.GPUStatus) *v1alpha1.G
 	if !ok || g.Err != nil {
 		return old
 	}
-	return usageStatus(g, old)
+	return usageStatus(g, old, qos)
+}
+
+// appliedQoS is the production classes in force on the GPU of st, nil where it has none.
+func appliedQoS(st *v1alpha1.GPUStatus) *v1alpha1.QoS {
+	if st.Applied == nil {
+		return nil
+	}
+	return st.Applied.QoS
 }
 
 // usageStatus builds status.gpus[].usage from one GPU's account, keeping each figure of prev that moved
-// less than its threshold, so that the status changes only when a reader would care.
-func usageStatus(g accounting.GPU, prev *v1alpha1.GPUUsage) *v1alpha1.GPUUsage {
+// less than its threshold, so that the status changes only when a reader would care. Under production
+// classes (qos) each consumer is classed by its pod's priority.
+func usageStatus(g accounting.GPU, prev *v1alpha1.GPUUsage, qos *v1alpha1.QoS) *v1alpha1.GPUUsage {
 	out := &v1alpha1.GPUUsage{Processes: int32(len(g.Processes))}
 	used := g.MemoryUsed
 	if g.ProcessesRead {
@@ -120,7 +136,8 @@ func usageStatus(g accounting.GPU, prev *v1alpha1.GPUUsage) *v1alpha1.GPUUsage {
 	out.OmittedConsumers = int32(len(g.Containers) - len(top))
 	for _, c := range top {
 		old := prevByKey[c.Namespace+"/"+c.Name+"/"+c.Container]
-		gc := v1alpha1.GPUConsumer{Namespace: c.Namespace, Pod: c.Name, Container: c.Container, Processes: int32(len(c.PIDs))}
+		gc := v1alpha1.GPUConsumer{Namespace: c.Namespace, Pod: c.Name, Container: c.Container, Processes: int32(len(c.PIDs)),
+			Class: v1alpha1.ClassOf(qos, c.Priority)}
 		if c.MemoryComplete {
 			gc.Memory = steadyMemory(c.MemoryBytes, old.Memory)
 		}

@@ -34,7 +34,7 @@ func ctr(pod string, memory uint64, sm float64, pids ...int32) accounting.Contai
 }
 
 func TestUsageStatusPublishesOnlyChangesPastTheThresholds(t *testing.T) {
-	prev := usageStatus(usageOf(ctr("a", 4096*mib, 40, 1)), nil)
+	prev := usageStatus(usageOf(ctr("a", 4096*mib, 40, 1)), nil, nil)
 	tests := []struct {
 		name    string
 		now     accounting.GPU
@@ -50,7 +50,7 @@ func TestUsageStatusPublishesOnlyChangesPastTheThresholds(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := usageStatus(tt.now, prev)
+			got := usageStatus(tt.now, prev, nil)
 			if changed := !equality.Semantic.DeepEqual(got, prev); changed != tt.changed {
 				t.Errorf("changed = %v, want %v: %+v -> %+v", changed, tt.changed, prev, got)
 			}
@@ -64,7 +64,7 @@ func TestUsageStatusListsAtMostMaxConsumersLargestFirst(t *testing.T) {
 		cs = append(cs, accounting.Container{Ref: podpid.Ref{Namespace: "ns", Name: fmt.Sprintf("pod-%02d", i)}, PIDs: []int32{int32(i + 1)},
 			MemoryBytes: uint64(i+1) * 1024 * mib, MemoryComplete: true})
 	}
-	st := usageStatus(usageOf(cs...), nil)
+	st := usageStatus(usageOf(cs...), nil, nil)
 	if len(st.Consumers) != v1alpha1.MaxConsumersInStatus || st.OmittedConsumers != 8 || st.Processes != int32(len(cs)) {
 		t.Fatalf("consumers %d omitted %d processes %d; want %d, 8, %d", len(st.Consumers), st.OmittedConsumers, st.Processes, v1alpha1.MaxConsumersInStatus, len(cs))
 	}
@@ -80,7 +80,7 @@ func TestUsageSampleWakesAPassOnlyWhenTheStatusWouldChange(t *testing.T) {
 	wakes := 0
 	r := &Reconciler{Notify: func() { wakes++ }}
 	g := usageOf(ctr("a", 4096*mib, 40, 1))
-	r.usage.set([]v1alpha1.GPUStatus{{UUID: "GPU-0", Usage: usageStatus(g, nil)}})
+	r.usage.set([]v1alpha1.GPUStatus{{UUID: "GPU-0", Usage: usageStatus(g, nil, nil)}})
 	r.UsageSampled(accounting.Snapshot{GPUs: []accounting.GPU{usageOf(ctr("a", 4100*mib, 45, 1))}})
 	if wakes != 0 {
 		t.Errorf("a sample within the thresholds woke %d passes", wakes)
@@ -164,4 +164,30 @@ func (p fixedPods) Refs(_ context.Context, pids []int32) map[int32]podpid.Ref {
 		}
 	}
 	return out
+}
+
+func TestConsumersAreClassedByTheirPodsPriorityUnderProductionClasses(t *testing.T) {
+	serve, batch := ctr("serve", 4096*mib, 30, 1), ctr("batch", 8192*mib, 60, 2)
+	serve.Priority, batch.Priority = 1000, 10
+	g := usageOf(serve, batch)
+	class := func(st *v1alpha1.GPUUsage) map[string]v1alpha1.WorkloadClass {
+		out := map[string]v1alpha1.WorkloadClass{}
+		for _, c := range st.Consumers {
+			out[c.Pod] = c.Class
+		}
+		return out
+	}
+	if got := class(usageStatus(g, nil, nil)); got["serve"] != "" || got["batch"] != "" {
+		t.Errorf("without qos: classes %v, want none", got)
+	}
+	qos := &v1alpha1.QoS{ProductionPriority: 1000}
+	got := class(usageStatus(g, nil, qos))
+	if got["serve"] != v1alpha1.ClassProduction || got["batch"] != v1alpha1.ClassOpportunistic {
+		t.Errorf("productionPriority 1000: classes %v, want serve Production (priority 1000), batch Opportunistic (10)", got)
+	}
+	// A changed threshold reclasses at once: the published usage is compared with its classes.
+	qos.ProductionPriority = 1001
+	if got := class(usageStatus(g, nil, qos)); got["serve"] != v1alpha1.ClassOpportunistic {
+		t.Errorf("productionPriority 1001: serve is %s, want Opportunistic", got["serve"])
+	}
 }

@@ -16,6 +16,8 @@ import (
 type Ref struct {
 	Namespace, Name, Container string
 	UID                        string
+	// Priority is the pod's spec.priority as the API server resolved it (0 where it has none).
+	Priority int32
 }
 
 // String is "namespace/name".
@@ -87,7 +89,7 @@ func (r *Resolver) Refs(ctx context.Context, pids []int32) map[int32]Ref {
 			continue
 		}
 		ns, pod, _ := strings.Cut(name, "/")
-		out[pid] = Ref{Namespace: ns, Name: pod, UID: f.uid, Container: r.containers[f.container]}
+		out[pid] = Ref{Namespace: ns, Name: pod, UID: f.uid, Container: r.containers[f.container], Priority: r.prioByID[f.uid]}
 	}
 	return out
 }

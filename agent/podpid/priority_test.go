@@ -46,6 +46,11 @@ func TestPriorityIsThePodsResolvedPriorityClassValue(t *testing.T) {
 	if _, ok := r.Priority(ctx, 33); ok {
 		t.Error("a pid without a /proc entry was given a priority")
 	}
+	// The accounting's per-container refs carry the same priority (it classes a GPU's consumers).
+	refs := r.Refs(ctx, []int32{30, 31, 32})
+	if refs[30].Priority != 1000 || refs[31].Priority != 0 || len(refs) != 2 {
+		t.Errorf("refs %+v: want pid 30 at priority 1000, pid 31 at 0, and no host process", refs)
+	}
 }
 
 // A new pod's process is looked up with a fresh list even within MinRelist (a miss would leave it at

@@ -290,6 +290,9 @@ type AppliedSharing struct {
 	// with consumable capacity from it, and the device plugin leaves the GPU out.
 	// +optional
 	Sizing *Sizing `json:"sizing,omitempty"`
+	// qos is the production classes in force (sharing.qos), once applied.
+	// +optional
+	QoS *QoS `json:"qos,omitempty"`
 }
 
 // MPSDaemonState is the state of a GPU's MPS control daemon. The agent's mps package sets it and the
@@ -503,6 +506,34 @@ type GPUConsumer struct {
 	// +kubebuilder:validation:Maximum=100
 	// +optional
 	SMUtilization *int32 `json:"smUtilization,omitempty"`
+	// class is Production or Opportunistic on a GPU whose sharing sets qos (by the pod's priority
+	// against qos.productionPriority); absent elsewhere.
+	// +optional
+	Class WorkloadClass `json:"class,omitempty"`
+}
+
+// WorkloadClass is a pod's class on a GPU with production classes (sharing.qos).
+// +kubebuilder:validation:Enum=Production;Opportunistic
+type WorkloadClass string
+
+// Workload classes.
+const (
+	// ClassProduction: the pod's priority is at least qos.productionPriority.
+	ClassProduction WorkloadClass = "Production"
+	// ClassOpportunistic: every other pod on the GPU.
+	ClassOpportunistic WorkloadClass = "Opportunistic"
+)
+
+// ClassOf is the class of a pod of priority p under q; empty where q is nil (no classes).
+func ClassOf(q *QoS, p int32) WorkloadClass {
+	switch {
+	case q == nil:
+		return ""
+	case q.Production(p):
+		return ClassProduction
+	default:
+		return ClassOpportunistic
+	}
 }
 
 // GPUNode is one node's GPUs: desired sharing (spec, from the controller) against what is applied

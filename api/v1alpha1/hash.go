@@ -77,7 +77,11 @@ var sharingHashLaterDefaults = map[string]string{
 	"sizing.memoryStep": "",
 	"sizing.minMemory":  "",
 	// Omitted means Report: both hash alike.
-	"sizing.onExceed": `"Report"`,
+	"sizing.onExceed":                   `"Report"`,
+	"qos":                               "",
+	"qos.productionPriority":            "",
+	"qos.opportunisticQueue":            "",
+	"qos.opportunisticThreadPercentage": "",
 }
 
 // canonicalJSON writes v as encoding/json would, except that fields outside sharingHashV1Fields are

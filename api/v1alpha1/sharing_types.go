@@ -29,6 +29,9 @@ const (
 // +kubebuilder:validation:XValidation:rule="!has(self.sizing) || self.sizing.mode != 'PerClaim' || self.strategy != 'MIG'",message="sharing.sizing: mode PerClaim is not possible with MIG (an instance's size is its profile's)"
 // +kubebuilder:validation:XValidation:rule="!has(self.sizing) || self.sizing.mode != 'PerClaim' || self.strategy in ['MPS', 'MIG'] || has(self.oversubscription)",message="sharing.sizing: mode PerClaim needs something that enforces each claim's size: strategy MPS, or oversubscription (the shim's memory limit) with TimeSlicing or Exclusive"
 // +kubebuilder:validation:XValidation:rule="!has(self.sizing) || self.sizing.mode != 'PerClaim' || !has(self.mps) || (!has(self.mps.activeThreadPercentage) && !has(self.mps.pinnedMemoryLimit))",message="sharing.mps: leave activeThreadPercentage and pinnedMemoryLimit unset with sizing PerClaim (each claim sets its own, and an MPS client can only lower the daemon's defaults)"
+// +kubebuilder:validation:XValidation:rule="!has(self.qos) || self.strategy == 'MPS' || has(self.oversubscription)",message="sharing.qos: needs something that can favour production: strategy MPS (client priority), or oversubscription (the shim's lock) with TimeSlicing or Exclusive; plain time-slicing gives every process equal turns and cannot"
+// +kubebuilder:validation:XValidation:rule="!has(self.qos) || !has(self.qos.opportunisticThreadPercentage) || self.strategy == 'MPS'",message="sharing.qos.opportunisticThreadPercentage: applies only to strategy MPS"
+// +kubebuilder:validation:XValidation:rule="!has(self.qos) || !has(self.qos.opportunisticQueue) || has(self.oversubscription)",message="sharing.qos.opportunisticQueue: applies only with oversubscription (the shim paces its launches)"
 type Sharing struct {
 	// strategy is how the GPU is shared: Exclusive, TimeSlicing, MPS or MIG.
 	// +required
@@ -57,6 +60,52 @@ type Sharing struct {
 	// Changing it is disruptive: the GPU is drained first.
 	// +optional
 	Sizing *Sizing `json:"sizing,omitempty"`
+
+	// qos splits the GPU's pods into production and opportunistic by their priority: production runs as
+	// if alone as far as the strategy allows, opportunistic work takes what production leaves. Only with
+	// MPS or with oversubscription. Changing it is not disruptive.
+	// +optional
+	QoS *QoS `json:"qos,omitempty"`
+}
+
+// QoS is how a GPU favours production pods over opportunistic ones.
+type QoS struct {
+	// productionPriority: a pod whose priority (its PriorityClass's value, as the API server resolved it
+	// at admission) is at least this is production; every other pod on the GPU is opportunistic. What a
+	// pod's own processes say (GPUSHARE_PRIORITY, CUDA_MPS_CLIENT_PRIORITY) never makes it production.
+	// +required
+	ProductionPriority int32 `json:"productionPriority"`
+
+	// opportunisticQueue (oversubscription only) is how many kernel and graph launches an opportunistic
+	// process may have queued on the GPU while a production process is connected, so that production,
+	// which takes the lock from it at once, shares the GPU only with that much of its work. 1-1024;
+	// omitted: 16.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1024
+	// +optional
+	OpportunisticQueue *int32 `json:"opportunisticQueue,omitempty"`
+
+	// opportunisticThreadPercentage (MPS only) caps the share of the GPU's SMs an opportunistic client
+	// may use, 1-100, on top of its share's own cap. Opportunistic clients also run at MPS client
+	// priority "below normal". Omitted: no extra cap.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	// +optional
+	OpportunisticThreadPercentage *int32 `json:"opportunisticThreadPercentage,omitempty"`
+}
+
+// DefaultOpportunisticQueue is the opportunistic launch queue when the policy sets none.
+const DefaultOpportunisticQueue = 16
+
+// Production says whether a pod of priority p is production under q; nil q has no production class.
+func (q *QoS) Production(p int32) bool { return q != nil && p >= q.ProductionPriority }
+
+// Queue is the opportunistic launch queue, DefaultOpportunisticQueue where unset.
+func (q *QoS) Queue() int32 {
+	if q == nil || q.OpportunisticQueue == nil {
+		return DefaultOpportunisticQueue
+	}
+	return *q.OpportunisticQueue
 }
 
 // SizingMode says who sizes a shared GPU's shares.

@@ -174,6 +174,22 @@ func TestRejectsInvalidPolicies(t *testing.T) {
 			[]string{"sizing.minMemory: must be a multiple of memoryStep"}},
 		{"minimum memory not a multiple of the default step", `sharing: {strategy: MPS, mps: {replicas: 4}, sizing: {mode: PerClaim, minMemory: 1536Mi}}`,
 			[]string{"sizing.minMemory: must be a multiple of memoryStep (1Gi when unset)"}},
+		{"production classes on plain time-slicing", `sharing: {strategy: TimeSlicing, timeSlicing: {replicas: 2}, qos: {productionPriority: 1000}}`,
+			[]string{"sharing.qos: needs something that can favour production"}},
+		{"production classes on a whole GPU without the shim", `sharing: {strategy: Exclusive, qos: {productionPriority: 1000}}`,
+			[]string{"sharing.qos: needs something that can favour production"}},
+		{"production classes with MIG", `sharing: {strategy: MIG, mig: {instances: [{profile: 1g.10gb, count: 1}]}, qos: {productionPriority: 1000}}`,
+			[]string{"sharing.qos: needs something that can favour production"}},
+		{"an opportunistic thread cap without MPS", `sharing: {strategy: Exclusive, oversubscription: {}, qos: {productionPriority: 1, opportunisticThreadPercentage: 30}}`,
+			[]string{"sharing.qos.opportunisticThreadPercentage: applies only to strategy MPS"}},
+		{"an opportunistic launch queue without the shim", `sharing: {strategy: MPS, mps: {replicas: 2}, qos: {productionPriority: 1, opportunisticQueue: 8}}`,
+			[]string{"sharing.qos.opportunisticQueue: applies only with oversubscription"}},
+		{"production classes without a threshold", `sharing: {strategy: MPS, mps: {replicas: 2}, qos: {}}`,
+			[]string{"spec.sharing.qos.productionPriority", "Required value"}},
+		{"an empty opportunistic launch queue", `sharing: {strategy: Exclusive, oversubscription: {}, qos: {productionPriority: 1, opportunisticQueue: 0}}`,
+			[]string{"spec.sharing.qos.opportunisticQueue", "should be greater than or equal to 1"}},
+		{"an opportunistic thread cap over 100", `sharing: {strategy: MPS, mps: {replicas: 2}, qos: {productionPriority: 1, opportunisticThreadPercentage: 101}}`,
+			[]string{"spec.sharing.qos.opportunisticThreadPercentage", "should be less than or equal to 100"}},
 	}
 	ctx := context.Background()
 	for i, tc := range cases {
@@ -208,6 +224,24 @@ func TestAcceptsSizingWhereSomethingEnforcesIt(t *testing.T) {
 		`sharing: {strategy: MPS, mps: {replicas: 4}, sizing: {mode: PerClaim, memoryStep: 1Ti}}`,
 	} {
 		obj := policy(t, fmt.Sprintf("sized-%d", i), spec)
+		if err := env.Client.Create(ctx, obj); err != nil {
+			t.Errorf("%s: rejected: %v", spec, err)
+			continue
+		}
+		t.Cleanup(func() { _ = env.Client.Delete(context.Background(), obj) })
+	}
+}
+
+func TestAcceptsProductionClassesWhereSomethingFavoursProduction(t *testing.T) {
+	ctx := context.Background()
+	for i, spec := range []string{
+		`sharing: {strategy: MPS, mps: {replicas: 4}, qos: {productionPriority: 1000}}`,
+		`sharing: {strategy: MPS, mps: {replicas: 4}, qos: {productionPriority: -5, opportunisticThreadPercentage: 30}}`,
+		`sharing: {strategy: Exclusive, oversubscription: {}, qos: {productionPriority: 1000, opportunisticQueue: 4}}`,
+		`sharing: {strategy: TimeSlicing, timeSlicing: {replicas: 2}, oversubscription: {antiThrashing: Always}, qos: {productionPriority: 0}}`,
+		`sharing: {strategy: MPS, mps: {replicas: 4}, sizing: {mode: PerClaim}, qos: {productionPriority: 100}}`,
+	} {
+		obj := policy(t, fmt.Sprintf("qos-%d", i), spec)
 		if err := env.Client.Create(ctx, obj); err != nil {
 			t.Errorf("%s: rejected: %v", spec, err)
 			continue

@@ -143,6 +143,10 @@ bench-shim: ## Shim launch tax, hand-off and idle release (needs a GPU)
 bench-oversub: ## Oversubscription swap rate and paired-job completion times (needs a GPU)
 	$(MAKE) -C shim bench-oversub
 
+.PHONY: bench-qos
+bench-qos: ## Production inference beside opportunistic training in every sharing mode, side by side (needs a GPU; carry shim/build/gpushare-scheduler)
+	test/gpu/qos/bench.sh
+
 $(CONTROLLER_GEN):
 	GOBIN=$(BIN) go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_TOOLS_VERSION)
 

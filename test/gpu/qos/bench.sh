@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# make bench-qos (GPU machine): production inference beside opportunistic ResNet-50 training, side by side
+# in one run, in each way this GPU can share:
+#   alone       production only (the p50/p99 every ratio is against); solo: the trainer only
+#   timeslice   both processes, plain (the driver's time-slicing between contexts)
+#   mps         both MPS clients of one daemon
+#   mps-prio    the same, the trainer at CUDA_MPS_CLIENT_PRIORITY=1
+#   gs-mps      what gpusharing gives an opportunistic pod on an MPS GPU with sharing.qos: client priority 1
+#               and opportunisticThreadPercentage (QOS_MPS_THREADS, default 50)
+#   gs-shim     gpusharing's shim on both (oversubscription on, memory fits): production preempts the
+#               trainer's lock at once, the trainer's launch queue is bounded while production is connected
+#   gs-oversub  the same with a memory budget production + two trainers exceed: the trainers swap between
+#               themselves, production's memory stays resident
+# Production serves ResNet-50 and BERT-base (batch 8, fp16) to Poisson arrivals at 30% and 70% load (load =
+# rate x solo service time), REPS times each; per configuration it prints p50/p99 against alone (median
+# of the repetitions, with min-max) and the trainers' throughput against solo, and whether production's
+# outputs and the trainer's first losses are bit-identical to their runs alone.
+#
+# No Go on the GPU machine: build the standalone scheduler elsewhere and carry it along:
+#   go build -o shim/build/gpushare-scheduler ./cmd/gpushare-scheduler
+# The GPU is shared: compute mode and the time-slice policy are never changed, MPS runs with its own pipe
+# and log directories under a temporary folder and is quit before the script ends, and no managed memory
+# is used. CONFIGS picks configurations (alone and solo always run: every ratio is against them).
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
+HERE=$ROOT/test/gpu/qos
+OUT=${OUT:-/tmp/gpu-qos-out}
+BUILD=$ROOT/shim/build
+REPS=${REPS:-3}
+SECONDS_PER_PHASE=${SECONDS_PER_PHASE:-6}
+CONFIGS=${CONFIGS:-timeslice mps mps-prio gs-mps gs-shim gs-oversub}
+QOS_MPS_THREADS=${QOS_MPS_THREADS:-50}
+QUANTUM=${QUANTUM:-2s}
+mkdir -p "$OUT"
+T=$(mktemp -d /tmp/gs-qos.XXXXXX)
+exec > >(tee "$OUT/bench.log") 2>&1
+MPS_PIPE=$T/mps-pipe MPS_LOG=$T/mps-log SCHED_PID=""
+cleanup() {
+	pkill -TERM -f "$HERE/train.py" 2>/dev/null
+	pkill -TERM -f "$HERE/serve.py" 2>/dev/null
+	[ -n "$SCHED_PID" ] && kill -INT "$SCHED_PID" 2>/dev/null && wait "$SCHED_PID" 2>/dev/null
+	if [ -e "$MPS_PIPE/control" ]; then echo quit | CUDA_MPS_PIPE_DIRECTORY=$MPS_PIPE nvidia-cuda-mps-control; sleep 1; fi
+	tar czf "$OUT/logs.tgz" -C "$T" . 2>/dev/null
+	rm -rf "$T"
+}
+trap cleanup EXIT
+
+echo "# bench-qos $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader -i 0)"
+echo "# command: make bench-qos REPS=$REPS SECONDS_PER_PHASE=$SECONDS_PER_PHASE CONFIGS=\"$CONFIGS\" QOS_MPS_THREADS=$QOS_MPS_THREADS QUANTUM=$QUANTUM"
+python3 -c 'import torch; print("# torch", torch.__version__, "cuda", torch.version.cuda)'
+nvidia-smi --query-gpu=compute_mode,memory.used --format=csv -i 0
+make -s -C "$ROOT/shim" all || exit 1
+[ -x "$BUILD/gpushare-scheduler" ] || { echo "missing $BUILD/gpushare-scheduler (go build -o shim/build/gpushare-scheduler ./cmd/gpushare-scheduler)"; exit 1; }
+UUID=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i 0 | tr -d ' ')
+export CUDA_VISIBLE_DEVICES=0
+
+PHASES=""
+for rep in $(seq 0 $((REPS - 1))); do
+	for model in resnet50 bert; do
+		for load in 0.3 0.7; do PHASES="$PHASES${PHASES:+,}$model:$load:$rep"; done
+	done
+done
+
+# run_config NAME TRAINERS SERVER_ENV TRAINER_ENV [TRAIN_ARGS]: the trainers start first; production builds and
+# warms its models meanwhile and starts its phases once every trainer has run a few steps.
+run_config() {
+	local name=$1 trainers=$2 senv=$3 tenv=$4 targs=${5:-}
+	local d=$T/$name
+	mkdir -p "$d"
+	local pids=()
+	for i in $(seq 1 "$trainers"); do
+		env $tenv timeout 900 python3 "$HERE/train.py" --out "$d/train$i.json" --ready "$d/train$i.ready" $targs \
+			>"$d/train$i.log" 2>&1 &
+		pids+=($!)
+	done
+	if [ "$name" = solo ]; then
+		for _ in $(seq 600); do [ -e "$d/train1.ready" ] && break; sleep 0.1; done
+		sleep $((SECONDS_PER_PHASE * 3))
+	else
+		env $senv timeout 900 python3 "$HERE/serve.py" --service "$SERVICE" --phases "$PHASES" \
+			--seconds "$SECONDS_PER_PHASE" --ready "$d/serve.ready" >"$d/serve.json" 2>"$d/serve.log" &
+		local spid=$!
+		for _ in $(seq 1800); do
+			local n=0
+			for i in $(seq 1 "$trainers"); do [ -e "$d/train$i.ready" ] && n=$((n + 1)); done
+			[ -e "$d/serve.ready" ] && [ "$n" -eq "$trainers" ] && break
+			sleep 0.1
+		done
+		touch "$d/serve.ready.go"
+		wait $spid || echo "!! $name: production exited with $?; $(tail -3 "$d/serve.log")"
+	fi
+	for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+	for p in "${pids[@]}"; do wait "$p" || echo "!! $name: a trainer exited with $?; $(tail -3 "$d/train1.log")"; done
+	echo "-- $name done"
+}
+
+start_mps() {
+	mkdir -p "$MPS_PIPE" "$MPS_LOG"
+	CUDA_MPS_PIPE_DIRECTORY=$MPS_PIPE CUDA_MPS_LOG_DIRECTORY=$MPS_LOG nvidia-cuda-mps-control -d
+}
+stop_mps() {
+	echo quit | CUDA_MPS_PIPE_DIRECTORY=$MPS_PIPE nvidia-cuda-mps-control
+	for _ in $(seq 100); do pgrep -f nvidia-cuda-mps-server >/dev/null || break; sleep 0.1; done
+	rm -rf "$MPS_PIPE"
+}
+start_sched() { # start_sched BUDGET_BYTES
+	SOCK_DIR=$T/sock-$1
+	mkdir -p "$SOCK_DIR"
+	"$BUILD/gpushare-scheduler" --socket-dir "$SOCK_DIR" --gpu "$UUID:$QUANTUM::$1:Auto" -v 1 2>"$T/scheduler-$1.log" &
+	SCHED_PID=$!
+	for _ in $(seq 100); do [ -S "$SOCK_DIR/$UUID.sock" ] && break; sleep 0.05; done
+	SHIM="LD_PRELOAD=$BUILD/libgpushare.so GPUSHARE_SOCKET=$SOCK_DIR/$UUID.sock GPUSHARE_GPU_UUID=$UUID GPUSHARE_OVERSUB=1"
+}
+stop_sched() {
+	kill -INT "$SCHED_PID"
+	wait "$SCHED_PID"
+	SCHED_PID=""
+	grep -E "^client |^gpu |preempt" "$T/scheduler-$1.log" | head -20 | sed 's/^/  scheduler: /'
+}
+
+echo "== calibrate (production alone, back to back)"
+python3 "$HERE/serve.py" --calibrate >"$T/calibrate.json" 2>"$T/calibrate.log" || { cat "$T/calibrate.log"; exit 1; }
+cat "$T/calibrate.json"
+SERVICE=$(python3 -c 'import json,sys; c=json.load(open(sys.argv[1]))["calibrate"]; print(",".join(f"{k}={v:.3f}" for k,v in c.items()))' "$T/calibrate.json")
+echo "== alone"; run_config alone 0 "" ""
+echo "== solo"; run_config solo 1 "" ""
+MPS_ENV="CUDA_MPS_PIPE_DIRECTORY=$MPS_PIPE CUDA_MPS_LOG_DIRECTORY=$MPS_LOG"
+for c in $CONFIGS; do
+	echo "== $c"
+	case $c in
+	timeslice) run_config timeslice 1 "" "" ;;
+	mps) start_mps; run_config mps 1 "$MPS_ENV" "$MPS_ENV"; stop_mps ;;
+	mps-prio) start_mps; run_config mps-prio 1 "$MPS_ENV" "$MPS_ENV CUDA_MPS_CLIENT_PRIORITY=1"; stop_mps ;;
+	gs-mps)
+		start_mps
+		run_config gs-mps 1 "$MPS_ENV" "$MPS_ENV CUDA_MPS_CLIENT_PRIORITY=1 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$QOS_MPS_THREADS"
+		stop_mps ;;
+	gs-shim)
+		start_sched $((60 << 30))
+		run_config gs-shim 1 "$SHIM GPUSHARE_PRIORITY=high" "$SHIM"
+		stop_sched $((60 << 30)) ;;
+	gs-oversub)
+		# Production's memory plus one trainer's fit; a second trainer does not: they swap between themselves.
+		B=$(python3 - "$T" <<'PY'
+import json, sys
+t = json.load(open(sys.argv[1] + "/solo/train1.json"))["memory_reserved"]
+print(int(2 * 1024**3 + 1.5 * t))
+PY
+)
+		echo "   budget $((B >> 20)) MiB (2 GiB for production + 1.5 trainers)"
+		start_sched "$B"
+		run_config gs-oversub 2 "$SHIM GPUSHARE_PRIORITY=high" "$SHIM"
+		stop_sched "$B" ;;
+	*) echo "unknown configuration $c" ;;
+	esac
+done
+echo "== results"
+python3 "$HERE/report.py" "$T" alone solo $CONFIGS

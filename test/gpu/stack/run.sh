@@ -8,6 +8,8 @@
 #   make stack-bin            # xz-compressed etcd, kube-apiserver, kubectl, manager, agent, stackcheck
 # and run it on the GPU machine, from the repository root:
 #   test/gpu/stack/run.sh
+# SCENARIOS=sized test/gpu/stack/run.sh runs only some of stackcheck's scenarios (comma-separated: mps,
+# oversubscription, usage, sized; all by default).
 # The GPU machine is shared: MIG mode, compute mode and the time-slice policy are never changed (the agent gets a
 # refusing nvidia-smi; no policy asks for MIG or TimeSlicing), the GPU is never reset, MPS daemons live
 # under a temporary directory and are quit before the script ends, and no managed memory is used.
@@ -58,7 +60,7 @@ PY
 
 echo "== the stack"
 timeout 540 "$BIN/stackcheck" --repo "$ROOT" --assets "$BIN" --bin "$BIN" --shim-library "$ROOT/shim/build/libgpushare.so" \
-	--out "$DETAIL" --gpu "$GPU" --timeout 520s
+	--out "$DETAIL" --gpu "$GPU" --timeout 520s --scenarios "${SCENARIOS:-all}"
 rc=$?
 check "stackcheck passed" test "$rc" -eq 0
 

@@ -11,6 +11,7 @@ import (
 	"syscall"
 
 	"k8s.io/apimachinery/pkg/api/resource"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
 // container is a workload started the way the container runtime would start it for an allocation.
@@ -23,27 +24,62 @@ type container struct {
 	err   error
 }
 
-// passedThrough are the host variables a workload keeps besides Allocate's: what the image would set
+// passedThrough are the host variables a workload keeps besides its edits': what the image would set
 // (PATH, HOME) and the driver libraries' path the NVIDIA runtime provides, plus the machine's own rules.
 var passedThrough = []string{"PATH", "HOME", "LD_LIBRARY_PATH", "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"}
 
-// startContainer runs argv with exactly the env and mounts of alloc: in a mount namespace of its own,
-// each host path is bind-mounted at its container path (read-only where Allocate says so), and the
-// environment is Allocate's envs plus passedThrough.
-func (s *stack) startContainer(name string, alloc *allocation, argv []string) (*container, error) {
-	var script []string
-	for _, m := range alloc.resp.Mounts {
-		st, err := os.Stat(m.HostPath)
-		if err != nil {
-			return nil, fmt.Errorf("mount %s -> %s: %w", m.HostPath, m.ContainerPath, err)
+// edits are what the container runtime applies to a container for its devices: environment variables
+// and bind mounts. The device plugin's Allocate answer and a CDI device's containerEdits both come to this.
+type edits struct {
+	env    map[string]string
+	mounts []bindMount
+}
+
+// bindMount is one host path bind-mounted into the container, with CDI's mount options.
+type bindMount struct {
+	host, container string
+	options         []string
+}
+
+// editsOfAllocate are the edits of the device plugin's answer for one container.
+func editsOfAllocate(resp *pluginapi.ContainerAllocateResponse) edits {
+	e := edits{env: map[string]string{}}
+	for k, v := range resp.Envs {
+		e.env[k] = v
+	}
+	for _, m := range resp.Mounts {
+		b := bindMount{host: m.HostPath, container: m.ContainerPath}
+		if m.ReadOnly {
+			b.options = []string{"ro"}
 		}
-		if err := s.mountPoint(m.ContainerPath, st.IsDir()); err != nil {
+		e.mounts = append(e.mounts, b)
+	}
+	return e
+}
+
+// startContainer runs argv with exactly the env and mounts of alloc (startWith).
+func (s *stack) startContainer(name string, alloc *allocation, argv []string) (*container, error) {
+	return s.startWith(name, editsOfAllocate(alloc.resp), argv)
+}
+
+// startWith runs argv with exactly the edits: in a mount namespace of its own, each host path is
+// bind-mounted at its container path with its options, and the environment is the edits' plus
+// passedThrough.
+func (s *stack) startWith(name string, e edits, argv []string) (*container, error) {
+	var script []string
+	for _, m := range e.mounts {
+		st, err := os.Stat(m.host)
+		if err != nil {
+			return nil, fmt.Errorf("mount %s -> %s: %w", m.host, m.container, err)
+		}
+		lines, err := mountScript(m)
+		if err != nil {
 			return nil, err
 		}
-		script = append(script, fmt.Sprintf("mount --bind %s %s", shQuote(m.HostPath), shQuote(m.ContainerPath)))
-		if m.ReadOnly {
-			script = append(script, fmt.Sprintf("mount -o remount,bind,ro %s", shQuote(m.ContainerPath)))
+		if err := s.mountPoint(m.container, st.IsDir()); err != nil {
+			return nil, err
 		}
+		script = append(script, lines...)
 	}
 	env := []string{}
 	for _, k := range passedThrough {
@@ -51,13 +87,13 @@ func (s *stack) startContainer(name string, alloc *allocation, argv []string) (*
 			env = append(env, k+"="+v)
 		}
 	}
-	keys := make([]string, 0, len(alloc.resp.Envs))
-	for k := range alloc.resp.Envs {
+	keys := make([]string, 0, len(e.env))
+	for k := range e.env {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		env = append(env, k+"="+alloc.resp.Envs[k])
+		env = append(env, k+"="+e.env[k])
 	}
 	script = append(script, "exec env -i "+shJoin(env)+" "+shJoin(argv))
 	c := &container{out: filepath.Join(s.o.out, name+".out"), errf: filepath.Join(s.o.out, name+".err"), done: make(chan struct{})}
@@ -85,6 +121,30 @@ func (s *stack) startContainer(name string, alloc *allocation, argv []string) (*
 		close(c.done)
 	}()
 	return c, nil
+}
+
+// mountScript is the shell that mounts m inside the container's namespace: a bind (recursive with
+// rbind, as runtimes do), then a remount for the flags among its options. An option the runtime would
+// apply and this cannot is an error, so no edit is silently left out.
+func mountScript(m bindMount) ([]string, error) {
+	bind := "--bind"
+	var flags []string
+	for _, o := range m.options {
+		switch o {
+		case "rbind":
+			bind = "--rbind"
+		case "bind", "rw":
+		case "ro", "nosuid", "nodev", "noexec":
+			flags = append(flags, o)
+		default:
+			return nil, fmt.Errorf("mount %s -> %s: option %q not supported here", m.host, m.container, o)
+		}
+	}
+	lines := []string{fmt.Sprintf("mount %s %s %s", bind, shQuote(m.host), shQuote(m.container))}
+	if len(flags) > 0 {
+		lines = append(lines, fmt.Sprintf("mount -o remount,bind,%s %s", strings.Join(flags, ","), shQuote(m.container)))
+	}
+	return lines, nil
 }
 
 // pid is the workload's pid: unshare, sh and env each exec the next, so it is the one the GPU sees.

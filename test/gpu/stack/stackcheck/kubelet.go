@@ -2,8 +2,12 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
@@ -132,4 +136,29 @@ func (s *stack) podEnded(ctx context.Context, name string) error {
 	s.pods.remove(name)
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: podNamespace, Name: name}}
 	return testenv.WritePodPhase(ctx, s.c, pod, corev1.PodSucceeded)
+}
+
+// containerID is the runtime id of a pod's one container here: stable per pod name, 64 hex digits as
+// containerd's.
+func containerID(pod string) string { return fmt.Sprintf("%x", sha256.Sum256([]byte(pod))) }
+
+// podRunning writes what a kubelet reports for a pod whose container runs: Running, Ready, and the
+// container's runtime id, by which the agent's accounting names the container of a process.
+func (s *stack) podRunning(ctx context.Context, pod *corev1.Pod) error {
+	pod.Status = corev1.PodStatus{Phase: corev1.PodRunning,
+		Conditions:        []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}},
+		ContainerStatuses: []corev1.ContainerStatus{{Name: "main", ContainerID: "containerd://" + containerID(pod.Name), Ready: true}}}
+	return s.c.Status().Update(ctx, pod)
+}
+
+// inPod makes pid a process of the pod's container for the agent: this machine has no kubelet to put it
+// in the pod's cgroup, so the process's cgroup file under the agent's --proc-root says what a kubelet's
+// container would (cgroupfs layout, the pod's UID, the container's id).
+func (s *stack) inPod(pod *corev1.Pod, pid int) error {
+	dir := filepath.Join(s.procRoot, strconv.Itoa(pid))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	line := fmt.Sprintf("0::/kubepods/besteffort/pod%s/%s\n", pod.UID, containerID(pod.Name))
+	return os.WriteFile(filepath.Join(dir, "cgroup"), []byte(line), 0o644)
 }

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -31,6 +32,8 @@ type options struct {
 	python   string
 	gpuIndex int
 	timeout  time.Duration
+	// scenarios are the scenarios to run (scenarioNames), in their fixed order; empty: all.
+	scenarios map[string]bool
 }
 
 func main() {
@@ -44,7 +47,13 @@ func main() {
 	flag.StringVar(&o.python, "python", "python3", "python with PyTorch")
 	flag.IntVar(&o.gpuIndex, "gpu", 0, "index of the GPU to use")
 	flag.DurationVar(&o.timeout, "timeout", 9*time.Minute, "the whole run's limit")
+	scenarios := flag.String("scenarios", "all", "comma-separated scenarios to run, each after the agent is up: "+strings.Join(scenarioNames, ", ")+" (all: every one, in that order)")
 	flag.Parse()
+	var err error
+	if o.scenarios, err = parseScenarios(*scenarios); err != nil {
+		fmt.Println("FAIL --scenarios:", err)
+		os.Exit(2)
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
 	defer cancel()

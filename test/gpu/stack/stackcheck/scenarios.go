@@ -31,16 +31,47 @@ var (
 	resShared = string(deviceplugin.DefaultConfig().Resources.Shared)
 )
 
+// scenarioNames are the scenarios --scenarios picks from, in the order they run: mps is Exclusive -> MPS
+// -> Exclusive, oversubscription ends by deleting the policy, sized applies and deletes its own.
+var scenarioNames = []string{"mps", "oversubscription", "usage", "sized"}
+
+func parseScenarios(list string) (map[string]bool, error) {
+	if list == "" || list == "all" {
+		return nil, nil
+	}
+	out := map[string]bool{}
+	for _, n := range strings.Split(list, ",") {
+		n = strings.TrimSpace(n)
+		if !slices.Contains(scenarioNames, n) {
+			return nil, fmt.Errorf("no scenario %q (there are %s)", n, strings.Join(scenarioNames, ", "))
+		}
+		out[n] = true
+	}
+	return out, nil
+}
+
+// wants says whether the run includes the scenario.
+func (o options) wants(name string) bool { return o.scenarios == nil || o.scenarios[name] }
+
 func (s *stack) run(ctx context.Context) {
 	if !s.agentUp(ctx) {
 		return
 	}
 	s.health(ctx)
-	client := s.exclusiveToMPS(ctx)
-	s.mpsToExclusive(ctx, client)
-	s.oversubscription(ctx)
-	s.policyDeleted(ctx)
-	s.perPodUsage(ctx)
+	if s.o.wants("mps") {
+		client := s.exclusiveToMPS(ctx)
+		s.mpsToExclusive(ctx, client)
+	}
+	if s.o.wants("oversubscription") {
+		s.oversubscription(ctx)
+		s.policyDeleted(ctx)
+	}
+	if s.o.wants("usage") {
+		s.perPodUsage(ctx)
+	}
+	if s.o.wants("sized") {
+		s.sizedClaims(ctx)
+	}
 	calls, _ := os.ReadFile(s.smiCalls)
 	s.r.check("nvidia-smi never called (time-slice policy and compute mode untouched)", len(calls) == 0, "%q", strings.TrimSpace(string(calls)))
 }

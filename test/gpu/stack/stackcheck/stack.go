@@ -47,6 +47,10 @@ type stack struct {
 	procs    []*exec.Cmd
 	madeDirs []string // container mount points created on the host, removed at the end
 	gpuUUID  string
+
+	// draDir and cdiDir are the agent's --dra-plugin-dir (its kubelet plugin's socket dra.sock and
+	// checkpoint) and --cdi-dir (the CDI specs of the claims it prepared).
+	draDir, cdiDir string
 }
 
 func newStack(ctx context.Context, o options, r *report) (*stack, error) {
@@ -71,6 +75,7 @@ func newStack(ctx context.Context, o options, r *report) (*stack, error) {
 	s := &stack{o: o, r: r, hostRoot: filepath.Join(o.work, "h")}
 	s.mpsRoot, s.schedRoot = filepath.Join(s.hostRoot, "mps"), filepath.Join(s.hostRoot, "s")
 	s.procRoot = filepath.Join(o.work, "proc")
+	s.draDir, s.cdiDir = filepath.Join(o.work, "dra"), filepath.Join(o.work, "cdi")
 	if err := os.MkdirAll(o.out, 0o755); err != nil {
 		return nil, err
 	}
@@ -136,7 +141,9 @@ func (s *stack) startManager() error {
 // startAgent runs the agent as the DaemonSet does: in the machine's mount namespace, which is what the
 // DaemonSet's Bidirectional MPS root amounts to. The agent itself mounts each MPS GPU's tmpfs at
 // <mps-root>/<uuid>/shm and starts the daemon with it as /dev/shm (agent mps-launch), so MPS clients
-// started with Allocate's mounts share memory with their daemon exactly as pods do.
+// started with Allocate's mounts share memory with their daemon exactly as pods do. With --dra it also
+// publishes ResourceSlices and serves the DRA kubelet plugin beside the device plugin, as the chart's
+// deviceInterface Both does.
 func (s *stack) startAgent(dpDir string) error {
 	smi, err := s.refusingSMI()
 	if err != nil {
@@ -147,7 +154,8 @@ func (s *stack) startAgent(dpDir string) error {
 		"--nvidia-smi=" + smi, "--device-plugin-dir=" + dpDir, "--pod-resources-socket=" + s.podRes.Path(),
 		"--shim-library=" + s.o.shimLib, "--metrics-bind-address=" + agentMetrics, "--health-probe-bind-address=127.0.0.1:0",
 		"--proc-root=" + s.procRoot, "--accounting-interval=" + accountingInterval.String(),
-		"--mps-shm-size=" + strconv.FormatInt(mpsShmSize, 10), "--resync=2s", "--drain-poll-interval=250ms", "-v=2"}
+		"--mps-shm-size=" + strconv.FormatInt(mpsShmSize, 10), "--resync=2s", "--drain-poll-interval=250ms",
+		"--dra", "--dra-plugin-dir=" + s.draDir, "--dra-registry-dir=" + filepath.Join(s.o.work, "dra-registry"), "--cdi-dir=" + s.cdiDir, "-v=2"}
 	return s.start("agent", agent)
 }
 

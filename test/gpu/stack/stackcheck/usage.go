@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"crypto/sha256"
 	"fmt"
 	"io"
 	"math"
@@ -140,10 +139,8 @@ func usageOf(g *v1alpha1.GPUStatus) *v1alpha1.GPUUsage {
 }
 
 // startUsageWorkload creates the pod in the API (Running, its container's id in status, as a kubelet
-// reports it), starts its process, and writes the process's cgroup file under the agent's proc root
-// with the kubelet's cgroupfs layout, pod UID and container id.
+// reports it), starts its process, and makes the process its container's for the agent (inPod).
 func (s *stack) startUsageWorkload(ctx context.Context, w *usageWorkload) error {
-	cid := fmt.Sprintf("%x", sha256.Sum256([]byte(w.name)))
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: podNamespace, Name: w.name},
 		Spec:       corev1.PodSpec{NodeName: nodeName, Containers: []corev1.Container{{Name: "main", Image: "local/cuda-workload:1"}}},
@@ -151,10 +148,7 @@ func (s *stack) startUsageWorkload(ctx context.Context, w *usageWorkload) error 
 	if err := s.c.Create(ctx, pod); err != nil {
 		return err
 	}
-	pod.Status = corev1.PodStatus{Phase: corev1.PodRunning,
-		Conditions:        []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}},
-		ContainerStatuses: []corev1.ContainerStatus{{Name: "main", ContainerID: "containerd://" + cid, Ready: true}}}
-	if err := s.c.Status().Update(ctx, pod); err != nil {
+	if err := s.podRunning(ctx, pod); err != nil {
 		return err
 	}
 	w.cmd = exec.CommandContext(ctx, s.o.python, filepath.Join(s.o.repo, "test/gpu/accounting/workload.py"),
@@ -189,12 +183,7 @@ func (s *stack) startUsageWorkload(ctx context.Context, w *usageWorkload) error 
 	case <-time.After(120 * time.Second):
 		return fmt.Errorf("%s not ready after 120s", w.name)
 	}
-	dir := filepath.Join(s.procRoot, strconv.Itoa(int(w.pid)))
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	line := fmt.Sprintf("0::/kubepods/besteffort/pod%s/%s\n", pod.UID, cid)
-	return os.WriteFile(filepath.Join(dir, "cgroup"), []byte(line), 0o644)
+	return s.inPod(pod, int(w.pid))
 }
 
 // podFigures are one pod's per-pod series on this GPU.

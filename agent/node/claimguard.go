@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -51,8 +52,9 @@ func humanBytes(b int64) string { return resource.NewQuantity(b, resource.Binary
 // overClaims lists, sorted, the pods with processes on the GPU that hold more of its memory than the
 // claims of the GPU reserved for them: what the alert GPUSharingPodExceedsClaim compares, at every read.
 // A pod on the GPU with no claim of it has claimed nothing: on a GPU sized per claim only claims give a
-// pod the GPU (the device plugin does not advertise it), so such a pod reached it another way.
-func overClaims(claims []dra.SizedClaim, acct accounting.GPU) []overClaim {
+// pod the GPU (the device plugin does not advertise it), so such a pod reached it another way. A pod in
+// released is judged only on a read made after its claims went (releasedPods).
+func overClaims(claims []dra.SizedClaim, acct accounting.GPU, released map[drain.PodRef]time.Time) []overClaim {
 	claimed := map[drain.PodRef]int64{}
 	for _, c := range claims {
 		for _, p := range c.Pods {
@@ -71,6 +73,9 @@ func overClaims(claims []dra.SizedClaim, acct accounting.GPU) []overClaim {
 	}
 	var out []overClaim
 	for p, u := range used {
+		if at, ok := released[p]; ok && !acct.At.After(at) {
+			continue
+		}
 		if u > claimed[p] {
 			out = append(out, overClaim{PodRef: p, uid: uids[p], used: u, claimed: claimed[p]})
 		}
@@ -119,6 +124,45 @@ type claimGuard struct {
 	// warned and evicted are keyed by GPU and pod; an entry leaves with the breach.
 	warned  map[string]bool
 	evicted map[string]time.Time
+	// claimed are the pods with sized claims at the last pass; released, those whose claims went since,
+	// with when a pass first saw them gone (releasedPods).
+	claimed  map[drain.PodRef]bool
+	released map[drain.PodRef]time.Time
+}
+
+// releasedHold is how long a released pod is remembered: far longer than a read of the accounting takes
+// to be newer than its release (ClaimCheckInterval while claims exist, 10 s otherwise).
+const releasedHold = time.Minute
+
+// releasedPods notes the pods whose sized claims are gone since the last pass and returns them with when
+// this pass saw it. The kubelet unprepares a pod's claims once its containers have stopped, but the
+// accounting's latest read may be older than that and still show the ended processes, which now hold
+// memory of no claim: a pod is judged again only on a read newer than its release (an evicted Job's
+// finished pod must not be evicted for memory it no longer holds).
+func (cg *claimGuard) releasedPods(claims []dra.SizedClaim, now time.Time) map[drain.PodRef]time.Time {
+	cg.mu.Lock()
+	defer cg.mu.Unlock()
+	claimed := map[drain.PodRef]bool{}
+	for _, c := range claims {
+		for _, p := range c.Pods {
+			claimed[drain.PodRef{Namespace: c.Namespace, Name: p}] = true
+		}
+	}
+	if cg.released == nil {
+		cg.released = map[drain.PodRef]time.Time{}
+	}
+	for p := range cg.claimed {
+		if !claimed[p] {
+			cg.released[p] = now
+		}
+	}
+	for p, at := range cg.released {
+		if claimed[p] || now.Sub(at) > releasedHold {
+			delete(cg.released, p)
+		}
+	}
+	cg.claimed = claimed
+	return maps.Clone(cg.released)
 }
 
 // overClaimsChanged says whether a snapshot puts other pods over their claims than the last pass saw,
@@ -128,7 +172,7 @@ func (r *Reconciler) overClaimsChanged(snap accounting.Snapshot) bool {
 		return false
 	}
 	r.claims.mu.Lock()
-	sized, over := r.claims.sized, r.claims.over
+	sized, over, released := r.claims.sized, r.claims.over, maps.Clone(r.claims.released)
 	r.claims.mu.Unlock()
 	if len(sized) == 0 {
 		return false
@@ -142,7 +186,7 @@ func (r *Reconciler) overClaimsChanged(snap accounting.Snapshot) bool {
 			continue
 		}
 		var now []drain.PodRef
-		for _, o := range overClaims(byGPU[g.UUID], g) {
+		for _, o := range overClaims(byGPU[g.UUID], g, released) {
 			now = append(now, o.PodRef)
 		}
 		if !slices.Equal(now, over[g.UUID]) {

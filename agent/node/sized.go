@@ -35,8 +35,10 @@ func (r *Reconciler) setSizedClaims(sc *scope, gpus []v1alpha1.GPUStatus, prev [
 	if r.Claims == nil {
 		return
 	}
+	claims := r.Claims.SizedClaims()
+	released := r.claims.releasedPods(claims, r.clock().Now())
 	byGPU := map[string][]dra.SizedClaim{}
-	for _, c := range r.Claims.SizedClaims() {
+	for _, c := range claims {
 		byGPU[c.GPU] = append(byGPU[c.GPU], c)
 	}
 	prevByUUID := map[string]*v1alpha1.GPUSizedClaims{}
@@ -61,7 +63,7 @@ func (r *Reconciler) setSizedClaims(sc *scope, gpus []v1alpha1.GPUStatus, prev [
 		g.Sized = sizedStatus(byGPU[g.UUID], acct, ok, prevByUUID[g.UUID])
 		var over []overClaim
 		if ok {
-			over = overClaims(byGPU[g.UUID], acct)
+			over = overClaims(byGPU[g.UUID], acct, released)
 		}
 		setWithinClaims(g, over, ok, prevConds[g.UUID])
 		if len(over) > 0 {

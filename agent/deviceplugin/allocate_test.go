@@ -1,6 +1,9 @@
 package deviceplugin
 
-import "testing"
+import (
+	"testing"
+	"time"
+)
 
 // A sized shim share carries the shim's memory limit; several of one GPU in one container add up, and a
 // fixed share (no limit) sets none, so a fixed-share container is unchanged.
@@ -26,6 +29,26 @@ func TestShimSharesCarryTheirMemoryLimitSummed(t *testing.T) {
 		}
 		if resp.Envs[EnvLDPreload] != ContainerShimLibrary {
 			t.Errorf("%s: LD_PRELOAD=%q, want the shim", tt.name, resp.Envs[EnvLDPreload])
+		}
+	}
+}
+
+// On a GPU with production classes every shim client releases the lock after 1 ms idle (production's
+// gaps go to opportunistic work; production takes the GPU back at once); elsewhere the shim's default
+// stays.
+func TestShimSharesOfAGPUWithProductionClassesReleaseWhenIdle(t *testing.T) {
+	m := DevicesFromStatus(nodeStatus(
+		gpu(0, "GPU-a", shimBudget(time.Second, "40Gi"), qos(1000)),
+		gpu(1, "GPU-b", shimBudget(time.Second, "40Gi")),
+	), Config{})
+	for _, d := range m["gpusharing.io/gpu-shared"] {
+		resp, err := ContainerEdits(Config{}, []Device{d})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, set := resp.Envs[EnvShimIdleMS]
+		if want := d.GPUUUID == "GPU-a"; set != want || (want && got != ShimQoSIdleMS) {
+			t.Errorf("%s: %s=%q (set %v); want it set to %s only on the GPU with qos", d.ID, EnvShimIdleMS, got, set, ShimQoSIdleMS)
 		}
 	}
 }

@@ -100,3 +100,8 @@ func sizedPerClaim() gpuOption {
 		applied(g).Sizing = &v1alpha1.Sizing{Mode: v1alpha1.SizingPerClaim}
 	}
 }
+
+// qos gives the GPU production classes in force.
+func qos(productionPriority int32) gpuOption {
+	return func(g *v1alpha1.GPUStatus) { applied(g).QoS = &v1alpha1.QoS{ProductionPriority: productionPriority} }
+}

@@ -61,6 +61,9 @@ type Device struct {
 	// ShimOversub says the GPU's shim scheduler grants a memory budget, so the shim swaps memory
 	// (KindShared only).
 	ShimOversub bool
+	// ShimQoS says the GPU has production classes (sharing.qos): its clients release the lock as soon
+	// as they idle, so that opportunistic work runs in production's gaps (KindShared only).
+	ShimQoS bool
 	// Held marks a device of a cordoned GPU that is advertised only because a pod still holds it:
 	// Allocate refuses it and GetPreferredAllocation leaves it out.
 	Held bool
@@ -133,7 +136,7 @@ func gpuDevices(g v1alpha1.GPUStatus, cfg Config) map[ResourceName][]Device {
 			return nil
 		}
 		if a != nil && a.Shim != nil {
-			return map[ResourceName][]Device{cfg.Resources.Shared: shimReplicas(base, cfg.ShimReplicas, a.Shim)}
+			return map[ResourceName][]Device{cfg.Resources.Shared: shimReplicas(base, cfg.ShimReplicas, a)}
 		}
 		d := base
 		d.ID, d.Kind = g.UUID, KindExclusive
@@ -144,7 +147,7 @@ func gpuDevices(g v1alpha1.GPUStatus, cfg Config) map[ResourceName][]Device {
 			n = a.TimeSlicing.Replicas
 		}
 		if a.Shim != nil {
-			return map[ResourceName][]Device{cfg.Resources.Shared: shimReplicas(base, n, a.Shim)}
+			return map[ResourceName][]Device{cfg.Resources.Shared: shimReplicas(base, n, a)}
 		}
 		return map[ResourceName][]Device{cfg.Resources.TimeSlicing: replicas(base, KindTimeSlicing, n)}
 	case v1alpha1.StrategyMPS:
@@ -187,11 +190,12 @@ func replicas(base Device, kind Kind, n int32) []Device {
 	return devs
 }
 
-func shimReplicas(base Device, n int32, shim *v1alpha1.ShimStatus) []Device {
+func shimReplicas(base Device, n int32, a *v1alpha1.AppliedSharing) []Device {
 	devs := replicas(base, KindShared, n)
-	oversub := shim.MemoryBudget != nil && shim.MemoryBudget.Sign() > 0
+	oversub := a.Shim.MemoryBudget != nil && a.Shim.MemoryBudget.Sign() > 0
 	for i := range devs {
 		devs[i].ShimOversub = oversub
+		devs[i].ShimQoS = a.QoS != nil
 	}
 	return devs
 }

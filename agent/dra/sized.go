@@ -70,6 +70,7 @@ func sizedShare(g v1alpha1.GPUStatus, cfg deviceplugin.Config) (share, bool) {
 	}
 	if a.Shim != nil {
 		base.ShimOversub = a.Shim.MemoryBudget != nil && a.Shim.MemoryBudget.Sign() > 0
+		base.ShimQoS = a.QoS != nil
 	}
 	memory := g.Memory.Value()
 	step, minimum := a.Sizing.Step(), a.Sizing.Min()

@@ -3,8 +3,8 @@ package app
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
+	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/gpusharing/gpusharing/agent/dra"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
@@ -131,12 +132,16 @@ func TestDRAOnlyNodePreparesClaimsAndDrainsThePodsHoldingThem(t *testing.T) {
 	if got := resp.Claims[string(claim.UID)]; got == nil || got.Error != "" || len(got.Devices) != 1 {
 		t.Fatalf("prepare = %+v", got)
 	}
-	spec, err := os.ReadFile(dra.CDISpecPath(plugin.CDIDir, claim.UID))
+	spec, err := cdiapi.ReadSpec(dra.CDISpecPath(plugin.CDIDir, claim.UID), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if pipe := filepath.Join(n.dir, "mps", uuid, "pipe"); !strings.Contains(string(spec), `"hostPath": "`+pipe+`"`) {
-		t.Errorf("the CDI spec does not mount the agent's MPS pipe directory %s:\n%s", pipe, spec)
+	var hostPaths []string
+	for _, m := range spec.Devices[0].ContainerEdits.Mounts {
+		hostPaths = append(hostPaths, m.HostPath)
+	}
+	if pipe := filepath.Join(n.dir, "mps", uuid, "pipe"); !slices.Contains(hostPaths, pipe) {
+		t.Errorf("the CDI spec mounts %v, not the agent's MPS pipe directory %s", hostPaths, pipe)
 	}
 
 	podName := pod.Namespace + "/" + pod.Name

@@ -73,12 +73,13 @@ func TestAgentPublishesItsAppliedSharingAsResourceSlices(t *testing.T) {
 	if _, _, owners := slicedDevices(t, n.name); len(owners) != 1 || owners[0].Kind != "Node" || owners[0].UID != node.UID {
 		t.Errorf("slice owners = %+v, want the Node", owners)
 	}
-	// A policy change is published under a new pool generation.
+	// A policy change is published: the pool's one slice is updated in place, a single write the
+	// scheduler reads whole, so the pool keeps its generation.
 	n.setSpec(t,
 		v1alpha1.GPUDesired{UUID: n.uuid(0), Index: 0, Sharing: timeSlicing(3)},
 		v1alpha1.GPUDesired{UUID: n.uuid(1), Index: 1, Sharing: exclusive()},
 	)
-	if gen2 := waitSlices(t, n.name, "gpu-0-timeslicing-0 gpu-0-timeslicing-1 gpu-0-timeslicing-2 gpu-1"); gen2 <= gen {
+	if gen2 := waitSlices(t, n.name, "gpu-0-timeslicing-0 gpu-0-timeslicing-1 gpu-0-timeslicing-2 gpu-1"); gen2 != gen {
 		t.Errorf("pool generation %d after the change, was %d", gen2, gen)
 	}
 }

@@ -175,9 +175,7 @@ func multiClaim(t *testing.T, ctx context.Context, c client.Client, name string,
 func schedulingCluster(t *testing.T) (context.Context, *testenv.Env) {
 	t.Helper()
 	ctx, env := draCluster(t)
-	if _, err := (&dra.Publisher{Client: env.Client, Node: nodeName}).Sync(ctx, dra.Devices(mixedNode(), dpConfig)); err != nil {
-		t.Fatal(err)
-	}
+	publish(t, ctx, env, startPublisher(t, env, dra.PublisherOptions{}), dra.Devices(mixedNode(), dpConfig))
 	startScheduler(t, env)
 	return ctx, env
 }
@@ -397,9 +395,7 @@ func TestKubeletPluginPreparesSizedClaimsWithTheirSizesAsLimits(t *testing.T) {
 	ctx, env := draCluster(t)
 	c := env.Client
 	st := sizedMPSAndShimNode()
-	if _, err := (&dra.Publisher{Client: c, Node: nodeName}).Sync(ctx, dra.Devices(st, dpConfig)); err != nil {
-		t.Fatal(err)
-	}
+	publish(t, ctx, env, startPublisher(t, env, dra.PublisherOptions{}), dra.Devices(st, dpConfig))
 	startScheduler(t, env)
 	onMPS := `device.attributes["gpu.gpusharing.io"].sizeEnforcement == "MPS"`
 	onShim := `device.attributes["gpu.gpusharing.io"].sizeEnforcement == "ShimMemory"`

@@ -251,8 +251,9 @@ func DevicePluginConfig(cfg deviceplugin.Config, mpsRoot, schedulerRoot string) 
 }
 
 // setupResourceSlices makes r publish each status as the node's ResourceSlices, named as the device
-// plugin names its shares, and serves the DRA kubelet plugin. The publisher reads and writes through an
-// uncached client: the agent's cache holds its own node's objects only.
+// plugin names its shares, and serves the DRA kubelet plugin. The slices are published by the
+// ResourceSlice controller of k8s.io/dynamic-resource-allocation, with its own informer on the node's
+// slices (the agent's cache holds its own node's objects only), whether or not the kubelet plugin runs.
 func setupResourceSlices(mgr ctrl.Manager, o Options, r *node.Reconciler) error {
 	if !o.ResourceSlices {
 		if o.DRAPlugin != nil {
@@ -270,11 +271,23 @@ func setupResourceSlices(mgr ctrl.Manager, o Options, r *node.Reconciler) error 
 	if err != nil {
 		return err
 	}
-	c, err := client.New(mgr.GetConfig(), client.Options{Scheme: mgr.GetScheme()})
+	kube, err := kubernetes.NewForConfig(mgr.GetConfig())
 	if err != nil {
-		return fmt.Errorf("building the ResourceSlice client: %w", err)
+		return fmt.Errorf("building the DRA client: %w", err)
 	}
-	d := &dra.Driver{Slices: &dra.StatusPublisher{Publisher: dra.Publisher{Client: c, Node: o.NodeName}, Config: cfg}}
+	sliceMetrics, err := dra.NewSliceMetrics(metrics.Registry)
+	if err != nil {
+		return fmt.Errorf("registering the ResourceSlice metrics: %w", err)
+	}
+	pub, err := dra.NewPublisher(dra.PublisherOptions{Node: o.NodeName, Kube: kube, Shares: cfg,
+		Log: mgr.GetLogger().WithName("resourceslices"), Metrics: sliceMetrics, Events: mgr.GetEventRecorder("gpusharing-agent")})
+	if err != nil {
+		return err
+	}
+	if err := mgr.Add(pub); err != nil {
+		return err
+	}
+	d := &dra.Driver{Slices: pub}
 	r.Slices = d
 	if o.DRAPlugin == nil {
 		return nil
@@ -290,10 +303,6 @@ func setupResourceSlices(mgr ctrl.Manager, o Options, r *node.Reconciler) error 
 	claimMetrics.Add(o.NodeName, d.Plugin)
 	r.Claims = d.Plugin
 	d.Plugin.OnChange = r.Notify
-	kube, err := kubernetes.NewForConfig(mgr.GetConfig())
-	if err != nil {
-		return fmt.Errorf("building the DRA kubelet plugin's client: %w", err)
-	}
 	return mgr.Add(runnable(func(ctx context.Context) error {
 		h, err := d.Plugin.Start(ctrl.LoggerInto(ctx, log), kube)
 		if err != nil {

@@ -1,62 +1,97 @@
 package dra
 
 import (
-	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/types"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
+	"tags.cncf.io/container-device-interface/pkg/parser"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 )
 
-// CDI (the Container Device Interface, github.com/cncf-tags/container-device-interface) is how a DRA
-// driver hands the container runtime what a container needs: the kubelet passes the CDI device IDs
+// CDI (the Container Device Interface, tags.cncf.io/container-device-interface) is how a DRA driver
+// hands the container runtime what a container needs: the kubelet passes the CDI device IDs
 // NodePrepareResources returns to containerd or CRI-O, which apply the edits of the spec file that
-// defines them. The spec is written here as plain JSON; the types below are the part of the CDI spec
-// (version 0.6.0) the plugin uses.
+// defines them. The spec types, their validation and the file writes are the CDI project's own packages,
+// the ones the runtimes read the files with.
 const (
 	// CDIVendor and CDIClass make the kind of every device the plugin defines: gpusharing.io/claim.
 	CDIVendor = "gpusharing.io"
 	CDIClass  = "claim"
 	// CDIKind is the kind of every CDI device the plugin writes; an ID is <CDIKind>=<name>.
 	CDIKind = CDIVendor + "/" + CDIClass
-	// CDIVersion is the CDI spec version written: 0.6.0 is the first with everything used here and is
-	// read by containerd 1.7+ and CRI-O 1.28+.
-	CDIVersion = "0.6.0"
 	// DefaultCDIDir is where container runtimes look for CDI specs written at run time.
-	DefaultCDIDir = "/var/run/cdi"
+	DefaultCDIDir = cdiapi.DefaultDynamicDir
 )
 
-// cdiSpec is one CDI spec file: a claim's devices, one per request.
-type cdiSpec struct {
-	Version string      `json:"cdiVersion"`
-	Kind    string      `json:"kind"`
-	Devices []cdiDevice `json:"devices"`
+// cdiSpecs writes and removes the claims' spec files in one directory. The CDI cache validates a spec
+// before it writes it (version, kind, device names, edits) and writes through a temporary file and a
+// rename, so a runtime reads the old file or the new one, never a torn one. It never refreshes on its
+// own: the plugin only writes, and a directory watch would be a goroutine and an inotify instance for
+// nothing.
+type cdiSpecs struct {
+	dir   string
+	cache *cdiapi.Cache
 }
 
-type cdiDevice struct {
-	Name           string   `json:"name"`
-	ContainerEdits cdiEdits `json:"containerEdits"`
+func newCDISpecs(dir string) (*cdiSpecs, error) {
+	// NewCache reads the directory once (its error is always nil; what it could not read is kept in
+	// the cache's errors, which writing and removing do not consult).
+	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(dir), cdiapi.WithAutoRefresh(false))
+	if err != nil {
+		return nil, fmt.Errorf("opening the CDI directory %s: %w", dir, err)
+	}
+	return &cdiSpecs{dir: dir, cache: cache}, nil
 }
 
-type cdiEdits struct {
-	Env    []string   `json:"env,omitempty"`
-	Mounts []cdiMount `json:"mounts,omitempty"`
+// cdiSpecName is the file name of a claim's spec: CDI's transient spec name for the claim's uid, so one
+// claim's file is never another's. Derived from the uid alone, so a claim the checkpoint lost can still
+// be cleaned up.
+func cdiSpecName(claim types.UID) string {
+	return cdiapi.GenerateTransientSpecName(CDIVendor, CDIClass, string(claim)) + ".json"
 }
 
-type cdiMount struct {
-	HostPath      string   `json:"hostPath"`
-	ContainerPath string   `json:"containerPath"`
-	Options       []string `json:"options,omitempty"`
+// CDISpecPath is the spec file of a claim in dir: <dir>/gpusharing.io-claim_<uid>.json.
+func CDISpecPath(dir string, claim types.UID) string {
+	return filepath.Join(dir, cdiSpecName(claim))
+}
+
+// write validates spec and writes it as the claim's file.
+func (s *cdiSpecs) write(claim types.UID, spec *cdispec.Spec) error {
+	return s.cache.WriteSpec(spec, cdiSpecName(claim))
+}
+
+// valid says whether the claim's file is there and reads back as a valid spec.
+func (s *cdiSpecs) valid(claim types.UID) bool {
+	_, err := cdiapi.ReadSpec(CDISpecPath(s.dir, claim), 0)
+	return err == nil
+}
+
+// remove deletes the claim's file; a file already gone is no error.
+func (s *cdiSpecs) remove(claim types.UID) error {
+	return s.cache.RemoveSpec(cdiSpecName(claim))
+}
+
+// newCDISpec is a spec of the plugin's kind holding devices, at the lowest CDI version that has
+// everything it uses: the older a version, the more runtimes read it.
+func newCDISpec(devices []cdispec.Device) (cdispec.Spec, error) {
+	spec := cdispec.Spec{Kind: CDIKind, Devices: devices}
+	v, err := cdispec.MinimumRequiredVersion(&spec)
+	if err != nil {
+		return spec, fmt.Errorf("the CDI version the spec needs: %w", err)
+	}
+	spec.Version = v
+	return spec, nil
 }
 
 // cdiEditsOf turns the device plugin's answer for one container into CDI edits: the same variables and
 // the same bind mounts, read-only where Allocate says so. Variables are sorted so a spec is stable.
-func cdiEditsOf(resp *pluginapi.ContainerAllocateResponse) cdiEdits {
-	var e cdiEdits
+func cdiEditsOf(resp *pluginapi.ContainerAllocateResponse) cdispec.ContainerEdits {
+	var e cdispec.ContainerEdits
 	keys := make([]string, 0, len(resp.Envs))
 	for k := range resp.Envs {
 		keys = append(keys, k)
@@ -70,7 +105,7 @@ func cdiEditsOf(resp *pluginapi.ContainerAllocateResponse) cdiEdits {
 		if m.ReadOnly {
 			mode = "ro"
 		}
-		e.Mounts = append(e.Mounts, cdiMount{HostPath: m.HostPath, ContainerPath: m.ContainerPath,
+		e.Mounts = append(e.Mounts, &cdispec.Mount{HostPath: m.HostPath, ContainerPath: m.ContainerPath,
 			Options: []string{mode, "nosuid", "nodev", "rbind"}})
 	}
 	return e
@@ -84,58 +119,4 @@ func cdiDeviceName(claim types.UID, request string) string {
 }
 
 // CDIID is the fully qualified CDI device ID the kubelet hands the runtime.
-func CDIID(name string) string { return CDIKind + "=" + name }
-
-// CDISpecPath is the spec file of a claim in dir. Derived from the uid alone, so a claim the checkpoint
-// lost can still be cleaned up.
-func CDISpecPath(dir string, claim types.UID) string {
-	return filepath.Join(dir, fmt.Sprintf("%s-%s_%s.json", CDIVendor, CDIClass, claim))
-}
-
-// writeFileAtomic writes data to path through a temporary file in the same directory and a rename, so a
-// reader (the runtime, a restarted agent) sees the old file or the new one, never a torn one. The
-// temporary name does not end in .json, so runtimes scanning the CDI directory skip it.
-func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer func() { _ = os.Remove(tmp) }() // a no-op after the rename
-	if _, err := f.Write(data); err != nil {
-		_ = f.Close()
-		return err
-	}
-	if err := f.Chmod(perm); err != nil {
-		_ = f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		_ = f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return err
-	}
-	// The rename is durable once the directory is synced.
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync()
-		_ = d.Close()
-	}
-	return nil
-}
-
-func writeCDISpec(path string, spec cdiSpec) error {
-	data, err := json.MarshalIndent(spec, "", "  ")
-	if err != nil {
-		return err
-	}
-	return writeFileAtomic(path, data, 0o644)
-}
+func CDIID(name string) string { return parser.QualifiedName(CDIVendor, CDIClass, name) }

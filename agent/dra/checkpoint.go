@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 
 	"k8s.io/apimachinery/pkg/types"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 )
 
 // The checkpoint lists the claims the kubelet plugin prepared, so that NodeUnprepareResources, which
@@ -40,7 +42,7 @@ type preparedClaim struct {
 	Pods []string `json:"pods,omitempty"`
 	// Spec is the CDI spec written for the claim, kept so a spec file removed behind the plugin's back is
 	// written again when the kubelet prepares the claim again.
-	Spec cdiSpec `json:"spec"`
+	Spec cdispec.Spec `json:"spec"`
 }
 
 type preparedDevice struct {
@@ -109,6 +111,46 @@ func writeCheckpoint(write fileWriter, path string, cp checkpoint) error {
 	}
 	if err := write(path, data, 0o600); err != nil {
 		return fmt.Errorf("writing the DRA checkpoint %s: %w", path, err)
+	}
+	return nil
+}
+
+// writeFileAtomic writes data to path through a temporary file in the same directory and a rename, so a
+// reader (a restarted agent) sees the old file or the new one, never a torn one; the file and the
+// directory are synced, so a claim the kubelet was told is prepared survives a power loss.
+func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer func() { _ = os.Remove(tmp) }() // a no-op after the rename
+	if _, err := f.Write(data); err != nil {
+		_ = f.Close()
+		return err
+	}
+	if err := f.Chmod(perm); err != nil {
+		_ = f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		_ = f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	// The rename is durable once the directory is synced.
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync()
+		_ = d.Close()
 	}
 	return nil
 }

@@ -123,31 +123,6 @@ func TestOfGPUTellsAGPUsDevicesByName(t *testing.T) {
 	}
 }
 
-func TestSlicesHoldAtMost128DevicesOfOnePoolGeneration(t *testing.T) {
-	var devs []resourcev1.Device
-	for i := range 300 {
-		devs = append(devs, resourcev1.Device{Name: fmt.Sprintf("d-%03d", i)})
-	}
-	slices := Slices("node-a", 7, devs)
-	if len(slices) != 3 {
-		t.Fatalf("%d slices, want 3", len(slices))
-	}
-	total := 0
-	for i, s := range slices {
-		total += len(s.Spec.Devices)
-		if len(s.Spec.Devices) > resourcev1.ResourceSliceMaxDevices || s.Spec.Pool.Generation != 7 || s.Spec.Pool.ResourceSliceCount != 3 ||
-			s.Spec.Pool.Name != "node-a" || *s.Spec.NodeName != "node-a" || s.Name != SliceName("node-a", i) || s.Spec.Driver != DriverName {
-			t.Errorf("slice %d: %s pool %+v, %d devices", i, s.Name, s.Spec.Pool, len(s.Spec.Devices))
-		}
-	}
-	if total != 300 {
-		t.Errorf("%d devices in the slices, want 300", total)
-	}
-	if empty := Slices("node-a", 1, nil); len(empty) != 1 || len(empty[0].Spec.Devices) != 0 {
-		t.Errorf("a node without devices publishes %d slices", len(empty))
-	}
-}
-
 func sizedGPU(i int, memory string, a *v1alpha1.AppliedSharing, step, minimum string) v1alpha1.GPUStatus {
 	g := gpu(i, a)
 	m := resource.MustParse(memory)

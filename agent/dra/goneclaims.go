@@ -3,9 +3,7 @@ package dra
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"time"
 
@@ -101,7 +99,7 @@ func (p *KubeletPlugin) ForgetGoneClaims(ctx context.Context, kube kubernetes.In
 	// The specs go once the checkpoint no longer names their claims; a spec left by a failed removal is
 	// harmless (no device of it is refused) and the kubelet's unprepare by UID removes it too.
 	for _, uid := range dropped {
-		if err := os.Remove(CDISpecPath(p.cfg.CDIDir, uid)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := p.cdi.remove(uid); err != nil {
 			p.log.Error(err, "Removing the CDI spec of a forgotten ResourceClaim", "claimUID", uid)
 		}
 	}

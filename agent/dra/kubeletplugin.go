@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/gpusharing/gpusharing/agent/deviceplugin"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
@@ -80,6 +81,8 @@ type KubeletPlugin struct {
 
 	// writeFile writes the checkpoint (writeFileAtomic; a test makes it fail).
 	writeFile fileWriter
+	// cdi writes and removes the claims' CDI spec files.
+	cdi *cdiSpecs
 
 	// OnChange, when set, is called after the prepared claims change, so the GPUNode status lists them;
 	// it must not block. Set it before Start.
@@ -100,7 +103,11 @@ func NewKubeletPlugin(node string, cfg PluginConfig, dp deviceplugin.Config, log
 		return nil, errors.New("the DRA kubelet plugin needs the node name")
 	}
 	cfg = cfg.WithDefaults()
-	p := &KubeletPlugin{node: node, cfg: cfg, dp: dp.WithDefaults(), log: log, writeFile: writeFileAtomic}
+	specs, err := newCDISpecs(cfg.CDIDir)
+	if err != nil {
+		return nil, err
+	}
+	p := &KubeletPlugin{node: node, cfg: cfg, dp: dp.WithDefaults(), log: log, writeFile: writeFileAtomic, cdi: specs}
 	path := p.checkpointPath()
 	cp, err := readCheckpoint(path, node)
 	if errors.Is(err, errCorruptCheckpoint) {
@@ -211,7 +218,7 @@ func (p *KubeletPlugin) PrepareResourceClaims(ctx context.Context, claims []*res
 		// prepared is always one a restarted agent can unprepare.
 		if err := p.commit(next); err != nil {
 			for _, uid := range fresh {
-				if rerr := os.Remove(CDISpecPath(p.cfg.CDIDir, uid)); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+				if rerr := p.cdi.remove(uid); rerr != nil {
 					p.log.Error(rerr, "Removing the CDI spec of a ResourceClaim whose preparation was not recorded", "claimUID", uid)
 				}
 			}
@@ -225,10 +232,10 @@ func (p *KubeletPlugin) PrepareResourceClaims(ctx context.Context, claims []*res
 func (p *KubeletPlugin) prepare(cp checkpoint, c *resourcev1.ResourceClaim) (preparedClaim, bool, error) {
 	if pc, ok := cp.Claims[c.UID]; ok {
 		// The kubelet may ask again (its own restart): the same answer, the spec file written again if it
-		// went missing.
-		path := CDISpecPath(p.cfg.CDIDir, c.UID)
-		if _, err := os.Stat(path); err != nil {
-			if err := writeCDISpec(path, pc.Spec); err != nil {
+		// went missing or no longer reads as a valid spec (cut short where the CDI directory is on a disk
+		// that lost power).
+		if len(pc.Spec.Devices) > 0 && !p.cdi.valid(c.UID) {
+			if err := p.cdi.write(c.UID, &pc.Spec); err != nil {
 				return pc, false, fmt.Errorf("writing CDI spec: %w", err)
 			}
 		}
@@ -257,7 +264,8 @@ func (p *KubeletPlugin) prepare(cp checkpoint, c *resourcev1.ResourceClaim) (pre
 		}
 		byRequest[r.Request] = append(byRequest[r.Request], r)
 	}
-	pc := preparedClaim{Namespace: c.Namespace, Name: c.Name, Pods: reservedPods(c), Spec: cdiSpec{Version: CDIVersion, Kind: CDIKind}}
+	pc := preparedClaim{Namespace: c.Namespace, Name: c.Name, Pods: reservedPods(c)}
+	var cdiDevices []cdispec.Device
 	for _, req := range requests {
 		results := byRequest[req]
 		devs := make([]deviceplugin.Device, 0, len(results))
@@ -283,7 +291,7 @@ func (p *KubeletPlugin) prepare(cp checkpoint, c *resourcev1.ResourceClaim) (pre
 			return preparedClaim{}, false, fmt.Errorf("request %s: %w", req, err)
 		}
 		name := cdiDeviceName(c.UID, req)
-		pc.Spec.Devices = append(pc.Spec.Devices, cdiDevice{Name: name, ContainerEdits: cdiEditsOf(resp)})
+		cdiDevices = append(cdiDevices, cdispec.Device{Name: name, ContainerEdits: cdiEditsOf(resp)})
 		for i, r := range results {
 			d := sized[i]
 			d.Requests, d.Pool, d.Device, d.ShareID = []string{r.Request}, r.Pool, r.Device, r.ShareID
@@ -295,10 +303,15 @@ func (p *KubeletPlugin) prepare(cp checkpoint, c *resourcev1.ResourceClaim) (pre
 			pc.Devices = append(pc.Devices, d)
 		}
 	}
-	if len(pc.Spec.Devices) > 0 {
-		if err := writeCDISpec(CDISpecPath(p.cfg.CDIDir, c.UID), pc.Spec); err != nil {
+	if len(cdiDevices) > 0 {
+		spec, err := newCDISpec(cdiDevices)
+		if err != nil {
+			return preparedClaim{}, false, err
+		}
+		if err := p.cdi.write(c.UID, &spec); err != nil {
 			return preparedClaim{}, false, fmt.Errorf("writing CDI spec: %w", err)
 		}
+		pc.Spec = spec
 	}
 	return pc, true, nil
 }
@@ -338,7 +351,7 @@ func (p *KubeletPlugin) UnprepareResourceClaims(ctx context.Context, claims []ku
 	changed := false
 	for _, c := range claims {
 		// By uid, whether or not the checkpoint knows the claim: a spec left by a lost checkpoint goes too.
-		if err := os.Remove(CDISpecPath(p.cfg.CDIDir, c.UID)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := p.cdi.remove(c.UID); err != nil {
 			out[c.UID] = fmt.Errorf("removing the CDI spec of claim %s: %w", c.String(), err)
 			continue
 		}

@@ -2,16 +2,17 @@ package dra_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
+	ocispec "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	resourcev1 "k8s.io/api/resource/v1"
@@ -21,6 +22,8 @@ import (
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/gpusharing/gpusharing/agent/deviceplugin"
 	"github.com/gpusharing/gpusharing/agent/dra"
@@ -108,45 +111,50 @@ func claimRef(t *testing.T, ctx context.Context, c client.Client, name string) *
 	return &drapb.Claim{Namespace: claim.Namespace, Name: claim.Name, Uid: string(claim.UID)}
 }
 
-// cdiEdits reads the env and mounts of the one CDI device the claim's spec file defines.
-type cdiFile struct {
-	Version string `json:"cdiVersion"`
-	Kind    string `json:"kind"`
-	Devices []struct {
-		Name           string `json:"name"`
-		ContainerEdits struct {
-			Env    []string `json:"env"`
-			Mounts []struct {
-				HostPath      string   `json:"hostPath"`
-				ContainerPath string   `json:"containerPath"`
-				Options       []string `json:"options"`
-			} `json:"mounts"`
-		} `json:"containerEdits"`
-	} `json:"devices"`
-}
-
-func readCDI(t *testing.T, dir, uid string) cdiFile {
+// readCDI reads the claim's spec file as container runtimes do (the CDI package, which validates it)
+// and checks it defines one device of the plugin's kind, at the lowest CDI version that has what it uses.
+func readCDI(t *testing.T, dir, uid string) *cdiapi.Spec {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(dir, "gpusharing.io-claim_"+uid+".json"))
+	f, err := cdiapi.ReadSpec(filepath.Join(dir, "gpusharing.io-claim_"+uid+".json"), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var f cdiFile
-	if err := json.Unmarshal(data, &f); err != nil {
+	minimum, err := cdispec.MinimumRequiredVersion(f.Spec)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if f.Version != dra.CDIVersion || f.Kind != "gpusharing.io/claim" || len(f.Devices) != 1 {
-		t.Fatalf("CDI spec %s: %+v", uid, f)
+	if f.Version != minimum || f.Kind != "gpusharing.io/claim" || len(f.Devices) != 1 {
+		t.Fatalf("CDI spec %s: version %s (the spec needs %s), kind %s, %d devices", uid, f.Version, minimum, f.Kind, len(f.Devices))
 	}
 	return f
 }
 
-func mountsOf(f cdiFile) []string {
+func mountsOf(f *cdiapi.Spec) []string {
 	var out []string
 	for _, m := range f.Devices[0].ContainerEdits.Mounts {
 		out = append(out, m.HostPath+":"+m.ContainerPath+":"+m.Options[0])
 	}
 	return out
+}
+
+// container is what a runtime makes of an empty container given the CDI device id: the CDI package's
+// own injection (containerd's and CRI-O's), from the specs in dir. Mounts are sorted: the injection
+// orders them by depth.
+func container(t *testing.T, dir, id string) (env, mounts []string) {
+	t.Helper()
+	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(dir), cdiapi.WithAutoRefresh(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	oci := &ocispec.Spec{Process: &ocispec.Process{}, Linux: &ocispec.Linux{}}
+	if unresolved, err := cache.InjectDevices(oci, id); err != nil {
+		t.Fatalf("injecting %s: %v (unresolved %v; the directory's errors %v)", id, err, unresolved, cache.GetErrors())
+	}
+	for _, m := range oci.Mounts {
+		mounts = append(mounts, m.Source+":"+m.Destination+":"+m.Options[0])
+	}
+	slices.Sort(mounts)
+	return oci.Process.Env, mounts
 }
 
 // multiClaim creates a claim for count MPS shares below 50% of the threads (GPU 2's, 25% each) and a pod.
@@ -167,9 +175,7 @@ func multiClaim(t *testing.T, ctx context.Context, c client.Client, name string,
 func schedulingCluster(t *testing.T) (context.Context, *testenv.Env) {
 	t.Helper()
 	ctx, env := draCluster(t)
-	if _, err := (&dra.Publisher{Client: env.Client, Node: nodeName}).Sync(ctx, dra.Devices(mixedNode(), dpConfig)); err != nil {
-		t.Fatal(err)
-	}
+	publish(t, ctx, env, startPublisher(t, env, dra.PublisherOptions{}), dra.Devices(mixedNode(), dpConfig))
 	startScheduler(t, env)
 	return ctx, env
 }
@@ -266,12 +272,22 @@ func TestKubeletPluginPreparesSchedulerAllocatedClaimsWithWhatAllocateGives(t *t
 		if m := mountsOf(f); !reflect.DeepEqual(m, want[cl.Name].mounts) {
 			t.Errorf("claim %s CDI mounts\n got %v\nwant %v", cl.Name, m, want[cl.Name].mounts)
 		}
+		// The container the runtime makes from the returned id has exactly these.
+		env, mounts := container(t, dirs.cdi, cdiID)
+		wantMounts := slices.Sorted(slices.Values(want[cl.Name].mounts))
+		if !reflect.DeepEqual(env, want[cl.Name].env) || !reflect.DeepEqual(mounts, wantMounts) {
+			t.Errorf("claim %s: the container of %s has env %v mounts %v; want %v and %v", cl.Name, cdiID, env, mounts, want[cl.Name].env, wantMounts)
+		}
 	}
 
 	// The agent restarts. The new plugin has not seen a status yet, so only its checkpoint can answer: a
-	// repeated prepare gets the same devices, an unprepare removes the spec of a claim the previous
-	// process prepared.
+	// repeated prepare gets the same devices and writes again a spec that no longer reads as one (cut
+	// short), an unprepare removes the spec of a claim the previous process prepared.
 	stop()
+	whole := filepath.Join(dirs.cdi, "gpusharing.io-claim_"+claims[0].Uid+".json")
+	if err := os.WriteFile(whole, []byte(`{"cdiVersion":"0.3.0","kind":"gpusharing.io/cl`), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	kubelet, _ = startPlugin(t, env, dirs, false)
 	again, err := kubelet.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: claims[:1]})
 	if err != nil {
@@ -279,6 +295,9 @@ func TestKubeletPluginPreparesSchedulerAllocatedClaimsWithWhatAllocateGives(t *t
 	}
 	if g := again.Claims[claims[0].Uid]; g == nil || g.Error != "" || !reflect.DeepEqual(g.Devices[0].CdiDeviceIds, resp.Claims[claims[0].Uid].Devices[0].CdiDeviceIds) {
 		t.Errorf("prepare after a restart = %+v, want %+v", g, resp.Claims[claims[0].Uid])
+	}
+	if env, _ := container(t, dirs.cdi, "gpusharing.io/claim="+claims[0].Uid+"-gpu"); !reflect.DeepEqual(env, want["whole"].env) {
+		t.Errorf("the spec cut short was not written again: the container has env %v", env)
 	}
 	un, err := kubelet.NodeUnprepareResources(ctx, &drapb.NodeUnprepareResourcesRequest{Claims: claims[2:3]})
 	if err != nil {
@@ -376,9 +395,7 @@ func TestKubeletPluginPreparesSizedClaimsWithTheirSizesAsLimits(t *testing.T) {
 	ctx, env := draCluster(t)
 	c := env.Client
 	st := sizedMPSAndShimNode()
-	if _, err := (&dra.Publisher{Client: c, Node: nodeName}).Sync(ctx, dra.Devices(st, dpConfig)); err != nil {
-		t.Fatal(err)
-	}
+	publish(t, ctx, env, startPublisher(t, env, dra.PublisherOptions{}), dra.Devices(st, dpConfig))
 	startScheduler(t, env)
 	onMPS := `device.attributes["gpu.gpusharing.io"].sizeEnforcement == "MPS"`
 	onShim := `device.attributes["gpu.gpusharing.io"].sizeEnforcement == "ShimMemory"`

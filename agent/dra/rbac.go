@@ -1,7 +1,9 @@
 package dra
 
-// The agent writes its own node's ResourceSlices and reads the Node that owns them.
-// +kubebuilder:rbac:groups=resource.k8s.io,resources=resourceslices,verbs=get;list;create;update;delete
+// The agent's ResourceSlice controller lists and watches its own node's ResourceSlices (field selectors
+// on spec.nodeName and spec.driver) and writes them; it reads the Node that owns them (the agent's
+// role has nodes get).
+// +kubebuilder:rbac:groups=resource.k8s.io,resources=resourceslices,verbs=list;watch;create;update;delete
 
 // The kubelet plugin reads the claims the kubelet asks it to prepare (get); the drain lists the claims to
 // find the pods holding a GPU's devices (list).

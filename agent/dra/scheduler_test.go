@@ -218,14 +218,7 @@ func allocated(t *testing.T, ctx context.Context, c client.Client, name string) 
 func TestTheSchedulerAllocatesEachKindOfShareFromThePublishedSlices(t *testing.T) {
 	ctx, env := draCluster(t)
 	c := env.Client
-	pub := &dra.Publisher{Client: c, Node: nodeName}
-	devices := dra.Devices(mixedNode(), deviceplugin.DefaultConfig())
-	if changed, err := pub.Sync(ctx, devices); err != nil || !changed {
-		t.Fatalf("first Sync = %v, %v", changed, err)
-	}
-	if changed, err := pub.Sync(ctx, devices); err != nil || changed {
-		t.Fatalf("second Sync with the same devices = %v, %v; want nothing written", changed, err)
-	}
+	publish(t, ctx, env, startPublisher(t, env, dra.PublisherOptions{}), dra.Devices(mixedNode(), deviceplugin.DefaultConfig()))
 	startScheduler(t, env)
 
 	attr := `device.attributes["gpu.gpusharing.io"]`
@@ -287,46 +280,35 @@ func tailOf(s string, n int) string {
 	return s
 }
 
-func TestSyncFollowsTheStatusAndRaisesThePoolGeneration(t *testing.T) {
-	ctx := context.Background()
-	env, err := testenv.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
-	pub := &dra.Publisher{Client: env.Client, Node: nodeName}
+// The slices follow the status: a GPU turning unhealthy leaves, one whose drain ended comes back. The
+// pool is one slice, which one write changes whole, so its generation stays; a pool of several slices
+// changed by several writes gets a new one, so the scheduler never mixes the old slices and the new.
+func TestTheSlicesFollowTheStatus(t *testing.T) {
+	ctx, env := draCluster(t)
+	p := startPublisher(t, env, dra.PublisherOptions{})
 	st := mixedNode()
 	cfg := deviceplugin.DefaultConfig()
-	if _, err := pub.Sync(ctx, dra.Devices(st, cfg)); err != nil {
-		t.Fatal(err)
+	publish(t, ctx, env, p, dra.Devices(st, cfg))
+	names, gen1, _ := published(t, ctx, env.Client)
+	if !strings.Contains(names, "gpu-5") || strings.Contains(names, "gpu-6") || strings.Contains(names, "gpu-7") {
+		t.Fatalf("published %s: want gpu-5, and neither the unhealthy gpu-6 nor the draining gpu-7", names)
 	}
-	published := func() (gen int64, names map[string]bool) {
-		var list resourcev1.ResourceSliceList
-		if err := env.Client.List(ctx, &list); err != nil {
-			t.Fatal(err)
-		}
-		names = map[string]bool{}
-		for _, s := range list.Items {
-			gen = s.Spec.Pool.Generation
-			for _, d := range s.Spec.Devices {
-				names[d.Name] = true
-			}
-		}
-		return gen, names
-	}
-	gen1, names := published()
-	if !names["gpu-5"] || names["gpu-6"] || names["gpu-7"] {
-		t.Fatalf("published %v: want gpu-5, and neither the unhealthy gpu-6 nor the draining gpu-7", names)
-	}
-	// GPU 5 turns unhealthy, GPU 7's drain ends: the slice follows, under a new pool generation.
 	st.GPUs[5].Conditions[0].Status = metav1.ConditionFalse
 	st.GPUs[7].Drain = nil
-	if changed, err := pub.Sync(ctx, dra.Devices(st, cfg)); err != nil || !changed {
-		t.Fatalf("Sync after a change = %v, %v", changed, err)
+	publish(t, ctx, env, p, dra.Devices(st, cfg))
+	names, gen2, _ := published(t, ctx, env.Client)
+	if strings.Contains(names, "gpu-5") || !strings.Contains(names, "gpu-7") || gen2 != gen1 {
+		t.Errorf("after the change: generation %d (was %d), devices %s; want gpu-5 gone, gpu-7 back, one slice updated in place", gen2, gen1, names)
 	}
-	gen2, names := published()
-	if names["gpu-5"] || !names["gpu-7"] || gen2 != gen1+1 {
-		t.Errorf("after the change: generation %d (was %d), devices %v; want gpu-5 gone, gpu-7 back, generation +1", gen2, gen1, names)
+
+	// 200 devices take two slices: both are written under a new generation.
+	var many []resourcev1.Device
+	for i := range 200 {
+		many = append(many, resourcev1.Device{Name: fmt.Sprintf("gpu-%d", i)})
+	}
+	publish(t, ctx, env, p, many)
+	if _, gen3, _ := published(t, ctx, env.Client); gen3 <= gen2 || len(nodeSlices(t, ctx, env.Client)) != 2 {
+		t.Errorf("a change written as two slices kept generation %d (was %d)", gen3, gen2)
 	}
 }
 
@@ -382,18 +364,12 @@ func consumed(t *testing.T, ctx context.Context, c client.Client, name string) r
 func TestTheSchedulerPacksSizedClaimsOntoAGPUUntilItsMemoryIsUsed(t *testing.T) {
 	ctx, env := draCluster(t)
 	c := env.Client
-	pub := &dra.Publisher{Client: c, Node: nodeName}
-	if _, err := pub.Sync(ctx, dra.Devices(sizedNode(), deviceplugin.DefaultConfig())); err != nil {
-		t.Fatalf("the API server refused the sized device: %v", err)
+	publish(t, ctx, env, startPublisher(t, env, dra.PublisherOptions{}), dra.Devices(sizedNode(), deviceplugin.DefaultConfig()))
+	slices := nodeSlices(t, ctx, c)
+	if len(slices) != 1 || len(slices[0].Spec.Devices) != 1 {
+		t.Fatalf("published %+v; want one slice with the one sized device", slices)
 	}
-	var slices resourcev1.ResourceSliceList
-	if err := c.List(ctx, &slices); err != nil {
-		t.Fatal(err)
-	}
-	if len(slices.Items) != 1 || len(slices.Items[0].Spec.Devices) != 1 {
-		t.Fatalf("published %+v; want one slice with the one sized device", slices.Items)
-	}
-	if d := slices.Items[0].Spec.Devices[0]; d.AllowMultipleAllocations == nil || !*d.AllowMultipleAllocations || d.Capacity[dra.CapacityMemory].RequestPolicy == nil {
+	if d := slices[0].Spec.Devices[0]; d.AllowMultipleAllocations == nil || !*d.AllowMultipleAllocations || d.Capacity[dra.CapacityMemory].RequestPolicy == nil {
 		t.Fatalf("the API server dropped the consumable capacity fields (is DRAConsumableCapacity off?): %+v", d)
 	}
 	startScheduler(t, env)

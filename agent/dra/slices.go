@@ -2,179 +2,297 @@ package dra
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync"
+	"time"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/klog/v2"
 
 	"github.com/gpusharing/gpusharing/agent/deviceplugin"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
-// Slices cuts a node's devices into ResourceSlices of one pool named after the node, at most
-// ResourceSliceMaxDevices each (a node publishes at least one slice, empty when it offers nothing, so
-// the scheduler sees the pool and its generation).
-func Slices(node string, generation int64, devices []resourcev1.Device) []resourcev1.ResourceSlice {
-	var chunks [][]resourcev1.Device
+// Event reasons of publishing, on the node's GPUNode.
+const (
+	// ReasonSlicesNotPublished: a write of the node's ResourceSlices failed (the message says why) after
+	// the last one had worked; the controller retries with backoff, and no event repeats it.
+	ReasonSlicesNotPublished = "ResourceSlicesNotPublished"
+	// ReasonSlicesPublished: the node's ResourceSlices were written again after ResourceSlicesNotPublished.
+	ReasonSlicesPublished = "ResourceSlicesPublished"
+	// ReasonSliceFieldsDropped: the API server stored a slice without some fields, for a feature gate that
+	// is off (DRAConsumableCapacity for a GPU sized per claim); the message names the gate.
+	ReasonSliceFieldsDropped = "ResourceSliceFieldsDropped"
+)
+
+// Pool cuts a node's devices into the slices of its one pool, at most ResourceSliceMaxDevices each. A
+// node publishes at least one slice, empty when it offers nothing, so the scheduler sees the pool.
+func Pool(devices []resourcev1.Device) resourceslice.Pool {
+	var pool resourceslice.Pool
 	for len(devices) > resourcev1.ResourceSliceMaxDevices {
-		chunks = append(chunks, devices[:resourcev1.ResourceSliceMaxDevices])
+		pool.Slices = append(pool.Slices, resourceslice.Slice{Devices: devices[:resourcev1.ResourceSliceMaxDevices]})
 		devices = devices[resourcev1.ResourceSliceMaxDevices:]
 	}
-	chunks = append(chunks, devices)
-	out := make([]resourcev1.ResourceSlice, 0, len(chunks))
-	for i, devs := range chunks {
-		out = append(out, resourcev1.ResourceSlice{
-			ObjectMeta: metav1.ObjectMeta{Name: SliceName(node, i)},
-			Spec: resourcev1.ResourceSliceSpec{
-				Driver:   DriverName,
-				NodeName: &node,
-				Pool:     resourcev1.ResourcePool{Name: node, Generation: generation, ResourceSliceCount: int64(len(chunks))},
-				Devices:  devs,
-			},
-		})
-	}
-	return out
+	pool.Slices = append(pool.Slices, resourceslice.Slice{Devices: devices})
+	return pool
 }
 
-// SliceName is the name of a node's i-th slice.
-func SliceName(node string, i int) string { return fmt.Sprintf("%s-gpusharing-%d", node, i) }
+// PublisherOptions configure a Publisher.
+type PublisherOptions struct {
+	// Node is the node whose one pool (named after it) is published; its Node object owns the slices,
+	// so they are garbage-collected with it.
+	Node string
+	// Kube reads the Node and lists, watches and writes the node's slices.
+	Kube kubernetes.Interface
+	// Shares names the shares as the device plugin does (replica counts of shim shares).
+	Shares deviceplugin.Config
+	// SyncDelay is how long after the controller sees a change to the node's slices it checks them
+	// again, putting back a slice someone else changed or deleted (zero: resourceslice.DefaultSyncDelay).
+	SyncDelay time.Duration
+	// Log gets every publishing error.
+	Log logr.Logger
+	// Metrics, when set, counts the errors and says whether the last sync succeeded.
+	Metrics *SliceMetrics
+	// Events, when set, records the events above on the GPUNode of the last status published.
+	Events events.EventRecorder
+}
 
-// Publisher keeps one node's ResourceSlices equal to its devices.
+// Publisher keeps a node's ResourceSlices equal to the devices of the last status it was given, through
+// the ResourceSlice controller of k8s.io/dynamic-resource-allocation: it writes only what differs (no
+// API call when nothing changed), raises the pool generation where the scheduler must not mix old and
+// new slices, watches the node's slices and puts back what someone else changed or deleted, and retries
+// failed writes with backoff. PublishStatus only hands the controller the devices, so the agent's pass
+// never waits for the API server.
 type Publisher struct {
-	Client client.Client
-	Node   string
-	// Owner is the Node object: its slices are garbage-collected with it.
-	Owner *metav1.OwnerReference
+	o PublisherOptions
+
+	// given is closed by the first PublishStatus: the controller starts with devices to publish, never
+	// with none (it would delete the slices a previous agent published, and publish them again).
+	given     chan struct{}
+	givenOnce sync.Once
+
+	mu      sync.Mutex
+	ctrl    *resourceslice.Controller
+	devices []resourcev1.Device
+	// version counts the device lists given, so Start knows whether one came while it started.
+	version uint64
+	// regarding is the GPUNode the events are recorded on (name and uid of the last one published).
+	regarding *v1alpha1.GPUNode
+	// failing says the last sync failed; lastErr is the error that failed it.
+	failing bool
+	lastErr error
+	// synced says a sync succeeded since Start, and failing was not set after it.
+	synced bool
 }
 
-// Sync writes the node's slices for devices: nothing when they already say it, else every slice with
-// the pool's generation raised by one (the scheduler only mixes slices of one generation); slices past
-// the new count are deleted.
-func (p *Publisher) Sync(ctx context.Context, devices []resourcev1.Device) (changed bool, err error) {
-	var have resourcev1.ResourceSliceList
-	if err := p.Client.List(ctx, &have, client.MatchingFields{resourcev1.ResourceSliceSelectorNodeName: p.Node}); err != nil {
-		// Field selectors need the API server; a cache without the index answers with an error.
-		if err := p.Client.List(ctx, &have); err != nil {
-			return false, fmt.Errorf("listing ResourceSlices: %w", err)
-		}
+// NewPublisher returns a publisher for o.Node; Start runs its controller.
+func NewPublisher(o PublisherOptions) (*Publisher, error) {
+	if o.Node == "" || o.Kube == nil {
+		return nil, errors.New("publishing ResourceSlices needs the node name and a client")
 	}
-	current := map[string]*resourcev1.ResourceSlice{}
-	var gen int64
-	for i := range have.Items {
-		s := &have.Items[i]
-		if s.Spec.Driver != DriverName || s.Spec.NodeName == nil || *s.Spec.NodeName != p.Node {
-			continue
-		}
-		current[s.Name] = s
-		gen = max(gen, s.Spec.Pool.Generation)
-	}
-	want := Slices(p.Node, gen, devices)
-	if sameSlices(current, want) {
-		return false, nil
-	}
-	keep := map[string]bool{}
-	for _, s := range Slices(p.Node, gen+1, devices) {
-		keep[s.Name] = true
-		if p.Owner != nil {
-			s.OwnerReferences = []metav1.OwnerReference{*p.Owner}
-		}
-		if old, ok := current[s.Name]; ok {
-			old.Spec = s.Spec
-			old.OwnerReferences = s.OwnerReferences
-			if err := p.Client.Update(ctx, old); err != nil {
-				return true, fmt.Errorf("updating ResourceSlice %s: %w", s.Name, err)
-			}
-			continue
-		}
-		if err := p.Client.Create(ctx, &s); err != nil {
-			return true, fmt.Errorf("creating ResourceSlice %s: %w", s.Name, err)
-		}
-	}
-	for name, s := range current {
-		if !keep[name] {
-			if err := p.Client.Delete(ctx, s); err != nil && !apierrors.IsNotFound(err) {
-				return true, fmt.Errorf("deleting ResourceSlice %s: %w", name, err)
-			}
-		}
-	}
-	return true, nil
+	o.Metrics.init(o.Node)
+	return &Publisher{o: o, given: make(chan struct{})}, nil
 }
 
-// sameSlices says whether the slices on the server already publish want (generation aside).
-func sameSlices(current map[string]*resourcev1.ResourceSlice, want []resourcev1.ResourceSlice) bool {
-	if len(current) != len(want) {
-		return false
+// PublishStatus publishes the devices node's status offers (Devices) and remembers node for events. It
+// never blocks on the API server: the controller writes in the background.
+func (p *Publisher) PublishStatus(node *v1alpha1.GPUNode) {
+	p.mu.Lock()
+	if node.UID != "" {
+		p.regarding = &v1alpha1.GPUNode{ObjectMeta: metav1.ObjectMeta{Name: node.Name, UID: node.UID}}
 	}
-	for _, w := range want {
-		c, ok := current[w.Name]
-		if !ok || c.Spec.Pool.ResourceSliceCount != w.Spec.Pool.ResourceSliceCount || !sameDevices(c.Spec.Devices, w.Spec.Devices) {
-			return false
+	p.mu.Unlock()
+	p.Publish(Devices(node.Status, p.o.Shares))
+}
+
+// Publish publishes devices as the node's pool.
+func (p *Publisher) Publish(devices []resourcev1.Device) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.given:
+		// Semantic: quantities compare by value, not by their cached form. The controller would find
+		// nothing to write either; this spares it the copy and the pass through its queue.
+		if equality.Semantic.DeepEqual(p.devices, devices) {
+			return
 		}
+	default:
 	}
-	return true
+	p.devices = devices
+	p.version++
+	p.givenOnce.Do(func() { close(p.given) })
+	if p.ctrl != nil {
+		p.ctrl.Update(p.resources())
+	}
 }
 
-func sameDevices(a, b []resourcev1.Device) bool {
-	if len(a) == 0 && len(b) == 0 {
-		return true
-	}
-	// Semantic: quantities read back from the server compare by value, not by their cached form.
-	return equality.Semantic.DeepEqual(a, b)
+// resources is the desired state the controller syncs to. p.mu must be held.
+func (p *Publisher) resources() *resourceslice.DriverResources {
+	return &resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{p.o.Node: Pool(p.devices)}}
 }
 
-// StatusPublisher publishes a node's status as slices: the agent's reconciler calls it with each status
-// it computes, as it tells the device plugin. It reads and writes the API server only when the devices
-// differ from what it last published (once after a start); the slices are owned by the Node, so they go
-// with it.
-type StatusPublisher struct {
-	Publisher
-	// Config names the shares as the device plugin does (replica counts of shim shares).
-	Config deviceplugin.Config
-
-	// published is what the last successful Sync wrote or found: a pass whose devices equal it costs
-	// no API call (the reconciler calls on every pass and resync).
-	published []resourcev1.Device
-	synced    bool
-}
-
-// PublishStatus syncs the node's slices with the devices status offers.
-func (p *StatusPublisher) PublishStatus(ctx context.Context, status v1alpha1.GPUNodeStatus) error {
-	if p.Owner == nil {
-		var n corev1.Node
-		if err := p.Client.Get(ctx, client.ObjectKey{Name: p.Node}, &n); err != nil {
-			return fmt.Errorf("reading Node %s to own its ResourceSlices: %w", p.Node, err)
-		}
-		p.Owner = &metav1.OwnerReference{APIVersion: "v1", Kind: "Node", Name: n.Name, UID: n.UID}
-	}
-	devices := Devices(status, p.Config)
-	if p.synced && sameDevices(p.published, devices) {
+// Start runs the controller from the first PublishStatus until ctx ends, then stops it (a manager
+// Runnable). The controller lists and watches the node's slices first; until the API server answers, the
+// devices given wait.
+func (p *Publisher) Start(ctx context.Context) error {
+	select {
+	case <-p.given:
+	case <-ctx.Done():
 		return nil
 	}
-	if _, err := p.Sync(ctx, devices); err != nil {
-		p.synced = false
-		return err
+	p.mu.Lock()
+	resources, version := p.resources(), p.version
+	p.mu.Unlock()
+	opts := resourceslice.Options{
+		DriverName:   DriverName,
+		KubeClient:   p.o.Kube,
+		Owner:        &resourceslice.Owner{APIVersion: "v1", Kind: "Node", Name: p.o.Node},
+		Resources:    resources,
+		Queue:        outcomeQueue{TypedRateLimitingInterface: newSliceQueue(), p: p},
+		ErrorHandler: p.handleError,
 	}
-	p.published, p.synced = devices, true
+	if p.o.SyncDelay > 0 {
+		opts.SyncDelay = &p.o.SyncDelay
+	}
+	ctrl, err := resourceslice.StartController(klog.NewContext(ctx, p.o.Log), opts)
+	if err != nil {
+		if ctx.Err() != nil {
+			// Stopped before the API server answered the first list.
+			return nil
+		}
+		return fmt.Errorf("starting the ResourceSlice controller: %w", err)
+	}
+	p.mu.Lock()
+	p.ctrl = ctrl
+	if p.version != version {
+		ctrl.Update(p.resources())
+	}
+	p.mu.Unlock()
+	<-ctx.Done()
+	p.mu.Lock()
+	p.ctrl = nil
+	p.mu.Unlock()
+	// Waits for the controller's goroutines: no write after the agent stopped. The slices stay.
+	ctrl.Stop()
 	return nil
+}
+
+// Stats counts the controller's writes since Start (zero before).
+func (p *Publisher) Stats() resourceslice.Stats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ctrl == nil {
+		return resourceslice.Stats{}
+	}
+	return p.ctrl.GetStats()
+}
+
+// Synced says the node's slices were synced since Start and the last sync succeeded.
+func (p *Publisher) Synced() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.synced && !p.failing
+}
+
+// handleError is the controller's ErrorHandler. A DroppedFieldsError comes from a write that succeeded
+// (the controller takes what the API server stored as published, so it does not write again); every
+// other error failed a sync, which the controller retries with backoff (outcomeQueue reports it).
+func (p *Publisher) handleError(ctx context.Context, err error, msg string) {
+	var dropped *resourceslice.DroppedFieldsError
+	if errors.As(err, &dropped) {
+		p.o.Log.Error(err, "The API server dropped fields of a ResourceSlice", "node", p.o.Node, "features", dropped.DisabledFeatures())
+		p.o.Metrics.countError(p.o.Node, errorDroppedFields)
+		p.event(corev1.EventTypeWarning, ReasonSliceFieldsDropped, err.Error())
+		return
+	}
+	p.o.Log.Error(err, "Publishing ResourceSlices failed; retrying", "node", p.o.Node, "step", msg)
+	p.o.Metrics.countError(p.o.Node, errorFailed)
+	p.mu.Lock()
+	p.lastErr = err
+	p.mu.Unlock()
+}
+
+// syncEnded records a sync's outcome; an event marks where publishing starts to fail and where it
+// works again.
+func (p *Publisher) syncEnded(ok bool) {
+	p.mu.Lock()
+	wasFailing := p.failing
+	p.failing = !ok
+	p.synced = p.synced || ok
+	err := p.lastErr
+	if ok {
+		p.lastErr = nil
+	}
+	p.mu.Unlock()
+	p.o.Metrics.setPublished(p.o.Node, ok)
+	switch {
+	case !ok && !wasFailing:
+		note := "publishing the node's ResourceSlices failed; retrying"
+		if err != nil {
+			note = err.Error()
+		}
+		p.event(corev1.EventTypeWarning, ReasonSlicesNotPublished, note)
+	case ok && wasFailing:
+		p.event(corev1.EventTypeNormal, ReasonSlicesPublished, "the node's ResourceSlices are published again")
+	}
+}
+
+func (p *Publisher) event(typ, reason, note string) {
+	p.mu.Lock()
+	regarding := p.regarding
+	p.mu.Unlock()
+	if p.o.Events == nil || regarding == nil {
+		return
+	}
+	p.o.Events.Eventf(regarding, nil, typ, reason, "Publish", "%s", note)
+}
+
+// newSliceQueue is the queue the controller makes when given none.
+func newSliceQueue() workqueue.TypedRateLimitingInterface[string] {
+	return workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: "node_resource_slices"})
+}
+
+// outcomeQueue is the controller's work queue, through which the publisher learns how each sync ended:
+// after a sync of a pool the controller forgets the pool's backoff when it succeeded, and adds the pool
+// back rate-limited when it failed (the work queue's contract, resourceslice's processNextWorkItem).
+type outcomeQueue struct {
+	workqueue.TypedRateLimitingInterface[string]
+	p *Publisher
+}
+
+func (q outcomeQueue) Forget(pool string) {
+	q.TypedRateLimitingInterface.Forget(pool)
+	q.p.syncEnded(true)
+}
+
+func (q outcomeQueue) AddRateLimited(pool string) {
+	q.p.syncEnded(false)
+	q.TypedRateLimitingInterface.AddRateLimited(pool)
 }
 
 // Driver is the agent's DRA side as the reconciler sees it (a node.SlicePublisher): each status goes to
 // the kubelet plugin first, then to the slices, so a device the scheduler can allocate is one the plugin
 // can prepare.
 type Driver struct {
-	Slices *StatusPublisher
+	Slices *Publisher
 	// Plugin is nil where the node publishes slices without serving the kubelet plugin (tests, the demo).
 	Plugin *KubeletPlugin
 }
 
 // PublishStatus tells the plugin the status's shares and publishes them.
-func (d *Driver) PublishStatus(ctx context.Context, status v1alpha1.GPUNodeStatus) error {
+func (d *Driver) PublishStatus(node *v1alpha1.GPUNode) {
 	if d.Plugin != nil {
-		d.Plugin.Update(status)
+		d.Plugin.Update(node.Status)
 	}
-	return d.Slices.PublishStatus(ctx, status)
+	d.Slices.PublishStatus(node)
 }

@@ -24,10 +24,10 @@ type DevicePlugin interface {
 	Uncordon(ctx context.Context, gpuUUID string) error
 }
 
-// SlicePublisher publishes each status a pass computes as DRA ResourceSlices; dra.StatusPublisher
-// implements it.
+// SlicePublisher publishes each status a pass computes as DRA ResourceSlices; dra.Driver implements it.
+// It must not block: the slices are written in the background, and their errors are reported there.
 type SlicePublisher interface {
-	PublishStatus(ctx context.Context, status v1alpha1.GPUNodeStatus) error
+	PublishStatus(node *v1alpha1.GPUNode)
 }
 
 // Drainer empties one GPU of its pods; drain.Drainer implements it.
@@ -300,16 +300,13 @@ func (r *Reconciler) publishDevices(ctx context.Context, sc *scope) {
 	if sc.invErr != nil {
 		return
 	}
-	log := ctrl.LoggerFrom(ctx)
 	if r.Slices != nil {
-		// A failed write is retried on the next pass (every resync at the latest).
-		if err := r.Slices.PublishStatus(ctx, sc.node.Status); err != nil {
-			log.Error(err, "Publishing ResourceSlices failed")
-		}
+		r.Slices.PublishStatus(sc.node)
 	}
 	if r.Devices == nil {
 		return
 	}
+	log := ctrl.LoggerFrom(ctx)
 	if err := r.Devices.UpdateFromStatus(ctx, sc.node.Status); err != nil {
 		// The device plugin retries registration on its own loop.
 		log.Error(err, "Device plugin update failed")

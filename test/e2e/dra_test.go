@@ -33,7 +33,7 @@ func testDRA(t *testing.T) {
 		}
 		n := 0
 		for _, s := range l.Items {
-			if s.Spec.NodeName != nil && *s.Spec.NodeName == NodeName {
+			if s.Spec.Driver == "gpu.gpusharing.io" && s.Spec.NodeName != nil && *s.Spec.NodeName == NodeName {
 				n += len(s.Spec.Devices)
 			}
 		}

@@ -44,17 +44,29 @@ func TestAHandWrittenSizedAllocationIsTheSchedulersAndThePluginPreparesIt(t *tes
 	deviceClasses(t, ctx, env)
 	status := sizedStatus(0)
 	cfg := deviceplugin.Config{MPSRoot: "/run/gpusharing/mps", SchedulerRoot: "/run/gpusharing/scheduler", ShimLibrary: "/var/lib/gpusharing/lib/libgpushare.so"}
-	if _, err := (&dra.Publisher{Client: c, Node: testNode}).Sync(ctx, dra.Devices(status, cfg)); err != nil {
-		t.Fatal(err)
-	}
-	slices, err := nodeSlices(ctx, c, testNode)
+	kube, err := kubernetes.NewForConfig(env.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dev, ok, err := findSizedDevice(slices, testNode, 0)
-	if err != nil || !ok {
-		t.Fatalf("sized device of the published slices: %v %v", ok, err)
+	pub, err := dra.NewPublisher(dra.PublisherOptions{Node: testNode, Kube: kube, Shares: cfg, Log: logr.Discard()})
+	if err != nil {
+		t.Fatal(err)
 	}
+	pctx, stopPublisher := context.WithCancel(ctx)
+	published := make(chan error, 1)
+	go func() { published <- pub.Start(pctx) }()
+	t.Cleanup(func() { stopPublisher(); <-published })
+	pub.Publish(dra.Devices(status, cfg))
+	var dev sizedDevice
+	wait.UntilOK(t, 60*time.Second, func() (bool, error) {
+		slices, err := nodeSlices(ctx, c, testNode)
+		if err != nil {
+			return false, err
+		}
+		var ok bool
+		dev, ok, err = findSizedDevice(slices, testNode, 0)
+		return ok, err
+	}, "the sized device published")
 
 	sched, err := env.StartScheduler(t.TempDir())
 	if err != nil {
@@ -108,10 +120,6 @@ func TestAHandWrittenSizedAllocationIsTheSchedulersAndThePluginPreparesIt(t *tes
 		t.Fatal(err)
 	}
 	plugin.Update(status)
-	kube, err := kubernetes.NewForConfig(env.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
 	pctx, cancel := context.WithCancel(ctx)
 	t.Cleanup(cancel)
 	h, err := plugin.Start(pctx, kube)

@@ -1,11 +1,13 @@
 package scheduler
 
 import (
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -464,5 +466,45 @@ func TestSchedulerReconfigureReclassifiesConnectedClients(t *testing.T) {
 	}
 	if m := o.expect(MsgPace, 2*time.Second); m.MaxQueued != 0 {
 		t.Fatalf("PACE %d after it became production, want 0", m.MaxQueued)
+	}
+}
+
+// A client that asked for High and got opportunistic is logged once, at V(1), when it joins; a client
+// whose hello decides, or that asked for nothing, is not.
+func TestAskingHighInAnOpportunisticPodIsLoggedOnceAtV1(t *testing.T) {
+	count := func(verbosity int) int {
+		var mu sync.Mutex
+		n := 0
+		log := funcr.New(func(_, args string) {
+			mu.Lock()
+			defer mu.Unlock()
+			if strings.Contains(args, "its pod makes it opportunistic") {
+				n++
+			}
+		}, funcr.Options{Verbosity: verbosity})
+		m, err := newMetrics(prometheus.NewRegistry())
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := GPUConfig{UUID: "GPU-test", Quantum: time.Second, Grace: time.Second, ProductionPriority: threshold(1000)}
+		q := newQueue(cfg, newFakeClock(), m, log)
+		for _, src := range []classSource{
+			{asked: PriorityHigh, fromPod: true, value: 10, known: true},
+			{asked: PriorityHigh},                                          // the hello decides: production
+			{fromPod: true, value: 10, known: true},                        // asked for nothing
+			{asked: PriorityHigh, fromPod: true, value: 1000, known: true}, // production
+		} {
+			q.join(1, src, 0, func([]byte) bool { return true }, func() {})
+		}
+		q.reconfigure(cfg)
+		mu.Lock()
+		defer mu.Unlock()
+		return n
+	}
+	if n := count(1); n != 1 {
+		t.Errorf("%d log lines at V(1) about a client asking for High in an opportunistic pod, want 1", n)
+	}
+	if n := count(0); n != 0 {
+		t.Errorf("%d such lines at V(0), want none", n)
 	}
 }

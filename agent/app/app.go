@@ -57,9 +57,6 @@ type Options struct {
 	// overhead left out of the NVML check); zero fields take the scheduler's defaults. The agent sets
 	// their sources itself (shimguards.go).
 	ShimGuards scheduler.Guards
-	// ShimHighPriorityMin is the lowest pod priority whose shim clients may run High (0: the default,
-	// DefaultShimHighPriorityMin).
-	ShimHighPriorityMin int32
 	// StateDir holds the agent's runtime state; it must not outlive a reboot.
 	StateDir string
 	// MPSControl and NvidiaSMI are the host tools' paths.

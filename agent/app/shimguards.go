@@ -16,10 +16,6 @@ import (
 // clients look like under-reporters and keeps their reservations up.
 const DefaultShimContextOverhead = 1 << 30
 
-// DefaultShimHighPriorityMin is the lowest pod priority whose shim clients may run High: any pod with
-// a positive PriorityClass; pods without one (priority 0) run Normal whatever their environment asks.
-const DefaultShimHighPriorityMin = 1
-
 // podResolver names the pods of shim clients; nil where schedulers do not run or the demo's simulated
 // nodes have no pods (ProcRoot empty).
 func podResolver(mgr ctrl.Manager, o Options) *podpid.Resolver {
@@ -31,8 +27,9 @@ func podResolver(mgr ctrl.Manager, o Options) *podpid.Resolver {
 }
 
 // shimGuards completes o.ShimGuards with what the agent knows about a client beyond its word: its pod
-// (from its cgroup), which sets its connection allowance and caps its priority, and the memory NVML
-// sees it use. Without a resolver (the demo) the hello's priority is trusted and peers are processes.
+// (from its cgroup), which sets its connection allowance and whose priority decides its class
+// (production or opportunistic, against the GPU's threshold), and the memory NVML sees it use. Without
+// a resolver (the demo) the hello's priority is trusted and peers are processes.
 func shimGuards(o Options, r *podpid.Resolver) scheduler.Guards {
 	g := o.ShimGuards
 	g.ProcessMemory = scheduler.ProcessMemoryFrom(o.GPU)
@@ -45,25 +42,18 @@ func shimGuards(o Options, r *podpid.Resolver) scheduler.Guards {
 		}
 		return ""
 	}
-	min := o.ShimHighPriorityMin
-	if min == 0 {
-		min = DefaultShimHighPriorityMin // 0 would let every pod run High: the same as none
-	}
-	g.PeerPriority = peerPriority(r, min)
+	g.PodPriority = podPriority(r)
 	return g
 }
 
-// peerPriority allows High to a pid whose pod's priority is at least min, and Normal to every other
-// pid, including one whose pod cannot be found: a lookup that fails never raises anyone. The lookup
-// runs between the client's HELLO and its WELCOME, which the shim waits for 1s
-// (GPUSHARE_CONNECT_TIMEOUT_MS), so a slow API server costs the client its High, never its lease.
-func peerPriority(r *podpid.Resolver, min int32) func(int32) scheduler.Priority {
-	return func(pid int32) scheduler.Priority {
+// podPriority is the resolved priority of pid's pod; ok is false for a pid in no pod, or in one that
+// cannot be found, which the scheduler then runs opportunistic: a lookup that fails never makes anyone
+// production. The lookup runs between the client's HELLO and its WELCOME, which the shim waits for 1s
+// (GPUSHARE_CONNECT_TIMEOUT_MS), so a slow API server costs the client its class, never its lease.
+func podPriority(r *podpid.Resolver) func(int32) (int32, bool) {
+	return func(pid int32) (int32, bool) {
 		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 		defer cancel()
-		if p, ok := r.Priority(ctx, pid); ok && p >= min {
-			return scheduler.PriorityHigh
-		}
-		return scheduler.PriorityNormal
+		return r.Priority(ctx, pid)
 	}
 }

@@ -14,12 +14,12 @@ import (
 
 	"github.com/gpusharing/gpusharing/agent/gpu"
 	"github.com/gpusharing/gpusharing/agent/podpid"
-	"github.com/gpusharing/gpusharing/agent/scheduler"
 )
 
-// The agent lets a shim client run High only when its pod's priority reaches the threshold; a pod
-// without a class, a pod below the threshold and a process in no pod run Normal. Without a resolver
-// (the demo's simulated nodes) the hello is trusted: PeerPriority is unset.
+// The agent gives the scheduler each shim client's pod priority (which, against the GPU's production
+// threshold, decides its class): its PriorityClass's value, 0 for a pod without a class, and none for
+// a process in no pod. Without a resolver (the demo's simulated nodes) the hello is trusted:
+// PodPriority is unset.
 func TestShimClientPriorityComesFromItsPod(t *testing.T) {
 	ctx := context.Background()
 	// Names of this run's own: with no kubelet, a deleted pod bound to a node stays (terminating), so a
@@ -49,18 +49,18 @@ func TestShimClientPriorityComesFromItsPod(t *testing.T) {
 	r := &podpid.Resolver{Reader: env.Client, NodeName: node, ProcRoot: root}
 
 	g := shimGuards(Options{GPU: gpu.Null{}}, r)
-	for pid, want := range map[int32]scheduler.Priority{50: scheduler.PriorityHigh, 51: scheduler.PriorityNormal, 52: scheduler.PriorityNormal} {
-		if got := g.PeerPriority(pid); got != want {
-			t.Errorf("pid %d: allowed %v, want %v", pid, got, want)
+	for pid, want := range map[int32]struct {
+		value int32
+		ok    bool
+	}{50: {1000, true}, 51: {0, true}, 52: {0, false}} {
+		if v, ok := g.PodPriority(pid); v != want.value || ok != want.ok {
+			t.Errorf("pid %d: pod priority %d (%v), want %d (%v)", pid, v, ok, want.value, want.ok)
 		}
 	}
 	if k := g.PeerKey(50); k == "" || k == g.PeerKey(51) {
 		t.Errorf("peer keys of two pods: %q and %q", k, g.PeerKey(51))
 	}
-	if got := shimGuards(Options{GPU: gpu.Null{}, ShimHighPriorityMin: 2000}, r).PeerPriority(50); got != scheduler.PriorityNormal {
-		t.Errorf("a pod below --shim-high-priority-min allowed %v", got)
-	}
-	if demo := shimGuards(Options{GPU: gpu.Null{}}, nil); demo.PeerPriority != nil || demo.ProcessMemory == nil {
+	if demo := shimGuards(Options{GPU: gpu.Null{}}, nil); demo.PodPriority != nil || demo.ProcessMemory == nil {
 		t.Error("without a resolver: want the hello trusted and NVML still checked")
 	}
 }

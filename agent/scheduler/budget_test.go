@@ -274,7 +274,7 @@ func TestBudgetMetricsReportPerClientMemoryAndSwaps(t *testing.T) {
 		t.Fatal(err)
 	}
 	q := s.queues[0]
-	c := q.join(42, PriorityNormal, 0, func([]byte) bool { return true }, func() {})
+	c := q.join(42, classSource{}, 0, func([]byte) bool { return true }, func() {})
 	q.acquire(c, 8*mib)
 	q.usage(c, Message{Type: MsgUsage, Acks: c.raises, Need: 8 * mib, Resident: 6 * mib,
 		Stats: SwapStats{Swapped: 2 * mib, SwapOuts: 3, SwapIns: 4, BytesOut: 5, BytesIn: 7, SwapNS: 2e9}})

@@ -9,22 +9,31 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// FuzzQueue drives one GPU's queue with any sequence of client actions (join, re-announce, acquire,
-// release, grow, report, answer or ignore an eviction, leave, act after leaving, time passing, the
-// budget reconfigured) and checks its invariants after each: every client's state agrees with its
-// fields and moved only along clientTransitions, no move was refused and no reservation changed
-// against the budget rule (checkBudget), the reserved sum equals the sum of the reservations and
-// stays within the budget (a sum above it, after a re-announcement or a lowered budget, only
-// falls), an exclusive GPU has at most one holder, and the holder and waiting lists are the
-// granted and waiting clients. The seeds run in every `go test`.
+// FuzzQueue drives one GPU's queue with any sequence of client actions (join as production or
+// opportunistic, re-announce, acquire, release, grow, report, answer or ignore an eviction, leave, act
+// after leaving, time passing, the budget or the production threshold reconfigured) and checks its
+// invariants after each: every client's state agrees with its fields and moved only along
+// clientTransitions, no move was refused and no reservation changed against the budget rule
+// (checkBudget), the reserved sum equals the sum of the reservations and stays within the budget (a
+// sum above it, after a re-announcement or a lowered budget, only falls), an exclusive GPU has at
+// most one holder, and the holder and waiting lists are the granted and waiting clients. For the
+// classes (qos.go): each client is of the class its pod and the threshold give it, no opportunistic
+// client holds while a production one waits or holds, no production client was asked to evict for an
+// opportunistic one, each runs under the PACE it should, and PACE reached only version 4 clients,
+// never repeating a value. The seeds run in every `go test`.
 //
-// Each step is three bytes: op, client, arg. Ops 0-1 acquire arg MiB; 2 release; 3 MemReq arg MiB;
+// The first byte picks the mode (its value % 4: Auto, Always, Off, or no budget) and where classes
+// come from ((its value / 4) % 2: the hello, or pods of priority 0, 100 and 200 under a threshold of
+// 100). Each step is three bytes: op, client, arg. Ops 0-1 acquire arg MiB; 2 release; 3 MemReq arg MiB;
 // 4 a periodic report of arg MiB, acks up to date or stale (arg >= 128: need arg-128 MiB with more
 // resident, acks up to date); 5 an eviction answered, failed or in progress; 6 leave; 7 join a
-// client in a free slot (arg >= 128: which then re-announces arg-128 MiB; on a connected client,
-// a re-announcement, refused after other messages); 8-9 time passing (op 9 with arg >= 240: the
-// budget reconfigured to (arg-239)*8 MiB). A client that left keeps acting until its slot is
-// joined again: its messages were read before its connection's end was noticed.
+// client in a free slot (its hello asks arg % 2; its pod's priority is 100 * (arg % 3), unknown when
+// arg % 7 is 6; arg >= 128: it then re-announces arg-128 MiB; on a connected client, a
+// re-announcement, refused after other messages); 8-9 time passing (op 9 with arg >= 240: the
+// budget reconfigured to (arg-239)*8 MiB); 10 the production threshold reconfigured to none, 0,
+// 100, 200 or 300 (arg % 5) and the opportunistic queue to arg % 3 (0: the default). A client that
+// left keeps acting until its slot is joined again: its messages were read before its connection's
+// end was noticed.
 func FuzzQueue(f *testing.F) {
 	f.Add([]byte{0, 0, 0, 1, 0, 40, 1, 1, 40, 8, 0, 200, 2, 0, 0})
 	f.Add([]byte{1, 0, 0, 1, 0, 60, 1, 1, 30, 5, 0, 0, 8, 0, 250, 8, 0, 250, 1, 2, 10})
@@ -34,6 +43,13 @@ func FuzzQueue(f *testing.F) {
 	f.Add([]byte{1, 0, 0, 40, 4, 0, 40, 0, 1, 40, 2, 0, 40, 5, 0, 1, 5, 0, 1, 5, 0, 2, 4, 1, 40})
 	// the same with the newcomer a version 2 client (cs[3])
 	f.Add([]byte{1, 0, 0, 40, 4, 0, 40, 0, 3, 40, 2, 0, 40, 5, 0, 1, 5, 0, 2, 4, 3, 40})
+	// classes from pods: an opportunistic holder (cs[0]) preempted by production (cs[1]) on a full
+	// budget, evicted while production fills in; production releases, the opportunistic one comes back
+	f.Add([]byte{4, 0, 0, 40, 4, 0, 40, 0, 1, 40, 5, 0, 1, 5, 0, 2, 4, 1, 40, 2, 1, 40, 0, 0, 40, 8, 0, 30})
+	// the threshold moved under waiters and holders: nobody, everyone known, then no threshold
+	f.Add([]byte{5, 0, 0, 10, 0, 3, 10, 10, 0, 4, 0, 1, 10, 0, 2, 10, 10, 0, 1, 8, 0, 50, 6, 1, 0, 10, 0, 0, 8, 0, 50})
+	// PACE: production leaves and joins again, the depth changes, opportunistic clients come and go
+	f.Add([]byte{7, 6, 1, 0, 6, 2, 0, 10, 0, 2, 7, 1, 1, 10, 0, 7, 6, 0, 0, 7, 0, 4, 0, 0, 0, 0, 1, 0, 9, 0, 20})
 	for _, seed := range fuzzQueueSeeds {
 		f.Add(seed.in)
 	}
@@ -81,7 +97,13 @@ func runQueueSteps(t *testing.T, in []byte) error {
 		return nil
 	}
 	const budget = 64 * mib
-	cfg := GPUConfig{UUID: "GPU-fuzz", Quantum: 100 * time.Millisecond, Grace: 50 * time.Millisecond, Budget: budget}
+	cfg := GPUConfig{UUID: "GPU-fuzz", Quantum: 100 * time.Millisecond, Grace: 50 * time.Millisecond, Budget: budget,
+		ProductionPriority: threshold(100)}
+	fromPod := (in[0]/4)%2 == 1
+	// classOf is the class source of a client joining with arg.
+	classOf := func(arg uint64) classSource {
+		return classSource{asked: Priority(arg % 2), fromPod: fromPod, value: int32(arg%3) * 100, known: arg%7 != 6}
+	}
 	switch in[0] % 4 {
 	case 0, 1, 2:
 		cfg.Mode = Mode(in[0] % 4) // Auto, Always, Off
@@ -98,16 +120,19 @@ func runQueueSteps(t *testing.T, in []byte) error {
 	fx := &queueFixture{q: q, clock: clock, m: m}
 	var cs [4]*fakeClient
 	for i := range cs {
-		if i == len(cs)-1 {
+		switch i {
+		case 2:
+			fx.version = 3 // one client without PACE
+		case 3:
 			fx.version = MinVersion // one client without the overlapped hand-off
 		}
-		cs[i] = fx.join(t, Priority(i%2))
+		cs[i] = fx.joinAs(t, classOf(uint64(i)))
+		fx.version = 0
 	}
-	fx.version = 0
 	prev := observeQueue(q, cs[:])
 	in = in[1:]
 	for step := 0; len(in) >= 3; step, in = step+1, in[3:] {
-		op, slot, arg := in[0]%10, int(in[1])%len(cs), uint64(in[2])
+		op, slot, arg := in[0]%11, int(in[1])%len(cs), uint64(in[2])
 		f := cs[slot]
 		q.mu.Lock()
 		_, joined := q.clients[f.c.id]
@@ -143,7 +168,7 @@ func runQueueSteps(t *testing.T, in []byte) error {
 			q.leave(f.c)
 		case 7:
 			if !joined {
-				f = fx.join(t, Priority(arg%2))
+				f = fx.joinAs(t, classOf(arg))
 				cs[slot] = f
 			}
 			if arg >= 128 {
@@ -158,6 +183,10 @@ func runQueueSteps(t *testing.T, in []byte) error {
 				break
 			}
 			clock.Advance(time.Duration(arg) * 10 * time.Millisecond)
+		case 10:
+			cfg.ProductionPriority = []*int32{nil, threshold(0), threshold(100), threshold(200), threshold(300)}[arg%5]
+			cfg.OpportunisticQueue = uint32(arg % 3)
+			q.reconfigure(cfg)
 		}
 		// A client the queue dropped (it stopped reading, ignored an eviction, asked for too much)
 		// loses its connection, and the connection's end makes it leave, as serveConn does.
@@ -170,10 +199,40 @@ func runQueueSteps(t *testing.T, in []byte) error {
 		if err := checkQueueInvariants(q, cs[:]); err != nil {
 			return fmt.Errorf("step %d (op %d): %w", step, op, err)
 		}
+		if err := checkPaceMessages(q, cs[:]); err != nil {
+			return fmt.Errorf("step %d (op %d): %w", step, op, err)
+		}
 		if err := checkQueueStep(prev, cur, (op == 7 || op == 9) && arg >= 128); err != nil {
 			return fmt.Errorf("step %d (op %d): %w", step, op, err)
 		}
 		prev = cur
+	}
+	return nil
+}
+
+// checkPaceMessages checks the PACE each client received: only a version 4 client gets any, no value
+// repeats the one before it (a first 0 repeats the unbounded start), and the last one is the bound the
+// queue believes the client runs under.
+func checkPaceMessages(q *queue, cs []*fakeClient) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, f := range cs {
+		var last uint32
+		for _, m := range f.got {
+			if m.Type != MsgPace {
+				continue
+			}
+			if !f.c.paces() {
+				return fmt.Errorf("client %d of version %d was sent PACE", f.c.id, f.c.version)
+			}
+			if m.MaxQueued == last {
+				return fmt.Errorf("client %d was sent PACE %d again", f.c.id, last)
+			}
+			last = m.MaxQueued
+		}
+		if _, connected := q.clients[f.c.id]; connected && last != f.c.pace {
+			return fmt.Errorf("client %d was last sent PACE %d, the queue has it at %d", f.c.id, last, f.c.pace)
+		}
 	}
 	return nil
 }

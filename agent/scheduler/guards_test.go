@@ -140,24 +140,33 @@ func TestConnectionsPerPeerAndPerSocketAreCapped(t *testing.T) {
 	})
 }
 
-// A process whose environment asks for High priority runs at what its pod allows: Normal here. A pod
-// allowed High keeps it.
-func TestPriorityIsCappedByWhatThePeersPodAllows(t *testing.T) {
+// Where the agent names pods, a client's class comes from its pod's priority against the GPU's
+// production threshold, whatever its hello asks: a process cannot make itself production, and a
+// production pod's process is production even if its environment asks for less.
+func TestClassComesFromThePeersPodNotItsHello(t *testing.T) {
+	threshold := int32(1000)
 	for _, tc := range []struct {
-		name    string
-		allowed Priority
-		want    Priority
+		name      string
+		asked     Priority
+		pod       int32
+		known     bool
+		threshold *int32
+		want      Priority
 	}{
-		{"pod allows Normal", PriorityNormal, PriorityNormal},
-		{"pod allows High", PriorityHigh, PriorityHigh},
+		{"pod at the threshold", PriorityHigh, 1000, true, &threshold, PriorityHigh},
+		{"pod at the threshold asking Normal", PriorityNormal, 1000, true, &threshold, PriorityHigh},
+		{"pod below the threshold asking High", PriorityHigh, 999, true, &threshold, PriorityNormal},
+		{"pod unknown asking High", PriorityHigh, 5000, false, &threshold, PriorityNormal},
+		{"no threshold asking High", PriorityHigh, 5000, true, nil, PriorityNormal},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var asked int32
-			s, sock, _ := startGuarded(t, GPUConfig{}, Guards{PeerPriority: func(pid int32) Priority { asked = pid; return tc.allowed }})
-			dialRaw(t, sock, PriorityHigh)
+			s, sock, _ := startGuarded(t, GPUConfig{ProductionPriority: tc.threshold},
+				Guards{PodPriority: func(pid int32) (int32, bool) { asked = pid; return tc.pod, tc.known }})
+			dialRaw(t, sock, tc.asked)
 			snap := s.Snapshot()
 			if len(snap) != 1 || snap[0].Priority != tc.want {
-				t.Fatalf("clients = %+v, want one at %v", snap, tc.want)
+				t.Fatalf("clients = %+v, want one of class %s", snap, className(tc.want))
 			}
 			if asked != int32(os.Getpid()) {
 				t.Fatalf("the pod was looked up for pid %d, want the peer's (SO_PEERCRED) %d", asked, os.Getpid())
@@ -166,18 +175,9 @@ func TestPriorityIsCappedByWhatThePeersPodAllows(t *testing.T) {
 	}
 }
 
-// A lower-priority ask is kept: the pod's allowance is a ceiling, not a floor.
-func TestPriorityBelowTheAllowanceIsKept(t *testing.T) {
-	s, sock, _ := startGuarded(t, GPUConfig{}, Guards{PeerPriority: func(int32) Priority { return PriorityHigh }})
-	dialRaw(t, sock, PriorityNormal)
-	if snap := s.Snapshot(); len(snap) != 1 || snap[0].Priority != PriorityNormal {
-		t.Fatalf("clients = %+v", snap)
-	}
-}
-
-// The real shim with GPUSHARE_PRIORITY=high, in a pod that allows only Normal, queues at Normal and
-// does not pass an earlier normal waiter: a process cannot raise itself. (The same client goes first
-// where the scheduler trusts its environment: TestHighPriorityShimClientGoesFirstAtHandOff.)
+// The real shim with GPUSHARE_PRIORITY=high, in a pod below the production threshold, queues as
+// opportunistic: it neither preempts the holder nor passes an earlier waiter. (The same client is
+// production where the scheduler trusts its environment: TestHighPriorityShimClientGoesFirstAtHandOff.)
 func TestShimAskingForHighPriorityGetsWhatItsPodAllows(t *testing.T) {
 	build := shimBuild(t)
 	dir, err := os.MkdirTemp("", "gs")
@@ -187,8 +187,10 @@ func TestShimAskingForHighPriorityGetsWhatItsPodAllows(t *testing.T) {
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	e := &env{t: t, build: build, dir: dir, sock: filepath.Join(dir, "gpu.sock"), trace: filepath.Join(dir, "trace"),
 		m: prometheus.NewRegistry()}
-	e.s, err = New(Options{GPUs: []GPUConfig{{UUID: "GPU-test", SocketPath: e.sock, Quantum: time.Minute, Grace: time.Minute}},
-		Registerer: e.m, Guards: Guards{PeerPriority: func(int32) Priority { return PriorityNormal }}})
+	threshold := int32(1000)
+	e.s, err = New(Options{GPUs: []GPUConfig{{UUID: "GPU-test", SocketPath: e.sock, Quantum: time.Minute, Grace: time.Minute,
+		ProductionPriority: &threshold}},
+		Registerer: e.m, Guards: Guards{PodPriority: func(int32) (int32, bool) { return 500, true }}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -215,11 +217,14 @@ func TestShimAskingForHighPriorityGetsWhatItsPodAllows(t *testing.T) {
 		return ok && s.Waiting
 	}, "the client asking for High queues")
 	if s, _ := e.state(asking.pid()); s.Priority != PriorityNormal {
-		t.Fatalf("a client whose pod allows Normal runs at %v", s.Priority)
+		t.Fatalf("a client whose pod is below the production threshold is %s", className(s.Priority))
+	}
+	if h, _ := e.state(os.Getpid()); !h.Holding || h.Preemptions != 0 {
+		t.Fatalf("the holder was preempted by a client that only asked for production: %+v", h)
 	}
 	holder.send(Message{Type: MsgRelease, Epoch: epoch})
 	normal.expect(MsgGrant, 2*time.Second) // the earlier normal waiter goes first
 	if s, _ := e.state(asking.pid()); s.Holding {
-		t.Fatal("the client that asked for High passed the earlier normal waiter")
+		t.Fatal("the client that asked for production passed the earlier waiter")
 	}
 }

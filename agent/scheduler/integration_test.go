@@ -136,11 +136,12 @@ func TestIdleHolderReleasesAfterTheIdleWindow(t *testing.T) {
 	}
 }
 
-// GPUSHARE_PRIORITY=high reaches the scheduler: the high-priority process
-// gets the lock before a normal waiter that asked earlier.
+// GPUSHARE_PRIORITY=high reaches the scheduler (which trusts the hello where
+// it names no pods): behind a production holder, the production process gets
+// the lock before an opportunistic waiter that asked earlier.
 func TestHighPriorityShimClientGoesFirstAtHandOff(t *testing.T) {
 	e := newEnv(t, time.Minute, time.Minute)
-	holder := dialRaw(t, e.sock, PriorityNormal)
+	holder := dialRaw(t, e.sock, PriorityHigh)
 	epoch := holder.hold()
 	normal := dialRaw(t, e.sock, PriorityNormal)
 	normal.send(Message{Type: MsgAcquire})

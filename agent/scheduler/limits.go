@@ -71,9 +71,11 @@ type Guards struct {
 	// EvictTimeout bounds how long a client may take to answer an EVICT before it is dropped
 	// (DefaultEvictTimeout).
 	EvictTimeout time.Duration
-	// PeerPriority, when set, is the highest priority the peer pid may run at (priority.go): a client
-	// asking for more in its hello gets this. Nil trusts the hello (the standalone scheduler).
-	PeerPriority func(pid int32) Priority
+	// PodPriority, when set, is the resolved priority of the pod the peer pid runs in (its
+	// PriorityClass value); ok is false where its pod is unknown. It decides the client's class with
+	// GPUConfig.ProductionPriority, and the hello's priority is ignored (priority.go). Nil trusts the
+	// hello (the standalone scheduler).
+	PodPriority func(pid int32) (value int32, ok bool)
 	// ProcessMemory, when set, reads the device memory NVML sees each process of a GPU use
 	// (memcheck.go); a client's reported residency is cross-checked against it.
 	ProcessMemory func(uuid string) (map[int32]uint64, error)

@@ -31,6 +31,7 @@ type Metrics struct {
 	hold        *prometheus.HistogramVec
 	handoffs    *prometheus.CounterVec
 	revocations *prometheus.CounterVec
+	preemptions *prometheus.CounterVec
 	evictions   *prometheus.CounterVec
 	clients     *prometheus.GaugeVec
 	// refused and dropped count connections turned away and clients cut off by the limits (limits.go);
@@ -64,6 +65,10 @@ func newMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "gpusharing_scheduler_revocations_total",
 			Help: "Times a holder was revoked for keeping the lock past quantum plus grace, per GPU.",
 		}, []string{"gpu"}),
+		preemptions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpusharing_scheduler_preemptions_total",
+			Help: "Times an opportunistic holder was revoked at once because a production client asked for the GPU, per GPU.",
+		}, []string{"gpu"}),
 		evictions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpusharing_scheduler_evictions_total",
 			Help: "Times a client that was not running was asked to swap memory out for another, per GPU.",
@@ -81,7 +86,7 @@ func newMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	// The per-client memory series are read from the schedulers' snapshots at each scrape, so a
 	// client's series vanish when it leaves. The memory collector goes first, so NewMetrics can tell
 	// series another agent of the process registered.
-	for _, c := range []prometheus.Collector{&memCollector{m: m}, m.wait, m.hold, m.handoffs, m.revocations, m.evictions, m.clients, m.refused, m.dropped, m.underReports} {
+	for _, c := range []prometheus.Collector{&memCollector{m: m}, m.wait, m.hold, m.handoffs, m.revocations, m.preemptions, m.evictions, m.clients, m.refused, m.dropped, m.underReports} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -114,7 +119,7 @@ func (m *Metrics) attached() []*Scheduler {
 // Forget drops a GPU's series, for a GPU whose scheduler stopped for good: its
 // last values would otherwise be exported for as long as the process lives.
 func (m *Metrics) Forget(gpu string) {
-	for _, v := range []interface{ DeleteLabelValues(...string) bool }{m.wait, m.hold, m.handoffs, m.revocations, m.evictions, m.clients} {
+	for _, v := range []interface{ DeleteLabelValues(...string) bool }{m.wait, m.hold, m.handoffs, m.revocations, m.preemptions, m.evictions, m.clients} {
 		v.DeleteLabelValues(gpu)
 	}
 	m.refused.DeletePartialMatch(prometheus.Labels{"gpu": gpu})

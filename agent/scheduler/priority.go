@@ -1,20 +1,22 @@
 package scheduler
 
-import "github.com/go-logr/logr"
+// classSource gathers what decides the class of the client pid, whose hello asked for asked
+// (qos.go). Where Options.PodPriority is set, the pod decides: the hello comes from the process's
+// environment (GPUSHARE_PRIORITY), which the pod's own code controls, so on its own it would let any
+// process make itself production and preempt every other tenant; the pod's priority is written through
+// the API server, under its admission rules. The lookup runs between the client's HELLO and its
+// WELCOME, outside the queue's lock.
+func (s *Scheduler) classSource(pid int32, asked Priority) classSource {
+	if s.opts.PodPriority == nil {
+		return classSource{asked: asked}
+	}
+	v, ok := s.opts.PodPriority(pid)
+	return classSource{asked: asked, fromPod: true, value: v, known: ok}
+}
 
-// priorityFor is the priority a client runs at: what its hello asks, but never above what its pod
-// allows (Options.PeerPriority). The hello comes from the process's environment (GPUSHARE_PRIORITY),
-// which the pod's own code controls, so on its own it would let any process put itself ahead of every
-// other tenant; the pod's spec is written through the API server, under its admission rules.
-func (s *Scheduler) priorityFor(log logr.Logger, pid int32, asked Priority) Priority {
-	if s.opts.PeerPriority == nil {
-		return asked
-	}
-	allowed := s.opts.PeerPriority(pid)
-	if asked > allowed {
-		log.Info("Lowering the priority a shim client asked for to what its pod allows", "pid", pid,
-			"asked", asked, "allowed", allowed)
-		return allowed
-	}
-	return asked
+// className names c's class.
+func (q *queue) className(c *client) string {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return className(c.priority)
 }

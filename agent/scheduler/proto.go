@@ -14,7 +14,7 @@ import (
 // fails when these constants drift from it.
 const (
 	Magic      uint32 = 0x48535047 // bytes "GPSH"
-	Version    uint16 = 3
+	Version    uint16 = 4
 	MaxMsgSize        = 256
 	UUIDLen           = 64
 
@@ -32,6 +32,7 @@ const (
 	UsageSize     = 84
 	RejoinSize    = 44
 	RaiseSize     = 28
+	PaceSize      = 16
 )
 
 // MinVersion is the oldest peer the scheduler still serves (in that peer's version, without what
@@ -55,6 +56,7 @@ const (
 	MsgUsage     MsgType = 11 // client -> scheduler: memory state and swap counters
 	MsgRejoin    MsgType = 12 // client -> scheduler, right after Welcome on a reconnection (rebuild.go)
 	MsgRaise     MsgType = 13 // scheduler -> holder filling in after a partial Grant (version 3): reservation raised
+	MsgPace      MsgType = 14 // scheduler -> opportunistic client (version 4): keep at most MaxQueued launches outstanding
 )
 
 // Mode is a GPU's anti-thrashing policy.
@@ -127,6 +129,7 @@ var msgSizes = map[MsgType]int{
 	MsgUsage:     UsageSize,
 	MsgRejoin:    RejoinSize,
 	MsgRaise:     RaiseSize,
+	MsgPace:      PaceSize,
 }
 
 func (t MsgType) String() string {
@@ -157,11 +160,14 @@ func (t MsgType) String() string {
 		return "Rejoin"
 	case MsgRaise:
 		return "Raise"
+	case MsgPace:
+		return "Pace"
 	}
 	return fmt.Sprintf("MsgType(%d)", uint16(t))
 }
 
-// Priority is a client's class; high-priority waiters go first at each hand-off.
+// Priority is a client's class (qos.go): PriorityHigh is production, which preempts PriorityNormal,
+// opportunistic. In a hello it is what the process asks, which only the standalone scheduler trusts.
 type Priority uint32
 
 const (
@@ -214,6 +220,8 @@ type Message struct {
 	Acks     uint32    // Usage
 	Stats    SwapStats // Usage; Rejoin carries Stats.Swapped
 	Flags    uint32    // Rejoin
+
+	MaxQueued uint32 // Pace: launches the client may keep outstanding on the GPU; 0: unbounded
 }
 
 // SwapStats are a client's swap counters as it reports them.
@@ -285,6 +293,8 @@ func Encode(m Message) ([]byte, error) {
 		le.PutUint64(p[4:], m.Target)
 	case MsgRejoin:
 		encodeRejoin(p, m)
+	case MsgPace:
+		le.PutUint32(p[0:], m.MaxQueued)
 	case MsgUsage:
 		le.PutUint32(p[0:], m.Reason)
 		le.PutUint32(p[4:], m.Acks)
@@ -296,18 +306,30 @@ func Encode(m Message) ([]byte, error) {
 	return b, nil
 }
 
-// checkVersion refuses what a version does not have: Raise and UsageProgress came with version 3.
+// checkVersion refuses what a version does not have: Raise and UsageProgress came with version 3,
+// Pace with version 4.
 func checkVersion(v uint16, t MsgType, reason uint32) error {
 	if v < MinVersion || v > Version {
 		return fmt.Errorf("%w %d", ErrBadVersion, v)
 	}
-	if v < 3 && t == MsgRaise {
+	if !typeInVersion(t, v) {
 		return fmt.Errorf("%w %d in version %d", ErrUnknownType, uint16(t), v)
 	}
 	if v < 3 && t == MsgUsage && reason == UsageProgress {
 		return fmt.Errorf("usage reason %d in version %d: %w", reason, v, ErrBadField)
 	}
 	return nil
+}
+
+// typeInVersion says whether protocol version v has message type t (t known to msgSizes).
+func typeInVersion(t MsgType, v uint16) bool {
+	switch t {
+	case MsgRaise:
+		return v >= 3
+	case MsgPace:
+		return v >= 4
+	}
+	return true
 }
 
 // parseHeader validates a header and returns the type, total size and version.
@@ -324,7 +346,7 @@ func parseHeader(h []byte) (MsgType, int, uint16, error) {
 	}
 	t := MsgType(le.Uint16(h[6:]))
 	want, ok := msgSizes[t]
-	if !ok || (t == MsgRaise && v < 3) {
+	if !ok || !typeInVersion(t, v) {
 		return 0, 0, 0, fmt.Errorf("%w %d", ErrUnknownType, uint16(t))
 	}
 	if got := le.Uint32(h[8:]); got != uint32(want) {
@@ -388,6 +410,8 @@ func Decode(b []byte) (Message, error) {
 		m.Resident = le.Uint64(p[8:])
 	case MsgRevoked:
 		m.Epoch = le.Uint32(p[0:])
+	case MsgPace:
+		m.MaxQueued = le.Uint32(p[0:])
 	case MsgContended:
 		m.Epoch = le.Uint32(p[0:])
 		m.Waiters = le.Uint32(p[4:])

@@ -30,6 +30,8 @@ func TestProtocolConstantsMatchShimHeader(t *testing.T) {
 		"GS_PROTO_MIN_VERSION": uint64(MinVersion),
 		"GS_MSG_RAISE":         uint64(MsgRaise),
 		"GS_RAISE_SIZE":        RaiseSize,
+		"GS_MSG_PACE":          uint64(MsgPace),
+		"GS_PACE_SIZE":         PaceSize,
 		"GS_USAGE_PROGRESS":    uint64(UsageProgress),
 		"GS_MAX_MSG_SIZE":      MaxMsgSize,
 		"GS_UUID_LEN":          UUIDLen,
@@ -113,9 +115,13 @@ func TestEncodeDecodeRoundTripsEveryType(t *testing.T) {
 		{Type: MsgRevoked, Epoch: 9},
 		{Type: MsgRaise, Epoch: 9, Resident: 6 << 21},
 		{Type: MsgUsage, Reason: UsageProgress, Acks: 1, Need: 10, Resident: 2},
-		// a version 2 peer's frames keep their version
+		{Type: MsgPace, MaxQueued: 16},
+		{Type: MsgPace},
+		{Type: MsgPace, MaxQueued: 1<<32 - 1},
+		// older peers' frames keep their version
 		{Type: MsgGrant, Version: MinVersion, Epoch: 9, QuantumMS: 50, Resident: 1 << 40},
 		{Type: MsgUsage, Version: MinVersion, Reason: UsageEvicted, Acks: 3, Need: 10, Resident: 4},
+		{Type: MsgRaise, Version: 3, Epoch: 9, Resident: 6 << 21},
 	}
 	for _, m := range msgs {
 		b, err := Encode(m)
@@ -149,6 +155,8 @@ func TestDecodeRejectsMalformedMessages(t *testing.T) {
 		{"bad magic", mutate(good, func(b []byte) { b[0] ^= 0xff }), ErrBadMagic},
 		{"future version", mutate(good, func(b []byte) { le.PutUint16(b[4:], Version+1) }), ErrBadVersion},
 		{"raise from a version 2 peer", mutate(mustEncode(Message{Type: MsgRaise}), func(b []byte) { le.PutUint16(b[4:], 2) }), ErrUnknownType},
+		{"pace in a version 3 frame", mutate(mustEncode(Message{Type: MsgPace, MaxQueued: 16}), func(b []byte) { le.PutUint16(b[4:], 3) }), ErrUnknownType},
+		{"pace of 20 bytes", mutate(append(mustEncode(Message{Type: MsgPace}), 0, 0, 0, 0), func(b []byte) { le.PutUint32(b[8:], 20) }), ErrBadSize},
 		{"progress from a version 2 peer", mutate(mustEncode(Message{Type: MsgUsage, Reason: UsageProgress}), func(b []byte) { le.PutUint16(b[4:], 2) }), ErrBadField},
 		{"version 1 peer", mutate(good, func(b []byte) { le.PutUint16(b[4:], 1) }), ErrBadVersion},
 		{"unknown type", mutate(good, func(b []byte) { le.PutUint16(b[6:], 99) }), ErrUnknownType},
@@ -171,6 +179,24 @@ func TestDecodeRejectsMalformedMessages(t *testing.T) {
 				t.Errorf("Decode = %v, want %v", err, tc.want)
 			}
 		})
+	}
+}
+
+// PACE is 16 bytes: the header, then max_queued, little-endian, as gs_pace in the shim's header.
+func TestPaceWireFormat(t *testing.T) {
+	b := mustEncode(Message{Type: MsgPace, MaxQueued: 0x01020304})
+	want := []byte{'G', 'P', 'S', 'H', 4, 0, 14, 0, 16, 0, 0, 0, 4, 3, 2, 1}
+	if string(b) != string(want) {
+		t.Fatalf("PACE = % x, want % x", b, want)
+	}
+}
+
+// A version 3 or 2 peer never gets PACE: it cannot be encoded in its version.
+func TestPaceCannotBeEncodedForAnOlderPeer(t *testing.T) {
+	for _, v := range []uint16{MinVersion, 3} {
+		if _, err := Encode(Message{Type: MsgPace, Version: v, MaxQueued: 16}); !errors.Is(err, ErrUnknownType) {
+			t.Errorf("Encode(PACE, version %d) = %v, want ErrUnknownType", v, err)
+		}
 	}
 }
 

@@ -15,7 +15,8 @@ import (
 // client is an id plus a non-blocking send and a way to drop it.
 //
 // Without a budget (Budget 0) it is the plain lock: one holder at a time,
-// FIFO waiters in two priority classes, quantum and revocation. With a
+// FIFO waiters in two classes, production and opportunistic (qos.go), quantum
+// and revocation. With a
 // budget it also keeps, per client, a reservation (bytes it may have
 // resident), under the budget rule (checkBudget). A
 // waiter is granted when its need fits the free budget, after evicting what
@@ -30,13 +31,18 @@ type queue struct {
 	budget  uint64
 	mode    Mode
 	serial  bool // GPUConfig.SerialHandoffs
-	clock   Clock
-	log     logr.Logger
+	// production is GPUConfig.ProductionPriority (nil: no pod makes a client production), paceDepth
+	// GPUConfig.OpportunisticQueue with its default (qos.go).
+	production *int32
+	paceDepth  uint32
+	clock      Clock
+	log        logr.Logger
 
 	waitHist    prometheus.Observer
 	holdHist    prometheus.Observer
 	handoffs    prometheus.Counter
 	revocations prometheus.Counter
+	preemptions prometheus.Counter
 	evictions   prometheus.Counter
 	clientGauge prometheus.Gauge
 	// droppedEvict counts clients dropped for ignoring an EVICT (deadline.go).
@@ -59,10 +65,14 @@ type queue struct {
 
 // client is one connected shim process.
 type client struct {
-	id       uint32
-	pid      int32
+	id  uint32
+	pid int32
+	// priority is its class (qos.go): PriorityHigh production, PriorityNormal opportunistic, as
+	// class decides it under the GPU's production threshold.
 	priority Priority
+	class    classSource
 	version  uint16 // its protocol version; 0: the current one
+	pace     uint32 // the last PACE it was sent (0 before any: unbounded)
 	// send queues an encoded message without blocking; false means the
 	// client is not reading and must be dropped.
 	send func([]byte) bool
@@ -77,6 +87,7 @@ type client struct {
 	holdTotal    time.Duration
 	grants       uint64
 	revocations  uint64
+	preemptions  uint64
 
 	// the current hold
 	epoch         uint32
@@ -91,13 +102,16 @@ type client struct {
 	raises       uint32 // Grants and MemReply OKs sent: the acks a report must carry to lower the reservation
 	evictPending bool
 	evictTarget  uint64
-	evictTimer   Timer // the EVICT's answer deadline (deadline.go)
-	noEvictUntil time.Time
-	memPending   bool
-	memNeed      uint64
-	evictions    uint64
-	reported     Message // last Usage
-	rejoined     bool    // sent its Rejoin (rebuild.go)
+	// evictOf and evictFor are the classes of this client and of the one its eviction made room for,
+	// when it was asked (qosInvariantLocked).
+	evictOf, evictFor Priority
+	evictTimer        Timer // the EVICT's answer deadline (deadline.go)
+	noEvictUntil      time.Time
+	memPending        bool
+	memNeed           uint64
+	evictions         uint64
+	reported          Message // last Usage
+	rejoined          bool    // sent its Rejoin (rebuild.go)
 }
 
 func newQueue(cfg GPUConfig, clock Clock, m *Metrics, log logr.Logger) *queue {
@@ -114,12 +128,27 @@ func newQueue(cfg GPUConfig, clock Clock, m *Metrics, log logr.Logger) *queue {
 		holdHist:    m.hold.WithLabelValues(cfg.UUID),
 		handoffs:    m.handoffs.WithLabelValues(cfg.UUID),
 		revocations: m.revocations.WithLabelValues(cfg.UUID),
+		preemptions: m.preemptions.WithLabelValues(cfg.UUID),
 		evictions:   m.evictions.WithLabelValues(cfg.UUID),
 		clientGauge: m.clients.WithLabelValues(cfg.UUID),
 		clients:     map[uint32]*client{},
 	}
+	q.setClassConfigLocked(cfg)
 	q.droppedEvict = m.dropped.WithLabelValues(cfg.UUID, DropEvictTimeout)
 	return q
+}
+
+// setClassConfigLocked takes the production threshold and the pacing depth of cfg.
+func (q *queue) setClassConfigLocked(cfg GPUConfig) {
+	q.production = nil
+	if cfg.ProductionPriority != nil {
+		v := *cfg.ProductionPriority // a copy: the caller's value may change after
+		q.production = &v
+	}
+	q.paceDepth = cfg.OpportunisticQueue
+	if q.paceDepth == 0 {
+		q.paceDepth = DefaultOpportunisticQueue
+	}
 }
 
 func ms(d time.Duration) uint32 { return uint32(d / time.Millisecond) }
@@ -127,17 +156,23 @@ func ms(d time.Duration) uint32 { return uint32(d / time.Millisecond) }
 // exclusive: one holder at a time.
 func (q *queue) exclusive() bool { return q.budget == 0 || q.mode == ModeAlways }
 
-// join registers a client and queues its Welcome before anything else can be sent to it.
-func (q *queue) join(pid int32, prio Priority, version uint16, send func([]byte) bool, drop func()) *client {
+// join registers a client of the class src gives it and queues its Welcome before anything else can
+// be sent to it, then its PACE if one applies.
+func (q *queue) join(pid int32, src classSource, version uint16, send func([]byte) bool, drop func()) *client {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.nextID++
-	c := &client{id: q.nextID, pid: pid, priority: prio, version: version, send: send, drop: drop,
-		connectedAt: q.clock.Now()}
+	c := &client{id: q.nextID, pid: pid, priority: q.classLocked(src), class: src, version: version, send: send,
+		drop: drop, connectedAt: q.clock.Now()}
+	if src.fromPod && src.asked == PriorityHigh && c.priority != PriorityHigh {
+		q.log.V(1).Info("Shim client asked for high priority; its pod makes it opportunistic", "client", c.id,
+			"pid", pid, "podPriority", src.value, "podKnown", src.known, "productionPriority", thresholdValue(q.production))
+	}
 	q.clients[c.id] = c
 	q.clientGauge.Set(float64(len(q.clients)))
 	q.sendLocked(c, Message{Type: MsgWelcome, ClientID: c.id, QuantumMS: ms(q.quantum), GraceMS: ms(q.grace),
 		Mode: q.mode, Budget: q.budget})
+	q.paceLocked()
 	return c
 }
 
@@ -163,6 +198,7 @@ func (q *queue) leaveLocked(c *client) {
 	q.setReservationLocked(c, 0)
 	c.evictPending = false
 	q.stopEvictDeadlineLocked(c)
+	q.paceLocked()
 	q.dispatchLocked(nil)
 }
 
@@ -333,9 +369,10 @@ func (q *queue) replyOKLocked(c *client) {
 }
 
 // evictLocked makes sure amount bytes are being freed for `forc`: evictions
-// already under way count; more are asked from clients that do not run,
-// least recently run first, each only for what is still missing. False when
-// the clients that do not run cannot free enough (the holders must yield).
+// already under way count; more are asked from clients that do not run and
+// whose memory may go to forc (mayEvictFor), in evictOrderLess's order, each
+// only for what is still missing. False when they cannot free enough (the
+// holders must yield).
 func (q *queue) evictLocked(amount uint64, forc *client) bool {
 	var pending uint64
 	var cands []*client
@@ -346,7 +383,7 @@ func (q *queue) evictLocked(amount uint64, forc *client) bool {
 			if o.reservation > o.evictTarget {
 				pending += o.reservation - o.evictTarget
 			}
-		case o != forc && !o.state.granted() && o.reservation > 0 && !now.Before(o.noEvictUntil):
+		case o != forc && !o.state.granted() && o.reservation > 0 && !now.Before(o.noEvictUntil) && mayEvictFor(o, forc):
 			cands = append(cands, o)
 		}
 	}
@@ -360,12 +397,7 @@ func (q *queue) evictLocked(amount uint64, forc *client) bool {
 	if pending+avail < amount {
 		return pending > 0
 	}
-	sort.Slice(cands, func(i, j int) bool {
-		if !cands[i].lastRun.Equal(cands[j].lastRun) {
-			return cands[i].lastRun.Before(cands[j].lastRun)
-		}
-		return cands[i].id < cands[j].id
-	})
+	sort.Slice(cands, func(i, j int) bool { return evictOrderLess(cands[i], cands[j]) })
 	rest := amount - pending
 	for _, o := range cands {
 		if rest == 0 {
@@ -375,6 +407,7 @@ func (q *queue) evictLocked(amount uint64, forc *client) bool {
 		rest -= take
 		o.evictPending = true
 		o.evictTarget = o.reservation - take
+		o.evictOf, o.evictFor = o.priority, forc.priority
 		o.evictions++
 		q.evictions.Inc()
 		q.sendLocked(o, Message{Type: MsgEvict, Target: o.evictTarget})
@@ -383,11 +416,14 @@ func (q *queue) evictLocked(amount uint64, forc *client) bool {
 	return true
 }
 
-// dispatchLocked grants what can be granted: holders' memory requests first,
-// then waiters in order (high priority first, FIFO within a class). When the
-// head waiter cannot run because of the holders, they are told (CONTENDED)
-// and will yield after their quantum.
+// dispatchLocked grants what can be granted: opportunistic holders make way
+// for production at once (preemptLocked), then holders' memory requests go
+// first, then waiters in order (production first, FIFO within a class). When
+// the head waiter cannot run because of the holders, they are told
+// (CONTENDED) and will yield after their quantum, except production holders
+// to an opportunistic waiter: it waits for their release.
 func (q *queue) dispatchLocked(acquirer *client) {
+	q.preemptLocked()
 	if q.fillLocked() {
 		return // freed bytes go to the holder filling in first; waiters wait until it is whole
 	}
@@ -398,6 +434,9 @@ func (q *queue) dispatchLocked(acquirer *client) {
 		head := q.headLocked()
 		if head == nil || q.rebuildingLocked() {
 			return
+		}
+		if head.priority == PriorityNormal && q.productionHoldsLocked() {
+			return // opportunistic clients run in production's idle gaps
 		}
 		if q.exclusive() && len(q.holders) > 0 {
 			q.contendLocked()
@@ -504,8 +543,10 @@ func (q *queue) revokeIfOverdue(c *client, epoch uint32) {
 		return // released in time; the timer lost the race
 	}
 	c.revokeTimer = nil
-	if q.nWaitingLocked() == 0 {
-		return // nobody to hand to: keep holding, re-armed when someone waits
+	if q.nWaitingLocked() == 0 || (c.priority == PriorityHigh && len(q.waiting[PriorityHigh]) == 0) {
+		// Nobody to hand to (an opportunistic waiter does not make production yield; a holder that
+		// became production since the contention keeps holding): re-armed when someone waits.
+		return
 	}
 	c.revocations++
 	q.revocations.Inc()
@@ -589,6 +630,7 @@ func (q *queue) snapshot() []ClientState {
 			HoldTime:      c.holdTotal,
 			Grants:        c.grants,
 			Revocations:   c.revocations,
+			Preemptions:   c.preemptions,
 			ConnectedAt:   c.connectedAt,
 			NeedBytes:     c.need,
 			ReservedBytes: c.reservation,
@@ -617,8 +659,14 @@ func (q *queue) snapshot() []ClientState {
 func (q *queue) gpuState() GPUState {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	var prod *int32
+	if q.production != nil {
+		v := *q.production
+		prod = &v
+	}
 	return GPUState{GPU: q.uuid, Quantum: q.quantum, Grace: q.grace, Budget: q.budget, Mode: q.mode, ReservedBytes: q.reserved,
-		PeakReservedBytes: q.peak, Holders: len(q.holders), Waiters: q.nWaitingLocked()}
+		PeakReservedBytes: q.peak, Holders: len(q.holders), Waiters: q.nWaitingLocked(),
+		ProductionPriority: prod, OpportunisticQueue: q.paceDepth}
 }
 
 // reconfigure takes new settings (Scheduler.Reconfigure says what each one
@@ -628,13 +676,16 @@ func (q *queue) reconfigure(cfg GPUConfig) {
 	defer q.mu.Unlock()
 	flip := (q.budget == 0) != (cfg.Budget == 0)
 	q.quantum, q.grace, q.budget, q.mode = cfg.Quantum, cfg.Grace, cfg.Budget, cfg.Mode
+	q.setClassConfigLocked(cfg)
 	q.log.Info("Reconfigured GPU lock", "quantum", q.quantum, "grace", q.grace, "budget", q.budget, "mode", q.mode,
-		"droppedClients", flip && len(q.clients) > 0)
+		"productionPriority", thresholdValue(q.production), "opportunisticQueue", q.paceDepth, "droppedClients", flip && len(q.clients) > 0)
 	if flip {
 		for _, c := range q.clients {
 			c.drop()
 		}
 		return
 	}
+	q.reclassifyLocked()
+	q.paceLocked()
 	q.dispatchLocked(nil)
 }

@@ -70,10 +70,17 @@ func newQueueFixture(t *testing.T, quantum, grace time.Duration) *queueFixture {
 	return fx
 }
 
+// join connects a client whose hello decides its class (no Options.PodPriority).
 func (fx *queueFixture) join(t *testing.T, prio Priority) *fakeClient {
 	t.Helper()
+	return fx.joinAs(t, classSource{asked: prio})
+}
+
+// joinAs connects a client whose class src decides.
+func (fx *queueFixture) joinAs(t *testing.T, src classSource) *fakeClient {
+	t.Helper()
 	f := &fakeClient{}
-	f.c = fx.q.join(100, prio, fx.version, func(b []byte) bool {
+	f.c = fx.q.join(100, src, fx.version, func(b []byte) bool {
 		if f.full {
 			return false
 		}
@@ -140,9 +147,11 @@ func TestQueueTellsHolderWhenSomeoneWaits(t *testing.T) {
 	}
 }
 
+// Behind a production holder (which no one preempts), a production waiter that asked last goes first,
+// then the opportunistic ones in the order they asked.
 func TestQueueHandsOffToHighPriorityFirstThenFIFO(t *testing.T) {
 	fx := newQueueFixture(t, time.Second, time.Second)
-	holder := fx.join(t, PriorityNormal)
+	holder := fx.join(t, PriorityHigh)
 	n1, n2 := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
 	h1 := fx.join(t, PriorityHigh)
 	fx.q.acquire(holder.c, 0)
@@ -285,7 +294,7 @@ func TestQueueDropsAClientThatStopsReading(t *testing.T) {
 
 func TestQueueSnapshotReportsWaitsAndHoldTime(t *testing.T) {
 	fx := newQueueFixture(t, time.Second, time.Second)
-	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityHigh)
+	a, b := fx.join(t, PriorityHigh), fx.join(t, PriorityHigh)
 	fx.q.acquire(a.c, 0)
 	fx.q.acquire(b.c, 0)
 	fx.clock.Advance(300 * time.Millisecond)

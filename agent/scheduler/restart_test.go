@@ -406,10 +406,12 @@ func TestShimMemReplyWaitIsBounded(t *testing.T) {
 			}
 			go func() {
 				defer c.Close()
-				if m, err := ReadMessage(c); err != nil || m.Type != MsgHello {
+				hello, err := ReadMessage(c)
+				if err != nil || hello.Type != MsgHello {
 					return
 				}
-				w, _ := Encode(Message{Type: MsgWelcome, ClientID: 1, QuantumMS: 60000, GraceMS: 1000, Budget: 256 * mib})
+				// Answered in the shim's own version, as the scheduler does.
+				w, _ := Encode(Message{Type: MsgWelcome, Version: hello.Version, ClientID: 1, QuantumMS: 60000, GraceMS: 1000, Budget: 256 * mib})
 				_, _ = c.Write(w)
 				for epoch := uint32(1); ; {
 					m, err := ReadMessage(c)
@@ -418,7 +420,7 @@ func TestShimMemReplyWaitIsBounded(t *testing.T) {
 					}
 					switch m.Type {
 					case MsgAcquire:
-						g, _ := Encode(Message{Type: MsgGrant, Epoch: epoch, QuantumMS: 60000, Resident: m.Need})
+						g, _ := Encode(Message{Type: MsgGrant, Version: hello.Version, Epoch: epoch, QuantumMS: 60000, Resident: m.Need})
 						epoch++
 						_, _ = c.Write(g)
 					case MsgMemReq:

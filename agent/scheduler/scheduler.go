@@ -42,6 +42,13 @@ type GPUConfig struct {
 	// one after the other instead of overlapped (fill.go). Slower; it exists
 	// to measure each direction of a swap alone (bench-oversub's swap section).
 	SerialHandoffs bool
+	// ProductionPriority is the lowest pod priority (the pod's resolved PriorityClass value) whose
+	// clients are production (qos.go); nil: none is, every client is opportunistic. It applies where
+	// Options.PodPriority names pods; without it the hello decides.
+	ProductionPriority *int32
+	// OpportunisticQueue is the launches an opportunistic client may keep outstanding on the GPU while
+	// a production client is connected (PACE; 0: DefaultOpportunisticQueue).
+	OpportunisticQueue uint32
 }
 
 // Options configure a Scheduler.
@@ -76,8 +83,8 @@ type Options struct {
 type ClientState struct {
 	GPU         string
 	ID          uint32
-	PID         int32 // from SO_PEERCRED when available (host pid), else as the client reported it
-	Priority    Priority
+	PID         int32    // from SO_PEERCRED when available (host pid), else as the client reported it
+	Priority    Priority // its class: PriorityHigh production, PriorityNormal opportunistic (qos.go)
 	Holding     bool
 	Waiting     bool
 	Waits       uint64        // acquisitions that had to wait for another holder
@@ -85,6 +92,7 @@ type ClientState struct {
 	HoldTime    time.Duration // total time holding, including a hold in progress
 	Grants      uint64
 	Revocations uint64
+	Preemptions uint64 // holds ended at once for a production client
 	ConnectedAt time.Time
 
 	// Memory, when the GPU has a budget.
@@ -111,6 +119,9 @@ type GPUState struct {
 	PeakReservedBytes uint64 // highest ReservedBytes since start
 	Holders           int
 	Waiters           int
+	// ProductionPriority and OpportunisticQueue are GPUConfig's, in force (OpportunisticQueue with its default).
+	ProductionPriority *int32
+	OpportunisticQueue uint32
 }
 
 // Defaults for GPUConfig fields left zero.
@@ -185,8 +196,8 @@ func New(opts Options) (*Scheduler, error) {
 	return s, nil
 }
 
-// WithDefaults returns g with a zero quantum and grace set to their defaults:
-// DefaultQuantum, and max(quantum/2, MinGrace).
+// WithDefaults returns g with a zero quantum, grace and opportunistic queue set to their defaults:
+// DefaultQuantum, max(quantum/2, MinGrace) and DefaultOpportunisticQueue.
 func (g GPUConfig) WithDefaults() GPUConfig {
 	if g.Quantum <= 0 {
 		g.Quantum = DefaultQuantum
@@ -194,10 +205,14 @@ func (g GPUConfig) WithDefaults() GPUConfig {
 	if g.Grace <= 0 {
 		g.Grace = max(g.Quantum/2, MinGrace)
 	}
+	if g.OpportunisticQueue == 0 {
+		g.OpportunisticQueue = DefaultOpportunisticQueue
+	}
 	return g
 }
 
-// Reconfigure changes a served GPU's quantum, grace, budget and mode in place,
+// Reconfigure changes a served GPU's quantum, grace, budget, mode, production
+// threshold and opportunistic queue in place,
 // keeping its socket and its clients' leases: restarting would drop every
 // connected process into running without the lock until it reconnects, and
 // hold every grant for the rebuild window (rebuild.go).
@@ -209,7 +224,10 @@ func (g GPUConfig) WithDefaults() GPUConfig {
 // own cap) while the scheduler accounts against the new one: a raise it does
 // not use, a cut it meets as waits and out-of-memory on growth beyond it.
 // Reservations above a lowered budget are never revoked; they shrink as their
-// holders release and are evicted. A change between no budget and a budget
+// holders release and are evicted. A new production threshold classifies the
+// connected clients again (qos.go): a waiter moves to its new class's line in
+// the order of its wait, a holder keeps its hold (an opportunistic one beside
+// a production one is preempted), and PACE follows. A change between no budget and a budget
 // drops the GPU's clients: they reconnect, and one whose memory was set up as
 // swappable at hello continues in pass-through when the budget is gone.
 func (s *Scheduler) Reconfigure(g GPUConfig) error {
@@ -449,9 +467,8 @@ func (s *Scheduler) serveConn(conn net.Conn, q *queue) {
 			return false
 		}
 	}
-	prio := s.priorityFor(log, pid, hello.Priority)
-	c := q.join(pid, prio, hello.Version, send, drop)
-	log.V(1).Info("Shim client connected", "client", c.id, "pid", pid, "priority", prio)
+	c := q.join(pid, s.classSource(pid, hello.Priority), hello.Version, send, drop)
+	log.V(1).Info("Shim client connected", "client", c.id, "pid", pid, "class", q.className(c))
 	s.clientsChanged(q.uuid)
 	for {
 		m, err := readFrame(conn, s.opts.FrameTimeout)

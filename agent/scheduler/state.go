@@ -57,9 +57,9 @@ var clientTransitions = []struct {
 	{stateWaiting, stateFilling, "granted part of its need while evictions free the rest"},
 	{stateFilling, stateStarting, "its reservation reached its need"},
 	{stateStarting, stateRunning, "its first report since the grant: its memory is in"},
-	{stateFilling, stateIdle, "Release, or revoked"},
-	{stateStarting, stateIdle, "Release, or revoked"},
-	{stateRunning, stateIdle, "Release, or revoked"},
+	{stateFilling, stateIdle, "Release, revoked, or preempted by production (qos.go)"},
+	{stateStarting, stateIdle, "Release, revoked, or preempted by production (qos.go)"},
+	{stateRunning, stateIdle, "Release, revoked, or preempted by production (qos.go)"},
 	{stateIdle, stateGone, "left"},
 	{stateWaiting, stateGone, "left while waiting"},
 }
@@ -177,7 +177,10 @@ func checkBudget(budget, reserved, from, to, need uint64, rejoin bool) error {
 //   - contendedSent (this hold's holder was told someone waits) belongs to the hold, cleared at the
 //     grant and at its end.
 //
-// rejoined (it sent its Rejoin, once per connection) holds in every state.
+// rejoined (it sent its Rejoin, once per connection) holds in every state. A connected client's
+// class also agrees with the GPU (qosInvariantLocked): it is what its pod and the threshold make it,
+// it is not an opportunistic holder while a production client waits or holds, it was not asked to
+// evict production memory for an opportunistic client, and it runs under the PACE it should.
 func (q *queue) clientInvariantLocked(c *client) error {
 	s := c.state
 	_, connected := q.clients[c.id]
@@ -199,6 +202,8 @@ func (q *queue) clientInvariantLocked(c *client) error {
 			c.reservation, c.need, q.budget)
 	case s == stateGone && (c.reservation != 0 || c.evictPending):
 		return fmt.Errorf("client %d gone with reservation %d, evictPending=%v", c.id, c.reservation, c.evictPending)
+	case s != stateGone:
+		return q.qosInvariantLocked(c)
 	}
 	return nil
 }

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -66,9 +65,8 @@ type options struct {
 	// schedulerRoot holds the shim scheduler sockets, whether or not the device plugin runs.
 	schedulerRoot  string
 	oversubReserve uint64
-	// shimGuards and shimHighPriorityMin limit the shim's clients (docs/agent.md).
-	shimGuards          scheduler.Guards
-	shimHighPriorityMin int32
+	// shimGuards limit the shim's clients (docs/agent.md).
+	shimGuards scheduler.Guards
 	// health configures the NVML Xid watcher.
 	health app.HealthOptions
 	// accounting configures the per-pod accounting; its Interval 0 turns it off.
@@ -168,15 +166,6 @@ func parse(args []string) (options, *textlogger.Config) {
 			return fmt.Errorf("want a non-negative quantity such as 1Gi")
 		}
 		shimOverhead = &q
-		return nil
-	})
-	o.shimHighPriorityMin = app.DefaultShimHighPriorityMin
-	fs.Func("shim-high-priority-min", fmt.Sprintf("lowest pod priority (its PriorityClass value) whose shim clients may run High; a process's GPUSHARE_PRIORITY can lower its priority, never raise it (default %d)", app.DefaultShimHighPriorityMin), func(s string) error {
-		v, err := strconv.ParseInt(s, 10, 32)
-		if err != nil {
-			return fmt.Errorf("want a pod priority (a 32-bit integer)")
-		}
-		o.shimHighPriorityMin = int32(v)
 		return nil
 	})
 	fs.StringVar(&dp.ShimLibrary, "shim-library", dp.ShimLibrary, "host path of libgpushare.so, mounted into shim-shared containers")
@@ -317,17 +306,16 @@ func run(ctx context.Context, o options) error {
 		return fmt.Errorf("creating the manager: %w", err)
 	}
 	err = app.Setup(mgr, app.Options{
-		NodeName:            o.nodeName,
-		GPU:                 gpus,
-		MPSRoot:             o.mpsRoot,
-		MPSLauncher:         self,
-		MPSShmSize:          o.mpsShmSize,
-		SchedulerRoot:       o.schedulerRoot,
-		OversubReserve:      o.oversubReserve,
-		ShimGuards:          o.shimGuards,
-		ShimHighPriorityMin: o.shimHighPriorityMin,
-		Health:              &o.health,
-		Accounting:          accountingOptions(o.accounting),
+		NodeName:       o.nodeName,
+		GPU:            gpus,
+		MPSRoot:        o.mpsRoot,
+		MPSLauncher:    self,
+		MPSShmSize:     o.mpsShmSize,
+		SchedulerRoot:  o.schedulerRoot,
+		OversubReserve: o.oversubReserve,
+		ShimGuards:     o.shimGuards,
+		Health:         &o.health,
+		Accounting:     accountingOptions(o.accounting),
 		// hostPID: the agent's /proc is the host's, where the scheduler's client pids live.
 		ProcRoot:            o.procRoot,
 		StateDir:            o.stateDir,

@@ -9,6 +9,10 @@
 // accounting for oversubscription (clients run with GPUSHARE_OVERSUB=1);
 // mode is the anti-thrashing policy, Auto (default), Always or Off. An empty
 // grace keeps the default.
+// With no pods to ask, a client's class is what its hello asks: a process with
+// GPUSHARE_PRIORITY=high is production and preempts the others, which are
+// opportunistic and paced to --opportunistic-queue launches while it is
+// connected.
 // On SIGINT/SIGTERM it prints each client's state and the counters, then exits.
 package main
 
@@ -17,6 +21,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"net/http"
 	"os"
 	"os/signal"
@@ -100,7 +105,13 @@ func run() error {
 	flag.Var(&gpus, "gpu", "uuid:quantum[:grace[:budget[:mode]]], repeatable")
 	serial := flag.Bool("serial-handoffs", false,
 		"hand off in series, the newcomer's copy-in only after the leaver's copy-out (slower: to measure each direction of a swap alone)")
+	oppQueue := flag.Uint("opportunistic-queue", scheduler.DefaultOpportunisticQueue,
+		"launches an opportunistic client may keep outstanding on the GPU while a production client is connected (sent to shims of protocol version 4)")
 	flag.Parse()
+	if *oppQueue == 0 || *oppQueue > math.MaxUint32 {
+		// 0 would read as "unbounded", which PACE 0 means; the configuration takes it as the default.
+		return fmt.Errorf("--opportunistic-queue %d: want 1 to %d", *oppQueue, uint32(math.MaxUint32))
+	}
 	if len(gpus) == 0 {
 		return errors.New("at least one --gpu is required")
 	}
@@ -114,6 +125,7 @@ func run() error {
 			return err
 		}
 		cfg.SerialHandoffs = *serial
+		cfg.OpportunisticQueue = uint32(*oppQueue)
 		cfgs = append(cfgs, cfg)
 	}
 	log := funcr.New(func(prefix, args string) { fmt.Fprintln(os.Stderr, prefix, args) },
@@ -139,8 +151,8 @@ func run() error {
 	}
 	<-ctx.Done()
 	for _, c := range s.Snapshot() {
-		fmt.Fprintf(os.Stderr, "client gpu=%s id=%d pid=%d priority=%s holding=%t waits=%d wait=%s hold=%s grants=%d revocations=%d\n",
-			c.GPU, c.ID, c.PID, c.Priority, c.Holding, c.Waits, c.WaitTime, c.HoldTime, c.Grants, c.Revocations)
+		fmt.Fprintf(os.Stderr, "client gpu=%s id=%d pid=%d priority=%s holding=%t waits=%d wait=%s hold=%s grants=%d revocations=%d preemptions=%d\n",
+			c.GPU, c.ID, c.PID, c.Priority, c.Holding, c.Waits, c.WaitTime, c.HoldTime, c.Grants, c.Revocations, c.Preemptions)
 	}
 	for _, g := range s.GPUs() {
 		if g.Budget > 0 {

@@ -1,0 +1,205 @@
+package scheduler
+
+import (
+	"fmt"
+	"slices"
+)
+
+// Production and opportunistic clients.
+//
+// A GPU serves two classes. A production client (PriorityHigh) runs almost as if it were alone; an
+// opportunistic one (PriorityNormal) soaks up what production leaves. Measured on an H100, production
+// inference beside a trainer under a lock that only ordered its waiters had a p99 33-51x its solo
+// p99: production waited for the trainer's whole quantum plus its drain. So the classes differ in
+// more than their place in line:
+//
+//   - Preemption. A production client that asks for the GPU while opportunistic clients hold it
+//     takes it at once: each opportunistic holder is sent REVOKED (no quantum, no grace; counted in
+//     gpusharing_scheduler_preemptions_total, apart from overdue revocations) and the production
+//     client is granted in the same dispatch. The revoked client's GPU work already queued may finish
+//     beside production's (its shim closes its gate on REVOKED without draining).
+//   - Idle gaps. While a production client holds the GPU no opportunistic client is granted, and an
+//     opportunistic waiter never makes production yield (no CONTENDED, no revocation): opportunistic
+//     clients run when production releases, after its shim's idle time. Production clients among
+//     themselves keep the lock's rules: FIFO, quantum, contention, revocation.
+//   - Memory. An eviction asked for an opportunistic client never takes production memory: they share
+//     what production's reservations leave of the budget and swap among themselves. A production
+//     client's need evicts opportunistic clients first (a preempted holder is idle, so evictable), then
+//     idle production ones, least recently run first within each class. The budget rule (checkBudget)
+//     is the same for both.
+//   - Pacing (protocol version 4). While a production client is connected to the GPU, every
+//     opportunistic client is told to keep at most GPUConfig.OpportunisticQueue launches outstanding
+//     (PACE), so that the work it queued before a preemption drains in little time beside
+//     production's; PACE 0 lifts the bound when the last production client leaves. A client hears a
+//     value only when it changes for it; clients of version 3 and older never get PACE (their shims
+//     would take an unknown type as a protocol error).
+//
+// The class comes from the pod, never from the process: Options.PodPriority gives the pod's resolved
+// priority (its PriorityClass value, which the pod's own code cannot change), and a client is
+// production when that reaches GPUConfig.ProductionPriority. What the hello asks
+// (GPUSHARE_PRIORITY) is then ignored. Without Options.PodPriority (the standalone scheduler, tests)
+// the hello decides.
+
+// DefaultOpportunisticQueue is the launches an opportunistic client may keep outstanding while a
+// production client is connected, when GPUConfig.OpportunisticQueue is 0.
+const DefaultOpportunisticQueue = 16
+
+// classSource is what decides a client's class, kept for the life of its connection so that a new
+// production threshold (Reconfigure) can classify it again: a pod's priority never changes.
+type classSource struct {
+	asked   Priority // what its hello asked
+	fromPod bool     // Options.PodPriority is set: the pod decides and the hello is ignored
+	value   int32    // its pod's resolved priority
+	known   bool     // its pod was found
+}
+
+// classLocked is the class src gives under the GPU's production threshold.
+func (q *queue) classLocked(src classSource) Priority {
+	if !src.fromPod {
+		return src.asked
+	}
+	if q.production != nil && src.known && src.value >= *q.production {
+		return PriorityHigh
+	}
+	return PriorityNormal
+}
+
+// productionHoldsLocked: a production client is granted.
+func (q *queue) productionHoldsLocked() bool {
+	return slices.ContainsFunc(q.holders, func(h *client) bool { return h.priority == PriorityHigh })
+}
+
+// preemptLocked revokes every opportunistic holder at once while a production client waits or holds.
+// The revoked client becomes idle, keeping its reservation until a production need evicts it.
+func (q *queue) preemptLocked() {
+	if len(q.waiting[PriorityHigh]) == 0 && !q.productionHoldsLocked() {
+		return
+	}
+	for _, h := range slices.Clone(q.holders) {
+		if h.priority != PriorityNormal {
+			continue
+		}
+		h.preemptions++
+		q.preemptions.Inc()
+		// V(1): production takes the GPU every time it comes back from an idle gap.
+		q.log.V(1).Info("Preempting opportunistic holder for a production client", "client", h.id, "pid", h.pid,
+			"held", q.clock.Now().Sub(h.grantedAt))
+		q.sendLocked(h, Message{Type: MsgRevoked, Epoch: h.epoch})
+		q.endHoldLocked(h)
+	}
+}
+
+// mayEvictFor: o's memory may be evicted for forc. Production memory is never evicted for an
+// opportunistic client.
+func mayEvictFor(o, forc *client) bool {
+	return forc == nil || forc.priority == PriorityHigh || o.priority == PriorityNormal
+}
+
+// evictOrderLess orders eviction candidates: opportunistic before production (production keeps its
+// memory resident as long as anything else can make room), then least recently run first.
+func evictOrderLess(a, b *client) bool {
+	if a.priority != b.priority {
+		return a.priority == PriorityNormal
+	}
+	if !a.lastRun.Equal(b.lastRun) {
+		return a.lastRun.Before(b.lastRun)
+	}
+	return a.id < b.id
+}
+
+// reclassifyLocked applies the GPU's production threshold to every connected client. A waiter moves
+// to its new class's line at the place its waitingSince gives it; a holder keeps its hold, and its
+// class decides what happens next (the dispatch that follows preempts an opportunistic holder beside
+// a production one).
+func (q *queue) reclassifyLocked() {
+	for _, c := range q.clients {
+		p := q.classLocked(c.class)
+		if p == c.priority {
+			continue
+		}
+		q.log.Info("Shim client changes class with the production threshold", "client", c.id, "pid", c.pid,
+			"from", className(c.priority), "to", className(p))
+		if c.state != stateWaiting {
+			c.priority = p
+			continue
+		}
+		q.waiting[c.priority] = slices.DeleteFunc(q.waiting[c.priority], func(w *client) bool { return w == c })
+		c.priority = p
+		line := q.waiting[p]
+		i := len(line)
+		for i > 0 && line[i-1].waitingSince.After(c.waitingSince) {
+			i--
+		}
+		q.waiting[p] = slices.Insert(line, i, c)
+	}
+}
+
+// productionConnectedLocked: a production client is connected to the GPU.
+func (q *queue) productionConnectedLocked() bool {
+	for _, c := range q.clients {
+		if c.priority == PriorityHigh {
+			return true
+		}
+	}
+	return false
+}
+
+// paces: the client understands PACE.
+func (c *client) paces() bool { return c.version == 0 || c.version >= 4 }
+
+// paceWantLocked is the bound c should be running under (0: unbounded, which a client starts with).
+func (q *queue) paceWantLocked(c *client, production bool) uint32 {
+	if !c.paces() || !production || c.priority != PriorityNormal {
+		return 0
+	}
+	return q.paceDepth
+}
+
+// paceLocked sends PACE to every connected client whose bound changed: the opportunistic clients
+// when the first production client connects or the last one leaves, or when the depth changes; a
+// client whose class changed, either way (a client that became production gets 0, so that a bound
+// it ran under as opportunistic does not throttle it now).
+func (q *queue) paceLocked() {
+	production := q.productionConnectedLocked()
+	for _, c := range q.clients {
+		want := q.paceWantLocked(c, production)
+		if want == c.pace {
+			continue
+		}
+		c.pace = want
+		q.sendLocked(c, Message{Type: MsgPace, MaxQueued: want})
+	}
+}
+
+// qosInvariantLocked is clientInvariantLocked's part about classes, for a connected client.
+func (q *queue) qosInvariantLocked(c *client) error {
+	switch {
+	case c.priority != q.classLocked(c.class):
+		return fmt.Errorf("client %d is %s, its pod and the threshold make it %s", c.id, className(c.priority),
+			className(q.classLocked(c.class)))
+	case c.state.granted() && c.priority == PriorityNormal && (len(q.waiting[PriorityHigh]) > 0 || q.productionHoldsLocked()):
+		return fmt.Errorf("opportunistic client %d %v while a production client waits or holds", c.id, c.state)
+	case c.evictPending && c.evictOf == PriorityHigh && c.evictFor == PriorityNormal:
+		return fmt.Errorf("production client %d asked to evict for an opportunistic client", c.id)
+	case c.pace != q.paceWantLocked(c, q.productionConnectedLocked()):
+		return fmt.Errorf("client %d (version %d, %s) paced at %d, want %d", c.id, c.version, className(c.priority),
+			c.pace, q.paceWantLocked(c, q.productionConnectedLocked()))
+	}
+	return nil
+}
+
+// thresholdValue is a production threshold as a log value.
+func thresholdValue(p *int32) any {
+	if p == nil {
+		return "none"
+	}
+	return *p
+}
+
+// className names a class as the product speaks of it.
+func className(p Priority) string {
+	if p == PriorityHigh {
+		return "production"
+	}
+	return "opportunistic"
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/gpusharing/gpusharing/agent/gpu"
 	"github.com/gpusharing/gpusharing/agent/hostpath"
@@ -77,8 +78,14 @@ type ShimState struct {
 // (default 20s), the memory budget (the policy's, at most the GPU's memory; else the GPU's memory less
 // what NVML sees its processes use outside the budget and the headroom, or less the fixed reserve where
 // NVML cannot tell; 0, the lock only, when nothing is left) and the anti-thrashing mode.
-func (s *ShimSchedulers) SchedulerConfig(dev gpu.Device, o v1alpha1.Oversubscription) (scheduler.GPUConfig, error) {
+func (s *ShimSchedulers) SchedulerConfig(dev gpu.Device, o v1alpha1.Oversubscription, qos *v1alpha1.QoS) (scheduler.GPUConfig, error) {
 	cfg := scheduler.GPUConfig{UUID: dev.UUID, SocketPath: hostpath.SchedulerSocket(s.Root, dev.UUID), Quantum: DefaultShimQuantum}
+	if qos != nil {
+		// The pods at or above the policy's threshold are production (scheduler/qos.go).
+		p := qos.ProductionPriority
+		cfg.ProductionPriority = &p
+		cfg.OpportunisticQueue = uint32(qos.Queue())
+	}
 	if o.TimeQuantum != nil && o.TimeQuantum.Duration > 0 {
 		cfg.Quantum = o.TimeQuantum.Duration
 	}
@@ -154,11 +161,11 @@ func (s *ShimSchedulers) steadyBudget(uuid string, measured uint64) uint64 {
 // these settings whose socket is in place costs nothing. Other settings are changed in place
 // (Scheduler.Reconfigure), keeping every client's lease; a scheduler whose socket file is gone is
 // restarted, since no client could reach it.
-func (s *ShimSchedulers) Ensure(ctx context.Context, dev gpu.Device, o v1alpha1.Oversubscription) error {
+func (s *ShimSchedulers) Ensure(ctx context.Context, dev gpu.Device, o v1alpha1.Oversubscription, qos *v1alpha1.QoS) error {
 	if s == nil {
 		return errors.New("oversubscription needs the shim scheduler, which this agent does not run")
 	}
-	cfg, err := s.SchedulerConfig(dev, o)
+	cfg, err := s.SchedulerConfig(dev, o, qos)
 	if err != nil {
 		return err
 	}
@@ -225,11 +232,11 @@ func (s *ShimSchedulers) Stop(ctx context.Context, uuid string) error {
 
 // Satisfied says whether the GPU's scheduler runs with the settings of o and its socket is in place.
 // A nil *ShimSchedulers runs none, so it is never satisfied (Ensure then says why).
-func (s *ShimSchedulers) Satisfied(dev gpu.Device, o v1alpha1.Oversubscription) (bool, error) {
+func (s *ShimSchedulers) Satisfied(dev gpu.Device, o v1alpha1.Oversubscription, qos *v1alpha1.QoS) (bool, error) {
 	if s == nil {
 		return false, nil
 	}
-	cfg, err := s.SchedulerConfig(dev, o)
+	cfg, err := s.SchedulerConfig(dev, o, qos)
 	if err != nil {
 		return false, err
 	}
@@ -273,7 +280,9 @@ func (s *ShimSchedulers) notify() {
 }
 
 func sameSettings(st scheduler.GPUState, cfg scheduler.GPUConfig) bool {
-	return st.Quantum == cfg.Quantum && st.Grace == cfg.Grace && st.Budget == cfg.Budget && st.Mode == cfg.Mode
+	cfg = cfg.WithDefaults()
+	return st.Quantum == cfg.Quantum && st.Grace == cfg.Grace && st.Budget == cfg.Budget && st.Mode == cfg.Mode &&
+		ptr.Equal(st.ProductionPriority, cfg.ProductionPriority) && st.OpportunisticQueue == cfg.OpportunisticQueue
 }
 
 func isSocket(path string) bool {
@@ -315,6 +324,7 @@ func shimStatus(st ShimState) *v1alpha1.ShimStatus {
 			Pod:           st.Pods[c.PID],
 			Holding:       c.Holding,
 			Priority:      c.Priority.String(),
+			Class:         shimClientClass(st.GPU, c.Priority),
 			ResidentBytes: int64(c.ResidentBytes),
 			SwappedBytes:  int64(c.SwappedBytes),
 			SwapOuts:      int64(c.SwapOuts),
@@ -322,4 +332,17 @@ func shimStatus(st ShimState) *v1alpha1.ShimStatus {
 		})
 	}
 	return out
+}
+
+// shimClientClass is a client's class on a GPU with production classes (the scheduler's High is
+// production), empty elsewhere.
+func shimClientClass(g scheduler.GPUState, p scheduler.Priority) v1alpha1.WorkloadClass {
+	switch {
+	case g.ProductionPriority == nil:
+		return ""
+	case p == scheduler.PriorityHigh:
+		return v1alpha1.ClassProduction
+	default:
+		return v1alpha1.ClassOpportunistic
+	}
 }

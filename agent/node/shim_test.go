@@ -8,6 +8,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/gpusharing/gpusharing/agent/gpu"
 	"github.com/gpusharing/gpusharing/agent/hostpath"
@@ -243,7 +244,7 @@ func TestSchedulerConfigFromThePolicy(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			cfg, err := s.SchedulerConfig(tt.dev, tt.o)
+			cfg, err := s.SchedulerConfig(tt.dev, tt.o, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -255,7 +256,7 @@ func TestSchedulerConfigFromThePolicy(t *testing.T) {
 			}
 		})
 	}
-	if _, err := s.SchedulerConfig(dev, v1alpha1.Oversubscription{AntiThrashing: "Sometimes"}); err == nil {
+	if _, err := s.SchedulerConfig(dev, v1alpha1.Oversubscription{AntiThrashing: "Sometimes"}, nil); err == nil {
 		t.Error("an unknown anti-thrashing mode was accepted")
 	}
 }
@@ -315,4 +316,45 @@ func withShimSchedulers(t *testing.T, a *agent, sched *ShimSchedulers) string {
 	sched.Root = root
 	a.r.Shim = sched
 	return root
+}
+
+// The policy's production classes reach the GPU's scheduler in place (a connected client keeps its lease),
+// the status says they are in force and classes each client; leaving them classes no one.
+func TestProductionClassesReconfigureTheSchedulerInPlace(t *testing.T) {
+	a := newAgent(t, withNVML)
+	root := withShimSchedulers(t, a, &ShimSchedulers{Reserve: DefaultOversubReserve, Headroom: DefaultOversubHeadroom})
+	uuid := a.server.GPUs[0].UUID
+	t.Cleanup(func() { _ = a.r.Shim.Stop(t.Context(), uuid) })
+	a.pass(t)
+	a.setSpec(t, v1alpha1.GPUDesired{UUID: uuid, Sharing: oversubscribed(2*time.Second, "8Gi")})
+	a.pass(t)
+	c, _ := dialShim(t, hostpath.SchedulerSocket(root, uuid), uuid)
+	c.send(scheduler.Message{Type: scheduler.MsgAcquire})
+	c.expect(scheduler.MsgGrant)
+
+	withQoS := oversubscribed(2*time.Second, "8Gi")
+	withQoS.QoS = &v1alpha1.QoS{ProductionPriority: 1000, OpportunisticQueue: ptr.To[int32](4)}
+	a.setSpec(t, v1alpha1.GPUDesired{UUID: uuid, Sharing: withQoS})
+	n := a.pass(t)
+	st, ok := a.r.Shim.State(uuid)
+	if !ok || st.GPU.ProductionPriority == nil || *st.GPU.ProductionPriority != 1000 || st.GPU.OpportunisticQueue != 4 {
+		t.Fatalf("scheduler in force: %+v, want production priority 1000 and an opportunistic queue of 4", st.GPU)
+	}
+	g := n.Status.GPUs[0]
+	if g.Applied.QoS == nil || g.Applied.QoS.ProductionPriority != 1000 {
+		t.Errorf("applied.qos = %+v, want the policy's", g.Applied.QoS)
+	}
+	// A process of no pod is opportunistic; it kept its hold through the change.
+	if cl := shimOf(t, n).Clients; len(cl) != 1 || !cl[0].Holding || cl[0].Class != v1alpha1.ClassOpportunistic {
+		t.Errorf("status clients = %+v, want the one client, still holding, Opportunistic", cl)
+	}
+
+	a.setSpec(t, v1alpha1.GPUDesired{UUID: uuid, Sharing: oversubscribed(2*time.Second, "8Gi")})
+	n = a.pass(t)
+	if st, _ := a.r.Shim.State(uuid); st.GPU.ProductionPriority != nil {
+		t.Errorf("production priority %d in force after the policy dropped qos", *st.GPU.ProductionPriority)
+	}
+	if g := n.Status.GPUs[0]; g.Applied.QoS != nil || shimOf(t, n).Clients[0].Class != "" {
+		t.Errorf("after qos left: applied.qos %+v, client %+v; want neither classed", g.Applied.QoS, shimOf(t, n).Clients[0])
+	}
 }

@@ -112,11 +112,11 @@ func (shimStrategy) Name() string { return "ShimScheduler" }
 func (shimStrategy) Check(gpu.Device, v1alpha1.Sharing) error { return nil }
 
 func (m shimStrategy) Satisfied(_ context.Context, dev gpu.Device, want v1alpha1.Sharing) (bool, error) {
-	return m.s.Shim.Satisfied(dev, *want.Oversubscription)
+	return m.s.Shim.Satisfied(dev, *want.Oversubscription, want.QoS)
 }
 
 func (m shimStrategy) Apply(ctx context.Context, dev gpu.Device, want v1alpha1.Sharing) error {
-	return m.s.Shim.Ensure(ctx, dev, *want.Oversubscription)
+	return m.s.Shim.Ensure(ctx, dev, *want.Oversubscription, want.QoS)
 }
 
 // Teardown closes the scheduler (its clients run without the lock, reconnecting) and removes its socket.

@@ -391,9 +391,13 @@ type ShimClient struct {
 	// holding says whether it holds the GPU lock now.
 	// +optional
 	Holding bool `json:"holding,omitempty"`
-	// priority is High or Normal.
+	// priority is High or Normal: High goes first in line, and on a GPU with production classes
+	// (sharing.qos) it is production's.
 	// +optional
 	Priority string `json:"priority,omitempty"`
+	// class is Production or Opportunistic on a GPU with production classes, by its pod's priority.
+	// +optional
+	Class WorkloadClass `json:"class,omitempty"`
 	// residentBytes is the device memory the client has resident, as it last reported.
 	// +optional
 	ResidentBytes int64 `json:"residentBytes,omitempty"`

@@ -300,6 +300,7 @@ func setupResourceSlices(mgr ctrl.Manager, o Options, r *node.Reconciler) error 
 	claimMetrics.Add(o.NodeName, d.Plugin)
 	r.Claims = d.Plugin
 	d.Plugin.OnChange = r.Notify
+	d.Plugin.PodPriority = claimPodPriority(mgr.GetAPIReader())
 	return mgr.Add(runnable(func(ctx context.Context) error {
 		h, err := d.Plugin.Start(ctrl.LoggerInto(ctx, log), kube)
 		if err != nil {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gpusharing/gpusharing/agent/podpid"
 	"github.com/gpusharing/gpusharing/agent/scheduler"
@@ -55,5 +57,20 @@ func podPriority(r *podpid.Resolver) func(int32) (int32, bool) {
 		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 		defer cancel()
 		return r.Priority(ctx, pid)
+	}
+}
+
+// claimPodPriority reads a pod's resolved priority through the API server (uncached: the agent caches its own
+// node's objects only), for the DRA kubelet plugin's production classes on MPS GPUs.
+func claimPodPriority(reader client.Reader) func(ctx context.Context, namespace, name string) (int32, bool) {
+	return func(ctx context.Context, namespace, name string) (int32, bool) {
+		var pod corev1.Pod
+		if err := reader.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, &pod); err != nil {
+			return 0, false
+		}
+		if pod.Spec.Priority == nil {
+			return 0, true // as the kube-scheduler treats a pod without one
+		}
+		return *pod.Spec.Priority, true
 	}
 }

@@ -23,6 +23,7 @@ const (
 	EnvShimOversub            = "GPUSHARE_OVERSUB"
 	EnvShimMemoryLimit        = "GPUSHARE_MEMORY_LIMIT_BYTES"
 	EnvShimIdleMS             = "GPUSHARE_IDLE_MS"
+	EnvMPSClientPriority      = "CUDA_MPS_CLIENT_PRIORITY"
 )
 
 // ShimQoSIdleMS is the shim's idle release on a GPU with production classes: a production process
@@ -108,6 +109,16 @@ func addMPS(cfg Config, resp *pluginapi.ContainerAllocateResponse, devs []Device
 		HostPath:      cfg.MPSShmDir(d.GPUUUID),
 	})
 	resp.Envs[EnvMPSPipeDirectory] = ContainerMPSPipeDir
+	if d.MPSOpportunistic {
+		// Opportunistic work on a GPU with production classes: the MPS server runs production's kernels
+		// first (priority 1 is "below normal"), and the policy may cap its share of the SMs further.
+		resp.Envs[EnvMPSClientPriority] = "1"
+		if q := d.MPSQoS; q != nil && q.OpportunisticThreadPercentage != nil {
+			if capped := *q.OpportunisticThreadPercentage; atp <= 0 || capped < atp {
+				atp = capped
+			}
+		}
+	}
 	if atp > 0 {
 		resp.Envs[EnvMPSActiveThreadPercent] = strconv.Itoa(int(min(atp, 100)))
 	}

@@ -64,6 +64,13 @@ type Device struct {
 	// ShimQoS says the GPU has production classes (sharing.qos): its clients release the lock as soon
 	// as they idle, so that opportunistic work runs in production's gaps (KindShared only).
 	ShimQoS bool
+	// MPSQoS is the GPU's production classes (KindMPS only): the DRA kubelet plugin, which knows the pods
+	// of a claim, marks the devices of an opportunistic pod (MPSOpportunistic). The device plugin cannot:
+	// the kubelet's Allocate does not say which pod a device goes to.
+	MPSQoS *v1alpha1.QoS
+	// MPSOpportunistic runs the container's MPS client at priority "below normal", with the policy's
+	// opportunistic thread cap.
+	MPSOpportunistic bool
 	// Held marks a device of a cordoned GPU that is advertised only because a pod still holds it:
 	// Allocate refuses it and GetPreferredAllocation leaves it out.
 	Held bool
@@ -162,6 +169,7 @@ func gpuDevices(g v1alpha1.GPUStatus, cfg Config) map[ResourceName][]Device {
 		limits := mpsLimits(a.MPS)
 		for i := range devs {
 			devs[i].MPS = &limits
+			devs[i].MPSQoS = a.QoS
 		}
 		return map[ResourceName][]Device{cfg.Resources.MPS: devs}
 	case v1alpha1.StrategyMIG:

@@ -87,6 +87,11 @@ type KubeletPlugin struct {
 	// OnChange, when set, is called after the prepared claims change, so the GPUNode status lists them;
 	// it must not block. Set it before Start.
 	OnChange func()
+	// PodPriority, when set, reads a pod's resolved priority (its spec.priority; ok false when the pod
+	// cannot be read): on an MPS GPU with production classes a claim is production only when every pod
+	// it is reserved for reaches the threshold. Unset, or unread, its pods are opportunistic. Set it
+	// before Start.
+	PodPriority func(ctx context.Context, namespace, name string) (priority int32, ok bool)
 
 	mu     sync.Mutex
 	shares map[string]deviceplugin.Device
@@ -202,7 +207,7 @@ func (p *KubeletPlugin) PrepareResourceClaims(ctx context.Context, claims []*res
 	next := p.cp.clone()
 	var fresh []types.UID
 	for _, c := range claims {
-		pc, isFresh, err := p.prepare(next, c)
+		pc, isFresh, err := p.prepare(ctx, next, c)
 		if err != nil {
 			out[c.UID] = kubeletplugin.PrepareResult{Err: fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, err)}
 			continue
@@ -229,7 +234,7 @@ func (p *KubeletPlugin) PrepareResourceClaims(ctx context.Context, claims []*res
 }
 
 // prepare builds and writes one claim's CDI spec; fresh says the checkpoint cp lacks the claim.
-func (p *KubeletPlugin) prepare(cp checkpoint, c *resourcev1.ResourceClaim) (preparedClaim, bool, error) {
+func (p *KubeletPlugin) prepare(ctx context.Context, cp checkpoint, c *resourcev1.ResourceClaim) (preparedClaim, bool, error) {
 	if pc, ok := cp.Claims[c.UID]; ok {
 		// The kubelet may ask again (its own restart): the same answer, the spec file written again if it
 		// went missing or no longer reads as a valid spec (cut short where the CDI directory is on a disk
@@ -281,6 +286,9 @@ func (p *KubeletPlugin) prepare(cp checkpoint, c *resourcev1.ResourceClaim) (pre
 					return preparedClaim{}, false, fmt.Errorf("%s: %w", r.Device, err)
 				}
 				sized[i] = sizedAmounts(d.GPUUUID, r.ConsumedCapacity)
+			}
+			if d.Kind == deviceplugin.KindMPS && d.MPSQoS != nil {
+				d.MPSOpportunistic = !p.production(ctx, c, d.MPSQoS)
 			}
 			devs = append(devs, d)
 		}
@@ -373,4 +381,25 @@ func (p *KubeletPlugin) UnprepareResourceClaims(ctx context.Context, claims []ku
 // publishes no slices through kubeletplugin.Helper (Publisher does), so none of them is fatal here.
 func (p *KubeletPlugin) HandleError(ctx context.Context, err error, msg string) {
 	p.log.Error(err, msg)
+}
+
+// podPriorityTimeout bounds the read of one pod's priority while a claim is prepared.
+const podPriorityTimeout = 5 * time.Second
+
+// production says whether every pod claim c is reserved for is production under q (a claim of no pod, or
+// a pod that cannot be read, is not: production is never given by default).
+func (p *KubeletPlugin) production(ctx context.Context, c *resourcev1.ResourceClaim, q *v1alpha1.QoS) bool {
+	pods := reservedPods(c)
+	if p.PodPriority == nil || len(pods) == 0 {
+		return false
+	}
+	for _, name := range pods {
+		pctx, cancel := context.WithTimeout(ctx, podPriorityTimeout)
+		prio, ok := p.PodPriority(pctx, c.Namespace, name)
+		cancel()
+		if !ok || !q.Production(prio) {
+			return false
+		}
+	}
+	return true
 }

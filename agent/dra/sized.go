@@ -60,6 +60,7 @@ func sizedShare(g v1alpha1.GPUStatus, cfg deviceplugin.Config) (share, bool) {
 			return share{}, false
 		}
 		base.Kind, replicas, enforcement = deviceplugin.KindMPS, a.MPS.Replicas, EnforcementMPS
+		base.MPSQoS = a.QoS
 	case a.Shim != nil && a.Strategy == v1alpha1.StrategyTimeSlicing && a.TimeSlicing != nil:
 		base.Kind, replicas, enforcement = deviceplugin.KindShared, a.TimeSlicing.Replicas, EnforcementShimMemory
 	case a.Shim != nil && a.Strategy == v1alpha1.StrategyExclusive:

@@ -3,6 +3,8 @@
 # gpushare-scheduler (go build -o shim/build/gpushare-scheduler ./cmd/gpushare-scheduler).
 #   make -C shim bench                 (BENCH_N=100000 launches per run, BENCH_ROUNDS=5)
 # Prints, each measured with and without the shim in this one run:
+#   hook fast path  ns per cuLaunchKernel on the stub driver: without the shim, with it, and with a launch
+#                   bound (GPUSHARE_PACE_OVERRIDE=64: the paced path, its events always complete)
 #   launch tax      p50 of an empty-kernel launch call, baseline vs shim holding the lock
 #   hand-off        scheduler release->grant latency, p50/p99 over BENCH_HANDOFFS hand-offs
 #   idle release    time from a process's last GPU work to the lock reaching a waiter
@@ -26,8 +28,11 @@ echo "== hook fast path on the stub driver (lock held)"
 hp_base=$(env LD_LIBRARY_PATH="$BUILD/stub" GPUSHARE_STUB_LAUNCH_US=0 "$BUILD/bench/hotpath_bench")
 hp_shim=$(env LD_LIBRARY_PATH="$BUILD/stub" GPUSHARE_STUB_LAUNCH_US=0 LD_PRELOAD="$BUILD/libgpushare.so" \
     GPUSHARE_SOCKET="$HP/GPU-stub.sock" "$BUILD/bench/hotpath_bench")
+hp_paced=$(env LD_LIBRARY_PATH="$BUILD/stub" GPUSHARE_STUB_LAUNCH_US=0 LD_PRELOAD="$BUILD/libgpushare.so" \
+    GPUSHARE_SOCKET="$HP/GPU-stub.sock" GPUSHARE_PACE_OVERRIDE=64 "$BUILD/bench/hotpath_bench")
 echo "without shim: $hp_base"
 echo "with shim:    $hp_shim"
+echo "with shim, launch bound 64: $hp_paced"
 kill $HPID; wait $HPID 2>/dev/null || true; rm -rf "$HP"
 
 # The memory limit's own cost per cuMemAlloc + cuMemFree pair, on the stub driver (no memory behind

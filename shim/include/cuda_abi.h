@@ -16,6 +16,7 @@ typedef int CUresult;
 #define CUDA_ERROR_OUT_OF_MEMORY 2
 #define CUDA_ERROR_NOT_INITIALIZED 3
 #define CUDA_ERROR_INVALID_CONTEXT 201
+#define CUDA_ERROR_INVALID_HANDLE 400
 #define CUDA_ERROR_NOT_FOUND 500
 #define CUDA_ERROR_NOT_SUPPORTED 801
 #define CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED 900
@@ -45,8 +46,19 @@ typedef int CUmemPool_attribute;
 #define CU_MEMPOOL_ATTR_USED_MEM_HIGH 8
 typedef void (*CUhostFn)(void *userData);
 
+/* cuLaunchKernelEx's configuration: the launch bound reads the stream of a launch that succeeded. */
+typedef struct CUlaunchAttribute_st CUlaunchAttribute;
+typedef struct CUlaunchConfig_st {
+    unsigned int gridDimX, gridDimY, gridDimZ;
+    unsigned int blockDimX, blockDimY, blockDimZ;
+    unsigned int sharedMemBytes;
+    CUstream hStream;
+    CUlaunchAttribute *attrs;
+    unsigned int numAttrs;
+} CUlaunchConfig;
+_Static_assert(offsetof(CUlaunchConfig, hStream) == 32 && sizeof(CUlaunchConfig) == 56, "CUlaunchConfig layout");
+
 /* Passed only by pointer: layout irrelevant to the shim. */
-typedef struct CUlaunchConfig_st CUlaunchConfig;
 typedef struct CUDA_LAUNCH_PARAMS_st CUDA_LAUNCH_PARAMS;
 typedef struct CUDA_MEMCPY2D_st CUDA_MEMCPY2D;
 typedef struct CUDA_MEMCPY3D_st CUDA_MEMCPY3D;

@@ -44,6 +44,18 @@
  * The scheduler serves version 2 clients as before, in version 2 frames (no
  * partial GRANT, no RAISE); a version 3 shim facing a version 2 scheduler is
  * refused at HELLO and passes through.
+ *
+ * Version 4 bounds an opportunistic client's queue (docs/shim.md, "Launch
+ * pacing"). PACE (scheduler to client, sent only to opportunistic clients of
+ * version 4 or later: right after WELCOME and whenever the bound changes) says
+ * how many kernel and graph launches the client may keep outstanding on the
+ * GPU; 0 means unbounded. It is tied to no epoch and holds across grants until
+ * the next PACE; a new connection starts unbounded until its scheduler sends
+ * one. A preempted client (REVOKED) then leaves the GPU at most that many
+ * launches of queued work. The scheduler answers a version 3 client in version
+ * 3 frames, without PACE. A version 3 scheduler closes the connection at a
+ * version 4 HELLO: the shim then says HELLO again in version 3 and runs
+ * without pacing.
  */
 #ifndef GPUSHARE_PROTO_H
 #define GPUSHARE_PROTO_H
@@ -51,7 +63,7 @@
 #include <stdint.h>
 
 #define GS_PROTO_MAGIC 0x48535047u /* bytes "GPSH" */
-#define GS_PROTO_VERSION 3u
+#define GS_PROTO_VERSION 4u
 #define GS_PROTO_MIN_VERSION 2u /* the oldest client version the scheduler serves */
 #define GS_MAX_MSG_SIZE 256u
 #define GS_UUID_LEN 64u
@@ -70,6 +82,7 @@
 #define GS_MSG_USAGE 11u    /* c->s: memory state and swap counters (reason: report / evicted) */
 #define GS_MSG_REJOIN 12u   /* c->s: right after WELCOME on a reconnection: memory state to account */
 #define GS_MSG_RAISE 13u    /* s->c (v3): a holder filling in after a partial GRANT: reservation raised */
+#define GS_MSG_PACE 14u     /* s->c (v4): keep at most max_queued launches outstanding; 0: unbounded */
 
 /* Anti-thrashing modes (WELCOME.mode). */
 #define GS_MODE_AUTO 0u   /* concurrent while the working sets fit the budget together */
@@ -107,6 +120,7 @@
 #define GS_USAGE_SIZE 84u
 #define GS_REJOIN_SIZE 44u
 #define GS_RAISE_SIZE 28u
+#define GS_PACE_SIZE 16u
 
 struct gs_header {
     uint32_t magic;
@@ -209,7 +223,13 @@ struct gs_raise {
     uint64_t resident; /* the reservation from now on */
 } __attribute__((packed));
 
+struct gs_pace {
+    struct gs_header h;
+    uint32_t max_queued; /* kernel and graph launches outstanding on the GPU at most; 0: unbounded */
+} __attribute__((packed));
+
 #ifndef __cplusplus
+_Static_assert(sizeof(struct gs_pace) == GS_PACE_SIZE, "pace size");
 _Static_assert(sizeof(struct gs_raise) == GS_RAISE_SIZE, "raise size");
 _Static_assert(sizeof(struct gs_header) == GS_HEADER_SIZE, "header size");
 _Static_assert(sizeof(struct gs_hello) == GS_HELLO_SIZE, "hello size");

@@ -107,4 +107,14 @@ void gs_config_load(void)
     gs_cfg.budget_cap = env_bytes("GPUSHARE_BUDGET_BYTES");
     /* The container's memory claim, set per container by the DRA kubelet plugin (docs/shim.md). */
     gs_cfg.memory_limit = env_bytes("GPUSHARE_MEMORY_LIMIT_BYTES");
+    /* For measuring: a launch bound in force whatever the scheduler says ("0": none at all). */
+    gs_cfg.pace_override = -1;
+    const char *po = getenv("GPUSHARE_PACE_OVERRIDE");
+    if (po != NULL && *po != '\0')
+        gs_cfg.pace_override = env_u32("GPUSHARE_PACE_OVERRIDE", UINT32_MAX);
+    if (gs_cfg.pace_override == UINT32_MAX)
+        gs_cfg.pace_override = -1; /* malformed (warned about): the scheduler's bound */
+    gs_cfg.pace_wait_max_ms = env_u32("GPUSHARE_PACE_WAIT_MAX_MS", 2000);
+    if (gs_cfg.pace_wait_max_ms == 0)
+        gs_cfg.pace_wait_max_ms = 1; /* never unbounded */
 }

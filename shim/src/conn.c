@@ -1,12 +1,14 @@
 /*
- * The scheduler connection: connect with a deadline, HELLO/WELCOME, and
- * sending fixed-size messages. Every socket operation is non-blocking and
- * bounded, and MSG_NOSIGNAL keeps a dead scheduler from raising SIGPIPE in
- * the application.
+ * The scheduler connection: connect with a deadline, HELLO/WELCOME (in
+ * GS_PROTO_VERSION, or in GS_SHIM_MIN_VERSION to a scheduler that refuses it),
+ * and sending fixed-size messages in the connection's version. Every socket
+ * operation is non-blocking and bounded, and MSG_NOSIGNAL keeps a dead
+ * scheduler from raising SIGPIPE in the application.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -23,10 +25,24 @@ uint64_t gs_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* The protocol version of the current connection (there is one at a time): every frame the shim sends
+ * carries it, and the scheduler drops a client whose frames change version. */
+static _Atomic uint16_t conn_version = GS_PROTO_VERSION;
+
+uint16_t gs_conn_version(void)
+{
+    return atomic_load(&conn_version);
+}
+
+static void header_v(void *msg, uint16_t version, uint16_t type, uint32_t size)
+{
+    struct gs_header h = {.magic = GS_PROTO_MAGIC, .version = version, .type = type, .size = size};
+    memcpy(msg, &h, sizeof(h));
+}
+
 static void header(void *msg, uint16_t type, uint32_t size)
 {
-    struct gs_header h = {.magic = GS_PROTO_MAGIC, .version = GS_PROTO_VERSION, .type = type, .size = size};
-    memcpy(msg, &h, sizeof(h));
+    header_v(msg, atomic_load(&conn_version), type, size);
 }
 
 static int send_all(int fd, const void *buf, size_t len)
@@ -74,10 +90,12 @@ static int wait_fd(int fd, short events, uint64_t deadline_ns)
     }
 }
 
-/* Returns a connected, non-blocking socket that completed HELLO/WELCOME, or -1. */
-int gs_conn_open(struct gs_welcome *out)
+/* One HELLO/WELCOME exchange in the given version on a new socket. Returns the socket, or -1; *closed
+ * says the scheduler ended the connection after our HELLO without answering it (as one that does not
+ * speak that version does), rather than being absent, slow or malformed. */
+static int hello_once(uint16_t version, uint64_t deadline, struct gs_welcome *out, int *closed)
 {
-    uint64_t deadline = gs_now_ns() + (uint64_t)gs_cfg.connect_timeout_ms * 1000000ull;
+    *closed = 0;
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0)
         return -1;
@@ -96,12 +114,14 @@ int gs_conn_open(struct gs_welcome *out)
 
     struct gs_hello hello;
     memset(&hello, 0, sizeof(hello));
-    header(&hello, GS_MSG_HELLO, GS_HELLO_SIZE);
+    header_v(&hello, version, GS_MSG_HELLO, GS_HELLO_SIZE);
     hello.pid = (uint32_t)getpid();
     hello.priority = gs_cfg.priority;
     memcpy(hello.gpu_uuid, gs_cfg.gpu_uuid, sizeof(hello.gpu_uuid));
-    if (send_all(fd, &hello, sizeof(hello)) != 0)
+    if (send_all(fd, &hello, sizeof(hello)) != 0) {
+        *closed = errno == EPIPE || errno == ECONNRESET;
         goto fail;
+    }
 
     struct gs_welcome w;
     size_t got = 0;
@@ -109,12 +129,15 @@ int gs_conn_open(struct gs_welcome *out)
         if (wait_fd(fd, POLLIN, deadline) != 0)
             goto fail;
         ssize_t n = recv(fd, (char *)&w + got, sizeof(w) - got, MSG_DONTWAIT);
-        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+            *closed = got == 0 && (n == 0 || errno == ECONNRESET);
             goto fail;
+        }
         if (n > 0)
             got += (size_t)n;
     }
-    if (w.h.magic != GS_PROTO_MAGIC || w.h.version != GS_PROTO_VERSION || w.h.type != GS_MSG_WELCOME ||
+    /* The scheduler answers in the client's version. */
+    if (w.h.magic != GS_PROTO_MAGIC || w.h.version != version || w.h.type != GS_MSG_WELCOME ||
         w.h.size != GS_WELCOME_SIZE || w.mode > GS_MODE_OFF)
         goto fail;
     *out = w;
@@ -122,4 +145,28 @@ int gs_conn_open(struct gs_welcome *out)
 fail:
     close(fd);
     return -1;
+}
+
+/* Returns a connected, non-blocking socket that completed HELLO/WELCOME, or -1. The shim speaks
+ * GS_PROTO_VERSION; a scheduler that closes the connection at that HELLO (an older one, which refuses
+ * versions it does not know) is greeted again in GS_SHIM_MIN_VERSION, whose frames the shim also speaks
+ * (everything but PACE), within the same deadline. */
+int gs_conn_open(struct gs_welcome *out)
+{
+    uint64_t deadline = gs_now_ns() + (uint64_t)gs_cfg.connect_timeout_ms * 1000000ull;
+    int closed;
+    uint16_t v = GS_PROTO_VERSION;
+    int fd = hello_once(v, deadline, out, &closed);
+    if (fd < 0 && closed) {
+        v = GS_SHIM_MIN_VERSION;
+        fd = hello_once(v, deadline, out, &closed);
+        if (fd >= 0)
+            gs_log(GS_LOG_INFO,
+                   "the GPU scheduler at %s speaks protocol %u (it closed the connection at a version %u HELLO): "
+                   "no launch pacing",
+                   gs_cfg.socket_path, (unsigned)v, (unsigned)GS_PROTO_VERSION);
+    }
+    if (fd >= 0)
+        atomic_store(&conn_version, v);
+    return fd;
 }

@@ -6,7 +6,8 @@
  * do they come here, to connect, send ACQUIRE and sleep until GRANT.
  *
  * One background thread per process owns the socket's read side: it applies
- * GRANT / CONTENDED / REVOKED and, every tick, releases the lock when the
+ * GRANT / CONTENDED / REVOKED (and PACE, the launch bound of pace.c, which a
+ * connection that ends takes with it) and, every tick, releases the lock when the
  * process went idle (no GPU call for GPUSHARE_IDLE_MS) or when someone waits
  * and our quantum is used up. A release closes the gate, waits for calls in
  * flight, makes the GPU work done (cuCtxSynchronize per context) unless a
@@ -115,6 +116,7 @@ static void passthrough_locked(const char *reason)
         return;
     st.conn = CONN_PASSTHROUGH;
     st.held = 0;
+    gs_pace_set(0, 0); /* the bound was that scheduler's */
     if (st.fd >= 0)
         shutdown(st.fd, SHUT_RDWR); /* wakes the background thread, which closes it */
     gs_mm_on_reply(0, 0, UINT32_MAX); /* a thread waiting for a MEMREPLY goes on without a budget */
@@ -139,6 +141,7 @@ static void lost_locked(const char *reason)
     st.contended = 0;
     st.evict_pending = 0;
     st.lost_ns = gs_now_ns();
+    gs_pace_set(0, 0); /* the bound was that scheduler's; the next one sends its own */
     if (st.fd >= 0)
         shutdown(st.fd, SHUT_RDWR); /* wakes the background thread, which closes it and reconnects */
     gs_mm_on_reply(0, 0, UINT32_MAX);
@@ -385,6 +388,8 @@ static uint32_t expected_size(uint16_t type)
         return GS_EVICT_SIZE;
     case GS_MSG_RAISE:
         return GS_RAISE_SIZE;
+    case GS_MSG_PACE:
+        return gs_conn_version() >= 4 ? GS_PACE_SIZE : 0;
     default:
         return 0;
     }
@@ -425,6 +430,11 @@ static void on_message_locked(const unsigned char *m, uint16_t type)
         memcpy(&r, m, sizeof(r));
         gs_log(GS_LOG_DEBUG, "reservation raised to %llu in epoch %u", (unsigned long long)r.resident, r.epoch);
         gs_mm_on_raise(r.resident);
+    } else if (type == GS_MSG_PACE) {
+        /* Not tied to an epoch: it holds across grants until the next one. */
+        struct gs_pace p;
+        memcpy(&p, m, sizeof(p));
+        gs_pace_set(p.max_queued, 1);
     } else if (type == GS_MSG_MEMREPLY) {
         struct gs_memreply r;
         memcpy(&r, m, sizeof(r));
@@ -462,7 +472,7 @@ static int handle_input_locked(unsigned char *buf, size_t *have)
     while (*have - off >= GS_HEADER_SIZE) {
         struct gs_header h;
         memcpy(&h, buf + off, sizeof(h));
-        if (h.magic != GS_PROTO_MAGIC || h.version != GS_PROTO_VERSION)
+        if (h.magic != GS_PROTO_MAGIC || h.version != gs_conn_version())
             return -1;
         uint32_t want = expected_size(h.type);
         if (want == 0 || h.size != want)
@@ -659,6 +669,7 @@ static int reconnect_locked(void)
                 st.quantum_ms = w.quantum_ms;
                 st.grace_ms = w.grace_ms;
                 st.reconnects++;
+                gs_pace_set(0, 0); /* until this scheduler sends a bound of its own */
                 gs_log(GS_LOG_WARN,
                        "reconnected to the GPU scheduler after %.1f s; re-announced %llu bytes resident, %llu "
                        "swapped out; GPU calls take the lock again",
@@ -831,6 +842,7 @@ void gs_gate_atfork_child(void)
     gs_gpu_atfork_child();
     gs_mm_atfork_child();
     gs_cap_atfork_child();
+    gs_pace_atfork_child();
     pthread_mutex_unlock(&mu);
 }
 
@@ -838,6 +850,7 @@ void gs_gate_atfork_child(void)
 void gs_print_call_counts(void)
 {
     gs_mm_log_stats();
+    gs_pace_log_stats();
     if (!atomic_load(&gs_count_calls))
         return;
     for (int i = 0; i < GS_HOOK_COUNT; i++) {

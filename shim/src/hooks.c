@@ -17,6 +17,25 @@
         return r;                                                                                  \
     }
 
+/* A launch: with a launch bound, waits (outside the gate) while the process's queue is full, and marks
+ * the queue after the launch (in flight, so a release's drain sees the mark). Unbounded: one load and
+ * a branch more. */
+#define GS_BODY_LAUNCH(name, params, args, stream)                                                 \
+    GS_EXPORT CUresult name params;                                                                \
+    GS_EXPORT CUresult name params                                                                 \
+    {                                                                                              \
+        GS_REAL_OR_FAIL(name)                                                                      \
+        struct gs_pace_ticket pt;                                                                  \
+        int paced = GS_UNLIKELY(atomic_load_explicit(&gs_pace_max, memory_order_relaxed) != 0) &&  \
+                    gs_pace_before(&pt);                                                           \
+        gs_gate_enter(GS_ID_##name);                                                               \
+        CUresult r = real args;                                                                    \
+        if (GS_UNLIKELY(paced))                                                                    \
+            gs_pace_after(&pt, r == CUDA_SUCCESS ? (stream) : NULL, r);                            \
+        gs_gate_leave();                                                                           \
+        return r;                                                                                  \
+    }
+
 #define GS_BODY_CAPBEGIN(name, params, args, stream)                                               \
     GS_EXPORT CUresult name params;                                                                \
     GS_EXPORT CUresult name params                                                                 \
@@ -57,6 +76,16 @@
     {                                                                                              \
         GS_REAL_OR_FAIL(name)                                                                      \
         gs_ctx_remove(ctx);                                                                        \
+        gs_pace_forget_ctx(ctx);                                                                   \
+        return real args;                                                                          \
+    }
+
+#define GS_BODY_DEVGONE(name, params, args, dev)                                                   \
+    GS_EXPORT CUresult name params;                                                                \
+    GS_EXPORT CUresult name params                                                                 \
+    {                                                                                              \
+        GS_REAL_OR_FAIL(name)                                                                      \
+        gs_pace_forget_dev(dev);                                                                   \
         return real args;                                                                          \
     }
 

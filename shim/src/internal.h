@@ -54,6 +54,8 @@ struct gs_config {
     uint64_t budget_cap;      /* GPUSHARE_BUDGET_BYTES: at most this much of the scheduler's budget (0: all) */
     uint64_t memory_limit;    /* GPUSHARE_MEMORY_LIMIT_BYTES: most device memory the process may allocate (0: none) */
     uint64_t segment_bytes;   /* GPUSHARE_SEGMENT_MIB: cuMemAlloc above this swaps in segments (0: whole) */
+    int64_t pace_override;    /* GPUSHARE_PACE_OVERRIDE: the launch bound in force (0: none); -1: the scheduler's */
+    uint32_t pace_wait_max_ms; /* GPUSHARE_PACE_WAIT_MAX_MS: longest wait for the process's own work, then no pacing */
 };
 extern struct gs_config gs_cfg;
 void gs_config_load(void);
@@ -191,9 +193,32 @@ void gs_thread_relax_capture(void);
 int gs_gpu_drain(void);
 void gs_gpu_atfork_child(void);
 
+/* ---- launch pacing (pace.c): a bound on the launches a process keeps outstanding ---- */
+/* The bound in force (0: none): the scheduler's (PACE) or GPUSHARE_PACE_OVERRIDE's. The launch hooks load
+ * it, relaxed, before each launch; everything else runs only when it is not 0. */
+extern _Atomic uint32_t gs_pace_max;
+struct gs_pace_ticket {
+    int ring, slot; /* slot -1: nothing to record after the launch */
+    uint32_t gen;
+};
+void gs_pace_init(void); /* after the configuration is read */
+/* The scheduler's bound (PACE), or 0 when a connection ends (from_scheduler 0: said nowhere). */
+void gs_pace_set(uint32_t max_queued, int from_scheduler);
+/* Before a launch, not in flight: waits while the process's queue is at the bound; 1 when the launch
+ * counts (then gs_pace_after follows it, in flight, with the launch's stream and result). */
+int gs_pace_before(struct gs_pace_ticket *t);
+void gs_pace_after(const struct gs_pace_ticket *t, CUstream s, CUresult launched);
+void gs_pace_forget_ctx(CUcontext ctx); /* before cuCtxDestroy: its events are destroyed, never used again */
+void gs_pace_forget_dev(CUdevice dev);  /* before a primary context's release or reset, the same */
+void gs_pace_log_stats(void);
+void gs_pace_atfork_child(void);
+
 /* ---- scheduler connection (conn.c) ---- */
+/* The oldest protocol version the shim speaks: a scheduler that refuses GS_PROTO_VERSION is greeted in it. */
+#define GS_SHIM_MIN_VERSION 3u
 struct gs_welcome;
 int gs_conn_open(struct gs_welcome *w);
+uint16_t gs_conn_version(void); /* the version of the current (last opened) connection */
 int gs_conn_send(int fd, uint16_t type, uint32_t epoch, uint64_t bytes);
 int gs_conn_send_raw(int fd, void *msg, uint16_t type, uint32_t size);
 uint64_t gs_now_ns(void);

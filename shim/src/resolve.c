@@ -35,6 +35,8 @@ const char *const gs_hook_names[GS_HOOK_COUNT] = {
 
 /* Our wrapper for each hook; NULL for USE entries, which are never handed out. */
 #define GS_DECL_WORK(name, params) GS_EXPORT CUresult name params;
+#define GS_DECL_LAUNCH GS_DECL_WORK
+#define GS_DECL_DEVGONE GS_DECL_WORK
 #define GS_DECL_CAPBEGIN GS_DECL_WORK
 #define GS_DECL_CAPEND GS_DECL_WORK
 #define GS_DECL_CTXNEW GS_DECL_WORK
@@ -47,6 +49,8 @@ const char *const gs_hook_names[GS_HOOK_COUNT] = {
 #undef GS_HOOK
 
 #define GS_PTR_WORK(name) (void *)&name
+#define GS_PTR_LAUNCH GS_PTR_WORK
+#define GS_PTR_DEVGONE GS_PTR_WORK
 #define GS_PTR_CAPBEGIN GS_PTR_WORK
 #define GS_PTR_CAPEND GS_PTR_WORK
 #define GS_PTR_CTXNEW GS_PTR_WORK
@@ -67,6 +71,7 @@ static void do_init(void)
     if (real_dlsym == NULL)
         real_dlsym = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
     gs_config_load();
+    gs_pace_init();
     if (real_dlsym == NULL)
         gs_warn_failopen("cannot find the C library's dlsym");
     pthread_atfork(gs_gate_atfork_prepare, gs_gate_atfork_parent, gs_gate_atfork_child);

@@ -10,6 +10,13 @@
  *     memreq_file=PATH release_file=PATH
  *     evict_on_release=1   after each RELEASE: EVICT down to 0 (the next grant swaps everything in)
  *     revoke_file=PATH     once PATH exists (once): REVOKED for the holder's epoch, then EVICT to 0
+ *     version=V            the newest protocol version it speaks (default GS_PROTO_VERSION): a HELLO of
+ *                          a later version is refused by closing the connection, as the scheduler of
+ *                          that version does; a client is answered in its own version, and one whose
+ *                          frames change version is dropped
+ *     pace=N               PACE N right after WELCOME, to clients of version 4 and later
+ *     pace_any=1           ... and to older clients too (a scheduler that breaks the protocol)
+ *     pace_file=PATH pace_next=M   once PATH exists (once): PACE M
  * Every message it gets or sends is a line on stdout: "got ACQUIRE need=N", "sent EVICT", "got USAGE
  * reason=R resident=N swapped=N", ...
  */
@@ -38,9 +45,11 @@ static int exists(const char *p)
     return p != NULL && *p != '\0' && access(p, F_OK) == 0;
 }
 
+static uint16_t client_version; /* the connected client's HELLO version: every answer carries it */
+
 static void hdr(void *msg, uint16_t type, uint32_t size)
 {
-    struct gs_header h = {.magic = GS_PROTO_MAGIC, .version = GS_PROTO_VERSION, .type = type, .size = size};
+    struct gs_header h = {.magic = GS_PROTO_MAGIC, .version = client_version, .type = type, .size = size};
     memcpy(msg, &h, sizeof(h));
 }
 
@@ -69,6 +78,14 @@ int main(int argc, char **argv)
     const char *release_file = arg(argc, argv, "release_file", NULL);
     const char *revoke_file = arg(argc, argv, "revoke_file", NULL);
     int evict_on_release = atoi(arg(argc, argv, "evict_on_release", "0"));
+    unsigned long speaks = strtoul(arg(argc, argv, "version", "0"), NULL, 10);
+    if (speaks == 0)
+        speaks = GS_PROTO_VERSION;
+    const char *pace = arg(argc, argv, "pace", NULL);
+    int pace_any = atoi(arg(argc, argv, "pace_any", "0"));
+    const char *pace_file = arg(argc, argv, "pace_file", NULL);
+    uint32_t pace_next = (uint32_t)strtoul(arg(argc, argv, "pace_next", "0"), NULL, 10);
+    int paced_next = 0;
 
     int ls = socket(AF_UNIX, SOCK_STREAM, 0);
     struct sockaddr_un a;
@@ -119,6 +136,22 @@ int main(int argc, char **argv)
             memmove(buf, buf + h.size, have - h.size);
             have -= h.size;
             if (h.type == GS_MSG_HELLO) {
+                say("got HELLO version=%llu\n", h.version, 0, 0);
+                if (h.version > speaks || h.version < GS_PROTO_MIN_VERSION) {
+                    say("refused HELLO version=%llu\n", h.version, 0, 0);
+                    close(fd);
+                    fd = -1;
+                    break;
+                }
+                client_version = h.version;
+            } else if (h.version != client_version) {
+                say("client changed protocol version to %llu; dropped\n", h.version, 0, 0);
+                close(fd);
+                fd = -1;
+                held = 0;
+                break;
+            }
+            if (h.type == GS_MSG_HELLO) {
                 struct gs_welcome w;
                 memset(&w, 0, sizeof(w));
                 w.client_id = 1;
@@ -127,6 +160,13 @@ int main(int argc, char **argv)
                 w.mode = GS_MODE_AUTO;
                 w.budget = budget;
                 send_msg(fd, &w, GS_MSG_WELCOME, GS_WELCOME_SIZE);
+                if (pace != NULL && (client_version >= 4 || pace_any)) {
+                    struct gs_pace pm;
+                    memset(&pm, 0, sizeof(pm));
+                    pm.max_queued = (uint32_t)strtoul(pace, NULL, 10);
+                    send_msg(fd, &pm, GS_MSG_PACE, GS_PACE_SIZE);
+                    say("sent PACE max_queued=%llu\n", pm.max_queued, 0, 0);
+                }
             } else if (h.type == GS_MSG_ACQUIRE) {
                 struct gs_acquire q;
                 memcpy(&q, m, sizeof(q));
@@ -168,6 +208,8 @@ int main(int argc, char **argv)
                 reserved = q.need <= budget ? q.need : reserved;
                 rep.resident = reserved;
                 send_msg(fd, &rep, GS_MSG_MEMREPLY, GS_MEMREPLY_SIZE);
+            } else if (h.type == GS_MSG_REJOIN) {
+                say("got REJOIN\n", 0, 0, 0);
             } else if (h.type == GS_MSG_USAGE) {
                 struct gs_usage u;
                 memcpy(&u, m, sizeof(u));
@@ -185,6 +227,14 @@ int main(int argc, char **argv)
             stalled = 0;
             send_msg(fd, &rep, GS_MSG_MEMREPLY, GS_MEMREPLY_SIZE);
             say("sent the MEMREPLY held back\n", 0, 0, 0);
+        }
+        if (fd >= 0 && client_version >= 4 && !paced_next && exists(pace_file)) {
+            paced_next = 1;
+            struct gs_pace pm;
+            memset(&pm, 0, sizeof(pm));
+            pm.max_queued = pace_next;
+            send_msg(fd, &pm, GS_MSG_PACE, GS_PACE_SIZE);
+            say("sent PACE max_queued=%llu\n", pace_next, 0, 0);
         }
         if (fd >= 0 && held && !revoked && exists(revoke_file)) {
             revoked = 1;

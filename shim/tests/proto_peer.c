@@ -7,6 +7,8 @@
  *   proto_peer SOCKET handoff N        two connections ping-pong the lock N times; prints
  *                                      release->grant latency p50/p99/max in microseconds
  *   proto_peer SOCKET waitgrant        acquire once; print "grant_ns=<CLOCK_MONOTONIC ns>"
+ * It speaks GS_PROTO_VERSION, and version 3 to a scheduler that closes the connection at that HELLO
+ * (one of version 3), as the shim does; PACE messages (version 4) are read and ignored.
  */
 #include <errno.h>
 #include <poll.h>
@@ -27,9 +29,11 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+static uint16_t version = GS_PROTO_VERSION; /* of every frame sent, once a connection is set up */
+
 static void hdr(void *msg, uint16_t type, uint32_t size)
 {
-    struct gs_header h = {.magic = GS_PROTO_MAGIC, .version = GS_PROTO_VERSION, .type = type, .size = size};
+    struct gs_header h = {.magic = GS_PROTO_MAGIC, .version = version, .type = type, .size = size};
     memcpy(msg, &h, sizeof(h));
 }
 
@@ -62,7 +66,9 @@ static int read_msg(int fd, unsigned char *buf)
     return h.type;
 }
 
-static int dial(const char *path)
+/* Connects and says HELLO in the current version; the socket, or -1 when the scheduler closed it
+ * without WELCOME. */
+static int dial_once(const char *path)
 {
     int fd = socket(AF_UNIX, SOCK_STREAM, 0);
     struct sockaddr_un a;
@@ -81,10 +87,33 @@ static int dial(const char *path)
         exit(2);
     unsigned char buf[GS_MAX_MSG_SIZE];
     if (read_msg(fd, buf) != GS_MSG_WELCOME) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static int dial(const char *path)
+{
+    int fd = dial_once(path);
+    if (fd < 0 && version > 3) {
+        version = 3;
+        fd = dial_once(path);
+    }
+    if (fd < 0) {
         fprintf(stderr, "no welcome\n");
         exit(2);
     }
     return fd;
+}
+
+/* The next message that is not PACE (a bound for opportunistic clients, which this peer ignores). */
+static int read_msg_skip_pace(int fd, unsigned char *buf)
+{
+    int t;
+    while ((t = read_msg(fd, buf)) == GS_MSG_PACE)
+        ;
+    return t;
 }
 
 static void send_acquire(int fd)
@@ -175,7 +204,7 @@ int main(int argc, char **argv)
         for (long i = 0; i < n; i++) {
             send_acquire(b); /* b waits behind a */
             unsigned char buf[GS_MAX_MSG_SIZE];
-            if (read_msg(a, buf) != GS_MSG_CONTENDED) /* a learns someone waits */
+            if (read_msg_skip_pace(a, buf) != GS_MSG_CONTENDED) /* a learns someone waits */
                 return 2;
             uint64_t t0 = now_ns();
             send_release(a, ea);

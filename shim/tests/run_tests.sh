@@ -273,6 +273,288 @@ else
     fail "NVML without a limit" "$out"
 fi
 
+# --- Launch pacing: a bound on the launches a process keeps outstanding (PACE, protocol 4) ---
+# The stub's "GPU" is held (GPUSHARE_STUB_RUN_FILE: how many launches it may run in all), so a test
+# sees where the shim makes the launching thread wait: the stub traces each launch when it is made
+# (Q), each launch run (E), each event record (R) and the first poll that finds a record not done (W).
+launches_made() { grep -c -E '^Q [0-9]+ [0-9]+ cu(Launch|GraphLaunch)' "$1" 2>/dev/null || true; }
+polls_waiting() { grep -c '^W ' "$1" 2>/dev/null || true; }
+max_outstanding() { # the most launches made and not yet run at any moment of TRACE
+    awk '$1 == "Q" && $4 ~ /^cu(Launch|GraphLaunch)/ {q++; if (q - e > m) m = q - e} $1 == "E" {e++} END {print m + 0}' "$1"
+}
+waits_at() { # TRACE N K: the launching thread polls a record not done (the K-th time) with exactly N launches made
+    [ "$(polls_waiting "$1")" -ge "$3" ] && [ "$(launches_made "$1")" = "$2" ]
+}
+run_paced() { # DIR [VAR=VALUE...] COMMAND...: COMMAND in the background, the GPU held; DIR/out, DIR/err
+    local d=$1 vars=()
+    shift
+    while [[ "$1" == *=* ]]; do
+        vars+=("$1")
+        shift
+    done
+    echo 0 >"$d/run"
+    : >"$d/trace"
+    : >"$d/out" # before the background job opens them, so that a test's first look finds them
+    : >"$d/err"
+    run_client GPUSHARE_STUB_RUN_FILE="$d/run" GPUSHARE_STUB_TRACE="$d/trace" GPUSHARE_LOG_LEVEL=info \
+        GPUSHARE_PACE_WAIT_MAX_MS=60000 "${vars[@]}" \
+        timeout 60 "$@" >"$d/out" 2>"$d/err" &
+    PC=$!
+}
+finish_paced() { # DIR: lets the GPU run everything; the client's exit status
+    echo 1000000 >"$1/run"
+    wait "$PC"
+}
+PACE=$BUILD/tests/pace_client
+
+# 16. The scheduler's bound (PACE 8, protocol 4) on every launch entry point: the launching thread
+# stops with 8 launches outstanding, goes on as work completes (4 run: 4 more made), never more than 8;
+# its events go to the launch's stream (the per-thread stream for a _ptsz variant's default stream).
+D=$TMP/pace
+mkdir -p "$D"
+start_fake "$D" pace=8
+for entry in kernel kernel_ptsz ex ex_ptsz coop coop_ptsz grid_async graph graph_ptsz; do
+    run_paced "$D" GPUSHARE_SOCKET="$D/s.sock" "$PACE" launch $entry 32
+    ok=1
+    wait_for 20 waits_at "$D/trace" 8 1 || ok=0
+    echo 4 >"$D/run"
+    wait_for 20 waits_at "$D/trace" 12 2 || ok=0
+    finish_paced "$D" || ok=0
+    m=$(max_outstanding "$D/trace")
+    want=0
+    [[ $entry == *_ptsz ]] && want=0x2
+    streams=$(awk '$1 == "R" {print $4}' "$D/trace" | sort -u | tr '\n' ' ')
+    if [ "$ok" = 1 ] && [ "$m" = 8 ] && grep -q "client done" "$D/out" && [ "$streams" = "stream=$want " ] &&
+        grep -q "at most 8 launches outstanding (the GPU scheduler's bound)" "$D/err" &&
+        grep -q "launch pacing: 32 launches paced, [1-9][0-9]* waited" "$D/err"; then
+        pass "PACE 8: $entry stops at 8 launches outstanding and goes on as they complete"
+    else
+        fail "PACE 8 on $entry" "ok=$ok max=$m made=$(launches_made "$D/trace") records on $streams $(cat "$D/out" "$D/err")"
+    fi
+done
+for entry in kernel ex graph; do # on a stream of the application's
+    out=$(run_client GPUSHARE_SOCKET="$D/s.sock" GPUSHARE_STUB_TRACE="$D/trace.$entry" PACE_CLIENT_STREAM=5100 \
+        timeout 20 "$PACE" launch $entry 16 2>&1 || true)
+    streams=$(awk '$1 == "R" {print $4}' "$D/trace.$entry" | sort -u | tr '\n' ' ')
+    if grep -q "client done" <<<"$out" && [ "$streams" = "stream=0x5100 " ]; then
+        pass "PACE 8: $entry on an application's stream records there"
+    else
+        fail "PACE 8 on $entry on a stream" "records on $streams $out"
+    fi
+done
+if grep -q "got HELLO version=4" "$D/sched.log" && ! grep -q "refused HELLO" "$D/sched.log"; then
+    pass "the shim says HELLO in protocol 4"
+else
+    fail "protocol 4 HELLO" "$(cat "$D/sched.log")"
+fi
+stop_fake
+
+# 17. PACE 0 lifts the bound: the thread waiting at 4 goes on, and all 64 launches are made while none ran.
+D=$TMP/unpace
+mkdir -p "$D"
+start_fake "$D" pace=4 pace_file="$D/unpace" pace_next=0
+run_paced "$D" GPUSHARE_SOCKET="$D/s.sock" "$PACE" launch kernel 64
+ok=1
+wait_for 20 waits_at "$D/trace" 4 1 || ok=0
+: >"$D/unpace"
+wait_for 20 grep -q "launched 64" "$D/out" || ok=0
+finish_paced "$D" || ok=0
+m=$(max_outstanding "$D/trace")
+if [ "$ok" = 1 ] && [ "$m" = 64 ] && grep -q "client done" "$D/out" && grep -q "launch pacing: unbounded" "$D/err"; then
+    pass "PACE 0 after PACE 4 lets the waiting thread go on, unbounded"
+else
+    fail "PACE 0" "ok=$ok max=$m $(cat "$D/out" "$D/err")"
+fi
+stop_fake
+
+# 18. GPUSHARE_PACE_OVERRIDE: 0 never paces, N paces at N whatever the scheduler says, a malformed value
+# is ignored with one warning (the scheduler's bound holds).
+D=$TMP/override
+mkdir -p "$D"
+start_fake "$D" pace=4
+run_paced "$D" GPUSHARE_SOCKET="$D/s.sock" GPUSHARE_PACE_OVERRIDE=0 "$PACE" launch kernel 64
+ok=1
+wait_for 20 grep -q "launched 64" "$D/out" || ok=0
+finish_paced "$D" || ok=0
+if [ "$ok" = 1 ] && [ "$(max_outstanding "$D/trace")" = 64 ] && [ "$(grep -c '^R ' "$D/trace" || true)" = 0 ]; then
+    pass "GPUSHARE_PACE_OVERRIDE=0 never paces, whatever the scheduler asks"
+else
+    fail "override 0" "ok=$ok $(cat "$D/out" "$D/err")"
+fi
+run_paced "$D" GPUSHARE_SOCKET="$D/s.sock" GPUSHARE_PACE_OVERRIDE=16 "$PACE" launch kernel 64
+ok=1
+wait_for 20 waits_at "$D/trace" 16 1 || ok=0
+finish_paced "$D" || ok=0
+if [ "$ok" = 1 ] && [ "$(max_outstanding "$D/trace")" = 16 ] && grep -q "GPUSHARE_PACE_OVERRIDE=16" "$D/err"; then
+    pass "GPUSHARE_PACE_OVERRIDE=16 paces at 16 where the scheduler asks for 4"
+else
+    fail "override 16" "ok=$ok made=$(launches_made "$D/trace") $(cat "$D/out" "$D/err")"
+fi
+run_paced "$D" GPUSHARE_SOCKET="$D/s.sock" GPUSHARE_PACE_OVERRIDE=lots "$PACE" launch kernel 64
+ok=1
+wait_for 20 waits_at "$D/trace" 4 1 || ok=0
+finish_paced "$D" || ok=0
+n=$(grep -c "ignoring GPUSHARE_PACE_OVERRIDE=lots" "$D/err" || true)
+if [ "$ok" = 1 ] && [ "$n" = 1 ] && [ "$(max_outstanding "$D/trace")" = 4 ]; then
+    pass "a malformed GPUSHARE_PACE_OVERRIDE is ignored with one warning; the scheduler's bound holds"
+else
+    fail "malformed override" "ok=$ok n=$n $(cat "$D/out" "$D/err")"
+fi
+stop_fake
+
+# 19. No pacing while a stream captures: after 16 paced launches that ran, during a global-mode capture
+# 16 kernels on the capturing stream and 16 on another go through with the GPU held (a thread waiting
+# would never get there), nothing is recorded into the capture or queried during it (the stub refuses
+# that: "X"), the capture ends intact; after it the bound holds again. GPUSHARE_PACE_OVERRIDE=4, no
+# scheduler.
+D=$TMP/pacecap
+mkdir -p "$D"
+run_paced "$D" GPUSHARE_PACE_OVERRIDE=4 "$PACE" capture 16
+echo 16 >"$D/run"
+ok=1
+wait_for 20 grep -q "capture launched 32" "$D/out" || ok=0
+wait_for 20 grep -q "capture_end=0" "$D/out" || ok=0
+wait_for 20 test "$(polls_waiting "$D/trace")" -ge 1 || ok=0
+finish_paced "$D" || ok=0
+x=$(grep -c '^X ' "$D/trace" || true)
+if [ "$ok" = 1 ] && [ "$x" = 0 ] && grep -q "client done" "$D/out"; then
+    pass "no pacing during a stream capture; the bound holds again after it"
+else
+    fail "pacing during capture" "ok=$ok x=$x $(grep '^X ' "$D/trace" | head -3) $(cat "$D/out" "$D/err")"
+fi
+
+# 20. A destroyed context's events are never used: after cuCtxDestroy, and after the primary context's
+# release, the next launches get new events (every launch records with a bound of 4) and the stub,
+# which fails any use of a dead event with an "X", sees none.
+for mode in ctxgone primary; do
+    D=$TMP/pace$mode
+    mkdir -p "$D"
+    out=$(run_client GPUSHARE_PACE_OVERRIDE=4 GPUSHARE_STUB_TRACE="$D/trace" timeout 20 "$PACE" $mode 16 2>&1 || true)
+    x=$(grep -c '^X ' "$D/trace" || true)
+    r=$(grep -c '^R ' "$D/trace" || true)
+    if grep -q "client done" <<<"$out" && [ "$x" = 0 ] && [ "$r" = 32 ] && ! grep -q "pacing off" <<<"$out"; then
+        pass "pacing forgets a context's events when it goes ($mode) and paces the next one"
+    else
+        fail "pacing across $mode" "x=$x r=$r $(grep '^X ' "$D/trace" | head -2) $out"
+    fi
+done
+
+# 21. An event call that fails turns pacing off with one warning; no launch fails (the GPU held: all
+# 64 are made while none ran).
+for call in create record query; do
+    D=$TMP/pacefail$call
+    mkdir -p "$D"
+    run_paced "$D" GPUSHARE_PACE_OVERRIDE=4 GPUSHARE_STUB_EVENT_FAIL=$call "$PACE" launch kernel 64
+    ok=1
+    wait_for 20 grep -q "launched 64" "$D/out" || ok=0
+    finish_paced "$D" || ok=0
+    n=$(grep -c "launch pacing off for this process: cuEvent" "$D/err" || true)
+    if [ "$ok" = 1 ] && [ "$n" = 1 ] && grep -q "client done" "$D/out"; then
+        pass "a failing cuEvent $call turns pacing off with one warning; every launch succeeds"
+    else
+        fail "event $call failure" "ok=$ok n=$n $(cat "$D/out" "$D/err")"
+    fi
+done
+
+# 22. The wait is bounded: work of its own that never completes (the GPU held throughout) holds a launch
+# GPUSHARE_PACE_WAIT_MAX_MS at most, then pacing is off for the process and the launches go on.
+D=$TMP/pacestall
+mkdir -p "$D"
+run_paced "$D" GPUSHARE_PACE_OVERRIDE=4 GPUSHARE_PACE_WAIT_MAX_MS=300 "$PACE" launch kernel 16
+ok=1
+wait_for 20 waits_at "$D/trace" 4 1 || ok=0
+t0=$(date +%s%N)
+wait_for 20 grep -q "launched 16" "$D/out" || ok=0
+ms=$((($(date +%s%N) - t0) / 1000000))
+finish_paced "$D" || ok=0
+if [ "$ok" = 1 ] && grep -q "did not finish within GPUSHARE_PACE_WAIT_MAX_MS=300 ms" "$D/err" && grep -q "client done" "$D/out"; then
+    pass "a launch waits GPUSHARE_PACE_WAIT_MAX_MS at most for work that does not complete, then pacing is off (${ms} ms)"
+else
+    fail "stalled pacing" "ok=$ok ms=$ms $(cat "$D/out" "$D/err")"
+fi
+
+# 23. Four threads launching at once on streams of their own: every launch succeeds and the queue stays
+# within the bound plus one launch per other thread (8 + 3).
+D=$TMP/pacethreads
+mkdir -p "$D"
+out=$(run_client GPUSHARE_PACE_OVERRIDE=8 GPUSHARE_STUB_TRACE="$D/trace" timeout 60 "$PACE" threads 4 500 2>&1 || true)
+m=$(max_outstanding "$D/trace")
+if grep -q "launched 2000" <<<"$out" && grep -q "client done" <<<"$out" && [ "$m" -le 11 ] && [ "$m" -ge 8 ]; then
+    pass "four threads launching at once stay within the bound plus one launch each (max $m)"
+else
+    fail "pacing under threads" "max=$m $out"
+fi
+
+# 24. A scheduler of protocol 3 closes the connection at a version 4 HELLO: the shim greets it again in
+# version 3 and runs under its lock as before (every frame in version 3, or the scheduler drops it),
+# without pacing (all 64 launches made while none ran).
+D=$TMP/v3
+mkdir -p "$D"
+start_fake "$D" version=3 pace=4
+run_paced "$D" GPUSHARE_SOCKET="$D/s.sock" "$PACE" launch kernel 64
+ok=1
+wait_for 20 grep -q "launched 64" "$D/out" || ok=0
+finish_paced "$D" || ok=0
+if [ "$ok" = 1 ] && grep -q "client done" "$D/out" && grep -q "refused HELLO version=4" "$D/sched.log" &&
+    grep -q "got HELLO version=3" "$D/sched.log" && grep -q "got ACQUIRE" "$D/sched.log" &&
+    ! grep -q "changed protocol version" "$D/sched.log" && ! grep -q "sent PACE" "$D/sched.log" &&
+    grep -q "speaks protocol 3" "$D/err" && ! grep -q "GPU lock disabled" "$D/err"; then
+    pass "a protocol 3 scheduler: the shim falls back to version 3 and takes its lock, unpaced"
+else
+    fail "protocol 3 scheduler" "ok=$ok $(cat "$D/sched.log" "$D/out" "$D/err")"
+fi
+stop_fake
+
+# A PACE in a version 3 connection (it came with version 4) is a protocol error: pass-through, one warning.
+D=$TMP/v3pace
+mkdir -p "$D"
+start_fake "$D" version=3 pace=4 pace_any=1
+out=$(run_client GPUSHARE_SOCKET="$D/s.sock" timeout 20 "$PACE" launch kernel 16 2>&1 || true)
+n=$(grep -c "GPU lock disabled" <<<"$out" || true)
+if grep -q "client done" <<<"$out" && [ "$n" = 1 ] && grep -q "protocol error from the GPU scheduler" <<<"$out"; then
+    pass "PACE sent to a protocol 3 client is a protocol error: pass-through with one warning"
+else
+    fail "PACE in protocol 3" "$out"
+fi
+stop_fake
+
+# 25. The bound is the connection's: when the scheduler goes away the waiting thread goes on unbounded;
+# the scheduler that comes back (REJOIN) sends its own bound, which holds from then on.
+D=$TMP/pacerejoin
+mkdir -p "$D"
+start_fake "$D" pace=4
+run_paced "$D" GPUSHARE_SOCKET="$D/s.sock" GPUSHARE_RECONNECT_MAX_MS=50 PACE_CLIENT_THEN="$D/then" "$PACE" launch kernel 32
+ok=1
+wait_for 20 waits_at "$D/trace" 4 1 || ok=0
+stop_fake
+rm -f "$D/s.sock"
+wait_for 20 grep -q "launched 32" "$D/out" || ok=0
+m1=$(max_outstanding "$D/trace")
+echo 32 >"$D/run" # the 32 run (a reconnection drains the GPU first); nothing more until the test says so
+start_fake "$D" pace=6
+wait_for 20 grep -q "got REJOIN" "$D/sched.log" || ok=0
+wait_for 20 grep -q "at most 6 launches outstanding" "$D/err" || ok=0
+: >"$D/then"
+wait_for 20 waits_at "$D/trace" $((32 + 6)) 2 || ok=0
+finish_paced "$D" || ok=0
+if [ "$ok" = 1 ] && [ "$m1" = 32 ] && grep -q "client done" "$D/out"; then
+    pass "a lost scheduler's bound ends with its connection; the new scheduler's holds after REJOIN"
+else
+    fail "pacing across a reconnection" "ok=$ok m1=$m1 made=$(launches_made "$D/trace") $(cat "$D/out" "$D/err" "$D/sched.log")"
+fi
+stop_fake
+
+# 26. A child forked by a paced process has none of its parent's events (CUDA does not survive fork): it
+# paces its own launches with events of its own, and never waits for the parent's.
+out=$(run_client GPUSHARE_PACE_OVERRIDE=4 GPUSHARE_PACE_WAIT_MAX_MS=60000 CLIENT_FORK_AT=20 CLIENT_FORK_LAUNCHES=50 \
+    timeout 20 "$CLIENT" dlsym 40 2>&1 || true)
+if grep -q "child done" <<<"$out" && grep -q "child status=0" <<<"$out" && grep -q "client done" <<<"$out" &&
+    ! grep -q "pacing off" <<<"$out"; then
+    pass "a forked child paces with events of its own"
+else
+    fail "pacing after fork" "$out"
+fi
+
 if [ "$fails" -ne 0 ]; then
     echo "$fails shim test(s) failed"
     exit 1

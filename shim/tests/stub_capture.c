@@ -17,6 +17,7 @@
  * own executables: cuGraphInstantiateWithFlags hands the graph back).
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +53,7 @@ static struct capture {
     struct graph *g;
 } caps[MAXCAP];
 static pthread_mutex_t cmu = PTHREAD_MUTEX_INITIALIZER;
+static atomic_int active; /* captures on: with none, work is never recorded (no lock per launch) */
 static __thread int thread_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 
 static CUresult begin(CUstream s, int mode)
@@ -60,6 +62,7 @@ static CUresult begin(CUstream s, int mode)
     for (int i = 0; i < MAXCAP; i++)
         if (!caps[i].on) {
             caps[i] = (struct capture){1, s, mode, pthread_self(), 0, calloc(1, sizeof(struct graph))};
+            atomic_fetch_add(&active, 1);
             pthread_mutex_unlock(&cmu);
             return CUDA_SUCCESS;
         }
@@ -97,6 +100,7 @@ static CUresult end(CUstream s, CUgraph *out)
     for (int i = 0; i < MAXCAP; i++)
         if (caps[i].on && caps[i].s == s) {
             caps[i].on = 0;
+            atomic_fetch_sub(&active, 1);
             int invalid = caps[i].invalid;
             struct graph *g = caps[i].g;
             pthread_mutex_unlock(&cmu);
@@ -193,6 +197,8 @@ HIDDEN int stub_capture_record(CUstream s, const char *name, void (*fn)(uint64_t
                                uint64_t a2, uint64_t a3)
 {
     int rec = 0;
+    if (atomic_load(&active) == 0)
+        return 0;
     pthread_mutex_lock(&cmu);
     for (int i = 0; i < MAXCAP && !rec; i++) {
         struct capture *c = &caps[i];

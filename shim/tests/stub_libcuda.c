@@ -19,6 +19,18 @@
  *   GPUSHARE_STUB_WORKER_DELAY_US  the worker waits this long before it starts each item (default 0):
  *                            a GPU that runs queued work late, as the stub's worker does when the
  *                            machine's CPUs are starved; makes "work still queued" races happen every time
+ *   GPUSHARE_STUB_RUN_FILE   the worker runs launches (cuLaunch*, cuGraphLaunch*) only as far as the
+ *                            number written in this file allows, in all (missing or empty: none); a
+ *                            test holds the "GPU" and lets queued work complete one step at a time
+ *   GPUSHARE_STUB_EVENT_FAIL create, record or query: that event call fails (a driver error)
+ *
+ * Events are a position in the one queue: complete once the worker passed it. Each record writes
+ *     R <pid> <ns> stream=<the stream handle, 0x2 for the per-thread stream>
+ * and the first cuEventQuery of a record that finds it not complete writes
+ *     W <pid> <ns>
+ * (the caller waits for queued work). A record on a capturing stream belongs to the capture: querying
+ * it is refused like the real driver's (an "X" line). Destroying a context or releasing or resetting a
+ * primary context destroys every event: using one afterwards fails and writes an "X" line.
  *
  * Memory (stub_vmm.c) is host memory, so device pointers are real addresses
  * and copies move real bytes: copies, memsets and the test "kernel" run on
@@ -36,6 +48,7 @@
 #include "cuda_abi.h"
 
 #define STUB_EXPORT __attribute__((visibility("default")))
+#define HIDDEN_STUB __attribute__((visibility("hidden")))
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static void init(void);
@@ -43,6 +56,8 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
 static int trace_fd = -1;
 static long launch_us = 1000, copy_us, worker_delay_us;
+static const char *run_file;
+static long launches_run; /* by the worker, with GPUSHARE_STUB_RUN_FILE */
 
 #define QCAP 4096
 static struct item {
@@ -78,6 +93,23 @@ __attribute__((visibility("hidden"))) void stub_trace(char kind, const char *nam
     trace(kind, name);
 }
 
+static int is_launch(const char *name)
+{
+    return strncmp(name, "cuLaunch", 8) == 0 || strncmp(name, "cuGraphLaunch", 13) == 0;
+}
+
+/* How many launches GPUSHARE_STUB_RUN_FILE lets the worker run in all. */
+static long run_allowed(void)
+{
+    char b[32] = {0};
+    int fd = open(run_file, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, b, sizeof(b) - 1);
+    close(fd);
+    return n > 0 ? atol(b) : 0;
+}
+
 static void *worker(void *arg)
 {
     (void)arg;
@@ -87,6 +119,11 @@ static void *worker(void *arg)
             pthread_cond_wait(&cv, &mu);
         struct item it = queue[qhead % QCAP];
         pthread_mutex_unlock(&mu);
+        if (run_file != NULL && is_launch(it.name)) {
+            while (launches_run >= run_allowed())
+                usleep(1000);
+            launches_run++;
+        }
         if (worker_delay_us > 0)
             usleep((useconds_t)worker_delay_us);
         if (it.us > 0)
@@ -131,6 +168,9 @@ static void init(void)
     const char *d = getenv("GPUSHARE_STUB_WORKER_DELAY_US");
     if (d && *d)
         worker_delay_us = atol(d);
+    const char *rf = getenv("GPUSHARE_STUB_RUN_FILE");
+    if (rf && *rf)
+        run_file = rf;
     pthread_t th;
     pthread_create(&th, NULL, worker, NULL);
     pthread_detach(th);
@@ -143,7 +183,7 @@ __attribute__((visibility("hidden"))) CUresult stub_enqueue(const char *name, vo
 {
     pthread_once(&once, init);
     trace('Q', name); /* the call itself, when the application made it */
-    long us = strncmp(name, "cuLaunch", 8) == 0 || strncmp(name, "cuGraphLaunch", 13) == 0 ? launch_us : copy_us;
+    long us = is_launch(name) ? launch_us : copy_us;
     if (us <= 0 && fn == NULL)
         return CUDA_SUCCESS;
     pthread_mutex_lock(&mu);
@@ -205,40 +245,113 @@ static CUresult submit(const char *name)
 /* ---- events: a position in the one queue, complete once the worker passed it ---- */
 struct stub_event {
     unsigned ticket;
+    unsigned epoch; /* ctx_epoch when made: the context's events die with it */
+    int captured;   /* recorded on a capturing stream: part of the graph */
+    int waited;     /* the current record was found not complete once */
 };
+static unsigned ctx_epoch; /* under mu: bumped when a context (and its events) is destroyed */
+
+HIDDEN_STUB int stub_capture_record(CUstream s, const char *name, void (*fn)(uint64_t *), uint64_t a0, uint64_t a1,
+                                    uint64_t a2, uint64_t a3);
+HIDDEN_STUB CUresult stub_capture_conflict(const char *name, CUstream s, int any);
+
+static int event_fails(const char *call)
+{
+    const char *f = getenv("GPUSHARE_STUB_EVENT_FAIL");
+    return f != NULL && strcmp(f, call) == 0;
+}
+
+/* An event of a destroyed context: the real driver's behaviour is undefined; here it fails loudly. mu held. */
+static int dead_locked(struct stub_event *e, const char *call)
+{
+    if (e->epoch == ctx_epoch)
+        return 0;
+    trace('X', call);
+    return 1;
+}
+
+static void contexts_gone(void)
+{
+    pthread_once(&once, init);
+    pthread_mutex_lock(&mu);
+    ctx_epoch++;
+    pthread_mutex_unlock(&mu);
+}
 
 STUB_EXPORT CUresult cuEventCreate(CUevent *ev, unsigned int flags)
 {
     (void)flags;
+    pthread_once(&once, init);
+    if (event_fails("create"))
+        return CUDA_ERROR_OUT_OF_MEMORY;
     struct stub_event *e = calloc(1, sizeof(*e));
     if (e == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&mu);
+    e->epoch = ctx_epoch;
+    pthread_mutex_unlock(&mu);
     *ev = (CUevent)e;
     return CUDA_SUCCESS;
 }
 
 STUB_EXPORT CUresult cuEventRecord(CUevent ev, CUstream s)
 {
-    (void)s;
     pthread_once(&once, init);
+    if (event_fails("record"))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct stub_event *e = (struct stub_event *)ev;
+    int captured = stub_capture_record(s, "cuEventRecord", NULL, 0, 0, 0, 0) && s != NULL;
     pthread_mutex_lock(&mu);
-    ((struct stub_event *)ev)->ticket = qtail;
+    if (dead_locked(e, "cuEventRecord-of-a-destroyed-context")) {
+        pthread_mutex_unlock(&mu);
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    e->ticket = qtail;
+    e->captured = captured;
+    e->waited = 0;
     pthread_mutex_unlock(&mu);
+    char what[40];
+    snprintf(what, sizeof(what), "stream=%#lx", (unsigned long)(uintptr_t)s);
+    trace('R', what);
     return CUDA_SUCCESS;
 }
 
 STUB_EXPORT CUresult cuEventQuery(CUevent ev)
 {
+    pthread_once(&once, init);
+    if (event_fails("query"))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct stub_event *e = (struct stub_event *)ev;
     pthread_mutex_lock(&mu);
-    int done = (int)(qhead - ((struct stub_event *)ev)->ticket) >= 0;
+    if (dead_locked(e, "cuEventQuery-of-a-destroyed-context")) {
+        pthread_mutex_unlock(&mu);
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    int captured = e->captured;
+    int done = (int)(qhead - e->ticket) >= 0;
+    int first_wait = !done && !e->waited;
+    if (!done)
+        e->waited = 1;
     pthread_mutex_unlock(&mu);
+    if (captured) /* the real driver refuses to query an event recorded in a capture */
+        return stub_capture_conflict("cuEventQuery-of-a-captured-event", NULL, 1) != CUDA_SUCCESS
+                   ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+                   : CUDA_ERROR_INVALID_VALUE;
+    if (first_wait)
+        trace('W', NULL);
     return done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
 STUB_EXPORT CUresult cuEventSynchronize(CUevent ev)
 {
+    pthread_once(&once, init);
+    struct stub_event *e = (struct stub_event *)ev;
     pthread_mutex_lock(&mu);
-    while ((int)(qhead - ((struct stub_event *)ev)->ticket) < 0)
+    if (dead_locked(e, "cuEventSynchronize-of-a-destroyed-context")) {
+        pthread_mutex_unlock(&mu);
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    while ((int)(qhead - e->ticket) < 0)
         pthread_cond_wait(&cv, &mu);
     pthread_mutex_unlock(&mu);
     return CUDA_SUCCESS;
@@ -246,12 +359,18 @@ STUB_EXPORT CUresult cuEventSynchronize(CUevent ev)
 
 STUB_EXPORT CUresult cuEventDestroy_v2(CUevent ev)
 {
+    pthread_once(&once, init);
+    struct stub_event *e = (struct stub_event *)ev;
+    pthread_mutex_lock(&mu);
+    int dead = dead_locked(e, "cuEventDestroy-of-a-destroyed-context");
+    pthread_mutex_unlock(&mu);
+    if (dead)
+        return CUDA_ERROR_INVALID_HANDLE; /* kept: a use after this must still be caught */
     free(ev);
     return CUDA_SUCCESS;
 }
 
-/* ---- capture (stub_capture.c) and context bookkeeping ---- */
-CUresult stub_capture_conflict(const char *name, CUstream s, int any);
+/* ---- context bookkeeping ---- */
 
 static CUcontext fake_ctx(void)
 {
@@ -272,7 +391,12 @@ static CUcontext fake_ctx(void)
     STUB_EXPORT CUresult name params { *(pctx) = fake_ctx(); return CUDA_SUCCESS; }
 #define STUB_CTXGONE(name, params, args, ctx)                                                      \
     STUB_EXPORT CUresult name params;                                                              \
-    STUB_EXPORT CUresult name params { (void)(ctx); return CUDA_SUCCESS; }
+    STUB_EXPORT CUresult name params { (void)(ctx); contexts_gone(); return CUDA_SUCCESS; }
+/* as if this released the last reference: the primary context, and its events, are gone */
+#define STUB_DEVGONE(name, params, args, dev)                                                      \
+    STUB_EXPORT CUresult name params;                                                              \
+    STUB_EXPORT CUresult name params { (void)(dev); contexts_gone(); return CUDA_SUCCESS; }
+#define STUB_LAUNCH STUB_WORK
 #define STUB_PROC(name, params, args, extra)
 #define STUB_USE(name, params, args, extra) STUB_EXPORT CUresult name params;
 #define GS_HOOK(cls, name, params, args, extra) STUB_##cls(name, params, args, extra)
@@ -364,6 +488,8 @@ STUB_EXPORT CUresult cuCtxSynchronize(void)
 #define STUB_T_CAPEND STUB_ENTRY_ANY
 #define STUB_T_CTXNEW STUB_ENTRY_ANY
 #define STUB_T_CTXGONE STUB_ENTRY_ANY
+#define STUB_T_DEVGONE STUB_ENTRY_ANY
+#define STUB_T_LAUNCH STUB_ENTRY_ANY
 #define STUB_T_PROC STUB_ENTRY_ANY
 #define STUB_T_USE STUB_ENTRY_ANY
 #define STUB_T_MM STUB_ENTRY_ANY

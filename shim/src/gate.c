@@ -537,7 +537,11 @@ static void serve(int fd)
     pthread_mutex_unlock(&mu);
     for (;;) {
         struct pollfd p = {.fd = fd, .events = POLLIN};
-        int r = poll(&p, 1, TICK_MS);
+        /* An idle window shorter than the tick (GPUSHARE_IDLE_MS=1 on GPUs with production classes,
+         * where production's gaps go to opportunistic work) is checked as often as it is long: a 5 ms
+         * tick would keep the GPU up to 5 ms past it. */
+        int tick = gs_cfg.idle_ms < TICK_MS ? (int)gs_cfg.idle_ms : TICK_MS;
+        int r = poll(&p, 1, tick);
         pthread_mutex_lock(&mu);
         if (st.conn != CONN_UP || st.fd != fd) {
             pthread_mutex_unlock(&mu);

@@ -9,6 +9,7 @@
 #               and opportunisticThreadPercentage (QOS_MPS_THREADS, default 50)
 #   gs-shim     gpusharing's shim on both (oversubscription on, memory fits): production preempts the
 #               trainer's lock at once, the trainer's launch queue is bounded while production is connected
+#               (PACE launches, default 16; gs-shim-pN: N)
 #   gs-oversub  the same with a memory budget production + two trainers exceed: the trainers swap between
 #               themselves, production's memory stays resident
 # Production serves ResNet-50 and BERT-base (batch 8, fp16) to Poisson arrivals at 30% and 70% load (load =
@@ -31,6 +32,7 @@ SECONDS_PER_PHASE=${SECONDS_PER_PHASE:-6}
 CONFIGS=${CONFIGS:-timeslice mps mps-prio gs-mps gs-shim gs-oversub}
 QOS_MPS_THREADS=${QOS_MPS_THREADS:-50}
 QUANTUM=${QUANTUM:-2s}
+PACE=${PACE:-16}
 mkdir -p "$OUT"
 T=$(mktemp -d /tmp/gs-qos.XXXXXX)
 exec > >(tee "$OUT/bench.log") 2>&1
@@ -46,7 +48,7 @@ cleanup() {
 trap cleanup EXIT
 
 echo "# bench-qos $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader -i 0)"
-echo "# command: make bench-qos REPS=$REPS SECONDS_PER_PHASE=$SECONDS_PER_PHASE CONFIGS=\"$CONFIGS\" QOS_MPS_THREADS=$QOS_MPS_THREADS QUANTUM=$QUANTUM"
+echo "# command: make bench-qos REPS=$REPS SECONDS_PER_PHASE=$SECONDS_PER_PHASE CONFIGS=\"$CONFIGS\" QOS_MPS_THREADS=$QOS_MPS_THREADS QUANTUM=$QUANTUM PACE=$PACE"
 python3 -c 'import torch; print("# torch", torch.__version__, "cuda", torch.version.cuda)'
 nvidia-smi --query-gpu=compute_mode,memory.used --format=csv -i 0
 make -s -C "$ROOT/shim" all || exit 1
@@ -106,10 +108,12 @@ stop_mps() {
 start_sched() { # start_sched BUDGET_BYTES
 	SOCK_DIR=$T/sock-$1
 	mkdir -p "$SOCK_DIR"
-	"$BUILD/gpushare-scheduler" --socket-dir "$SOCK_DIR" --gpu "$UUID:$QUANTUM::$1:Auto" -v 1 2>"$T/scheduler-$1.log" &
+	"$BUILD/gpushare-scheduler" --socket-dir "$SOCK_DIR" --gpu "$UUID:$QUANTUM::$1:Auto" --opportunistic-queue "$PACE" -v 1 2>"$T/scheduler-$1.log" &
 	SCHED_PID=$!
 	for _ in $(seq 100); do [ -S "$SOCK_DIR/$UUID.sock" ] && break; sleep 0.05; done
-	SHIM="LD_PRELOAD=$BUILD/libgpushare.so GPUSHARE_SOCKET=$SOCK_DIR/$UUID.sock GPUSHARE_GPU_UUID=$UUID GPUSHARE_OVERSUB=1"
+	# As the agent sets it up on a GPU with sharing.qos (GPUSHARE_IDLE_MS=1: production's gaps go to the
+	# trainer); production is named by GPUSHARE_PRIORITY here, where the standalone scheduler has no pods.
+	SHIM="LD_PRELOAD=$BUILD/libgpushare.so GPUSHARE_SOCKET=$SOCK_DIR/$UUID.sock GPUSHARE_GPU_UUID=$UUID GPUSHARE_OVERSUB=1 GPUSHARE_IDLE_MS=${IDLE_MS:-1}"
 }
 stop_sched() {
 	kill -INT "$SCHED_PID"
@@ -135,10 +139,14 @@ for c in $CONFIGS; do
 		start_mps
 		run_config gs-mps 1 "$MPS_ENV" "$MPS_ENV CUDA_MPS_CLIENT_PRIORITY=1 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$QOS_MPS_THREADS"
 		stop_mps ;;
-	gs-shim)
+	gs-shim | gs-shim-p*)
+		# gs-shim-pN: the same with an opportunistic queue of N launches (sharing.qos.opportunisticQueue).
+		keep=$PACE
+		[ "$c" != gs-shim ] && PACE=${c#gs-shim-p}
 		start_sched $((60 << 30))
-		run_config gs-shim 1 "$SHIM GPUSHARE_PRIORITY=high" "$SHIM"
-		stop_sched $((60 << 30)) ;;
+		run_config "$c" 1 "$SHIM GPUSHARE_PRIORITY=high" "$SHIM"
+		stop_sched $((60 << 30))
+		PACE=$keep ;;
 	gs-oversub)
 		# Production's memory plus one trainer's fit; a second trainer does not: they swap between themselves.
 		B=$(python3 - "$T" <<'PY'

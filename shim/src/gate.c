@@ -459,8 +459,8 @@ static void on_message_locked(const unsigned char *m, uint16_t type)
         atomic_store(&gs_gate_open, 0);
         st.revocations++;
         gs_log(st.revocations == 1 ? GS_LOG_WARN : GS_LOG_DEBUG,
-               "GPU lock revoked (held past quantum + grace); work already queued keeps running, "
-               "the next GPU call waits for the lock again");
+               "GPU lock revoked (held past quantum + grace, or preempted for a production client); work "
+               "already queued keeps running, the next GPU call waits for the lock again");
         pthread_cond_broadcast(&cv);
     }
 }

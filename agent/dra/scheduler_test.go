@@ -16,7 +16,6 @@ import (
 	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gpusharing/gpusharing/agent/deviceplugin"
@@ -38,7 +37,9 @@ func draCluster(t *testing.T) (context.Context, *testenv.Env) {
 	}
 	t.Cleanup(func() { _ = env.Stop() })
 	readyNode(t, ctx, env.Client)
-	applyDeviceClasses(t, ctx, env)
+	if err := env.ApplyDeviceClasses(ctx); err != nil {
+		t.Fatal(err)
+	}
 	return ctx, env
 }
 
@@ -106,28 +107,6 @@ func readyNode(t *testing.T, ctx context.Context, c client.Client) *corev1.Node 
 		t.Fatal(err)
 	}
 	return n
-}
-
-// applyDeviceClasses creates the DeviceClasses users install (config/dra).
-func applyDeviceClasses(t *testing.T, ctx context.Context, env *testenv.Env) {
-	t.Helper()
-	data, err := os.ReadFile(filepath.Join(env.RepoRoot, "config", "dra", "deviceclasses.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
-	for {
-		var dc resourcev1.DeviceClass
-		if err := dec.Decode(&dc); err != nil {
-			break
-		}
-		if dc.Name == "" {
-			continue
-		}
-		if err := env.Client.Create(ctx, &dc); err != nil {
-			t.Fatalf("DeviceClass %s: %v", dc.Name, err)
-		}
-	}
 }
 
 // mixedNode is a node status with every kind of share: GPU 0 in MIG (3g.40gb + four 1g.10gb), GPU 1

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -129,29 +128,6 @@ func (c *cluster) printTable(w io.Writer) error {
 		return fmt.Errorf("kubectl get gpusharing: %w", err)
 	}
 	return nil
-}
-
-// applyDeviceClasses creates the DeviceClasses users install with `kubectl apply -k config/dra`.
-func (c *cluster) applyDeviceClasses(ctx context.Context) error {
-	data, err := os.ReadFile(filepath.Join(c.env.RepoRoot, "config", "dra", "deviceclasses.yaml"))
-	if err != nil {
-		return err
-	}
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
-	for {
-		var dc resourcev1.DeviceClass
-		if err := dec.Decode(&dc); errors.Is(err, io.EOF) {
-			return nil
-		} else if err != nil {
-			return fmt.Errorf("config/dra/deviceclasses.yaml: %w", err)
-		}
-		if dc.Name == "" {
-			continue
-		}
-		if err := c.env.Client.Create(ctx, &dc); err != nil {
-			return fmt.Errorf("DeviceClass %s: %w", dc.Name, err)
-		}
-	}
 }
 
 // printSlices runs `kubectl get resourceslices` and sums each node's published devices by kind of

@@ -69,7 +69,7 @@ func run(ctx context.Context, o options) error {
 	}
 	if o.dra {
 		say("Installing the DRA DeviceClasses from config/dra")
-		if err := c.applyDeviceClasses(ctx); err != nil {
+		if err := c.env.ApplyDeviceClasses(ctx); err != nil {
 			return err
 		}
 	}

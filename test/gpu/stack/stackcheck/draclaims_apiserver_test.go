@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -16,7 +15,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -41,7 +39,9 @@ func TestAHandWrittenSizedAllocationIsTheSchedulersAndThePluginPreparesIt(t *tes
 	t.Cleanup(func() { _ = env.Stop() })
 	c := env.Client
 	schedulableNode(t, ctx, c)
-	deviceClasses(t, ctx, env)
+	if err := env.ApplyDeviceClasses(ctx); err != nil {
+		t.Fatal(err)
+	}
 	status := sizedStatus(0)
 	cfg := deviceplugin.Config{MPSRoot: "/run/gpusharing/mps", SchedulerRoot: "/run/gpusharing/scheduler", ShimLibrary: "/var/lib/gpusharing/lib/libgpushare.so"}
 	kube, err := kubernetes.NewForConfig(env.Config)
@@ -218,28 +218,5 @@ func schedulableNode(t *testing.T, ctx context.Context, c client.Client) {
 	n.Spec.Taints = nil
 	if err := c.Update(ctx, n); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// deviceClasses creates the DeviceClasses users install (config/dra): the scheduler needs the class a
-// claim names.
-func deviceClasses(t *testing.T, ctx context.Context, env *testenv.Env) {
-	t.Helper()
-	data, err := os.ReadFile(filepath.Join(env.RepoRoot, "config", "dra", "deviceclasses.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
-	for {
-		var dc resourcev1.DeviceClass
-		if err := dec.Decode(&dc); err != nil {
-			break
-		}
-		if dc.Name == "" {
-			continue
-		}
-		if err := env.Client.Create(ctx, &dc); err != nil {
-			t.Fatalf("DeviceClass %s: %v", dc.Name, err)
-		}
 	}
 }

@@ -36,7 +36,9 @@ func draCluster(t *testing.T) (context.Context, *testenv.Env) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = env.Stop() })
-	readyNode(t, ctx, env.Client)
+	if _, err := env.ReadyNode(ctx, nodeName); err != nil {
+		t.Fatal(err)
+	}
 	if err := env.ApplyDeviceClasses(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -86,27 +88,6 @@ func startClaimController(t *testing.T, env *testenv.Env) {
 			t.Logf("kube-controller-manager log (tail):\n%s", tailOf(log.String(), 3000))
 		}
 	})
-}
-
-// readyNode registers a schedulable Node: nothing runs a kubelet, so its status is written as one would.
-func readyNode(t *testing.T, ctx context.Context, c client.Client) *corev1.Node {
-	t.Helper()
-	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, Labels: map[string]string{"kubernetes.io/hostname": nodeName}}}
-	if err := c.Create(ctx, n); err != nil {
-		t.Fatal(err)
-	}
-	res := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("64"), corev1.ResourceMemory: resource.MustParse("256Gi"), corev1.ResourcePods: resource.MustParse("110")}
-	n.Status = corev1.NodeStatus{Capacity: res, Allocatable: res,
-		Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}}}
-	if err := c.Status().Update(ctx, n); err != nil {
-		t.Fatal(err)
-	}
-	// The API server taints a new Node not-ready until a node lifecycle controller, absent here, clears it.
-	n.Spec.Taints = nil
-	if err := c.Update(ctx, n); err != nil {
-		t.Fatal(err)
-	}
-	return n
 }
 
 // mixedNode is a node status with every kind of share: GPU 0 in MIG (3g.40gb + four 1g.10gb), GPU 1

@@ -296,7 +296,9 @@ func TestFieldsTheAPIServerDropsAreAnEvent(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = env.Stop() })
-	readyNode(t, ctx, env.Client)
+	if _, err := env.ReadyNode(ctx, nodeName); err != nil {
+		t.Fatal(err)
+	}
 	gpuNode, recorder := eventsOn(t, ctx, env)
 	reg := prometheus.NewRegistry()
 	m, err := dra.NewSliceMetrics(reg)

@@ -36,7 +36,7 @@ func (c *cluster) scheduleSizedClaims(ctx context.Context, w io.Writer) error {
 	if err := c.startScheduler(); err != nil {
 		return err
 	}
-	if err := c.markReady(ctx, sizedNode); err != nil {
+	if _, err := c.env.ReadyNode(ctx, sizedNode); err != nil {
 		return err
 	}
 	for _, s := range sizedWorkloads {
@@ -103,25 +103,6 @@ func (c *cluster) startScheduler() error {
 	}
 	c.scheduler = s
 	return nil
-}
-
-// markReady writes the Node as its kubelet and the node lifecycle controller would: Ready, with room
-// for pods, without the not-ready taint the API server put on it at creation.
-func (c *cluster) markReady(ctx context.Context, name string) error {
-	n := &corev1.Node{}
-	if err := c.env.Client.Get(ctx, client.ObjectKey{Name: name}, n); err != nil {
-		return err
-	}
-	n.Spec.Taints = nil
-	if err := c.env.Client.Update(ctx, n); err != nil {
-		return err
-	}
-	room := corev1.ResourceList{corev1.ResourcePods: resource.MustParse("110"), corev1.ResourceCPU: resource.MustParse("64"),
-		corev1.ResourceMemory: resource.MustParse("512Gi")}
-	n.Status.Capacity, n.Status.Allocatable = room, room
-	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
-		LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}}
-	return c.env.Client.Status().Update(ctx, n)
 }
 
 // stopScheduler ends kube-scheduler, if started.

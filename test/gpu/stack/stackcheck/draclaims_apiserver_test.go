@@ -14,7 +14,6 @@ import (
 	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -38,7 +37,9 @@ func TestAHandWrittenSizedAllocationIsTheSchedulersAndThePluginPreparesIt(t *tes
 	}
 	t.Cleanup(func() { _ = env.Stop() })
 	c := env.Client
-	schedulableNode(t, ctx, c)
+	if _, err := env.ReadyNode(ctx, testNode); err != nil {
+		t.Fatal(err)
+	}
 	if err := env.ApplyDeviceClasses(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -198,25 +199,5 @@ func assertSameAllocation(t *testing.T, got, want *resourcev1.ResourceClaim) {
 	}
 	if !reflect.DeepEqual(g.NodeSelector, w.NodeSelector) {
 		t.Errorf("%s: node selector by hand %+v, scheduler %+v", got.Name, g.NodeSelector, w.NodeSelector)
-	}
-}
-
-// schedulableNode creates the node Ready, with room for pods and without the not-ready taint the API
-// server gives a new node (no node lifecycle controller runs here to clear it).
-func schedulableNode(t *testing.T, ctx context.Context, c client.Client) {
-	t.Helper()
-	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: testNode, Labels: map[string]string{"kubernetes.io/hostname": testNode}}}
-	if err := c.Create(ctx, n); err != nil {
-		t.Fatal(err)
-	}
-	res := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("16"), corev1.ResourceMemory: resource.MustParse("128Gi"), corev1.ResourcePods: resource.MustParse("110")}
-	n.Status = corev1.NodeStatus{Capacity: res, Allocatable: res,
-		Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}}}
-	if err := c.Status().Update(ctx, n); err != nil {
-		t.Fatal(err)
-	}
-	n.Spec.Taints = nil
-	if err := c.Update(ctx, n); err != nil {
-		t.Fatal(err)
 	}
 }

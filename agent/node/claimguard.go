@@ -177,10 +177,7 @@ func (r *Reconciler) overClaimsChanged(snap accounting.Snapshot) bool {
 	if len(sized) == 0 {
 		return false
 	}
-	byGPU := map[string][]dra.SizedClaim{}
-	for _, c := range r.Claims.SizedClaims() {
-		byGPU[c.GPU] = append(byGPU[c.GPU], c)
-	}
+	byGPU := claimsByGPU(r.Claims.SizedClaims())
 	for _, g := range snap.GPUs {
 		if !sized[g.UUID] || g.Err != nil {
 			continue

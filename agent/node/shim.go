@@ -279,8 +279,8 @@ func (s *ShimSchedulers) notify() {
 	}
 }
 
+// sameSettings compares what runs with cfg, which SchedulerConfig has defaulted.
 func sameSettings(st scheduler.GPUState, cfg scheduler.GPUConfig) bool {
-	cfg = cfg.WithDefaults()
 	return st.Quantum == cfg.Quantum && st.Grace == cfg.Grace && st.Budget == cfg.Budget && st.Mode == cfg.Mode &&
 		ptr.Equal(st.ProductionPriority, cfg.ProductionPriority) && st.OpportunisticQueue == cfg.OpportunisticQueue
 }

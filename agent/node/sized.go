@@ -37,10 +37,7 @@ func (r *Reconciler) setSizedClaims(sc *scope, gpus []v1alpha1.GPUStatus, prev [
 	}
 	claims := r.Claims.SizedClaims()
 	released := r.claims.releasedPods(claims, r.clock().Now())
-	byGPU := map[string][]dra.SizedClaim{}
-	for _, c := range claims {
-		byGPU[c.GPU] = append(byGPU[c.GPU], c)
-	}
+	byGPU := claimsByGPU(claims)
 	prevByUUID := map[string]*v1alpha1.GPUSizedClaims{}
 	prevConds := map[string][]metav1.Condition{}
 	for _, g := range prev {
@@ -73,6 +70,15 @@ func (r *Reconciler) setSizedClaims(sc *scope, gpus []v1alpha1.GPUStatus, prev [
 			sc.overClaims[g.UUID] = over
 		}
 	}
+}
+
+// claimsByGPU groups the prepared sized claims by the GPU they hold.
+func claimsByGPU(claims []dra.SizedClaim) map[string][]dra.SizedClaim {
+	out := map[string][]dra.SizedClaim{}
+	for _, c := range claims {
+		out[c.GPU] = append(out[c.GPU], c)
+	}
+	return out
 }
 
 // sizedStatus is one sized GPU's claims; acct is its account when read (ok).

@@ -51,12 +51,16 @@ func (q *queue) evictOverdue(c *client, seq uint64) {
 
 // restartHoldLocked starts a budget holder's hold when its first report says its memory is in. Until
 // then the revocation deadline ran from the grant (a holder that never reports loses the GPU at
-// quantum + grace after it, as a lock-only holder does); from now on it runs from this moment.
+// quantum + grace after it, as a lock-only holder does); from now on it runs from this moment, or,
+// for a hold that resumes a preempted turn, from that turn's start (qos.go).
 func (q *queue) restartHoldLocked(c *client) {
 	if q.setStateLocked(c, stateRunning) != nil {
 		return
 	}
 	c.grantedAt = q.clock.Now()
+	if !c.resuming {
+		c.turnStart = c.grantedAt
+	}
 	if c.revokeTimer != nil {
 		c.revokeTimer.Stop()
 		c.revokeTimer = nil

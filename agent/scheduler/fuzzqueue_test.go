@@ -20,7 +20,8 @@ import (
 // classes (qos.go): each client is of the class its pod and the threshold give it, no opportunistic
 // client holds while a production one waits or holds, no production client was asked to evict for an
 // opportunistic one, each runs under the PACE it should, and PACE reached only version 4 clients,
-// never repeating a value. The seeds run in every `go test`.
+// never repeating a value. For preempted turns (turn.go): the waiters resuming one lead the
+// opportunistic line, oldest turn first, and an idle client keeping one has its end armed. The seeds run in every `go test`.
 //
 // The first byte picks the mode (its value % 4: Auto, Always, Off, or no budget) and where classes
 // come from ((its value / 4) % 2: the hello, or pods of priority 0, 100 and 200 under a threshold of

@@ -22,6 +22,7 @@ import (
 //     opportunistic waiter never makes production yield (no CONTENDED, no revocation): opportunistic
 //     clients run when production releases, after its shim's idle time. Production clients among
 //     themselves keep the lock's rules: FIFO, quantum, contention, revocation.
+//   - Turns. A preempted opportunistic holder keeps the rest of its turn (turn.go).
 //   - Memory. An eviction asked for an opportunistic client never takes production memory: they share
 //     what production's reservations leave of the budget and swap among themselves. A production
 //     client's need evicts opportunistic clients first (a preempted holder is idle, so evictable), then
@@ -86,13 +87,21 @@ func (q *queue) preemptLocked() {
 			"held", q.clock.Now().Sub(h.grantedAt))
 		q.sendLocked(h, Message{Type: MsgRevoked, Epoch: h.epoch})
 		q.endHoldLocked(h)
+		q.keepTurnLocked(h)
 	}
 }
 
 // mayEvictFor: o's memory may be evicted for forc. Production memory is never evicted for an
-// opportunistic client.
+// opportunistic client, nor the memory of a preempted turn for another opportunistic client's
+// (turn.go).
 func mayEvictFor(o, forc *client) bool {
-	return forc == nil || forc.priority == PriorityHigh || o.priority == PriorityNormal
+	switch {
+	case forc == nil || forc.priority == PriorityHigh:
+		return true
+	case o.priority == PriorityHigh:
+		return false
+	}
+	return !o.resuming || forc.resuming
 }
 
 // evictOrderLess orders eviction candidates: opportunistic before production (production keeps its
@@ -108,7 +117,7 @@ func evictOrderLess(a, b *client) bool {
 }
 
 // reclassifyLocked applies the GPU's production threshold to every connected client. A waiter moves
-// to its new class's line at the place its waitingSince gives it; a holder keeps its hold, and its
+// to its new class's line at the place its waitingSince gives it (behind the turns being resumed); a holder keeps its hold, and its
 // class decides what happens next (the dispatch that follows preempts an opportunistic holder beside
 // a production one).
 func (q *queue) reclassifyLocked() {
@@ -119,6 +128,9 @@ func (q *queue) reclassifyLocked() {
 		}
 		q.log.Info("Shim client changes class with the production threshold", "client", c.id, "pid", c.pid,
 			"from", className(c.priority), "to", className(p))
+		if !c.state.granted() {
+			c.resuming = false // a production client has no turn to resume; an old one is not kept
+		}
 		if c.state != stateWaiting {
 			c.priority = p
 			continue
@@ -127,7 +139,7 @@ func (q *queue) reclassifyLocked() {
 		c.priority = p
 		line := q.waiting[p]
 		i := len(line)
-		for i > 0 && line[i-1].waitingSince.After(c.waitingSince) {
+		for i > 0 && line[i-1].waitingSince.After(c.waitingSince) && !line[i-1].resuming {
 			i--
 		}
 		q.waiting[p] = slices.Insert(line, i, c)
@@ -179,6 +191,13 @@ func (q *queue) qosInvariantLocked(c *client) error {
 			className(q.classLocked(c.class)))
 	case c.state.granted() && c.priority == PriorityNormal && (len(q.waiting[PriorityHigh]) > 0 || q.productionHoldsLocked()):
 		return fmt.Errorf("opportunistic client %d %v while a production client waits or holds", c.id, c.state)
+	case c.resuming && c.priority != PriorityNormal && !c.state.granted():
+		return fmt.Errorf("production client %d keeps a preempted turn", c.id)
+	case c.state == stateWaiting && c.priority == PriorityNormal && !q.resumingFirstLocked():
+		return fmt.Errorf("opportunistic line %v: a waiter resuming a preempted turn behind one that is not, or behind a later turn",
+			clientIDs(q.waiting[PriorityNormal]))
+	case c.resuming && c.state == stateIdle && c.turnTimer == nil:
+		return fmt.Errorf("client %d keeps a preempted turn with no end armed", c.id)
 	case c.evictPending && c.evictOf == PriorityHigh && c.evictFor == PriorityNormal:
 		return fmt.Errorf("production client %d asked to evict for an opportunistic client", c.id)
 	case c.pace != q.paceWantLocked(c, q.productionConnectedLocked()):
@@ -186,6 +205,15 @@ func (q *queue) qosInvariantLocked(c *client) error {
 			c.pace, q.paceWantLocked(c, q.productionConnectedLocked()))
 	}
 	return nil
+}
+
+// clientIDs are cs's ids, for a message.
+func clientIDs(cs []*client) []uint32 {
+	ids := make([]uint32, len(cs))
+	for i, c := range cs {
+		ids[i] = c.id
+	}
+	return ids
 }
 
 // thresholdValue is a production threshold as a log value.

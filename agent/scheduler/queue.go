@@ -90,8 +90,15 @@ type client struct {
 	preemptions  uint64
 
 	// the current hold
-	epoch         uint32
-	grantedAt     time.Time
+	epoch     uint32
+	grantedAt time.Time
+	// turnStart is when its turn began, from which the quantum counts: the grant (or its memory's
+	// arrival, restartHoldLocked) of a hold that did not resume a preempted turn. resuming: production
+	// preempted its turn with quantum left, and its next hold (or the one it holds) continues that
+	// turn (qos.go).
+	turnStart     time.Time
+	resuming      bool
+	turnTimer     Timer // the end of a preempted turn (turn.go)
 	contendedSent bool
 	revokeTimer   Timer
 	lastRun       time.Time
@@ -222,6 +229,7 @@ func (q *queue) acquire(c *client, need uint64) {
 	if q.setStateLocked(c, stateWaiting) != nil {
 		return
 	}
+	q.resumeTurnLocked(c)
 	q.dispatchLocked(c)
 	if c.state == stateWaiting {
 		c.waits++
@@ -442,6 +450,9 @@ func (q *queue) dispatchLocked(acquirer *client) {
 			q.contendLocked()
 			return
 		}
+		if q.exclusive() && q.turnKeptLocked(head) {
+			return // granted when the preempted client asks again, or its turn ends (turn.go)
+		}
 		if q.budget > 0 {
 			if head.evictPending {
 				return
@@ -498,6 +509,9 @@ func (q *queue) grantLocked(c *client, handoff, filling bool) bool {
 	q.epoch++
 	c.epoch = q.epoch
 	c.grantedAt = now
+	if !c.resuming {
+		c.turnStart = now
+	}
 	c.contendedSent = false
 	wait := now.Sub(c.waitingSince)
 	c.waitTotal += wait
@@ -523,10 +537,11 @@ func (q *queue) contendLocked() {
 		if h.revokeTimer == nil {
 			// The holder may keep its quantum, and always gets the grace period
 			// after learning that someone waits, to drain its GPU work and release.
-			// A budget holder still swapping in counts from its grant (restartHoldLocked).
+			// A budget holder still swapping in counts from its grant (restartHoldLocked), one
+			// resuming a preempted turn from that turn's start.
 			h, epoch := h, h.epoch
 			now := q.clock.Now()
-			start := h.grantedAt.Add(q.quantum)
+			start := h.turnStart.Add(q.quantum)
 			if now.After(start) {
 				start = now
 			}
@@ -567,6 +582,7 @@ func (q *queue) endHoldLocked(c *client) {
 	c.lastRun = now
 	q.holdHist.Observe(hold.Seconds())
 	c.contendedSent = false
+	c.resuming = false
 	if c.revokeTimer != nil {
 		c.revokeTimer.Stop()
 		c.revokeTimer = nil

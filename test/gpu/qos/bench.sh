@@ -10,6 +10,8 @@
 #   gs-shim     gpusharing's shim on both (oversubscription on, memory fits): production preempts the
 #               trainer's lock at once, the trainer's launch queue is bounded while production is connected
 #               (PACE launches, default 16; gs-shim-pN: N)
+#   gs-alone    production alone under the shim as gs-shim sets it up (no trainer): what the lock's
+#               hand-offs cost production by themselves (it releases after 1 ms idle and asks again)
 #   gs-oversub  the same with a memory budget production + two trainers exceed: the trainers swap between
 #               themselves, production's memory stays resident
 # Production serves ResNet-50 and BERT-base (batch 8, fp16) to Poisson arrivals at 30% and 70% load (load =
@@ -139,6 +141,10 @@ for c in $CONFIGS; do
 		start_mps
 		run_config gs-mps 1 "$MPS_ENV" "$MPS_ENV CUDA_MPS_CLIENT_PRIORITY=1 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$QOS_MPS_THREADS"
 		stop_mps ;;
+	gs-alone)
+		start_sched $((60 << 30))
+		run_config gs-alone 0 "$SHIM GPUSHARE_PRIORITY=high" ""
+		stop_sched $((60 << 30)) ;;
 	gs-shim | gs-shim-p*)
 		# gs-shim-pN: the same with an opportunistic queue of N launches (sharing.qos.opportunisticQueue).
 		keep=$PACE

@@ -78,8 +78,9 @@ type QoS struct {
 
 	// opportunisticQueue (oversubscription only) is how many kernel and graph launches an opportunistic
 	// process may have queued on the GPU while a production process is connected, so that production,
-	// which takes the lock from it at once, shares the GPU only with that much of its work. 1-1024;
-	// omitted: 16.
+	// which takes the lock from it at once, shares the GPU only with that much of its work: fewer keep
+	// production's latency closer to its own, more give the opportunistic work more of the GPU
+	// (docs/qos.md measures both). 1-1024; omitted: 3.
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=1024
 	// +optional
@@ -95,7 +96,7 @@ type QoS struct {
 }
 
 // DefaultOpportunisticQueue is the opportunistic launch queue when the policy sets none.
-const DefaultOpportunisticQueue = 16
+const DefaultOpportunisticQueue = 3
 
 // Production says whether a pod of priority p is production under q; nil q has no production class.
 func (q *QoS) Production(p int32) bool { return q != nil && p >= q.ProductionPriority }

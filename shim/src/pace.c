@@ -187,14 +187,14 @@ static int retire_locked(struct ring *g)
 
 static void pause_wait(int round)
 {
-    if (round < 8) {
+    if (round < 32) {
         sched_yield();
         return;
     }
-    /* 20 us, doubling to 320 us: the younger segments are still queued when the oldest completes,
-     * so the GPU has work while the thread wakes up. */
-    int shift = round - 8 < 4 ? round - 8 : 4;
-    struct timespec ts = {0, 20000L << shift};
+    /* Then 20 us, and 40 us from the next round on: with a small bound (the default is 3) what is queued
+     * behind the oldest segment may be a few short kernels, and the GPU idles for as long as the thread
+     * sleeps past their end. Longer sleeps would save a waiting thread's CPU, not the GPU's time. */
+    struct timespec ts = {0, round == 32 ? 20000L : 40000L};
     nanosleep(&ts, NULL);
 }
 

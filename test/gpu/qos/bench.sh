@@ -9,7 +9,7 @@
 #               and opportunisticThreadPercentage (QOS_MPS_THREADS, default 50)
 #   gs-shim     gpusharing's shim on both (oversubscription on, memory fits): production preempts the
 #               trainer's lock at once, the trainer's launch queue is bounded while production is connected
-#               (PACE launches, default 16; gs-shim-pN: N)
+#               (PACE launches, default 3 as in the product; gs-shim-pN: N)
 #   gs-alone    production alone under the shim as gs-shim sets it up (no trainer): what the lock's
 #               hand-offs cost production by themselves (it releases after 1 ms idle and asks again)
 #   gs-oversub  the same with a memory budget production + two trainers exceed: the trainers swap between
@@ -34,7 +34,9 @@ SECONDS_PER_PHASE=${SECONDS_PER_PHASE:-6}
 CONFIGS=${CONFIGS:-timeslice mps mps-prio gs-mps gs-shim gs-oversub}
 QOS_MPS_THREADS=${QOS_MPS_THREADS:-50}
 QUANTUM=${QUANTUM:-2s}
-PACE=${PACE:-16}
+PACE=${PACE:-3}
+MODELS=${MODELS:-resnet50 bert} # a subset for a focused sweep
+LOADS=${LOADS:-0.3 0.7}
 mkdir -p "$OUT"
 T=$(mktemp -d /tmp/gs-qos.XXXXXX)
 exec > >(tee "$OUT/bench.log") 2>&1
@@ -50,7 +52,7 @@ cleanup() {
 trap cleanup EXIT
 
 echo "# bench-qos $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader -i 0)"
-echo "# command: make bench-qos REPS=$REPS SECONDS_PER_PHASE=$SECONDS_PER_PHASE CONFIGS=\"$CONFIGS\" QOS_MPS_THREADS=$QOS_MPS_THREADS QUANTUM=$QUANTUM PACE=$PACE"
+echo "# command: make bench-qos REPS=$REPS SECONDS_PER_PHASE=$SECONDS_PER_PHASE CONFIGS=\"$CONFIGS\" QOS_MPS_THREADS=$QOS_MPS_THREADS QUANTUM=$QUANTUM PACE=$PACE MODELS=\"$MODELS\" LOADS=\"$LOADS\""
 python3 -c 'import torch; print("# torch", torch.__version__, "cuda", torch.version.cuda)'
 nvidia-smi --query-gpu=compute_mode,memory.used --format=csv -i 0
 make -s -C "$ROOT/shim" all || exit 1
@@ -60,8 +62,8 @@ export CUDA_VISIBLE_DEVICES=0
 
 PHASES=""
 for rep in $(seq 0 $((REPS - 1))); do
-	for model in resnet50 bert; do
-		for load in 0.3 0.7; do PHASES="$PHASES${PHASES:+,}$model:$load:$rep"; done
+	for model in $MODELS; do
+		for load in $LOADS; do PHASES="$PHASES${PHASES:+,}$model:$load:$rep"; done
 	done
 done
 

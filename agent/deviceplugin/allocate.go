@@ -109,11 +109,11 @@ func addMPS(cfg Config, resp *pluginapi.ContainerAllocateResponse, devs []Device
 		HostPath:      cfg.MPSShmDir(d.GPUUUID),
 	})
 	resp.Envs[EnvMPSPipeDirectory] = ContainerMPSPipeDir
-	if d.MPSOpportunistic {
+	if d.Opportunistic {
 		// Opportunistic work on a GPU with production classes: the MPS server runs production's kernels
 		// first (priority 1 is "below normal"), and the policy may cap its share of the SMs further.
 		resp.Envs[EnvMPSClientPriority] = "1"
-		if q := d.MPSQoS; q != nil && q.OpportunisticThreadPercentage != nil {
+		if q := d.QoS; q != nil && q.OpportunisticThreadPercentage != nil {
 			if capped := *q.OpportunisticThreadPercentage; atp <= 0 || capped < atp {
 				atp = capped
 			}
@@ -162,7 +162,12 @@ func addShim(cfg Config, resp *pluginapi.ContainerAllocateResponse, devs []Devic
 	if d.ShimOversub {
 		resp.Envs[EnvShimOversub] = "1"
 	}
-	if d.ShimQoS {
+	if d.QoS != nil && !d.Opportunistic {
+		// Production's gaps go to opportunistic work only if production releases as soon as it idles.
+		// An opportunistic process keeps the shim's default: production takes the GPU from it at once
+		// anyway, so releasing early would only hand the GPU, and on an oversubscribed GPU its memory,
+		// to the next opportunistic process whenever it pauses on the CPU. The device plugin cannot tell
+		// the classes apart: its shares all release after ShimQoSIdleMS.
 		resp.Envs[EnvShimIdleMS] = ShimQoSIdleMS
 	}
 	if limit > 0 {

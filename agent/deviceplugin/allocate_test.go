@@ -33,9 +33,10 @@ func TestShimSharesCarryTheirMemoryLimitSummed(t *testing.T) {
 	}
 }
 
-// On a GPU with production classes every shim client releases the lock after 1 ms idle (production's
-// gaps go to opportunistic work; production takes the GPU back at once); elsewhere the shim's default
-// stays.
+// On a GPU with production classes every shim client of the device plugin releases the lock after 1 ms
+// idle (production's gaps go to opportunistic work; production takes the GPU back at once; the plugin
+// cannot tell production from opportunistic pods); a device the DRA plugin marked opportunistic, and
+// every device elsewhere, keeps the shim's default.
 func TestShimSharesOfAGPUWithProductionClassesReleaseWhenIdle(t *testing.T) {
 	m := DevicesFromStatus(nodeStatus(
 		gpu(0, "GPU-a", shimBudget(time.Second, "40Gi"), qos(1000)),
@@ -49,6 +50,13 @@ func TestShimSharesOfAGPUWithProductionClassesReleaseWhenIdle(t *testing.T) {
 		got, set := resp.Envs[EnvShimIdleMS]
 		if want := d.GPUUUID == "GPU-a"; set != want || (want && got != ShimQoSIdleMS) {
 			t.Errorf("%s: %s=%q (set %v); want it set to %s only on the GPU with qos", d.ID, EnvShimIdleMS, got, set, ShimQoSIdleMS)
+		}
+		d.Opportunistic = true
+		if resp, err = ContainerEdits(Config{}, []Device{d}); err != nil {
+			t.Fatal(err)
+		}
+		if got, set := resp.Envs[EnvShimIdleMS]; set {
+			t.Errorf("%s, opportunistic: %s=%q, want the shim's default", d.ID, EnvShimIdleMS, got)
 		}
 	}
 }

@@ -61,16 +61,14 @@ type Device struct {
 	// ShimOversub says the GPU's shim scheduler grants a memory budget, so the shim swaps memory
 	// (KindShared only).
 	ShimOversub bool
-	// ShimQoS says the GPU has production classes (sharing.qos): its clients release the lock as soon
-	// as they idle, so that opportunistic work runs in production's gaps (KindShared only).
-	ShimQoS bool
-	// MPSQoS is the GPU's production classes (KindMPS only): the DRA kubelet plugin, which knows the pods
-	// of a claim, marks the devices of an opportunistic pod (MPSOpportunistic). The device plugin cannot:
-	// the kubelet's Allocate does not say which pod a device goes to.
-	MPSQoS *v1alpha1.QoS
-	// MPSOpportunistic runs the container's MPS client at priority "below normal", with the policy's
-	// opportunistic thread cap.
-	MPSOpportunistic bool
+	// QoS is the GPU's production classes (sharing.qos; KindMPS and KindShared). The DRA kubelet plugin,
+	// which knows the pods of a claim, marks the devices of an opportunistic pod (Opportunistic). The
+	// device plugin cannot: the kubelet's Allocate does not say which pod a device goes to.
+	QoS *v1alpha1.QoS
+	// Opportunistic marks a device going to an opportunistic pod: on MPS its client runs at priority
+	// "below normal" under the policy's opportunistic thread cap; under the shim it keeps the shim's
+	// default idle release (ContainerEdits says why).
+	Opportunistic bool
 	// Held marks a device of a cordoned GPU that is advertised only because a pod still holds it:
 	// Allocate refuses it and GetPreferredAllocation leaves it out.
 	Held bool
@@ -169,7 +167,7 @@ func gpuDevices(g v1alpha1.GPUStatus, cfg Config) map[ResourceName][]Device {
 		limits := mpsLimits(a.MPS)
 		for i := range devs {
 			devs[i].MPS = &limits
-			devs[i].MPSQoS = a.QoS
+			devs[i].QoS = a.QoS
 		}
 		return map[ResourceName][]Device{cfg.Resources.MPS: devs}
 	case v1alpha1.StrategyMIG:
@@ -203,7 +201,7 @@ func shimReplicas(base Device, n int32, a *v1alpha1.AppliedSharing) []Device {
 	oversub := a.Shim.MemoryBudget != nil && a.Shim.MemoryBudget.Sign() > 0
 	for i := range devs {
 		devs[i].ShimOversub = oversub
-		devs[i].ShimQoS = a.QoS != nil
+		devs[i].QoS = a.QoS
 	}
 	return devs
 }

@@ -267,7 +267,7 @@ func sameDevices(a, b []Device) bool {
 // sameSpec compares what a device is, ignoring its health.
 func sameSpec(a, b Device) bool {
 	if a.ID != b.ID || a.Kind != b.Kind || a.GPUUUID != b.GPUUUID || a.VisibleUUID != b.VisibleUUID ||
-		a.MIGProfile != b.MIGProfile || a.ShimOversub != b.ShimOversub || a.ShimQoS != b.ShimQoS || a.GPUIndex != b.GPUIndex {
+		a.MIGProfile != b.MIGProfile || a.ShimOversub != b.ShimOversub || (a.QoS == nil) != (b.QoS == nil) || a.GPUIndex != b.GPUIndex {
 		return false
 	}
 	if (a.MPS == nil) != (b.MPS == nil) {

@@ -287,8 +287,8 @@ func (p *KubeletPlugin) prepare(ctx context.Context, cp checkpoint, c *resourcev
 				}
 				sized[i] = sizedAmounts(d.GPUUUID, r.ConsumedCapacity)
 			}
-			if d.Kind == deviceplugin.KindMPS && d.MPSQoS != nil {
-				d.MPSOpportunistic = !p.production(ctx, c, d.MPSQoS)
+			if d.QoS != nil && (d.Kind == deviceplugin.KindMPS || d.Kind == deviceplugin.KindShared) {
+				d.Opportunistic = !p.production(ctx, c, d.QoS)
 			}
 			devs = append(devs, d)
 		}

@@ -15,13 +15,15 @@ import (
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
-// On an MPS GPU with production classes a claim's MPS client runs at priority "below normal", under the
-// policy's opportunistic thread cap, unless every pod it is reserved for reaches the production threshold;
-// a pod that cannot be read is opportunistic.
-func TestMPSClaimsOfOpportunisticPodsRunBelowNormalPriority(t *testing.T) {
+// On a GPU with production classes a claim is opportunistic unless every pod it is reserved for reaches
+// the production threshold; a pod that cannot be read is opportunistic. On MPS an opportunistic claim's
+// client runs at priority "below normal", under the policy's opportunistic thread cap; under the shim
+// only production releases the lock after 1 ms idle, and opportunistic work keeps the shim's default.
+func TestClaimsOfOpportunisticPodsOnGPUsWithClasses(t *testing.T) {
 	st := mixedNode()
 	threads := int32(20)
 	st.GPUs[1].Applied.QoS = &v1alpha1.QoS{ProductionPriority: 1000, OpportunisticThreadPercentage: &threads}
+	st.GPUs[4].Applied.QoS = &v1alpha1.QoS{ProductionPriority: 1000}
 	priorities := map[string]int32{"serve": 1000, "train": 10}
 	for _, tt := range []struct {
 		name   string
@@ -35,6 +37,10 @@ func TestMPSClaimsOfOpportunisticPodsRunBelowNormalPriority(t *testing.T) {
 		{"shared by both", []string{"serve", "train"}, "gpu-1-mps-0", []string{"CUDA_MPS_CLIENT_PRIORITY=1"}, nil},
 		{"a pod that cannot be read", []string{"gone"}, "gpu-1-mps-0", []string{"CUDA_MPS_CLIENT_PRIORITY=1"}, nil},
 		{"no classes on the GPU", []string{"train"}, "gpu-2-mps-0", []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25"}, []string{"CUDA_MPS_CLIENT_PRIORITY"}},
+		{"shim: production", []string{"serve"}, "gpu-4-shared-0", []string{"GPUSHARE_IDLE_MS=1"}, nil},
+		{"shim: opportunistic", []string{"train"}, "gpu-4-shared-1", []string{"GPUSHARE_OVERSUB=1"}, []string{"GPUSHARE_IDLE_MS"}},
+		{"shim: shared by both", []string{"serve", "train"}, "gpu-4-shared-0", []string{"GPUSHARE_OVERSUB=1"}, []string{"GPUSHARE_IDLE_MS"}},
+		{"shim: a pod that cannot be read", []string{"gone"}, "gpu-4-shared-0", []string{"GPUSHARE_OVERSUB=1"}, []string{"GPUSHARE_IDLE_MS"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			dirs := newPluginDirs(t)
@@ -47,7 +53,7 @@ func TestMPSClaimsOfOpportunisticPodsRunBelowNormalPriority(t *testing.T) {
 				v, ok := priorities[name]
 				return v, ok && ns == "ml"
 			}
-			claim := &resourcev1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "c", UID: types.UID("uid-" + strings.ReplaceAll(tt.name, " ", "-"))}}
+			claim := &resourcev1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "c", UID: types.UID("uid-" + strings.NewReplacer(" ", "-", ":", "").Replace(tt.name))}}
 			claim.Status.Allocation = &resourcev1.AllocationResult{Devices: resourcev1.DeviceAllocationResult{
 				Results: []resourcev1.DeviceRequestAllocationResult{{Request: "gpu", Driver: dra.DriverName, Pool: nodeName, Device: tt.device}}}}
 			for _, pod := range tt.pods {

@@ -60,7 +60,7 @@ func sizedShare(g v1alpha1.GPUStatus, cfg deviceplugin.Config) (share, bool) {
 			return share{}, false
 		}
 		base.Kind, replicas, enforcement = deviceplugin.KindMPS, a.MPS.Replicas, EnforcementMPS
-		base.MPSQoS = a.QoS
+		base.QoS = a.QoS
 	case a.Shim != nil && a.Strategy == v1alpha1.StrategyTimeSlicing && a.TimeSlicing != nil:
 		base.Kind, replicas, enforcement = deviceplugin.KindShared, a.TimeSlicing.Replicas, EnforcementShimMemory
 	case a.Shim != nil && a.Strategy == v1alpha1.StrategyExclusive:
@@ -71,7 +71,7 @@ func sizedShare(g v1alpha1.GPUStatus, cfg deviceplugin.Config) (share, bool) {
 	}
 	if a.Shim != nil {
 		base.ShimOversub = a.Shim.MemoryBudget != nil && a.Shim.MemoryBudget.Sign() > 0
-		base.ShimQoS = a.QoS != nil
+		base.QoS = a.QoS
 	}
 	memory := g.Memory.Value()
 	step, minimum := a.Sizing.Step(), a.Sizing.Min()

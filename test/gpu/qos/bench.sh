@@ -115,8 +115,10 @@ start_sched() { # start_sched BUDGET_BYTES
 	"$BUILD/gpushare-scheduler" --socket-dir "$SOCK_DIR" --gpu "$UUID:$QUANTUM::$1:Auto" --opportunistic-queue "$PACE" -v 1 2>"$T/scheduler-$1.log" &
 	SCHED_PID=$!
 	for _ in $(seq 100); do [ -S "$SOCK_DIR/$UUID.sock" ] && break; sleep 0.05; done
-	# As the agent sets it up on a GPU with sharing.qos (GPUSHARE_IDLE_MS=1: production's gaps go to the
-	# trainer); production is named by GPUSHARE_PRIORITY here, where the standalone scheduler has no pods.
+	# As the agent's device plugin sets it up on a GPU with sharing.qos (GPUSHARE_IDLE_MS=1 for every pod:
+	# production's gaps go to the trainer; DRA claims of opportunistic pods keep the default, which these
+	# trainers, never idle, would not notice); production is named by GPUSHARE_PRIORITY here, where the
+	# standalone scheduler has no pods.
 	SHIM="LD_PRELOAD=$BUILD/libgpushare.so GPUSHARE_SOCKET=$SOCK_DIR/$UUID.sock GPUSHARE_GPU_UUID=$UUID GPUSHARE_OVERSUB=1 GPUSHARE_IDLE_MS=${IDLE_MS:-1}"
 }
 stop_sched() {

@@ -42,9 +42,9 @@ import (
 // the hello decides.
 
 // DefaultOpportunisticQueue is the launches an opportunistic client may keep outstanding while a
-// production client is connected, when GPUConfig.OpportunisticQueue is 0: measured on an H100
-// (docs/qos.md), 2-3 kept production's p99 at 30 % load within 1.05x of alone and 4-16 did not
-// (1.07-1.28x), for a trainer throughput 38-47 % of solo against 47-55 %.
+// production client is connected, when GPUConfig.OpportunisticQueue is 0. Measured on an H100
+// (docs/qos.md): 3 kept ResNet-50 inference's p99 at 30 % load within 1.04x of alone and 4-16 did
+// not (1.15-1.26x), for a trainer at 44-47 % of its solo throughput against 47-56 %.
 const DefaultOpportunisticQueue = 3
 
 // classSource is what decides a client's class, kept for the life of its connection so that a new
@@ -119,9 +119,9 @@ func evictOrderLess(a, b *client) bool {
 }
 
 // reclassifyLocked applies the GPU's production threshold to every connected client. A waiter moves
-// to its new class's line at the place its waitingSince gives it (behind the turns being resumed); a holder keeps its hold, and its
-// class decides what happens next (the dispatch that follows preempts an opportunistic holder beside
-// a production one).
+// to its new class's line at the place its waitingSince gives it (behind the turns being resumed); a
+// holder keeps its hold, and its class decides what happens next (the dispatch that follows preempts
+// an opportunistic holder beside a production one).
 func (q *queue) reclassifyLocked() {
 	for _, c := range q.clients {
 		p := q.classLocked(c.class)

@@ -61,7 +61,7 @@ func podPriority(r *podpid.Resolver) func(int32) (int32, bool) {
 }
 
 // claimPodPriority reads a pod's resolved priority through the API server (uncached: the agent caches its own
-// node's objects only), for the DRA kubelet plugin's production classes on MPS GPUs.
+// node's objects only), for the DRA kubelet plugin's production classes on MPS and shim GPUs.
 func claimPodPriority(reader client.Reader) func(ctx context.Context, namespace, name string) (int32, bool) {
 	return func(ctx context.Context, namespace, name string) (int32, bool) {
 		var pod corev1.Pod

@@ -88,8 +88,8 @@ type KubeletPlugin struct {
 	// it must not block. Set it before Start.
 	OnChange func()
 	// PodPriority, when set, reads a pod's resolved priority (its spec.priority; ok false when the pod
-	// cannot be read): on an MPS GPU with production classes a claim is production only when every pod
-	// it is reserved for reaches the threshold. Unset, or unread, its pods are opportunistic. Set it
+	// cannot be read): on an MPS or shim GPU with production classes a claim is production only when
+	// every pod it is reserved for reaches the threshold. Unset, or unread, its pods are opportunistic. Set it
 	// before Start.
 	PodPriority func(ctx context.Context, namespace, name string) (priority int32, ok bool)
 
@@ -287,7 +287,7 @@ func (p *KubeletPlugin) prepare(ctx context.Context, cp checkpoint, c *resourcev
 				}
 				sized[i] = sizedAmounts(d.GPUUUID, r.ConsumedCapacity)
 			}
-			if d.QoS != nil && (d.Kind == deviceplugin.KindMPS || d.Kind == deviceplugin.KindShared) {
+			if d.QoS != nil { // set on MPS and shim shares only
 				d.Opportunistic = !p.production(ctx, c, d.QoS)
 			}
 			devs = append(devs, d)

@@ -8,7 +8,7 @@
  * One background thread per process owns the socket's read side: it applies
  * GRANT / CONTENDED / REVOKED (and PACE, the launch bound of pace.c, which a
  * connection that ends takes with it) and, every tick, releases the lock when the
- * process went idle (no GPU call for GPUSHARE_IDLE_MS) or when someone waits
+ * process went idle (no GPU call for GPUSHARE_IDLE_US/_MS) or when someone waits
  * and our quantum is used up. A release closes the gate, waits for calls in
  * flight, makes the GPU work done (cuCtxSynchronize per context) unless a
  * stream is capturing (then the release is deferred), and sends RELEASE.
@@ -197,8 +197,8 @@ static void connect_locked(void)
         return;
     }
     st.bg_running = 1;
-    gs_log(GS_LOG_INFO, "connected to %s (quantum %u ms, grace %u ms, idle %u ms)", gs_cfg.socket_path, q, g,
-           gs_cfg.idle_ms);
+    gs_log(GS_LOG_INFO, "connected to %s (quantum %u ms, grace %u ms, idle %u us)", gs_cfg.socket_path, q, g,
+           gs_cfg.idle_us);
     /* Registered now, after the driver registered its own exit handlers, so
      * ours runs first: the background thread must be out of the driver
      * before the driver tears itself down. */
@@ -310,7 +310,7 @@ static void maybe_release_locked(void)
         st.last_act = act;
         st.last_act_ns = now;
     }
-    int idle = (uint32_t)w == 0 && now - st.last_act_ns >= (uint64_t)gs_cfg.idle_ms * 1000000ull;
+    int idle = (uint32_t)w == 0 && now - st.last_act_ns >= (uint64_t)gs_cfg.idle_us * 1000ull;
     int expired = st.contended && now - st.grant_ns >= (uint64_t)st.quantum_ms * 1000000ull;
     if (!idle && !expired)
         return;
@@ -529,6 +529,20 @@ int gs_gate_pump(int ms)
     return ok ? 0 : -1;
 }
 
+/* How long the background thread sleeps between checks; mu held. While we hold the GPU, an idle
+ * window shorter than the tick (production on GPUs with production classes, whose gaps go to
+ * opportunistic work) is checked four times per window: the window counts from the tick that saw the
+ * last call, so the GPU is kept at most 1.25 windows past it (a tick as long as the window kept it up
+ * to 2, and every request of production's held the GPU that much longer). Otherwise the tick only
+ * retries a deferred eviction, and a short window would only wake the process for nothing. */
+static struct timespec tick_locked(void)
+{
+    uint32_t us = TICK_MS * 1000;
+    if (st.held && gs_cfg.idle_us / 4 < us)
+        us = gs_cfg.idle_us / 4 > GS_IDLE_MIN_US ? gs_cfg.idle_us / 4 : GS_IDLE_MIN_US;
+    return (struct timespec){.tv_sec = 0, .tv_nsec = (long)us * 1000};
+}
+
 /* Reads and acts on the scheduler's messages until the connection ends; returns with mu not held. */
 static void serve(int fd)
 {
@@ -537,11 +551,10 @@ static void serve(int fd)
     pthread_mutex_unlock(&mu);
     for (;;) {
         struct pollfd p = {.fd = fd, .events = POLLIN};
-        /* An idle window shorter than the tick (GPUSHARE_IDLE_MS=1 on GPUs with production classes,
-         * where production's gaps go to opportunistic work) is checked as often as it is long: a 5 ms
-         * tick would keep the GPU up to 5 ms past it. */
-        int tick = gs_cfg.idle_ms < TICK_MS ? (int)gs_cfg.idle_ms : TICK_MS;
-        int r = poll(&p, 1, tick);
+        pthread_mutex_lock(&mu);
+        struct timespec tick = tick_locked();
+        pthread_mutex_unlock(&mu);
+        int r = ppoll(&p, 1, &tick, NULL);
         pthread_mutex_lock(&mu);
         if (st.conn != CONN_UP || st.fd != fd) {
             pthread_mutex_unlock(&mu);

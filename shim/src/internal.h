@@ -35,6 +35,7 @@ enum gs_hook_id {
 
 /* ---- configuration (config.c): read once, in gs_init ---- */
 enum { GS_LOG_ERROR = 0, GS_LOG_WARN = 1, GS_LOG_INFO = 2, GS_LOG_DEBUG = 3 };
+#define GS_IDLE_MIN_US 50 /* the shortest idle window (Linux's default timer slack is 50 us) */
 
 struct gs_config {
     char socket_path[108]; /* sizeof(sun_path) */
@@ -42,7 +43,7 @@ struct gs_config {
     int socket_set;
     uint32_t priority;
     uint32_t quantum_ms; /* 0: take the scheduler's; else min(ours, scheduler's) */
-    uint32_t idle_ms;
+    uint32_t idle_us;          /* GPUSHARE_IDLE_US, else GPUSHARE_IDLE_MS x 1000: release after this long idle */
     uint32_t connect_timeout_ms;
     uint32_t wait_timeout_ms; /* 0: wait for a grant as long as the scheduler lives */
     uint32_t reconnect_max_ms;  /* backoff cap between reconnection attempts after the scheduler went away */

@@ -6,10 +6,11 @@
 #   mps         both MPS clients of one daemon
 #   mps-prio    the same, the trainer at CUDA_MPS_CLIENT_PRIORITY=1
 #   gs-mps      what gpusharing gives an opportunistic pod on an MPS GPU with sharing.qos: client priority 1
-#               and opportunisticThreadPercentage (QOS_MPS_THREADS, default 50)
+#               and opportunisticThreadPercentage (QOS_MPS_THREADS, default 50; gs-mps-tN: N)
 #   gs-shim     gpusharing's shim on both (oversubscription on, memory fits): production preempts the
 #               trainer's lock at once, the trainer's launch queue is bounded while production is connected
-#               (PACE launches, default 3 as in the product; gs-shim-pN: N)
+#               (PACE launches, default 3 as in the product; gs-shim-pN: N), production releases after
+#               IDLE_US idle (default as the agent sets it; gs-shim-iN: N us; both: gs-shim-pN-iM)
 #   gs-alone    production alone under the shim as gs-shim sets it up (no trainer): what the lock's
 #               hand-offs cost production by themselves (it releases after 1 ms idle and asks again)
 #   gs-oversub  the same with a memory budget production + two trainers exceed: the trainers swap between
@@ -35,6 +36,7 @@ CONFIGS=${CONFIGS:-timeslice mps mps-prio gs-mps gs-shim gs-oversub}
 QOS_MPS_THREADS=${QOS_MPS_THREADS:-50}
 QUANTUM=${QUANTUM:-2s}
 PACE=${PACE:-3}
+IDLE_US=${IDLE_US:-1000}
 MODELS=${MODELS:-resnet50 bert} # a subset for a focused sweep
 LOADS=${LOADS:-0.3 0.7}
 mkdir -p "$OUT"
@@ -52,7 +54,7 @@ cleanup() {
 trap cleanup EXIT
 
 echo "# bench-qos $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader -i 0)"
-echo "# command: make bench-qos REPS=$REPS SECONDS_PER_PHASE=$SECONDS_PER_PHASE CONFIGS=\"$CONFIGS\" QOS_MPS_THREADS=$QOS_MPS_THREADS QUANTUM=$QUANTUM PACE=$PACE MODELS=\"$MODELS\" LOADS=\"$LOADS\""
+echo "# command: make bench-qos REPS=$REPS SECONDS_PER_PHASE=$SECONDS_PER_PHASE CONFIGS=\"$CONFIGS\" QOS_MPS_THREADS=$QOS_MPS_THREADS QUANTUM=$QUANTUM PACE=$PACE IDLE_US=$IDLE_US MODELS=\"$MODELS\" LOADS=\"$LOADS\""
 python3 -c 'import torch; print("# torch", torch.__version__, "cuda", torch.version.cuda)'
 nvidia-smi --query-gpu=compute_mode,memory.used --format=csv -i 0
 make -s -C "$ROOT/shim" all || exit 1
@@ -115,11 +117,11 @@ start_sched() { # start_sched BUDGET_BYTES
 	"$BUILD/gpushare-scheduler" --socket-dir "$SOCK_DIR" --gpu "$UUID:$QUANTUM::$1:Auto" --opportunistic-queue "$PACE" -v 1 2>"$T/scheduler-$1.log" &
 	SCHED_PID=$!
 	for _ in $(seq 100); do [ -S "$SOCK_DIR/$UUID.sock" ] && break; sleep 0.05; done
-	# As the agent's device plugin sets it up on a GPU with sharing.qos (GPUSHARE_IDLE_MS=1 for every pod:
+	# As the agent's device plugin sets it up on a GPU with sharing.qos (a 1 ms idle release for every pod:
 	# production's gaps go to the trainer; DRA claims of opportunistic pods keep the default, which these
 	# trainers, never idle, would not notice); production is named by GPUSHARE_PRIORITY here, where the
 	# standalone scheduler has no pods.
-	SHIM="LD_PRELOAD=$BUILD/libgpushare.so GPUSHARE_SOCKET=$SOCK_DIR/$UUID.sock GPUSHARE_GPU_UUID=$UUID GPUSHARE_OVERSUB=1 GPUSHARE_IDLE_MS=${IDLE_MS:-1}"
+	SHIM="LD_PRELOAD=$BUILD/libgpushare.so GPUSHARE_SOCKET=$SOCK_DIR/$UUID.sock GPUSHARE_GPU_UUID=$UUID GPUSHARE_OVERSUB=1 GPUSHARE_IDLE_US=$IDLE_US"
 }
 stop_sched() {
 	kill -INT "$SCHED_PID"
@@ -141,22 +143,27 @@ for c in $CONFIGS; do
 	timeslice) run_config timeslice 1 "" "" ;;
 	mps) start_mps; run_config mps 1 "$MPS_ENV" "$MPS_ENV"; stop_mps ;;
 	mps-prio) start_mps; run_config mps-prio 1 "$MPS_ENV" "$MPS_ENV CUDA_MPS_CLIENT_PRIORITY=1"; stop_mps ;;
-	gs-mps)
+	gs-mps | gs-mps-t*)
+		threads=$QOS_MPS_THREADS
+		[ "$c" != gs-mps ] && threads=${c#gs-mps-t}
 		start_mps
-		run_config gs-mps 1 "$MPS_ENV" "$MPS_ENV CUDA_MPS_CLIENT_PRIORITY=1 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$QOS_MPS_THREADS"
+		run_config "$c" 1 "$MPS_ENV" "$MPS_ENV CUDA_MPS_CLIENT_PRIORITY=1 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$threads"
 		stop_mps ;;
 	gs-alone)
 		start_sched $((60 << 30))
 		run_config gs-alone 0 "$SHIM GPUSHARE_PRIORITY=high" ""
 		stop_sched $((60 << 30)) ;;
-	gs-shim | gs-shim-p*)
-		# gs-shim-pN: the same with an opportunistic queue of N launches (sharing.qos.opportunisticQueue).
-		keep=$PACE
-		[ "$c" != gs-shim ] && PACE=${c#gs-shim-p}
+	gs-shim | gs-shim-[pi]*)
+		# gs-shim-pN: an opportunistic queue of N launches (sharing.qos.opportunisticQueue); gs-shim-iN:
+		# production releases after N us idle; gs-shim-pN-iM: both.
+		keep="$PACE $IDLE_US"
+		for part in $(tr - ' ' <<<"${c#gs-shim}"); do
+			case $part in p*) PACE=${part#p} ;; i*) IDLE_US=${part#i} ;; esac
+		done
 		start_sched $((60 << 30))
 		run_config "$c" 1 "$SHIM GPUSHARE_PRIORITY=high" "$SHIM"
 		stop_sched $((60 << 30))
-		PACE=$keep ;;
+		read -r PACE IDLE_US <<<"$keep" ;;
 	gs-oversub)
 		# Production's memory plus one trainer's fit; a second trainer does not: they swap between themselves.
 		B=$(python3 - "$T" <<'PY'

@@ -23,14 +23,9 @@ const (
 	EnvShimOversub            = "GPUSHARE_OVERSUB"
 	EnvShimMemoryLimit        = "GPUSHARE_MEMORY_LIMIT_BYTES"
 	EnvShimIdleMS             = "GPUSHARE_IDLE_MS"
+	EnvShimIdleUS             = "GPUSHARE_IDLE_US"
 	EnvMPSClientPriority      = "CUDA_MPS_CLIENT_PRIORITY"
 )
-
-// ShimQoSIdleMS is the shim's idle release on a GPU with production classes: a production process
-// between two requests gives the GPU to opportunistic work after this long (the shim's default, 50 ms,
-// would keep it through most gaps of an inference server), and takes it back at once when the next
-// request comes (the scheduler preempts). Measured in make bench-qos (docs/qos.md).
-const ShimQoSIdleMS = "1"
 
 var (
 	// ErrUnknownDevice is returned when the kubelet allocates a device this resource does not advertise
@@ -162,14 +157,9 @@ func addShim(cfg Config, resp *pluginapi.ContainerAllocateResponse, devs []Devic
 	if d.ShimOversub {
 		resp.Envs[EnvShimOversub] = "1"
 	}
-	if d.QoS != nil && !d.Opportunistic {
-		// Production's gaps go to opportunistic work only if production releases as soon as it idles.
-		// An opportunistic process keeps the shim's default: production takes the GPU from it at once
-		// anyway, so releasing early would only hand the GPU, and on an oversubscribed GPU its memory,
-		// to the next opportunistic process whenever it pauses on the CPU. The device plugin cannot tell
-		// the classes apart: its shares all release after ShimQoSIdleMS.
-		resp.Envs[EnvShimIdleMS] = ShimQoSIdleMS
-	}
+	// No GPUSHARE_IDLE_MS either: on a GPU with production classes the scheduler tells production
+	// processes a short idle window itself (scheduler.ProductionIdle), as only it knows which pod a
+	// process belongs to; opportunistic ones keep the shim's default.
 	if limit > 0 {
 		// Unlike the quantum and the budget, a claim's size is fixed for its life: the shim reads it once.
 		resp.Envs[EnvShimMemoryLimit] = strconv.FormatInt(limit, 10)

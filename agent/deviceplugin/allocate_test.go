@@ -33,30 +33,31 @@ func TestShimSharesCarryTheirMemoryLimitSummed(t *testing.T) {
 	}
 }
 
-// On a GPU with production classes every shim client of the device plugin releases the lock after 1 ms
-// idle (production's gaps go to opportunistic work; production takes the GPU back at once; the plugin
-// cannot tell production from opportunistic pods); a device the DRA plugin marked opportunistic, and
-// every device elsewhere, keeps the shim's default.
-func TestShimSharesOfAGPUWithProductionClassesReleaseWhenIdle(t *testing.T) {
+// No shim share, of a GPU with production classes or not, production or opportunistic, gets an idle
+// window from its environment: on a GPU with classes the scheduler tells production processes theirs
+// (the device plugin cannot tell the classes apart), and a window set here would make every
+// opportunistic process hand the GPU, and on an oversubscribed GPU its memory, to the next one whenever
+// it paused on the CPU for a millisecond.
+func TestShimSharesLeaveTheIdleWindowToTheScheduler(t *testing.T) {
 	m := DevicesFromStatus(nodeStatus(
 		gpu(0, "GPU-a", shimBudget(time.Second, "40Gi"), qos(1000)),
 		gpu(1, "GPU-b", shimBudget(time.Second, "40Gi")),
 	), Config{})
 	for _, d := range m["gpusharing.io/gpu-shared"] {
-		resp, err := ContainerEdits(Config{}, []Device{d})
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, set := resp.Envs[EnvShimIdleMS]
-		if want := d.GPUUUID == "GPU-a"; set != want || (want && got != ShimQoSIdleMS) {
-			t.Errorf("%s: %s=%q (set %v); want it set to %s only on the GPU with qos", d.ID, EnvShimIdleMS, got, set, ShimQoSIdleMS)
-		}
-		d.Opportunistic = true
-		if resp, err = ContainerEdits(Config{}, []Device{d}); err != nil {
-			t.Fatal(err)
-		}
-		if got, set := resp.Envs[EnvShimIdleMS]; set {
-			t.Errorf("%s, opportunistic: %s=%q, want the shim's default", d.ID, EnvShimIdleMS, got)
+		for _, opportunistic := range []bool{false, true} {
+			d.Opportunistic = opportunistic
+			resp, err := ContainerEdits(Config{}, []Device{d})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.Envs[EnvShimSocket] == "" {
+				t.Fatalf("%s: not a shim share: %v", d.ID, resp.Envs)
+			}
+			for _, env := range []string{EnvShimIdleMS, EnvShimIdleUS} {
+				if got, set := resp.Envs[env]; set {
+					t.Errorf("%s (opportunistic %v): %s=%q, want it left to the scheduler", d.ID, opportunistic, env, got)
+				}
+			}
 		}
 	}
 }

@@ -62,12 +62,12 @@ type Device struct {
 	// (KindShared only).
 	ShimOversub bool
 	// QoS is the GPU's production classes (sharing.qos; KindMPS and KindShared). The DRA kubelet plugin,
-	// which knows the pods of a claim, marks the devices of an opportunistic pod (Opportunistic). The
-	// device plugin cannot: the kubelet's Allocate does not say which pod a device goes to.
+	// which knows the pods of a claim, marks the MPS devices of an opportunistic pod (Opportunistic). The
+	// device plugin cannot: the kubelet's Allocate does not say which pod a device goes to. Under the
+	// shim neither needs to: the scheduler classifies each process by its pod.
 	QoS *v1alpha1.QoS
-	// Opportunistic marks a device going to an opportunistic pod: on MPS its client runs at priority
-	// "below normal" under the policy's opportunistic thread cap; under the shim it keeps the shim's
-	// default idle release (ContainerEdits says why).
+	// Opportunistic marks an MPS device going to an opportunistic pod: its client runs at priority
+	// "below normal" under the policy's opportunistic thread cap.
 	Opportunistic bool
 	// Held marks a device of a cordoned GPU that is advertised only because a pod still holds it:
 	// Allocate refuses it and GetPreferredAllocation leaves it out.

@@ -287,7 +287,9 @@ func (p *KubeletPlugin) prepare(ctx context.Context, cp checkpoint, c *resourcev
 				}
 				sized[i] = sizedAmounts(d.GPUUUID, r.ConsumedCapacity)
 			}
-			if d.QoS != nil { // set on MPS and shim shares only
+			if d.QoS != nil && d.Kind == deviceplugin.KindMPS {
+				// Only MPS takes the class from the environment; under the shim the scheduler classifies
+				// each process by its pod itself.
 				d.Opportunistic = !p.production(ctx, c, d.QoS)
 			}
 			devs = append(devs, d)

@@ -17,8 +17,9 @@ import (
 
 // On a GPU with production classes a claim is opportunistic unless every pod it is reserved for reaches
 // the production threshold; a pod that cannot be read is opportunistic. On MPS an opportunistic claim's
-// client runs at priority "below normal", under the policy's opportunistic thread cap; under the shim
-// only production releases the lock after 1 ms idle, and opportunistic work keeps the shim's default.
+// client runs at priority "below normal", under the policy's opportunistic thread cap. Under the shim the
+// claim's environment is the same for both classes: no idle window (the scheduler tells production
+// its own) and no MPS priority.
 func TestClaimsOfOpportunisticPodsOnGPUsWithClasses(t *testing.T) {
 	st := mixedNode()
 	threads := int32(20)
@@ -37,10 +38,8 @@ func TestClaimsOfOpportunisticPodsOnGPUsWithClasses(t *testing.T) {
 		{"shared by both", []string{"serve", "train"}, "gpu-1-mps-0", []string{"CUDA_MPS_CLIENT_PRIORITY=1"}, nil},
 		{"a pod that cannot be read", []string{"gone"}, "gpu-1-mps-0", []string{"CUDA_MPS_CLIENT_PRIORITY=1"}, nil},
 		{"no classes on the GPU", []string{"train"}, "gpu-2-mps-0", []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25"}, []string{"CUDA_MPS_CLIENT_PRIORITY"}},
-		{"shim: production", []string{"serve"}, "gpu-4-shared-0", []string{"GPUSHARE_IDLE_MS=1"}, nil},
-		{"shim: opportunistic", []string{"train"}, "gpu-4-shared-1", []string{"GPUSHARE_OVERSUB=1"}, []string{"GPUSHARE_IDLE_MS"}},
-		{"shim: shared by both", []string{"serve", "train"}, "gpu-4-shared-0", []string{"GPUSHARE_OVERSUB=1"}, []string{"GPUSHARE_IDLE_MS"}},
-		{"shim: a pod that cannot be read", []string{"gone"}, "gpu-4-shared-0", []string{"GPUSHARE_OVERSUB=1"}, []string{"GPUSHARE_IDLE_MS"}},
+		{"shim: production", []string{"serve"}, "gpu-4-shared-0", []string{"GPUSHARE_OVERSUB=1"}, []string{"GPUSHARE_IDLE_MS", "GPUSHARE_IDLE_US", "CUDA_MPS_CLIENT_PRIORITY"}},
+		{"shim: opportunistic", []string{"train"}, "gpu-4-shared-1", []string{"GPUSHARE_OVERSUB=1"}, []string{"GPUSHARE_IDLE_MS", "GPUSHARE_IDLE_US", "CUDA_MPS_CLIENT_PRIORITY"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			dirs := newPluginDirs(t)

@@ -24,6 +24,7 @@ func seedMessages() []Message {
 		{Type: MsgRejoin, Flags: RejoinHeld, Need: 3 << 20, Resident: 2 << 20, Stats: SwapStats{Swapped: 1 << 20}},
 		{Type: MsgRaise, Epoch: 3, Resident: 6 << 20},
 		{Type: MsgPace, MaxQueued: 16},
+		{Type: MsgIdle, IdleUS: 1000},
 		{Type: MsgUsage, Reason: UsageProgress, Acks: 1, Need: 9, Resident: 4},
 		{Type: MsgAcquire, Version: MinVersion, Need: 16 << 20},
 	}

@@ -151,6 +151,31 @@ func TestIdleHolderReleasesAfterTheIdleWindow(t *testing.T) {
 	}
 }
 
+// A production shim client whose own idle window is ten minutes releases the lock soon after its last
+// GPU call once an opportunistic client connects: the scheduler tells it ProductionIdle (IDLE), which
+// the shim takes over its own longer window. Without IDLE the opportunistic waiter would wait for the
+// production process to exit.
+func TestProductionReleasesAfterTheSchedulersIdleWindow(t *testing.T) {
+	e := newEnv(t, time.Minute, time.Minute)
+	prod := e.startClient([]string{"GPUSHARE_PRIORITY=high", "GPUSHARE_IDLE_MS=600000", "GPUSHARE_LOG_LEVEL=info"},
+		"dlsym", "50", "2000", "0", "600000")
+	wait.Until(t, 5*time.Second, func() bool {
+		return strings.Contains(prod.stdout.String(), "client done")
+	}, "the production client made its last GPU call")
+	if s, ok := e.state(prod.pid()); !ok || !s.Holding || s.Priority != PriorityHigh {
+		t.Fatalf("production client state %+v (found %v); want it holding, production", s, ok)
+	}
+	opp := dialRaw(t, e.sock, PriorityNormal)
+	opp.send(Message{Type: MsgAcquire})
+	opp.expect(MsgGrant, 3*time.Second)
+	if prod.exited() {
+		t.Fatal("the lock came free only because the production client exited")
+	}
+	if !strings.Contains(prod.stderr.String(), "the GPU scheduler asks for an idle release after 1000 us") {
+		t.Errorf("the production client did not log the scheduler's window:\n%s", prod.stderr.String())
+	}
+}
+
 // GPUSHARE_PRIORITY=high reaches the scheduler (which trusts the hello where
 // it names no pods): behind a production holder, the production process gets
 // the lock before an opportunistic waiter that asked earlier.

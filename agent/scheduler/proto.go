@@ -14,7 +14,7 @@ import (
 // fails when these constants drift from it.
 const (
 	Magic      uint32 = 0x48535047 // bytes "GPSH"
-	Version    uint16 = 4
+	Version    uint16 = 5
 	MaxMsgSize        = 256
 	UUIDLen           = 64
 
@@ -33,6 +33,7 @@ const (
 	RejoinSize    = 44
 	RaiseSize     = 28
 	PaceSize      = 16
+	IdleSize      = 16
 )
 
 // MinVersion is the oldest peer the scheduler still serves (in that peer's version, without what
@@ -57,6 +58,7 @@ const (
 	MsgRejoin    MsgType = 12 // client -> scheduler, right after Welcome on a reconnection (rebuild.go)
 	MsgRaise     MsgType = 13 // scheduler -> holder filling in after a partial Grant (version 3): reservation raised
 	MsgPace      MsgType = 14 // scheduler -> opportunistic client (version 4): keep at most MaxQueued launches outstanding
+	MsgIdle      MsgType = 15 // scheduler -> client (version 5): release after IdleUS without a GPU call; 0: its own window
 )
 
 // Mode is a GPU's anti-thrashing policy.
@@ -130,6 +132,7 @@ var msgSizes = map[MsgType]int{
 	MsgRejoin:    RejoinSize,
 	MsgRaise:     RaiseSize,
 	MsgPace:      PaceSize,
+	MsgIdle:      IdleSize,
 }
 
 func (t MsgType) String() string {
@@ -162,6 +165,8 @@ func (t MsgType) String() string {
 		return "Raise"
 	case MsgPace:
 		return "Pace"
+	case MsgIdle:
+		return "Idle"
 	}
 	return fmt.Sprintf("MsgType(%d)", uint16(t))
 }
@@ -222,6 +227,7 @@ type Message struct {
 	Flags    uint32    // Rejoin
 
 	MaxQueued uint32 // Pace: launches the client may keep outstanding on the GPU; 0: unbounded
+	IdleUS    uint32 // Idle: microseconds without a GPU call after which the client releases; 0: its own window
 }
 
 // SwapStats are a client's swap counters as it reports them.
@@ -295,6 +301,8 @@ func Encode(m Message) ([]byte, error) {
 		encodeRejoin(p, m)
 	case MsgPace:
 		le.PutUint32(p[0:], m.MaxQueued)
+	case MsgIdle:
+		le.PutUint32(p[0:], m.IdleUS)
 	case MsgUsage:
 		le.PutUint32(p[0:], m.Reason)
 		le.PutUint32(p[4:], m.Acks)
@@ -307,7 +315,7 @@ func Encode(m Message) ([]byte, error) {
 }
 
 // checkVersion refuses what a version does not have: Raise and UsageProgress came with version 3,
-// Pace with version 4.
+// Pace with version 4, Idle with version 5.
 func checkVersion(v uint16, t MsgType, reason uint32) error {
 	if v < MinVersion || v > Version {
 		return fmt.Errorf("%w %d", ErrBadVersion, v)
@@ -328,6 +336,8 @@ func typeInVersion(t MsgType, v uint16) bool {
 		return v >= 3
 	case MsgPace:
 		return v >= 4
+	case MsgIdle:
+		return v >= 5
 	}
 	return true
 }
@@ -412,6 +422,8 @@ func Decode(b []byte) (Message, error) {
 		m.Epoch = le.Uint32(p[0:])
 	case MsgPace:
 		m.MaxQueued = le.Uint32(p[0:])
+	case MsgIdle:
+		m.IdleUS = le.Uint32(p[0:])
 	case MsgContended:
 		m.Epoch = le.Uint32(p[0:])
 		m.Waiters = le.Uint32(p[4:])

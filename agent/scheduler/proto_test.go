@@ -32,6 +32,8 @@ func TestProtocolConstantsMatchShimHeader(t *testing.T) {
 		"GS_RAISE_SIZE":        RaiseSize,
 		"GS_MSG_PACE":          uint64(MsgPace),
 		"GS_PACE_SIZE":         PaceSize,
+		"GS_MSG_IDLE":          uint64(MsgIdle),
+		"GS_IDLE_SIZE":         IdleSize,
 		"GS_USAGE_PROGRESS":    uint64(UsageProgress),
 		"GS_MAX_MSG_SIZE":      MaxMsgSize,
 		"GS_UUID_LEN":          UUIDLen,
@@ -118,6 +120,9 @@ func TestEncodeDecodeRoundTripsEveryType(t *testing.T) {
 		{Type: MsgPace, MaxQueued: 16},
 		{Type: MsgPace},
 		{Type: MsgPace, MaxQueued: 1<<32 - 1},
+		{Type: MsgIdle, IdleUS: 1000},
+		{Type: MsgIdle},
+		{Type: MsgPace, Version: 4, MaxQueued: 3},
 		// older peers' frames keep their version
 		{Type: MsgGrant, Version: MinVersion, Epoch: 9, QuantumMS: 50, Resident: 1 << 40},
 		{Type: MsgUsage, Version: MinVersion, Reason: UsageEvicted, Acks: 3, Need: 10, Resident: 4},
@@ -156,6 +161,7 @@ func TestDecodeRejectsMalformedMessages(t *testing.T) {
 		{"future version", mutate(good, func(b []byte) { le.PutUint16(b[4:], Version+1) }), ErrBadVersion},
 		{"raise from a version 2 peer", mutate(mustEncode(Message{Type: MsgRaise}), func(b []byte) { le.PutUint16(b[4:], 2) }), ErrUnknownType},
 		{"pace in a version 3 frame", mutate(mustEncode(Message{Type: MsgPace, MaxQueued: 16}), func(b []byte) { le.PutUint16(b[4:], 3) }), ErrUnknownType},
+		{"idle in a version 4 frame", mutate(mustEncode(Message{Type: MsgIdle, IdleUS: 1000}), func(b []byte) { le.PutUint16(b[4:], 4) }), ErrUnknownType},
 		{"pace of 20 bytes", mutate(append(mustEncode(Message{Type: MsgPace}), 0, 0, 0, 0), func(b []byte) { le.PutUint32(b[8:], 20) }), ErrBadSize},
 		{"progress from a version 2 peer", mutate(mustEncode(Message{Type: MsgUsage, Reason: UsageProgress}), func(b []byte) { le.PutUint16(b[4:], 2) }), ErrBadField},
 		{"version 1 peer", mutate(good, func(b []byte) { le.PutUint16(b[4:], 1) }), ErrBadVersion},
@@ -182,20 +188,37 @@ func TestDecodeRejectsMalformedMessages(t *testing.T) {
 	}
 }
 
-// PACE is 16 bytes: the header, then max_queued, little-endian, as gs_pace in the shim's header.
-func TestPaceWireFormat(t *testing.T) {
-	b := mustEncode(Message{Type: MsgPace, MaxQueued: 0x01020304})
-	want := []byte{'G', 'P', 'S', 'H', 4, 0, 14, 0, 16, 0, 0, 0, 4, 3, 2, 1}
-	if string(b) != string(want) {
-		t.Fatalf("PACE = % x, want % x", b, want)
+// PACE and IDLE are 16 bytes: the header, then one little-endian uint32, as gs_pace and gs_idle in the
+// shim's header.
+func TestPaceAndIdleWireFormat(t *testing.T) {
+	for _, c := range []struct {
+		m    Message
+		want []byte
+	}{
+		{Message{Type: MsgPace, MaxQueued: 0x01020304}, []byte{'G', 'P', 'S', 'H', 5, 0, 14, 0, 16, 0, 0, 0, 4, 3, 2, 1}},
+		{Message{Type: MsgIdle, IdleUS: 0x01020304}, []byte{'G', 'P', 'S', 'H', 5, 0, 15, 0, 16, 0, 0, 0, 4, 3, 2, 1}},
+	} {
+		if b := mustEncode(c.m); string(b) != string(c.want) {
+			t.Errorf("%v = % x, want % x", c.m.Type, b, c.want)
+		}
 	}
 }
 
-// A version 3 or 2 peer never gets PACE: it cannot be encoded in its version.
-func TestPaceCannotBeEncodedForAnOlderPeer(t *testing.T) {
-	for _, v := range []uint16{MinVersion, 3} {
-		if _, err := Encode(Message{Type: MsgPace, Version: v, MaxQueued: 16}); !errors.Is(err, ErrUnknownType) {
-			t.Errorf("Encode(PACE, version %d) = %v, want ErrUnknownType", v, err)
+// A peer of a version before a message's never gets it: it cannot be encoded in its version (PACE
+// came with version 4, IDLE with 5).
+func TestPaceAndIdleCannotBeEncodedForAnOlderPeer(t *testing.T) {
+	for _, c := range []struct {
+		m     Message
+		older []uint16
+	}{
+		{Message{Type: MsgPace, MaxQueued: 16}, []uint16{MinVersion, 3}},
+		{Message{Type: MsgIdle, IdleUS: 1000}, []uint16{MinVersion, 3, 4}},
+	} {
+		for _, v := range c.older {
+			c.m.Version = v
+			if _, err := Encode(c.m); !errors.Is(err, ErrUnknownType) {
+				t.Errorf("Encode(%v, version %d) = %v, want ErrUnknownType", c.m.Type, v, err)
+			}
 		}
 	}
 }

@@ -339,12 +339,21 @@ func ids(cs []*client) []uint32 {
 	return out
 }
 
-// paces lists the PACE values f was sent, in order.
-func paces(f *fakeClient) []uint32 {
+// paces lists the PACE bounds f was sent, in order.
+func paces(f *fakeClient) []uint32 { return sentValues(f, MsgPace) }
+
+// idles lists the IDLE windows f was told, in order.
+func idles(f *fakeClient) []uint32 { return sentValues(f, MsgIdle) }
+
+// sentValues lists the value of each PACE or IDLE f was sent, in order.
+func sentValues(f *fakeClient, typ MsgType) []uint32 {
 	var out []uint32
 	for _, m := range f.got {
-		if m.Type == MsgPace {
+		switch {
+		case m.Type == typ && typ == MsgPace:
 			out = append(out, m.MaxQueued)
+		case m.Type == typ && typ == MsgIdle:
+			out = append(out, m.IdleUS)
 		}
 	}
 	return out
@@ -428,6 +437,57 @@ func TestPaceFollowsTheDepthAndTheClass(t *testing.T) {
 	fx.q.reconfigure(cfg)
 	if !samePaces(paces(o), 4, 8, DefaultOpportunisticQueue) {
 		t.Fatalf("paced %v after the depth was reset, want the default %d last", paces(o), DefaultOpportunisticQueue)
+	}
+}
+
+// IDLE goes to the production clients of version 5 only: ProductionIdle while an opportunistic client
+// is connected and 0 once none is, each value once; a production client joining beside opportunistic
+// ones gets it right after its WELCOME; a client whose class changes hears its new window.
+func TestIdleFollowsOpportunisticPresenceAndTheClass(t *testing.T) {
+	cfg := GPUConfig{Quantum: time.Second, Grace: time.Second, ProductionPriority: threshold(1000)}
+	fx := newQoSFixture(t, cfg)
+	short := uint32(ProductionIdle / time.Microsecond)
+	p := fx.joinAs(t, pod(1000))
+	fx.version = 4
+	p4 := fx.joinAs(t, pod(1000))
+	fx.version = 0
+	if len(idles(p)) != 0 {
+		t.Fatalf("IDLE %v without any opportunistic client", idles(p))
+	}
+	x := fx.joinAs(t, pod(500))
+	if !samePaces(idles(p), short) {
+		t.Fatalf("production told %v when an opportunistic client joined, want [%d]", idles(p), short)
+	}
+	o := fx.joinAs(t, pod(0))
+	late := fx.joinAs(t, pod(2000))
+	if !samePaces(idles(p), short) {
+		t.Fatalf("told %v after a second opportunistic client joined: the value was repeated", idles(p))
+	}
+	if len(late.got) != 2 || late.got[0].Type != MsgWelcome || late.got[1].Type != MsgIdle || late.got[1].IdleUS != short {
+		t.Fatalf("a production client joining beside opportunistic ones got %+v, want WELCOME then IDLE %d", late.got, short)
+	}
+	cfg.ProductionPriority = threshold(500) // x becomes production beside o
+	fx.q.reconfigure(cfg)
+	if !samePaces(idles(x), short) {
+		t.Fatalf("x told %v when it became production, want [%d]", idles(x), short)
+	}
+	fx.q.leave(o.c)
+	if !samePaces(idles(p), short, 0) || !samePaces(idles(x), short, 0) || !samePaces(idles(late), short, 0) {
+		t.Fatalf("after the last opportunistic client left: told %v, %v and %v, want their own windows back (0) once",
+			idles(p), idles(x), idles(late))
+	}
+	cfg.ProductionPriority = threshold(1000) // x is opportunistic again, beside p and late
+	fx.q.reconfigure(cfg)
+	if !samePaces(idles(x), short, 0) || !samePaces(idles(p), short, 0, short) {
+		t.Fatalf("after x became opportunistic: x told %v, p %v; want x nothing new, p the short window again", idles(x), idles(p))
+	}
+	if n := p4.count(MsgIdle); n != 0 {
+		t.Errorf("a version 4 production client got %d IDLE", n)
+	}
+	for _, f := range []*fakeClient{o} {
+		if n := f.count(MsgIdle); n != 0 {
+			t.Errorf("opportunistic client %d got %d IDLE", f.c.id, n)
+		}
 	}
 }
 

@@ -73,6 +73,7 @@ type client struct {
 	class    classSource
 	version  uint16 // its protocol version; 0: the current one
 	pace     uint32 // the last PACE it was sent (0 before any: unbounded)
+	idle     uint32 // the last IDLE it was sent, in us (0 before any: its own window)
 	// send queues an encoded message without blocking; false means the
 	// client is not reading and must be dropped.
 	send func([]byte) bool
@@ -179,7 +180,7 @@ func (q *queue) join(pid int32, src classSource, version uint16, send func([]byt
 	q.clientGauge.Set(float64(len(q.clients)))
 	q.sendLocked(c, Message{Type: MsgWelcome, ClientID: c.id, QuantumMS: ms(q.quantum), GraceMS: ms(q.grace),
 		Mode: q.mode, Budget: q.budget})
-	q.paceLocked()
+	q.termsLocked()
 	return c
 }
 
@@ -205,7 +206,7 @@ func (q *queue) leaveLocked(c *client) {
 	q.setReservationLocked(c, 0)
 	c.evictPending = false
 	q.stopEvictDeadlineLocked(c)
-	q.paceLocked()
+	q.termsLocked()
 	q.dispatchLocked(nil)
 }
 
@@ -702,6 +703,6 @@ func (q *queue) reconfigure(cfg GPUConfig) {
 		return
 	}
 	q.reclassifyLocked()
-	q.paceLocked()
+	q.termsLocked()
 	q.dispatchLocked(nil)
 }

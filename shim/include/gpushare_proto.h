@@ -56,6 +56,19 @@
  * 3 frames, without PACE. A version 3 scheduler closes the connection at a
  * version 4 HELLO: the shim then says HELLO again in version 3 and runs
  * without pacing.
+ *
+ * Version 5 lets the scheduler set a client's idle window (docs/shim.md). IDLE
+ * (scheduler to client, sent only to clients of version 5 or later: right after
+ * WELCOME when not 0, and whenever it changes, as when a client's class
+ * changed) says after how many microseconds without a GPU call the client
+ * releases the lock. Production clients get a short window (the agent's
+ * scheduler sends 1000 us), so opportunistic work runs in production's gaps; 0
+ * means the client's own window. A client keeps the shorter of its own window
+ * and the scheduler's. Like PACE it is tied to no epoch and holds until the
+ * next IDLE; a new connection starts with the client's own window. The
+ * scheduler answers a version 4 client in version 4 frames, without IDLE. A
+ * version 4 (or 3) scheduler closes the connection at a version 5 HELLO: the
+ * shim then steps down to version 4, and to 3 if that is refused too.
  */
 #ifndef GPUSHARE_PROTO_H
 #define GPUSHARE_PROTO_H
@@ -63,7 +76,7 @@
 #include <stdint.h>
 
 #define GS_PROTO_MAGIC 0x48535047u /* bytes "GPSH" */
-#define GS_PROTO_VERSION 4u
+#define GS_PROTO_VERSION 5u
 #define GS_PROTO_MIN_VERSION 2u /* the oldest client version the scheduler serves */
 #define GS_MAX_MSG_SIZE 256u
 #define GS_UUID_LEN 64u
@@ -83,6 +96,7 @@
 #define GS_MSG_REJOIN 12u   /* c->s: right after WELCOME on a reconnection: memory state to account */
 #define GS_MSG_RAISE 13u    /* s->c (v3): a holder filling in after a partial GRANT: reservation raised */
 #define GS_MSG_PACE 14u     /* s->c (v4): keep at most max_queued launches outstanding; 0: unbounded */
+#define GS_MSG_IDLE 15u     /* s->c (v5): release after idle_us microseconds without a GPU call; 0: own window */
 
 /* Anti-thrashing modes (WELCOME.mode). */
 #define GS_MODE_AUTO 0u   /* concurrent while the working sets fit the budget together */
@@ -121,6 +135,7 @@
 #define GS_REJOIN_SIZE 44u
 #define GS_RAISE_SIZE 28u
 #define GS_PACE_SIZE 16u
+#define GS_IDLE_SIZE 16u
 
 struct gs_header {
     uint32_t magic;
@@ -228,7 +243,13 @@ struct gs_pace {
     uint32_t max_queued; /* kernel and graph launches outstanding on the GPU at most; 0: unbounded */
 } __attribute__((packed));
 
+struct gs_idle {
+    struct gs_header h;
+    uint32_t idle_us; /* release after this long without a GPU call; 0: the client's own window */
+} __attribute__((packed));
+
 #ifndef __cplusplus
+_Static_assert(sizeof(struct gs_idle) == GS_IDLE_SIZE, "idle size");
 _Static_assert(sizeof(struct gs_pace) == GS_PACE_SIZE, "pace size");
 _Static_assert(sizeof(struct gs_raise) == GS_RAISE_SIZE, "raise size");
 _Static_assert(sizeof(struct gs_header) == GS_HEADER_SIZE, "header size");

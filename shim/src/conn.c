@@ -1,7 +1,8 @@
 /*
  * The scheduler connection: connect with a deadline, HELLO/WELCOME (in
- * GS_PROTO_VERSION, or in GS_SHIM_MIN_VERSION to a scheduler that refuses it),
- * and sending fixed-size messages in the connection's version. Every socket
+ * GS_PROTO_VERSION, stepping down one version at a time, to GS_SHIM_MIN_VERSION
+ * at the oldest, while the scheduler refuses the HELLO by closing the
+ * connection), and sending fixed-size messages in the connection's version. Every socket
  * operation is non-blocking and bounded, and MSG_NOSIGNAL keeps a dead
  * scheduler from raising SIGPIPE in the application.
  */
@@ -147,26 +148,35 @@ fail:
     return -1;
 }
 
+/* What a connection of an older version than the shim's does without, for the line that says so. */
+static const char *lacks(uint16_t version)
+{
+    return version >= 4 ? "no scheduler idle window" : "no launch pacing and no scheduler idle window";
+}
+
 /* Returns a connected, non-blocking socket that completed HELLO/WELCOME, or -1. The shim speaks
  * GS_PROTO_VERSION; a scheduler that closes the connection at that HELLO (an older one, which refuses
- * versions it does not know) is greeted again in GS_SHIM_MIN_VERSION, whose frames the shim also speaks
- * (everything but PACE), within the same deadline. */
+ * versions it does not know) is greeted again one version lower, down to GS_SHIM_MIN_VERSION, all within
+ * the same deadline: the shim speaks the frames of each (a version 4 connection has no IDLE, a version 3
+ * one neither IDLE nor PACE). Anything but such a close (no answer, a malformed one) ends the attempts. */
 int gs_conn_open(struct gs_welcome *out)
 {
     uint64_t deadline = gs_now_ns() + (uint64_t)gs_cfg.connect_timeout_ms * 1000000ull;
-    int closed;
+    int closed = 0, fd = -1;
     uint16_t v = GS_PROTO_VERSION;
-    int fd = hello_once(v, deadline, out, &closed);
-    if (fd < 0 && closed) {
-        v = GS_SHIM_MIN_VERSION;
+    for (;;) {
         fd = hello_once(v, deadline, out, &closed);
-        if (fd >= 0)
-            gs_log(GS_LOG_INFO,
-                   "the GPU scheduler at %s speaks protocol %u (it closed the connection at a version %u HELLO): "
-                   "no launch pacing",
-                   gs_cfg.socket_path, (unsigned)v, (unsigned)GS_PROTO_VERSION);
+        if (fd >= 0 || !closed || v == GS_SHIM_MIN_VERSION)
+            break;
+        v--;
     }
-    if (fd >= 0)
-        atomic_store(&conn_version, v);
+    if (fd < 0)
+        return -1;
+    if (v != GS_PROTO_VERSION)
+        gs_log(GS_LOG_INFO,
+               "the GPU scheduler at %s speaks protocol %u (it closed the connection at a HELLO of version %u and "
+               "later): %s",
+               gs_cfg.socket_path, (unsigned)v, (unsigned)v + 1u, lacks(v));
+    atomic_store(&conn_version, v);
     return fd;
 }

@@ -6,12 +6,14 @@
  * do they come here, to connect, send ACQUIRE and sleep until GRANT.
  *
  * One background thread per process owns the socket's read side: it applies
- * GRANT / CONTENDED / REVOKED (and PACE, the launch bound of pace.c, which a
- * connection that ends takes with it) and, every tick, releases the lock when the
- * process went idle (no GPU call for GPUSHARE_IDLE_US/_MS) or when someone waits
- * and our quantum is used up. A release closes the gate, waits for calls in
- * flight, makes the GPU work done (cuCtxSynchronize per context) unless a
- * stream is capturing (then the release is deferred), and sends RELEASE.
+ * GRANT / CONTENDED / REVOKED (and PACE, the launch bound of pace.c, and IDLE,
+ * the scheduler's idle window, both of which a connection that ends takes with
+ * it) and, every tick, releases the lock when the process went idle (no GPU call
+ * for the idle window in force: GPUSHARE_IDLE_US/_MS, or the scheduler's when
+ * shorter) or when someone waits and our quantum is used up. A release closes
+ * the gate, waits for calls in flight, makes the GPU work done
+ * (cuCtxSynchronize per context) unless a stream is capturing (then the
+ * release is deferred), and sends RELEASE.
  *
  * A scheduler that is absent at the first GPU call, or that breaks the
  * protocol, opens the gate for good: pass-through with one warning. One that
@@ -80,6 +82,7 @@ static struct {
     uint64_t last_act;
     uint64_t last_act_ns;
     uint64_t grants, releases, revocations;
+    uint32_t sched_idle_us;  /* the scheduler's idle window (IDLE, protocol 5); 0: none, ours holds */
     /* oversubscription */
     int opening;             /* granted; swapping in before the gate opens */
     int swapping;            /* the background thread is moving memory */
@@ -109,6 +112,40 @@ static int must_restore_locked(void)
     return atomic_load(&gs_mm_on) && (st.swapping || st.opening || gs_mm_swapped() > 0);
 }
 
+/* The idle window in force: the scheduler's when it set one shorter than ours, else ours. A pod's
+ * environment may shorten the window, never lengthen the scheduler's (like GPUSHARE_QUANTUM_MS: yield
+ * earlier, never later). mu held. */
+static uint32_t idle_us_locked(void)
+{
+    if (st.sched_idle_us != 0 && st.sched_idle_us < gs_cfg.idle_us)
+        return st.sched_idle_us;
+    return gs_cfg.idle_us;
+}
+
+/* The scheduler's idle window (IDLE), or 0 when a connection ends (from_scheduler 0: said nowhere, the
+ * window was that scheduler's). mu held. */
+static void sched_idle_set_locked(uint32_t us, int from_scheduler)
+{
+    if (us != 0 && us < GS_IDLE_MIN_US)
+        us = GS_IDLE_MIN_US; /* below the kernel's timer slack a shorter window is not kept */
+    if (st.sched_idle_us == us)
+        return;
+    st.sched_idle_us = us;
+    if (!from_scheduler)
+        return;
+    gs_log(GS_LOG_DEBUG, "idle window in force: %u us (the GPU scheduler's: %u us, this process's: %u us)",
+           idle_us_locked(), us, gs_cfg.idle_us);
+    if (us == 0)
+        return;
+    if (us < gs_cfg.idle_us)
+        gs_log(GS_LOG_INFO, "the GPU scheduler asks for an idle release after %u us", us);
+    else
+        gs_log(GS_LOG_INFO,
+               "the GPU scheduler asks for an idle release after %u us; this process's shorter window of %u us "
+               "holds",
+               us, gs_cfg.idle_us);
+}
+
 /* Pass-through for good (no scheduler at the start, a protocol error, no grant in time, exit). */
 static void passthrough_locked(const char *reason)
 {
@@ -116,7 +153,8 @@ static void passthrough_locked(const char *reason)
         return;
     st.conn = CONN_PASSTHROUGH;
     st.held = 0;
-    gs_pace_set(0, 0); /* the bound was that scheduler's */
+    gs_pace_set(0, 0); /* the bound and the idle window were that scheduler's */
+    sched_idle_set_locked(0, 0);
     if (st.fd >= 0)
         shutdown(st.fd, SHUT_RDWR); /* wakes the background thread, which closes it */
     gs_mm_on_reply(0, 0, UINT32_MAX); /* a thread waiting for a MEMREPLY goes on without a budget */
@@ -141,7 +179,8 @@ static void lost_locked(const char *reason)
     st.contended = 0;
     st.evict_pending = 0;
     st.lost_ns = gs_now_ns();
-    gs_pace_set(0, 0); /* the bound was that scheduler's; the next one sends its own */
+    gs_pace_set(0, 0); /* the bound and the idle window were that scheduler's; the next one sends its own */
+    sched_idle_set_locked(0, 0);
     if (st.fd >= 0)
         shutdown(st.fd, SHUT_RDWR); /* wakes the background thread, which closes it and reconnects */
     gs_mm_on_reply(0, 0, UINT32_MAX);
@@ -310,7 +349,7 @@ static void maybe_release_locked(void)
         st.last_act = act;
         st.last_act_ns = now;
     }
-    int idle = (uint32_t)w == 0 && now - st.last_act_ns >= (uint64_t)gs_cfg.idle_us * 1000ull;
+    int idle = (uint32_t)w == 0 && now - st.last_act_ns >= (uint64_t)idle_us_locked() * 1000ull;
     int expired = st.contended && now - st.grant_ns >= (uint64_t)st.quantum_ms * 1000000ull;
     if (!idle && !expired)
         return;
@@ -390,6 +429,8 @@ static uint32_t expected_size(uint16_t type)
         return GS_RAISE_SIZE;
     case GS_MSG_PACE:
         return gs_conn_version() >= 4 ? GS_PACE_SIZE : 0;
+    case GS_MSG_IDLE:
+        return gs_conn_version() >= 5 ? GS_IDLE_SIZE : 0;
     default:
         return 0;
     }
@@ -435,6 +476,11 @@ static void on_message_locked(const unsigned char *m, uint16_t type)
         struct gs_pace p;
         memcpy(&p, m, sizeof(p));
         gs_pace_set(p.max_queued, 1);
+    } else if (type == GS_MSG_IDLE) {
+        /* Like PACE: it holds across grants until the next one; the next tick uses it. */
+        struct gs_idle i;
+        memcpy(&i, m, sizeof(i));
+        sched_idle_set_locked(i.idle_us, 1);
     } else if (type == GS_MSG_MEMREPLY) {
         struct gs_memreply r;
         memcpy(&r, m, sizeof(r));
@@ -530,16 +576,17 @@ int gs_gate_pump(int ms)
 }
 
 /* How long the background thread sleeps between checks; mu held. While we hold the GPU, an idle
- * window shorter than the tick (production on GPUs with production classes, whose gaps go to
- * opportunistic work) is checked four times per window: the window counts from the tick that saw the
- * last call, so the GPU is kept at most 1.25 windows past it (a tick as long as the window kept it up
- * to 2, and every request of production's held the GPU that much longer). Otherwise the tick only
- * retries a deferred eviction, and a short window would only wake the process for nothing. */
+ * window in force shorter than the tick (the scheduler's for production on GPUs with production
+ * classes, whose gaps go to opportunistic work) is checked four times per window: the window counts
+ * from the tick that saw the last call, so the GPU is kept at most 1.25 windows past it (a tick as long
+ * as the window kept it up to 2, and every request of production's held the GPU that much longer).
+ * Otherwise the tick only retries a deferred eviction, and a short window would only wake the process
+ * for nothing. */
 static struct timespec tick_locked(void)
 {
-    uint32_t us = TICK_MS * 1000;
-    if (st.held && gs_cfg.idle_us / 4 < us)
-        us = gs_cfg.idle_us / 4 > GS_IDLE_MIN_US ? gs_cfg.idle_us / 4 : GS_IDLE_MIN_US;
+    uint32_t us = TICK_MS * 1000, idle = idle_us_locked();
+    if (st.held && idle / 4 < us)
+        us = idle / 4 > GS_IDLE_MIN_US ? idle / 4 : GS_IDLE_MIN_US;
     return (struct timespec){.tv_sec = 0, .tv_nsec = (long)us * 1000};
 }
 
@@ -686,7 +733,8 @@ static int reconnect_locked(void)
                 st.quantum_ms = w.quantum_ms;
                 st.grace_ms = w.grace_ms;
                 st.reconnects++;
-                gs_pace_set(0, 0); /* until this scheduler sends a bound of its own */
+                gs_pace_set(0, 0); /* until this scheduler sends a bound and an idle window of its own */
+                sched_idle_set_locked(0, 0);
                 gs_log(GS_LOG_WARN,
                        "reconnected to the GPU scheduler after %.1f s; re-announced %llu bytes resident, %llu "
                        "swapped out; GPU calls take the lock again",
@@ -840,9 +888,10 @@ void gs_gate_atfork_parent(void)
 }
 
 /* The child of fork() never touches the parent's connection: it closes its copy of the socket and
- * forgets the parent's lease, memory account and reconnection (CUDA does not survive fork, so it has
- * none of the parent's GPU state either). It is a new client of its own, connecting at its first GPU
- * call, or stays in pass-through if the parent was. The parent's connection and lease are untouched. */
+ * forgets the parent's lease, memory account, reconnection and the idle window its scheduler gave
+ * (CUDA does not survive fork, so it has none of the parent's GPU state either). It is a new client of
+ * its own, connecting at its first GPU call with its own window until its scheduler sends one, or stays
+ * in pass-through if the parent was. The parent's connection and lease are untouched. */
 void gs_gate_atfork_child(void)
 {
     if (st.fd >= 0)

@@ -215,7 +215,8 @@ void gs_pace_log_stats(void);
 void gs_pace_atfork_child(void);
 
 /* ---- scheduler connection (conn.c) ---- */
-/* The oldest protocol version the shim speaks: a scheduler that refuses GS_PROTO_VERSION is greeted in it. */
+/* The oldest protocol version the shim speaks: a scheduler that refuses GS_PROTO_VERSION is greeted one
+ * version lower at a time, down to this one (gs_conn_open). */
 #define GS_SHIM_MIN_VERSION 3u
 struct gs_welcome;
 int gs_conn_open(struct gs_welcome *w);

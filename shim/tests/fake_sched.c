@@ -17,6 +17,8 @@
  *     pace=N               PACE N right after WELCOME, to clients of version 4 and later
  *     pace_any=1           ... and to older clients too (a scheduler that breaks the protocol)
  *     pace_file=PATH pace_next=M   once PATH exists (once): PACE M
+ *     idle=N               IDLE idle_us=N right after WELCOME (after PACE), to clients of version 5 and later
+ *     idle_any=1           ... and to older clients too (a scheduler that breaks the protocol)
  * Every message it gets or sends is a line on stdout: "got ACQUIRE need=N", "sent EVICT", "got USAGE
  * reason=R resident=N swapped=N", ...
  */
@@ -86,6 +88,8 @@ int main(int argc, char **argv)
     const char *pace_file = arg(argc, argv, "pace_file", NULL);
     uint32_t pace_next = (uint32_t)strtoul(arg(argc, argv, "pace_next", "0"), NULL, 10);
     int paced_next = 0;
+    const char *idle = arg(argc, argv, "idle", NULL);
+    int idle_any = atoi(arg(argc, argv, "idle_any", "0"));
 
     int ls = socket(AF_UNIX, SOCK_STREAM, 0);
     struct sockaddr_un a;
@@ -166,6 +170,13 @@ int main(int argc, char **argv)
                     pm.max_queued = (uint32_t)strtoul(pace, NULL, 10);
                     send_msg(fd, &pm, GS_MSG_PACE, GS_PACE_SIZE);
                     say("sent PACE max_queued=%llu\n", pm.max_queued, 0, 0);
+                }
+                if (idle != NULL && (client_version >= 5 || idle_any)) {
+                    struct gs_idle im;
+                    memset(&im, 0, sizeof(im));
+                    im.idle_us = (uint32_t)strtoul(idle, NULL, 10);
+                    send_msg(fd, &im, GS_MSG_IDLE, GS_IDLE_SIZE);
+                    say("sent IDLE idle_us=%llu\n", im.idle_us, 0, 0);
                 }
             } else if (h.type == GS_MSG_ACQUIRE) {
                 struct gs_acquire q;

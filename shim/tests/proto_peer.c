@@ -7,8 +7,9 @@
  *   proto_peer SOCKET handoff N        two connections ping-pong the lock N times; prints
  *                                      release->grant latency p50/p99/max in microseconds
  *   proto_peer SOCKET waitgrant        acquire once; print "grant_ns=<CLOCK_MONOTONIC ns>"
- * It speaks GS_PROTO_VERSION, and version 3 to a scheduler that closes the connection at that HELLO
- * (one of version 3), as the shim does; PACE messages (version 4) are read and ignored.
+ * It speaks GS_PROTO_VERSION, and steps down a version at a time to a scheduler that closes the
+ * connection at a HELLO (an older one), down to 3, as the shim does; PACE and IDLE messages (versions
+ * 4 and 5) are read and ignored.
  */
 #include <errno.h>
 #include <poll.h>
@@ -96,8 +97,8 @@ static int dial_once(const char *path)
 static int dial(const char *path)
 {
     int fd = dial_once(path);
-    if (fd < 0 && version > 3) {
-        version = 3;
+    while (fd < 0 && version > 3) {
+        version--;
         fd = dial_once(path);
     }
     if (fd < 0) {
@@ -107,11 +108,12 @@ static int dial(const char *path)
     return fd;
 }
 
-/* The next message that is not PACE (a bound for opportunistic clients, which this peer ignores). */
+/* The next message that is not PACE or IDLE (a launch bound and an idle window, which this peer
+ * ignores). */
 static int read_msg_skip_pace(int fd, unsigned char *buf)
 {
     int t;
-    while ((t = read_msg(fd, buf)) == GS_MSG_PACE)
+    while ((t = read_msg(fd, buf)) == GS_MSG_PACE || t == GS_MSG_IDLE)
         ;
     return t;
 }

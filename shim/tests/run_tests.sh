@@ -342,10 +342,10 @@ for entry in kernel ex graph; do # on a stream of the application's
         fail "PACE 8 on $entry on a stream" "records on $streams $out"
     fi
 done
-if grep -q "got HELLO version=4" "$D/sched.log" && ! grep -q "refused HELLO" "$D/sched.log"; then
-    pass "the shim says HELLO in protocol 4"
+if grep -q "got HELLO version=5" "$D/sched.log" && ! grep -q "refused HELLO" "$D/sched.log"; then
+    pass "the shim says HELLO in protocol 5"
 else
-    fail "protocol 4 HELLO" "$(cat "$D/sched.log")"
+    fail "protocol 5 HELLO" "$(cat "$D/sched.log")"
 fi
 stop_fake
 
@@ -485,9 +485,9 @@ else
     fail "pacing under threads" "max=$m $out"
 fi
 
-# 24. A scheduler of protocol 3 closes the connection at a version 4 HELLO: the shim greets it again in
-# version 3 and runs under its lock as before (every frame in version 3, or the scheduler drops it),
-# without pacing (all 64 launches made while none ran).
+# 24. A scheduler of protocol 3 closes the connection at a version 5 HELLO and at a version 4 one: the
+# shim steps down to version 3 and runs under its lock as before (every frame in version 3, or the
+# scheduler drops it), without pacing (all 64 launches made while none ran).
 D=$TMP/v3
 mkdir -p "$D"
 start_fake "$D" version=3 pace=4
@@ -495,13 +495,15 @@ run_paced "$D" GPUSHARE_SOCKET="$D/s.sock" "$PACE" launch kernel 64
 ok=1
 wait_for 20 grep -q "launched 64" "$D/out" || ok=0
 finish_paced "$D" || ok=0
-if [ "$ok" = 1 ] && grep -q "client done" "$D/out" && grep -q "refused HELLO version=4" "$D/sched.log" &&
-    grep -q "got HELLO version=3" "$D/sched.log" && grep -q "got ACQUIRE" "$D/sched.log" &&
+hellos=$(grep -e "HELLO" "$D/sched.log" | tr '\n' ' ')
+want_hellos="got HELLO version=5 refused HELLO version=5 got HELLO version=4 refused HELLO version=4 got HELLO version=3 "
+if [ "$ok" = 1 ] && grep -q "client done" "$D/out" && [ "$hellos" = "$want_hellos" ] && grep -q "got ACQUIRE" "$D/sched.log" &&
     ! grep -q "changed protocol version" "$D/sched.log" && ! grep -q "sent PACE" "$D/sched.log" &&
-    grep -q "speaks protocol 3" "$D/err" && ! grep -q "GPU lock disabled" "$D/err"; then
+    grep -q "speaks protocol 3 .*: no launch pacing and no scheduler idle window" "$D/err" &&
+    ! grep -q "GPU lock disabled" "$D/err"; then
     pass "a protocol 3 scheduler: the shim falls back to version 3 and takes its lock, unpaced"
 else
-    fail "protocol 3 scheduler" "ok=$ok $(cat "$D/sched.log" "$D/out" "$D/err")"
+    fail "protocol 3 scheduler" "ok=$ok hellos=$hellos $(cat "$D/sched.log" "$D/out" "$D/err")"
 fi
 stop_fake
 
@@ -554,6 +556,83 @@ if grep -q "child done" <<<"$out" && grep -q "child status=0" <<<"$out" && grep 
 else
     fail "pacing after fork" "$out"
 fi
+
+# --- The scheduler's idle window (IDLE, protocol 5) ---
+# The client lingers, alive and idle, after its last GPU call: only an idle release frees the lock then
+# (a process that exits ends its connection without a RELEASE), so "got RELEASE" in the fake's log while
+# the client still runs says the window in force ran out. The bound of the wait (seconds) is far below
+# the longer of the two windows; it is no measure of speed.
+released_idle() { # DIR PID: the fake got a RELEASE while PID (the lingering client) still ran
+    wait_for 3 grep -q "got RELEASE" "$1/sched.log" && kill -0 "$2" 2>/dev/null
+}
+run_lingering() { # DIR [VAR=VALUE...]: the client, 5 launches then 4 s idle, in the background; DIR/out, DIR/err
+    local d=$1
+    shift
+    run_client GPUSHARE_SOCKET="$d/s.sock" GPUSHARE_LOG_LEVEL=info "$@" \
+        timeout 30 "$CLIENT" dlsym 5 0 0 4000 >"$d/out" 2>"$d/err" &
+    LC=$!
+}
+
+# idle_case NAME FAKE_IDLE_US CLIENT_ENV LOG PASS_MESSAGE: the fake scheduler sends IDLE FAKE_IDLE_US to a
+# lingering client with CLIENT_ENV; it must release within seconds of its last call and log LOG.
+idle_case() {
+    local d=$TMP/$1
+    mkdir -p "$d"
+    start_fake "$d" idle="$2"
+    run_lingering "$d" "$3"
+    local ok=1
+    released_idle "$d" "$LC" || ok=0
+    wait "$LC" || ok=0
+    if [ "$ok" = 1 ] && grep -q "sent IDLE idle_us=$2\$" "$d/sched.log" && grep -q "client done" "$d/out" &&
+        grep -q "$4" "$d/err"; then
+        pass "$5"
+    else
+        fail "$5" "ok=$ok $(cat "$d/sched.log" "$d/out" "$d/err")"
+    fi
+    stop_fake
+}
+
+# 27. The scheduler's window shorter than the client's own: IDLE 20000 us to a client whose
+# GPUSHARE_IDLE_MS=600000 (ten minutes) releases within seconds of its last call. The client's own
+# window shorter than the scheduler's wins: GPUSHARE_IDLE_US=20000 against IDLE of ten minutes still
+# releases within seconds (the environment may shorten the window, never lengthen it).
+idle_case idle 20000 GPUSHARE_IDLE_MS=600000 "the GPU scheduler asks for an idle release after 20000 us\$" \
+    "IDLE 20000 us: a client whose own window is 10 minutes releases the lock while it lingers"
+idle_case idleown 600000000 GPUSHARE_IDLE_US=20000 "after 600000000 us; this process's shorter window of 20000 us holds" \
+    "IDLE of 10 minutes: a client whose own window is 20 ms keeps its own and releases while it lingers"
+
+# 28. A scheduler of protocol 4 closes the connection at a version 5 HELLO: the shim greets it again in
+# version 4, is paced by it (PACE) and takes its lock, and says the connection has no scheduler idle
+# window; the fake sends no IDLE to a version 4 client.
+D=$TMP/v4
+mkdir -p "$D"
+start_fake "$D" version=4 pace=4 idle=20000
+out=$(run_client GPUSHARE_SOCKET="$D/s.sock" GPUSHARE_LOG_LEVEL=info timeout 20 "$CLIENT" dlsym 5 2>&1 || true)
+hellos=$(grep -e "HELLO" "$D/sched.log" | tr '\n' ' ')
+if grep -q "client done" <<<"$out" && [ "$hellos" = "got HELLO version=5 refused HELLO version=5 got HELLO version=4 " ] &&
+    grep -q "sent PACE max_queued=4" "$D/sched.log" && grep -q "got ACQUIRE" "$D/sched.log" &&
+    ! grep -q "sent IDLE" "$D/sched.log" && ! grep -q "changed protocol version" "$D/sched.log" &&
+    grep -q "at most 4 launches outstanding (the GPU scheduler's bound)" <<<"$out" &&
+    grep -q "speaks protocol 4 .*: no scheduler idle window\$" <<<"$out" && ! grep -q "GPU lock disabled" <<<"$out"; then
+    pass "a protocol 4 scheduler: the shim falls back to version 4, paced and under its lock, without its idle window"
+else
+    fail "protocol 4 scheduler" "hellos=$hellos $(cat "$D/sched.log") $out"
+fi
+stop_fake
+
+# An IDLE in a version 4 connection (it came with version 5) is a protocol error: pass-through, one warning.
+D=$TMP/v4idle
+mkdir -p "$D"
+start_fake "$D" version=4 idle=20000 idle_any=1
+out=$(run_client GPUSHARE_SOCKET="$D/s.sock" timeout 20 "$CLIENT" dlsym 5 2>&1 || true)
+n=$(grep -c "GPU lock disabled" <<<"$out" || true)
+if grep -q "client done" <<<"$out" && [ "$n" = 1 ] && grep -q "protocol error from the GPU scheduler" <<<"$out" &&
+    grep -q "sent IDLE idle_us=20000" "$D/sched.log"; then
+    pass "IDLE sent to a protocol 4 client is a protocol error: pass-through with one warning"
+else
+    fail "IDLE in protocol 4" "$(cat "$D/sched.log") $out"
+fi
+stop_fake
 
 if [ "$fails" -ne 0 ]; then
     echo "$fails shim test(s) failed"

@@ -10,9 +10,11 @@
 #   gs-shim     gpusharing's shim on both (oversubscription on, memory fits): production preempts the
 #               trainer's lock at once, the trainer's launch queue is bounded while production is connected
 #               (PACE launches, default 3 as in the product; gs-shim-pN: N), production releases after
-#               IDLE_US idle (default as the agent sets it; gs-shim-iN: N us; both: gs-shim-pN-iM)
-#   gs-alone    production alone under the shim as gs-shim sets it up (no trainer): what the lock's
-#               hand-offs cost production by themselves (it releases after 1 ms idle and asks again)
+#               the scheduler's idle window (1 ms, as in the product) or IDLE_US when shorter (gs-shim-iN:
+#               N us; both: gs-shim-pN-iM)
+#   gs-alone    production alone under the shim as gs-shim sets it up (no trainer): with no trainer connected
+#               the scheduler leaves production its own idle window; IDLE_US=1000 measures what the lock's
+#               hand-offs cost by themselves (production releases after 1 ms idle and asks again)
 #   gs-oversub  the same with a memory budget production + two trainers exceed: the trainers swap between
 #               themselves, production's memory stays resident
 # Production serves ResNet-50 and BERT-base (batch 8, fp16) to Poisson arrivals at 30% and 70% load (load =
@@ -36,7 +38,7 @@ CONFIGS=${CONFIGS:-timeslice mps mps-prio gs-mps gs-shim gs-oversub}
 QOS_MPS_THREADS=${QOS_MPS_THREADS:-50}
 QUANTUM=${QUANTUM:-2s}
 PACE=${PACE:-3}
-IDLE_US=${IDLE_US:-1000}
+IDLE_US=${IDLE_US:-} # production's own idle window, in us; only one shorter than the scheduler's 1 ms holds
 MODELS=${MODELS:-resnet50 bert} # a subset for a focused sweep
 LOADS=${LOADS:-0.3 0.7}
 mkdir -p "$OUT"
@@ -117,11 +119,11 @@ start_sched() { # start_sched BUDGET_BYTES
 	"$BUILD/gpushare-scheduler" --socket-dir "$SOCK_DIR" --gpu "$UUID:$QUANTUM::$1:Auto" --opportunistic-queue "$PACE" -v 1 2>"$T/scheduler-$1.log" &
 	SCHED_PID=$!
 	for _ in $(seq 100); do [ -S "$SOCK_DIR/$UUID.sock" ] && break; sleep 0.05; done
-	# As the agent's device plugin sets it up on a GPU with sharing.qos (a 1 ms idle release for every pod:
-	# production's gaps go to the trainer; DRA claims of opportunistic pods keep the default, which these
-	# trainers, never idle, would not notice); production is named by GPUSHARE_PRIORITY here, where the
-	# standalone scheduler has no pods.
-	SHIM="LD_PRELOAD=$BUILD/libgpushare.so GPUSHARE_SOCKET=$SOCK_DIR/$UUID.sock GPUSHARE_GPU_UUID=$UUID GPUSHARE_OVERSUB=1 GPUSHARE_IDLE_US=$IDLE_US"
+	# As the agent sets it up on a GPU with sharing.qos: the scheduler tells production its 1 ms idle
+	# window (IDLE) while a trainer is connected, and the trainers keep the shim's default. Production is
+	# named by GPUSHARE_PRIORITY here, where the standalone scheduler has no pods.
+	SHIM="LD_PRELOAD=$BUILD/libgpushare.so GPUSHARE_SOCKET=$SOCK_DIR/$UUID.sock GPUSHARE_GPU_UUID=$UUID GPUSHARE_OVERSUB=1"
+	PROD="$SHIM GPUSHARE_PRIORITY=high GPUSHARE_LOG_LEVEL=info${IDLE_US:+ GPUSHARE_IDLE_US=$IDLE_US}"
 }
 stop_sched() {
 	kill -INT "$SCHED_PID"
@@ -151,7 +153,7 @@ for c in $CONFIGS; do
 		stop_mps ;;
 	gs-alone)
 		start_sched $((60 << 30))
-		run_config gs-alone 0 "$SHIM GPUSHARE_PRIORITY=high" ""
+		run_config gs-alone 0 "$PROD" ""
 		stop_sched $((60 << 30)) ;;
 	gs-shim | gs-shim-[pi]*)
 		# gs-shim-pN: an opportunistic queue of N launches (sharing.qos.opportunisticQueue); gs-shim-iN:
@@ -161,7 +163,7 @@ for c in $CONFIGS; do
 			case $part in p*) PACE=${part#p} ;; i*) IDLE_US=${part#i} ;; esac
 		done
 		start_sched $((60 << 30))
-		run_config "$c" 1 "$SHIM GPUSHARE_PRIORITY=high" "$SHIM"
+		run_config "$c" 1 "$PROD" "$SHIM"
 		stop_sched $((60 << 30))
 		read -r PACE IDLE_US <<<"$keep" ;;
 	gs-oversub)
@@ -174,7 +176,7 @@ PY
 )
 		echo "   budget $((B >> 20)) MiB (2 GiB for production + 1.5 trainers)"
 		start_sched "$B"
-		run_config gs-oversub 2 "$SHIM GPUSHARE_PRIORITY=high" "$SHIM"
+		run_config gs-oversub 2 "$PROD" "$SHIM"
 		stop_sched "$B" ;;
 	*) echo "unknown configuration $c" ;;
 	esac

@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -359,17 +360,7 @@ func sentValues(f *fakeClient, typ MsgType) []uint32 {
 	return out
 }
 
-func samePaces(got []uint32, want ...uint32) bool {
-	if len(got) != len(want) {
-		return false
-	}
-	for i := range got {
-		if got[i] != want[i] {
-			return false
-		}
-	}
-	return true
-}
+func sameValues(got []uint32, want ...uint32) bool { return slices.Equal(got, want) }
 
 // PACE goes to the opportunistic clients of version 4 only, with the configured depth while a
 // production client is connected and 0 once none is, each value once; a client joining while
@@ -386,12 +377,12 @@ func TestPaceFollowsProductionPresence(t *testing.T) {
 		t.Fatalf("PACE %v without any production client", paces(o))
 	}
 	p1 := fx.joinAs(t, pod(1000))
-	if !samePaces(paces(o), DefaultOpportunisticQueue) {
+	if !sameValues(paces(o), DefaultOpportunisticQueue) {
 		t.Fatalf("opportunistic client paced %v when production joined, want [%d]", paces(o), DefaultOpportunisticQueue)
 	}
 	p2 := fx.joinAs(t, pod(2000))
 	late := fx.joinAs(t, pod(0))
-	if !samePaces(paces(o), DefaultOpportunisticQueue) {
+	if !sameValues(paces(o), DefaultOpportunisticQueue) {
 		t.Fatalf("paced %v after a second production client joined: the value was repeated", paces(o))
 	}
 	if len(late.got) != 2 || late.got[0].Type != MsgWelcome || late.got[1].Type != MsgPace ||
@@ -399,11 +390,11 @@ func TestPaceFollowsProductionPresence(t *testing.T) {
 		t.Fatalf("a client joining beside production got %+v, want WELCOME then PACE %d", late.got, DefaultOpportunisticQueue)
 	}
 	fx.q.leave(p1.c)
-	if !samePaces(paces(o), DefaultOpportunisticQueue) {
+	if !sameValues(paces(o), DefaultOpportunisticQueue) {
 		t.Fatalf("paced %v while a production client is still connected", paces(o))
 	}
 	fx.q.leave(p2.c)
-	if !samePaces(paces(o), DefaultOpportunisticQueue, 0) || !samePaces(paces(late), DefaultOpportunisticQueue, 0) {
+	if !sameValues(paces(o), DefaultOpportunisticQueue, 0) || !sameValues(paces(late), DefaultOpportunisticQueue, 0) {
 		t.Fatalf("after the last production client left: paced %v and %v, want the bound lifted (0) once", paces(o), paces(late))
 	}
 	for _, f := range []*fakeClient{o3, o2, p1, p2} {
@@ -419,23 +410,23 @@ func TestPaceFollowsTheDepthAndTheClass(t *testing.T) {
 	fx := newQoSFixture(t, cfg)
 	o, x := fx.joinAs(t, pod(0)), fx.joinAs(t, pod(500))
 	fx.joinAs(t, pod(1000))
-	if !samePaces(paces(o), 4) || !samePaces(paces(x), 4) {
+	if !sameValues(paces(o), 4) || !sameValues(paces(x), 4) {
 		t.Fatalf("paced %v and %v, want the configured 4", paces(o), paces(x))
 	}
 	cfg.OpportunisticQueue = 8
 	fx.q.reconfigure(cfg)
 	fx.q.reconfigure(cfg)
-	if !samePaces(paces(o), 4, 8) {
+	if !sameValues(paces(o), 4, 8) {
 		t.Fatalf("paced %v after the depth changed to 8 (twice), want [4 8]", paces(o))
 	}
 	cfg.ProductionPriority = threshold(500) // x becomes production
 	fx.q.reconfigure(cfg)
-	if !samePaces(paces(x), 4, 8, 0) || !samePaces(paces(o), 4, 8) {
+	if !sameValues(paces(x), 4, 8, 0) || !sameValues(paces(o), 4, 8) {
 		t.Fatalf("after x became production: x paced %v, o %v; want x unbounded (0), o unchanged", paces(x), paces(o))
 	}
 	cfg.OpportunisticQueue = 0 // the default
 	fx.q.reconfigure(cfg)
-	if !samePaces(paces(o), 4, 8, DefaultOpportunisticQueue) {
+	if !sameValues(paces(o), 4, 8, DefaultOpportunisticQueue) {
 		t.Fatalf("paced %v after the depth was reset, want the default %d last", paces(o), DefaultOpportunisticQueue)
 	}
 }
@@ -455,12 +446,12 @@ func TestIdleFollowsOpportunisticPresenceAndTheClass(t *testing.T) {
 		t.Fatalf("IDLE %v without any opportunistic client", idles(p))
 	}
 	x := fx.joinAs(t, pod(500))
-	if !samePaces(idles(p), short) {
+	if !sameValues(idles(p), short) {
 		t.Fatalf("production told %v when an opportunistic client joined, want [%d]", idles(p), short)
 	}
 	o := fx.joinAs(t, pod(0))
 	late := fx.joinAs(t, pod(2000))
-	if !samePaces(idles(p), short) {
+	if !sameValues(idles(p), short) {
 		t.Fatalf("told %v after a second opportunistic client joined: the value was repeated", idles(p))
 	}
 	if len(late.got) != 2 || late.got[0].Type != MsgWelcome || late.got[1].Type != MsgIdle || late.got[1].IdleUS != short {
@@ -468,17 +459,17 @@ func TestIdleFollowsOpportunisticPresenceAndTheClass(t *testing.T) {
 	}
 	cfg.ProductionPriority = threshold(500) // x becomes production beside o
 	fx.q.reconfigure(cfg)
-	if !samePaces(idles(x), short) {
+	if !sameValues(idles(x), short) {
 		t.Fatalf("x told %v when it became production, want [%d]", idles(x), short)
 	}
 	fx.q.leave(o.c)
-	if !samePaces(idles(p), short, 0) || !samePaces(idles(x), short, 0) || !samePaces(idles(late), short, 0) {
+	if !sameValues(idles(p), short, 0) || !sameValues(idles(x), short, 0) || !sameValues(idles(late), short, 0) {
 		t.Fatalf("after the last opportunistic client left: told %v, %v and %v, want their own windows back (0) once",
 			idles(p), idles(x), idles(late))
 	}
 	cfg.ProductionPriority = threshold(1000) // x is opportunistic again, beside p and late
 	fx.q.reconfigure(cfg)
-	if !samePaces(idles(x), short, 0) || !samePaces(idles(p), short, 0, short) {
+	if !sameValues(idles(x), short, 0) || !sameValues(idles(p), short, 0, short) {
 		t.Fatalf("after x became opportunistic: x told %v, p %v; want x nothing new, p the short window again", idles(x), idles(p))
 	}
 	if n := p4.count(MsgIdle); n != 0 {

@@ -595,12 +595,10 @@ static void serve(int fd)
 {
     pthread_mutex_lock(&mu);
     rhave = 0;
+    struct timespec tick = tick_locked();
     pthread_mutex_unlock(&mu);
     for (;;) {
         struct pollfd p = {.fd = fd, .events = POLLIN};
-        pthread_mutex_lock(&mu);
-        struct timespec tick = tick_locked();
-        pthread_mutex_unlock(&mu);
         int r = ppoll(&p, 1, &tick, NULL);
         pthread_mutex_lock(&mu);
         if (st.conn != CONN_UP || st.fd != fd) {
@@ -616,6 +614,7 @@ static void serve(int fd)
         if (st.evict_pending)
             evict_locked();
         maybe_release_locked();
+        tick = tick_locked(); /* for the next wait, while mu is held anyway */
         pthread_mutex_unlock(&mu);
     }
 }

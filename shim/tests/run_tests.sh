@@ -507,18 +507,31 @@ else
 fi
 stop_fake
 
+# too_new NAME PASS_MESSAGE SENT FAKE_ARGS -- COMMAND...: the fake sends a client a message its protocol
+# version does not have (FAKE_ARGS make it send it anyway; SENT is its log line of the sending); the
+# client's shim takes it as a protocol error: pass-through with one warning, COMMAND completes.
+too_new() {
+    local d=$TMP/$1 msg=$2 sent=$3 args=()
+    shift 3
+    while [ "$1" != -- ]; do args+=("$1"); shift; done
+    shift
+    mkdir -p "$d"
+    start_fake "$d" "${args[@]}"
+    local out n
+    out=$(run_client GPUSHARE_SOCKET="$d/s.sock" timeout 20 "$@" 2>&1 || true)
+    n=$(grep -c "GPU lock disabled" <<<"$out" || true)
+    if grep -q "client done" <<<"$out" && [ "$n" = 1 ] && grep -q "protocol error from the GPU scheduler" <<<"$out" &&
+        grep -q "$sent" "$d/sched.log"; then
+        pass "$msg"
+    else
+        fail "$msg" "$(cat "$d/sched.log") $out"
+    fi
+    stop_fake
+}
+
 # A PACE in a version 3 connection (it came with version 4) is a protocol error: pass-through, one warning.
-D=$TMP/v3pace
-mkdir -p "$D"
-start_fake "$D" version=3 pace=4 pace_any=1
-out=$(run_client GPUSHARE_SOCKET="$D/s.sock" timeout 20 "$PACE" launch kernel 16 2>&1 || true)
-n=$(grep -c "GPU lock disabled" <<<"$out" || true)
-if grep -q "client done" <<<"$out" && [ "$n" = 1 ] && grep -q "protocol error from the GPU scheduler" <<<"$out"; then
-    pass "PACE sent to a protocol 3 client is a protocol error: pass-through with one warning"
-else
-    fail "PACE in protocol 3" "$out"
-fi
-stop_fake
+too_new v3pace "PACE sent to a protocol 3 client is a protocol error: pass-through with one warning" \
+    "sent PACE max_queued=4" version=3 pace=4 pace_any=1 -- "$PACE" launch kernel 16
 
 # 25. The bound is the connection's: when the scheduler goes away the waiting thread goes on unbounded;
 # the scheduler that comes back (REJOIN) sends its own bound, which holds from then on.
@@ -621,18 +634,8 @@ fi
 stop_fake
 
 # An IDLE in a version 4 connection (it came with version 5) is a protocol error: pass-through, one warning.
-D=$TMP/v4idle
-mkdir -p "$D"
-start_fake "$D" version=4 idle=20000 idle_any=1
-out=$(run_client GPUSHARE_SOCKET="$D/s.sock" timeout 20 "$CLIENT" dlsym 5 2>&1 || true)
-n=$(grep -c "GPU lock disabled" <<<"$out" || true)
-if grep -q "client done" <<<"$out" && [ "$n" = 1 ] && grep -q "protocol error from the GPU scheduler" <<<"$out" &&
-    grep -q "sent IDLE idle_us=20000" "$D/sched.log"; then
-    pass "IDLE sent to a protocol 4 client is a protocol error: pass-through with one warning"
-else
-    fail "IDLE in protocol 4" "$(cat "$D/sched.log") $out"
-fi
-stop_fake
+too_new v4idle "IDLE sent to a protocol 4 client is a protocol error: pass-through with one warning" \
+    "sent IDLE idle_us=20000" version=4 idle=20000 idle_any=1 -- "$CLIENT" dlsym 5
 
 if [ "$fails" -ne 0 ]; then
     echo "$fails shim test(s) failed"

@@ -77,7 +77,8 @@ type QoS struct {
 	ProductionPriority int32 `json:"productionPriority"`
 
 	// opportunisticQueue (oversubscription only) is how many kernel and graph launches an opportunistic
-	// process may have queued on the GPU while a production process is connected, so that production,
+	// process may have queued on the GPU while a production process is connected, a launch that runs
+	// under 100 microseconds counting as its fraction of one, so that production,
 	// which takes the lock from it at once, shares the GPU only with that much of its work: fewer keep
 	// production's latency closer to its own, more give the opportunistic work more of the GPU
 	// (docs/qos.md measures both). 1-1024; omitted: 3.

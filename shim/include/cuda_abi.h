@@ -36,6 +36,7 @@ typedef struct CUgraphNode_st *CUgraphNode;
 typedef struct CUgraphExec_st *CUgraphExec;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
 typedef struct CUevent_st *CUevent;
+#define CU_EVENT_DEFAULT 0
 #define CU_EVENT_DISABLE_TIMING 2
 #define CUDA_ERROR_NOT_READY 600
 #define CU_STREAM_PER_THREAD ((CUstream)0x2)

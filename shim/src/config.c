@@ -123,4 +123,7 @@ void gs_config_load(void)
     gs_cfg.pace_wait_max_ms = env_u32("GPUSHARE_PACE_WAIT_MAX_MS", 2000);
     if (gs_cfg.pace_wait_max_ms == 0)
         gs_cfg.pace_wait_max_ms = 1; /* never unbounded */
+    /* A paced launch that runs shorter than this counts as the fraction of a launch it runs (pace.c); 0:
+     * each counts as one. 100 us: docs/qos.md measures 0 to 400. */
+    gs_cfg.pace_full_us = env_u32("GPUSHARE_PACE_FULL_US", 100);
 }

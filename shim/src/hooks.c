@@ -20,14 +20,17 @@
 /* A launch: with a launch bound, waits (outside the gate) while the process's queue is full, and marks
  * the queue after the launch (in flight, so a release's drain sees the mark). Unbounded: one load and
  * a branch more. */
-#define GS_BODY_LAUNCH(name, params, args, stream)                                                 \
+#define GS_BODY_LAUNCH(name, params, args, stream_key) GS_BODY_LAUNCH_(name, params, args, GS_UNPAIR stream_key)
+#define GS_UNPAIR(stream, key) stream, key
+#define GS_BODY_LAUNCH_(...) GS_BODY_LAUNCH__(__VA_ARGS__)
+#define GS_BODY_LAUNCH__(name, params, args, stream, key)                                          \
     GS_EXPORT CUresult name params;                                                                \
     GS_EXPORT CUresult name params                                                                 \
     {                                                                                              \
         GS_REAL_OR_FAIL(name)                                                                      \
         struct gs_pace_ticket pt;                                                                  \
         int paced = GS_UNLIKELY(atomic_load_explicit(&gs_pace_max, memory_order_relaxed) != 0) &&  \
-                    gs_pace_before(&pt);                                                           \
+                    gs_pace_before(&pt, (key));                                                    \
         gs_gate_enter(GS_ID_##name);                                                               \
         CUresult r = real args;                                                                    \
         if (GS_UNLIKELY(paced))                                                                    \

@@ -57,6 +57,7 @@ struct gs_config {
     uint64_t segment_bytes;   /* GPUSHARE_SEGMENT_MIB: cuMemAlloc above this swaps in segments (0: whole) */
     int64_t pace_override;    /* GPUSHARE_PACE_OVERRIDE: the launch bound in force (0: none); -1: the scheduler's */
     uint32_t pace_wait_max_ms; /* GPUSHARE_PACE_WAIT_MAX_MS: longest wait for the process's own work, then no pacing */
+    uint32_t pace_full_us;     /* GPUSHARE_PACE_FULL_US: a launch that runs this long counts as a whole one */
 };
 extern struct gs_config gs_cfg;
 void gs_config_load(void);
@@ -202,12 +203,17 @@ struct gs_pace_ticket {
     int ring, slot; /* slot -1: nothing to record after the launch */
     uint32_t gen;
 };
+/* What a launch's GPU time is estimated by: the kernel and its grid, or the graph (never 0). */
+static inline uint64_t gs_launch_key(const void *what, uint64_t grid)
+{
+    return ((uint64_t)(uintptr_t)what * 0x9E3779B97F4A7C15ull ^ grid * 0xC2B2AE3D27D4EB4Full) | 1;
+}
 void gs_pace_init(void); /* after the configuration is read */
 /* The scheduler's bound (PACE), or 0 when a connection ends (from_scheduler 0: said nowhere). */
 void gs_pace_set(uint32_t max_queued, int from_scheduler);
-/* Before a launch, not in flight: waits while the process's queue is at the bound; 1 when the launch
- * counts (then gs_pace_after follows it, in flight, with the launch's stream and result). */
-int gs_pace_before(struct gs_pace_ticket *t);
+/* Before a launch (key: gs_launch_key), not in flight: waits while the process's queue is at the bound; 1
+ * when the launch counts (then gs_pace_after follows it, in flight, with the launch's stream and result). */
+int gs_pace_before(struct gs_pace_ticket *t, uint64_t key);
 void gs_pace_after(const struct gs_pace_ticket *t, CUstream s, CUresult launched);
 void gs_pace_forget_ctx(CUcontext ctx); /* before cuCtxDestroy: its events are destroyed, never used again */
 void gs_pace_forget_dev(CUdevice dev);  /* before a primary context's release or reset, the same */

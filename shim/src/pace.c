@@ -1,17 +1,28 @@
 /*
- * Launch pacing: a bound on how many kernel and graph launches an opportunistic process keeps
- * outstanding on the GPU (PACE, protocol 4; GPUSHARE_PACE_OVERRIDE). When the scheduler preempts
- * such a process for a production one, the process stops launching at once, but what it already
- * queued keeps running beside production's kernels; the bound keeps that backlog short.
+ * Launch pacing: a bound on how much kernel and graph work an opportunistic process keeps outstanding
+ * on the GPU (PACE, protocol 4; GPUSHARE_PACE_OVERRIDE). When the scheduler preempts such a process
+ * for a production one, the process stops launching at once, but what it already queued keeps running
+ * beside production's kernels; the bound keeps that backlog short.
  *
- * With a bound B, each context has a ring of up to RING_EVENTS events. The paced launches are cut into
- * segments, S = min(B, RING_EVENTS) of them in flight at most, whose lengths (B / S, rounded up or down
- * in turn) add up to B over any S in a row. After the last launch of a segment its own thread records
- * the next event of the ring on the launch's stream; before a launch, when S events are in flight,
- * the thread waits until the oldest has completed. The launches left unfinished are then those of at
- * most S segments in a row: B. The bound is exact for launches of one thread on one stream per
- * context (a PyTorch training step); launches on other streams between two records are counted but
- * not waited for, and several threads launching at once may each be one launch past it.
+ * The bound B is in launches, each weighed by how long it runs: a launch that runs at least
+ * GPUSHARE_PACE_FULL_US (100 us) counts as one, a shorter one as its fraction of that (in sixteenths,
+ * never less than one), and a launch not timed yet as one. A training step mixes millisecond
+ * convolutions with kernels of a few microseconds, each of which costs the CPU about as long to launch
+ * as the GPU to run: counted as whole launches, a few of them fill the queue and the GPU waits for the
+ * CPU (ResNet-50 training on an H100 ran at 78 % of its speed under a bound of 3 counted launches,
+ * docs/qos.md). Weighed, the CPU queues dozens of them behind a long kernel, and the backlog a
+ * preemption leaves stays about B long launches.
+ *
+ * Each context has a ring of up to MAX_OUTSTANDING (1024) launches in flight, one event each (made on
+ * first use), recorded on the launch's stream right after it. Before a launch its thread retires the
+ * launches that completed (querying their events in order) and waits while the weights outstanding and
+ * this launch's exceed B. A launch's run time is the time between its event's and the previous one's
+ * (cuEventElapsedTime) when the previous launch, on the same stream, was still outstanding as this
+ * one was made, so that it started as that one ended; its kind (the kernel and its grid's size, or the
+ * graph; gs_launch_key) keeps a running estimate. The bound is exact for the launches of one thread on
+ * one stream per context (a PyTorch training step); launches on other streams are counted in order of
+ * their making and may complete out of it, and several threads launching at once may each be one
+ * launch past it.
  *
  * The wait polls cuEventQuery with a short sleep rather than blocking in cuEventSynchronize: between
  * polls it lets a capture begin on another thread (the poll is a call a capture must not run into),
@@ -19,7 +30,8 @@
  * could notice; and it waits only for work this process queued itself. If that work has not finished
  * after GPUSHARE_PACE_WAIT_MAX_MS (it may wait for something the process would do after this launch), or any
  * event call fails, pacing is turned off for the process with one warning: pacing never fails,
- * and never holds up for long, a launch of the application.
+ * and never holds up for long, a launch of the application. A driver without cuEventElapsedTime times
+ * nothing: every launch counts as one.
  *
  * Nothing is recorded or waited for while any stream of the process captures (gs_capturing): a
  * record on a capturing stream becomes part of the graph, and a capture forbids the queries; a
@@ -32,25 +44,37 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
+#include <string.h>
 #include <time.h>
 
 #include "internal.h"
 
-#define RING_EVENTS 4
-#define MAX_RINGS 32                            /* contexts paced at once; launches into others run unpaced */
+#define MAX_OUTSTANDING 1024                 /* launches in flight per context, whatever the weights */
+#define RING (MAX_OUTSTANDING + 1)            /* one more: the event before the oldest stays intact */
+#define WHOLE 16                              /* a launch's weight, in sixteenths */
+#define MAX_RINGS 32                          /* contexts paced at once; launches into others run unpaced */
+#define KINDS 4096                            /* run-time estimates, by gs_launch_key: a direct-mapped table */
 #define REAL(name) ((gs_fn_##name)gs_real(GS_ID_##name))
 
 enum { SLOT_RESERVED = 1, SLOT_RECORDED, SLOT_VOID };
 
+struct slot {
+    uint64_t key;
+    CUstream stream; /* where its event was recorded */
+    uint8_t state;
+    uint8_t weight;  /* sixteenths of a launch */
+    uint8_t chained; /* the previous launch was outstanding when this one was made */
+};
+
 struct ring {
-    CUcontext ctx;   /* NULL: unused */
-    CUdevice dev;    /* -1: unknown (forgotten with any device) */
-    uint32_t gen;    /* bumped when the ring is dropped: a ticket of an older generation records nothing */
+    CUcontext ctx; /* NULL: unused */
+    CUdevice dev;  /* -1: unknown (forgotten with any device) */
+    uint32_t gen;  /* bumped when the ring is dropped: a ticket of an older generation records nothing */
     int head, count; /* the oldest slot in use; slots in use (reserved by a launch, or recorded) */
-    uint32_t since;  /* launches counted since the last slot was reserved */
-    uint32_t seg;    /* segments cut so far: the next one's place in the pattern of lengths */
-    CUevent ev[RING_EVENTS];
-    uint8_t state[RING_EVENTS];
+    uint32_t load;   /* the weights of the slots in use */
+    int done;        /* the slot retired last when its event completed, else -1: the next one's start */
+    CUevent ev[RING];
+    struct slot s[RING];
 };
 
 _Atomic uint32_t gs_pace_max;
@@ -59,7 +83,11 @@ static atomic_int pace_off;        /* turned off after a driver error or a stall
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static struct ring rings[MAX_RINGS];
-static uint64_t paced, waited, wait_ns, ever; /* under mu */
+static struct {
+    uint64_t key; /* 0: none */
+    uint32_t ns;  /* a running estimate of its run time */
+} kinds[KINDS];
+static uint64_t paced, waited, wait_ns, ever, timed; /* under mu */
 
 /* The bound in force. Called under the gate's mutex for the scheduler's bound, and by whichever thread
  * turns pacing off: the second look at pace_off keeps a bound stored by the former from outliving the
@@ -114,17 +142,18 @@ static void turn_off_locked(const char *why, CUresult r)
 static void drop_locked(struct ring *g)
 {
     int ok = gs_unsafe_begin(); /* never a driver call a capture runs into; else the events are left */
-    for (int i = 0; i < RING_EVENTS; i++)
+    for (int i = 0; i < RING; i++)
         if (ok && g->ev[i] != NULL)
             REAL(cuEventDestroy_v2)(g->ev[i]);
     if (ok)
         gs_unsafe_end();
     uint32_t gen = g->gen + 1;
-    *g = (struct ring){.gen = gen};
+    memset(g, 0, sizeof(*g));
+    g->gen = gen;
 }
 
-/* The ring of ctx (the calling thread's current context), made with its events when new; NULL when
- * there is no room or the events cannot be made (pacing is then off). mu held, no capture running. */
+/* The ring of ctx (the calling thread's current context), new when it has none; NULL when there is no
+ * room or the driver lacks the event calls (pacing is then off). mu held. */
 static struct ring *ring_for(CUcontext ctx)
 {
     struct ring *fresh = NULL;
@@ -143,46 +172,91 @@ static struct ring *ring_for(CUcontext ctx)
     }
     if (!gs_unsafe_begin())
         return NULL;
-    CUresult r = CUDA_SUCCESS;
-    for (int i = 0; i < RING_EVENTS && r == CUDA_SUCCESS; i++)
-        r = REAL(cuEventCreate)(&fresh->ev[i], CU_EVENT_DISABLE_TIMING);
     CUdevice dev = -1;
-    if (r == CUDA_SUCCESS && REAL(cuCtxGetDevice)(&dev) != CUDA_SUCCESS)
+    if (REAL(cuCtxGetDevice)(&dev) != CUDA_SUCCESS)
         dev = -1;
     gs_unsafe_end();
-    fresh->ctx = ctx; /* so that drop_locked destroys what was made */
+    fresh->ctx = ctx;
     fresh->dev = dev;
-    if (r != CUDA_SUCCESS) {
-        drop_locked(fresh);
-        turn_off_locked("cuEventCreate failed", r);
-        return NULL;
-    }
+    fresh->done = -1;
     return fresh;
 }
 
-/* Frees the oldest slot if its launch is known to be done. 1: freed; 0: not yet; -1: stop pacing
- * this launch (a capture began, or an error turned pacing off). mu held. */
+static uint32_t kind_index(uint64_t key)
+{
+    return (uint32_t)((key * 0x9E3779B97F4A7C15ull) >> 52) % KINDS;
+}
+
+/* A launch's weight, in sixteenths: its kind's estimate against GPUSHARE_PACE_FULL_US. mu held. */
+static uint8_t weight_locked(uint64_t key)
+{
+    uint64_t full = (uint64_t)gs_cfg.pace_full_us * 1000ull;
+    uint32_t i = kind_index(key);
+    if (full == 0 || kinds[i].key != key)
+        return WHOLE;
+    uint64_t w = ((uint64_t)kinds[i].ns * WHOLE + full - 1) / full;
+    return w < 1 ? 1 : w > WHOLE ? WHOLE : (uint8_t)w;
+}
+
+/* Slot n completed after slot g->done: when it queued behind that one, the time between their events
+ * is its run time. mu held, inside gs_unsafe_begin. */
+static void time_locked(struct ring *g, int n)
+{
+    int p = g->done;
+    gs_fn_cuEventElapsedTime elapsed = REAL(cuEventElapsedTime);
+    if (p != (n + RING - 1) % RING || !g->s[n].chained || g->s[p].stream != g->s[n].stream || elapsed == NULL)
+        return;
+    float ms = 0;
+    if (elapsed(&ms, g->ev[p], g->ev[n]) != CUDA_SUCCESS || !(ms > 0))
+        return; /* timing refused (or the clock's resolution): estimates stay as they are */
+    uint64_t ns = (uint64_t)((double)ms * 1e6);
+    if (ns > UINT32_MAX)
+        ns = UINT32_MAX;
+    uint32_t i = kind_index(g->s[n].key);
+    if (kinds[i].key != g->s[n].key) {
+        if (kinds[i].key == 0)
+            timed++;
+        kinds[i].key = g->s[n].key;
+        kinds[i].ns = (uint32_t)ns;
+    } else {
+        int64_t d = (int64_t)ns - (int64_t)kinds[i].ns;
+        kinds[i].ns = (uint32_t)((int64_t)kinds[i].ns + d / 4); /* a running mean over the last few */
+    }
+}
+
+/* Retires the slots whose launches completed, oldest first. The number retired, or -1: stop pacing this
+ * launch (a capture began, or an error turned pacing off). mu held. */
 static int retire_locked(struct ring *g)
 {
-    int s = g->head;
-    if (g->state[s] == SLOT_RESERVED)
-        return 0; /* its launch is still being made on another thread, which records it next */
-    if (g->state[s] == SLOT_RECORDED) {
-        if (!gs_unsafe_begin())
-            return -1;
-        CUresult r = REAL(cuEventQuery)(g->ev[s]);
-        gs_unsafe_end();
-        if (r == CUDA_ERROR_NOT_READY)
-            return 0;
-        if (r != CUDA_SUCCESS) {
-            turn_off_locked("cuEventQuery failed", r);
-            return -1;
+    int n = 0;
+    while (g->count > 0) {
+        int s = g->head;
+        if (g->s[s].state == SLOT_RESERVED)
+            break; /* its launch is still being made on another thread, which records it next */
+        if (g->s[s].state == SLOT_RECORDED) {
+            if (!gs_unsafe_begin())
+                return -1;
+            CUresult r = REAL(cuEventQuery)(g->ev[s]);
+            if (r == CUDA_SUCCESS)
+                time_locked(g, s);
+            gs_unsafe_end();
+            if (r == CUDA_ERROR_NOT_READY)
+                break;
+            if (r != CUDA_SUCCESS) {
+                turn_off_locked("cuEventQuery failed", r);
+                return -1;
+            }
+            g->done = s;
+        } else {
+            g->done = -1; /* never recorded: the next launch's start is unknown */
         }
+        g->load -= g->s[s].weight;
+        g->s[s].state = 0;
+        g->head = (g->head + 1) % RING;
+        g->count--;
+        n++;
     }
-    g->state[s] = 0;
-    g->head = (g->head + 1) % RING_EVENTS;
-    g->count--;
-    return 1;
+    return n;
 }
 
 static void pause_wait(int round)
@@ -191,14 +265,39 @@ static void pause_wait(int round)
         sched_yield();
         return;
     }
-    /* Then 20 us, and 40 us from the next round on: with a small bound (the default is 3) what is queued
-     * behind the oldest segment may be a few short kernels, and the GPU idles for as long as the thread
-     * sleeps past their end. Longer sleeps would save a waiting thread's CPU, not the GPU's time. */
+    /* Then 20 us, and 40 us from the next round on: what is queued behind the oldest launch may be a few
+     * short kernels, and the GPU idles for as long as the thread sleeps past their end. Longer sleeps
+     * would save a waiting thread's CPU, not the GPU's time. */
     struct timespec ts = {0, round == 32 ? 20000L : 40000L};
     nanosleep(&ts, NULL);
 }
 
-int gs_pace_before(struct gs_pace_ticket *t)
+/* Takes the next slot of g for a launch of this key and weight, its event made on first use; 0 when
+ * that fails (pacing is then off). mu held, no capture running. */
+static int reserve_locked(struct ring *g, int idx, uint64_t key, uint8_t w, struct gs_pace_ticket *t)
+{
+    int s = (g->head + g->count) % RING;
+    if (g->ev[s] == NULL) {
+        if (!gs_unsafe_begin())
+            return 0;
+        CUresult r = REAL(cuEventCreate)(&g->ev[s], CU_EVENT_DEFAULT);
+        gs_unsafe_end();
+        if (r != CUDA_SUCCESS) {
+            g->ev[s] = NULL;
+            turn_off_locked("cuEventCreate failed", r);
+            return 0;
+        }
+    }
+    g->s[s] = (struct slot){.key = key, .state = SLOT_RESERVED, .weight = w, .chained = g->count > 0};
+    g->count++;
+    g->load += w;
+    t->ring = idx;
+    t->gen = g->gen;
+    t->slot = s;
+    return 1;
+}
+
+int gs_pace_before(struct gs_pace_ticket *t, uint64_t key)
 {
     t->slot = -1;
     if (atomic_load_explicit(&pace_off, memory_order_relaxed))
@@ -227,55 +326,42 @@ int gs_pace_before(struct gs_pace_ticket *t)
             if (g->gen != gen)
                 break; /* its context went away while this thread waited */
         }
-        uint32_t slots = max < RING_EVENTS ? max : RING_EVENTS;
-        int r = g->count >= (int)slots ? retire_locked(g) : 1;
+        int r = retire_locked(g);
         if (r < 0)
             break;
-        if (r == 0) {
-            uint64_t now = gs_now_ns();
-            if (start == 0)
-                start = now;
-            if (stuck == 0) {
-                stuck = now;
-            } else if (now - stuck >= (uint64_t)gs_cfg.pace_wait_max_ms * 1000000ull) {
-                if (g->state[g->head] == SLOT_RESERVED) {
-                    /* The thread that reserved it never came back to record: forget that record. */
-                    g->state[g->head] = SLOT_VOID;
-                    stuck = 0;
-                    continue;
-                }
-                char why[160];
-                snprintf(why, sizeof(why),
-                         "this process's own GPU work did not finish within GPUSHARE_PACE_WAIT_MAX_MS=%u ms of waiting "
-                         "(it may wait for something the process does later)",
-                         gs_cfg.pace_wait_max_ms);
-                turn_off_locked(why, CUDA_SUCCESS);
-                break;
+        if (r > 0)
+            stuck = 0;
+        uint8_t w = weight_locked(key); /* after the retirements, which may have timed its kind */
+        if (g->count == 0 || (g->count < MAX_OUTSTANDING && (uint64_t)g->load + w <= (uint64_t)max * WHOLE)) {
+            counted = reserve_locked(g, idx, key, w, t);
+            break;
+        }
+        uint64_t now = gs_now_ns();
+        if (start == 0)
+            start = now;
+        if (stuck == 0) {
+            stuck = now;
+        } else if (now - stuck >= (uint64_t)gs_cfg.pace_wait_max_ms * 1000000ull) {
+            if (g->s[g->head].state == SLOT_RESERVED) {
+                /* The thread that reserved it never came back to record: forget that record. */
+                g->s[g->head].state = SLOT_VOID;
+                stuck = 0;
+                continue;
             }
-            pthread_mutex_unlock(&mu);
-            /* A thread waiting here is inside a GPU call, not idle: the lock is not released for idleness
-             * meanwhile (that would drain the whole queue and hand the GPU over mid-step). */
-            atomic_fetch_add_explicit(&gs_gate_word, GS_ACTIVITY_ONE, memory_order_relaxed);
-            pause_wait(round);
-            pthread_mutex_lock(&mu);
-            continue;
+            char why[160];
+            snprintf(why, sizeof(why),
+                     "this process's own GPU work did not finish within GPUSHARE_PACE_WAIT_MAX_MS=%u ms of waiting "
+                     "(it may wait for something the process does later)",
+                     gs_cfg.pace_wait_max_ms);
+            turn_off_locked(why, CUDA_SUCCESS);
+            break;
         }
-        if (g->count >= (int)slots)
-            continue; /* a smaller bound than the ring holds: retire down to it */
-        uint32_t j = g->seg % slots; /* segment j of a pattern of slots segments that add up to max */
-        uint64_t len = (uint64_t)(j + 1) * max / slots - (uint64_t)j * max / slots;
-        if (++g->since >= len) {
-            g->since = 0;
-            g->seg++;
-            int s = (g->head + g->count) % RING_EVENTS;
-            g->state[s] = SLOT_RESERVED;
-            g->count++;
-            t->ring = idx;
-            t->gen = gen;
-            t->slot = s;
-        }
-        counted = 1;
-        break;
+        pthread_mutex_unlock(&mu);
+        /* A thread waiting here is inside a GPU call, not idle: the lock is not released for idleness
+         * meanwhile (that would drain the whole queue and hand the GPU over mid-step). */
+        atomic_fetch_add_explicit(&gs_gate_word, GS_ACTIVITY_ONE, memory_order_relaxed);
+        pause_wait(round);
+        pthread_mutex_lock(&mu);
     }
     if (counted) {
         paced++;
@@ -295,7 +381,7 @@ void gs_pace_after(const struct gs_pace_ticket *t, CUstream s, CUresult launched
         return;
     pthread_mutex_lock(&mu);
     struct ring *g = &rings[t->ring];
-    if (g->gen == t->gen && g->state[t->slot] == SLOT_RESERVED) {
+    if (g->gen == t->gen && g->s[t->slot].state == SLOT_RESERVED) {
         int ok = 0;
         /* A launch that failed queued nothing; a capture that began meanwhile would take the record. */
         if (launched == CUDA_SUCCESS && !atomic_load(&pace_off) && gs_unsafe_begin()) {
@@ -306,7 +392,8 @@ void gs_pace_after(const struct gs_pace_ticket *t, CUstream s, CUresult launched
             else
                 turn_off_locked("cuEventRecord failed", r);
         }
-        g->state[t->slot] = ok ? SLOT_RECORDED : SLOT_VOID;
+        g->s[t->slot].stream = s;
+        g->s[t->slot].state = ok ? SLOT_RECORDED : SLOT_VOID;
     }
     pthread_mutex_unlock(&mu);
 }
@@ -332,11 +419,13 @@ void gs_pace_forget_dev(CUdevice dev)
 void gs_pace_log_stats(void)
 {
     pthread_mutex_lock(&mu);
-    uint64_t p = paced, w = waited, ns = wait_ns, e = ever;
+    uint64_t p = paced, w = waited, ns = wait_ns, e = ever, k = timed;
     pthread_mutex_unlock(&mu);
     if (e)
-        gs_log(GS_LOG_INFO, "launch pacing: %llu launches paced, %llu waited for earlier work, %.3f s waiting in all",
-               (unsigned long long)p, (unsigned long long)w, (double)ns / 1e9);
+        gs_log(GS_LOG_INFO,
+               "launch pacing: %llu launches paced, %llu waited for earlier work, %.3f s waiting in all; %llu kinds "
+               "of launch timed",
+               (unsigned long long)p, (unsigned long long)w, (double)ns / 1e9, (unsigned long long)k);
 }
 
 /* The child of fork() has none of the parent's contexts (CUDA does not survive fork) and is a new
@@ -346,8 +435,9 @@ void gs_pace_atfork_child(void)
 {
     pthread_mutex_init(&mu, NULL);
     for (int i = 0; i < MAX_RINGS; i++)
-        rings[i] = (struct ring){0};
-    paced = waited = wait_ns = ever = 0;
+        if (rings[i].ctx != NULL) /* the others were never touched: left so, their pages stay shared */
+            memset(&rings[i], 0, sizeof(rings[i]));
+    paced = waited = wait_ns = ever = 0; /* the estimates stay: the same kernels run as long in the child */
     atomic_store(&sched_max, 0);
     atomic_store(&pace_off, 0);
     apply();

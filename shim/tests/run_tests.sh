@@ -296,8 +296,9 @@ run_paced() { # DIR [VAR=VALUE...] COMMAND...: COMMAND in the background, the GP
     : >"$d/trace"
     : >"$d/out" # before the background job opens them, so that a test's first look finds them
     : >"$d/err"
+    # Launches of 100 us: each counts as a whole launch (GPUSHARE_PACE_FULL_US's default) once timed.
     run_client GPUSHARE_STUB_RUN_FILE="$d/run" GPUSHARE_STUB_TRACE="$d/trace" GPUSHARE_LOG_LEVEL=info \
-        GPUSHARE_PACE_WAIT_MAX_MS=60000 "${vars[@]}" \
+        GPUSHARE_PACE_WAIT_MAX_MS=60000 GPUSHARE_STUB_LAUNCH_US=100 "${vars[@]}" \
         timeout 60 "$@" >"$d/out" 2>"$d/err" &
     PC=$!
 }
@@ -477,7 +478,7 @@ fi
 # within the bound plus one launch per other thread (8 + 3).
 D=$TMP/pacethreads
 mkdir -p "$D"
-out=$(run_client GPUSHARE_PACE_OVERRIDE=8 GPUSHARE_STUB_TRACE="$D/trace" timeout 60 "$PACE" threads 4 500 2>&1 || true)
+out=$(run_client GPUSHARE_PACE_OVERRIDE=8 GPUSHARE_STUB_LAUNCH_US=100 GPUSHARE_STUB_TRACE="$D/trace" timeout 60 "$PACE" threads 4 500 2>&1 || true)
 m=$(max_outstanding "$D/trace")
 if grep -q "launched 2000" <<<"$out" && grep -q "client done" <<<"$out" && [ "$m" -le 11 ] && [ "$m" -ge 8 ]; then
     pass "four threads launching at once stay within the bound plus one launch each (max $m)"
@@ -636,6 +637,36 @@ stop_fake
 # An IDLE in a version 4 connection (it came with version 5) is a protocol error: pass-through, one warning.
 too_new v4idle "IDLE sent to a protocol 4 client is a protocol error: pass-through with one warning" \
     "sent IDLE idle_us=20000" version=4 idle=20000 idle_any=1 -- "$CLIENT" dlsym 5
+
+# 29. Launches count by how long they run: under PACE 8, 20 us launches not timed yet count as whole
+# launches (the thread stops at 8 outstanding); once 8 ran, their kind's run time is known (20 us, the
+# stub's time) and each counts as 4/16 of one (GPUSHARE_PACE_FULL_US=100): the thread stops at 32. With
+# GPUSHARE_PACE_FULL_US=0, or a driver that refuses to time events (pacing stays on), it stops at 8 again.
+weigh_case() { # NAME WANT_MAX WANT_TIMED [VAR=VALUE...]
+    local name=$1 want=$2 timed=$3
+    shift 3
+    D=$TMP/weigh-$name
+    mkdir -p "$D"
+    start_fake "$D" pace=8
+    run_paced "$D" GPUSHARE_SOCKET="$D/s.sock" GPUSHARE_STUB_LAUNCH_US=20 "$@" "$PACE" launch kernel 64
+    ok=1
+    wait_for 20 waits_at "$D/trace" 8 1 || ok=0
+    echo 8 >"$D/run"
+    wait_for 20 waits_at "$D/trace" $((8 + want)) 2 || ok=0
+    finish_paced "$D" || ok=0
+    m=$(max_outstanding "$D/trace")
+    if [ "$ok" = 1 ] && [ "$m" = "$want" ] && grep -q "client done" "$D/out" &&
+        grep -q "launch pacing: 64 launches paced, .* $timed kinds of launch timed" "$D/err" &&
+        ! grep -q "launch pacing off" "$D/err"; then
+        pass "PACE 8, 20 us launches ($name): at most $want outstanding once 8 ran"
+    else
+        fail "weighed pacing ($name)" "ok=$ok max=$m made=$(launches_made "$D/trace") $(cat "$D/out" "$D/err")"
+    fi
+    stop_fake
+}
+weigh_case weighed 32 1
+weigh_case "GPUSHARE_PACE_FULL_US=0" 8 1 GPUSHARE_PACE_FULL_US=0
+weigh_case "timing refused" 8 0 GPUSHARE_STUB_EVENT_FAIL=elapsed
 
 if [ "$fails" -ne 0 ]; then
     echo "$fails shim test(s) failed"

@@ -22,9 +22,12 @@
  *   GPUSHARE_STUB_RUN_FILE   the worker runs launches (cuLaunch*, cuGraphLaunch*) only as far as the
  *                            number written in this file allows, in all (missing or empty: none); a
  *                            test holds the "GPU" and lets queued work complete one step at a time
- *   GPUSHARE_STUB_EVENT_FAIL create, record or query: that event call fails (a driver error)
+ *   GPUSHARE_STUB_EVENT_FAIL create, record, query or elapsed: that event call fails (a driver error)
  *
- * Events are a position in the one queue: complete once the worker passed it. Each record writes
+ * Events are a position in the one queue: complete once the worker passed it, at a time that counts
+ * GPUSHARE_STUB_LAUNCH_US (or _COPY_US) for each item queued before it (cuEventElapsedTime: the
+ * difference, exact whatever the machine's load; refused like the real driver's for an event made with
+ * CU_EVENT_DISABLE_TIMING or not complete). Each record writes
  *     R <pid> <ns> stream=<the stream handle, 0x2 for the per-thread stream>
  * and the first cuEventQuery of a record that finds it not complete writes
  *     W <pid> <ns>
@@ -67,6 +70,7 @@ static struct item {
     uint64_t a[4];
 } queue[QCAP];
 static unsigned qhead, qtail; /* pending = qtail - qhead; the worker bumps qhead when an item finished */
+static uint64_t queued_us;    /* the busy time of every item queued so far: an event's time stamp */
 
 static uint64_t now_ns(void)
 {
@@ -191,6 +195,7 @@ __attribute__((visibility("hidden"))) CUresult stub_enqueue(const char *name, vo
         pthread_cond_wait(&cv, &mu);
     queue[qtail % QCAP] = (struct item){name, us, fn, {a0, a1, a2, a3}};
     unsigned mine = ++qtail;
+    queued_us += (uint64_t)(us > 0 ? us : 0);
     pthread_cond_broadcast(&cv);
     while (wait && (int)(qhead - mine) < 0)
         pthread_cond_wait(&cv, &mu);
@@ -245,6 +250,8 @@ static CUresult submit(const char *name)
 /* ---- events: a position in the one queue, complete once the worker passed it ---- */
 struct stub_event {
     unsigned ticket;
+    uint64_t at_us;  /* when it completes, in the queue's busy time */
+    int timing;      /* not made with CU_EVENT_DISABLE_TIMING */
     unsigned epoch; /* ctx_epoch when made: the context's events die with it */
     int captured;   /* recorded on a capturing stream: part of the graph */
     int waited;     /* the current record was found not complete once */
@@ -280,13 +287,13 @@ static void contexts_gone(void)
 
 STUB_EXPORT CUresult cuEventCreate(CUevent *ev, unsigned int flags)
 {
-    (void)flags;
     pthread_once(&once, init);
     if (event_fails("create"))
         return CUDA_ERROR_OUT_OF_MEMORY;
     struct stub_event *e = calloc(1, sizeof(*e));
     if (e == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
+    e->timing = !(flags & CU_EVENT_DISABLE_TIMING);
     pthread_mutex_lock(&mu);
     e->epoch = ctx_epoch;
     pthread_mutex_unlock(&mu);
@@ -307,6 +314,7 @@ STUB_EXPORT CUresult cuEventRecord(CUevent ev, CUstream s)
         return CUDA_ERROR_INVALID_HANDLE;
     }
     e->ticket = qtail;
+    e->at_us = queued_us;
     e->captured = captured;
     e->waited = 0;
     pthread_mutex_unlock(&mu);
@@ -340,6 +348,25 @@ STUB_EXPORT CUresult cuEventQuery(CUevent ev)
     if (first_wait)
         trace('W', NULL);
     return done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+STUB_EXPORT CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end)
+{
+    pthread_once(&once, init);
+    if (event_fails("elapsed"))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct stub_event *a = (struct stub_event *)start, *b = (struct stub_event *)end;
+    pthread_mutex_lock(&mu);
+    CUresult r = CUDA_SUCCESS;
+    if (dead_locked(a, "cuEventElapsedTime-of-a-destroyed-context") ||
+        dead_locked(b, "cuEventElapsedTime-of-a-destroyed-context") || !a->timing || !b->timing)
+        r = CUDA_ERROR_INVALID_HANDLE;
+    else if ((int)(qhead - a->ticket) < 0 || (int)(qhead - b->ticket) < 0)
+        r = CUDA_ERROR_NOT_READY;
+    else
+        *ms = (float)((double)((int64_t)b->at_us - (int64_t)a->at_us) / 1000.0);
+    pthread_mutex_unlock(&mu);
+    return r;
 }
 
 STUB_EXPORT CUresult cuEventSynchronize(CUevent ev)

@@ -17,6 +17,9 @@
 #               hand-offs cost by themselves (production releases after 1 ms idle and asks again)
 #   gs-oversub  the same with a memory budget production + two trainers exceed: the trainers swap between
 #               themselves, production's memory stays resident
+#   gs-solo     the trainer alone under the shim, its launches bounded as beside production (PACE; each
+#               launch weighed by its run time, GPUSHARE_PACE_FULL_US, the shim's default; gs-solo-fN: N us,
+#               gs-solo-f0: each launch counts as one): what the bound itself costs the trainer
 # Production serves ResNet-50 and BERT-base (batch 8, fp16) to Poisson arrivals at 30% and 70% load (load =
 # rate x solo service time), REPS times each; per configuration it prints p50/p99 against alone (median
 # of the repetitions, with min-max) and the trainers' throughput against solo, and whether production's
@@ -83,7 +86,7 @@ run_config() {
 			>"$d/train$i.log" 2>&1 &
 		pids+=($!)
 	done
-	if [ "$name" = solo ]; then
+	if [ "$name" = solo ] || [[ $name == gs-solo* ]]; then
 		for _ in $(seq 600); do [ -e "$d/train1.ready" ] && break; sleep 0.1; done
 		sleep $((SECONDS_PER_PHASE * 3))
 	else
@@ -166,6 +169,12 @@ for c in $CONFIGS; do
 		run_config "$c" 1 "$PROD" "$SHIM"
 		stop_sched $((60 << 30))
 		read -r PACE IDLE_US <<<"$keep" ;;
+	gs-solo | gs-solo-f*)
+		full=""
+		[ "$c" != gs-solo ] && full="GPUSHARE_PACE_FULL_US=${c#gs-solo-f}"
+		start_sched $((60 << 30))
+		run_config "$c" 1 "" "$SHIM GPUSHARE_PACE_OVERRIDE=$PACE GPUSHARE_LOG_LEVEL=info $full"
+		stop_sched $((60 << 30)) ;;
 	gs-oversub)
 		# Production's memory plus one trainer's fit; a second trainer does not: they swap between themselves.
 		B=$(python3 - "$T" <<'PY'

@@ -72,6 +72,11 @@ def main():
     for c in configs:
         d = os.path.join(root, c)
         ph, ts = phases(d), trainers(d)
+        if not ph and ts and rate > 0:  # the trainer alone (gs-solo): its own rate against solo's
+            r = solo_rate(ts[0])
+            print(f"{c:12} {'(trainer alone)':15}  {'-':>22}  {'-':>22}  {r / rate:>22.0%}  {'-':7}  "
+                  f"{'same' if ts[0]['loss_digest'] == solo_digest else 'DIFFER'}")
+            continue
         same_losses = all(t["loss_digest"] == solo_digest for t in ts) if ts else None
         for (m, l) in keys:
             p99, p50, thr, same = [], [], [], True

@@ -9,9 +9,10 @@
  * never less than one), and a launch not timed yet as one. A training step mixes millisecond
  * convolutions with kernels of a few microseconds, each of which costs the CPU about as long to launch
  * as the GPU to run: counted as whole launches, a few of them fill the queue and the GPU waits for the
- * CPU (ResNet-50 training on an H100 ran at 78 % of its speed under a bound of 3 counted launches,
- * docs/qos.md). Weighed, the CPU queues dozens of them behind a long kernel, and the backlog a
- * preemption leaves stays about B long launches.
+ * CPU (ResNet-50 training alone on an H100 ran at 74 % of its unbounded speed under a bound of 3
+ * counted launches, 83 % weighed; docs/qos.md). Weighed, the CPU queues dozens of them behind a long
+ * kernel, and the backlog a preemption leaves stays within about B launches of GPUSHARE_PACE_FULL_US
+ * or more.
  *
  * Each context has a ring of up to MAX_OUTSTANDING (1024) launches in flight, one event each (made on
  * first use), recorded on the launch's stream right after it. Before a launch its thread retires the

@@ -162,10 +162,11 @@ func (q *queue) reclassifyLocked() {
 	}
 }
 
-// productionConnectedLocked: a production client is connected to the GPU.
-func (q *queue) productionConnectedLocked() bool {
+// connectedLocked: a client of class p (PriorityHigh: production, PriorityNormal: opportunistic) is
+// connected to the GPU.
+func (q *queue) connectedLocked(p Priority) bool {
 	for _, c := range q.clients {
-		if c.priority == PriorityHigh {
+		if c.priority == p {
 			return true
 		}
 	}
@@ -181,16 +182,6 @@ func (q *queue) paceWantLocked(c *client, production bool) uint32 {
 		return 0
 	}
 	return q.paceDepth
-}
-
-// opportunisticConnectedLocked: an opportunistic client is connected to the GPU.
-func (q *queue) opportunisticConnectedLocked() bool {
-	for _, c := range q.clients {
-		if c.priority == PriorityNormal {
-			return true
-		}
-	}
-	return false
 }
 
 // idles: the client understands IDLE.
@@ -213,7 +204,7 @@ func (q *queue) idleWantLocked(c *client, opportunistic bool) uint32 {
 // production gets PACE 0, so that a bound it ran under as opportunistic does not throttle it now, and
 // one that became opportunistic IDLE 0).
 func (q *queue) termsLocked() {
-	production, opportunistic := q.productionConnectedLocked(), q.opportunisticConnectedLocked()
+	production, opportunistic := q.connectedLocked(PriorityHigh), q.connectedLocked(PriorityNormal)
 	for _, c := range q.clients {
 		if want := q.paceWantLocked(c, production); want != c.pace {
 			c.pace = want
@@ -243,12 +234,12 @@ func (q *queue) qosInvariantLocked(c *client) error {
 		return fmt.Errorf("client %d keeps a preempted turn with no end armed", c.id)
 	case c.evictPending && c.evictOf == PriorityHigh && c.evictFor == PriorityNormal:
 		return fmt.Errorf("production client %d asked to evict for an opportunistic client", c.id)
-	case c.pace != q.paceWantLocked(c, q.productionConnectedLocked()):
+	case c.pace != q.paceWantLocked(c, q.connectedLocked(PriorityHigh)):
 		return fmt.Errorf("client %d (version %d, %s) paced at %d, want %d", c.id, c.version, className(c.priority),
-			c.pace, q.paceWantLocked(c, q.productionConnectedLocked()))
-	case c.idle != q.idleWantLocked(c, q.opportunisticConnectedLocked()):
+			c.pace, q.paceWantLocked(c, q.connectedLocked(PriorityHigh)))
+	case c.idle != q.idleWantLocked(c, q.connectedLocked(PriorityNormal)):
 		return fmt.Errorf("client %d (version %d, %s) told an idle window of %d us, want %d", c.id, c.version,
-			className(c.priority), c.idle, q.idleWantLocked(c, q.opportunisticConnectedLocked()))
+			className(c.priority), c.idle, q.idleWantLocked(c, q.connectedLocked(PriorityNormal)))
 	}
 	return nil
 }

@@ -24,6 +24,7 @@
  */
 #include <errno.h>
 #include <poll.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,6 +67,19 @@ static void send_msg(int fd, void *m, uint16_t type, uint32_t size)
     hdr(m, type, size);
     if (send(fd, m, size, MSG_NOSIGNAL) != (ssize_t)size)
         fprintf(stderr, "fake_sched: send failed: %s\n", strerror(errno));
+}
+
+/* PACE or IDLE: a header and one 32-bit value, laid out alike. */
+_Static_assert(sizeof(struct gs_pace) == sizeof(struct gs_idle) &&
+                   offsetof(struct gs_pace, max_queued) == offsetof(struct gs_idle, idle_us),
+               "PACE and IDLE share a layout");
+static void send_value(int fd, uint16_t type, uint32_t v, const char *said)
+{
+    struct gs_pace m;
+    memset(&m, 0, sizeof(m));
+    m.max_queued = v;
+    send_msg(fd, &m, type, GS_PACE_SIZE);
+    say(said, v, 0, 0);
 }
 
 int main(int argc, char **argv)
@@ -164,20 +178,10 @@ int main(int argc, char **argv)
                 w.mode = GS_MODE_AUTO;
                 w.budget = budget;
                 send_msg(fd, &w, GS_MSG_WELCOME, GS_WELCOME_SIZE);
-                if (pace != NULL && (client_version >= 4 || pace_any)) {
-                    struct gs_pace pm;
-                    memset(&pm, 0, sizeof(pm));
-                    pm.max_queued = (uint32_t)strtoul(pace, NULL, 10);
-                    send_msg(fd, &pm, GS_MSG_PACE, GS_PACE_SIZE);
-                    say("sent PACE max_queued=%llu\n", pm.max_queued, 0, 0);
-                }
-                if (idle != NULL && (client_version >= 5 || idle_any)) {
-                    struct gs_idle im;
-                    memset(&im, 0, sizeof(im));
-                    im.idle_us = (uint32_t)strtoul(idle, NULL, 10);
-                    send_msg(fd, &im, GS_MSG_IDLE, GS_IDLE_SIZE);
-                    say("sent IDLE idle_us=%llu\n", im.idle_us, 0, 0);
-                }
+                if (pace != NULL && (client_version >= 4 || pace_any))
+                    send_value(fd, GS_MSG_PACE, (uint32_t)strtoul(pace, NULL, 10), "sent PACE max_queued=%llu\n");
+                if (idle != NULL && (client_version >= 5 || idle_any))
+                    send_value(fd, GS_MSG_IDLE, (uint32_t)strtoul(idle, NULL, 10), "sent IDLE idle_us=%llu\n");
             } else if (h.type == GS_MSG_ACQUIRE) {
                 struct gs_acquire q;
                 memcpy(&q, m, sizeof(q));
@@ -241,11 +245,7 @@ int main(int argc, char **argv)
         }
         if (fd >= 0 && client_version >= 4 && !paced_next && exists(pace_file)) {
             paced_next = 1;
-            struct gs_pace pm;
-            memset(&pm, 0, sizeof(pm));
-            pm.max_queued = pace_next;
-            send_msg(fd, &pm, GS_MSG_PACE, GS_PACE_SIZE);
-            say("sent PACE max_queued=%llu\n", pace_next, 0, 0);
+            send_value(fd, GS_MSG_PACE, pace_next, "sent PACE max_queued=%llu\n");
         }
         if (fd >= 0 && held && !revoked && exists(revoke_file)) {
             revoked = 1;

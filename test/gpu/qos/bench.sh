@@ -5,13 +5,17 @@
 #   timeslice   both processes, plain (the driver's time-slicing between contexts)
 #   mps         both MPS clients of one daemon
 #   mps-prio    the same, the trainer at CUDA_MPS_CLIENT_PRIORITY=1
+#   mps-alone   production alone as an MPS client: what MPS itself costs it
 #   gs-mps      what gpusharing gives an opportunistic pod on an MPS GPU with sharing.qos: client priority 1
 #               and opportunisticThreadPercentage (QOS_MPS_THREADS, default 50; gs-mps-tN: N)
 #   gs-shim     gpusharing's shim on both (oversubscription on, memory fits): production preempts the
 #               trainer's lock at once, the trainer's launch queue is bounded while production is connected
 #               (PACE launches, default 3 as in the product; gs-shim-pN: N), production releases after
 #               the scheduler's idle window (1 ms, as in the product) or IDLE_US when shorter (gs-shim-iN:
-#               N us; both: gs-shim-pN-iM)
+#               N us; gs-shim-fN: the trainer's GPUSHARE_PACE_FULL_US=N; several: gs-shim-pN-iM)
+#   gs-mps-shim the shim's lock on an MPS GPU, which gpusharing does not set up (docs/qos.md says why):
+#               gs-shim's setup under one MPS daemon, the trainer at client priority 1 besides (gs-mps-shim-tN:
+#               and N % of the threads)
 #   gs-alone    production alone under the shim as gs-shim sets it up (no trainer): with no trainer connected
 #               the scheduler leaves production its own idle window; IDLE_US=1000 measures what the lock's
 #               hand-offs cost by themselves (production releases after 1 ms idle and asks again)
@@ -147,6 +151,7 @@ for c in $CONFIGS; do
 	case $c in
 	timeslice) run_config timeslice 1 "" "" ;;
 	mps) start_mps; run_config mps 1 "$MPS_ENV" "$MPS_ENV"; stop_mps ;;
+	mps-alone) start_mps; run_config mps-alone 0 "$MPS_ENV" ""; stop_mps ;;
 	mps-prio) start_mps; run_config mps-prio 1 "$MPS_ENV" "$MPS_ENV CUDA_MPS_CLIENT_PRIORITY=1"; stop_mps ;;
 	gs-mps | gs-mps-t*)
 		threads=$QOS_MPS_THREADS
@@ -158,16 +163,23 @@ for c in $CONFIGS; do
 		start_sched $((60 << 30))
 		run_config gs-alone 0 "$PROD" ""
 		stop_sched $((60 << 30)) ;;
-	gs-shim | gs-shim-[pi]*)
-		# gs-shim-pN: an opportunistic queue of N launches (sharing.qos.opportunisticQueue); gs-shim-iN:
-		# production releases after N us idle; gs-shim-pN-iM: both.
+	gs-shim | gs-shim-[pif]* | gs-mps-shim | gs-mps-shim-[pift]*)
 		keep="$PACE $IDLE_US"
-		for part in $(tr - ' ' <<<"${c#gs-shim}"); do
-			case $part in p*) PACE=${part#p} ;; i*) IDLE_US=${part#i} ;; esac
+		full="" threads="" senv="" tenv=""
+		for part in $(tr - ' ' <<<"${c#gs-*shim}"); do
+			case $part in
+			p*) PACE=${part#p} ;; i*) IDLE_US=${part#i} ;; f*) full=" GPUSHARE_PACE_FULL_US=${part#f}" ;;
+			t*) threads=" CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=${part#t}" ;;
+			esac
 		done
+		if [[ $c == gs-mps-shim* ]]; then
+			start_mps
+			senv="$MPS_ENV " tenv="$MPS_ENV CUDA_MPS_CLIENT_PRIORITY=1$threads "
+		fi
 		start_sched $((60 << 30))
-		run_config "$c" 1 "$PROD" "$SHIM"
+		run_config "$c" 1 "$senv$PROD" "$tenv$SHIM$full"
 		stop_sched $((60 << 30))
+		[[ $c == gs-mps-shim* ]] && stop_mps
 		read -r PACE IDLE_US <<<"$keep" ;;
 	gs-solo | gs-solo-f*)
 		full=""

@@ -67,14 +67,15 @@ def main():
         print(f"alone {m} load {l:.0%}: p50 {statistics.median(x['p50_ms'] for x in a):.2f} ms, "
               f"p99 {statistics.median(x['p99_ms'] for x in a):.2f} ms, {a[0]['requests']} requests a repetition")
     print()
-    print(f"{'configuration':12} {'model':9} {'load':>5}  {'p99 vs alone':>22}  {'p50 vs alone':>22}  "
+    w = max(len(c) for c in ["configuration"] + configs)  # one column, however long a name
+    print(f"{'configuration':{w}} {'model':9} {'load':>5}  {'p99 vs alone':>22}  {'p50 vs alone':>22}  "
           f"{'trainer vs solo':>22}  outputs  losses")
     for c in configs:
         d = os.path.join(root, c)
         ph, ts = phases(d), trainers(d)
         if not ph and ts and rate > 0:  # the trainer alone (gs-solo): its own rate against solo's
             r = solo_rate(ts[0])
-            print(f"{c:12} {'(trainer alone)':15}  {'-':>22}  {'-':>22}  {r / rate:>22.0%}  {'-':7}  "
+            print(f"{c:{w}} {'(trainer alone)':15}  {'-':>22}  {'-':>22}  {r / rate:>22.0%}  {'-':7}  "
                   f"{'same' if ts[0]['loss_digest'] == solo_digest else 'DIFFER'}")
             continue
         same_losses = all(t["loss_digest"] == solo_digest for t in ts) if ts else None
@@ -90,7 +91,7 @@ def main():
                 if ts and rate > 0:
                     thr.append(steps_within(ts, x["start"], x["end"]) / ((x["end"] - x["start"]) * rate))
             tput = (f"{statistics.median(thr):.0%} [{min(thr):.0%}-{max(thr):.0%}]" if thr else "-")
-            print(f"{c:12} {m:9} {l:>5.0%}  {fmt(p99):>22}  {fmt(p50):>22}  {tput:>22}  "
+            print(f"{c:{w}} {m:9} {l:>5.0%}  {fmt(p99):>22}  {fmt(p50):>22}  {tput:>22}  "
                   f"{'same' if same and p99 else 'DIFFER' if p99 else '-':7}  "
                   f"{'-' if same_losses is None else 'same' if same_losses else 'DIFFER'}")
 

@@ -47,29 +47,27 @@ want() {
     fi
 }
 
+# plant NAME MESSAGE TEXT: the clean doc with TEXT appended, checked by want.
+plant() {
+    { clean; printf '\n%s\n' "$3"; } >"$tmp/$1.md"
+    want "$1" "$2"
+}
+
 clean >"$tmp/clean.md"
 want clean ""
 
-{ clean; printf '\n## Notes\nThis round the scheduler used to hand off late; the earlier build fixed it.\n'; } >"$tmp/journal.md"
-want journal 'speaks of how the project was built'
-
-{ clean; printf '\n## How it came about\nThe first version was written with an AI assistant.\n'; } >"$tmp/author.md"
-want author 'speaks of how the project was built'
-
-{ clean; printf '\n## More results\nA launch costs 4.7 us and a swap 90 us per GiB, 2.1x the copy.\n'; } >"$tmp/nocommand.md"
-want nocommand 'measured figure in a results section with no command'
-
-{ clean | sed 's/^| hand-off | 1.07x |$/&\n\n2026-11-26, the same machine: 1.10x./'; } >"$tmp/stack.md"
-want stack 'second dated results paragraph'
-
-{ clean; printf '\n## Results of 2026-11-24\nSee above.\n'; } >"$tmp/datedheading.md"
-want datedheading 'heading with a date'
-
-{ clean; printf '\nSee [the shim](no-such-file.md).\n'; } >"$tmp/link.md"
-want link 'no such file'
-
+built='speaks of how the project was built'
+plant journal "$built" $'## Notes\nThis round the scheduler used to hand off late; the earlier build fixed it.'
+plant author "$built" $'## How it came about\nThe first version was written with an AI assistant.'
+plant nocommand 'measured figure in a results section with no command' \
+    $'## More results\nA launch costs 4.7 us and a swap 90 us per GiB, 2.1x the copy.'
+plant datedheading 'heading with a date' $'## Results of 2026-11-24\nSee above.'
+plant link 'no such file' 'See [the shim](no-such-file.md).'
 # "agent" is a product component, and a word inside a code span is code, not prose.
-{ clean; printf '\nThe agent wrote the status; `--session` is a flag.\n'; } >"$tmp/component.md"
-want component ""
+plant component "" 'The agent wrote the status; `--session` is a flag.'
+
+# A second dated run inside the results section.
+clean | sed 's/^| hand-off | 1.07x |$/&\n\n2026-11-26, the same machine: 1.10x./' >"$tmp/stack.md"
+want stack 'second dated results paragraph'
 
 exit "$failed"

@@ -16,11 +16,9 @@ cd "$(dirname "$0")/.."
 REFERENCE_EXEMPT=(docs/qos.md docs/dra.md docs/shim.md docs/api.md docs/accounting.md docs/deploy.md)
 
 # Words and phrases about how the project was built, matched case-insensitively as whole words outside
-# code spans and fences. "agent" alone is a product component: only phrases that make it an author count.
-BUILD_WORDS='session|sessions|helper|helpers|this round|last round|this work|earlier build|previous build|'\
-'used to|lab|lab journal|predates|reverted|before the fix|older trees?|earlier runs?|'\
-'ai|llm|language model|assistant|chatbot|claude|chatgpt|copilot|coding agent|ai agent|agent session|'\
-'(i|we) (built|wrote|added|fixed|measured|decided)'
+# code spans and fences.
+BUILD_WORDS='this round|last round|this work|earlier build|previous build|used to|lab journal|predates|'\
+'before the fix|older trees?|earlier runs?|(i|we) (built|wrote|added|fixed|measured|decided)'
 
 if [ "$#" -gt 0 ]; then
     files=("$@")

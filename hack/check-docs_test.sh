@@ -58,7 +58,7 @@ want clean ""
 
 built='speaks of how the project was built'
 plant journal "$built" $'## Notes\nThis round the scheduler used to hand off late; the earlier build fixed it.'
-plant author "$built" $'## How it came about\nThe first version was written with an AI assistant.'
+plant author "$built" $'## How it came about\nWe wrote the first version in a week.'
 plant nocommand 'measured figure in a results section with no command' \
     $'## More results\nA launch costs 4.7 us and a swap 90 us per GiB, 2.1x the copy.'
 plant datedheading 'heading with a date' $'## Results of 2026-11-24\nSee above.'

@@ -73,6 +73,13 @@ type QoS struct {
 	// productionPriority: a pod whose priority (its PriorityClass's value, as the API server resolved it
 	// at admission) is at least this is production; every other pod on the GPU is opportunistic. What a
 	// pod's own processes say (GPUSHARE_PRIORITY, CUDA_MPS_CLIENT_PRIORITY) never makes it production.
+	// 1000 to 1000000000: a pod without a PriorityClass has priority 0 and clusters commonly give their
+	// default and batch classes small values, so a lower threshold would make every tenant's ordinary pods
+	// production; 1000000000 is the highest value a user-defined PriorityClass may have. The threshold
+	// alone does not stop a tenant naming a production class (system-cluster-critical and
+	// system-node-critical, 2000000000 and up, are above every threshold): the admin's ResourceQuota
+	// recipe does (config/qos-quota, docs/deploy.md).
+	// +kubebuilder:validation:XValidation:rule="self >= 1000 && self <= 1000000000",message="qos.productionPriority: must be from 1000 to 1000000000; pods without a PriorityClass have priority 0 and default classes are small, so a lower threshold makes ordinary pods production (see docs/deploy.md for limiting who may use production classes)"
 	// +required
 	ProductionPriority int32 `json:"productionPriority"`
 

@@ -159,15 +159,23 @@ func TestRejectsInvalidPolicies(t *testing.T) {
 			[]string{"sharing.qos: needs something that can favour production"}},
 		{"production classes with MIG", `sharing: {strategy: MIG, mig: {instances: [{profile: 1g.10gb, count: 1}]}, qos: {productionPriority: 1000}}`,
 			[]string{"sharing.qos: needs something that can favour production"}},
-		{"an opportunistic thread cap without MPS", `sharing: {strategy: Exclusive, oversubscription: {}, qos: {productionPriority: 1, opportunisticThreadPercentage: 30}}`,
+		{"an opportunistic thread cap without MPS", `sharing: {strategy: Exclusive, oversubscription: {}, qos: {productionPriority: 1000, opportunisticThreadPercentage: 30}}`,
 			[]string{"sharing.qos.opportunisticThreadPercentage: applies only to strategy MPS"}},
-		{"an opportunistic launch queue without the shim", `sharing: {strategy: MPS, mps: {replicas: 2}, qos: {productionPriority: 1, opportunisticQueue: 8}}`,
+		{"an opportunistic launch queue without the shim", `sharing: {strategy: MPS, mps: {replicas: 2}, qos: {productionPriority: 1000, opportunisticQueue: 8}}`,
 			[]string{"sharing.qos.opportunisticQueue: applies only with oversubscription"}},
 		{"production classes without a threshold", `sharing: {strategy: MPS, mps: {replicas: 2}, qos: {}}`,
 			[]string{"spec.sharing.qos.productionPriority", "Required value"}},
-		{"an empty opportunistic launch queue", `sharing: {strategy: Exclusive, oversubscription: {}, qos: {productionPriority: 1, opportunisticQueue: 0}}`,
+		{"an empty opportunistic launch queue", `sharing: {strategy: Exclusive, oversubscription: {}, qos: {productionPriority: 1000, opportunisticQueue: 0}}`,
 			[]string{"spec.sharing.qos.opportunisticQueue", "should be greater than or equal to 1"}},
-		{"an opportunistic thread cap over 100", `sharing: {strategy: MPS, mps: {replicas: 2}, qos: {productionPriority: 1, opportunisticThreadPercentage: 101}}`,
+		{"a production threshold every pod without a PriorityClass meets", `sharing: {strategy: MPS, mps: {replicas: 2}, qos: {productionPriority: 0}}`,
+			[]string{"spec.sharing.qos.productionPriority", "qos.productionPriority: must be from 1000 to 1000000000", "pods without a PriorityClass have priority 0"}},
+		{"a production threshold below 1000", `sharing: {strategy: MPS, mps: {replicas: 2}, qos: {productionPriority: 999}}`,
+			[]string{"spec.sharing.qos.productionPriority", "qos.productionPriority: must be from 1000 to 1000000000"}},
+		{"a negative production threshold", `sharing: {strategy: MPS, mps: {replicas: 2}, qos: {productionPriority: -5}}`,
+			[]string{"spec.sharing.qos.productionPriority", "qos.productionPriority: must be from 1000 to 1000000000"}},
+		{"a production threshold only system classes reach", `sharing: {strategy: MPS, mps: {replicas: 2}, qos: {productionPriority: 1000000001}}`,
+			[]string{"spec.sharing.qos.productionPriority", "qos.productionPriority: must be from 1000 to 1000000000"}},
+		{"an opportunistic thread cap over 100", `sharing: {strategy: MPS, mps: {replicas: 2}, qos: {productionPriority: 1000, opportunisticThreadPercentage: 101}}`,
 			[]string{"spec.sharing.qos.opportunisticThreadPercentage", "should be less than or equal to 100"}},
 	}
 	ctx := context.Background()
@@ -215,10 +223,10 @@ func TestAcceptsProductionClassesWhereSomethingFavoursProduction(t *testing.T) {
 	ctx := context.Background()
 	for i, spec := range []string{
 		`sharing: {strategy: MPS, mps: {replicas: 4}, qos: {productionPriority: 1000}}`,
-		`sharing: {strategy: MPS, mps: {replicas: 4}, qos: {productionPriority: -5, opportunisticThreadPercentage: 30}}`,
+		`sharing: {strategy: MPS, mps: {replicas: 4}, qos: {productionPriority: 1000000000, opportunisticThreadPercentage: 30}}`,
 		`sharing: {strategy: Exclusive, oversubscription: {}, qos: {productionPriority: 1000, opportunisticQueue: 4}}`,
-		`sharing: {strategy: TimeSlicing, timeSlicing: {replicas: 2}, oversubscription: {antiThrashing: Always}, qos: {productionPriority: 0}}`,
-		`sharing: {strategy: MPS, mps: {replicas: 4}, sizing: {mode: PerClaim}, qos: {productionPriority: 100}}`,
+		`sharing: {strategy: TimeSlicing, timeSlicing: {replicas: 2}, oversubscription: {antiThrashing: Always}, qos: {productionPriority: 1000000}}`,
+		`sharing: {strategy: MPS, mps: {replicas: 4}, sizing: {mode: PerClaim}, qos: {productionPriority: 1000}}`,
 	} {
 		obj := policy(t, fmt.Sprintf("qos-%d", i), spec)
 		if err := env.Client.Create(ctx, obj); err != nil {

@@ -306,6 +306,7 @@ func (r *Reconciler) setNodeStatus(_ context.Context, sc *scope) {
 	st.Summary = Summary(st.GPUs)
 	st.MemoryUsed = memoryUsedSummary(st.GPUs)
 	st.MemoryAllocated = memoryAllocatedSummary(st.GPUs)
+	st.Production = productionSummary(st.GPUs)
 	r.usage.set(st.GPUs)
 	if sc.transientErr == nil && sc.invErr == nil {
 		st.ObservedGeneration = sc.node.Generation

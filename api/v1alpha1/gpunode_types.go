@@ -89,6 +89,14 @@ type GPUNodeStatus struct {
 	// +optional
 	MemoryAllocated string `json:"memoryAllocated,omitempty"`
 
+	// production names the production pods (namespace/name) of each GPU with production classes
+	// (applied.qos), in index order, for people: "0:serving/web,serving/api 1:-", at most
+	// MaxProductionPodsInSummary per GPU and then "+N" for the rest; "-" is a GPU with production
+	// classes and no production pod. Read from the GPU's consumers and shim clients, each of which
+	// carries its class. Empty where no GPU has production classes.
+	// +optional
+	Production string `json:"production,omitempty"`
+
 	// gpus lists each GPU's identity and what is actually applied on it, one entry per uuid. The agent
 	// writes the list whole.
 	// +listType=atomic
@@ -485,6 +493,9 @@ type SizedClaimStatus struct {
 	MemoryUsed *resource.Quantity `json:"memoryUsed,omitempty"`
 }
 
+// MaxProductionPodsInSummary bounds the pods status.production names per GPU.
+const MaxProductionPodsInSummary = 3
+
 // MaxConsumersInStatus bounds status.gpus[].usage.consumers; the rest are counted in omittedConsumers.
 const MaxConsumersInStatus = 32
 
@@ -554,6 +565,7 @@ func ClassOf(q *QoS, p int32) WorkloadClass {
 // +kubebuilder:printcolumn:name="Driver",type=string,priority=1,JSONPath=`.status.driverVersion`
 // +kubebuilder:printcolumn:name="Memory Used",type=string,priority=1,JSONPath=`.status.memoryUsed`
 // +kubebuilder:printcolumn:name="Memory Allocated",type=string,priority=1,JSONPath=`.status.memoryAllocated`
+// +kubebuilder:printcolumn:name="Production",type=string,priority=1,JSONPath=`.status.production`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type GPUNode struct {
 	metav1.TypeMeta   `json:",inline"`

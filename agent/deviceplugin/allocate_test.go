@@ -1,6 +1,9 @@
 package deviceplugin
 
 import (
+	"errors"
+	"fmt"
+	"reflect"
 	"testing"
 	"time"
 )
@@ -58,6 +61,78 @@ func TestShimSharesLeaveTheIdleWindowToTheScheduler(t *testing.T) {
 					t.Errorf("%s (opportunistic %v): %s=%q, want it left to the scheduler", d.ID, opportunistic, env, got)
 				}
 			}
+		}
+	}
+}
+
+// Shim shares of two GPUs in one container: each GPU's socket directory mounted under its uuid, and the
+// socket, swapping and memory limit of each GPU as <uuid>=<value> pairs in CUDA_VISIBLE_DEVICES order.
+func TestShimSharesOfTwoGPUsCarryEachGPUsSocketAndLimits(t *testing.T) {
+	cfg := Config{SchedulerRoot: "/host/sched", ShimLibrary: "/host/libgpushare.so"}
+	b := Device{ID: "GPU-b::1", Kind: KindShared, GPUUUID: "GPU-b", VisibleUUID: "GPU-b", ShimOversub: true, Sized: true, MemoryLimitBytes: 4 << 30}
+	a := Device{ID: "GPU-a::0", Kind: KindShared, GPUUUID: "GPU-a", VisibleUUID: "GPU-a"}
+	resp, err := ContainerEdits(cfg, []Device{b, a})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		EnvNvidiaVisibleDevices: "GPU-b,GPU-a",
+		EnvCUDAVisibleDevices:   "GPU-b,GPU-a",
+		EnvLDPreload:            ContainerShimLibrary,
+		EnvShimGPUUUID:          "GPU-b,GPU-a",
+		EnvShimSocket:           "GPU-b=/var/run/gpusharing/scheduler/GPU-b/gpushare.sock,GPU-a=/var/run/gpusharing/scheduler/GPU-a/gpushare.sock",
+		EnvShimOversub:          "GPU-b=1,GPU-a=0",
+		EnvShimMemoryLimit:      "GPU-b=4294967296,GPU-a=0",
+	}
+	if !reflect.DeepEqual(resp.Envs, want) {
+		t.Errorf("envs:\n got %v\nwant %v", resp.Envs, want)
+	}
+	var mounts []string
+	for _, m := range resp.Mounts {
+		mounts = append(mounts, fmt.Sprintf("%s<-%s ro=%v", m.ContainerPath, m.HostPath, m.ReadOnly))
+	}
+	wantMounts := []string{
+		ContainerShimLibrary + "<-/host/libgpushare.so ro=true",
+		"/var/run/gpusharing/scheduler/GPU-b<-/host/sched/GPU-b ro=true",
+		"/var/run/gpusharing/scheduler/GPU-a<-/host/sched/GPU-a ro=true",
+	}
+	if !reflect.DeepEqual(mounts, wantMounts) {
+		t.Errorf("mounts:\n got %v\nwant %v", mounts, wantMounts)
+	}
+	// No sized share: no limit variable at all, as for one GPU.
+	resp, err = ContainerEdits(cfg, []Device{a, {ID: "GPU-b::0", Kind: KindShared, GPUUUID: "GPU-b", VisibleUUID: "GPU-b"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, set := resp.Envs[EnvShimMemoryLimit]; set {
+		t.Errorf("fixed shares of two GPUs: %s=%q, want it unset", EnvShimMemoryLimit, v)
+	}
+}
+
+// What cannot work in one container is refused with a reason: MPS shares of two GPUs (one daemon and one
+// /dev/shm per client), and two fixed shim shares of one GPU (one lock client per GPU). Sized shares of
+// one GPU add up, as their memory does.
+func TestContainerEditsRefuseSharesThatCannotWorkTogether(t *testing.T) {
+	mpsOn := func(gpu string, n int32) Device {
+		return Device{ID: ReplicaID(gpu, n), Kind: KindMPS, GPUUUID: gpu, VisibleUUID: gpu, MPS: &MPSLimits{ActiveThreadPercentage: 50}}
+	}
+	shimOn := func(gpu string, n int32) Device {
+		return Device{ID: ReplicaID(gpu, n), Kind: KindShared, GPUUUID: gpu, VisibleUUID: gpu}
+	}
+	for _, tt := range []struct {
+		name string
+		devs []Device
+		want error
+	}{
+		{"MPS shares of two GPUs", []Device{mpsOn("GPU-a", 0), mpsOn("GPU-b", 0)}, ErrDevicesSpanGPUs},
+		{"two fixed shim shares of one GPU", []Device{shimOn("GPU-a", 0), shimOn("GPU-a", 1)}, ErrSharesOnOneGPU},
+		{"two fixed shim shares of one GPU beside another GPU", []Device{shimOn("GPU-a", 0), shimOn("GPU-b", 0), shimOn("GPU-a", 1)}, ErrSharesOnOneGPU},
+		{"two MPS shares of one GPU", []Device{mpsOn("GPU-a", 0), mpsOn("GPU-a", 1)}, nil},
+		{"shim shares of two GPUs", []Device{shimOn("GPU-a", 0), shimOn("GPU-b", 0)}, nil},
+	} {
+		_, err := ContainerEdits(Config{}, tt.devs)
+		if (tt.want == nil) != (err == nil) || (tt.want != nil && !errors.Is(err, tt.want)) {
+			t.Errorf("%s: %v, want %v", tt.name, err, tt.want)
 		}
 	}
 }

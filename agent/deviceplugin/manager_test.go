@@ -281,7 +281,7 @@ func TestAllocateRefusesWhatItCannotServe(t *testing.T) {
 	}{
 		{"a device the resource does not advertise", resMPS, []string{"GPU-z::0"}, ErrUnknownDevice.Error()},
 		{"MPS shares of two GPUs in one container", resMPS, []string{"GPU-a::0", "GPU-b::0"}, ErrDevicesSpanGPUs.Error()},
-		{"shim shares of two GPUs in one container", resShared, []string{"GPU-c::0", "GPU-d::0"}, ErrDevicesSpanGPUs.Error()},
+		{"two shim shares of one GPU in one container", resShared, []string{"GPU-c::0", "GPU-c::1"}, ErrSharesOnOneGPU.Error()},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := k.WaitForRegistrations(ctx, tc.resource, 1); err != nil {

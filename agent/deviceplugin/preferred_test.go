@@ -108,7 +108,7 @@ func TestPreferredAllocationFollowsTheTopology(t *testing.T) {
 		name        string
 		server      *nvmlmock.Server
 		full        map[int]int // GPU index -> replicas in use (taken from the front)
-		mustInclude []int // GPU indices whose replica 0 the kubelet must include
+		mustInclude []int       // GPU indices whose replica 0 the kubelet must include
 		size        int
 		want        []int // GPU index of each pick
 	}{

@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/gpusharing/gpusharing/agent/deviceplugin"
 	"github.com/gpusharing/gpusharing/agent/gpu/nvmlmock"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
@@ -23,45 +24,92 @@ import (
 // multiGPUMemoryMiB is what each two-GPU pod declares it uses on each of its simulated GPUs.
 const multiGPUMemoryMiB = 768
 
-// testMultiGPU asks for two shim shares, once through the device plugin (gpusharing.io/gpu-shared: 2)
-// and once through a ResourceClaim for two devices on distinct GPUs (distinctAttribute on the GPU's
-// uuid), and checks from each container's own output that it got two distinct shim GPUs (6 and 7),
-// each GPU's scheduler socket and mount keyed by its uuid (docs/deviceplugin.md), and that the GPUNode
-// lists the pod among the consumers of both GPUs.
+// testMultiGPU asks for two time-sliced shares (no shim), once through the device plugin
+// (gpusharing.io/gpu-timeslice: 2) and once through a ResourceClaim for two devices on distinct GPUs
+// (distinctAttribute on the GPU's uuid), and checks from each container's own output that it got both
+// time-sliced GPUs (4 and 5) and no shim, and that the GPUNode lists the pod among the consumers of
+// both. Then it asks for two shim shares the same two ways and checks both are refused with
+// deviceplugin.ErrShimOnSeveralGPUs until the shim serves several GPUs: the device plugin's pod fails
+// admission (status reason UnexpectedAdmissionError), the claim's pod gets the kubelet's
+// FailedPrepareDynamicResources event.
 func testMultiGPU(t *testing.T) {
 	dumpOnFailure(t)
 	ctx := context.Background()
 	ensureNamespace(t)
 	gpus, _ := gpuUUIDs(t)
-	shimGPUs := []string{gpus[6], gpus[7]}
+	timeSliced := []string{gpus[4], gpus[5]}
 
-	pod := sharePod("two-shim", "gpusharing.io/gpu-shared", 2, nil)
+	pod := sharePod("two-timeslice", "gpusharing.io/gpu-timeslice", 2, nil)
 	declareUse(pod)
 	must(t, k8s.Create(ctx, pod))
-	checkTwoShimGPUs(t, "two-shim", shimGPUs)
+	checkTwoGPUs(t, "two-timeslice", timeSliced)
+	kubectl(t, "-n", Namespace, "delete", "pod", "two-timeslice", "--wait=true", "--timeout=60s")
+
+	claim := twoOnDistinctGPUs("two-timeslice-claim", "gpusharing-timeslicing")
+	must(t, k8s.Create(ctx, claim))
+	pod = claimPod("dra-two-timeslice", claim.Name)
+	declareUse(pod)
+	must(t, k8s.Create(ctx, pod))
+	checkTwoGPUs(t, "dra-two-timeslice", timeSliced)
+	must(t, k8s.Get(ctx, client.ObjectKeyFromObject(claim), claim))
+	if a := claim.Status.Allocation; a == nil || len(a.Devices.Results) != 2 {
+		t.Errorf("claim %s allocation %+v, want two devices", claim.Name, a)
+	}
+	kubectl(t, "-n", Namespace, "delete", "pod/dra-two-timeslice", "resourceclaim/"+claim.Name, "--wait=true", "--timeout=60s")
+
+	refused := deviceplugin.ErrShimOnSeveralGPUs.Error()
+	must(t, k8s.Create(ctx, sharePod("two-shim", "gpusharing.io/gpu-shared", 2, nil)))
+	eventually(t, time.Minute, "two-shim refused at admission", func(ctx context.Context) error {
+		var p corev1.Pod
+		if err := k8s.Get(ctx, client.ObjectKey{Namespace: Namespace, Name: "two-shim"}, &p); err != nil {
+			return err
+		}
+		if p.Status.Phase != corev1.PodFailed || p.Status.Reason != "UnexpectedAdmissionError" || !strings.Contains(p.Status.Message, refused) {
+			return fmt.Errorf("phase %s, reason %q, message %q; want Failed, UnexpectedAdmissionError, %q", p.Status.Phase, p.Status.Reason, p.Status.Message, refused)
+		}
+		t.Logf("two-shim: %s: %s", p.Status.Reason, p.Status.Message)
+		return nil
+	})
 	kubectl(t, "-n", Namespace, "delete", "pod", "two-shim", "--wait=true", "--timeout=60s")
 
-	claim := &resourcev1.ResourceClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: "two-shim-claim", Namespace: Namespace},
+	claim = twoOnDistinctGPUs("two-shim-claim", "gpusharing-shared")
+	must(t, k8s.Create(ctx, claim))
+	must(t, k8s.Create(ctx, claimPod("dra-two-shim", claim.Name)))
+	eventually(t, 2*time.Minute, "dra-two-shim's claim refused at prepare", func(ctx context.Context) error {
+		var l corev1.EventList
+		if err := k8s.List(ctx, &l, client.InNamespace(Namespace), client.MatchingFields{
+			"involvedObject.kind": "Pod", "involvedObject.name": "dra-two-shim", "reason": "FailedPrepareDynamicResources"}); err != nil {
+			return err
+		}
+		for _, e := range l.Items {
+			if strings.Contains(e.Message, refused) {
+				t.Logf("dra-two-shim: %s: %s", e.Reason, e.Message)
+				return nil
+			}
+		}
+		return fmt.Errorf("no FailedPrepareDynamicResources event naming %q: %+v", refused, l.Items)
+	})
+	kubectl(t, "-n", Namespace, "delete", "pod/dra-two-shim", "resourceclaim/"+claim.Name, "--wait=true", "--timeout=60s")
+}
+
+// twoOnDistinctGPUs is a claim for two devices of class on distinct GPUs.
+func twoOnDistinctGPUs(name, class string) *resourcev1.ResourceClaim {
+	return &resourcev1.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: Namespace},
 		Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{
 			Requests: []resourcev1.DeviceRequest{{Name: "gpus", Exactly: &resourcev1.ExactDeviceRequest{
-				DeviceClassName: "gpusharing-shared", AllocationMode: resourcev1.DeviceAllocationModeExactCount, Count: 2}}},
+				DeviceClassName: class, AllocationMode: resourcev1.DeviceAllocationModeExactCount, Count: 2}}},
 			Constraints: []resourcev1.DeviceConstraint{{DistinctAttribute: ptr(resourcev1.FullyQualifiedName("gpu.gpusharing.io/uuid"))}},
 		}},
 	}
-	must(t, k8s.Create(ctx, claim))
-	pod = sharePod("dra-two-shim", "", 0, nil)
-	declareUse(pod)
+}
+
+// claimPod is a report pod whose container uses the named claim.
+func claimPod(name, claim string) *corev1.Pod {
+	pod := sharePod(name, "", 0, nil)
 	pod.Spec.Containers[0].Resources = corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpu"}}}
-	pod.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr("two-shim-claim")}}
-	must(t, k8s.Create(ctx, pod))
-	checkTwoShimGPUs(t, "dra-two-shim", shimGPUs)
-	must(t, k8s.Get(ctx, client.ObjectKeyFromObject(claim), claim))
-	if a := claim.Status.Allocation; a == nil || len(a.Devices.Results) != 2 {
-		t.Errorf("claim two-shim-claim allocation %+v, want two devices", a)
-	}
-	kubectl(t, "-n", Namespace, "delete", "pod", "dra-two-shim", "--wait=true", "--timeout=60s")
-	kubectl(t, "-n", Namespace, "delete", "resourceclaim", "two-shim-claim", "--wait=true", "--timeout=60s")
+	pod.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr(claim)}}
+	return pod
 }
 
 // declareUse makes the pod's processes use multiGPUMemoryMiB on every simulated GPU they see.
@@ -70,30 +118,21 @@ func declareUse(pod *corev1.Pod) {
 		corev1.EnvVar{Name: nvmlmock.EnvSimulatedMemoryMiB, Value: strconv.Itoa(multiGPUMemoryMiB)})
 }
 
-// checkTwoShimGPUs checks a running pod's report and the GPUNode's consumers for two shim GPUs of allowed.
-func checkTwoShimGPUs(t *testing.T, pod string, allowed []string) {
+// checkTwoGPUs checks a running pod's report and the GPUNode's consumers for both GPUs of want, with no
+// shim.
+func checkTwoGPUs(t *testing.T, pod string, want []string) {
 	t.Helper()
 	r := readReport(t, pod)
 	visible := strings.Split(r.env["CUDA_VISIBLE_DEVICES"], ",")
-	if len(visible) != 2 || visible[0] == visible[1] || !slices.Contains(allowed, visible[0]) || !slices.Contains(allowed, visible[1]) {
-		t.Fatalf("%s: CUDA_VISIBLE_DEVICES=%q, want two distinct GPUs of %v", pod, r.env["CUDA_VISIBLE_DEVICES"], allowed)
+	if len(visible) != 2 || visible[0] == visible[1] || !slices.Contains(want, visible[0]) || !slices.Contains(want, visible[1]) {
+		t.Fatalf("%s: CUDA_VISIBLE_DEVICES=%q, want the two GPUs %v", pod, r.env["CUDA_VISIBLE_DEVICES"], want)
 	}
-	a, b := visible[0], visible[1]
-	sock := func(g string) string { return g + "=/var/run/gpusharing/scheduler/" + g + "/gpushare.sock" }
-	for k, v := range map[string]string{
-		"NVIDIA_VISIBLE_DEVICES": a + "," + b,
-		"LD_PRELOAD":             "/usr/lib/gpusharing/libgpushare.so",
-		"GPUSHARE_GPU_UUID":      a + "," + b,
-		"GPUSHARE_SOCKET":        sock(a) + "," + sock(b),
-		"GPUSHARE_OVERSUB":       a + "=1," + b + "=1",
-	} {
-		if r.env[k] != v {
-			t.Errorf("%s: %s=%q, want %q", pod, k, r.env[k], v)
-		}
+	if got := r.env["NVIDIA_VISIBLE_DEVICES"]; got != r.env["CUDA_VISIBLE_DEVICES"] {
+		t.Errorf("%s: NVIDIA_VISIBLE_DEVICES=%q, want %q", pod, got, r.env["CUDA_VISIBLE_DEVICES"])
 	}
-	for _, g := range visible {
-		if opts, ok := r.mounts["/var/run/gpusharing/scheduler/"+g]; !ok || !strings.HasPrefix(opts, "ro") {
-			t.Errorf("%s: GPU %s's scheduler directory mounted %q (present %v), want read-only", pod, g, opts, ok)
+	for k, v := range r.env {
+		if k == "LD_PRELOAD" || strings.HasPrefix(k, "GPUSHARE_") {
+			t.Errorf("%s: %s=%q; want no shim on time-sliced shares", pod, k, v)
 		}
 	}
 	eventually(t, time.Minute, pod+" listed on both its GPUs", func(ctx context.Context) error {

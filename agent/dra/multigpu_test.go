@@ -22,6 +22,7 @@ import (
 	"github.com/gpusharing/gpusharing/agent/deviceplugin"
 	"github.com/gpusharing/gpusharing/agent/dra"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
+	"github.com/gpusharing/gpusharing/test/testenv"
 )
 
 // multiGPUNode has GPUs 0 and 1 time-sliced without the shim (four replicas each), GPUs 2 and 3
@@ -43,6 +44,16 @@ func multiGPUNode() v1alpha1.GPUNodeStatus {
 		st.GPUs = append(st.GPUs, g)
 	}
 	return st
+}
+
+// multiGPUCluster is an API server with multiGPUNode's devices published and the real kube-scheduler.
+func multiGPUCluster(t *testing.T) (context.Context, *testenv.Env, v1alpha1.GPUNodeStatus) {
+	t.Helper()
+	ctx, env := draCluster(t)
+	st := multiGPUNode()
+	publish(t, ctx, env, startPublisher(t, env, dra.PublisherOptions{}), dra.Devices(st, dpConfig))
+	startScheduler(t, env)
+	return ctx, env, st
 }
 
 // exactly is a request for count devices of a DeviceClass.
@@ -85,11 +96,8 @@ func createClaimPod(t *testing.T, ctx context.Context, c client.Client, name str
 // although four replicas are free), and the kubelet plugin hands the container every GPU of the set in
 // one environment, with no shim.
 func TestAClaimForSharesOnDistinctGPUsGetsThemTogether(t *testing.T) {
-	ctx, env := draCluster(t)
+	ctx, env, st := multiGPUCluster(t)
 	c := env.Client
-	st := multiGPUNode()
-	publish(t, ctx, env, startPublisher(t, env, dra.PublisherOptions{}), dra.Devices(st, dpConfig))
-	startScheduler(t, env)
 
 	createClaimPod(t, ctx, c, "two-timesliced", resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{exactly("gpus", "gpusharing-timeslicing", 2)},
 		Constraints: []resourcev1.DeviceConstraint{distinctGPUs()}})
@@ -157,11 +165,8 @@ func TestAClaimForSharesOnDistinctGPUsGetsThemTogether(t *testing.T) {
 // why and what works instead, no CDI spec is written and nothing is recorded, so asking again gets the
 // same refusal.
 func TestAClaimForShimSharesOnDistinctGPUsIsRefusedAtPrepare(t *testing.T) {
-	ctx, env := draCluster(t)
+	ctx, env, st := multiGPUCluster(t)
 	c := env.Client
-	st := multiGPUNode()
-	publish(t, ctx, env, startPublisher(t, env, dra.PublisherOptions{}), dra.Devices(st, dpConfig))
-	startScheduler(t, env)
 
 	sized := func(name, memory string) resourcev1.DeviceRequest {
 		return resourcev1.DeviceRequest{Name: name, Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: "gpusharing-sized",

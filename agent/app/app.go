@@ -364,6 +364,9 @@ func setupDevicePlugin(mgr ctrl.Manager, o Options, r *node.Reconciler, podResou
 		return err
 	}
 	dp.SetPodResources(podResources)
+	if t, ok := o.GPU.(gpu.TopologyReader); ok {
+		dp.SetTopology(t)
+	}
 	dpLog := mgr.GetLogger().WithName("device-plugin")
 	if err := mgr.Add(runnable(func(ctx context.Context) error { return dp.Run(ctrl.LoggerInto(ctx, dpLog)) })); err != nil {
 		return err

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -271,8 +272,11 @@ func (p *KubeletPlugin) prepare(ctx context.Context, cp checkpoint, c *resourcev
 	}
 	pc := preparedClaim{Namespace: c.Namespace, Name: c.Name, Pods: reservedPods(c)}
 	var cdiDevices []cdispec.Device
-	for _, req := range requests {
-		results := byRequest[req]
+	for _, unit := range gpuSets(c.Spec.Devices.Constraints, requests) {
+		var results []resourcev1.DeviceRequestAllocationResult
+		for _, req := range unit {
+			results = append(results, byRequest[req]...)
+		}
 		devs := make([]deviceplugin.Device, 0, len(results))
 		sized := make([]preparedDevice, len(results))
 		for i, r := range results {
@@ -294,21 +298,26 @@ func (p *KubeletPlugin) prepare(ctx context.Context, cp checkpoint, c *resourcev
 			}
 			devs = append(devs, d)
 		}
-		// One container asking for this request gets what one container asking the device plugin for
-		// these shares gets: the same function decides it.
+		// One container asking for these shares gets what one container asking the device plugin for
+		// them gets: the same function decides it.
 		resp, err := deviceplugin.ContainerEdits(p.dp, devs)
 		if err != nil {
-			return preparedClaim{}, false, fmt.Errorf("request %s: %w", req, err)
+			return preparedClaim{}, false, fmt.Errorf("request %s: %w", strings.Join(unit, ", "), err)
 		}
-		name := cdiDeviceName(c.UID, req)
+		name := cdiDeviceName(c.UID, strings.Join(unit, "_"))
 		cdiDevices = append(cdiDevices, cdispec.Device{Name: name, ContainerEdits: cdiEditsOf(resp)})
 		for i, r := range results {
 			d := sized[i]
 			d.Requests, d.Pool, d.Device, d.ShareID = []string{r.Request}, r.Pool, r.Device, r.ShareID
-			// The request's edits are one CDI device, named on its first device only: a container gets
-			// them once however many shares the request holds (several MPS shares add up in one client).
+			// The edits are one CDI device, named on the first device only: a container gets them once
+			// however many shares it holds (several MPS shares add up in one client). A GPU set's first
+			// device stands for each of its requests, so a container that names any of them gets every
+			// GPU of the set in one environment.
 			if i == 0 {
 				d.CDIDeviceIDs = []string{CDIID(name)}
+				if len(unit) > 1 {
+					d.Requests = slices.Clone(unit)
+				}
 			}
 			pc.Devices = append(pc.Devices, d)
 		}

@@ -19,6 +19,8 @@ import (
 type Server struct {
 	*server.Server
 	GPUs []*GPU
+	// topo is how the GPUs are connected (topology.go); a DGX's unless a test sets another.
+	topo topology
 }
 
 // GPU is one mock GPU with the agent's overrides.
@@ -54,7 +56,9 @@ type GPU struct {
 // placements (InventoryA100).
 func NewA100(n int) *Server {
 	inv, dev := mustInventory(InventoryA100)
-	return NewFromInventory(inv, dev, n)
+	s := NewFromInventory(inv, dev, n)
+	s.SetTopology(DGXTopology(12))
+	return s
 }
 
 // NewH100 returns a DGX H100 with n GPUs: H100 80GB HBM3 with the MIG profiles and placements a real one
@@ -76,7 +80,9 @@ func wrap(s *server.Server, n int) *Server {
 		g := &GPU{Device: sd, migCapable: true}
 		g.override()
 		out.GPUs = append(out.GPUs, g)
+		out.overrideTopology(i, g)
 	}
+	out.SetTopology(DGXTopology(18))
 	return out
 }
 

@@ -143,6 +143,62 @@ int gs_cap_retain(uint32_t kind, uint64_t key)
     return i != SIZE_MAX;
 }
 
+/* A mapping is one more reference to its handle's entry (the handle's bytes stay charged while it lives),
+ * remembered by its address (kind GS_CAP_MAP, bytes: the handle) for cuMemUnmap, which names addresses. */
+void gs_cap_map(CUdeviceptr va, uint64_t handle)
+{
+    pthread_mutex_lock(&tab_mu);
+    size_t i = find_locked(handle, GS_CAP_HANDLE);
+    if (i != SIZE_MAX && va != 0 && find_locked(va, GS_CAP_MAP) == SIZE_MAX &&
+        ((tab_len + 1) * 2 <= tab_cap || grow_locked() == 0)) {
+        i = find_locked(handle, GS_CAP_HANDLE); /* grow moved it */
+        tab[i].refs++;
+        put_locked((struct cap_entry){.key = va, .bytes = handle, .kind = GS_CAP_MAP, .refs = 1});
+    }
+    pthread_mutex_unlock(&tab_mu);
+}
+
+/* Drops one reference of handle's entry; returns the bytes to give back when it was the last. tab_mu held. */
+static uint64_t unref_locked(uint64_t handle)
+{
+    size_t i = find_locked(handle, GS_CAP_HANDLE);
+    if (i == SIZE_MAX)
+        return 0;
+    if (--tab[i].refs > 0)
+        return 0;
+    uint64_t b = tab[i].bytes;
+    remove_at_locked(i);
+    return b;
+}
+
+void gs_cap_unmap(CUdeviceptr va, size_t size)
+{
+    uint64_t back = 0;
+    pthread_mutex_lock(&tab_mu);
+    size_t i = find_locked(va, GS_CAP_MAP);
+    if (i != SIZE_MAX) {
+        /* the usual case: one mapping unmapped where it starts */
+        uint64_t h = tab[i].bytes;
+        remove_at_locked(i);
+        back += unref_locked(h);
+    }
+    if (size > 0 && tab_cap > 0) {
+        /* a range over several mappings (vectorAddMMAP unmaps its whole range at once): every mapping that
+         * starts inside it; rare, so a scan. A removal moves entries, so the scan starts again after one. */
+        for (size_t j = 0; j < tab_cap; j++) {
+            if (tab[j].key != 0 && tab[j].kind == GS_CAP_MAP && tab[j].key > va && tab[j].key - va < size) {
+                uint64_t h = tab[j].bytes;
+                remove_at_locked(j);
+                back += unref_locked(h);
+                j = (size_t)-1;
+            }
+        }
+    }
+    pthread_mutex_unlock(&tab_mu);
+    if (back > 0)
+        gs_cap_uncharge(back);
+}
+
 int gs_cap_free_begin(uint32_t kind, uint64_t key, struct gs_cap_free *f)
 {
     f->kind = kind;

@@ -63,7 +63,7 @@ extern struct gs_config gs_cfg;
 void gs_config_load(void);
 
 /* ---- memory limit (cap.c): GPUSHARE_MEMORY_LIMIT_BYTES; every call below only when it is set ---- */
-enum { GS_CAP_PTR = 1, GS_CAP_HANDLE = 2 };
+enum { GS_CAP_PTR = 1, GS_CAP_HANDLE = 2, GS_CAP_MAP = 3 };
 static inline int gs_cap_on(void)
 {
     return gs_cfg.memory_limit != 0;
@@ -75,6 +75,10 @@ void gs_cap_uncharge(uint64_t n);
 void gs_cap_track(uint32_t kind, uint64_t key, uint64_t bytes);
 /* cuMemRetainAllocationHandle on a handle we count: one more cuMemRelease before its bytes return. */
 int gs_cap_retain(uint32_t kind, uint64_t key);
+/* After a successful cuMemMap of a handle we count: the mapping holds the handle's charge until unmapped. */
+void gs_cap_map(CUdeviceptr va, uint64_t handle);
+/* After a successful cuMemUnmap: the mappings that started in the range let go of their handles. */
+void gs_cap_unmap(CUdeviceptr va, size_t size);
 struct gs_cap_free {
     uint64_t key, bytes;
     uint32_t kind, refs; /* refs 0: not counted */

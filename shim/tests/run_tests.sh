@@ -217,6 +217,10 @@ done
 # get exactly the limit between them, and give all of it back.
 out=$(run_client GPUSHARE_MEMORY_LIMIT_BYTES=$LIM "$BUILD/tests/cap_client" retain $LIM 2>&1)
 if grep -q "cap retain first=2 second=0" <<<"$out"; then pass "memory limit: a retained handle stays charged until its last release"; else fail "memory limit with a retained handle" "$out"; fi
+# vectorAddMMAP's pattern: a handle released while mapped stays charged until its mapping goes (the
+# mappings hold the limit: 4 of a quarter, not 12), and unmapping gives the charge back.
+out=$(run_client GPUSHARE_MEMORY_LIMIT_BYTES=$LIM "$BUILD/tests/cap_client" mmap $LIM 2>&1)
+if grep -q "cap mmap mapped=4 again=0" <<<"$out"; then pass "memory limit: a released but mapped handle stays charged until unmapped"; else fail "memory limit with create/map/release" "$out"; fi
 out=$(run_client GPUSHARE_MEMORY_LIMIT_BYTES=$LIM "$BUILD/tests/cap_client" threads $LIM 2>&1)
 if grep -q "cap threads got=64 free_after=$LIM\$" <<<"$out"; then pass "memory limit: 8 threads racing get exactly the limit"; else fail "memory limit under threads" "$out"; fi
 

@@ -1,7 +1,6 @@
 package scheduler
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,34 +9,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/gpusharing/gpusharing/test/wait"
 )
 
 // startClaimEnv is startEnv with every client in one claim of claim bytes.
 func startClaimEnv(t *testing.T, claim uint64) *env {
 	t.Helper()
-	build := shimBuild(t)
-	dir, err := os.MkdirTemp("", "gs")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	e := &env{t: t, build: build, dir: dir, sock: filepath.Join(dir, "gpu.sock"), trace: filepath.Join(dir, "trace"),
-		m: prometheus.NewRegistry()}
-	e.s, err = New(Options{GPUs: []GPUConfig{{UUID: "GPU-test", SocketPath: e.sock, Quantum: time.Minute}}, Registerer: e.m,
-		Guards: Guards{ContextReserve: testReserve, LedgerChunk: testChunk, ClaimOf: func(string, int32) (Claim, bool) {
-			return Claim{Key: testClaimKey, Memory: claim}, true
-		}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.s.Listen(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	e := startEnvGuards(t, GPUConfig{Quantum: time.Minute}, Guards{ContextReserve: testReserve, LedgerChunk: testChunk,
+		ClaimOf: func(string, int32) (Claim, bool) { return Claim{Key: testClaimKey, Memory: claim}, true }})
 	t.Cleanup(func() { checkLedgers(t, e.s) })
-	t.Cleanup(e.s.Close)
 	return e
 }
 

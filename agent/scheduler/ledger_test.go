@@ -2,7 +2,6 @@ package scheduler
 
 import (
 	"context"
-	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -77,7 +76,7 @@ func (e *ledgerEnv) dial(t *testing.T, c Claim) (*rawClient, Message) {
 	t.Helper()
 	e.claims <- c
 	r := dialRaw(t, e.sock, PriorityNormal)
-	return r, r.expect(MsgLedger, time.Second)
+	return r, r.ledger
 }
 
 func (e *ledgerEnv) ledger(key string) (LedgerState, bool) {
@@ -209,7 +208,7 @@ func TestLedgerAccountsAReannouncedGrantOnceAndDropsASecond(t *testing.T) {
 func TestLedgerCountsOlderClientsWithoutSendingThemLedgers(t *testing.T) {
 	e := startLedgerEnv(t)
 	e.claims <- Claim{Key: testClaimKey, Memory: 1024 * mib}
-	old := dialRawVersion(t, e.sock, 5)
+	old := dialRawVersion(t, e.sock, PriorityNormal, 5)
 	if m, ok := old.next(MsgLedger, 200*time.Millisecond); ok {
 		t.Fatalf("a version 5 client got %+v", m)
 	}
@@ -265,29 +264,4 @@ func labelOf(m *dto.Metric, name string) string {
 		}
 	}
 	return ""
-}
-
-// dialRawVersion connects a raw client that speaks protocol version v.
-func dialRawVersion(t *testing.T, sock string, v uint16) *rawClient {
-	t.Helper()
-	r := &rawClient{t: t, in: make(chan Message, 64)}
-	conn, err := net.Dial("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	r.conn = conn
-	r.send(Message{Type: MsgHello, Version: v, PID: uint32(os.Getpid()), GPUUUID: "GPU-test"})
-	go func() {
-		defer close(r.in)
-		for {
-			m, err := ReadMessage(conn)
-			if err != nil {
-				return
-			}
-			r.in <- m
-		}
-	}()
-	r.expect(MsgWelcome, time.Second)
-	return r
 }

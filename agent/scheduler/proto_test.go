@@ -207,8 +207,8 @@ func TestPaceAndIdleWireFormat(t *testing.T) {
 		m    Message
 		want []byte
 	}{
-		{Message{Type: MsgPace, MaxQueued: 0x01020304}, []byte{'G', 'P', 'S', 'H', 5, 0, 14, 0, 16, 0, 0, 0, 4, 3, 2, 1}},
-		{Message{Type: MsgIdle, IdleUS: 0x01020304}, []byte{'G', 'P', 'S', 'H', 5, 0, 15, 0, 16, 0, 0, 0, 4, 3, 2, 1}},
+		{Message{Type: MsgPace, MaxQueued: 0x01020304}, []byte{'G', 'P', 'S', 'H', 6, 0, 14, 0, 16, 0, 0, 0, 4, 3, 2, 1}},
+		{Message{Type: MsgIdle, IdleUS: 0x01020304}, []byte{'G', 'P', 'S', 'H', 6, 0, 15, 0, 16, 0, 0, 0, 4, 3, 2, 1}},
 	} {
 		if b := mustEncode(c.m); string(b) != string(c.want) {
 			t.Errorf("%v = % x, want % x", c.m.Type, b, c.want)

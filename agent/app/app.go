@@ -216,6 +216,10 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	if err := setupResourceSlices(mgr, o, r); err != nil {
 		return err
 	}
+	if shim != nil && pods != nil && r.Claims != nil {
+		// A sized claim's processes on a shim GPU share one memory ledger (scheduler/ledger.go).
+		shim.Guards.ClaimOf = claimLedgers(r.Claims, pods)
+	}
 	if err := setupDrain(mgr, o, r, podResources); err != nil {
 		return err
 	}

@@ -18,6 +18,12 @@ import torch
 MIB = 1 << 20
 
 
+def refused_for_memory(e):
+    """torch raises OutOfMemoryError from its caching allocator but AcceleratorError (a RuntimeError) from
+    a plain cudaMalloc refused with cudaErrorMemoryAllocation, as with the caching allocator off."""
+    return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e)
+
+
 def fill():
     free, total = torch.cuda.mem_get_info()
     held, got = [], 0
@@ -26,14 +32,18 @@ def fill():
         while left >= step:
             try:
                 held.append(torch.empty(step, dtype=torch.uint8, device="cuda"))
-            except torch.OutOfMemoryError:
+            except RuntimeError as e:
+                if not refused_for_memory(e):
+                    raise
                 break
             got += step
             left -= step
     refused = False
     try:
         held.append(torch.empty(64 * MIB, dtype=torch.uint8, device="cuda"))
-    except torch.OutOfMemoryError:
+    except RuntimeError as e:
+        if not refused_for_memory(e):
+            raise
         refused = True
     return {"free": free, "total": total, "got": got, "over_refused": refused}, held
 

@@ -53,6 +53,12 @@ type Options struct {
 	// OversubReserve is the GPU memory left out of an oversubscription budget the policy does not set
 	// (default node.DefaultOversubReserve).
 	OversubReserve uint64
+	// ContextReserve is the device memory charged to each CUDA process of a sized claim for its context
+	// (bytes; --context-reserve, default dra.DefaultContextReserve; zero charges nothing): a claim of M
+	// bytes bounds what its pods' processes hold as NVML counts it, contexts included, so an MPS client's
+	// pinned limit is M less this, and the shim's ledger keeps a claim's allocations within M less this
+	// per process (docs/dra.md).
+	ContextReserve int64
 	// ShimGuards limit each shim client (frame deadline, connection caps, EVICT deadline, the context
 	// overhead left out of the NVML check); zero fields take the scheduler's defaults. The agent sets
 	// their sources itself (shimguards.go).
@@ -290,7 +296,9 @@ func setupResourceSlices(mgr ctrl.Manager, o Options, r *node.Reconciler) error 
 		return nil
 	}
 	log := mgr.GetLogger().WithName("dra-plugin")
-	if d.Plugin, err = dra.NewKubeletPlugin(o.NodeName, *o.DRAPlugin, cfg, log); err != nil {
+	pcfg := *o.DRAPlugin
+	pcfg.ContextReserve = o.ContextReserve
+	if d.Plugin, err = dra.NewKubeletPlugin(o.NodeName, pcfg, cfg, log); err != nil {
 		return err
 	}
 	claimMetrics, err := dra.NewClaimMetrics(metrics.Registry)

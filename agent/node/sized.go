@@ -13,6 +13,7 @@ import (
 
 	"github.com/gpusharing/gpusharing/agent/accounting"
 	"github.com/gpusharing/gpusharing/agent/dra"
+	"github.com/gpusharing/gpusharing/agent/drain"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -35,9 +36,9 @@ func (r *Reconciler) setSizedClaims(sc *scope, gpus []v1alpha1.GPUStatus, prev [
 	if r.Claims == nil {
 		return
 	}
-	claims := r.Claims.SizedClaims()
-	released := r.claims.releasedPods(claims, r.clock().Now())
-	byGPU := claimsByGPU(claims)
+	k := r.claimKnowledge()
+	released := r.claims.releasedPods(k.claims, r.clock().Now())
+	byGPU := claimsByGPU(k.claims)
 	prevByUUID := map[string]*v1alpha1.GPUSizedClaims{}
 	prevConds := map[string][]metav1.Condition{}
 	for _, g := range prev {
@@ -48,6 +49,14 @@ func (r *Reconciler) setSizedClaims(sc *scope, gpus []v1alpha1.GPUStatus, prev [
 	if r.Usage != nil {
 		snap = r.Usage.Latest()
 	}
+	var reads []accounting.GPU
+	for _, g := range gpus {
+		if acct, ok := snap.GPU(g.UUID); ok && acct.Err == nil && g.Applied != nil && g.Applied.Sizing.PerClaim() {
+			reads = append(reads, acct)
+		}
+	}
+	seen := r.claims.seenPods(reads)
+	askedSync := false
 	for i := range gpus {
 		g := &gpus[i]
 		if g.Applied == nil || !g.Applied.Sizing.PerClaim() {
@@ -59,10 +68,16 @@ func (r *Reconciler) setSizedClaims(sc *scope, gpus []v1alpha1.GPUStatus, prev [
 		}
 		g.Sized = sizedStatus(byGPU[g.UUID], acct, ok, prevByUUID[g.UUID])
 		var over []overClaim
+		var unknown []drain.PodRef
 		if ok {
-			over = overClaims(byGPU[g.UUID], acct, released)
+			over, unknown = judgeClaims(k, acct, released, seen)
 		}
-		setWithinClaims(g, over, ok, prevConds[g.UUID])
+		if v, can := r.Claims.(claimViewer); can && len(unknown) > 0 && !askedSync {
+			// A read of the node's claims that begins now knows them (the plugin spaces the reads).
+			v.RequestClaimSync()
+			askedSync = true
+		}
+		setWithinClaims(g, over, unknown, ok, prevConds[g.UUID])
 		if len(over) > 0 {
 			if sc.overClaims == nil {
 				sc.overClaims = map[string][]overClaim{}

@@ -65,6 +65,8 @@ type options struct {
 	// schedulerRoot holds the shim scheduler sockets, whether or not the device plugin runs.
 	schedulerRoot  string
 	oversubReserve uint64
+	// contextReserve is charged to each CUDA process of a sized claim (app.Options.ContextReserve).
+	contextReserve int64
 	// shimGuards limit the shim's clients (docs/agent.md).
 	shimGuards scheduler.Guards
 	// health configures the NVML Xid watcher.
@@ -155,6 +157,15 @@ func parse(args []string) (options, *textlogger.Config) {
 		reserve = &q
 		return nil
 	})
+	ctxReserve := resource.NewQuantity(dra.DefaultContextReserve, resource.BinarySI)
+	fs.Func("context-reserve", fmt.Sprintf("device memory charged to each CUDA process of a sized claim for its context, which NVML counts and allocation limits do not: an MPS client's pinned limit is its claim less this, and the shim keeps a claim's allocations within the claim less this per process (default %s)", ctxReserve), func(s string) error {
+		q, err := resource.ParseQuantity(s)
+		if err != nil || q.Sign() < 0 {
+			return fmt.Errorf("want a non-negative quantity such as 768Mi")
+		}
+		ctxReserve = &q
+		return nil
+	})
 	fs.DurationVar(&o.shimGuards.FrameTimeout, "shim-frame-timeout", scheduler.DefaultFrameTimeout, "longest a shim client may take to finish a message it started before it is dropped")
 	fs.IntVar(&o.shimGuards.MaxConns, "shim-max-conns", scheduler.DefaultMaxConns, "most connections one GPU's scheduler socket accepts at once")
 	fs.IntVar(&o.shimGuards.MaxConnsPerPeer, "shim-max-conns-per-pod", scheduler.DefaultMaxConnsPerPeer, "most connections one pod (one process where the pod is unknown) may hold on one GPU's scheduler socket")
@@ -195,6 +206,7 @@ func parse(args []string) (options, *textlogger.Config) {
 		o.schedulerRoot = filepath.Join(o.hostRoot, "scheduler")
 	}
 	o.oversubReserve = uint64(reserve.Value())
+	o.contextReserve = ctxReserve.Value()
 	o.mpsShmSize = shmSize.Value()
 	// The device plugin names the sockets the agent's schedulers listen on: one root for both.
 	dp.SchedulerRoot = o.schedulerRoot
@@ -313,6 +325,7 @@ func run(ctx context.Context, o options) error {
 		MPSShmSize:     o.mpsShmSize,
 		SchedulerRoot:  o.schedulerRoot,
 		OversubReserve: o.oversubReserve,
+		ContextReserve: o.contextReserve,
 		ShimGuards:     o.shimGuards,
 		Health:         &o.health,
 		Accounting:     accountingOptions(o.accounting),

@@ -251,3 +251,19 @@ func TestSizedLimitsTurnConsumedCapacityIntoLimits(t *testing.T) {
 		}
 	}
 }
+
+// The sized device offers what the agent read claims can use (status.gpus[].sized.memoryCapacity), not
+// the GPU's memory, where the status carries it; its default share is cut from that.
+func TestASizedDeviceOffersTheUsableMemory(t *testing.T) {
+	g := sizedGPU(0, "40Gi", &v1alpha1.AppliedSharing{Strategy: v1alpha1.StrategyMPS, MPS: &v1alpha1.MPSStatus{State: "Running", Replicas: 4}}, "", "")
+	usable := resource.MustParse("39Gi")
+	g.Sized = &v1alpha1.GPUSizedClaims{MemoryCapacity: &usable}
+	sh, ok := sizedShare(g, deviceplugin.Config{})
+	if !ok {
+		t.Fatal("no sized device")
+	}
+	mem := sh.dev.Capacity[CapacityMemory]
+	if mem.Value.Cmp(usable) != 0 || mem.RequestPolicy.Default.Value() != 9<<30 {
+		t.Errorf("memory capacity %s (default %s), want 39Gi (default 9Gi: 39Gi over 4 on the 1Gi grid)", mem.Value.String(), mem.RequestPolicy.Default)
+	}
+}

@@ -82,7 +82,12 @@ func sizedShare(g v1alpha1.GPUStatus, cfg deviceplugin.Config) (share, bool) {
 		base.ShimOversub = a.Shim.MemoryBudget != nil && a.Shim.MemoryBudget.Sign() > 0
 		base.QoS = a.QoS
 	}
+	// What claims can really use (status.gpus[].sized.memoryCapacity: less the driver's reserve and the
+	// MPS server), where the agent read it; the GPU's memory otherwise.
 	memory := g.Memory.Value()
+	if g.Sized != nil && g.Sized.MemoryCapacity != nil && g.Sized.MemoryCapacity.Sign() > 0 {
+		memory = g.Sized.MemoryCapacity.Value()
+	}
 	step, minimum := a.Sizing.Step(), a.Sizing.Min()
 	if minimum+step > memory {
 		// The API server refuses a device whose minimum plus step exceeds its capacity, and with it the

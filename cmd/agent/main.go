@@ -67,6 +67,8 @@ type options struct {
 	oversubReserve uint64
 	// contextReserve is charged to each CUDA process of a sized claim (app.Options.ContextReserve).
 	contextReserve int64
+	// mpsServerMemory is left out of an MPS GPU's sized capacity (app.Options.MPSServerMemory).
+	mpsServerMemory uint64
 	// shimGuards limit the shim's clients (docs/agent.md).
 	shimGuards scheduler.Guards
 	// health configures the NVML Xid watcher.
@@ -166,6 +168,15 @@ func parse(args []string) (options, *textlogger.Config) {
 		ctxReserve = &q
 		return nil
 	})
+	mpsServer := resource.NewQuantity(node.DefaultMPSServerMemory, resource.BinarySI)
+	fs.Func("mps-server-memory", fmt.Sprintf("device memory an MPS server holds itself, left out of what an MPS GPU sized per claim offers claims (default %s)", mpsServer), func(s string) error {
+		q, err := resource.ParseQuantity(s)
+		if err != nil || q.Sign() < 0 {
+			return fmt.Errorf("want a non-negative quantity such as 256Mi")
+		}
+		mpsServer = &q
+		return nil
+	})
 	fs.DurationVar(&o.shimGuards.FrameTimeout, "shim-frame-timeout", scheduler.DefaultFrameTimeout, "longest a shim client may take to finish a message it started before it is dropped")
 	fs.IntVar(&o.shimGuards.MaxConns, "shim-max-conns", scheduler.DefaultMaxConns, "most connections one GPU's scheduler socket accepts at once")
 	fs.IntVar(&o.shimGuards.MaxConnsPerPeer, "shim-max-conns-per-pod", scheduler.DefaultMaxConnsPerPeer, "most connections one pod (one process where the pod is unknown) may hold on one GPU's scheduler socket")
@@ -207,6 +218,7 @@ func parse(args []string) (options, *textlogger.Config) {
 	}
 	o.oversubReserve = uint64(reserve.Value())
 	o.contextReserve = ctxReserve.Value()
+	o.mpsServerMemory = uint64(mpsServer.Value())
 	o.mpsShmSize = shmSize.Value()
 	// The device plugin names the sockets the agent's schedulers listen on: one root for both.
 	dp.SchedulerRoot = o.schedulerRoot
@@ -326,9 +338,11 @@ func run(ctx context.Context, o options) error {
 		SchedulerRoot:  o.schedulerRoot,
 		OversubReserve: o.oversubReserve,
 		ContextReserve: o.contextReserve,
-		ShimGuards:     o.shimGuards,
-		Health:         &o.health,
-		Accounting:     accountingOptions(o.accounting),
+		// What a sized MPS GPU's server holds itself.
+		MPSServerMemory: o.mpsServerMemory,
+		ShimGuards:      o.shimGuards,
+		Health:          &o.health,
+		Accounting:      accountingOptions(o.accounting),
 		// hostPID: the agent's /proc is the host's, where the scheduler's client pids live.
 		ProcRoot:            o.procRoot,
 		StateDir:            o.stateDir,

@@ -129,7 +129,8 @@ func TestParseSetsTheSchedulerRootAndTheOversubscriptionReserve(t *testing.T) {
 	}
 }
 
-// The context reserve charged to each process of a sized claim defaults to 768Mi and takes a quantity.
+// The context reserve charged to each process of a sized claim defaults to 768Mi, the MPS server's
+// memory is an option too; both take quantities.
 func TestParseSetsTheContextReserve(t *testing.T) {
 	t.Setenv("NODE_NAME", "node-a")
 	if o, _ := parse(nil); o.contextReserve != 768<<20 {
@@ -137,5 +138,8 @@ func TestParseSetsTheContextReserve(t *testing.T) {
 	}
 	if o, _ := parse([]string{"--context-reserve=1Gi"}); o.contextReserve != 1<<30 {
 		t.Errorf("--context-reserve=1Gi: %d", o.contextReserve)
+	}
+	if o, _ := parse([]string{"--mps-server-memory=100Mi"}); o.mpsServerMemory != 100<<20 {
+		t.Errorf("--mps-server-memory=100Mi: %d", o.mpsServerMemory)
 	}
 }

@@ -158,6 +158,13 @@ func (p *KubeletPlugin) SyncClaims(ctx context.Context, kube kubernetes.Interfac
 		}
 	}
 	p.mu.Lock()
+	for uid := range p.unprepared {
+		if _, ok := found[uid]; ok {
+			delete(found, uid)
+		} else {
+			delete(p.unprepared, uid) // deallocated or gone: nothing left to keep out
+		}
+	}
 	p.api, p.syncedAt = found, began
 	p.mu.Unlock()
 	if p.OnChange != nil {

@@ -113,6 +113,9 @@ type KubeletPlugin struct {
 	// and syncedAt when that read began.
 	api      map[types.UID]apiClaim
 	syncedAt time.Time
+	// unprepared are claims the kubelet unprepared that the API server may still show allocated here
+	// (until the ResourceClaim controller deallocates them): no read brings them back into the view.
+	unprepared map[types.UID]bool
 	// cp is the checkpoint as last written: it changes only through commit.
 	cp checkpoint
 }
@@ -245,6 +248,7 @@ func (p *KubeletPlugin) PrepareResourceClaims(ctx context.Context, claims []*res
 		if isFresh {
 			next.Claims[c.UID] = pc
 			fresh = append(fresh, c.UID)
+			delete(p.unprepared, c.UID)
 		}
 		out[c.UID] = kubeletplugin.PrepareResult{Devices: resultDevices(pc)}
 	}
@@ -399,6 +403,11 @@ func (p *KubeletPlugin) UnprepareResourceClaims(ctx context.Context, claims []ku
 			delete(next.Claims, c.UID)
 			changed = true
 		}
+		if p.unprepared == nil {
+			p.unprepared = map[types.UID]bool{}
+		}
+		p.unprepared[c.UID] = true
+		delete(p.api, c.UID)
 		out[c.UID] = nil
 	}
 	if changed {

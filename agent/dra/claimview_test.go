@@ -56,6 +56,24 @@ func reserve(claim *resourcev1.ResourceClaim, pods ...string) {
 	}
 }
 
+// runPlugin starts p as the agent does (Start: the sweep and the first read of the node's claims, then
+// serving) until the test ends, and returns its client.
+func runPlugin(t *testing.T, ctx context.Context, env *testenv.Env, p *dra.KubeletPlugin) kubernetes.Interface {
+	t.Helper()
+	kube, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	h, err := p.Start(runCtx, kube)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Stop(); cancel() })
+	return kube
+}
+
 // viewString renders a view's claims as "name@gpu memory pods" and its uncertain pods.
 func viewString(v dra.ClaimView) string {
 	var out []string
@@ -77,17 +95,7 @@ func TestTheClaimViewLearnsASharedClaimsSecondPodFromTheAPIServer(t *testing.T) 
 		t.Fatal(err)
 	}
 	p.Update(sizedMPSAndShimNode())
-	kube, err := kubernetes.NewForConfig(env.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, cancel := context.WithCancel(ctx)
-	h, err := p.Start(runCtx, kube)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { h.Stop(); cancel() })
+	runPlugin(t, ctx, env, p)
 	if err := prepareOne(ctx, p, shared); err != nil {
 		t.Fatal(err)
 	}
@@ -137,17 +145,7 @@ func TestTheClaimViewIsRebuiltFromTheAPIServerAndFollowsAllocations(t *testing.T
 	if v := p.ClaimView(); len(v.Claims) != 0 || !v.SyncedAt.IsZero() {
 		t.Fatalf("view of a plugin that has read nothing: %s, synced %v", viewString(v), v.SyncedAt)
 	}
-	kube, err := kubernetes.NewForConfig(env.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, cancel := context.WithCancel(ctx)
-	h, err := p.Start(runCtx, kube)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { h.Stop(); cancel() })
+	kube := runPlugin(t, ctx, env, p)
 	// Before the agent lists its GPUs a sized device's GPU is not known: its pods cannot be judged.
 	if got, want := viewString(p.ClaimView()), "[] uncertain [default/nb default/tr-0 default/tr-1]"; got != want {
 		t.Errorf("view before any status: %s, want %s", got, want)

@@ -159,24 +159,8 @@ func parse(args []string) (options, *textlogger.Config) {
 		reserve = &q
 		return nil
 	})
-	ctxReserve := resource.NewQuantity(dra.DefaultContextReserve, resource.BinarySI)
-	fs.Func("context-reserve", fmt.Sprintf("device memory charged to each CUDA process of a sized claim for its context, which NVML counts and allocation limits do not: an MPS client's pinned limit is its claim less this, and the shim keeps a claim's allocations within the claim less this per process (default %s)", ctxReserve), func(s string) error {
-		q, err := resource.ParseQuantity(s)
-		if err != nil || q.Sign() < 0 {
-			return fmt.Errorf("want a non-negative quantity such as 768Mi")
-		}
-		ctxReserve = &q
-		return nil
-	})
-	mpsServer := resource.NewQuantity(node.DefaultMPSServerMemory, resource.BinarySI)
-	fs.Func("mps-server-memory", fmt.Sprintf("device memory an MPS server holds itself, left out of what an MPS GPU sized per claim offers claims (default %s)", mpsServer), func(s string) error {
-		q, err := resource.ParseQuantity(s)
-		if err != nil || q.Sign() < 0 {
-			return fmt.Errorf("want a non-negative quantity such as 256Mi")
-		}
-		mpsServer = &q
-		return nil
-	})
+	ctxReserve := memoryFlag(fs, "context-reserve", dra.DefaultContextReserve, "device memory charged to each CUDA process of a sized claim for its context, which NVML counts and allocation limits do not: an MPS client's pinned limit is its claim less this, and the shim keeps a claim's allocations within the claim less this per process")
+	mpsServer := memoryFlag(fs, "mps-server-memory", node.DefaultMPSServerMemory, "device memory an MPS server holds itself, left out of what an MPS GPU sized per claim offers claims")
 	fs.DurationVar(&o.shimGuards.FrameTimeout, "shim-frame-timeout", scheduler.DefaultFrameTimeout, "longest a shim client may take to finish a message it started before it is dropped")
 	fs.IntVar(&o.shimGuards.MaxConns, "shim-max-conns", scheduler.DefaultMaxConns, "most connections one GPU's scheduler socket accepts at once")
 	fs.IntVar(&o.shimGuards.MaxConnsPerPeer, "shim-max-conns-per-pod", scheduler.DefaultMaxConnsPerPeer, "most connections one pod (one process where the pod is unknown) may hold on one GPU's scheduler socket")
@@ -217,8 +201,8 @@ func parse(args []string) (options, *textlogger.Config) {
 		o.schedulerRoot = filepath.Join(o.hostRoot, "scheduler")
 	}
 	o.oversubReserve = uint64(reserve.Value())
-	o.contextReserve = ctxReserve.Value()
-	o.mpsServerMemory = uint64(mpsServer.Value())
+	o.contextReserve = (*ctxReserve).Value()
+	o.mpsServerMemory = uint64((*mpsServer).Value())
 	o.mpsShmSize = shmSize.Value()
 	// The device plugin names the sockets the agent's schedulers listen on: one root for both.
 	dp.SchedulerRoot = o.schedulerRoot
@@ -244,6 +228,20 @@ func parse(args []string) (options, *textlogger.Config) {
 		o.nvidiaSMI = driverTool(o.driverRoot, "nvidia-smi")
 	}
 	return o, logConfig
+}
+
+// memoryFlag binds a non-negative memory quantity flag with its default; the result is read after Parse.
+func memoryFlag(fs *flag.FlagSet, name string, def int64, usage string) **resource.Quantity {
+	q := resource.NewQuantity(def, resource.BinarySI)
+	fs.Func(name, fmt.Sprintf("%s (default %s)", usage, q), func(s string) error {
+		v, err := resource.ParseQuantity(s)
+		if err != nil || v.Sign() < 0 {
+			return fmt.Errorf("want a non-negative quantity such as %s", q)
+		}
+		q = &v
+		return nil
+	})
+	return &q
 }
 
 // resourceFlag binds a resource name flag.

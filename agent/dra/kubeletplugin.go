@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/utils/clock"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/gpusharing/gpusharing/agent/deviceplugin"
@@ -54,6 +55,10 @@ type PluginConfig struct {
 	// GoneClaimsInterval is how often the checkpoint's claims are looked up to forget those whose
 	// ResourceClaim is gone (zero: DefaultGoneClaimsInterval); they are looked up once on Start too.
 	GoneClaimsInterval time.Duration
+	// ContextReserve is the device memory charged to each CUDA process of a sized claim for its context
+	// (bytes; the agent's --context-reserve, DefaultContextReserve): an MPS client's pinned memory limit
+	// is its claim less this (SizedLimits). Zero charges nothing.
+	ContextReserve int64
 }
 
 // WithDefaults fills the zero fields.
@@ -94,8 +99,24 @@ type KubeletPlugin struct {
 	// before Start.
 	PodPriority func(ctx context.Context, namespace, name string) (priority int32, ok bool)
 
+	// Clock stamps the reads of the node's claims (ClaimView.SyncedAt); nil is the real clock. It must be
+	// the accounting's clock, whose reads the guard compares with them. Set it before Start.
+	Clock clock.PassiveClock
+
+	// syncRequests carries RequestClaimSync to the goroutine that reads the node's claims.
+	syncRequests chan struct{}
+
 	mu     sync.Mutex
 	shares map[string]deviceplugin.Device
+	// gpus are the node's GPU uuids by index, from the last status: a sized device's GPU by its name.
+	gpus map[int32]string
+	// api are the claims with sized devices allocated in this node's pool, as last read (SyncClaims),
+	// and syncedAt when that read began.
+	api      map[types.UID]apiClaim
+	syncedAt time.Time
+	// unprepared are claims the kubelet unprepared that the API server may still show allocated here
+	// (until the ResourceClaim controller deallocates them): no read brings them back into the view.
+	unprepared map[types.UID]bool
 	// cp is the checkpoint as last written: it changes only through commit.
 	cp checkpoint
 }
@@ -113,7 +134,8 @@ func NewKubeletPlugin(node string, cfg PluginConfig, dp deviceplugin.Config, log
 	if err != nil {
 		return nil, err
 	}
-	p := &KubeletPlugin{node: node, cfg: cfg, dp: dp.WithDefaults(), log: log, writeFile: writeFileAtomic, cdi: specs}
+	p := &KubeletPlugin{node: node, cfg: cfg, dp: dp.WithDefaults(), log: log, writeFile: writeFileAtomic, cdi: specs,
+		syncRequests: make(chan struct{}, 1)}
 	path := p.checkpointPath()
 	cp, err := readCheckpoint(path, node)
 	if errors.Is(err, errCorruptCheckpoint) {
@@ -148,8 +170,12 @@ func (p *KubeletPlugin) commit(next checkpoint) error {
 // Update takes the shares a node status publishes; the reconciler calls it with every status.
 func (p *KubeletPlugin) Update(status v1alpha1.GPUNodeStatus) {
 	shares := Shares(status, p.dp)
+	gpus := make(map[int32]string, len(status.GPUs))
+	for _, g := range status.GPUs {
+		gpus[g.Index] = g.UUID
+	}
 	p.mu.Lock()
-	p.shares = shares
+	p.shares, p.gpus = shares, gpus
 	p.mu.Unlock()
 }
 
@@ -167,9 +193,11 @@ func (p *KubeletPlugin) Prepared() []types.UID {
 
 // Start serves the plugin to the kubelet (registration and the DRA v1 and v1beta1 services) until ctx
 // ends or the returned helper is stopped. kube reads the ResourceClaims the kubelet names. Before it
-// serves, the checkpoint's claims whose ResourceClaim is gone are forgotten (ForgetGoneClaims, bounded by
-// firstSweepTimeout), so a device freed while the agent was down is not refused; then again every
-// GoneClaimsInterval until ctx ends.
+// serves, the checkpoint's claims whose ResourceClaim is gone are forgotten (ForgetGoneClaims), so a
+// device freed while the agent was down is not refused, and the claims allocated in this node's pool are
+// read (SyncClaims), so the claim guard knows them whatever the checkpoint holds; both within
+// firstSweepTimeout. Then the sweep runs every GoneClaimsInterval, and the read on RequestClaimSync, until
+// ctx ends.
 func (p *KubeletPlugin) Start(ctx context.Context, kube kubernetes.Interface) (*kubeletplugin.Helper, error) {
 	// The helper listens in these directories but does not make them; the kubelet makes only its own
 	// registry, and not before it first looks for plugins.
@@ -181,7 +209,12 @@ func (p *KubeletPlugin) Start(ctx context.Context, kube kubernetes.Interface) (*
 	firstCtx, cancel := context.WithTimeout(ctx, firstSweepTimeout)
 	// Errors are logged per claim; what could not be looked up is kept for the next sweep.
 	_, _ = p.ForgetGoneClaims(firstCtx, kube)
+	if err := p.SyncClaims(firstCtx, kube); err != nil {
+		// The guard asks again for what it cannot judge.
+		p.log.Error(err, "Cannot read this node's ResourceClaims; pods on sized GPUs not known stay unjudged")
+	}
 	cancel()
+	go p.syncClaimsOnRequest(ctx, kube)
 	interval := p.cfg.GoneClaimsInterval
 	if interval <= 0 {
 		interval = DefaultGoneClaimsInterval
@@ -216,6 +249,7 @@ func (p *KubeletPlugin) PrepareResourceClaims(ctx context.Context, claims []*res
 		if isFresh {
 			next.Claims[c.UID] = pc
 			fresh = append(fresh, c.UID)
+			delete(p.unprepared, c.UID)
 		}
 		out[c.UID] = kubeletplugin.PrepareResult{Devices: resultDevices(pc)}
 	}
@@ -286,7 +320,7 @@ func (p *KubeletPlugin) prepare(ctx context.Context, cp checkpoint, c *resourcev
 			}
 			if d.Sized {
 				var err error
-				if d, err = SizedLimits(d, r.ConsumedCapacity); err != nil {
+				if d, err = SizedLimits(d, r.ConsumedCapacity, p.cfg.ContextReserve); err != nil {
 					return preparedClaim{}, false, fmt.Errorf("%s: %w", r.Device, err)
 				}
 				sized[i] = sizedAmounts(d.GPUUUID, r.ConsumedCapacity)
@@ -378,6 +412,11 @@ func (p *KubeletPlugin) UnprepareResourceClaims(ctx context.Context, claims []ku
 			delete(next.Claims, c.UID)
 			changed = true
 		}
+		if p.unprepared == nil {
+			p.unprepared = map[types.UID]bool{}
+		}
+		p.unprepared[c.UID] = true
+		delete(p.api, c.UID)
 		out[c.UID] = nil
 	}
 	if changed {

@@ -444,6 +444,11 @@ type GPUUsage struct {
 // GPUSizedClaims is what the prepared claims of a GPU sized per claim were allocated (their
 // consumedCapacity) and use.
 type GPUSizedClaims struct {
+	// memoryCapacity is the device memory the GPU's sized device offers claims (its ResourceSlice
+	// capacity): the GPU's memory less what the driver reserves (NVML's reserved memory) and, on MPS, the
+	// MPS server's own; absent where the agent has not read it.
+	// +optional
+	MemoryCapacity *resource.Quantity `json:"memoryCapacity,omitempty"`
 	// memoryAllocated is the device memory the claims were allocated together.
 	// +optional
 	MemoryAllocated *resource.Quantity `json:"memoryAllocated,omitempty"`

@@ -34,6 +34,8 @@ type GPU struct {
 	procsUnsupported bool
 	// computeMode is what GetComputeMode reports.
 	computeMode nvml.ComputeMode
+	// reserved is the driver's reserve GetMemoryInfo_v2 reports (0 unless SetMemoryReserved).
+	reserved uint64
 	// migCapable false makes MIG calls answer ERROR_NOT_SUPPORTED, as on a GPU without MIG.
 	migCapable bool
 	// current and pending are the MIG mode now and after a reset.
@@ -114,6 +116,10 @@ func (g *GPU) SetProcessMemory(pid uint32, used uint64) {
 // virtual GPU that cannot list processes) or, with false, the processes again.
 func (g *GPU) SetProcessesUnsupported(v bool) { g.mu.Lock(); g.procsUnsupported = v; g.mu.Unlock() }
 
+// SetMemoryReserved sets the driver's reserve GetMemoryInfo_v2 reports, as a real GPU reports one
+// (hundreds of MiB); go-nvml's mock servers have no _v2 call.
+func (g *GPU) SetMemoryReserved(bytes uint64) { g.mu.Lock(); g.reserved = bytes; g.mu.Unlock() }
+
 // SetMIGCapable turns MIG support on or off.
 func (g *GPU) SetMIGCapable(capable bool) { g.mu.Lock(); g.migCapable = capable; g.mu.Unlock() }
 
@@ -161,6 +167,16 @@ func (g *GPU) override() {
 	origProfileInfo := d.GetGpuInstanceProfileInfoFunc
 	origCreate := d.CreateGpuInstanceWithPlacementFunc
 
+	// The total as GetMemoryInfo reports it, with the reserve SetMemoryReserved set.
+	d.GetMemoryInfo_v2Func = func() (nvml.Memory_v2, nvml.Return) {
+		m, r := d.GetMemoryInfo()
+		if r != nvml.SUCCESS {
+			return nvml.Memory_v2{}, r
+		}
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return nvml.Memory_v2{Version: nvml.STRUCT_VERSION(nvml.Memory_v2{}, 2), Total: m.Total, Reserved: g.reserved, Free: m.Free, Used: m.Used}, nvml.SUCCESS
+	}
 	d.GetComputeModeFunc = func() (nvml.ComputeMode, nvml.Return) {
 		g.mu.Lock()
 		defer g.mu.Unlock()

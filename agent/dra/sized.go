@@ -11,6 +11,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gpusharing/gpusharing/agent/deviceplugin"
+	"github.com/gpusharing/gpusharing/agent/scheduler"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -44,9 +45,9 @@ var ErrNoConsumedCapacity = errors.New("sized device allocated without consumedC
 var ErrClaimBelowContextReserve = errors.New("sized claim not larger than the CUDA context reserve")
 
 // DefaultContextReserve is the device memory charged to each CUDA process of a sized claim for its
-// context and driver allocations, which NVML counts and allocation limits do not: on the H200 with
-// driver 580 a PyTorch process's context is about 520 MiB (docs/dra.md).
-const DefaultContextReserve = 768 << 20
+// context and driver allocations, which NVML counts and allocation limits do not; the shim schedulers'
+// ledgers charge the same (docs/dra.md, "What a claim guarantees", has the measured contexts).
+const DefaultContextReserve = scheduler.DefaultContextReserve
 
 // sizedShare is the device of a GPU sized per claim, and the device plugin's device its claims are
 // prepared as; ok is false when the GPU offers no sized device now.

@@ -31,9 +31,9 @@ import (
 
 // Defaults of the ledger's Guards.
 const (
-	// DefaultContextReserve is R, the device memory charged per process for its CUDA context. Contexts
-	// measure about 520 MiB on an H200 (PyTorch, CUDA 13, driver 580); the margin covers the driver's
-	// per-process growth (more streams, modules, cuBLAS workspaces outside the caching allocator).
+	// DefaultContextReserve is R, the device memory charged per process for its CUDA context: above the
+	// contexts measured on the GPU (docs/dra.md, "What a claim guarantees"), with a margin for the driver's
+	// per-process growth (more streams, modules loaded, workspaces outside the caching allocator).
 	DefaultContextReserve = 768 << 20
 	// DefaultLedgerChunk is the least a CHARGE adds to a grant while the ledger has room.
 	DefaultLedgerChunk = 64 << 20

@@ -165,15 +165,6 @@ func parse(args []string) (options, *textlogger.Config) {
 	fs.IntVar(&o.shimGuards.MaxConns, "shim-max-conns", scheduler.DefaultMaxConns, "most connections one GPU's scheduler socket accepts at once")
 	fs.IntVar(&o.shimGuards.MaxConnsPerPeer, "shim-max-conns-per-pod", scheduler.DefaultMaxConnsPerPeer, "most connections one pod (one process where the pod is unknown) may hold on one GPU's scheduler socket")
 	fs.DurationVar(&o.shimGuards.EvictTimeout, "shim-evict-timeout", scheduler.DefaultEvictTimeout, "longest a shim client may take to answer an eviction before it is dropped to pass-through and its memory leaves the budget")
-	ctxReserve := resource.NewQuantity(scheduler.DefaultContextReserve, resource.BinarySI)
-	fs.Func("context-reserve", fmt.Sprintf("device memory charged to a sized claim per CUDA process for its context: the allocations of a claim's shim processes on a GPU may reach the claim less this per process (default %s)", ctxReserve), func(s string) error {
-		q, err := resource.ParseQuantity(s)
-		if err != nil || q.Sign() <= 0 {
-			return fmt.Errorf("want a positive quantity such as 768Mi")
-		}
-		o.shimGuards.ContextReserve = uint64(q.Value())
-		return nil
-	})
 	shimOverhead := resource.NewQuantity(app.DefaultShimContextOverhead, resource.BinarySI)
 	fs.Func("shim-context-overhead", fmt.Sprintf("device memory of a shim process NVML reports beyond its allocations (CUDA context, driver); left out when its reported residency is checked against NVML (default %s)", shimOverhead), func(s string) error {
 		q, err := resource.ParseQuantity(s)
@@ -211,6 +202,9 @@ func parse(args []string) (options, *textlogger.Config) {
 	}
 	o.oversubReserve = uint64(reserve.Value())
 	o.contextReserve = (*ctxReserve).Value()
+	// One reserve for both halves of a claim's accounting: the kubelet plugin's MPS limits and the
+	// schedulers' ledgers.
+	o.shimGuards.ContextReserve = uint64(o.contextReserve)
 	o.mpsServerMemory = uint64((*mpsServer).Value())
 	o.mpsShmSize = shmSize.Value()
 	// The device plugin names the sockets the agent's schedulers listen on: one root for both.

@@ -47,13 +47,15 @@ start() {
     mkfifo "$WORK/$name.in"
     env GPUSHARE_SOCKET="$SOCK" GPUSHARE_GPU_UUID="$UUID" GPUSHARE_MEMORY_LIMIT_BYTES="$CLAIM" "$@" LD_PRELOAD="$SHIM" \
         python3 "$HERE/workload.py" "$mode" <"$WORK/$name.in" >"$WORK/$name.out" 2>"$WORK/$name.err" &
+    eval "PID_$name=$!"
     exec {fd}>"$WORK/$name.in"
     eval "FD_$name=$fd"
     for _ in $(seq 600); do [ -s "$WORK/$name.out" ] && return 0; sleep 0.1; done
     echo "$name did not finish: $(tail -5 "$WORK/$name.err")"
     return 1
 }
-finish() { local v="FD_$1"; echo >&"${!v}"; exec {!v}>&-; wait; }
+# finish NAME: let the workload exit and wait for it (not for the scheduler, also a child)
+finish() { local v="FD_$1" p="PID_$1" fd; fd=${!v}; echo >&"$fd"; exec {fd}>&-; wait "${!p}"; }
 field() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$WORK/$1.out" "$2"; }
 
 echo "== 1. one process fills its claim (M=$CLAIM, R=$RESERVE)"

@@ -18,6 +18,7 @@ commands on stdin, one per line:
   release    free what fillall kept: {"event": "released"}
   exit       {"event": "done", "steps", "bad"}, then exit 0 (also when stdin closes)
 """
+import ctypes
 import json
 import os
 import queue
@@ -79,6 +80,23 @@ def fill(most):
     say(event="filled", gib=got, oom=oom, error=error, after_ok=bool(correct()))
 
 
+def fill_tail():
+    """What the caching allocator cannot hand out (it serves 1-10 MiB requests from 20 MiB segments), taken
+    through the driver API on the same context, so fillall leaves nothing of what mem_get_info offers."""
+    cu = ctypes.CDLL("libcuda.so.1")
+    while True:
+        free, _ = torch.cuda.mem_get_info()
+        piece = free
+        while piece >= 1 << 20:
+            ptr = ctypes.c_uint64()
+            if cu.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(piece)) == 0:
+                raw.append(ptr.value)
+                break
+            piece //= 2
+        else:
+            return
+
+
 def fill_all():
     piece, error = GIB, ""
     while True:
@@ -97,11 +115,14 @@ def fill_all():
                 break
             piece //= 2
     torch.cuda.synchronize()
+    before = torch.cuda.mem_get_info()[0]
+    fill_tail()
     free, total = torch.cuda.mem_get_info()
-    say(event="full", bytes=sum(t.numel() for t in full), free=free, total=total, error=error)
+    say(event="full", bytes=sum(t.numel() for t in full) + before - free, free=free, total=total, error=error)
 
 
 full = []
+raw = []  # fill_tail's driver allocations
 kept = []
 last = 0.0
 while True:
@@ -119,11 +140,19 @@ while True:
         fill_all()
     elif cmd and cmd[0] == "release":
         full.clear()
+        cu = ctypes.CDLL("libcuda.so.1")
+        for p in raw:
+            cu.cuMemFree_v2(ctypes.c_uint64(p))
+        raw.clear()
         torch.cuda.empty_cache()
         say(event="released")
     elif cmd and cmd[0] == "exit":
         say(event="done", steps=steps, bad=bad)
         sys.exit(0)
+    if full or raw:
+        # Holding all its claim: a matmul's output and cuBLAS's workspace would find no memory.
+        time.sleep(0.01)
+        continue
     if not correct():
         bad += 1
     steps += 1

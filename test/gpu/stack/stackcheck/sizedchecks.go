@@ -94,7 +94,9 @@ func (s *stack) fillPastClaim(ctx context.Context, p, other *sizedPod) {
 		return
 	}
 	got := int64(f.GiB)
-	s.r.check(p.name()+": a clean out-of-memory at its claim, and it computes on", f.OOM && got <= p.claimGiB() && got >= p.claimGiB()-1 && f.AfterOK,
+	// Its limit is the claim less the context reserve, and its own context takes more of that on MPS: the
+	// last two of the claim's GiB can be out of reach of 1 GiB pieces.
+	s.r.check(p.name()+": a clean out-of-memory at its claim, and it computes on", f.OOM && got <= p.claimGiB() && got >= p.claimGiB()-2 && f.AfterOK,
 		"claim %d GiB: %d GiB allocated in %.2fs before %q; correct after: %v", p.claimGiB(), got, f.at().Sub(sent).Seconds(), f.Error, f.AfterOK)
 	after, err := other.c.waitEvent(ctx, 15*time.Second, "a report after the other's out-of-memory", func(e workloadEvent) bool {
 		return e.Event == "progress" && e.at().After(f.at().Add(time.Second))

@@ -83,7 +83,8 @@ func startEnv(t *testing.T, cfg GPUConfig) *env {
 	e := &env{t: t, build: build, dir: dir, sock: filepath.Join(dir, "gpu.sock"), trace: filepath.Join(dir, "trace"),
 		m: prometheus.NewRegistry()}
 	cfg.UUID, cfg.SocketPath = "GPU-test", e.sock
-	e.s, err = New(Options{GPUs: []GPUConfig{cfg}, Registerer: e.m})
+	// EnvOverrides: the tests set the shims' timeouts short through their environments.
+	e.s, err = New(Options{GPUs: []GPUConfig{cfg}, Registerer: e.m, EnvOverrides: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,7 @@ import (
 // fails when these constants drift from it.
 const (
 	Magic      uint32 = 0x48535047 // bytes "GPSH"
-	Version    uint16 = 5
+	Version    uint16 = 6
 	MaxMsgSize        = 256
 	UUIDLen           = 64
 
@@ -34,6 +34,10 @@ const (
 	RaiseSize     = 28
 	PaceSize      = 16
 	IdleSize      = 16
+	PingSize      = 16
+	PongSize      = 16
+	PolicySize    = 16
+	PacingSize    = 20
 )
 
 // MinVersion is the oldest peer the scheduler still serves (in that peer's version, without what
@@ -59,7 +63,39 @@ const (
 	MsgRaise     MsgType = 13 // scheduler -> holder filling in after a partial Grant (version 3): reservation raised
 	MsgPace      MsgType = 14 // scheduler -> opportunistic client (version 4): keep at most MaxQueued launches outstanding
 	MsgIdle      MsgType = 15 // scheduler -> client (version 5): release after IdleUS without a GPU call; 0: its own window
+	MsgPing      MsgType = 20 // client -> scheduler (version 6): a waiter asks whether the scheduler still answers
+	MsgPong      MsgType = 21 // scheduler -> client (version 6): the answer to Ping, with its Seq
+	MsgPolicy    MsgType = 22 // scheduler -> client (version 6), right after Welcome: Flags (PolicyEnvOverrides)
+	MsgPacing    MsgType = 23 // client -> scheduler (version 6): the launch bound in force (MaxQueued) and its PacingState
 )
+
+// PolicyEnvOverrides in a Policy's Flags lets the pod's environment loosen pacing and waits
+// (GPUSHARE_PACE_OVERRIDE and its siblings, docs/shim.md): Options.EnvOverrides, for benchmarks.
+const PolicyEnvOverrides uint32 = 1
+
+// PacingState says where a client's launch bound in force comes from (Pacing).
+type PacingState uint32
+
+const (
+	PacingScheduler PacingState = 0 // the scheduler's Pace (0: unbounded)
+	PacingOverride  PacingState = 1 // GPUSHARE_PACE_OVERRIDE, where the scheduler allows it
+	PacingBackoff   PacingState = 2 // off after a stall or a driver error, re-armed after a back-off
+	PacingOff       PacingState = 3 // off for good: the driver lacks the event calls pacing needs
+)
+
+func (p PacingState) String() string {
+	switch p {
+	case PacingScheduler:
+		return "Scheduler"
+	case PacingOverride:
+		return "Override"
+	case PacingBackoff:
+		return "Backoff"
+	case PacingOff:
+		return "Off"
+	}
+	return fmt.Sprintf("PacingState(%d)", uint32(p))
+}
 
 // Mode is a GPU's anti-thrashing policy.
 type Mode uint32
@@ -133,6 +169,10 @@ var msgSizes = map[MsgType]int{
 	MsgRaise:     RaiseSize,
 	MsgPace:      PaceSize,
 	MsgIdle:      IdleSize,
+	MsgPing:      PingSize,
+	MsgPong:      PongSize,
+	MsgPolicy:    PolicySize,
+	MsgPacing:    PacingSize,
 }
 
 func (t MsgType) String() string {
@@ -167,6 +207,14 @@ func (t MsgType) String() string {
 		return "Pace"
 	case MsgIdle:
 		return "Idle"
+	case MsgPing:
+		return "Ping"
+	case MsgPong:
+		return "Pong"
+	case MsgPolicy:
+		return "Policy"
+	case MsgPacing:
+		return "Pacing"
 	}
 	return fmt.Sprintf("MsgType(%d)", uint16(t))
 }
@@ -224,10 +272,13 @@ type Message struct {
 	Reason   uint32    // Usage
 	Acks     uint32    // Usage
 	Stats    SwapStats // Usage; Rejoin carries Stats.Swapped
-	Flags    uint32    // Rejoin
+	Flags    uint32    // Rejoin, Policy
 
 	MaxQueued uint32 // Pace: launches the client may keep outstanding on the GPU; 0: unbounded
 	IdleUS    uint32 // Idle: microseconds without a GPU call after which the client releases; 0: its own window
+	Seq       uint32 // Ping, Pong
+	// MaxQueued (above) and Pacing: the launch bound in force in a client and where it comes from.
+	Pacing PacingState
 }
 
 // SwapStats are a client's swap counters as it reports them.
@@ -303,6 +354,13 @@ func Encode(m Message) ([]byte, error) {
 		le.PutUint32(p[0:], m.MaxQueued)
 	case MsgIdle:
 		le.PutUint32(p[0:], m.IdleUS)
+	case MsgPing, MsgPong:
+		le.PutUint32(p[0:], m.Seq)
+	case MsgPolicy:
+		le.PutUint32(p[0:], m.Flags)
+	case MsgPacing:
+		le.PutUint32(p[0:], m.MaxQueued)
+		le.PutUint32(p[4:], uint32(m.Pacing))
 	case MsgUsage:
 		le.PutUint32(p[0:], m.Reason)
 		le.PutUint32(p[4:], m.Acks)
@@ -315,7 +373,7 @@ func Encode(m Message) ([]byte, error) {
 }
 
 // checkVersion refuses what a version does not have: Raise and UsageProgress came with version 3,
-// Pace with version 4, Idle with version 5.
+// Pace with version 4, Idle with version 5, Ping, Pong, Policy and Pacing with version 6.
 func checkVersion(v uint16, t MsgType, reason uint32) error {
 	if v < MinVersion || v > Version {
 		return fmt.Errorf("%w %d", ErrBadVersion, v)
@@ -338,6 +396,8 @@ func typeInVersion(t MsgType, v uint16) bool {
 		return v >= 4
 	case MsgIdle:
 		return v >= 5
+	case MsgPing, MsgPong, MsgPolicy, MsgPacing:
+		return v >= 6
 	}
 	return true
 }
@@ -424,6 +484,16 @@ func Decode(b []byte) (Message, error) {
 		m.MaxQueued = le.Uint32(p[0:])
 	case MsgIdle:
 		m.IdleUS = le.Uint32(p[0:])
+	case MsgPing, MsgPong:
+		m.Seq = le.Uint32(p[0:])
+	case MsgPolicy:
+		m.Flags = le.Uint32(p[0:])
+	case MsgPacing:
+		m.MaxQueued = le.Uint32(p[0:])
+		m.Pacing = PacingState(le.Uint32(p[4:]))
+		if m.Pacing > PacingOff {
+			return Message{}, fmt.Errorf("pacing state %d: %w", m.Pacing, ErrBadField)
+		}
 	case MsgContended:
 		m.Epoch = le.Uint32(p[0:])
 		m.Waiters = le.Uint32(p[4:])

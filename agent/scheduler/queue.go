@@ -35,8 +35,10 @@ type queue struct {
 	// GPUConfig.OpportunisticQueue with its default (qos.go).
 	production *int32
 	paceDepth  uint32
-	clock      Clock
-	log        logr.Logger
+	// envOverrides is Options.EnvOverrides (Policy, liveness.go).
+	envOverrides bool
+	clock        Clock
+	log          logr.Logger
 
 	waitHist    prometheus.Observer
 	holdHist    prometheus.Observer
@@ -74,6 +76,12 @@ type client struct {
 	version  uint16 // its protocol version; 0: the current one
 	pace     uint32 // the last PACE it was sent (0 before any: unbounded)
 	idle     uint32 // the last IDLE it was sent, in us (0 before any: its own window)
+	// paceInForce and pacingState are the launch bound it last reported in force and its source
+	// (Pacing, liveness.go); pacingKnown: it reported one.
+	paceInForce uint32
+	pacingState PacingState
+	pacingKnown bool
+	pings       uint64 // Pings answered
 	// send queues an encoded message without blocking; false means the
 	// client is not reading and must be dropped.
 	send func([]byte) bool
@@ -180,6 +188,7 @@ func (q *queue) join(pid int32, src classSource, version uint16, send func([]byt
 	q.clientGauge.Set(float64(len(q.clients)))
 	q.sendLocked(c, Message{Type: MsgWelcome, ClientID: c.id, QuantumMS: ms(q.quantum), GraceMS: ms(q.grace),
 		Mode: q.mode, Budget: q.budget})
+	q.policyLocked(c)
 	q.termsLocked()
 	return c
 }
@@ -659,6 +668,10 @@ func (q *queue) snapshot() []ClientState {
 			BytesIn:       r.Stats.BytesIn,
 			SwapTime:      time.Duration(r.Stats.SwapNS),
 			Evictions:     c.evictions,
+			PacingKnown:   c.pacingKnown,
+			LaunchBound:   c.paceInForce,
+			PacingState:   c.pacingState,
+			Pings:         c.pings,
 		}
 		if s.Holding {
 			s.HoldTime += now.Sub(c.grantedAt)

@@ -75,6 +75,9 @@ type Options struct {
 	// previous run grants nothing while its clients re-announce their memory
 	// (rebuild.go; default DefaultRebuildWindow, negative: none).
 	RebuildWindow time.Duration
+	// EnvOverrides lets the clients' environments loosen their pacing and waits (GPUSHARE_PACE_OVERRIDE
+	// and its siblings; Policy, liveness.go): for benchmarks on the standalone scheduler, never for pods.
+	EnvOverrides bool
 	// Guards limit what one client may take and check what it claims (limits.go).
 	Guards
 }
@@ -106,6 +109,14 @@ type ClientState struct {
 	BytesIn       uint64        // bytes copied in
 	SwapTime      time.Duration // time spent swapping
 	Evictions     uint64        // evictions the scheduler asked of it
+
+	// The launch bound in force as the client last reported it (protocol 6, liveness.go): PacingKnown
+	// once it did; LaunchBound 0 is unbounded, PacingState says where the bound comes from.
+	PacingKnown bool
+	LaunchBound uint32
+	PacingState PacingState
+	// Pings counts the liveness questions of a waiting client the scheduler answered.
+	Pings uint64
 }
 
 // GPUState is one GPU's memory account.
@@ -190,6 +201,7 @@ func New(opts Options) (*Scheduler, error) {
 		s.cfgs = append(s.cfgs, g)
 		q := newQueue(g, opts.Clock, m, logr.Discard())
 		q.evictTimeout = opts.EvictTimeout
+		q.envOverrides = opts.EnvOverrides
 		s.queues = append(s.queues, q)
 	}
 	m.attach(s)
@@ -496,6 +508,10 @@ func (s *Scheduler) serveConn(conn net.Conn, q *queue) {
 			q.usage(c, m)
 		case MsgRejoin:
 			q.rejoin(c, m)
+		case MsgPing:
+			q.pong(c, m.Seq)
+		case MsgPacing:
+			q.pacing(c, m)
 		default:
 			log.Info("Dropping shim client that sent an unexpected message", "client", c.id, "pid", pid, "type", m.Type)
 			q.leave(c)

@@ -69,6 +69,23 @@
  * scheduler answers a version 4 client in version 4 frames, without IDLE. A
  * version 4 (or 3) scheduler closes the connection at a version 5 HELLO: the
  * shim then steps down to version 4, and to 3 if that is refused too.
+ *
+ * Version 6 makes waiting behind a live scheduler never a failure, and the
+ * launch bound visible (docs/shim.md, "Waiting and liveness", "Launch pacing").
+ * A client that waits for a GRANT sends PING now and then (after a quarter of
+ * its GPUSHARE_WAIT_TIMEOUT_MS without a message, at most every second); the
+ * scheduler answers PONG under the GPU's queue lock, so a wedged queue does not
+ * answer. Any message from the scheduler restarts the client's wait timer: the
+ * client passes through only after that long without a word. POLICY (right
+ * after WELCOME, before anything else; a scheduler that allows nothing need not
+ * send it) says what the pod's environment may change: without
+ * GS_POLICY_ENV_OVERRIDES the client ignores the environment settings that would weaken its pacing or its wait (GPUSHARE_PACE_OVERRIDE,
+ * GPUSHARE_PACE_FULL_US, GPUSHARE_PACE_WAIT_MAX_MS, GPUSHARE_WAIT_TIMEOUT_MS
+ * and GPUSHARE_MEMREPLY_TIMEOUT_MS take their defaults). PACING (client to
+ * scheduler) reports the launch bound in force and why, whenever either
+ * changes. Against an older scheduler (it closes the connection at a version 6
+ * HELLO) the shim steps down as above and keeps that version's behaviour: its
+ * wait timer counts from the start of the wait, and the environment holds.
  */
 #ifndef GPUSHARE_PROTO_H
 #define GPUSHARE_PROTO_H
@@ -76,7 +93,7 @@
 #include <stdint.h>
 
 #define GS_PROTO_MAGIC 0x48535047u /* bytes "GPSH" */
-#define GS_PROTO_VERSION 5u
+#define GS_PROTO_VERSION 6u
 #define GS_PROTO_MIN_VERSION 2u /* the oldest client version the scheduler serves */
 #define GS_MAX_MSG_SIZE 256u
 #define GS_UUID_LEN 64u
@@ -97,6 +114,19 @@
 #define GS_MSG_RAISE 13u    /* s->c (v3): a holder filling in after a partial GRANT: reservation raised */
 #define GS_MSG_PACE 14u     /* s->c (v4): keep at most max_queued launches outstanding; 0: unbounded */
 #define GS_MSG_IDLE 15u     /* s->c (v5): release after idle_us microseconds without a GPU call; 0: own window */
+#define GS_MSG_PING 20u     /* c->s (v6): a waiter asks whether the scheduler still answers */
+#define GS_MSG_PONG 21u     /* s->c (v6): the answer to PING (its seq) */
+#define GS_MSG_POLICY 22u   /* s->c (v6): right after WELCOME: GS_POLICY_* flags */
+#define GS_MSG_PACING 23u   /* c->s (v6): the launch bound in force and its GS_PACING_* state */
+
+/* POLICY.flags */
+#define GS_POLICY_ENV_OVERRIDES 1u /* the pod's environment may weaken pacing and waits (benchmarks) */
+
+/* PACING.state: where the bound in force comes from */
+#define GS_PACING_SCHEDULER 0u /* the scheduler's PACE (0: unbounded) */
+#define GS_PACING_OVERRIDE 1u  /* GPUSHARE_PACE_OVERRIDE, which the scheduler allowed */
+#define GS_PACING_BACKOFF 2u   /* off after a stall or a driver error; re-armed after a back-off */
+#define GS_PACING_OFF 3u       /* off for good: the driver lacks the event calls pacing needs */
 
 /* Anti-thrashing modes (WELCOME.mode). */
 #define GS_MODE_AUTO 0u   /* concurrent while the working sets fit the budget together */
@@ -136,6 +166,10 @@
 #define GS_RAISE_SIZE 28u
 #define GS_PACE_SIZE 16u
 #define GS_IDLE_SIZE 16u
+#define GS_PING_SIZE 16u
+#define GS_PONG_SIZE 16u
+#define GS_POLICY_SIZE 16u
+#define GS_PACING_SIZE 20u
 
 struct gs_header {
     uint32_t magic;
@@ -248,7 +282,26 @@ struct gs_idle {
     uint32_t idle_us; /* release after this long without a GPU call; 0: the client's own window */
 } __attribute__((packed));
 
+struct gs_ping { /* PING and PONG */
+    struct gs_header h;
+    uint32_t seq; /* PONG: the PING's */
+} __attribute__((packed));
+
+struct gs_policy {
+    struct gs_header h;
+    uint32_t flags; /* GS_POLICY_* */
+} __attribute__((packed));
+
+struct gs_pacing {
+    struct gs_header h;
+    uint32_t max_queued; /* the bound in force; 0: unbounded */
+    uint32_t state;      /* GS_PACING_* */
+} __attribute__((packed));
+
 #ifndef __cplusplus
+_Static_assert(sizeof(struct gs_ping) == GS_PING_SIZE && GS_PONG_SIZE == GS_PING_SIZE, "ping size");
+_Static_assert(sizeof(struct gs_policy) == GS_POLICY_SIZE, "policy size");
+_Static_assert(sizeof(struct gs_pacing) == GS_PACING_SIZE, "pacing size");
 _Static_assert(sizeof(struct gs_idle) == GS_IDLE_SIZE, "idle size");
 _Static_assert(sizeof(struct gs_pace) == GS_PACE_SIZE, "pace size");
 _Static_assert(sizeof(struct gs_raise) == GS_RAISE_SIZE, "raise size");

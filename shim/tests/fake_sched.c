@@ -19,6 +19,10 @@
  *     pace_file=PATH pace_next=M   once PATH exists (once): PACE M
  *     idle=N               IDLE idle_us=N right after WELCOME (after PACE), to clients of version 5 and later
  *     idle_any=1           ... and to older clients too (a scheduler that breaks the protocol)
+ *     policy=F             POLICY flags=F right after WELCOME (before PACE), to clients of version 6 and
+ *                          later (default 1: the environment may loosen pacing and waits; -1: no POLICY)
+ *     grant=0              never answer an ACQUIRE (production keeps the GPU without a gap)
+ *     pong=0               never answer a PING (a scheduler that no longer serves the queue)
  * Every message it gets or sends is a line on stdout: "got ACQUIRE need=N", "sent EVICT", "got USAGE
  * reason=R resident=N swapped=N", ...
  */
@@ -69,10 +73,11 @@ static void send_msg(int fd, void *m, uint16_t type, uint32_t size)
         fprintf(stderr, "fake_sched: send failed: %s\n", strerror(errno));
 }
 
-/* PACE or IDLE: a header and one 32-bit value, laid out alike. */
+/* PACE, IDLE, PONG or POLICY: a header and one 32-bit value, laid out alike. */
 _Static_assert(sizeof(struct gs_pace) == sizeof(struct gs_idle) &&
-                   offsetof(struct gs_pace, max_queued) == offsetof(struct gs_idle, idle_us),
-               "PACE and IDLE share a layout");
+                   offsetof(struct gs_pace, max_queued) == offsetof(struct gs_idle, idle_us) &&
+                   sizeof(struct gs_pace) == sizeof(struct gs_ping) && sizeof(struct gs_pace) == sizeof(struct gs_policy),
+               "PACE, IDLE, PONG and POLICY share a layout");
 static void send_value(int fd, uint16_t type, uint32_t v, const char *said)
 {
     struct gs_pace m;
@@ -104,6 +109,9 @@ int main(int argc, char **argv)
     int paced_next = 0;
     const char *idle = arg(argc, argv, "idle", NULL);
     int idle_any = atoi(arg(argc, argv, "idle_any", "0"));
+    int policy = atoi(arg(argc, argv, "policy", "1"));
+    int grant = atoi(arg(argc, argv, "grant", "1"));
+    int pong = atoi(arg(argc, argv, "pong", "1"));
 
     int ls = socket(AF_UNIX, SOCK_STREAM, 0);
     struct sockaddr_un a;
@@ -178,10 +186,24 @@ int main(int argc, char **argv)
                 w.mode = GS_MODE_AUTO;
                 w.budget = budget;
                 send_msg(fd, &w, GS_MSG_WELCOME, GS_WELCOME_SIZE);
+                if (policy >= 0 && client_version >= 6)
+                    send_value(fd, GS_MSG_POLICY, (uint32_t)policy, "sent POLICY flags=%llu\n");
                 if (pace != NULL && (client_version >= 4 || pace_any))
                     send_value(fd, GS_MSG_PACE, (uint32_t)strtoul(pace, NULL, 10), "sent PACE max_queued=%llu\n");
                 if (idle != NULL && (client_version >= 5 || idle_any))
                     send_value(fd, GS_MSG_IDLE, (uint32_t)strtoul(idle, NULL, 10), "sent IDLE idle_us=%llu\n");
+            } else if (h.type == GS_MSG_PING) {
+                struct gs_ping q;
+                memcpy(&q, m, sizeof(q));
+                say("got PING seq=%llu\n", q.seq, 0, 0);
+                if (pong)
+                    send_value(fd, GS_MSG_PONG, q.seq, "sent PONG seq=%llu\n");
+            } else if (h.type == GS_MSG_PACING) {
+                struct gs_pacing q;
+                memcpy(&q, m, sizeof(q));
+                say("got PACING max_queued=%llu state=%llu\n", q.max_queued, q.state, 0);
+            } else if (h.type == GS_MSG_ACQUIRE && !grant) {
+                say("got ACQUIRE; not granting\n", 0, 0, 0);
             } else if (h.type == GS_MSG_ACQUIRE) {
                 struct gs_acquire q;
                 memcpy(&q, m, sizeof(q));

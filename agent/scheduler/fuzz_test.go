@@ -25,6 +25,10 @@ func seedMessages() []Message {
 		{Type: MsgRaise, Epoch: 3, Resident: 6 << 20},
 		{Type: MsgPace, MaxQueued: 16},
 		{Type: MsgIdle, IdleUS: 1000},
+		{Type: MsgPing, Seq: 5},
+		{Type: MsgPong, Seq: 5},
+		{Type: MsgPolicy, Flags: PolicyEnvOverrides},
+		{Type: MsgPacing, MaxQueued: 3, Pacing: PacingBackoff},
 		{Type: MsgUsage, Reason: UsageProgress, Acks: 1, Need: 9, Resident: 4},
 		{Type: MsgAcquire, Version: MinVersion, Need: 16 << 20},
 	}

@@ -208,14 +208,16 @@ func TestDecodeRejectsMalformedMessages(t *testing.T) {
 	}
 }
 
-// PACE and IDLE are 16 bytes: the header, then one little-endian uint32, as gs_pace and gs_idle in the
-// shim's header.
+// PACE, IDLE and PING are 16 bytes: the header, then one little-endian uint32, as gs_pace, gs_idle and
+// gs_ping in the shim's header; PACING 20, two of them, as gs_pacing.
 func TestPaceAndIdleWireFormat(t *testing.T) {
 	for _, c := range []struct {
 		m    Message
 		want []byte
 	}{
-		{Message{Type: MsgPace, MaxQueued: 0x01020304}, []byte{'G', 'P', 'S', 'H', 5, 0, 14, 0, 16, 0, 0, 0, 4, 3, 2, 1}},
+		{Message{Type: MsgPace, MaxQueued: 0x01020304}, []byte{'G', 'P', 'S', 'H', 6, 0, 14, 0, 16, 0, 0, 0, 4, 3, 2, 1}},
+		{Message{Type: MsgPing, Seq: 0x01020304}, []byte{'G', 'P', 'S', 'H', 6, 0, 20, 0, 16, 0, 0, 0, 4, 3, 2, 1}},
+		{Message{Type: MsgPacing, MaxQueued: 3, Pacing: PacingOverride}, []byte{'G', 'P', 'S', 'H', 6, 0, 23, 0, 20, 0, 0, 0, 3, 0, 0, 0, 1, 0, 0, 0}},
 		{Message{Type: MsgIdle, IdleUS: 0x01020304}, []byte{'G', 'P', 'S', 'H', 6, 0, 15, 0, 16, 0, 0, 0, 4, 3, 2, 1}},
 	} {
 		if b := mustEncode(c.m); string(b) != string(c.want) {

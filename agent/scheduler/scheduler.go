@@ -157,6 +157,8 @@ type Scheduler struct {
 	wg        sync.WaitGroup
 	lim       connLimiter
 	procMem   procMemCache
+	// peerPIDOf is peerPID; tests stand in a kernel that gives no pid.
+	peerPIDOf func(net.Conn) int32
 }
 
 // New validates the options and registers the metrics.
@@ -184,7 +186,7 @@ func New(opts Options) (*Scheduler, error) {
 			return nil, fmt.Errorf("registering scheduler metrics: %w", err)
 		}
 	}
-	s := &Scheduler{opts: opts, metrics: m, conns: map[net.Conn]struct{}{}}
+	s := &Scheduler{opts: opts, metrics: m, conns: map[net.Conn]struct{}{}, peerPIDOf: peerPID}
 	seen := map[string]bool{}
 	for _, g := range opts.GPUs {
 		if g.UUID == "" || g.SocketPath == "" {
@@ -446,9 +448,10 @@ func (s *Scheduler) serveConn(conn net.Conn, q *queue) {
 		return
 	}
 	_ = conn.SetReadDeadline(time.Time{})
-	pid := peerPID(conn)
+	kpid := s.peerPIDOf(conn)
+	pid := kpid
 	if pid == 0 {
-		pid = int32(hello.PID)
+		pid = int32(hello.PID) // its word: shown, never used to choose its pod (classSource)
 	}
 
 	out := make(chan []byte, 64)
@@ -479,9 +482,17 @@ func (s *Scheduler) serveConn(conn net.Conn, q *queue) {
 			return false
 		}
 	}
-	c := q.join(pid, s.classSource(pid, hello.Priority), hello.Version, send, drop)
+	src := s.classSource(kpid, hello.Priority)
+	c := q.join(pid, src, hello.Version, send, drop)
 	log.V(1).Info("Shim client connected", "client", c.id, "pid", pid, "class", q.className(c))
 	s.clientsChanged(q.uuid)
+	if src.fromPod && !src.known && kpid != 0 {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.reresolve(q, c, kpid, hello.Priority, done)
+		}()
+	}
 	for {
 		m, err := readFrame(conn, s.opts.FrameTimeout)
 		if err != nil {

@@ -39,11 +39,12 @@ func TestUnknownPodIsLookedUpAgainAndTheClientReclassified(t *testing.T) {
 	if n := lookups.Load(); n != 4 {
 		t.Errorf("%d lookups, want 4 (the first client's; the second's hello, a failed retry, the one that found it)", n)
 	}
+	prod.hold() // busy production: the opportunistic client is paced
 	if _, ok := prod.next(MsgPace, 100*time.Millisecond); ok {
 		t.Error("the client that became production was paced")
 	}
 	if p := opp.expect(MsgPace, 2*time.Second); p.MaxQueued != DefaultOpportunisticQueue {
-		t.Errorf("the opportunistic client got PACE %d once production appeared, want %d", p.MaxQueued, DefaultOpportunisticQueue)
+		t.Errorf("the opportunistic client got PACE %d once production took the GPU, want %d", p.MaxQueued, DefaultOpportunisticQueue)
 	}
 }
 

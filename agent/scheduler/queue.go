@@ -60,7 +60,10 @@ type queue struct {
 	reserved uint64 // sum of reservations
 	peak     uint64 // highest reserved ever seen
 	retry    Timer  // re-dispatch after an eviction that could not free enough
-	rebuild  rebuildState
+	// termsTimer re-evaluates PACE and IDLE at termsAt, when a client stops counting as busy (busy.go).
+	termsTimer Timer
+	termsAt    time.Time
+	rebuild    rebuildState
 	// violations are the broken invariants seen, most recent last (violationLocked); tests fail on any.
 	violations []error
 }
@@ -107,7 +110,9 @@ type client struct {
 	// turn (qos.go).
 	turnStart     time.Time
 	resuming      bool
-	turnTimer     Timer // the end of a preempted turn (turn.go)
+	turnTimer     Timer     // the end of a preempted turn (turn.go)
+	turnEnd       time.Time // when turnTimer fires
+	lastBusy      time.Time // the end of its last hold (busy.go)
 	contendedSent bool
 	revokeTimer   Timer
 	lastRun       time.Time
@@ -441,7 +446,10 @@ func (q *queue) evictLocked(amount uint64, forc *client) bool {
 // (CONTENDED) and will yield after their quantum, except production holders
 // to an opportunistic waiter: it waits for their release.
 func (q *queue) dispatchLocked(acquirer *client) {
+	q.termsLocked() // a client that just asked is busy: its class's terms go out before a preemption
 	q.preemptLocked()
+	defer q.armTermsLocked() // the holds that end here count as busy for a while
+	defer q.capKeptTurnsLocked()
 	if q.fillLocked() {
 		return // freed bytes go to the holder filling in first; waiters wait until it is whole
 	}
@@ -590,6 +598,7 @@ func (q *queue) endHoldLocked(c *client) {
 	hold := now.Sub(c.grantedAt)
 	c.holdTotal += hold
 	c.lastRun = now
+	c.lastBusy = now
 	q.holdHist.Observe(hold.Seconds())
 	c.contendedSent = false
 	c.resuming = false

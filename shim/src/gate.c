@@ -105,6 +105,7 @@ static struct {
     uint64_t ping_ns;        /* the last PING sent */
     uint32_t ping_seq;
     uint32_t pacing_sent[2]; /* the bound and state last reported (PACING); UINT32_MAX: none yet */
+    int policy_known;        /* protocol 6: POLICY came, or the first GRANT did without one */
 } st = {.fd = -1};
 
 static void cv_init(void)
@@ -221,6 +222,7 @@ static void conn_started_locked(void)
     st.heard_ns = v6 ? gs_now_ns() : 0;
     st.ping_ns = 0;
     st.pacing_sent[0] = st.pacing_sent[1] = UINT32_MAX;
+    st.policy_known = 0;
     gs_config_env_policy(!v6, 0);
 }
 
@@ -487,6 +489,12 @@ static void on_message_locked(const unsigned char *m, uint16_t type)
         st.last_act = atomic_load(&gs_gate_word) >> 32;
         st.last_act_ns = now;
         st.grants++;
+        if (gs_conn_version() >= 6 && !st.policy_known) {
+            /* POLICY comes right after WELCOME or not at all: none before the first GRANT allows nothing
+             * (the agent's scheduler), which is now said once. */
+            st.policy_known = 1;
+            gs_config_env_policy(0, 1);
+        }
         gs_log(GS_LOG_DEBUG, "granted epoch %u (quantum %u ms, reservation %llu)", st.epoch, st.quantum_ms,
                (unsigned long long)g.resident);
         if (atomic_load(&gs_mm_on)) {
@@ -516,6 +524,7 @@ static void on_message_locked(const unsigned char *m, uint16_t type)
     } else if (type == GS_MSG_POLICY) {
         struct gs_policy p;
         memcpy(&p, m, sizeof(p));
+        st.policy_known = 1;
         gs_config_env_policy((p.flags & GS_POLICY_ENV_OVERRIDES) != 0, 1);
         pthread_cond_broadcast(&cv); /* a waiter's timer may be another one now */
     } else if (type == GS_MSG_PONG) {

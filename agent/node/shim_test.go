@@ -74,6 +74,28 @@ func TestOversubscriptionRunsTheGPUsSchedulerFromThePolicyAndPublishesItsClients
 		t.Errorf("a pass with nothing new wrote status (resourceVersion %s -> %s)", rv, n.ResourceVersion)
 	}
 
+	// The launch bound the client reports in force, and its source, reach the status. The Pong to a Ping
+	// sent behind the report says the scheduler handled it (one connection's messages in order).
+	for _, r := range []struct {
+		bound  uint32
+		state  scheduler.PacingState
+		source v1alpha1.LaunchBoundSource
+	}{
+		{4, scheduler.PacingScheduler, v1alpha1.LaunchBoundScheduler},
+		{0, scheduler.PacingBackoff, v1alpha1.LaunchBoundBackoff},
+		{16, scheduler.PacingOverride, v1alpha1.LaunchBoundOverride},
+		{0, scheduler.PacingOff, v1alpha1.LaunchBoundOff},
+	} {
+		c.Send(scheduler.Message{Type: scheduler.MsgPacing, MaxQueued: r.bound, Pacing: r.state})
+		c.Send(scheduler.Message{Type: scheduler.MsgPing, Seq: r.bound})
+		c.Expect(scheduler.MsgPong)
+		got := shimOf(t, a.pass(t)).Clients
+		if len(got) != 1 || got[0].LaunchBound == nil || *got[0].LaunchBound != int64(r.bound) || got[0].LaunchBoundSource != r.source {
+			t.Errorf("after the client reported bound %d (%s) status clients = %+v, want launchBound %d from %s",
+				r.bound, r.state, got, r.bound, r.source)
+		}
+	}
+
 	// A new quantum is changed in place: the client keeps its lease and its next grant carries it.
 	a.setSpec(t, v1alpha1.GPUDesired{UUID: uuid, Sharing: oversubscribed(5*time.Second, "8Gi")})
 	if sh := shimOf(t, a.pass(t)); sh.TimeQuantum.Duration != 5*time.Second || len(sh.Clients) != 1 || !sh.Clients[0].Holding {

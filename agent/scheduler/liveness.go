@@ -41,16 +41,19 @@ func (q *queue) policyLocked(c *client) {
 	q.sendLocked(c, Message{Type: MsgPolicy, Flags: PolicyEnvOverrides})
 }
 
-// pacing records the launch bound a client reports in force.
-func (q *queue) pacing(c *client, m Message) {
+// pacing records the launch bound a client reports in force; true when it or its source changed (the
+// GPUNode status shows them: OnClientsChange).
+func (q *queue) pacing(c *client, m Message) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if c.state == stateGone {
-		return
+		return false
 	}
-	if !c.pacingKnown || c.paceInForce != m.MaxQueued || c.pacingState != m.Pacing {
+	changed := !c.pacingKnown || c.paceInForce != m.MaxQueued || c.pacingState != m.Pacing
+	if changed {
 		q.log.V(1).Info("Shim client reports its launch bound", "client", c.id, "pid", c.pid,
 			"bound", m.MaxQueued, "source", m.Pacing, "asked", c.pace)
 	}
 	c.pacingKnown, c.paceInForce, c.pacingState = true, m.MaxQueued, m.Pacing
+	return changed
 }

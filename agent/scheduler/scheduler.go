@@ -63,8 +63,9 @@ type Options struct {
 	// Scheduler shares with others instead of registering its own.
 	Metrics *Metrics
 	// OnClientsChange, when set, is called after a client of a GPU connects
-	// (its hello accepted) or disconnects, so an owner can publish the client
-	// set without polling. It runs on the connection's goroutine and must not block.
+	// (its hello accepted) or disconnects, or reports another launch bound in
+	// force, so an owner can publish the client set without polling. It runs on
+	// the connection's goroutine and must not block.
 	OnClientsChange func(gpu string)
 	// HelloTimeout bounds how long a new connection may take to say hello (default 2s).
 	HelloTimeout time.Duration
@@ -527,7 +528,9 @@ func (s *Scheduler) serveConn(conn net.Conn, q *queue) {
 		case MsgPing:
 			q.pong(c, m.Seq)
 		case MsgPacing:
-			q.pacing(c, m)
+			if q.pacing(c, m) {
+				s.clientsChanged(q.uuid)
+			}
 		default:
 			log.Info("Dropping shim client that sent an unexpected message", "client", c.id, "pid", pid, "type", m.Type)
 			q.leave(c)

@@ -3,7 +3,6 @@ package app
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -16,47 +15,8 @@ import (
 	"github.com/gpusharing/gpusharing/agent/hostpath"
 	"github.com/gpusharing/gpusharing/agent/scheduler"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
+	"github.com/gpusharing/gpusharing/test/shimclient"
 )
-
-// shimProc is a shim client speaking the scheduler's protocol from Go, as libgpushare.so would.
-type shimProc struct {
-	t    *testing.T
-	conn net.Conn
-}
-
-func connectShim(t *testing.T, sock, gpuUUID string) *shimProc {
-	t.Helper()
-	conn, err := net.Dial("unix", sock)
-	if err != nil {
-		t.Fatalf("connecting to the GPU's scheduler at %s: %v", sock, err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	p := &shimProc{t: t, conn: conn}
-	p.send(scheduler.Message{Type: scheduler.MsgHello, PID: uint32(os.Getpid()), GPUUUID: gpuUUID})
-	p.expect(scheduler.MsgWelcome)
-	return p
-}
-
-func (p *shimProc) send(m scheduler.Message) {
-	p.t.Helper()
-	b, err := scheduler.Encode(m)
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	if _, err := p.conn.Write(b); err != nil {
-		p.t.Fatal(err)
-	}
-}
-
-func (p *shimProc) expect(typ scheduler.MsgType) scheduler.Message {
-	p.t.Helper()
-	_ = p.conn.SetReadDeadline(time.Now().Add(5 * time.Second))
-	m, err := scheduler.ReadMessage(p.conn)
-	if err != nil || m.Type != typ {
-		p.t.Fatalf("waiting for %s from the scheduler: got %s, %v", typ, m.Type, err)
-	}
-	return m
-}
 
 func oversubscribedTimeSlicing(replicas int32, quantum time.Duration, budget string) v1alpha1.Sharing {
 	s := timeSlicing(replicas)
@@ -126,12 +86,12 @@ func TestAgentRunsTheSchedulerOfAnOversubscribedGPUWhereThePodsSocketPoints(t *t
 		t.Fatalf("a pod's GPUSHARE_SOCKET is %s on the host, want the agent's layout %s", hostSock, want)
 	}
 
-	first := connectShim(t, hostSock, uuid)
-	first.send(scheduler.Message{Type: scheduler.MsgAcquire})
-	first.expect(scheduler.MsgGrant)
-	second := connectShim(t, hostSock, uuid)
+	first := shimclient.Dial(t, hostSock, uuid)
+	first.Send(scheduler.Message{Type: scheduler.MsgAcquire})
+	first.Expect(scheduler.MsgGrant)
+	second := shimclient.Dial(t, hostSock, uuid)
 	n.waitFor(t, "both clients in status, the first holding", shimClients(uuid, 3*time.Second, 2, 1))
-	second.conn.Close()
+	second.Conn.Close()
 	n.waitFor(t, "the second client gone from status", shimClients(uuid, 3*time.Second, 1, 1))
 
 	n.setSpec(t, v1alpha1.GPUDesired{UUID: uuid, Index: 0, Sharing: oversubscribedTimeSlicing(2, 5*time.Second, "8Gi")})

@@ -319,7 +319,7 @@ func shimStatus(st ShimState) *v1alpha1.ShimStatus {
 		clients = clients[:v1alpha1.MaxShimClientsInStatus]
 	}
 	for _, c := range clients {
-		out.Clients = append(out.Clients, v1alpha1.ShimClient{
+		sc := v1alpha1.ShimClient{
 			PID:           c.PID,
 			Pod:           st.Pods[c.PID],
 			Holding:       c.Holding,
@@ -329,9 +329,27 @@ func shimStatus(st ShimState) *v1alpha1.ShimStatus {
 			SwappedBytes:  int64(c.SwappedBytes),
 			SwapOuts:      int64(c.SwapOuts),
 			SwapIns:       int64(c.SwapIns),
-		})
+		}
+		if c.PacingKnown {
+			sc.LaunchBound = ptr.To(int64(c.LaunchBound))
+			sc.LaunchBoundSource = launchBoundSource(c.PacingState)
+		}
+		out.Clients = append(out.Clients, sc)
 	}
 	return out
+}
+
+// launchBoundSource names where a client's launch bound in force comes from, as the API spells it.
+func launchBoundSource(p scheduler.PacingState) v1alpha1.LaunchBoundSource {
+	switch p {
+	case scheduler.PacingOverride:
+		return v1alpha1.LaunchBoundOverride
+	case scheduler.PacingBackoff:
+		return v1alpha1.LaunchBoundBackoff
+	case scheduler.PacingOff:
+		return v1alpha1.LaunchBoundOff
+	}
+	return v1alpha1.LaunchBoundScheduler
 }
 
 // shimClientClass is a client's class on a GPU with production classes (the scheduler's High is

@@ -1,7 +1,6 @@
 package node
 
 import (
-	"net"
 	"os"
 	"testing"
 	"time"
@@ -14,49 +13,8 @@ import (
 	"github.com/gpusharing/gpusharing/agent/hostpath"
 	"github.com/gpusharing/gpusharing/agent/scheduler"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
+	"github.com/gpusharing/gpusharing/test/shimclient"
 )
-
-// shimClient is a shim process speaking the scheduler's protocol from Go.
-type shimClient struct {
-	t    *testing.T
-	conn net.Conn
-}
-
-func dialShim(t *testing.T, sock, gpuUUID string) (*shimClient, scheduler.Message) {
-	t.Helper()
-	conn, err := net.Dial("unix", sock)
-	if err != nil {
-		t.Fatalf("connecting to the GPU's scheduler: %v", err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	c := &shimClient{t: t, conn: conn}
-	c.send(scheduler.Message{Type: scheduler.MsgHello, PID: uint32(os.Getpid()), GPUUUID: gpuUUID})
-	return c, c.expect(scheduler.MsgWelcome)
-}
-
-func (c *shimClient) send(m scheduler.Message) {
-	c.t.Helper()
-	b, err := scheduler.Encode(m)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	if _, err := c.conn.Write(b); err != nil {
-		c.t.Fatal(err)
-	}
-}
-
-func (c *shimClient) expect(typ scheduler.MsgType) scheduler.Message {
-	c.t.Helper()
-	_ = c.conn.SetReadDeadline(time.Now().Add(5 * time.Second))
-	m, err := scheduler.ReadMessage(c.conn)
-	if err != nil {
-		c.t.Fatalf("waiting for %s from the scheduler: %v", typ, err)
-	}
-	if m.Type != typ {
-		c.t.Fatalf("the scheduler sent %s, want %s", m.Type, typ)
-	}
-	return m
-}
 
 func oversubscribed(quantum time.Duration, budget string) v1alpha1.Sharing {
 	o := &v1alpha1.Oversubscription{TimeQuantum: &metav1.Duration{Duration: quantum}, AntiThrashing: v1alpha1.AntiThrashingAuto}
@@ -98,12 +56,13 @@ func TestOversubscriptionRunsTheGPUsSchedulerFromThePolicyAndPublishesItsClients
 	if sh == nil || sh.TimeQuantum.Duration != 3*time.Second || sh.MemoryBudget.Value() != 8<<30 || sh.AntiThrashing != v1alpha1.AntiThrashingAuto || len(sh.Clients) != 0 {
 		t.Fatalf("applied.shim = %+v, want quantum 3s, budget 8Gi, Auto, no clients", sh)
 	}
-	c, w := dialShim(t, sock, uuid)
+	c := shimclient.Dial(t, sock, uuid)
+	w := c.Welcome
 	if w.QuantumMS != 3000 || w.Budget != 8<<30 || w.Mode != scheduler.ModeAuto {
 		t.Errorf("the scheduler welcomes with quantum %d ms, budget %d, mode %s; want 3000, 8Gi, Auto", w.QuantumMS, w.Budget, w.Mode)
 	}
-	c.send(scheduler.Message{Type: scheduler.MsgAcquire})
-	grant := c.expect(scheduler.MsgGrant)
+	c.Send(scheduler.Message{Type: scheduler.MsgAcquire})
+	grant := c.Expect(scheduler.MsgGrant)
 
 	n := a.pass(t)
 	want := []v1alpha1.ShimClient{{PID: int32(os.Getpid()), Holding: true, Priority: "Normal"}}
@@ -115,14 +74,36 @@ func TestOversubscriptionRunsTheGPUsSchedulerFromThePolicyAndPublishesItsClients
 		t.Errorf("a pass with nothing new wrote status (resourceVersion %s -> %s)", rv, n.ResourceVersion)
 	}
 
+	// The launch bound the client reports in force, and its source, reach the status. The Pong to a Ping
+	// sent behind the report says the scheduler handled it (one connection's messages in order).
+	for _, r := range []struct {
+		bound  uint32
+		state  scheduler.PacingState
+		source v1alpha1.LaunchBoundSource
+	}{
+		{4, scheduler.PacingScheduler, v1alpha1.LaunchBoundScheduler},
+		{0, scheduler.PacingBackoff, v1alpha1.LaunchBoundBackoff},
+		{16, scheduler.PacingOverride, v1alpha1.LaunchBoundOverride},
+		{0, scheduler.PacingOff, v1alpha1.LaunchBoundOff},
+	} {
+		c.Send(scheduler.Message{Type: scheduler.MsgPacing, MaxQueued: r.bound, Pacing: r.state})
+		c.Send(scheduler.Message{Type: scheduler.MsgPing, Seq: r.bound})
+		c.Expect(scheduler.MsgPong)
+		got := shimOf(t, a.pass(t)).Clients
+		if len(got) != 1 || got[0].LaunchBound == nil || *got[0].LaunchBound != int64(r.bound) || got[0].LaunchBoundSource != r.source {
+			t.Errorf("after the client reported bound %d (%s) status clients = %+v, want launchBound %d from %s",
+				r.bound, r.state, got, r.bound, r.source)
+		}
+	}
+
 	// A new quantum is changed in place: the client keeps its lease and its next grant carries it.
 	a.setSpec(t, v1alpha1.GPUDesired{UUID: uuid, Sharing: oversubscribed(5*time.Second, "8Gi")})
 	if sh := shimOf(t, a.pass(t)); sh.TimeQuantum.Duration != 5*time.Second || len(sh.Clients) != 1 || !sh.Clients[0].Holding {
 		t.Errorf("after the quantum change applied.shim = %+v, want quantum 5s and the client still holding", sh)
 	}
-	c.send(scheduler.Message{Type: scheduler.MsgRelease, Epoch: grant.Epoch})
-	c.send(scheduler.Message{Type: scheduler.MsgAcquire})
-	if g := c.expect(scheduler.MsgGrant); g.QuantumMS != 5000 {
+	c.Send(scheduler.Message{Type: scheduler.MsgRelease, Epoch: grant.Epoch})
+	c.Send(scheduler.Message{Type: scheduler.MsgAcquire})
+	if g := c.Expect(scheduler.MsgGrant); g.QuantumMS != 5000 {
 		t.Errorf("the grant after the quantum change carries %d ms, want 5000", g.QuantumMS)
 	}
 
@@ -143,8 +124,8 @@ func TestOversubscriptionRunsTheGPUsSchedulerFromThePolicyAndPublishesItsClients
 	if _, err := os.Lstat(sock); !os.IsNotExist(err) {
 		t.Errorf("socket %s after the scheduler stopped: %v, want it removed", sock, err)
 	}
-	_ = c.conn.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if m, err := scheduler.ReadMessage(c.conn); err == nil {
+	_ = c.Conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if m, err := scheduler.ReadMessage(c.Conn); err == nil {
 		t.Errorf("the client's connection outlived the scheduler (read %s)", m.Type)
 	}
 	if fi, err := os.Stat(hostpath.SchedulerDir(root, uuid)); err != nil || !fi.IsDir() {
@@ -178,9 +159,9 @@ func TestDefaultBudgetIsTheGPUsMemoryLessWhatNVMLSeesOutsideIt(t *testing.T) {
 	budget("another process of 3 GiB", 3*gi+DefaultOversubHeadroom)
 
 	// A client granted 2 GiB that NVML sees use 2 GiB + 300 MiB: only its context is outside.
-	c, _ := dialShim(t, hostpath.SchedulerSocket(root, uuid), uuid)
-	c.send(scheduler.Message{Type: scheduler.MsgAcquire, Need: 2 * gi})
-	if gr := c.expect(scheduler.MsgGrant); gr.Resident != 2*gi {
+	c := shimclient.Dial(t, hostpath.SchedulerSocket(root, uuid), uuid)
+	c.Send(scheduler.Message{Type: scheduler.MsgAcquire, Need: 2 * gi})
+	if gr := c.Expect(scheduler.MsgGrant); gr.Resident != 2*gi {
 		t.Fatalf("grant reservation %d, want 2 GiB", gr.Resident)
 	}
 	g.SetProcessMemory(uint32(os.Getpid()), 2*gi+300*mi)
@@ -328,9 +309,9 @@ func TestProductionClassesReconfigureTheSchedulerInPlace(t *testing.T) {
 	a.pass(t)
 	a.setSpec(t, v1alpha1.GPUDesired{UUID: uuid, Sharing: oversubscribed(2*time.Second, "8Gi")})
 	a.pass(t)
-	c, _ := dialShim(t, hostpath.SchedulerSocket(root, uuid), uuid)
-	c.send(scheduler.Message{Type: scheduler.MsgAcquire})
-	c.expect(scheduler.MsgGrant)
+	c := shimclient.Dial(t, hostpath.SchedulerSocket(root, uuid), uuid)
+	c.Send(scheduler.Message{Type: scheduler.MsgAcquire})
+	c.Expect(scheduler.MsgGrant)
 
 	withQoS := oversubscribed(2*time.Second, "8Gi")
 	withQoS.QoS = &v1alpha1.QoS{ProductionPriority: 1000, OpportunisticQueue: ptr.To[int32](4)}

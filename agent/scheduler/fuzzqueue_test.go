@@ -19,9 +19,12 @@ import (
 // most one holder, and the holder and waiting lists are the granted and waiting clients. For the
 // classes (qos.go): each client is of the class its pod and the threshold give it, no opportunistic
 // client holds while a production one waits or holds, no production client was asked to evict for an
-// opportunistic one, each runs under the PACE it should, and PACE reached only version 4 clients,
-// never repeating a value. For preempted turns (turn.go): the waiters resuming one lead the
-// opportunistic line, oldest turn first, and an idle client keeping one has its end armed. The seeds run in every `go test`.
+// opportunistic one, each runs under the PACE and IDLE it should (by which class is busy: busy.go),
+// PACE reached only version 4 clients, never repeating a value, and a client that counts as busy
+// only for its recent activity has the terms' re-evaluation armed by the time it stops counting. For
+// preempted turns (turn.go): the waiters resuming one lead the opportunistic line, oldest turn first,
+// an idle client keeping one has its end armed, and no later than KeptTurnIdle ahead while the GPU is
+// free of production. The seeds run in every `go test`.
 //
 // The first byte picks the mode (its value % 4: Auto, Always, Off, or no budget) and where classes
 // come from ((its value / 4) % 2: the hello, or pods of priority 0, 100 and 200 under a threshold of
@@ -51,6 +54,10 @@ func FuzzQueue(f *testing.F) {
 	f.Add([]byte{5, 0, 0, 10, 0, 3, 10, 10, 0, 4, 0, 1, 10, 0, 2, 10, 10, 0, 1, 8, 0, 50, 6, 1, 0, 10, 0, 0, 8, 0, 50})
 	// PACE: production leaves and joins again, the depth changes, opportunistic clients come and go
 	f.Add([]byte{7, 6, 1, 0, 6, 2, 0, 10, 0, 2, 7, 1, 1, 10, 0, 7, 6, 0, 0, 7, 0, 4, 0, 0, 0, 0, 1, 0, 9, 0, 20})
+	// busy, not connected: production holds, releases, and its terms lapse after RecentActivity
+	f.Add([]byte{4, 0, 1, 0, 2, 1, 0, 8, 0, 255, 8, 0, 255, 8, 0, 255, 8, 0, 255, 0, 0, 10})
+	// a preempted turn not taken up ends KeptTurnIdle after production released
+	f.Add([]byte{4, 0, 0, 10, 8, 0, 2, 0, 1, 0, 2, 1, 0, 8, 0, 4, 8, 0, 10, 0, 3, 10})
 	for _, seed := range fuzzQueueSeeds {
 		f.Add(seed.in)
 	}

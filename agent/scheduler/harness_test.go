@@ -89,7 +89,8 @@ func startEnvGuards(t *testing.T, cfg GPUConfig, guards Guards) *env {
 	e := &env{t: t, build: build, dir: dir, sock: filepath.Join(dir, "gpu.sock"), trace: filepath.Join(dir, "trace"),
 		m: prometheus.NewRegistry()}
 	cfg.UUID, cfg.SocketPath = "GPU-test", e.sock
-	e.s, err = New(Options{GPUs: []GPUConfig{cfg}, Registerer: e.m, Guards: guards})
+	// EnvOverrides: the tests set the shims' timeouts short through their environments.
+	e.s, err = New(Options{GPUs: []GPUConfig{cfg}, Registerer: e.m, Guards: guards, EnvOverrides: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -125,12 +125,13 @@ func (s *Scheduler) book(q *queue) *ledgerBook {
 
 // ledgerJoin enters the client pid into its claim's ledger, where Guards.ClaimOf names one, and returns
 // the send the queue must use: it queues the client's first Ledger right behind its Welcome, before
-// anything else the queue sends (PACE, IDLE), because the shim reads it with the Welcome. The lookup
-// runs between the client's HELLO and its WELCOME, outside every lock.
+// anything else the queue sends (Policy, Pace, Idle), because the shim reads it with the Welcome. The
+// lookup runs between the client's HELLO and its WELCOME, outside every lock. pid is the kernel's (0 where
+// it gives none): the pid a hello reports never chooses a pod's ledger, as it never chooses its class.
 func (s *Scheduler) ledgerJoin(q *queue, pid int32, version uint16, send func([]byte) bool, drop func()) (*member, func([]byte) bool) {
 	var cl Claim
 	ok := false
-	if s.opts.ClaimOf != nil {
+	if s.opts.ClaimOf != nil && pid != 0 {
 		cl, ok = s.opts.ClaimOf(q.uuid, pid)
 	}
 	b := s.book(q)

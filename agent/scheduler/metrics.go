@@ -137,12 +137,16 @@ var (
 	descSwaps      = prometheus.NewDesc("gpusharing_scheduler_client_swaps_total", "Allocations a client swapped, by direction (out, in).", append(clientLabels, "direction"), nil)
 	descSwapBytes  = prometheus.NewDesc("gpusharing_scheduler_client_swap_bytes_total", "Bytes a client copied while swapping, by direction (out, in).", append(clientLabels, "direction"), nil)
 	descSwapSecond = prometheus.NewDesc("gpusharing_scheduler_client_swap_seconds_total", "Time a client spent swapping.", clientLabels, nil)
+	// descLaunchBound: only for clients of protocol 6, which report it (liveness.go).
+	descLaunchBound = prometheus.NewDesc("gpusharing_scheduler_client_launch_bound",
+		"Launches a client keeps outstanding at most, as it reports the bound in force (0: unbounded), by its source (Scheduler, Override, Backoff, Off).",
+		[]string{"gpu", "client", "pid", "source"}, nil)
 )
 
 type memCollector struct{ m *Metrics }
 
 func (c *memCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descBudget, descReserved, descPeak, descResident, descSwapped, descSwaps, descSwapBytes, descSwapSecond} {
+	for _, d := range []*prometheus.Desc{descBudget, descReserved, descPeak, descResident, descSwapped, descSwaps, descSwapBytes, descSwapSecond, descLaunchBound} {
 		ch <- d
 	}
 }
@@ -168,6 +172,10 @@ func (c *memCollector) collect(s *Scheduler, ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descSwapBytes, prometheus.CounterValue, float64(cs.BytesOut), append(l, "out")...)
 		ch <- prometheus.MustNewConstMetric(descSwapBytes, prometheus.CounterValue, float64(cs.BytesIn), append(l, "in")...)
 		ch <- prometheus.MustNewConstMetric(descSwapSecond, prometheus.CounterValue, cs.SwapTime.Seconds(), l...)
+		if cs.PacingKnown {
+			ch <- prometheus.MustNewConstMetric(descLaunchBound, prometheus.GaugeValue, float64(cs.LaunchBound),
+				append(l[:3:3], cs.PacingState.String())...)
+		}
 	}
 }
 

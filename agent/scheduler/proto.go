@@ -38,6 +38,10 @@ const (
 	ChargeSize    = 28
 	ChargedSize   = 52
 	ReturnSize    = 28
+	PingSize      = 16
+	PongSize      = 16
+	PolicySize    = 16
+	PacingSize    = 20
 )
 
 // MinVersion is the oldest peer the scheduler still serves (in that peer's version, without what
@@ -67,7 +71,39 @@ const (
 	MsgCharge    MsgType = 17 // client -> scheduler (version 6): raise my grant by at least Bytes
 	MsgCharged   MsgType = 18 // scheduler -> client (version 6): answer to Charge
 	MsgReturn    MsgType = 19 // client -> scheduler (version 6): give Bytes of my grant back; ReturnHold: my grant is Bytes
+	MsgPing      MsgType = 20 // client -> scheduler (version 6): a waiter asks whether the scheduler still answers
+	MsgPong      MsgType = 21 // scheduler -> client (version 6): the answer to Ping, with its Seq
+	MsgPolicy    MsgType = 22 // scheduler -> client (version 6), right after Welcome: Flags (PolicyEnvOverrides)
+	MsgPacing    MsgType = 23 // client -> scheduler (version 6): the launch bound in force (MaxQueued) and its PacingState
 )
+
+// PolicyEnvOverrides in a Policy's Flags lets the pod's environment loosen pacing and waits
+// (GPUSHARE_PACE_OVERRIDE and its siblings, docs/shim.md): Options.EnvOverrides, for benchmarks.
+const PolicyEnvOverrides uint32 = 1
+
+// PacingState says where a client's launch bound in force comes from (Pacing).
+type PacingState uint32
+
+const (
+	PacingScheduler PacingState = 0 // the scheduler's Pace (0: unbounded)
+	PacingOverride  PacingState = 1 // GPUSHARE_PACE_OVERRIDE, where the scheduler allows it
+	PacingBackoff   PacingState = 2 // off after a stall or a driver error, re-armed after a back-off
+	PacingOff       PacingState = 3 // off for good: the driver lacks the event calls pacing needs
+)
+
+func (p PacingState) String() string {
+	switch p {
+	case PacingScheduler:
+		return "Scheduler"
+	case PacingOverride:
+		return "Override"
+	case PacingBackoff:
+		return "Backoff"
+	case PacingOff:
+		return "Off"
+	}
+	return fmt.Sprintf("PacingState(%d)", uint32(p))
+}
 
 // Mode is a GPU's anti-thrashing policy.
 type Mode uint32
@@ -145,6 +181,10 @@ var msgSizes = map[MsgType]int{
 	MsgCharge:    ChargeSize,
 	MsgCharged:   ChargedSize,
 	MsgReturn:    ReturnSize,
+	MsgPing:      PingSize,
+	MsgPong:      PongSize,
+	MsgPolicy:    PolicySize,
+	MsgPacing:    PacingSize,
 }
 
 func (t MsgType) String() string {
@@ -187,6 +227,14 @@ func (t MsgType) String() string {
 		return "Charged"
 	case MsgReturn:
 		return "Return"
+	case MsgPing:
+		return "Ping"
+	case MsgPong:
+		return "Pong"
+	case MsgPolicy:
+		return "Policy"
+	case MsgPacing:
+		return "Pacing"
 	}
 	return fmt.Sprintf("MsgType(%d)", uint16(t))
 }
@@ -244,13 +292,13 @@ type Message struct {
 	Reason   uint32    // Usage
 	Acks     uint32    // Usage
 	Stats    SwapStats // Usage; Rejoin carries Stats.Swapped
-	Flags    uint32    // Rejoin, Ledger, Return
+	Flags    uint32    // Rejoin, Ledger, Return, Policy
 
 	MaxQueued uint32 // Pace: launches the client may keep outstanding on the GPU; 0: unbounded
 	IdleUS    uint32 // Idle: microseconds without a GPU call after which the client releases; 0: its own window
+	Seq       uint32 // Charge, Charged, Ping, Pong
 
 	// The claim's ledger (version 6, ledger.go).
-	Seq       uint32       // Charge, Charged
 	Processes uint32       // Ledger: n, the ledger's connected processes
 	Claim     uint64       // Ledger: M
 	Reserve   uint64       // Ledger: R, per process
@@ -260,6 +308,9 @@ type Message struct {
 	Added     uint64       // Charged
 	Bytes     uint64       // Charge, Return; Ledger: the chunk a Charge adds at least
 	Charge    ChargeStatus // Charged
+
+	// MaxQueued (above) and Pacing: the launch bound in force in a client and where it comes from.
+	Pacing PacingState
 }
 
 // SwapStats are a client's swap counters as it reports them.
@@ -337,6 +388,13 @@ func Encode(m Message) ([]byte, error) {
 		le.PutUint32(p[0:], m.IdleUS)
 	case MsgLedger, MsgCharge, MsgCharged, MsgReturn:
 		encodeLedger(p, m)
+	case MsgPing, MsgPong:
+		le.PutUint32(p[0:], m.Seq)
+	case MsgPolicy:
+		le.PutUint32(p[0:], m.Flags)
+	case MsgPacing:
+		le.PutUint32(p[0:], m.MaxQueued)
+		le.PutUint32(p[4:], uint32(m.Pacing))
 	case MsgUsage:
 		le.PutUint32(p[0:], m.Reason)
 		le.PutUint32(p[4:], m.Acks)
@@ -349,7 +407,8 @@ func Encode(m Message) ([]byte, error) {
 }
 
 // checkVersion refuses what a version does not have: Raise and UsageProgress came with version 3,
-// Pace with version 4, Idle with version 5, the ledger's messages with version 6.
+// Pace with version 4, Idle with version 5, the ledger's messages, Ping, Pong, Policy and Pacing
+// with version 6.
 func checkVersion(v uint16, t MsgType, reason uint32) error {
 	if v < MinVersion || v > Version {
 		return fmt.Errorf("%w %d", ErrBadVersion, v)
@@ -372,7 +431,7 @@ func typeInVersion(t MsgType, v uint16) bool {
 		return v >= 4
 	case MsgIdle:
 		return v >= 5
-	case MsgLedger, MsgCharge, MsgCharged, MsgReturn:
+	case MsgLedger, MsgCharge, MsgCharged, MsgReturn, MsgPing, MsgPong, MsgPolicy, MsgPacing:
 		return v >= 6
 	}
 	return true
@@ -463,6 +522,16 @@ func Decode(b []byte) (Message, error) {
 	case MsgLedger, MsgCharge, MsgCharged, MsgReturn:
 		if err := decodeLedger(t, p, &m); err != nil {
 			return Message{}, err
+		}
+	case MsgPing, MsgPong:
+		m.Seq = le.Uint32(p[0:])
+	case MsgPolicy:
+		m.Flags = le.Uint32(p[0:])
+	case MsgPacing:
+		m.MaxQueued = le.Uint32(p[0:])
+		m.Pacing = PacingState(le.Uint32(p[4:]))
+		if m.Pacing > PacingOff {
+			return Message{}, fmt.Errorf("pacing state %d: %w", m.Pacing, ErrBadField)
 		}
 	case MsgContended:
 		m.Epoch = le.Uint32(p[0:])

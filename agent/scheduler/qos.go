@@ -162,17 +162,6 @@ func (q *queue) reclassifyLocked() {
 	}
 }
 
-// connectedLocked: a client of class p (PriorityHigh: production, PriorityNormal: opportunistic) is
-// connected to the GPU.
-func (q *queue) connectedLocked(p Priority) bool {
-	for _, c := range q.clients {
-		if c.priority == p {
-			return true
-		}
-	}
-	return false
-}
-
 // paces: the client understands PACE.
 func (c *client) paces() bool { return c.version == 0 || c.version >= 4 }
 
@@ -204,7 +193,8 @@ func (q *queue) idleWantLocked(c *client, opportunistic bool) uint32 {
 // production gets PACE 0, so that a bound it ran under as opportunistic does not throttle it now, and
 // one that became opportunistic IDLE 0).
 func (q *queue) termsLocked() {
-	production, opportunistic := q.connectedLocked(PriorityHigh), q.connectedLocked(PriorityNormal)
+	production, opportunistic := q.busyClassLocked(PriorityHigh), q.busyClassLocked(PriorityNormal)
+	defer q.armTermsLocked()
 	for _, c := range q.clients {
 		if want := q.paceWantLocked(c, production); want != c.pace {
 			c.pace = want
@@ -234,14 +224,14 @@ func (q *queue) qosInvariantLocked(c *client) error {
 		return fmt.Errorf("client %d keeps a preempted turn with no end armed", c.id)
 	case c.evictPending && c.evictOf == PriorityHigh && c.evictFor == PriorityNormal:
 		return fmt.Errorf("production client %d asked to evict for an opportunistic client", c.id)
-	case c.pace != q.paceWantLocked(c, q.connectedLocked(PriorityHigh)):
+	case c.pace != q.paceWantLocked(c, q.busyClassLocked(PriorityHigh)):
 		return fmt.Errorf("client %d (version %d, %s) paced at %d, want %d", c.id, c.version, className(c.priority),
-			c.pace, q.paceWantLocked(c, q.connectedLocked(PriorityHigh)))
-	case c.idle != q.idleWantLocked(c, q.connectedLocked(PriorityNormal)):
+			c.pace, q.paceWantLocked(c, q.busyClassLocked(PriorityHigh)))
+	case c.idle != q.idleWantLocked(c, q.busyClassLocked(PriorityNormal)):
 		return fmt.Errorf("client %d (version %d, %s) told an idle window of %d us, want %d", c.id, c.version,
-			className(c.priority), c.idle, q.idleWantLocked(c, q.connectedLocked(PriorityNormal)))
+			className(c.priority), c.idle, q.idleWantLocked(c, q.busyClassLocked(PriorityNormal)))
 	}
-	return nil
+	return q.busyInvariantLocked(c)
 }
 
 // clientIDs are cs's ids, for a message.

@@ -363,9 +363,10 @@ func sentValues(f *fakeClient, typ MsgType) []uint32 {
 func sameValues(got []uint32, want ...uint32) bool { return slices.Equal(got, want) }
 
 // PACE goes to the opportunistic clients of version 4 only, with the configured depth while a
-// production client is connected and 0 once none is, each value once; a client joining while
-// production is connected gets it right after its WELCOME.
-func TestPaceFollowsProductionPresence(t *testing.T) {
+// production client is busy (it waits, holds, or did within RecentActivity) and 0 once none is, each
+// value once; a client joining while production is busy gets it right after its WELCOME. A production
+// client that is connected and idle paces nobody.
+func TestPaceFollowsBusyProduction(t *testing.T) {
 	fx := newQoSFixture(t, GPUConfig{ProductionPriority: threshold(1000)})
 	o := fx.joinAs(t, pod(0))
 	fx.version = 3
@@ -377,24 +378,42 @@ func TestPaceFollowsProductionPresence(t *testing.T) {
 		t.Fatalf("PACE %v without any production client", paces(o))
 	}
 	p1 := fx.joinAs(t, pod(1000))
+	if len(paces(o)) != 0 {
+		t.Fatalf("PACE %v beside a production client that is connected and idle", paces(o))
+	}
+	fx.q.acquire(p1.c, 0)
 	if !sameValues(paces(o), DefaultOpportunisticQueue) {
-		t.Fatalf("opportunistic client paced %v when production joined, want [%d]", paces(o), DefaultOpportunisticQueue)
+		t.Fatalf("opportunistic client paced %v when production asked for the GPU, want [%d]", paces(o), DefaultOpportunisticQueue)
+	}
+	fx.q.release(p1.c, grantEpoch(t, p1), 0)
+	fx.clock.Advance(RecentActivity - time.Millisecond)
+	if !sameValues(paces(o), DefaultOpportunisticQueue) {
+		t.Fatalf("paced %v within RecentActivity of production's last hold, want the bound kept", paces(o))
+	}
+	fx.clock.Advance(time.Millisecond)
+	if !sameValues(paces(o), DefaultOpportunisticQueue, 0) {
+		t.Fatalf("paced %v RecentActivity after production's last hold, want the bound lifted", paces(o))
+	}
+	fx.q.acquire(p1.c, 0)
+	if !sameValues(paces(o), DefaultOpportunisticQueue, 0, DefaultOpportunisticQueue) {
+		t.Fatalf("paced %v when production asked again, want the bound back", paces(o))
 	}
 	p2 := fx.joinAs(t, pod(2000))
+	fx.q.acquire(p2.c, 0)
 	late := fx.joinAs(t, pod(0))
-	if !sameValues(paces(o), DefaultOpportunisticQueue) {
-		t.Fatalf("paced %v after a second production client joined: the value was repeated", paces(o))
+	if !sameValues(paces(o), DefaultOpportunisticQueue, 0, DefaultOpportunisticQueue) {
+		t.Fatalf("paced %v after a second production client asked: the value was repeated", paces(o))
 	}
 	if len(late.got) != 2 || late.got[0].Type != MsgWelcome || late.got[1].Type != MsgPace ||
 		late.got[1].MaxQueued != DefaultOpportunisticQueue {
 		t.Fatalf("a client joining beside production got %+v, want WELCOME then PACE %d", late.got, DefaultOpportunisticQueue)
 	}
 	fx.q.leave(p1.c)
-	if !sameValues(paces(o), DefaultOpportunisticQueue) {
-		t.Fatalf("paced %v while a production client is still connected", paces(o))
+	if !sameValues(paces(o), DefaultOpportunisticQueue, 0, DefaultOpportunisticQueue) {
+		t.Fatalf("paced %v while a production client still holds", paces(o))
 	}
 	fx.q.leave(p2.c)
-	if !sameValues(paces(o), DefaultOpportunisticQueue, 0) || !sameValues(paces(late), DefaultOpportunisticQueue, 0) {
+	if !sameValues(paces(o), DefaultOpportunisticQueue, 0, DefaultOpportunisticQueue, 0) || !sameValues(paces(late), DefaultOpportunisticQueue, 0) {
 		t.Fatalf("after the last production client left: paced %v and %v, want the bound lifted (0) once", paces(o), paces(late))
 	}
 	for _, f := range []*fakeClient{o3, o2, p1, p2} {
@@ -409,7 +428,7 @@ func TestPaceFollowsTheDepthAndTheClass(t *testing.T) {
 	cfg := GPUConfig{Quantum: time.Second, Grace: time.Second, ProductionPriority: threshold(1000), OpportunisticQueue: 4}
 	fx := newQoSFixture(t, cfg)
 	o, x := fx.joinAs(t, pod(0)), fx.joinAs(t, pod(500))
-	fx.joinAs(t, pod(1000))
+	fx.q.acquire(fx.joinAs(t, pod(1000)).c, 0)
 	if !sameValues(paces(o), 4) || !sameValues(paces(x), 4) {
 		t.Fatalf("paced %v and %v, want the configured 4", paces(o), paces(x))
 	}
@@ -432,9 +451,10 @@ func TestPaceFollowsTheDepthAndTheClass(t *testing.T) {
 }
 
 // IDLE goes to the production clients of version 5 only: ProductionIdle while an opportunistic client
-// is connected and 0 once none is, each value once; a production client joining beside opportunistic
-// ones gets it right after its WELCOME; a client whose class changes hears its new window.
-func TestIdleFollowsOpportunisticPresenceAndTheClass(t *testing.T) {
+// is busy (it waits, holds, or did within RecentActivity) and 0 once none is, each value once; a
+// production client joining beside busy opportunistic ones gets it right after its WELCOME; a client
+// whose class changes hears its new window. An opportunistic client connected and idle changes nothing.
+func TestIdleFollowsBusyOpportunisticClientsAndTheClass(t *testing.T) {
 	cfg := GPUConfig{Quantum: time.Second, Grace: time.Second, ProductionPriority: threshold(1000)}
 	fx := newQoSFixture(t, cfg)
 	short := uint32(ProductionIdle / time.Microsecond)
@@ -446,10 +466,15 @@ func TestIdleFollowsOpportunisticPresenceAndTheClass(t *testing.T) {
 		t.Fatalf("IDLE %v without any opportunistic client", idles(p))
 	}
 	x := fx.joinAs(t, pod(500))
+	if len(idles(p)) != 0 {
+		t.Fatalf("production told %v beside an opportunistic client that is connected and idle", idles(p))
+	}
+	fx.q.acquire(x.c, 0)
 	if !sameValues(idles(p), short) {
-		t.Fatalf("production told %v when an opportunistic client joined, want [%d]", idles(p), short)
+		t.Fatalf("production told %v when an opportunistic client asked for the GPU, want [%d]", idles(p), short)
 	}
 	o := fx.joinAs(t, pod(0))
+	fx.q.acquire(o.c, 0)
 	late := fx.joinAs(t, pod(2000))
 	if !sameValues(idles(p), short) {
 		t.Fatalf("told %v after a second opportunistic client joined: the value was repeated", idles(p))
@@ -497,9 +522,9 @@ func TestSchedulerReconfigureReclassifiesConnectedClients(t *testing.T) {
 			return v, true
 		}})
 	o := dialRaw(t, sock, PriorityHigh)
-	dialRaw(t, sock, PriorityNormal)
+	dialRaw(t, sock, PriorityNormal).hold()
 	if m := o.expect(MsgPace, 2*time.Second); m.MaxQueued != DefaultOpportunisticQueue {
-		t.Fatalf("PACE %d when production connected, want %d", m.MaxQueued, DefaultOpportunisticQueue)
+		t.Fatalf("PACE %d when production took the GPU, want %d", m.MaxQueued, DefaultOpportunisticQueue)
 	}
 	if c := s.Snapshot(); c[0].Priority != PriorityNormal || c[1].Priority != PriorityHigh {
 		t.Fatalf("classes %v and %v, want opportunistic (pod 500) and production (pod 2000)", c[0].Priority, c[1].Priority)

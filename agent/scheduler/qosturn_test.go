@@ -75,7 +75,7 @@ func TestPreemptedTurnIsKeptBeforeItsClientAsksAgain(t *testing.T) {
 	preempt(t, fx, a, p, 20*time.Millisecond)
 	fx.clock.Advance(5 * time.Millisecond)
 	fx.q.release(p.c, grantEpoch(t, p), 10*mib)
-	fx.clock.Advance(50 * time.Millisecond) // t = 75 ms: a's turn runs to 100 ms
+	fx.clock.Advance(KeptTurnIdle - time.Millisecond) // t = 74 ms: a's turn is kept to 75 ms
 	if fx.holding(b) || a.count(MsgEvict) != 0 {
 		t.Fatalf("b holding=%v, a evicted %d times; want a's turn and memory kept", fx.holding(b), a.count(MsgEvict))
 	}
@@ -85,19 +85,21 @@ func TestPreemptedTurnIsKeptBeforeItsClientAsksAgain(t *testing.T) {
 	}
 }
 
-// A preempted client that does not ask again (its work is done) loses its turn when the turn's
-// quantum ends: the waiter runs then, evicting it.
-func TestAPreemptedTurnNotTakenUpEndsAtItsQuantum(t *testing.T) {
+// A preempted client that does not ask again (its work is done) loses its turn KeptTurnIdle after
+// production released, long before its quantum ends (the GPU must not idle for the rest of it): the
+// waiter runs then, evicting it.
+func TestAPreemptedTurnNotTakenUpEndsKeptTurnIdleAfterProductionReleases(t *testing.T) {
 	fx, a, b, p := turnFixture(t)
 	preempt(t, fx, a, p, 20*time.Millisecond)
+	fx.clock.Advance(10 * time.Millisecond) // production holds: the turn is kept whatever the wait
 	fx.q.release(p.c, grantEpoch(t, p), 10*mib)
-	fx.clock.Advance(79 * time.Millisecond)
+	fx.clock.Advance(KeptTurnIdle - time.Millisecond)
 	if fx.holding(b) {
-		t.Fatal("b granted before a's turn ended")
+		t.Fatal("b granted before a's kept turn ended")
 	}
-	fx.clock.Advance(time.Millisecond) // t = 100 ms: a's quantum
+	fx.clock.Advance(time.Millisecond) // t = 80 ms: KeptTurnIdle after the release, a's quantum is at 100 ms
 	if !fx.holding(b) {
-		t.Fatal("b not granted when a's turn ended")
+		t.Fatal("b not granted KeptTurnIdle after production released")
 	}
 	if e, ok := a.last(MsgEvict); !ok || e.Target != 14*mib {
 		t.Fatalf("a's evict = %+v (%v), want it asked down to 14 MiB for b", e, ok)

@@ -35,8 +35,10 @@ type queue struct {
 	// GPUConfig.OpportunisticQueue with its default (qos.go).
 	production *int32
 	paceDepth  uint32
-	clock      Clock
-	log        logr.Logger
+	// envOverrides is Options.EnvOverrides (Policy, liveness.go).
+	envOverrides bool
+	clock        Clock
+	log          logr.Logger
 
 	waitHist    prometheus.Observer
 	holdHist    prometheus.Observer
@@ -58,7 +60,10 @@ type queue struct {
 	reserved uint64 // sum of reservations
 	peak     uint64 // highest reserved ever seen
 	retry    Timer  // re-dispatch after an eviction that could not free enough
-	rebuild  rebuildState
+	// termsTimer re-evaluates PACE and IDLE at termsAt, when a client stops counting as busy (busy.go).
+	termsTimer Timer
+	termsAt    time.Time
+	rebuild    rebuildState
 	// violations are the broken invariants seen, most recent last (violationLocked); tests fail on any.
 	violations []error
 }
@@ -74,6 +79,12 @@ type client struct {
 	version  uint16 // its protocol version; 0: the current one
 	pace     uint32 // the last PACE it was sent (0 before any: unbounded)
 	idle     uint32 // the last IDLE it was sent, in us (0 before any: its own window)
+	// paceInForce and pacingState are the launch bound it last reported in force and its source
+	// (Pacing, liveness.go); pacingKnown: it reported one.
+	paceInForce uint32
+	pacingState PacingState
+	pacingKnown bool
+	pings       uint64 // Pings answered
 	// send queues an encoded message without blocking; false means the
 	// client is not reading and must be dropped.
 	send func([]byte) bool
@@ -99,7 +110,9 @@ type client struct {
 	// turn (qos.go).
 	turnStart     time.Time
 	resuming      bool
-	turnTimer     Timer // the end of a preempted turn (turn.go)
+	turnTimer     Timer     // the end of a preempted turn (turn.go)
+	turnEnd       time.Time // when turnTimer fires
+	lastBusy      time.Time // the end of its last hold (busy.go)
 	contendedSent bool
 	revokeTimer   Timer
 	lastRun       time.Time
@@ -180,6 +193,7 @@ func (q *queue) join(pid int32, src classSource, version uint16, send func([]byt
 	q.clientGauge.Set(float64(len(q.clients)))
 	q.sendLocked(c, Message{Type: MsgWelcome, ClientID: c.id, QuantumMS: ms(q.quantum), GraceMS: ms(q.grace),
 		Mode: q.mode, Budget: q.budget})
+	q.policyLocked(c)
 	q.termsLocked()
 	return c
 }
@@ -432,7 +446,10 @@ func (q *queue) evictLocked(amount uint64, forc *client) bool {
 // (CONTENDED) and will yield after their quantum, except production holders
 // to an opportunistic waiter: it waits for their release.
 func (q *queue) dispatchLocked(acquirer *client) {
+	q.termsLocked() // a client that just asked is busy: its class's terms go out before a preemption
 	q.preemptLocked()
+	defer q.armTermsLocked() // the holds that end here count as busy for a while
+	defer q.capKeptTurnsLocked()
 	if q.fillLocked() {
 		return // freed bytes go to the holder filling in first; waiters wait until it is whole
 	}
@@ -581,6 +598,7 @@ func (q *queue) endHoldLocked(c *client) {
 	hold := now.Sub(c.grantedAt)
 	c.holdTotal += hold
 	c.lastRun = now
+	c.lastBusy = now
 	q.holdHist.Observe(hold.Seconds())
 	c.contendedSent = false
 	c.resuming = false
@@ -659,6 +677,10 @@ func (q *queue) snapshot() []ClientState {
 			BytesIn:       r.Stats.BytesIn,
 			SwapTime:      time.Duration(r.Stats.SwapNS),
 			Evictions:     c.evictions,
+			PacingKnown:   c.pacingKnown,
+			LaunchBound:   c.paceInForce,
+			PacingState:   c.pacingState,
+			Pings:         c.pings,
 		}
 		if s.Holding {
 			s.HoldTime += now.Sub(c.grantedAt)

@@ -87,7 +87,7 @@ func TestReconfigureBetweenNoBudgetAndABudgetDropsTheClients(t *testing.T) {
 	}
 }
 
-func TestOnClientsChangeIsCalledOnConnectAndDisconnect(t *testing.T) {
+func TestOnClientsChangeIsCalledOnConnectDisconnectAndANewLaunchBound(t *testing.T) {
 	var mu sync.Mutex
 	var calls []string
 	s := serveOne(t, GPUConfig{UUID: "GPU-test"}, Options{OnClientsChange: func(gpu string) {
@@ -102,12 +102,27 @@ func TestOnClientsChangeIsCalledOnConnectAndDisconnect(t *testing.T) {
 	}
 	c := dialRaw(t, s.cfgs[0].SocketPath, PriorityNormal)
 	wait.Until(t, 5*time.Second, func() bool { return n() == 1 }, "a call on connect")
+	// A launch bound reported in force calls once per change (the Pong behind each says it was handled).
+	for i, r := range []Message{
+		{Type: MsgPacing, MaxQueued: 4},
+		{Type: MsgPacing, MaxQueued: 4},
+		{Type: MsgPacing, Pacing: PacingBackoff},
+	} {
+		c.send(r)
+		c.send(Message{Type: MsgPing, Seq: uint32(i)})
+		c.expect(MsgPong, time.Second)
+	}
+	if got := n(); got != 3 {
+		t.Errorf("%d calls after two distinct launch bounds reported (one twice), want 3", got)
+	}
 	c.conn.Close()
-	wait.Until(t, 5*time.Second, func() bool { return n() == 2 }, "a call on disconnect")
+	wait.Until(t, 5*time.Second, func() bool { return n() == 4 }, "a call on disconnect")
 	mu.Lock()
 	defer mu.Unlock()
-	if calls[0] != "GPU-test" || calls[1] != "GPU-test" {
-		t.Errorf("calls = %v, want the GPU's uuid twice", calls)
+	for _, g := range calls {
+		if g != "GPU-test" {
+			t.Errorf("calls = %v, want the GPU's uuid each time", calls)
+		}
 	}
 }
 

@@ -413,9 +413,13 @@ func TestShimMemReplyWaitIsBounded(t *testing.T) {
 				// Answered in the shim's own version, as the scheduler does.
 				w, _ := Encode(Message{Type: MsgWelcome, Version: hello.Version, ClientID: 1, QuantumMS: 60000, GraceMS: 1000, Budget: 256 * mib})
 				_, _ = c.Write(w)
-				if hello.Version == 0 { // the current version: a Ledger (none) follows the Welcome
-					l, _ := Encode(Message{Type: MsgLedger})
+				if hello.Version == 0 || hello.Version >= 6 {
+					// a Ledger (none) follows the Welcome, then a Policy: the test's short MEMREPLY timeout
+					// is an override to allow
+					l, _ := Encode(Message{Type: MsgLedger, Version: hello.Version})
 					_, _ = c.Write(l)
+					p, _ := Encode(Message{Type: MsgPolicy, Version: hello.Version, Flags: PolicyEnvOverrides})
+					_, _ = c.Write(p)
 				}
 				for epoch := uint32(1); ; {
 					m, err := ReadMessage(c)

@@ -63,8 +63,9 @@ type Options struct {
 	// Scheduler shares with others instead of registering its own.
 	Metrics *Metrics
 	// OnClientsChange, when set, is called after a client of a GPU connects
-	// (its hello accepted) or disconnects, so an owner can publish the client
-	// set without polling. It runs on the connection's goroutine and must not block.
+	// (its hello accepted) or disconnects, or reports another launch bound in
+	// force, so an owner can publish the client set without polling. It runs on
+	// the connection's goroutine and must not block.
 	OnClientsChange func(gpu string)
 	// HelloTimeout bounds how long a new connection may take to say hello (default 2s).
 	HelloTimeout time.Duration
@@ -75,6 +76,9 @@ type Options struct {
 	// previous run grants nothing while its clients re-announce their memory
 	// (rebuild.go; default DefaultRebuildWindow, negative: none).
 	RebuildWindow time.Duration
+	// EnvOverrides lets the clients' environments loosen their pacing and waits (GPUSHARE_PACE_OVERRIDE
+	// and its siblings; Policy, liveness.go): for benchmarks on the standalone scheduler, never for pods.
+	EnvOverrides bool
 	// Guards limit what one client may take and check what it claims (limits.go).
 	Guards
 }
@@ -106,6 +110,14 @@ type ClientState struct {
 	BytesIn       uint64        // bytes copied in
 	SwapTime      time.Duration // time spent swapping
 	Evictions     uint64        // evictions the scheduler asked of it
+
+	// The launch bound in force as the client last reported it (protocol 6, liveness.go): PacingKnown
+	// once it did; LaunchBound 0 is unbounded, PacingState says where the bound comes from.
+	PacingKnown bool
+	LaunchBound uint32
+	PacingState PacingState
+	// Pings counts the liveness questions of a waiting client the scheduler answered.
+	Pings uint64
 }
 
 // GPUState is one GPU's memory account.
@@ -147,6 +159,8 @@ type Scheduler struct {
 	lim       connLimiter
 	procMem   procMemCache
 	books     sync.Map // *queue -> *ledgerBook, its claim ledgers (ledger.go)
+	// peerPIDOf is peerPID; tests stand in a kernel that gives no pid.
+	peerPIDOf func(net.Conn) int32
 }
 
 // New validates the options and registers the metrics.
@@ -174,7 +188,7 @@ func New(opts Options) (*Scheduler, error) {
 			return nil, fmt.Errorf("registering scheduler metrics: %w", err)
 		}
 	}
-	s := &Scheduler{opts: opts, metrics: m, conns: map[net.Conn]struct{}{}}
+	s := &Scheduler{opts: opts, metrics: m, conns: map[net.Conn]struct{}{}, peerPIDOf: peerPID}
 	seen := map[string]bool{}
 	for _, g := range opts.GPUs {
 		if g.UUID == "" || g.SocketPath == "" {
@@ -191,6 +205,7 @@ func New(opts Options) (*Scheduler, error) {
 		s.cfgs = append(s.cfgs, g)
 		q := newQueue(g, opts.Clock, m, logr.Discard())
 		q.evictTimeout = opts.EvictTimeout
+		q.envOverrides = opts.EnvOverrides
 		s.queues = append(s.queues, q)
 	}
 	m.attach(s)
@@ -435,9 +450,10 @@ func (s *Scheduler) serveConn(conn net.Conn, q *queue) {
 		return
 	}
 	_ = conn.SetReadDeadline(time.Time{})
-	pid := peerPID(conn)
+	kpid := s.peerPIDOf(conn)
+	pid := kpid
 	if pid == 0 {
-		pid = int32(hello.PID)
+		pid = int32(hello.PID) // its word: shown, never used to choose its pod (classSource)
 	}
 
 	out := make(chan []byte, 64)
@@ -468,11 +484,19 @@ func (s *Scheduler) serveConn(conn net.Conn, q *queue) {
 			return false
 		}
 	}
-	lm, send := s.ledgerJoin(q, pid, hello.Version, send, drop)
+	src := s.classSource(kpid, hello.Priority)
+	lm, send := s.ledgerJoin(q, kpid, hello.Version, send, drop)
 	defer s.book(q).leave(lm)
-	c := q.join(pid, s.classSource(pid, hello.Priority), hello.Version, send, drop)
+	c := q.join(pid, src, hello.Version, send, drop)
 	log.V(1).Info("Shim client connected", "client", c.id, "pid", pid, "class", q.className(c))
 	s.clientsChanged(q.uuid)
+	if src.fromPod && !src.known && kpid != 0 {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.reresolve(q, c, kpid, hello.Priority, done)
+		}()
+	}
 	for {
 		m, err := readFrame(conn, s.opts.FrameTimeout)
 		if err != nil {
@@ -501,6 +525,12 @@ func (s *Scheduler) serveConn(conn net.Conn, q *queue) {
 			q.rejoin(c, m)
 		case MsgCharge, MsgReturn:
 			err = s.ledgerMessage(q, lm, m)
+		case MsgPing:
+			q.pong(c, m.Seq)
+		case MsgPacing:
+			if q.pacing(c, m) {
+				s.clientsChanged(q.uuid)
+			}
 		default:
 			log.Info("Dropping shim client that sent an unexpected message", "client", c.id, "pid", pid, "type", m.Type)
 			q.leave(c)

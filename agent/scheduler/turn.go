@@ -12,8 +12,8 @@ import (
 // (its quantum, counted from the turn's start, turnStart): when it asks again it goes to the front
 // of the opportunistic line, and until its turn ends no other opportunistic client takes its place:
 // on an exclusive GPU none is granted while it has not asked again, and on a budget none evicts its
-// memory. Its turn ends at its quantum; a client that does not ask again by then (it had no more
-// work) loses it, and the next in line runs.
+// memory. Its turn ends at its quantum, or KeptTurnIdle after the GPU is free of production if it has
+// not asked again by then (it had no more work: busy.go); the next in line runs.
 //
 // Without this, production's every request handed the GPU to the next opportunistic client in
 // line, which, on an oversubscribed GPU, evicted the preempted one's memory: measured on an H100,
@@ -31,11 +31,17 @@ func (q *queue) keepTurnLocked(h *client) {
 		return
 	}
 	h.resuming = true
+	q.armTurnEndLocked(h, end)
+}
+
+// armTurnEndLocked (re)arms the end of h's preempted turn at end (capKeptTurnsLocked brings it closer).
+func (q *queue) armTurnEndLocked(h *client, end time.Time) {
 	if h.turnTimer != nil {
 		h.turnTimer.Stop()
 	}
 	start := h.turnStart
-	h.turnTimer = q.clock.AfterFunc(end.Sub(now), func() { q.endTurn(h, start) })
+	h.turnEnd = end
+	h.turnTimer = q.clock.AfterFunc(end.Sub(q.clock.Now()), func() { q.endTurn(h, start) })
 }
 
 // endTurn ends the preempted turn that began at start, if h has not asked again since: the next

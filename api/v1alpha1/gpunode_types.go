@@ -417,7 +417,32 @@ type ShimClient struct {
 	SwapOuts int64 `json:"swapOuts,omitempty"`
 	// +optional
 	SwapIns int64 `json:"swapIns,omitempty"`
+	// launchBound is the launch bound in force in the client, as it last reported it (shims of protocol
+	// 6): the most launches it keeps outstanding on the GPU; 0 is unbounded. Absent until it reports.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	LaunchBound *int64 `json:"launchBound,omitempty"`
+	// launchBoundSource says where launchBound comes from.
+	// +optional
+	LaunchBoundSource LaunchBoundSource `json:"launchBoundSource,omitempty"`
 }
+
+// LaunchBoundSource is where a shim client's launch bound in force comes from.
+// +kubebuilder:validation:Enum=Scheduler;Override;Backoff;Off
+type LaunchBoundSource string
+
+// Launch bound sources.
+const (
+	// LaunchBoundScheduler: the GPU scheduler's bound (its PACE; 0 where it sets none).
+	LaunchBoundScheduler LaunchBoundSource = "Scheduler"
+	// LaunchBoundOverride: the pod's GPUSHARE_PACE_OVERRIDE, where the scheduler allows it (the
+	// standalone scheduler, for measuring; never the agent's).
+	LaunchBoundOverride LaunchBoundSource = "Override"
+	// LaunchBoundBackoff: pacing off for a back-off after a stall or a driver error; re-armed after it.
+	LaunchBoundBackoff LaunchBoundSource = "Backoff"
+	// LaunchBoundOff: pacing off for good: the driver lacks the event calls pacing needs.
+	LaunchBoundOff LaunchBoundSource = "Off"
+)
 
 // GPUUsage is what a GPU's processes use, as the agent's accounting read it. The agent publishes a
 // change only when a consumer comes or goes or a figure moves past a threshold (docs/accounting.md),

@@ -13,6 +13,8 @@
 // GPUSHARE_PRIORITY=high is production and preempts the others, which are
 // opportunistic and paced to --opportunistic-queue launches while it is
 // connected.
+// It lets the clients' environments loosen their pacing and waits (GPUSHARE_PACE_OVERRIDE and its
+// siblings, for measuring; --env-overrides=false as the agent does).
 // On SIGINT/SIGTERM it prints each client's state and the counters, then exits.
 package main
 
@@ -111,6 +113,8 @@ func run() error {
 		"put every client of a GPU in one claim ledger of this many bytes, contexts included (0: none; the agent names each client's claim)")
 	ctxReserve := flag.Uint64("context-reserve", scheduler.DefaultContextReserve,
 		"bytes charged to a claim ledger per process for its CUDA context")
+	envOverrides := flag.Bool("env-overrides", true,
+		"let the clients' environments loosen their pacing and waits (GPUSHARE_PACE_OVERRIDE, GPUSHARE_PACE_FULL_US, GPUSHARE_PACE_WAIT_MAX_MS, GPUSHARE_WAIT_TIMEOUT_MS, GPUSHARE_MEMREPLY_TIMEOUT_MS: for measuring; the agent never allows it)")
 	flag.Parse()
 	if *oppQueue == 0 || *oppQueue > math.MaxUint32 {
 		// 0 would read as "unbounded", which PACE 0 means; the configuration takes it as the default.
@@ -144,7 +148,8 @@ func run() error {
 			return scheduler.Claim{Key: "claim", Memory: *claimMem}, true
 		}
 	}
-	s, err := scheduler.New(scheduler.Options{GPUs: cfgs, Registerer: reg, RebuildWindow: *rebuild, Guards: guards})
+	s, err := scheduler.New(scheduler.Options{GPUs: cfgs, Registerer: reg, RebuildWindow: *rebuild, Guards: guards,
+		EnvOverrides: *envOverrides})
 	if err != nil {
 		return err
 	}
@@ -161,8 +166,9 @@ func run() error {
 	}
 	<-ctx.Done()
 	for _, c := range s.Snapshot() {
-		fmt.Fprintf(os.Stderr, "client gpu=%s id=%d pid=%d priority=%s holding=%t waits=%d wait=%s hold=%s grants=%d revocations=%d preemptions=%d\n",
-			c.GPU, c.ID, c.PID, c.Priority, c.Holding, c.Waits, c.WaitTime, c.HoldTime, c.Grants, c.Revocations, c.Preemptions)
+		fmt.Fprintf(os.Stderr, "client gpu=%s id=%d pid=%d priority=%s holding=%t waits=%d wait=%s hold=%s grants=%d revocations=%d preemptions=%d launch_bound=%d pacing=%s\n",
+			c.GPU, c.ID, c.PID, c.Priority, c.Holding, c.Waits, c.WaitTime, c.HoldTime, c.Grants, c.Revocations, c.Preemptions,
+			c.LaunchBound, c.PacingState)
 	}
 	for _, g := range s.GPUs() {
 		if g.Budget > 0 {

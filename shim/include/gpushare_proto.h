@@ -70,22 +70,42 @@
  * version 4 (or 3) scheduler closes the connection at a version 5 HELLO: the
  * shim then steps down to version 4, and to 3 if that is refused too.
  *
- * Version 6 makes a claim's memory one ledger (docs/shim.md, "Memory limit"). The agent knows each
- * client's pod and the sized claim(s) it holds on this GPU; the clients of the pods that share a claim
- * form one ledger of M bytes (the claim), counted as NVML counts it: each connected process is charged a
- * context reserve R, and their allocations together may reach total = M - n*R (n: the ledger's connected
- * processes). LEDGER (scheduler to client) comes right after WELCOME, always, in version 6 (flags 0: no
- * ledger, the client keeps its own GPUSHARE_MEMORY_LIMIT_BYTES alone), and again whenever the ledger's
- * total or granted bytes change. A client's grant is the part of the total it may allocate without
- * asking; CHARGE asks for at least that many bytes more, CHARGED answers it (the scheduler adds at least
- * a chunk, within the total, or refuses), RETURN gives bytes of the grant back (the client keeps at most
- * a couple of chunks unused). On a new connection the client announces its grant with RETURN flags HOLD
- * right after REJOIN (or after WELCOME's LEDGER on a first connection), before any CHARGE: the scheduler
- * accounts it even beyond the total (the memory is allocated) and refuses everything else until frees
- * bring the ledger back within it. A client's grant returns to the ledger when its connection ends.
- * The scheduler serves version 5 and older clients in their version (no LEDGER; they count in n and keep
- * their per-process limit). A version 5 scheduler closes the connection at a version 6 HELLO: the shim
- * steps down and keeps its per-process limit.
+ * Version 6 makes a claim's memory one ledger, waiting behind a live scheduler never a failure, and
+ * the launch bound visible (docs/shim.md, "Protocol", "Claim ledger", "Waiting and liveness", "Launch
+ * pacing"). A version 6 connection opens with WELCOME, then LEDGER (always), then POLICY (optional),
+ * before anything else.
+ *
+ * The claim ledger: the agent knows each client's pod and the sized claim(s) it holds on this GPU; the
+ * clients of the pods that share a claim form one ledger of M bytes (the claim), counted as NVML counts
+ * it: each connected process is charged a context reserve R, and their allocations together may reach
+ * total = M - n*R (n: the ledger's connected processes). LEDGER (scheduler to client) comes right after
+ * WELCOME, always (flags 0: no ledger, the client keeps its own GPUSHARE_MEMORY_LIMIT_BYTES alone), and
+ * again whenever the ledger's total or granted bytes change. A client's grant is the part of the total
+ * it may allocate without asking; CHARGE asks for at least that many bytes more, CHARGED answers it (the
+ * scheduler adds at least a chunk, within the total, or refuses), RETURN gives bytes of the grant back
+ * (the client keeps at most a couple of chunks unused). On a new connection the client announces its
+ * grant with RETURN flags HOLD right after REJOIN (or after WELCOME's LEDGER on a first connection),
+ * before any CHARGE: the scheduler accounts it even beyond the total (the memory is allocated) and
+ * refuses everything else until frees bring the ledger back within it. A client's grant returns to the
+ * ledger when its connection ends. Version 5 and older clients count in n and keep their per-process
+ * limit.
+ *
+ * Liveness: a client that waits for a GRANT sends PING now and then (after a quarter of its
+ * GPUSHARE_WAIT_TIMEOUT_MS without a message, at most every second); the scheduler answers PONG under
+ * the GPU's queue lock, so a wedged queue does not answer. Any message from the scheduler restarts the
+ * client's wait timer: the client passes through only after that long without a word.
+ *
+ * The environment's policy: POLICY (right after LEDGER; a scheduler that allows nothing need not send
+ * it) says what the pod's environment may change: without GS_POLICY_ENV_OVERRIDES the client ignores
+ * the environment settings that would weaken its pacing or its wait (GPUSHARE_PACE_OVERRIDE,
+ * GPUSHARE_PACE_FULL_US, GPUSHARE_PACE_WAIT_MAX_MS, GPUSHARE_WAIT_TIMEOUT_MS and
+ * GPUSHARE_MEMREPLY_TIMEOUT_MS take their defaults). PACING (client to scheduler) reports the launch
+ * bound in force and why, whenever either changes.
+ *
+ * The scheduler serves version 5 and older clients in their version. A version 5 scheduler closes the
+ * connection at a version 6 HELLO: the shim steps down as above and keeps that version's behaviour (its
+ * per-process memory limit, a wait timer that counts from the start of the wait, the environment's
+ * settings).
  */
 #ifndef GPUSHARE_PROTO_H
 #define GPUSHARE_PROTO_H
@@ -118,6 +138,10 @@
 #define GS_MSG_CHARGE 17u   /* c->s (v6): raise my grant by at least bytes */
 #define GS_MSG_CHARGED 18u  /* s->c (v6): answer to CHARGE: status, bytes added, the ledger */
 #define GS_MSG_RETURN 19u   /* c->s (v6): give bytes of my grant back; flags HOLD: my grant is bytes */
+#define GS_MSG_PING 20u     /* c->s (v6): a waiter asks whether the scheduler still answers */
+#define GS_MSG_PONG 21u     /* s->c (v6): the answer to PING (its seq) */
+#define GS_MSG_POLICY 22u   /* s->c (v6): right after WELCOME's LEDGER: GS_POLICY_* flags */
+#define GS_MSG_PACING 23u   /* c->s (v6): the launch bound in force and its GS_PACING_* state */
 
 /* Anti-thrashing modes (WELCOME.mode). */
 #define GS_MODE_AUTO 0u   /* concurrent while the working sets fit the budget together */
@@ -147,6 +171,15 @@
 /* RETURN.flags */
 #define GS_RETURN_HOLD 1u /* on a new connection: the grant this client holds (once, before any CHARGE) */
 
+/* POLICY.flags */
+#define GS_POLICY_ENV_OVERRIDES 1u /* the pod's environment may weaken pacing and waits (benchmarks) */
+
+/* PACING.state: where the bound in force comes from */
+#define GS_PACING_SCHEDULER 0u /* the scheduler's PACE (0: unbounded) */
+#define GS_PACING_OVERRIDE 1u  /* GPUSHARE_PACE_OVERRIDE, which the scheduler allowed */
+#define GS_PACING_BACKOFF 2u   /* off after a stall or a driver error; re-armed after a back-off */
+#define GS_PACING_OFF 3u       /* off for good: the driver lacks the event calls pacing needs */
+
 #define GS_PRIORITY_NORMAL 0u
 #define GS_PRIORITY_HIGH 1u
 
@@ -171,6 +204,10 @@
 #define GS_CHARGE_SIZE 28u
 #define GS_CHARGED_SIZE 52u
 #define GS_RETURN_SIZE 28u
+#define GS_PING_SIZE 16u
+#define GS_PONG_SIZE 16u
+#define GS_POLICY_SIZE 16u
+#define GS_PACING_SIZE 20u
 
 struct gs_header {
     uint32_t magic;
@@ -319,7 +356,26 @@ struct gs_return {
     uint64_t bytes; /* given back; with HOLD: the grant held */
 } __attribute__((packed));
 
+struct gs_ping { /* PING and PONG */
+    struct gs_header h;
+    uint32_t seq; /* PONG: the PING's */
+} __attribute__((packed));
+
+struct gs_policy {
+    struct gs_header h;
+    uint32_t flags; /* GS_POLICY_* */
+} __attribute__((packed));
+
+struct gs_pacing {
+    struct gs_header h;
+    uint32_t max_queued; /* the bound in force; 0: unbounded */
+    uint32_t state;      /* GS_PACING_* */
+} __attribute__((packed));
+
 #ifndef __cplusplus
+_Static_assert(sizeof(struct gs_ping) == GS_PING_SIZE && GS_PONG_SIZE == GS_PING_SIZE, "ping size");
+_Static_assert(sizeof(struct gs_policy) == GS_POLICY_SIZE, "policy size");
+_Static_assert(sizeof(struct gs_pacing) == GS_PACING_SIZE, "pacing size");
 _Static_assert(sizeof(struct gs_ledger) == GS_LEDGER_SIZE, "ledger size");
 _Static_assert(sizeof(struct gs_charge) == GS_CHARGE_SIZE, "charge size");
 _Static_assert(sizeof(struct gs_charged) == GS_CHARGED_SIZE, "charged size");

@@ -305,15 +305,20 @@ static CUresult ledger_more(uint64_t n)
         m.bytes = n;
         if (gs_gate_send(&m, GS_MSG_CHARGE, GS_CHARGE_SIZE) != 0)
             continue; /* not connected: the next round finds the ledger off */
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)gs_cfg.memreply_timeout_ms * 1000000ull;
-        ts.tv_sec += (time_t)(ns / 1000000000ull);
-        ts.tv_nsec = (long)(ns % 1000000000ull);
+        /* The timeout is read again at every wake: a CHARGE sent before the connection's POLICY was read
+         * waits as that POLICY says (gs_cap_policy_changed wakes it). */
+        uint64_t start = gs_now_ns();
         pthread_mutex_lock(&rep_mu);
         int timed_out = 0;
-        while (rep_seq != seq && atomic_load(&led_on) && !timed_out)
-            timed_out = pthread_cond_timedwait(&rep_cv, &rep_mu, &ts) != 0;
+        while (rep_seq != seq && atomic_load(&led_on)) {
+            uint64_t end = start + (uint64_t)gs_cfg.memreply_timeout_ms * 1000000ull;
+            if (gs_now_ns() >= end) {
+                timed_out = 1;
+                break;
+            }
+            struct timespec ts = {.tv_sec = (time_t)(end / 1000000000ull), .tv_nsec = (long)(end % 1000000000ull)};
+            pthread_cond_timedwait(&rep_cv, &rep_mu, &ts);
+        }
         uint32_t st = rep_seq == seq ? rep_status : GS_CHARGE_REFUSED;
         pthread_mutex_unlock(&rep_mu);
         if (timed_out) {
@@ -393,6 +398,14 @@ void gs_cap_ledger_stop(void)
     pthread_once(&rep_once, rep_init);
     pthread_mutex_lock(&rep_mu);
     pthread_cond_broadcast(&rep_cv); /* a waiting request goes on with the limit alone */
+    pthread_mutex_unlock(&rep_mu);
+}
+
+void gs_cap_policy_changed(void)
+{
+    pthread_once(&rep_once, rep_init);
+    pthread_mutex_lock(&rep_mu);
+    pthread_cond_broadcast(&rep_cv); /* a waiting CHARGE's timeout may be another one now */
     pthread_mutex_unlock(&rep_mu);
 }
 

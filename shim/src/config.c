@@ -9,6 +9,19 @@
 
 struct gs_config gs_cfg;
 
+/* Defaults of the (policy) settings (internal.h). */
+#define DEF_PACE_WAIT_MAX_MS 2000u
+#define DEF_PACE_FULL_US 100u
+#define DEF_WAIT_TIMEOUT_MS 600000u
+#define DEF_MEMREPLY_TIMEOUT_MS 10000u
+
+/* What the environment asks for the (policy) settings, and the policy last put in force (-1: none yet). */
+static struct {
+    int64_t pace_override;
+    uint32_t pace_wait_max_ms, pace_full_us, wait_timeout_ms, memreply_timeout_ms;
+} env;
+static int policy_allowed = -1;
+
 static uint32_t env_u32(const char *name, uint32_t def)
 {
     const char *v = getenv(name);
@@ -95,14 +108,10 @@ void gs_config_load(void)
     if (gs_cfg.idle_us < GS_IDLE_MIN_US)
         gs_cfg.idle_us = GS_IDLE_MIN_US; /* below the kernel's timer slack a shorter window is not kept */
     gs_cfg.connect_timeout_ms = env_u32("GPUSHARE_CONNECT_TIMEOUT_MS", 1000);
-    gs_cfg.wait_timeout_ms = env_u32("GPUSHARE_WAIT_TIMEOUT_MS", 600000);
     gs_cfg.reconnect_max_ms = env_u32("GPUSHARE_RECONNECT_MAX_MS", 1000);
     if (gs_cfg.reconnect_max_ms < 10)
         gs_cfg.reconnect_max_ms = 10;
     gs_cfg.restore_wait_ms = env_u32("GPUSHARE_RESTORE_WAIT_MS", 30000);
-    gs_cfg.memreply_timeout_ms = env_u32("GPUSHARE_MEMREPLY_TIMEOUT_MS", 10000);
-    if (gs_cfg.memreply_timeout_ms == 0)
-        gs_cfg.memreply_timeout_ms = 1; /* never unbounded */
     atomic_store(&gs_count_calls, gs_cfg.log_level >= GS_LOG_DEBUG);
 
     const char *ov = getenv("GPUSHARE_OVERSUB");
@@ -114,16 +123,63 @@ void gs_config_load(void)
     /* The container's memory claim, set per container by the DRA kubelet plugin (docs/shim.md). */
     gs_cfg.memory_limit = env_bytes("GPUSHARE_MEMORY_LIMIT_BYTES");
     /* For measuring: a launch bound in force whatever the scheduler says ("0": none at all). */
-    gs_cfg.pace_override = -1;
+    env.pace_override = -1;
     const char *po = getenv("GPUSHARE_PACE_OVERRIDE");
     if (po != NULL && *po != '\0')
-        gs_cfg.pace_override = env_u32("GPUSHARE_PACE_OVERRIDE", UINT32_MAX);
-    if (gs_cfg.pace_override == UINT32_MAX)
-        gs_cfg.pace_override = -1; /* malformed (warned about): the scheduler's bound */
-    gs_cfg.pace_wait_max_ms = env_u32("GPUSHARE_PACE_WAIT_MAX_MS", 2000);
-    if (gs_cfg.pace_wait_max_ms == 0)
-        gs_cfg.pace_wait_max_ms = 1; /* never unbounded */
+        env.pace_override = env_u32("GPUSHARE_PACE_OVERRIDE", UINT32_MAX);
+    if (env.pace_override == UINT32_MAX)
+        env.pace_override = -1; /* malformed (warned about): the scheduler's bound */
+    env.pace_wait_max_ms = env_u32("GPUSHARE_PACE_WAIT_MAX_MS", DEF_PACE_WAIT_MAX_MS);
+    if (env.pace_wait_max_ms == 0)
+        env.pace_wait_max_ms = 1; /* never unbounded */
     /* A paced launch that runs shorter than this counts as the fraction of a launch it runs (pace.c); 0:
      * each counts as one. 100 us: docs/qos.md measures 0 to 400. */
-    gs_cfg.pace_full_us = env_u32("GPUSHARE_PACE_FULL_US", 100);
+    env.pace_full_us = env_u32("GPUSHARE_PACE_FULL_US", DEF_PACE_FULL_US);
+    env.wait_timeout_ms = env_u32("GPUSHARE_WAIT_TIMEOUT_MS", DEF_WAIT_TIMEOUT_MS);
+    env.memreply_timeout_ms = env_u32("GPUSHARE_MEMREPLY_TIMEOUT_MS", DEF_MEMREPLY_TIMEOUT_MS);
+    if (env.memreply_timeout_ms == 0)
+        env.memreply_timeout_ms = 1; /* never unbounded */
+    policy_allowed = -1;
+    gs_config_env_policy(1, 0); /* until a scheduler of protocol 6 says otherwise: no scheduler enforces anything */
+}
+
+/* The (policy) settings as the environment asks them, and their defaults. A pod controls its environment;
+ * where the GPU's scheduler does not allow it (the agent's never does for pods, the standalone one for
+ * benchmarks does), a value that weakens the lock for the others is not taken: no bound or a looser one
+ * (PACE_OVERRIDE, a larger PACE_FULL_US), pacing given up sooner (a shorter PACE_WAIT_MAX_MS), the lock
+ * given up sooner (a shorter WAIT_TIMEOUT_MS: pass-through; a shorter MEMREPLY_TIMEOUT_MS: the connection
+ * dropped, the process unlocked until it reconnects). A stricter value is taken, like GPUSHARE_IDLE_US and
+ * GPUSHARE_QUANTUM_MS, which only ever make the process yield sooner. */
+void gs_config_env_policy(int allowed, int said)
+{
+    int weakened = 0;
+    char ignored[256] = "";
+#define TAKE(field, name, stricter)                                                                          \
+    do {                                                                                                     \
+        if (allowed || (stricter)) {                                                                         \
+            gs_cfg.field = env.field;                                                                        \
+        } else {                                                                                             \
+            gs_cfg.field = def_##field;                                                                      \
+            weakened = 1;                                                                                    \
+            snprintf(ignored + strlen(ignored), sizeof(ignored) - strlen(ignored), " %s=%lld", name,        \
+                     (long long)env.field);                                                                  \
+        }                                                                                                    \
+    } while (0)
+    const int64_t def_pace_override = -1;
+    const uint32_t def_pace_full_us = DEF_PACE_FULL_US, def_pace_wait_max_ms = DEF_PACE_WAIT_MAX_MS;
+    const uint32_t def_wait_timeout_ms = DEF_WAIT_TIMEOUT_MS, def_memreply_timeout_ms = DEF_MEMREPLY_TIMEOUT_MS;
+    TAKE(pace_override, "GPUSHARE_PACE_OVERRIDE", env.pace_override < 0);
+    TAKE(pace_full_us, "GPUSHARE_PACE_FULL_US", env.pace_full_us <= DEF_PACE_FULL_US);
+    TAKE(pace_wait_max_ms, "GPUSHARE_PACE_WAIT_MAX_MS", env.pace_wait_max_ms >= DEF_PACE_WAIT_MAX_MS);
+    TAKE(wait_timeout_ms, "GPUSHARE_WAIT_TIMEOUT_MS",
+         env.wait_timeout_ms == 0 || env.wait_timeout_ms >= DEF_WAIT_TIMEOUT_MS);
+    TAKE(memreply_timeout_ms, "GPUSHARE_MEMREPLY_TIMEOUT_MS", env.memreply_timeout_ms >= DEF_MEMREPLY_TIMEOUT_MS);
+#undef TAKE
+    if (weakened && said && policy_allowed != allowed)
+        gs_log(GS_LOG_WARN,
+               "the GPU scheduler does not let this pod's environment loosen the GPU lock; ignoring%s (their "
+               "defaults hold)",
+               ignored);
+    policy_allowed = said ? allowed : -1;
+    gs_pace_reapply();
 }

@@ -170,16 +170,19 @@ fail:
 static const char *lacks(uint16_t version)
 {
     if (version >= 5)
-        return "no claim ledger (the per-process memory limit alone)";
-    return version >= 4 ? "no scheduler idle window and no claim ledger"
-                        : "no launch pacing, no scheduler idle window and no claim ledger";
+        return "no claim ledger (the per-process memory limit alone), a wait counts from its start whatever the "
+               "scheduler says, and the environment's pacing settings hold";
+    return version >= 4 ? "no scheduler idle window and no claim ledger, and a wait counts from its start"
+                        : "no launch pacing, no scheduler idle window and no claim ledger, and a wait counts from its "
+                          "start";
 }
 
 /* Returns a connected, non-blocking socket that completed HELLO/WELCOME, or -1. The shim speaks
  * GS_PROTO_VERSION; a scheduler that closes the connection at that HELLO (an older one, which refuses
  * versions it does not know) is greeted again one version lower, down to GS_SHIM_MIN_VERSION, all within
- * the same deadline: the shim speaks the frames of each (a version 4 connection has no IDLE, a version 3
- * one neither IDLE nor PACE). Anything but such a close (no answer, a malformed one) ends the attempts. */
+ * the same deadline: the shim speaks the frames of each (a version 5 connection has no LEDGER, CHARGE,
+ * RETURN, PING, POLICY or PACING, a version 4 one no IDLE either, a version 3 one no PACE either).
+ * Anything but such a close (no answer, a malformed one) ends the attempts. */
 int gs_conn_open(struct gs_welcome *out)
 {
     uint64_t deadline = gs_now_ns() + (uint64_t)gs_cfg.connect_timeout_ms * 1000000ull;

@@ -16,7 +16,12 @@
  * release is deferred), and sends RELEASE.
  *
  * A scheduler that is absent at the first GPU call, or that breaks the
- * protocol, opens the gate for good: pass-through with one warning. One that
+ * protocol, opens the gate for good: pass-through with one warning. So does a
+ * wait for a grant longer than GPUSHARE_WAIT_TIMEOUT_MS without a word from the
+ * scheduler: on a connection of protocol 6 every message restarts that timer,
+ * and a waiter asks (PING) after a quarter of it in silence, at most every
+ * second, so a scheduler that answers is waited for however long production
+ * keeps the GPU; an older scheduler's wait counts from its start. One that
  * goes away after we connected (killed, restarted, its connection lost) is
  * reconnected by the background thread, with backoff; meanwhile the process
  * runs without the lock. On reconnection the thread quiesces the process
@@ -95,6 +100,12 @@ static struct {
     int was_held;            /* held the GPU when the connection ended (REJOIN says so) */
     uint64_t lost_ns;        /* when the connection ended */
     uint64_t reconnects;
+    /* liveness (protocol 6) */
+    uint64_t heard_ns;       /* the last message from the scheduler (connections of protocol 6 only) */
+    uint64_t ping_ns;        /* the last PING sent */
+    uint32_t ping_seq;
+    uint32_t pacing_sent[2]; /* the bound and state last reported (PACING); UINT32_MAX: none yet */
+    int policy_known;        /* protocol 6: POLICY came, or the first GRANT did without one */
 } st = {.fd = -1};
 
 static void cv_init(void)
@@ -204,6 +215,19 @@ static void lost_locked(const char *reason)
 static void *bg_main(void *arg);
 static void gs_gate_atexit(void);
 
+/* A connection is up in gs_conn_version(): a scheduler of protocol 6 says in POLICY what the pod's
+ * environment may change (until then it may change nothing); an older one never will, and the
+ * environment holds as before. Liveness counts from the WELCOME. mu held. */
+static void conn_started_locked(void)
+{
+    int v6 = gs_conn_version() >= 6;
+    st.heard_ns = v6 ? gs_now_ns() : 0;
+    st.ping_ns = 0;
+    st.pacing_sent[0] = st.pacing_sent[1] = UINT32_MAX;
+    st.policy_known = 0;
+    gs_config_env_policy(!v6, 0);
+}
+
 static void connect_locked(void)
 {
     char why[256];
@@ -228,6 +252,7 @@ static void connect_locked(void)
     st.quantum_ms = q;
     st.grace_ms = g;
     st.conn = CONN_UP;
+    conn_started_locked();
     gs_mm_configure(w.budget, w.mode);
     gs_cap_ledger_start(fd);
 
@@ -270,21 +295,26 @@ void gs_gate_wait(void)
                 st.acquire_sent = 1;
             }
             uint64_t now = gs_now_ns();
-            if (gs_cfg.wait_timeout_ms != 0 && now - start >= (uint64_t)gs_cfg.wait_timeout_ms * 1000000ull) {
-                passthrough_locked("no grant within GPUSHARE_WAIT_TIMEOUT_MS");
+            /* From the start of this wait or the scheduler's last word, whichever is later (heard_ns stays
+             * 0 on connections older than protocol 6: their waits count from the start). */
+            uint64_t since = st.heard_ns > start ? st.heard_ns : start;
+            uint64_t limit = (uint64_t)gs_cfg.wait_timeout_ms * 1000000ull;
+            if (limit != 0 && now - since >= limit) {
+                passthrough_locked(st.heard_ns != 0 ? "no word from the GPU scheduler within GPUSHARE_WAIT_TIMEOUT_MS "
+                                                      "while waiting for the GPU"
+                                                    : "no grant within GPUSHARE_WAIT_TIMEOUT_MS");
                 break;
             }
+            uint64_t nap = 1000000000ull;
+            if (!st.held && !st.acquire_sent && st.conn == CONN_UP)
+                nap = 10000000ull; /* backing off after a failed swap-in */
+            if (limit != 0 && since + limit - now + 1000000ull < nap)
+                nap = since + limit - now + 1000000ull; /* wake to look at the timer in time */
             struct timespec ts;
             clock_gettime(CLOCK_MONOTONIC, &ts);
-            if (!st.held && !st.acquire_sent && st.conn == CONN_UP) {
-                ts.tv_nsec += 10000000; /* backing off after a failed swap-in */
-                if (ts.tv_nsec >= 1000000000) {
-                    ts.tv_sec++;
-                    ts.tv_nsec -= 1000000000;
-                }
-            } else {
-                ts.tv_sec += 1;
-            }
+            uint64_t ns = (uint64_t)ts.tv_nsec + nap;
+            ts.tv_sec += (time_t)(ns / 1000000000ull);
+            ts.tv_nsec = (long)(ns % 1000000000ull);
             pthread_cond_timedwait(&cv, &mu, &ts);
         }
         pthread_mutex_unlock(&mu);
@@ -434,6 +464,10 @@ static uint32_t expected_size(uint16_t type)
         return gs_conn_version() >= 4 ? GS_PACE_SIZE : 0;
     case GS_MSG_IDLE:
         return gs_conn_version() >= 5 ? GS_IDLE_SIZE : 0;
+    case GS_MSG_PONG:
+        return gs_conn_version() >= 6 ? GS_PONG_SIZE : 0;
+    case GS_MSG_POLICY:
+        return gs_conn_version() >= 6 ? GS_POLICY_SIZE : 0;
     default:
         return gs_cap_msg_size(type, gs_conn_version()); /* the claim's ledger (cap.c) */
     }
@@ -458,6 +492,12 @@ static void on_message_locked(const unsigned char *m, uint16_t type)
         st.last_act = atomic_load(&gs_gate_word) >> 32;
         st.last_act_ns = now;
         st.grants++;
+        if (gs_conn_version() >= 6 && !st.policy_known) {
+            /* POLICY comes right after WELCOME's LEDGER or not at all: none before the first GRANT allows
+             * nothing (the agent's scheduler), which is now said once. */
+            st.policy_known = 1;
+            gs_config_env_policy(0, 1);
+        }
         gs_log(GS_LOG_DEBUG, "granted epoch %u (quantum %u ms, reservation %llu)", st.epoch, st.quantum_ms,
                (unsigned long long)g.resident);
         if (atomic_load(&gs_mm_on)) {
@@ -484,6 +524,15 @@ static void on_message_locked(const unsigned char *m, uint16_t type)
         struct gs_idle i;
         memcpy(&i, m, sizeof(i));
         sched_idle_set_locked(i.idle_us, 1);
+    } else if (type == GS_MSG_POLICY) {
+        struct gs_policy p;
+        memcpy(&p, m, sizeof(p));
+        st.policy_known = 1;
+        gs_config_env_policy((p.flags & GS_POLICY_ENV_OVERRIDES) != 0, 1);
+        pthread_cond_broadcast(&cv); /* a waiter's timer may be another one now */
+        gs_cap_policy_changed();
+    } else if (type == GS_MSG_PONG) {
+        /* Nothing more to do: its arrival restarted the wait timer (read_input_locked). */
     } else if (type == GS_MSG_MEMREPLY) {
         struct gs_memreply r;
         memcpy(&r, m, sizeof(r));
@@ -554,6 +603,8 @@ static int read_input_locked(int fd)
     }
     if (n > 0) {
         rhave += (size_t)n;
+        if (gs_conn_version() >= 6)
+            st.heard_ns = gs_now_ns(); /* the scheduler answers: a waiter's timer starts again */
         if (handle_input_locked(rbuf, &rhave) != 0) {
             passthrough_locked("protocol error from the GPU scheduler");
             return -1;
@@ -595,6 +646,50 @@ static struct timespec tick_locked(void)
     return (struct timespec){.tv_sec = 0, .tv_nsec = (long)us * 1000};
 }
 
+/* While this process waits for a grant on a connection of protocol 6: PING after a quarter of the wait
+ * timeout without a word from the scheduler (at most every second, at least every tick), so that a live
+ * scheduler's PONG restarts the timer before it runs out. Whoever answers is alive and serving this GPU's
+ * queue: the scheduler answers under the queue's lock. mu held. */
+static void ping_locked(int fd)
+{
+    if (gs_conn_version() < 6 || st.held || !st.acquire_sent || gs_cfg.wait_timeout_ms == 0)
+        return;
+    uint64_t every = (uint64_t)gs_cfg.wait_timeout_ms * 1000000ull / 4;
+    if (every > 1000000000ull)
+        every = 1000000000ull;
+    uint64_t now = gs_now_ns(), last = st.heard_ns > st.ping_ns ? st.heard_ns : st.ping_ns;
+    if (now - last < every)
+        return;
+    struct gs_ping p;
+    memset(&p, 0, sizeof(p));
+    p.seq = ++st.ping_seq;
+    st.ping_ns = now;
+    if (gs_conn_send_raw(fd, &p, GS_MSG_PING, GS_PING_SIZE) != 0)
+        lost_locked("cannot send to the GPU scheduler");
+}
+
+/* Tells a scheduler of protocol 6 the launch bound in force when it or its source changed (PACING). mu
+ * held. */
+static void report_pacing_locked(int fd)
+{
+    if (gs_conn_version() < 6 || st.conn != CONN_UP)
+        return;
+    uint32_t bound, state;
+    gs_pace_state(&bound, &state);
+    if (bound == st.pacing_sent[0] && state == st.pacing_sent[1])
+        return;
+    struct gs_pacing p;
+    memset(&p, 0, sizeof(p));
+    p.max_queued = bound;
+    p.state = state;
+    if (gs_conn_send_raw(fd, &p, GS_MSG_PACING, GS_PACING_SIZE) != 0) {
+        lost_locked("cannot send to the GPU scheduler");
+        return;
+    }
+    st.pacing_sent[0] = bound;
+    st.pacing_sent[1] = state;
+}
+
 /* Reads and acts on the scheduler's messages until the connection ends; returns with mu not held. */
 static void serve(int fd)
 {
@@ -619,6 +714,10 @@ static void serve(int fd)
         if (st.evict_pending)
             evict_locked();
         maybe_release_locked();
+        if (st.conn == CONN_UP && st.fd == fd) {
+            ping_locked(fd);
+            report_pacing_locked(fd);
+        }
         tick = tick_locked(); /* for the next wait, while mu is held anyway */
         pthread_mutex_unlock(&mu);
     }
@@ -738,6 +837,7 @@ static int reconnect_locked(void)
                 st.quantum_ms = w.quantum_ms;
                 st.grace_ms = w.grace_ms;
                 st.reconnects++;
+                conn_started_locked();
                 gs_pace_set(0, 0); /* until this scheduler sends a bound and an idle window of its own */
                 sched_idle_set_locked(0, 0);
                 gs_log(GS_LOG_WARN,

@@ -45,22 +45,30 @@ struct gs_config {
     uint32_t quantum_ms; /* 0: take the scheduler's; else min(ours, scheduler's) */
     uint32_t idle_us;          /* GPUSHARE_IDLE_US, else GPUSHARE_IDLE_MS x 1000: release after this long idle */
     uint32_t connect_timeout_ms;
-    uint32_t wait_timeout_ms; /* 0: wait for a grant as long as the scheduler lives */
+    /* The five settings below marked (policy) are in force as gs_config_env_policy last set them: the
+     * environment's value where the scheduler allows it or where it only makes the process stricter,
+     * else the default. Written by the background thread, read anywhere: atomic. */
+    _Atomic uint32_t wait_timeout_ms; /* (policy) 0: wait for a grant as long as the scheduler lives */
     uint32_t reconnect_max_ms;  /* backoff cap between reconnection attempts after the scheduler went away */
     uint32_t restore_wait_ms;   /* with memory swapped out and no scheduler: wait this long, then restore alone */
-    uint32_t memreply_timeout_ms; /* longest wait for a MEMREPLY before the connection is given up */
+    _Atomic uint32_t memreply_timeout_ms; /* (policy) longest wait for a MEMREPLY before the connection is given up */
     int log_level;
     char cuda_library[256];
     int oversub;              /* GPUSHARE_OVERSUB=1: back device memory with swappable VMM allocations */
     uint64_t budget_cap;      /* GPUSHARE_BUDGET_BYTES: at most this much of the scheduler's budget (0: all) */
     uint64_t memory_limit;    /* GPUSHARE_MEMORY_LIMIT_BYTES: most device memory the process may allocate (0: none) */
     uint64_t segment_bytes;   /* GPUSHARE_SEGMENT_MIB: cuMemAlloc above this swaps in segments (0: whole) */
-    int64_t pace_override;    /* GPUSHARE_PACE_OVERRIDE: the launch bound in force (0: none); -1: the scheduler's */
-    uint32_t pace_wait_max_ms; /* GPUSHARE_PACE_WAIT_MAX_MS: longest wait for the process's own work, then no pacing */
-    uint32_t pace_full_us;     /* GPUSHARE_PACE_FULL_US: a launch that runs this long counts as a whole one */
+    _Atomic int64_t pace_override;     /* (policy) GPUSHARE_PACE_OVERRIDE: the launch bound in force (0: none); -1: the scheduler's */
+    _Atomic uint32_t pace_wait_max_ms; /* (policy) GPUSHARE_PACE_WAIT_MAX_MS: longest wait for the process's own work, then no pacing */
+    _Atomic uint32_t pace_full_us;     /* (policy) GPUSHARE_PACE_FULL_US: a launch that runs this long counts as a whole one */
 };
 extern struct gs_config gs_cfg;
 void gs_config_load(void);
+/* Puts the (policy) settings in force: the environment's values when allowed (no scheduler, one older than
+ * protocol 6, or one whose POLICY allows it), else only those that make the process stricter, the others
+ * their defaults (said: the scheduler said so; one line then says which were ignored). Then the launch
+ * bound is applied again. */
+void gs_config_env_policy(int allowed, int said);
 
 /* ---- memory limit (cap.c): GPUSHARE_MEMORY_LIMIT_BYTES; every call below only when it is set ---- */
 enum { GS_CAP_PTR = 1, GS_CAP_HANDLE = 2, GS_CAP_MAP = 3 };
@@ -102,11 +110,13 @@ void gs_cap_atfork_child(void);
 /* The claim's ledger (protocol 6): the LEDGER read with a connection's WELCOME (conn.c); once the
  * connection is up (after REJOIN on a reconnection), start puts the process in it and announces what it
  * holds; stop when the connection ends (the limit alone until the next). Messages: size for the reader,
- * 0 for a type that is not the ledger's; on_message under the gate's mutex. */
+ * 0 for a type that is not the ledger's; on_message under the gate's mutex. policy_changed: the
+ * connection's POLICY was read (a waiting CHARGE's timeout follows it). */
 struct gs_ledger;
 void gs_cap_ledger_offer(const struct gs_ledger *l);
 void gs_cap_ledger_start(int fd);
 void gs_cap_ledger_stop(void);
+void gs_cap_policy_changed(void);
 uint32_t gs_cap_msg_size(uint16_t type, uint16_t version);
 void gs_cap_on_message(const unsigned char *msg, uint16_t type);
 /* nvml.c: NVML's memory queries under the limit; dlsym's answer for name (NULL: none). */
@@ -233,6 +243,9 @@ void gs_pace_forget_ctx(CUcontext ctx); /* before cuCtxDestroy: its events are d
 void gs_pace_forget_dev(CUdevice dev);  /* before a primary context's release or reset, the same */
 void gs_pace_log_stats(void);
 void gs_pace_atfork_child(void);
+void gs_pace_reapply(void); /* after GPUSHARE_PACE_OVERRIDE's value in force changed */
+/* The bound in force and where it comes from (GS_PACING_*), for the scheduler (PACING, protocol 6). */
+void gs_pace_state(uint32_t *max_queued, uint32_t *state);
 
 /* ---- scheduler connection (conn.c) ---- */
 /* The oldest protocol version the shim speaks: a scheduler that refuses GS_PROTO_VERSION is greeted one

@@ -30,9 +30,13 @@
  * a context go away, or a new bound (0) take effect, none of which a thread blocked inside the driver
  * could notice; and it waits only for work this process queued itself. If that work has not finished
  * after GPUSHARE_PACE_WAIT_MAX_MS (it may wait for something the process would do after this launch), or any
- * event call fails, pacing is turned off for the process with one warning: pacing never fails,
- * and never holds up for long, a launch of the application. A driver without cuEventElapsedTime times
- * nothing: every launch counts as one.
+ * event call fails, pacing is turned off for a back-off (BACKOFF_MIN_MS, doubling with each further stall
+ * up to BACKOFF_MAX_MS) and then re-armed: pacing never fails, and never holds up for long, a launch of
+ * the application, and one stall (a long kernel, an NCCL wait) does not free the process of its bound for
+ * good. A stalled process waits GPUSHARE_PACE_WAIT_MAX_MS at most once per back-off, so its stalls cost it
+ * at most 2 s in 62 s once the back-off is long. Only a driver without the event calls turns pacing off
+ * for good. The first turn-off is a warning, later ones debug lines; the scheduler learns each state
+ * (gs_pace_state, PACING). A driver without cuEventElapsedTime times nothing: every launch counts as one.
  *
  * Nothing is recorded or waited for while any stream of the process captures (gs_capturing): a
  * record on a capturing stream becomes part of the graph, and a capture forbids the queries; a
@@ -48,6 +52,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "gpushare_proto.h"
 #include "internal.h"
 
 #define MAX_OUTSTANDING 1024                 /* launches in flight per context, whatever the weights */
@@ -78,9 +83,17 @@ struct ring {
     struct slot s[RING];
 };
 
+#define BACKOFF_MIN_MS 1000u  /* pacing off after a first stall or driver error, then re-armed */
+#define BACKOFF_MAX_MS 60000u /* ... doubling with each further one up to this */
+
+enum { PACE_ON, PACE_BACKOFF, PACE_OFF };
+
 _Atomic uint32_t gs_pace_max;
 static _Atomic uint32_t sched_max; /* what the scheduler said last on this connection */
-static atomic_int pace_off;        /* turned off after a driver error or a stall */
+static atomic_int pace_off;        /* PACE_BACKOFF after a driver error or a stall, until rearm_ns; PACE_OFF for good */
+static _Atomic uint64_t rearm_ns;
+static uint32_t backoff_ms; /* the next back-off (0: BACKOFF_MIN_MS); under mu */
+static uint64_t turned_off; /* back-offs so far; under mu */
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static struct ring rings[MAX_RINGS];
@@ -90,17 +103,38 @@ static struct {
 } kinds[KINDS];
 static uint64_t paced, waited, wait_ns, ever, timed; /* under mu */
 
-/* The bound in force. Called under the gate's mutex for the scheduler's bound, and by whichever thread
- * turns pacing off: the second look at pace_off keeps a bound stored by the former from outliving the
- * latter's 0 (pace_off is set before that thread stores). */
+/* The bound in force. Called under the gate's mutex for the scheduler's bound and the environment's
+ * policy, and under mu by whichever thread turns pacing off or on again: apply_mu (a leaf) orders them, so
+ * that each store reflects the latest of the three inputs. */
+static pthread_mutex_t apply_mu = PTHREAD_MUTEX_INITIALIZER;
 static void apply(void)
 {
+    pthread_mutex_lock(&apply_mu);
+    /* pace_override is the value in force (config.c: the scheduler may not allow it). */
     uint32_t m = gs_cfg.pace_override >= 0 ? (uint32_t)gs_cfg.pace_override : atomic_load(&sched_max);
-    if (atomic_load(&pace_off))
-        m = 0;
+    if (atomic_load(&pace_off) == PACE_OFF)
+        m = 0; /* during a back-off the bound stays stored, so that launches come here and re-arm it */
     atomic_store(&gs_pace_max, m);
-    if (m != 0 && atomic_load(&pace_off))
-        atomic_store(&gs_pace_max, 0);
+    pthread_mutex_unlock(&apply_mu);
+}
+
+void gs_pace_reapply(void)
+{
+    apply();
+}
+
+void gs_pace_state(uint32_t *max_queued, uint32_t *state)
+{
+    int off = atomic_load(&pace_off);
+    *max_queued = off == PACE_ON ? atomic_load(&gs_pace_max) : 0;
+    if (off == PACE_OFF)
+        *state = GS_PACING_OFF;
+    else if (off == PACE_BACKOFF)
+        *state = GS_PACING_BACKOFF;
+    else if (gs_cfg.pace_override >= 0)
+        *state = GS_PACING_OVERRIDE;
+    else
+        *state = GS_PACING_SCHEDULER;
 }
 
 void gs_pace_init(void)
@@ -126,17 +160,43 @@ void gs_pace_set(uint32_t max_queued, int from_scheduler)
         gs_log(GS_LOG_INFO, "launch pacing: unbounded (the GPU scheduler's bound)");
 }
 
-/* For good, with one warning (r: the driver's error, or CUDA_SUCCESS for none). mu held. */
-static void turn_off_locked(const char *why, CUresult r)
+/* Off, with one warning the first time: for a back-off, or for good (r: the driver's error, or
+ * CUDA_SUCCESS for none). mu held. */
+static void turn_off_locked(const char *why, CUresult r, int for_good)
 {
-    if (atomic_exchange(&pace_off, 1))
+    if (atomic_load(&pace_off) != PACE_ON)
         return;
+    char until[64] = "";
+    if (for_good) {
+        atomic_store(&pace_off, PACE_OFF);
+    } else {
+        uint32_t b = backoff_ms == 0 ? BACKOFF_MIN_MS : backoff_ms;
+        backoff_ms = b * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : b * 2;
+        atomic_store(&rearm_ns, gs_now_ns() + (uint64_t)b * 1000000ull);
+        atomic_store(&pace_off, PACE_BACKOFF);
+        snprintf(until, sizeof(until), " for %.1f s", (double)b / 1000.0);
+    }
     apply();
+    int level = turned_off++ == 0 || for_good ? GS_LOG_WARN : GS_LOG_DEBUG;
     if (r != CUDA_SUCCESS)
-        gs_log(GS_LOG_WARN, "launch pacing off for this process: %s (error %d); launches go on unbounded", why,
+        gs_log(level, "launch pacing off for this process%s: %s (error %d); launches go on unbounded", until, why,
                (int)r);
     else
-        gs_log(GS_LOG_WARN, "launch pacing off for this process: %s; launches go on unbounded", why);
+        gs_log(level, "launch pacing off for this process%s: %s; launches go on unbounded", until, why);
+}
+
+/* After a back-off: pacing on again (the scheduler's bound in force comes back). Any thread, mu not held. */
+static void maybe_rearm(void)
+{
+    if (atomic_load(&pace_off) != PACE_BACKOFF || gs_now_ns() < atomic_load(&rearm_ns))
+        return;
+    pthread_mutex_lock(&mu);
+    if (atomic_load(&pace_off) == PACE_BACKOFF) {
+        atomic_store(&pace_off, PACE_ON);
+        apply();
+        gs_log(GS_LOG_DEBUG, "launch pacing on again after its back-off");
+    }
+    pthread_mutex_unlock(&mu);
 }
 
 /* Destroys a ring's events (their context still exists) and frees it. mu held. */
@@ -168,7 +228,7 @@ static struct ring *ring_for(CUcontext ctx)
         return NULL;
     if (REAL(cuEventCreate) == NULL || REAL(cuEventRecord) == NULL || REAL(cuEventQuery) == NULL ||
         REAL(cuEventDestroy_v2) == NULL || REAL(cuCtxGetDevice) == NULL) {
-        turn_off_locked("the CUDA driver lacks the event calls it needs", CUDA_SUCCESS);
+        turn_off_locked("the CUDA driver lacks the event calls it needs", CUDA_SUCCESS, 1);
         return NULL;
     }
     if (!gs_unsafe_begin())
@@ -244,7 +304,7 @@ static int retire_locked(struct ring *g)
             if (r == CUDA_ERROR_NOT_READY)
                 break;
             if (r != CUDA_SUCCESS) {
-                turn_off_locked("cuEventQuery failed", r);
+                turn_off_locked("cuEventQuery failed", r, 0);
                 return -1;
             }
             g->done = s;
@@ -285,7 +345,7 @@ static int reserve_locked(struct ring *g, int idx, uint64_t key, uint8_t w, stru
         gs_unsafe_end();
         if (r != CUDA_SUCCESS) {
             g->ev[s] = NULL;
-            turn_off_locked("cuEventCreate failed", r);
+            turn_off_locked("cuEventCreate failed", r, 0);
             return 0;
         }
     }
@@ -301,8 +361,11 @@ static int reserve_locked(struct ring *g, int idx, uint64_t key, uint8_t w, stru
 int gs_pace_before(struct gs_pace_ticket *t, uint64_t key)
 {
     t->slot = -1;
-    if (atomic_load_explicit(&pace_off, memory_order_relaxed))
-        return 0;
+    if (atomic_load_explicit(&pace_off, memory_order_relaxed) != PACE_ON) {
+        maybe_rearm();
+        if (atomic_load(&pace_off) != PACE_ON)
+            return 0;
+    }
     CUcontext ctx = NULL;
     gs_fn_cuCtxGetCurrent current = REAL(cuCtxGetCurrent);
     if (current == NULL || current(&ctx) != CUDA_SUCCESS || ctx == NULL)
@@ -354,7 +417,7 @@ int gs_pace_before(struct gs_pace_ticket *t, uint64_t key)
                      "this process's own GPU work did not finish within GPUSHARE_PACE_WAIT_MAX_MS=%u ms of waiting "
                      "(it may wait for something the process does later)",
                      gs_cfg.pace_wait_max_ms);
-            turn_off_locked(why, CUDA_SUCCESS);
+            turn_off_locked(why, CUDA_SUCCESS, 0);
             break;
         }
         pthread_mutex_unlock(&mu);
@@ -391,7 +454,7 @@ void gs_pace_after(const struct gs_pace_ticket *t, CUstream s, CUresult launched
             if (r == CUDA_SUCCESS)
                 ok = 1;
             else
-                turn_off_locked("cuEventRecord failed", r);
+                turn_off_locked("cuEventRecord failed", r, 0);
         }
         g->s[t->slot].stream = s;
         g->s[t->slot].state = ok ? SLOT_RECORDED : SLOT_VOID;
@@ -420,13 +483,14 @@ void gs_pace_forget_dev(CUdevice dev)
 void gs_pace_log_stats(void)
 {
     pthread_mutex_lock(&mu);
-    uint64_t p = paced, w = waited, ns = wait_ns, e = ever, k = timed;
+    uint64_t p = paced, w = waited, ns = wait_ns, e = ever, k = timed, off = turned_off;
     pthread_mutex_unlock(&mu);
     if (e)
         gs_log(GS_LOG_INFO,
                "launch pacing: %llu launches paced, %llu waited for earlier work, %.3f s waiting in all; %llu kinds "
-               "of launch timed",
-               (unsigned long long)p, (unsigned long long)w, (double)ns / 1e9, (unsigned long long)k);
+               "of launch timed; %llu back-offs",
+               (unsigned long long)p, (unsigned long long)w, (double)ns / 1e9, (unsigned long long)k,
+               (unsigned long long)off);
 }
 
 /* The child of fork() has none of the parent's contexts (CUDA does not survive fork) and is a new
@@ -435,11 +499,13 @@ void gs_pace_log_stats(void)
 void gs_pace_atfork_child(void)
 {
     pthread_mutex_init(&mu, NULL);
+    pthread_mutex_init(&apply_mu, NULL);
     for (int i = 0; i < MAX_RINGS; i++)
         if (rings[i].ctx != NULL) /* the others were never touched: left so, their pages stay shared */
             memset(&rings[i], 0, sizeof(rings[i]));
-    paced = waited = wait_ns = ever = 0; /* the estimates stay: the same kernels run as long in the child */
+    paced = waited = wait_ns = ever = turned_off = 0; /* the estimates stay: the same kernels run as long in the child */
+    backoff_ms = 0;
     atomic_store(&sched_max, 0);
-    atomic_store(&pace_off, 0);
+    atomic_store(&pace_off, PACE_ON);
     apply();
 }

@@ -25,6 +25,10 @@
  *                          procs=N-1 other processes (default none); CHARGE is answered as the agent's
  *                          scheduler does (at least a chunk, within claim - procs*reserve)
  *     stall_charge=1       never answer a CHARGE (the client must give up in its own time)
+ *     policy=F             POLICY flags=F right after WELCOME's LEDGER (before PACE), to clients of version 6 and
+ *                          later (default 1: the environment may loosen pacing and waits; -1: no POLICY)
+ *     grant=0              never answer an ACQUIRE (production keeps the GPU without a gap)
+ *     pong=0               never answer a PING (a scheduler that no longer serves the queue)
  * Every message it gets or sends is a line on stdout: "got ACQUIRE need=N", "sent EVICT", "got USAGE
  * reason=R resident=N swapped=N", ...
  */
@@ -75,10 +79,11 @@ static void send_msg(int fd, void *m, uint16_t type, uint32_t size)
         fprintf(stderr, "fake_sched: send failed: %s\n", strerror(errno));
 }
 
-/* PACE or IDLE: a header and one 32-bit value, laid out alike. */
+/* PACE, IDLE, PONG or POLICY: a header and one 32-bit value, laid out alike. */
 _Static_assert(sizeof(struct gs_pace) == sizeof(struct gs_idle) &&
-                   offsetof(struct gs_pace, max_queued) == offsetof(struct gs_idle, idle_us),
-               "PACE and IDLE share a layout");
+                   offsetof(struct gs_pace, max_queued) == offsetof(struct gs_idle, idle_us) &&
+                   sizeof(struct gs_pace) == sizeof(struct gs_ping) && sizeof(struct gs_pace) == sizeof(struct gs_policy),
+               "PACE, IDLE, PONG and POLICY share a layout");
 static void send_value(int fd, uint16_t type, uint32_t v, const char *said)
 {
     struct gs_pace m;
@@ -117,6 +122,9 @@ int main(int argc, char **argv)
     uint64_t procs = strtoull(arg(argc, argv, "procs", "1"), NULL, 10);
     int stall_charge = atoi(arg(argc, argv, "stall_charge", "0"));
     uint64_t grant = 0, ledger_total = claim > procs * reserve ? claim - procs * reserve : 0;
+    int policy = atoi(arg(argc, argv, "policy", "1"));
+    int answer_acquire = atoi(arg(argc, argv, "grant", "1"));
+    int pong = atoi(arg(argc, argv, "pong", "1"));
 
     int ls = socket(AF_UNIX, SOCK_STREAM, 0);
     struct sockaddr_un a;
@@ -207,10 +215,24 @@ int main(int argc, char **argv)
                     send_msg(fd, &l, GS_MSG_LEDGER, GS_LEDGER_SIZE);
                     say("sent LEDGER total=%llu\n", l.total, 0, 0);
                 }
+                if (policy >= 0 && client_version >= 6)
+                    send_value(fd, GS_MSG_POLICY, (uint32_t)policy, "sent POLICY flags=%llu\n");
                 if (pace != NULL && (client_version >= 4 || pace_any))
                     send_value(fd, GS_MSG_PACE, (uint32_t)strtoul(pace, NULL, 10), "sent PACE max_queued=%llu\n");
                 if (idle != NULL && (client_version >= 5 || idle_any))
                     send_value(fd, GS_MSG_IDLE, (uint32_t)strtoul(idle, NULL, 10), "sent IDLE idle_us=%llu\n");
+            } else if (h.type == GS_MSG_PING) {
+                struct gs_ping q;
+                memcpy(&q, m, sizeof(q));
+                say("got PING seq=%llu\n", q.seq, 0, 0);
+                if (pong)
+                    send_value(fd, GS_MSG_PONG, q.seq, "sent PONG seq=%llu\n");
+            } else if (h.type == GS_MSG_PACING) {
+                struct gs_pacing q;
+                memcpy(&q, m, sizeof(q));
+                say("got PACING max_queued=%llu state=%llu\n", q.max_queued, q.state, 0);
+            } else if (h.type == GS_MSG_ACQUIRE && !answer_acquire) {
+                say("got ACQUIRE; not granting\n", 0, 0, 0);
             } else if (h.type == GS_MSG_ACQUIRE) {
                 struct gs_acquire q;
                 memcpy(&q, m, sizeof(q));

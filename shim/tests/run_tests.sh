@@ -444,7 +444,7 @@ for mode in ctxgone primary; do
     fi
 done
 
-# 21. An event call that fails turns pacing off with one warning; no launch fails (the GPU held: all
+# 21. An event call that fails turns pacing off (for a back-off) with one warning; no launch fails (the GPU held: all
 # 64 are made while none ran).
 for call in create record query; do
     D=$TMP/pacefail$call
@@ -453,7 +453,7 @@ for call in create record query; do
     ok=1
     wait_for 20 grep -q "launched 64" "$D/out" || ok=0
     finish_paced "$D" || ok=0
-    n=$(grep -c "launch pacing off for this process: cuEvent" "$D/err" || true)
+    n=$(grep -c "launch pacing off for this process for 1.0 s: cuEvent" "$D/err" || true)
     if [ "$ok" = 1 ] && [ "$n" = 1 ] && grep -q "client done" "$D/out"; then
         pass "a failing cuEvent $call turns pacing off with one warning; every launch succeeds"
     else
@@ -490,7 +490,7 @@ else
     fail "pacing under threads" "max=$m $out"
 fi
 
-# 24. A scheduler of protocol 3 closes the connection at a version 5 HELLO and at a version 4 one: the
+# 24. A scheduler of protocol 3 closes the connection at a version 6, 5 and 4 HELLO: the
 # shim steps down to version 3 and runs under its lock as before (every frame in version 3, or the
 # scheduler drops it), without pacing (all 64 launches made while none ran).
 D=$TMP/v3
@@ -619,7 +619,7 @@ idle_case idle 20000 GPUSHARE_IDLE_MS=600000 "the GPU scheduler asks for an idle
 idle_case idleown 600000000 GPUSHARE_IDLE_US=20000 "after 600000000 us; this process's shorter window of 20000 us holds" \
     "IDLE of 10 minutes: a client whose own window is 20 ms keeps its own and releases while it lingers"
 
-# 28. A scheduler of protocol 4 closes the connection at a version 5 HELLO: the shim greets it again in
+# 28. A scheduler of protocol 4 closes the connection at a version 6 and a version 5 HELLO: the shim greets it again in
 # version 4, is paced by it (PACE) and takes its lock, and says the connection has no scheduler idle
 # window; the fake sends no IDLE to a version 4 client.
 D=$TMP/v4
@@ -631,7 +631,7 @@ if grep -q "client done" <<<"$out" && [ "$hellos" = "got HELLO version=6 refused
     grep -q "sent PACE max_queued=4" "$D/sched.log" && grep -q "got ACQUIRE" "$D/sched.log" &&
     ! grep -q "sent IDLE" "$D/sched.log" && ! grep -q "changed protocol version" "$D/sched.log" &&
     grep -q "at most 4 launches outstanding (the GPU scheduler's bound)" <<<"$out" &&
-    grep -q "speaks protocol 4 .*: no scheduler idle window and no claim ledger\$" <<<"$out" && ! grep -q "GPU lock disabled" <<<"$out"; then
+    grep -q "speaks protocol 4 .*: no scheduler idle window and no claim ledger, and a wait counts from its start\$" <<<"$out" && ! grep -q "GPU lock disabled" <<<"$out"; then
     pass "a protocol 4 scheduler: the shim falls back to version 4, paced and under its lock, without its idle window"
 else
     fail "protocol 4 scheduler" "hellos=$hellos $(cat "$D/sched.log") $out"
@@ -728,6 +728,139 @@ if grep -q "ledger fill total=1073741824 free=1073741824 got=1073741824 over=2" 
 else
     fail "claim ledger against a protocol 5 scheduler" "$out $(cat "$D/sched.log")"
 fi
+
+# --- Waiting behind a scheduler that answers (protocol 6) ---
+# 33. Long load: the scheduler never grants (production keeps the GPU without a gap) but answers; a waiter
+# with GPUSHARE_WAIT_TIMEOUT_MS=300 asks (PING) when it heard nothing for a quarter of that and never
+# passes through: 12 answered PINGs span three timeouts and more, and not one of its launches ran. Once the
+# scheduler stops answering (SIGSTOP: alive, but not serving), the waiter passes through within the
+# timeout of its last answer (at least 300 ms less the 75 ms between PINGs) with one warning and completes; killed, the scheduler's connection ends and a waiter runs without
+# the lock at once (checked against the real scheduler: TestWaiterBehindGaplessProduction...).
+D=$TMP/longload
+mkdir -p "$D"
+start_fake "$D" grant=0
+run_client GPUSHARE_SOCKET="$D/s.sock" GPUSHARE_WAIT_TIMEOUT_MS=300 GPUSHARE_STUB_TRACE="$D/trace" \
+    timeout 30 "$CLIENT" dlsym 5 >"$D/out" 2>"$D/err" &
+CPID=$!
+ok=1
+pongs() { grep -c "sent PONG" "$D/sched.log" || true; }
+answered() { [ "$(pongs)" -ge 12 ]; }
+wait_for 20 answered || ok=0
+passed_early=0
+if grep -q "GPU lock disabled" "$D/err" || grep -q "client done" "$D/out" || grep -q "cuLaunch" "$D/trace" 2>/dev/null; then
+    passed_early=1
+fi
+kill -STOP "$FAKE"
+t0=$(date +%s%N)
+wait_for 20 grep -q "client done" "$D/out" || ok=0
+ms=$((($(date +%s%N) - t0) / 1000000))
+kill -CONT "$FAKE"
+wait "$CPID" || ok=0
+n=$(grep -c "GPU lock disabled" "$D/err" || true)
+if [ "$ok" = 1 ] && [ "$passed_early" = 0 ] && [ "$n" = 1 ] &&
+    grep -q "no word from the GPU scheduler within GPUSHARE_WAIT_TIMEOUT_MS" "$D/err" && [ "$ms" -ge 200 ]; then
+    pass "a waiter behind a scheduler that answers never passes through ($(pongs) answers); it does ${ms} ms after the scheduler stops answering"
+else
+    fail "waiting behind a live scheduler" "ok=$ok early=$passed_early n=$n ms=$ms $(cat "$D/out" "$D/err")"
+fi
+stop_fake
+
+# 34. A scheduler that never answers a PING: the waiter passes through after GPUSHARE_WAIT_TIMEOUT_MS.
+D=$TMP/nopong
+mkdir -p "$D"
+start_fake "$D" grant=0 pong=0
+out=$(run_client GPUSHARE_SOCKET="$D/s.sock" GPUSHARE_WAIT_TIMEOUT_MS=300 timeout 20 "$CLIENT" dlsym 5 2>&1 || true)
+if grep -q "client done" <<<"$out" && grep -q "got PING" "$D/sched.log" &&
+    grep -q "no word from the GPU scheduler within GPUSHARE_WAIT_TIMEOUT_MS" <<<"$out"; then
+    pass "a scheduler that does not answer its waiter's PING: pass-through after the wait timeout"
+else
+    fail "unanswered PING" "$(cat "$D/sched.log") $out"
+fi
+stop_fake
+
+# 35. A scheduler of protocol 5 (no PING): the wait counts from its start, as it did; no PING is sent.
+D=$TMP/v5wait
+mkdir -p "$D"
+start_fake "$D" version=5 grant=0
+out=$(run_client GPUSHARE_SOCKET="$D/s.sock" GPUSHARE_WAIT_TIMEOUT_MS=300 GPUSHARE_LOG_LEVEL=info timeout 20 "$CLIENT" dlsym 5 2>&1 || true)
+if grep -q "client done" <<<"$out" && ! grep -q "got PING" "$D/sched.log" && ! grep -q "changed protocol version" "$D/sched.log" &&
+    grep -q "no grant within GPUSHARE_WAIT_TIMEOUT_MS" <<<"$out" && grep -q "speaks protocol 5" <<<"$out"; then
+    pass "a protocol 5 scheduler: the shim steps down, sends no PING, and its wait counts from the start"
+else
+    fail "protocol 5 wait" "$(cat "$D/sched.log") $out"
+fi
+stop_fake
+
+# --- Pacing that holds (protocol 6) ---
+# 36. A stall turns the bound off for a back-off, not for good: under PACE 4 with work that never runs,
+# the launch waits GPUSHARE_PACE_WAIT_MAX_MS (300 ms), pacing goes off for 1 s (PACING reports the
+# back-off), the 16 launches go on; after the back-off the bound holds again (the next 16 stop at 4
+# outstanding once the first ran) and PACING says so.
+D=$TMP/rearm
+mkdir -p "$D"
+start_fake "$D" pace=4
+run_paced "$D" GPUSHARE_SOCKET="$D/s.sock" GPUSHARE_PACE_WAIT_MAX_MS=300 PACE_CLIENT_THEN="$D/then" "$PACE" launch kernel 16
+ok=1
+wait_for 20 waits_at "$D/trace" 4 1 || ok=0
+wait_for 20 grep -q "launched 16" "$D/out" || ok=0
+wait_for 20 grep -q "got PACING max_queued=0 state=2" "$D/sched.log" || ok=0
+echo 16 >"$D/run"
+sleep 1.2 # the back-off: 1 s from the stall, which ended before "launched 16"
+w0=$(polls_waiting "$D/trace")
+: >"$D/then"
+rearmed() { [ "$(launches_made "$D/trace")" = 20 ] && [ "$(polls_waiting "$D/trace")" -gt "$w0" ]; }
+wait_for 20 rearmed || ok=0
+finish_paced "$D" || ok=0
+reports=$(grep "got PACING" "$D/sched.log" | tr '\n' ' ')
+if [ "$ok" = 1 ] && grep -q "launch pacing off for this process for 1.0 s" "$D/err" &&
+    [ "$reports" = "got PACING max_queued=4 state=0 got PACING max_queued=0 state=2 got PACING max_queued=4 state=0 " ]; then
+    pass "a stall turns pacing off for a back-off; then the bound holds again, and the scheduler hears each state"
+else
+    fail "pacing re-armed" "ok=$ok made=$(launches_made "$D/trace") reports=$reports $(cat "$D/out" "$D/err")"
+fi
+stop_fake
+
+# 37. Where the scheduler does not allow it (no POLICY, as the agent's), GPUSHARE_PACE_OVERRIDE=0 is ignored
+# with one warning and the scheduler's bound holds (the thread stops at 4), and PACING says so; a stricter
+# setting (GPUSHARE_PACE_WAIT_MAX_MS above the default) is taken without a word.
+D=$TMP/policy
+mkdir -p "$D"
+start_fake "$D" pace=4 policy=-1
+run_paced "$D" GPUSHARE_SOCKET="$D/s.sock" GPUSHARE_PACE_OVERRIDE=0 "$PACE" launch kernel 16
+ok=1
+wait_for 20 waits_at "$D/trace" 4 1 || ok=0
+finish_paced "$D" || ok=0
+n=$(grep -c "does not let this pod's environment loosen the GPU lock; ignoring GPUSHARE_PACE_OVERRIDE=0 (" "$D/err" || true)
+if [ "$ok" = 1 ] && [ "$n" = 1 ] && [ "$(max_outstanding "$D/trace")" = 4 ] &&
+    grep -q "got PACING max_queued=4 state=0" "$D/sched.log" && ! grep -q "state=1" "$D/sched.log" &&
+    ! grep -q "PACE_WAIT_MAX_MS" "$D/err"; then
+    pass "no POLICY: GPUSHARE_PACE_OVERRIDE=0 is ignored with one warning, the scheduler's bound holds"
+else
+    fail "override not allowed" "ok=$ok n=$n max=$(max_outstanding "$D/trace") $(cat "$D/sched.log" "$D/err")"
+fi
+stop_fake
+start_fake "$D" pace=4 policy=0
+out=$(run_client GPUSHARE_SOCKET="$D/s.sock" GPUSHARE_WAIT_TIMEOUT_MS=5 GPUSHARE_PACE_FULL_US=100000 GPUSHARE_MEMREPLY_TIMEOUT_MS=1 \
+    timeout 20 "$CLIENT" dlsym 5 2>&1 || true)
+if grep -q "client done" <<<"$out" &&
+    grep -q "ignoring GPUSHARE_PACE_FULL_US=100000 GPUSHARE_WAIT_TIMEOUT_MS=5 GPUSHARE_MEMREPLY_TIMEOUT_MS=1 (" <<<"$out"; then
+    pass "POLICY 0: a shorter wait timeout or MEMREPLY timeout and a looser weighing are ignored"
+else
+    fail "loosening settings not allowed" "$out"
+fi
+stop_fake
+# ... and where it allows them (POLICY 1, the standalone scheduler) the override holds and is reported.
+start_fake "$D" pace=4 policy=1
+run_paced "$D" GPUSHARE_SOCKET="$D/s.sock" GPUSHARE_PACE_OVERRIDE=0 "$PACE" launch kernel 16
+ok=1
+wait_for 20 grep -q "launched 16" "$D/out" || ok=0
+finish_paced "$D" || ok=0
+if [ "$ok" = 1 ] && grep -q "got PACING max_queued=0 state=1" "$D/sched.log" && ! grep -q "loosen the GPU lock" "$D/err"; then
+    pass "POLICY 1: GPUSHARE_PACE_OVERRIDE=0 holds and the scheduler hears it (state Override)"
+else
+    fail "override allowed" "ok=$ok $(cat "$D/sched.log" "$D/err")"
+fi
+stop_fake
 
 if [ "$fails" -ne 0 ]; then
     echo "$fails shim test(s) failed"

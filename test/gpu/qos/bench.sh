@@ -25,9 +25,21 @@
 #               launch weighed by its run time, GPUSHARE_PACE_FULL_US, the shim's default; gs-solo-fN: N us,
 #               gs-solo-f0: each launch counts as one): what the bound itself costs the trainer
 # Production serves ResNet-50 and BERT-base (batch 8, fp16) to Poisson arrivals at 30% and 70% load (load =
-# rate x solo service time), REPS times each; per configuration it prints p50/p99 against alone (median
-# of the repetitions, with min-max) and the trainers' throughput against solo, and whether production's
-# outputs and the trainer's first losses are bit-identical to their runs alone.
+# rate x solo service time, CPU side included), REPS times each; per configuration it prints p50/p99
+# against alone (median of the repetitions, with min-max), the trainers' throughput against solo and
+# against the idle share production leaves (1 - its GPU-busy fraction alone, from CUDA events around each
+# request's GPU work: the most a trainer can have where one context runs at a time), and whether
+# production's outputs and the trainer's first losses are bit-identical to their runs alone.
+# TRAINER picks the opportunistic job: resnet50 (batch 128, 224 px, fp16 autocast; the default) or
+# resnet50-160 (batch 64, 160 px, fp32: shorter kernels). Run both before comparing modes: the ranking
+# depends on the trainer's kernel lengths.
+#
+# One GPU command may run 10 minutes; REPS=3 with more than three configurations takes longer. Run it
+# detached and poll, each a command of its own (the machine stays up between them; OUT is kept):
+#   setsid nohup make bench-qos REPS=3 CONFIGS="..." OUT=/tmp/q >/tmp/q.out 2>&1 < /dev/null & echo started
+#   sleep 540; tail -3 /tmp/q/bench.log                      # again until "== results" is there
+#   cp /tmp/q/bench.log /tmp/q/logs.tgz "$OUT"/               # bring the log and the raw results back
+# or split CONFIGS over several runs (each repeats alone and solo, the baselines its ratios are against).
 #
 # No Go on the GPU machine: build the standalone scheduler elsewhere and carry it along:
 #   go build -o shim/build/gpushare-scheduler ./cmd/gpushare-scheduler
@@ -48,6 +60,12 @@ PACE=${PACE:-3}
 IDLE_US=${IDLE_US:-} # production's own idle window, in us; only one shorter than the scheduler's 1 ms holds
 MODELS=${MODELS:-resnet50 bert} # a subset for a focused sweep
 LOADS=${LOADS:-0.3 0.7}
+TRAINER=${TRAINER:-resnet50}
+case $TRAINER in
+resnet50) TRAIN_ARGS="" ;;
+resnet50-160) TRAIN_ARGS="--batch 64 --size 160 --fp32" ;;
+*) echo "unknown TRAINER $TRAINER (resnet50 or resnet50-160)"; exit 1 ;;
+esac
 mkdir -p "$OUT"
 T=$(mktemp -d /tmp/gs-qos.XXXXXX)
 exec > >(tee "$OUT/bench.log") 2>&1
@@ -63,7 +81,7 @@ cleanup() {
 trap cleanup EXIT
 
 echo "# bench-qos $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader -i 0)"
-echo "# command: make bench-qos REPS=$REPS SECONDS_PER_PHASE=$SECONDS_PER_PHASE CONFIGS=\"$CONFIGS\" QOS_MPS_THREADS=$QOS_MPS_THREADS QUANTUM=$QUANTUM PACE=$PACE IDLE_US=$IDLE_US MODELS=\"$MODELS\" LOADS=\"$LOADS\""
+echo "# command: make bench-qos REPS=$REPS SECONDS_PER_PHASE=$SECONDS_PER_PHASE CONFIGS=\"$CONFIGS\" QOS_MPS_THREADS=$QOS_MPS_THREADS QUANTUM=$QUANTUM PACE=$PACE IDLE_US=$IDLE_US MODELS=\"$MODELS\" LOADS=\"$LOADS\" TRAINER=$TRAINER"
 python3 -c 'import torch; print("# torch", torch.__version__, "cuda", torch.version.cuda)'
 nvidia-smi --query-gpu=compute_mode,memory.used --format=csv -i 0
 make -s -C "$ROOT/shim" all || exit 1
@@ -86,7 +104,7 @@ run_config() {
 	mkdir -p "$d"
 	local pids=()
 	for i in $(seq 1 "$trainers"); do
-		env $tenv timeout 900 python3 "$HERE/train.py" --out "$d/train$i.json" --ready "$d/train$i.ready" $targs \
+		env $tenv timeout 900 python3 "$HERE/train.py" --out "$d/train$i.json" --ready "$d/train$i.ready" $TRAIN_ARGS $targs \
 			>"$d/train$i.log" 2>&1 &
 		pids+=($!)
 	done

@@ -8,8 +8,13 @@ Each phase is model:load:rep. Its arrivals are Poisson at rate = load / service 
 answers them in order (a request that arrives while another runs queues); each model's forward pass is
 a CUDA graph replayed per request, as inference servers run small batches, and a request's latency is
 from its arrival to its result being on the host: queueing included, as a client sees it. Each phase
-prints one JSON line: p50, p99, mean, the requests and an output digest (the same fixed inputs every
-request, so the digest must equal the alone run's bit for bit where the kernels are the same).
+prints one JSON line: p50, p99, mean, the requests, an output digest (the same fixed inputs every
+request, so the digest must equal the alone run's bit for bit where the kernels are the same) and
+gpu_busy: the fraction of the phase production's GPU work took, from CUDA events recorded around each
+request's work (the graph's replay and the result's conversion). Alone, that is the GPU time production
+itself needs; 1 - gpu_busy is the idle share it leaves, the most an opportunistic process can have of a
+GPU that runs one context at a time (report.py). Beside a trainer the events also count the time the
+request's work waited for the trainer's kernels, so only the alone figure is that share.
 
 With --ready FILE the server writes FILE once its models are built and warm, then waits for FILE.go, so
 the trainer's start-up is not inside any phase.
@@ -36,6 +41,8 @@ class Served:
 
     def __init__(self, m, x):
         self.m, self.x = m, x
+        self.e0 = torch.cuda.Event(enable_timing=True)
+        self.e1 = torch.cuda.Event(enable_timing=True)
         with torch.no_grad():
             s = torch.cuda.Stream()
             s.wait_stream(torch.cuda.current_stream())
@@ -48,8 +55,15 @@ class Served:
                 self.y = m(x)
 
     def __call__(self):
+        self.e0.record()
         self.graph.replay()
-        return self.y.float().cpu()  # the copy to the host waits for the result
+        y = self.y.float()
+        self.e1.record()
+        return y.cpu()  # the copy to the host waits for the result, and for e1
+
+    def gpu_ms(self):
+        """The GPU time of the last call's work (its events are complete once its result is on the host)."""
+        return self.e0.elapsed_time(self.e1)
 
 
 def run_once(served):
@@ -82,6 +96,7 @@ def arrivals(model, load, rep, service_ms, seconds):
 def phase(name, served, load, rep, service_ms, seconds):
     times = arrivals(name, load, rep, service_ms, seconds)
     lat = []
+    busy_ms = 0.0
     h = hashlib.sha256()
     start = time.perf_counter() + 0.05
     wall0 = time.time() + 0.05
@@ -95,13 +110,16 @@ def phase(name, served, load, rep, service_ms, seconds):
                 time.sleep(due - now - 0.001)
         y = run_once(served)
         lat.append((time.perf_counter() - due) * 1000.0)
+        busy_ms += served.gpu_ms()
         if len(lat) <= 4:
             h.update(y.numpy().tobytes())
+    span = max(seconds, time.perf_counter() - start)  # the last requests may end past the phase
     lat.sort()
     q = lambda f: lat[min(len(lat) - 1, int(f * len(lat)))]  # noqa: E731
     return {"model": name, "load": load, "rep": rep, "requests": len(lat), "p50_ms": q(0.50), "p99_ms": q(0.99),
             "mean_ms": sum(lat) / len(lat), "late_2x": sum(1 for v in lat if v > 2 * service_ms) / len(lat),
-            "start": wall0, "end": wall0 + seconds, "digest": h.hexdigest()[:16]}
+            "start": wall0, "end": wall0 + seconds, "gpu_busy": busy_ms / (span * 1000.0),
+            "digest": h.hexdigest()[:16]}
 
 
 def main():

@@ -1,6 +1,10 @@
 """Opportunistic side of the QoS benchmark: ResNet-50 training on fixed random data until told to stop.
 
-  python3 train.py --out steps.json [--batch 128] [--ballast-gb 0] [--digest-steps 20]
+  python3 train.py --out steps.json [--batch 128] [--size 224] [--fp32] [--ballast-gb 0] [--digest-steps 20]
+
+Two trainers of different kernel lengths (bench.sh's TRAINER): the default, batch 128 at 224 px under
+fp16 autocast (long convolutions), and batch 64 at 160 px in fp32 (--batch 64 --size 160 --fp32: kernels
+a few times shorter, many of them launch-bound).
 
 It trains until SIGTERM (or --max-seconds), then writes --out: the wall-clock end time of every step
 (the benchmark counts the steps inside each production phase) and a digest of the losses of the first
@@ -34,6 +38,8 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--size", type=int, default=224, help="image side in pixels")
+    p.add_argument("--fp32", action="store_true", help="no fp16 autocast")
     p.add_argument("--ballast-gb", type=float, default=0.0)
     p.add_argument("--digest-steps", type=int, default=20)
     p.add_argument("--max-seconds", type=float, default=900)
@@ -45,9 +51,9 @@ def main():
     m, source = resnet50()
     m = m.cuda().train()
     opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
-    scaler = torch.amp.GradScaler("cuda")
+    scaler = torch.amp.GradScaler("cuda", enabled=not a.fp32)  # fp32: scale() and step() pass through
     g = torch.Generator().manual_seed(2)
-    x = torch.randn(a.batch, 3, 224, 224, generator=g).cuda()
+    x = torch.randn(a.batch, 3, a.size, a.size, generator=g).cuda()
     y = torch.randint(0, 1000, (a.batch,), generator=g).cuda()
     nb = int(a.ballast_gb * (1 << 30))
     ballast = torch.zeros(nb, dtype=torch.uint8, device="cuda") if nb else None
@@ -58,7 +64,7 @@ def main():
     step = 0
     while not stop and time.time() - t0 < a.max_seconds:
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.float16):
+        with torch.autocast("cuda", dtype=torch.float16, enabled=not a.fp32):
             loss = lossf(m(x), y)
         scaler.scale(loss).backward()
         scaler.step(opt)
@@ -73,7 +79,7 @@ def main():
         if step == 3 and a.ready:
             open(a.ready, "w").close()
     with open(a.out, "w") as f:
-        json.dump({"model_source": source, "batch": a.batch, "steps": step, "ends": ends,
+        json.dump({"model_source": source, "batch": a.batch, "size": a.size, "fp32": a.fp32, "steps": step, "ends": ends,
                    "loss_digest": h.hexdigest()[:16] if step >= a.digest_steps else "",
                    "memory_reserved": torch.cuda.memory_reserved()}, f)
 

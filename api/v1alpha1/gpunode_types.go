@@ -282,6 +282,10 @@ type AppliedSharing struct {
 	// +listType=atomic
 	// +optional
 	MIGInstances []MIGInstanceStatus `json:"migInstances,omitempty"`
+	// migDynamic is set on a GPU whose MIG instances are created for claims (mig.dynamic): the
+	// profiles allowed and what is free.
+	// +optional
+	MIGDynamic *DynamicMIGStatus `json:"migDynamic,omitempty"`
 	// shim lists the shim's clients on this GPU.
 	// +optional
 	Shim *ShimStatus `json:"shim,omitempty"`
@@ -351,6 +355,9 @@ type MIGInstanceStatus struct {
 	GPUInstanceID int32 `json:"gpuInstanceID"`
 	// +optional
 	ComputeInstanceID int32 `json:"computeInstanceID"`
+	// claim is the ResourceClaim a dynamic MIG instance was created for; absent on fixed instances.
+	// +optional
+	Claim *MIGClaimRef `json:"claim,omitempty"`
 }
 
 // ShimStatus is the per-GPU scheduler's view of its clients.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/gpusharing/gpusharing/agent/deviceplugin"
 	"github.com/gpusharing/gpusharing/agent/dra"
+	"github.com/gpusharing/gpusharing/agent/gpu"
 	"github.com/gpusharing/gpusharing/agent/gpu/nvmlmock"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
@@ -23,7 +24,13 @@ func dynamicNode(t *testing.T, profiles []string, instances ...v1alpha1.MIGInsta
 		t.Fatal(err)
 	}
 	d := inv.Devices[0]
-	g := v1alpha1.GPUStatus{Index: 0, UUID: "GPU-00000000-0000-0000-0000-000000000000", Product: d.Product,
+	d.UUID = "GPU-00000000-0000-0000-0000-000000000000"
+	return dynamicStatus(d, profiles, instances...)
+}
+
+// dynamicStatus is the status of a node with GPU d, index 0, in dynamic MIG with the given profiles.
+func dynamicStatus(d gpu.Device, profiles []string, instances ...v1alpha1.MIGInstanceStatus) v1alpha1.GPUNodeStatus {
+	g := v1alpha1.GPUStatus{Index: 0, UUID: d.UUID, Product: d.Product,
 		Memory: resource.NewQuantity(int64(d.MemoryBytes), resource.BinarySI), MIGMode: &v1alpha1.MIGModeStatus{Current: "Enabled", Pending: "Enabled"},
 		Applied: &v1alpha1.AppliedSharing{Strategy: v1alpha1.StrategyMIG, MIGInstances: instances,
 			MIGDynamic: &v1alpha1.DynamicMIGStatus{Profiles: profiles}},

@@ -93,8 +93,14 @@ type KubeletPlugin struct {
 	// before Start.
 	PodPriority func(ctx context.Context, namespace, name string) (priority int32, ok bool)
 
+	// MIG, when set, creates and destroys the instances of dynamic MIG GPUs' placement devices
+	// (dynmigprepare.go). Set it before Start.
+	MIG *DynamicMIG
+
 	mu     sync.Mutex
 	shares map[string]deviceplugin.Device
+	// dynamic are the placement devices of dynamic MIG GPUs the status publishes.
+	dynamic map[string]dynPlacement
 	// cp is the checkpoint as last written: it changes only through commit.
 	cp checkpoint
 }
@@ -146,9 +152,9 @@ func (p *KubeletPlugin) commit(next checkpoint) error {
 
 // Update takes the shares a node status publishes; the reconciler calls it with every status.
 func (p *KubeletPlugin) Update(status v1alpha1.GPUNodeStatus) {
-	shares := Shares(status, p.dp)
+	shares, dynamic := Shares(status, p.dp), dynamicPlacements(status)
 	p.mu.Lock()
-	p.shares = shares
+	p.shares, p.dynamic = shares, dynamic
 	p.mu.Unlock()
 }
 
@@ -180,6 +186,7 @@ func (p *KubeletPlugin) Start(ctx context.Context, kube kubernetes.Interface) (*
 	firstCtx, cancel := context.WithTimeout(ctx, firstSweepTimeout)
 	// Errors are logged per claim; what could not be looked up is kept for the next sweep.
 	_, _ = p.ForgetGoneClaims(firstCtx, kube)
+	p.reconcileMIG(firstCtx, kube)
 	cancel()
 	interval := p.cfg.GoneClaimsInterval
 	if interval <= 0 {
@@ -280,6 +287,14 @@ func (p *KubeletPlugin) prepare(ctx context.Context, cp checkpoint, c *resourcev
 			if !ok {
 				return preparedClaim{}, false, fmt.Errorf("%w: %s", ErrDeviceNotPublished, r.Device)
 			}
+			if dp, ok := p.dynamic[r.Device]; ok {
+				md, err := p.prepareDynamic(ctx, c, r.Device, dp, d)
+				if err != nil {
+					return preparedClaim{}, false, err
+				}
+				devs = append(devs, md)
+				continue
+			}
 			if d.Sized {
 				var err error
 				if d, err = SizedLimits(d, r.ConsumedCapacity); err != nil {
@@ -360,6 +375,13 @@ func (p *KubeletPlugin) UnprepareResourceClaims(ctx context.Context, claims []ku
 	next := p.cp.clone()
 	changed := false
 	for _, c := range claims {
+		// A dynamic MIG instance goes first: while processes run on it, the claim stays prepared.
+		if p.MIG != nil {
+			if err := p.MIG.release(ctx, c.UID); err != nil {
+				out[c.UID] = fmt.Errorf("claim %s: %w", c.String(), err)
+				continue
+			}
+		}
 		// By uid, whether or not the checkpoint knows the claim: a spec left by a lost checkpoint goes too.
 		if err := p.cdi.remove(c.UID); err != nil {
 			out[c.UID] = fmt.Errorf("removing the CDI spec of claim %s: %w", c.String(), err)

@@ -299,6 +299,14 @@ func setupResourceSlices(mgr ctrl.Manager, o Options, r *node.Reconciler) error 
 	}
 	claimMetrics.Add(o.NodeName, d.Plugin)
 	r.Claims = d.Plugin
+	if g, ok := o.GPU.(dra.MIGGPU); ok {
+		// Dynamic MIG: the plugin creates instances for claims, the layout applier leaves them alone.
+		m, err := dra.NewDynamicMIG(o.DRAPlugin.WithDefaults().PluginDir, g, log.WithName("mig"))
+		if err != nil {
+			return err
+		}
+		d.Plugin.MIG, r.MIGClaims, r.Strategies.ClaimedMIG = m, m, m
+	}
 	d.Plugin.OnChange = r.Notify
 	d.Plugin.PodPriority = claimPodPriority(mgr.GetAPIReader())
 	return mgr.Add(runnable(func(ctx context.Context) error {

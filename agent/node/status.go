@@ -83,6 +83,7 @@ func gpuStatus(dev gpu.Device, obs observed, desired *v1alpha1.GPUDesired, err e
 	case desired != nil && prev != nil && prev.Applied != nil && prev.Applied.Strategy == st.Applied.Strategy:
 		st.Applied.Sizing = prev.Applied.Sizing.DeepCopy()
 	}
+	appliedMIGDynamic(&st, desired, err, prev)
 	// Production classes take effect with the sharing that carries them (the shim's scheduler, the MPS
 	// clients' env), so they are in force exactly when it is.
 	switch {
@@ -201,6 +202,9 @@ func describeDesired(s v1alpha1.Sharing) string {
 		for _, in := range s.MIG.Instances {
 			parts = append(parts, fmt.Sprintf("%s x%d", in.Profile, in.Count))
 		}
+		if s.MIG.Dynamic != nil {
+			parts = append(parts, "from claims "+strings.Join(s.MIG.Dynamic.Profiles, ","))
+		}
 		return "MIG " + strings.Join(parts, " + ")
 	case s.MPS != nil:
 		return fmt.Sprintf("MPS x%d", s.MPS.Replicas)
@@ -217,6 +221,8 @@ func token(st v1alpha1.GPUStatus) string {
 	switch {
 	case a == nil:
 		s = "Unknown"
+	case a.Strategy == v1alpha1.StrategyMIG && a.MIGDynamic != nil:
+		s = dynamicToken(a)
 	case a.Strategy == v1alpha1.StrategyMIG:
 		var ins []gpu.Instance
 		for _, in := range a.MIGInstances {

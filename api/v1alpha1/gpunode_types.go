@@ -89,6 +89,11 @@ type GPUNodeStatus struct {
 	// +optional
 	MemoryAllocated string `json:"memoryAllocated,omitempty"`
 
+	// migFree is what each dynamic MIG GPU has free, in index order, for people: "0:slices 4-7 compute 3".
+	// Empty where no GPU's MIG instances come from claims.
+	// +optional
+	MIGFree string `json:"migFree,omitempty"`
+
 	// gpus lists each GPU's identity and what is actually applied on it, one entry per uuid. The agent
 	// writes the list whole.
 	// +listType=atomic
@@ -561,6 +566,7 @@ func ClassOf(q *QoS, p int32) WorkloadClass {
 // +kubebuilder:printcolumn:name="Driver",type=string,priority=1,JSONPath=`.status.driverVersion`
 // +kubebuilder:printcolumn:name="Memory Used",type=string,priority=1,JSONPath=`.status.memoryUsed`
 // +kubebuilder:printcolumn:name="Memory Allocated",type=string,priority=1,JSONPath=`.status.memoryAllocated`
+// +kubebuilder:printcolumn:name="MIG Free",type=string,priority=1,JSONPath=`.status.migFree`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type GPUNode struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -84,6 +84,11 @@ func TestAgentCreatesADynamicMIGInstanceForAClaimAndListsIt(t *testing.T) {
 			a.MIGDynamic.FreeSlices == "0-3" && a.MIGDynamic.FreeComputeSlices == 4 && g.Status.MIGFree == "0:slices 0-3 compute 4"
 		return ok, fmt.Sprintf("instance %+v claim %+v dynamic %+v migFree %q summary %q", in, in.Claim, a.MIGDynamic, g.Status.MIGFree, g.Status.Summary)
 	})
+	// An instance created for a claim is not a layout change: another pass drains nothing.
+	n.reconciled(t)
+	if g := gpuState(n.get(t), gpuUUID); g.Drain != nil || len(g.Applied.MIGInstances) != 1 {
+		t.Fatalf("after another pass: drain %+v, instances %+v", g.Drain, g.Applied.MIGInstances)
+	}
 	// The placements stay published: the claim's allocation holds its counters, not a missing device.
 	waitSlices(t, n.name, "gpu-0-mig-1g-5gb-0 gpu-0-mig-1g-5gb-1 gpu-0-mig-1g-5gb-2 gpu-0-mig-1g-5gb-3 gpu-0-mig-1g-5gb-4 gpu-0-mig-1g-5gb-5 gpu-0-mig-1g-5gb-6 gpu-0-mig-3g-20gb-0 gpu-0-mig-3g-20gb-4")
 

@@ -80,21 +80,48 @@ func setMIGClaims(gpus []v1alpha1.GPUStatus, recs []dra.MIGRecord) {
 			sliceOf[p.Name] = p.SliceCount
 		}
 		taken := make([]bool, slices)
-		for j := range a.MIGInstances {
-			in := &a.MIGInstances[j]
+		markClaimed(a, g.UUID, recs)
+		for _, in := range a.MIGInstances {
 			compute -= sliceOf[in.Profile]
 			for s := in.Placement.Start; s < in.Placement.Start+in.Placement.Size && s < slices; s++ {
 				taken[s] = true
-			}
-			for _, r := range recs {
-				if r.GPU == g.UUID && r.Created && r.UUID == in.UUID {
-					in.Claim = &v1alpha1.MIGClaimRef{Namespace: r.Namespace, Name: r.Name, UID: string(r.Claim), Pods: r.Pods}
-				}
 			}
 		}
 		a.MIGDynamic.FreeComputeSlices = max(compute, 0)
 		a.MIGDynamic.FreeSlices = freeRanges(taken)
 	}
+}
+
+// markClaimed names on a's instances the claims the ledger's records created them for.
+func markClaimed(a *v1alpha1.AppliedSharing, gpuUUID string, recs []dra.MIGRecord) {
+	for j := range a.MIGInstances {
+		in := &a.MIGInstances[j]
+		for _, r := range recs {
+			if r.GPU == gpuUUID && r.Created && r.UUID == in.UUID {
+				in.Claim = &v1alpha1.MIGClaimRef{Namespace: r.Namespace, Name: r.Name, UID: string(r.Claim), Pods: r.Pods}
+			}
+		}
+	}
+}
+
+// markClaimed is markClaimed with the kubelet plugin's ledger, when the agent has one.
+func (r *Reconciler) markClaimed(a *v1alpha1.AppliedSharing, gpuUUID string) {
+	if r.MIGClaims != nil && a != nil {
+		markClaimed(a, gpuUUID, r.MIGClaims.Records())
+	}
+}
+
+// publishedMIGDynamic says whether the status last published has dynamic MIG in force on the GPU.
+func publishedMIGDynamic(node *v1alpha1.GPUNode, uuid string) bool {
+	if node == nil {
+		return false
+	}
+	for _, g := range node.Status.GPUs {
+		if g.UUID == uuid && g.Applied != nil {
+			return g.Applied.MIGDynamic != nil
+		}
+	}
+	return false
 }
 
 // freeRanges renders the free memory slices as "0-3,6", or "none".

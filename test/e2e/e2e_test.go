@@ -16,6 +16,7 @@ func TestE2E(t *testing.T) {
 		{"Pods", testPods},
 		{"Usage", testUsage},
 		{"DRA", testDRA},
+		{"DynamicMIG", testDynamicMIG},
 		{"Drain", testDrain},
 		{"Upgrade", testUpgrade},
 		{"KubeletRestart", testKubeletRestart},

@@ -306,6 +306,11 @@ func setupResourceSlices(mgr ctrl.Manager, o Options, r *node.Reconciler) error 
 			return err
 		}
 		d.Plugin.MIG, r.MIGClaims, r.Strategies.ClaimedMIG = m, m, m
+		if hw, ok := r.Health.(*health.Watcher); ok {
+			// An Xid on a claim's instance marks that instance alone, until it is destroyed.
+			hw.ScopeInstances(m.Holds)
+			m.OnDestroy = hw.ForgetInstance
+		}
 	}
 	d.Plugin.OnChange = r.Notify
 	d.Plugin.PodPriority = claimPodPriority(mgr.GetAPIReader())

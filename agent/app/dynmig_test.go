@@ -8,10 +8,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
@@ -92,6 +94,21 @@ func TestAgentCreatesADynamicMIGInstanceForAClaimAndListsIt(t *testing.T) {
 	// The placements stay published: the claim's allocation holds its counters, not a missing device.
 	waitSlices(t, n.name, "gpu-0-mig-1g-5gb-0 gpu-0-mig-1g-5gb-1 gpu-0-mig-1g-5gb-2 gpu-0-mig-1g-5gb-3 gpu-0-mig-1g-5gb-4 gpu-0-mig-1g-5gb-5 gpu-0-mig-1g-5gb-6 gpu-0-mig-3g-20gb-0 gpu-0-mig-3g-20gb-4")
 
+	// A critical Xid on the claim's instance marks that instance alone: the GPU stays healthy, its other
+	// placements stay published, the instance's own placement is not offered again while it lives.
+	in := gpuState(n.get(t), gpuUUID).Applied.MIGInstances[0]
+	if got := n.events.Push(0, nvml.EventTypeXidCriticalError, 94, uint32(in.GPUInstanceID), uint32(in.ComputeInstanceID)); got != 1 {
+		t.Fatalf("the Xid reached %d event sets", got)
+	}
+	n.waitFor(t, "the instance marked alone", func(g *v1alpha1.GPUNode) (bool, string) {
+		st := gpuState(g, gpuUUID)
+		ins := st.Applied.MIGInstances
+		healthy := meta.IsStatusConditionTrue(st.Conditions, v1alpha1.ConditionHealthy)
+		return healthy && len(ins) == 1 && strings.Contains(ins[0].Unhealthy, "Xid 94") && strings.Contains(ins[0].Unhealthy, "only this instance is marked"),
+			fmt.Sprintf("healthy %v instances %+v", healthy, ins)
+	})
+	waitSlices(t, n.name, "gpu-0-mig-1g-5gb-0 gpu-0-mig-1g-5gb-1 gpu-0-mig-1g-5gb-2 gpu-0-mig-1g-5gb-3 gpu-0-mig-1g-5gb-4 gpu-0-mig-1g-5gb-5 gpu-0-mig-1g-5gb-6 gpu-0-mig-3g-20gb-0")
+
 	if _, err := kubelet.NodeUnprepareResources(ctx, &drapb.NodeUnprepareResourcesRequest{Claims: []*drapb.Claim{ref}}); err != nil {
 		t.Fatal(err)
 	}
@@ -100,4 +117,6 @@ func TestAgentCreatesADynamicMIGInstanceForAClaimAndListsIt(t *testing.T) {
 		return a != nil && a.MIGDynamic != nil && len(a.MIGInstances) == 0 && a.MIGDynamic.FreeSlices == "0-7",
 			fmt.Sprintf("applied %+v", a)
 	})
+	// The mark ended with the instance: the placement is offered again.
+	waitSlices(t, n.name, "gpu-0-mig-1g-5gb-0 gpu-0-mig-1g-5gb-1 gpu-0-mig-1g-5gb-2 gpu-0-mig-1g-5gb-3 gpu-0-mig-1g-5gb-4 gpu-0-mig-1g-5gb-5 gpu-0-mig-1g-5gb-6 gpu-0-mig-3g-20gb-0 gpu-0-mig-3g-20gb-4")
 }

@@ -2,6 +2,7 @@ package dra
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 
 	resourcev1 "k8s.io/api/resource/v1"
@@ -70,22 +71,27 @@ func dynamicMIG(g v1alpha1.GPUStatus) (*resourcev1.CounterSet, []share, map[stri
 	for _, p := range g.Applied.MIGDynamic.Profiles {
 		allowed[p] = true
 	}
-	var blocked []nvgpu.Placement
+	var blocked, unhealthy []nvgpu.Placement
 	for _, in := range g.Applied.MIGInstances {
-		if in.Claim == nil {
-			blocked = append(blocked, nvgpu.Placement{Start: int(in.Placement.Start), Size: int(in.Placement.Size)})
+		pl := nvgpu.Placement{Start: int(in.Placement.Start), Size: int(in.Placement.Size)}
+		switch {
+		case in.Claim == nil:
+			blocked = append(blocked, pl)
+		case in.Unhealthy != "":
+			// Its claim keeps the allocation; no claim gets the placement again while the instance lives.
+			unhealthy = append(unhealthy, pl)
 		}
 	}
 	counters := map[string]resourcev1.Counter{}
 	one := *resource.NewQuantity(1, resource.DecimalSI)
-	compute, slices := int32(0), 0
+	compute, memSlices := int32(0), 0
 	for _, p := range g.MIGProfiles {
 		compute = max(compute, p.SliceCount)
 		for _, pl := range p.Placements {
-			slices = max(slices, int(pl.Start+pl.Size))
+			memSlices = max(memSlices, int(pl.Start+pl.Size))
 		}
 	}
-	for i := 0; i < slices; i++ {
+	for i := 0; i < memSlices; i++ {
 		counters[memorySliceCounter(i)] = resourcev1.Counter{Value: one}
 	}
 	counters[counterCompute] = resourcev1.Counter{Value: *resource.NewQuantity(int64(compute), resource.DecimalSI)}
@@ -102,7 +108,7 @@ func dynamicMIG(g v1alpha1.GPUStatus) (*resourcev1.CounterSet, []share, map[stri
 		}
 		for _, mp := range p.Placements {
 			pl := nvgpu.Placement{Start: int(mp.Start), Size: int(mp.Size)}
-			if overlapsAny(pl, blocked) {
+			if overlapsAny(pl, blocked) || slices.Contains(unhealthy, pl) {
 				continue
 			}
 			consumes := map[string]resourcev1.Counter{counterCompute: {Value: *resource.NewQuantity(int64(p.SliceCount), resource.DecimalSI)}}

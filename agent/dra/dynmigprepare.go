@@ -89,8 +89,19 @@ type DynamicMIG struct {
 	// writeFile writes the ledger (writeFileAtomic; a test makes it fail to stop the agent at a point).
 	writeFile fileWriter
 
+	// OnDestroy, when set, is told each instance destroyed (the health watcher forgets its mark). Set it
+	// before the plugin starts.
+	OnDestroy func(gpuUUID string, giID int)
+
 	mu   sync.Mutex
 	recs []MIGRecord
+}
+
+// Holds says whether GPU instance giID of the GPU was created for a claim.
+func (m *DynamicMIG) Holds(gpuUUID string, giID int) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.ContainsFunc(m.recs, func(r MIGRecord) bool { return r.GPU == gpuUUID && r.Created && r.GIID == giID })
 }
 
 // NewDynamicMIG loads the ledger from dir (the plugin directory).
@@ -304,6 +315,9 @@ func (m *DynamicMIG) destroy(ctx context.Context, r MIGRecord) error {
 	}
 	if err := m.gpu.DestroyInstance(ctx, r.GPU, in.GIID); err != nil {
 		return err
+	}
+	if m.OnDestroy != nil {
+		m.OnDestroy(r.GPU, in.GIID)
 	}
 	m.log.Info("Destroyed MIG instance of ResourceClaim", "claim", r.Namespace+"/"+r.Name, "profile", r.Profile, "placement", r.Placement.String(), "gi", in.GIID)
 	return nil

@@ -7,6 +7,7 @@ import (
 
 	"github.com/gpusharing/gpusharing/agent/dra"
 	"github.com/gpusharing/gpusharing/agent/gpu"
+	"github.com/gpusharing/gpusharing/agent/health"
 	"github.com/gpusharing/gpusharing/agent/mig"
 	"github.com/gpusharing/gpusharing/agent/outcome"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
@@ -17,6 +18,12 @@ import (
 type ClaimedMIG interface {
 	Around(uuid string, f func(held []gpu.Placement) error) error
 	Records() []dra.MIGRecord
+}
+
+// InstanceHealthSource is the health watcher's view of the claims' MIG instances it marked alone
+// (*health.Watcher).
+type InstanceHealthSource interface {
+	Instances(gpuUUID string) map[int]health.Health
 }
 
 // checkDynamicMIG refuses allowed profiles the GPU does not offer (LayoutDoesNotFit), before anything

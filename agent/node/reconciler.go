@@ -290,6 +290,9 @@ func (r *Reconciler) observe(uuid string) observed {
 		if h, ok := r.Health.Get(uuid); ok {
 			o.health = &h
 		}
+		if is, ok := r.Health.(InstanceHealthSource); ok {
+			o.instances = is.Instances(uuid)
+		}
 	}
 	return o
 }

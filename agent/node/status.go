@@ -25,6 +25,8 @@ type observed struct {
 	shim      *ShimState
 	// health is what the NVML event watcher saw; nil when nothing watches (a GPU counts as healthy).
 	health *health.Health
+	// instances are the claims' MIG instances the watcher marked alone, by GPU instance id.
+	instances map[int]health.Health
 }
 
 // gpuStatus builds one GPU's status from what was observed after the pass. desired is nil for a GPU no
@@ -135,6 +137,7 @@ func applied(dev gpu.Device, obs observed) *v1alpha1.AppliedSharing {
 				UUID:              in.UUID,
 				GPUInstanceID:     int32(in.GIID),
 				ComputeInstanceID: int32(in.CIID),
+				Unhealthy:         obs.instances[in.GIID].Message,
 			})
 		}
 	case obs.mps != nil:

@@ -6,11 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -19,7 +16,6 @@ import (
 
 	"github.com/gpusharing/gpusharing/agent/dra"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
-	"github.com/gpusharing/gpusharing/test/wait"
 )
 
 // A GPU whose policy lets claims create MIG instances enters MIG mode, publishes its placements, and a
@@ -59,21 +55,8 @@ func TestAgentCreatesADynamicMIGInstanceForAClaimAndListsIt(t *testing.T) {
 	if err := env.Client.Status().Update(ctx, claim); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := grpc.NewClient("unix://"+filepath.Join(plugin.PluginDir, "dra.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	kubelet := drapb.NewDRAPluginClient(conn)
-	ref := &drapb.Claim{Namespace: claim.Namespace, Name: claim.Name, Uid: string(claim.UID)}
-	wait.UntilState(t, 30*time.Second, func() (bool, string) {
-		resp, err := kubelet.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{ref}})
-		if err != nil {
-			return false, err.Error()
-		}
-		got := resp.Claims[string(claim.UID)]
-		return got != nil && got.Error == "", fmt.Sprintf("prepare = %+v", got)
-	}, "the claim prepared")
+	kubelet := pluginClient(t, plugin.PluginDir)
+	ref := prepareAsKubelet(t, ctx, kubelet, claim)
 
 	n.waitFor(t, "the instance listed with its claim and pod", func(g *v1alpha1.GPUNode) (bool, string) {
 		a := gpuState(g, gpuUUID).Applied

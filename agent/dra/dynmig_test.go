@@ -12,6 +12,7 @@ import (
 	"github.com/gpusharing/gpusharing/agent/dra"
 	"github.com/gpusharing/gpusharing/agent/gpu"
 	"github.com/gpusharing/gpusharing/agent/gpu/nvmlmock"
+	"github.com/gpusharing/gpusharing/agent/node"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -34,15 +35,8 @@ func dynamicStatus(d gpu.Device, profiles []string, instances ...v1alpha1.MIGIns
 		Memory: resource.NewQuantity(int64(d.MemoryBytes), resource.BinarySI), MIGMode: &v1alpha1.MIGModeStatus{Current: "Enabled", Pending: "Enabled"},
 		Applied: &v1alpha1.AppliedSharing{Strategy: v1alpha1.StrategyMIG, MIGInstances: instances,
 			MIGDynamic: &v1alpha1.DynamicMIGStatus{Profiles: profiles}},
-		Conditions: []metav1.Condition{{Type: v1alpha1.ConditionHealthy, Status: metav1.ConditionTrue}}}
-	for _, p := range d.Profiles {
-		mp := v1alpha1.MIGProfile{Name: p.Name, ID: int32(p.ID), SliceCount: int32(p.SliceCount), MaxInstances: int32(p.MaxInstances),
-			Memory: resource.NewQuantity(int64(p.MemoryMB)<<20, resource.BinarySI)}
-		for _, pl := range p.Placements {
-			mp.Placements = append(mp.Placements, v1alpha1.MIGPlacement{Start: int32(pl.Start), Size: int32(pl.Size)})
-		}
-		g.MIGProfiles = append(g.MIGProfiles, mp)
-	}
+		Conditions:  []metav1.Condition{{Type: v1alpha1.ConditionHealthy, Status: metav1.ConditionTrue}},
+		MIGProfiles: node.MIGProfiles(d.Profiles)}
 	return v1alpha1.GPUNodeStatus{GPUs: []v1alpha1.GPUStatus{g}}
 }
 

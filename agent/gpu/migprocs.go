@@ -2,7 +2,6 @@ package gpu
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
@@ -14,33 +13,19 @@ func (n *NVML) InstanceProcesses(ctx context.Context, uuid string, giID int) ([]
 	if err != nil {
 		return nil, err
 	}
-	count, r := h.GetMaxMigDeviceCount()
-	if err := check("GetMaxMigDeviceCount", r); err != nil {
-		return nil, err
-	}
 	var out []Process
-	for i := 0; i < count; i++ {
-		mig, r := h.GetMigDeviceHandleByIndex(i)
-		if r == nvml.ERROR_NOT_FOUND || r == nvml.ERROR_INVALID_ARGUMENT {
-			continue
-		}
-		if err := check(fmt.Sprintf("GetMigDeviceHandleByIndex(%d)", i), r); err != nil {
-			return nil, err
-		}
-		gi, r := mig.GetGpuInstanceId()
-		if err := check("GetGpuInstanceId", r); err != nil {
-			return nil, err
-		}
+	err = eachMIGDevice(h, func(mig nvml.Device, gi int) error {
 		if gi != giID {
-			continue
+			return nil
 		}
 		procs, r := mig.GetComputeRunningProcesses()
 		if err := check("MIG GetComputeRunningProcesses", r); err != nil {
-			return nil, err
+			return err
 		}
 		for _, p := range procs {
 			out = append(out, Process{PID: int32(p.Pid), UsedMemory: p.UsedGpuMemory})
 		}
-	}
-	return out, nil
+		return nil
+	})
+	return out, err
 }

@@ -39,7 +39,7 @@ func gpuStatus(dev gpu.Device, obs observed, desired *v1alpha1.GPUDesired, err e
 		Memory:      resource.NewQuantity(int64(dev.MemoryBytes), resource.BinarySI),
 		MIGCapable:  dev.MIGCapable,
 		ComputeMode: string(dev.ComputeMode),
-		MIGProfiles: migProfiles(dev.Profiles),
+		MIGProfiles: MIGProfiles(dev.Profiles),
 		Applied:     applied(dev, obs),
 	}
 	if dev.MIGCapable {
@@ -161,7 +161,8 @@ func applied(dev gpu.Device, obs observed) *v1alpha1.AppliedSharing {
 	return a
 }
 
-func migProfiles(ps []gpu.Profile) []v1alpha1.MIGProfile {
+// MIGProfiles is the status of the MIG profiles NVML offers, as the agent publishes it.
+func MIGProfiles(ps []gpu.Profile) []v1alpha1.MIGProfile {
 	var out []v1alpha1.MIGProfile
 	for _, p := range ps {
 		mp := v1alpha1.MIGProfile{

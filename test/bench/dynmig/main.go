@@ -27,10 +27,11 @@ import (
 	"github.com/gpusharing/gpusharing/agent/dra"
 	"github.com/gpusharing/gpusharing/agent/gpu"
 	"github.com/gpusharing/gpusharing/agent/gpu/nvmlmock"
+	"github.com/gpusharing/gpusharing/agent/node"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
-const node = "bench-node"
+const nodeName = "bench-node"
 
 func main() {
 	claims := flag.Int("claims", 200, "claims prepared and unprepared of each kind")
@@ -86,7 +87,7 @@ func run(n int) error {
 	}
 	defer func() { _ = os.RemoveAll(root) }()
 	cfg := dra.PluginConfig{PluginDir: filepath.Join(root, "p"), RegistryDir: filepath.Join(root, "r"), CDIDir: filepath.Join(root, "cdi")}
-	p, err := dra.NewKubeletPlugin(node, cfg, deviceplugin.DefaultConfig(), logr.Discard())
+	p, err := dra.NewKubeletPlugin(nodeName, cfg, deviceplugin.DefaultConfig(), logr.Discard())
 	if err != nil {
 		return err
 	}
@@ -134,22 +135,14 @@ func claim(name, device string) *resourcev1.ResourceClaim {
 	return &resourcev1.ResourceClaim{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "c-" + name, UID: types.UID("00000000-0000-4000-8000-" + fmt.Sprintf("%012s", name))},
 		Status: resourcev1.ResourceClaimStatus{Allocation: &resourcev1.AllocationResult{Devices: resourcev1.DeviceAllocationResult{
-			Results: []resourcev1.DeviceRequestAllocationResult{{Request: "gpu", Driver: dra.DriverName, Pool: node, Device: device}}}}},
+			Results: []resourcev1.DeviceRequestAllocationResult{{Request: "gpu", Driver: dra.DriverName, Pool: nodeName, Device: device}}}}},
 	}
 }
 
 // gpuStatus is the status the agent publishes for a MIG GPU d at index i.
 func gpuStatus(i int, d gpu.Device) v1alpha1.GPUStatus {
 	g := v1alpha1.GPUStatus{Index: int32(i), UUID: d.UUID, Product: d.Product, Memory: resource.NewQuantity(int64(d.MemoryBytes), resource.BinarySI),
-		Applied: &v1alpha1.AppliedSharing{Strategy: v1alpha1.StrategyMIG}}
-	for _, p := range d.Profiles {
-		mp := v1alpha1.MIGProfile{Name: p.Name, ID: int32(p.ID), SliceCount: int32(p.SliceCount), MaxInstances: int32(p.MaxInstances),
-			Memory: resource.NewQuantity(int64(p.MemoryMB)<<20, resource.BinarySI)}
-		for _, pl := range p.Placements {
-			mp.Placements = append(mp.Placements, v1alpha1.MIGPlacement{Start: int32(pl.Start), Size: int32(pl.Size)})
-		}
-		g.MIGProfiles = append(g.MIGProfiles, mp)
-	}
+		Applied: &v1alpha1.AppliedSharing{Strategy: v1alpha1.StrategyMIG}, MIGProfiles: node.MIGProfiles(d.Profiles)}
 	for _, in := range d.Instances {
 		g.Applied.MIGInstances = append(g.Applied.MIGInstances, v1alpha1.MIGInstanceStatus{Profile: in.Profile, UUID: in.UUID,
 			Placement: v1alpha1.MIGPlacement{Start: int32(in.Placement.Start), Size: int32(in.Placement.Size)}, GPUInstanceID: int32(in.GIID), ComputeInstanceID: int32(in.CIID)})

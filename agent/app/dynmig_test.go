@@ -3,12 +3,10 @@ package app
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -23,17 +21,7 @@ import (
 // GPUNode lists with the claim and its pod; unpreparing destroys it.
 func TestAgentCreatesADynamicMIGInstanceForAClaimAndListsIt(t *testing.T) {
 	ctx := context.Background()
-	plugin := dra.PluginConfig{}
-	n := startNodeWith(t, 1, func(o *Options) {
-		o.DevicePlugin, o.PodResourcesSocket = nil, ""
-		o.ResourceSlices = true
-		root := filepath.Dir(o.MPSRoot)
-		plugin = dra.PluginConfig{PluginDir: filepath.Join(root, "p"), RegistryDir: filepath.Join(root, "r"), CDIDir: filepath.Join(root, "cdi")}
-		o.DRAPlugin = &plugin
-	})
-	if err := env.Client.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name}}); err != nil {
-		t.Fatal(err)
-	}
+	n, plugin := startDRANode(t, nil)
 	gpuUUID := n.uuid(0)
 	// The A100-SXM4-40GB: 3g.20gb sits at memory slices 0-3 or 4-7.
 	dyn := v1alpha1.Sharing{Strategy: v1alpha1.StrategyMIG, MIG: &v1alpha1.MIGSharing{Dynamic: &v1alpha1.DynamicMIG{Profiles: []string{"1g.5gb", "3g.20gb"}}}}

@@ -3,7 +3,6 @@ package app
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -37,19 +36,10 @@ func prepareSizedClaim(t *testing.T, sizing v1alpha1.Sizing) preparedClaim {
 	t.Helper()
 	ctx := context.Background()
 	procRoot := t.TempDir()
-	plugin := dra.PluginConfig{}
-	n := startNodeWith(t, 1, func(o *Options) {
-		o.DevicePlugin, o.PodResourcesSocket = nil, ""
-		o.ResourceSlices = true
+	n, plugin := startDRANode(t, func(o *Options) {
 		o.ProcRoot = procRoot
 		o.Accounting = &AccountingOptions{Interval: 100 * time.Millisecond}
-		root := filepath.Dir(o.MPSRoot)
-		plugin = dra.PluginConfig{PluginDir: filepath.Join(root, "p"), RegistryDir: filepath.Join(root, "r"), CDIDir: filepath.Join(root, "cdi")}
-		o.DRAPlugin = &plugin
 	})
-	if err := env.Client.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name}}); err != nil {
-		t.Fatal(err)
-	}
 	gpuUUID := n.uuid(0)
 	sized := v1alpha1.Sharing{Strategy: v1alpha1.StrategyMPS, MPS: &v1alpha1.MPSSharing{Replicas: 2}, Sizing: &sizing}
 	n.setSpec(t, v1alpha1.GPUDesired{UUID: gpuUUID, Index: 0, Sharing: sized})

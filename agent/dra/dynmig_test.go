@@ -1,6 +1,7 @@
 package dra_test
 
 import (
+	"fmt"
 	"sort"
 	"strings"
 	"testing"
@@ -117,5 +118,25 @@ func TestAnUnhealthyOrDrainedDynamicGPUPublishesNoPlacement(t *testing.T) {
 	st.GPUs[0].Drain = &v1alpha1.GPUDrainStatus{Phase: v1alpha1.DrainPhaseDraining}
 	if d := dra.Devices(st, deviceplugin.DefaultConfig()); len(d) != 0 {
 		t.Errorf("draining: %d devices", len(d))
+	}
+}
+
+// Eight dynamic H100s: their counter sets in one slice of their own, first, and their 200 placement
+// devices in slices of at most 64 (the API's limit where devices consume counters).
+func TestADynamicNodeIsCutIntoCounterAndDeviceSlices(t *testing.T) {
+	one := dynamicNode(t, []string{"1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"})
+	var st v1alpha1.GPUNodeStatus
+	for i := range 8 {
+		g := *one.GPUs[0].DeepCopy()
+		g.Index, g.UUID = int32(i), fmt.Sprintf("GPU-%d", i)
+		st.GPUs = append(st.GPUs, g)
+	}
+	pool := dra.Pool(dra.Devices(st, deviceplugin.DefaultConfig()), dra.Counters(st)...)
+	var shape []string
+	for _, s := range pool.Slices {
+		shape = append(shape, fmt.Sprintf("%d counters/%d devices", len(s.SharedCounters), len(s.Devices)))
+	}
+	if got := strings.Join(shape, " "); got != "8 counters/0 devices 0 counters/64 devices 0 counters/64 devices 0 counters/64 devices 0 counters/8 devices" {
+		t.Errorf("slices %s", got)
 	}
 }

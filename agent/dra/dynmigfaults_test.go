@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -175,6 +176,24 @@ func TestDynamicMIGFaults(t *testing.T) {
 				n.wantOneInstance(t, m)
 			})
 
+			t.Run("a ledger write that fails after the create, retried by the same agent", func(t *testing.T) {
+				n := newMIGNode(t, model)
+				cl := claim("retried", n)
+				p, m := n.agent(t)
+				disk := &failNth{n: 2}
+				dra.SetMIGLedgerWriter(m, disk.write)
+				if err := prepareOne(ctx, p, cl); !errors.Is(err, errDiskFull) {
+					t.Fatalf("prepare = %v, want the write's error", err)
+				}
+				// The disk works again: the kubelet's retry finds the intent and its instance, starts over,
+				// and leaves one instance.
+				dra.SetMIGLedgerWriter(m, dra.WriteFileAtomic)
+				if err := prepareOne(ctx, p, cl); err != nil {
+					t.Fatalf("the kubelet's retry = %v", err)
+				}
+				n.wantOneInstance(t, m)
+			})
+
 			t.Run("killed after the ledger, before the checkpoint", func(t *testing.T) {
 				n := newMIGNode(t, model)
 				cl := claim("after-ledger", n)
@@ -271,5 +290,20 @@ func TestDynamicMIGFaults(t *testing.T) {
 				n.wantNoInstance(t, m)
 			})
 		})
+	}
+}
+
+// A ledger the agent cannot read stops it with the reason: moving it aside would orphan its instances.
+func TestAnUnreadableMIGLedgerStopsTheAgent(t *testing.T) {
+	n := newMIGNode(t, "H100")
+	if err := os.MkdirAll(n.dirs.plugin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(n.dirs.plugin, dra.DynamicMIGFile), []byte("{not json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := dra.NewDynamicMIG(n.dirs.plugin, n.nvml, testr.New(t))
+	if err == nil || !strings.Contains(err.Error(), "fix or remove it after destroying its MIG instances") {
+		t.Errorf("NewDynamicMIG over an unreadable ledger = %v", err)
 	}
 }

@@ -69,7 +69,8 @@ lint: fmt vet golangci-lint check-docs ## gofmt, go vet, golangci-lint (.golangc
 	$(GOLANGCI_LINT) run ./...
 
 .PHONY: check-docs
-check-docs: ## Every Markdown link and #anchor in the repository resolves, every table row has its header's cells
+check-docs: ## Links, anchors and tables of every Markdown file; reference form of the docs (no journal, no result without its command)
+	hack/check-docs_test.sh
 	hack/check-docs.sh
 
 .PHONY: golangci-lint
@@ -79,7 +80,7 @@ golangci-lint: ## Build golangci-lint $(GOLANGCI_LINT_VERSION) from the module p
 .PHONY: helm-lint
 helm-lint: helm ## helm lint the chart, with the defaults and with every optional part on
 	$(BIN)/helm lint charts/gpusharing
-	$(BIN)/helm lint charts/gpusharing --set metrics.serviceMonitor.enabled=true --set metrics.prometheusRule.enabled=true --set grafana.dashboard.enabled=true --set dra.deviceClasses=true
+	$(BIN)/helm lint charts/gpusharing --set metrics.serviceMonitor.enabled=true --set metrics.prometheusRule.enabled=true --set grafana.dashboard.enabled=true --set dra.deviceClasses=true --set productionClasses.enabled=true --set productionClasses.grantNamespaces={serving} --set productionClasses.denyNamespaces={tenant}
 
 .PHONY: test
 test: control-plane helm verify-generated lint helm-lint ## The test command: unit, envtest (real apiserver), chart and shim suites

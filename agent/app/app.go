@@ -53,6 +53,15 @@ type Options struct {
 	// OversubReserve is the GPU memory left out of an oversubscription budget the policy does not set
 	// (default node.DefaultOversubReserve).
 	OversubReserve uint64
+	// ContextReserve is the device memory charged to each CUDA process of a sized claim for its context
+	// (bytes; --context-reserve, default dra.DefaultContextReserve; zero charges nothing): a claim of M
+	// bytes bounds what its pods' processes hold as NVML counts it, contexts included, so an MPS client's
+	// pinned limit is M less this, and the shim's ledger keeps a claim's allocations within M less this
+	// per process (docs/dra.md).
+	ContextReserve int64
+	// MPSServerMemory is the device memory an MPS GPU's server holds itself, left out of what its sized
+	// device offers claims (--mps-server-memory; zero leaves nothing out).
+	MPSServerMemory uint64
 	// ShimGuards limit each shim client (frame deadline, connection caps, EVICT deadline, the context
 	// overhead left out of the NVML check); zero fields take the scheduler's defaults. The agent sets
 	// their sources itself (shimguards.go).
@@ -197,6 +206,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		PodNames:           podNames(pods),
 		DrainBackoff:       o.DrainBackoff,
 		Clock:              o.Clock,
+		MPSServerMemory:    o.MPSServerMemory,
 		Strategies: node.Strategies{
 			GPU:                 o.GPU,
 			MIG:                 &mig.Applier{GPU: o.GPU},
@@ -215,6 +225,10 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	}
 	if err := setupResourceSlices(mgr, o, r); err != nil {
 		return err
+	}
+	if shim != nil && pods != nil && r.Claims != nil {
+		// A sized claim's processes on a shim GPU share one memory ledger (scheduler/ledger.go).
+		shim.Guards.ClaimOf = claimLedgers(r.Claims, pods)
 	}
 	if err := setupDrain(mgr, o, r, podResources); err != nil {
 		return err
@@ -290,7 +304,9 @@ func setupResourceSlices(mgr ctrl.Manager, o Options, r *node.Reconciler) error 
 		return nil
 	}
 	log := mgr.GetLogger().WithName("dra-plugin")
-	if d.Plugin, err = dra.NewKubeletPlugin(o.NodeName, *o.DRAPlugin, cfg, log); err != nil {
+	pcfg := *o.DRAPlugin
+	pcfg.ContextReserve = o.ContextReserve
+	if d.Plugin, err = dra.NewKubeletPlugin(o.NodeName, pcfg, cfg, log); err != nil {
 		return err
 	}
 	claimMetrics, err := dra.NewClaimMetrics(metrics.Registry)
@@ -313,6 +329,8 @@ func setupResourceSlices(mgr ctrl.Manager, o Options, r *node.Reconciler) error 
 		}
 	}
 	d.Plugin.OnChange = r.Notify
+	// The guard compares the plugin's reads of the claims with the accounting's reads of the GPUs.
+	d.Plugin.Clock = o.Clock
 	d.Plugin.PodPriority = claimPodPriority(mgr.GetAPIReader())
 	return mgr.Add(runnable(func(ctx context.Context) error {
 		h, err := d.Plugin.Start(ctrl.LoggerInto(ctx, log), kube)
@@ -377,6 +395,9 @@ func setupDevicePlugin(mgr ctrl.Manager, o Options, r *node.Reconciler, podResou
 		return err
 	}
 	dp.SetPodResources(podResources)
+	if t, ok := o.GPU.(gpu.TopologyReader); ok {
+		dp.SetTopology(t)
+	}
 	dpLog := mgr.GetLogger().WithName("device-plugin")
 	if err := mgr.Add(runnable(func(ctx context.Context) error { return dp.Run(ctrl.LoggerInto(ctx, dpLog)) })); err != nil {
 		return err

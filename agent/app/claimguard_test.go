@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -72,4 +73,46 @@ func TestAPodOverItsSizedClaimIsReportedAndEvictedWhereThePolicySays(t *testing.
 			pc.n.waitFor(t, "the pod within its claim again", withinClaims(pc.gpu, metav1.ConditionTrue, v1alpha1.ReasonAsClaimed))
 		})
 	}
+}
+
+// A claim reserved for a second pod after it was prepared (the kubelet prepares a claim once per node):
+// the agent reads the claim's consumers from the API server and judges both pods together against the
+// claim, neither "over a claim of 0" alone. Within it together, nothing is reported; past it, both are
+// named.
+func TestASharedClaimsPodsAreJudgedTogetherAgainstIt(t *testing.T) {
+	ctx := context.Background()
+	pc := prepareSizedClaim(t, v1alpha1.Sizing{Mode: v1alpha1.SizingPerClaim, OnExceed: v1alpha1.ExceedReport})
+	pc.n.waitFor(t, "the first pod within its claim", withinClaims(pc.gpu, metav1.ConditionTrue, v1alpha1.ReasonAsClaimed))
+
+	const pid2 = 4344
+	second := accountedPod(t, "second-"+pc.n.name, pc.n.name, pc.procRoot, pid2)
+	claim := &resourcev1.ResourceClaim{}
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(pc.claim), claim); err != nil {
+		t.Fatal(err)
+	}
+	claim.Status.ReservedFor = append(claim.Status.ReservedFor, resourcev1.ResourceClaimConsumerReference{Resource: "pods", Name: second.Name, UID: second.UID})
+	if err := env.Client.Status().Update(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	// 3 GiB and 6 GiB of the 10Gi claim.
+	pc.n.gpus.GPUs[0].SetUsage(nvmlmock.Proc(pc.pid, 3<<30, 40), nvmlmock.Proc(pid2, 6<<30, 40))
+	pc.n.waitFor(t, "both pods within the claim they share", func(g *v1alpha1.GPUNode) (bool, string) {
+		ok, why := withinClaims(pc.gpu, metav1.ConditionTrue, v1alpha1.ReasonAsClaimed)(g)
+		if !ok {
+			return false, why
+		}
+		// The status lists the claim with both pods and their 9 GiB.
+		for _, c := range gpuState(g, pc.gpu).Sized.Claims {
+			if c.Name == claim.Name && len(c.Pods) == 2 && c.MemoryUsed != nil && c.MemoryUsed.Value() == 9<<30 {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("sized %+v", gpuState(g, pc.gpu).Sized)
+	})
+	if got := eventsAbout(t, "Pod", second.Name, v1alpha1.ReasonClaimExceeded); len(got) != 0 {
+		t.Errorf("events on the second pod within the shared claim: %q", got)
+	}
+	pc.n.gpus.GPUs[0].SetUsage(nvmlmock.Proc(pc.pid, 3<<30, 40), nvmlmock.Proc(pid2, 8<<30, 40))
+	pc.n.waitFor(t, "the pair over the claim they share", withinClaims(pc.gpu, metav1.ConditionFalse, v1alpha1.ReasonClaimExceeded,
+		"default/"+second.Name+" and default/"+pc.pod.Name+" hold 11Gi, their claims 10Gi"))
 }

@@ -21,13 +21,14 @@ import (
 // preparedClaim is a 10Gi, 30% claim of a simulated 40 GiB GPU sized per claim, prepared through the
 // agent's kubelet plugin for a pod whose process (pid) the accounting names.
 type preparedClaim struct {
-	n       *testNode
-	gpu     string
-	pid     uint32
-	pod     *corev1.Pod
-	claim   *resourcev1.ResourceClaim
-	kubelet drapb.DRAPluginClient
-	ref     *drapb.Claim
+	n        *testNode
+	procRoot string
+	gpu      string
+	pid      uint32
+	pod      *corev1.Pod
+	claim    *resourcev1.ResourceClaim
+	kubelet  drapb.DRAPluginClient
+	ref      *drapb.Claim
 }
 
 // prepareSizedClaim runs an agent with DRA and the accounting (every 100 ms), sizes its GPU per claim
@@ -70,7 +71,7 @@ func prepareSizedClaim(t *testing.T, sizing v1alpha1.Sizing) preparedClaim {
 	// The pod's process uses the GPU only now, as on a node: the kubelet starts a pod's containers after
 	// its claims are prepared (a pod using the GPU without a claim is over its claims).
 	n.gpus.GPUs[0].SetUsage(nvmlmock.Proc(pid, 3<<30, 40))
-	return preparedClaim{n: n, gpu: gpuUUID, pid: pid, pod: pod, claim: claim, kubelet: kubelet, ref: ref}
+	return preparedClaim{n: n, procRoot: procRoot, gpu: gpuUUID, pid: pid, pod: pod, claim: claim, kubelet: kubelet, ref: ref}
 }
 
 // A GPU sized per claim lists in its status what the prepared claims were allocated, each claim with

@@ -34,9 +34,19 @@ var (
 	// ErrCordonedDevice is returned when the kubelet allocates a device of a GPU being drained, which is
 	// advertised only while the pod that held it runs.
 	ErrCordonedDevice = errors.New("device of a GPU cordoned for a drain")
-	// ErrDevicesSpanGPUs is returned when one container gets MPS or shim shares of more than one GPU: a
-	// process connects to one MPS daemon and one scheduler socket.
-	ErrDevicesSpanGPUs = errors.New("shares of more than one GPU in one container")
+	// ErrDevicesSpanGPUs is returned when one container gets MPS shares of more than one GPU: an MPS
+	// client connects to one control daemon, which serves one GPU, and shares /dev/shm with it, which
+	// is a tmpfs of that GPU alone.
+	ErrDevicesSpanGPUs = errors.New("MPS shares of more than one GPU in one container")
+	// ErrSharesOnOneGPU is returned when one container gets two fixed shim shares of one GPU: a
+	// container's shares are that many GPUs, and its processes take each GPU's lock as one client, so
+	// a second share of the same GPU would keep another pod off it and give this one nothing. It comes
+	// when the node has fewer GPUs with a free share than the container asks for.
+	ErrSharesOnOneGPU = errors.New("two shim shares of one GPU in one container")
+	// ErrShimOnSeveralGPUs is returned when one container gets shim shares (fixed or sized) of more than
+	// one GPU while shimServesSeveralGPUs is false: a process under the shim would reach no scheduler and
+	// hold no memory limit, so the GPUs would be neither shared nor capped (docs/deviceplugin.md).
+	ErrShimOnSeveralGPUs = errors.New("shim shares of several GPUs in one container are refused until the shim serves several GPUs")
 	// ErrNoDevices is returned for a container request without device IDs.
 	ErrNoDevices = errors.New("no devices requested")
 )
@@ -67,14 +77,27 @@ func containerResponse(cfg Config, devs []Device) (*pluginapi.ContainerAllocateR
 	switch kind {
 	case KindMPS:
 		if len(visible) != 1 {
-			return nil, fmt.Errorf("%w: MPS shares of %s", ErrDevicesSpanGPUs, strings.Join(visible, ", "))
+			return nil, fmt.Errorf("%w (%s): use one container per GPU, or shim shares", ErrDevicesSpanGPUs, strings.Join(visible, ", "))
 		}
 		addMPS(cfg, resp, devs)
 	case KindShared:
-		if len(visible) != 1 {
-			return nil, fmt.Errorf("%w: shim shares of %s", ErrDevicesSpanGPUs, strings.Join(visible, ", "))
+		gpus := byGPU(devs)
+		if len(gpus) > 1 && !shimServesSeveralGPUs {
+			return nil, fmt.Errorf("%w (%s): the shim serves one GPU per process, so these shares would run with no GPU's lock "+
+				"and no memory limit; give each container shares of one GPU (one container per GPU), or, for one container on "+
+				"several GPUs, ask for time-sliced shares without the shim (%s, DeviceClass gpusharing-timeslicing) or whole GPUs "+
+				"(%s, DeviceClass gpusharing-exclusive)", ErrShimOnSeveralGPUs, strings.Join(visible, ", "), cfg.Resources.TimeSlicing, cfg.Resources.Exclusive)
 		}
-		addShim(cfg, resp, devs)
+		for _, g := range gpus {
+			if fixed := len(g.devs) - countSized(g.devs); fixed > 1 {
+				return nil, fmt.Errorf("%w: %d shares of %s; a container's shares must each be on their own GPU, and this node has too few GPUs with a free share", ErrSharesOnOneGPU, fixed, g.uuid)
+			}
+		}
+		if len(gpus) == 1 {
+			addShim(cfg, resp, devs)
+		} else {
+			addShimGPUs(cfg, resp, gpus)
+		}
 	}
 	return resp, nil
 }

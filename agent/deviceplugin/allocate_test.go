@@ -1,8 +1,14 @@
 package deviceplugin
 
 import (
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
 	"testing"
 	"time"
+
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
 // A sized shim share carries the shim's memory limit; several of one GPU in one container add up, and a
@@ -58,6 +64,108 @@ func TestShimSharesLeaveTheIdleWindowToTheScheduler(t *testing.T) {
 					t.Errorf("%s (opportunistic %v): %s=%q, want it left to the scheduler", d.ID, opportunistic, env, got)
 				}
 			}
+		}
+	}
+}
+
+// The per-GPU form shimServesSeveralGPUs turns on: each GPU's socket directory mounted under its uuid,
+// and the socket, swapping and memory limit of each GPU as <uuid>=<value> pairs in CUDA_VISIBLE_DEVICES
+// order, each socket path inside its own GPU's mount.
+func TestShimSharesOfTwoGPUsCarryEachGPUsSocketAndLimits(t *testing.T) {
+	cfg := Config{SchedulerRoot: "/host/sched", ShimLibrary: "/host/libgpushare.so"}.WithDefaults()
+	b := Device{ID: "GPU-b::1", Kind: KindShared, GPUUUID: "GPU-b", VisibleUUID: "GPU-b", ShimOversub: true, Sized: true, MemoryLimitBytes: 4 << 30}
+	a := Device{ID: "GPU-a::0", Kind: KindShared, GPUUUID: "GPU-a", VisibleUUID: "GPU-a"}
+	shimGPUs := func(devs ...Device) *pluginapi.ContainerAllocateResponse {
+		resp := &pluginapi.ContainerAllocateResponse{Envs: map[string]string{}}
+		addShimGPUs(cfg, resp, byGPU(devs))
+		return resp
+	}
+	resp := shimGPUs(b, a)
+	want := map[string]string{
+		EnvLDPreload:       ContainerShimLibrary,
+		EnvShimGPUUUID:     "GPU-b,GPU-a",
+		EnvShimSocket:      "GPU-b=/var/run/gpusharing/scheduler/GPU-b/gpushare.sock,GPU-a=/var/run/gpusharing/scheduler/GPU-a/gpushare.sock",
+		EnvShimOversub:     "GPU-b=1,GPU-a=0",
+		EnvShimMemoryLimit: "GPU-b=4294967296,GPU-a=0",
+	}
+	if !reflect.DeepEqual(resp.Envs, want) {
+		t.Errorf("envs:\n got %v\nwant %v", resp.Envs, want)
+	}
+	var mounts []string
+	for _, m := range resp.Mounts {
+		mounts = append(mounts, fmt.Sprintf("%s<-%s ro=%v", m.ContainerPath, m.HostPath, m.ReadOnly))
+	}
+	wantMounts := []string{
+		ContainerShimLibrary + "<-/host/libgpushare.so ro=true",
+		"/var/run/gpusharing/scheduler/GPU-b<-/host/sched/GPU-b ro=true",
+		"/var/run/gpusharing/scheduler/GPU-a<-/host/sched/GPU-a ro=true",
+	}
+	if !reflect.DeepEqual(mounts, wantMounts) {
+		t.Errorf("mounts:\n got %v\nwant %v", mounts, wantMounts)
+	}
+	// No sized share: no limit variable at all, as for one GPU.
+	resp = shimGPUs(a, Device{ID: "GPU-b::0", Kind: KindShared, GPUUUID: "GPU-b", VisibleUUID: "GPU-b"})
+	if v, set := resp.Envs[EnvShimMemoryLimit]; set {
+		t.Errorf("fixed shares of two GPUs: %s=%q, want it unset", EnvShimMemoryLimit, v)
+	}
+}
+
+// What cannot work in one container is refused with a reason: MPS shares of two GPUs (one daemon and one
+// /dev/shm per client), two fixed shim shares of one GPU (one lock client per GPU), and shim shares,
+// fixed or sized, of two GPUs until the shim serves several GPUs (no lock, no memory limit). Sized shares
+// of one GPU add up, as their memory does; time-sliced replicas and whole GPUs span GPUs freely.
+func TestContainerEditsRefuseSharesThatCannotWorkTogether(t *testing.T) {
+	mpsOn := func(gpu string, n int32) Device {
+		return Device{ID: ReplicaID(gpu, n), Kind: KindMPS, GPUUUID: gpu, VisibleUUID: gpu, MPS: &MPSLimits{ActiveThreadPercentage: 50}}
+	}
+	shimOn := func(gpu string, n int32) Device {
+		return Device{ID: ReplicaID(gpu, n), Kind: KindShared, GPUUUID: gpu, VisibleUUID: gpu}
+	}
+	sized := func(d Device) Device {
+		d.Sized, d.MemoryLimitBytes = true, 4<<30
+		return d
+	}
+	on := func(kind Kind, gpu string, n int32) Device {
+		return Device{ID: ReplicaID(gpu, n), Kind: kind, GPUUUID: gpu, VisibleUUID: gpu}
+	}
+	for _, tt := range []struct {
+		name string
+		devs []Device
+		want error
+	}{
+		{"MPS shares of two GPUs", []Device{mpsOn("GPU-a", 0), mpsOn("GPU-b", 0)}, ErrDevicesSpanGPUs},
+		{"two fixed shim shares of one GPU", []Device{shimOn("GPU-a", 0), shimOn("GPU-a", 1)}, ErrSharesOnOneGPU},
+		{"two fixed shim shares of one GPU beside another GPU", []Device{shimOn("GPU-a", 0), shimOn("GPU-b", 0), shimOn("GPU-a", 1)}, ErrShimOnSeveralGPUs},
+		{"sized MPS shares of two GPUs", []Device{sized(mpsOn("GPU-a", 0)), sized(mpsOn("GPU-b", 0))}, ErrDevicesSpanGPUs},
+		{"fixed shim shares of two GPUs", []Device{shimOn("GPU-a", 0), shimOn("GPU-b", 0)}, ErrShimOnSeveralGPUs},
+		{"sized shim shares of two GPUs", []Device{sized(shimOn("GPU-a", 0)), sized(shimOn("GPU-b", 0))}, ErrShimOnSeveralGPUs},
+		{"a fixed and a sized shim share of two GPUs", []Device{shimOn("GPU-a", 0), sized(shimOn("GPU-b", 0))}, ErrShimOnSeveralGPUs},
+		{"two MPS shares of one GPU", []Device{mpsOn("GPU-a", 0), mpsOn("GPU-a", 1)}, nil},
+		{"two sized shim shares of one GPU", []Device{sized(shimOn("GPU-a", 0)), sized(shimOn("GPU-a", 1))}, nil},
+		{"time-sliced replicas of two GPUs", []Device{on(KindTimeSlicing, "GPU-a", 0), on(KindTimeSlicing, "GPU-b", 0)}, nil},
+		{"whole GPUs", []Device{{ID: "GPU-a", Kind: KindExclusive, GPUUUID: "GPU-a", VisibleUUID: "GPU-a"}, {ID: "GPU-b", Kind: KindExclusive, GPUUUID: "GPU-b", VisibleUUID: "GPU-b"}}, nil},
+	} {
+		_, err := ContainerEdits(Config{}, tt.devs)
+		if (tt.want == nil) != (err == nil) || (tt.want != nil && !errors.Is(err, tt.want)) {
+			t.Errorf("%s: %v, want %v", tt.name, err, tt.want)
+		}
+	}
+}
+
+// The refusal of shim shares on several GPUs names the GPUs and what a user can ask for instead, in the
+// node's configured resource names.
+func TestShimOnSeveralGPUsSaysWhatWorksInstead(t *testing.T) {
+	cfg := Config{Resources: ResourceNames{TimeSlicing: "example.com/ts", Exclusive: "example.com/gpu"}}
+	_, err := ContainerEdits(cfg, []Device{
+		{ID: "GPU-a::0", Kind: KindShared, GPUUUID: "GPU-a", VisibleUUID: "GPU-a"},
+		{ID: "GPU-b::0", Kind: KindShared, GPUUUID: "GPU-b", VisibleUUID: "GPU-b"},
+	})
+	if !errors.Is(err, ErrShimOnSeveralGPUs) {
+		t.Fatalf("got %v, want %v", err, ErrShimOnSeveralGPUs)
+	}
+	for _, want := range []string{"GPU-a, GPU-b", "no memory limit", "one container per GPU", "example.com/ts", "gpusharing-timeslicing", "example.com/gpu", "gpusharing-exclusive"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("%q lacks %q", err, want)
 		}
 	}
 }

@@ -43,6 +43,8 @@ type Manager struct {
 	// cordoned; nil when that look failed, which hides every device of a cordoned GPU.
 	held        map[heldDevice]bool
 	heldFailing bool
+	// topology ranks the GPUs a container's shares go to; nil chooses by use and order alone.
+	topology *topologySource
 }
 
 type entry struct {
@@ -295,6 +297,7 @@ func (m *Manager) restartLocked(ctx context.Context, res ResourceName, devs []De
 		delete(m.plugins, res)
 	}
 	p := newPlugin(m.cfg, res, devs, logr.FromContextOrDiscard(ctx))
+	p.topology = m.topology
 	if err := p.start(); err != nil {
 		// Not kept: the next reconcile or kubelet poll starts it again.
 		return err

@@ -269,7 +269,8 @@ func TestAllocateRefusesWhatItCannotServe(t *testing.T) {
 	dir := socketDir(t)
 	k := startKubelet(t, dir)
 	m := runManager(t, testConfig(dir))
-	st := nodeStatus(gpu(0, "GPU-a", mps(2, 0, "", "Running")), gpu(1, "GPU-b", mps(2, 0, "", "Running")), gpu(2, "GPU-c", shim(time.Second)), gpu(3, "GPU-d", shim(time.Second)))
+	st := nodeStatus(gpu(0, "GPU-a", mps(2, 0, "", "Running")), gpu(1, "GPU-b", mps(2, 0, "", "Running")), gpu(2, "GPU-c", shim(time.Second)), gpu(3, "GPU-d", shim(time.Second)),
+		gpu(4, "GPU-e", timeSliced(2)), gpu(5, "GPU-f", timeSliced(2)))
 	if err := m.UpdateFromStatus(ctx, st); err != nil {
 		t.Fatal(err)
 	}
@@ -281,7 +282,8 @@ func TestAllocateRefusesWhatItCannotServe(t *testing.T) {
 	}{
 		{"a device the resource does not advertise", resMPS, []string{"GPU-z::0"}, ErrUnknownDevice.Error()},
 		{"MPS shares of two GPUs in one container", resMPS, []string{"GPU-a::0", "GPU-b::0"}, ErrDevicesSpanGPUs.Error()},
-		{"shim shares of two GPUs in one container", resShared, []string{"GPU-c::0", "GPU-d::0"}, ErrDevicesSpanGPUs.Error()},
+		{"two shim shares of one GPU in one container", resShared, []string{"GPU-c::0", "GPU-c::1"}, ErrSharesOnOneGPU.Error()},
+		{"shim shares of two GPUs in one container", resShared, []string{"GPU-c::0", "GPU-d::0"}, ErrShimOnSeveralGPUs.Error()},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := k.WaitForRegistrations(ctx, tc.resource, 1); err != nil {
@@ -292,6 +294,14 @@ func TestAllocateRefusesWhatItCannotServe(t *testing.T) {
 				t.Errorf("got %v, want InvalidArgument naming %q", err, tc.want)
 			}
 		})
+	}
+	// Time-sliced replicas need no shim: a container gets them on several GPUs.
+	if _, err := k.WaitForRegistrations(ctx, resTimeSlice, 1); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := dialPlugin(t, k, resTimeSlice).AllocateOne(ctx, "GPU-e::0", "GPU-f::0")
+	if err != nil || resp.Envs["CUDA_VISIBLE_DEVICES"] != "GPU-e,GPU-f" {
+		t.Errorf("time-sliced replicas of two GPUs: %v, %v; want CUDA_VISIBLE_DEVICES=GPU-e,GPU-f", resp, err)
 	}
 }
 

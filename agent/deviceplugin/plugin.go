@@ -38,6 +38,9 @@ type plugin struct {
 	streams int           // open ListAndWatch streams
 	lost    bool          // the last open stream ended while the plugin was serving
 
+	// topology ranks the GPUs a container's shares go to (GetPreferredAllocation); nil knows none.
+	topology *topologySource
+
 	stop     chan struct{}
 	stopOnce sync.Once
 	server   *grpc.Server
@@ -205,12 +208,13 @@ func (p *plugin) ListAndWatch(_ *pluginapi.Empty, s pluginapi.DevicePlugin_ListA
 }
 
 // GetPreferredAllocation answers each container request with preferredAllocation.
-func (p *plugin) GetPreferredAllocation(_ context.Context, req *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {
+func (p *plugin) GetPreferredAllocation(ctx context.Context, req *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {
 	devs, _ := p.snapshot()
+	topo := p.topology.get(logr.NewContext(ctx, p.log))
 	devs = slices.DeleteFunc(slices.Clone(devs), func(d Device) bool { return d.Held })
 	resp := &pluginapi.PreferredAllocationResponse{}
 	for _, cr := range req.GetContainerRequests() {
-		ids := preferredAllocation(devs, cr.GetAvailableDeviceIDs(), cr.GetMustIncludeDeviceIDs(), int(cr.GetAllocationSize()))
+		ids := preferredAllocation(devs, cr.GetAvailableDeviceIDs(), cr.GetMustIncludeDeviceIDs(), int(cr.GetAllocationSize()), topo)
 		resp.ContainerResponses = append(resp.ContainerResponses, &pluginapi.ContainerPreferredAllocationResponse{DeviceIDs: ids})
 	}
 	return resp, nil

@@ -1,17 +1,21 @@
 package deviceplugin
 
 import (
+	"slices"
 	"sort"
+
+	gpuinfo "github.com/gpusharing/gpusharing/agent/gpu"
 )
 
 // preferredAllocation picks size devices out of available, always keeping mustInclude. Replicas of
-// time-sliced GPUs spread: each pick goes to the GPU with the fewest replicas picked in this request,
-// then the fewest already in use, so a pod asking for two replicas gets two GPUs where the node has them
-// (k8s-device-plugin #491 is the opposite). MPS and shim shares pack onto one GPU, the least used one that
-// can hold the whole request, because one process talks to one MPS daemon or scheduler socket. Whole GPUs
-// and MIG instances are taken in advertised order. all is the resource's full device list, so the number
-// of replicas in use per GPU is known.
-func preferredAllocation(all []Device, available, mustInclude []string, size int) []string {
+// time-sliced and shim-shared GPUs go to distinct GPUs: a container's N shares are N GPUs
+// (docs/deviceplugin.md), chosen as the group whose farthest pair is closest in topo (NVLink, then
+// PCIe), then the least used group, then advertised order; a GPU is picked twice only when fewer GPUs
+// than shares have one free (k8s-device-plugin #491 is the opposite). MPS shares pack onto one GPU, the
+// least used one that can hold the whole request, because an MPS client talks to one daemon, which
+// serves one GPU, through that GPU's /dev/shm. Whole GPUs and MIG instances are taken in advertised
+// order. all is the resource's full device list, so the number of replicas in use per GPU is known.
+func preferredAllocation(all []Device, available, mustInclude []string, size int, topo gpuinfo.Topology) []string {
 	byID := make(map[string]Device, len(all))
 	order := make(map[string]int, len(all))
 	total := map[string]int{}
@@ -58,7 +62,18 @@ func preferredAllocation(all []Device, available, mustInclude []string, size int
 	sort.Slice(gpus, func(i, j int) bool { return order[free[gpus[i]][0]] < order[free[gpus[j]][0]] })
 
 	switch kind {
-	case KindTimeSlicing:
+	case KindTimeSlicing, KindShared:
+		var held []string // GPUs of the must-include shares, in their order
+		for _, id := range picked {
+			if g := byID[id].GPUUUID; !slices.Contains(held, g) {
+				held = append(held, g)
+			}
+		}
+		for _, g := range spreadGPUs(gpus, held, size-len(picked), topo, inUse) {
+			take(free[g][0])
+			free[g] = free[g][1:]
+		}
+		// Fewer GPUs than shares: double up on the least used, as evenly as the free shares allow.
 		for len(picked) < size {
 			best := ""
 			for _, g := range gpus {
@@ -75,7 +90,7 @@ func preferredAllocation(all []Device, available, mustInclude []string, size int
 			take(free[best][0])
 			free[best] = free[best][1:]
 		}
-	case KindMPS, KindShared:
+	case KindMPS:
 		// Stay on the GPU of a must-include share; else the least used GPU that fits the rest.
 		need := size - len(picked)
 		target := ""

@@ -199,17 +199,7 @@ func TestTheKubeletPluginForgetsClaimsThatAreGoneOnStart(t *testing.T) {
 	if err := prepareOne(ctx, restarted, successor); !errors.Is(err, dra.ErrDeviceInUse) {
 		t.Fatalf("before the stale entries are forgotten, a claim on a freed device = %v, want ErrDeviceInUse", err)
 	}
-	kube, err := kubernetes.NewForConfig(env.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, cancel := context.WithCancel(ctx)
-	h, err := restarted.Start(runCtx, kube)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { h.Stop(); cancel() })
+	runPlugin(t, ctx, env, restarted)
 
 	// Start forgot them before it served.
 	if got := restarted.Prepared(); !slices.Equal(got, []types.UID{kept.UID}) {

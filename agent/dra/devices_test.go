@@ -197,7 +197,8 @@ func TestASizedGPUIsOneDeviceWithConsumableMemoryAndCompute(t *testing.T) {
 }
 
 // A claim's consumed capacity becomes its container's limits: MPS pinned memory in whole MiB (rounded
-// down, so never above the allocation) and thread percentage; the shim's memory limit in bytes, with no
+// down, so never above the allocation), the context reserve left out of it so a process that fills it
+// holds at most its claim by NVML, and thread percentage; the shim's memory limit in bytes, with no
 // compute limit.
 func TestSizedLimitsTurnConsumedCapacityIntoLimits(t *testing.T) {
 	mpsDev := deviceplugin.Device{Kind: deviceplugin.KindMPS, GPUUUID: "GPU-a", Sized: true}
@@ -212,23 +213,28 @@ func TestSizedLimitsTurnConsumedCapacityIntoLimits(t *testing.T) {
 		}
 		return m
 	}
+	const reserve = 768 << 20
 	for _, tt := range []struct {
 		name     string
 		dev      deviceplugin.Device
 		consumed map[resourcev1.QualifiedName]resource.Quantity
+		reserve  int64
 		want     string
 		err      error
 	}{
-		{"MPS, 10Gi and 30 percent", mpsDev, caps("10Gi", "30"), "mps 30% 10240MiB", nil},
-		{"MPS, the defaults a claim that asked nothing consumed", mpsDev, caps("13Gi", "33"), "mps 33% 13312MiB", nil},
-		{"MPS, a memory amount off the MiB grid rounds down", mpsDev, caps("1536Ki", "1"), "mps 1% 1MiB", nil},
-		{"MPS, less than a MiB is still a limit", mpsDev, caps("512Ki", "1"), "mps 1% 1MiB", nil},
-		{"MPS, a fraction of a percent rounds up to a whole one", mpsDev, caps("1Gi", "500m"), "mps 1% 1024MiB", nil},
-		{"shim, bytes as consumed, compute not limited", shimDev, caps("4Gi", "50"), "shim 4294967296", nil},
-		{"shim, a claim allocated without consumed capacity", shimDev, caps("", ""), "", ErrNoConsumedCapacity},
-		{"MPS, no compute consumed", mpsDev, caps("4Gi", ""), "", ErrNoConsumedCapacity},
+		{"MPS, 10Gi and 30 percent", mpsDev, caps("10Gi", "30"), 0, "mps 30% 10240MiB shim 10737418240", nil},
+		{"MPS, 10Gi less the context reserve", mpsDev, caps("10Gi", "30"), reserve, "mps 30% 9472MiB shim 9932111872", nil},
+		{"MPS, 8Gi less the context reserve", mpsDev, caps("8Gi", "25"), reserve, "mps 25% 7424MiB shim 7784628224", nil},
+		{"MPS, the defaults a claim that asked nothing consumed", mpsDev, caps("13Gi", "33"), 0, "mps 33% 13312MiB shim 13958643712", nil},
+		{"MPS, a memory amount off the MiB grid rounds down", mpsDev, caps("1536Ki", "1"), 0, "mps 1% 1MiB shim 1048576", nil},
+		{"MPS, less than a MiB is still a limit", mpsDev, caps("512Ki", "1"), 0, "mps 1% 1MiB shim 1048576", nil},
+		{"MPS, a fraction of a percent rounds up to a whole one", mpsDev, caps("1Gi", "500m"), 0, "mps 1% 1024MiB shim 1073741824", nil},
+		{"MPS, a claim of the context reserve holds no process", mpsDev, caps("768Mi", "10"), reserve, "", ErrClaimBelowContextReserve},
+		{"shim, bytes as consumed, compute not limited", shimDev, caps("4Gi", "50"), reserve, "shim 4294967296", nil},
+		{"shim, a claim allocated without consumed capacity", shimDev, caps("", ""), 0, "", ErrNoConsumedCapacity},
+		{"MPS, no compute consumed", mpsDev, caps("4Gi", ""), 0, "", ErrNoConsumedCapacity},
 	} {
-		d, err := SizedLimits(tt.dev, tt.consumed)
+		d, err := SizedLimits(tt.dev, tt.consumed, tt.reserve)
 		if !errors.Is(err, tt.err) {
 			t.Errorf("%s: error %v, want %v", tt.name, err, tt.err)
 			continue
@@ -238,10 +244,26 @@ func TestSizedLimitsTurnConsumedCapacityIntoLimits(t *testing.T) {
 		}
 		got := fmt.Sprintf("shim %d", d.MemoryLimitBytes)
 		if d.MPS != nil {
-			got = fmt.Sprintf("mps %d%% %dMiB", d.MPS.ActiveThreadPercentage, d.MPS.PinnedMemoryLimitMiB)
+			got = fmt.Sprintf("mps %d%% %dMiB shim %d", d.MPS.ActiveThreadPercentage, d.MPS.PinnedMemoryLimitMiB, d.MemoryLimitBytes)
 		}
 		if got != tt.want {
 			t.Errorf("%s: %s, want %s", tt.name, got, tt.want)
 		}
+	}
+}
+
+// The sized device offers what the agent read claims can use (status.gpus[].sized.memoryCapacity), not
+// the GPU's memory, where the status carries it; its default share is cut from that.
+func TestASizedDeviceOffersTheUsableMemory(t *testing.T) {
+	g := sizedGPU(0, "40Gi", &v1alpha1.AppliedSharing{Strategy: v1alpha1.StrategyMPS, MPS: &v1alpha1.MPSStatus{State: "Running", Replicas: 4}}, "", "")
+	usable := resource.MustParse("39Gi")
+	g.Sized = &v1alpha1.GPUSizedClaims{MemoryCapacity: &usable}
+	sh, ok := sizedShare(g, deviceplugin.Config{})
+	if !ok {
+		t.Fatal("no sized device")
+	}
+	mem := sh.dev.Capacity[CapacityMemory]
+	if mem.Value.Cmp(usable) != 0 || mem.RequestPolicy.Default.Value() != 9<<30 {
+		t.Errorf("memory capacity %s (default %s), want 39Gi (default 9Gi: 39Gi over 4 on the 1Gi grid)", mem.Value.String(), mem.RequestPolicy.Default)
 	}
 }

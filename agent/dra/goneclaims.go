@@ -27,8 +27,9 @@ const (
 )
 
 // ForgetGoneClaims looks up, one GET each, the ResourceClaim of every claim the checkpoint holds, and
-// drops the entries whose claim no longer exists or exists under another UID (deleted and created again
-// with the same name: a different claim). It removes their CDI specs and writes the checkpoint; it returns
+// drops the entries whose claim no longer exists, exists under another UID (deleted and created again
+// with the same name: a different claim), or is no longer allocated in this node's pool (deallocated, or
+// allocated on another node). It removes their CDI specs and writes the checkpoint; it returns
 // how many it dropped. A claim that cannot be looked up (the API server does not answer, the request is
 // refused) is kept: not knowing is not "gone". The error is the first lookup or write that failed.
 func (p *KubeletPlugin) ForgetGoneClaims(ctx context.Context, kube kubernetes.Interface) (int, error) {
@@ -68,6 +69,10 @@ func (p *KubeletPlugin) ForgetGoneClaims(ctx context.Context, kube kubernetes.In
 		case claim.UID != r.uid:
 			p.log.Info("Forgetting a prepared ResourceClaim whose name now belongs to another claim", "claim", r.namespace+"/"+r.name,
 				"claimUID", r.uid, "currentUID", claim.UID)
+			gone = append(gone, r.uid)
+		case !p.allocatedHere(claim):
+			// Deallocated, or allocated again on another node: its devices here are no longer its.
+			p.log.Info("Forgetting a prepared ResourceClaim no longer allocated on this node", "claim", r.namespace+"/"+r.name, "claimUID", r.uid)
 			gone = append(gone, r.uid)
 		}
 	}

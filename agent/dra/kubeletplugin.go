@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/utils/clock"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/gpusharing/gpusharing/agent/deviceplugin"
@@ -53,6 +55,10 @@ type PluginConfig struct {
 	// GoneClaimsInterval is how often the checkpoint's claims are looked up to forget those whose
 	// ResourceClaim is gone (zero: DefaultGoneClaimsInterval); they are looked up once on Start too.
 	GoneClaimsInterval time.Duration
+	// ContextReserve is the device memory charged to each CUDA process of a sized claim for its context
+	// (bytes; the agent's --context-reserve, DefaultContextReserve): an MPS client's pinned memory limit
+	// is its claim less this (SizedLimits). Zero charges nothing.
+	ContextReserve int64
 }
 
 // WithDefaults fills the zero fields.
@@ -97,10 +103,26 @@ type KubeletPlugin struct {
 	// (dynmigprepare.go). Set it before Start.
 	MIG *DynamicMIG
 
+	// Clock stamps the reads of the node's claims (ClaimView.SyncedAt); nil is the real clock. It must be
+	// the accounting's clock, whose reads the guard compares with them. Set it before Start.
+	Clock clock.PassiveClock
+
+	// syncRequests carries RequestClaimSync to the goroutine that reads the node's claims.
+	syncRequests chan struct{}
+
 	mu     sync.Mutex
 	shares map[string]deviceplugin.Device
 	// dynamic are the placement devices of dynamic MIG GPUs the status publishes.
 	dynamic map[string]dynPlacement
+	// gpus are the node's GPU uuids by index, from the last status: a sized device's GPU by its name.
+	gpus map[int32]string
+	// api are the claims with sized devices allocated in this node's pool, as last read (SyncClaims),
+	// and syncedAt when that read began.
+	api      map[types.UID]apiClaim
+	syncedAt time.Time
+	// unprepared are claims the kubelet unprepared that the API server may still show allocated here
+	// (until the ResourceClaim controller deallocates them): no read brings them back into the view.
+	unprepared map[types.UID]bool
 	// cp is the checkpoint as last written: it changes only through commit.
 	cp checkpoint
 }
@@ -118,7 +140,8 @@ func NewKubeletPlugin(node string, cfg PluginConfig, dp deviceplugin.Config, log
 	if err != nil {
 		return nil, err
 	}
-	p := &KubeletPlugin{node: node, cfg: cfg, dp: dp.WithDefaults(), log: log, writeFile: writeFileAtomic, cdi: specs}
+	p := &KubeletPlugin{node: node, cfg: cfg, dp: dp.WithDefaults(), log: log, writeFile: writeFileAtomic, cdi: specs,
+		syncRequests: make(chan struct{}, 1)}
 	path := p.checkpointPath()
 	cp, err := readCheckpoint(path, node)
 	if errors.Is(err, errCorruptCheckpoint) {
@@ -153,8 +176,12 @@ func (p *KubeletPlugin) commit(next checkpoint) error {
 // Update takes the shares a node status publishes; the reconciler calls it with every status.
 func (p *KubeletPlugin) Update(status v1alpha1.GPUNodeStatus) {
 	shares, dynamic := Shares(status, p.dp), dynamicPlacements(status)
+	gpus := make(map[int32]string, len(status.GPUs))
+	for _, g := range status.GPUs {
+		gpus[g.Index] = g.UUID
+	}
 	p.mu.Lock()
-	p.shares, p.dynamic = shares, dynamic
+	p.shares, p.dynamic, p.gpus = shares, dynamic, gpus
 	p.mu.Unlock()
 }
 
@@ -172,9 +199,11 @@ func (p *KubeletPlugin) Prepared() []types.UID {
 
 // Start serves the plugin to the kubelet (registration and the DRA v1 and v1beta1 services) until ctx
 // ends or the returned helper is stopped. kube reads the ResourceClaims the kubelet names. Before it
-// serves, the checkpoint's claims whose ResourceClaim is gone are forgotten (ForgetGoneClaims, bounded by
-// firstSweepTimeout), so a device freed while the agent was down is not refused; then again every
-// GoneClaimsInterval until ctx ends.
+// serves, the checkpoint's claims whose ResourceClaim is gone are forgotten (ForgetGoneClaims), so a
+// device freed while the agent was down is not refused, and the claims allocated in this node's pool are
+// read (SyncClaims), so the claim guard knows them whatever the checkpoint holds; both within
+// firstSweepTimeout. Then the sweep runs every GoneClaimsInterval, and the read on RequestClaimSync, until
+// ctx ends.
 func (p *KubeletPlugin) Start(ctx context.Context, kube kubernetes.Interface) (*kubeletplugin.Helper, error) {
 	// The helper listens in these directories but does not make them; the kubelet makes only its own
 	// registry, and not before it first looks for plugins.
@@ -187,7 +216,12 @@ func (p *KubeletPlugin) Start(ctx context.Context, kube kubernetes.Interface) (*
 	// Errors are logged per claim; what could not be looked up is kept for the next sweep.
 	_, _ = p.ForgetGoneClaims(firstCtx, kube)
 	p.reconcileMIG(firstCtx, kube)
+	if err := p.SyncClaims(firstCtx, kube); err != nil {
+		// The guard asks again for what it cannot judge.
+		p.log.Error(err, "Cannot read this node's ResourceClaims; pods on sized GPUs not known stay unjudged")
+	}
 	cancel()
+	go p.syncClaimsOnRequest(ctx, kube)
 	interval := p.cfg.GoneClaimsInterval
 	if interval <= 0 {
 		interval = DefaultGoneClaimsInterval
@@ -222,6 +256,7 @@ func (p *KubeletPlugin) PrepareResourceClaims(ctx context.Context, claims []*res
 		if isFresh {
 			next.Claims[c.UID] = pc
 			fresh = append(fresh, c.UID)
+			delete(p.unprepared, c.UID)
 		}
 		out[c.UID] = kubeletplugin.PrepareResult{Devices: resultDevices(pc)}
 	}
@@ -278,8 +313,11 @@ func (p *KubeletPlugin) prepare(ctx context.Context, cp checkpoint, c *resourcev
 	}
 	pc := preparedClaim{Namespace: c.Namespace, Name: c.Name, Pods: reservedPods(c)}
 	var cdiDevices []cdispec.Device
-	for _, req := range requests {
-		results := byRequest[req]
+	for _, unit := range gpuSets(c.Spec.Devices.Constraints, requests) {
+		var results []resourcev1.DeviceRequestAllocationResult
+		for _, req := range unit {
+			results = append(results, byRequest[req]...)
+		}
 		devs := make([]deviceplugin.Device, 0, len(results))
 		sized := make([]preparedDevice, len(results))
 		for i, r := range results {
@@ -297,7 +335,7 @@ func (p *KubeletPlugin) prepare(ctx context.Context, cp checkpoint, c *resourcev
 			}
 			if d.Sized {
 				var err error
-				if d, err = SizedLimits(d, r.ConsumedCapacity); err != nil {
+				if d, err = SizedLimits(d, r.ConsumedCapacity, p.cfg.ContextReserve); err != nil {
 					return preparedClaim{}, false, fmt.Errorf("%s: %w", r.Device, err)
 				}
 				sized[i] = sizedAmounts(d.GPUUUID, r.ConsumedCapacity)
@@ -309,21 +347,26 @@ func (p *KubeletPlugin) prepare(ctx context.Context, cp checkpoint, c *resourcev
 			}
 			devs = append(devs, d)
 		}
-		// One container asking for this request gets what one container asking the device plugin for
-		// these shares gets: the same function decides it.
+		// One container asking for these shares gets what one container asking the device plugin for
+		// them gets: the same function decides it.
 		resp, err := deviceplugin.ContainerEdits(p.dp, devs)
 		if err != nil {
-			return preparedClaim{}, false, fmt.Errorf("request %s: %w", req, err)
+			return preparedClaim{}, false, fmt.Errorf("request %s: %w", strings.Join(unit, ", "), err)
 		}
-		name := cdiDeviceName(c.UID, req)
+		name := cdiDeviceName(c.UID, strings.Join(unit, "_"))
 		cdiDevices = append(cdiDevices, cdispec.Device{Name: name, ContainerEdits: cdiEditsOf(resp)})
 		for i, r := range results {
 			d := sized[i]
 			d.Requests, d.Pool, d.Device, d.ShareID = []string{r.Request}, r.Pool, r.Device, r.ShareID
-			// The request's edits are one CDI device, named on its first device only: a container gets
-			// them once however many shares the request holds (several MPS shares add up in one client).
+			// The edits are one CDI device, named on the first device only: a container gets them once
+			// however many shares it holds (several MPS shares add up in one client). A GPU set's first
+			// device stands for each of its requests, so a container that names any of them gets every
+			// GPU of the set in one environment.
 			if i == 0 {
 				d.CDIDeviceIDs = []string{CDIID(name)}
+				if len(unit) > 1 {
+					d.Requests = slices.Clone(unit)
+				}
 			}
 			pc.Devices = append(pc.Devices, d)
 		}
@@ -391,6 +434,11 @@ func (p *KubeletPlugin) UnprepareResourceClaims(ctx context.Context, claims []ku
 			delete(next.Claims, c.UID)
 			changed = true
 		}
+		if p.unprepared == nil {
+			p.unprepared = map[types.UID]bool{}
+		}
+		p.unprepared[c.UID] = true
+		delete(p.api, c.UID)
 		out[c.UID] = nil
 	}
 	if changed {

@@ -37,7 +37,11 @@ var dpConfig = deviceplugin.Config{MPSRoot: "/run/gpusharing/mps", SchedulerRoot
 	ShimLibrary: "/var/lib/gpusharing/lib/libgpushare.so"}
 
 // pluginDirs are one node's kubelet plugin directories, short enough for Unix socket paths.
-type pluginDirs struct{ plugin, registry, cdi string }
+// reserve is the plugin's context reserve (PluginConfig.ContextReserve).
+type pluginDirs struct {
+	plugin, registry, cdi string
+	reserve               int64
+}
 
 func newPluginDirs(t *testing.T) pluginDirs {
 	t.Helper()
@@ -50,7 +54,7 @@ func newPluginDirs(t *testing.T) pluginDirs {
 }
 
 func (d pluginDirs) config() dra.PluginConfig {
-	return dra.PluginConfig{PluginDir: d.plugin, RegistryDir: d.registry, CDIDir: d.cdi}
+	return dra.PluginConfig{PluginDir: d.plugin, RegistryDir: d.registry, CDIDir: d.cdi, ContextReserve: d.reserve}
 }
 
 // startPlugin runs the kubelet plugin as the agent does and returns a DRA v1 client on its socket, as the
@@ -389,8 +393,9 @@ func sizedMPSAndShimNode() v1alpha1.GPUNodeStatus {
 }
 
 // Claims the real scheduler allocated on sized GPUs get their sizes as limits: on MPS the client's pinned
-// memory and thread percentage, on the shim its memory limit beside the shim's LD_PRELOAD. Two claims
-// share one sized device, which is no ErrDeviceInUse.
+// memory (the claim less the context reserve, which NVML counts and the limit does not) and thread
+// percentage, on the shim its memory limit beside the shim's LD_PRELOAD. Two claims share one sized
+// device, which is no ErrDeviceInUse.
 func TestKubeletPluginPreparesSizedClaimsWithTheirSizesAsLimits(t *testing.T) {
 	ctx, env := draCluster(t)
 	c := env.Client
@@ -407,17 +412,19 @@ func TestKubeletPluginPreparesSizedClaimsWithTheirSizesAsLimits(t *testing.T) {
 	}
 
 	dirs := newPluginDirs(t)
+	dirs.reserve = dra.DefaultContextReserve
 	kubelet, _ := startPluginWith(t, env, dirs, &st)
 	const mpsGPU, shimGPU = "GPU-00000000-0000-0000-0000-00000000a100", "GPU-00000001-0000-0000-0000-00000000a100"
 	mpsMounts := []string{"/run/gpusharing/mps/" + mpsGPU + "/pipe:/var/run/gpusharing/mps:rw", "/run/gpusharing/mps/" + mpsGPU + "/shm:/dev/shm:rw",
 		"/var/lib/gpusharing/lib/libgpushare.so:/usr/lib/gpusharing/libgpushare.so:ro"}
 	want := map[string]struct{ env, mounts []string }{
-		// MPS holds the claim; the shim, with no scheduler socket, reports it as the GPU's memory.
-		"mps-10g": {env: []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M", "CUDA_MPS_PIPE_DIRECTORY=/var/run/gpusharing/mps",
-			"CUDA_VISIBLE_DEVICES=" + mpsGPU, "GPUSHARE_MEMORY_LIMIT_BYTES=10737418240", "LD_PRELOAD=/usr/lib/gpusharing/libgpushare.so", "NVIDIA_VISIBLE_DEVICES=" + mpsGPU}, mounts: mpsMounts},
+		// MPS holds the claim less the 768Mi context reserve; the shim, with no scheduler socket, reports
+		// that limit as the GPU's memory.
+		"mps-10g": {env: []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=9472M", "CUDA_MPS_PIPE_DIRECTORY=/var/run/gpusharing/mps",
+			"CUDA_VISIBLE_DEVICES=" + mpsGPU, "GPUSHARE_MEMORY_LIMIT_BYTES=9932111872", "LD_PRELOAD=/usr/lib/gpusharing/libgpushare.so", "NVIDIA_VISIBLE_DEVICES=" + mpsGPU}, mounts: mpsMounts},
 		// A claim that asks nothing: a fixed share of 8 replicas, 40Gi/8 and 100/8 percent.
-		"mps-default": {env: []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=12", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=5120M", "CUDA_MPS_PIPE_DIRECTORY=/var/run/gpusharing/mps",
-			"CUDA_VISIBLE_DEVICES=" + mpsGPU, "GPUSHARE_MEMORY_LIMIT_BYTES=5368709120", "LD_PRELOAD=/usr/lib/gpusharing/libgpushare.so", "NVIDIA_VISIBLE_DEVICES=" + mpsGPU}, mounts: mpsMounts},
+		"mps-default": {env: []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=12", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4352M", "CUDA_MPS_PIPE_DIRECTORY=/var/run/gpusharing/mps",
+			"CUDA_VISIBLE_DEVICES=" + mpsGPU, "GPUSHARE_MEMORY_LIMIT_BYTES=4563402752", "LD_PRELOAD=/usr/lib/gpusharing/libgpushare.so", "NVIDIA_VISIBLE_DEVICES=" + mpsGPU}, mounts: mpsMounts},
 		// 5500Mi rounded up to the 1Gi step: 6 GiB. Compute is not limited on a shim GPU.
 		"shim-6g": {env: []string{"CUDA_VISIBLE_DEVICES=" + shimGPU, "GPUSHARE_GPU_UUID=" + shimGPU, "GPUSHARE_MEMORY_LIMIT_BYTES=6442450944",
 			"GPUSHARE_SOCKET=/var/run/gpusharing/scheduler/gpushare.sock", "LD_PRELOAD=/usr/lib/gpusharing/libgpushare.so", "NVIDIA_VISIBLE_DEVICES=" + shimGPU},

@@ -60,7 +60,7 @@ func startScheduler(t *testing.T, env *testenv.Env) {
 // what gives a deleted claim's capacity back to the scheduler.
 func startClaimController(t *testing.T, env *testenv.Env) {
 	t.Helper()
-	s, err := env.StartClaimController(t.TempDir())
+	s, err := env.StartControllerManager(t.TempDir(), "resourceclaim-controller")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gpusharing/gpusharing/agent/deviceplugin"
+	"github.com/gpusharing/gpusharing/agent/scheduler"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -38,6 +39,15 @@ const (
 // only when the scheduler that allocated it does not know consumable capacity (the DRAConsumableCapacity
 // feature gate off): there is no size to enforce, and the whole GPU is not this claim's.
 var ErrNoConsumedCapacity = errors.New("sized device allocated without consumedCapacity")
+
+// ErrClaimBelowContextReserve: an MPS claim no larger than the context reserve, which a CUDA process holds
+// before its first allocation; no process can run within such a claim.
+var ErrClaimBelowContextReserve = errors.New("sized claim not larger than the CUDA context reserve")
+
+// DefaultContextReserve is the device memory charged to each CUDA process of a sized claim for its
+// context and driver allocations, which NVML counts and allocation limits do not; the shim schedulers'
+// ledgers charge the same (docs/dra.md, "What a claim guarantees", has the measured contexts).
+const DefaultContextReserve = scheduler.DefaultContextReserve
 
 // sizedShare is the device of a GPU sized per claim, and the device plugin's device its claims are
 // prepared as; ok is false when the GPU offers no sized device now.
@@ -73,7 +83,12 @@ func sizedShare(g v1alpha1.GPUStatus, cfg deviceplugin.Config) (share, bool) {
 		base.ShimOversub = a.Shim.MemoryBudget != nil && a.Shim.MemoryBudget.Sign() > 0
 		base.QoS = a.QoS
 	}
+	// What claims can really use (status.gpus[].sized.memoryCapacity: less the driver's reserve and the
+	// MPS server), where the agent read it; the GPU's memory otherwise.
 	memory := g.Memory.Value()
+	if g.Sized != nil && g.Sized.MemoryCapacity != nil && g.Sized.MemoryCapacity.Sign() > 0 {
+		memory = g.Sized.MemoryCapacity.Value()
+	}
 	step, minimum := a.Sizing.Step(), a.Sizing.Min()
 	if minimum+step > memory {
 		// The API server refuses a device whose minimum plus step exceeds its capacity, and with it the
@@ -137,11 +152,17 @@ func defaultCompute(replicas int32) int64 {
 }
 
 // SizedLimits fills a sized device's limits from the amounts its claim consumes: on an MPS GPU the
-// client's pinned memory limit (whole MiB, rounded down so the limit never passes what was allocated)
-// and active thread percentage (1-100), and the shim's memory limit, which reports the claim as the
-// GPU's memory; on a shim GPU the shim's memory limit in bytes. Compute is not
+// client's pinned memory limit and active thread percentage (1-100), and the shim's memory limit, which
+// reports that limit as the GPU's memory; on a shim GPU the shim's memory limit in bytes. Compute is not
 // enforced on shim GPUs: the lock gives the holder every SM for its quantum.
-func SizedLimits(d deviceplugin.Device, consumed map[resourcev1.QualifiedName]resource.Quantity) (deviceplugin.Device, error) {
+//
+// A claim of M bytes is the device memory its pods' processes hold as NVML counts it, their CUDA
+// contexts included, which the MPS server's pinned limit does not count: an MPS client's limit is M less
+// reserve (the context reserve, PluginConfig.ContextReserve), in whole MiB rounded down, so a process that
+// fills it holds at most M in NVML's figure. A claim no larger than the reserve cannot hold a process
+// (ErrClaimBelowContextReserve). On shim GPUs the claim goes to the shim whole: the scheduler's ledger
+// keeps the claim's allocations within M less a reserve per process.
+func SizedLimits(d deviceplugin.Device, consumed map[resourcev1.QualifiedName]resource.Quantity, reserve int64) (deviceplugin.Device, error) {
 	mem, ok := consumed[CapacityMemory]
 	if !ok || mem.Sign() <= 0 {
 		return d, ErrNoConsumedCapacity
@@ -152,13 +173,18 @@ func SizedLimits(d deviceplugin.Device, consumed map[resourcev1.QualifiedName]re
 		if !ok || compute.Sign() <= 0 {
 			return d, ErrNoConsumedCapacity
 		}
-		// MiB rounded down, at least one: a zero limit would read as none.
-		mib := max(1, mem.Value()>>20)
+		reserve = max(0, reserve)
+		if mem.Value() <= reserve {
+			return d, fmt.Errorf("%w: claim %s, context reserve %s", ErrClaimBelowContextReserve,
+				mem.String(), resource.NewQuantity(reserve, resource.BinarySI).String())
+		}
+		// Whole MiB rounded down, at least one: a zero limit would read as none.
+		mib := max(1, (mem.Value()-reserve)>>20)
 		// Value rounds a fraction up; the policy's step of 1 makes every amount whole anyway.
 		atp := int32(min(ComputeCapacity, max(1, compute.Value())))
 		d.MPS = &deviceplugin.MPSLimits{ActiveThreadPercentage: atp, PinnedMemoryLimitMiB: mib}
-		// The shim reports the claim as the GPU's memory to the client (addMPS); MPS enforces it.
-		d.MemoryLimitBytes = mem.Value()
+		// The shim reports the client's limit as the GPU's memory (addMPS); MPS enforces it.
+		d.MemoryLimitBytes = mib << 20
 	case deviceplugin.KindShared:
 		d.MemoryLimitBytes = mem.Value()
 	default:

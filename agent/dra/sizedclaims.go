@@ -1,7 +1,6 @@
 package dra
 
 import (
-	"cmp"
 	"slices"
 
 	resourcev1 "k8s.io/api/resource/v1"
@@ -9,13 +8,13 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 )
 
-// SizedClaim is what one prepared claim holds of one sized GPU: the sum of the consumedCapacity of its
-// allocations of the GPU's device, and the pods it was reserved for when the kubelet prepared it.
+// SizedClaim is what one claim holds of one sized GPU: the sum of the consumedCapacity of its allocations
+// of the GPU's device, and the pods it is reserved for.
 type SizedClaim struct {
 	UID       types.UID
 	Namespace string
 	Name      string
-	// Pods are pod names in Namespace; empty for a claim prepared before the agent recorded them.
+	// Pods are pod names in Namespace: those it was reserved for when prepared, and when last read.
 	Pods []string
 	// GPU is the GPU's uuid.
 	GPU            string
@@ -23,33 +22,11 @@ type SizedClaim struct {
 	ComputePercent int64
 }
 
-// SizedClaims lists the prepared claims' holdings of sized GPUs, ordered by GPU, namespace and name. It
-// reads the checkpoint, so a claim is listed from its preparation to its unpreparation (or until the
-// sweep of gone claims forgets it), across agent restarts.
+// SizedClaims lists the claims' holdings of sized GPUs the plugin knows (ClaimView), ordered by GPU,
+// namespace and name. A claim is listed from its preparation to its unpreparation (or until the sweep of
+// gone claims forgets it), across agent restarts, and while the API server shows it allocated here.
 func (p *KubeletPlugin) SizedClaims() []SizedClaim {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	var out []SizedClaim
-	for uid, pc := range p.cp.Claims {
-		byGPU := map[string]int{}
-		for _, d := range pc.Devices {
-			if d.GPU == "" {
-				continue
-			}
-			i, ok := byGPU[d.GPU]
-			if !ok {
-				i = len(out)
-				byGPU[d.GPU] = i
-				out = append(out, SizedClaim{UID: uid, Namespace: pc.Namespace, Name: pc.Name, Pods: slices.Clone(pc.Pods), GPU: d.GPU})
-			}
-			out[i].MemoryBytes += d.MemoryBytes
-			out[i].ComputePercent += d.ComputePercent
-		}
-	}
-	slices.SortFunc(out, func(a, b SizedClaim) int {
-		return cmp.Or(cmp.Compare(a.GPU, b.GPU), cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name), cmp.Compare(a.UID, b.UID))
-	})
-	return out
+	return p.ClaimView().Claims
 }
 
 // sizedAmounts records a sized device's GPU and the amounts an allocation of it consumes.

@@ -92,6 +92,10 @@ func (n *NVML) snapshot(h nvml.Device) (Device, error) {
 		return d, err
 	}
 	d.MemoryBytes = mem.Total
+	// The driver's reserve, which a sized GPU cannot offer claims; older drivers lack the call.
+	if v2, r := h.GetMemoryInfo_v2(); r == nvml.SUCCESS && v2.Reserved < v2.Total {
+		d.MemoryReservedBytes = v2.Reserved
+	}
 
 	mode, err := computeMode(h)
 	if err != nil {

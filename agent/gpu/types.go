@@ -94,13 +94,16 @@ type Process struct {
 
 // Device is a snapshot of one physical GPU.
 type Device struct {
-	Index       int         `json:"index"`
-	UUID        string      `json:"uuid"`
-	Product     string      `json:"product"`
-	MemoryBytes uint64      `json:"memoryBytes"`
-	MIGCapable  bool        `json:"migCapable"`
-	MIGMode     MIGMode     `json:"migMode"`
-	ComputeMode ComputeMode `json:"computeMode"`
+	Index       int    `json:"index"`
+	UUID        string `json:"uuid"`
+	Product     string `json:"product"`
+	MemoryBytes uint64 `json:"memoryBytes"`
+	// MemoryReservedBytes is the memory the driver keeps for itself (nvmlDeviceGetMemoryInfo_v2's
+	// reserved), which no process can allocate; 0 where NVML does not report it.
+	MemoryReservedBytes uint64      `json:"memoryReservedBytes,omitempty"`
+	MIGCapable          bool        `json:"migCapable"`
+	MIGMode             MIGMode     `json:"migMode"`
+	ComputeMode         ComputeMode `json:"computeMode"`
 	// Profiles are the MIG profiles the GPU offers, with placements; empty when not MIG-capable.
 	Profiles []Profile `json:"profiles,omitempty"`
 	// Instances are the MIG instances that exist; empty when MIG mode is off.

@@ -14,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/gpusharing/gpusharing/agent/accounting"
@@ -34,66 +33,33 @@ const claimEvictRetry = 10 * time.Second
 // maxOverClaimsInMessage bounds the pods a WithinClaims=False message names.
 const maxOverClaimsInMessage = 4
 
-// overClaim is a pod whose processes hold more of a sized GPU's memory than its claims on it.
-type overClaim struct {
-	drain.PodRef
-	// uid is the pod's, where the accounting knows it: an eviction's precondition, so a pod recreated
-	// under the same name (a StatefulSet's) is not evicted for its predecessor.
-	uid           types.UID
-	used, claimed int64
-}
-
-func (o overClaim) String() string {
-	return fmt.Sprintf("%s holds %s, its claims %s", o.PodRef, humanBytes(o.used), humanBytes(o.claimed))
-}
-
 func humanBytes(b int64) string { return resource.NewQuantity(b, resource.BinarySI).String() }
 
-// overClaims lists, sorted, the pods with processes on the GPU that hold more of its memory than the
-// claims of the GPU reserved for them: what the alert GPUSharingPodExceedsClaim compares, at every read.
-// A pod on the GPU with no claim of it has claimed nothing: on a GPU sized per claim only claims give a
-// pod the GPU (the device plugin does not advertise it), so such a pod reached it another way. A pod in
-// released is judged only on a read made after its claims went (releasedPods).
-func overClaims(claims []dra.SizedClaim, acct accounting.GPU, released map[drain.PodRef]time.Time) []overClaim {
-	claimed := map[drain.PodRef]int64{}
-	for _, c := range claims {
-		for _, p := range c.Pods {
-			claimed[drain.PodRef{Namespace: c.Namespace, Name: p}] += c.MemoryBytes
-		}
-	}
-	used := map[drain.PodRef]int64{}
-	uids := map[drain.PodRef]types.UID{}
-	for _, c := range acct.Containers {
-		if c.Name == "" {
-			continue // a process of no pod: the MPS server, something on the host
-		}
-		p := drain.PodRef{Namespace: c.Namespace, Name: c.Name}
-		used[p] += int64(c.MemoryBytes)
-		uids[p] = types.UID(c.UID)
-	}
-	var out []overClaim
-	for p, u := range used {
-		if at, ok := released[p]; ok && !acct.At.After(at) {
-			continue
-		}
-		if u > claimed[p] {
-			out = append(out, overClaim{PodRef: p, uid: uids[p], used: u, claimed: claimed[p]})
-		}
-	}
-	slices.SortFunc(out, func(a, b overClaim) int { return strings.Compare(a.String(), b.String()) })
-	return out
-}
-
-// setWithinClaims sets a sized GPU's WithinClaims condition from the pods over their claims; unread
-// (the accounting has not read the GPU) keeps what was published before.
-func setWithinClaims(g *v1alpha1.GPUStatus, over []overClaim, read bool, prev []metav1.Condition) {
+// setWithinClaims sets a sized GPU's WithinClaims condition from the groups over their claims and the
+// pods not judged; unread (the accounting has not read the GPU) keeps what was published before.
+func setWithinClaims(g *v1alpha1.GPUStatus, over []overClaim, unknown []drain.PodRef, read bool, prev []metav1.Condition) {
 	if !read {
 		if c := meta.FindStatusCondition(prev, v1alpha1.ConditionWithinClaims); c != nil {
 			meta.SetStatusCondition(&g.Conditions, *c)
 		}
 		return
 	}
+	var notJudged string
+	if len(unknown) > 0 {
+		names := make([]string, 0, maxOverClaimsInMessage)
+		for _, p := range unknown[:min(len(unknown), maxOverClaimsInMessage)] {
+			names = append(names, p.String())
+		}
+		notJudged = "pods whose claims are not known yet, not judged: " + strings.Join(names, ", ")
+		if n := len(unknown) - maxOverClaimsInMessage; n > 0 {
+			notJudged += fmt.Sprintf(" and %d more", n)
+		}
+	}
 	if len(over) == 0 {
+		if notJudged != "" {
+			setCondition(&g.Conditions, v1alpha1.ConditionWithinClaims, metav1.ConditionUnknown, v1alpha1.ReasonClaimsUnknown, notJudged)
+			return
+		}
 		setCondition(&g.Conditions, v1alpha1.ConditionWithinClaims, metav1.ConditionTrue, v1alpha1.ReasonAsClaimed,
 			"every pod on the GPU holds no more memory than its claims")
 		return
@@ -110,8 +76,11 @@ func setWithinClaims(g *v1alpha1.GPUStatus, over []overClaim, read bool, prev []
 	if g.Applied.Sizing.Evicts() {
 		action = "evicted (sizing onExceed Evict)"
 	}
-	setCondition(&g.Conditions, v1alpha1.ConditionWithinClaims, metav1.ConditionFalse, v1alpha1.ReasonClaimExceeded,
-		fmt.Sprintf("pods over their claims, %s: %s", action, msg))
+	msg = fmt.Sprintf("pods over their claims, %s: %s", action, msg)
+	if notJudged != "" {
+		msg += "; " + notJudged
+	}
+	setCondition(&g.Conditions, v1alpha1.ConditionWithinClaims, metav1.ConditionFalse, v1alpha1.ReasonClaimExceeded, msg)
 }
 
 // claimGuard remembers the pods over their claims, to warn once per breach and space evictions.
@@ -128,6 +97,38 @@ type claimGuard struct {
 	// with when a pass first saw them gone (releasedPods).
 	claimed  map[drain.PodRef]bool
 	released map[drain.PodRef]time.Time
+	// seen is when each pod with memory on a sized GPU was first seen there (claimKnowledge.knows); an
+	// entry leaves with the pod's last process.
+	seen map[drain.PodRef]time.Time
+}
+
+// seenPods records when each pod with memory on the read sized GPUs was first seen, forgets those no
+// longer on any, and returns a copy.
+func (cg *claimGuard) seenPods(reads []accounting.GPU) map[drain.PodRef]time.Time {
+	cg.mu.Lock()
+	defer cg.mu.Unlock()
+	if cg.seen == nil {
+		cg.seen = map[drain.PodRef]time.Time{}
+	}
+	now := map[drain.PodRef]bool{}
+	for _, g := range reads {
+		for _, c := range g.Containers {
+			if c.Name == "" {
+				continue
+			}
+			p := drain.PodRef{Namespace: c.Namespace, Name: c.Name}
+			now[p] = true
+			if _, ok := cg.seen[p]; !ok {
+				cg.seen[p] = g.At
+			}
+		}
+	}
+	for p := range cg.seen {
+		if !now[p] {
+			delete(cg.seen, p)
+		}
+	}
+	return maps.Clone(cg.seen)
 }
 
 // releasedHold is how long a released pod is remembered: far longer than a read of the accounting takes
@@ -172,19 +173,22 @@ func (r *Reconciler) overClaimsChanged(snap accounting.Snapshot) bool {
 		return false
 	}
 	r.claims.mu.Lock()
-	sized, over, released := r.claims.sized, r.claims.over, maps.Clone(r.claims.released)
+	sized, over, released, seen := r.claims.sized, r.claims.over, maps.Clone(r.claims.released), maps.Clone(r.claims.seen)
 	r.claims.mu.Unlock()
 	if len(sized) == 0 {
 		return false
 	}
-	byGPU := claimsByGPU(r.Claims.SizedClaims())
+	k := r.claimKnowledge()
 	for _, g := range snap.GPUs {
 		if !sized[g.UUID] || g.Err != nil {
 			continue
 		}
 		var now []drain.PodRef
-		for _, o := range overClaims(byGPU[g.UUID], g, released) {
-			now = append(now, o.PodRef)
+		groups, _ := judgeClaims(k, g, released, seen)
+		for _, o := range groups {
+			for _, p := range o.pods {
+				now = append(now, p.PodRef)
+			}
 		}
 		if !slices.Equal(now, over[g.UUID]) {
 			return true
@@ -205,7 +209,7 @@ func (r *Reconciler) guardSizedClaims(ctx context.Context, sc *scope) {
 // runs in the pass, after the status is computed; a failed eviction is retried after claimEvictRetry.
 func (r *Reconciler) guardClaims(ctx context.Context, gpus []v1alpha1.GPUStatus, over map[string][]overClaim) {
 	log := ctrl.LoggerFrom(ctx)
-	var evict []overClaim
+	var evict []claimPod
 	cg := &r.claims
 	cg.mu.Lock()
 	if cg.warned == nil {
@@ -219,26 +223,28 @@ func (r *Reconciler) guardClaims(ctx context.Context, gpus []v1alpha1.GPUStatus,
 			cg.sized[g.UUID] = true
 		}
 		for _, o := range over[g.UUID] {
-			key := g.UUID + "/" + o.PodRef.String()
-			still[key] = true
-			cg.over[g.UUID] = append(cg.over[g.UUID], o.PodRef)
-			if !cg.warned[key] {
-				cg.warned[key] = true
-				log.Info("Pod over its claims", "pod", o.PodRef, "gpu", g.UUID, "used", o.used, "claimed", o.claimed)
-				if r.Recorder != nil {
-					pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: o.Namespace, Name: o.Name, UID: o.uid}}
-					r.Recorder.Eventf(pod, nil, corev1.EventTypeWarning, v1alpha1.ReasonClaimExceeded, "Check",
-						"GPU %d (%s) on %s: %s", g.Index, g.UUID, r.NodeName, o)
+			for _, p := range o.pods {
+				key := g.UUID + "/" + p.PodRef.String()
+				still[key] = true
+				cg.over[g.UUID] = append(cg.over[g.UUID], p.PodRef)
+				if !cg.warned[key] {
+					cg.warned[key] = true
+					log.Info("Pod over its claims", "pod", p.PodRef, "gpu", g.UUID, "used", o.used, "claimed", o.claimed)
+					if r.Recorder != nil {
+						pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name, UID: p.uid}}
+						r.Recorder.Eventf(pod, nil, corev1.EventTypeWarning, v1alpha1.ReasonClaimExceeded, "Check",
+							"GPU %d (%s) on %s: %s", g.Index, g.UUID, r.NodeName, o)
+					}
 				}
+				if !g.Applied.Sizing.Evicts() || r.ClaimEvictor == nil {
+					continue
+				}
+				if last, ok := cg.evicted[key]; ok && now.Sub(last) < claimEvictRetry {
+					continue
+				}
+				cg.evicted[key] = now
+				evict = append(evict, p)
 			}
-			if !g.Applied.Sizing.Evicts() || r.ClaimEvictor == nil {
-				continue
-			}
-			if last, ok := cg.evicted[key]; ok && now.Sub(last) < claimEvictRetry {
-				continue
-			}
-			cg.evicted[key] = now
-			evict = append(evict, o)
 		}
 	}
 	for key := range cg.warned {

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"fmt"
 	"reflect"
 	"testing"
 	"time"
@@ -11,31 +12,92 @@ import (
 
 	"github.com/gpusharing/gpusharing/agent/accounting"
 	"github.com/gpusharing/gpusharing/agent/dra"
+	"github.com/gpusharing/gpusharing/agent/drain"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
-// A pod is over when its containers together hold more than its claims of the GPU together; a pod on
-// the GPU with no claim of it has claimed nothing; a process of no pod is no pod's.
-func TestOverClaimsComparesEachPodsMemoryWithItsClaimsOnTheGPU(t *testing.T) {
+// A ledger group is the pods of the GPU linked by the claims they share there: its processes together
+// are judged against its claims together. A claim reserved for two pods bounds both together; a pod with
+// two claims of the GPU gets their sum; claims chained through a pod make one group. A pod on the GPU
+// with no claim of it has claimed nothing; a process of no pod is no pod's. NVML's figure equal to the
+// claim (a process that filled its limit, claim less the context reserve, with a context of the reserve)
+// is within.
+func TestJudgeClaimsComparesEachLedgerGroupWithItsClaimsOnTheGPU(t *testing.T) {
 	claims := []dra.SizedClaim{
 		{Namespace: "ml", Name: "a1", Pods: []string{"two-claims"}, GPU: "GPU-0", MemoryBytes: 2 << 30},
 		{Namespace: "ml", Name: "a2", Pods: []string{"two-claims"}, GPU: "GPU-0", MemoryBytes: 2 << 30},
-		{Namespace: "ml", Name: "b", Pods: []string{"over", "shares-b"}, GPU: "GPU-0", MemoryBytes: 4 << 30},
+		{Namespace: "ml", Name: "b", Pods: []string{"b1", "b2"}, GPU: "GPU-0", MemoryBytes: 4 << 30},
+		{Namespace: "ml", Name: "c", Pods: []string{"over"}, GPU: "GPU-0", MemoryBytes: 4 << 30},
+		{Namespace: "ml", Name: "d", Pods: []string{"x", "y"}, GPU: "GPU-0", MemoryBytes: 2 << 30},
+		{Namespace: "ml", Name: "e", Pods: []string{"y", "z"}, GPU: "GPU-0", MemoryBytes: 2 << 30},
+		{Namespace: "ml", Name: "full", Pods: []string{"full"}, GPU: "GPU-0", MemoryBytes: 8 << 30},
+		{Namespace: "ml", Name: "elsewhere", Pods: []string{"no-claim"}, GPU: "GPU-1", MemoryBytes: 8 << 30},
 	}
 	acct := usageOf(
-		ctr("two-claims", 3<<30, 0, 1), ctr("two-claims", 1<<30, 0, 2), // 4 GiB of 4: within
-		ctr("over", 3<<30, 0, 3), ctr("over", 2<<30, 0, 4), // 5 GiB of 4
-		ctr("shares-b", 4<<30, 0, 5), // a claim shared by two pods counts whole for each, as the alert does
-		ctr("no-claim", 1<<20, 0, 6),
-		ctr("", 8<<30, 0, 7), // the MPS server, a host process
+		ctr("two-claims", 3<<30, 0, 1), ctr("two-claims", 1<<30, 0, 2), // 4 GiB of 2+2: within
+		ctr("b1", 3<<30, 0, 3), ctr("b2", 2<<30, 0, 4), // 5 GiB of the 4 they share
+		ctr("over", 3<<30, 0, 5), ctr("over", 2<<30, 0, 6), // 5 GiB of 4
+		ctr("x", 1<<30, 0, 7), ctr("y", 1<<30, 0, 8), ctr("z", 1<<30, 0, 9), // 3 GiB of d+e
+		ctr("full", (8<<30-768<<20)+768<<20, 0, 10), // its limit filled, and a context of the reserve: 8 GiB
+		ctr("no-claim", 1<<20, 0, 11),
+		ctr("", 8<<30, 0, 12), // the MPS server, a host process
 	)
+	over, unknown := judgeClaims(claimKnowledge{claims: claims, whole: true}, acct, nil, nil)
 	var got []string
-	for _, o := range overClaims(claims, acct, nil) {
+	for _, o := range over {
 		got = append(got, o.String())
 	}
-	want := []string{"ml/no-claim holds 1Mi, its claims 0", "ml/over holds 5Gi, its claims 4Gi"}
-	if !reflect.DeepEqual(got, want) {
-		t.Errorf("over their claims: %q, want %q", got, want)
+	want := []string{"ml/b1 and ml/b2 hold 5Gi, their claims 4Gi", "ml/no-claim holds 1Mi, its claims 0", "ml/over holds 5Gi, its claims 4Gi"}
+	if !reflect.DeepEqual(got, want) || len(unknown) != 0 {
+		t.Errorf("over their claims: %q, unknown %v; want %q, none", got, unknown, want)
+	}
+	acct = usageOf(ctr("full", 8<<30+1<<20, 0, 10))
+	if over, _ := judgeClaims(claimKnowledge{claims: claims, whole: true}, acct, nil, nil); len(over) != 1 {
+		t.Errorf("a MiB past its 8Gi claim: over %v, want the pod", over)
+	}
+}
+
+// A pod is judged only when every claim it uses is known: read from the API server after the pod was
+// first seen on the GPU (the scheduler reserves a claim before it binds the pod), and none of them
+// lacking its GPU or amounts. A group with a pod not known is not judged, and nothing is "claimed 0"
+// for want of a read.
+func TestJudgeClaimsLeavesPodsWhoseClaimsAreNotKnownUnjudged(t *testing.T) {
+	t0 := time.Date(2026, 11, 30, 3, 0, 0, 0, time.UTC)
+	claims := []dra.SizedClaim{
+		{Namespace: "ml", Name: "shared", Pods: []string{"first"}, GPU: "GPU-0", MemoryBytes: 4 << 30},
+		{Namespace: "ml", Name: "solo", Pods: []string{"solo"}, GPU: "GPU-0", MemoryBytes: 4 << 30},
+	}
+	acct := usageOf(ctr("first", 3<<30, 0, 1), ctr("second", 3<<30, 0, 2), ctr("solo", 5<<30, 0, 3))
+	acct.At = t0.Add(3 * time.Second)
+	seen := map[drain.PodRef]time.Time{{Namespace: "ml", Name: "first"}: t0, {Namespace: "ml", Name: "solo"}: t0,
+		{Namespace: "ml", Name: "second"}: t0.Add(2 * time.Second)}
+	judge := func(k claimKnowledge) string {
+		over, unknown := judgeClaims(k, acct, nil, seen)
+		return fmt.Sprintf("over %v unknown %v", over, unknown)
+	}
+	for _, tt := range []struct {
+		name string
+		k    claimKnowledge
+		want string
+	}{
+		{"never read (a checkpoint moved aside, the API server away)", claimKnowledge{claims: claims},
+			"over [] unknown [ml/first ml/second ml/solo]"},
+		{"read before the second pod of the shared claim was seen: it is not known, nor is its group", claimKnowledge{claims: claims, syncedAt: t0.Add(time.Second)},
+			"over [ml/solo holds 5Gi, its claims 4Gi] unknown [ml/second]"},
+		{"read since, and the claim is not the second pod's: it claimed nothing here", claimKnowledge{claims: claims, syncedAt: t0.Add(2500 * time.Millisecond)},
+			"over [ml/second holds 3Gi, its claims 0 ml/solo holds 5Gi, its claims 4Gi] unknown []"},
+		{"a claim whose amounts are not known", claimKnowledge{claims: claims, syncedAt: t0.Add(time.Second), uncertain: map[drain.PodRef]bool{{Namespace: "ml", Name: "solo"}: true}},
+			"over [] unknown [ml/second ml/solo]"},
+	} {
+		if got := judge(tt.k); got != tt.want {
+			t.Errorf("%s:\n got %s\nwant %s", tt.name, got, tt.want)
+		}
+	}
+	// The read since shows the second pod in the shared claim's reservedFor: both together, 6 of 4.
+	claims[0].Pods = []string{"first", "second"}
+	if got, want := judge(claimKnowledge{claims: claims, syncedAt: t0.Add(2500 * time.Millisecond)}),
+		"over [ml/first and ml/second hold 6Gi, their claims 4Gi ml/solo holds 5Gi, its claims 4Gi] unknown []"; got != want {
+		t.Errorf("the shared claim read with both pods:\n got %s\nwant %s", got, want)
 	}
 }
 

@@ -83,6 +83,10 @@ type Reconciler struct {
 	// Clock decides drain start and retry times; nil means the real clock.
 	Clock clock.PassiveClock
 
+	// MPSServerMemory is the device memory an MPS GPU's server holds itself, left out of what its sized
+	// device offers claims (sizedCapacity).
+	MPSServerMemory uint64
+
 	// ClaimEvictor, with Claims, evicts the pods over their claims on GPUs whose sizing says Evict
 	// (claimguard.go); nil only reports them.
 	ClaimEvictor drain.Evictor
@@ -318,6 +322,7 @@ func (r *Reconciler) setNodeStatus(_ context.Context, sc *scope) {
 	st.MemoryUsed = memoryUsedSummary(st.GPUs)
 	st.MemoryAllocated = memoryAllocatedSummary(st.GPUs)
 	st.MIGFree = migFreeSummary(st.GPUs)
+	st.Production = productionSummary(st.GPUs)
 	r.usage.set(st.GPUs)
 	if sc.transientErr == nil && sc.invErr == nil {
 		st.ObservedGeneration = sc.node.Generation

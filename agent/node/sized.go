@@ -13,6 +13,8 @@ import (
 
 	"github.com/gpusharing/gpusharing/agent/accounting"
 	"github.com/gpusharing/gpusharing/agent/dra"
+	"github.com/gpusharing/gpusharing/agent/drain"
+	"github.com/gpusharing/gpusharing/agent/gpu"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -32,12 +34,23 @@ func (r *Reconciler) setSizedClaims(sc *scope, gpus []v1alpha1.GPUStatus, prev [
 			meta.RemoveStatusCondition(&gpus[i].Conditions, v1alpha1.ConditionWithinClaims)
 		}
 	}
+	for i := range gpus {
+		g := &gpus[i]
+		if g.Applied == nil || !g.Applied.Sizing.PerClaim() {
+			continue
+		}
+		// What the sized device offers (agent/dra reads it), also where no kubelet plugin runs.
+		g.Sized = &v1alpha1.GPUSizedClaims{}
+		if dev, found := sc.inventory.Device(g.UUID); found {
+			g.Sized.MemoryCapacity = resource.NewQuantity(sizedCapacity(dev, g.Applied, r.MPSServerMemory), resource.BinarySI)
+		}
+	}
 	if r.Claims == nil {
 		return
 	}
-	claims := r.Claims.SizedClaims()
-	released := r.claims.releasedPods(claims, r.clock().Now())
-	byGPU := claimsByGPU(claims)
+	k := r.claimKnowledge()
+	released := r.claims.releasedPods(k.claims, r.clock().Now())
+	byGPU := claimsByGPU(k.claims)
 	prevByUUID := map[string]*v1alpha1.GPUSizedClaims{}
 	prevConds := map[string][]metav1.Condition{}
 	for _, g := range prev {
@@ -48,6 +61,14 @@ func (r *Reconciler) setSizedClaims(sc *scope, gpus []v1alpha1.GPUStatus, prev [
 	if r.Usage != nil {
 		snap = r.Usage.Latest()
 	}
+	var reads []accounting.GPU
+	for _, g := range gpus {
+		if acct, ok := snap.GPU(g.UUID); ok && acct.Err == nil && g.Applied != nil && g.Applied.Sizing.PerClaim() {
+			reads = append(reads, acct)
+		}
+	}
+	seen := r.claims.seenPods(reads)
+	askedSync := false
 	for i := range gpus {
 		g := &gpus[i]
 		if g.Applied == nil || !g.Applied.Sizing.PerClaim() {
@@ -57,12 +78,20 @@ func (r *Reconciler) setSizedClaims(sc *scope, gpus []v1alpha1.GPUStatus, prev [
 		if ok && acct.Err != nil {
 			ok = false
 		}
+		capacity := g.Sized.MemoryCapacity
 		g.Sized = sizedStatus(byGPU[g.UUID], acct, ok, prevByUUID[g.UUID])
+		g.Sized.MemoryCapacity = capacity
 		var over []overClaim
+		var unknown []drain.PodRef
 		if ok {
-			over = overClaims(byGPU[g.UUID], acct, released)
+			over, unknown = judgeClaims(k, acct, released, seen)
 		}
-		setWithinClaims(g, over, ok, prevConds[g.UUID])
+		if v, can := r.Claims.(claimViewer); can && len(unknown) > 0 && !askedSync {
+			// A read of the node's claims that begins now knows them (the plugin spaces the reads).
+			v.RequestClaimSync()
+			askedSync = true
+		}
+		setWithinClaims(g, over, unknown, ok, prevConds[g.UUID])
 		if len(over) > 0 {
 			if sc.overClaims == nil {
 				sc.overClaims = map[string][]overClaim{}
@@ -70,6 +99,24 @@ func (r *Reconciler) setSizedClaims(sc *scope, gpus []v1alpha1.GPUStatus, prev [
 			sc.overClaims[g.UUID] = over
 		}
 	}
+}
+
+// DefaultMPSServerMemory is the device memory an MPS server is taken to hold itself (--mps-server-memory):
+// a bound to confirm on each GPU model with nvidia-smi --query-compute-apps while a server runs (docs/dra.md).
+const DefaultMPSServerMemory = 256 << 20
+
+// sizedCapacity is the memory a sized GPU offers claims: what processes can allocate at all, the GPU's
+// memory less the driver's reserve, and on MPS less the MPS server's own memory. Offering NVML's total
+// would let the scheduler pack claims that cannot all be held at once.
+func sizedCapacity(dev gpu.Device, a *v1alpha1.AppliedSharing, mpsServer uint64) int64 {
+	taken := dev.MemoryReservedBytes
+	if a != nil && a.Strategy == v1alpha1.StrategyMPS {
+		taken += mpsServer
+	}
+	if taken >= dev.MemoryBytes {
+		return 0
+	}
+	return int64(dev.MemoryBytes - taken)
 }
 
 // claimsByGPU groups the prepared sized claims by the GPU they hold.
@@ -140,7 +187,10 @@ func memoryAllocatedSummary(gpus []v1alpha1.GPUStatus) string {
 			continue
 		}
 		total := "?"
-		if g.Memory != nil {
+		switch {
+		case g.Sized.MemoryCapacity != nil:
+			total = humanGi(g.Sized.MemoryCapacity.Value())
+		case g.Memory != nil:
 			total = humanGi(g.Memory.Value())
 		}
 		parts = append(parts, fmt.Sprintf("%d:%s/%s", g.Index, humanGi(g.Sized.MemoryAllocated.Value()), total))

@@ -188,20 +188,16 @@ func quantityValue(q *resource.Quantity) int64 {
 
 // memoryUsedSummary renders each GPU's used memory for the wide table: "0:12.5Gi/80Gi 1:0/80Gi".
 func memoryUsedSummary(gpus []v1alpha1.GPUStatus) string {
-	sorted := append([]v1alpha1.GPUStatus(nil), gpus...)
-	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Index < sorted[j].Index })
-	var parts []string
-	for _, g := range sorted {
+	return perGPUSummary(gpus, func(g *v1alpha1.GPUStatus) (string, bool) {
 		if g.Usage == nil || g.Usage.MemoryUsed == nil {
-			continue
+			return "", false
 		}
 		total := "?"
 		if g.Memory != nil {
 			total = humanGi(g.Memory.Value())
 		}
-		parts = append(parts, fmt.Sprintf("%d:%s/%s", g.Index, humanGi(g.Usage.MemoryUsed.Value()), total))
-	}
-	return strings.Join(parts, " ")
+		return humanGi(g.Usage.MemoryUsed.Value()) + "/" + total, true
+	})
 }
 
 // humanGi renders bytes in Gi with one decimal, or "0".

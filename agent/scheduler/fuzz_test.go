@@ -27,6 +27,11 @@ func seedMessages() []Message {
 		{Type: MsgIdle, IdleUS: 1000},
 		{Type: MsgUsage, Reason: UsageProgress, Acks: 1, Need: 9, Resident: 4},
 		{Type: MsgAcquire, Version: MinVersion, Need: 16 << 20},
+		{Type: MsgLedger, Flags: LedgerOn, Processes: 2, Claim: 8 << 30, Reserve: 768 << 20, Total: 6656 << 20,
+			Granted: 1 << 30, Grant: 512 << 20, Bytes: 64 << 20},
+		{Type: MsgCharge, Seq: 7, Bytes: 3 << 20},
+		{Type: MsgCharged, Seq: 7, Charge: ChargeRefused, Added: 0, Grant: 1 << 20, Total: 2 << 20, Granted: 2 << 20},
+		{Type: MsgReturn, Flags: ReturnHold, Bytes: 5 << 20},
 	}
 }
 

@@ -73,6 +73,12 @@ func newEnv(t *testing.T, quantum, grace time.Duration) *env {
 // startEnv starts a scheduler for one GPU, "GPU-test", configured as cfg, on a socket in a fresh directory.
 func startEnv(t *testing.T, cfg GPUConfig) *env {
 	t.Helper()
+	return startEnvGuards(t, cfg, Guards{})
+}
+
+// startEnvGuards is startEnv with the scheduler's Guards.
+func startEnvGuards(t *testing.T, cfg GPUConfig, guards Guards) *env {
+	t.Helper()
 	build := shimBuild(t)
 	// Short path: a Unix socket path must fit in 108 bytes.
 	dir, err := os.MkdirTemp("", "gs")
@@ -83,7 +89,7 @@ func startEnv(t *testing.T, cfg GPUConfig) *env {
 	e := &env{t: t, build: build, dir: dir, sock: filepath.Join(dir, "gpu.sock"), trace: filepath.Join(dir, "trace"),
 		m: prometheus.NewRegistry()}
 	cfg.UUID, cfg.SocketPath = "GPU-test", e.sock
-	e.s, err = New(Options{GPUs: []GPUConfig{cfg}, Registerer: e.m})
+	e.s, err = New(Options{GPUs: []GPUConfig{cfg}, Registerer: e.m, Guards: guards})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -327,9 +333,17 @@ type rawClient struct {
 	t    *testing.T
 	conn net.Conn
 	in   chan Message
+	// ledger is the Ledger that follows the Welcome of a version 6 client (ledger.go).
+	ledger Message
 }
 
 func dialRaw(t *testing.T, sock string, prio Priority) *rawClient {
+	t.Helper()
+	return dialRawVersion(t, sock, prio, 0)
+}
+
+// dialRawVersion is dialRaw speaking protocol version v (0: the current one).
+func dialRawVersion(t *testing.T, sock string, prio Priority, v uint16) *rawClient {
 	t.Helper()
 	conn, err := net.Dial("unix", sock)
 	if err != nil {
@@ -337,7 +351,7 @@ func dialRaw(t *testing.T, sock string, prio Priority) *rawClient {
 	}
 	t.Cleanup(func() { conn.Close() })
 	r := &rawClient{t: t, conn: conn, in: make(chan Message, 64)}
-	r.send(Message{Type: MsgHello, PID: uint32(os.Getpid()), Priority: prio, GPUUUID: "GPU-test"})
+	r.send(Message{Type: MsgHello, Version: v, PID: uint32(os.Getpid()), Priority: prio, GPUUUID: "GPU-test"})
 	go func() {
 		defer close(r.in)
 		for {
@@ -349,6 +363,9 @@ func dialRaw(t *testing.T, sock string, prio Priority) *rawClient {
 		}
 	}()
 	r.expect(MsgWelcome, time.Second)
+	if v == 0 || v >= 6 {
+		r.ledger = r.expect(MsgLedger, time.Second)
+	}
 	return r
 }
 

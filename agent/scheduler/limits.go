@@ -82,6 +82,15 @@ type Guards struct {
 	// ContextOverhead is the part of a process's NVML figure that is not its swappable allocations
 	// (its CUDA context and driver-internal memory), left out when NVML is compared with its reports.
 	ContextOverhead uint64
+	// ClaimOf, when set, names the claim ledger of the client pid on GPU gpu (ledger.go); ok false: none,
+	// the client keeps its own per-process limit. It runs between the client's HELLO and its WELCOME and
+	// must return within a few hundred milliseconds.
+	ClaimOf func(gpu string, pid int32) (Claim, bool)
+	// ContextReserve is R, charged per connected process of a ledger for its CUDA context
+	// (DefaultContextReserve).
+	ContextReserve uint64
+	// LedgerChunk is the least a Charge adds to a grant while the ledger has room (DefaultLedgerChunk).
+	LedgerChunk uint64
 }
 
 // withLimitDefaults fills the limits left zero.
@@ -97,6 +106,12 @@ func (o Options) withLimitDefaults() Options {
 	}
 	if o.EvictTimeout <= 0 {
 		o.EvictTimeout = DefaultEvictTimeout
+	}
+	if o.ContextReserve == 0 {
+		o.ContextReserve = DefaultContextReserve
+	}
+	if o.LedgerChunk == 0 {
+		o.LedgerChunk = DefaultLedgerChunk
 	}
 	return o
 }

@@ -86,7 +86,7 @@ func newMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	// The per-client memory series are read from the schedulers' snapshots at each scrape, so a
 	// client's series vanish when it leaves. The memory collector goes first, so NewMetrics can tell
 	// series another agent of the process registered.
-	for _, c := range []prometheus.Collector{&memCollector{m: m}, m.wait, m.hold, m.handoffs, m.revocations, m.preemptions, m.evictions, m.clients, m.refused, m.dropped, m.underReports} {
+	for _, c := range []prometheus.Collector{&memCollector{m: m}, &ledgerCollector{m: m}, m.wait, m.hold, m.handoffs, m.revocations, m.preemptions, m.evictions, m.clients, m.refused, m.dropped, m.underReports} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -14,7 +14,7 @@ import (
 // fails when these constants drift from it.
 const (
 	Magic      uint32 = 0x48535047 // bytes "GPSH"
-	Version    uint16 = 5
+	Version    uint16 = 6
 	MaxMsgSize        = 256
 	UUIDLen           = 64
 
@@ -34,6 +34,10 @@ const (
 	RaiseSize     = 28
 	PaceSize      = 16
 	IdleSize      = 16
+	LedgerSize    = 68
+	ChargeSize    = 28
+	ChargedSize   = 52
+	ReturnSize    = 28
 )
 
 // MinVersion is the oldest peer the scheduler still serves (in that peer's version, without what
@@ -59,6 +63,10 @@ const (
 	MsgRaise     MsgType = 13 // scheduler -> holder filling in after a partial Grant (version 3): reservation raised
 	MsgPace      MsgType = 14 // scheduler -> opportunistic client (version 4): keep at most MaxQueued launches outstanding
 	MsgIdle      MsgType = 15 // scheduler -> client (version 5): release after IdleUS without a GPU call; 0: its own window
+	MsgLedger    MsgType = 16 // scheduler -> client (version 6): its claim's ledger, after Welcome and on every change (ledger.go)
+	MsgCharge    MsgType = 17 // client -> scheduler (version 6): raise my grant by at least Bytes
+	MsgCharged   MsgType = 18 // scheduler -> client (version 6): answer to Charge
+	MsgReturn    MsgType = 19 // client -> scheduler (version 6): give Bytes of my grant back; ReturnHold: my grant is Bytes
 )
 
 // Mode is a GPU's anti-thrashing policy.
@@ -133,6 +141,10 @@ var msgSizes = map[MsgType]int{
 	MsgRaise:     RaiseSize,
 	MsgPace:      PaceSize,
 	MsgIdle:      IdleSize,
+	MsgLedger:    LedgerSize,
+	MsgCharge:    ChargeSize,
+	MsgCharged:   ChargedSize,
+	MsgReturn:    ReturnSize,
 }
 
 func (t MsgType) String() string {
@@ -167,6 +179,14 @@ func (t MsgType) String() string {
 		return "Pace"
 	case MsgIdle:
 		return "Idle"
+	case MsgLedger:
+		return "Ledger"
+	case MsgCharge:
+		return "Charge"
+	case MsgCharged:
+		return "Charged"
+	case MsgReturn:
+		return "Return"
 	}
 	return fmt.Sprintf("MsgType(%d)", uint16(t))
 }
@@ -224,10 +244,22 @@ type Message struct {
 	Reason   uint32    // Usage
 	Acks     uint32    // Usage
 	Stats    SwapStats // Usage; Rejoin carries Stats.Swapped
-	Flags    uint32    // Rejoin
+	Flags    uint32    // Rejoin, Ledger, Return
 
 	MaxQueued uint32 // Pace: launches the client may keep outstanding on the GPU; 0: unbounded
 	IdleUS    uint32 // Idle: microseconds without a GPU call after which the client releases; 0: its own window
+
+	// The claim's ledger (version 6, ledger.go).
+	Seq       uint32       // Charge, Charged
+	Processes uint32       // Ledger: n, the ledger's connected processes
+	Claim     uint64       // Ledger: M
+	Reserve   uint64       // Ledger: R, per process
+	Total     uint64       // Ledger, Charged: M - n*R (0 when negative)
+	Granted   uint64       // Ledger, Charged: the ledger's grants together
+	Grant     uint64       // Ledger, Charged: this client's grant
+	Added     uint64       // Charged
+	Bytes     uint64       // Charge, Return; Ledger: the chunk a Charge adds at least
+	Charge    ChargeStatus // Charged
 }
 
 // SwapStats are a client's swap counters as it reports them.
@@ -303,6 +335,8 @@ func Encode(m Message) ([]byte, error) {
 		le.PutUint32(p[0:], m.MaxQueued)
 	case MsgIdle:
 		le.PutUint32(p[0:], m.IdleUS)
+	case MsgLedger, MsgCharge, MsgCharged, MsgReturn:
+		encodeLedger(p, m)
 	case MsgUsage:
 		le.PutUint32(p[0:], m.Reason)
 		le.PutUint32(p[4:], m.Acks)
@@ -315,7 +349,7 @@ func Encode(m Message) ([]byte, error) {
 }
 
 // checkVersion refuses what a version does not have: Raise and UsageProgress came with version 3,
-// Pace with version 4, Idle with version 5.
+// Pace with version 4, Idle with version 5, the ledger's messages with version 6.
 func checkVersion(v uint16, t MsgType, reason uint32) error {
 	if v < MinVersion || v > Version {
 		return fmt.Errorf("%w %d", ErrBadVersion, v)
@@ -338,6 +372,8 @@ func typeInVersion(t MsgType, v uint16) bool {
 		return v >= 4
 	case MsgIdle:
 		return v >= 5
+	case MsgLedger, MsgCharge, MsgCharged, MsgReturn:
+		return v >= 6
 	}
 	return true
 }
@@ -424,6 +460,10 @@ func Decode(b []byte) (Message, error) {
 		m.MaxQueued = le.Uint32(p[0:])
 	case MsgIdle:
 		m.IdleUS = le.Uint32(p[0:])
+	case MsgLedger, MsgCharge, MsgCharged, MsgReturn:
+		if err := decodeLedger(t, p, &m); err != nil {
+			return Message{}, err
+		}
 	case MsgContended:
 		m.Epoch = le.Uint32(p[0:])
 		m.Waiters = le.Uint32(p[4:])

@@ -73,6 +73,18 @@ func TestProtocolConstantsMatchShimHeader(t *testing.T) {
 		"GS_MEM_TOO_LARGE":     uint64(MemTooLarge),
 		"GS_USAGE_REPORT":      uint64(UsageReport),
 		"GS_USAGE_EVICTED":     uint64(UsageEvicted),
+		"GS_MSG_LEDGER":        uint64(MsgLedger),
+		"GS_MSG_CHARGE":        uint64(MsgCharge),
+		"GS_MSG_CHARGED":       uint64(MsgCharged),
+		"GS_MSG_RETURN":        uint64(MsgReturn),
+		"GS_LEDGER_SIZE":       LedgerSize,
+		"GS_CHARGE_SIZE":       ChargeSize,
+		"GS_CHARGED_SIZE":      ChargedSize,
+		"GS_RETURN_SIZE":       ReturnSize,
+		"GS_LEDGER_ON":         uint64(LedgerOn),
+		"GS_CHARGE_OK":         uint64(ChargeOK),
+		"GS_CHARGE_REFUSED":    uint64(ChargeRefused),
+		"GS_RETURN_HOLD":       uint64(ReturnHold),
 	}
 	for name, v := range want {
 		got, ok := defs[name]
@@ -195,8 +207,8 @@ func TestPaceAndIdleWireFormat(t *testing.T) {
 		m    Message
 		want []byte
 	}{
-		{Message{Type: MsgPace, MaxQueued: 0x01020304}, []byte{'G', 'P', 'S', 'H', 5, 0, 14, 0, 16, 0, 0, 0, 4, 3, 2, 1}},
-		{Message{Type: MsgIdle, IdleUS: 0x01020304}, []byte{'G', 'P', 'S', 'H', 5, 0, 15, 0, 16, 0, 0, 0, 4, 3, 2, 1}},
+		{Message{Type: MsgPace, MaxQueued: 0x01020304}, []byte{'G', 'P', 'S', 'H', 6, 0, 14, 0, 16, 0, 0, 0, 4, 3, 2, 1}},
+		{Message{Type: MsgIdle, IdleUS: 0x01020304}, []byte{'G', 'P', 'S', 'H', 6, 0, 15, 0, 16, 0, 0, 0, 4, 3, 2, 1}},
 	} {
 		if b := mustEncode(c.m); string(b) != string(c.want) {
 			t.Errorf("%v = % x, want % x", c.m.Type, b, c.want)

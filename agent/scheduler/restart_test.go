@@ -413,6 +413,10 @@ func TestShimMemReplyWaitIsBounded(t *testing.T) {
 				// Answered in the shim's own version, as the scheduler does.
 				w, _ := Encode(Message{Type: MsgWelcome, Version: hello.Version, ClientID: 1, QuantumMS: 60000, GraceMS: 1000, Budget: 256 * mib})
 				_, _ = c.Write(w)
+				if hello.Version == 0 { // the current version: a Ledger (none) follows the Welcome
+					l, _ := Encode(Message{Type: MsgLedger})
+					_, _ = c.Write(l)
+				}
 				for epoch := uint32(1); ; {
 					m, err := ReadMessage(c)
 					if err != nil {

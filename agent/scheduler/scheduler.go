@@ -146,6 +146,7 @@ type Scheduler struct {
 	wg        sync.WaitGroup
 	lim       connLimiter
 	procMem   procMemCache
+	books     sync.Map // *queue -> *ledgerBook, its claim ledgers (ledger.go)
 }
 
 // New validates the options and registers the metrics.
@@ -467,6 +468,8 @@ func (s *Scheduler) serveConn(conn net.Conn, q *queue) {
 			return false
 		}
 	}
+	lm, send := s.ledgerJoin(q, pid, hello.Version, send, drop)
+	defer s.book(q).leave(lm)
 	c := q.join(pid, s.classSource(pid, hello.Priority), hello.Version, send, drop)
 	log.V(1).Info("Shim client connected", "client", c.id, "pid", pid, "class", q.className(c))
 	s.clientsChanged(q.uuid)
@@ -496,6 +499,8 @@ func (s *Scheduler) serveConn(conn net.Conn, q *queue) {
 			q.usage(c, m)
 		case MsgRejoin:
 			q.rejoin(c, m)
+		case MsgCharge, MsgReturn:
+			err = s.ledgerMessage(q, lm, m)
 		default:
 			log.Info("Dropping shim client that sent an unexpected message", "client", c.id, "pid", pid, "type", m.Type)
 			q.leave(c)
@@ -503,6 +508,10 @@ func (s *Scheduler) serveConn(conn net.Conn, q *queue) {
 			<-writerDone
 			s.clientsChanged(q.uuid)
 			return
+		}
+		if err != nil {
+			log.Info("Dropping shim client after a protocol error", "client", c.id, "pid", pid, "err", err.Error())
+			break
 		}
 	}
 	q.leave(c)

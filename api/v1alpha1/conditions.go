@@ -38,8 +38,9 @@ const (
 	// ConditionDevicePlugin on a GPU is False while the device plugin leaves the GPU out although it is
 	// healthy and applied (reason SizedByClaim); absent otherwise.
 	ConditionDevicePlugin = "DevicePlugin"
-	// ConditionWithinClaims on a GPU sized per claim is False while a pod's processes hold more of its
-	// memory than the pod's claims were allocated (reason ClaimExceeded; the message names the pods);
+	// ConditionWithinClaims on a GPU sized per claim is False while the processes of a claim's pods hold
+	// more of its memory than the claims linking them were allocated (reason ClaimExceeded; the message
+	// names the pods), Unknown while pods whose claims are not known yet hold some (ClaimsUnknown);
 	// absent on other GPUs, and kept as last read while the agent cannot read the GPU's processes.
 	ConditionWithinClaims = "WithinClaims"
 )
@@ -123,6 +124,11 @@ const (
 	// ReasonClaimExceeded: a pod's processes hold more of the sized GPU's memory than its claims were
 	// allocated (GPU WithinClaims=False, a warning event on the pod; evicted with sizing onExceed Evict).
 	ReasonClaimExceeded = "ClaimExceeded"
+	// ReasonClaimsUnknown: processes of pods whose claims the agent does not know whole yet hold memory of
+	// the sized GPU (a pod that started on a shared claim since the agent last read the node's claims, a
+	// checkpoint that could not be read and an API server that does not answer); they are neither judged
+	// nor evicted (GPU WithinClaims=Unknown; the message names them).
+	ReasonClaimsUnknown = "ClaimsUnknown"
 )
 
 // Reasons on GPUSharingPolicy while it is deleted: its finalizer holds the object until the GPUs it

@@ -94,6 +94,14 @@ type GPUNodeStatus struct {
 	// +optional
 	MIGFree string `json:"migFree,omitempty"`
 
+	// production names the production pods (namespace/name) of each GPU with production classes
+	// (applied.qos), in index order, for people: "0:serving/web,serving/api 1:-", at most
+	// MaxProductionPodsInSummary per GPU and then "+N" for the rest; "-" is a GPU with production
+	// classes and no production pod. Read from the GPU's consumers and shim clients, each of which
+	// carries its class. Empty where no GPU has production classes.
+	// +optional
+	Production string `json:"production,omitempty"`
+
 	// gpus lists each GPU's identity and what is actually applied on it, one entry per uuid. The agent
 	// writes the list whole.
 	// +listType=atomic
@@ -452,6 +460,11 @@ type GPUUsage struct {
 // GPUSizedClaims is what the prepared claims of a GPU sized per claim were allocated (their
 // consumedCapacity) and use.
 type GPUSizedClaims struct {
+	// memoryCapacity is the device memory the GPU's sized device offers claims (its ResourceSlice
+	// capacity): the GPU's memory less what the driver reserves (NVML's reserved memory) and, on MPS, the
+	// MPS server's own; absent where the agent has not read it.
+	// +optional
+	MemoryCapacity *resource.Quantity `json:"memoryCapacity,omitempty"`
 	// memoryAllocated is the device memory the claims were allocated together.
 	// +optional
 	MemoryAllocated *resource.Quantity `json:"memoryAllocated,omitempty"`
@@ -500,6 +513,9 @@ type SizedClaimStatus struct {
 	// +optional
 	MemoryUsed *resource.Quantity `json:"memoryUsed,omitempty"`
 }
+
+// MaxProductionPodsInSummary bounds the pods status.production names per GPU.
+const MaxProductionPodsInSummary = 3
 
 // MaxConsumersInStatus bounds status.gpus[].usage.consumers; the rest are counted in omittedConsumers.
 const MaxConsumersInStatus = 32
@@ -571,6 +587,7 @@ func ClassOf(q *QoS, p int32) WorkloadClass {
 // +kubebuilder:printcolumn:name="Memory Used",type=string,priority=1,JSONPath=`.status.memoryUsed`
 // +kubebuilder:printcolumn:name="Memory Allocated",type=string,priority=1,JSONPath=`.status.memoryAllocated`
 // +kubebuilder:printcolumn:name="MIG Free",type=string,priority=1,JSONPath=`.status.migFree`
+// +kubebuilder:printcolumn:name="Production",type=string,priority=1,JSONPath=`.status.production`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type GPUNode struct {
 	metav1.TypeMeta   `json:",inline"`

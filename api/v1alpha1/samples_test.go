@@ -54,7 +54,7 @@ func TestServerAcceptsEverySample(t *testing.T) {
 
 func TestSamplesCoverEveryStrategyAndOversubscription(t *testing.T) {
 	seen := map[gpusharingv1alpha1.Strategy]bool{}
-	oversubscribed, sized := false, false
+	oversubscribed, sized, classed := false, false, false
 	for _, f := range sampleFiles(t) {
 		data, err := os.ReadFile(f)
 		if err != nil {
@@ -70,9 +70,13 @@ func TestSamplesCoverEveryStrategyAndOversubscription(t *testing.T) {
 		seen[p.Spec.Sharing.Strategy] = true
 		oversubscribed = oversubscribed || p.Spec.Sharing.Oversubscription != nil
 		sized = sized || p.Spec.Sharing.Sizing.PerClaim()
+		classed = classed || p.Spec.Sharing.QoS != nil
 	}
 	if !sized {
 		t.Error("no sample policy sizes shares per claim")
+	}
+	if !classed {
+		t.Error("no sample policy sets production classes (qos)")
 	}
 	for _, s := range []gpusharingv1alpha1.Strategy{gpusharingv1alpha1.StrategyExclusive, gpusharingv1alpha1.StrategyTimeSlicing, gpusharingv1alpha1.StrategyMPS, gpusharingv1alpha1.StrategyMIG} {
 		if !seen[s] {

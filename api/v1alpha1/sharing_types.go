@@ -73,6 +73,13 @@ type QoS struct {
 	// productionPriority: a pod whose priority (its PriorityClass's value, as the API server resolved it
 	// at admission) is at least this is production; every other pod on the GPU is opportunistic. What a
 	// pod's own processes say (GPUSHARE_PRIORITY, CUDA_MPS_CLIENT_PRIORITY) never makes it production.
+	// 1000 to 1000000000: a pod without a PriorityClass has priority 0 and clusters commonly give their
+	// default and batch classes small values, so a lower threshold would make every tenant's ordinary pods
+	// production; 1000000000 is the highest value a user-defined PriorityClass may have. The threshold
+	// alone does not stop a tenant naming a production class (system-cluster-critical and
+	// system-node-critical, 2000000000 and up, are above every threshold): the admin's ResourceQuota
+	// recipe does (config/qos-quota, docs/deploy.md).
+	// +kubebuilder:validation:XValidation:rule="self >= 1000 && self <= 1000000000",message="qos.productionPriority: must be from 1000 to 1000000000; pods without a PriorityClass have priority 0 and default classes are small, so a lower threshold makes ordinary pods production (see docs/deploy.md for limiting who may use production classes)"
 	// +required
 	ProductionPriority int32 `json:"productionPriority"`
 
@@ -140,7 +147,7 @@ const DefaultMemoryStep = "1Gi"
 
 // Sizing is how the shares of a GPU are sized.
 // +kubebuilder:validation:XValidation:rule="self.mode == 'PerClaim' || (!has(self.memoryStep) && !has(self.minMemory) && !has(self.onExceed))",message="sizing: memoryStep, minMemory and onExceed apply only to mode PerClaim"
-// +kubebuilder:validation:XValidation:rule="!has(self.minMemory) || !isQuantity(self.minMemory) || !isQuantity(has(self.memoryStep) ? self.memoryStep : '1Gi') || !quantity(has(self.memoryStep) ? self.memoryStep : '1Gi').isInteger() || quantity(has(self.memoryStep) ? self.memoryStep : '1Gi').asInteger() <= 0 || (quantity(self.minMemory).isInteger() && quantity(self.minMemory).asInteger() % quantity(has(self.memoryStep) ? self.memoryStep : '1Gi').asInteger() == 0)",message="sizing.minMemory: must be a multiple of memoryStep (1Gi when unset)"
+// +kubebuilder:validation:XValidation:rule="!has(self.minMemory) || !isQuantity(string(self.minMemory)) || !isQuantity((has(self.memoryStep) ? string(self.memoryStep) : '1Gi')) || !(quantity(string(self.minMemory)).compareTo(quantity('1Mi')) >= 0 && quantity(string(self.minMemory)).compareTo(quantity('64Ti')) <= 0) || !(quantity((has(self.memoryStep) ? string(self.memoryStep) : '1Gi')).compareTo(quantity('1Mi')) >= 0 && quantity((has(self.memoryStep) ? string(self.memoryStep) : '1Gi')).compareTo(quantity('64Ti')) <= 0) || !(quantity((has(self.memoryStep) ? string(self.memoryStep) : '1Gi')).sub(int(quantity((has(self.memoryStep) ? string(self.memoryStep) : '1Gi')).asApproximateFloat() / 1048576.0 + 0.5) * 1048576).compareTo(quantity('0')) == 0) || (quantity(string(self.minMemory)).sub(int(quantity(string(self.minMemory)).asApproximateFloat() / 1048576.0 + 0.5) * 1048576).compareTo(quantity('0')) == 0 && int(quantity(string(self.minMemory)).asApproximateFloat() / 1048576.0 + 0.5) % int(quantity((has(self.memoryStep) ? string(self.memoryStep) : '1Gi')).asApproximateFloat() / 1048576.0 + 0.5) == 0)",message="sizing.minMemory: must be a multiple of memoryStep (1Gi when unset)",messageExpression="'sizing.minMemory: ' + string(self.minMemory) + ' is not a multiple of memoryStep ' + (has(self.memoryStep) ? string(self.memoryStep) : '1Gi') + '; round it to one, or pick a step that divides it'"
 type Sizing struct {
 	// mode is Fixed (default: the policy's replicas) or PerClaim (each ResourceClaim's size).
 	// +kubebuilder:default=Fixed
@@ -148,17 +155,21 @@ type Sizing struct {
 	Mode SizingMode `json:"mode,omitempty"`
 
 	// memoryStep is the granularity of a claim's memory: a request is rounded up to a multiple of it.
-	// A positive multiple of 1Mi (MPS takes its limit in MiB). Omitted: 1Gi. A step the GPU cannot hold
-	// twice over with minMemory is refused by the agent (SizingDoesNotFit).
-	// +kubebuilder:validation:XValidation:rule="isQuantity(self) && quantity(self).isInteger() && quantity(self).asInteger() > 0 && quantity(self).asInteger() % 1048576 == 0",message="sizing.memoryStep: must be a positive multiple of 1Mi such as 512Mi or 1Gi"
+	// A whole number of MiB (MPS takes its limit in MiB) from 1Mi to 64Ti, judged by value: 1536Mi,
+	// 1.5Gi and 1610612736 are the same step. Omitted: 1Gi. A step the GPU cannot hold twice over with
+	// minMemory is refused by the agent (SizingDoesNotFit).
+	// +kubebuilder:validation:XValidation:rule="isQuantity(string(self))",message="sizing.memoryStep: must be a quantity of bytes such as 512Mi, 1.5Gi or 1610612736"
+	// +kubebuilder:validation:XValidation:rule="!isQuantity(string(self)) || (quantity(string(self)).compareTo(quantity('1Mi')) >= 0 && quantity(string(self)).compareTo(quantity('64Ti')) <= 0)",message="sizing.memoryStep: must be at least 1Mi and at most 64Ti, such as 512Mi",messageExpression="'sizing.memoryStep: ' + string(self) + ' is out of range: must be at least 1Mi and at most 64Ti, such as 512Mi'"
+	// +kubebuilder:validation:XValidation:rule="!isQuantity(string(self)) || quantity(string(self)).compareTo(quantity('1Mi')) < 0 || quantity(string(self)).compareTo(quantity('64Ti')) > 0 || quantity(string(self)).sub(int(quantity(string(self)).asApproximateFloat() / 1048576.0 + 0.5) * 1048576).compareTo(quantity('0')) == 0",message="sizing.memoryStep: must be a whole number of MiB such as 512Mi, 1536Mi or 1.5Gi",messageExpression="'sizing.memoryStep: ' + string(self) + ' is not a whole number of MiB (MPS takes memory limits in MiB); use a multiple of 1Mi such as 512Mi, 1536Mi or 1.5Gi'"
 	// +optional
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
 	MemoryStep *resource.Quantity `json:"memoryStep,omitempty"`
 
 	// minMemory is the least memory a claim gets (a smaller request is rounded up to it); a multiple of
-	// memoryStep. Omitted: memoryStep.
-	// +kubebuilder:validation:XValidation:rule="isQuantity(self) && quantity(self).isGreaterThan(quantity('0'))",message="sizing.minMemory: must be a positive quantity such as 4Gi"
+	// memoryStep, at most 64Ti. Omitted: memoryStep.
+	// +kubebuilder:validation:XValidation:rule="isQuantity(string(self))",message="sizing.minMemory: must be a quantity of bytes such as 4Gi, 2.5Gi or 2684354560"
+	// +kubebuilder:validation:XValidation:rule="!isQuantity(string(self)) || (quantity(string(self)).compareTo(quantity('1Mi')) >= 0 && quantity(string(self)).compareTo(quantity('64Ti')) <= 0)",message="sizing.minMemory: must be at least 1Mi and at most 64Ti, such as 4Gi",messageExpression="'sizing.minMemory: ' + string(self) + ' is out of range: must be at least 1Mi and at most 64Ti, such as 4Gi'"
 	// +optional
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
@@ -209,8 +220,10 @@ type MPSSharing struct {
 	// +optional
 	ActiveThreadPercentage *int32 `json:"activeThreadPercentage,omitempty"`
 
-	// pinnedMemoryLimit caps the device memory each client may allocate (for example 18Gi).
-	// +kubebuilder:validation:XValidation:rule="isQuantity(self) && quantity(self).isGreaterThan(quantity('0'))",message="mps.pinnedMemoryLimit: must be a positive quantity such as 18Gi"
+	// pinnedMemoryLimit caps the device memory each client may allocate (for example 18Gi), from 1Mi to
+	// 64Ti; MPS takes it in whole MiB, so a fraction of a MiB is dropped (18G is 17166Mi).
+	// +kubebuilder:validation:XValidation:rule="isQuantity(string(self))",message="mps.pinnedMemoryLimit: must be a quantity of bytes such as 18Gi, 17.5Gi or 19327352832"
+	// +kubebuilder:validation:XValidation:rule="!isQuantity(string(self)) || (quantity(string(self)).compareTo(quantity('1Mi')) >= 0 && quantity(string(self)).compareTo(quantity('64Ti')) <= 0)",message="mps.pinnedMemoryLimit: must be at least 1Mi and at most 64Ti (MPS takes whole MiB, rounding down), such as 18Gi",messageExpression="'mps.pinnedMemoryLimit: ' + string(self) + ' is out of range: must be at least 1Mi and at most 64Ti (MPS takes whole MiB, rounding down), such as 18Gi'"
 	// +optional
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
@@ -313,9 +326,11 @@ type Oversubscription struct {
 	// +optional
 	AntiThrashing AntiThrashing `json:"antiThrashing,omitempty"`
 
-	// memoryBudget caps the physical GPU memory all shim clients may hold at once. Omitted: the GPU's
+	// memoryBudget caps the physical GPU memory all shim clients may hold at once, from 1Mi to 64Ti
+	// (a fraction of a byte rounds up); above the GPU's memory it is the GPU's memory. Omitted: the GPU's
 	// memory less the agent's reserve.
-	// +kubebuilder:validation:XValidation:rule="isQuantity(self) && quantity(self).isGreaterThan(quantity('0'))",message="oversubscription.memoryBudget: must be a positive quantity such as 16Gi"
+	// +kubebuilder:validation:XValidation:rule="isQuantity(string(self))",message="oversubscription.memoryBudget: must be a quantity of bytes such as 16Gi, 15.5Gi or 17179869184"
+	// +kubebuilder:validation:XValidation:rule="!isQuantity(string(self)) || (quantity(string(self)).compareTo(quantity('1Mi')) >= 0 && quantity(string(self)).compareTo(quantity('64Ti')) <= 0)",message="oversubscription.memoryBudget: must be at least 1Mi and at most 64Ti, such as 16Gi",messageExpression="'oversubscription.memoryBudget: ' + string(self) + ' is out of range: must be at least 1Mi and at most 64Ti, such as 16Gi'"
 	// +optional
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32

@@ -45,6 +45,7 @@ func TestAcceptsTheValidBasePolicy(t *testing.T) {
 func TestRejectsInvalidPolicies(t *testing.T) {
 	// Each case is a whole spec and the text the API server's message must contain: the field it names
 	// (and, for our CEL rules, the fix it suggests).
+	// The memory quantities have their own table (quantity_validation_test.go).
 	cases := []struct {
 		name string
 		spec string
@@ -70,12 +71,6 @@ func TestRejectsInvalidPolicies(t *testing.T) {
 			[]string{"spec.sharing.mps.replicas", "greater than or equal to 1"}},
 		{"MPS more replicas than MPS serves", `sharing: {strategy: MPS, mps: {replicas: 49}}`,
 			[]string{"spec.sharing.mps.replicas", "less than or equal to 48"}},
-		{"MPS negative pinned memory limit", `sharing: {strategy: MPS, mps: {replicas: 2, pinnedMemoryLimit: -1Gi}}`,
-			[]string{"spec.sharing.mps.pinnedMemoryLimit", "must be a positive quantity"}},
-		{"MPS zero pinned memory limit", `sharing: {strategy: MPS, mps: {replicas: 2, pinnedMemoryLimit: "0"}}`,
-			[]string{"spec.sharing.mps.pinnedMemoryLimit", "must be a positive quantity"}},
-		{"MPS pinned memory limit that is no quantity", `sharing: {strategy: MPS, mps: {replicas: 2, pinnedMemoryLimit: lots}}`,
-			[]string{"spec.sharing.mps.pinnedMemoryLimit"}},
 		{"time-slicing with one replica", `sharing: {strategy: TimeSlicing, timeSlicing: {replicas: 1}}`,
 			[]string{"spec.sharing.timeSlicing.replicas", "greater than or equal to 2"}},
 		{"time-slicing unknown interval", `sharing: {strategy: TimeSlicing, timeSlicing: {replicas: 2, interval: Tiny}}`,
@@ -118,8 +113,6 @@ func TestRejectsInvalidPolicies(t *testing.T) {
 			[]string{"spec.sharing.oversubscription.timeQuantum", "must be at least 1s"}},
 		{"oversubscription unknown anti-thrashing mode", `sharing: {strategy: Exclusive, oversubscription: {antiThrashing: Sometimes}}`,
 			[]string{"spec.sharing.oversubscription.antiThrashing", `Unsupported value: "Sometimes"`}},
-		{"oversubscription zero memory budget", `sharing: {strategy: Exclusive, oversubscription: {memoryBudget: "0"}}`,
-			[]string{"spec.sharing.oversubscription.memoryBudget", "must be a positive quantity"}},
 		{"negative priority", `{priority: -1, sharing: {strategy: Exclusive}}`,
 			[]string{"spec.priority", "greater than or equal to 0"}},
 		{"priority above 1000", `{priority: 1001, sharing: {strategy: Exclusive}}`,
@@ -176,35 +169,29 @@ func TestRejectsInvalidPolicies(t *testing.T) {
 			[]string{"sizing: memoryStep, minMemory and onExceed apply only to mode PerClaim"}},
 		{"unknown action on exceeding claims", `sharing: {strategy: MPS, mps: {replicas: 4}, sizing: {mode: PerClaim, onExceed: Kill}}`,
 			[]string{"spec.sharing.sizing.onExceed", `Unsupported value: "Kill"`}},
-		{"zero memory step", `sharing: {strategy: MPS, mps: {replicas: 4}, sizing: {mode: PerClaim, memoryStep: "0"}}`,
-			[]string{"spec.sharing.sizing.memoryStep", "must be a positive multiple of 1Mi"}},
-		{"negative memory step", `sharing: {strategy: MPS, mps: {replicas: 4}, sizing: {mode: PerClaim, memoryStep: -1Gi}}`,
-			[]string{"spec.sharing.sizing.memoryStep", "must be a positive multiple of 1Mi"}},
-		{"memory step below a MiB", `sharing: {strategy: MPS, mps: {replicas: 4}, sizing: {mode: PerClaim, memoryStep: 1000Ki}}`,
-			[]string{"spec.sharing.sizing.memoryStep", "must be a positive multiple of 1Mi"}},
-		{"memory step that is no quantity", `sharing: {strategy: MPS, mps: {replicas: 4}, sizing: {mode: PerClaim, memoryStep: lots}}`,
-			[]string{"spec.sharing.sizing.memoryStep", "must be a positive multiple of 1Mi"}},
-		{"zero minimum memory", `sharing: {strategy: MPS, mps: {replicas: 4}, sizing: {mode: PerClaim, minMemory: "0"}}`,
-			[]string{"spec.sharing.sizing.minMemory", "must be a positive quantity"}},
-		{"minimum memory not a multiple of the step", `sharing: {strategy: MPS, mps: {replicas: 4}, sizing: {mode: PerClaim, memoryStep: 2Gi, minMemory: 3Gi}}`,
-			[]string{"sizing.minMemory: must be a multiple of memoryStep"}},
-		{"minimum memory not a multiple of the default step", `sharing: {strategy: MPS, mps: {replicas: 4}, sizing: {mode: PerClaim, minMemory: 1536Mi}}`,
-			[]string{"sizing.minMemory: must be a multiple of memoryStep (1Gi when unset)"}},
 		{"production classes on plain time-slicing", `sharing: {strategy: TimeSlicing, timeSlicing: {replicas: 2}, qos: {productionPriority: 1000}}`,
 			[]string{"sharing.qos: needs something that can favour production"}},
 		{"production classes on a whole GPU without the shim", `sharing: {strategy: Exclusive, qos: {productionPriority: 1000}}`,
 			[]string{"sharing.qos: needs something that can favour production"}},
 		{"production classes with MIG", `sharing: {strategy: MIG, mig: {instances: [{profile: 1g.10gb, count: 1}]}, qos: {productionPriority: 1000}}`,
 			[]string{"sharing.qos: needs something that can favour production"}},
-		{"an opportunistic thread cap without MPS", `sharing: {strategy: Exclusive, oversubscription: {}, qos: {productionPriority: 1, opportunisticThreadPercentage: 30}}`,
+		{"an opportunistic thread cap without MPS", `sharing: {strategy: Exclusive, oversubscription: {}, qos: {productionPriority: 1000, opportunisticThreadPercentage: 30}}`,
 			[]string{"sharing.qos.opportunisticThreadPercentage: applies only to strategy MPS"}},
-		{"an opportunistic launch queue without the shim", `sharing: {strategy: MPS, mps: {replicas: 2}, qos: {productionPriority: 1, opportunisticQueue: 8}}`,
+		{"an opportunistic launch queue without the shim", `sharing: {strategy: MPS, mps: {replicas: 2}, qos: {productionPriority: 1000, opportunisticQueue: 8}}`,
 			[]string{"sharing.qos.opportunisticQueue: applies only with oversubscription"}},
 		{"production classes without a threshold", `sharing: {strategy: MPS, mps: {replicas: 2}, qos: {}}`,
 			[]string{"spec.sharing.qos.productionPriority", "Required value"}},
-		{"an empty opportunistic launch queue", `sharing: {strategy: Exclusive, oversubscription: {}, qos: {productionPriority: 1, opportunisticQueue: 0}}`,
+		{"an empty opportunistic launch queue", `sharing: {strategy: Exclusive, oversubscription: {}, qos: {productionPriority: 1000, opportunisticQueue: 0}}`,
 			[]string{"spec.sharing.qos.opportunisticQueue", "should be greater than or equal to 1"}},
-		{"an opportunistic thread cap over 100", `sharing: {strategy: MPS, mps: {replicas: 2}, qos: {productionPriority: 1, opportunisticThreadPercentage: 101}}`,
+		{"a production threshold every pod without a PriorityClass meets", `sharing: {strategy: MPS, mps: {replicas: 2}, qos: {productionPriority: 0}}`,
+			[]string{"spec.sharing.qos.productionPriority", "qos.productionPriority: must be from 1000 to 1000000000", "pods without a PriorityClass have priority 0"}},
+		{"a production threshold below 1000", `sharing: {strategy: MPS, mps: {replicas: 2}, qos: {productionPriority: 999}}`,
+			[]string{"spec.sharing.qos.productionPriority", "qos.productionPriority: must be from 1000 to 1000000000"}},
+		{"a negative production threshold", `sharing: {strategy: MPS, mps: {replicas: 2}, qos: {productionPriority: -5}}`,
+			[]string{"spec.sharing.qos.productionPriority", "qos.productionPriority: must be from 1000 to 1000000000"}},
+		{"a production threshold only system classes reach", `sharing: {strategy: MPS, mps: {replicas: 2}, qos: {productionPriority: 1000000001}}`,
+			[]string{"spec.sharing.qos.productionPriority", "qos.productionPriority: must be from 1000 to 1000000000"}},
+		{"an opportunistic thread cap over 100", `sharing: {strategy: MPS, mps: {replicas: 2}, qos: {productionPriority: 1000, opportunisticThreadPercentage: 101}}`,
 			[]string{"spec.sharing.qos.opportunisticThreadPercentage", "should be less than or equal to 100"}},
 	}
 	ctx := context.Background()
@@ -268,10 +255,10 @@ func TestAcceptsProductionClassesWhereSomethingFavoursProduction(t *testing.T) {
 	ctx := context.Background()
 	for i, spec := range []string{
 		`sharing: {strategy: MPS, mps: {replicas: 4}, qos: {productionPriority: 1000}}`,
-		`sharing: {strategy: MPS, mps: {replicas: 4}, qos: {productionPriority: -5, opportunisticThreadPercentage: 30}}`,
+		`sharing: {strategy: MPS, mps: {replicas: 4}, qos: {productionPriority: 1000000000, opportunisticThreadPercentage: 30}}`,
 		`sharing: {strategy: Exclusive, oversubscription: {}, qos: {productionPriority: 1000, opportunisticQueue: 4}}`,
-		`sharing: {strategy: TimeSlicing, timeSlicing: {replicas: 2}, oversubscription: {antiThrashing: Always}, qos: {productionPriority: 0}}`,
-		`sharing: {strategy: MPS, mps: {replicas: 4}, sizing: {mode: PerClaim}, qos: {productionPriority: 100}}`,
+		`sharing: {strategy: TimeSlicing, timeSlicing: {replicas: 2}, oversubscription: {antiThrashing: Always}, qos: {productionPriority: 1000000}}`,
+		`sharing: {strategy: MPS, mps: {replicas: 4}, sizing: {mode: PerClaim}, qos: {productionPriority: 1000}}`,
 	} {
 		obj := policy(t, fmt.Sprintf("qos-%d", i), spec)
 		if err := env.Client.Create(ctx, obj); err != nil {

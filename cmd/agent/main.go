@@ -65,6 +65,10 @@ type options struct {
 	// schedulerRoot holds the shim scheduler sockets, whether or not the device plugin runs.
 	schedulerRoot  string
 	oversubReserve uint64
+	// contextReserve is charged to each CUDA process of a sized claim (app.Options.ContextReserve).
+	contextReserve int64
+	// mpsServerMemory is left out of an MPS GPU's sized capacity (app.Options.MPSServerMemory).
+	mpsServerMemory uint64
 	// shimGuards limit the shim's clients (docs/agent.md).
 	shimGuards scheduler.Guards
 	// health configures the NVML Xid watcher.
@@ -155,6 +159,8 @@ func parse(args []string) (options, *textlogger.Config) {
 		reserve = &q
 		return nil
 	})
+	ctxReserve := memoryFlag(fs, "context-reserve", dra.DefaultContextReserve, "device memory charged to each CUDA process of a sized claim for its context, which NVML counts and allocation limits do not: an MPS client's pinned limit is its claim less this, and the shim keeps a claim's allocations within the claim less this per process")
+	mpsServer := memoryFlag(fs, "mps-server-memory", node.DefaultMPSServerMemory, "device memory an MPS server holds itself, left out of what an MPS GPU sized per claim offers claims")
 	fs.DurationVar(&o.shimGuards.FrameTimeout, "shim-frame-timeout", scheduler.DefaultFrameTimeout, "longest a shim client may take to finish a message it started before it is dropped")
 	fs.IntVar(&o.shimGuards.MaxConns, "shim-max-conns", scheduler.DefaultMaxConns, "most connections one GPU's scheduler socket accepts at once")
 	fs.IntVar(&o.shimGuards.MaxConnsPerPeer, "shim-max-conns-per-pod", scheduler.DefaultMaxConnsPerPeer, "most connections one pod (one process where the pod is unknown) may hold on one GPU's scheduler socket")
@@ -195,6 +201,11 @@ func parse(args []string) (options, *textlogger.Config) {
 		o.schedulerRoot = filepath.Join(o.hostRoot, "scheduler")
 	}
 	o.oversubReserve = uint64(reserve.Value())
+	o.contextReserve = (*ctxReserve).Value()
+	// One reserve for both halves of a claim's accounting: the kubelet plugin's MPS limits and the
+	// schedulers' ledgers.
+	o.shimGuards.ContextReserve = uint64(o.contextReserve)
+	o.mpsServerMemory = uint64((*mpsServer).Value())
 	o.mpsShmSize = shmSize.Value()
 	// The device plugin names the sockets the agent's schedulers listen on: one root for both.
 	dp.SchedulerRoot = o.schedulerRoot
@@ -220,6 +231,20 @@ func parse(args []string) (options, *textlogger.Config) {
 		o.nvidiaSMI = driverTool(o.driverRoot, "nvidia-smi")
 	}
 	return o, logConfig
+}
+
+// memoryFlag binds a non-negative memory quantity flag with its default; the result is read after Parse.
+func memoryFlag(fs *flag.FlagSet, name string, def int64, usage string) **resource.Quantity {
+	q := resource.NewQuantity(def, resource.BinarySI)
+	fs.Func(name, fmt.Sprintf("%s (default %s)", usage, q), func(s string) error {
+		v, err := resource.ParseQuantity(s)
+		if err != nil || v.Sign() < 0 {
+			return fmt.Errorf("want a non-negative quantity such as %s", q)
+		}
+		q = &v
+		return nil
+	})
+	return &q
 }
 
 // resourceFlag binds a resource name flag.
@@ -313,9 +338,12 @@ func run(ctx context.Context, o options) error {
 		MPSShmSize:     o.mpsShmSize,
 		SchedulerRoot:  o.schedulerRoot,
 		OversubReserve: o.oversubReserve,
-		ShimGuards:     o.shimGuards,
-		Health:         &o.health,
-		Accounting:     accountingOptions(o.accounting),
+		ContextReserve: o.contextReserve,
+		// What a sized MPS GPU's server holds itself.
+		MPSServerMemory: o.mpsServerMemory,
+		ShimGuards:      o.shimGuards,
+		Health:          &o.health,
+		Accounting:      accountingOptions(o.accounting),
 		// hostPID: the agent's /proc is the host's, where the scheduler's client pids live.
 		ProcRoot:            o.procRoot,
 		StateDir:            o.stateDir,

@@ -128,3 +128,18 @@ func TestParseSetsTheSchedulerRootAndTheOversubscriptionReserve(t *testing.T) {
 		t.Errorf("scheduler root %q (device plugin %q), reserve %d; want /s for both and 3Gi", o.schedulerRoot, o.devicePlugin.SchedulerRoot, o.oversubReserve)
 	}
 }
+
+// The context reserve charged to each process of a sized claim defaults to 768Mi, the MPS server's
+// memory is an option too; both take quantities.
+func TestParseSetsTheContextReserve(t *testing.T) {
+	t.Setenv("NODE_NAME", "node-a")
+	if o, _ := parse(nil); o.contextReserve != 768<<20 {
+		t.Errorf("default context reserve %d, want 768Mi", o.contextReserve)
+	}
+	if o, _ := parse([]string{"--context-reserve=1Gi"}); o.contextReserve != 1<<30 {
+		t.Errorf("--context-reserve=1Gi: %d", o.contextReserve)
+	}
+	if o, _ := parse([]string{"--mps-server-memory=100Mi"}); o.mpsServerMemory != 100<<20 {
+		t.Errorf("--mps-server-memory=100Mi: %d", o.mpsServerMemory)
+	}
+}

@@ -35,7 +35,7 @@ type cluster struct {
 	// scheduler is the kube-scheduler the sized claims need (sized.go), once started.
 	scheduler *testenv.Scheduler
 	// claimController is kube-controller-manager with its ResourceClaim controller alone.
-	claimController *testenv.Scheduler
+	claimController *testenv.Component
 }
 
 func startCluster() (*cluster, error) {

@@ -104,7 +104,7 @@ func (c *cluster) startScheduler() error {
 		return err
 	}
 	c.scheduler = s
-	if c.claimController, err = c.env.StartClaimController(c.dir); err != nil {
+	if c.claimController, err = c.env.StartControllerManager(c.dir, "resourceclaim-controller"); err != nil {
 		return err
 	}
 	return nil

@@ -107,6 +107,10 @@ func run() error {
 		"hand off in series, the newcomer's copy-in only after the leaver's copy-out (slower: to measure each direction of a swap alone)")
 	oppQueue := flag.Uint("opportunistic-queue", scheduler.DefaultOpportunisticQueue,
 		"launches an opportunistic client may keep outstanding on the GPU while a production client is connected (sent to shims of protocol version 4)")
+	claimMem := flag.Uint64("claim-memory", 0,
+		"put every client of a GPU in one claim ledger of this many bytes, contexts included (0: none; the agent names each client's claim)")
+	ctxReserve := flag.Uint64("context-reserve", scheduler.DefaultContextReserve,
+		"bytes charged to a claim ledger per process for its CUDA context")
 	flag.Parse()
 	if *oppQueue == 0 || *oppQueue > math.MaxUint32 {
 		// 0 would read as "unbounded", which PACE 0 means; the configuration takes it as the default.
@@ -134,7 +138,13 @@ func run() error {
 	if *rebuild <= 0 {
 		*rebuild = -1 // Options: negative is none
 	}
-	s, err := scheduler.New(scheduler.Options{GPUs: cfgs, Registerer: reg, RebuildWindow: *rebuild})
+	guards := scheduler.Guards{ContextReserve: *ctxReserve}
+	if *claimMem > 0 {
+		guards.ClaimOf = func(gpu string, _ int32) (scheduler.Claim, bool) {
+			return scheduler.Claim{Key: "claim", Memory: *claimMem}, true
+		}
+	}
+	s, err := scheduler.New(scheduler.Options{GPUs: cfgs, Registerer: reg, RebuildWindow: *rebuild, Guards: guards})
 	if err != nil {
 		return err
 	}

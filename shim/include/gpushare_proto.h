@@ -69,6 +69,23 @@
  * scheduler answers a version 4 client in version 4 frames, without IDLE. A
  * version 4 (or 3) scheduler closes the connection at a version 5 HELLO: the
  * shim then steps down to version 4, and to 3 if that is refused too.
+ *
+ * Version 6 makes a claim's memory one ledger (docs/shim.md, "Memory limit"). The agent knows each
+ * client's pod and the sized claim(s) it holds on this GPU; the clients of the pods that share a claim
+ * form one ledger of M bytes (the claim), counted as NVML counts it: each connected process is charged a
+ * context reserve R, and their allocations together may reach total = M - n*R (n: the ledger's connected
+ * processes). LEDGER (scheduler to client) comes right after WELCOME, always, in version 6 (flags 0: no
+ * ledger, the client keeps its own GPUSHARE_MEMORY_LIMIT_BYTES alone), and again whenever the ledger's
+ * total or granted bytes change. A client's grant is the part of the total it may allocate without
+ * asking; CHARGE asks for at least that many bytes more, CHARGED answers it (the scheduler adds at least
+ * a chunk, within the total, or refuses), RETURN gives bytes of the grant back (the client keeps at most
+ * a couple of chunks unused). On a new connection the client announces its grant with RETURN flags HOLD
+ * right after REJOIN (or after WELCOME's LEDGER on a first connection), before any CHARGE: the scheduler
+ * accounts it even beyond the total (the memory is allocated) and refuses everything else until frees
+ * bring the ledger back within it. A client's grant returns to the ledger when its connection ends.
+ * The scheduler serves version 5 and older clients in their version (no LEDGER; they count in n and keep
+ * their per-process limit). A version 5 scheduler closes the connection at a version 6 HELLO: the shim
+ * steps down and keeps its per-process limit.
  */
 #ifndef GPUSHARE_PROTO_H
 #define GPUSHARE_PROTO_H
@@ -76,7 +93,7 @@
 #include <stdint.h>
 
 #define GS_PROTO_MAGIC 0x48535047u /* bytes "GPSH" */
-#define GS_PROTO_VERSION 5u
+#define GS_PROTO_VERSION 6u
 #define GS_PROTO_MIN_VERSION 2u /* the oldest client version the scheduler serves */
 #define GS_MAX_MSG_SIZE 256u
 #define GS_UUID_LEN 64u
@@ -97,6 +114,10 @@
 #define GS_MSG_RAISE 13u    /* s->c (v3): a holder filling in after a partial GRANT: reservation raised */
 #define GS_MSG_PACE 14u     /* s->c (v4): keep at most max_queued launches outstanding; 0: unbounded */
 #define GS_MSG_IDLE 15u     /* s->c (v5): release after idle_us microseconds without a GPU call; 0: own window */
+#define GS_MSG_LEDGER 16u   /* s->c (v6): the claim's ledger: after WELCOME, and whenever it changes */
+#define GS_MSG_CHARGE 17u   /* c->s (v6): raise my grant by at least bytes */
+#define GS_MSG_CHARGED 18u  /* s->c (v6): answer to CHARGE: status, bytes added, the ledger */
+#define GS_MSG_RETURN 19u   /* c->s (v6): give bytes of my grant back; flags HOLD: my grant is bytes */
 
 /* Anti-thrashing modes (WELCOME.mode). */
 #define GS_MODE_AUTO 0u   /* concurrent while the working sets fit the budget together */
@@ -115,6 +136,16 @@
 
 /* REJOIN.flags */
 #define GS_REJOIN_HELD 1u /* it held the GPU when the previous connection ended */
+
+/* LEDGER.flags */
+#define GS_LEDGER_ON 1u /* this client's allocations are charged to a claim's ledger */
+
+/* CHARGED.status */
+#define GS_CHARGE_OK 0u      /* added bytes were added to the grant */
+#define GS_CHARGE_REFUSED 1u /* the ledger cannot give that much: fail the allocation */
+
+/* RETURN.flags */
+#define GS_RETURN_HOLD 1u /* on a new connection: the grant this client holds (once, before any CHARGE) */
 
 #define GS_PRIORITY_NORMAL 0u
 #define GS_PRIORITY_HIGH 1u
@@ -136,6 +167,10 @@
 #define GS_RAISE_SIZE 28u
 #define GS_PACE_SIZE 16u
 #define GS_IDLE_SIZE 16u
+#define GS_LEDGER_SIZE 68u
+#define GS_CHARGE_SIZE 28u
+#define GS_CHARGED_SIZE 52u
+#define GS_RETURN_SIZE 28u
 
 struct gs_header {
     uint32_t magic;
@@ -248,7 +283,47 @@ struct gs_idle {
     uint32_t idle_us; /* release after this long without a GPU call; 0: the client's own window */
 } __attribute__((packed));
 
+struct gs_ledger {
+    struct gs_header h;
+    uint32_t flags;     /* GS_LEDGER_* */
+    uint32_t processes; /* n: the ledger's connected processes on this GPU, this one included */
+    uint64_t claim;     /* M: the claim's bytes, as NVML counts them (contexts included) */
+    uint64_t reserve;   /* R: charged per process for its CUDA context */
+    uint64_t total;     /* M - n*R (0 when negative): what the processes' allocations may reach together */
+    uint64_t granted;   /* the grants of all the ledger's processes, this one's included */
+    uint64_t grant;     /* this client's grant */
+    uint64_t chunk;     /* a CHARGE adds at least this while there is room; keep at most two unused */
+} __attribute__((packed));
+
+struct gs_charge {
+    struct gs_header h;
+    uint32_t seq; /* echoed in CHARGED */
+    uint32_t pad;
+    uint64_t bytes; /* at least this many more */
+} __attribute__((packed));
+
+struct gs_charged {
+    struct gs_header h;
+    uint32_t seq;
+    uint32_t status; /* GS_CHARGE_* */
+    uint64_t added;  /* bytes added to the grant (0 when refused) */
+    uint64_t grant;  /* this client's grant now */
+    uint64_t total;  /* as in LEDGER */
+    uint64_t granted;
+} __attribute__((packed));
+
+struct gs_return {
+    struct gs_header h;
+    uint32_t flags; /* GS_RETURN_* */
+    uint32_t pad;
+    uint64_t bytes; /* given back; with HOLD: the grant held */
+} __attribute__((packed));
+
 #ifndef __cplusplus
+_Static_assert(sizeof(struct gs_ledger) == GS_LEDGER_SIZE, "ledger size");
+_Static_assert(sizeof(struct gs_charge) == GS_CHARGE_SIZE, "charge size");
+_Static_assert(sizeof(struct gs_charged) == GS_CHARGED_SIZE, "charged size");
+_Static_assert(sizeof(struct gs_return) == GS_RETURN_SIZE, "return size");
 _Static_assert(sizeof(struct gs_idle) == GS_IDLE_SIZE, "idle size");
 _Static_assert(sizeof(struct gs_pace) == GS_PACE_SIZE, "pace size");
 _Static_assert(sizeof(struct gs_raise) == GS_RAISE_SIZE, "raise size");

@@ -16,6 +16,10 @@
  */
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gpushare_proto.h"
 
 #include "internal.h"
 
@@ -34,29 +38,6 @@ static size_t tab_cap, tab_len; /* tab_cap a power of two; at most half full */
 uint64_t gs_cap_used(void)
 {
     return atomic_load_explicit(&charged, memory_order_relaxed);
-}
-
-CUresult gs_cap_charge(uint64_t n)
-{
-    uint64_t lim = gs_cfg.memory_limit;
-    uint64_t cur = atomic_load_explicit(&charged, memory_order_relaxed);
-    do {
-        if (n > lim || cur > lim - n) {
-            static atomic_int warned;
-            gs_log(atomic_exchange(&warned, 1) ? GS_LOG_DEBUG : GS_LOG_WARN,
-                   "out of memory: %llu bytes more would pass this process's memory limit of %llu bytes "
-                   "(GPUSHARE_MEMORY_LIMIT_BYTES; %llu allocated)",
-                   (unsigned long long)n, (unsigned long long)lim, (unsigned long long)cur);
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        }
-    } while (!atomic_compare_exchange_weak_explicit(&charged, &cur, cur + n, memory_order_relaxed,
-                                                    memory_order_relaxed));
-    return CUDA_SUCCESS;
-}
-
-void gs_cap_uncharge(uint64_t n)
-{
-    atomic_fetch_sub_explicit(&charged, n, memory_order_relaxed);
 }
 
 static size_t slot_of(uint64_t key, uint32_t kind)
@@ -143,6 +124,62 @@ int gs_cap_retain(uint32_t kind, uint64_t key)
     return i != SIZE_MAX;
 }
 
+/* A mapping is one more reference to its handle's entry (the handle's bytes stay charged while it lives),
+ * remembered by its address (kind GS_CAP_MAP, bytes: the handle) for cuMemUnmap, which names addresses. */
+void gs_cap_map(CUdeviceptr va, uint64_t handle)
+{
+    pthread_mutex_lock(&tab_mu);
+    size_t i = find_locked(handle, GS_CAP_HANDLE);
+    if (i != SIZE_MAX && va != 0 && find_locked(va, GS_CAP_MAP) == SIZE_MAX &&
+        ((tab_len + 1) * 2 <= tab_cap || grow_locked() == 0)) {
+        i = find_locked(handle, GS_CAP_HANDLE); /* grow moved it */
+        tab[i].refs++;
+        put_locked((struct cap_entry){.key = va, .bytes = handle, .kind = GS_CAP_MAP, .refs = 1});
+    }
+    pthread_mutex_unlock(&tab_mu);
+}
+
+/* Drops one reference of handle's entry; returns the bytes to give back when it was the last. tab_mu held. */
+static uint64_t unref_locked(uint64_t handle)
+{
+    size_t i = find_locked(handle, GS_CAP_HANDLE);
+    if (i == SIZE_MAX)
+        return 0;
+    if (--tab[i].refs > 0)
+        return 0;
+    uint64_t b = tab[i].bytes;
+    remove_at_locked(i);
+    return b;
+}
+
+void gs_cap_unmap(CUdeviceptr va, size_t size)
+{
+    uint64_t back = 0;
+    pthread_mutex_lock(&tab_mu);
+    size_t i = find_locked(va, GS_CAP_MAP);
+    if (i != SIZE_MAX) {
+        /* the usual case: one mapping unmapped where it starts */
+        uint64_t h = tab[i].bytes;
+        remove_at_locked(i);
+        back += unref_locked(h);
+    }
+    if (size > 0 && tab_cap > 0) {
+        /* a range over several mappings (vectorAddMMAP unmaps its whole range at once): every mapping that
+         * starts inside it; rare, so a scan. A removal moves entries, so the scan starts again after one. */
+        for (size_t j = 0; j < tab_cap; j++) {
+            if (tab[j].key != 0 && tab[j].kind == GS_CAP_MAP && tab[j].key > va && tab[j].key - va < size) {
+                uint64_t h = tab[j].bytes;
+                remove_at_locked(j);
+                back += unref_locked(h);
+                j = (size_t)-1;
+            }
+        }
+    }
+    pthread_mutex_unlock(&tab_mu);
+    if (back > 0)
+        gs_cap_uncharge(back);
+}
+
 int gs_cap_free_begin(uint32_t kind, uint64_t key, struct gs_cap_free *f)
 {
     f->kind = kind;
@@ -182,12 +219,291 @@ void gs_cap_free_end(const struct gs_cap_free *f, CUresult r)
         gs_cap_uncharge(f->bytes);
 }
 
+
+/*
+ * The claim's ledger (protocol 6; gpushare_proto.h, docs/shim.md "Memory limit"). Where the scheduler puts
+ * this process in a claim's ledger, the process allocates within its grant without asking: room is the
+ * grant less what is charged, taken and given back by the same atomic steps as the limit. Beyond it, the
+ * allocating thread asks the scheduler (CHARGE) and waits for the answer at most
+ * GPUSHARE_MEMREPLY_TIMEOUT_MS; a refusal or no answer in time fails the allocation with out of memory.
+ * More than two chunks of room unused go back (RETURN), so one process's slack does not starve the
+ * others of its claim. Without a ledger (no scheduler, an older one, a process in no claim) the limit
+ * alone holds, as before.
+ *
+ * grant = charged + room holds across every change: a charge takes room, a free gives it back. The read
+ * lock keeps each of those steps whole against a connection's start, which sets room to 0 and announces
+ * what is charged as the grant (RETURN flags HOLD), under the write lock.
+ */
+static pthread_rwlock_t led_rw = PTHREAD_RWLOCK_INITIALIZER;
+static atomic_int led_on;
+static _Atomic int64_t room;
+static _Atomic uint64_t led_total, led_others, led_chunk;
+static struct gs_ledger offered; /* the connection's LEDGER, read with its WELCOME (under the gate's mutex) */
+static int offered_set;
+
+static pthread_mutex_t req_mu = PTHREAD_MUTEX_INITIALIZER; /* one CHARGE or RETURN at a time */
+static pthread_mutex_t rep_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t rep_cv;
+static pthread_once_t rep_once = PTHREAD_ONCE_INIT;
+static uint32_t req_seq, rep_seq, rep_status;
+
+static void rep_init(void)
+{
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(&rep_cv, &a);
+    pthread_condattr_destroy(&a);
+}
+
+static int take_room(uint64_t n)
+{
+    int64_t r = atomic_load_explicit(&room, memory_order_relaxed);
+    do {
+        if (r < 0 || (uint64_t)r < n)
+            return 0;
+    } while (!atomic_compare_exchange_weak_explicit(&room, &r, r - (int64_t)n, memory_order_relaxed,
+                                                    memory_order_relaxed));
+    return 1;
+}
+
+static void ledger_refused(uint64_t n, const char *why)
+{
+    static atomic_int warned;
+    uint64_t t = atomic_load(&led_total), o = atomic_load(&led_others);
+    gs_log(atomic_exchange(&warned, 1) ? GS_LOG_DEBUG : GS_LOG_WARN,
+           "out of memory: %llu bytes more %s (the claim's processes may allocate %llu bytes together: the claim "
+           "less a context reserve per process; the others hold %llu, this process %llu)",
+           (unsigned long long)n, why, (unsigned long long)t, (unsigned long long)o,
+           (unsigned long long)gs_cap_used());
+}
+
+/* n is charged to the limit and room had not enough: ask the scheduler. */
+static CUresult ledger_more(uint64_t n)
+{
+    pthread_once(&rep_once, rep_init);
+    pthread_mutex_lock(&req_mu);
+    CUresult res = CUDA_ERROR_OUT_OF_MEMORY;
+    for (int round = 0;; round++) {
+        pthread_rwlock_rdlock(&led_rw);
+        int on = atomic_load(&led_on), got = on && take_room(n);
+        pthread_rwlock_unlock(&led_rw);
+        if (!on || got) {
+            res = CUDA_SUCCESS; /* no ledger any more (the limit alone), or a grant another thread asked for */
+            break;
+        }
+        if (round == 3) {
+            ledger_refused(n, "found the grant taken by this process's other threads");
+            break;
+        }
+        struct gs_charge m;
+        memset(&m, 0, sizeof(m));
+        pthread_mutex_lock(&rep_mu);
+        uint32_t seq = ++req_seq;
+        pthread_mutex_unlock(&rep_mu);
+        m.seq = seq;
+        m.bytes = n;
+        if (gs_gate_send(&m, GS_MSG_CHARGE, GS_CHARGE_SIZE) != 0)
+            continue; /* not connected: the next round finds the ledger off */
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)gs_cfg.memreply_timeout_ms * 1000000ull;
+        ts.tv_sec += (time_t)(ns / 1000000000ull);
+        ts.tv_nsec = (long)(ns % 1000000000ull);
+        pthread_mutex_lock(&rep_mu);
+        int timed_out = 0;
+        while (rep_seq != seq && atomic_load(&led_on) && !timed_out)
+            timed_out = pthread_cond_timedwait(&rep_cv, &rep_mu, &ts) != 0;
+        uint32_t st = rep_seq == seq ? rep_status : GS_CHARGE_REFUSED;
+        pthread_mutex_unlock(&rep_mu);
+        if (timed_out) {
+            gs_log(GS_LOG_WARN,
+                   "out of memory: the GPU scheduler did not answer a request for %llu bytes of the claim's "
+                   "ledger within %u ms (GPUSHARE_MEMREPLY_TIMEOUT_MS)",
+                   (unsigned long long)n, gs_cfg.memreply_timeout_ms);
+            break;
+        }
+        if (st != GS_CHARGE_OK && atomic_load(&led_on)) {
+            ledger_refused(n, "would pass the claim's ledger");
+            break;
+        }
+    }
+    pthread_mutex_unlock(&req_mu);
+    return res;
+}
+
+/* Room beyond two chunks goes back to the ledger; skipped while another request is out. */
+static void give_back(void)
+{
+    if (pthread_mutex_trylock(&req_mu) != 0)
+        return;
+    uint64_t chunk = atomic_load(&led_chunk);
+    int64_t r = atomic_load(&room);
+    if (atomic_load(&led_on) && r > 0 && (uint64_t)r > 2 * chunk &&
+        atomic_compare_exchange_strong(&room, &r, (int64_t)chunk)) {
+        struct gs_return m;
+        memset(&m, 0, sizeof(m));
+        m.bytes = (uint64_t)r - chunk;
+        gs_gate_send(&m, GS_MSG_RETURN, GS_RETURN_SIZE); /* unsent: the connection is gone, and its grant with it */
+    }
+    pthread_mutex_unlock(&req_mu);
+}
+
+void gs_cap_ledger_offer(const struct gs_ledger *l)
+{
+    offered = *l;
+    offered_set = 1;
+}
+
+void gs_cap_ledger_start(int fd)
+{
+    int set = offered_set;
+    offered_set = 0;
+    if (!gs_cap_on() || !set || !(offered.flags & GS_LEDGER_ON))
+        return;
+    pthread_rwlock_wrlock(&led_rw);
+    atomic_store(&room, 0);
+    uint64_t held = atomic_load(&charged);
+    atomic_store(&led_total, offered.total);
+    atomic_store(&led_others, offered.granted - offered.grant);
+    atomic_store(&led_chunk, offered.chunk);
+    atomic_store(&led_on, 1);
+    if (held > 0) {
+        struct gs_return m;
+        memset(&m, 0, sizeof(m));
+        m.flags = GS_RETURN_HOLD;
+        m.bytes = held;
+        gs_conn_send_raw(fd, &m, GS_MSG_RETURN, GS_RETURN_SIZE);
+    }
+    pthread_rwlock_unlock(&led_rw);
+    gs_log(GS_LOG_INFO,
+           "memory: this process is one of %u of a claim of %llu bytes on this GPU; their allocations may reach "
+           "%llu bytes together (%llu bytes per process for its CUDA context); %llu bytes held",
+           offered.processes, (unsigned long long)offered.claim, (unsigned long long)offered.total,
+           (unsigned long long)offered.reserve, (unsigned long long)held);
+}
+
+void gs_cap_ledger_stop(void)
+{
+    if (!atomic_load(&led_on))
+        return;
+    pthread_rwlock_wrlock(&led_rw);
+    atomic_store(&led_on, 0);
+    pthread_rwlock_unlock(&led_rw);
+    pthread_once(&rep_once, rep_init);
+    pthread_mutex_lock(&rep_mu);
+    pthread_cond_broadcast(&rep_cv); /* a waiting request goes on with the limit alone */
+    pthread_mutex_unlock(&rep_mu);
+}
+
+uint32_t gs_cap_msg_size(uint16_t type, uint16_t version)
+{
+    if (version < 6)
+        return 0;
+    return type == GS_MSG_LEDGER ? GS_LEDGER_SIZE : type == GS_MSG_CHARGED ? GS_CHARGED_SIZE : 0;
+}
+
+void gs_cap_on_message(const unsigned char *msg, uint16_t type)
+{
+    if (type == GS_MSG_LEDGER) {
+        struct gs_ledger l;
+        memcpy(&l, msg, sizeof(l));
+        atomic_store(&led_total, l.total);
+        atomic_store(&led_others, l.granted - l.grant);
+        return;
+    }
+    if (type != GS_MSG_CHARGED)
+        return;
+    struct gs_charged c;
+    memcpy(&c, msg, sizeof(c));
+    if (c.status == GS_CHARGE_OK && atomic_load(&led_on))
+        atomic_fetch_add(&room, (int64_t)c.added); /* even when its asker gave up waiting: it is our grant */
+    atomic_store(&led_total, c.total);
+    atomic_store(&led_others, c.granted - c.grant);
+    pthread_once(&rep_once, rep_init);
+    pthread_mutex_lock(&rep_mu);
+    rep_seq = c.seq;
+    rep_status = c.status;
+    pthread_cond_broadcast(&rep_cv);
+    pthread_mutex_unlock(&rep_mu);
+}
+
+/* ---- the limit and the ledger together ---- */
+
+static CUresult charge_limit(uint64_t n)
+{
+    uint64_t lim = gs_cfg.memory_limit;
+    uint64_t cur = atomic_load_explicit(&charged, memory_order_relaxed);
+    do {
+        if (n > lim || cur > lim - n) {
+            static atomic_int warned;
+            gs_log(atomic_exchange(&warned, 1) ? GS_LOG_DEBUG : GS_LOG_WARN,
+                   "out of memory: %llu bytes more would pass this process's memory limit of %llu bytes "
+                   "(GPUSHARE_MEMORY_LIMIT_BYTES; %llu allocated)",
+                   (unsigned long long)n, (unsigned long long)lim, (unsigned long long)cur);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    } while (!atomic_compare_exchange_weak_explicit(&charged, &cur, cur + n, memory_order_relaxed,
+                                                    memory_order_relaxed));
+    return CUDA_SUCCESS;
+}
+
+static void uncharge_limit(uint64_t n)
+{
+    atomic_fetch_sub_explicit(&charged, n, memory_order_relaxed);
+}
+
+/* The first allocation or memory query connects, so that a process in a claim's ledger is in it before
+ * it allocates or sizes itself. */
+static atomic_int connect_asked;
+static void connect_once(void)
+{
+    if (GS_UNLIKELY(!atomic_load_explicit(&connect_asked, memory_order_relaxed)) && !atomic_exchange(&connect_asked, 1))
+        gs_gate_connect();
+}
+
+CUresult gs_cap_charge(uint64_t n)
+{
+    connect_once();
+    pthread_rwlock_rdlock(&led_rw);
+    CUresult r = charge_limit(n);
+    int more = r == CUDA_SUCCESS && atomic_load(&led_on) && !take_room(n);
+    pthread_rwlock_unlock(&led_rw);
+    if (!more)
+        return r;
+    r = ledger_more(n);
+    if (r != CUDA_SUCCESS)
+        uncharge_limit(n); /* room was never taken */
+    return r;
+}
+
+void gs_cap_uncharge(uint64_t n)
+{
+    pthread_rwlock_rdlock(&led_rw);
+    uncharge_limit(n);
+    int on = atomic_load(&led_on);
+    int64_t r = on ? atomic_fetch_add(&room, (int64_t)n) + (int64_t)n : 0;
+    pthread_rwlock_unlock(&led_rw);
+    if (on && r > 0 && (uint64_t)r > 2 * atomic_load(&led_chunk))
+        give_back();
+}
+
+/* The limit, and under a ledger what the claim leaves this process: its total less the others' grants
+ * and what this process has charged, so that allocating all of free keeps the claim's processes within
+ * the claim as NVML counts it. */
 void gs_cap_report(uint64_t drv_total, uint64_t drv_free, uint64_t *total, uint64_t *free_)
 {
+    connect_once();
     uint64_t lim = gs_cfg.memory_limit, used = gs_cap_used();
-    uint64_t room = used < lim ? lim - used : 0;
+    uint64_t room_lim = used < lim ? lim - used : 0;
+    if (atomic_load(&led_on)) {
+        uint64_t t = atomic_load(&led_total), taken = atomic_load(&led_others) + used;
+        uint64_t left = t > taken ? t - taken : 0;
+        lim = t < lim ? t : lim;
+        room_lim = left < room_lim ? left : room_lim;
+    }
     *total = lim < drv_total ? lim : drv_total;
-    *free_ = room < drv_free ? room : drv_free;
+    *free_ = room_lim < drv_free ? room_lim : drv_free;
 }
 
 void gs_cap_atfork_child(void)
@@ -199,4 +515,12 @@ void gs_cap_atfork_child(void)
     tab = NULL;
     tab_cap = tab_len = 0;
     atomic_store(&charged, 0);
+    /* the parent's ledger is its connection's; the child is a new client */
+    pthread_rwlock_init(&led_rw, NULL);
+    pthread_mutex_init(&req_mu, NULL);
+    pthread_mutex_init(&rep_mu, NULL);
+    atomic_store(&led_on, 0);
+    atomic_store(&room, 0);
+    atomic_store(&connect_asked, 0);
+    offered_set = 0;
 }

@@ -141,6 +141,24 @@ static int hello_once(uint16_t version, uint64_t deadline, struct gs_welcome *ou
     if (w.h.magic != GS_PROTO_MAGIC || w.h.version != version || w.h.type != GS_MSG_WELCOME ||
         w.h.size != GS_WELCOME_SIZE || w.mode > GS_MODE_OFF)
         goto fail;
+    if (version >= 6) {
+        /* the claim's ledger comes right behind the WELCOME, always (flags 0: none) */
+        struct gs_ledger l;
+        got = 0;
+        while (got < sizeof(l)) {
+            if (wait_fd(fd, POLLIN, deadline) != 0)
+                goto fail;
+            ssize_t n = recv(fd, (char *)&l + got, sizeof(l) - got, MSG_DONTWAIT);
+            if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
+                goto fail;
+            if (n > 0)
+                got += (size_t)n;
+        }
+        if (l.h.magic != GS_PROTO_MAGIC || l.h.version != version || l.h.type != GS_MSG_LEDGER ||
+            l.h.size != GS_LEDGER_SIZE || (l.flags & ~GS_LEDGER_ON) != 0)
+            goto fail;
+        gs_cap_ledger_offer(&l);
+    }
     *out = w;
     return fd;
 fail:
@@ -151,7 +169,10 @@ fail:
 /* What a connection of an older version than the shim's does without, for the line that says so. */
 static const char *lacks(uint16_t version)
 {
-    return version >= 4 ? "no scheduler idle window" : "no launch pacing and no scheduler idle window";
+    if (version >= 5)
+        return "no claim ledger (the per-process memory limit alone)";
+    return version >= 4 ? "no scheduler idle window and no claim ledger"
+                        : "no launch pacing, no scheduler idle window and no claim ledger";
 }
 
 /* Returns a connected, non-blocking socket that completed HELLO/WELCOME, or -1. The shim speaks

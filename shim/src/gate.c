@@ -153,6 +153,7 @@ static void passthrough_locked(const char *reason)
         return;
     st.conn = CONN_PASSTHROUGH;
     st.held = 0;
+    gs_cap_ledger_stop();
     gs_pace_set(0, 0); /* the bound and the idle window were that scheduler's */
     sched_idle_set_locked(0, 0);
     if (st.fd >= 0)
@@ -179,6 +180,7 @@ static void lost_locked(const char *reason)
     st.contended = 0;
     st.evict_pending = 0;
     st.lost_ns = gs_now_ns();
+    gs_cap_ledger_stop();
     gs_pace_set(0, 0); /* the bound and the idle window were that scheduler's; the next one sends its own */
     sched_idle_set_locked(0, 0);
     if (st.fd >= 0)
@@ -227,6 +229,7 @@ static void connect_locked(void)
     st.grace_ms = g;
     st.conn = CONN_UP;
     gs_mm_configure(w.budget, w.mode);
+    gs_cap_ledger_start(fd);
 
     int err = gs_thread_start(bg_main, (void *)(intptr_t)fd);
     if (err != 0) {
@@ -432,7 +435,7 @@ static uint32_t expected_size(uint16_t type)
     case GS_MSG_IDLE:
         return gs_conn_version() >= 5 ? GS_IDLE_SIZE : 0;
     default:
-        return 0;
+        return gs_cap_msg_size(type, gs_conn_version()); /* the claim's ledger (cap.c) */
     }
 }
 
@@ -491,6 +494,8 @@ static void on_message_locked(const unsigned char *m, uint16_t type)
         gs_log(GS_LOG_DEBUG, "asked to evict down to %llu bytes", (unsigned long long)e.target);
         st.evict_pending = 1;
         st.evict_target = e.target;
+    } else if (type == GS_MSG_LEDGER || type == GS_MSG_CHARGED) {
+        gs_cap_on_message(m, type);
     } else if (type == GS_MSG_CONTENDED) {
         if (st.held && epoch == st.epoch) {
             st.contended = 1;
@@ -722,6 +727,7 @@ static int reconnect_locked(void)
             m.resident = res;
             m.swapped = swp;
             if (gs_conn_send_raw(fd, &m, GS_MSG_REJOIN, GS_REJOIN_SIZE) == 0) {
+                gs_cap_ledger_start(fd); /* its grant announced right behind the REJOIN */
                 st.fd = fd;
                 st.conn = CONN_UP;
                 st.held = 0;
@@ -827,6 +833,16 @@ int gs_gate_send(void *msg, uint16_t type, uint32_t size)
         r = gs_conn_send_raw(st.fd, msg, type, size);
     pthread_mutex_unlock(&mu);
     return r;
+}
+
+void gs_gate_connect(void)
+{
+    gs_init();
+    pthread_once(&cv_once, cv_init);
+    pthread_mutex_lock(&mu);
+    if (st.conn == CONN_NEW)
+        connect_locked();
+    pthread_mutex_unlock(&mu);
 }
 
 int gs_gate_connected(void)

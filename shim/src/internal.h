@@ -63,7 +63,7 @@ extern struct gs_config gs_cfg;
 void gs_config_load(void);
 
 /* ---- memory limit (cap.c): GPUSHARE_MEMORY_LIMIT_BYTES; every call below only when it is set ---- */
-enum { GS_CAP_PTR = 1, GS_CAP_HANDLE = 2 };
+enum { GS_CAP_PTR = 1, GS_CAP_HANDLE = 2, GS_CAP_MAP = 3 };
 static inline int gs_cap_on(void)
 {
     return gs_cfg.memory_limit != 0;
@@ -75,6 +75,10 @@ void gs_cap_uncharge(uint64_t n);
 void gs_cap_track(uint32_t kind, uint64_t key, uint64_t bytes);
 /* cuMemRetainAllocationHandle on a handle we count: one more cuMemRelease before its bytes return. */
 int gs_cap_retain(uint32_t kind, uint64_t key);
+/* After a successful cuMemMap of a handle we count: the mapping holds the handle's charge until unmapped. */
+void gs_cap_map(CUdeviceptr va, uint64_t handle);
+/* After a successful cuMemUnmap: the mappings that started in the range let go of their handles. */
+void gs_cap_unmap(CUdeviceptr va, size_t size);
 struct gs_cap_free {
     uint64_t key, bytes;
     uint32_t kind, refs; /* refs 0: not counted */
@@ -95,6 +99,16 @@ static inline void gs_cap_done(CUresult r, uint32_t kind, uint64_t key, uint64_t
 /* What cuMemGetInfo and NVML report under the limit, from what the driver said. */
 void gs_cap_report(uint64_t drv_total, uint64_t drv_free, uint64_t *total, uint64_t *free_);
 void gs_cap_atfork_child(void);
+/* The claim's ledger (protocol 6): the LEDGER read with a connection's WELCOME (conn.c); once the
+ * connection is up (after REJOIN on a reconnection), start puts the process in it and announces what it
+ * holds; stop when the connection ends (the limit alone until the next). Messages: size for the reader,
+ * 0 for a type that is not the ledger's; on_message under the gate's mutex. */
+struct gs_ledger;
+void gs_cap_ledger_offer(const struct gs_ledger *l);
+void gs_cap_ledger_start(int fd);
+void gs_cap_ledger_stop(void);
+uint32_t gs_cap_msg_size(uint16_t type, uint16_t version);
+void gs_cap_on_message(const unsigned char *msg, uint16_t type);
 /* nvml.c: NVML's memory queries under the limit; dlsym's answer for name (NULL: none). */
 void *gs_nvml_dlsym(const char *name, void *found);
 
@@ -239,6 +253,9 @@ int gs_gate_send(void *msg, uint16_t type, uint32_t size);
 int gs_gate_pump(int ms);
 /* Gives the GPU back so that a larger need can be granted (MEMREPLY BUSY); the caller is not in flight. */
 void gs_gate_yield(void);
+/* Connects now if this process never tried (no lock asked for): the memory limit learns its claim's
+ * ledger before the first allocation or memory query. */
+void gs_gate_connect(void);
 /* 1 while connected to a scheduler (not pass-through). */
 int gs_gate_connected(void);
 /* Gives up the connection (the scheduler stopped answering): reconnects and re-announces, as after EOF. */

@@ -202,10 +202,24 @@ static CUresult release(gs_fn_cuMemRelease real, CUmemGenericAllocationHandle h)
     return e;
 }
 
+static CUresult map(gs_fn_cuMemMap real, CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
+                    unsigned long long flags);
+
+/* A mapping holds its handle's pages, and so its charge, until it is unmapped: cuMemRelease of a mapped
+ * handle (vectorAddMMAP's pattern: create, map, release at once) frees nothing yet. */
 GS_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
                             unsigned long long flags)
 {
     REAL_OR_FAIL(cuMemMap)
+    CUresult r = map(real, ptr, size, offset, h, flags);
+    if (gs_cap_on() && r == CUDA_SUCCESS)
+        gs_cap_map(ptr, h);
+    return r;
+}
+
+static CUresult map(gs_fn_cuMemMap real, CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
+                    unsigned long long flags)
+{
     if (!any_handles())
         return real(ptr, size, offset, h, flags);
     gs_gate_enter(GS_ID_cuMemMap); /* the pages are resident while we hold the GPU */
@@ -283,9 +297,19 @@ static CUresult unmap_range_locked(gs_fn_cuMemUnmap real, CUdeviceptr ptr, size_
     return first;
 }
 
+static CUresult unmap(gs_fn_cuMemUnmap real, CUdeviceptr ptr, size_t size);
+
 GS_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
     REAL_OR_FAIL(cuMemUnmap)
+    CUresult r = unmap(real, ptr, size);
+    if (gs_cap_on() && r == CUDA_SUCCESS)
+        gs_cap_unmap(ptr, size);
+    return r;
+}
+
+static CUresult unmap(gs_fn_cuMemUnmap real, CUdeviceptr ptr, size_t size)
+{
     if (!any_handles())
         return real(ptr, size);
     gs_gate_enter(GS_ID_cuMemUnmap);

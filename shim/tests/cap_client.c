@@ -18,6 +18,7 @@
  *                         allocation of L/2 + 1 MiB. Prints "cap retain first=R second=R": the
  *                         allocation must fail while the retained handle still holds its pages (2)
  *                         and succeed once the last release gave them back (0)
+ *   cap_client mmap L     vectorAddMMAP's pattern (see mmap_pattern)
  *   cap_client threads L  8 threads allocate 1 MiB blocks with cuMemAlloc until refused, then free them
  *                         all. Prints "cap threads got=N free_after=F": N must be L / 1 MiB exactly
  */
@@ -136,6 +137,40 @@ static CUresult retained(size_t lim)
     return CUDA_SUCCESS;
 }
 
+/* vectorAddMMAP's pattern: each handle of L/4 is created, mapped and released at once, so only its
+ * mapping holds it; then more of the same, until refused. Then everything is unmapped and one more is
+ * created. Prints "cap mmap mapped=N again=R": N must be 4 (the mappings hold the limit) and R 0. */
+static int mmap_pattern(size_t lim)
+{
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof(prop));
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    CUdeviceptr va = 0;
+    size_t piece = lim / 4, most = 12;
+    if (((reserve_fn)sym("cuMemAddressReserve"))(&va, piece * most, 0, 0, 0) != CUDA_SUCCESS) {
+        fprintf(stderr, "cap_client: cannot reserve\n");
+        return 1;
+    }
+    int mapped = 0;
+    for (size_t i = 0; i < most; i++) {
+        CUmemGenericAllocationHandle h = 0;
+        if (((create_fn)sym("cuMemCreate"))(&h, piece, &prop, 0) != CUDA_SUCCESS)
+            break;
+        if (((map_fn)sym("cuMemMap"))(va + i * piece, piece, 0, h, 0) != CUDA_SUCCESS) {
+            fprintf(stderr, "cap_client: cannot map\n");
+            return 1;
+        }
+        ((release_fn)sym("cuMemRelease"))(h);
+        mapped++;
+    }
+    ((unmap_fn)sym("cuMemUnmap"))(va, piece * (size_t)mapped); /* the whole range at once */
+    CUmemGenericAllocationHandle h = 0;
+    CUresult again = ((create_fn)sym("cuMemCreate"))(&h, lim, &prop, 0);
+    printf("cap mmap mapped=%d again=%d\n", mapped, again);
+    return 0;
+}
+
 #define THREADS 8
 static CUdeviceptr got[THREADS][4096];
 static int ngot[THREADS];
@@ -170,6 +205,8 @@ int main(int argc, char **argv)
     info_fn info = (info_fn)sym("cuMemGetInfo");
     if (!strcmp(path, "retain"))
         return retained(unit * 4);
+    if (!strcmp(path, "mmap"))
+        return mmap_pattern(unit * 4);
     if (!strcmp(path, "threads")) {
         pthread_t th[THREADS];
         for (int t = 0; t < THREADS; t++)

@@ -19,6 +19,12 @@
  *     pace_file=PATH pace_next=M   once PATH exists (once): PACE M
  *     idle=N               IDLE idle_us=N right after WELCOME (after PACE), to clients of version 5 and later
  *     idle_any=1           ... and to older clients too (a scheduler that breaks the protocol)
+ *     claim=BYTES          (version 6) the client is in a claim's ledger of BYTES (LEDGER flags ON right
+ *                          after WELCOME; without it, LEDGER flags 0), with reserve=BYTES per process
+ *                          (default 256 MiB), chunk=BYTES (default 64 MiB), and others=BYTES granted to
+ *                          procs=N-1 other processes (default none); CHARGE is answered as the agent's
+ *                          scheduler does (at least a chunk, within claim - procs*reserve)
+ *     stall_charge=1       never answer a CHARGE (the client must give up in its own time)
  * Every message it gets or sends is a line on stdout: "got ACQUIRE need=N", "sent EVICT", "got USAGE
  * reason=R resident=N swapped=N", ...
  */
@@ -104,6 +110,13 @@ int main(int argc, char **argv)
     int paced_next = 0;
     const char *idle = arg(argc, argv, "idle", NULL);
     int idle_any = atoi(arg(argc, argv, "idle_any", "0"));
+    uint64_t claim = strtoull(arg(argc, argv, "claim", "0"), NULL, 10);
+    uint64_t reserve = strtoull(arg(argc, argv, "reserve", "268435456"), NULL, 10);
+    uint64_t chunk = strtoull(arg(argc, argv, "chunk", "67108864"), NULL, 10);
+    uint64_t others = strtoull(arg(argc, argv, "others", "0"), NULL, 10);
+    uint64_t procs = strtoull(arg(argc, argv, "procs", "1"), NULL, 10);
+    int stall_charge = atoi(arg(argc, argv, "stall_charge", "0"));
+    uint64_t grant = 0, ledger_total = claim > procs * reserve ? claim - procs * reserve : 0;
 
     int ls = socket(AF_UNIX, SOCK_STREAM, 0);
     struct sockaddr_un a;
@@ -178,6 +191,22 @@ int main(int argc, char **argv)
                 w.mode = GS_MODE_AUTO;
                 w.budget = budget;
                 send_msg(fd, &w, GS_MSG_WELCOME, GS_WELCOME_SIZE);
+                if (client_version >= 6) {
+                    struct gs_ledger l;
+                    memset(&l, 0, sizeof(l));
+                    grant = 0;
+                    if (claim > 0) {
+                        l.flags = GS_LEDGER_ON;
+                        l.processes = (uint32_t)procs;
+                        l.claim = claim;
+                        l.reserve = reserve;
+                        l.total = ledger_total;
+                        l.granted = others;
+                        l.chunk = chunk;
+                    }
+                    send_msg(fd, &l, GS_MSG_LEDGER, GS_LEDGER_SIZE);
+                    say("sent LEDGER total=%llu\n", l.total, 0, 0);
+                }
                 if (pace != NULL && (client_version >= 4 || pace_any))
                     send_value(fd, GS_MSG_PACE, (uint32_t)strtoul(pace, NULL, 10), "sent PACE max_queued=%llu\n");
                 if (idle != NULL && (client_version >= 5 || idle_any))
@@ -223,6 +252,34 @@ int main(int argc, char **argv)
                 reserved = q.need <= budget ? q.need : reserved;
                 rep.resident = reserved;
                 send_msg(fd, &rep, GS_MSG_MEMREPLY, GS_MEMREPLY_SIZE);
+            } else if (h.type == GS_MSG_CHARGE) {
+                struct gs_charge q;
+                memcpy(&q, m, sizeof(q));
+                if (stall_charge) {
+                    say("got CHARGE bytes=%llu; holding the CHARGED back\n", q.bytes, 0, 0);
+                    continue;
+                }
+                uint64_t left = ledger_total > others + grant ? ledger_total - others - grant : 0;
+                struct gs_charged c;
+                memset(&c, 0, sizeof(c));
+                c.seq = q.seq;
+                c.status = claim > 0 && q.bytes > 0 && q.bytes <= left ? GS_CHARGE_OK : GS_CHARGE_REFUSED;
+                if (c.status == GS_CHARGE_OK)
+                    c.added = q.bytes > chunk ? (q.bytes < left ? q.bytes : left) : (chunk < left ? chunk : left);
+                grant += c.added;
+                c.grant = grant;
+                c.total = ledger_total;
+                c.granted = others + grant;
+                send_msg(fd, &c, GS_MSG_CHARGED, GS_CHARGED_SIZE);
+                say("got CHARGE bytes=%llu; sent CHARGED added=%llu grant=%llu\n", q.bytes, c.added, grant);
+            } else if (h.type == GS_MSG_RETURN) {
+                struct gs_return q;
+                memcpy(&q, m, sizeof(q));
+                if (q.flags & GS_RETURN_HOLD)
+                    grant = q.bytes;
+                else
+                    grant -= q.bytes < grant ? q.bytes : grant;
+                say("got RETURN flags=%llu bytes=%llu grant=%llu\n", q.flags, q.bytes, grant);
             } else if (h.type == GS_MSG_REJOIN) {
                 say("got REJOIN\n", 0, 0, 0);
             } else if (h.type == GS_MSG_USAGE) {

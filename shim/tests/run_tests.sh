@@ -217,6 +217,10 @@ done
 # get exactly the limit between them, and give all of it back.
 out=$(run_client GPUSHARE_MEMORY_LIMIT_BYTES=$LIM "$BUILD/tests/cap_client" retain $LIM 2>&1)
 if grep -q "cap retain first=2 second=0" <<<"$out"; then pass "memory limit: a retained handle stays charged until its last release"; else fail "memory limit with a retained handle" "$out"; fi
+# vectorAddMMAP's pattern: a handle released while mapped stays charged until its mapping goes (the
+# mappings hold the limit: 4 of a quarter, not 12), and unmapping gives the charge back.
+out=$(run_client GPUSHARE_MEMORY_LIMIT_BYTES=$LIM "$BUILD/tests/cap_client" mmap $LIM 2>&1)
+if grep -q "cap mmap mapped=4 again=0" <<<"$out"; then pass "memory limit: a released but mapped handle stays charged until unmapped"; else fail "memory limit with create/map/release" "$out"; fi
 out=$(run_client GPUSHARE_MEMORY_LIMIT_BYTES=$LIM "$BUILD/tests/cap_client" threads $LIM 2>&1)
 if grep -q "cap threads got=64 free_after=$LIM\$" <<<"$out"; then pass "memory limit: 8 threads racing get exactly the limit"; else fail "memory limit under threads" "$out"; fi
 
@@ -343,10 +347,10 @@ for entry in kernel ex graph; do # on a stream of the application's
         fail "PACE 8 on $entry on a stream" "records on $streams $out"
     fi
 done
-if grep -q "got HELLO version=5" "$D/sched.log" && ! grep -q "refused HELLO" "$D/sched.log"; then
-    pass "the shim says HELLO in protocol 5"
+if grep -q "got HELLO version=6" "$D/sched.log" && ! grep -q "refused HELLO" "$D/sched.log"; then
+    pass "the shim says HELLO in protocol 6"
 else
-    fail "protocol 5 HELLO" "$(cat "$D/sched.log")"
+    fail "protocol 6 HELLO" "$(cat "$D/sched.log")"
 fi
 stop_fake
 
@@ -497,10 +501,10 @@ ok=1
 wait_for 20 grep -q "launched 64" "$D/out" || ok=0
 finish_paced "$D" || ok=0
 hellos=$(grep -e "HELLO" "$D/sched.log" | tr '\n' ' ')
-want_hellos="got HELLO version=5 refused HELLO version=5 got HELLO version=4 refused HELLO version=4 got HELLO version=3 "
+want_hellos="got HELLO version=6 refused HELLO version=6 got HELLO version=5 refused HELLO version=5 got HELLO version=4 refused HELLO version=4 got HELLO version=3 "
 if [ "$ok" = 1 ] && grep -q "client done" "$D/out" && [ "$hellos" = "$want_hellos" ] && grep -q "got ACQUIRE" "$D/sched.log" &&
     ! grep -q "changed protocol version" "$D/sched.log" && ! grep -q "sent PACE" "$D/sched.log" &&
-    grep -q "speaks protocol 3 .*: no launch pacing and no scheduler idle window" "$D/err" &&
+    grep -q "speaks protocol 3 .*: no launch pacing, no scheduler idle window and no claim ledger" "$D/err" &&
     ! grep -q "GPU lock disabled" "$D/err"; then
     pass "a protocol 3 scheduler: the shim falls back to version 3 and takes its lock, unpaced"
 else
@@ -623,11 +627,11 @@ mkdir -p "$D"
 start_fake "$D" version=4 pace=4 idle=20000
 out=$(run_client GPUSHARE_SOCKET="$D/s.sock" GPUSHARE_LOG_LEVEL=info timeout 20 "$CLIENT" dlsym 5 2>&1 || true)
 hellos=$(grep -e "HELLO" "$D/sched.log" | tr '\n' ' ')
-if grep -q "client done" <<<"$out" && [ "$hellos" = "got HELLO version=5 refused HELLO version=5 got HELLO version=4 " ] &&
+if grep -q "client done" <<<"$out" && [ "$hellos" = "got HELLO version=6 refused HELLO version=6 got HELLO version=5 refused HELLO version=5 got HELLO version=4 " ] &&
     grep -q "sent PACE max_queued=4" "$D/sched.log" && grep -q "got ACQUIRE" "$D/sched.log" &&
     ! grep -q "sent IDLE" "$D/sched.log" && ! grep -q "changed protocol version" "$D/sched.log" &&
     grep -q "at most 4 launches outstanding (the GPU scheduler's bound)" <<<"$out" &&
-    grep -q "speaks protocol 4 .*: no scheduler idle window\$" <<<"$out" && ! grep -q "GPU lock disabled" <<<"$out"; then
+    grep -q "speaks protocol 4 .*: no scheduler idle window and no claim ledger\$" <<<"$out" && ! grep -q "GPU lock disabled" <<<"$out"; then
     pass "a protocol 4 scheduler: the shim falls back to version 4, paced and under its lock, without its idle window"
 else
     fail "protocol 4 scheduler" "hellos=$hellos $(cat "$D/sched.log") $out"
@@ -667,6 +671,63 @@ weigh_case() { # NAME WANT_MAX WANT_TIMED [VAR=VALUE...]
 weigh_case weighed 32 1
 weigh_case "GPUSHARE_PACE_FULL_US=0" 8 1 GPUSHARE_PACE_FULL_US=0
 weigh_case "timing refused" 8 0 GPUSHARE_STUB_EVENT_FAIL=elapsed
+
+# --- The claim's ledger (protocol 6) ---
+# 30. In a claim of 1 GiB with a context reserve of 256 MiB per process, cuMemGetInfo reports 768 MiB (the
+# claim less the process's context), a process that allocates exactly what it offers gets all of it and
+# the next MiB is refused; grants went out in chunks, never beyond the claim less the context; frees give
+# the slack back (RETURN) down to at most two chunks. With a second process of the claim holding 256 MiB
+# (others, procs=2) the total is 512 MiB and 256 MiB are free.
+LEDGER="$BUILD/tests/ledger_client"
+ledger_case() { # NAME EXPECT_TOTAL EXPECT_FREE fake-args...
+    local name=$1 total=$2 free=$3
+    shift 3
+    D=$TMP/ledger-$name
+    mkdir -p "$D"
+    start_fake "$D" "$@"
+    out=$(run_client GPUSHARE_SOCKET="$D/s.sock" GPUSHARE_MEMORY_LIMIT_BYTES=1073741824 timeout 20 "$LEDGER" fill 2>&1 || true)
+    stop_fake
+    maxgrant=$(grep -o "grant=[0-9]*" "$D/sched.log" | cut -d= -f2 | sort -n | tail -1)
+    last=$(grep -o "grant=[0-9]*" "$D/sched.log" | tail -1 | cut -d= -f2)
+    if grep -q "ledger fill total=$total free=$free got=$free over=2 free_after=0" <<<"$out" && grep -q "client done" <<<"$out" &&
+        [ "${maxgrant:-0}" -le "$free" ] && grep -q "sent CHARGED added=67108864" "$D/sched.log" &&
+        grep -q "got RETURN flags=0" "$D/sched.log" && [ "${last:-0}" -le $((2 * 67108864)) ]; then
+        pass "claim ledger ($name): cuMemGetInfo offers $free of a total of $total, all of it is granted in chunks, no byte more; slack goes back"
+    else
+        fail "claim ledger ($name)" "maxgrant=$maxgrant last=$last $out $(cat "$D/sched.log")"
+    fi
+}
+ledger_case alone 805306368 805306368 claim=1073741824
+ledger_case shared 536870912 268435456 claim=1073741824 others=268435456 procs=2
+
+# 31. A scheduler that never answers a CHARGE costs the allocation GPUSHARE_MEMREPLY_TIMEOUT_MS, then out of
+# memory (2); the process is neither hung nor killed.
+D=$TMP/ledger-stall
+mkdir -p "$D"
+start_fake "$D" claim=1073741824 stall_charge=1
+out=$(run_client GPUSHARE_SOCKET="$D/s.sock" GPUSHARE_MEMORY_LIMIT_BYTES=1073741824 GPUSHARE_MEMREPLY_TIMEOUT_MS=300 \
+    timeout 20 "$LEDGER" one 2>&1 || true)
+stop_fake
+ms=$(grep -o "ledger one r=2 ms=[0-9]*" <<<"$out" | cut -d= -f3)
+if [ -n "$ms" ] && [ "$ms" -ge 250 ] && [ "$ms" -lt 3000 ] && grep -q "client done" <<<"$out" &&
+    grep -q "did not answer a request" <<<"$out"; then
+    pass "claim ledger: no answer to a CHARGE fails the allocation after GPUSHARE_MEMREPLY_TIMEOUT_MS (${ms} ms)"
+else
+    fail "claim ledger with a scheduler that does not answer" "$out $(cat "$D/sched.log")"
+fi
+
+# 32. A protocol 5 scheduler (no ledger): the shim steps down and keeps its per-process limit, reported whole.
+D=$TMP/ledger-v5
+mkdir -p "$D"
+start_fake "$D" version=5 claim=1073741824
+out=$(run_client GPUSHARE_SOCKET="$D/s.sock" GPUSHARE_MEMORY_LIMIT_BYTES=1073741824 GPUSHARE_LOG_LEVEL=info timeout 20 "$LEDGER" fill 2>&1 || true)
+stop_fake
+if grep -q "ledger fill total=1073741824 free=1073741824 got=1073741824 over=2" <<<"$out" &&
+    grep -q "speaks protocol 5 .*: no claim ledger (the per-process memory limit alone)" <<<"$out" && ! grep -q "CHARGE" "$D/sched.log"; then
+    pass "a protocol 5 scheduler: the shim steps down and keeps its per-process limit"
+else
+    fail "claim ledger against a protocol 5 scheduler" "$out $(cat "$D/sched.log")"
+fi
 
 if [ "$fails" -ne 0 ]; then
     echo "$fails shim test(s) failed"

@@ -17,6 +17,7 @@ func TestE2E(t *testing.T) {
 		{"Usage", testUsage},
 		{"DRA", testDRA},
 		{"DynamicMIG", testDynamicMIG},
+		{"MultiGPU", testMultiGPU},
 		{"Drain", testDrain},
 		{"Upgrade", testUpgrade},
 		{"KubeletRestart", testKubeletRestart},

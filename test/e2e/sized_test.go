@@ -63,13 +63,15 @@ func startSizedClaimPod(t *testing.T) {
 	must(t, k8s.Create(ctx, pod))
 
 	r := readReport(t, sizedPod)
+	// The agent's default --context-reserve comes off an MPS client's limit: NVML counts the context.
+	limitMiB := sizedClaimMiB - dra.DefaultContextReserve>>20
 	for k, v := range map[string]string{
 		"NVIDIA_VISIBLE_DEVICES":            gpus[sizedGPU],
-		"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT":  fmt.Sprintf("0=%dM", sizedClaimMiB),
+		"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT":  fmt.Sprintf("0=%dM", limitMiB),
 		"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": strconv.Itoa(sizedComputePercent),
-		// The shim, with no scheduler socket, reports the claim as the GPU's memory.
+		// The shim, with no scheduler socket, reports that limit as the GPU's memory.
 		"LD_PRELOAD":                  "/usr/lib/gpusharing/libgpushare.so",
-		"GPUSHARE_MEMORY_LIMIT_BYTES": strconv.Itoa(sizedClaimMiB << 20),
+		"GPUSHARE_MEMORY_LIMIT_BYTES": strconv.Itoa(limitMiB << 20),
 	} {
 		if r.env[k] != v {
 			t.Errorf("%s: %s=%q inside the container, want %q (its claim's size)", sizedPod, k, r.env[k], v)

@@ -19,6 +19,8 @@ import (
 type Server struct {
 	*server.Server
 	GPUs []*GPU
+	// topo is how the GPUs are connected (topology.go); a DGX's unless a test sets another.
+	topo topology
 }
 
 // GPU is one mock GPU with the agent's overrides.
@@ -32,6 +34,8 @@ type GPU struct {
 	procsUnsupported bool
 	// computeMode is what GetComputeMode reports.
 	computeMode nvml.ComputeMode
+	// reserved is the driver's reserve GetMemoryInfo_v2 reports (0 unless SetMemoryReserved).
+	reserved uint64
 	// migCapable false makes MIG calls answer ERROR_NOT_SUPPORTED, as on a GPU without MIG.
 	migCapable bool
 	// current and pending are the MIG mode now and after a reset.
@@ -54,7 +58,9 @@ type GPU struct {
 // placements (InventoryA100).
 func NewA100(n int) *Server {
 	inv, dev := mustInventory(InventoryA100)
-	return NewFromInventory(inv, dev, n)
+	s := NewFromInventory(inv, dev, n)
+	s.SetTopology(DGXTopology(12))
+	return s
 }
 
 // NewH100 returns a DGX H100 with n GPUs: H100 80GB HBM3 with the MIG profiles and placements a real one
@@ -76,7 +82,9 @@ func wrap(s *server.Server, n int) *Server {
 		g := &GPU{Device: sd, migCapable: true}
 		g.override()
 		out.GPUs = append(out.GPUs, g)
+		out.overrideTopology(i, g)
 	}
+	out.SetTopology(DGXTopology(18))
 	return out
 }
 
@@ -107,6 +115,10 @@ func (g *GPU) SetProcessMemory(pid uint32, used uint64) {
 // SetProcessesUnsupported makes GetComputeRunningProcesses answer ERROR_NOT_SUPPORTED (a driver or
 // virtual GPU that cannot list processes) or, with false, the processes again.
 func (g *GPU) SetProcessesUnsupported(v bool) { g.mu.Lock(); g.procsUnsupported = v; g.mu.Unlock() }
+
+// SetMemoryReserved sets the driver's reserve GetMemoryInfo_v2 reports, as a real GPU reports one
+// (hundreds of MiB); go-nvml's mock servers have no _v2 call.
+func (g *GPU) SetMemoryReserved(bytes uint64) { g.mu.Lock(); g.reserved = bytes; g.mu.Unlock() }
 
 // SetMIGCapable turns MIG support on or off.
 func (g *GPU) SetMIGCapable(capable bool) { g.mu.Lock(); g.migCapable = capable; g.mu.Unlock() }
@@ -156,6 +168,16 @@ func (g *GPU) override() {
 	origCreate := d.CreateGpuInstanceWithPlacementFunc
 	origInstances := d.GetGpuInstancesFunc
 
+	// The total as GetMemoryInfo reports it, with the reserve SetMemoryReserved set.
+	d.GetMemoryInfo_v2Func = func() (nvml.Memory_v2, nvml.Return) {
+		m, r := d.GetMemoryInfo()
+		if r != nvml.SUCCESS {
+			return nvml.Memory_v2{}, r
+		}
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return nvml.Memory_v2{Version: nvml.STRUCT_VERSION(nvml.Memory_v2{}, 2), Total: m.Total, Reserved: g.reserved, Free: m.Free, Used: m.Used}, nvml.SUCCESS
+	}
 	d.GetComputeModeFunc = func() (nvml.ComputeMode, nvml.Return) {
 		g.mu.Lock()
 		defer g.mu.Unlock()

@@ -12,6 +12,10 @@ commands on stdin, one per line:
              {"event": "filled", "gib", "oom", "error", "after_ok"}; after_ok: the process still
              computes correctly after the error
   hold GIB   allocate GIB, touch it and keep it: {"event": "held", "gib"}, t when it is held
+  fillall    allocate all mem_get_info offers, halving the piece from 1 GiB down to 2 MiB (the caching
+             allocator's grain) as it runs out, touch and keep it: {"event": "full", "bytes", "free",
+             "total", "error"}; free is what mem_get_info offers after
+  release    free what fillall kept: {"event": "released"}
   exit       {"event": "done", "steps", "bad"}, then exit 0 (also when stdin closes)
 """
 import json
@@ -75,6 +79,29 @@ def fill(most):
     say(event="filled", gib=got, oom=oom, error=error, after_ok=bool(correct()))
 
 
+def fill_all():
+    piece, error = GIB, ""
+    while True:
+        free, _ = torch.cuda.mem_get_info()
+        while piece > 2 << 20 and piece > free:
+            piece //= 2
+        if piece > free:
+            break
+        try:
+            t = torch.empty(piece, dtype=torch.uint8, device="cuda")
+            t.fill_(1)
+            full.append(t)
+        except torch.OutOfMemoryError as e:
+            if piece <= 2 << 20:
+                error = str(e).splitlines()[0][:240]
+                break
+            piece //= 2
+    torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    say(event="full", bytes=sum(t.numel() for t in full), free=free, total=total, error=error)
+
+
+full = []
 kept = []
 last = 0.0
 while True:
@@ -88,6 +115,12 @@ while True:
         kept.append(torch.ones(int(float(cmd[1]) * GIB), dtype=torch.uint8, device="cuda"))
         torch.cuda.synchronize()
         say(event="held", gib=float(cmd[1]))
+    elif cmd and cmd[0] == "fillall":
+        fill_all()
+    elif cmd and cmd[0] == "release":
+        full.clear()
+        torch.cuda.empty_cache()
+        say(event="released")
     elif cmd and cmd[0] == "exit":
         say(event="done", steps=steps, bad=bad)
         sys.exit(0)

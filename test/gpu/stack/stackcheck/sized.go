@@ -26,8 +26,9 @@ import (
 const (
 	// exceedTarget is the bound from a process passing its claim to the GPU's WithinClaims=False.
 	exceedTarget = 5 * time.Second
-	// overGiB is what the process without the limits allocates, past its overClaim.
-	overGiB = 4
+	// overGiB is what the process without the limits allocates: 1 GiB past its 2Gi claim (its CUDA
+	// context comes on top in NVML's figure).
+	overGiB = 3
 	// readyTimeout bounds a workload's start: python, torch, the CUDA context (an MPS server for the first
 	// client of the daemon).
 	readyTimeout = 120 * time.Second
@@ -138,6 +139,7 @@ func (s *stack) sizedCase(ctx context.Context, sc sizedCase) {
 	a, b, over := pods[0], pods[1], pods[2]
 	s.checkSizedViews(ctx, sc, dev, a, b, over)
 	s.checkClaimsListed(ctx, pods)
+	s.fillToTheLastByte(ctx, sc, a, b)
 	s.fillPastClaim(ctx, a, b)
 	s.fillPastClaim(ctx, b, a)
 	s.passClaim(ctx, sc, over, []*sizedPod{a, b})
@@ -177,9 +179,9 @@ func (s *stack) applySized(ctx context.Context, sc sizedCase) (sizedDevice, bool
 	}
 	mem, compute := dev.dev.Capacity[dra.CapacityMemory], dev.dev.Capacity[dra.CapacityCompute]
 	s.r.check("ResourceSlice: the sized device's memory and compute capacities",
-		g.Memory != nil && mem.Value.Cmp(*g.Memory) == 0 && mem.RequestPolicy != nil && compute.Value.Value() == dra.ComputeCapacity && compute.RequestPolicy != nil &&
+		usableCapacity(g) != nil && mem.Value.Cmp(*usableCapacity(g)) == 0 && mem.Value.Cmp(*g.Memory) < 0 && mem.RequestPolicy != nil && compute.Value.Value() == dra.ComputeCapacity && compute.RequestPolicy != nil &&
 			attrString(dev.dev, dra.AttrSizeEnforcement) == sc.enforcement && dev.dev.AllowMultipleAllocations != nil && *dev.dev.AllowMultipleAllocations,
-		"%s in pool %s: memory %s (GPU %v) %s, compute %s %s, sizeEnforcement %s", dev.dev.Name, dev.pool, mem.Value.String(), g.Memory,
+		"%s in pool %s: memory %s (GPU %v, usable %v) %s, compute %s %s, sizeEnforcement %s", dev.dev.Name, dev.pool, mem.Value.String(), g.Memory, usableCapacity(g),
 		jsonOf(mem.RequestPolicy), compute.Value.String(), jsonOf(compute.RequestPolicy), attrString(dev.dev, dra.AttrSizeEnforcement))
 	_, err = waitFor(ctx, 30*time.Second, 50*time.Millisecond, func() bool { return s.policyReady(ctx, policyName) }, time.Now())
 	s.r.must("policy Ready", err)
@@ -261,7 +263,11 @@ func (s *stack) checkSizedEdits(sc sizedCase, p *sizedPod) {
 		deviceplugin.EnvCUDAVisibleDevices: s.gpuUUID,
 	}
 	if sc.enforcement == dra.EnforcementMPS {
-		want[deviceplugin.EnvMPSPinnedMemLimit] = fmt.Sprintf("0=%dM", p.claimBytes()>>20)
+		// The MPS client's limit is its claim less the agent's default context reserve, which NVML
+		// counts and the limit does not; the shim reports that limit as the GPU's memory.
+		limitMiB := (p.claimBytes() - dra.DefaultContextReserve) >> 20
+		want[deviceplugin.EnvMPSPinnedMemLimit] = fmt.Sprintf("0=%dM", limitMiB)
+		want[deviceplugin.EnvShimMemoryLimit] = fmt.Sprint(limitMiB << 20)
 		want[deviceplugin.EnvMPSActiveThreadPercent] = fmt.Sprint(p.computePercent())
 	}
 	ok := env[deviceplugin.EnvLDPreload] != ""
@@ -335,6 +341,14 @@ func (s *stack) sizedPolicyDeleted(ctx context.Context) {
 	s.r.check("GPU: no scheduler socket left", os.IsNotExist(statErr), "%s: %v", sock, statErr)
 	procs := gpuProcesses(ctx, s.o.gpuIndex)
 	s.r.check("GPU: no process of this run left on the GPU", !slices.ContainsFunc(procs, func(p int) bool { return p > 0 }), "%v", procs)
+}
+
+// usableCapacity is the memory the agent says the sized device offers claims.
+func usableCapacity(g *v1alpha1.GPUStatus) *resource.Quantity {
+	if s := sizedOf(g); s != nil {
+		return s.MemoryCapacity
+	}
+	return nil
 }
 
 func sizedOf(g *v1alpha1.GPUStatus) *v1alpha1.GPUSizedClaims {

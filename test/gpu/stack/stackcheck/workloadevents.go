@@ -28,6 +28,8 @@ type workloadEvent struct {
 	OOM     bool    `json:"oom"`
 	Error   string  `json:"error"`
 	AfterOK bool    `json:"after_ok"`
+	// full (also Free, Total, Error): the bytes allocated
+	Bytes int64 `json:"bytes"`
 }
 
 // at is when the workload says the event happened (its clock is this machine's).

@@ -1,0 +1,218 @@
+package dra_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	resourcev1 "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
+	kptr "k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/gpusharing/gpusharing/agent/deviceplugin"
+	"github.com/gpusharing/gpusharing/agent/dra"
+	"github.com/gpusharing/gpusharing/api/v1alpha1"
+	"github.com/gpusharing/gpusharing/test/testenv"
+)
+
+// multiGPUNode has GPUs 0 and 1 time-sliced without the shim (four replicas each), GPUs 2 and 3
+// shim-shared in fixed shares (four each) and GPUs 4 and 5 of 40 GiB sized per claim over the shim.
+func multiGPUNode() v1alpha1.GPUNodeStatus {
+	step := resource.MustParse("1Gi")
+	var st v1alpha1.GPUNodeStatus
+	for i := range 6 {
+		g := v1alpha1.GPUStatus{Index: int32(i), UUID: fmt.Sprintf("GPU-%08d-0000-0000-0000-0000000000mg", i), Product: "NVIDIA A100-SXM4-40GB",
+			Memory:     resource.NewQuantity(40<<30, resource.BinarySI),
+			Applied:    &v1alpha1.AppliedSharing{Strategy: v1alpha1.StrategyExclusive, Shim: &v1alpha1.ShimStatus{}},
+			Conditions: []metav1.Condition{{Type: v1alpha1.ConditionHealthy, Status: metav1.ConditionTrue}}}
+		switch {
+		case i < 2:
+			g.Applied = &v1alpha1.AppliedSharing{Strategy: v1alpha1.StrategyTimeSlicing, TimeSlicing: &v1alpha1.TimeSlicingSharing{Replicas: 4}}
+		case i >= 4:
+			g.Applied.Sizing = &v1alpha1.Sizing{Mode: v1alpha1.SizingPerClaim, MemoryStep: &step}
+		}
+		st.GPUs = append(st.GPUs, g)
+	}
+	return st
+}
+
+// multiGPUCluster is an API server with multiGPUNode's devices published and the real kube-scheduler.
+func multiGPUCluster(t *testing.T) (context.Context, *testenv.Env, v1alpha1.GPUNodeStatus) {
+	t.Helper()
+	ctx, env := draCluster(t)
+	st := multiGPUNode()
+	publish(t, ctx, env, startPublisher(t, env, dra.PublisherOptions{}), dra.Devices(st, dpConfig))
+	startScheduler(t, env)
+	return ctx, env, st
+}
+
+// exactly is a request for count devices of a DeviceClass.
+func exactly(name, class string, count int64) resourcev1.DeviceRequest {
+	return resourcev1.DeviceRequest{Name: name, Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: class,
+		AllocationMode: resourcev1.DeviceAllocationModeExactCount, Count: count}}
+}
+
+// gpuIndexOf is the index of the GPU of a device of multiGPUNode (gpu-<index>-...).
+func gpuIndexOf(device string) string { return strings.SplitN(device, "-", 3)[1] }
+
+// allocatedOnTwoGPUs waits for the claim's allocation and checks it is two devices on distinct GPUs.
+func allocatedOnTwoGPUs(t *testing.T, ctx context.Context, c client.Client, name string) []resourcev1.DeviceRequestAllocationResult {
+	t.Helper()
+	waitAllocated(t, ctx, c, name)
+	r := getClaim(t, ctx, c, name).Status.Allocation.Devices.Results
+	if len(r) != 2 || gpuIndexOf(r[0].Device) == gpuIndexOf(r[1].Device) {
+		t.Fatalf("claim %s allocated %+v; want two devices on distinct GPUs", name, r)
+	}
+	return r
+}
+
+// distinctGPUs is the constraint that puts the named requests' devices (every request's when none is
+// named) on distinct GPUs.
+func distinctGPUs(requests ...string) resourcev1.DeviceConstraint {
+	return resourcev1.DeviceConstraint{Requests: requests, DistinctAttribute: kptr.To(resourcev1.FullyQualifiedName(dra.AttrGPU))}
+}
+
+func createClaimPod(t *testing.T, ctx context.Context, c client.Client, name string, spec resourcev1.DeviceClaim) {
+	t.Helper()
+	claim := &resourcev1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name}, Spec: resourcev1.ResourceClaimSpec{Devices: spec}}
+	if err := c.Create(ctx, claim); err != nil {
+		t.Fatalf("claim %s: %v", name, err)
+	}
+	podFor(t, ctx, c, name)
+}
+
+// A claim asks for time-sliced shares on distinct GPUs with a distinctAttribute constraint on the GPU's
+// uuid; the real kube-scheduler enforces it (three distinct shares on a node with two such GPUs wait
+// although four replicas are free), and the kubelet plugin hands the container every GPU of the set in
+// one environment, with no shim.
+func TestAClaimForSharesOnDistinctGPUsGetsThemTogether(t *testing.T) {
+	ctx, env, st := multiGPUCluster(t)
+	c := env.Client
+
+	createClaimPod(t, ctx, c, "two-timesliced", resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{exactly("gpus", "gpusharing-timeslicing", 2)},
+		Constraints: []resourcev1.DeviceConstraint{distinctGPUs()}})
+	createClaimPod(t, ctx, c, "timesliced-pair", resourcev1.DeviceClaim{
+		Requests:    []resourcev1.DeviceRequest{exactly("first", "gpusharing-timeslicing", 1), exactly("second", "gpusharing-timeslicing", 1)},
+		Constraints: []resourcev1.DeviceConstraint{distinctGPUs("first", "second")}})
+	results := map[string][]resourcev1.DeviceRequestAllocationResult{}
+	for _, name := range []string{"two-timesliced", "timesliced-pair"} {
+		results[name] = allocatedOnTwoGPUs(t, ctx, c, name)
+	}
+	// Each time-sliced GPU still has two free replicas, but only two GPUs are time-sliced.
+	createClaimPod(t, ctx, c, "three-timesliced", resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{exactly("gpus", "gpusharing-timeslicing", 3)},
+		Constraints: []resourcev1.DeviceConstraint{distinctGPUs()}})
+	if msg := pendingReason(t, ctx, c, "three-timesliced"); !strings.Contains(msg, "cannot allocate all claims") {
+		t.Errorf("three shares on distinct GPUs: pending with %q; want the scheduler's reason about claims", msg)
+	}
+
+	dirs := newPluginDirs(t)
+	kubelet, _ := startPluginWith(t, env, dirs, &st)
+	uuid := func(device string) string {
+		var i int
+		_, _ = fmt.Sscanf(gpuIndexOf(device), "%d", &i)
+		return st.GPUs[i].UUID
+	}
+	for _, tt := range []struct {
+		name     string
+		requests []string
+	}{
+		{"two-timesliced", []string{"gpus"}},
+		{"timesliced-pair", []string{"first", "second"}},
+	} {
+		ref := claimRef(t, ctx, c, tt.name)
+		resp, err := kubelet.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{ref}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := resp.Claims[ref.Uid]
+		if got == nil || got.Error != "" || len(got.Devices) != 2 {
+			t.Fatalf("claim %s: %+v", tt.name, got)
+		}
+		// The first device carries the set's one CDI device for each of its requests; the second none,
+		// so a container naming the claim gets the edits once.
+		first, second := got.Devices[0], got.Devices[1]
+		if len(first.CdiDeviceIds) != 1 || len(second.CdiDeviceIds) != 0 || !reflect.DeepEqual(first.RequestNames, tt.requests) {
+			t.Fatalf("claim %s devices %+v; want the first with one CDI device for requests %v, the second with none", tt.name, got.Devices, tt.requests)
+		}
+		readCDI(t, dirs.cdi, ref.Uid)
+		envs, _ := container(t, dirs.cdi, first.CdiDeviceIds[0])
+		a, b := uuid(results[tt.name][0].Device), uuid(results[tt.name][1].Device)
+		for _, w := range []string{"CUDA_VISIBLE_DEVICES=" + a + "," + b, "NVIDIA_VISIBLE_DEVICES=" + a + "," + b} {
+			if !slices.Contains(envs, w) {
+				t.Errorf("claim %s: the container's env %v lacks %s", tt.name, envs, w)
+			}
+		}
+		for _, e := range envs {
+			if strings.HasPrefix(e, "LD_PRELOAD=") || strings.HasPrefix(e, "GPUSHARE_") {
+				t.Errorf("claim %s: time-sliced shares set %s; want no shim", tt.name, e)
+			}
+		}
+	}
+}
+
+// A claim for shim shares on distinct GPUs, fixed or sized, is allocated by the scheduler, which knows
+// nothing of the shim, and refused at prepare until the shim serves several GPUs: the claim's error says
+// why and what works instead, no CDI spec is written and nothing is recorded, so asking again gets the
+// same refusal.
+func TestAClaimForShimSharesOnDistinctGPUsIsRefusedAtPrepare(t *testing.T) {
+	ctx, env, st := multiGPUCluster(t)
+	c := env.Client
+
+	sized := func(name, memory string) resourcev1.DeviceRequest {
+		return resourcev1.DeviceRequest{Name: name, Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: "gpusharing-sized",
+			Capacity: &resourcev1.CapacityRequirements{Requests: map[resourcev1.QualifiedName]resource.Quantity{dra.CapacityMemory: resource.MustParse(memory)}}}}
+	}
+	createClaimPod(t, ctx, c, "two-shared", resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{exactly("gpus", "gpusharing-shared", 2)},
+		Constraints: []resourcev1.DeviceConstraint{distinctGPUs()}})
+	createClaimPod(t, ctx, c, "sized-pair", resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{sized("first", "4Gi"), sized("second", "10Gi")},
+		Constraints: []resourcev1.DeviceConstraint{distinctGPUs("first", "second")}})
+	createClaimPod(t, ctx, c, "one-shared", resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{exactly("gpu", "gpusharing-shared", 1)}})
+	allocatedOnTwoGPUs(t, ctx, c, "two-shared")
+	pair := allocatedOnTwoGPUs(t, ctx, c, "sized-pair")
+	for i, want := range []string{"4Gi", "10Gi"} {
+		if got := pair[i].ConsumedCapacity[dra.CapacityMemory]; !strings.HasSuffix(pair[i].Device, "-sized") || got.Cmp(resource.MustParse(want)) != 0 {
+			t.Errorf("sized-pair request %s: device %s consumes %s, want a sized device and %s", pair[i].Request, pair[i].Device, got.String(), want)
+		}
+	}
+	waitAllocated(t, ctx, c, "one-shared")
+
+	dirs := newPluginDirs(t)
+	kubelet, _ := startPluginWith(t, env, dirs, &st)
+	for _, name := range []string{"two-shared", "sized-pair"} {
+		ref := claimRef(t, ctx, c, name)
+		for attempt := range 2 {
+			resp, err := kubelet.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{ref}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := resp.Claims[ref.Uid]
+			if got == nil || len(got.Devices) != 0 {
+				t.Fatalf("claim %s (attempt %d): %+v; want an error and no devices", name, attempt, got)
+			}
+			for _, want := range []string{deviceplugin.ErrShimOnSeveralGPUs.Error(), "no memory limit", "one container per GPU", "gpusharing-timeslicing", "gpusharing-exclusive"} {
+				if !strings.Contains(got.Error, want) {
+					t.Errorf("claim %s (attempt %d): error %q lacks %q", name, attempt, got.Error, want)
+				}
+			}
+		}
+		if _, err := os.Stat(filepath.Join(dirs.cdi, "gpusharing.io-claim_"+ref.Uid+".json")); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("claim %s: CDI spec stat %v; want none written", name, err)
+		}
+	}
+	// A shim share of one GPU is unaffected.
+	ref := claimRef(t, ctx, c, "one-shared")
+	resp, err := kubelet.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{ref}})
+	if err != nil || resp.Claims[ref.Uid] == nil || resp.Claims[ref.Uid].Error != "" {
+		t.Fatalf("one shim share: %+v, %v", resp, err)
+	}
+}

@@ -1,0 +1,182 @@
+package node
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/gpusharing/gpusharing/agent/accounting"
+	"github.com/gpusharing/gpusharing/agent/dra"
+	"github.com/gpusharing/gpusharing/agent/drain"
+)
+
+// A claim of M bytes bounds the device memory its pods' processes hold as NVML counts it, their CUDA
+// contexts included (what the limits leave for contexts is the context reserve: docs/dra.md). The guard
+// judges per ledger group: the pods of a GPU linked by the claims they share there (a claim reserved for
+// two pods links them; a pod with two claims of the GPU links both), whose processes together must hold
+// no more than the group's claims together. It judges a group only when it knows every claim of every
+// pod in it; a pod it does not is "unknown": named in the condition, never evicted.
+
+// claimKnowledge is what the guard knows of the node's sized claims (dra.ClaimView).
+type claimKnowledge struct {
+	claims []dra.SizedClaim
+	// uncertain pods are named by a claim whose GPU or amounts are not known.
+	uncertain map[drain.PodRef]bool
+	// syncedAt is when the last read of the node's claims from the API server began; a pod first seen on
+	// a GPU before then has every claim it uses in that read.
+	syncedAt time.Time
+	// whole: the source knows every claim with all its pods at all times (no read to wait for).
+	whole bool
+}
+
+// claimViewer is a SizedClaimSource that also says what it does not know and can read the API server
+// again (*dra.KubeletPlugin).
+type claimViewer interface {
+	ClaimView() dra.ClaimView
+	RequestClaimSync()
+}
+
+// claimKnowledge reads r.Claims.
+func (r *Reconciler) claimKnowledge() claimKnowledge {
+	v, ok := r.Claims.(claimViewer)
+	if !ok {
+		return claimKnowledge{claims: r.Claims.SizedClaims(), whole: true}
+	}
+	view := v.ClaimView()
+	k := claimKnowledge{claims: view.Claims, syncedAt: view.SyncedAt, uncertain: map[drain.PodRef]bool{}}
+	for _, p := range view.Uncertain {
+		k.uncertain[drain.PodRef{Namespace: p.Namespace, Name: p.Name}] = true
+	}
+	return k
+}
+
+// knows says whether every claim of pod, first seen on a GPU at seen, is known.
+func (k claimKnowledge) knows(pod drain.PodRef, seen time.Time) bool {
+	if k.uncertain[pod] {
+		return false
+	}
+	return k.whole || (!k.syncedAt.IsZero() && k.syncedAt.After(seen))
+}
+
+// claimPod is a pod of a ledger group that holds memory of the GPU.
+type claimPod struct {
+	drain.PodRef
+	// uid is the pod's, where the accounting knows it: an eviction's precondition, so a pod recreated
+	// under the same name (a StatefulSet's) is not evicted for its predecessor.
+	uid types.UID
+}
+
+// overClaim is a ledger group whose pods' processes hold more of a sized GPU's memory than its claims.
+type overClaim struct {
+	// pods are the group's pods with processes on the GPU, sorted.
+	pods          []claimPod
+	used, claimed int64
+}
+
+func (o overClaim) String() string {
+	names := make([]string, len(o.pods))
+	for i, p := range o.pods {
+		names[i] = p.PodRef.String()
+	}
+	if len(names) == 1 {
+		return fmt.Sprintf("%s holds %s, its claims %s", names[0], humanBytes(o.used), humanBytes(o.claimed))
+	}
+	return fmt.Sprintf("%s and %s hold %s, their claims %s", strings.Join(names[:len(names)-1], ", "), names[len(names)-1],
+		humanBytes(o.used), humanBytes(o.claimed))
+}
+
+// judgeClaims lists, sorted, the ledger groups of the GPU over their claims, and the pods with memory
+// on it that cannot be judged yet. A pod whose claims are known and include none of the GPU has claimed
+// nothing there: on a GPU sized per claim only claims give a pod the GPU (the device plugin does not
+// advertise it), so such a pod reached it another way. A group with a pod not known is not judged. A
+// pod in released is judged only on a read made after its claims went (releasedPods). seen says when
+// each pod was first seen on a sized GPU; a pod missing there was first seen in acct.
+func judgeClaims(k claimKnowledge, acct accounting.GPU, released, seen map[drain.PodRef]time.Time) ([]overClaim, []drain.PodRef) {
+	parent := map[drain.PodRef]drain.PodRef{}
+	var find func(drain.PodRef) drain.PodRef
+	find = func(p drain.PodRef) drain.PodRef {
+		q, ok := parent[p]
+		if !ok || q == p {
+			return p
+		}
+		root := find(q)
+		parent[p] = root
+		return root
+	}
+	claimedBy := map[drain.PodRef]int64{} // by the claim's first pod; summed per group below
+	for _, c := range k.claims {
+		if c.GPU != acct.UUID || len(c.Pods) == 0 {
+			continue
+		}
+		first := drain.PodRef{Namespace: c.Namespace, Name: c.Pods[0]}
+		claimedBy[first] += c.MemoryBytes
+		for _, name := range c.Pods {
+			p := drain.PodRef{Namespace: c.Namespace, Name: name}
+			if _, ok := parent[p]; !ok {
+				parent[p] = p
+			}
+			if a, b := find(first), find(p); a != b {
+				parent[b] = a
+			}
+		}
+	}
+	used := map[drain.PodRef]int64{}
+	uids := map[drain.PodRef]types.UID{}
+	for _, c := range acct.Containers {
+		if c.Name == "" {
+			continue // a process of no pod: the MPS server, something on the host
+		}
+		p := drain.PodRef{Namespace: c.Namespace, Name: c.Name}
+		used[p] += int64(c.MemoryBytes)
+		uids[p] = types.UID(c.UID)
+	}
+	type group struct {
+		pods          []claimPod
+		used, claimed int64
+		unknown       bool
+	}
+	groups := map[drain.PodRef]*group{}
+	groupOf := func(p drain.PodRef) *group {
+		root := find(p)
+		g, ok := groups[root]
+		if !ok {
+			g = &group{}
+			groups[root] = g
+		}
+		return g
+	}
+	for p, c := range claimedBy {
+		groupOf(p).claimed += c
+	}
+	var unknown []drain.PodRef
+	for p, u := range used {
+		if at, ok := released[p]; ok && !acct.At.After(at) {
+			continue
+		}
+		first, ok := seen[p]
+		if !ok {
+			first = acct.At
+		}
+		g := groupOf(p)
+		if !k.knows(p, first) {
+			unknown = append(unknown, p)
+			g.unknown = true
+		}
+		g.used += u
+		g.pods = append(g.pods, claimPod{PodRef: p, uid: uids[p]})
+	}
+	var over []overClaim
+	for _, g := range groups {
+		if g.unknown || len(g.pods) == 0 || g.used <= g.claimed {
+			continue
+		}
+		slices.SortFunc(g.pods, func(a, b claimPod) int { return strings.Compare(a.String(), b.String()) })
+		over = append(over, overClaim{pods: g.pods, used: g.used, claimed: g.claimed})
+	}
+	slices.SortFunc(over, func(a, b overClaim) int { return strings.Compare(a.String(), b.String()) })
+	slices.SortFunc(unknown, func(a, b drain.PodRef) int { return strings.Compare(a.String(), b.String()) })
+	return over, unknown
+}

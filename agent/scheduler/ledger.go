@@ -1,0 +1,400 @@
+package scheduler
+
+import (
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+)
+
+// One memory ledger per claim (protocol version 6, shim/include/gpushare_proto.h).
+//
+// A claim of M bytes is the device memory its pods' processes hold as NVML counts it, CUDA contexts
+// included, because that is what the claim guard judges. Each process is charged the context reserve R
+// (Guards.ContextReserve), so the allocations of a ledger's n connected processes together may reach
+// M - n*R. The pods that share a claim are one ledger (Claim.Key), so a pod of N processes, or the two
+// pods of a shared claim, hold at most the claim together, where a per-process limit let each process
+// take all of it.
+//
+// A process allocates within its grant without asking (the shim's atomic counter); beyond it, it asks
+// for more with CHARGE and the scheduler adds at least a chunk (Guards.LedgerChunk) while the ledger has
+// room, so an allocator that makes thousands of calls asks once per chunk. The shim returns what it
+// holds unused beyond a couple of chunks, so one process's slack does not starve the others. A grant
+// returns to the ledger when its connection ends, which is when the process is gone (or has lost its
+// scheduler, and then announces its grant again on the next connection, RETURN flags HOLD).
+//
+// The ledger's bound holds for what the scheduler gives: no CHARGE raises the grants beyond M - n*R.
+// Two things may find it beyond without a raise: a process that connects to a full ledger (its context
+// exists whatever the scheduler says) and a re-announced grant (the memory is allocated). Both are
+// accounted, the ledger refuses every CHARGE until frees bring it back within, and the guard judges the
+// pod meanwhile; ledgerBook.checkLocked records anything else as a broken invariant.
+
+// Defaults of the ledger's Guards.
+const (
+	// DefaultContextReserve is R, the device memory charged per process for its CUDA context: above the
+	// contexts measured on the GPU (docs/dra.md, "What a claim guarantees"), with a margin for the driver's
+	// per-process growth (more streams, modules loaded, workspaces outside the caching allocator).
+	DefaultContextReserve = 768 << 20
+	// DefaultLedgerChunk is the least a CHARGE adds to a grant while the ledger has room.
+	DefaultLedgerChunk = 64 << 20
+)
+
+// Claim names the ledger of a client.
+type Claim struct {
+	// Key is the ledger: clients of one GPU with the same Key share one ledger (the pods of a claim).
+	Key string
+	// Memory is M, the claim's bytes on the GPU.
+	Memory uint64
+}
+
+// ChargeStatus answers a Charge.
+type ChargeStatus uint32
+
+const (
+	ChargeOK      ChargeStatus = 0 // Added bytes were added to the grant
+	ChargeRefused ChargeStatus = 1 // the ledger has not that much room
+)
+
+// Flags of Ledger and Return messages.
+const (
+	LedgerOn   uint32 = 1 // Ledger: the client's allocations are charged to a claim's ledger
+	ReturnHold uint32 = 1 // Return: on a new connection, the grant the client holds
+)
+
+// LedgerState is one ledger as the metrics and tests see it.
+type LedgerState struct {
+	GPU       string
+	Key       string
+	Claim     uint64 // M
+	Processes int    // n
+	Total     uint64 // M - n*R, 0 when negative
+	Granted   uint64
+	Refusals  uint64
+}
+
+// ledgerBook is one GPU's ledgers.
+type ledgerBook struct {
+	gpu            string
+	reserve, chunk uint64
+
+	mu     sync.Mutex
+	byKey  map[string]*ledger
+	broken []error // broken invariants (checkLocked); tests fail on any
+}
+
+type ledger struct {
+	key      string
+	claim    uint64
+	members  map[*member]struct{}
+	granted  uint64
+	refusals uint64
+	// over: a join or a re-announced grant left the grants beyond the total (allowed; no raise is).
+	over bool
+}
+
+// member is one client in a ledger (l nil: a version 6 client without one, told so once).
+type member struct {
+	l        *ledger
+	version  uint16
+	grant    uint64
+	send     func([]byte) bool
+	drop     func()
+	welcomed bool // its Welcome is queued: Ledger messages may follow
+	charged  bool // sent a Charge or a Hold: a Hold is no longer accepted
+}
+
+func (m *member) speaks() bool { return m.version == 0 || m.version >= 6 }
+
+func (l *ledger) total(reserve uint64) uint64 {
+	n := uint64(len(l.members))
+	if n != 0 && reserve > l.claim/n {
+		return 0
+	}
+	return l.claim - n*reserve
+}
+
+// book returns q's ledgers.
+func (s *Scheduler) book(q *queue) *ledgerBook {
+	if b, ok := s.books.Load(q); ok {
+		return b.(*ledgerBook)
+	}
+	b, _ := s.books.LoadOrStore(q, &ledgerBook{gpu: q.uuid, reserve: s.opts.ContextReserve, chunk: s.opts.LedgerChunk,
+		byKey: map[string]*ledger{}})
+	return b.(*ledgerBook)
+}
+
+// ledgerJoin enters the client pid into its claim's ledger, where Guards.ClaimOf names one, and returns
+// the send the queue must use: it queues the client's first Ledger right behind its Welcome, before
+// anything else the queue sends (PACE, IDLE), because the shim reads it with the Welcome. The lookup
+// runs between the client's HELLO and its WELCOME, outside every lock.
+func (s *Scheduler) ledgerJoin(q *queue, pid int32, version uint16, send func([]byte) bool, drop func()) (*member, func([]byte) bool) {
+	var cl Claim
+	ok := false
+	if s.opts.ClaimOf != nil {
+		cl, ok = s.opts.ClaimOf(q.uuid, pid)
+	}
+	b := s.book(q)
+	m := b.join(cl, ok, version, send, drop)
+	var welcomed atomic.Bool
+	return m, func(f []byte) bool {
+		if welcomed.Swap(true) {
+			return send(f)
+		}
+		return send(f) && b.welcome(m)
+	}
+}
+
+func (b *ledgerBook) join(cl Claim, ok bool, version uint16, send func([]byte) bool, drop func()) *member {
+	m := &member{version: version, send: send, drop: drop}
+	if !ok || cl.Memory == 0 {
+		return m
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	l := b.byKey[cl.Key]
+	if l == nil {
+		l = &ledger{key: cl.Key, members: map[*member]struct{}{}}
+		b.byKey[cl.Key] = l
+	}
+	l.claim = cl.Memory // the claim as the agent knows it now
+	l.members[m] = struct{}{}
+	m.l = l
+	b.settleLocked(l, true)
+	b.pushLocked(l, m)
+	return m
+}
+
+// welcome sends m its first Ledger; false when the client does not read.
+func (b *ledgerBook) welcome(m *member) bool {
+	if !m.speaks() {
+		return true
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	m.welcomed = true
+	return m.send(b.ledgerMsgLocked(m))
+}
+
+func (b *ledgerBook) leave(m *member) {
+	if m.l == nil {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	l := m.l
+	delete(l.members, m)
+	l.granted -= m.grant
+	m.grant = 0
+	if len(l.members) == 0 {
+		delete(b.byKey, l.key)
+		return
+	}
+	b.settleLocked(l, false)
+	b.pushLocked(l, nil)
+}
+
+// charge answers a Charge of m: at least bytes more, at least a chunk while there is room.
+func (b *ledgerBook) charge(m *member, seq uint32, bytes uint64) {
+	if m.l == nil {
+		m.sendOrDrop(encodeOwn(Message{Type: MsgCharged, Version: m.version, Seq: seq, Charge: ChargeRefused}))
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	l := m.l
+	m.charged = true
+	var room uint64
+	if t := l.total(b.reserve); t > l.granted {
+		room = t - l.granted
+	}
+	st, added := ChargeRefused, uint64(0)
+	if bytes > 0 && bytes <= room {
+		st, added = ChargeOK, min(max(bytes, b.chunk), room)
+		m.grant += added
+		l.granted += added
+	} else {
+		l.refusals++
+	}
+	b.checkLocked(l)
+	m.sendOrDrop(encodeOwn(Message{Type: MsgCharged, Version: m.version, Seq: seq, Charge: st, Added: added,
+		Grant: m.grant, Total: l.total(b.reserve), Granted: l.granted}))
+	if added > 0 {
+		b.pushLocked(l, m)
+	}
+}
+
+// giveBack applies a Return of m; an error drops the client (a Hold after its first Charge or Hold).
+func (b *ledgerBook) giveBack(m *member, flags uint32, bytes uint64) error {
+	if m.l == nil {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	l := m.l
+	if flags&ReturnHold != 0 {
+		if m.charged {
+			return fmt.Errorf("%w: a held grant re-announced after the connection's first charge", ErrBadField)
+		}
+		m.charged = true
+		l.granted += bytes - m.grant
+		m.grant = bytes
+		b.settleLocked(l, true)
+	} else {
+		bytes = min(bytes, m.grant)
+		m.grant -= bytes
+		l.granted -= bytes
+		b.settleLocked(l, false)
+	}
+	b.pushLocked(l, m)
+	return nil
+}
+
+// settleLocked notes whether l is beyond its total; allowed says the change may take it there (a join
+// or a Hold), which no Charge is.
+func (b *ledgerBook) settleLocked(l *ledger, allowed bool) {
+	beyond := l.granted > l.total(b.reserve)
+	if beyond && allowed {
+		l.over = true
+	}
+	if !beyond {
+		l.over = false
+	}
+	b.checkLocked(l)
+}
+
+// checkLocked records a broken invariant: the grants plus n*R beyond M without a join or a Hold that
+// put them there, or the sum of the grants not what the ledger counts.
+func (b *ledgerBook) checkLocked(l *ledger) {
+	var sum uint64
+	for m := range l.members {
+		sum += m.grant
+	}
+	if sum != l.granted {
+		b.broken = append(b.broken, fmt.Errorf("ledger %s: grants sum to %d, the ledger counts %d", l.key, sum, l.granted))
+	}
+	if l.granted > l.total(b.reserve) && !l.over {
+		b.broken = append(b.broken, fmt.Errorf("ledger %s: grants %d + %d x %d beyond the claim %d", l.key, l.granted, len(l.members), b.reserve, l.claim))
+	}
+}
+
+// pushLocked sends the ledger to its welcomed version 6 members but except (who learns it otherwise).
+func (b *ledgerBook) pushLocked(l *ledger, except *member) {
+	for m := range l.members {
+		if m != except && m.welcomed && m.speaks() {
+			m.sendOrDrop(b.ledgerMsgLocked(m))
+		}
+	}
+}
+
+func (b *ledgerBook) ledgerMsgLocked(m *member) []byte {
+	msg := Message{Type: MsgLedger, Version: m.version}
+	if l := m.l; l != nil {
+		msg.Flags, msg.Processes, msg.Claim, msg.Reserve = LedgerOn, uint32(len(l.members)), l.claim, b.reserve
+		msg.Total, msg.Granted, msg.Grant, msg.Bytes = l.total(b.reserve), l.granted, m.grant, b.chunk
+	}
+	return encodeOwn(msg)
+}
+
+func (m *member) sendOrDrop(f []byte) {
+	if !m.send(f) && m.drop != nil {
+		m.drop()
+	}
+}
+
+// encodeOwn encodes a message built here; only a version out of range fails, which serveConn rules out.
+func encodeOwn(m Message) []byte {
+	b, err := Encode(m)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+func (b *ledgerBook) states() []LedgerState {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]LedgerState, 0, len(b.byKey))
+	for _, l := range b.byKey {
+		out = append(out, LedgerState{GPU: b.gpu, Key: l.key, Claim: l.claim, Processes: len(l.members),
+			Total: l.total(b.reserve), Granted: l.granted, Refusals: l.refusals})
+	}
+	return out
+}
+
+// Ledgers returns every claim ledger of every GPU, ordered by GPU and key.
+func (s *Scheduler) Ledgers() []LedgerState {
+	var out []LedgerState
+	for _, q := range s.queues {
+		out = append(out, s.book(q).states()...)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].GPU != out[j].GPU {
+			return out[i].GPU < out[j].GPU
+		}
+		return out[i].Key < out[j].Key
+	})
+	return out
+}
+
+// ledgerMessage handles a client's Charge or Return; an error drops the client.
+func (s *Scheduler) ledgerMessage(q *queue, m *member, msg Message) error {
+	b := s.book(q)
+	if msg.Type == MsgCharge {
+		b.charge(m, msg.Seq, msg.Bytes)
+		return nil
+	}
+	return b.giveBack(m, msg.Flags, msg.Bytes)
+}
+
+// The ledger messages' bodies. Ledger carries in Bytes the chunk the scheduler grants by.
+func encodeLedger(p []byte, m Message) {
+	switch m.Type {
+	case MsgLedger:
+		le.PutUint32(p[0:], m.Flags)
+		le.PutUint32(p[4:], m.Processes)
+		for i, v := range []uint64{m.Claim, m.Reserve, m.Total, m.Granted, m.Grant, m.Bytes} {
+			le.PutUint64(p[8+8*i:], v)
+		}
+	case MsgCharge:
+		le.PutUint32(p[0:], m.Seq)
+		le.PutUint64(p[8:], m.Bytes)
+	case MsgCharged:
+		le.PutUint32(p[0:], m.Seq)
+		le.PutUint32(p[4:], uint32(m.Charge))
+		for i, v := range []uint64{m.Added, m.Grant, m.Total, m.Granted} {
+			le.PutUint64(p[8+8*i:], v)
+		}
+	case MsgReturn:
+		le.PutUint32(p[0:], m.Flags)
+		le.PutUint64(p[8:], m.Bytes)
+	}
+}
+
+func decodeLedger(t MsgType, p []byte, m *Message) error {
+	switch t {
+	case MsgLedger:
+		m.Flags, m.Processes = le.Uint32(p[0:]), le.Uint32(p[4:])
+		if m.Flags&^LedgerOn != 0 {
+			return fmt.Errorf("ledger flags %#x: %w", m.Flags, ErrBadField)
+		}
+		m.Claim, m.Reserve, m.Total = le.Uint64(p[8:]), le.Uint64(p[16:]), le.Uint64(p[24:])
+		m.Granted, m.Grant, m.Bytes = le.Uint64(p[32:]), le.Uint64(p[40:]), le.Uint64(p[48:])
+	case MsgCharge:
+		m.Seq, m.Bytes = le.Uint32(p[0:]), le.Uint64(p[8:])
+		if le.Uint32(p[4:]) != 0 {
+			return fmt.Errorf("charge padding not zero: %w", ErrBadField)
+		}
+	case MsgCharged:
+		m.Seq, m.Charge = le.Uint32(p[0:]), ChargeStatus(le.Uint32(p[4:]))
+		if m.Charge > ChargeRefused {
+			return fmt.Errorf("charged status %d: %w", m.Charge, ErrBadField)
+		}
+		m.Added, m.Grant, m.Total, m.Granted = le.Uint64(p[8:]), le.Uint64(p[16:]), le.Uint64(p[24:]), le.Uint64(p[32:])
+	case MsgReturn:
+		m.Flags, m.Bytes = le.Uint32(p[0:]), le.Uint64(p[8:])
+		if m.Flags&^ReturnHold != 0 || le.Uint32(p[4:]) != 0 {
+			return fmt.Errorf("return flags %#x: %w", m.Flags, ErrBadField)
+		}
+	}
+	return nil
+}

@@ -131,6 +131,10 @@ stack-bin: control-plane ## Binaries for test/gpu/stack/run.sh on the GPU machin
 bench-accounting: ## Agent CPU for per-pod accounting: 8 mock GPUs, 64 processes, at the default interval (BENCH_ARGS="-reads 2000")
 	go run ./test/bench/accounting $(BENCH_ARGS)
 
+.PHONY: bench-dynmig
+bench-dynmig: ## Claim to prepared on a dynamic MIG placement (instance created) against a fixed instance, side by side on a mocked H100 (BENCH_ARGS="-claims 500")
+	go run ./test/bench/dynmig $(BENCH_ARGS)
+
 .PHONY: acctcheck-bin
 acctcheck-bin: ## Build test/gpu/accounting/bin/acctcheck for test/gpu/accounting/run.sh on the GPU machine (copy that folder along)
 	mkdir -p test/gpu/accounting/bin

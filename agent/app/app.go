@@ -315,6 +315,19 @@ func setupResourceSlices(mgr ctrl.Manager, o Options, r *node.Reconciler) error 
 	}
 	claimMetrics.Add(o.NodeName, d.Plugin)
 	r.Claims = d.Plugin
+	if g, ok := o.GPU.(dra.MIGGPU); ok {
+		// Dynamic MIG: the plugin creates instances for claims, the layout applier leaves them alone.
+		m, err := dra.NewDynamicMIG(o.DRAPlugin.WithDefaults().PluginDir, g, log.WithName("mig"))
+		if err != nil {
+			return err
+		}
+		d.Plugin.MIG, r.MIGClaims, r.Strategies.ClaimedMIG = m, m, m
+		if hw, ok := r.Health.(*health.Watcher); ok {
+			// An Xid on a claim's instance marks that instance alone, until it is destroyed.
+			hw.ScopeInstances(m.Holds)
+			m.OnDestroy = hw.ForgetInstance
+		}
+	}
 	d.Plugin.OnChange = r.Notify
 	// The guard compares the plugin's reads of the claims with the accounting's reads of the GPUs.
 	d.Plugin.Clock = o.Clock

@@ -3,12 +3,9 @@ package app
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -19,7 +16,6 @@ import (
 	"github.com/gpusharing/gpusharing/agent/dra"
 	"github.com/gpusharing/gpusharing/agent/gpu/nvmlmock"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
-	"github.com/gpusharing/gpusharing/test/wait"
 )
 
 // preparedClaim is a 10Gi, 30% claim of a simulated 40 GiB GPU sized per claim, prepared through the
@@ -41,19 +37,10 @@ func prepareSizedClaim(t *testing.T, sizing v1alpha1.Sizing) preparedClaim {
 	t.Helper()
 	ctx := context.Background()
 	procRoot := t.TempDir()
-	plugin := dra.PluginConfig{}
-	n := startNodeWith(t, 1, func(o *Options) {
-		o.DevicePlugin, o.PodResourcesSocket = nil, ""
-		o.ResourceSlices = true
+	n, plugin := startDRANode(t, func(o *Options) {
 		o.ProcRoot = procRoot
 		o.Accounting = &AccountingOptions{Interval: 100 * time.Millisecond}
-		root := filepath.Dir(o.MPSRoot)
-		plugin = dra.PluginConfig{PluginDir: filepath.Join(root, "p"), RegistryDir: filepath.Join(root, "r"), CDIDir: filepath.Join(root, "cdi")}
-		o.DRAPlugin = &plugin
 	})
-	if err := env.Client.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name}}); err != nil {
-		t.Fatal(err)
-	}
 	gpuUUID := n.uuid(0)
 	sized := v1alpha1.Sharing{Strategy: v1alpha1.StrategyMPS, MPS: &v1alpha1.MPSSharing{Replicas: 2}, Sizing: &sizing}
 	n.setSpec(t, v1alpha1.GPUDesired{UUID: gpuUUID, Index: 0, Sharing: sized})
@@ -79,22 +66,8 @@ func prepareSizedClaim(t *testing.T, sizing v1alpha1.Sizing) preparedClaim {
 	if err := env.Client.Status().Update(ctx, claim); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := grpc.NewClient("unix://"+filepath.Join(plugin.PluginDir, "dra.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	kubelet := drapb.NewDRAPluginClient(conn)
-	ref := &drapb.Claim{Namespace: claim.Namespace, Name: claim.Name, Uid: string(claim.UID)}
-	// The kubelet retries a claim whose device the plugin has not been told of yet.
-	wait.UntilState(t, 30*time.Second, func() (bool, string) {
-		resp, err := kubelet.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{ref}})
-		if err != nil {
-			return false, err.Error()
-		}
-		got := resp.Claims[string(claim.UID)]
-		return got != nil && got.Error == "", fmt.Sprintf("prepare = %+v", got)
-	}, "the claim prepared")
+	kubelet := pluginClient(t, plugin.PluginDir)
+	ref := prepareAsKubelet(t, ctx, kubelet, claim)
 	// The pod's process uses the GPU only now, as on a node: the kubelet starts a pod's containers after
 	// its claims are prepared (a pod using the GPU without a claim is over its claims).
 	n.gpus.GPUs[0].SetUsage(nvmlmock.Proc(pid, 3<<30, 40))

@@ -173,7 +173,8 @@ func gpuDevices(g v1alpha1.GPUStatus, cfg Config) map[ResourceName][]Device {
 	case v1alpha1.StrategyMIG:
 		out := map[ResourceName][]Device{}
 		for _, mi := range a.MIGInstances {
-			if mi.UUID == "" {
+			// An instance created for a ResourceClaim is that claim's (DRA dynamic MIG), nobody else's.
+			if mi.UUID == "" || mi.Claim != nil {
 				continue
 			}
 			d := base

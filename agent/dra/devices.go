@@ -110,6 +110,16 @@ func published(status v1alpha1.GPUNodeStatus, cfg deviceplugin.Config) []share {
 			out = append(out, s)
 		}
 	}
+	// GPUs whose MIG instances come from claims publish their possible placements (dynmig.go).
+	for _, g := range status.GPUs {
+		_, shares, _ := dynamicMIG(g)
+		for _, s := range shares {
+			if !seen[s.dev.Name] {
+				seen[s.dev.Name] = true
+				out = append(out, s)
+			}
+		}
+	}
 	sort.Slice(out, func(i, j int) bool { return out[i].dev.Name < out[j].dev.Name })
 	return out
 }

@@ -11,3 +11,10 @@ func SetCheckpointWriter(p *KubeletPlugin, write func(path string, data []byte, 
 
 // WriteFileAtomic is the checkpoint's real writer.
 var WriteFileAtomic = writeFileAtomic
+
+// SetMIGLedgerWriter makes m write its ledger through write, so a test can stop the agent at a write.
+func SetMIGLedgerWriter(m *DynamicMIG, write func(path string, data []byte, perm os.FileMode) error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.writeFile = write
+}

@@ -123,5 +123,6 @@ func (p *KubeletPlugin) forgetGoneClaimsEvery(ctx context.Context, kube kubernet
 		}
 		// Errors are logged per claim; the next tick tries again.
 		_, _ = p.ForgetGoneClaims(ctx, kube)
+		p.reconcileMIG(ctx, kube)
 	}
 }

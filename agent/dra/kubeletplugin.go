@@ -99,6 +99,10 @@ type KubeletPlugin struct {
 	// before Start.
 	PodPriority func(ctx context.Context, namespace, name string) (priority int32, ok bool)
 
+	// MIG, when set, creates and destroys the instances of dynamic MIG GPUs' placement devices
+	// (dynmigprepare.go). Set it before Start.
+	MIG *DynamicMIG
+
 	// Clock stamps the reads of the node's claims (ClaimView.SyncedAt); nil is the real clock. It must be
 	// the accounting's clock, whose reads the guard compares with them. Set it before Start.
 	Clock clock.PassiveClock
@@ -108,6 +112,8 @@ type KubeletPlugin struct {
 
 	mu     sync.Mutex
 	shares map[string]deviceplugin.Device
+	// dynamic are the placement devices of dynamic MIG GPUs the status publishes.
+	dynamic map[string]dynPlacement
 	// gpus are the node's GPU uuids by index, from the last status: a sized device's GPU by its name.
 	gpus map[int32]string
 	// api are the claims with sized devices allocated in this node's pool, as last read (SyncClaims),
@@ -169,13 +175,13 @@ func (p *KubeletPlugin) commit(next checkpoint) error {
 
 // Update takes the shares a node status publishes; the reconciler calls it with every status.
 func (p *KubeletPlugin) Update(status v1alpha1.GPUNodeStatus) {
-	shares := Shares(status, p.dp)
+	shares, dynamic := Shares(status, p.dp), dynamicPlacements(status)
 	gpus := make(map[int32]string, len(status.GPUs))
 	for _, g := range status.GPUs {
 		gpus[g.Index] = g.UUID
 	}
 	p.mu.Lock()
-	p.shares, p.gpus = shares, gpus
+	p.shares, p.dynamic, p.gpus = shares, dynamic, gpus
 	p.mu.Unlock()
 }
 
@@ -209,6 +215,7 @@ func (p *KubeletPlugin) Start(ctx context.Context, kube kubernetes.Interface) (*
 	firstCtx, cancel := context.WithTimeout(ctx, firstSweepTimeout)
 	// Errors are logged per claim; what could not be looked up is kept for the next sweep.
 	_, _ = p.ForgetGoneClaims(firstCtx, kube)
+	p.reconcileMIG(firstCtx, kube)
 	if err := p.SyncClaims(firstCtx, kube); err != nil {
 		// The guard asks again for what it cannot judge.
 		p.log.Error(err, "Cannot read this node's ResourceClaims; pods on sized GPUs not known stay unjudged")
@@ -318,6 +325,14 @@ func (p *KubeletPlugin) prepare(ctx context.Context, cp checkpoint, c *resourcev
 			if !ok {
 				return preparedClaim{}, false, fmt.Errorf("%w: %s", ErrDeviceNotPublished, r.Device)
 			}
+			if dp, ok := p.dynamic[r.Device]; ok {
+				md, err := p.prepareDynamic(ctx, c, r.Device, dp, d)
+				if err != nil {
+					return preparedClaim{}, false, err
+				}
+				devs = append(devs, md)
+				continue
+			}
 			if d.Sized {
 				var err error
 				if d, err = SizedLimits(d, r.ConsumedCapacity, p.cfg.ContextReserve); err != nil {
@@ -403,6 +418,13 @@ func (p *KubeletPlugin) UnprepareResourceClaims(ctx context.Context, claims []ku
 	next := p.cp.clone()
 	changed := false
 	for _, c := range claims {
+		// A dynamic MIG instance goes first: while processes run on it, the claim stays prepared.
+		if p.MIG != nil {
+			if err := p.MIG.release(ctx, c.UID); err != nil {
+				out[c.UID] = fmt.Errorf("claim %s: %w", c.String(), err)
+				continue
+			}
+		}
 		// By uid, whether or not the checkpoint knows the claim: a spec left by a lost checkpoint goes too.
 		if err := p.cdi.remove(c.UID); err != nil {
 			out[c.UID] = fmt.Errorf("removing the CDI spec of claim %s: %w", c.String(), err)

@@ -1,14 +1,9 @@
 package dra_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -65,27 +60,14 @@ func startScheduler(t *testing.T, env *testenv.Env) {
 // what gives a deleted claim's capacity back to the scheduler.
 func startClaimController(t *testing.T, env *testenv.Env) {
 	t.Helper()
-	bin := filepath.Join(env.BinDir, "kube-controller-manager")
-	if _, err := os.Stat(bin); err != nil {
-		t.Fatalf("%s: run 'make control-plane': %v", bin, err)
-	}
-	kcfg, err := env.AdminKubeconfig(t.TempDir())
+	s, err := env.StartControllerManager(t.TempDir(), "resourceclaim-controller")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var log bytes.Buffer
-	cmd := exec.Command(bin, "--kubeconfig="+kcfg, "--authentication-kubeconfig="+kcfg, "--authorization-kubeconfig="+kcfg,
-		"--controllers=resourceclaim-controller", "--leader-elect=false", "--bind-address=127.0.0.1", "--secure-port=0", "-v=2")
-	cmd.Stdout, cmd.Stderr = &log, &log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
 	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
+		s.Stop()
 		if t.Failed() {
-			t.Logf("kube-controller-manager log (tail):\n%s", tailOf(log.String(), 3000))
+			t.Logf("kube-controller-manager log (tail):\n%s", s.LogTail(3000))
 		}
 	})
 }
@@ -231,13 +213,6 @@ func pendingReason(t *testing.T, ctx context.Context, c client.Client, name stri
 		return false
 	}, "pod %s reported unschedulable", name)
 	return msg
-}
-
-func tailOf(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
 }
 
 // The slices follow the status: a GPU turning unhealthy leaves, one whose drain ended comes back. The

@@ -34,13 +34,26 @@ const (
 	ReasonSliceFieldsDropped = "ResourceSliceFieldsDropped"
 )
 
-// Pool cuts a node's devices into the slices of its one pool, at most ResourceSliceMaxDevices each. A
-// node publishes at least one slice, empty when it offers nothing, so the scheduler sees the pool.
-func Pool(devices []resourcev1.Device) resourceslice.Pool {
+// Pool cuts a node's devices into the slices of its one pool, at most ResourceSliceMaxDevices each (64,
+// ResourceSliceMaxDevicesWithAdvancedFeatures, where a device consumes counters). A node publishes at
+// least one slice of devices, empty when it offers nothing, so the scheduler sees the pool. Counter sets
+// (dynamic MIG GPUs) go in a slice of their own, first: the API takes devices or counters per slice.
+func Pool(devices []resourcev1.Device, counters ...resourcev1.CounterSet) resourceslice.Pool {
 	var pool resourceslice.Pool
-	for len(devices) > resourcev1.ResourceSliceMaxDevices {
-		pool.Slices = append(pool.Slices, resourceslice.Slice{Devices: devices[:resourcev1.ResourceSliceMaxDevices]})
-		devices = devices[resourcev1.ResourceSliceMaxDevices:]
+	for len(counters) > 0 {
+		n := min(len(counters), resourcev1.ResourceSliceMaxCounterSets)
+		pool.Slices = append(pool.Slices, resourceslice.Slice{SharedCounters: counters[:n]})
+		counters = counters[n:]
+	}
+	limit := resourcev1.ResourceSliceMaxDevices
+	for _, d := range devices {
+		if len(d.ConsumesCounters) > 0 {
+			limit = resourcev1.ResourceSliceMaxDevicesWithAdvancedFeatures
+		}
+	}
+	for len(devices) > limit {
+		pool.Slices = append(pool.Slices, resourceslice.Slice{Devices: devices[:limit]})
+		devices = devices[limit:]
 	}
 	pool.Slices = append(pool.Slices, resourceslice.Slice{Devices: devices})
 	return pool
@@ -83,6 +96,8 @@ type Publisher struct {
 	mu      sync.Mutex
 	ctrl    *resourceslice.Controller
 	devices []resourcev1.Device
+	// counters are the counter sets devices consume (dynamic MIG GPUs).
+	counters []resourcev1.CounterSet
 	// version counts the device lists given, so Start knows whether one came while it started.
 	version uint64
 	// regarding is the GPUNode the events are recorded on (name and uid of the last one published).
@@ -111,23 +126,23 @@ func (p *Publisher) PublishStatus(node *v1alpha1.GPUNode) {
 		p.regarding = &v1alpha1.GPUNode{ObjectMeta: metav1.ObjectMeta{Name: node.Name, UID: node.UID}}
 	}
 	p.mu.Unlock()
-	p.Publish(Devices(node.Status, p.o.Shares))
+	p.Publish(Devices(node.Status, p.o.Shares), Counters(node.Status)...)
 }
 
-// Publish publishes devices as the node's pool.
-func (p *Publisher) Publish(devices []resourcev1.Device) {
+// Publish publishes devices, and the counter sets they consume, as the node's pool.
+func (p *Publisher) Publish(devices []resourcev1.Device, counters ...resourcev1.CounterSet) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	select {
 	case <-p.given:
 		// Semantic: quantities compare by value, not by their cached form. The controller would find
 		// nothing to write either; this spares it the copy and the pass through its queue.
-		if equality.Semantic.DeepEqual(p.devices, devices) {
+		if equality.Semantic.DeepEqual(p.devices, devices) && equality.Semantic.DeepEqual(p.counters, counters) {
 			return
 		}
 	default:
 	}
-	p.devices = devices
+	p.devices, p.counters = devices, counters
 	p.version++
 	p.givenOnce.Do(func() { close(p.given) })
 	if p.ctrl != nil {
@@ -137,7 +152,7 @@ func (p *Publisher) Publish(devices []resourcev1.Device) {
 
 // resources is the desired state the controller syncs to. p.mu must be held.
 func (p *Publisher) resources() *resourceslice.DriverResources {
-	return &resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{p.o.Node: Pool(p.devices)}}
+	return &resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{p.o.Node: Pool(p.devices, p.counters...)}}
 }
 
 // Start runs the controller from the first PublishStatus until ctx ends, then stops it (a manager

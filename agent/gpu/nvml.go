@@ -304,9 +304,26 @@ func firstComputeInstance(gi nvml.GpuInstance) (int, error) {
 // migUUIDs maps (GPU instance id, compute instance id) to the MIG device uuid.
 func migUUIDs(h nvml.Device) (map[[2]int]string, error) {
 	out := map[[2]int]string{}
+	err := eachMIGDevice(h, func(mig nvml.Device, gi int) error {
+		ci, r := mig.GetComputeInstanceId()
+		if err := check("GetComputeInstanceId", r); err != nil {
+			return err
+		}
+		uuid, r := mig.GetUUID()
+		if err := check("MIG GetUUID", r); err != nil {
+			return err
+		}
+		out[[2]int{gi, ci}] = uuid
+		return nil
+	})
+	return out, err
+}
+
+// eachMIGDevice calls f with every MIG device handle of the GPU and its GPU instance id.
+func eachMIGDevice(h nvml.Device, f func(mig nvml.Device, gi int) error) error {
 	count, r := h.GetMaxMigDeviceCount()
 	if err := check("GetMaxMigDeviceCount", r); err != nil {
-		return nil, err
+		return err
 	}
 	for i := 0; i < count; i++ {
 		mig, r := h.GetMigDeviceHandleByIndex(i)
@@ -314,23 +331,17 @@ func migUUIDs(h nvml.Device) (map[[2]int]string, error) {
 			continue
 		}
 		if err := check(fmt.Sprintf("GetMigDeviceHandleByIndex(%d)", i), r); err != nil {
-			return nil, err
+			return err
 		}
 		gi, r := mig.GetGpuInstanceId()
 		if err := check("GetGpuInstanceId", r); err != nil {
-			return nil, err
+			return err
 		}
-		ci, r := mig.GetComputeInstanceId()
-		if err := check("GetComputeInstanceId", r); err != nil {
-			return nil, err
+		if err := f(mig, gi); err != nil {
+			return err
 		}
-		uuid, r := mig.GetUUID()
-		if err := check("MIG GetUUID", r); err != nil {
-			return nil, err
-		}
-		out[[2]int{gi, ci}] = uuid
 	}
-	return out, nil
+	return nil
 }
 
 // SetMIGMode implements Interface.

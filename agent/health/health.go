@@ -95,6 +95,10 @@ type Watcher struct {
 
 	mu   sync.Mutex
 	gpus map[string]Health
+	// instances are the MIG instances marked alone, by GPU uuid and GPU instance id (instances.go).
+	instances map[string]map[int]Health
+	// scoped says whether a GPU instance's critical Xid marks that instance alone (ScopeInstances).
+	scoped func(gpuUUID string, giID int) bool
 }
 
 // New returns a watcher; Run starts it.
@@ -276,6 +280,11 @@ func (w *Watcher) handle(ctx context.Context, ev gpu.Event) {
 		msg += ": " + d
 	}
 	msg += " at " + stamp(now)
+	if ev.GIID != gpu.NoInstance && w.markInstance(ev, msg, now) {
+		log.Info("A MIG instance created for a claim reported a critical Xid; marking that instance alone", "xid", xid, "description", XidDescription(xid))
+		w.notify(ev.UUID)
+		return
+	}
 	if ev.GIID != gpu.NoInstance {
 		msg += fmt.Sprintf(" (MIG GPU instance %d, compute instance %d; the whole GPU is marked)", ev.GIID, ev.CIID)
 	}

@@ -356,3 +356,31 @@ func TestParseXids(t *testing.T) {
 		t.Errorf("defaults = %s", got)
 	}
 }
+
+func TestAClaimsMIGInstanceXidMarksThatInstanceAlone(t *testing.T) {
+	f := newFixture(t, 2, health.Config{}, nil)
+	f.w.ScopeInstances(func(gpu string, gi int) bool { return gpu == f.uuid(0) && gi == 3 })
+	if n := f.events.Push(0, nvml.EventTypeXidCriticalError, 94, 3, 0); n != 1 {
+		t.Fatalf("event reached %d sets", n)
+	}
+	f.awaitNotice(0)
+	if got := f.health(0); got != watched() {
+		t.Errorf("GPU 0 = %+v, want still healthy: only the claim's instance is marked", got)
+	}
+	want := "Xid 94: Contained ECC error at 2026-11-22T10:05:00Z (MIG GPU instance 3, compute instance 0, created for a claim; only this instance is marked)"
+	if got := f.w.Instances(f.uuid(0)); len(got) != 1 || got[3].Healthy || got[3].Message != want {
+		t.Errorf("instances of GPU 0 = %+v, want GI 3 unhealthy with %q", got, want)
+	}
+	// An instance that is no claim's (a fixed layout's) marks the whole GPU, as before.
+	if n := f.events.Push(0, nvml.EventTypeXidCriticalError, 94, 5, 0); n != 1 {
+		t.Fatalf("event reached %d sets", n)
+	}
+	f.awaitNotice(0)
+	if got := f.health(0); got.Healthy {
+		t.Errorf("GPU 0 after an Xid on a fixed instance = %+v, want unhealthy", got)
+	}
+	f.w.ForgetInstance(f.uuid(0), 3)
+	if got := f.w.Instances(f.uuid(0)); len(got) != 0 {
+		t.Errorf("instances after the claim's instance is destroyed = %+v", got)
+	}
+}

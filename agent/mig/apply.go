@@ -3,6 +3,7 @@ package mig
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/go-logr/logr"
 
@@ -29,11 +30,17 @@ func Wants(s v1alpha1.MIGSharing) []Want {
 // reset, and the instances (each with its compute instance) are the wanted profiles and counts. An error
 // means the GPU could not be read, which is not the same as "differs".
 func (a *Applier) Satisfied(ctx context.Context, uuid string, want []Want) (bool, error) {
+	return a.SatisfiedAround(ctx, uuid, want, nil)
+}
+
+// SatisfiedAround is Satisfied on a GPU where held placements hold instances created for claims, which
+// are not the layout's (dynamic MIG).
+func (a *Applier) SatisfiedAround(ctx context.Context, uuid string, want []Want, held []gpu.Placement) (bool, error) {
 	d, err := a.GPU.Device(ctx, uuid)
 	if err != nil {
 		return false, err
 	}
-	return satisfied(d, want), nil
+	return satisfied(without(d, held), want), nil
 }
 
 func satisfied(d gpu.Device, want []Want) bool {
@@ -62,14 +69,19 @@ func satisfied(d gpu.Device, want []Want) bool {
 // NotMIGCapable or LayoutDoesNotFit when it cannot. The agent asks before it drains a GPU, so that pods
 // are never evicted for a layout that cannot fit.
 func Check(d gpu.Device, want []Want) error {
+	return CheckAround(d, want, nil)
+}
+
+// CheckAround is Check on a GPU where held placements hold instances created for claims.
+func CheckAround(d gpu.Device, want []Want, held []gpu.Placement) error {
 	if !d.MIGCapable {
 		return outcome.Newf(v1alpha1.ReasonNotMIGCapable, "GPU %d (%s) does not support MIG", d.Index, d.Product)
 	}
-	existing := d.Instances
+	existing := without(d, held).Instances
 	if !d.MIGMode.Current {
-		existing = nil
+		existing, held = nil, nil
 	}
-	if _, err := MakePlan(d.Profiles, existing, want); err != nil {
+	if _, err := MakePlanAround(d.Profiles, existing, want, held); err != nil {
 		return layoutError(d, err)
 	}
 	return nil
@@ -80,16 +92,22 @@ func Check(d gpu.Device, want []Want) error {
 // instances or change MIG mode while processes run (GPUBusy), enables MIG mode when it is off (and stops
 // with MIGModeChangePending when that needs a GPU reset), and explains layouts that cannot fit.
 func (a *Applier) Apply(ctx context.Context, uuid string, want []Want) ([]gpu.Instance, error) {
+	return a.ApplyAround(ctx, uuid, want, nil)
+}
+
+// ApplyAround is Apply on a GPU where held placements hold instances created for claims (dynamic MIG):
+// they are neither kept as the layout's nor destroyed, and the layout is placed around them.
+func (a *Applier) ApplyAround(ctx context.Context, uuid string, want []Want, held []gpu.Placement) ([]gpu.Instance, error) {
 	log := logr.FromContextOrDiscard(ctx).WithValues("gpu", uuid)
 	d, err := a.GPU.Device(ctx, uuid)
 	if err != nil {
 		return nil, err
 	}
-	if satisfied(d, want) {
+	if satisfied(without(d, held), want) {
 		return d.Instances, nil
 	}
 	// Plan before touching MIG mode: a layout that cannot fit must not cost the GPU its mode change.
-	if err := Check(d, want); err != nil {
+	if err := CheckAround(d, want, held); err != nil {
 		return nil, err
 	}
 
@@ -109,7 +127,7 @@ func (a *Applier) Apply(ctx context.Context, uuid string, want []Want) ([]gpu.In
 		}
 	}
 
-	plan, err := MakePlan(d.Profiles, d.Instances, want)
+	plan, err := MakePlanAround(d.Profiles, without(d, held).Instances, want, held)
 	if err != nil {
 		return nil, layoutError(d, err)
 	}
@@ -146,7 +164,7 @@ func (a *Applier) Apply(ctx context.Context, uuid string, want []Want) ([]gpu.In
 	if d, err = a.GPU.Device(ctx, uuid); err != nil {
 		return nil, err
 	}
-	if !satisfied(d, want) {
+	if !satisfied(without(d, held), want) {
 		return d.Instances, fmt.Errorf("MIG layout on GPU %d still differs after applying the plan: have %s, want %s", d.Index, Summary(d.Instances), describe(want))
 	}
 	return d.Instances, nil
@@ -224,6 +242,21 @@ func Summary(instances []gpu.Instance) string {
 	}
 	if out == "" {
 		return "none"
+	}
+	return out
+}
+
+// without is d less the instances at held placements (those created for claims).
+func without(d gpu.Device, held []gpu.Placement) gpu.Device {
+	if len(held) == 0 {
+		return d
+	}
+	out := d
+	out.Instances = nil
+	for _, in := range d.Instances {
+		if !slices.Contains(held, in.Placement) {
+			out.Instances = append(out.Instances, in)
+		}
 	}
 	return out
 }

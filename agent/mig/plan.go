@@ -59,6 +59,13 @@ type item struct{ profile gpu.Profile }
 // placement (a GPU holds at most 7 instances, so exact search is cheap), keeping as many existing
 // instances of wanted profiles as a valid layout allows.
 func MakePlan(profiles []gpu.Profile, existing []gpu.Instance, want []Want) (Plan, error) {
+	return MakePlanAround(profiles, existing, want, nil)
+}
+
+// MakePlanAround is MakePlan on a GPU where held placements are taken by instances the plan must
+// neither keep nor destroy (those created for claims on a dynamic MIG GPU): the wanted instances are
+// placed around them.
+func MakePlanAround(profiles []gpu.Profile, existing []gpu.Instance, want []Want, held []gpu.Placement) (Plan, error) {
 	byName := map[string]gpu.Profile{}
 	for _, p := range profiles {
 		byName[p.Name] = p
@@ -108,6 +115,9 @@ func MakePlan(profiles []gpu.Profile, existing []gpu.Instance, want []Want) (Pla
 	}
 
 	s := &search{items: items, slices: slices}
+	for _, h := range held {
+		s.held = append(s.held, occupant{profile: "a claim's instance", at: h})
+	}
 	// Try to keep every keepable instance, then ever fewer: the first layout found keeps the most.
 	for k := len(keepable); k >= 0; k-- {
 		if k == 0 {
@@ -139,6 +149,8 @@ func MakePlan(profiles []gpu.Profile, existing []gpu.Instance, want []Want) (Pla
 type search struct {
 	items  []item
 	slices int
+	// held are placements no wanted instance may overlap.
+	held []occupant
 	// deepest failure seen: the item that could not be placed and what occupied the GPU then.
 	failDepth int
 	failItem  gpu.Profile
@@ -152,7 +164,7 @@ type occupant struct {
 
 // place finds placements for the items not covered by keep, around keep.
 func (s *search) place(keep []gpu.Instance) ([]Placed, bool) {
-	var occ []occupant
+	occ := append([]occupant(nil), s.held...)
 	remaining := map[string]int{}
 	for _, in := range keep {
 		occ = append(occ, occupant{in.Profile, in.Placement})

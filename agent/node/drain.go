@@ -109,7 +109,11 @@ func (r *Reconciler) convergeListed(ctx context.Context, sc *scope, dev gpu.Devi
 // passObservation is what this pass knows of the GPU for the drain: what is wanted, whether it is a
 // disruptive change from what is in force, and whether the GPU could take it.
 func (r *Reconciler) passObservation(sc *scope, dev gpu.Device, want v1alpha1.GPUDesired, now time.Time) observation {
-	from, _ := sharing.AppliedShape(applied(dev, r.observe(dev.UUID)))
+	inForce := applied(dev, r.observe(dev.UUID))
+	r.markClaimed(inForce, dev.UUID)
+	from, _ := sharing.AppliedShape(inForce)
+	// Dynamic MIG is no hardware state either: the status last published says whether it is in force.
+	from.Dynamic = publishedMIGDynamic(sc.node, dev.UUID)
 	if !from.Shim && publishedShim(sc.node, dev.UUID, from.Strategy) {
 		// The shim's scheduler lives in the agent, so a restarted agent observes none; the status the agent
 		// before it published says the shim was in force. Starting the scheduler again is a resume (shim

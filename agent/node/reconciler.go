@@ -64,6 +64,9 @@ type Reconciler struct {
 	// Claims, when set, lists the sized claims the DRA kubelet plugin prepared, which fill each sized
 	// GPU's status.sized (sized.go).
 	Claims SizedClaimSource
+	// MIGClaims, when set, lists the MIG instances the DRA kubelet plugin created for claims, named with
+	// their claims in the status of dynamic MIG GPUs (dynmig.go).
+	MIGClaims ClaimedMIG
 	// SkipNameValidation lets several agents run in one process (the demo's simulated nodes).
 	SkipNameValidation bool
 
@@ -291,6 +294,9 @@ func (r *Reconciler) observe(uuid string) observed {
 		if h, ok := r.Health.Get(uuid); ok {
 			o.health = &h
 		}
+		if is, ok := r.Health.(InstanceHealthSource); ok {
+			o.instances = is.Instances(uuid)
+		}
 	}
 	return o
 }
@@ -299,6 +305,11 @@ func (r *Reconciler) observe(uuid string) observed {
 func (r *Reconciler) setNodeStatus(_ context.Context, sc *scope) {
 	st := &sc.node.Status
 	r.setSizedClaims(sc, sc.gpus, st.GPUs)
+	if r.MIGClaims != nil {
+		setMIGClaims(sc.gpus, r.MIGClaims.Records())
+	} else {
+		setMIGClaims(sc.gpus, nil)
+	}
 	st.GPUs = sc.gpus
 	st.DriverVersion, st.CUDAVersion = sc.inventory.DriverVersion, sc.inventory.CUDAVersion
 	if sc.invErr == nil {
@@ -310,6 +321,7 @@ func (r *Reconciler) setNodeStatus(_ context.Context, sc *scope) {
 	st.Summary = Summary(st.GPUs)
 	st.MemoryUsed = memoryUsedSummary(st.GPUs)
 	st.MemoryAllocated = memoryAllocatedSummary(st.GPUs)
+	st.MIGFree = migFreeSummary(st.GPUs)
 	st.Production = productionSummary(st.GPUs)
 	r.usage.set(st.GPUs)
 	if sc.transientErr == nil && sc.invErr == nil {

@@ -25,6 +25,8 @@ type observed struct {
 	shim      *ShimState
 	// health is what the NVML event watcher saw; nil when nothing watches (a GPU counts as healthy).
 	health *health.Health
+	// instances are the claims' MIG instances the watcher marked alone, by GPU instance id.
+	instances map[int]health.Health
 }
 
 // gpuStatus builds one GPU's status from what was observed after the pass. desired is nil for a GPU no
@@ -37,7 +39,7 @@ func gpuStatus(dev gpu.Device, obs observed, desired *v1alpha1.GPUDesired, err e
 		Memory:      resource.NewQuantity(int64(dev.MemoryBytes), resource.BinarySI),
 		MIGCapable:  dev.MIGCapable,
 		ComputeMode: string(dev.ComputeMode),
-		MIGProfiles: migProfiles(dev.Profiles),
+		MIGProfiles: MIGProfiles(dev.Profiles),
 		Applied:     applied(dev, obs),
 	}
 	if dev.MIGCapable {
@@ -83,6 +85,7 @@ func gpuStatus(dev gpu.Device, obs observed, desired *v1alpha1.GPUDesired, err e
 	case desired != nil && prev != nil && prev.Applied != nil && prev.Applied.Strategy == st.Applied.Strategy:
 		st.Applied.Sizing = prev.Applied.Sizing.DeepCopy()
 	}
+	appliedMIGDynamic(&st, desired, err, prev)
 	// Production classes take effect with the sharing that carries them (the shim's scheduler, the MPS
 	// clients' env), so they are in force exactly when it is.
 	switch {
@@ -134,6 +137,7 @@ func applied(dev gpu.Device, obs observed) *v1alpha1.AppliedSharing {
 				UUID:              in.UUID,
 				GPUInstanceID:     int32(in.GIID),
 				ComputeInstanceID: int32(in.CIID),
+				Unhealthy:         obs.instances[in.GIID].Message,
 			})
 		}
 	case obs.mps != nil:
@@ -157,7 +161,8 @@ func applied(dev gpu.Device, obs observed) *v1alpha1.AppliedSharing {
 	return a
 }
 
-func migProfiles(ps []gpu.Profile) []v1alpha1.MIGProfile {
+// MIGProfiles is the status of the MIG profiles NVML offers, as the agent publishes it.
+func MIGProfiles(ps []gpu.Profile) []v1alpha1.MIGProfile {
 	var out []v1alpha1.MIGProfile
 	for _, p := range ps {
 		mp := v1alpha1.MIGProfile{
@@ -201,6 +206,9 @@ func describeDesired(s v1alpha1.Sharing) string {
 		for _, in := range s.MIG.Instances {
 			parts = append(parts, fmt.Sprintf("%s x%d", in.Profile, in.Count))
 		}
+		if s.MIG.Dynamic != nil {
+			parts = append(parts, "from claims "+strings.Join(s.MIG.Dynamic.Profiles, ","))
+		}
 		return "MIG " + strings.Join(parts, " + ")
 	case s.MPS != nil:
 		return fmt.Sprintf("MPS x%d", s.MPS.Replicas)
@@ -217,6 +225,8 @@ func token(st v1alpha1.GPUStatus) string {
 	switch {
 	case a == nil:
 		s = "Unknown"
+	case a.Strategy == v1alpha1.StrategyMIG && a.MIGDynamic != nil:
+		s = dynamicToken(a)
 	case a.Strategy == v1alpha1.StrategyMIG:
 		var ins []gpu.Instance
 		for _, in := range a.MIGInstances {

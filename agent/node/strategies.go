@@ -19,16 +19,29 @@ type migStrategy struct{ s *Strategies }
 func (migStrategy) Name() string { return "MIG" }
 
 func (migStrategy) Check(dev gpu.Device, want v1alpha1.Sharing) error {
+	if err := checkDynamicMIG(dev, *want.MIG); err != nil {
+		return err
+	}
 	return mig.Check(dev, mig.Wants(*want.MIG))
 }
 
+// Satisfied and Apply leave the instances created for claims (dynamic MIG) alone: the layout is the
+// fixed instances, placed around them.
 func (m migStrategy) Satisfied(ctx context.Context, dev gpu.Device, want v1alpha1.Sharing) (bool, error) {
-	return m.s.MIG.Satisfied(ctx, dev.UUID, mig.Wants(*want.MIG))
+	var ok bool
+	err := m.s.around(dev.UUID, func(held []gpu.Placement) error {
+		var err error
+		ok, err = m.s.MIG.SatisfiedAround(ctx, dev.UUID, mig.Wants(*want.MIG), held)
+		return err
+	})
+	return ok, err
 }
 
 func (m migStrategy) Apply(ctx context.Context, dev gpu.Device, want v1alpha1.Sharing) error {
-	_, err := m.s.MIG.Apply(ctx, dev.UUID, mig.Wants(*want.MIG))
-	return err
+	return m.s.around(dev.UUID, func(held []gpu.Placement) error {
+		_, err := m.s.MIG.ApplyAround(ctx, dev.UUID, mig.Wants(*want.MIG), held)
+		return err
+	})
 }
 
 // Teardown destroys the instances and disables MIG mode (which may wait for a GPU reset:

@@ -44,6 +44,9 @@ type Strategies struct {
 	// Shim runs the shim's scheduler of GPUs whose sharing has oversubscription; nil runs none (and such
 	// a sharing fails to apply).
 	Shim *ShimSchedulers
+	// ClaimedMIG, when set, holds the MIG instances created for claims on dynamic MIG GPUs, which the
+	// layout applier leaves alone.
+	ClaimedMIG ClaimedMIG
 }
 
 // all lists every strategy in teardown order: what runs beside the GPU's sharing first (the shim's

@@ -89,6 +89,11 @@ type GPUNodeStatus struct {
 	// +optional
 	MemoryAllocated string `json:"memoryAllocated,omitempty"`
 
+	// migFree is what each dynamic MIG GPU has free, in index order, for people: "0:slices 4-7 compute 3".
+	// Empty where no GPU's MIG instances come from claims.
+	// +optional
+	MIGFree string `json:"migFree,omitempty"`
+
 	// production names the production pods (namespace/name) of each GPU with production classes
 	// (applied.qos), in index order, for people: "0:serving/web,serving/api 1:-", at most
 	// MaxProductionPodsInSummary per GPU and then "+N" for the rest; "-" is a GPU with production
@@ -290,6 +295,10 @@ type AppliedSharing struct {
 	// +listType=atomic
 	// +optional
 	MIGInstances []MIGInstanceStatus `json:"migInstances,omitempty"`
+	// migDynamic is set on a GPU whose MIG instances are created for claims (mig.dynamic): the
+	// profiles allowed and what is free.
+	// +optional
+	MIGDynamic *DynamicMIGStatus `json:"migDynamic,omitempty"`
 	// shim lists the shim's clients on this GPU.
 	// +optional
 	Shim *ShimStatus `json:"shim,omitempty"`
@@ -359,6 +368,13 @@ type MIGInstanceStatus struct {
 	GPUInstanceID int32 `json:"gpuInstanceID"`
 	// +optional
 	ComputeInstanceID int32 `json:"computeInstanceID"`
+	// claim is the ResourceClaim a dynamic MIG instance was created for; absent on fixed instances.
+	// +optional
+	Claim *MIGClaimRef `json:"claim,omitempty"`
+	// unhealthy says why a claim's instance is marked alone: a critical Xid on it. Its placement is not
+	// published again until the instance is destroyed; the GPU's other instances are not touched.
+	// +optional
+	Unhealthy string `json:"unhealthy,omitempty"`
 }
 
 // ShimStatus is the per-GPU scheduler's view of its clients.
@@ -595,6 +611,7 @@ func ClassOf(q *QoS, p int32) WorkloadClass {
 // +kubebuilder:printcolumn:name="Driver",type=string,priority=1,JSONPath=`.status.driverVersion`
 // +kubebuilder:printcolumn:name="Memory Used",type=string,priority=1,JSONPath=`.status.memoryUsed`
 // +kubebuilder:printcolumn:name="Memory Allocated",type=string,priority=1,JSONPath=`.status.memoryAllocated`
+// +kubebuilder:printcolumn:name="MIG Free",type=string,priority=1,JSONPath=`.status.migFree`
 // +kubebuilder:printcolumn:name="Production",type=string,priority=1,JSONPath=`.status.production`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type GPUNode struct {

@@ -82,6 +82,8 @@ var sharingHashLaterDefaults = map[string]string{
 	"qos.productionPriority":            "",
 	"qos.opportunisticQueue":            "",
 	"qos.opportunisticThreadPercentage": "",
+	"mig.dynamic":                       "",
+	"mig.dynamic.profiles":              "",
 }
 
 // canonicalJSON writes v as encoding/json would, except that fields outside sharingHashV1Fields are

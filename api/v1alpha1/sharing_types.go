@@ -260,16 +260,28 @@ type TimeSlicingSharing struct {
 }
 
 // MIGSharing is the MIG layout wanted on a GPU: how many instances of each profile.
-// +kubebuilder:validation:XValidation:rule="self.instances.map(i, i.count).sum() <= 7",message="mig.instances: counts add up to more than 7 instances; no GPU offers more than 7"
-// +kubebuilder:validation:XValidation:rule="self.instances.map(i, int(i.profile.split('g.')[0]) * i.count).sum() <= 7",message="mig.instances: the profiles need more than 7 compute slices (the sum of <N>g x count); no GPU has more than 7"
+// +kubebuilder:validation:XValidation:rule="has(self.instances) || has(self.dynamic)",message="mig: set instances (a fixed layout), dynamic (instances created for claims), or both"
+// +kubebuilder:validation:XValidation:rule="!has(self.instances) || self.instances.map(i, i.count).sum() <= 7",message="mig.instances: counts add up to more than 7 instances; no GPU offers more than 7"
+// +kubebuilder:validation:XValidation:rule="!has(self.instances) || self.instances.map(i, int(i.profile.split('g.')[0]) * i.count).sum() <= 7",message="mig.instances: the profiles need more than 7 compute slices (the sum of <N>g x count); no GPU has more than 7"
+// +kubebuilder:validation:XValidation:rule="!has(self.instances) || !has(self.dynamic) || self.instances.map(i, int(i.profile.split('g.')[0]) * i.count).sum() + self.dynamic.profiles.map(p, int(p.split('g.')[0])).min() <= 7",message="mig.dynamic: the fixed instances leave no compute slice for the smallest dynamic profile (fixed <N>g x count plus the smallest dynamic <N>g exceeds 7)"
 type MIGSharing struct {
-	// instances lists each profile at most once with its count, for example 3g.40gb x1 and 1g.10gb x4.
+	// instances lists each profile at most once with its count, for example 3g.40gb x1 and 1g.10gb x4:
+	// instances the agent creates ahead and keeps. With dynamic, they stay beside the instances
+	// created for claims.
 	// +listType=map
 	// +listMapKey=profile
 	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:MaxItems=7
-	// +required
-	Instances []MIGInstanceRequest `json:"instances"`
+	// +optional
+	Instances []MIGInstanceRequest `json:"instances,omitempty"`
+
+	// dynamic lets ResourceClaims create MIG instances: the GPU publishes one DRA device per possible
+	// placement of each allowed profile, consuming the GPU's memory and compute slices (partitionable
+	// devices), and the agent creates an instance where the scheduler allocated a claim and destroys it
+	// when the claim is unprepared. Changing the allowed profiles drains only the pods whose instances'
+	// profile is no longer allowed.
+	// +optional
+	Dynamic *DynamicMIG `json:"dynamic,omitempty"`
 }
 
 // MIGInstanceRequest asks for count instances of one MIG profile.

@@ -91,6 +91,22 @@ func TestRejectsInvalidPolicies(t *testing.T) {
 			[]string{"mig.instances: the profiles need more than 7 compute slices"}},
 		{"oversubscription with MPS", `sharing: {strategy: MPS, mps: {replicas: 2}, oversubscription: {timeQuantum: 20s}}`,
 			[]string{"sharing.oversubscription: allowed only with strategy TimeSlicing or Exclusive"}},
+		{"MIG with neither a layout nor dynamic instances", `sharing: {strategy: MIG, mig: {}}`,
+			[]string{"mig: set instances (a fixed layout), dynamic (instances created for claims), or both"}},
+		{"dynamic MIG without profiles", `sharing: {strategy: MIG, mig: {dynamic: {profiles: []}}}`,
+			[]string{"spec.sharing.mig.dynamic.profiles", "should have at least 1 items"}},
+		{"dynamic MIG with a malformed profile", `sharing: {strategy: MIG, mig: {dynamic: {profiles: [1g.10gb, 3g40gb]}}}`,
+			[]string{"spec.sharing.mig.dynamic.profiles[1]", "should match"}},
+		{"dynamic MIG with a profile twice", `sharing: {strategy: MIG, mig: {dynamic: {profiles: [1g.10gb, 1g.10gb]}}}`,
+			[]string{"spec.sharing.mig.dynamic.profiles[1]", "Duplicate value"}},
+		{"dynamic MIG beside a layout that fills the GPU", `sharing: {strategy: MIG, mig: {instances: [{profile: 4g.40gb, count: 1}, {profile: 3g.40gb, count: 1}], dynamic: {profiles: [1g.10gb]}}}`,
+			[]string{"mig.dynamic: the fixed instances leave no compute slice for the smallest dynamic profile"}},
+		{"dynamic MIG sized per claim", `sharing: {strategy: MIG, mig: {dynamic: {profiles: [1g.10gb]}}, sizing: {mode: PerClaim}}`,
+			[]string{"sharing.sizing: mode PerClaim is not possible with MIG"}},
+		{"dynamic MIG with MPS on the same GPU", `sharing: {strategy: MIG, mig: {dynamic: {profiles: [1g.10gb]}}, mps: {replicas: 2}}`,
+			[]string{"sharing.mps: set it exactly when sharing.strategy is MPS"}},
+		{"dynamic MIG with time-slicing on the same GPU", `sharing: {strategy: MIG, mig: {dynamic: {profiles: [1g.10gb]}}, timeSlicing: {replicas: 2}}`,
+			[]string{"sharing.timeSlicing: set it exactly when sharing.strategy is TimeSlicing"}},
 		{"oversubscription with MIG", `sharing: {strategy: MIG, mig: {instances: [{profile: 1g.10gb, count: 1}]}, oversubscription: {}}`,
 			[]string{"sharing.oversubscription: allowed only with strategy TimeSlicing or Exclusive"}},
 		{"oversubscription quantum below 1s", `sharing: {strategy: Exclusive, oversubscription: {timeQuantum: 500ms}}`,
@@ -211,6 +227,22 @@ func TestAcceptsSizingWhereSomethingEnforcesIt(t *testing.T) {
 		`sharing: {strategy: MPS, mps: {replicas: 4}, sizing: {mode: PerClaim, memoryStep: 1Ti}}`,
 	} {
 		obj := policy(t, fmt.Sprintf("sized-%d", i), spec)
+		if err := env.Client.Create(ctx, obj); err != nil {
+			t.Errorf("%s: rejected: %v", spec, err)
+			continue
+		}
+		t.Cleanup(func() { _ = env.Client.Delete(context.Background(), obj) })
+	}
+}
+
+func TestAcceptsDynamicMIG(t *testing.T) {
+	ctx := context.Background()
+	for i, spec := range []string{
+		`sharing: {strategy: MIG, mig: {dynamic: {profiles: [1g.10gb, 2g.20gb, 3g.40gb, 7g.80gb]}}}`,
+		`sharing: {strategy: MIG, mig: {instances: [{profile: 3g.40gb, count: 1}], dynamic: {profiles: [1g.10gb, 3g.40gb]}}}`,
+		`sharing: {strategy: MIG, mig: {instances: [{profile: 4g.40gb, count: 1}, {profile: 2g.20gb, count: 1}], dynamic: {profiles: [1g.10gb+me]}}}`,
+	} {
+		obj := policy(t, fmt.Sprintf("dynmig-%d", i), spec)
 		if err := env.Client.Create(ctx, obj); err != nil {
 			t.Errorf("%s: rejected: %v", spec, err)
 			continue

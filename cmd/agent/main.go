@@ -137,7 +137,7 @@ func parse(args []string) (options, *textlogger.Config) {
 	draCfg := dra.PluginConfig{}.WithDefaults()
 	fs.BoolVar(&draOn, "dra", false, "serve this node's GPUs through Dynamic Resource Allocation: publish ResourceSlices (driver gpu.gpusharing.io) and serve the DRA kubelet plugin that prepares claims through CDI (docs/dra.md); with --device-plugin both run side by side")
 	fs.BoolVar(&o.resourceSlices, "dra-resource-slices", false, "publish the ResourceSlices without serving the DRA kubelet plugin (--dra does both)")
-	fs.StringVar(&draCfg.PluginDir, "dra-plugin-dir", draCfg.PluginDir, "the DRA kubelet plugin's directory: its gRPC socket dra.sock and its checkpoint of prepared claims")
+	fs.StringVar(&draCfg.PluginDir, "dra-plugin-dir", draCfg.PluginDir, "the DRA kubelet plugin's directory: its gRPC socket dra.sock, its checkpoint of prepared claims and its ledger of dynamic MIG instances (dynmig.json)")
 	fs.StringVar(&draCfg.RegistryDir, "dra-registry-dir", draCfg.RegistryDir, "the kubelet's plugin registration directory")
 	fs.StringVar(&draCfg.CDIDir, "cdi-dir", draCfg.CDIDir, "where the DRA kubelet plugin writes the CDI specs of prepared claims; the container runtime must read CDI specs there")
 	fs.BoolVar(&dpOn, "device-plugin", true, "serve the kubelet device plugin API for this node's GPUs (and drain a GPU before a disruptive change)")

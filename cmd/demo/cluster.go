@@ -34,6 +34,8 @@ type cluster struct {
 	kubectl    string
 	// scheduler is the kube-scheduler the sized claims need (sized.go), once started.
 	scheduler *testenv.Scheduler
+	// claimController is kube-controller-manager with its ResourceClaim controller alone.
+	claimController *testenv.Component
 }
 
 func startCluster() (*cluster, error) {

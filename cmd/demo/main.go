@@ -2,7 +2,8 @@
 // with the CRDs, runs the controller and simulated GPU nodes (the real agent over go-nvml's mock DGX A100
 // and H100 servers, with fake nvidia-smi and nvidia-cuda-mps-control), applies the sample policies, waits
 // until they converge and prints `kubectl get gpusharing -o wide`; with --dra (the default) it also lists
-// the DRA devices and has the real kube-scheduler pack three sized claims onto one GPU. Interactive by default: it stays up
+// the DRA devices, has the real kube-scheduler pack three sized claims onto one GPU, and shows MIG
+// instances created for claims and freed with their pods on a dynamic H100. Interactive by default: it stays up
 // and prints a kubeconfig to use; --once exits after the table (for CI).
 package main
 
@@ -74,6 +75,9 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 	for _, n := range simNodes {
+		if n.DRAPlugin && !o.dra {
+			continue
+		}
 		n.ResourceSlices = o.dra
 		say("Starting simulated node %s: %d x %s, labels %v", n.Name, n.GPUs, n.Model, n.Labels)
 		if err := c.runNode(ctx, n, errs); err != nil {
@@ -115,13 +119,18 @@ func run(ctx context.Context, o options) error {
 		if err := c.scheduleSizedClaims(ctx, os.Stdout); err != nil {
 			return err
 		}
+		fmt.Println()
+		say("MIG from demand on %s: pods claim 3g.40gb, 2g.20gb and 1g.10gb (DeviceClass gpusharing-mig-dynamic); the kube-scheduler places them, the agent creates each instance", dynamicNode)
+		if err := c.showDynamicMIG(ctx, os.Stdout); err != nil {
+			return err
+		}
 	}
 	if o.once {
 		return nil
 	}
 
-	fmt.Printf("\nThe cluster stays up. In another terminal:\n  export KUBECONFIG=%s\n  %s get gpusharing -o wide\n  %s edit gsp inference-mps   # change a policy and watch the nodes follow\n  %s get resourceslices        # the same shares as DRA devices (--dra)\n  %s get resourceclaims        # the three sized claims, packed onto one GPU (--dra)\nCtrl-C stops and removes everything.\n",
-		c.kubeconfig, c.kubectl, c.kubectl, c.kubectl, c.kubectl)
+	fmt.Printf("\nThe cluster stays up. In another terminal:\n  export KUBECONFIG=%s\n  %s get gpusharing -o wide\n  %s edit gsp inference-mps   # change a policy and watch the nodes follow\n  %s get resourceslices        # the same shares as DRA devices (--dra)\n  %s get resourceclaims        # the sized claims, packed onto one GPU, and the MIG ones (--dra)\n  %s delete pod train-3g       # its 3g.40gb instance is destroyed and slices 0-3 come back (--dra)\n  %s get gpunode %s -o wide\nCtrl-C stops and removes everything.\n",
+		c.kubeconfig, c.kubectl, c.kubectl, c.kubectl, c.kubectl, c.kubectl, c.kubectl, dynamicNode)
 	select {
 	case <-ctx.Done():
 	case err := <-errs:

@@ -29,9 +29,9 @@ var sizedWorkloads = []struct{ name, memory, compute string }{
 }
 
 // scheduleSizedClaims runs the real kube-scheduler, lets it allocate the sized workloads' claims from
-// the agents' ResourceSlices and prints where each landed with its size. Nothing runs a kubelet here, so
-// the node is marked Ready as a kubelet would and the pods stay Pending-bound: the claims are allocated,
-// not prepared.
+// the agents' ResourceSlices and prints where each landed with its size. The node is marked Ready as a
+// kubelet would, and its stand-in kubelet (simnode.Kubelet) prepares the claims through the agent's DRA
+// plugin, so the GPUNode lists them (memory allocated in the wide table).
 func (c *cluster) scheduleSizedClaims(ctx context.Context, w io.Writer) error {
 	if err := c.startScheduler(); err != nil {
 		return err
@@ -95,13 +95,18 @@ func (c *cluster) waitAllocated(ctx context.Context) error {
 	}
 }
 
-// startScheduler runs the real kube-scheduler against the embedded API server; stop ends it.
+// startScheduler runs the real kube-scheduler against the embedded API server, and kube-controller-manager's
+// ResourceClaim controller, which makes the claims of pods' templates and deallocates those of deleted
+// pods; stop ends them.
 func (c *cluster) startScheduler() error {
 	s, err := c.env.StartScheduler(c.dir)
 	if err != nil {
 		return err
 	}
 	c.scheduler = s
+	if c.claimController, err = c.env.StartControllerManager(c.dir, "resourceclaim-controller"); err != nil {
+		return err
+	}
 	return nil
 }
 
@@ -109,5 +114,8 @@ func (c *cluster) startScheduler() error {
 func (c *cluster) stopScheduler() {
 	if c.scheduler != nil {
 		c.scheduler.Stop()
+	}
+	if c.claimController != nil {
+		c.claimController.Stop()
 	}
 }

@@ -26,12 +26,17 @@ type Shape struct {
 	// DRA devices that a sized GPU no longer publishes, and sized claims hold limits that fixed shares do
 	// not know, so neither kind of holder may stay across the change.
 	Sized bool
+	// Dynamic is whether MIG instances come from claims (mig.dynamic). Turning it on or off changes what
+	// the claims on the GPU hold; the profiles claims may ask for are not part of the shape: instances of
+	// a profile no longer allowed stay with their claims until those end, so no pod must go for it.
+	Dynamic bool
 }
 
 // ShapeOf is the shape a desired sharing asks for.
 func ShapeOf(s v1.Sharing) Shape {
 	sh := Shape{Strategy: s.Strategy, Shim: s.Oversubscription != nil, Sized: s.Sizing.PerClaim()}
 	if s.Strategy == v1.StrategyMIG && s.MIG != nil {
+		sh.Dynamic = s.MIG.Dynamic != nil
 		counts := map[string]int32{}
 		for _, in := range s.MIG.Instances {
 			counts[in.Profile] += in.Count
@@ -48,9 +53,13 @@ func AppliedShape(a *v1.AppliedSharing) (Shape, bool) {
 	}
 	sh := Shape{Strategy: a.Strategy, Shim: a.Shim != nil, Sized: a.Sizing.PerClaim()}
 	if a.Strategy == v1.StrategyMIG {
+		sh.Dynamic = a.MIGDynamic != nil
 		counts := map[string]int32{}
 		for _, in := range a.MIGInstances {
-			counts[in.Profile]++
+			// An instance created for a claim is not the layout's.
+			if in.Claim == nil {
+				counts[in.Profile]++
+			}
 		}
 		sh.Layout = layout(counts)
 	}

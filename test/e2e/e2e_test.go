@@ -16,6 +16,7 @@ func TestE2E(t *testing.T) {
 		{"Pods", testPods},
 		{"Usage", testUsage},
 		{"DRA", testDRA},
+		{"DynamicMIG", testDynamicMIG},
 		{"MultiGPU", testMultiGPU},
 		{"Drain", testDrain},
 		{"Upgrade", testUpgrade},

@@ -20,6 +20,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/gpusharing/gpusharing/agent/app"
+	"github.com/gpusharing/gpusharing/agent/dra"
 	"github.com/gpusharing/gpusharing/agent/gpu"
 	"github.com/gpusharing/gpusharing/agent/gpu/nvmlmock"
 	"github.com/gpusharing/gpusharing/test/fakebin"
@@ -41,6 +42,9 @@ type Node struct {
 	// ResourceSlices publishes the node's shares as DRA ResourceSlices (no kubelet plugin: nothing runs
 	// a kubelet here).
 	ResourceSlices bool
+	// DRAPlugin also serves the agent's DRA kubelet plugin, and a Kubelet (kubelet.go) prepares the
+	// claims of the pods bound to the node through it and finishes their deletion.
+	DRAPlugin bool
 }
 
 // CreateNode registers the Node object. Nothing runs a kubelet: the controller and the agent only read
@@ -65,6 +69,10 @@ func Start(ctx context.Context, cfg *rest.Config, scheme *k8sruntime.Scheme, n N
 		return err
 	}
 	server := NewServer(n)
+	var plugin *dra.PluginConfig
+	if n.DRAPlugin {
+		plugin = &dra.PluginConfig{PluginDir: filepath.Join(dir, "p"), RegistryDir: filepath.Join(dir, "r"), CDIDir: filepath.Join(dir, "cdi")}
+	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:  scheme,
 		Metrics: metricsserver.Options{BindAddress: "0"},
@@ -85,7 +93,8 @@ func Start(ctx context.Context, cfg *rest.Config, scheme *k8sruntime.Scheme, n N
 		Resync:             10 * time.Second,
 		SkipNameValidation: true,
 		Health:             &app.HealthOptions{},
-		ResourceSlices:     n.ResourceSlices,
+		ResourceSlices:     n.ResourceSlices || n.DRAPlugin,
+		DRAPlugin:          plugin,
 	})
 	if err != nil {
 		return err
@@ -95,6 +104,14 @@ func Start(ctx context.Context, cfg *rest.Config, scheme *k8sruntime.Scheme, n N
 			errs <- fmt.Errorf("agent on %s: %w", n.Name, err)
 		}
 	}()
+	if plugin != nil {
+		c, err := client.New(cfg, client.Options{Scheme: scheme})
+		if err != nil {
+			return err
+		}
+		k := &Kubelet{Node: n.Name, Client: c, PluginDir: plugin.PluginDir}
+		go func() { _ = k.Run(ctx) }()
+	}
 	return nil
 }
 

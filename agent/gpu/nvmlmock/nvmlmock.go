@@ -166,6 +166,7 @@ func (g *GPU) override() {
 	d := g.Device
 	origProfileInfo := d.GetGpuInstanceProfileInfoFunc
 	origCreate := d.CreateGpuInstanceWithPlacementFunc
+	origInstances := d.GetGpuInstancesFunc
 
 	// The total as GetMemoryInfo reports it, with the reserve SetMemoryReserved set.
 	d.GetMemoryInfo_v2Func = func() (nvml.Memory_v2, nvml.Return) {
@@ -248,6 +249,20 @@ func (g *GPU) override() {
 		g.changed("CreateGpuInstance(profile %d at %d+%d) = GI %d", info.Id, pl.Start, pl.Size, sgi.Info.Id)
 		return gi, nvml.SUCCESS
 	}
+	// NVML lists GPU instances and their remaining capacity only with MIG mode on (nvml.h), as the
+	// recordings made with it off show (recordings/).
+	d.GetGpuInstancesFunc = func(info *nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstance, nvml.Return) {
+		if !g.migOn() {
+			return nil, nvml.ERROR_NOT_SUPPORTED
+		}
+		return origInstances(info)
+	}
+	d.GetGpuInstanceRemainingCapacityFunc = func(info *nvml.GpuInstanceProfileInfo) (int, nvml.Return) {
+		if !g.migOn() {
+			return 0, nvml.ERROR_NOT_SUPPORTED
+		}
+		return g.remaining(info), nvml.SUCCESS
+	}
 	d.GetGpuInstanceByIdFunc = func(id int) (nvml.GpuInstance, nvml.Return) {
 		d.RLock()
 		defer d.RUnlock()
@@ -266,6 +281,37 @@ func (g *GPU) override() {
 		}
 		return migs[i], nvml.SUCCESS
 	}
+}
+
+func (g *GPU) migOn() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.migCapable && g.current == nvml.DEVICE_MIG_ENABLE
+}
+
+// remaining counts the placements of the profile no existing instance overlaps, at most the profile's
+// instance count less those that exist.
+func (g *GPU) remaining(info *nvml.GpuInstanceProfileInfo) int {
+	possible, _ := g.Device.GetGpuInstancePossiblePlacementsFunc(info)
+	g.Device.RLock()
+	defer g.Device.RUnlock()
+	free, same := 0, 0
+	for gi := range g.Device.GpuInstances {
+		if gi.Info.ProfileId == info.Id {
+			same++
+		}
+	}
+	for _, p := range possible {
+		clash := false
+		for gi := range g.Device.GpuInstances {
+			o := gi.Info.Placement
+			clash = clash || (p.Start < o.Start+o.Size && o.Start < p.Start+p.Size)
+		}
+		if !clash {
+			free++
+		}
+	}
+	return min(free, int(info.InstanceCount)-same)
 }
 
 // checkPlacement refuses what the driver refuses: MIG off, a placement NVML never offered for the

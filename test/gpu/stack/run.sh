@@ -43,19 +43,30 @@ echo "== shim library"
 make -s -C "$ROOT/shim" all >"$OUT/shim-build.log" 2>&1
 check "libgpushare.so built" test -s "$ROOT/shim/build/libgpushare.so"
 
-echo "== the simulated H100 is this H100: MIG profiles and placements re-read through NVML"
+echo "== the simulated GPU is this GPU: MIG profiles and placements re-read through NVML"
 "$BIN/agent" inventory > "$OUT/inventory.json"
-python3 - "$OUT/inventory.json" "$ROOT/agent/gpu/nvmlmock/inventories/h100-80gb-hbm3.json" "$GPU" <<'PY'
-import json, sys
+# Compared with the recording of the model the script runs on (the H100's agent inventory, or a
+# test/gpu/mig/record.py recording in agent/gpu/nvmlmock/recordings/), and counted.
+check "MIG profiles and placements equal the recording of this GPU" python3 - "$OUT/inventory.json" "$ROOT/agent/gpu/nvmlmock" "$GPU" <<'PY'
+import glob, json, os, sys
 live = json.load(open(sys.argv[1]))["devices"][int(sys.argv[3])]
-rec = json.load(open(sys.argv[2]))["devices"][0]
-ok = live["product"] == rec["product"]
-print("PASS" if ok else "FAIL", f"product: live {live['product']!r}, recorded {rec['product']!r}")
-key = lambda p: (p["name"], p["type"], p["id"], p["sliceCount"], p["memoryMB"], p["maxInstances"], tuple((x["start"], x["size"]) for x in p["placements"]))
-lp, rp = sorted(map(key, live.get("profiles", []))), sorted(map(key, rec["profiles"]))
-print("PASS" if lp == rp else "FAIL", f"MIG profiles and placements: {len(lp)} live, {len(rp)} recorded, equal: {lp == rp}")
-if lp != rp:
-    print("  live:    ", lp, "\n  recorded:", rp)
+key = lambda name, pid, slices, mem, maxi, pls: (pid, slices, mem, maxi, tuple((x["start"], x["size"]) for x in pls))
+recorded = None
+inv = json.load(open(os.path.join(sys.argv[2], "inventories/h100-80gb-hbm3.json")))["devices"][0]
+if inv["product"] == live["product"]:
+    recorded, where = sorted(key(p["name"], p["id"], p["sliceCount"], p["memoryMB"], p["maxInstances"], p["placements"]) for p in inv["profiles"]), "inventories/h100-80gb-hbm3.json"
+for f in sorted(glob.glob(os.path.join(sys.argv[2], "recordings/*.json"))):
+    rec = json.load(open(f))["devices"][0]
+    if recorded is None and rec["product"] == live["product"]:
+        recorded, where = sorted(key(p.get("name"), p["id"], p["sliceCount"], p["memorySizeMB"], p["instanceCount"], p["placements"]) for p in rec["profiles"] if p["return"] == "SUCCESS"), f
+if recorded is None:
+    print(f"no recording of {live['product']!r}: run test/gpu/mig/record.py (agent/gpu/nvmlmock/recordings/README.md)")
+    sys.exit(1)
+lp = sorted(key(p["name"], p["id"], p["sliceCount"], p["memoryMB"], p["maxInstances"], p["placements"]) for p in live.get("profiles", []))
+print(f"{live['product']}: {len(lp)} profiles live, {len(recorded)} in {where}, equal: {lp == recorded}")
+if lp != recorded:
+    print("  live:    ", lp, "\n  recorded:", recorded)
+sys.exit(0 if lp == recorded else 1)
 PY
 
 echo "== the stack"

@@ -7,7 +7,7 @@ var recordedModels = map[string]string{"H200": "nvidia-h200.json"}
 
 // NewNode is one simulated GPU node's server, as the demo, the deployment tests and the real-node e2e
 // run it: model "H100" (the real H100 80GB HBM3's MIG geometry), "A100" (the documented A100-SXM4-40GB)
-// or a model recorded by test/gpu/mig/record.py ("H200", once recordings/ holds it),
+// or a model recorded by test/gpu/mig/record.py ("H200", recordings/nvidia-h200.json),
 // gpus of the server's eight, NVML events from an injectable queue so the health watcher runs as on a real
 // node, and GPU UUIDs made unique across a simulated fleet by seq (the mocks number every server alike).
 func NewNode(model string, gpus, seq int) (*Server, error) {

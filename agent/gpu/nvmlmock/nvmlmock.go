@@ -227,10 +227,7 @@ func (g *GPU) override() {
 		return nvml.SUCCESS, activation
 	}
 	d.GetGpuInstanceProfileInfoFunc = func(id int) (nvml.GpuInstanceProfileInfo, nvml.Return) {
-		g.mu.Lock()
-		capable := g.migCapable
-		g.mu.Unlock()
-		if !capable {
+		if !g.isMIGCapable() {
 			return nvml.GpuInstanceProfileInfo{}, nvml.ERROR_NOT_SUPPORTED
 		}
 		return origProfileInfo(id)
@@ -249,17 +246,24 @@ func (g *GPU) override() {
 		g.changed("CreateGpuInstance(profile %d at %d+%d) = GI %d", info.Id, pl.Start, pl.Size, sgi.Info.Id)
 		return gi, nvml.SUCCESS
 	}
-	// NVML lists GPU instances and their remaining capacity only with MIG mode on (nvml.h), as the
-	// recordings made with it off show (recordings/).
+	// With MIG mode off the real GPU still answers both calls with SUCCESS (the H200's recording,
+	// recordings/nvidia-h200.json, though nvml.h documents NOT_SUPPORTED): no instance exists and none
+	// can be created until MIG mode is on, so the list is empty and the capacity nothing.
 	d.GetGpuInstancesFunc = func(info *nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstance, nvml.Return) {
-		if !g.migOn() {
+		if !g.isMIGCapable() {
 			return nil, nvml.ERROR_NOT_SUPPORTED
+		}
+		if !g.migOn() {
+			return nil, nvml.SUCCESS
 		}
 		return origInstances(info)
 	}
 	d.GetGpuInstanceRemainingCapacityFunc = func(info *nvml.GpuInstanceProfileInfo) (int, nvml.Return) {
-		if !g.migOn() {
+		if !g.isMIGCapable() {
 			return 0, nvml.ERROR_NOT_SUPPORTED
+		}
+		if !g.migOn() {
+			return 0, nvml.SUCCESS
 		}
 		return g.remaining(info), nvml.SUCCESS
 	}
@@ -281,6 +285,12 @@ func (g *GPU) override() {
 		}
 		return migs[i], nvml.SUCCESS
 	}
+}
+
+func (g *GPU) isMIGCapable() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.migCapable
 }
 
 func (g *GPU) migOn() bool {

@@ -40,6 +40,9 @@ type RecordedDevice struct {
 	Profiles []RecordedProfile `json:"profiles"`
 	// MIGModeCalls are the return codes of the read-only calls that need MIG mode enabled.
 	MIGModeCalls map[string]string `json:"migModeCalls"`
+	// MIGModeValues are the counts those calls returned where they succeeded (instances, remaining
+	// capacity, MIG devices); recordings made before record.py wrote them have none.
+	MIGModeValues map[string]int `json:"migModeValues,omitempty"`
 }
 
 // RecordedProfile is NVML's answer for one GPU_INSTANCE_PROFILE_* type.

@@ -6,8 +6,9 @@ Prints one JSON document (agent/gpu/nvmlmock/recordings/README.md describes it):
 MIG mode, and for every GPU_INSTANCE_PROFILE_* type the profile info NVML answers (nvmlDeviceGetGpuInstanceProfileInfo
 and, for the profile's own name, ...InfoV version 2), the possible placements
 (nvmlDeviceGetGpuInstancePossiblePlacements_v2) and the return code of each call. Calls that need MIG
-mode enabled (the GPU instances that exist, the remaining capacity) are made too, read-only, and their
-return codes recorded under "migModeCalls", so the recording says which answers MIG mode withholds.
+mode enabled (the GPU instances that exist, the remaining capacity, the MIG device count) are made too,
+read-only: their return codes under "migModeCalls", so the recording says which answers MIG mode withholds,
+and the counts of those that succeeded under "migModeValues".
 
 Usage (repository root, on the GPU machine):
   python3 test/gpu/mig/record.py > agent/gpu/nvmlmock/recordings/<model>.json
@@ -91,8 +92,15 @@ def device(nvml, index):
     dev = {"index": index, "product": name, "uuid": uuid, "memoryBytes": mem.total,
            "migMode": {"return": ret(r), "current": cur.value == 1, "pending": pend.value == 1},
            "profiles": [], "migModeCalls": {}}
+    values = {}
+
+    def call(name, r, count):
+        dev["migModeCalls"][name] = ret(r)
+        if r == 0:
+            values[name] = count.value
+
     maxmig = ctypes.c_uint()
-    dev["migModeCalls"]["nvmlDeviceGetMaxMigDeviceCount"] = ret(nvml.nvmlDeviceGetMaxMigDeviceCount(h, ctypes.byref(maxmig)))
+    call("nvmlDeviceGetMaxMigDeviceCount", nvml.nvmlDeviceGetMaxMigDeviceCount(h, ctypes.byref(maxmig)), maxmig)
     for t in range(GPU_INSTANCE_PROFILE_COUNT):
         info = ProfileInfo()
         r = nvml.nvmlDeviceGetGpuInstanceProfileInfo(h, t, ctypes.byref(info))
@@ -110,13 +118,13 @@ def device(nvml, index):
             p["placementsReturn"] = ret(rp)
             p["placements"] = [{"start": pls[k].start, "size": pls[k].size} for k in range(n.value)] if rp == 0 else []
             left = ctypes.c_uint()
-            dev["migModeCalls"][f"nvmlDeviceGetGpuInstanceRemainingCapacity({info.id})"] = ret(
-                nvml.nvmlDeviceGetGpuInstanceRemainingCapacity(h, info.id, ctypes.byref(left)))
+            call(f"nvmlDeviceGetGpuInstanceRemainingCapacity({info.id})",
+                 nvml.nvmlDeviceGetGpuInstanceRemainingCapacity(h, info.id, ctypes.byref(left)), left)
             gis = (ctypes.c_void_p * 8)()
             gn = ctypes.c_uint()
-            dev["migModeCalls"][f"nvmlDeviceGetGpuInstances({info.id})"] = ret(
-                nvml.nvmlDeviceGetGpuInstances(h, info.id, gis, ctypes.byref(gn)))
+            call(f"nvmlDeviceGetGpuInstances({info.id})", nvml.nvmlDeviceGetGpuInstances(h, info.id, gis, ctypes.byref(gn)), gn)
         dev["profiles"].append(p)
+    dev["migModeValues"] = values
     return dev
 
 

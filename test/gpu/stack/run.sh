@@ -50,7 +50,8 @@ echo "== the simulated GPU is this GPU: MIG profiles and placements re-read thro
 check "MIG profiles and placements equal the recording of this GPU" python3 - "$OUT/inventory.json" "$ROOT/agent/gpu/nvmlmock" "$GPU" <<'PY'
 import glob, json, os, sys
 live = json.load(open(sys.argv[1]))["devices"][int(sys.argv[3])]
-key = lambda name, pid, slices, mem, maxi, pls: (pid, slices, mem, maxi, tuple((x["start"], x["size"]) for x in pls))
+# A recording names profiles as NVML does ("MIG 1g.18gb"), the agent without the prefix.
+key = lambda name, pid, slices, mem, maxi, pls: (pid, (name or "").removeprefix("MIG "), slices, mem, maxi, tuple((x["start"], x["size"]) for x in pls))
 recorded = None
 inv = json.load(open(os.path.join(sys.argv[2], "inventories/h100-80gb-hbm3.json")))["devices"][0]
 if inv["product"] == live["product"]:

@@ -500,7 +500,8 @@ static void uncharge_limit(uint64_t n)
     atomic_fetch_sub_explicit(&charged, n, memory_order_relaxed);
 }
 
-/* The first allocation or memory query connects, so that a process in a claim's ledger is in it before
+/* A context creation connects first (gs_cap_ctx_admit); so does the first allocation or memory query of
+ * a process whose context the hooks did not see, so that a process in a claim's ledger is in it before
  * it allocates or sizes itself. */
 static atomic_int connect_asked;
 static void connect_once(void)

@@ -272,7 +272,7 @@ int gs_gate_pump(int ms);
 /* Gives the GPU back so that a larger need can be granted (MEMREPLY BUSY); the caller is not in flight. */
 void gs_gate_yield(void);
 /* Connects now if this process never tried (no lock asked for): the memory limit learns its claim's
- * ledger before the first allocation or memory query. */
+ * ledger before the process creates a context, allocates or queries its memory. */
 void gs_gate_connect(void);
 /* 1 while connected to a scheduler (not pass-through). */
 int gs_gate_connected(void);

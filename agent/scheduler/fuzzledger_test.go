@@ -7,9 +7,10 @@ import (
 )
 
 // FuzzLedger drives one GPU's ledgers with any order of joins, leaves, charges, returns and re-announced
-// grants from clients of two claims and checks after every step: no charge raises a ledger's grants
-// beyond M - n*R, a ledger within its bound stays within unless a join or a re-announced grant moved
-// it, the grants sum to what the ledger counts, and the scheduler recorded no broken invariant.
+// grants from clients of two claims and checks after every step: no charge and no join takes a ledger's
+// grants beyond M - n*R (a join with no room for its context is refused), a ledger within its bound stays
+// within unless a re-announced grant moved it, the grants sum to what the ledger counts, and the
+// scheduler recorded no broken invariant.
 func FuzzLedger(f *testing.F) {
 	f.Add([]byte{0, 0, 2, 10, 0, 1, 2, 40, 3, 0, 1, 0, 2, 200, 4, 1})
 	f.Add([]byte{0, 1, 0, 1, 5, 0, 2, 255, 2, 255, 1, 1, 3, 7, 2, 1})
@@ -38,7 +39,6 @@ func runLedgerSteps(in []byte) error {
 			m := b.join(c, arg%16 != 15, 6, func([]byte) bool { return true }, nil)
 			b.welcome(m)
 			ms = append(ms, m)
-			raisesOK = true
 		case op == 1: // a process ends
 			b.leave(pick)
 			for k, m := range ms {
@@ -51,7 +51,7 @@ func runLedgerSteps(in []byte) error {
 			b.charge(pick, uint32(i), uint64(arg)*mib/2)
 		case op == 3:
 			_ = b.giveBack(pick, 0, uint64(arg)*mib/4)
-		case op == 4: // a re-announced grant (refused after the connection's first charge)
+		case op == 4: // a re-announced grant (refused after the connection's first charge; admits a refused client)
 			raisesOK = !pick.charged
 			_ = b.giveBack(pick, ReturnHold, uint64(arg)*mib/3)
 		}

@@ -23,11 +23,19 @@ import (
 // returns to the ledger when its connection ends, which is when the process is gone (or has lost its
 // scheduler, and then announces its grant again on the next connection, RETURN flags HOLD).
 //
-// The ledger's bound holds for what the scheduler gives: no CHARGE raises the grants beyond M - n*R.
-// Two things may find it beyond without a raise: a process that connects to a full ledger (its context
-// exists whatever the scheduler says) and a re-announced grant (the memory is allocated). Both are
-// accounted, the ledger refuses every CHARGE until frees bring it back within, and the guard judges the
-// pod meanwhile; ledgerBook.checkLocked records anything else as a broken invariant.
+// A process is admitted before its CUDA context exists: the shim connects when the process first
+// creates or retains a context, and the scheduler places it in its ledger only while the ledger has room
+// for one more context (grants + (n+1)*R <= M). Refused, the process holds nothing, is not counted in n,
+// and its context creation fails with out of memory (LEDGER flags REFUSED). n counts admitted processes;
+// a disconnect returns the process's grant and its R.
+//
+// The ledger's bound, grants + n*R <= M, holds for everything the scheduler decides. Only what exists
+// before the scheduler could decide may take a ledger beyond it, and is accounted rather than refused:
+// a re-announced grant (RETURN flags HOLD, after a scheduler restart: the context and the memory are
+// there, admitted or not), a protocol 5 or older client (it cannot be told no), and a client whose pod
+// is found only after it connected (ledgerAttach). The ledger then refuses every CHARGE until frees or
+// leaves bring it back within, and the guard judges the pod meanwhile; ledgerBook.checkLocked records
+// anything else as a broken invariant.
 
 // Defaults of the ledger's Guards.
 const (
@@ -57,8 +65,9 @@ const (
 
 // Flags of Ledger and Return messages.
 const (
-	LedgerOn   uint32 = 1 // Ledger: the client's allocations are charged to a claim's ledger
-	ReturnHold uint32 = 1 // Return: on a new connection, the grant the client holds
+	LedgerOn      uint32 = 1 // Ledger: the client's allocations are charged to a claim's ledger
+	LedgerRefused uint32 = 2 // Ledger: the client's claim has no room for its context: it may not create one
+	ReturnHold    uint32 = 1 // Return: on a new connection, the grant the client holds
 )
 
 // LedgerState is one ledger as the metrics and tests see it.
@@ -88,19 +97,23 @@ type ledger struct {
 	members  map[*member]struct{}
 	granted  uint64
 	refusals uint64
-	// over: a join or a re-announced grant left the grants beyond the total (allowed; no raise is).
+	// over: a forced admission or a re-announced grant left the grants beyond the total (allowed; no
+	// raise and no admission is).
 	over bool
 }
 
-// member is one client in a ledger (l nil: a version 6 client without one, told so once).
+// member is one client in a ledger (l nil: a version 6 client without one, told so once; refused
+// non-nil: the claim that had no room for its context).
 type member struct {
 	l        *ledger
+	refused  *Claim
 	version  uint16
 	grant    uint64
 	send     func([]byte) bool
 	drop     func()
 	welcomed bool // its Welcome is queued: Ledger messages may follow
 	charged  bool // sent a Charge or a Hold: a Hold is no longer accepted
+	gone     bool // its connection ended: it joins nothing any more
 }
 
 func (m *member) speaks() bool { return m.version == 0 || m.version >= 6 }
@@ -152,20 +165,79 @@ func (b *ledgerBook) join(cl Claim, ok bool, version uint16, send func([]byte) b
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.admitLocked(m, cl, !m.speaks()) // an older client cannot be told no: its context is counted
+	return m
+}
+
+// admitLocked places m in cl's ledger when the ledger has room for one more context, or forced (its
+// context exists already); otherwise m stays out, holding nothing, and remembers cl for its Ledger.
+func (b *ledgerBook) admitLocked(m *member, cl Claim, forced bool) bool {
 	l := b.byKey[cl.Key]
+	if !forced && !b.roomForOneMore(l, cl.Memory) {
+		m.refused = &cl
+		if l != nil {
+			l.refusals++
+		}
+		return false
+	}
 	if l == nil {
 		l = &ledger{key: cl.Key, members: map[*member]struct{}{}}
 		b.byKey[cl.Key] = l
 	}
 	l.claim = cl.Memory // the claim as the agent knows it now
 	l.members[m] = struct{}{}
-	m.l = l
-	b.settleLocked(l, true)
+	m.l, m.refused = l, nil
+	b.settleLocked(l, forced)
 	b.pushLocked(l, m)
-	return m
+	return true
+}
+
+// roomForOneMore says whether l (nil: none yet) can take one more process of a claim of claim bytes:
+// its grants plus one more context reserve than it counts now within the claim.
+func (b *ledgerBook) roomForOneMore(l *ledger, claim uint64) bool {
+	var granted, n uint64
+	if l != nil {
+		granted, n = l.granted, uint64(len(l.members))
+	}
+	if b.reserve != 0 && n+1 > claim/b.reserve {
+		return false
+	}
+	need := (n + 1) * b.reserve
+	return granted <= claim-need
+}
+
+// attach places m, connected outside every ledger because its pod was unknown, in cl's ledger now that
+// its pod is found. Its context exists already (it may have allocated under its own limit), so it is
+// admitted whatever the room, as a re-announced grant is; its shim announces what it holds (a Hold)
+// when the Ledger reaches it. False when m was placed (or refused) already, or cl is no claim.
+func (b *ledgerBook) attach(m *member, cl Claim) bool {
+	if cl.Memory == 0 {
+		return false
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if m.l != nil || m.refused != nil || m.gone {
+		return false
+	}
+	b.admitLocked(m, cl, true)
+	if m.welcomed && m.speaks() {
+		m.sendOrDrop(b.ledgerMsgLocked(m))
+	}
+	return true
 }
 
 // welcome sends m its first Ledger; false when the client does not read.
+// ledgerAttach places the client m (the kernel's pid), which connected while its pod was unknown, in its
+// claim's ledger now that reresolve found the pod.
+func (s *Scheduler) ledgerAttach(q *queue, m *member, pid int32) {
+	if s.opts.ClaimOf == nil || pid == 0 {
+		return
+	}
+	if cl, ok := s.opts.ClaimOf(q.uuid, pid); ok && s.book(q).attach(m, cl) {
+		q.log.Info("Shim client placed in its claim's ledger now that its pod is found", "pid", pid, "claim", cl.Key)
+	}
+}
+
 func (b *ledgerBook) welcome(m *member) bool {
 	if !m.speaks() {
 		return true
@@ -177,12 +249,13 @@ func (b *ledgerBook) welcome(m *member) bool {
 }
 
 func (b *ledgerBook) leave(m *member) {
-	if m.l == nil {
-		return
-	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	l := m.l
+	m.refused, m.gone = nil, true
+	if l == nil {
+		return
+	}
 	delete(l.members, m)
 	l.granted -= m.grant
 	m.grant = 0
@@ -196,13 +269,13 @@ func (b *ledgerBook) leave(m *member) {
 
 // charge answers a Charge of m: at least bytes more, at least a chunk while there is room.
 func (b *ledgerBook) charge(m *member, seq uint32, bytes uint64) {
-	if m.l == nil {
-		m.sendOrDrop(encodeOwn(Message{Type: MsgCharged, Version: m.version, Seq: seq, Charge: ChargeRefused}))
-		return
-	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	l := m.l
+	if l == nil {
+		m.sendOrDrop(encodeOwn(Message{Type: MsgCharged, Version: m.version, Seq: seq, Charge: ChargeRefused}))
+		return
+	}
 	m.charged = true
 	var room uint64
 	if t := l.total(b.reserve); t > l.granted {
@@ -224,14 +297,21 @@ func (b *ledgerBook) charge(m *member, seq uint32, bytes uint64) {
 	}
 }
 
-// giveBack applies a Return of m; an error drops the client (a Hold after its first Charge or Hold).
+// giveBack applies a Return of m; an error drops the client (a Hold after its first Charge or Hold). A
+// Hold from a refused client admits it: a client announces a grant only with a context behind it (one
+// created before a scheduler restart, whose new connection was refused).
 func (b *ledgerBook) giveBack(m *member, flags uint32, bytes uint64) error {
-	if m.l == nil {
-		return nil
-	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	except := m
+	if m.l == nil && m.refused != nil && flags&ReturnHold != 0 {
+		b.admitLocked(m, *m.refused, true)
+		except = nil // it learns that it is in
+	}
 	l := m.l
+	if l == nil {
+		return nil
+	}
 	if flags&ReturnHold != 0 {
 		if m.charged {
 			return fmt.Errorf("%w: a held grant re-announced after the connection's first charge", ErrBadField)
@@ -246,12 +326,12 @@ func (b *ledgerBook) giveBack(m *member, flags uint32, bytes uint64) error {
 		l.granted -= bytes
 		b.settleLocked(l, false)
 	}
-	b.pushLocked(l, m)
+	b.pushLocked(l, except)
 	return nil
 }
 
-// settleLocked notes whether l is beyond its total; allowed says the change may take it there (a join
-// or a Hold), which no Charge is.
+// settleLocked notes whether l is beyond its total; allowed says the change may take it there (a forced
+// admission or a Hold), which no Charge and no admission is.
 func (b *ledgerBook) settleLocked(l *ledger, allowed bool) {
 	beyond := l.granted > l.total(b.reserve)
 	if beyond && allowed {
@@ -263,8 +343,8 @@ func (b *ledgerBook) settleLocked(l *ledger, allowed bool) {
 	b.checkLocked(l)
 }
 
-// checkLocked records a broken invariant: the grants plus n*R beyond M without a join or a Hold that
-// put them there, or the sum of the grants not what the ledger counts.
+// checkLocked records a broken invariant: the grants plus n*R beyond M without a forced admission or a
+// Hold that put them there, or the sum of the grants not what the ledger counts.
 func (b *ledgerBook) checkLocked(l *ledger) {
 	var sum uint64
 	for m := range l.members {
@@ -292,6 +372,12 @@ func (b *ledgerBook) ledgerMsgLocked(m *member) []byte {
 	if l := m.l; l != nil {
 		msg.Flags, msg.Processes, msg.Claim, msg.Reserve = LedgerOn, uint32(len(l.members)), l.claim, b.reserve
 		msg.Total, msg.Granted, msg.Grant, msg.Bytes = l.total(b.reserve), l.granted, m.grant, b.chunk
+	} else if cl := m.refused; cl != nil {
+		// the ledger as it stands without this client: n admitted processes and their grants
+		msg.Flags, msg.Claim, msg.Reserve, msg.Total, msg.Bytes = LedgerRefused, cl.Memory, b.reserve, cl.Memory, b.chunk
+		if l := b.byKey[cl.Key]; l != nil {
+			msg.Processes, msg.Total, msg.Granted = uint32(len(l.members)), l.total(b.reserve), l.granted
+		}
 	}
 	return encodeOwn(msg)
 }
@@ -375,7 +461,7 @@ func decodeLedger(t MsgType, p []byte, m *Message) error {
 	switch t {
 	case MsgLedger:
 		m.Flags, m.Processes = le.Uint32(p[0:]), le.Uint32(p[4:])
-		if m.Flags&^LedgerOn != 0 {
+		if m.Flags&^(LedgerOn|LedgerRefused) != 0 || m.Flags == LedgerOn|LedgerRefused {
 			return fmt.Errorf("ledger flags %#x: %w", m.Flags, ErrBadField)
 		}
 		m.Claim, m.Reserve, m.Total = le.Uint64(p[8:]), le.Uint64(p[16:]), le.Uint64(p[24:])

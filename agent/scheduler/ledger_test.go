@@ -2,8 +2,10 @@ package scheduler
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -163,24 +165,90 @@ func TestLedgerBoundsTheProcessesOfAClaimTogetherAndFreesADisconnectedOnesGrant(
 	}, "a ledger without processes is forgotten")
 }
 
-func TestLedgerJoinedWhenFullRefusesUntilFreesBringItWithin(t *testing.T) {
+// A process is admitted before its context exists: into a ledger whose grants leave no room for one more
+// context reserve it is refused (it may not create a context), holds nothing and is not counted; the
+// admitted process keeps its grant; a later process is admitted once frees make room.
+func TestLedgerRefusesAProcessWhoseContextWouldPassTheClaim(t *testing.T) {
+	e := startLedgerEnv(t)
+	a, _ := e.dial(t, Claim{Key: testClaimKey, Memory: 1024 * mib})
+	charge(t, a, 1, 768*mib) // all that one process may allocate
+	b, bl := e.dial(t, Claim{Key: testClaimKey, Memory: 1024 * mib})
+	if bl.Flags != LedgerRefused || bl.Processes != 1 || bl.Granted != 768*mib || bl.Grant != 0 || bl.Claim != 1024*mib {
+		t.Fatalf("Ledger of a process a full claim has no room for = %+v, want refused beside 1 process holding 768 MiB", bl)
+	}
+	if l, _ := e.ledger(testClaimKey); l.Processes != 1 || l.Granted != 768*mib || l.Total != 768*mib || l.Refusals != 1 {
+		t.Fatalf("ledger after the refusal = %+v, want the refused process not counted", l)
+	}
+	if m, ok := a.next(MsgLedger, 200*time.Millisecond); ok {
+		t.Fatalf("the admitted process learned %+v from a refusal, want nothing", m)
+	}
+	if m := charge(t, b, 1, mib); m.Charge != ChargeRefused {
+		t.Fatalf("charge of a refused process = %+v, want refused", m)
+	}
+	_ = b.conn.Close() // it held nothing: nothing changes
+	a.send(Message{Type: MsgReturn, Bytes: 300 * mib})
+	wait.UntilState(t, 2*time.Second, func() (bool, string) {
+		l, _ := e.ledger(testClaimKey)
+		return l.Granted == 468*mib, "not yet"
+	}, "the return leaves the grant")
+	c, cl := e.dial(t, Claim{Key: testClaimKey, Memory: 1024 * mib}) // 468 + 2 x 256 <= 1024
+	if cl.Flags != LedgerOn || cl.Processes != 2 || cl.Total != 512*mib || cl.Granted != 468*mib {
+		t.Fatalf("Ledger once frees made room = %+v, want admitted as the second of 2", cl)
+	}
+	if m := charge(t, c, 1, 44*mib); m.Charge != ChargeOK || m.Added != 44*mib {
+		t.Fatalf("charge of the room left = %+v", m)
+	}
+}
+
+// Started together, two processes are both admitted and their allocations together stay within M - 2R.
+func TestLedgerAdmitsTwoProcessesThatStartBeforeEitherFills(t *testing.T) {
+	e := startLedgerEnv(t)
+	a, _ := e.dial(t, Claim{Key: testClaimKey, Memory: 1024 * mib})
+	b, bl := e.dial(t, Claim{Key: testClaimKey, Memory: 1024 * mib})
+	if bl.Flags != LedgerOn || bl.Processes != 2 || bl.Total != 512*mib {
+		t.Fatalf("Ledger = %+v, want admitted, 2 processes, total 512 MiB", bl)
+	}
+	if m := charge(t, a, 1, 512*mib); m.Charge != ChargeOK {
+		t.Fatalf("charge = %+v", m)
+	}
+	if m := charge(t, b, 1, mib); m.Charge != ChargeRefused {
+		t.Fatalf("charge beyond M - 2R = %+v, want refused", m)
+	}
+	_ = a.conn.Close() // its grant and its context reserve return
+	wait.UntilState(t, 2*time.Second, func() (bool, string) {
+		l, _ := e.ledger(testClaimKey)
+		return l.Processes == 1 && l.Granted == 0 && l.Total == 768*mib, "not yet"
+	}, "a disconnect returns the grant and the context reserve")
+}
+
+// A claim smaller than one context reserve admits nothing.
+func TestLedgerRefusesEveryProcessOfAClaimSmallerThanAContext(t *testing.T) {
+	e := startLedgerEnv(t)
+	_, al := e.dial(t, Claim{Key: testClaimKey, Memory: testReserve - 1})
+	if al.Flags != LedgerRefused || al.Processes != 0 {
+		t.Fatalf("Ledger = %+v, want refused", al)
+	}
+	if _, ok := e.ledger(testClaimKey); ok {
+		t.Fatal("a ledger without an admitted process is listed")
+	}
+}
+
+// A refused process that announces a grant (RETURN HOLD) has a context from before a scheduler restart:
+// it is accounted, beyond the bound, and every charge is refused until the ledger is back within.
+func TestLedgerAccountsAHoldFromARefusedProcess(t *testing.T) {
 	e := startLedgerEnv(t)
 	a, _ := e.dial(t, Claim{Key: testClaimKey, Memory: 1024 * mib})
 	charge(t, a, 1, 768*mib)
-	// The second process's context exists whatever the ledger says: the ledger is beyond its total.
 	b, bl := e.dial(t, Claim{Key: testClaimKey, Memory: 1024 * mib})
-	if bl.Total != 512*mib || bl.Granted != 768*mib {
-		t.Fatalf("Ledger = %+v", bl)
+	if bl.Flags != LedgerRefused {
+		t.Fatalf("Ledger = %+v, want refused", bl)
 	}
-	if m := charge(t, b, 1, mib); m.Charge != ChargeRefused {
-		t.Fatalf("charge into a ledger beyond its total = %+v, want refused", m)
+	b.send(Message{Type: MsgReturn, Flags: ReturnHold, Bytes: 10 * mib})
+	if m := b.expect(MsgLedger, time.Second); m.Flags != LedgerOn || m.Processes != 2 || m.Grant != 10*mib || m.Granted != 778*mib {
+		t.Fatalf("Ledger after the hold = %+v, want admitted with its 10 MiB", m)
 	}
-	a.send(Message{Type: MsgReturn, Bytes: 300 * mib})
-	if m := b.expect(MsgLedger, time.Second); m.Granted != 468*mib {
-		t.Fatalf("after a return: %+v", m)
-	}
-	if m := charge(t, b, 2, 44*mib); m.Charge != ChargeOK || m.Added != 44*mib {
-		t.Fatalf("charge of the room the return made = %+v", m)
+	if m := charge(t, a, 2, mib); m.Charge != ChargeRefused {
+		t.Fatalf("charge into a ledger beyond its bound = %+v, want refused", m)
 	}
 }
 
@@ -264,4 +332,47 @@ func labelOf(m *dto.Metric, name string) string {
 		}
 	}
 	return ""
+}
+
+// A client whose pod is unknown when it connects is outside every ledger; when the pod's re-resolution
+// finds it, the client joins its claim's ledger and learns so. Its context exists already, so it is
+// counted even in a full ledger (as a re-announced grant is), and every charge is refused until the
+// ledger is back within its bound.
+func TestClientWhosePodIsFoundLateJoinsItsClaimsLedger(t *testing.T) {
+	var found atomic.Bool
+	cl := Claim{Key: testClaimKey, Memory: 1024 * mib}
+	s, sock, _ := startGuarded(t, GPUConfig{}, Guards{ContextReserve: testReserve, LedgerChunk: testChunk,
+		PodPriority: func(pid int32) (int32, bool) { return 0, found.Load() || pid != int32(os.Getpid()) },
+		ClaimOf: func(string, int32) (Claim, bool) {
+			if !found.Load() {
+				return Claim{}, false
+			}
+			return cl, true
+		}})
+	t.Cleanup(func() { checkLedgers(t, s) })
+	late := dialRaw(t, sock, PriorityNormal)
+	if late.ledger.Flags != 0 {
+		t.Fatalf("Ledger of a client of unknown pod = %+v, want none", late.ledger)
+	}
+	found.Store(true)
+	a := dialRaw(t, sock, PriorityNormal)
+	if m := charge(t, a, 1, 768*mib); m.Charge != ChargeOK {
+		t.Fatalf("charge = %+v", m)
+	}
+	m := late.expect(MsgLedger, 5*time.Second) // the re-resolution's first retry is ReResolveFirst away
+	if m.Flags != LedgerOn || m.Processes != 2 || m.Granted != 768*mib || m.Grant != 0 {
+		t.Fatalf("Ledger once the pod is found = %+v, want on, 2 processes", m)
+	}
+	late.send(Message{Type: MsgReturn, Flags: ReturnHold, Bytes: 10 * mib}) // what it allocated meanwhile
+	wait.UntilState(t, 2*time.Second, func() (bool, string) {
+		for _, l := range s.Ledgers() {
+			if l.Key == testClaimKey {
+				return l.Processes == 2 && l.Granted == 778*mib, fmt.Sprintf("%+v", l)
+			}
+		}
+		return false, "no ledger"
+	}, "the late client's context and memory are accounted")
+	if m := charge(t, a, 2, mib); m.Charge != ChargeRefused {
+		t.Fatalf("charge into a ledger beyond its bound = %+v, want refused", m)
+	}
 }

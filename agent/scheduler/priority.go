@@ -33,8 +33,9 @@ const (
 )
 
 // reresolve looks the pod of the client c (the kernel's pid) up again until found, out of attempts, or
-// done (its connection ended).
-func (s *Scheduler) reresolve(q *queue, c *client, pid int32, asked Priority, done <-chan struct{}) {
+// done (its connection ended). Found, the client also joins its claim's ledger (lm), which the unknown
+// pod kept it out of.
+func (s *Scheduler) reresolve(q *queue, c *client, lm *member, pid int32, asked Priority, done <-chan struct{}) {
 	d := ReResolveFirst
 	for range ReResolveAttempts {
 		t := s.opts.Clock.NewTimer(d)
@@ -46,6 +47,7 @@ func (s *Scheduler) reresolve(q *queue, c *client, pid int32, asked Priority, do
 		}
 		if src := s.classSource(pid, asked); src.known {
 			q.setClass(c, src)
+			s.ledgerAttach(q, lm, pid)
 			return
 		}
 		d *= 2

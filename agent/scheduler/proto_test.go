@@ -95,6 +95,7 @@ func TestProtocolConstantsMatchShimHeader(t *testing.T) {
 		"GS_CHARGED_SIZE":         ChargedSize,
 		"GS_RETURN_SIZE":          ReturnSize,
 		"GS_LEDGER_ON":            uint64(LedgerOn),
+		"GS_LEDGER_REFUSED":       uint64(LedgerRefused),
 		"GS_CHARGE_OK":            uint64(ChargeOK),
 		"GS_CHARGE_REFUSED":       uint64(ChargeRefused),
 		"GS_RETURN_HOLD":          uint64(ReturnHold),

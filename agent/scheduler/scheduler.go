@@ -494,7 +494,7 @@ func (s *Scheduler) serveConn(conn net.Conn, q *queue) {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			s.reresolve(q, c, kpid, hello.Priority, done)
+			s.reresolve(q, c, lm, kpid, hello.Priority, done)
 		}()
 	}
 	for {

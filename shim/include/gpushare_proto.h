@@ -78,15 +78,20 @@
  * The claim ledger: the agent knows each client's pod and the sized claim(s) it holds on this GPU; the
  * clients of the pods that share a claim form one ledger of M bytes (the claim), counted as NVML counts
  * it: each connected process is charged a context reserve R, and their allocations together may reach
- * total = M - n*R (n: the ledger's connected processes). LEDGER (scheduler to client) comes right after
- * WELCOME, always (flags 0: no ledger, the client keeps its own GPUSHARE_MEMORY_LIMIT_BYTES alone), and
- * again whenever the ledger's total or granted bytes change. A client's grant is the part of the total
+ * total = M - n*R (n: the ledger's admitted processes). The client connects before it creates its first
+ * CUDA context, and the scheduler admits it only while the ledger has room for one more reserve
+ * (granted + (n+1)*R <= M). LEDGER (scheduler to client) comes right after WELCOME, always (flags 0: no
+ * ledger, the client keeps its own GPUSHARE_MEMORY_LIMIT_BYTES alone; REFUSED: not admitted, the client
+ * holds nothing and fails its context creation with out of memory; processes, total and granted then
+ * describe the ledger without it), and again whenever the ledger's total or granted bytes change. A client's grant is the part of the total
  * it may allocate without asking; CHARGE asks for at least that many bytes more, CHARGED answers it (the
  * scheduler adds at least a chunk, within the total, or refuses), RETURN gives bytes of the grant back
  * (the client keeps at most a couple of chunks unused). On a new connection the client announces its
  * grant with RETURN flags HOLD right after REJOIN (or after WELCOME's LEDGER on a first connection),
- * before any CHARGE: the scheduler accounts it even beyond the total (the memory is allocated) and
- * refuses everything else until frees bring the ledger back within it. A client's grant returns to the
+ * before any CHARGE, and a client with a context sends it even with nothing held when its LEDGER says
+ * REFUSED: the scheduler admits and accounts it even beyond the total (the context and the memory
+ * exist) and refuses everything else until frees bring the ledger back within it. A LEDGER with ON that
+ * reaches a client outside any ledger (its pod was found after it connected) is answered the same way. A client's grant returns to the
  * ledger when its connection ends. Version 5 and older clients count in n and keep their per-process
  * limit.
  *
@@ -162,7 +167,8 @@
 #define GS_REJOIN_HELD 1u /* it held the GPU when the previous connection ended */
 
 /* LEDGER.flags */
-#define GS_LEDGER_ON 1u /* this client's allocations are charged to a claim's ledger */
+#define GS_LEDGER_ON 1u      /* this client's allocations are charged to a claim's ledger */
+#define GS_LEDGER_REFUSED 2u /* the claim has no room for this client's context: it may not create one */
 
 /* CHARGED.status */
 #define GS_CHARGE_OK 0u      /* added bytes were added to the grant */

@@ -240,6 +240,8 @@ static _Atomic int64_t room;
 static _Atomic uint64_t led_total, led_others, led_chunk;
 static struct gs_ledger offered; /* the connection's LEDGER, read with its WELCOME (under the gate's mutex) */
 static int offered_set;
+static atomic_int led_refused; /* this connection's LEDGER said REFUSED and this process has no context */
+static atomic_int ctx_made;    /* a context creation succeeded: a new connection announces it */
 
 static pthread_mutex_t req_mu = PTHREAD_MUTEX_INITIALIZER; /* one CHARGE or RETURN at a time */
 static pthread_mutex_t rep_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -360,12 +362,35 @@ void gs_cap_ledger_offer(const struct gs_ledger *l)
     offered_set = 1;
 }
 
+/* A LEDGER that says REFUSED reaches a process before its first context (it connects when it creates
+ * one): the context creation fails, and every later one on this connection. A process with a context
+ * (one created before a scheduler restart) announces it with RETURN HOLD, and so is admitted. */
 void gs_cap_ledger_start(int fd)
 {
     int set = offered_set;
     offered_set = 0;
-    if (!gs_cap_on() || !set || !(offered.flags & GS_LEDGER_ON))
+    atomic_store(&led_refused, 0);
+    if (!set || !(offered.flags & (GS_LEDGER_ON | GS_LEDGER_REFUSED)))
         return;
+    int announce = (offered.flags & GS_LEDGER_REFUSED) != 0;
+    if (announce && !atomic_load(&ctx_made)) {
+        atomic_store(&led_refused, 1);
+        gs_log(GS_LOG_WARN,
+               "out of memory: this process may not create a CUDA context: its claim of %llu bytes on this GPU has "
+               "no room for one more (%u processes hold %llu bytes and %llu bytes each for their contexts)",
+               (unsigned long long)offered.claim, offered.processes, (unsigned long long)offered.granted,
+               (unsigned long long)offered.reserve);
+        return;
+    }
+    if (!gs_cap_on()) {
+        if (announce) {
+            struct gs_return m;
+            memset(&m, 0, sizeof(m));
+            m.flags = GS_RETURN_HOLD;
+            gs_conn_send_raw(fd, &m, GS_MSG_RETURN, GS_RETURN_SIZE);
+        }
+        return;
+    }
     pthread_rwlock_wrlock(&led_rw);
     atomic_store(&room, 0);
     uint64_t held = atomic_load(&charged);
@@ -373,7 +398,7 @@ void gs_cap_ledger_start(int fd)
     atomic_store(&led_others, offered.granted - offered.grant);
     atomic_store(&led_chunk, offered.chunk);
     atomic_store(&led_on, 1);
-    if (held > 0) {
+    if (held > 0 || announce) {
         struct gs_return m;
         memset(&m, 0, sizeof(m));
         m.flags = GS_RETURN_HOLD;
@@ -416,11 +441,20 @@ uint32_t gs_cap_msg_size(uint16_t type, uint16_t version)
     return type == GS_MSG_LEDGER ? GS_LEDGER_SIZE : type == GS_MSG_CHARGED ? GS_CHARGED_SIZE : 0;
 }
 
-void gs_cap_on_message(const unsigned char *msg, uint16_t type)
+void gs_cap_on_message(int fd, const unsigned char *msg, uint16_t type)
 {
     if (type == GS_MSG_LEDGER) {
         struct gs_ledger l;
         memcpy(&l, msg, sizeof(l));
+        if ((l.flags & GS_LEDGER_ON) && !atomic_load(&led_on) && fd >= 0) {
+            /* placed in a ledger after connecting (its pod was found late): announce what it holds */
+            l.flags |= GS_LEDGER_REFUSED;
+            l.flags &= ~GS_LEDGER_ON;
+            atomic_store(&ctx_made, 1); /* it ran outside the ledger; count it as one with a context */
+            gs_cap_ledger_offer(&l);
+            gs_cap_ledger_start(fd);
+            return;
+        }
         atomic_store(&led_total, l.total);
         atomic_store(&led_others, l.granted - l.grant);
         return;
@@ -466,7 +500,8 @@ static void uncharge_limit(uint64_t n)
     atomic_fetch_sub_explicit(&charged, n, memory_order_relaxed);
 }
 
-/* The first allocation or memory query connects, so that a process in a claim's ledger is in it before
+/* A context creation connects first (gs_cap_ctx_admit); so does the first allocation or memory query of
+ * a process whose context the hooks did not see, so that a process in a claim's ledger is in it before
  * it allocates or sizes itself. */
 static atomic_int connect_asked;
 static void connect_once(void)
@@ -535,5 +570,27 @@ void gs_cap_atfork_child(void)
     atomic_store(&led_on, 0);
     atomic_store(&room, 0);
     atomic_store(&connect_asked, 0);
+    atomic_store(&led_refused, 0);
+    atomic_store(&ctx_made, 0);
     offered_set = 0;
+}
+
+CUresult gs_cap_ctx_admit(void)
+{
+    /* Not connect_once: a second thread must wait for the first one's answer, which the gate's mutex
+     * gives; context creations are rare. */
+    gs_gate_connect();
+    atomic_store(&connect_asked, 1);
+    if (GS_LIKELY(!atomic_load(&led_refused)))
+        return CUDA_SUCCESS;
+    static atomic_int warned;
+    gs_log(atomic_exchange(&warned, 1) ? GS_LOG_DEBUG : GS_LOG_WARN,
+           "out of memory: a CUDA context creation refused (the claim's ledger has no room for this process's "
+           "context)");
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+void gs_cap_ctx_made(void)
+{
+    atomic_store(&ctx_made, 1);
 }

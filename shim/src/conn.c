@@ -155,7 +155,8 @@ static int hello_once(uint16_t version, uint64_t deadline, struct gs_welcome *ou
                 got += (size_t)n;
         }
         if (l.h.magic != GS_PROTO_MAGIC || l.h.version != version || l.h.type != GS_MSG_LEDGER ||
-            l.h.size != GS_LEDGER_SIZE || (l.flags & ~GS_LEDGER_ON) != 0)
+            l.h.size != GS_LEDGER_SIZE || (l.flags & ~(GS_LEDGER_ON | GS_LEDGER_REFUSED)) != 0 ||
+            l.flags == (GS_LEDGER_ON | GS_LEDGER_REFUSED))
             goto fail;
         gs_cap_ledger_offer(&l);
     }

@@ -544,7 +544,7 @@ static void on_message_locked(const unsigned char *m, uint16_t type)
         st.evict_pending = 1;
         st.evict_target = e.target;
     } else if (type == GS_MSG_LEDGER || type == GS_MSG_CHARGED) {
-        gs_cap_on_message(m, type);
+        gs_cap_on_message(st.fd, m, type);
     } else if (type == GS_MSG_CONTENDED) {
         if (st.held && epoch == st.epoch) {
             st.contended = 1;

@@ -67,9 +67,13 @@
     GS_EXPORT CUresult name params                                                                 \
     {                                                                                              \
         GS_REAL_OR_FAIL(name)                                                                      \
+        if (GS_UNLIKELY(gs_cap_ctx_admit() != CUDA_SUCCESS))                                       \
+            return CUDA_ERROR_OUT_OF_MEMORY;                                                       \
         CUresult r = real args;                                                                    \
-        if (r == CUDA_SUCCESS && (pctx) != NULL)                                                   \
+        if (r == CUDA_SUCCESS && (pctx) != NULL) {                                                 \
             gs_ctx_add(*(pctx));                                                                   \
+            gs_cap_ctx_made();                                                                     \
+        }                                                                                          \
         return r;                                                                                  \
     }
 

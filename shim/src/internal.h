@@ -118,7 +118,12 @@ void gs_cap_ledger_start(int fd);
 void gs_cap_ledger_stop(void);
 void gs_cap_policy_changed(void);
 uint32_t gs_cap_msg_size(uint16_t type, uint16_t version);
-void gs_cap_on_message(const unsigned char *msg, uint16_t type);
+void gs_cap_on_message(int fd, const unsigned char *msg, uint16_t type);
+/* A context creation asks first (CUDA_ERROR_OUT_OF_MEMORY: the claim's ledger refused this process; it
+ * connects if it never did), and says when one was made (a context exists: a later connection announces
+ * it). */
+CUresult gs_cap_ctx_admit(void);
+void gs_cap_ctx_made(void);
 /* nvml.c: NVML's memory queries under the limit; dlsym's answer for name (NULL: none). */
 void *gs_nvml_dlsym(const char *name, void *found);
 
@@ -267,7 +272,7 @@ int gs_gate_pump(int ms);
 /* Gives the GPU back so that a larger need can be granted (MEMREPLY BUSY); the caller is not in flight. */
 void gs_gate_yield(void);
 /* Connects now if this process never tried (no lock asked for): the memory limit learns its claim's
- * ledger before the first allocation or memory query. */
+ * ledger before the process creates a context, allocates or queries its memory. */
 void gs_gate_connect(void);
 /* 1 while connected to a scheduler (not pass-through). */
 int gs_gate_connected(void);

@@ -24,6 +24,7 @@
  *                          (default 256 MiB), chunk=BYTES (default 64 MiB), and others=BYTES granted to
  *                          procs=N-1 other processes (default none); CHARGE is answered as the agent's
  *                          scheduler does (at least a chunk, within claim - procs*reserve)
+ *     refused=1            with claim: LEDGER flags REFUSED (no room for the client's context) instead of ON
  *     stall_charge=1       never answer a CHARGE (the client must give up in its own time)
  *     policy=F             POLICY flags=F right after WELCOME's LEDGER (before PACE), to clients of version 6 and
  *                          later (default 1: the environment may loosen pacing and waits; -1: no POLICY)
@@ -121,6 +122,7 @@ int main(int argc, char **argv)
     uint64_t others = strtoull(arg(argc, argv, "others", "0"), NULL, 10);
     uint64_t procs = strtoull(arg(argc, argv, "procs", "1"), NULL, 10);
     int stall_charge = atoi(arg(argc, argv, "stall_charge", "0"));
+    int refused = atoi(arg(argc, argv, "refused", "0"));
     uint64_t grant = 0, ledger_total = claim > procs * reserve ? claim - procs * reserve : 0;
     int policy = atoi(arg(argc, argv, "policy", "1"));
     int answer_acquire = atoi(arg(argc, argv, "grant", "1"));
@@ -204,7 +206,7 @@ int main(int argc, char **argv)
                     memset(&l, 0, sizeof(l));
                     grant = 0;
                     if (claim > 0) {
-                        l.flags = GS_LEDGER_ON;
+                        l.flags = refused ? GS_LEDGER_REFUSED : GS_LEDGER_ON;
                         l.processes = (uint32_t)procs;
                         l.claim = claim;
                         l.reserve = reserve;

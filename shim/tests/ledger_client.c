@@ -2,12 +2,15 @@
  * The claim ledger's test application, on the stub driver (run with GPUSHARE_MEMORY_LIMIT_BYTES and a
  * scheduler that gives a ledger).
  *
- *   ledger_client fill [HOLD_FILE]
+ *   ledger_client fill [HOLD_FILE [START_FILE]]
  *     Asks cuMemGetInfo, allocates exactly the free memory it reports (48 MiB pieces, then the rest) with
  *     cuMemAlloc, then 1 MiB more, which must fail. Prints
  *       ledger fill total=T free=F got=G over=R free_after=A
  *     then, with HOLD_FILE, prints "ledger holding" and waits (at most 60 s) until that file exists;
  *     then frees everything and prints "ledger freed free=F" and "client done".
+ *   With START_FILE, it waits (at most 60 s) after its context until that file exists before it fills.
+ *   Both first retain the primary context and print "ledger ctx r=R"; a refused context (the claim's
+ *   ledger has no room for it) ends the run there, with "client done" (the application saw the error).
  *   ledger_client one
  *     One cuMemAlloc of 1 MiB; prints "ledger one r=R ms=M" (its result and how long it took).
  */
@@ -45,8 +48,14 @@ int main(int argc, char **argv)
         return 2;
     }
     ((init_fn)dlsym(lib, "cuInit"))(0);
-    CUcontext ctx;
-    ((retain_fn)dlsym(lib, "cuDevicePrimaryCtxRetain"))(&ctx, 0);
+    CUcontext ctx = NULL;
+    CUresult cr = ((retain_fn)dlsym(lib, "cuDevicePrimaryCtxRetain"))(&ctx, 0);
+    printf("ledger ctx r=%d\n", cr);
+    fflush(stdout);
+    if (cr != CUDA_SUCCESS) {
+        printf("client done\n");
+        return 0;
+    }
     alloc_fn alloc = (alloc_fn)dlsym(lib, "cuMemAlloc_v2");
     free_fn release = (free_fn)dlsym(lib, "cuMemFree_v2");
     info_fn info = (info_fn)dlsym(lib, "cuMemGetInfo_v2");
@@ -57,6 +66,12 @@ int main(int argc, char **argv)
         printf("ledger one r=%d ms=%.0f\n", r, now_ms() - t0);
         printf("client done\n");
         return 0;
+    }
+    if (argc > 3) {
+        printf("ledger waiting\n");
+        fflush(stdout);
+        for (int i = 0; i < 6000 && access(argv[3], F_OK) != 0; i++)
+            usleep(10000);
     }
     size_t fr = 0, tot = 0;
     info(&fr, &tot);

@@ -716,6 +716,24 @@ else
     fail "claim ledger with a scheduler that does not answer" "$out $(cat "$D/sched.log")"
 fi
 
+# 32b. The process connects when it creates its first context, before the context exists: a claim whose
+# ledger has no room for one more context (LEDGER REFUSED) fails that creation with out of memory, the
+# application sees the error and ends normally, and no CHARGE is ever sent.
+D=$TMP/ledger-refused
+mkdir -p "$D"
+start_fake "$D" claim=1073741824 procs=1 others=805306368 refused=1
+out=$(run_client GPUSHARE_SOCKET="$D/s.sock" GPUSHARE_MEMORY_LIMIT_BYTES=1073741824 timeout 20 "$LEDGER" fill 2>&1)
+rc=$?
+stop_fake
+if [ $rc -eq 0 ] && grep -q "ledger ctx r=2\$" <<<"$out" && grep -q "client done" <<<"$out" &&
+    grep -q "may not create a CUDA context: its claim of 1073741824 bytes on this GPU has no room for one more" <<<"$out" &&
+    ! grep -q "ledger fill" <<<"$out" && ! grep -q "CHARGE\|RETURN" "$D/sched.log" &&
+    [ "$(grep -c "sent LEDGER" "$D/sched.log")" = 1 ]; then
+    pass "claim ledger: a context the claim has no room for is refused before it exists (out of memory, process unharmed)"
+else
+    fail "claim ledger refusing a context" "rc=$rc $out $(cat "$D/sched.log")"
+fi
+
 # 32. A protocol 5 scheduler (no ledger): the shim steps down and keeps its per-process limit, reported whole.
 D=$TMP/ledger-v5
 mkdir -p "$D"

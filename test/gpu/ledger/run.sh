@@ -3,7 +3,10 @@
 # one claim (--claim-memory) and the shim, with PyTorch:
 #   1. one process of an 8 GiB claim fills what mem_get_info offers to the last byte: NVML's figure for it
 #      (contexts included) stays within the claim, and 64 MiB more are refused;
-#   2. two processes of one 8 GiB claim each fill what mem_get_info offers: NVML's sum stays within it;
+#   2. two processes of one 8 GiB claim, in both orders: (a) a fills what mem_get_info offers, then b
+#      starts: b's CUDA context is refused before it exists (PyTorch reports out of memory at its first
+#      CUDA call) and a keeps all it got; (b) both create their contexts first, then each fills what
+#      mem_get_info offers: NVML's sum stays within the claim;
 #   3. vectorAddMMAP's pattern (cuMemCreate, cuMemMap, cuMemRelease) under a 1 GiB limit without a
 #      scheduler: the mapped memory stops at the limit.
 # Prints one PASS/FAIL line per check and the figures; exit status 1 on any FAIL.
@@ -56,7 +59,17 @@ start() {
 }
 # finish NAME: let the workload exit and wait for it (not for the scheduler, also a child)
 finish() { local v="FD_$1" p="PID_$1" fd; fd=${!v}; echo >&"$fd"; exec {fd}>&-; wait "${!p}"; }
-field() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$WORK/$1.out" "$2"; }
+# fill_now NAME: let a ready-fill workload fill, and wait for its second line
+fill_now() {
+    local v="FD_$1" fd
+    fd=${!v}
+    echo >&"$fd"
+    for _ in $(seq 600); do [ "$(wc -l <"$WORK/$1.out")" -ge 2 ] && return 0; sleep 0.1; done
+    echo "$1 did not fill: $(tail -5 "$WORK/$1.err")"
+    return 1
+}
+# field NAME KEY: KEY of the workload's last JSON line
+field() { python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).read().splitlines()[-1]).get(sys.argv[2], '?'))" "$WORK/$1.out" "$2"; }
 
 echo "== 1. one process fills its claim (M=$CLAIM, R=$RESERVE)"
 start one fill
@@ -69,17 +82,32 @@ else
 fi
 finish one
 
-echo "== 2. two processes of one claim"
+echo "== 2a. a fills the claim, then b starts"
 start a fill && start b fill
 used=$(nvml_used "$(field a pid)" "$(field b pid)")
-echo "a: free=$(field a free) got=$(field a got); b: free=$(field b free) total=$(field b total) got=$(field b got); nvml sum=$used"
-if [ "$used" -le "$CLAIM" ] && [ "$(field b over_refused)" = True ]; then
-    pass "two processes of one claim hold $used bytes together by NVML, within the claim of $CLAIM"
+echo "a: free=$(field a free) got=$(field a got) over_refused=$(field a over_refused); b: ctx_refused=$(field b ctx_refused)" \
+    "error=$(field b error); nvml sum=$used"
+if [ "$(field b ctx_refused)" = True ] && [ "$(field a got)" = "$(field a free)" ] && [ "$used" -le "$CLAIM" ]; then
+    pass "a process that starts in a full claim is refused its context (out of memory, reported); the other keeps $(field a got) bytes, $used by NVML"
 else
-    fail "two processes: NVML $used bytes together for a claim of $CLAIM"
+    fail "a full claim, then a second process: b ctx_refused=$(field b ctx_refused), NVML $used bytes for a claim of $CLAIM"
 fi
 finish a
 finish b
+
+echo "== 2b. a and b create their contexts, then each fills"
+start a2 ready-fill && start b2 ready-fill && fill_now a2 && fill_now b2
+used=$(nvml_used "$(field a2 pid)" "$(field b2 pid)")
+echo "a: free=$(field a2 free) total=$(field a2 total) got=$(field a2 got); b: free=$(field b2 free) got=$(field b2 got)" \
+    "over_refused=$(field b2 over_refused); nvml sum=$used"
+if [ "$used" -le "$CLAIM" ] && [ "$(field a2 ctx_refused)" = False ] && [ "$(field b2 ctx_refused)" = False ] &&
+    [ "$(field b2 over_refused)" = True ]; then
+    pass "two processes of one claim started together hold $used bytes together by NVML, within the claim of $CLAIM"
+else
+    fail "two processes started together: NVML $used bytes together for a claim of $CLAIM"
+fi
+finish a2
+finish b2
 
 echo "== 3. vectorAddMMAP's pattern under a 1 GiB limit"
 LIM=$((1 << 30))

@@ -3,7 +3,11 @@ waits for a line on stdin (so that NVML can be read while it holds its memory) a
 
   workload.py fill    allocate exactly what torch.cuda.mem_get_info() offers (1 GiB tensors, then the
                       rest in 2 MiB steps, PyTorch's caching allocator off so no byte is kept back),
-                      then 64 MiB more, which must fail: {"free", "total", "got", "over_refused"}
+                      then 64 MiB more, which must fail: {"free", "total", "got", "over_refused",
+                      "ctx_refused": false}; a CUDA context the claim has no room for is refused with out
+                      of memory at CUDA's initialization: {"ctx_refused": true, "error"}
+  workload.py ready-fill  create the CUDA context first and print {"ready": true}, then wait for a line on
+                      stdin before it fills as fill does
   workload.py vmm     NVIDIA's vectorAddMMAP pattern through the driver API (ctypes): cuMemCreate of
                       the allocation granularity rounded to 256 MiB, cuMemMap, cuMemRelease at once,
                       repeated until refused (at most 24): {"mapped_bytes", "pieces", "refused"}
@@ -25,7 +29,12 @@ def refused_for_memory(e):
 
 
 def fill():
-    free, total = torch.cuda.mem_get_info()
+    try:
+        free, total = torch.cuda.mem_get_info()  # the first CUDA call: creates the primary context
+    except RuntimeError as e:
+        if not refused_for_memory(e):
+            raise
+        return {"ctx_refused": True, "error": str(e).splitlines()[0]}, None
     held, got = [], 0
     left = free
     for step in (1 << 30, 2 * MIB):
@@ -45,7 +54,14 @@ def fill():
         if not refused_for_memory(e):
             raise
         refused = True
-    return {"free": free, "total": total, "got": got, "over_refused": refused}, held
+    return {"free": free, "total": total, "got": got, "over_refused": refused, "ctx_refused": False}, held
+
+
+def ready_fill():
+    torch.cuda.synchronize()  # the primary context, nothing allocated
+    print(json.dumps({"ready": True, "pid": os.getpid()}), flush=True)
+    sys.stdin.readline()
+    return fill()
 
 
 class Prop(ctypes.Structure):  # CUmemAllocationProp
@@ -82,7 +98,7 @@ def vmm():
 
 if __name__ == "__main__":
     os.environ.setdefault("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")
-    out, keep = (fill if sys.argv[1] == "fill" else vmm)()
+    out, keep = {"fill": fill, "ready-fill": ready_fill, "vmm": vmm}[sys.argv[1]]()
     out["pid"] = os.getpid()
     print(json.dumps(out), flush=True)
     sys.stdin.readline()

@@ -378,7 +378,7 @@ static void maybe_release_locked(void)
     uint64_t now = gs_now_ns();
     uint64_t w = atomic_load(&gs_gate_word);
     uint64_t act = w >> 32;
-    if (act != st.last_act) {
+    if (act != st.last_act || atomic_load(&gs_pace_busy) != 0) { /* a paced launch in progress is activity */
         st.last_act = act;
         st.last_act_ns = now;
     }

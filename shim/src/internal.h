@@ -228,6 +228,10 @@ void gs_gpu_atfork_child(void);
 /* The bound in force (0: none): the scheduler's (PACE) or GPUSHARE_PACE_OVERRIDE's. The launch hooks load
  * it, relaxed, before each launch; everything else runs only when it is not 0. */
 extern _Atomic uint32_t gs_pace_max;
+/* Threads inside a paced launch before its gate entry (weighing it, or waiting for earlier work): the
+ * process is busy in a GPU call, never idle, however long such a thread goes without running (a starved
+ * CPU, a slow driver query); gate.c releases the lock for idleness only while this is 0. */
+extern atomic_int gs_pace_busy;
 struct gs_pace_ticket {
     int ring, slot; /* slot -1: nothing to record after the launch */
     uint32_t gen;

@@ -89,6 +89,7 @@ struct ring {
 enum { PACE_ON, PACE_BACKOFF, PACE_OFF };
 
 _Atomic uint32_t gs_pace_max;
+atomic_int gs_pace_busy;
 static _Atomic uint32_t sched_max; /* what the scheduler said last on this connection */
 static atomic_int pace_off;        /* PACE_BACKOFF after a driver error or a stall, until rearm_ns; PACE_OFF for good */
 static _Atomic uint64_t rearm_ns;
@@ -373,6 +374,7 @@ int gs_pace_before(struct gs_pace_ticket *t, uint64_t key)
     uint64_t start = 0, stuck = 0; /* when this launch began to wait; when the oldest slot last moved */
     int counted = 0, idx = -1;
     uint32_t gen = 0;
+    atomic_fetch_add(&gs_pace_busy, 1);
     pthread_mutex_lock(&mu);
     for (int round = 0;; round++) {
         uint32_t max = atomic_load(&gs_pace_max);
@@ -421,9 +423,8 @@ int gs_pace_before(struct gs_pace_ticket *t, uint64_t key)
             break;
         }
         pthread_mutex_unlock(&mu);
-        /* A thread waiting here is inside a GPU call, not idle: the lock is not released for idleness
-         * meanwhile (that would drain the whole queue and hand the GPU over mid-step). */
-        atomic_fetch_add_explicit(&gs_gate_word, GS_ACTIVITY_ONE, memory_order_relaxed);
+        /* A thread waiting here is inside a GPU call, not idle (gs_pace_busy): the lock is not released for
+         * idleness meanwhile, which would drain the whole queue and hand the GPU over mid-step. */
         pause_wait(round);
         pthread_mutex_lock(&mu);
     }
@@ -436,6 +437,9 @@ int gs_pace_before(struct gs_pace_ticket *t, uint64_t key)
         wait_ns += gs_now_ns() - start;
     }
     pthread_mutex_unlock(&mu);
+    /* The activity mark restarts the idle window at this call's end, whatever the tick saw meanwhile. */
+    atomic_fetch_add_explicit(&gs_gate_word, GS_ACTIVITY_ONE, memory_order_relaxed);
+    atomic_fetch_sub(&gs_pace_busy, 1);
     return counted;
 }
 
@@ -505,6 +509,7 @@ void gs_pace_atfork_child(void)
             memset(&rings[i], 0, sizeof(rings[i]));
     paced = waited = wait_ns = ever = turned_off = 0; /* the estimates stay: the same kernels run as long in the child */
     backoff_ms = 0;
+    atomic_store(&gs_pace_busy, 0); /* the forking thread is not in a launch; no other thread came along */
     atomic_store(&sched_max, 0);
     atomic_store(&pace_off, PACE_ON);
     apply();

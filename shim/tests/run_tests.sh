@@ -286,6 +286,9 @@ polls_waiting() { grep -c '^W ' "$1" 2>/dev/null || true; }
 max_outstanding() { # the most launches made and not yet run at any moment of TRACE
     awk '$1 == "Q" && $4 ~ /^cu(Launch|GraphLaunch)/ {q++; if (q - e > m) m = q - e} $1 == "E" {e++} END {print m + 0}' "$1"
 }
+launch_ns() { # TRACE N: when the N-th launch was made (monotonic ns)
+    awk -v n="$2" '$1 == "Q" && $4 ~ /^cu(Launch|GraphLaunch)/ && ++k == n {print $3; exit}' "$1"
+}
 waits_at() { # TRACE N K: the launching thread polls a record not done (the K-th time) with exactly N launches made
     [ "$(polls_waiting "$1")" -ge "$3" ] && [ "$(launches_made "$1")" = "$2" ]
 }
@@ -300,9 +303,11 @@ run_paced() { # DIR [VAR=VALUE...] COMMAND...: COMMAND in the background, the GP
     : >"$d/trace"
     : >"$d/out" # before the background job opens them, so that a test's first look finds them
     : >"$d/err"
-    # Launches of 100 us: each counts as a whole launch (GPUSHARE_PACE_FULL_US's default) once timed.
+    # Launches of 100 us: each counts as a whole launch (GPUSHARE_PACE_FULL_US's default) once timed. An
+    # idle window of 10 minutes: a release for idleness drains the GPU, which the test holds, so a client
+    # that a loaded machine deschedules between two launches would stop where no bound stops it.
     run_client GPUSHARE_STUB_RUN_FILE="$d/run" GPUSHARE_STUB_TRACE="$d/trace" GPUSHARE_LOG_LEVEL=info \
-        GPUSHARE_PACE_WAIT_MAX_MS=60000 GPUSHARE_STUB_LAUNCH_US=100 "${vars[@]}" \
+        GPUSHARE_PACE_WAIT_MAX_MS=60000 GPUSHARE_STUB_LAUNCH_US=100 GPUSHARE_IDLE_MS=600000 "${vars[@]}" \
         timeout 60 "$@" >"$d/out" 2>"$d/err" &
     PC=$!
 }
@@ -369,6 +374,32 @@ if [ "$ok" = 1 ] && [ "$m" = 64 ] && grep -q "client done" "$D/out" && grep -q "
     pass "PACE 0 after PACE 4 lets the waiting thread go on, unbounded"
 else
     fail "PACE 0" "ok=$ok max=$m $(cat "$D/out" "$D/err")"
+fi
+stop_fake
+
+# 17b. A thread waiting for its bound is inside a GPU call, however long it goes without running: under
+# PACE 8 with the GPU held and a 50 ms idle window, a waiting thread whose every event query takes 100 ms
+# (GPUSHARE_STUB_QUERY_US: a starved CPU) keeps the lock through three of them (P lines in the trace)
+# and goes on as work completes (8 more launches) without a RELEASE; a release for idleness there would
+# drain the held GPU and hand it over mid-step.
+D=$TMP/paceidle
+mkdir -p "$D"
+start_fake "$D" pace=8
+run_paced "$D" GPUSHARE_SOCKET="$D/s.sock" GPUSHARE_IDLE_MS=50 GPUSHARE_STUB_QUERY_US=100000 "$PACE" launch kernel 16
+ok=1
+slow_polls() { grep -c '^P ' "$D/trace" || true; }
+wait_for 20 waits_at "$D/trace" 8 1 || ok=0
+p0=$(slow_polls)
+polled_3() { [ "$(slow_polls)" -ge $((p0 + 3)) ]; }
+wait_for 20 polled_3 || ok=0
+echo 8 >"$D/run"
+wait_for 20 grep -q "launched 16" "$D/out" || ok=0
+released=$(grep -c "got RELEASE" "$D/sched.log" || true)
+finish_paced "$D" || ok=0
+if [ "$ok" = 1 ] && [ "$released" = 0 ] && [ "$(max_outstanding "$D/trace")" = 8 ] && grep -q "client done" "$D/out"; then
+    pass "a thread waiting for its launch bound keeps the lock however long it does not run"
+else
+    fail "idle release during a pacing wait" "ok=$ok released=$released $(cat "$D/sched.log" "$D/out" "$D/err")"
 fi
 stop_fake
 
@@ -462,17 +493,19 @@ for call in create record query; do
 done
 
 # 22. The wait is bounded: work of its own that never completes (the GPU held throughout) holds a launch
-# GPUSHARE_PACE_WAIT_MAX_MS at most, then pacing is off for the process and the launches go on.
+# GPUSHARE_PACE_WAIT_MAX_MS at most, then pacing is off for the process and the launches go on. The
+# trace says where the thread stopped: the fifth launch was made at least 300 ms after the fourth (the
+# bound held it), and not 20 s later (it was let go). The state "stopped at 4" lasts 300 ms only, too
+# short for a test to catch by looking while it lasts on a loaded machine.
 D=$TMP/pacestall
 mkdir -p "$D"
 run_paced "$D" GPUSHARE_PACE_OVERRIDE=4 GPUSHARE_PACE_WAIT_MAX_MS=300 "$PACE" launch kernel 16
 ok=1
-wait_for 20 waits_at "$D/trace" 4 1 || ok=0
-t0=$(date +%s%N)
 wait_for 20 grep -q "launched 16" "$D/out" || ok=0
-ms=$((($(date +%s%N) - t0) / 1000000))
+ms=$((($(launch_ns "$D/trace" 5) - $(launch_ns "$D/trace" 4)) / 1000000))
 finish_paced "$D" || ok=0
-if [ "$ok" = 1 ] && grep -q "did not finish within GPUSHARE_PACE_WAIT_MAX_MS=300 ms" "$D/err" && grep -q "client done" "$D/out"; then
+if [ "$ok" = 1 ] && [ "$ms" -ge 300 ] && [ "$ms" -lt 20000 ] &&
+    grep -q "did not finish within GPUSHARE_PACE_WAIT_MAX_MS=300 ms" "$D/err" && grep -q "client done" "$D/out"; then
     pass "a launch waits GPUSHARE_PACE_WAIT_MAX_MS at most for work that does not complete, then pacing is off (${ms} ms)"
 else
     fail "stalled pacing" "ok=$ok ms=$ms $(cat "$D/out" "$D/err")"
@@ -643,9 +676,14 @@ too_new v4idle "IDLE sent to a protocol 4 client is a protocol error: pass-throu
     "sent IDLE idle_us=20000" version=4 idle=20000 idle_any=1 -- "$CLIENT" dlsym 5
 
 # 29. Launches count by how long they run: under PACE 8, 20 us launches not timed yet count as whole
-# launches (the thread stops at 8 outstanding); once 8 ran, their kind's run time is known (20 us, the
-# stub's time) and each counts as 4/16 of one (GPUSHARE_PACE_FULL_US=100): the thread stops at 32. With
+# launches (the thread stops at 8 outstanding). The first to run is not timed (nothing ran before it):
+# the thread makes one launch more, weighed whole, and stops at 9. Once those 9 ran, the second timed
+# their kind (20 us, the stub's time) before any later launch was weighed: each counts as 4/16 of one
+# (GPUSHARE_PACE_FULL_US=100) and the thread stops at 32 outstanding, 41 made. With
 # GPUSHARE_PACE_FULL_US=0, or a driver that refuses to time events (pacing stays on), it stops at 8 again.
+# The GPU runs one launch, then all made so far: the thread's state each time does not depend on which
+# of the launches it found complete at each look (a first look after 3 of 8 ran weighs the next launch
+# whole, a look after all 8 weighs it 4/16).
 weigh_case() { # NAME WANT_MAX WANT_TIMED [VAR=VALUE...]
     local name=$1 want=$2 timed=$3
     shift 3
@@ -655,14 +693,16 @@ weigh_case() { # NAME WANT_MAX WANT_TIMED [VAR=VALUE...]
     run_paced "$D" GPUSHARE_SOCKET="$D/s.sock" GPUSHARE_STUB_LAUNCH_US=20 "$@" "$PACE" launch kernel 64
     ok=1
     wait_for 20 waits_at "$D/trace" 8 1 || ok=0
-    echo 8 >"$D/run"
-    wait_for 20 waits_at "$D/trace" $((8 + want)) 2 || ok=0
+    echo 1 >"$D/run"
+    wait_for 20 waits_at "$D/trace" 9 2 || ok=0
+    echo 9 >"$D/run"
+    wait_for 20 waits_at "$D/trace" $((9 + want)) 3 || ok=0
     finish_paced "$D" || ok=0
     m=$(max_outstanding "$D/trace")
     if [ "$ok" = 1 ] && [ "$m" = "$want" ] && grep -q "client done" "$D/out" &&
         grep -q "launch pacing: 64 launches paced, .* $timed kinds of launch timed" "$D/err" &&
         ! grep -q "launch pacing off" "$D/err"; then
-        pass "PACE 8, 20 us launches ($name): at most $want outstanding once 8 ran"
+        pass "PACE 8, 20 us launches ($name): at most $want outstanding once the first 9 ran"
     else
         fail "weighed pacing ($name)" "ok=$ok max=$m made=$(launches_made "$D/trace") $(cat "$D/out" "$D/err")"
     fi
@@ -813,28 +853,42 @@ stop_fake
 # 36. A stall turns the bound off for a back-off, not for good: under PACE 4 with work that never runs,
 # the launch waits GPUSHARE_PACE_WAIT_MAX_MS (300 ms), pacing goes off for 1 s (PACING reports the
 # back-off), the 16 launches go on; after the back-off the bound holds again (the next 16 stop at 4
-# outstanding once the first ran) and PACING says so.
+# outstanding once the first ran) and PACING says so. As in 22, the trace says the thread stopped at 4;
+# the back-off began before the fifth launch was made, so it is over once the clock of the trace
+# (CLOCK_MONOTONIC) passed that launch by 1 s: the test waits for that, then lets the client go on.
+cat >"$TMP/mono_ns.c" <<'C'
+#include <stdio.h>
+#include <time.h>
+int main(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    printf("%lld\n", (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
+    return 0;
+}
+C
+${CC:-gcc} -o "$TMP/mono_ns" "$TMP/mono_ns.c"
+clock_past() { [ "$("$TMP/mono_ns")" -ge "$1" ]; } # NS: the monotonic clock reached NS
 D=$TMP/rearm
 mkdir -p "$D"
 start_fake "$D" pace=4
 run_paced "$D" GPUSHARE_SOCKET="$D/s.sock" GPUSHARE_PACE_WAIT_MAX_MS=300 PACE_CLIENT_THEN="$D/then" "$PACE" launch kernel 16
 ok=1
-wait_for 20 waits_at "$D/trace" 4 1 || ok=0
 wait_for 20 grep -q "launched 16" "$D/out" || ok=0
 wait_for 20 grep -q "got PACING max_queued=0 state=2" "$D/sched.log" || ok=0
+stalled_ms=$((($(launch_ns "$D/trace" 5) - $(launch_ns "$D/trace" 4)) / 1000000))
 echo 16 >"$D/run"
-sleep 1.2 # the back-off: 1 s from the stall, which ended before "launched 16"
+wait_for 20 clock_past $(($(launch_ns "$D/trace" 5) + 1000000000)) || ok=0
 w0=$(polls_waiting "$D/trace")
 : >"$D/then"
 rearmed() { [ "$(launches_made "$D/trace")" = 20 ] && [ "$(polls_waiting "$D/trace")" -gt "$w0" ]; }
 wait_for 20 rearmed || ok=0
 finish_paced "$D" || ok=0
 reports=$(grep "got PACING" "$D/sched.log" | tr '\n' ' ')
-if [ "$ok" = 1 ] && grep -q "launch pacing off for this process for 1.0 s" "$D/err" &&
+if [ "$ok" = 1 ] && [ "$stalled_ms" -ge 300 ] && grep -q "launch pacing off for this process for 1.0 s" "$D/err" &&
     [ "$reports" = "got PACING max_queued=4 state=0 got PACING max_queued=0 state=2 got PACING max_queued=4 state=0 " ]; then
     pass "a stall turns pacing off for a back-off; then the bound holds again, and the scheduler hears each state"
 else
-    fail "pacing re-armed" "ok=$ok made=$(launches_made "$D/trace") reports=$reports $(cat "$D/out" "$D/err")"
+    fail "pacing re-armed" "ok=$ok stalled_ms=$stalled_ms made=$(launches_made "$D/trace") reports=$reports $(cat "$D/out" "$D/err")"
 fi
 stop_fake
 

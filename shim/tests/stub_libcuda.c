@@ -23,6 +23,9 @@
  *                            number written in this file allows, in all (missing or empty: none); a
  *                            test holds the "GPU" and lets queued work complete one step at a time
  *   GPUSHARE_STUB_EVENT_FAIL create, record, query or elapsed: that event call fails (a driver error)
+ *   GPUSHARE_STUB_QUERY_US   each cuEventQuery takes this long (default 0): a thread that polls an event
+ *                            and does not come back for a while, as on a starved CPU; each such query
+ *                            writes "P <pid> <ns>" to the trace when it returns
  *
  * Events are a position in the one queue: complete once the worker passed it, at a time that counts
  * GPUSHARE_STUB_LAUNCH_US (or _COPY_US) for each item queued before it (cuEventElapsedTime: the
@@ -329,6 +332,11 @@ STUB_EXPORT CUresult cuEventQuery(CUevent ev)
     pthread_once(&once, init);
     if (event_fails("query"))
         return CUDA_ERROR_INVALID_VALUE;
+    const char *slow = getenv("GPUSHARE_STUB_QUERY_US");
+    if (slow != NULL && atol(slow) > 0) {
+        usleep((useconds_t)atol(slow));
+        trace('P', NULL);
+    }
     struct stub_event *e = (struct stub_event *)ev;
     pthread_mutex_lock(&mu);
     if (dead_locked(e, "cuEventQuery-of-a-destroyed-context")) {

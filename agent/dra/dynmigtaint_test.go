@@ -1,7 +1,6 @@
 package dra_test
 
 import (
-	"context"
 	"slices"
 	"strings"
 	"testing"
@@ -12,7 +11,6 @@ import (
 	"github.com/gpusharing/gpusharing/agent/deviceplugin"
 	"github.com/gpusharing/gpusharing/agent/dra"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
-	"github.com/gpusharing/gpusharing/test/testenv"
 )
 
 // xidNode is a dynamic H100 with two 1g.10gb claim instances: at placement 0 hit by Xid 79, at 1 healthy.
@@ -98,15 +96,7 @@ func TestTheSchedulerSkipsATaintedPlacementAndAllocatesTheOthers(t *testing.T) {
 // untainted and the scheduler would allocate it: the publisher sees the taint dropped and leaves the
 // unhealthy instance's placement out, as the node did before taints.
 func TestWithoutDeviceTaintsTheUnhealthyPlacementIsLeftOut(t *testing.T) {
-	ctx := context.Background()
-	env, err := testenv.StartWith(testenv.Options{APIServerFlags: map[string]string{"feature-gates": "DRADeviceTaints=false"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
-	if _, err := env.ReadyNode(ctx, nodeName); err != nil {
-		t.Fatal(err)
-	}
+	ctx, env := clusterWithout(t, "DRADeviceTaints")
 	gpuNode, recorder := eventsOn(t, ctx, env)
 	p := startPublisher(t, env, dra.PublisherOptions{Events: recorder})
 	gpuNode.Status = xidNode(t)

@@ -24,7 +24,8 @@ import (
 	"github.com/gpusharing/gpusharing/test/wait"
 )
 
-// slicedDevices lists the device names of node's ResourceSlices and their pool generation.
+// slicedDevices lists the device names of node's ResourceSlices (each taint after its name, as
+// [key=value:effect]) and their pool generation.
 func slicedDevices(t *testing.T, node string) (string, int64, []metav1.OwnerReference) {
 	t.Helper()
 	var list resourcev1.ResourceSliceList
@@ -40,7 +41,11 @@ func slicedDevices(t *testing.T, node string) (string, int64, []metav1.OwnerRefe
 		}
 		gen, owners = s.Spec.Pool.Generation, s.OwnerReferences
 		for _, d := range s.Spec.Devices {
-			names = append(names, d.Name)
+			name := d.Name
+			for _, taint := range d.Taints {
+				name += fmt.Sprintf("[%s=%s:%s]", taint.Key, taint.Value, taint.Effect)
+			}
+			names = append(names, name)
 		}
 	}
 	sort.Strings(names)

@@ -66,7 +66,7 @@ func TestAgentCreatesADynamicMIGInstanceForAClaimAndListsIt(t *testing.T) {
 	waitSlices(t, n.name, "gpu-0-mig-1g-5gb-0 gpu-0-mig-1g-5gb-1 gpu-0-mig-1g-5gb-2 gpu-0-mig-1g-5gb-3 gpu-0-mig-1g-5gb-4 gpu-0-mig-1g-5gb-5 gpu-0-mig-1g-5gb-6 gpu-0-mig-3g-20gb-0 gpu-0-mig-3g-20gb-4")
 
 	// A critical Xid on the claim's instance marks that instance alone: the GPU stays healthy, its other
-	// placements stay published, the instance's own placement is not offered again while it lives.
+	// placements stay published, the instance's own placement is tainted NoSchedule while it lives.
 	in := gpuState(n.get(t), gpuUUID).Applied.MIGInstances[0]
 	if got := n.events.Push(0, nvml.EventTypeXidCriticalError, 94, uint32(in.GPUInstanceID), uint32(in.ComputeInstanceID)); got != 1 {
 		t.Fatalf("the Xid reached %d event sets", got)
@@ -78,7 +78,7 @@ func TestAgentCreatesADynamicMIGInstanceForAClaimAndListsIt(t *testing.T) {
 		return healthy && len(ins) == 1 && strings.Contains(ins[0].Unhealthy, "Xid 94") && strings.Contains(ins[0].Unhealthy, "only this instance is marked"),
 			fmt.Sprintf("healthy %v instances %+v", healthy, ins)
 	})
-	waitSlices(t, n.name, "gpu-0-mig-1g-5gb-0 gpu-0-mig-1g-5gb-1 gpu-0-mig-1g-5gb-2 gpu-0-mig-1g-5gb-3 gpu-0-mig-1g-5gb-4 gpu-0-mig-1g-5gb-5 gpu-0-mig-1g-5gb-6 gpu-0-mig-3g-20gb-0")
+	waitSlices(t, n.name, "gpu-0-mig-1g-5gb-0 gpu-0-mig-1g-5gb-1 gpu-0-mig-1g-5gb-2 gpu-0-mig-1g-5gb-3 gpu-0-mig-1g-5gb-4 gpu-0-mig-1g-5gb-5 gpu-0-mig-1g-5gb-6 gpu-0-mig-3g-20gb-0 gpu-0-mig-3g-20gb-4[gpu.gpusharing.io/unhealthy=Xid-94:NoSchedule]")
 
 	if _, err := kubelet.NodeUnprepareResources(ctx, &drapb.NodeUnprepareResourcesRequest{Claims: []*drapb.Claim{ref}}); err != nil {
 		t.Fatal(err)
@@ -88,6 +88,6 @@ func TestAgentCreatesADynamicMIGInstanceForAClaimAndListsIt(t *testing.T) {
 		return a != nil && a.MIGDynamic != nil && len(a.MIGInstances) == 0 && a.MIGDynamic.FreeSlices == "0-7",
 			fmt.Sprintf("applied %+v", a)
 	})
-	// The mark ended with the instance: the placement is offered again.
+	// The mark ended with the instance: the placement is offered again, untainted.
 	waitSlices(t, n.name, "gpu-0-mig-1g-5gb-0 gpu-0-mig-1g-5gb-1 gpu-0-mig-1g-5gb-2 gpu-0-mig-1g-5gb-3 gpu-0-mig-1g-5gb-4 gpu-0-mig-1g-5gb-5 gpu-0-mig-1g-5gb-6 gpu-0-mig-3g-20gb-0 gpu-0-mig-3g-20gb-4")
 }

@@ -2,13 +2,14 @@ package dra
 
 import (
 	"fmt"
-	"slices"
 	"sort"
+	"strings"
 
 	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/gpusharing/gpusharing/agent/deviceplugin"
 	nvgpu "github.com/gpusharing/gpusharing/agent/gpu"
@@ -30,6 +31,8 @@ const (
 	// its number of memory slices.
 	AttrMIGPlacementStart = "migPlacementStart"
 	AttrMIGPlacementSize  = "migPlacementSize"
+	// TaintUnhealthy is the key of the taint on the placement device of an unhealthy instance.
+	TaintUnhealthy = DriverName + "/unhealthy"
 	// counterCompute counts a dynamic GPU's compute slices.
 	counterCompute = "compute"
 )
@@ -71,15 +74,15 @@ func dynamicMIG(g v1alpha1.GPUStatus) (*resourcev1.CounterSet, []share, map[stri
 	for _, p := range g.Applied.MIGDynamic.Profiles {
 		allowed[p] = true
 	}
-	var blocked, unhealthy []nvgpu.Placement
+	var blocked []nvgpu.Placement
+	unhealthy := map[nvgpu.Placement]string{}
 	for _, in := range g.Applied.MIGInstances {
 		pl := nvgpu.Placement{Start: int(in.Placement.Start), Size: int(in.Placement.Size)}
 		switch {
 		case in.Claim == nil:
 			blocked = append(blocked, pl)
 		case in.Unhealthy != "":
-			// Its claim keeps the allocation; no claim gets the placement again while the instance lives.
-			unhealthy = append(unhealthy, pl)
+			unhealthy[pl] = in.Unhealthy
 		}
 	}
 	counters := map[string]resourcev1.Counter{}
@@ -108,7 +111,7 @@ func dynamicMIG(g v1alpha1.GPUStatus) (*resourcev1.CounterSet, []share, map[stri
 		}
 		for _, mp := range p.Placements {
 			pl := nvgpu.Placement{Start: int(mp.Start), Size: int(mp.Size)}
-			if overlapsAny(pl, blocked) || slices.Contains(unhealthy, pl) {
+			if overlapsAny(pl, blocked) {
 				continue
 			}
 			consumes := map[string]resourcev1.Counter{counterCompute: {Value: *resource.NewQuantity(int64(p.SliceCount), resource.DecimalSI)}}
@@ -135,6 +138,11 @@ func dynamicMIG(g v1alpha1.GPUStatus) (*resourcev1.CounterSet, []share, map[stri
 				},
 				ConsumesCounters: []resourcev1.DeviceCounterConsumption{{CounterSet: set, Counters: consumes}},
 			}
+			if msg, ok := unhealthy[pl]; ok {
+				// Its claim keeps the allocation and its pod keeps running; no claim gets the placement
+				// again while the instance lives (the instance's destroy takes the taint away).
+				dev.Taints = []resourcev1.DeviceTaint{unhealthyTaint(msg)}
+			}
 			if p.Memory != nil {
 				dev.Capacity = map[resourcev1.QualifiedName]resourcev1.DeviceCapacity{CapacityMemory: {Value: *p.Memory}}
 			}
@@ -146,6 +154,23 @@ func dynamicMIG(g v1alpha1.GPUStatus) (*resourcev1.CounterSet, []share, map[stri
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].dev.Name < out[j].dev.Name })
 	return &resourcev1.CounterSet{Name: set, Counters: counters}, out, places
+}
+
+// unhealthyTaint marks the placement device of an instance a critical Xid hit. NoSchedule, not
+// NoExecute: an Xid on one instance marks it alone, as the policy's drains decide which pods go; a
+// NoExecute taint would have kube-controller-manager's device taint eviction delete the pod at once,
+// whatever the Xid (many are the application's own fault and leave the instance usable). The value is
+// the Xid ("Xid-79") where the message starts with one, empty otherwise (a label value; the GPUNode's
+// status has the whole message).
+func unhealthyTaint(msg string) resourcev1.DeviceTaint {
+	value := ""
+	if head, _, _ := strings.Cut(msg, ":"); strings.HasPrefix(head, "Xid ") {
+		value = strings.ReplaceAll(head, " ", "-")
+	}
+	if len(validation.IsValidLabelValue(value)) > 0 {
+		value = ""
+	}
+	return resourcev1.DeviceTaint{Key: TaintUnhealthy, Value: value, Effect: resourcev1.DeviceTaintEffectNoSchedule}
 }
 
 func overlapsAny(pl nvgpu.Placement, others []nvgpu.Placement) bool {

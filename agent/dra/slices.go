@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -107,6 +108,9 @@ type Publisher struct {
 	lastErr error
 	// synced says a sync succeeded since Start, and failing was not set after it.
 	synced bool
+	// noTaints says the API server dropped a device's taints (DRADeviceTaints off): tainted devices are
+	// left out of the slices from then on, so a placement that must not be allocated is not offered.
+	noTaints bool
 }
 
 // NewPublisher returns a publisher for o.Node; Start runs its controller.
@@ -152,7 +156,11 @@ func (p *Publisher) Publish(devices []resourcev1.Device, counters ...resourcev1.
 
 // resources is the desired state the controller syncs to. p.mu must be held.
 func (p *Publisher) resources() *resourceslice.DriverResources {
-	return &resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{p.o.Node: Pool(p.devices, p.counters...)}}
+	devices := p.devices
+	if p.noTaints {
+		devices = slices.DeleteFunc(slices.Clone(devices), func(d resourcev1.Device) bool { return len(d.Taints) > 0 })
+	}
+	return &resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{p.o.Node: Pool(devices, p.counters...)}}
 }
 
 // Start runs the controller from the first PublishStatus until ctx ends, then stops it (a manager
@@ -188,7 +196,8 @@ func (p *Publisher) Start(ctx context.Context) error {
 	}
 	p.mu.Lock()
 	p.ctrl = ctrl
-	if p.version != version {
+	// noTaints may have been learnt before ctrl was set, from the controller's first writes.
+	if p.version != version || p.noTaints {
 		ctrl.Update(p.resources())
 	}
 	p.mu.Unlock()
@@ -227,6 +236,9 @@ func (p *Publisher) handleError(ctx context.Context, err error, msg string) {
 		p.o.Log.Error(err, "The API server dropped fields of a ResourceSlice", "node", p.o.Node, "features", dropped.DisabledFeatures())
 		p.o.Metrics.countError(p.o.Node, errorDroppedFields)
 		p.event(corev1.EventTypeWarning, ReasonSliceFieldsDropped, err.Error())
+		if slices.Contains(dropped.DisabledFeatures(), "DRADeviceTaints") {
+			p.withoutTaints()
+		}
 		return
 	}
 	p.o.Log.Error(err, "Publishing ResourceSlices failed; retrying", "node", p.o.Node, "step", msg)
@@ -234,6 +246,22 @@ func (p *Publisher) handleError(ctx context.Context, err error, msg string) {
 	p.mu.Lock()
 	p.lastErr = err
 	p.mu.Unlock()
+}
+
+// withoutTaints leaves tainted devices out from now on: the API server stored them untainted, so the
+// scheduler would allocate them. The controller calls the error handler from its sync, not holding its
+// lock, so the new desired state can be handed to it here.
+func (p *Publisher) withoutTaints() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.noTaints {
+		return
+	}
+	p.noTaints = true
+	p.o.Log.Info("The API server does not store device taints (DRADeviceTaints off); tainted devices are not published", "node", p.o.Node)
+	if p.ctrl != nil {
+		p.ctrl.Update(p.resources())
+	}
 }
 
 // syncEnded records a sync's outcome; an event marks where publishing starts to fail and where it

@@ -286,12 +286,11 @@ func TestAPublishingErrorIsAnEventAndAMetric(t *testing.T) {
 	}, "the published gauge at 1")
 }
 
-// Where DRAConsumableCapacity is off, the API server stores a sized GPU's device without what makes it
-// shared: the user gets a warning event naming the gate and the dropped_fields counter, and the slice
-// the API server stored counts as published.
-func TestFieldsTheAPIServerDropsAreAnEvent(t *testing.T) {
+// clusterWithout starts a real API server with the feature gate off and this test's node Ready.
+func clusterWithout(t *testing.T, gate string) (context.Context, *testenv.Env) {
+	t.Helper()
 	ctx := context.Background()
-	env, err := testenv.StartWith(testenv.Options{APIServerFlags: map[string]string{"feature-gates": "DRAConsumableCapacity=false"}})
+	env, err := testenv.StartWith(testenv.Options{APIServerFlags: map[string]string{"feature-gates": gate + "=false"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -299,6 +298,14 @@ func TestFieldsTheAPIServerDropsAreAnEvent(t *testing.T) {
 	if _, err := env.ReadyNode(ctx, nodeName); err != nil {
 		t.Fatal(err)
 	}
+	return ctx, env
+}
+
+// Where DRAConsumableCapacity is off, the API server stores a sized GPU's device without what makes it
+// shared: the user gets a warning event naming the gate and the dropped_fields counter, and the slice
+// the API server stored counts as published.
+func TestFieldsTheAPIServerDropsAreAnEvent(t *testing.T) {
+	ctx, env := clusterWithout(t, "DRAConsumableCapacity")
 	gpuNode, recorder := eventsOn(t, ctx, env)
 	reg := prometheus.NewRegistry()
 	m, err := dra.NewSliceMetrics(reg)

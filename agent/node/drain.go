@@ -124,10 +124,11 @@ func (r *Reconciler) passObservation(sc *scope, dev gpu.Device, want v1alpha1.GP
 	from.Sized = publishedSizing(sc.node, dev.UUID).PerClaim()
 	mode, timeout := drainSettings(want.Drain)
 	_, admitErr := r.Admit(dev, want.Sharing)
+	to := sharing.ShapeOf(want.Sharing)
 	return observation{
 		kind: obsPass, now: now,
 		want:       drainTarget{key: drainKey(want), target: describeDesired(want.Sharing), mode: mode, timeout: timeout},
-		disruptive: sharing.Disruptive(from, sharing.ShapeOf(want.Sharing)),
+		disruptive: sharing.Disruptive(from, to) && !layoutFitsAroundClaims(dev, inForce, from, to, want.Sharing),
 		admitted:   admitErr == nil,
 		backoff:    r.DrainBackoff, backoffMax: r.DrainBackoffMax,
 	}

@@ -2,6 +2,7 @@ package node
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/gpusharing/gpusharing/agent/mig"
 	"github.com/gpusharing/gpusharing/agent/outcome"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
+	"github.com/gpusharing/gpusharing/internal/sharing"
 )
 
 // ClaimedMIG is the DRA kubelet plugin's side of a dynamic MIG GPU (*dra.DynamicMIG): the instances it
@@ -174,4 +176,34 @@ func migFreeSummary(gpus []v1alpha1.GPUStatus) string {
 		parts = append(parts, fmt.Sprintf("%d:slices %s compute %d", g.Index, g.Applied.MIGDynamic.FreeSlices, g.Applied.MIGDynamic.FreeComputeSlices))
 	}
 	return strings.Join(parts, " ")
+}
+
+// layoutFitsAroundClaims says whether a change of a dynamic MIG GPU's fixed instances, and nothing else
+// of its shape, leaves every pod in place: the new layout fits around the instances created for claims
+// (inForce names them) and its plan destroys no instance, so it only creates fixed instances on free
+// slices. Then it is applied without a drain. A layout that needs a claim's slices or destroys a fixed
+// instance drains the GPU.
+func layoutFitsAroundClaims(dev gpu.Device, inForce *v1alpha1.AppliedSharing, from, to sharing.Shape, want v1alpha1.Sharing) bool {
+	if !from.Dynamic || !to.Dynamic || from.Layout == to.Layout || want.MIG == nil || inForce == nil {
+		return false
+	}
+	f, t := from, to
+	f.Layout, t.Layout = "", ""
+	if f != t || !dev.MIGMode.Current {
+		return false
+	}
+	var held []gpu.Placement
+	for _, in := range inForce.MIGInstances {
+		if in.Claim != nil {
+			held = append(held, gpu.Placement{Start: int(in.Placement.Start), Size: int(in.Placement.Size)})
+		}
+	}
+	var fixed []gpu.Instance
+	for _, in := range dev.Instances {
+		if !slices.Contains(held, in.Placement) {
+			fixed = append(fixed, in)
+		}
+	}
+	plan, err := mig.MakePlanAround(dev.Profiles, fixed, mig.Wants(*want.MIG), held)
+	return err == nil && len(plan.Destroy) == 0
 }

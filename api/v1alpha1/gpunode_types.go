@@ -371,8 +371,9 @@ type MIGInstanceStatus struct {
 	// claim is the ResourceClaim a dynamic MIG instance was created for; absent on fixed instances.
 	// +optional
 	Claim *MIGClaimRef `json:"claim,omitempty"`
-	// unhealthy says why a claim's instance is marked alone: a critical Xid on it. Its placement is not
-	// published again until the instance is destroyed; the GPU's other instances are not touched.
+	// unhealthy says why a claim's instance is marked alone: a critical Xid on it. Its placement device is
+	// tainted NoSchedule (left out where the API server drops device taints) until the instance is
+	// destroyed; the GPU's other instances are not touched.
 	// +optional
 	Unhealthy string `json:"unhealthy,omitempty"`
 }

@@ -86,6 +86,7 @@ static struct {
     uint64_t grant_ns;
     uint64_t last_act;
     uint64_t last_act_ns;
+    int gate_waiters;        /* threads in gs_gate_wait: work waiting for the gate is activity */
     uint64_t grants, releases, revocations;
     uint32_t sched_idle_us;  /* the scheduler's idle window (IDLE, protocol 5); 0: none, ours holds */
     /* oversubscription */
@@ -283,6 +284,7 @@ void gs_gate_wait(void)
     for (;;) {
         gs_ctx_record_current();
         pthread_mutex_lock(&mu);
+        st.gate_waiters++;
         if (st.conn == CONN_NEW)
             connect_locked();
         uint64_t start = gs_now_ns();
@@ -317,6 +319,7 @@ void gs_gate_wait(void)
             ts.tv_nsec = (long)(ns % 1000000000ull);
             pthread_cond_timedwait(&cv, &mu, &ts);
         }
+        st.gate_waiters--;
         pthread_mutex_unlock(&mu);
         atomic_fetch_add(&gs_gate_word, GS_INFLIGHT_ONE | GS_ACTIVITY_ONE);
         if (atomic_load(&gs_gate_open))
@@ -378,7 +381,9 @@ static void maybe_release_locked(void)
     uint64_t now = gs_now_ns();
     uint64_t w = atomic_load(&gs_gate_word);
     uint64_t act = w >> 32;
-    if (act != st.last_act || atomic_load(&gs_pace_busy) != 0) { /* a paced launch in progress is activity */
+    /* A paced launch in progress, or a thread that has not yet woken from waiting for this grant, is
+     * work about to run: releasing as idle then would hand the GPU on before that work ran. */
+    if (act != st.last_act || atomic_load(&gs_pace_busy) != 0 || st.gate_waiters != 0) {
         st.last_act = act;
         st.last_act_ns = now;
     }

@@ -13,7 +13,7 @@
 #
 #   test/gpu/ledger/run.sh [LOG]     (from the repository root)
 # Needs: nvidia-smi, python3 with torch, gcc; test/gpu/ledger/bin/gpushare-scheduler, built where Go is:
-#   CGO_ENABLED=0 go build -o test/gpu/ledger/bin/gpushare-scheduler ./cmd/gpushare-scheduler
+#   CGO_ENABLED=1 go build -o test/gpu/ledger/bin/gpushare-scheduler ./cmd/gpushare-scheduler
 # Knobs: CLAIM (bytes, default 8 GiB), RESERVE (default 768 MiB, the agent's --context-reserve).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd)

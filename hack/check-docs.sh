@@ -19,7 +19,8 @@ REFERENCE_EXEMPT=()
 # Words and phrases about how the project was built, matched case-insensitively as whole words outside
 # code spans and fences.
 BUILD_WORDS='this round|last round|this work|earlier build|previous build|used to|lab journal|predates|'\
-'before the fix|older trees?|earlier runs?|(i|we) (built|wrote|added|fixed|measured|decided)'
+'before the fix|since the fix|older trees?|earlier runs?|(i|we) (built|wrote|added|fixed|measured|decided)|'\
+'while writing (it|them)|as it was that day|not re-measured since'
 
 if [ "$#" -gt 0 ]; then
     files=("$@")

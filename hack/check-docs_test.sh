@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Tests hack/check-docs.sh on planted files: a clean reference doc passes; a journal paragraph, a dated run
-# stack, a heading with a date, a result without its command and a broken link each fail with their message.
+# stack, a heading with a date, a result without its command, a broken link and a link to a missing heading
+# (in the same file or another) each fail with their message.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 check=hack/check-docs.sh
@@ -59,10 +60,21 @@ want clean ""
 built='speaks of how the project was built'
 plant journal "$built" $'## Notes\nThis round the scheduler used to hand off late; the earlier build fixed it.'
 plant author "$built" $'## How it came about\nWe wrote the first version in a week.'
+plant writing "$built" $'## Checks\nMutation checks done while writing them: each test failed.'
+plant thatday "$built" $'## Older runs\nThey ran on the shim as it was that day.'
 plant nocommand 'measured figure in a results section with no command' \
     $'## More results\nA launch costs 4.7 us and a swap 90 us per GiB, 2.1x the copy.'
 plant datedheading 'heading with a date' $'## Results of 2026-11-24\nSee above.'
 plant link 'no such file' 'See [the shim](no-such-file.md).'
+plant anchor 'no such heading' 'See [the swap rate](#swap-rates), a heading this doc does not have.'
+# A link to a heading of another file among those checked resolves against that file's headings.
+{ clean; printf '\nSee [its costs](clean.md#costs) and [its results](clean.md#no-results).\n'; } >"$tmp/crossanchor.md"
+out=$("$check" "$tmp/clean.md" "$tmp/crossanchor.md" 2>&1) && rc=0 || rc=$?
+if [ "$rc" -ne 0 ] && grep -qF 'clean.md#no-results: no such heading' <<<"$out" && ! grep -qF 'clean.md#costs' <<<"$out"; then
+    echo "ok   crossanchor fails on the missing heading only"
+else
+    echo "FAIL crossanchor: want one fault for clean.md#no-results, got rc=$rc: $out"; failed=1
+fi
 # "agent" is a product component, and a word inside a code span is code, not prose.
 plant component "" 'The agent wrote the status; `--session` is a flag.'
 

@@ -4,7 +4,8 @@
 // through the Eviction API so PodDisruptionBudgets hold (Evict), until a timeout. Every step goes to a
 // progress callback, so the agent can show it in GPUNode status. Stopping new pods from landing on the GPU
 // is the caller's step before Drain (deviceplugin.Manager.Cordon; a drained GPU's DRA devices leave its
-// ResourceSlices).
+// ResourceSlices). The drain as a whole (cordon, empty, apply, uncordon) is agent/node's state machine
+// (drainfsm.go); this package is its emptying step, and its Phase values name that step's events.
 package drain
 
 import (
@@ -46,7 +47,7 @@ type PodRef struct {
 
 func (p PodRef) String() string { return p.Namespace + "/" + p.Name }
 
-// Phase is one kind of drain step.
+// Phase is one kind of event while the GPU is emptied (not a phase of agent/node's drain).
 type Phase string
 
 const (

@@ -11,8 +11,8 @@ import (
 // trainer leaves; IDLE 1 ms (production's short idle window) hands production's gaps to opportunistic
 // work. Each costs the other class something, so each is in force only while the class it serves is
 // busy: PACE while a production client waits, holds or did within RecentActivity; IDLE while an
-// opportunistic client does. An inference replica that is connected but serves nothing no longer
-// slows the trainers, and a connected opportunistic process that has nothing to run no longer makes
+// opportunistic client does. An inference replica that is connected but serves nothing does not
+// slow the trainers, and a connected opportunistic process that has nothing to run does not make
 // production hand the GPU over after every request.
 //
 // A client becomes busy when it asks for the GPU, so the terms its class sets go out in the dispatch

@@ -2,22 +2,21 @@ package scheduler
 
 // Overlapping the two directions of a hand-off (protocol version 3).
 //
-// A hand-off used to run in series: the client leaving copied its memory out
-// (one copy engine, device to host), answered its EVICT, and only then did the
-// next holder get its GRANT and copy its own memory in (the other engine).
-// Now the evicted client reports each release as it goes (USAGE progress), and
+// In series, a hand-off would copy the leaver's memory out (one copy engine,
+// device to host) and only then the newcomer's in (the other engine). Instead
+// the evicted client reports each release as it goes (USAGE progress), and
 // the next holder is granted as soon as the evictions under way cover what it
 // misses, with the reservation that is free at that moment; every progress
 // report lowers the leaver's reservation and raises the newcomer's by what it
 // freed (RAISE), so the newcomer maps and copies in while the leaver still
 // copies out. Its gate opens, and its quantum starts, only when all of its
-// memory is in (its USAGE report), as before.
+// memory is in (its USAGE report).
 //
 // The budget rule (checkBudget) is untouched: the newcomer's reservation rises
 // only from free budget, and the leaver's falls only by its own reports (acks as
 // for any report). A
-// version 2 client is never granted partially: it waits for the whole, as before,
-// and neither is any client of a GPU with SerialHandoffs.
+// version 2 client is never granted partially: it waits for the whole eviction,
+// and so does every client of a GPU with SerialHandoffs.
 
 // fillsPartially: the client understands a partial Grant and Raise.
 func (c *client) fillsPartially() bool { return c.version == 0 || c.version >= 3 }

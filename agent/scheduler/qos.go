@@ -6,59 +6,30 @@ import (
 	"time"
 )
 
-// Production and opportunistic clients.
+// Production and opportunistic clients (docs/shim.md, "Production and opportunistic clients").
 //
-// A GPU serves two classes. A production client (PriorityHigh) runs almost as if it were alone; an
-// opportunistic one (PriorityNormal) soaks up what production leaves. Measured on an H100, production
-// inference beside a trainer under a lock that only ordered its waiters had a p99 33-51x its solo
-// p99: production waited for the trainer's whole quantum plus its drain. So the classes differ in
-// more than their place in line:
-//
-//   - Preemption. A production client that asks for the GPU while opportunistic clients hold it
-//     takes it at once: each opportunistic holder is sent REVOKED (no quantum, no grace; counted in
-//     gpusharing_scheduler_preemptions_total, apart from overdue revocations) and the production
-//     client is granted in the same dispatch. The revoked client's GPU work already queued may finish
-//     beside production's (its shim closes its gate on REVOKED without draining).
-//   - Idle gaps. While a production client holds the GPU no opportunistic client is granted, and an
-//     opportunistic waiter never makes production yield (no CONTENDED, no revocation): opportunistic
-//     clients run when production releases, after its idle window. While an opportunistic client is
-//     connected, every production client is told to release after ProductionIdle without a GPU call
-//     (IDLE, protocol version 5; IDLE 0 gives it back its own window when the last opportunistic
-//     client leaves). The scheduler says it, not the pod's environment, because only the scheduler
-//     knows the class: the device plugin, which sets the environment, is not told which pod a device
-//     goes to. Production clients among themselves keep the lock's rules: FIFO, quantum, contention,
-//     revocation.
-//   - Turns. A preempted opportunistic holder keeps the rest of its turn (turn.go).
-//   - Memory. An eviction asked for an opportunistic client never takes production memory: they share
-//     what production's reservations leave of the budget and swap among themselves. A production
-//     client's need evicts opportunistic clients first (a preempted holder is idle, so evictable), then
-//     idle production ones, least recently run first within each class. The budget rule (checkBudget)
-//     is the same for both.
-//   - Pacing (protocol version 4). While a production client is connected to the GPU, every
-//     opportunistic client is told to keep at most GPUConfig.OpportunisticQueue launches outstanding
-//     (PACE), so that the work it queued before a preemption drains in little time beside
-//     production's; PACE 0 lifts the bound when the last production client leaves. A client hears a
-//     value only when it changes for it; clients of version 3 and older never get PACE (their shims
-//     would take an unknown type as a protocol error). IDLE likewise, to clients of version 5 on.
-//
-// The class comes from the pod, never from the process: Options.PodPriority gives the pod's resolved
-// priority (its PriorityClass value, which the pod's own code cannot change), and a client is
-// production when that reaches GPUConfig.ProductionPriority. What the hello asks
-// (GPUSHARE_PRIORITY) is then ignored. Without Options.PodPriority (the standalone scheduler, tests)
-// the hello decides.
+// A GPU serves two classes: production (PriorityHigh) and opportunistic (PriorityNormal). A lock that
+// only ordered its waiters would make production wait for an opportunistic holder's quantum and the
+// backlog of its queued work, so production preempts: it is granted in the same dispatch and every
+// opportunistic holder is sent REVOKED (no quantum, no grace). Opportunistic work never makes
+// production yield, never takes production memory, and runs in production's gaps (IDLE, busy.go)
+// with a bounded launch queue (PACE, busy.go); a preempted holder keeps the rest of its turn (turn.go).
+// A client hears PACE and IDLE only when their value changes for it, and only from version 4 and 5 on:
+// an older shim takes an unknown type as a protocol error.
+// The class comes from the pod (Options.PodPriority against GPUConfig.ProductionPriority), because
+// the hello's priority is the pod's own word; without Options.PodPriority (the standalone scheduler,
+// tests) the hello decides.
 
 // DefaultOpportunisticQueue is the launches an opportunistic client may keep outstanding while a
-// production client is connected, when GPUConfig.OpportunisticQueue is 0. Measured on an H100
-// (docs/qos.md): 3 kept ResNet-50 inference's p99 at 30 % load within 1.04x of alone and 4-16 did
-// not (1.15-1.26x), for a trainer at 44-47 % of its solo throughput against 47-56 %.
+// production client is busy, when GPUConfig.OpportunisticQueue is 0: the largest bound that kept
+// production's p99 within its target (docs/qos.md, Results, the opportunistic queue).
 const DefaultOpportunisticQueue = 3
 
-// ProductionIdle is the idle window of a production client while opportunistic clients are
-// connected: between two requests an inference server releases after this long, so its gaps go to
-// opportunistic work, and takes the GPU back at once at its next request (preemption). The shim's own
-// default, 50 ms, would keep the GPU through most of those gaps. Measured on an H100 (docs/qos.md):
-// 250 and 500 us gave the trainer no more and production a higher p99 at 70 % load, as each hand-off
-// leaves the trainer's queued kernels in production's way; 750 us gave what 1 ms gives.
+// ProductionIdle is the idle window of a production client while an opportunistic client is busy:
+// between two requests an inference server releases after this long, so its gaps go to opportunistic
+// work, and takes the GPU back at once at its next request (preemption). The shim's own default, 50 ms,
+// would keep the GPU through most of those gaps; a shorter window leaves the trainer's queued kernels in
+// production's way at each hand-off (docs/qos.md, Results, production's idle window).
 const ProductionIdle = time.Millisecond
 
 // classSource is what decides a client's class, kept for the life of its connection so that a new

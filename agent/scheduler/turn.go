@@ -15,12 +15,12 @@ import (
 // memory. Its turn ends at its quantum, or KeptTurnIdle after the GPU is free of production if it has
 // not asked again by then (it had no more work: busy.go); the next in line runs.
 //
-// Without this, production's every request handed the GPU to the next opportunistic client in
-// line, which, on an oversubscribed GPU, evicted the preempted one's memory: measured on an H100,
-// two ResNet-50 trainers beside production inference at 30 % load moved 6.8 GiB at nearly every
-// request and made no progress. A preempted trainer does not always ask again before production
-// releases (its thread may still wait in the driver for its own queued work), so keeping its place
-// in line when it asks is not enough: the turn is kept whether it has asked yet or not.
+// Otherwise each of production's requests would hand the GPU to the next opportunistic client in
+// line, which, on an oversubscribed GPU, evicts the preempted one's memory: trainers would swap at
+// every request (docs/qos.md: evictions against preemptions). A preempted trainer does not always ask
+// again before production releases (its thread may still wait in the driver for its own queued work),
+// so keeping its place in line when it asks is not enough: the turn is kept whether it has asked yet
+// or not.
 
 // keepTurnLocked is called when production preempts h: h keeps its turn if quantum is left, until
 // that turn ends.

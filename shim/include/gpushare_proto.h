@@ -23,7 +23,7 @@
  * A scheduler with budget 0 in WELCOME grants the lock only (version 1
  * behaviour) and every need is 0.
  *
- * Restarts (docs/shim.md, "Scheduler restarts"): a shim whose connection
+ * Restarts (docs/shim-internals.md, "Scheduler restarts, step by step"): a shim whose connection
  * ends reconnects with backoff and, right after WELCOME, sends REJOIN with
  * its memory state, before anything else. A client's raise count ("acks")
  * starts again at 0 on every connection. A scheduler that finds its socket
@@ -46,7 +46,7 @@
  * refused at HELLO and passes through.
  *
  * Version 4 bounds an opportunistic client's queue (docs/shim.md, "Launch
- * pacing"). PACE (scheduler to client, sent only to opportunistic clients of
+ * pacing"; every version: docs/shim-protocol.md). PACE (scheduler to client, sent only to opportunistic clients of
  * version 4 or later: right after WELCOME and whenever the bound changes) says
  * how many kernel and graph launches the client may keep outstanding on the
  * GPU; 0 means unbounded. It is tied to no epoch and holds across grants until
@@ -71,8 +71,8 @@
  * shim then steps down to version 4, and to 3 if that is refused too.
  *
  * Version 6 makes a claim's memory one ledger, waiting behind a live scheduler never a failure, and
- * the launch bound visible (docs/shim.md, "Protocol", "Claim ledger", "Waiting and liveness", "Launch
- * pacing"). A version 6 connection opens with WELCOME, then LEDGER (always), then POLICY (optional),
+ * the launch bound visible (docs/shim-protocol.md; docs/shim.md, "Claim ledger", "Waiting and liveness",
+ * "Launch pacing"). A version 6 connection opens with WELCOME, then LEDGER (always), then POLICY (optional),
  * before anything else.
  *
  * The claim ledger: the agent knows each client's pod and the sized claim(s) it holds on this GPU; the

@@ -133,7 +133,7 @@ void gs_config_load(void)
     if (env.pace_wait_max_ms == 0)
         env.pace_wait_max_ms = 1; /* never unbounded */
     /* A paced launch that runs shorter than this counts as the fraction of a launch it runs (pace.c); 0:
-     * each counts as one. 100 us: docs/qos.md measures 0 to 400. */
+     * each counts as one. Why 100 us, and its cost against 0: docs/shim.md, "Launch pacing". */
     env.pace_full_us = env_u32("GPUSHARE_PACE_FULL_US", DEF_PACE_FULL_US);
     env.wait_timeout_ms = env_u32("GPUSHARE_WAIT_TIMEOUT_MS", DEF_WAIT_TIMEOUT_MS);
     env.memreply_timeout_ms = env_u32("GPUSHARE_MEMREPLY_TIMEOUT_MS", DEF_MEMREPLY_TIMEOUT_MS);

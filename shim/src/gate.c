@@ -639,8 +639,8 @@ int gs_gate_pump(int ms)
 /* How long the background thread sleeps between checks; mu held. While we hold the GPU, an idle
  * window in force shorter than the tick (the scheduler's for production on GPUs with production
  * classes, whose gaps go to opportunistic work) is checked four times per window: the window counts
- * from the tick that saw the last call, so the GPU is kept at most 1.25 windows past it (a tick as long
- * as the window kept it up to 2, and every request of production's held the GPU that much longer).
+ * from the tick that saw the last call, so the GPU is kept at most 1.25 windows past it, where one
+ * check per window would keep it up to 2 windows after each of production's requests.
  * Otherwise the tick only retries a deferred eviction, and a short window would only wake the process
  * for nothing. */
 static struct timespec tick_locked(void)

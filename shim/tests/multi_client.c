@@ -49,9 +49,14 @@ static void *sym(const char *name)
     return p;
 }
 
-/* cuCtxSetCurrent is no hook of the shim's: the stub's own. */
+/* Device d's primary context made current, retained at its first use (a process of NCCL's layout
+ * never retains another GPU's); cuCtxSetCurrent is no hook of the shim's: the stub's own. */
 static void use(int d)
 {
+    if (ctx[d] == NULL && ((retain_fn)sym("cuDevicePrimaryCtxRetain"))(&ctx[d], d) != CUDA_SUCCESS) {
+        fprintf(stderr, "multi_client: no device %d\n", d);
+        exit(2);
+    }
     void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     setctx_fn set = h != NULL ? (setctx_fn)dlsym(h, "cuCtxSetCurrent") : NULL;
     if (set == NULL || set(ctx[d]) != CUDA_SUCCESS) {
@@ -112,11 +117,6 @@ int main(int argc, char **argv)
     if (gpa == NULL)
         return 2;
     ((init_fn)sym("cuInit"))(0);
-    for (int d = 0; d < 2; d++)
-        if (((retain_fn)sym("cuDevicePrimaryCtxRetain"))(&ctx[d], d) != CUDA_SUCCESS) {
-            fprintf(stderr, "multi_client: no device %d\n", d);
-            return 2;
-        }
     if (!strcmp(argv[1], "cap") && argc == 4) {
         size_t l0 = strtoull(argv[2], NULL, 10), l1 = strtoull(argv[3], NULL, 10);
         CUdeviceptr a[4] = {0}, b[2] = {0}, x = 0;

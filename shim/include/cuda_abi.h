@@ -24,6 +24,9 @@ typedef int CUresult;
 #define CUDA_ERROR_STREAM_CAPTURE_IMPLICIT 906
 
 typedef int CUdevice;
+typedef struct {
+    char bytes[16];
+} CUuuid;
 typedef unsigned long long CUdeviceptr;
 typedef uint64_t cuuint64_t;
 

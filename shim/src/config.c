@@ -83,12 +83,188 @@ static int parse_level(const char *v)
     return GS_LOG_WARN;
 }
 
+static int parse_oversub(const char *v)
+{
+    return v != NULL && (!strcmp(v, "1") || !strcasecmp(v, "true"));
+}
+
+/* The single form: one GPU, slot 0, exactly the variables' values. */
+static void dev_single(void)
+{
+    struct gs_dev *d = &gs_devs[0];
+    env_str("GPUSHARE_SOCKET", d->socket_path, sizeof(d->socket_path), &d->socket_set);
+    env_str("GPUSHARE_GPU_UUID", d->uuid, sizeof(d->uuid), NULL);
+    d->oversub = parse_oversub(getenv("GPUSHARE_OVERSUB"));
+    /* The container's memory claim, set per container by the DRA kubelet plugin (docs/shim.md). */
+    d->memory_limit = env_bytes("GPUSHARE_MEMORY_LIMIT_BYTES");
+    gs_ndevs = 1;
+    gs_mm_dev = 0;
+}
+
+#define LIST_MAX 4096 /* the longest list read: 16 GPUs of a 40-byte UUID and a 108-byte path fit */
+
+/* One item of a list form ("GPU-a=v,GPU-b=w"): the value for uuid, copied to out. 1: found, 0: the list
+ * has none for it, -1: the list does not parse (an item without '=', an empty name or value, a name
+ * twice, a value longer than cap - 1, the whole longer than LIST_MAX). */
+static int list_get(const char *list, const char *uuid, char *out, size_t cap)
+{
+    if (list == NULL || *list == '\0')
+        return 0;
+    if (strlen(list) > LIST_MAX)
+        return -1;
+    int found = 0;
+    const char *p = list;
+    for (;;) {
+        const char *end = strchr(p, ',');
+        size_t len = end != NULL ? (size_t)(end - p) : strlen(p);
+        const char *eq = memchr(p, '=', len);
+        if (eq == NULL || eq == p || eq + 1 == p + len)
+            return -1;
+        size_t klen = (size_t)(eq - p), vlen = len - klen - 1;
+        if (klen == strlen(uuid) && strncmp(p, uuid, klen) == 0) {
+            if (found || vlen >= cap)
+                return -1;
+            memcpy(out, eq + 1, vlen);
+            out[vlen] = '\0';
+            found = 1;
+        }
+        /* a name twice, even one not ours, says the list is not what the agent writes */
+        for (const char *q = list; q < p;) {
+            const char *qe = strchr(q, ',');
+            const char *qeq = memchr(q, '=', (size_t)(qe - q));
+            if ((size_t)(qeq - q) == klen && strncmp(q, p, klen) == 0)
+                return -1;
+            q = qe + 1;
+        }
+        if (end == NULL)
+            return found;
+        p = end + 1;
+    }
+}
+
+/* A GPU's value of a list-form variable; a list that does not parse leaves the GPU unshared (-1). */
+static int dev_value(const char *name, const char *uuid, char *out, size_t cap)
+{
+    int r = list_get(getenv(name), uuid, out, cap);
+    if (r < 0)
+        gs_log(GS_LOG_WARN,
+               "%s does not parse as the list form (uuid=value,... with each uuid once, at most %d bytes); %s is "
+               "not shared: its calls pass through",
+               name, LIST_MAX, uuid);
+    return r;
+}
+
+static int parse_bytes(const char *v, uint64_t *n)
+{
+    char *end = NULL;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (*v < '0' || *v > '9' || *end != '\0' || errno == ERANGE)
+        return -1;
+    *n = x;
+    return 0;
+}
+
+/* The list form: GPUSHARE_GPU_UUID=GPU-a,GPU-b and per GPU its socket (required), oversubscription and
+ * memory limit (docs/multigpu.md). A GPU whose entries are missing or malformed is left out of the table,
+ * with a warning: its calls pass through; the process never fails for it. */
+static void devs_list(const char *uuids)
+{
+    gs_multi = 1;
+    gs_ndevs = 0;
+    if (strlen(uuids) > LIST_MAX) {
+        gs_log(GS_LOG_WARN, "GPUSHARE_GPU_UUID is longer than %d bytes: no GPU is shared", LIST_MAX);
+        return;
+    }
+    /* Split first, so that a name given twice is found wherever the second one stands. */
+    char buf[LIST_MAX + 1];
+    char *item[LIST_MAX / 2 + 1];
+    int n = 0;
+    strcpy(buf, uuids);
+    for (char *p = buf;;) {
+        item[n++] = p;
+        char *c = strchr(p, ',');
+        if (c == NULL)
+            break;
+        *c = '\0';
+        p = c + 1;
+    }
+    for (int i = 0; i < n; i++) {
+        const char *u = item[i];
+        if (*u == '\0' || strlen(u) >= sizeof(gs_devs[0].uuid) || strchr(u, '=') != NULL) {
+            gs_log(GS_LOG_WARN, "GPUSHARE_GPU_UUID: ignoring \"%.64s\": not a GPU UUID", u);
+            continue;
+        }
+        int dup = 0;
+        for (int j = 0; j < n; j++)
+            dup |= j != i && strcmp(item[j], u) == 0;
+        if (dup) {
+            gs_log(GS_LOG_WARN, "GPUSHARE_GPU_UUID names %s more than once: it is not shared, its calls pass through",
+                   u);
+            continue;
+        }
+        if (gs_ndevs == GS_MAX_DEVS) {
+            gs_log(GS_LOG_WARN, "GPUSHARE_GPU_UUID names more than %d GPUs: %s is not shared", GS_MAX_DEVS, u);
+            continue;
+        }
+        struct gs_dev d;
+        memset(&d, 0, sizeof(d));
+        strcpy(d.uuid, u);
+        char v[128];
+        int r = dev_value("GPUSHARE_SOCKET", u, d.socket_path, sizeof(d.socket_path));
+        if (r == 0)
+            gs_log(GS_LOG_WARN, "GPUSHARE_SOCKET has no socket for %s: it is not shared, its calls pass through", u);
+        if (r <= 0)
+            continue;
+        d.socket_set = 1;
+        r = dev_value("GPUSHARE_OVERSUB", u, v, sizeof(v));
+        if (r < 0)
+            continue;
+        d.oversub = r == 1 && parse_oversub(v);
+        r = dev_value("GPUSHARE_MEMORY_LIMIT_BYTES", u, v, sizeof(v));
+        if (r < 0)
+            continue;
+        if (r == 1 && parse_bytes(v, &d.memory_limit) != 0) {
+            gs_log(GS_LOG_WARN,
+                   "GPUSHARE_MEMORY_LIMIT_BYTES: %s=%s is not a byte count: %s is not shared, its calls pass "
+                   "through",
+                   u, v, u);
+            continue;
+        }
+        gs_devs[gs_ndevs++] = d;
+    }
+    for (int i = 0; i < gs_ndevs; i++) {
+        if (!gs_devs[i].oversub)
+            continue;
+        if (gs_mm_dev < 0)
+            gs_mm_dev = i;
+        else
+            gs_log(GS_LOG_WARN,
+                   "GPUSHARE_OVERSUB: oversubscription serves one GPU per process (%s); %s runs without it",
+                   gs_devs[gs_mm_dev].uuid, gs_devs[i].uuid);
+    }
+}
+
+static void devs_load(void)
+{
+    memset(gs_devs, 0, sizeof(gs_devs));
+    gs_multi = 0;
+    gs_mm_dev = -1;
+    const char *uuids = getenv("GPUSHARE_GPU_UUID");
+    if (uuids != NULL && strchr(uuids, ',') != NULL)
+        devs_list(uuids);
+    else
+        dev_single();
+    int any = 0;
+    for (int i = 0; i < gs_ndevs; i++)
+        any |= gs_devs[i].memory_limit != 0;
+    gs_cap_any = any;
+}
+
 void gs_config_load(void)
 {
     memset(&gs_cfg, 0, sizeof(gs_cfg));
     gs_cfg.log_level = parse_level(getenv("GPUSHARE_LOG_LEVEL"));
-    env_str("GPUSHARE_SOCKET", gs_cfg.socket_path, sizeof(gs_cfg.socket_path), &gs_cfg.socket_set);
-    env_str("GPUSHARE_GPU_UUID", gs_cfg.gpu_uuid, sizeof(gs_cfg.gpu_uuid), NULL);
     strcpy(gs_cfg.cuda_library, "libcuda.so.1");
     env_str("GPUSHARE_CUDA_LIBRARY", gs_cfg.cuda_library, sizeof(gs_cfg.cuda_library), NULL);
 
@@ -114,14 +290,11 @@ void gs_config_load(void)
     gs_cfg.restore_wait_ms = env_u32("GPUSHARE_RESTORE_WAIT_MS", 30000);
     atomic_store(&gs_count_calls, gs_cfg.log_level >= GS_LOG_DEBUG);
 
-    const char *ov = getenv("GPUSHARE_OVERSUB");
-    gs_cfg.oversub = ov != NULL && (!strcmp(ov, "1") || !strcasecmp(ov, "true"));
     /* Segments of 256 MiB: each costs a cuMemCreate + map and a release per swap (~0.1-0.2 ms on the H100,
      * ~3 ms for a 6 GiB allocation against ~120 ms of copying), and an eviction moves at most one more. */
     gs_cfg.segment_bytes = (uint64_t)env_u32("GPUSHARE_SEGMENT_MIB", 256) << 20;
     gs_cfg.budget_cap = env_bytes("GPUSHARE_BUDGET_BYTES");
-    /* The container's memory claim, set per container by the DRA kubelet plugin (docs/shim.md). */
-    gs_cfg.memory_limit = env_bytes("GPUSHARE_MEMORY_LIMIT_BYTES");
+    devs_load();
     /* For measuring: a launch bound in force whatever the scheduler says ("0": none at all). */
     env.pace_override = -1;
     const char *po = getenv("GPUSHARE_PACE_OVERRIDE");

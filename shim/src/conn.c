@@ -26,9 +26,10 @@ uint64_t gs_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* The protocol version of the current connection (there is one at a time): every frame the shim sends
- * carries it, and the scheduler drops a client whose frames change version. */
-static _Atomic uint16_t conn_version = GS_PROTO_VERSION;
+/* The protocol version of each GPU's current connection (one at a time per GPU): every frame the shim
+ * sends carries it, and the scheduler drops a client whose frames change version. */
+static _Atomic uint16_t conn_versions[GS_DEV_SLOTS] = {[0 ... GS_DEV_SLOTS - 1] = GS_PROTO_VERSION};
+#define conn_version (conn_versions[gs_dev_cur])
 
 uint16_t gs_conn_version(void)
 {
@@ -103,7 +104,7 @@ static int hello_once(uint16_t version, uint64_t deadline, struct gs_welcome *ou
     struct sockaddr_un addr;
     memset(&addr, 0, sizeof(addr));
     addr.sun_family = AF_UNIX;
-    memcpy(addr.sun_path, gs_cfg.socket_path, sizeof(addr.sun_path) - 1);
+    memcpy(addr.sun_path, gs_devs[gs_dev_cur].socket_path, sizeof(addr.sun_path) - 1);
     if (connect(fd, (struct sockaddr *)&addr, sizeof(addr)) != 0) {
         if (errno != EINPROGRESS && errno != EAGAIN)
             goto fail;
@@ -118,7 +119,7 @@ static int hello_once(uint16_t version, uint64_t deadline, struct gs_welcome *ou
     header_v(&hello, version, GS_MSG_HELLO, GS_HELLO_SIZE);
     hello.pid = (uint32_t)getpid();
     hello.priority = gs_cfg.priority;
-    memcpy(hello.gpu_uuid, gs_cfg.gpu_uuid, sizeof(hello.gpu_uuid));
+    memcpy(hello.gpu_uuid, gs_devs[gs_dev_cur].uuid, sizeof(hello.gpu_uuid));
     if (send_all(fd, &hello, sizeof(hello)) != 0) {
         *closed = errno == EPIPE || errno == ECONNRESET;
         goto fail;
@@ -201,7 +202,7 @@ int gs_conn_open(struct gs_welcome *out)
         gs_log(GS_LOG_INFO,
                "the GPU scheduler at %s speaks protocol %u (it closed the connection at a HELLO of version %u and "
                "later): %s",
-               gs_cfg.socket_path, (unsigned)v, (unsigned)v + 1u, lacks(v));
+               gs_devs[gs_dev_cur].socket_path, (unsigned)v, (unsigned)v + 1u, lacks(v));
     atomic_store(&conn_version, v);
     return fd;
 }

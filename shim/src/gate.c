@@ -58,8 +58,7 @@
 #include "gpushare_proto.h"
 #include "internal.h"
 
-_Atomic uint64_t gs_gate_word;
-atomic_int gs_gate_open;
+struct gs_gate_hot gs_hot[GS_DEV_SLOTS];
 atomic_int gs_count_calls;
 _Atomic uint64_t gs_calls[GS_HOOK_COUNT];
 
@@ -69,11 +68,7 @@ enum { CONN_NEW, CONN_UP, CONN_DOWN, CONN_PASSTHROUGH };
 #define TICK_MS 5
 #define DRAIN_WAIT_NS (20ull * 1000000ull)
 
-static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t cv;
-static pthread_once_t cv_once = PTHREAD_ONCE_INIT;
-
-static struct {
+struct gate_state {
     int conn;
     int fd;
     int held;
@@ -107,21 +102,54 @@ static struct {
     uint32_t ping_seq;
     uint32_t pacing_sent[2]; /* the bound and state last reported (PACING); UINT32_MAX: none yet */
     int policy_known;        /* protocol 6: POLICY came, or the first GRANT did without one */
-} st = {.fd = -1};
+};
+
+/* One gate per shared GPU (dev.c): its lock's state, its connection and its background thread. A
+ * process with several GPUs holds each GPU's lock by that GPU's protocol alone. */
+struct gate {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_once_t cv_once;
+    struct gate_state st;
+    /* What the scheduler sent and we have not parsed yet, on the current connection (the background
+     * thread reads it: serve, and gs_gate_pump while a swap-in waits for RAISE). */
+    unsigned char rbuf[2 * GS_MAX_MSG_SIZE];
+    size_t rhave;
+};
+static struct gate gates[GS_DEV_SLOTS] = {
+    [0 ... GS_DEV_SLOTS - 1] = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv_once = PTHREAD_ONCE_INIT, .st = {.fd = -1}},
+};
+/* The calling thread's GPU's gate (gs_dev_cur) and its hot words. */
+#define G (&gates[gs_dev_cur])
+#define H (&gs_hot[gs_dev_cur])
+
+/* The launch bound (pace.c) is the process's: the first GPU that connects sets it. */
+static atomic_int pace_owner = -1;
+static int pace_mine(void)
+{
+    int want = -1;
+    return atomic_compare_exchange_strong(&pace_owner, &want, gs_dev_cur) || want == gs_dev_cur;
+}
+
+static void pace_set(uint32_t max_queued, int from_scheduler)
+{
+    if (pace_mine())
+        gs_pace_set(max_queued, from_scheduler);
+}
 
 static void cv_init(void)
 {
     pthread_condattr_t a;
     pthread_condattr_init(&a);
     pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-    pthread_cond_init(&cv, &a);
+    pthread_cond_init(&G->cv, &a);
     pthread_condattr_destroy(&a);
 }
 
 /* Some of this process's memory is (being) swapped out: the gate must not open onto it. */
 static int must_restore_locked(void)
 {
-    return atomic_load(&gs_mm_on) && (st.swapping || st.opening || gs_mm_swapped() > 0);
+    return gs_mm_here() && (G->st.swapping || G->st.opening || gs_mm_swapped() > 0);
 }
 
 /* The idle window in force: the scheduler's when it set one shorter than ours, else ours. A pod's
@@ -129,8 +157,8 @@ static int must_restore_locked(void)
  * earlier, never later). mu held. */
 static uint32_t idle_us_locked(void)
 {
-    if (st.sched_idle_us != 0 && st.sched_idle_us < gs_cfg.idle_us)
-        return st.sched_idle_us;
+    if (G->st.sched_idle_us != 0 && G->st.sched_idle_us < gs_cfg.idle_us)
+        return G->st.sched_idle_us;
     return gs_cfg.idle_us;
 }
 
@@ -140,9 +168,9 @@ static void sched_idle_set_locked(uint32_t us, int from_scheduler)
 {
     if (us != 0 && us < GS_IDLE_MIN_US)
         us = GS_IDLE_MIN_US; /* below the kernel's timer slack a shorter window is not kept */
-    if (st.sched_idle_us == us)
+    if (G->st.sched_idle_us == us)
         return;
-    st.sched_idle_us = us;
+    G->st.sched_idle_us = us;
     if (!from_scheduler)
         return;
     gs_log(GS_LOG_DEBUG, "idle window in force: %u us (the GPU scheduler's: %u us, this process's: %u us)",
@@ -161,20 +189,20 @@ static void sched_idle_set_locked(uint32_t us, int from_scheduler)
 /* Pass-through for good (no scheduler at the start, a protocol error, no grant in time, exit). */
 static void passthrough_locked(const char *reason)
 {
-    if (st.conn == CONN_PASSTHROUGH)
+    if (G->st.conn == CONN_PASSTHROUGH)
         return;
-    st.conn = CONN_PASSTHROUGH;
-    st.held = 0;
+    G->st.conn = CONN_PASSTHROUGH;
+    G->st.held = 0;
     gs_cap_ledger_stop();
-    gs_pace_set(0, 0); /* the bound and the idle window were that scheduler's */
+    pace_set(0, 0); /* the bound and the idle window were that scheduler's */
     sched_idle_set_locked(0, 0);
-    if (st.fd >= 0)
-        shutdown(st.fd, SHUT_RDWR); /* wakes the background thread, which closes it */
+    if (G->st.fd >= 0)
+        shutdown(G->st.fd, SHUT_RDWR); /* wakes the background thread, which closes it */
     gs_mm_on_reply(0, 0, UINT32_MAX); /* a thread waiting for a MEMREPLY goes on without a budget */
     /* Memory (being) swapped out: the background thread maps it back, then opens the gate. */
-    if (!(st.bg_running && must_restore_locked()))
-        atomic_store(&gs_gate_open, 1);
-    pthread_cond_broadcast(&cv);
+    if (!(G->st.bg_running && must_restore_locked()))
+        atomic_store(&H->open, 1);
+    pthread_cond_broadcast(&G->cv);
     gs_warn_failopen(reason);
 }
 
@@ -183,34 +211,34 @@ static void passthrough_locked(const char *reason)
  * closed until it is back). */
 static void lost_locked(const char *reason)
 {
-    if (st.conn != CONN_UP)
+    if (G->st.conn != CONN_UP)
         return;
-    st.was_held = st.held || st.opening;
-    st.conn = CONN_DOWN;
-    st.held = 0;
-    st.acquire_sent = 0;
-    st.contended = 0;
-    st.evict_pending = 0;
-    st.lost_ns = gs_now_ns();
+    G->st.was_held = G->st.held || G->st.opening;
+    G->st.conn = CONN_DOWN;
+    G->st.held = 0;
+    G->st.acquire_sent = 0;
+    G->st.contended = 0;
+    G->st.evict_pending = 0;
+    G->st.lost_ns = gs_now_ns();
     gs_cap_ledger_stop();
-    gs_pace_set(0, 0); /* the bound and the idle window were that scheduler's; the next one sends its own */
+    pace_set(0, 0); /* the bound and the idle window were that scheduler's; the next one sends its own */
     sched_idle_set_locked(0, 0);
-    if (st.fd >= 0)
-        shutdown(st.fd, SHUT_RDWR); /* wakes the background thread, which closes it and reconnects */
+    if (G->st.fd >= 0)
+        shutdown(G->st.fd, SHUT_RDWR); /* wakes the background thread, which closes it and reconnects */
     gs_mm_on_reply(0, 0, UINT32_MAX);
     if (must_restore_locked()) {
-        atomic_store(&gs_gate_open, 0);
+        atomic_store(&H->open, 0);
         gs_log(GS_LOG_WARN,
                "the GPU scheduler went away (%s) while %llu bytes of this process's GPU memory are swapped "
                "out: GPU calls wait until that memory is back (reconnecting; after GPUSHARE_RESTORE_WAIT_MS=%u "
                "ms without a scheduler it is restored without a budget)",
                reason, (unsigned long long)gs_mm_swapped(), gs_cfg.restore_wait_ms);
     } else {
-        atomic_store(&gs_gate_open, 1);
+        atomic_store(&H->open, 1);
         gs_log(GS_LOG_WARN, "the GPU scheduler went away (%s): running without the GPU lock while reconnecting",
                reason);
     }
-    pthread_cond_broadcast(&cv);
+    pthread_cond_broadcast(&G->cv);
 }
 
 static void *bg_main(void *arg);
@@ -222,17 +250,17 @@ static void gs_gate_atexit(void);
 static void conn_started_locked(void)
 {
     int v6 = gs_conn_version() >= 6;
-    st.heard_ns = v6 ? gs_now_ns() : 0;
-    st.ping_ns = 0;
-    st.pacing_sent[0] = st.pacing_sent[1] = UINT32_MAX;
-    st.policy_known = 0;
+    G->st.heard_ns = v6 ? gs_now_ns() : 0;
+    G->st.ping_ns = 0;
+    G->st.pacing_sent[0] = G->st.pacing_sent[1] = UINT32_MAX;
+    G->st.policy_known = 0;
     gs_config_env_policy(!v6, 0);
 }
 
 static void connect_locked(void)
 {
     char why[256];
-    if (!gs_cfg.socket_set) {
+    if (!gs_devs[gs_dev_cur].socket_set) {
         /* With a memory limit and no scheduler, the limit is the whole job (a sized claim on an MPS
          * GPU: the MPS server shares the GPU, the shim reports and holds the claim's memory). That is
          * configured, not a fault, so it is said once at info level rather than warned about. */
@@ -245,27 +273,27 @@ static void connect_locked(void)
     int fd = gs_conn_open(&w);
     uint32_t q = w.quantum_ms, g = w.grace_ms;
     if (fd < 0) {
-        snprintf(why, sizeof(why), "cannot reach the GPU scheduler at %s", gs_cfg.socket_path);
+        snprintf(why, sizeof(why), "cannot reach the GPU scheduler at %s", gs_devs[gs_dev_cur].socket_path);
         passthrough_locked(why);
         return;
     }
-    st.fd = fd;
-    st.quantum_ms = q;
-    st.grace_ms = g;
-    st.conn = CONN_UP;
+    G->st.fd = fd;
+    G->st.quantum_ms = q;
+    G->st.grace_ms = g;
+    G->st.conn = CONN_UP;
     conn_started_locked();
     gs_mm_configure(w.budget, w.mode);
     gs_cap_ledger_start(fd);
 
-    int err = gs_thread_start(bg_main, (void *)(intptr_t)fd);
+    int err = gs_thread_start(bg_main, (void *)(((intptr_t)fd << 8) | gs_dev_cur));
     if (err != 0) {
         close(fd);
-        st.fd = -1;
+        G->st.fd = -1;
         passthrough_locked("cannot start the shim's scheduler thread");
         return;
     }
-    st.bg_running = 1;
-    gs_log(GS_LOG_INFO, "connected to %s (quantum %u ms, grace %u ms, idle %u us)", gs_cfg.socket_path, q, g,
+    G->st.bg_running = 1;
+    gs_log(GS_LOG_INFO, "connected to %s (quantum %u ms, grace %u ms, idle %u us)", gs_devs[gs_dev_cur].socket_path, q, g,
            gs_cfg.idle_us);
     /* Registered now, after the driver registered its own exit handlers, so
      * ours runs first: the background thread must be out of the driver
@@ -280,35 +308,35 @@ static void connect_locked(void)
 void gs_gate_wait(void)
 {
     gs_init();
-    pthread_once(&cv_once, cv_init);
+    pthread_once(&G->cv_once, cv_init);
     for (;;) {
         gs_ctx_record_current();
-        pthread_mutex_lock(&mu);
-        st.gate_waiters++;
-        if (st.conn == CONN_NEW)
+        pthread_mutex_lock(&G->mu);
+        G->st.gate_waiters++;
+        if (G->st.conn == CONN_NEW)
             connect_locked();
         uint64_t start = gs_now_ns();
-        while (!atomic_load(&gs_gate_open)) {
-            if (!st.held && !st.acquire_sent && st.conn == CONN_UP && gs_now_ns() >= st.backoff_until) {
-                if (gs_conn_send(st.fd, GS_MSG_ACQUIRE, 0, gs_mm_need()) != 0) {
+        while (!atomic_load(&H->open)) {
+            if (!G->st.held && !G->st.acquire_sent && G->st.conn == CONN_UP && gs_now_ns() >= G->st.backoff_until) {
+                if (gs_conn_send(G->st.fd, GS_MSG_ACQUIRE, 0, gs_mm_need()) != 0) {
                     lost_locked("cannot send to the GPU scheduler");
                     break;
                 }
-                st.acquire_sent = 1;
+                G->st.acquire_sent = 1;
             }
             uint64_t now = gs_now_ns();
             /* From the start of this wait or the scheduler's last word, whichever is later (heard_ns stays
              * 0 on connections older than protocol 6: their waits count from the start). */
-            uint64_t since = st.heard_ns > start ? st.heard_ns : start;
+            uint64_t since = G->st.heard_ns > start ? G->st.heard_ns : start;
             uint64_t limit = (uint64_t)gs_cfg.wait_timeout_ms * 1000000ull;
             if (limit != 0 && now - since >= limit) {
-                passthrough_locked(st.heard_ns != 0 ? "no word from the GPU scheduler within GPUSHARE_WAIT_TIMEOUT_MS "
+                passthrough_locked(G->st.heard_ns != 0 ? "no word from the GPU scheduler within GPUSHARE_WAIT_TIMEOUT_MS "
                                                       "while waiting for the GPU"
                                                     : "no grant within GPUSHARE_WAIT_TIMEOUT_MS");
                 break;
             }
             uint64_t nap = 1000000000ull;
-            if (!st.held && !st.acquire_sent && st.conn == CONN_UP)
+            if (!G->st.held && !G->st.acquire_sent && G->st.conn == CONN_UP)
                 nap = 10000000ull; /* backing off after a failed swap-in */
             if (limit != 0 && since + limit - now + 1000000ull < nap)
                 nap = since + limit - now + 1000000ull; /* wake to look at the timer in time */
@@ -317,14 +345,14 @@ void gs_gate_wait(void)
             uint64_t ns = (uint64_t)ts.tv_nsec + nap;
             ts.tv_sec += (time_t)(ns / 1000000000ull);
             ts.tv_nsec = (long)(ns % 1000000000ull);
-            pthread_cond_timedwait(&cv, &mu, &ts);
+            pthread_cond_timedwait(&G->cv, &G->mu, &ts);
         }
-        st.gate_waiters--;
-        pthread_mutex_unlock(&mu);
-        atomic_fetch_add(&gs_gate_word, GS_INFLIGHT_ONE | GS_ACTIVITY_ONE);
-        if (atomic_load(&gs_gate_open))
+        G->st.gate_waiters--;
+        pthread_mutex_unlock(&G->mu);
+        atomic_fetch_add(&H->word, GS_INFLIGHT_ONE | GS_ACTIVITY_ONE);
+        if (atomic_load(&H->open))
             return;
-        atomic_fetch_sub(&gs_gate_word, GS_INFLIGHT_ONE);
+        atomic_fetch_sub(&H->word, GS_INFLIGHT_ONE);
     }
 }
 
@@ -332,7 +360,7 @@ static int wait_inflight_zero(void)
 {
     uint64_t deadline = gs_now_ns() + DRAIN_WAIT_NS;
     for (int spins = 0;; spins++) {
-        if ((uint32_t)atomic_load(&gs_gate_word) == 0)
+        if ((uint32_t)atomic_load(&H->word) == 0)
             return 1;
         if (gs_now_ns() >= deadline)
             return 0;
@@ -348,47 +376,47 @@ static int wait_inflight_zero(void)
 /* Called with mu held; drops it while draining. */
 static void release_locked(const char *reason)
 {
-    st.releasing = 1;
-    atomic_store(&gs_gate_open, 0);
-    pthread_mutex_unlock(&mu);
+    G->st.releasing = 1;
+    atomic_store(&H->open, 0);
+    pthread_mutex_unlock(&G->mu);
     int ok = wait_inflight_zero() && gs_gpu_drain() == 0;
-    pthread_mutex_lock(&mu);
-    st.releasing = 0;
-    pthread_cond_broadcast(&cv); /* gs_gate_atexit may wait for this */
-    if (st.conn != CONN_UP)
+    pthread_mutex_lock(&G->mu);
+    G->st.releasing = 0;
+    pthread_cond_broadcast(&G->cv); /* gs_gate_atexit may wait for this */
+    if (G->st.conn != CONN_UP)
         return; /* lost or pass-through meanwhile: the gate is theirs to decide */
     if (!ok) {
         /* A call stayed in the driver or a capture began: keep the lock, retry next tick. */
-        atomic_store(&gs_gate_open, 1);
-        pthread_cond_broadcast(&cv);
+        atomic_store(&H->open, 1);
+        pthread_cond_broadcast(&G->cv);
         return;
     }
-    if (gs_conn_send(st.fd, GS_MSG_RELEASE, st.epoch, gs_mm_resident()) != 0) {
+    if (gs_conn_send(G->st.fd, GS_MSG_RELEASE, G->st.epoch, gs_mm_resident()) != 0) {
         lost_locked("cannot send to the GPU scheduler");
         return;
     }
-    st.held = 0;
-    st.contended = 0;
-    st.releases++;
-    gs_log(GS_LOG_DEBUG, "released epoch %u (%s)", st.epoch, reason);
-    pthread_cond_broadcast(&cv); /* waiting threads now ask again */
+    G->st.held = 0;
+    G->st.contended = 0;
+    G->st.releases++;
+    gs_log(GS_LOG_DEBUG, "released epoch %u (%s)", G->st.epoch, reason);
+    pthread_cond_broadcast(&G->cv); /* waiting threads now ask again */
 }
 
 static void maybe_release_locked(void)
 {
-    if (!st.held || st.releasing || st.opening)
+    if (!G->st.held || G->st.releasing || G->st.opening)
         return;
     uint64_t now = gs_now_ns();
-    uint64_t w = atomic_load(&gs_gate_word);
+    uint64_t w = atomic_load(&H->word);
     uint64_t act = w >> 32;
     /* A paced launch in progress, or a thread that has not yet woken from waiting for this grant, is
      * work about to run: releasing as idle then would hand the GPU on before that work ran. */
-    if (act != st.last_act || atomic_load(&gs_pace_busy) != 0 || st.gate_waiters != 0) {
-        st.last_act = act;
-        st.last_act_ns = now;
+    if (act != G->st.last_act || atomic_load(&gs_pace_busy) != 0 || G->st.gate_waiters != 0) {
+        G->st.last_act = act;
+        G->st.last_act_ns = now;
     }
-    int idle = (uint32_t)w == 0 && now - st.last_act_ns >= (uint64_t)idle_us_locked() * 1000ull;
-    int expired = st.contended && now - st.grant_ns >= (uint64_t)st.quantum_ms * 1000000ull;
+    int idle = (uint32_t)w == 0 && now - G->st.last_act_ns >= (uint64_t)idle_us_locked() * 1000ull;
+    int expired = G->st.contended && now - G->st.grant_ns >= (uint64_t)G->st.quantum_ms * 1000000ull;
     if (!idle && !expired)
         return;
     if (gs_capture_active())
@@ -399,55 +427,55 @@ static void maybe_release_locked(void)
 /* After a GRANT with oversubscription: swap in, then open the gate (mu held, dropped meanwhile). */
 static void finish_grant_locked(void)
 {
-    uint32_t epoch = st.epoch;
-    st.swapping = 1;
-    pthread_mutex_unlock(&mu);
+    uint32_t epoch = G->st.epoch;
+    G->st.swapping = 1;
+    pthread_mutex_unlock(&G->mu);
     int r = gs_mm_swap_in_all(0);
-    pthread_mutex_lock(&mu);
-    st.swapping = 0;
-    st.opening = 0;
-    if (st.conn != CONN_UP || !st.held || st.epoch != epoch)
+    pthread_mutex_lock(&G->mu);
+    G->st.swapping = 0;
+    G->st.opening = 0;
+    if (G->st.conn != CONN_UP || !G->st.held || G->st.epoch != epoch)
         return; /* revoked or disconnected meanwhile */
     uint64_t now = gs_now_ns();
     if (r != 0) {
         /* The memory did not come back (the device is fuller than the budget says, or the
          * working set grew after we asked): give the grant back and ask again shortly. */
         gs_log(GS_LOG_WARN, "could not bring this process's memory back onto the GPU; releasing and retrying");
-        if (gs_conn_send(st.fd, GS_MSG_RELEASE, st.epoch, gs_mm_resident()) != 0) {
+        if (gs_conn_send(G->st.fd, GS_MSG_RELEASE, G->st.epoch, gs_mm_resident()) != 0) {
             lost_locked("cannot send to the GPU scheduler");
             return;
         }
-        st.held = 0;
-        st.acquire_sent = 0;
-        st.backoff_until = now + 50000000ull;
-        pthread_cond_broadcast(&cv);
+        G->st.held = 0;
+        G->st.acquire_sent = 0;
+        G->st.backoff_until = now + 50000000ull;
+        pthread_cond_broadcast(&G->cv);
         return;
     }
-    st.grant_ns = now;
-    st.last_act = atomic_load(&gs_gate_word) >> 32;
-    st.last_act_ns = now;
-    atomic_store(&gs_gate_open, 1);
-    pthread_cond_broadcast(&cv);
+    G->st.grant_ns = now;
+    G->st.last_act = atomic_load(&H->word) >> 32;
+    G->st.last_act_ns = now;
+    atomic_store(&H->open, 1);
+    pthread_cond_broadcast(&G->cv);
 }
 
 /* Carries out an EVICT once nothing runs: never while a stream captures (deferred to a later tick). */
 static void evict_locked(void)
 {
-    if (st.held || st.opening || st.releasing)
+    if (G->st.held || G->st.opening || G->st.releasing)
         return; /* only when we do not hold the GPU; a new grant brings everything back anyway */
-    uint64_t target = st.evict_target;
-    st.swapping = 1;
-    pthread_mutex_unlock(&mu);
+    uint64_t target = G->st.evict_target;
+    G->st.swapping = 1;
+    pthread_mutex_unlock(&G->mu);
     int quiet = wait_inflight_zero() && gs_gpu_drain() == 0;
     if (quiet)
         gs_mm_evict(target); /* answers with USAGE(evicted) */
-    pthread_mutex_lock(&mu);
-    st.swapping = 0;
-    if (quiet && st.evict_target == target)
-        st.evict_pending = 0;
-    if (!quiet && !st.evict_deferred && gs_capturing())
+    pthread_mutex_lock(&G->mu);
+    G->st.swapping = 0;
+    if (quiet && G->st.evict_target == target)
+        G->st.evict_pending = 0;
+    if (!quiet && !G->st.evict_deferred && gs_capturing())
         gs_log(GS_LOG_DEBUG, "an eviction waits: a stream captures");
-    st.evict_deferred = !quiet;
+    G->st.evict_deferred = !quiet;
 }
 
 static uint32_t expected_size(uint16_t type)
@@ -486,32 +514,32 @@ static void on_message_locked(const unsigned char *m, uint16_t type)
         struct gs_grant g;
         memcpy(&g, m, sizeof(g));
         uint64_t now = gs_now_ns();
-        st.held = 1;
-        st.acquire_sent = 0;
-        st.contended = 0;
-        st.epoch = g.epoch;
-        st.quantum_ms = g.quantum_ms;
-        if (gs_cfg.quantum_ms != 0 && gs_cfg.quantum_ms < st.quantum_ms)
-            st.quantum_ms = gs_cfg.quantum_ms;
-        st.grant_ns = now;
-        st.last_act = atomic_load(&gs_gate_word) >> 32;
-        st.last_act_ns = now;
-        st.grants++;
-        if (gs_conn_version() >= 6 && !st.policy_known) {
+        G->st.held = 1;
+        G->st.acquire_sent = 0;
+        G->st.contended = 0;
+        G->st.epoch = g.epoch;
+        G->st.quantum_ms = g.quantum_ms;
+        if (gs_cfg.quantum_ms != 0 && gs_cfg.quantum_ms < G->st.quantum_ms)
+            G->st.quantum_ms = gs_cfg.quantum_ms;
+        G->st.grant_ns = now;
+        G->st.last_act = atomic_load(&H->word) >> 32;
+        G->st.last_act_ns = now;
+        G->st.grants++;
+        if (gs_conn_version() >= 6 && !G->st.policy_known) {
             /* POLICY comes right after WELCOME's LEDGER or not at all: none before the first GRANT allows
              * nothing (the agent's scheduler), which is now said once. */
-            st.policy_known = 1;
+            G->st.policy_known = 1;
             gs_config_env_policy(0, 1);
         }
-        gs_log(GS_LOG_DEBUG, "granted epoch %u (quantum %u ms, reservation %llu)", st.epoch, st.quantum_ms,
+        gs_log(GS_LOG_DEBUG, "granted epoch %u (quantum %u ms, reservation %llu)", G->st.epoch, G->st.quantum_ms,
                (unsigned long long)g.resident);
-        if (atomic_load(&gs_mm_on)) {
+        if (gs_mm_here()) {
             gs_mm_on_reply(1, g.resident, GS_MEM_OK);
-            st.opening = 1; /* the background thread swaps in, then opens the gate */
+            G->st.opening = 1; /* the background thread swaps in, then opens the gate */
             return;
         }
-        atomic_store(&gs_gate_open, 1);
-        pthread_cond_broadcast(&cv);
+        atomic_store(&H->open, 1);
+        pthread_cond_broadcast(&G->cv);
     } else if (type == GS_MSG_RAISE) {
         /* Always applied and counted (the acks must match what the scheduler sent); it only ever comes
          * to the holder filling in after a partial GRANT, before anything that would end that grant. */
@@ -523,7 +551,7 @@ static void on_message_locked(const unsigned char *m, uint16_t type)
         /* Not tied to an epoch: it holds across grants until the next one. */
         struct gs_pace p;
         memcpy(&p, m, sizeof(p));
-        gs_pace_set(p.max_queued, 1);
+        pace_set(p.max_queued, 1);
     } else if (type == GS_MSG_IDLE) {
         /* Like PACE: it holds across grants until the next one; the next tick uses it. */
         struct gs_idle i;
@@ -532,9 +560,9 @@ static void on_message_locked(const unsigned char *m, uint16_t type)
     } else if (type == GS_MSG_POLICY) {
         struct gs_policy p;
         memcpy(&p, m, sizeof(p));
-        st.policy_known = 1;
+        G->st.policy_known = 1;
         gs_config_env_policy((p.flags & GS_POLICY_ENV_OVERRIDES) != 0, 1);
-        pthread_cond_broadcast(&cv); /* a waiter's timer may be another one now */
+        pthread_cond_broadcast(&G->cv); /* a waiter's timer may be another one now */
         gs_cap_policy_changed();
     } else if (type == GS_MSG_PONG) {
         /* Nothing more to do: its arrival restarted the wait timer (read_input_locked). */
@@ -546,27 +574,27 @@ static void on_message_locked(const unsigned char *m, uint16_t type)
         struct gs_evict e;
         memcpy(&e, m, sizeof(e));
         gs_log(GS_LOG_DEBUG, "asked to evict down to %llu bytes", (unsigned long long)e.target);
-        st.evict_pending = 1;
-        st.evict_target = e.target;
+        G->st.evict_pending = 1;
+        G->st.evict_target = e.target;
     } else if (type == GS_MSG_LEDGER || type == GS_MSG_CHARGED) {
-        gs_cap_on_message(st.fd, m, type);
+        gs_cap_on_message(G->st.fd, m, type);
     } else if (type == GS_MSG_CONTENDED) {
-        if (st.held && epoch == st.epoch) {
-            st.contended = 1;
+        if (G->st.held && epoch == G->st.epoch) {
+            G->st.contended = 1;
             gs_log(GS_LOG_DEBUG, "contended in epoch %u", epoch);
         }
     } else if (type == GS_MSG_REVOKED) {
-        if (!st.held || epoch != st.epoch)
+        if (!G->st.held || epoch != G->st.epoch)
             return; /* we released that epoch already */
-        st.held = 0;
-        st.contended = 0;
-        st.acquire_sent = 0;
-        atomic_store(&gs_gate_open, 0);
-        st.revocations++;
-        gs_log(st.revocations == 1 ? GS_LOG_WARN : GS_LOG_DEBUG,
+        G->st.held = 0;
+        G->st.contended = 0;
+        G->st.acquire_sent = 0;
+        atomic_store(&H->open, 0);
+        G->st.revocations++;
+        gs_log(G->st.revocations == 1 ? GS_LOG_WARN : GS_LOG_DEBUG,
                "GPU lock revoked (held past quantum + grace, or preempted for a production client); work "
                "already queued keeps running, the next GPU call waits for the lock again");
-        pthread_cond_broadcast(&cv);
+        pthread_cond_broadcast(&G->cv);
     }
 }
 
@@ -592,25 +620,21 @@ static int handle_input_locked(unsigned char *buf, size_t *have)
     return 0;
 }
 
-/* What the scheduler sent and we have not parsed yet, on the current connection (the background
- * thread reads it: serve, and gs_gate_pump while a swap-in waits for RAISE). */
-static unsigned char rbuf[2 * GS_MAX_MSG_SIZE];
-static size_t rhave;
 
 /* Reads what fd has and acts on whole messages; -1 once the connection ended (lost, or a protocol
  * error: pass-through). mu held. */
 static int read_input_locked(int fd)
 {
-    ssize_t n = recv(fd, rbuf + rhave, sizeof(rbuf) - rhave, MSG_DONTWAIT);
+    ssize_t n = recv(fd, G->rbuf + G->rhave, sizeof(G->rbuf) - G->rhave, MSG_DONTWAIT);
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
         lost_locked("its connection ended");
         return -1;
     }
     if (n > 0) {
-        rhave += (size_t)n;
+        G->rhave += (size_t)n;
         if (gs_conn_version() >= 6)
-            st.heard_ns = gs_now_ns(); /* the scheduler answers: a waiter's timer starts again */
-        if (handle_input_locked(rbuf, &rhave) != 0) {
+            G->st.heard_ns = gs_now_ns(); /* the scheduler answers: a waiter's timer starts again */
+        if (handle_input_locked(G->rbuf, &G->rhave) != 0) {
             passthrough_locked("protocol error from the GPU scheduler");
             return -1;
         }
@@ -620,19 +644,19 @@ static int read_input_locked(int fd)
 
 int gs_gate_pump(int ms)
 {
-    pthread_mutex_lock(&mu);
-    int fd = st.fd;
-    int ok = st.conn == CONN_UP && st.held && st.opening;
-    pthread_mutex_unlock(&mu);
+    pthread_mutex_lock(&G->mu);
+    int fd = G->st.fd;
+    int ok = G->st.conn == CONN_UP && G->st.held && G->st.opening;
+    pthread_mutex_unlock(&G->mu);
     if (!ok)
         return -1;
     struct pollfd p = {.fd = fd, .events = POLLIN};
     int r = poll(&p, 1, ms);
-    pthread_mutex_lock(&mu);
-    if (r > 0 && st.conn == CONN_UP && st.fd == fd)
+    pthread_mutex_lock(&G->mu);
+    if (r > 0 && G->st.conn == CONN_UP && G->st.fd == fd)
         read_input_locked(fd);
-    ok = st.conn == CONN_UP && st.held && st.opening;
-    pthread_mutex_unlock(&mu);
+    ok = G->st.conn == CONN_UP && G->st.held && G->st.opening;
+    pthread_mutex_unlock(&G->mu);
     return ok ? 0 : -1;
 }
 
@@ -646,7 +670,7 @@ int gs_gate_pump(int ms)
 static struct timespec tick_locked(void)
 {
     uint32_t us = TICK_MS * 1000, idle = idle_us_locked();
-    if (st.held && idle / 4 < us)
+    if (G->st.held && idle / 4 < us)
         us = idle / 4 > GS_IDLE_MIN_US ? idle / 4 : GS_IDLE_MIN_US;
     return (struct timespec){.tv_sec = 0, .tv_nsec = (long)us * 1000};
 }
@@ -657,18 +681,18 @@ static struct timespec tick_locked(void)
  * queue: the scheduler answers under the queue's lock. mu held. */
 static void ping_locked(int fd)
 {
-    if (gs_conn_version() < 6 || st.held || !st.acquire_sent || gs_cfg.wait_timeout_ms == 0)
+    if (gs_conn_version() < 6 || G->st.held || !G->st.acquire_sent || gs_cfg.wait_timeout_ms == 0)
         return;
     uint64_t every = (uint64_t)gs_cfg.wait_timeout_ms * 1000000ull / 4;
     if (every > 1000000000ull)
         every = 1000000000ull;
-    uint64_t now = gs_now_ns(), last = st.heard_ns > st.ping_ns ? st.heard_ns : st.ping_ns;
+    uint64_t now = gs_now_ns(), last = G->st.heard_ns > G->st.ping_ns ? G->st.heard_ns : G->st.ping_ns;
     if (now - last < every)
         return;
     struct gs_ping p;
     memset(&p, 0, sizeof(p));
-    p.seq = ++st.ping_seq;
-    st.ping_ns = now;
+    p.seq = ++G->st.ping_seq;
+    G->st.ping_ns = now;
     if (gs_conn_send_raw(fd, &p, GS_MSG_PING, GS_PING_SIZE) != 0)
         lost_locked("cannot send to the GPU scheduler");
 }
@@ -677,11 +701,11 @@ static void ping_locked(int fd)
  * held. */
 static void report_pacing_locked(int fd)
 {
-    if (gs_conn_version() < 6 || st.conn != CONN_UP)
+    if (gs_conn_version() < 6 || G->st.conn != CONN_UP)
         return;
     uint32_t bound, state;
     gs_pace_state(&bound, &state);
-    if (bound == st.pacing_sent[0] && state == st.pacing_sent[1])
+    if (bound == G->st.pacing_sent[0] && state == G->st.pacing_sent[1])
         return;
     struct gs_pacing p;
     memset(&p, 0, sizeof(p));
@@ -691,40 +715,40 @@ static void report_pacing_locked(int fd)
         lost_locked("cannot send to the GPU scheduler");
         return;
     }
-    st.pacing_sent[0] = bound;
-    st.pacing_sent[1] = state;
+    G->st.pacing_sent[0] = bound;
+    G->st.pacing_sent[1] = state;
 }
 
 /* Reads and acts on the scheduler's messages until the connection ends; returns with mu not held. */
 static void serve(int fd)
 {
-    pthread_mutex_lock(&mu);
-    rhave = 0;
+    pthread_mutex_lock(&G->mu);
+    G->rhave = 0;
     struct timespec tick = tick_locked();
-    pthread_mutex_unlock(&mu);
+    pthread_mutex_unlock(&G->mu);
     for (;;) {
         struct pollfd p = {.fd = fd, .events = POLLIN};
         int r = ppoll(&p, 1, &tick, NULL);
-        pthread_mutex_lock(&mu);
-        if (st.conn != CONN_UP || st.fd != fd) {
-            pthread_mutex_unlock(&mu);
+        pthread_mutex_lock(&G->mu);
+        if (G->st.conn != CONN_UP || G->st.fd != fd) {
+            pthread_mutex_unlock(&G->mu);
             return;
         }
         if (r > 0 && read_input_locked(fd) != 0) {
-            pthread_mutex_unlock(&mu);
+            pthread_mutex_unlock(&G->mu);
             return;
         }
-        if (st.opening)
+        if (G->st.opening)
             finish_grant_locked();
-        if (st.evict_pending)
+        if (G->st.evict_pending)
             evict_locked();
         maybe_release_locked();
-        if (st.conn == CONN_UP && st.fd == fd) {
+        if (G->st.conn == CONN_UP && G->st.fd == fd) {
             ping_locked(fd);
             report_pacing_locked(fd);
         }
         tick = tick_locked(); /* for the next wait, while mu is held anyway */
-        pthread_mutex_unlock(&mu);
+        pthread_mutex_unlock(&G->mu);
     }
 }
 
@@ -736,21 +760,21 @@ static void nap_locked(uint32_t ms)
     uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)ms * 1000000ull;
     ts.tv_sec += (time_t)(ns / 1000000000ull);
     ts.tv_nsec = (long)(ns % 1000000000ull);
-    pthread_cond_timedwait(&cv, &mu, &ts);
+    pthread_cond_timedwait(&G->cv, &G->mu, &ts);
 }
 
 /* Maps every swapped-out allocation back without a budget (no scheduler to ask); opens the gate when
  * nothing is left unmapped. 0 when everything is back. mu held, dropped meanwhile. */
 static int restore_alone_locked(void)
 {
-    st.swapping = 1;
-    pthread_mutex_unlock(&mu);
+    G->st.swapping = 1;
+    pthread_mutex_unlock(&G->mu);
     int r = gs_mm_swap_in_all(1);
-    pthread_mutex_lock(&mu);
-    st.swapping = 0;
-    if (r == 0 && !atomic_load(&gs_gate_open))
-        atomic_store(&gs_gate_open, 1);
-    pthread_cond_broadcast(&cv);
+    pthread_mutex_lock(&G->mu);
+    G->st.swapping = 0;
+    if (r == 0 && !atomic_load(&H->open))
+        atomic_store(&H->open, 1);
+    pthread_cond_broadcast(&G->cv);
     return r;
 }
 
@@ -764,14 +788,14 @@ static int reconnect_locked(void)
     int restore_logged = 0;
     uint64_t fail_logged = 0;
     for (;;) {
-        if (st.conn != CONN_DOWN)
+        if (G->st.conn != CONN_DOWN)
             return -1;
         uint64_t now = gs_now_ns();
-        if (!atomic_load(&gs_gate_open)) {
+        if (!atomic_load(&H->open)) {
             if (!must_restore_locked()) {
-                atomic_store(&gs_gate_open, 1); /* nothing unmapped: run without the lock meanwhile */
-                pthread_cond_broadcast(&cv);
-            } else if (now - st.lost_ns >= (uint64_t)gs_cfg.restore_wait_ms * 1000000ull) {
+                atomic_store(&H->open, 1); /* nothing unmapped: run without the lock meanwhile */
+                pthread_cond_broadcast(&G->cv);
+            } else if (now - G->st.lost_ns >= (uint64_t)gs_cfg.restore_wait_ms * 1000000ull) {
                 if (!restore_logged) {
                     restore_logged = 1;
                     gs_log(GS_LOG_WARN,
@@ -786,45 +810,45 @@ static int reconnect_locked(void)
                            "keep waiting and the host copies are kept; retrying",
                            (unsigned long long)gs_mm_swapped());
                 }
-                if (st.conn != CONN_DOWN)
+                if (G->st.conn != CONN_DOWN)
                     return -1;
             }
         }
-        pthread_mutex_unlock(&mu);
+        pthread_mutex_unlock(&G->mu);
         struct gs_welcome w;
         int fd = gs_conn_open(&w);
-        pthread_mutex_lock(&mu);
-        if (fd >= 0 && st.conn != CONN_DOWN) {
+        pthread_mutex_lock(&G->mu);
+        if (fd >= 0 && G->st.conn != CONN_DOWN) {
             close(fd);
             return -1;
         }
-        if (fd >= 0 && atomic_load(&gs_mm_on) && w.budget == 0) {
+        if (fd >= 0 && gs_mm_here() && w.budget == 0) {
             /* Our memory is swappable and needs a budget; this scheduler accounts none. */
             close(fd);
             passthrough_locked("the GPU scheduler came back without a memory budget");
             return -1;
         }
         int quiet = 1;
-        if (fd >= 0 && atomic_load(&gs_gate_open)) {
+        if (fd >= 0 && atomic_load(&H->open)) {
             /* Calls ran without the lock meanwhile: quiesce before taking a place in line again. */
-            atomic_store(&gs_gate_open, 0);
-            st.releasing = 1;
-            pthread_mutex_unlock(&mu);
+            atomic_store(&H->open, 0);
+            G->st.releasing = 1;
+            pthread_mutex_unlock(&G->mu);
             quiet = wait_inflight_zero() && gs_gpu_drain() == 0;
-            pthread_mutex_lock(&mu);
-            st.releasing = 0;
-            pthread_cond_broadcast(&cv);
-            if (st.conn != CONN_DOWN) {
+            pthread_mutex_lock(&G->mu);
+            G->st.releasing = 0;
+            pthread_cond_broadcast(&G->cv);
+            if (G->st.conn != CONN_DOWN) {
                 close(fd);
                 return -1;
             }
             if (!quiet)
-                atomic_store(&gs_gate_open, 1); /* busy in the driver or capturing: try again after a backoff */
+                atomic_store(&H->open, 1); /* busy in the driver or capturing: try again after a backoff */
         }
         if (fd >= 0 && quiet) {
             struct gs_rejoin m;
             memset(&m, 0, sizeof(m));
-            m.flags = st.was_held ? GS_REJOIN_HELD : 0;
+            m.flags = G->st.was_held ? GS_REJOIN_HELD : 0;
             uint64_t need, res, swp;
             gs_mm_rejoin(&need, &res, &swp);
             m.need = need;
@@ -832,30 +856,30 @@ static int reconnect_locked(void)
             m.swapped = swp;
             if (gs_conn_send_raw(fd, &m, GS_MSG_REJOIN, GS_REJOIN_SIZE) == 0) {
                 gs_cap_ledger_start(fd); /* its grant announced right behind the REJOIN */
-                st.fd = fd;
-                st.conn = CONN_UP;
-                st.held = 0;
-                st.acquire_sent = 0;
-                st.contended = 0;
-                st.evict_pending = 0;
-                st.backoff_until = 0;
-                st.quantum_ms = w.quantum_ms;
-                st.grace_ms = w.grace_ms;
-                st.reconnects++;
+                G->st.fd = fd;
+                G->st.conn = CONN_UP;
+                G->st.held = 0;
+                G->st.acquire_sent = 0;
+                G->st.contended = 0;
+                G->st.evict_pending = 0;
+                G->st.backoff_until = 0;
+                G->st.quantum_ms = w.quantum_ms;
+                G->st.grace_ms = w.grace_ms;
+                G->st.reconnects++;
                 conn_started_locked();
-                gs_pace_set(0, 0); /* until this scheduler sends a bound and an idle window of its own */
+                pace_set(0, 0); /* until this scheduler sends a bound and an idle window of its own */
                 sched_idle_set_locked(0, 0);
                 gs_log(GS_LOG_WARN,
                        "reconnected to the GPU scheduler after %.1f s; re-announced %llu bytes resident, %llu "
                        "swapped out; GPU calls take the lock again",
-                       (double)(gs_now_ns() - st.lost_ns) / 1e9, (unsigned long long)m.resident,
+                       (double)(gs_now_ns() - G->st.lost_ns) / 1e9, (unsigned long long)m.resident,
                        (unsigned long long)m.swapped);
-                pthread_cond_broadcast(&cv); /* waiting threads ACQUIRE on the new connection */
+                pthread_cond_broadcast(&G->cv); /* waiting threads ACQUIRE on the new connection */
                 return fd;
             }
             if (!must_restore_locked())
-                atomic_store(&gs_gate_open, 1);
-            pthread_cond_broadcast(&cv);
+                atomic_store(&H->open, 1);
+            pthread_cond_broadcast(&G->cv);
         }
         if (fd >= 0)
             close(fd);
@@ -866,25 +890,26 @@ static int reconnect_locked(void)
 
 static void *bg_main(void *arg)
 {
-    int fd = (int)(intptr_t)arg;
+    gs_dev_cur = (int)((intptr_t)arg & 0xff); /* this thread serves one GPU */
+    int fd = (int)((intptr_t)arg >> 8);
     gs_thread_relax_capture();
-    pthread_mutex_lock(&mu);
+    pthread_mutex_lock(&G->mu);
     while (fd >= 0) {
-        pthread_mutex_unlock(&mu);
+        pthread_mutex_unlock(&G->mu);
         serve(fd);
-        pthread_mutex_lock(&mu);
+        pthread_mutex_lock(&G->mu);
         close(fd);
-        if (st.fd == fd)
-            st.fd = -1;
-        fd = st.conn == CONN_DOWN ? reconnect_locked() : -1;
+        if (G->st.fd == fd)
+            G->st.fd = -1;
+        fd = G->st.conn == CONN_DOWN ? reconnect_locked() : -1;
     }
     /* Pass-through for good: never open the gate onto unmapped memory; map it back (without a budget)
      * however long that takes, with a log line now and then. Exit opens the gate regardless. */
     uint64_t fail_logged = 0;
-    while (!atomic_load(&gs_gate_open)) {
+    while (!atomic_load(&H->open)) {
         if (!must_restore_locked()) {
-            atomic_store(&gs_gate_open, 1);
-            pthread_cond_broadcast(&cv);
+            atomic_store(&H->open, 1);
+            pthread_cond_broadcast(&G->cv);
             break;
         }
         if (restore_alone_locked() == 0)
@@ -898,18 +923,18 @@ static void *bg_main(void *arg)
         }
         nap_locked(100);
     }
-    st.bg_running = 0;
-    pthread_mutex_unlock(&mu);
+    G->st.bg_running = 0;
+    pthread_mutex_unlock(&G->mu);
     return NULL;
 }
 
 /* At exit: let a release or a swap in progress finish, then stop the background
  * thread and pass everything through (the lease ends when the process does). */
-static void gs_gate_atexit(void)
+static void gate_atexit(void)
 {
-    pthread_mutex_lock(&mu);
+    pthread_mutex_lock(&G->mu);
     uint64_t deadline = gs_now_ns() + 1000000000ull;
-    while ((st.releasing || st.swapping) && gs_now_ns() < deadline) {
+    while ((G->st.releasing || G->st.swapping) && gs_now_ns() < deadline) {
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
         ts.tv_nsec += 10000000;
@@ -917,52 +942,69 @@ static void gs_gate_atexit(void)
             ts.tv_sec++;
             ts.tv_nsec -= 1000000000;
         }
-        pthread_cond_timedwait(&cv, &mu, &ts);
+        pthread_cond_timedwait(&G->cv, &G->mu, &ts);
     }
-    if (st.conn == CONN_UP || st.conn == CONN_DOWN) {
-        st.conn = CONN_PASSTHROUGH;
-        st.held = 0;
-        if (st.fd >= 0)
-            shutdown(st.fd, SHUT_RDWR);
-        atomic_store(&gs_gate_open, 1);
-        pthread_cond_broadcast(&cv);
+    if (G->st.conn == CONN_UP || G->st.conn == CONN_DOWN) {
+        G->st.conn = CONN_PASSTHROUGH;
+        G->st.held = 0;
+        if (G->st.fd >= 0)
+            shutdown(G->st.fd, SHUT_RDWR);
+        atomic_store(&H->open, 1);
+        pthread_cond_broadcast(&G->cv);
     }
-    pthread_mutex_unlock(&mu);
+    pthread_mutex_unlock(&G->mu);
+}
+
+/* Every GPU's gate, on this thread: gs_dev_cur is set for each and put back. */
+#define FOR_EACH_GATE(...)                                                                                  \
+    do {                                                                                                     \
+        int saved_ = gs_dev_cur;                                                                             \
+        for (gs_dev_cur = 0; gs_dev_cur < gs_ndevs; gs_dev_cur++) {                                          \
+            __VA_ARGS__;                                                                                         \
+        }                                                                                                    \
+        gs_dev_cur = saved_;                                                                                 \
+    } while (0)
+
+static void gs_gate_atexit(void)
+{
+    FOR_EACH_GATE(gate_atexit());
 }
 
 int gs_gate_send(void *msg, uint16_t type, uint32_t size)
 {
-    pthread_mutex_lock(&mu);
+    pthread_mutex_lock(&G->mu);
     int r = -1;
-    if (st.conn == CONN_UP && st.fd >= 0)
-        r = gs_conn_send_raw(st.fd, msg, type, size);
-    pthread_mutex_unlock(&mu);
+    if (G->st.conn == CONN_UP && G->st.fd >= 0)
+        r = gs_conn_send_raw(G->st.fd, msg, type, size);
+    pthread_mutex_unlock(&G->mu);
     return r;
 }
 
 void gs_gate_connect(void)
 {
     gs_init();
-    pthread_once(&cv_once, cv_init);
-    pthread_mutex_lock(&mu);
-    if (st.conn == CONN_NEW)
+    if (gs_dev_cur == GS_DEV_NONE)
+        return;
+    pthread_once(&G->cv_once, cv_init);
+    pthread_mutex_lock(&G->mu);
+    if (G->st.conn == CONN_NEW)
         connect_locked();
-    pthread_mutex_unlock(&mu);
+    pthread_mutex_unlock(&G->mu);
 }
 
 int gs_gate_connected(void)
 {
-    pthread_mutex_lock(&mu);
-    int up = st.conn == CONN_UP;
-    pthread_mutex_unlock(&mu);
+    pthread_mutex_lock(&G->mu);
+    int up = G->st.conn == CONN_UP;
+    pthread_mutex_unlock(&G->mu);
     return up;
 }
 
 void gs_gate_drop(const char *reason)
 {
-    pthread_mutex_lock(&mu);
+    pthread_mutex_lock(&G->mu);
     lost_locked(reason);
-    pthread_mutex_unlock(&mu);
+    pthread_mutex_unlock(&G->mu);
 }
 
 int gs_thread_start(void *(*fn)(void *), void *arg)
@@ -983,14 +1025,14 @@ int gs_thread_start(void *(*fn)(void *), void *arg)
 
 void gs_gate_yield(void)
 {
-    pthread_once(&cv_once, cv_init);
-    pthread_mutex_lock(&mu);
+    pthread_once(&G->cv_once, cv_init);
+    pthread_mutex_lock(&G->mu);
     int done = 1;
-    if (st.conn == CONN_UP && st.held && !st.releasing && !st.opening) {
+    if (G->st.conn == CONN_UP && G->st.held && !G->st.releasing && !G->st.opening) {
         release_locked("memory growth: the memory is held by others");
-        done = !st.held;
+        done = !G->st.held;
     }
-    pthread_mutex_unlock(&mu);
+    pthread_mutex_unlock(&G->mu);
     if (!done) {
         struct timespec ts = {0, 1000000}; /* a call in flight or a capture kept the GPU: try again soon */
         nanosleep(&ts, NULL);
@@ -999,12 +1041,12 @@ void gs_gate_yield(void)
 
 void gs_gate_atfork_prepare(void)
 {
-    pthread_mutex_lock(&mu);
+    FOR_EACH_GATE(pthread_mutex_lock(&G->mu));
 }
 
 void gs_gate_atfork_parent(void)
 {
-    pthread_mutex_unlock(&mu);
+    FOR_EACH_GATE(pthread_mutex_unlock(&G->mu));
 }
 
 /* The child of fork() never touches the parent's connection: it closes its copy of the socket and
@@ -1012,25 +1054,32 @@ void gs_gate_atfork_parent(void)
  * (CUDA does not survive fork, so it has none of the parent's GPU state either). It is a new client of
  * its own, connecting at its first GPU call with its own window until its scheduler sends one, or stays
  * in pass-through if the parent was. The parent's connection and lease are untouched. */
+static void gate_atfork_child(void)
+{
+    if (G->st.fd >= 0)
+        close(G->st.fd);
+    G->st.fd = -1;
+    int pass = G->st.conn == CONN_PASSTHROUGH;
+    memset(&G->st, 0, sizeof(G->st));
+    G->rhave = 0;
+    G->st.fd = -1;
+    G->st.conn = pass ? CONN_PASSTHROUGH : CONN_NEW;
+    atomic_store(&H->word, 0);
+    atomic_store(&H->open, pass);
+    cv_init();
+    gs_cap_atfork_child();
+    pthread_mutex_unlock(&G->mu);
+}
+
 void gs_gate_atfork_child(void)
 {
-    if (st.fd >= 0)
-        close(st.fd);
-    st.fd = -1;
-    int pass = st.conn == CONN_PASSTHROUGH;
-    memset(&st, 0, sizeof(st));
-    rhave = 0;
-    st.fd = -1;
-    st.conn = pass ? CONN_PASSTHROUGH : CONN_NEW;
-    atomic_store(&gs_gate_word, 0);
-    atomic_store(&gs_gate_open, pass);
-    cv_init();
+    FOR_EACH_GATE(gate_atfork_child());
+    atomic_store(&pace_owner, -1);
     gs_gpu_atfork_child();
     gs_mm_atfork_child();
-    gs_cap_atfork_child();
     gs_pace_atfork_child();
-    pthread_mutex_unlock(&mu);
 }
+
 
 
 void gs_print_call_counts(void)
@@ -1044,8 +1093,14 @@ void gs_print_call_counts(void)
         if (n != 0)
             gs_log(GS_LOG_DEBUG, "calls %s=%llu", gs_hook_names[i], (unsigned long long)n);
     }
-    pthread_mutex_lock(&mu);
-    unsigned long long g = st.grants, r = st.releases, v = st.revocations;
-    pthread_mutex_unlock(&mu);
-    gs_log(GS_LOG_DEBUG, "lock grants=%llu releases=%llu revocations=%llu", g, r, v);
+    FOR_EACH_GATE({
+        pthread_mutex_lock(&G->mu);
+        unsigned long long g = G->st.grants, r = G->st.releases, v = G->st.revocations;
+        pthread_mutex_unlock(&G->mu);
+        if (gs_multi)
+            gs_log(GS_LOG_DEBUG, "lock %s grants=%llu releases=%llu revocations=%llu", gs_devs[gs_dev_cur].uuid,
+                   g, r, v);
+        else
+            gs_log(GS_LOG_DEBUG, "lock grants=%llu releases=%llu revocations=%llu", g, r, v);
+    });
 }

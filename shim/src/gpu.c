@@ -195,6 +195,9 @@ int gs_gpu_drain(void)
         list[i] = ctxs[i];
     pthread_mutex_unlock(&set_mu);
     for (int i = 0; i < n; i++) {
+        /* Several GPUs: a release waits for its own GPU's work only (another GPU's may wait on a peer). */
+        if (gs_multi && gs_dev_slot_of_ctx(list[i]) != gs_dev_cur)
+            continue;
         if (push(list[i]) != CUDA_SUCCESS)
             continue; /* destroyed or inactive primary context: nothing to wait for */
         CUresult r = sync();

@@ -11,9 +11,10 @@
     GS_EXPORT CUresult name params                                                                 \
     {                                                                                              \
         GS_REAL_OR_FAIL(name)                                                                      \
-        gs_gate_enter(GS_ID_##name);                                                               \
+        gs_dev_pick();                                                                             \
+        int gd = gs_gate_enter(GS_ID_##name);                                                      \
         CUresult r = real args;                                                                    \
-        gs_gate_leave();                                                                           \
+        gs_gate_leave(gd);                                                                         \
         return r;                                                                                  \
     }
 
@@ -28,14 +29,15 @@
     GS_EXPORT CUresult name params                                                                 \
     {                                                                                              \
         GS_REAL_OR_FAIL(name)                                                                      \
+        gs_dev_pick_stream(stream);                                                                \
         struct gs_pace_ticket pt;                                                                  \
         int paced = GS_UNLIKELY(atomic_load_explicit(&gs_pace_max, memory_order_relaxed) != 0) &&  \
                     gs_pace_before(&pt, (key));                                                    \
-        gs_gate_enter(GS_ID_##name);                                                               \
+        int gd = gs_gate_enter(GS_ID_##name);                                                      \
         CUresult r = real args;                                                                    \
         if (GS_UNLIKELY(paced))                                                                    \
             gs_pace_after(&pt, r == CUDA_SUCCESS ? (stream) : NULL, r);                            \
-        gs_gate_leave();                                                                           \
+        gs_gate_leave(gd);                                                                         \
         return r;                                                                                  \
     }
 
@@ -44,11 +46,12 @@
     GS_EXPORT CUresult name params                                                                 \
     {                                                                                              \
         GS_REAL_OR_FAIL(name)                                                                      \
-        gs_gate_enter(GS_ID_##name);                                                               \
+        gs_dev_pick_stream(stream);                                                                \
+        int gd = gs_gate_enter(GS_ID_##name);                                                      \
         gs_capture_begin();                                                                        \
         CUresult r = real args;                                                                    \
         gs_capture_begun(stream, r);                                                               \
-        gs_gate_leave();                                                                           \
+        gs_gate_leave(gd);                                                                         \
         return r;                                                                                  \
     }
 
@@ -62,15 +65,18 @@
         return r;                                                                                  \
     }
 
+/* Every CTXNEW entry point names its device's ordinal dev. */
 #define GS_BODY_CTXNEW(name, params, args, pctx)                                                   \
     GS_EXPORT CUresult name params;                                                                \
     GS_EXPORT CUresult name params                                                                 \
     {                                                                                              \
         GS_REAL_OR_FAIL(name)                                                                      \
+        gs_dev_pick_ordinal(dev);                                                                  \
         if (GS_UNLIKELY(gs_cap_ctx_admit() != CUDA_SUCCESS))                                       \
             return CUDA_ERROR_OUT_OF_MEMORY;                                                       \
         CUresult r = real args;                                                                    \
         if (r == CUDA_SUCCESS && (pctx) != NULL) {                                                 \
+            gs_dev_ctx_seen(*(pctx), dev);                                                         \
             gs_ctx_add(*(pctx));                                                                   \
             gs_cap_ctx_made();                                                                     \
         }                                                                                          \

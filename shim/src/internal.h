@@ -38,9 +38,6 @@ enum { GS_LOG_ERROR = 0, GS_LOG_WARN = 1, GS_LOG_INFO = 2, GS_LOG_DEBUG = 3 };
 #define GS_IDLE_MIN_US 50 /* the shortest idle window (Linux's default timer slack is 50 us) */
 
 struct gs_config {
-    char socket_path[108]; /* sizeof(sun_path) */
-    char gpu_uuid[64];
-    int socket_set;
     uint32_t priority;
     uint32_t quantum_ms; /* 0: take the scheduler's; else min(ours, scheduler's) */
     uint32_t idle_us;          /* GPUSHARE_IDLE_US, else GPUSHARE_IDLE_MS x 1000: release after this long idle */
@@ -54,9 +51,7 @@ struct gs_config {
     _Atomic uint32_t memreply_timeout_ms; /* (policy) longest wait for a MEMREPLY before the connection is given up */
     int log_level;
     char cuda_library[256];
-    int oversub;              /* GPUSHARE_OVERSUB=1: back device memory with swappable VMM allocations */
     uint64_t budget_cap;      /* GPUSHARE_BUDGET_BYTES: at most this much of the scheduler's budget (0: all) */
-    uint64_t memory_limit;    /* GPUSHARE_MEMORY_LIMIT_BYTES: most device memory the process may allocate (0: none) */
     uint64_t segment_bytes;   /* GPUSHARE_SEGMENT_MIB: cuMemAlloc above this swaps in segments (0: whole) */
     _Atomic int64_t pace_override;     /* (policy) GPUSHARE_PACE_OVERRIDE: the launch bound in force (0: none); -1: the scheduler's */
     _Atomic uint32_t pace_wait_max_ms; /* (policy) GPUSHARE_PACE_WAIT_MAX_MS: longest wait for the process's own work, then no pacing */
@@ -64,6 +59,72 @@ struct gs_config {
 };
 extern struct gs_config gs_cfg;
 void gs_config_load(void);
+
+/* ---- the shared GPUs (config.c reads them, dev.c picks one per call) ---- */
+/* GPUSHARE_GPU_UUID names one GPU (the single form: every call is that GPU's) or several, separated by
+ * commas (the list form: GPUSHARE_SOCKET, _OVERSUB and _MEMORY_LIMIT_BYTES then say uuid=value per GPU,
+ * and each call works on the GPU of its context). docs/multigpu.md. */
+#define GS_MAX_DEVS 16
+#define GS_DEV_NONE GS_MAX_DEVS /* a GPU outside the list: not shared, every call passes through */
+#define GS_DEV_SLOTS (GS_MAX_DEVS + 1)
+struct gs_dev {
+    char uuid[64];
+    char socket_path[108]; /* sizeof(sun_path) */
+    int socket_set;
+    int oversub;           /* back device memory with swappable VMM allocations */
+    uint64_t memory_limit; /* most device memory the process may allocate on this GPU (0: none) */
+};
+extern struct gs_dev gs_devs[GS_DEV_SLOTS]; /* [GS_DEV_NONE]: no socket, no limit */
+extern int gs_ndevs;                          /* entries in use */
+extern int gs_multi;                          /* the list form: each call picks its GPU */
+/* The GPU the calling thread works on: set by gs_dev_pick* at a hook's entry, or once by a thread of the
+ * shim's that serves one GPU; 0 in the single form. Every per-GPU module reads its state through it. */
+extern __thread int gs_dev_cur;
+/* The oversubscribed GPU (the memory manager serves one): the first listed with OVERSUB=1, else -1. */
+extern int gs_mm_dev;
+int gs_dev_pick_ctx_slow(CUcontext ctx);
+int gs_dev_pick_stream_slow(CUstream s);
+int gs_dev_pick_ptr_slow(CUdeviceptr p);
+int gs_dev_pick_handle_slow(uint64_t h);
+int gs_dev_slot_of_ordinal(CUdevice ord);
+int gs_dev_slot_of_ctx(CUcontext ctx);
+int gs_dev_of_uuid(const char *uuid);
+void gs_dev_ctx_seen(CUcontext ctx, CUdevice dev); /* a context made on an ordinal (CTXNEW) */
+/* Picks (and makes current for this thread) the GPU of the current context / of a stream's context / of
+ * a device pointer; the single form: 0, one load and a branch. */
+static inline int gs_dev_pick(void)
+{
+    if (GS_LIKELY(!gs_multi))
+        return 0;
+    return gs_dev_cur = gs_dev_pick_ctx_slow(NULL);
+}
+/* A macro: the stream expression (a launch config's field) is read only in the list form. */
+#define gs_dev_pick_stream(s) (GS_LIKELY(!gs_multi) ? 0 : (gs_dev_cur = gs_dev_pick_stream_slow(s)))
+static inline int gs_dev_pick_ordinal(CUdevice ord)
+{
+    if (GS_LIKELY(!gs_multi))
+        return 0;
+    return gs_dev_cur = gs_dev_slot_of_ordinal(ord);
+}
+/* A VMM handle: the GPU whose limit counts it, else the current context's. */
+static inline int gs_dev_pick_handle(uint64_t h)
+{
+    if (GS_LIKELY(!gs_multi))
+        return 0;
+    return gs_dev_cur = gs_dev_pick_handle_slow(h);
+}
+/* A cuMemCreate: the device its properties name. */
+#define gs_dev_pick_prop(prop)                                                                               \
+    (GS_LIKELY(!gs_multi) ? 0                                                                                \
+     : (prop) != NULL && (prop)->location.type == CU_MEM_LOCATION_TYPE_DEVICE                                \
+         ? (gs_dev_cur = gs_dev_slot_of_ordinal((prop)->location.id))                                        \
+         : (gs_dev_cur = gs_dev_pick_ctx_slow(NULL)))
+static inline int gs_dev_pick_ptr(CUdeviceptr p)
+{
+    if (GS_LIKELY(!gs_multi))
+        return 0;
+    return gs_dev_cur = gs_dev_pick_ptr_slow(p);
+}
 /* Puts the (policy) settings in force: the environment's values when allowed (no scheduler, one older than
  * protocol 6, or one whose POLICY allows it), else only those that make the process stricter, the others
  * their defaults (said: the scheduler said so; one line then says which were ignored). Then the launch
@@ -74,8 +135,10 @@ void gs_config_env_policy(int allowed, int said);
 enum { GS_CAP_PTR = 1, GS_CAP_HANDLE = 2, GS_CAP_MAP = 3 };
 static inline int gs_cap_on(void)
 {
-    return gs_cfg.memory_limit != 0;
+    return gs_devs[gs_dev_cur].memory_limit != 0;
 }
+/* Some shared GPU has a limit (a free looks its pointer up in every GPU's table). */
+extern int gs_cap_any;
 /* Takes n bytes of the limit (CUDA_SUCCESS) or refuses them (CUDA_ERROR_OUT_OF_MEMORY); no lock. */
 CUresult gs_cap_charge(uint64_t n);
 void gs_cap_uncharge(uint64_t n);
@@ -90,7 +153,10 @@ void gs_cap_unmap(CUdeviceptr va, size_t size);
 struct gs_cap_free {
     uint64_t key, bytes;
     uint32_t kind, refs; /* refs 0: not counted */
+    int dev;             /* the GPU whose limit counted it */
 };
+/* The GPU whose limit counts key (GS_DEV_NONE: none). */
+int gs_cap_owner(uint32_t kind, uint64_t key);
 /* Around a free: begin before the driver's call (forgets the allocation), end with its result
  * (gives the bytes back, or remembers the allocation again when the driver refused). */
 int gs_cap_free_begin(uint32_t kind, uint64_t key, struct gs_cap_free *f);
@@ -164,26 +230,37 @@ static inline void *gs_real(int id)
  */
 #define GS_INFLIGHT_ONE 1ull
 #define GS_ACTIVITY_ONE (1ull << 32)
-extern _Atomic uint64_t gs_gate_word;
-extern atomic_int gs_gate_open;
+struct gs_gate_hot {
+    _Atomic uint64_t word;
+    atomic_int open;
+} __attribute__((aligned(64))); /* one cache line per GPU */
+extern struct gs_gate_hot gs_hot[GS_DEV_SLOTS];
 extern atomic_int gs_count_calls;
 extern _Atomic uint64_t gs_calls[GS_HOOK_COUNT];
 void gs_gate_wait(void);
 
-static inline void gs_gate_enter(int id)
+/* Passes the gate of the calling thread's GPU (gs_dev_cur, picked by the caller): returns the GPU to
+ * hand to gs_gate_leave, -1 for a GPU that is not shared (nothing to pass). */
+static inline int gs_gate_enter(int id)
 {
     if (GS_UNLIKELY(atomic_load_explicit(&gs_count_calls, memory_order_relaxed)))
         atomic_fetch_add_explicit(&gs_calls[id], 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&gs_gate_word, GS_INFLIGHT_ONE | GS_ACTIVITY_ONE, memory_order_seq_cst);
-    if (GS_LIKELY(atomic_load_explicit(&gs_gate_open, memory_order_seq_cst)))
-        return;
-    atomic_fetch_sub_explicit(&gs_gate_word, GS_INFLIGHT_ONE, memory_order_seq_cst);
+    int d = gs_dev_cur;
+    if (GS_UNLIKELY(d == GS_DEV_NONE))
+        return -1;
+    struct gs_gate_hot *h = &gs_hot[d];
+    atomic_fetch_add_explicit(&h->word, GS_INFLIGHT_ONE | GS_ACTIVITY_ONE, memory_order_seq_cst);
+    if (GS_LIKELY(atomic_load_explicit(&h->open, memory_order_seq_cst)))
+        return d;
+    atomic_fetch_sub_explicit(&h->word, GS_INFLIGHT_ONE, memory_order_seq_cst);
     gs_gate_wait(); /* returns in flight, with the gate open */
+    return d;
 }
 
-static inline void gs_gate_leave(void)
+static inline void gs_gate_leave(int d)
 {
-    atomic_fetch_sub_explicit(&gs_gate_word, GS_INFLIGHT_ONE, memory_order_release);
+    if (GS_LIKELY(d >= 0))
+        atomic_fetch_sub_explicit(&gs_hot[d].word, GS_INFLIGHT_ONE, memory_order_release);
 }
 
 /* ---- GPU quiescing (gpu.c) ---- */
@@ -293,6 +370,11 @@ void gs_print_call_counts(void);
 /* ---- memory manager (mm.c): swappable device memory for oversubscription ---- */
 enum { GS_MM_OK = 0, GS_MM_NOT_OURS = -1, GS_MM_YIELD = -2 };
 extern atomic_int gs_mm_on; /* swappable allocations are made (oversubscription active) */
+/* Oversubscription is active on the calling thread's GPU. */
+static inline int gs_mm_here(void)
+{
+    return atomic_load_explicit(&gs_mm_on, memory_order_relaxed) && gs_dev_cur == gs_mm_dev;
+}
 void gs_mm_configure(uint64_t budget, uint32_t mode);
 uint64_t gs_mm_need(void);     /* bytes to ask for in ACQUIRE: working set plus a pending growth */
 uint64_t gs_mm_resident(void); /* physically mapped bytes */

@@ -130,11 +130,13 @@ static size_t round_up(size_t v, size_t a)
 
 void gs_mm_configure(uint64_t sched_budget, uint32_t sched_mode)
 {
+    if (gs_dev_cur != gs_mm_dev)
+        return;
     if (mm_state != MM_UNDECIDED)
         return;
     pthread_once(&rep_once, rep_cv_init); /* before any thread can wait for or answer a MEMREQ */
     mm_state = MM_OFF;
-    if (!gs_cfg.oversub)
+    if (!gs_devs[gs_dev_cur].oversub)
         return;
     if (sched_budget == 0) {
         gs_log(GS_LOG_WARN, "GPUSHARE_OVERSUB=1 but the GPU scheduler grants no memory budget: "
@@ -152,6 +154,8 @@ void gs_mm_configure(uint64_t sched_budget, uint32_t sched_mode)
 
 uint64_t gs_mm_need(void)
 {
+    if (gs_dev_cur != gs_mm_dev)
+        return 0;
     if (!atomic_load(&gs_mm_on))
         return 0;
     return atomic_load(&need_bytes) + atomic_load(&pending_growth);
@@ -159,16 +163,24 @@ uint64_t gs_mm_need(void)
 
 uint64_t gs_mm_resident(void)
 {
+    if (gs_dev_cur != gs_mm_dev)
+        return 0;
     return atomic_load(&resident_bytes);
 }
 
 uint64_t gs_mm_swapped(void)
 {
+    if (gs_dev_cur != gs_mm_dev)
+        return 0;
     return atomic_load(&swapped_bytes);
 }
 
 void gs_mm_rejoin(uint64_t *need, uint64_t *resident, uint64_t *swapped)
 {
+    if (gs_dev_cur != gs_mm_dev) {
+        *need = *resident = *swapped = 0;
+        return;
+    }
     atomic_store(&acks, 0);
     *need = atomic_load(&need_bytes);
     *resident = atomic_load(&resident_bytes);
@@ -180,12 +192,16 @@ void gs_mm_rejoin(uint64_t *need, uint64_t *resident, uint64_t *swapped)
  * waiting in gs_mm_swap_in_all (through gs_gate_pump, on the same thread) maps more. */
 void gs_mm_on_raise(uint64_t res)
 {
+    if (gs_dev_cur != gs_mm_dev)
+        return;
     atomic_store(&reserved, res);
     atomic_fetch_add(&acks, 1);
 }
 
 void gs_mm_on_reply(int raise, uint64_t res, uint32_t status)
 {
+    if (gs_dev_cur != gs_mm_dev)
+        return;
     if (status != UINT32_MAX)
         atomic_store(&reserved, res);
     if (raise)
@@ -375,6 +391,8 @@ void mm_report_locked(uint32_t reason)
 
 void gs_mm_send_usage(uint32_t reason)
 {
+    if (gs_dev_cur != gs_mm_dev)
+        return;
     pthread_mutex_lock(&mm_mu);
     mm_report_locked(reason);
     pthread_mutex_unlock(&mm_mu);
@@ -549,6 +567,8 @@ static void swap_out_locked(struct region **list, int n)
 
 void gs_mm_evict(uint64_t target)
 {
+    if (gs_dev_cur != gs_mm_dev)
+        return;
     mm_flush_deferred();
     pthread_mutex_lock(&mm_mu);
     /* On the heap: a process may have thousands of regions. Without it nothing is evicted (fail open:
@@ -645,6 +665,8 @@ static void swap_in_pass_locked(int ignore_budget, int *moved, int *missing, int
  * GPUSHARE_MEMREPLY_TIMEOUT_MS, or the grant ended meanwhile. */
 int gs_mm_swap_in_all(int ignore_budget)
 {
+    if (gs_dev_cur != gs_mm_dev)
+        return 0;
     pthread_mutex_lock(&mm_mu);
     uint64_t t0 = gs_now_ns(), b0 = bytes_in, w0 = pin_wait_ns_locked(), fill_ns = 0, t_first = 0;
     int moved = 0, missing = 0, failed = 0, raises = 0;
@@ -1265,6 +1287,8 @@ int gs_mm_lookup(CUdeviceptr p, struct gs_mm_info *out)
 
 int gs_mm_budget(uint64_t *total, uint64_t *used)
 {
+    if (gs_dev_cur != gs_mm_dev)
+        return 0;
     if (mm_state != MM_ACTIVE)
         return 0;
     *total = budget;

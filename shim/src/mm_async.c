@@ -235,9 +235,9 @@ static CUresult alloc_async(int id, CUdeviceptr *dptr, size_t n, int from_pool, 
     CUstream given = s;
     s = norm_stream(s, ptsz);
     for (;;) {
-        gs_gate_enter(id);
+        int gd = gs_gate_enter(id);
         CUcontext pushed = enter_ctx();
-        int on = atomic_load_explicit(&gs_mm_on, memory_order_relaxed) && dptr != NULL && n > 0;
+        int on = gs_mm_here() && dptr != NULL && n > 0;
         char why[128] = "";
         if (on && !capturing(s, why, sizeof(why)) && !default_pool(from_pool ? pool : NULL))
             snprintf(why, sizeof(why), "a memory pool the application created");
@@ -249,7 +249,7 @@ static CUresult alloc_async(int id, CUdeviceptr *dptr, size_t n, int from_pool, 
             leave_ctx(pushed);
             CUresult r = from_pool ? ((gs_fn_cuMemAllocFromPoolAsync)real)(dptr, n, pool, given)
                                    : ((gs_fn_cuMemAllocAsync)real)(dptr, n, given);
-            gs_gate_leave();
+            gs_gate_leave(gd);
             return r;
         }
         CUcontext ctx = NULL;
@@ -263,7 +263,7 @@ static CUresult alloc_async(int id, CUdeviceptr *dptr, size_t n, int from_pool, 
         pthread_mutex_unlock(&mm_mu);
         if (hit) {
             leave_ctx(pushed);
-            gs_gate_leave();
+            gs_gate_leave(gd);
             return CUDA_SUCCESS;
         }
         int yield;
@@ -275,7 +275,7 @@ static CUresult alloc_async(int id, CUdeviceptr *dptr, size_t n, int from_pool, 
             pthread_mutex_unlock(&mm_mu);
         }
         leave_ctx(pushed);
-        gs_gate_leave();
+        gs_gate_leave(gd);
         if (!yield)
             return r;
         gs_gate_yield(); /* others hold the memory: give the GPU back, wait in line with the larger need */
@@ -349,11 +349,11 @@ static CUresult free_async(int id, CUdeviceptr d, CUstream s, int ptsz)
         return CUDA_ERROR_NOT_INITIALIZED;
     CUstream given = s;
     s = norm_stream(s, ptsz);
-    gs_gate_enter(id);
+    int gd = gs_gate_enter(id);
     struct gs_mm_info in;
-    if (!atomic_load_explicit(&gs_mm_on, memory_order_relaxed) || !gs_mm_lookup(d, &in)) {
+    if (!gs_mm_here() || !gs_mm_lookup(d, &in)) {
         CUresult r = real(d, given);
-        gs_gate_leave();
+        gs_gate_leave(gd);
         return r;
     }
     CUresult r = CUDA_SUCCESS;
@@ -367,7 +367,7 @@ static CUresult free_async(int id, CUdeviceptr d, CUstream s, int ptsz)
     }
     pthread_mutex_unlock(&mm_mu);
     leave_ctx(pushed);
-    gs_gate_leave();
+    gs_gate_leave(gd);
     return r;
 }
 
@@ -401,41 +401,48 @@ static CUresult free_capped(int id, CUdeviceptr d, CUstream s, int ptsz)
 
 GS_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t n, CUstream s)
 {
+    gs_dev_pick_stream(s);
     return alloc_capped(GS_ID_cuMemAllocAsync, dptr, n, 0, NULL, s, 0);
 }
 
 GS_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t n, CUstream s)
 {
+    gs_dev_pick_stream(s);
     return alloc_capped(GS_ID_cuMemAllocAsync_ptsz, dptr, n, 0, NULL, s, 1);
 }
 
 GS_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t n, CUmemoryPool pool, CUstream s)
 {
+    gs_dev_pick_stream(s);
     return alloc_capped(GS_ID_cuMemAllocFromPoolAsync, dptr, n, 1, pool, s, 0);
 }
 
 GS_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t n, CUmemoryPool pool, CUstream s)
 {
+    gs_dev_pick_stream(s);
     return alloc_capped(GS_ID_cuMemAllocFromPoolAsync_ptsz, dptr, n, 1, pool, s, 1);
 }
 
 GS_EXPORT CUresult cuMemFreeAsync(CUdeviceptr d, CUstream s)
 {
+    gs_dev_pick_ptr(d);
     return free_capped(GS_ID_cuMemFreeAsync, d, s, 0);
 }
 
 GS_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr d, CUstream s)
 {
+    gs_dev_pick_ptr(d);
     return free_capped(GS_ID_cuMemFreeAsync_ptsz, d, s, 1);
 }
 
 static int ours(CUmemoryPool pool)
 {
-    return atomic_load_explicit(&gs_mm_on, memory_order_relaxed) && default_pool(pool);
+    return gs_mm_here() && default_pool(pool);
 }
 
 GS_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
 {
+    gs_dev_pick();
     gs_fn_cuMemPoolTrimTo real = (gs_fn_cuMemPoolTrimTo)gs_real(GS_ID_cuMemPoolTrimTo);
     if (GS_UNLIKELY(real == NULL))
         return CUDA_ERROR_NOT_INITIALIZED;
@@ -450,6 +457,7 @@ GS_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
 
 GS_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
 {
+    gs_dev_pick();
     gs_fn_cuMemPoolGetAttribute real = (gs_fn_cuMemPoolGetAttribute)gs_real(GS_ID_cuMemPoolGetAttribute);
     if (GS_UNLIKELY(real == NULL))
         return CUDA_ERROR_NOT_INITIALIZED;
@@ -468,6 +476,7 @@ GS_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute 
 
 GS_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
 {
+    gs_dev_pick();
     gs_fn_cuMemPoolSetAttribute real = (gs_fn_cuMemPoolSetAttribute)gs_real(GS_ID_cuMemPoolSetAttribute);
     if (GS_UNLIKELY(real == NULL))
         return CUDA_ERROR_NOT_INITIALIZED;

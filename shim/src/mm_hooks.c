@@ -23,15 +23,15 @@
 static CUresult alloc_v2(gs_fn_cuMemAlloc_v2 real, CUdeviceptr *dptr, size_t n)
 {
     for (;;) {
-        gs_gate_enter(GS_ID_cuMemAlloc_v2);
-        if (!atomic_load_explicit(&gs_mm_on, memory_order_relaxed)) {
+        int gd = gs_gate_enter(GS_ID_cuMemAlloc_v2);
+        if (!gs_mm_here()) {
             CUresult r = real(dptr, n);
-            gs_gate_leave();
+            gs_gate_leave(gd);
             return r;
         }
         int yield;
         CUresult r = gs_mm_alloc(dptr, n, 1, &yield);
-        gs_gate_leave();
+        gs_gate_leave(gd);
         if (!yield)
             return r;
         gs_gate_yield(); /* others hold the memory: give the GPU back, wait in line with the larger need */
@@ -42,6 +42,7 @@ static CUresult alloc_v2(gs_fn_cuMemAlloc_v2 real, CUdeviceptr *dptr, size_t n)
  * not even for a moment; calls the driver refuses anyway (no pointer, no bytes) are left to it. */
 GS_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t n)
 {
+    gs_dev_pick();
     REAL_OR_FAIL(cuMemAlloc_v2)
     if (GS_LIKELY(!gs_cap_on()) || dptr == NULL || n == 0)
         return alloc_v2(real, dptr, n);
@@ -55,26 +56,26 @@ GS_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t n)
 
 static CUresult free_v2(gs_fn_cuMemFree_v2 real, CUdeviceptr d)
 {
-    gs_gate_enter(GS_ID_cuMemFree_v2);
+    int gd = gs_gate_enter(GS_ID_cuMemFree_v2);
     CUresult r;
-    if (!atomic_load_explicit(&gs_mm_on, memory_order_relaxed) || gs_mm_free(d, &r) == GS_MM_NOT_OURS)
+    if (!gs_mm_here() || gs_mm_free(d, &r) == GS_MM_NOT_OURS)
         r = real(d);
-    gs_gate_leave();
+    gs_gate_leave(gd);
     return r;
 }
 
 static CUresult pitch_v2(gs_fn_cuMemAllocPitch_v2 real, CUdeviceptr *dptr, size_t *pitch, size_t w, size_t h,
                          unsigned int elem)
 {
-    if (!atomic_load_explicit(&gs_mm_on, memory_order_relaxed)) {
-        gs_gate_enter(GS_ID_cuMemAllocPitch_v2);
-        int on = atomic_load_explicit(&gs_mm_on, memory_order_relaxed);
+    if (!gs_mm_here()) {
+        int gd = gs_gate_enter(GS_ID_cuMemAllocPitch_v2);
+        int on = gs_mm_here();
         if (!on) {
             CUresult r = real(dptr, pitch, w, h, elem);
-            gs_gate_leave();
+            gs_gate_leave(gd);
             return r;
         }
-        gs_gate_leave();
+        gs_gate_leave(gd);
     }
     if (pitch == NULL || w == 0 || h == 0 || (elem != 4 && elem != 8 && elem != 16))
         return CUDA_ERROR_INVALID_VALUE;
@@ -92,6 +93,7 @@ static CUresult pitch_v2(gs_fn_cuMemAllocPitch_v2 real, CUdeviceptr *dptr, size_
  * is never less), the padding once the driver has said what the pitch is. */
 GS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, size_t h, unsigned int elem)
 {
+    gs_dev_pick();
     REAL_OR_FAIL(cuMemAllocPitch_v2)
     if (GS_LIKELY(!gs_cap_on()) || dptr == NULL || pitch == NULL || w == 0 || h == 0)
         return pitch_v2(real, dptr, pitch, w, h, elem);
@@ -121,6 +123,7 @@ GS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w
  * it can all be on the GPU at once. */
 GS_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t n, unsigned int flags)
 {
+    gs_dev_pick();
     REAL_OR_FAIL(cuMemAllocManaged)
     int cap = gs_cap_on() && dptr != NULL && n != 0;
     if (cap) {
@@ -128,9 +131,9 @@ GS_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t n, unsigned int f
         if (r != CUDA_SUCCESS)
             return r;
     }
-    gs_gate_enter(GS_ID_cuMemAllocManaged);
+    int gd = gs_gate_enter(GS_ID_cuMemAllocManaged);
     CUresult r = real(dptr, n, flags);
-    gs_gate_leave();
+    gs_gate_leave(gd);
     if (cap)
         gs_cap_done(r, GS_CAP_PTR, r == CUDA_SUCCESS ? *dptr : 0, n);
     return r;
@@ -138,6 +141,7 @@ GS_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t n, unsigned int f
 
 GS_EXPORT CUresult cuMemFree_v2(CUdeviceptr d)
 {
+    gs_dev_pick_ptr(d);
     REAL_OR_FAIL(cuMemFree_v2)
     if (GS_LIKELY(!gs_cap_on()))
         return free_v2(real, d);
@@ -156,6 +160,7 @@ GS_EXPORT CUresult cuMemFree_v2(CUdeviceptr d)
  */
 GS_EXPORT CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
 {
+    gs_dev_pick();
     REAL_OR_FAIL(cuMemGetInfo_v2)
     uint64_t b, used;
     int mm = gs_mm_budget(&b, &used);
@@ -230,18 +235,19 @@ static int attribute(void *data, CUpointer_attribute a, CUdeviceptr p, const str
 /* The application's own mappings (mm_vmm.c) are the driver's to describe, once they are back. */
 #define GATED_IF_VMM(id, p, call)                                                                  \
     if (gs_mm_vmm_mapped(p)) {                                                                     \
-        gs_gate_enter(id);                                                                         \
+        int gd = gs_gate_enter(id);                                                                         \
         CUresult r_ = call;                                                                        \
-        gs_gate_leave();                                                                           \
+        gs_gate_leave(gd);                                                                           \
         return r_;                                                                                 \
     }                                                                                              \
     return call;
 
 GS_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute a, CUdeviceptr p)
 {
+    gs_dev_pick_ptr(p);
     REAL_OR_FAIL(cuPointerGetAttribute)
     struct gs_mm_info in;
-    if (data != NULL && atomic_load_explicit(&gs_mm_on, memory_order_relaxed) && gs_mm_lookup(p, &in) &&
+    if (data != NULL && gs_mm_here() && gs_mm_lookup(p, &in) &&
         attribute(data, a, p, &in))
         return CUDA_SUCCESS;
     GATED_IF_VMM(GS_ID_cuPointerGetAttribute, p, real(data, a, p))
@@ -249,9 +255,10 @@ GS_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute a, CUde
 
 GS_EXPORT CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attrs, void **data, CUdeviceptr p)
 {
+    gs_dev_pick_ptr(p);
     REAL_OR_FAIL(cuPointerGetAttributes)
     struct gs_mm_info in;
-    if (attrs == NULL || data == NULL || !atomic_load_explicit(&gs_mm_on, memory_order_relaxed) ||
+    if (attrs == NULL || data == NULL || !gs_mm_here() ||
         !gs_mm_lookup(p, &in)) {
         GATED_IF_VMM(GS_ID_cuPointerGetAttributes, p, real(n, attrs, data, p))
     }
@@ -266,9 +273,10 @@ GS_EXPORT CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *a
 
 GS_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr d)
 {
+    gs_dev_pick_ptr(d);
     REAL_OR_FAIL(cuMemGetAddressRange_v2)
     struct gs_mm_info in;
-    if (!atomic_load_explicit(&gs_mm_on, memory_order_relaxed) || !gs_mm_lookup(d, &in)) {
+    if (!gs_mm_here() || !gs_mm_lookup(d, &in)) {
         GATED_IF_VMM(GS_ID_cuMemGetAddressRange_v2, d, real(pbase, psize, d))
     }
     if (pbase)
@@ -280,9 +288,10 @@ GS_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CU
 
 GS_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr d)
 {
+    gs_dev_pick_ptr(d);
     REAL_OR_FAIL(cuIpcGetMemHandle)
     struct gs_mm_info in;
-    if (!atomic_load_explicit(&gs_mm_on, memory_order_relaxed) || !gs_mm_lookup(d, &in))
+    if (!gs_mm_here() || !gs_mm_lookup(d, &in))
         return real(handle, d);
     static atomic_int warned;
     gs_log(atomic_exchange(&warned, 1) ? GS_LOG_DEBUG : GS_LOG_WARN,

@@ -135,17 +135,17 @@ static CUresult create(gs_fn_cuMemCreate real, CUmemGenericAllocationHandle *han
                        const CUmemAllocationProp *prop, unsigned long long flags)
 {
     for (;;) {
-        gs_gate_enter(GS_ID_cuMemCreate);
-        if (!atomic_load_explicit(&gs_mm_on, memory_order_relaxed) || handle == NULL || !swappable(prop, flags)) {
+        int gd = gs_gate_enter(GS_ID_cuMemCreate);
+        if (!gs_mm_here() || handle == NULL || !swappable(prop, flags)) {
             CUresult r = real(handle, size, prop, flags);
-            gs_gate_leave();
+            gs_gate_leave(gd);
             return r;
         }
         int yield = 0;
         pthread_mutex_lock(&mm_mu);
         CUresult r = create_locked(handle, size, prop, &yield);
         pthread_mutex_unlock(&mm_mu);
-        gs_gate_leave();
+        gs_gate_leave(gd);
         if (!yield)
             return r;
         gs_gate_yield(); /* others hold the memory: give the GPU back, wait in line with the larger need */
@@ -157,6 +157,7 @@ static CUresult create(gs_fn_cuMemCreate real, CUmemGenericAllocationHandle *han
 GS_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
                                unsigned long long flags)
 {
+    gs_dev_pick_prop(prop);
     REAL_OR_FAIL(cuMemCreate)
     if (GS_LIKELY(!gs_cap_on()) || handle == NULL || size == 0 || prop == NULL ||
         prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
@@ -173,6 +174,7 @@ static CUresult release(gs_fn_cuMemRelease real, CUmemGenericAllocationHandle h)
 
 GS_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h)
 {
+    gs_dev_pick_handle(h);
     REAL_OR_FAIL(cuMemRelease)
     if (GS_LIKELY(!gs_cap_on()))
         return release(real, h);
@@ -210,6 +212,7 @@ static CUresult map(gs_fn_cuMemMap real, CUdeviceptr ptr, size_t size, size_t of
 GS_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
                             unsigned long long flags)
 {
+    gs_dev_pick_handle(h);
     REAL_OR_FAIL(cuMemMap)
     CUresult r = map(real, ptr, size, offset, h, flags);
     if (gs_cap_on() && r == CUDA_SUCCESS)
@@ -222,7 +225,7 @@ static CUresult map(gs_fn_cuMemMap real, CUdeviceptr ptr, size_t size, size_t of
 {
     if (!any_handles())
         return real(ptr, size, offset, h, flags);
-    gs_gate_enter(GS_ID_cuMemMap); /* the pages are resident while we hold the GPU */
+    int gd = gs_gate_enter(GS_ID_cuMemMap); /* the pages are resident while we hold the GPU */
     pthread_mutex_lock(&mm_mu);
     struct region *r = handle_region_locked(h);
     CUresult e;
@@ -244,7 +247,7 @@ static CUresult map(gs_fn_cuMemMap real, CUdeviceptr ptr, size_t size, size_t of
             r->maps[r->nmaps++] = (struct app_map){.va = ptr, .size = size, .off = offset};
     }
     pthread_mutex_unlock(&mm_mu);
-    gs_gate_leave();
+    gs_gate_leave(gd);
     return e;
 }
 
@@ -301,6 +304,7 @@ static CUresult unmap(gs_fn_cuMemUnmap real, CUdeviceptr ptr, size_t size);
 
 GS_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
+    gs_dev_pick();
     REAL_OR_FAIL(cuMemUnmap)
     CUresult r = unmap(real, ptr, size);
     if (gs_cap_on() && r == CUDA_SUCCESS)
@@ -312,11 +316,11 @@ static CUresult unmap(gs_fn_cuMemUnmap real, CUdeviceptr ptr, size_t size)
 {
     if (!any_handles())
         return real(ptr, size);
-    gs_gate_enter(GS_ID_cuMemUnmap);
+    int gd = gs_gate_enter(GS_ID_cuMemUnmap);
     pthread_mutex_lock(&mm_mu);
     CUresult e = unmap_range_locked(real, ptr, size);
     pthread_mutex_unlock(&mm_mu);
-    gs_gate_leave();
+    gs_gate_leave(gd);
     return e;
 }
 
@@ -339,10 +343,11 @@ static void record_access(struct app_map *m, const CUmemAccessDesc *desc, size_t
 
 GS_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
 {
+    gs_dev_pick();
     REAL_OR_FAIL(cuMemSetAccess)
     if (!any_handles())
         return real(ptr, size, desc, count);
-    gs_gate_enter(GS_ID_cuMemSetAccess);
+    int gd = gs_gate_enter(GS_ID_cuMemSetAccess);
     pthread_mutex_lock(&mm_mu);
     CUresult e = real(ptr, size, desc, count);
     /* Access is kept per mapping: a call over part of one is remembered for all of it. */
@@ -353,18 +358,19 @@ GS_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcces
                 record_access(&r->maps[k], desc, count);
     }
     pthread_mutex_unlock(&mm_mu);
-    gs_gate_leave();
+    gs_gate_leave(gd);
     return e;
 }
 
 GS_EXPORT CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocation *location, CUdeviceptr ptr)
 {
+    gs_dev_pick();
     REAL_OR_FAIL(cuMemGetAccess)
     if (!gs_mm_vmm_mapped(ptr))
         return real(flags, location, ptr);
-    gs_gate_enter(GS_ID_cuMemGetAccess); /* swapped-out memory is mapped again first */
+    int gd = gs_gate_enter(GS_ID_cuMemGetAccess); /* swapped-out memory is mapped again first */
     CUresult e = real(flags, location, ptr);
-    gs_gate_leave();
+    gs_gate_leave(gd);
     return e;
 }
 
@@ -373,6 +379,7 @@ static CUresult retain(gs_fn_cuMemRetainAllocationHandle real, CUmemGenericAlloc
 /* A retained handle needs one more cuMemRelease before its pages, and its charge, go. */
 GS_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
 {
+    gs_dev_pick();
     REAL_OR_FAIL(cuMemRetainAllocationHandle)
     CUresult r = retain(real, handle, addr);
     if (gs_cap_on() && r == CUDA_SUCCESS && handle != NULL)
@@ -397,6 +404,7 @@ static CUresult retain(gs_fn_cuMemRetainAllocationHandle real, CUmemGenericAlloc
 
 GS_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle h)
 {
+    gs_dev_pick_handle(h);
     REAL_OR_FAIL(cuMemGetAllocationPropertiesFromHandle)
     if (!any_handles() || prop == NULL)
         return real(prop, h);
@@ -411,6 +419,7 @@ GS_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *p
 GS_EXPORT CUresult cuMemExportToShareableHandle(void *shareable, CUmemGenericAllocationHandle h, int type,
                                                 unsigned long long flags)
 {
+    gs_dev_pick_handle(h);
     REAL_OR_FAIL(cuMemExportToShareableHandle)
     if (!any_handles())
         return real(shareable, h, type, flags);

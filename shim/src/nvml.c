@@ -63,7 +63,25 @@ void *gs_nvml_dlsym(const char *name, void *found)
         atomic_store_explicit(&real_fn[i], found, memory_order_release);
     else if (real(i) == NULL)
         return NULL; /* only our export answered: without NVML loaded the name does not exist */
-    return gs_cap_on() ? ours[i] : real(i);
+    return gs_cap_any ? ours[i] : real(i);
+}
+
+/* The list form: the shared GPU an NVML handle is, by its UUID (GS_DEV_NONE: not shared, NVML's answer
+ * unchanged). */
+typedef nvmlReturn_t (*uuid_fn)(nvmlDevice_t, char *, unsigned int);
+static void pick(nvmlDevice_t dev)
+{
+    if (GS_LIKELY(!gs_multi))
+        return;
+    static _Atomic(void *) uuid_p;
+    void *p = atomic_load(&uuid_p);
+    if (p == NULL) {
+        void *h = dlopen("libnvidia-ml.so.1", RTLD_LAZY | RTLD_NOLOAD);
+        p = h != NULL ? gs_real_dlsym(h, "nvmlDeviceGetUUID") : NULL;
+        atomic_store(&uuid_p, p);
+    }
+    char u[96];
+    gs_dev_cur = p != NULL && ((uuid_fn)p)(dev, u, sizeof(u)) == NVML_SUCCESS ? gs_dev_of_uuid(u) : GS_DEV_NONE;
 }
 
 GS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *mem)
@@ -73,6 +91,7 @@ GS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *m
     if (fn == NULL)
         return NVML_ERROR_FUNCTION_NOT_FOUND;
     nvmlReturn_t r = fn(dev, mem);
+    pick(dev);
     if (r != NVML_SUCCESS || mem == NULL || !gs_cap_on())
         return r;
     uint64_t t, f;
@@ -90,6 +109,7 @@ GS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v
     if (fn == NULL)
         return NVML_ERROR_FUNCTION_NOT_FOUND;
     nvmlReturn_t r = fn(dev, mem);
+    pick(dev);
     if (r != NVML_SUCCESS || mem == NULL || !gs_cap_on())
         return r;
     uint64_t t, f;

@@ -438,7 +438,7 @@ int gs_pace_before(struct gs_pace_ticket *t, uint64_t key)
     }
     pthread_mutex_unlock(&mu);
     /* The activity mark restarts the idle window at this call's end, whatever the tick saw meanwhile. */
-    atomic_fetch_add_explicit(&gs_gate_word, GS_ACTIVITY_ONE, memory_order_relaxed);
+    atomic_fetch_add_explicit(&gs_hot[gs_dev_cur].word, GS_ACTIVITY_ONE, memory_order_relaxed);
     atomic_fetch_sub(&gs_pace_busy, 1);
     return counted;
 }

@@ -934,6 +934,91 @@ else
 fi
 stop_fake
 
+# 38. Several GPUs in one process (the list form, docs/multigpu.md): the stub has two devices.
+MULTI="$BUILD/tests/multi_client"
+G0=GPU-00000000-0000-0000-0000-000000000000
+G1=GPU-00000000-0000-0000-0000-000000000001
+M0=$TMP/multi0 M1=$TMP/multi1
+mkdir -p "$M0" "$M1"
+run_multi() { # VAR=VALUE... -- multi_client args: two devices, both GPUs listed, each its own socket
+    run_client GPUSHARE_STUB_DEVICES=2 GPUSHARE_GPU_UUID="$G0,$G1" GPUSHARE_SOCKET="$G0=$M0/s.sock,$G1=$M1/s.sock" "$@"
+}
+start_two() { # fake0-args -- fake1-args: a scripted scheduler per GPU
+    local a=() b=()
+    while [ "$1" != -- ]; do a+=("$1"); shift; done
+    shift
+    start_fake "$M0" "${a[@]}"
+    FAKE0=$FAKE
+    start_fake "$M1" "$@"
+    FAKE1=$FAKE
+}
+stop_two() { kill "$FAKE0" "$FAKE1" 2>/dev/null; wait "$FAKE0" "$FAKE1" 2>/dev/null || true; }
+
+# Each GPU has its own limit: device 0 full is refused, device 1 is filled to its own limit, each
+# cuMemGetInfo reports its GPU's, and a free gives back to the pointer's GPU whatever is current.
+start_two -- 
+out=$(run_multi GPUSHARE_MEMORY_LIMIT_BYTES="$G0=67108864,$G1=134217728" timeout 20 "$MULTI" cap 67108864 134217728 2>&1 || true)
+if grep -q "multi cap d0_fill=0 d0_over=2 d0_total=67108864 d1_fill=0 d1_over=2 d1_total=134217728 refill=0" <<<"$out"; then
+    pass "several GPUs: each has its own memory limit and cuMemGetInfo; a free returns to the pointer's GPU"
+else
+    fail "per-GPU limits" "$out"
+fi
+stop_two
+
+# A launch on device 1 takes only device 1's lock: device 0's scheduler never grants, device 1 runs.
+start_two grant=0 -- 
+out=$(run_multi timeout 20 "$MULTI" locks 2>&1 || true)
+if grep -q "multi locks dev1=0" <<<"$out" && grep -q "got ACQUIRE; not granting" "$M0/sched.log" &&
+    grep -q "got ACQUIRE need=0; sent GRANT" "$M1/sched.log"; then
+    pass "several GPUs: each GPU's work takes that GPU's lock only (device 1 runs while device 0 waits)"
+else
+    fail "per-GPU locks" "$out $(cat "$M0/sched.log" "$M1/sched.log")"
+fi
+stop_two
+
+# Oversubscription on device 0 only: its cuMemGetInfo is the scheduler's budget, device 1's the driver's.
+start_two budget=268435456 -- budget=268435456
+out=$(run_multi GPUSHARE_OVERSUB="$G0=1,$G1=0" GPUSHARE_STUB_MEM_TOTAL=1073741824 timeout 20 "$MULTI" info 2>&1 || true)
+if grep -q "multi info d0_total=268435456 d1_total=1073741824" <<<"$out"; then
+    pass "several GPUs: oversubscription on one GPU only (its budget), the other GPU's memory unchanged"
+else
+    fail "per-GPU oversubscription" "$out"
+fi
+stop_two
+
+# One process per GPU (NCCL's layout): each process connects only to its own GPU's scheduler.
+start_two -- 
+run_multi timeout 20 "$MULTI" launch 0 >"$M0/out" 2>&1 &
+p0=$!
+run_multi timeout 20 "$MULTI" launch 1 >"$M1/out" 2>&1 &
+p1=$!
+ok=1
+wait "$p0" || ok=0
+wait "$p1" || ok=0
+if [ "$ok" = 1 ] && grep -q "multi launch dev=0 r=0" "$M0/out" && grep -q "multi launch dev=1 r=0" "$M1/out" &&
+    [ "$(grep -c "got HELLO" "$M0/sched.log")" = 1 ] && [ "$(grep -c "got HELLO" "$M1/sched.log")" = 1 ]; then
+    pass "several GPUs: one process per GPU, each served by its own GPU's scheduler"
+else
+    fail "one process per GPU" "$(cat "$M0/out" "$M1/out" "$M0/sched.log" "$M1/sched.log")"
+fi
+stop_two
+
+# A malformed list (a GPU named twice in GPUSHARE_SOCKET) leaves the GPUs unshared, with a warning:
+# the process runs, no scheduler hears from it.
+start_two -- 
+out=$(run_client GPUSHARE_STUB_DEVICES=2 GPUSHARE_GPU_UUID="$G0,$G1" GPUSHARE_SOCKET="$G0=$M0/s.sock,$G0=$M1/s.sock" \
+    timeout 20 "$MULTI" launch 0 2>&1 || true)
+out2=$(run_client GPUSHARE_STUB_DEVICES=2 GPUSHARE_GPU_UUID="$G0,$G1" GPUSHARE_SOCKET="$G0=$M0/s.sock" \
+    timeout 20 "$MULTI" launch 1 2>&1 || true)
+if grep -q "multi launch dev=0 r=0" <<<"$out" && grep -q "GPUSHARE_SOCKET does not parse as the list form" <<<"$out" &&
+    grep -q "multi launch dev=1 r=0" <<<"$out2" && grep -q "GPUSHARE_SOCKET has no socket for $G1" <<<"$out2" &&
+    ! grep -q "got HELLO" "$M0/sched.log" "$M1/sched.log"; then
+    pass "several GPUs: a malformed list or a GPU without a socket passes through with a warning"
+else
+    fail "malformed list" "$out $out2 $(cat "$M0/sched.log" "$M1/sched.log")"
+fi
+stop_two
+
 if [ "$fails" -ne 0 ]; then
     echo "$fails shim test(s) failed"
     exit 1

@@ -407,9 +407,40 @@ STUB_EXPORT CUresult cuEventDestroy_v2(CUevent ev)
 
 /* ---- context bookkeeping ---- */
 
+/* GPUSHARE_STUB_DEVICES=n (default 1): n devices, device d's context 0x1000 + 0x100 d and UUID
+ * GPU-00000000-0000-0000-0000-0000000000dd; each thread's current device is 0 until it sets another. */
+static __thread int cur_dev;
+static __thread int push_stack[8];
+
+static int ndevices(void)
+{
+    const char *v = getenv("GPUSHARE_STUB_DEVICES");
+    int n = v != NULL ? atoi(v) : 1;
+    return n < 1 ? 1 : n > 16 ? 16 : n;
+}
+
+static CUcontext ctx_of(int d)
+{
+    return (CUcontext)(uintptr_t)(0x1000 + 0x100 * d);
+}
+
+static int dev_of_ctx(CUcontext c)
+{
+    uintptr_t v = (uintptr_t)c;
+    if (v < 0x1000 || (v - 0x1000) % 0x100 != 0 || (int)((v - 0x1000) / 0x100) >= ndevices())
+        return -1;
+    return (int)((v - 0x1000) / 0x100);
+}
+
 static CUcontext fake_ctx(void)
 {
-    return (CUcontext)(uintptr_t)0x1000;
+    return ctx_of(cur_dev);
+}
+
+__attribute__((visibility("hidden"))) int stub_cur_dev(void);
+__attribute__((visibility("hidden"))) int stub_cur_dev(void)
+{
+    return cur_dev;
 }
 
 /* ---- every hooks.def entry point ---- */
@@ -423,7 +454,7 @@ static CUcontext fake_ctx(void)
 #define STUB_CAPEND(name, params, args, s) STUB_EXPORT CUresult name params;
 #define STUB_CTXNEW(name, params, args, pctx)                                                      \
     STUB_EXPORT CUresult name params;                                                              \
-    STUB_EXPORT CUresult name params { *(pctx) = fake_ctx(); return CUDA_SUCCESS; }
+    STUB_EXPORT CUresult name params { if (dev < 0 || dev >= ndevices()) return CUDA_ERROR_INVALID_VALUE; *(pctx) = ctx_of(dev); return CUDA_SUCCESS; }
 #define STUB_CTXGONE(name, params, args, ctx)                                                      \
     STUB_EXPORT CUresult name params;                                                              \
     STUB_EXPORT CUresult name params { (void)(ctx); contexts_gone(); return CUDA_SUCCESS; }
@@ -487,9 +518,11 @@ STUB_EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
 
 STUB_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 {
-    if (ctx != fake_ctx())
+    int d = dev_of_ctx(ctx);
+    if (d < 0 || pushed_ctx >= 8)
         return CUDA_ERROR_INVALID_VALUE;
-    pushed_ctx++;
+    push_stack[pushed_ctx++] = cur_dev;
+    cur_dev = d;
     return CUDA_SUCCESS;
 }
 
@@ -498,7 +531,41 @@ STUB_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
     if (pctx)
         *pctx = fake_ctx();
     if (pushed_ctx > 0)
-        pushed_ctx--;
+        cur_dev = push_stack[--pushed_ctx];
+    return CUDA_SUCCESS;
+}
+
+STUB_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx);
+STUB_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
+{
+    int d = dev_of_ctx(ctx);
+    if (d < 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    cur_dev = d;
+    return CUDA_SUCCESS;
+}
+
+STUB_EXPORT CUresult cuDeviceGetCount(int *n);
+STUB_EXPORT CUresult cuDeviceGetCount(int *n)
+{
+    *n = ndevices();
+    return CUDA_SUCCESS;
+}
+
+STUB_EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *u, CUdevice d)
+{
+    if (d < 0 || d >= ndevices())
+        return CUDA_ERROR_INVALID_VALUE;
+    memset(u->bytes, 0, sizeof(u->bytes));
+    u->bytes[15] = (char)d;
+    return CUDA_SUCCESS;
+}
+
+/* A stream is its creating device's: the device is in the handle's low bits (stub_vmm.c). */
+STUB_EXPORT CUresult cuStreamGetCtx(CUstream s, CUcontext *pctx)
+{
+    uintptr_t v = (uintptr_t)s;
+    *pctx = v <= 0x2 ? fake_ctx() : ctx_of((int)(v & 0xf));
     return CUDA_SUCCESS;
 }
 

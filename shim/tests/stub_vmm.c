@@ -487,9 +487,11 @@ STUB_EXPORT CUresult cuMemHostUnregister(void *p)
     return CUDA_ERROR_INVALID_VALUE;
 }
 
+__attribute__((visibility("hidden"))) int stub_cur_dev(void);
+
 STUB_EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
 {
-    *dev = 0;
+    *dev = stub_cur_dev();
     return CUDA_SUCCESS;
 }
 
@@ -497,7 +499,7 @@ STUB_EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int flags)
 {
     (void)flags;
     static atomic_uintptr_t next = 0x7000;
-    *s = (CUstream)atomic_fetch_add(&next, 0x10);
+    *s = (CUstream)(atomic_fetch_add(&next, 0x10) | (uintptr_t)stub_cur_dev());
     return CUDA_SUCCESS;
 }
 
@@ -513,7 +515,10 @@ STUB_EXPORT CUresult cuStreamSynchronize(CUstream s)
 STUB_EXPORT CUresult cuMemGetInfo_v2(size_t *free_, size_t *total)
 {
     UNSAFE("cuMemGetInfo_v2");
-    *total = (size_t)env_ll("GPUSHARE_STUB_MEM_TOTAL", 80ll << 30);
+    /* GPUSHARE_STUB_MEM_TOTAL_<d> for device d, else GPUSHARE_STUB_MEM_TOTAL */
+    char name[64];
+    snprintf(name, sizeof(name), "GPUSHARE_STUB_MEM_TOTAL_%d", stub_cur_dev());
+    *total = (size_t)env_ll(name, env_ll("GPUSHARE_STUB_MEM_TOTAL", 80ll << 30));
     *free_ = *total;
     return CUDA_SUCCESS;
 }

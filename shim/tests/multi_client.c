@@ -1,0 +1,155 @@
+/*
+ * The test application of a process with several shared GPUs (docs/multigpu.md), on the stub driver
+ * with GPUSHARE_STUB_DEVICES=2 and the list form of the environment.
+ *
+ *   multi_client cap L0 L1   fills device 0 with four blocks of L0/4 and device 1 with two of L1/2
+ *                            (cuMemAlloc, each device's primary context current), then one more on
+ *                            each (refused: each GPU has its own limit), frees one block of device 0
+ *                            while device 1's context is current and allocates it again on device 0.
+ *                            Prints "multi cap d0_fill=R d0_over=R d0_total=T d1_fill=R d1_over=R
+ *                            d1_total=T refill=R" (R: CUresults, 0 success, 2 out of memory; T:
+ *                            cuMemGetInfo's total with that device current)
+ *   multi_client launch D    one kernel launch on a stream of device D; prints "multi launch dev=D r=R"
+ *   multi_client locks       a thread launches on device 0 (whose scheduler never grants) while the
+ *                            main thread launches on device 1 and prints "multi locks dev1=R", then
+ *                            exits without waiting for the thread
+ *   multi_client info        prints "multi info d0_total=T d1_total=T" (cuMemGetInfo per device)
+ */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_abi.h"
+
+typedef CUresult (*gpa2_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+typedef CUresult (*init_fn)(unsigned);
+typedef CUresult (*retain_fn)(CUcontext *, CUdevice);
+typedef CUresult (*setctx_fn)(CUcontext);
+typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
+typedef CUresult (*free_fn)(CUdeviceptr);
+typedef CUresult (*info_fn)(size_t *, size_t *);
+typedef CUresult (*stream_fn)(CUstream *, unsigned int);
+typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                              CUstream, void **, void **);
+typedef CUresult (*sync_fn)(void);
+
+static gpa2_fn gpa;
+static CUcontext ctx[2];
+
+static void *sym(const char *name)
+{
+    void *p = NULL;
+    CUdriverProcAddressQueryResult st;
+    if (gpa(name, &p, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &st) != CUDA_SUCCESS || p == NULL) {
+        fprintf(stderr, "multi_client: cannot resolve %s\n", name);
+        exit(2);
+    }
+    return p;
+}
+
+/* Device d's primary context made current, retained at its first use (a process of NCCL's layout
+ * never retains another GPU's); cuCtxSetCurrent is no hook of the shim's: the stub's own. */
+static void use(int d)
+{
+    if (ctx[d] == NULL && ((retain_fn)sym("cuDevicePrimaryCtxRetain"))(&ctx[d], d) != CUDA_SUCCESS) {
+        fprintf(stderr, "multi_client: no device %d\n", d);
+        exit(2);
+    }
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    setctx_fn set = h != NULL ? (setctx_fn)dlsym(h, "cuCtxSetCurrent") : NULL;
+    if (set == NULL || set(ctx[d]) != CUDA_SUCCESS) {
+        fprintf(stderr, "multi_client: cannot make device %d current\n", d);
+        exit(2);
+    }
+}
+
+static size_t total_of(int d)
+{
+    use(d);
+    size_t f = 0, t = 0;
+    if (((info_fn)sym("cuMemGetInfo"))(&f, &t) != CUDA_SUCCESS)
+        return 0;
+    return t;
+}
+
+static CUresult launch(int d)
+{
+    use(d);
+    CUstream s = NULL;
+    CUresult r = ((stream_fn)sym("cuStreamCreate"))(&s, 0);
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = ((launch_fn)sym("cuLaunchKernel"))((CUfunction)0x1, 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL);
+    if (r == CUDA_SUCCESS)
+        r = ((sync_fn)sym("cuCtxSynchronize"))();
+    return r;
+}
+
+static void *launch0(void *arg)
+{
+    (void)arg;
+    launch(0);
+    return NULL;
+}
+
+static CUresult fill(int d, int n, size_t unit, CUdeviceptr *got)
+{
+    use(d);
+    CUresult worst = CUDA_SUCCESS;
+    for (int i = 0; i < n; i++) {
+        CUresult r = ((alloc_fn)sym("cuMemAlloc"))(&got[i], unit);
+        if (r != CUDA_SUCCESS)
+            worst = r;
+    }
+    return worst;
+}
+
+int main(int argc, char **argv)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    if (h == NULL || argc < 2) {
+        fprintf(stderr, "usage: multi_client cap L0 L1 | launch D | locks | info\n");
+        return 2;
+    }
+    gpa = (gpa2_fn)dlsym(h, "cuGetProcAddress_v2");
+    if (gpa == NULL)
+        return 2;
+    ((init_fn)sym("cuInit"))(0);
+    if (!strcmp(argv[1], "cap") && argc == 4) {
+        size_t l0 = strtoull(argv[2], NULL, 10), l1 = strtoull(argv[3], NULL, 10);
+        CUdeviceptr a[4] = {0}, b[2] = {0}, x = 0;
+        CUresult f0 = fill(0, 4, l0 / 4, a);
+        CUresult o0 = ((alloc_fn)sym("cuMemAlloc"))(&x, l0 / 4);
+        size_t t0 = total_of(0);
+        CUresult f1 = fill(1, 2, l1 / 2, b);
+        CUresult o1 = ((alloc_fn)sym("cuMemAlloc"))(&x, l1 / 2);
+        size_t t1 = total_of(1);
+        use(1);
+        ((free_fn)sym("cuMemFree"))(a[0]); /* device 0's memory, device 1 current */
+        use(0);
+        CUresult again = ((alloc_fn)sym("cuMemAlloc"))(&a[0], l0 / 4);
+        printf("multi cap d0_fill=%d d0_over=%d d0_total=%zu d1_fill=%d d1_over=%d d1_total=%zu refill=%d\n", f0,
+               o0, t0, f1, o1, t1, again);
+        return 0;
+    }
+    if (!strcmp(argv[1], "launch") && argc == 3) {
+        int d = atoi(argv[2]);
+        printf("multi launch dev=%d r=%d\n", d, launch(d));
+        return 0;
+    }
+    if (!strcmp(argv[1], "locks")) {
+        pthread_t t;
+        pthread_create(&t, NULL, launch0, NULL);
+        printf("multi locks dev1=%d\n", launch(1));
+        fflush(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "info")) {
+        printf("multi info d0_total=%zu d1_total=%zu\n", total_of(0), total_of(1));
+        return 0;
+    }
+    fprintf(stderr, "multi_client: unknown mode %s\n", argv[1]);
+    return 2;
+}

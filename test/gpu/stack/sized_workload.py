@@ -2,9 +2,14 @@
 
 It prints one JSON line per event on stdout, each with "t" (time.time() when it happened), and takes
 commands on stdin, one per line:
+  (gated)    with the argument "gated", it reads one line from stdin before its first CUDA call, so the
+             caller can place it in its pod before its CUDA context exists
   (start)    {"event": "ready", "pid", "total", "free", "sms"}: torch.cuda.mem_get_info() and the SMs
              this process may use (multi_processor_count: under MPS it shows the client's active thread
              percentage, as test/gpu/cap/mps.sh measured)
+  (refused)  where its CUDA context is refused with out of memory (a claim's ledger with no room for one
+             more process): {"event": "refused", "pid", "error"}; it then touches CUDA no more and
+             waits for exit
   (always)   a 1024x1024 float64 matmul loop, each result compared with the CPU's; once a second
              {"event": "progress", "steps", "bad"}
   fill MAX   allocate 1 GiB tensors until torch.OutOfMemoryError, at most MAX GiB (the GPU is shared:
@@ -38,7 +43,20 @@ def say(**kw):
     print(json.dumps(kw), flush=True)
 
 
-free, total = torch.cuda.mem_get_info()
+if sys.argv[1:] == ["gated"]:
+    sys.stdin.readline()
+try:
+    free, total = torch.cuda.mem_get_info()  # the first CUDA call: creates the primary context
+except RuntimeError as e:
+    # torch raises OutOfMemoryError from its allocator, a plain RuntimeError for a refused context.
+    if not isinstance(e, torch.OutOfMemoryError) and "out of memory" not in str(e):
+        raise
+    say(event="refused", pid=os.getpid(), error=str(e).splitlines()[0][:240])
+    for line in sys.stdin:
+        if line.split() == ["exit"]:
+            break
+    say(event="done", steps=0, bad=0)
+    sys.exit(0)
 sms = torch.cuda.get_device_properties(0).multi_processor_count
 a = torch.randn(1024, 1024, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
 want = a @ a  # on the CPU

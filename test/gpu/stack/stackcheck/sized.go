@@ -107,6 +107,7 @@ func (s *stack) sizedClaims(ctx context.Context) {
 // sizedCase applies the case's policy, prepares three claims through the agent's kubelet plugin and runs
 // their workloads: A (8Gi, 25%) and B (16Gi, 50%) with their claims' limits, each filling memory until
 // out-of-memory while the other computes, and a third pod (2Gi) without its limits that takes 4 GiB.
+// Then a pod of one claim runs two processes (twoProcessPod).
 func (s *stack) sizedCase(ctx context.Context, sc sizedCase) {
 	s.r.begin("sized claims under " + sc.title + ": 8Gi/25% and 16Gi/50% on one GPU, and a pod past its claim")
 	pods := newSizedPods()
@@ -144,6 +145,7 @@ func (s *stack) sizedCase(ctx context.Context, sc sizedCase) {
 	s.fillPastClaim(ctx, b, a)
 	s.passClaim(ctx, sc, over, []*sizedPod{a, b})
 	s.endSized(ctx, kubelet, pods)
+	s.twoProcessPod(ctx, sc, dev, kubelet)
 }
 
 // applySized applies the case's policy and waits until the GPU applies it and the node's slice
@@ -194,33 +196,9 @@ func (s *stack) applySized(ctx context.Context, sc sizedCase) (sizedDevice, bool
 // containers, and every pod is Running before: the agent names a process's pod from the pods it lists.
 func (s *stack) startSizedPods(ctx context.Context, sc sizedCase, dev sizedDevice, kubelet *draKubelet, pods []*sizedPod) bool {
 	for _, p := range pods {
-		name := p.pod.Name
-		var err error
-		p.pod, p.claim, err = claimPod(ctx, s.c, nodeName, name, p.memory, p.compute)
-		if p.pod == nil {
-			p.pod = &corev1.Pod{}
-			p.pod.Name = name
-		}
-		if !s.r.must("create pod and claim "+name, err) {
+		if !s.prepareSizedPod(ctx, sc, dev, kubelet, p) {
 			return false
 		}
-		if !s.r.must("pod "+name+" Running", s.podRunning(ctx, p.pod)) {
-			return false
-		}
-		p.consumed, err = allocate(ctx, s.c, p.claim, p.pod, dev, nodeName)
-		if !s.r.must("allocate claim "+name+" as the scheduler would", err) {
-			return false
-		}
-		ids, err := kubelet.prepare(ctx, p.claim, 30*time.Second)
-		if !s.r.must("NodePrepareResources "+name, err) {
-			return false
-		}
-		p.prepared = true
-		p.cdi, err = resolveCDI(s.cdiDir, ids)
-		if !s.r.must("CDI: the spec of "+name+"'s devices "+strings.Join(ids, ","), err) {
-			return false
-		}
-		s.checkSizedEdits(sc, p)
 	}
 	for _, p := range pods {
 		e := p.cdi.edits
@@ -251,6 +229,39 @@ func (s *stack) startSizedPods(ctx context.Context, sc sizedCase, dev sizedDevic
 			return false
 		}
 	}
+	return true
+}
+
+// prepareSizedPod creates p's pod (Running, as its kubelet reports it) and claim, allocates the claim on
+// dev, prepares it through the plugin's socket and resolves its CDI devices' edits.
+func (s *stack) prepareSizedPod(ctx context.Context, sc sizedCase, dev sizedDevice, kubelet *draKubelet, p *sizedPod) bool {
+	name := p.pod.Name
+	var err error
+	p.pod, p.claim, err = claimPod(ctx, s.c, nodeName, name, p.memory, p.compute)
+	if p.pod == nil {
+		p.pod = &corev1.Pod{}
+		p.pod.Name = name
+	}
+	if !s.r.must("create pod and claim "+name, err) {
+		return false
+	}
+	if !s.r.must("pod "+name+" Running", s.podRunning(ctx, p.pod)) {
+		return false
+	}
+	p.consumed, err = allocate(ctx, s.c, p.claim, p.pod, dev, nodeName)
+	if !s.r.must("allocate claim "+name+" as the scheduler would", err) {
+		return false
+	}
+	ids, err := kubelet.prepare(ctx, p.claim, 30*time.Second)
+	if !s.r.must("NodePrepareResources "+name, err) {
+		return false
+	}
+	p.prepared = true
+	p.cdi, err = resolveCDI(s.cdiDir, ids)
+	if !s.r.must("CDI: the spec of "+name+"'s devices "+strings.Join(ids, ","), err) {
+		return false
+	}
+	s.checkSizedEdits(sc, p)
 	return true
 }
 
@@ -298,20 +309,26 @@ func withoutLimits(e edits) edits {
 func (s *stack) sizedCleanup(ctx context.Context, kubelet *draKubelet, pods []*sizedPod) {
 	var names []string
 	for _, p := range pods {
-		if p.c != nil {
-			p.c.kill()
-			select {
-			case <-p.c.done:
-			case <-time.After(30 * time.Second):
-				s.r.check(p.name()+" ends when killed", false, "pid %d still running 30s after SIGKILL", p.c.pid())
-			}
-		}
+		s.killWorkload(p.name(), p.c)
 		if p.prepared && p.claim != nil {
 			_ = kubelet.unprepare(ctx, p.claim)
 		}
 		names = append(names, p.pod.Name)
 	}
 	s.r.must("delete the case's pods and claims", deleteClaimPods(ctx, s.c, names))
+}
+
+// killWorkload ends c (nil: none started; ended already: nothing to do) and waits for its end.
+func (s *stack) killWorkload(name string, c *container) {
+	if c == nil || !c.running() {
+		return
+	}
+	c.kill()
+	select {
+	case <-c.done:
+	case <-time.After(30 * time.Second):
+		s.r.check(name+" ends when killed", false, "pid %d still running 30s after SIGKILL", c.pid())
+	}
 }
 
 // sizedPolicyDeleted deletes the policy: the GPU leaves sizing, no sized device is published, and no

@@ -121,16 +121,7 @@ func (s *stack) passClaim(ctx context.Context, sc sizedCase, over *sizedPod, wit
 	if !s.r.must(over.name()+" holds "+fmt.Sprint(overGiB)+" GiB, past its "+gib(over.claimBytes())+" claim", err) {
 		return
 	}
-	ref := podNamespace + "/" + over.name()
-	var events []string
-	d, err := waitFor(ctx, 30*time.Second, 20*time.Millisecond, func() bool {
-		_, g := s.gpuNode(ctx)
-		if g == nil || !withinClaims(g, false, ref+" holds") {
-			return false
-		}
-		events = s.claimExceededEvents(ctx, over.name())
-		return len(events) > 0
-	}, held.at())
+	d, events, err := s.waitReported(ctx, over.name(), held.at())
 	_, g = s.gpuNode(ctx)
 	if !s.r.check("status: WithinClaims False naming the pod, and a warning event on it", err == nil, "%s; events %q (%v)",
 		conditionText(g, v1alpha1.ConditionWithinClaims), events, err) {
@@ -209,9 +200,28 @@ func (s *stack) endSized(ctx context.Context, kubelet *draKubelet, pods []*sized
 	s.r.check("API: no pod within its claims was reported over them", len(wrong) == 0, "%q", wrong)
 }
 
+// waitReported waits until the agent reports pod over its claims: the GPU's WithinClaims False naming
+// it, and a ClaimExceeded event on it. It returns the time since since, and the events.
+func (s *stack) waitReported(ctx context.Context, pod string, since time.Time) (time.Duration, []string, error) {
+	ref := podNamespace + "/" + pod
+	var events []string
+	d, err := waitFor(ctx, 30*time.Second, 20*time.Millisecond, func() bool {
+		_, g := s.gpuNode(ctx)
+		if !withinClaims(g, false, ref+" holds") {
+			return false
+		}
+		events = s.claimExceededEvents(ctx, pod)
+		return len(events) > 0
+	}, since)
+	return d, events, err
+}
+
 // withinClaims says whether the GPU's WithinClaims condition has the status, its message containing
-// naming (for False).
+// naming (for False); false without a status.
 func withinClaims(g *v1alpha1.GPUStatus, ok bool, naming string) bool {
+	if g == nil {
+		return false
+	}
 	c := condition(g.Conditions, v1alpha1.ConditionWithinClaims)
 	if c == nil {
 		return false

@@ -194,21 +194,48 @@ var labelPair = regexp.MustCompile(`(\w+)="([^"]*)"`)
 
 // podSeries reads the agent's per-pod memory and SM series for pods of podNamespace, by pod name.
 func podSeries(ctx context.Context) (map[string]podFigures, error) {
+	text, err := agentMetricsText(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]podFigures{}
+	eachSample(text, seriesLine, func(name string, labels map[string]string, v float64) {
+		if labels["namespace"] != podNamespace {
+			return
+		}
+		f := out[labels["pod"]]
+		if name == "gpusharing_pod_gpu_memory_used_bytes" {
+			f.memory += v
+		} else {
+			f.sm += v
+		}
+		out[labels["pod"]] = f
+	})
+	return out, nil
+}
+
+// agentMetricsText reads the agent's metrics page.
+func agentMetricsText(ctx context.Context) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+agentMetrics+"/metrics", nil)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	defer func() { _ = resp.Body.Close() }()
-	out := map[string]podFigures{}
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		m := seriesLine.FindStringSubmatch(sc.Text())
+	body, err := io.ReadAll(resp.Body)
+	return string(body), err
+}
+
+// eachSample calls each for every sample of a metrics page whose line matches series (groups: the name,
+// the labels, the value).
+func eachSample(text string, series *regexp.Regexp, each func(name string, labels map[string]string, v float64)) {
+	for _, line := range strings.Split(text, "\n") {
+		m := series.FindStringSubmatch(line)
 		if m == nil {
 			continue
 		}
@@ -216,20 +243,10 @@ func podSeries(ctx context.Context) (map[string]podFigures, error) {
 		for _, kv := range labelPair.FindAllStringSubmatch(m[2], -1) {
 			labels[kv[1]] = kv[2]
 		}
-		if labels["namespace"] != podNamespace {
-			continue
-		}
 		v, err := strconv.ParseFloat(m[3], 64)
 		if err != nil {
 			continue
 		}
-		f := out[labels["pod"]]
-		if m[1] == "gpusharing_pod_gpu_memory_used_bytes" {
-			f.memory += v
-		} else {
-			f.sm += v
-		}
-		out[labels["pod"]] = f
+		each(m[1], labels, v)
 	}
-	return out, sc.Err()
 }

@@ -79,10 +79,7 @@ func TestPodSeriesPerGPUAreCapped(t *testing.T) {
 	srv.GPUs[1].SetUsage(nvmlmock.Proc(900, gib, 0))
 	p[900] = ref("ns", "alone", "c")
 	a := newAccountant(srv, p, nil)
-	reg := prometheus.NewRegistry()
-	m, _ := NewMetrics(reg)
-	m.MaxSeriesPerGPU = 4
-	m.Add("n", a)
+	reg := exportOnNodeN(a, 4)
 	a.Sample(context.Background())
 	got := prom.Gathered(t, reg, "container")
 	memory := map[string]int{}
@@ -113,9 +110,7 @@ func TestPodGPUsCountsAPodsGPUsAndLeavesWithIt(t *testing.T) {
 	srv.GPUs[0].SetUsage(nvmlmock.Proc(100, gib, 0))
 	srv.GPUs[1].SetUsage(nvmlmock.Proc(101, gib, 0), nvmlmock.Proc(200, gib, 0))
 	a := newAccountant(srv, pods{100: ref("ml", "tp", "rank0"), 101: ref("ml", "tp", "rank1"), 200: ref("ml", "one", "c")}, nil)
-	reg := prometheus.NewRegistry()
-	m, _ := NewMetrics(reg)
-	m.Add("n", a)
+	reg := exportOnNodeN(a, 0)
 	a.Sample(context.Background())
 	count := func() map[string]float64 {
 		out := map[string]float64{}
@@ -145,10 +140,7 @@ func TestPodGPUsIsBoundedByThePerGPUCap(t *testing.T) {
 	srv := nvmlmock.NewH100(1)
 	srv.GPUs[0].SetUsage(nvmlmock.Proc(100, 2*gib, 0), nvmlmock.Proc(200, gib, 0))
 	a := newAccountant(srv, pods{100: ref("ml", "big", "c"), 200: ref("ml", "small", "c")}, nil)
-	reg := prometheus.NewRegistry()
-	m, _ := NewMetrics(reg)
-	m.MaxSeriesPerGPU = 1
-	m.Add("n", a)
+	reg := exportOnNodeN(a, 1)
 	a.Sample(context.Background())
 	got := prom.Gathered(t, reg, "container")
 	if _, ok := got["gpusharing_pod_gpus{ml/small,,,n}"]; ok {
@@ -157,6 +149,15 @@ func TestPodGPUsIsBoundedByThePerGPUCap(t *testing.T) {
 	if got["gpusharing_pod_gpus{ml/big,,,n}"] != 1 {
 		t.Errorf("the exported pod's GPU count is missing: %v", got)
 	}
+}
+
+// exportOnNodeN registers a's series as node "n", at most maxPerGPU containers a GPU (0: the default).
+func exportOnNodeN(a *Accountant, maxPerGPU int) *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	m, _ := NewMetrics(reg)
+	m.MaxSeriesPerGPU = maxPerGPU
+	m.Add("n", a)
+	return reg
 }
 
 func TestMetricsAreSharedByTheAgentsOfAProcess(t *testing.T) {

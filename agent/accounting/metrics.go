@@ -20,7 +20,7 @@ type Metrics struct {
 	// MaxSeriesPerGPU bounds the containers exported per GPU (DefaultMaxSeriesPerGPU).
 	MaxSeriesPerGPU int
 
-	memory, sm, swapped, lockWait, lockHold, omitted *prometheus.Desc
+	memory, sm, swapped, lockWait, lockHold, omitted, podGPUs *prometheus.Desc
 
 	nodes promreg.Nodes[*Accountant]
 }
@@ -41,6 +41,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			"Time the container's shim clients held the GPU lock (resets when a client process exits).", podLabels, nil),
 		omitted: prometheus.NewDesc("gpusharing_pod_series_omitted",
 			"Containers using the GPU that export no per-pod series because the GPU has more than the cap.", []string{"gpu", "node"}, nil),
+		podGPUs: prometheus.NewDesc("gpusharing_pod_gpus",
+			"GPUs the pod's processes use on the node (exported for pods with a container among the per-GPU series).", []string{"namespace", "pod", "node"}, nil),
 	}
 	return promreg.Register(reg, m)
 }
@@ -55,7 +57,7 @@ func (m *Metrics) Add(node string, a *Accountant) {
 
 // Describe implements prometheus.Collector.
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{m.memory, m.sm, m.swapped, m.lockWait, m.lockHold, m.omitted} {
+	for _, d := range []*prometheus.Desc{m.memory, m.sm, m.swapped, m.lockWait, m.lockHold, m.omitted, m.podGPUs} {
 		ch <- d
 	}
 }
@@ -67,13 +69,24 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		limit = DefaultMaxSeriesPerGPU
 	}
 	for node, a := range m.nodes.Snapshot() {
-		for _, g := range a.Latest().GPUs {
-			m.collectGPU(ch, node, g, limit)
+		snap := a.Latest()
+		exported := map[[2]string]bool{}
+		for _, g := range snap.GPUs {
+			for _, c := range m.collectGPU(ch, node, g, limit) {
+				exported[[2]string{c.Namespace, c.Name}] = true
+			}
+		}
+		// A pod's GPU count goes with its containers' series: bounded by the same cap, gone with the pod.
+		for _, p := range snap.Pods() {
+			if exported[[2]string{p.Namespace, p.Name}] {
+				ch <- prometheus.MustNewConstMetric(m.podGPUs, prometheus.GaugeValue, float64(len(p.GPUs)), p.Namespace, p.Name, node)
+			}
 		}
 	}
 }
 
-func (m *Metrics) collectGPU(ch chan<- prometheus.Metric, node string, g GPU, limit int) {
+// collectGPU exports the GPU's containers up to limit and returns those it exported.
+func (m *Metrics) collectGPU(ch chan<- prometheus.Metric, node string, g GPU, limit int) []Container {
 	cs := Top(g.Containers, limit)
 	if n := len(g.Containers) - len(cs); n > 0 {
 		ch <- prometheus.MustNewConstMetric(m.omitted, prometheus.GaugeValue, float64(n), g.UUID, node)
@@ -90,4 +103,5 @@ func (m *Metrics) collectGPU(ch chan<- prometheus.Metric, node string, g GPU, li
 			ch <- prometheus.MustNewConstMetric(m.lockHold, prometheus.CounterValue, c.Shim.LockHold.Seconds(), lv...)
 		}
 	}
+	return cs
 }

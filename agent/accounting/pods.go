@@ -10,7 +10,9 @@ type PodGPU struct {
 	UUID        string
 	Index       int
 	MemoryBytes uint64
-	// SMPercent sums its containers' utilization on the GPU; valid only when SMKnown.
+	// MemoryComplete is false when NVML could not read the memory of one of its processes there.
+	MemoryComplete bool
+	// SMPercent sums its containers' utilization on the GPU (at most 100); valid only when SMKnown.
 	SMPercent float64
 	SMKnown   bool
 }
@@ -35,12 +37,13 @@ func (s Snapshot) Pods() []Pod {
 			}
 			i := slices.IndexFunc(p.GPUs, func(pg PodGPU) bool { return pg.UUID == g.UUID })
 			if i < 0 {
-				p.GPUs = append(p.GPUs, PodGPU{UUID: g.UUID, Index: g.Index, SMKnown: true})
+				p.GPUs = append(p.GPUs, PodGPU{UUID: g.UUID, Index: g.Index, MemoryComplete: true, SMKnown: true})
 				i = len(p.GPUs) - 1
 			}
 			pg := &p.GPUs[i]
 			pg.MemoryBytes += c.MemoryBytes
-			pg.SMPercent += c.SMPercent
+			pg.MemoryComplete = pg.MemoryComplete && c.MemoryComplete
+			pg.SMPercent = min(pg.SMPercent+c.SMPercent, 100)
 			pg.SMKnown = pg.SMKnown && c.SMKnown
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/gpusharing/gpusharing/agent/gpu/nvmlmock"
+	"github.com/gpusharing/gpusharing/agent/podpid"
 )
 
 // A pod on two GPUs (a process per GPU, as NCCL jobs run, plus one process that NVML lists on both)
@@ -32,12 +33,31 @@ func TestAPodOnTwoGPUsShowsOnBoth(t *testing.T) {
 		}
 	}
 	want := []Pod{
-		{Namespace: "ml", Name: "other", GPUs: []PodGPU{{UUID: srv.GPUs[1].UUID, Index: 1, MemoryBytes: gib, SMPercent: 70, SMKnown: true}}},
+		{Namespace: "ml", Name: "other", GPUs: []PodGPU{{UUID: srv.GPUs[1].UUID, Index: 1, MemoryBytes: gib, MemoryComplete: true, SMPercent: 70, SMKnown: true}}},
 		{Namespace: "ml", Name: "tp", GPUs: []PodGPU{
-			{UUID: srv.GPUs[0].UUID, Index: 0, MemoryBytes: 3 * gib, SMPercent: 50, SMKnown: true},
-			{UUID: srv.GPUs[1].UUID, Index: 1, MemoryBytes: 4 * gib, SMPercent: 55, SMKnown: true},
+			{UUID: srv.GPUs[0].UUID, Index: 0, MemoryBytes: 3 * gib, MemoryComplete: true, SMPercent: 50, SMKnown: true},
+			{UUID: srv.GPUs[1].UUID, Index: 1, MemoryBytes: 4 * gib, MemoryComplete: true, SMPercent: 55, SMKnown: true},
 		}},
 	}
+	if got := snap.Pods(); !reflect.DeepEqual(got, want) {
+		t.Errorf("pods:\n got %+v\nwant %+v", got, want)
+	}
+}
+
+// Two containers of a pod on one GPU: the pod's figure there is their sum, its SM share at most 100, and
+// its memory incomplete when one container's is.
+func TestAPodsFiguresOnAGPUSumItsContainers(t *testing.T) {
+	c := func(name string, mem uint64, complete bool, sm float64) Container {
+		return Container{Ref: podpid.Ref{Namespace: "ml", Name: "p", Container: name}, MemoryBytes: mem, MemoryComplete: complete, SMPercent: sm, SMKnown: true}
+	}
+	snap := Snapshot{GPUs: []GPU{
+		{UUID: "GPU-0", Index: 0, Containers: []Container{c("a", gib, true, 70), c("b", gib, true, 60)}},
+		{UUID: "GPU-1", Index: 1, Containers: []Container{c("a", gib, true, 10), c("b", gib, false, 10)}},
+	}}
+	want := []Pod{{Namespace: "ml", Name: "p", GPUs: []PodGPU{
+		{UUID: "GPU-0", Index: 0, MemoryBytes: 2 * gib, MemoryComplete: true, SMPercent: 100, SMKnown: true},
+		{UUID: "GPU-1", Index: 1, MemoryBytes: 2 * gib, MemoryComplete: false, SMPercent: 20, SMKnown: true},
+	}}}
 	if got := snap.Pods(); !reflect.DeepEqual(got, want) {
 		t.Errorf("pods:\n got %+v\nwant %+v", got, want)
 	}

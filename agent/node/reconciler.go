@@ -323,6 +323,7 @@ func (r *Reconciler) setNodeStatus(_ context.Context, sc *scope) {
 	st.MemoryAllocated = memoryAllocatedSummary(st.GPUs)
 	st.MIGFree = migFreeSummary(st.GPUs)
 	st.Production = productionSummary(st.GPUs)
+	r.setPods(st)
 	r.usage.set(st.GPUs)
 	if sc.transientErr == nil && sc.invErr == nil {
 		st.ObservedGeneration = sc.node.Generation

@@ -48,7 +48,25 @@ func gpuStatus(dev gpu.Device, obs observed, desired *v1alpha1.GPUDesired, err e
 	if prev != nil {
 		st.Conditions = append([]metav1.Condition(nil), prev.Conditions...)
 	}
+	setGPUApplied(&st, dev, desired, err)
+	keepInForce(&st, desired, err, prev)
+	appliedMIGDynamic(&st, desired, err, prev)
+	if st.Applied.Sizing.PerClaim() {
+		setCondition(&st.Conditions, v1alpha1.ConditionDevicePlugin, metav1.ConditionFalse, v1alpha1.ReasonSizedByClaim,
+			"shares are sized per claim, which only DRA carries: claim them with the DeviceClass gpusharing-sized")
+	} else {
+		meta.RemoveStatusCondition(&st.Conditions, v1alpha1.ConditionDevicePlugin)
+	}
+	if desired != nil {
+		st.Applied.Policy = desired.Policy
+		st.Applied.PolicyGeneration = desired.PolicyGeneration
+	}
+	setGPUHealthy(&st, obs)
+	return st
+}
 
+// setGPUApplied sets the GPU's Applied condition, and what is in force where the desired sharing is.
+func setGPUApplied(st *v1alpha1.GPUStatus, dev gpu.Device, desired *v1alpha1.GPUDesired, err error) {
 	switch {
 	case desired == nil:
 		setCondition(&st.Conditions, v1alpha1.ConditionApplied, metav1.ConditionTrue, v1alpha1.ReasonNotDesired, "no policy lists this GPU; it is left as found")
@@ -63,6 +81,12 @@ func gpuStatus(dev gpu.Device, obs observed, desired *v1alpha1.GPUDesired, err e
 		st.Applied.SpecHash = v1alpha1.SharingHash(desired.Sharing)
 		setCondition(&st.Conditions, v1alpha1.ConditionApplied, metav1.ConditionTrue, v1alpha1.ReasonAsDesired, describeDesired(desired.Sharing)+" is in force")
 	}
+}
+
+// keepInForce sets what the agent, not the hardware, holds in force: the MPS replicas, the sizing and
+// the production classes, the desired ones once applied and, while a change drains the GPU, the ones
+// before.
+func keepInForce(st *v1alpha1.GPUStatus, desired *v1alpha1.GPUDesired, err error, prev *v1alpha1.GPUStatus) {
 	if st.Applied.MPS != nil {
 		// Replicas are the device plugin's shares of the daemon, not a daemon setting: the desired count, or,
 		// while the GPU is being changed away from MPS (drained), the count in force before. Without it the
@@ -74,37 +98,23 @@ func gpuStatus(dev gpu.Device, obs observed, desired *v1alpha1.GPUDesired, err e
 			st.Applied.MPS.Replicas = prev.Applied.MPS.Replicas
 		}
 	}
-	// The sizing in force is the desired one once applied, and the one before while a change drains the
-	// GPU: the claims allocated on it keep their sized device (and the device plugin keeps its shares
-	// away) until the GPU is empty.
+	// The claims allocated on a draining GPU keep their sized device (and the device plugin keeps its
+	// shares away) until the GPU is empty. Production classes take effect with the sharing that carries
+	// them (the shim's scheduler, the MPS clients' env), so they are in force exactly when it is.
 	switch {
 	case desired != nil && err == nil:
 		if desired.Sharing.Sizing.PerClaim() {
 			st.Applied.Sizing = desired.Sharing.Sizing.DeepCopy()
 		}
-	case desired != nil && prev != nil && prev.Applied != nil && prev.Applied.Strategy == st.Applied.Strategy:
-		st.Applied.Sizing = prev.Applied.Sizing.DeepCopy()
-	}
-	appliedMIGDynamic(&st, desired, err, prev)
-	// Production classes take effect with the sharing that carries them (the shim's scheduler, the MPS
-	// clients' env), so they are in force exactly when it is.
-	switch {
-	case desired != nil && err == nil:
 		st.Applied.QoS = desired.Sharing.QoS.DeepCopy()
 	case desired != nil && prev != nil && prev.Applied != nil && prev.Applied.Strategy == st.Applied.Strategy:
+		st.Applied.Sizing = prev.Applied.Sizing.DeepCopy()
 		st.Applied.QoS = prev.Applied.QoS.DeepCopy()
 	}
-	if st.Applied.Sizing.PerClaim() {
-		setCondition(&st.Conditions, v1alpha1.ConditionDevicePlugin, metav1.ConditionFalse, v1alpha1.ReasonSizedByClaim,
-			"shares are sized per claim, which only DRA carries: claim them with the DeviceClass gpusharing-sized")
-	} else {
-		meta.RemoveStatusCondition(&st.Conditions, v1alpha1.ConditionDevicePlugin)
-	}
-	if desired != nil {
-		st.Applied.Policy = desired.Policy
-		st.Applied.PolicyGeneration = desired.PolicyGeneration
-	}
+}
 
+// setGPUHealthy sets the GPU's Healthy condition from the NVML event watcher and the MPS daemon.
+func setGPUHealthy(st *v1alpha1.GPUStatus, obs observed) {
 	switch {
 	case obs.health != nil && !obs.health.Healthy:
 		// A critical Xid outranks a daemon problem: the device plugin stops advertising the GPU either way.
@@ -120,7 +130,6 @@ func gpuStatus(dev gpu.Device, obs observed, desired *v1alpha1.GPUDesired, err e
 		}
 		setCondition(&st.Conditions, v1alpha1.ConditionHealthy, metav1.ConditionTrue, v1alpha1.ReasonAsDesired, msg)
 	}
-	return st
 }
 
 // applied describes what is in force, whatever was desired: MIG instances when MIG mode is on, the MPS

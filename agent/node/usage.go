@@ -36,6 +36,7 @@ type UsageSource interface {
 type usageState struct {
 	mu        sync.Mutex
 	published map[string]publishedUsage
+	pods      publishedPods
 }
 
 // publishedUsage is one GPU's usage as the last pass published it, with the production classes it
@@ -62,12 +63,12 @@ func (r *Reconciler) UsageSampled(snap accounting.Snapshot) {
 		return
 	}
 	r.usage.mu.Lock()
-	published := r.usage.published
+	published, pods := r.usage.published, r.usage.pods
 	r.usage.mu.Unlock()
 	if published == nil {
 		return // no pass has published yet; the first one reads the snapshot
 	}
-	if r.overClaimsChanged(snap) {
+	if r.overClaimsChanged(snap) || pods.changed(snap) {
 		r.Notify()
 		return
 	}

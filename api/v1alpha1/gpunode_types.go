@@ -110,6 +110,23 @@ type GPUNodeStatus struct {
 	// +optional
 	GPUs []GPUStatus `json:"gpus,omitempty"`
 
+	// pods lists the pods whose processes use two or more of the node's GPUs, each with what it uses on
+	// each of them, from the agent's accounting: the pods with the most GPUs first, then by namespace
+	// and name, at most MaxPodsInStatus. A pod on one GPU is listed only among that GPU's
+	// usage.consumers: listing every pod again here would double the usage part of a crowded node's
+	// object, and every figure of it that moved would be written twice. Empty where the accounting
+	// does not run. The agent lists each pod once; the schema does not check it: a uniqueness rule over
+	// namespace and name (distinct over the joined names, or pairwise) exceeds the API server's
+	// estimated CEL cost budget.
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=32
+	// +optional
+	Pods []PodGPUs `json:"pods,omitempty"`
+
+	// omittedPods counts the pods on two or more GPUs left out of pods.
+	// +optional
+	OmittedPods int32 `json:"omittedPods,omitempty"`
+
 	// conditions: Ready (the agent runs and reports), Applied (every GPU as desired).
 	// +listType=map
 	// +listMapKey=type
@@ -572,6 +589,53 @@ type GPUConsumer struct {
 	// against qos.productionPriority); absent elsewhere.
 	// +optional
 	Class WorkloadClass `json:"class,omitempty"`
+}
+
+// MaxPodsInStatus bounds status.pods; the rest are counted in omittedPods. An entry takes about 110
+// bytes per GPU besides the pod's name, so 32 pods of 8 GPUs add about 30 KiB to the object, and the
+// most the schema admits (64 GPUs each, the longest names) about 240 KiB, below etcd's 1.5 MiB limit.
+const MaxPodsInStatus = 32
+
+// PodGPUs is one pod's use of the node's GPUs.
+type PodGPUs struct {
+	// namespace and name name the pod.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +required
+	Namespace string `json:"namespace"`
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +required
+	Name string `json:"name"`
+	// gpus lists each GPU its processes use, in index order.
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:XValidation:rule="self.map(g, g.uuid).distinct().size() == self.size()",message="each GPU uuid may be listed once"
+	// +optional
+	GPUs []PodGPUUsage `json:"gpus,omitempty"`
+}
+
+// PodGPUUsage is what one pod's containers use of one GPU together.
+type PodGPUUsage struct {
+	// uuid is the GPU's UUID.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=64
+	// +required
+	UUID string `json:"uuid"`
+	// index is the GPU's NVML index.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	Index int32 `json:"index"`
+	// memoryUsed is the device memory the pod's processes hold on the GPU; absent where NVML cannot
+	// read the memory of one of them.
+	// +optional
+	MemoryUsed *resource.Quantity `json:"memoryUsed,omitempty"`
+	// smUtilization is the percent of time the pod's processes had kernels on the GPU's SMs, summed
+	// over its containers, at most 100; absent where the GPU takes no per-process samples (MIG).
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=100
+	// +optional
+	SMUtilization *int32 `json:"smUtilization,omitempty"`
 }
 
 // WorkloadClass is a pod's class on a GPU with production classes (sharing.qos).

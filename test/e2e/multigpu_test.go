@@ -138,6 +138,7 @@ func checkTwoGPUs(t *testing.T, pod string, want []string) {
 	eventually(t, time.Minute, pod+" listed on both its GPUs", func(ctx context.Context) error {
 		return consumerOnGPUs(ctx, pod, int64(multiGPUMemoryMiB)<<20, visible)
 	})
+	checkPodGPUs(t, pod, int64(multiGPUMemoryMiB)<<20, visible)
 }
 
 // consumerOnGPUs says whether every GPU of uuids lists the pod among its consumers with memory bytes.

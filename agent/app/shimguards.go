@@ -12,12 +12,6 @@ import (
 	"github.com/gpusharing/gpusharing/agent/scheduler"
 )
 
-// DefaultShimContextOverhead is the device memory NVML counts for a shim process beyond its allocations
-// (its CUDA context, about 0.5 GiB on current GPUs, and driver memory), left out when its reported
-// residency is checked against NVML. Larger lets a client under-report by more; smaller makes honest
-// clients look like under-reporters and keeps their reservations up.
-const DefaultShimContextOverhead = 1 << 30
-
 // podResolver names the pods of shim clients; nil where schedulers do not run or the demo's simulated
 // nodes have no pods (ProcRoot empty).
 func podResolver(mgr ctrl.Manager, o Options) *podpid.Resolver {

@@ -165,8 +165,10 @@ func parse(args []string) (options, *textlogger.Config) {
 	fs.IntVar(&o.shimGuards.MaxConns, "shim-max-conns", scheduler.DefaultMaxConns, "most connections one GPU's scheduler socket accepts at once")
 	fs.IntVar(&o.shimGuards.MaxConnsPerPeer, "shim-max-conns-per-pod", scheduler.DefaultMaxConnsPerPeer, "most connections one pod (one process where the pod is unknown) may hold on one GPU's scheduler socket")
 	fs.DurationVar(&o.shimGuards.EvictTimeout, "shim-evict-timeout", scheduler.DefaultEvictTimeout, "longest a shim client may take to answer an eviction before it is dropped to pass-through and its memory leaves the budget")
-	shimOverhead := resource.NewQuantity(app.DefaultShimContextOverhead, resource.BinarySI)
-	fs.Func("shim-context-overhead", fmt.Sprintf("device memory of a shim process NVML reports beyond its allocations (CUDA context, driver); left out when its reported residency is checked against NVML (default %s)", shimOverhead), func(s string) error {
+	// One figure for what a CUDA context holds beyond allocations: unset, the residency check leaves
+	// out the same context reserve the claims are charged (--context-reserve).
+	var shimOverhead *resource.Quantity
+	fs.Func("shim-context-overhead", "device memory of a shim process NVML reports beyond its allocations (CUDA context, driver); left out when its reported residency is checked against NVML (default: --context-reserve)", func(s string) error {
 		q, err := resource.ParseQuantity(s)
 		if err != nil || q.Sign() < 0 {
 			return fmt.Errorf("want a non-negative quantity such as 1Gi")
@@ -214,7 +216,10 @@ func parse(args []string) (options, *textlogger.Config) {
 	dp.MPSRoot = ""
 	// DRA cuts and mounts shares as the device plugin does, whether or not the device plugin runs.
 	o.shares = dp
-	o.shimGuards.ContextOverhead = uint64(shimOverhead.Value())
+	o.shimGuards.ContextOverhead = uint64(o.contextReserve)
+	if shimOverhead != nil {
+		o.shimGuards.ContextOverhead = uint64(shimOverhead.Value())
+	}
 	if dpOn {
 		o.devicePlugin = &dp
 	}

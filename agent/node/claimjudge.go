@@ -95,44 +95,8 @@ func (o overClaim) String() string {
 // pod in released is judged only on a read made after its claims went (releasedPods). seen says when
 // each pod was first seen on a sized GPU; a pod missing there was first seen in acct.
 func judgeClaims(k claimKnowledge, acct accounting.GPU, released, seen map[drain.PodRef]time.Time) ([]overClaim, []drain.PodRef) {
-	parent := map[drain.PodRef]drain.PodRef{}
-	var find func(drain.PodRef) drain.PodRef
-	find = func(p drain.PodRef) drain.PodRef {
-		q, ok := parent[p]
-		if !ok || q == p {
-			return p
-		}
-		root := find(q)
-		parent[p] = root
-		return root
-	}
-	claimedBy := map[drain.PodRef]int64{} // by the claim's first pod; summed per group below
-	for _, c := range k.claims {
-		if c.GPU != acct.UUID || len(c.Pods) == 0 {
-			continue
-		}
-		first := drain.PodRef{Namespace: c.Namespace, Name: c.Pods[0]}
-		claimedBy[first] += c.MemoryBytes
-		for _, name := range c.Pods {
-			p := drain.PodRef{Namespace: c.Namespace, Name: name}
-			if _, ok := parent[p]; !ok {
-				parent[p] = p
-			}
-			if a, b := find(first), find(p); a != b {
-				parent[b] = a
-			}
-		}
-	}
-	used := map[drain.PodRef]int64{}
-	uids := map[drain.PodRef]types.UID{}
-	for _, c := range acct.Containers {
-		if c.Name == "" {
-			continue // a process of no pod: the MPS server, something on the host
-		}
-		p := drain.PodRef{Namespace: c.Namespace, Name: c.Name}
-		used[p] += int64(c.MemoryBytes)
-		uids[p] = types.UID(c.UID)
-	}
+	links, claimedBy := linkClaimPods(k, acct.UUID)
+	used, uids := podMemory(acct)
 	type group struct {
 		pods          []claimPod
 		used, claimed int64
@@ -140,7 +104,7 @@ func judgeClaims(k claimKnowledge, acct accounting.GPU, released, seen map[drain
 	}
 	groups := map[drain.PodRef]*group{}
 	groupOf := func(p drain.PodRef) *group {
-		root := find(p)
+		root := links.find(p)
 		g, ok := groups[root]
 		if !ok {
 			g = &group{}
@@ -179,4 +143,61 @@ func judgeClaims(k claimKnowledge, acct accounting.GPU, released, seen map[drain
 	slices.SortFunc(over, func(a, b overClaim) int { return strings.Compare(a.String(), b.String()) })
 	slices.SortFunc(unknown, func(a, b drain.PodRef) int { return strings.Compare(a.String(), b.String()) })
 	return over, unknown
+}
+
+// podLinks is a union-find over pods: two pods are one ledger group when a claim on the GPU lists both.
+type podLinks map[drain.PodRef]drain.PodRef
+
+func (l podLinks) find(p drain.PodRef) drain.PodRef {
+	q, ok := l[p]
+	if !ok || q == p {
+		return p
+	}
+	root := l.find(q)
+	l[p] = root
+	return root
+}
+
+func (l podLinks) link(a, b drain.PodRef) {
+	for _, p := range []drain.PodRef{a, b} {
+		if _, ok := l[p]; !ok {
+			l[p] = p
+		}
+	}
+	if ra, rb := l.find(a), l.find(b); ra != rb {
+		l[rb] = ra
+	}
+}
+
+// linkClaimPods links the pods of each claim on GPU uuid and sums each claim's memory under its first
+// pod (summed per group by the caller).
+func linkClaimPods(k claimKnowledge, uuid string) (podLinks, map[drain.PodRef]int64) {
+	links := podLinks{}
+	claimedBy := map[drain.PodRef]int64{}
+	for _, c := range k.claims {
+		if c.GPU != uuid || len(c.Pods) == 0 {
+			continue
+		}
+		first := drain.PodRef{Namespace: c.Namespace, Name: c.Pods[0]}
+		claimedBy[first] += c.MemoryBytes
+		for _, name := range c.Pods {
+			links.link(first, drain.PodRef{Namespace: c.Namespace, Name: name})
+		}
+	}
+	return links, claimedBy
+}
+
+// podMemory sums the GPU's containers by pod: the memory each pod's processes hold, and its UID.
+func podMemory(acct accounting.GPU) (map[drain.PodRef]int64, map[drain.PodRef]types.UID) {
+	used := map[drain.PodRef]int64{}
+	uids := map[drain.PodRef]types.UID{}
+	for _, c := range acct.Containers {
+		if c.Name == "" {
+			continue // a process of no pod: the MPS server, something on the host
+		}
+		p := drain.PodRef{Namespace: c.Namespace, Name: c.Name}
+		used[p] += int64(c.MemoryBytes)
+		uids[p] = types.UID(c.UID)
+	}
+	return used, uids
 }

@@ -13,6 +13,8 @@
 #               (PACE launches, default 3 as in the product; gs-shim-pN: N), production releases after
 #               the scheduler's idle window (1 ms, as in the product) or IDLE_US when shorter (gs-shim-iN:
 #               N us; gs-shim-fN: the trainer's GPUSHARE_PACE_FULL_US=N; several: gs-shim-pN-iM)
+#   gs-shim-base gs-shim with another build of the shim (BASE_SHIM=path of its libgpushare.so): a shim change
+#               side by side with the build it changes
 #   gs-mps-shim the shim's lock on an MPS GPU, which gpusharing does not set up (docs/qos.md says why):
 #               gs-shim's setup under one MPS daemon, the trainer at client priority 1 besides (gs-mps-shim-tN:
 #               and N % of the threads)
@@ -199,6 +201,13 @@ for c in $CONFIGS; do
 		stop_sched $((60 << 30))
 		[[ $c == gs-mps-shim* ]] && stop_mps
 		read -r PACE IDLE_US <<<"$keep" ;;
+	gs-shim-base)
+		# gs-shim with another build of the shim (BASE_SHIM: its libgpushare.so), beside gs-shim in the same
+		# run: what a change to the shim costs, against the same scheduler, models and baselines.
+		[ -f "${BASE_SHIM:-}" ] || { echo "gs-shim-base needs BASE_SHIM=<path of the other build's libgpushare.so>"; continue; }
+		start_sched $((60 << 30))
+		run_config gs-shim-base 1 "${PROD/$BUILD\/libgpushare.so/$BASE_SHIM}" "${SHIM/$BUILD\/libgpushare.so/$BASE_SHIM}"
+		stop_sched $((60 << 30)) ;;
 	gs-solo | gs-solo-f*)
 		full=""
 		[ "$c" != gs-solo ] && full="GPUSHARE_PACE_FULL_US=${c#gs-solo-f}"

@@ -19,7 +19,6 @@
 struct gs_dev gs_devs[GS_DEV_SLOTS];
 int gs_ndevs;
 int gs_multi;
-int gs_mm_dev = -1;
 __thread int gs_dev_cur;
 
 #define MAX_ORDINALS 64
@@ -149,8 +148,8 @@ int gs_dev_pick_ptr_slow(CUdeviceptr p)
     if (d != GS_DEV_NONE)
         return d;
     struct gs_mm_info in;
-    if (gs_mm_dev >= 0 && gs_mm_lookup(p, &in))
-        return gs_mm_dev;
+    if (gs_mm_lookup(p, &in))
+        return in.slot;
     return gs_dev_pick_ctx_slow(NULL);
 }
 

@@ -91,7 +91,7 @@ void gs_gate_atfork_child(void)
 
 void gs_print_call_counts(void)
 {
-    gs_mm_log_stats();
+    FOR_EACH_GATE(gs_mm_log_stats());
     gs_pace_log_stats();
     if (!atomic_load(&gs_count_calls))
         return;

@@ -80,8 +80,6 @@ extern int gs_multi;                          /* the list form: each call picks 
 /* The GPU the calling thread works on: set by gs_dev_pick* at a hook's entry, or once by a thread of the
  * shim's that serves one GPU; 0 in the single form. Every per-GPU module reads its state through it. */
 extern __thread int gs_dev_cur;
-/* The oversubscribed GPU (the memory manager serves one): the first listed with OVERSUB=1, else -1. */
-extern int gs_mm_dev;
 int gs_dev_pick_ctx_slow(CUcontext ctx);
 int gs_dev_pick_stream_slow(CUstream s);
 int gs_dev_pick_ptr_slow(CUdeviceptr p);
@@ -367,13 +365,15 @@ void gs_gate_atfork_parent(void);
 void gs_gate_atfork_child(void);
 void gs_print_call_counts(void);
 
-/* ---- memory manager (mm.c): swappable device memory for oversubscription ---- */
+/* ---- memory manager (mm.c): swappable device memory for oversubscription, per shared GPU: every call
+ * below works on the calling thread's GPU's account (gs_dev_cur) ---- */
 enum { GS_MM_OK = 0, GS_MM_NOT_OURS = -1, GS_MM_YIELD = -2 };
-extern atomic_int gs_mm_on; /* swappable allocations are made (oversubscription active) */
+/* Per shared GPU: swappable allocations are made there (oversubscription active on it). */
+extern atomic_int gs_mm_on[GS_DEV_SLOTS];
 /* Oversubscription is active on the calling thread's GPU. */
 static inline int gs_mm_here(void)
 {
-    return atomic_load_explicit(&gs_mm_on, memory_order_relaxed) && gs_dev_cur == gs_mm_dev;
+    return atomic_load_explicit(&gs_mm_on[gs_dev_cur], memory_order_relaxed);
 }
 void gs_mm_configure(uint64_t budget, uint32_t mode);
 uint64_t gs_mm_need(void);     /* bytes to ask for in ACQUIRE: working set plus a pending growth */
@@ -400,6 +400,7 @@ struct gs_mm_info {
     CUdevice dev;
     uint64_t id;
     int resident;
+    int slot; /* the shared GPU whose account counts it */
 };
 int gs_mm_lookup(CUdeviceptr p, struct gs_mm_info *out);
 int gs_mm_budget(uint64_t *total, uint64_t *used);

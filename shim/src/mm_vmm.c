@@ -97,8 +97,9 @@ static void release_if_unused_locked(struct region *r)
 {
     if (r->app_refs > 0 || r->nmaps > 0)
         return;
+    int slot = r->slot; /* its GPU's scheduler hears of it, whichever GPU's call released it */
     mm_free_region_locked(mm_find_region_locked(r->va));
-    mm_report_locked(GS_USAGE_REPORT);
+    mm_report_slot_locked(slot, GS_USAGE_REPORT);
 }
 
 static int swappable(const CUmemAllocationProp *prop, unsigned long long flags)

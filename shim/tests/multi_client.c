@@ -10,16 +10,27 @@
  *                            d1_total=T refill=R" (R: CUresults, 0 success, 2 out of memory; T:
  *                            cuMemGetInfo's total with that device current)
  *   multi_client launch D    one kernel launch on a stream of device D; prints "multi launch dev=D r=R"
- *   multi_client locks       a thread launches on device 0 (whose scheduler never grants) while the
- *                            main thread launches on device 1 and prints "multi locks dev1=R", then
- *                            exits without waiting for the thread
+ *   multi_client locks GO    a thread launches on device 0 (whose scheduler never grants); once the file
+ *                            GO exists (the test creates it when device 0's scheduler has the thread's
+ *                            ACQUIRE) the main thread launches on device 1 and prints "multi locks
+ *                            dev1=R", then exits without waiting for the thread
  *   multi_client info        prints "multi info d0_total=T d1_total=T" (cuMemGetInfo per device)
+ *   multi_client oversub N0 N1 GO
+ *                            allocates N0 bytes on device 0 and N1 on device 1 (cuMemAlloc, in two
+ *                            blocks each), fills each block with its own byte (cuMemsetD8), asks for
+ *                            N1 more on device 1 (beyond its budget: refused), prints "multi oversub
+ *                            ready", waits up to 20 s for the file GO, reads every block back
+ *                            (cuMemcpyDtoH, its device current) and prints "multi
+ *                            oversub d0_total=T d1_total=T d1_over=R intact=B" (T: cuMemGetInfo's total
+ *                            with that device current; B 1 when every byte came back as written)
  */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "cuda_abi.h"
 
@@ -34,6 +45,8 @@ typedef CUresult (*stream_fn)(CUstream *, unsigned int);
 typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                               CUstream, void **, void **);
 typedef CUresult (*sync_fn)(void);
+typedef CUresult (*memset_fn)(CUdeviceptr, unsigned char, size_t);
+typedef CUresult (*dtoh_fn)(void *, CUdeviceptr, size_t);
 
 static gpa2_fn gpa;
 static CUcontext ctx[2];
@@ -106,11 +119,58 @@ static CUresult fill(int d, int n, size_t unit, CUdeviceptr *got)
     return worst;
 }
 
+/* Waits up to 20 s for path to exist (the test creates it once the state it checks is reached). */
+static int wait_file(const char *path)
+{
+    for (int i = 0; i < 2000; i++) {
+        if (access(path, F_OK) == 0)
+            return 1;
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
+    }
+    return 0;
+}
+
+/* Every byte of block p (n bytes) is v: read back with whatever context is current. */
+static int holds(CUdeviceptr p, size_t n, unsigned char v)
+{
+    unsigned char *buf = malloc(n);
+    int ok = buf != NULL && ((dtoh_fn)sym("cuMemcpyDtoH"))(buf, p, n) == CUDA_SUCCESS;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = buf[i] == v;
+    free(buf);
+    return ok;
+}
+
+static int oversub(size_t n0, size_t n1, const char *go)
+{
+    CUdeviceptr a[2] = {0}, b[2] = {0}, x = 0;
+    int ok = fill(0, 2, n0 / 2, a) == CUDA_SUCCESS;
+    for (int i = 0; ok && i < 2; i++)
+        ok = ((memset_fn)sym("cuMemsetD8"))(a[i], (unsigned char)(0xa0 + i), n0 / 2) == CUDA_SUCCESS;
+    ok = ok && fill(1, 2, n1 / 2, b) == CUDA_SUCCESS;
+    for (int i = 0; ok && i < 2; i++)
+        ok = ((memset_fn)sym("cuMemsetD8"))(b[i], (unsigned char)(0xb0 + i), n1 / 2) == CUDA_SUCCESS;
+    CUresult over = ((alloc_fn)sym("cuMemAlloc"))(&x, n1);
+    size_t t0 = total_of(0), t1 = total_of(1);
+    printf("multi oversub ready\n");
+    fflush(stdout);
+    ok = ok && wait_file(go);
+    use(1);
+    for (int i = 0; ok && i < 2; i++)
+        ok = holds(b[i], n1 / 2, (unsigned char)(0xb0 + i));
+    use(0);
+    for (int i = 0; ok && i < 2; i++)
+        ok = holds(a[i], n0 / 2, (unsigned char)(0xa0 + i));
+    printf("multi oversub d0_total=%zu d1_total=%zu d1_over=%d intact=%d\n", t0, t1, over, ok);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     void *h = dlopen("libcuda.so.1", RTLD_NOW);
     if (h == NULL || argc < 2) {
-        fprintf(stderr, "usage: multi_client cap L0 L1 | launch D | locks | info\n");
+        fprintf(stderr, "usage: multi_client cap L0 L1 | launch D | locks GO | info | oversub N0 N1 GO\n");
         return 2;
     }
     gpa = (gpa2_fn)dlsym(h, "cuGetProcAddress_v2");
@@ -139,13 +199,16 @@ int main(int argc, char **argv)
         printf("multi launch dev=%d r=%d\n", d, launch(d));
         return 0;
     }
-    if (!strcmp(argv[1], "locks")) {
+    if (!strcmp(argv[1], "locks") && argc == 3) {
         pthread_t t;
         pthread_create(&t, NULL, launch0, NULL);
+        wait_file(argv[2]);
         printf("multi locks dev1=%d\n", launch(1));
         fflush(stdout);
         return 0;
     }
+    if (!strcmp(argv[1], "oversub") && argc == 5)
+        return oversub(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10), argv[4]);
     if (!strcmp(argv[1], "info")) {
         printf("multi info d0_total=%zu d1_total=%zu\n", total_of(0), total_of(1));
         return 0;

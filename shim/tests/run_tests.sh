@@ -945,6 +945,7 @@ run_multi() { # VAR=VALUE... -- multi_client args: two devices, both GPUs listed
 }
 start_two() { # fake0-args -- fake1-args: a scripted scheduler per GPU
     local a=() b=()
+    rm -f "$M0/s.sock" "$M1/s.sock" # the last ones' sockets would pass start_fake's wait before the new bind
     while [ "$1" != -- ]; do a+=("$1"); shift; done
     shift
     start_fake "$M0" "${a[@]}"
@@ -966,8 +967,15 @@ fi
 stop_two
 
 # A launch on device 1 takes only device 1's lock: device 0's scheduler never grants, device 1 runs.
+# Device 1's launch waits until device 0's thread asked for its lock.
 start_two grant=0 -- 
-out=$(run_multi timeout 20 "$MULTI" locks 2>&1 || true)
+rm -f "$M0/go"
+run_multi timeout 20 "$MULTI" locks "$M0/go" >"$M0/out" 2>&1 &
+pm=$!
+wait_for 20 grep -q "got ACQUIRE; not granting" "$M0/sched.log" || true
+touch "$M0/go"
+wait "$pm" || true
+out=$(cat "$M0/out")
 if grep -q "multi locks dev1=0" <<<"$out" && grep -q "got ACQUIRE; not granting" "$M0/sched.log" &&
     grep -q "got ACQUIRE need=0; sent GRANT" "$M1/sched.log"; then
     pass "several GPUs: each GPU's work takes that GPU's lock only (device 1 runs while device 0 waits)"
@@ -1016,6 +1024,31 @@ if grep -q "multi launch dev=0 r=0" <<<"$out" && grep -q "GPUSHARE_SOCKET does n
     pass "several GPUs: a malformed list or a GPU without a socket passes through with a warning"
 else
     fail "malformed list" "$out $out2 $(cat "$M0/sched.log" "$M1/sched.log")"
+fi
+stop_two
+
+# 39. Oversubscription on both GPUs of one process: each GPU swaps against its own scheduler's budget.
+# Device 0's scheduler grants 64 MiB, device 1's 16 MiB and evicts it to 0 at each release: each
+# cuMemGetInfo reports its own budget, device 1 refuses to grow past its own, its idle release swaps out
+# device 1's memory only (one swap out, of device 1's 12 MiB; device 0's scheduler never evicts), and
+# every byte of both devices comes back.
+rm -f "$M1/go"
+start_two budget=67108864 -- budget=16777216 evict_on_release=1
+run_multi GPUSHARE_OVERSUB="$G0=1,$G1=1" GPUSHARE_LOG_LEVEL=info GPUSHARE_IDLE_MS=20 \
+    timeout 30 "$MULTI" oversub $((32 << 20)) $((12 << 20)) "$M1/go" >"$M1/out" 2>"$M1/err" &
+pm=$!
+ok=1
+wait_for 20 grep -q "got USAGE reason=1 resident=0 swapped=12582912" "$M1/sched.log" || ok=0
+cp "$M1/err" "$M1/err.evicted" # the swap's line comes before its USAGE
+touch "$M1/go"
+wait "$pm" || ok=0
+if [ "$ok" = 1 ] && grep -q "multi oversub d0_total=67108864 d1_total=16777216 d1_over=2 intact=1" "$M1/out" &&
+    [ "$(grep -c "swap out:" "$M1/err.evicted")" = 1 ] &&
+    grep -q "swap out: 2 allocation(s), 12582912 bytes" "$M1/err.evicted" &&
+    ! grep -q "EVICT" "$M0/sched.log" && ! grep -q "got USAGE .*swapped=[1-9]" "$M0/sched.log"; then
+    pass "several GPUs: oversubscription on both, each GPU swapped against its own scheduler's budget"
+else
+    fail "oversubscription on two GPUs" "ok=$ok $(cat "$M1/out" "$M1/err" "$M0/sched.log" "$M1/sched.log")"
 fi
 stop_two
 

@@ -63,7 +63,7 @@ void gate_passthrough_locked(const char *reason)
     G->st.conn = CONN_PASSTHROUGH;
     G->st.held = 0;
     gs_cap_ledger_stop();
-    gate_pace_set(0, 0); /* the bound and the idle window were that scheduler's */
+    gs_pace_set(0, 0); /* the bound and the idle window were that scheduler's */
     gate_sched_idle_set_locked(0, 0);
     if (G->st.fd >= 0)
         shutdown(G->st.fd, SHUT_RDWR); /* wakes the background thread, which closes it */
@@ -90,7 +90,7 @@ void gate_lost_locked(const char *reason)
     G->st.evict_pending = 0;
     G->st.lost_ns = gs_now_ns();
     gs_cap_ledger_stop();
-    gate_pace_set(0, 0); /* the bound and the idle window were that scheduler's; the next one sends its own */
+    gs_pace_set(0, 0); /* the bound and the idle window were that scheduler's; the next one sends its own */
     gate_sched_idle_set_locked(0, 0);
     if (G->st.fd >= 0)
         shutdown(G->st.fd, SHUT_RDWR); /* wakes the background thread, which closes it and reconnects */

@@ -83,7 +83,6 @@ static void gate_atfork_child(void)
 void gs_gate_atfork_child(void)
 {
     FOR_EACH_GATE(gate_atfork_child());
-    atomic_store(&gate_pace_owner, -1);
     gs_gpu_atfork_child();
     gs_mm_atfork_child();
     gs_pace_atfork_child();

@@ -99,8 +99,6 @@ int gate_wait_inflight_zero(void);
 void gate_release_locked(const char *reason);
 
 /* gate_msg.c */
-extern atomic_int gate_pace_owner; /* the GPU whose scheduler sets the launch bound (-1: none yet) */
-void gate_pace_set(uint32_t max_queued, int from_scheduler);
 uint32_t gate_idle_us_locked(void);
 void gate_sched_idle_set_locked(uint32_t us, int from_scheduler);
 /* Reads what fd has and acts on whole messages; -1 once the connection ended. */

@@ -18,20 +18,6 @@
 
 #include "gate_internal.h"
 
-/* The launch bound (pace.c) is the process's: the first GPU that connects sets it. */
-atomic_int gate_pace_owner = -1;
-static int pace_mine(void)
-{
-    int want = -1;
-    return atomic_compare_exchange_strong(&gate_pace_owner, &want, gs_dev_cur) || want == gs_dev_cur;
-}
-
-void gate_pace_set(uint32_t max_queued, int from_scheduler)
-{
-    if (pace_mine())
-        gs_pace_set(max_queued, from_scheduler);
-}
-
 /* The idle window in force: the scheduler's when it set one shorter than ours, else ours. A pod's
  * environment may shorten the window, never lengthen the scheduler's (like GPUSHARE_QUANTUM_MS: yield
  * earlier, never later). mu held. */
@@ -139,7 +125,7 @@ static void on_message_locked(const unsigned char *m, uint16_t type)
         /* Not tied to an epoch: it holds across grants until the next one. */
         struct gs_pace p;
         memcpy(&p, m, sizeof(p));
-        gate_pace_set(p.max_queued, 1);
+        gs_pace_set(p.max_queued, 1);
     } else if (type == GS_MSG_IDLE) {
         /* Like PACE: it holds across grants until the next one; the next tick uses it. */
         struct gs_idle i;

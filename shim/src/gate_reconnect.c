@@ -127,7 +127,7 @@ int gate_reconnect_locked(void)
                 G->st.grace_ms = w.grace_ms;
                 G->st.reconnects++;
                 gate_conn_started_locked();
-                gate_pace_set(0, 0); /* until this scheduler sends a bound and an idle window of its own */
+                gs_pace_set(0, 0); /* until this scheduler sends a bound and an idle window of its own */
                 gate_sched_idle_set_locked(0, 0);
                 gs_log(GS_LOG_WARN,
                        "reconnected to the GPU scheduler after %.1f s; re-announced %llu bytes resident, %llu "

@@ -300,9 +300,10 @@ int gs_gpu_drain(void);
 void gs_gpu_atfork_child(void);
 
 /* ---- launch pacing (pace.c): a bound on the launches a process keeps outstanding ---- */
-/* The bound in force (0: none): the scheduler's (PACE) or GPUSHARE_PACE_OVERRIDE's. The launch hooks load
- * it, relaxed, before each launch; everything else runs only when it is not 0. */
-extern _Atomic uint32_t gs_pace_max;
+/* The bound in force per shared GPU (0: none): that GPU's scheduler's (PACE) or GPUSHARE_PACE_OVERRIDE's.
+ * The launch hooks load their GPU's, relaxed, before each launch; everything else runs only when it is
+ * not 0. */
+extern _Atomic uint32_t gs_pace_max[GS_DEV_SLOTS];
 /* Threads inside a paced launch before its gate entry (weighing it, or waiting for earlier work): the
  * process is busy in a GPU call, never idle, however long such a thread goes without running (a starved
  * CPU, a slow driver query); gate.c releases the lock for idleness only while this is 0. */
@@ -317,18 +318,21 @@ static inline uint64_t gs_launch_key(const void *what, uint64_t grid)
     return ((uint64_t)(uintptr_t)what * 0x9E3779B97F4A7C15ull ^ grid * 0xC2B2AE3D27D4EB4Full) | 1;
 }
 void gs_pace_init(void); /* after the configuration is read */
-/* The scheduler's bound (PACE), or 0 when a connection ends (from_scheduler 0: said nowhere). */
+/* The calling thread's GPU's scheduler's bound (PACE), or 0 when its connection ends (from_scheduler 0:
+ * said nowhere). */
 void gs_pace_set(uint32_t max_queued, int from_scheduler);
-/* Before a launch (key: gs_launch_key), not in flight: waits while the process's queue is at the bound; 1
- * when the launch counts (then gs_pace_after follows it, in flight, with the launch's stream and result). */
-int gs_pace_before(struct gs_pace_ticket *t, uint64_t key);
+/* Before a launch on stream s (key: gs_launch_key), not in flight: waits while the queue of the stream's
+ * context is at its GPU's bound; 1 when the launch counts (then gs_pace_after follows it, in flight, with
+ * the launch's stream and result). */
+int gs_pace_before(struct gs_pace_ticket *t, uint64_t key, CUstream s);
 void gs_pace_after(const struct gs_pace_ticket *t, CUstream s, CUresult launched);
 void gs_pace_forget_ctx(CUcontext ctx); /* before cuCtxDestroy: its events are destroyed, never used again */
 void gs_pace_forget_dev(CUdevice dev);  /* before a primary context's release or reset, the same */
 void gs_pace_log_stats(void);
 void gs_pace_atfork_child(void);
 void gs_pace_reapply(void); /* after GPUSHARE_PACE_OVERRIDE's value in force changed */
-/* The bound in force and where it comes from (GS_PACING_*), for the scheduler (PACING, protocol 6). */
+/* The calling thread's GPU's bound in force and where it comes from (GS_PACING_*), for its scheduler
+ * (PACING, protocol 6). */
 void gs_pace_state(uint32_t *max_queued, uint32_t *state);
 
 /* ---- scheduler connection (conn.c) ---- */

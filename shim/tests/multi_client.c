@@ -15,6 +15,12 @@
  *                            ACQUIRE) the main thread launches on device 1 and prints "multi locks
  *                            dev1=R", then exits without waiting for the thread
  *   multi_client info        prints "multi info d0_total=T d1_total=T" (cuMemGetInfo per device)
+ *   multi_client launches N C GO
+ *                            connects to both GPUs' schedulers (an allocation on each), waits up to 20 s
+ *                            for the file GO (the test creates it once each scheduler heard the bound in
+ *                            force), then N launches on a stream of device 0 (device 0 current) and N on
+ *                            a stream of device 1 with device C current; prints "multi launches r=R" (R:
+ *                            the first failure, else 0)
  *   multi_client oversub N0 N1 GO
  *                            allocates N0 bytes on device 0 and N1 on device 1 (cuMemAlloc, in two
  *                            blocks each), fills each block with its own byte (cuMemsetD8), asks for
@@ -100,6 +106,39 @@ static CUresult launch(int d)
     return r;
 }
 
+static int wait_file(const char *path);
+static CUresult fill(int d, int n, size_t unit, CUdeviceptr *got);
+
+/* A stream of device d, made with d current; device `cur` current afterwards. */
+static CUstream stream_of(int d, int cur)
+{
+    use(d);
+    CUstream s = NULL;
+    if (((stream_fn)sym("cuStreamCreate"))(&s, 0) != CUDA_SUCCESS)
+        s = NULL;
+    use(cur);
+    return s;
+}
+
+static CUresult launches(int n, int cur1, const char *go)
+{
+    CUdeviceptr p[2];
+    CUresult worst = fill(0, 1, 4096, &p[0]);
+    if (worst == CUDA_SUCCESS)
+        worst = fill(1, 1, 4096, &p[1]);
+    if (worst == CUDA_SUCCESS && !wait_file(go))
+        worst = CUDA_ERROR_INVALID_VALUE;
+    for (int d = 0; d < 2; d++) {
+        CUstream s = stream_of(d, d == 0 ? 0 : cur1);
+        for (int i = 0; i < n; i++) {
+            CUresult r = ((launch_fn)sym("cuLaunchKernel"))((CUfunction)0x1, 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL);
+            if (r != CUDA_SUCCESS && worst == CUDA_SUCCESS)
+                worst = r;
+        }
+    }
+    return worst;
+}
+
 static void *launch0(void *arg)
 {
     (void)arg;
@@ -170,7 +209,7 @@ int main(int argc, char **argv)
 {
     void *h = dlopen("libcuda.so.1", RTLD_NOW);
     if (h == NULL || argc < 2) {
-        fprintf(stderr, "usage: multi_client cap L0 L1 | launch D | locks GO | info | oversub N0 N1 GO\n");
+        fprintf(stderr, "usage: multi_client cap L0 L1 | launch D | locks GO | info | launches N C GO | oversub N0 N1 GO\n");
         return 2;
     }
     gpa = (gpa2_fn)dlsym(h, "cuGetProcAddress_v2");
@@ -205,6 +244,10 @@ int main(int argc, char **argv)
         wait_file(argv[2]);
         printf("multi locks dev1=%d\n", launch(1));
         fflush(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "launches") && argc == 5) {
+        printf("multi launches r=%d\n", launches(atoi(argv[2]), atoi(argv[3]), argv[4]));
         return 0;
     }
     if (!strcmp(argv[1], "oversub") && argc == 5)

@@ -1052,6 +1052,28 @@ else
 fi
 stop_two
 
+# 40. The launch bound per GPU: device 0's scheduler bounds launches at 4, device 1's sends none. The
+# three launches on device 0's stream are paced; the three on a stream of device 1 (device 0 current)
+# are not, and each scheduler hears its own GPU's bound (PACING).
+start_two pace=4 -- 
+rm -f "$M0/go"
+run_multi GPUSHARE_LOG_LEVEL=info timeout 20 "$MULTI" launches 3 0 "$M0/go" >"$M0/out" 2>&1 &
+pm=$!
+wait_for 20 grep -q "got PACING max_queued=4" "$M0/sched.log" || true
+wait_for 20 grep -q "got PACING max_queued=0" "$M1/sched.log" || true
+touch "$M0/go"
+wait "$pm" || true
+out=$(cat "$M0/out")
+if grep -q "multi launches r=0" <<<"$out" && grep -q "launch pacing: 3 launches paced" <<<"$out" &&
+    grep -q "launch pacing on $G0: at most 4 launches outstanding" <<<"$out" &&
+    grep -q "got PACING max_queued=4" "$M0/sched.log" && grep -q "got PACING max_queued=0" "$M1/sched.log" &&
+    ! grep -q "got PACING max_queued=4" "$M1/sched.log"; then
+    pass "several GPUs: each GPU's launches are paced by that GPU's scheduler's bound"
+else
+    fail "pacing per GPU" "$out $(cat "$M0/sched.log" "$M1/sched.log")"
+fi
+stop_two
+
 if [ "$fails" -ne 0 ]; then
     echo "$fails shim test(s) failed"
     exit 1

@@ -18,6 +18,18 @@
         return r;                                                                                  \
     }
 
+#define GS_BODY_SWORK(name, params, args, stream)                                                  \
+    GS_EXPORT CUresult name params;                                                                \
+    GS_EXPORT CUresult name params                                                                 \
+    {                                                                                              \
+        GS_REAL_OR_FAIL(name)                                                                      \
+        gs_dev_pick_stream(stream);                                                                \
+        int gd = gs_gate_enter(GS_ID_##name);                                                      \
+        CUresult r = real args;                                                                    \
+        gs_gate_leave(gd);                                                                         \
+        return r;                                                                                  \
+    }
+
 /* A launch: with a launch bound, waits (outside the gate) while the process's queue is full, and marks
  * the queue after the launch (in flight, so a release's drain sees the mark). Unbounded: one load and
  * a branch more. */

@@ -84,6 +84,7 @@ int gs_dev_pick_ctx_slow(CUcontext ctx);
 int gs_dev_pick_stream_slow(CUstream s);
 int gs_dev_pick_ptr_slow(CUdeviceptr p);
 int gs_dev_pick_handle_slow(uint64_t h);
+int gs_dev_pick_va_slow(CUdeviceptr p);
 int gs_dev_slot_of_ordinal(CUdevice ord);
 int gs_dev_slot_of_ctx(CUcontext ctx);
 int gs_dev_of_uuid(const char *uuid);
@@ -110,6 +111,15 @@ static inline int gs_dev_pick_handle(uint64_t h)
     if (GS_LIKELY(!gs_multi))
         return 0;
     return gs_dev_cur = gs_dev_pick_handle_slow(h);
+}
+/* A VMM mapping at p (cuMemUnmap, cuMemSetAccess, cuMemRetainAllocationHandle): the GPU whose limit or
+ * memory manager counts the handle mapped there, else the device of the allocation the driver has there,
+ * else the current context's. */
+static inline int gs_dev_pick_va(CUdeviceptr p)
+{
+    if (GS_LIKELY(!gs_multi))
+        return 0;
+    return gs_dev_cur = gs_dev_pick_va_slow(p);
 }
 /* A cuMemCreate: the device its properties name. */
 #define gs_dev_pick_prop(prop)                                                                               \
@@ -410,5 +420,8 @@ int gs_mm_lookup(CUdeviceptr p, struct gs_mm_info *out);
 int gs_mm_budget(uint64_t *total, uint64_t *used);
 /* 1 if p lies where the application mapped one of its (swappable) cuMemCreate handles. */
 int gs_mm_vmm_mapped(CUdeviceptr p);
+/* The GPU of a swappable handle, or of the one mapped at p (GS_DEV_NONE: not the memory manager's). */
+int gs_mm_handle_slot(uint64_t h);
+int gs_mm_va_slot(CUdeviceptr p);
 
 #endif

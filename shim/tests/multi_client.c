@@ -21,6 +21,12 @@
  *                            force), then N launches on a stream of device 0 (device 0 current) and N on
  *                            a stream of device 1 with device C current; prints "multi launches r=R" (R:
  *                            the first failure, else 0)
+ *   multi_client acopy       with device 0 current: a memset, a copy in and a copy out on a stream of
+ *                            device 1 (of 1 MiB of device 1's memory); prints "multi acopy r=R intact=B"
+ *   multi_client vmm         with device 0 current: cuMemCreate of 8 MiB on device 1, reserve, map, set
+ *                            access, retain and release the retained handle, then unmap and release;
+ *                            prints "multi vmm r=R used=U after=A" (U: device 1's memory in use while
+ *                            mapped, A: after, both from cuMemGetInfo with device 1 current)
  *   multi_client oversub N0 N1 GO
  *                            allocates N0 bytes on device 0 and N1 on device 1 (cuMemAlloc, in two
  *                            blocks each), fills each block with its own byte (cuMemsetD8), asks for
@@ -53,6 +59,17 @@ typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned
 typedef CUresult (*sync_fn)(void);
 typedef CUresult (*memset_fn)(CUdeviceptr, unsigned char, size_t);
 typedef CUresult (*dtoh_fn)(void *, CUdeviceptr, size_t);
+typedef CUresult (*msetasync_fn)(CUdeviceptr, unsigned char, size_t, CUstream);
+typedef CUresult (*htodasync_fn)(CUdeviceptr, const void *, size_t, CUstream);
+typedef CUresult (*dtohasync_fn)(void *, CUdeviceptr, size_t, CUstream);
+typedef CUresult (*ssync_fn)(CUstream);
+typedef CUresult (*create_fn)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+typedef CUresult (*reserve_fn)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+typedef CUresult (*map_fn)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+typedef CUresult (*unmap_fn)(CUdeviceptr, size_t);
+typedef CUresult (*access_fn)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+typedef CUresult (*retainh_fn)(CUmemGenericAllocationHandle *, void *);
+typedef CUresult (*release_fn)(CUmemGenericAllocationHandle);
 
 static gpa2_fn gpa;
 static CUcontext ctx[2];
@@ -181,6 +198,74 @@ static int holds(CUdeviceptr p, size_t n, unsigned char v)
     return ok;
 }
 
+static size_t used_of(int d)
+{
+    use(d);
+    size_t f = 0, t = 0;
+    ((info_fn)sym("cuMemGetInfo"))(&f, &t);
+    return t - f;
+}
+
+static CUresult acopy(int *intact)
+{
+    size_t n = 1 << 20;
+    CUdeviceptr p = 0;
+    CUresult r = fill(1, 1, n, &p);
+    CUstream s = stream_of(1, 0);
+    unsigned char *in = malloc(n), *out = calloc(1, n);
+    if (in == NULL || out == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    for (size_t i = 0; i < n; i++)
+        in[i] = (unsigned char)(i * 7);
+    if (r == CUDA_SUCCESS)
+        r = ((msetasync_fn)sym("cuMemsetD8Async"))(p, 0x5a, n, s);
+    if (r == CUDA_SUCCESS)
+        r = ((htodasync_fn)sym("cuMemcpyHtoDAsync"))(p, in, n, s);
+    if (r == CUDA_SUCCESS)
+        r = ((dtohasync_fn)sym("cuMemcpyDtoHAsync"))(out, p, n, s);
+    if (r == CUDA_SUCCESS)
+        r = ((ssync_fn)sym("cuStreamSynchronize"))(s);
+    *intact = r == CUDA_SUCCESS && memcmp(in, out, n) == 0;
+    free(in);
+    free(out);
+    return r;
+}
+
+static CUresult vmm(size_t *used, size_t *after)
+{
+    size_t n = 8 << 20;
+    use(1); /* device 1's context exists, as it would where its memory is used */
+    use(0);
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof(prop));
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 1;
+    CUmemGenericAllocationHandle h = 0, h2 = 0;
+    CUdeviceptr va = 0;
+    CUmemAccessDesc acc = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 1},
+                           .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    CUresult r = ((create_fn)sym("cuMemCreate"))(&h, n, &prop, 0);
+    if (r == CUDA_SUCCESS)
+        r = ((reserve_fn)sym("cuMemAddressReserve"))(&va, n, 0, 0, 0);
+    if (r == CUDA_SUCCESS)
+        r = ((map_fn)sym("cuMemMap"))(va, n, 0, h, 0);
+    if (r == CUDA_SUCCESS)
+        r = ((access_fn)sym("cuMemSetAccess"))(va, n, &acc, 1);
+    if (r == CUDA_SUCCESS)
+        r = ((retainh_fn)sym("cuMemRetainAllocationHandle"))(&h2, (void *)(uintptr_t)va);
+    if (r == CUDA_SUCCESS)
+        r = ((release_fn)sym("cuMemRelease"))(h2);
+    if (r == CUDA_SUCCESS)
+        r = ((release_fn)sym("cuMemRelease"))(h); /* the mapping keeps the memory */
+    *used = used_of(1);
+    use(0);
+    if (r == CUDA_SUCCESS)
+        r = ((unmap_fn)sym("cuMemUnmap"))(va, n);
+    *after = used_of(1);
+    return r;
+}
+
 static int oversub(size_t n0, size_t n1, const char *go)
 {
     CUdeviceptr a[2] = {0}, b[2] = {0}, x = 0;
@@ -209,7 +294,7 @@ int main(int argc, char **argv)
 {
     void *h = dlopen("libcuda.so.1", RTLD_NOW);
     if (h == NULL || argc < 2) {
-        fprintf(stderr, "usage: multi_client cap L0 L1 | launch D | locks GO | info | launches N C GO | oversub N0 N1 GO\n");
+        fprintf(stderr, "usage: multi_client cap L0 L1 | launch D | locks GO | info | launches N C GO | acopy | vmm | oversub N0 N1 GO\n");
         return 2;
     }
     gpa = (gpa2_fn)dlsym(h, "cuGetProcAddress_v2");
@@ -248,6 +333,18 @@ int main(int argc, char **argv)
     }
     if (!strcmp(argv[1], "launches") && argc == 5) {
         printf("multi launches r=%d\n", launches(atoi(argv[2]), atoi(argv[3]), argv[4]));
+        return 0;
+    }
+    if (!strcmp(argv[1], "acopy")) {
+        int intact = 0;
+        CUresult r = acopy(&intact);
+        printf("multi acopy r=%d intact=%d\n", r, intact);
+        return 0;
+    }
+    if (!strcmp(argv[1], "vmm")) {
+        size_t used = 0, after = 0;
+        CUresult r = vmm(&used, &after);
+        printf("multi vmm r=%d used=%zu after=%zu\n", r, used, after);
         return 0;
     }
     if (!strcmp(argv[1], "oversub") && argc == 5)

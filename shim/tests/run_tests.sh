@@ -1074,6 +1074,35 @@ else
 fi
 stop_two
 
+# 41. Stream work follows the stream's GPU: with device 0 current (its scheduler never grants), a memset, a
+# copy in and a copy out on a stream of device 1 take device 1's lock and run.
+start_two grant=0 -- 
+out=$(run_multi timeout 10 "$MULTI" acopy 2>&1 || true)
+if grep -q "multi acopy r=0 intact=1" <<<"$out" && ! grep -q "got ACQUIRE" "$M0/sched.log" &&
+    grep -q "got ACQUIRE need=0; sent GRANT" "$M1/sched.log"; then
+    pass "several GPUs: async copies and memsets on a stream take the stream's GPU's lock"
+else
+    fail "stream work per GPU" "$out $(cat "$M0/sched.log" "$M1/sched.log")"
+fi
+stop_two
+
+# 42. VMM on device 1 with device 0 current: the mapping, its access, a retained handle and the unmap are
+# device 1's. Under device 1's limit the unmap gives its bytes back to device 1; with oversubscription on
+# device 1 (device 0's scheduler never grants) each call takes device 1's lock and the memory is counted
+# and freed there.
+start_two -- 
+out=$(run_multi GPUSHARE_MEMORY_LIMIT_BYTES="$G1=67108864" timeout 10 "$MULTI" vmm 2>&1 || true)
+stop_two
+start_two grant=0 -- budget=67108864
+out2=$(run_multi GPUSHARE_OVERSUB="$G1=1" timeout 10 "$MULTI" vmm 2>&1 || true)
+if grep -q "multi vmm r=0 used=8388608 after=0" <<<"$out" && grep -q "multi vmm r=0 used=8388608 after=0" <<<"$out2" &&
+    ! grep -q "got ACQUIRE" "$M0/sched.log"; then
+    pass "several GPUs: VMM map, access, retain and unmap find the handle's GPU whatever context is current"
+else
+    fail "VMM per GPU" "$out $out2 $(cat "$M0/sched.log" "$M1/sched.log")"
+fi
+stop_two
+
 if [ "$fails" -ne 0 ]; then
     echo "$fails shim test(s) failed"
     exit 1

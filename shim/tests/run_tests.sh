@@ -1103,6 +1103,19 @@ else
 fi
 stop_two
 
+# 43. NVML per GPU: the stub NVML has both devices (by UUID); each device's NVML memory is its own limit
+# and what this process allocated there (16 MiB on device 1, none on device 0).
+start_two -- 
+out=$(run_multi GPUSHARE_MEMORY_LIMIT_BYTES="$G0=1073741824,$G1=268435456" timeout 10 "$BUILD/tests/nvml_client" multi 2>&1 || true)
+d0=1073741824/1073741824/0
+d1=268435456/251658240/16777216
+if grep -qx "nvml multi dev0 $d0 $d0 dev1 $d1 $d1" <<<"$out"; then
+    pass "several GPUs: NVML reports each GPU's own limit and use"
+else
+    fail "NVML per GPU" "$out"
+fi
+stop_two
+
 if [ "$fails" -ne 0 ]; then
     echo "$fails shim test(s) failed"
     exit 1

@@ -545,10 +545,12 @@ static void swap_out_locked(struct region **list, int n)
     log_swap("out", n, MMD->bytes_out - b0, dt, pin_wait_ns_locked() - w0, 0, dt);
 }
 
-/* Swaps out the calling thread's GPU's regions only: its scheduler asked, for its budget. */
+/* Swaps out the calling thread's GPU's regions only: its scheduler asked, for its budget. Answered
+ * (USAGE) on every GPU that may oversubscribe, whether or not a budget made it active: the single form's
+ * one GPU always. */
 void gs_mm_evict(uint64_t target)
 {
-    if (!gs_mm_here())
+    if (gs_dev_cur == GS_DEV_NONE || (gs_multi && !gs_devs[gs_dev_cur].oversub))
         return;
     mm_flush_deferred();
     pthread_mutex_lock(&mm_mu);

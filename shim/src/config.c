@@ -98,7 +98,6 @@ static void dev_single(void)
     /* The container's memory claim, set per container by the DRA kubelet plugin (docs/shim.md). */
     d->memory_limit = env_bytes("GPUSHARE_MEMORY_LIMIT_BYTES");
     gs_ndevs = 1;
-    gs_mm_dev = 0;
 }
 
 #define LIST_MAX 4096 /* the longest list read: 16 GPUs of a 40-byte UUID and a 108-byte path fit */
@@ -233,23 +232,12 @@ static void devs_list(const char *uuids)
         }
         gs_devs[gs_ndevs++] = d;
     }
-    for (int i = 0; i < gs_ndevs; i++) {
-        if (!gs_devs[i].oversub)
-            continue;
-        if (gs_mm_dev < 0)
-            gs_mm_dev = i;
-        else
-            gs_log(GS_LOG_WARN,
-                   "GPUSHARE_OVERSUB: oversubscription serves one GPU per process (%s); %s runs without it",
-                   gs_devs[gs_mm_dev].uuid, gs_devs[i].uuid);
-    }
 }
 
 static void devs_load(void)
 {
     memset(gs_devs, 0, sizeof(gs_devs));
     gs_multi = 0;
-    gs_mm_dev = -1;
     const char *uuids = getenv("GPUSHARE_GPU_UUID");
     if (uuids != NULL && strchr(uuids, ',') != NULL)
         devs_list(uuids);

@@ -19,7 +19,6 @@
 struct gs_dev gs_devs[GS_DEV_SLOTS];
 int gs_ndevs;
 int gs_multi;
-int gs_mm_dev = -1;
 __thread int gs_dev_cur;
 
 #define MAX_ORDINALS 64
@@ -149,8 +148,8 @@ int gs_dev_pick_ptr_slow(CUdeviceptr p)
     if (d != GS_DEV_NONE)
         return d;
     struct gs_mm_info in;
-    if (gs_mm_dev >= 0 && gs_mm_lookup(p, &in))
-        return gs_mm_dev;
+    if (gs_mm_lookup(p, &in))
+        return in.slot;
     return gs_dev_pick_ctx_slow(NULL);
 }
 
@@ -162,5 +161,35 @@ int gs_dev_slot_of_ctx(CUcontext ctx)
 int gs_dev_pick_handle_slow(uint64_t h)
 {
     int d = gs_cap_any ? gs_cap_owner(GS_CAP_HANDLE, h) : GS_DEV_NONE;
+    if (d == GS_DEV_NONE)
+        d = gs_mm_handle_slot(h);
     return d != GS_DEV_NONE ? d : gs_dev_pick_ctx_slow(NULL);
+}
+
+/* The device of the physical allocation mapped at p, asked of the driver (-1: none known). */
+static CUdevice device_mapped_at(CUdeviceptr p)
+{
+    gs_fn_cuMemRetainAllocationHandle retain =
+        (gs_fn_cuMemRetainAllocationHandle)gs_real(GS_ID_cuMemRetainAllocationHandle);
+    gs_fn_cuMemGetAllocationPropertiesFromHandle props =
+        (gs_fn_cuMemGetAllocationPropertiesFromHandle)gs_real(GS_ID_cuMemGetAllocationPropertiesFromHandle);
+    gs_fn_cuMemRelease release = (gs_fn_cuMemRelease)gs_real(GS_ID_cuMemRelease);
+    CUmemGenericAllocationHandle h;
+    if (retain == NULL || props == NULL || release == NULL || retain(&h, (void *)(uintptr_t)p) != CUDA_SUCCESS)
+        return -1;
+    CUmemAllocationProp pr;
+    CUresult r = props(&pr, h);
+    release(h);
+    return r == CUDA_SUCCESS && pr.location.type == CU_MEM_LOCATION_TYPE_DEVICE ? pr.location.id : -1;
+}
+
+int gs_dev_pick_va_slow(CUdeviceptr p)
+{
+    int d = gs_cap_any ? gs_cap_owner(GS_CAP_MAP, p) : GS_DEV_NONE;
+    if (d == GS_DEV_NONE)
+        d = gs_mm_va_slot(p);
+    if (d != GS_DEV_NONE)
+        return d;
+    CUdevice dev = device_mapped_at(p);
+    return dev >= 0 ? gs_dev_slot_of_ordinal(dev) : gs_dev_pick_ctx_slow(NULL);
 }

@@ -6,17 +6,20 @@
     if (GS_UNLIKELY(real == NULL))                                                                 \
         return CUDA_ERROR_NOT_INITIALIZED;
 
-#define GS_BODY_WORK(name, params, args, extra)                                                    \
+/* Waits for the lock of the GPU `pick` chose (the current context's, or a stream's), then calls the driver. */
+#define GS_BODY_GATED(name, params, args, pick)                                                    \
     GS_EXPORT CUresult name params;                                                                \
     GS_EXPORT CUresult name params                                                                 \
     {                                                                                              \
         GS_REAL_OR_FAIL(name)                                                                      \
-        gs_dev_pick();                                                                             \
+        pick;                                                                                      \
         int gd = gs_gate_enter(GS_ID_##name);                                                      \
         CUresult r = real args;                                                                    \
         gs_gate_leave(gd);                                                                         \
         return r;                                                                                  \
     }
+#define GS_BODY_WORK(name, params, args, extra) GS_BODY_GATED(name, params, args, gs_dev_pick())
+#define GS_BODY_SWORK(name, params, args, stream) GS_BODY_GATED(name, params, args, gs_dev_pick_stream(stream))
 
 /* A launch: with a launch bound, waits (outside the gate) while the process's queue is full, and marks
  * the queue after the launch (in flight, so a release's drain sees the mark). Unbounded: one load and
@@ -31,8 +34,8 @@
         GS_REAL_OR_FAIL(name)                                                                      \
         gs_dev_pick_stream(stream);                                                                \
         struct gs_pace_ticket pt;                                                                  \
-        int paced = GS_UNLIKELY(atomic_load_explicit(&gs_pace_max, memory_order_relaxed) != 0) &&  \
-                    gs_pace_before(&pt, (key));                                                    \
+        int paced = GS_UNLIKELY(atomic_load_explicit(&gs_pace_max[gs_dev_cur], memory_order_relaxed) != 0) && \
+                    gs_pace_before(&pt, (key), gs_multi ? (stream) : NULL);                        \
         int gd = gs_gate_enter(GS_ID_##name);                                                      \
         CUresult r = real args;                                                                    \
         if (GS_UNLIKELY(paced))                                                                    \

@@ -80,12 +80,11 @@ extern int gs_multi;                          /* the list form: each call picks 
 /* The GPU the calling thread works on: set by gs_dev_pick* at a hook's entry, or once by a thread of the
  * shim's that serves one GPU; 0 in the single form. Every per-GPU module reads its state through it. */
 extern __thread int gs_dev_cur;
-/* The oversubscribed GPU (the memory manager serves one): the first listed with OVERSUB=1, else -1. */
-extern int gs_mm_dev;
 int gs_dev_pick_ctx_slow(CUcontext ctx);
 int gs_dev_pick_stream_slow(CUstream s);
 int gs_dev_pick_ptr_slow(CUdeviceptr p);
 int gs_dev_pick_handle_slow(uint64_t h);
+int gs_dev_pick_va_slow(CUdeviceptr p);
 int gs_dev_slot_of_ordinal(CUdevice ord);
 int gs_dev_slot_of_ctx(CUcontext ctx);
 int gs_dev_of_uuid(const char *uuid);
@@ -112,6 +111,15 @@ static inline int gs_dev_pick_handle(uint64_t h)
     if (GS_LIKELY(!gs_multi))
         return 0;
     return gs_dev_cur = gs_dev_pick_handle_slow(h);
+}
+/* A VMM mapping at p (cuMemUnmap, cuMemSetAccess, cuMemRetainAllocationHandle): the GPU whose limit or
+ * memory manager counts the handle mapped there, else the device of the allocation the driver has there,
+ * else the current context's. */
+static inline int gs_dev_pick_va(CUdeviceptr p)
+{
+    if (GS_LIKELY(!gs_multi))
+        return 0;
+    return gs_dev_cur = gs_dev_pick_va_slow(p);
 }
 /* A cuMemCreate: the device its properties name. */
 #define gs_dev_pick_prop(prop)                                                                               \
@@ -302,9 +310,10 @@ int gs_gpu_drain(void);
 void gs_gpu_atfork_child(void);
 
 /* ---- launch pacing (pace.c): a bound on the launches a process keeps outstanding ---- */
-/* The bound in force (0: none): the scheduler's (PACE) or GPUSHARE_PACE_OVERRIDE's. The launch hooks load
- * it, relaxed, before each launch; everything else runs only when it is not 0. */
-extern _Atomic uint32_t gs_pace_max;
+/* The bound in force per shared GPU (0: none): that GPU's scheduler's (PACE) or GPUSHARE_PACE_OVERRIDE's.
+ * The launch hooks load their GPU's, relaxed, before each launch; everything else runs only when it is
+ * not 0. */
+extern _Atomic uint32_t gs_pace_max[GS_DEV_SLOTS];
 /* Threads inside a paced launch before its gate entry (weighing it, or waiting for earlier work): the
  * process is busy in a GPU call, never idle, however long such a thread goes without running (a starved
  * CPU, a slow driver query); gate.c releases the lock for idleness only while this is 0. */
@@ -319,18 +328,21 @@ static inline uint64_t gs_launch_key(const void *what, uint64_t grid)
     return ((uint64_t)(uintptr_t)what * 0x9E3779B97F4A7C15ull ^ grid * 0xC2B2AE3D27D4EB4Full) | 1;
 }
 void gs_pace_init(void); /* after the configuration is read */
-/* The scheduler's bound (PACE), or 0 when a connection ends (from_scheduler 0: said nowhere). */
+/* The calling thread's GPU's scheduler's bound (PACE), or 0 when its connection ends (from_scheduler 0:
+ * said nowhere). */
 void gs_pace_set(uint32_t max_queued, int from_scheduler);
-/* Before a launch (key: gs_launch_key), not in flight: waits while the process's queue is at the bound; 1
- * when the launch counts (then gs_pace_after follows it, in flight, with the launch's stream and result). */
-int gs_pace_before(struct gs_pace_ticket *t, uint64_t key);
+/* Before a launch on stream s (key: gs_launch_key), not in flight: waits while the queue of the stream's
+ * context is at its GPU's bound; 1 when the launch counts (then gs_pace_after follows it, in flight, with
+ * the launch's stream and result). */
+int gs_pace_before(struct gs_pace_ticket *t, uint64_t key, CUstream s);
 void gs_pace_after(const struct gs_pace_ticket *t, CUstream s, CUresult launched);
 void gs_pace_forget_ctx(CUcontext ctx); /* before cuCtxDestroy: its events are destroyed, never used again */
 void gs_pace_forget_dev(CUdevice dev);  /* before a primary context's release or reset, the same */
 void gs_pace_log_stats(void);
 void gs_pace_atfork_child(void);
 void gs_pace_reapply(void); /* after GPUSHARE_PACE_OVERRIDE's value in force changed */
-/* The bound in force and where it comes from (GS_PACING_*), for the scheduler (PACING, protocol 6). */
+/* The calling thread's GPU's bound in force and where it comes from (GS_PACING_*), for its scheduler
+ * (PACING, protocol 6). */
 void gs_pace_state(uint32_t *max_queued, uint32_t *state);
 
 /* ---- scheduler connection (conn.c) ---- */
@@ -367,13 +379,15 @@ void gs_gate_atfork_parent(void);
 void gs_gate_atfork_child(void);
 void gs_print_call_counts(void);
 
-/* ---- memory manager (mm.c): swappable device memory for oversubscription ---- */
+/* ---- memory manager (mm.c): swappable device memory for oversubscription, per shared GPU: every call
+ * below works on the calling thread's GPU's account (gs_dev_cur) ---- */
 enum { GS_MM_OK = 0, GS_MM_NOT_OURS = -1, GS_MM_YIELD = -2 };
-extern atomic_int gs_mm_on; /* swappable allocations are made (oversubscription active) */
+/* Per shared GPU: swappable allocations are made there (oversubscription active on it). */
+extern atomic_int gs_mm_on[GS_DEV_SLOTS];
 /* Oversubscription is active on the calling thread's GPU. */
 static inline int gs_mm_here(void)
 {
-    return atomic_load_explicit(&gs_mm_on, memory_order_relaxed) && gs_dev_cur == gs_mm_dev;
+    return atomic_load_explicit(&gs_mm_on[gs_dev_cur], memory_order_relaxed);
 }
 void gs_mm_configure(uint64_t budget, uint32_t mode);
 uint64_t gs_mm_need(void);     /* bytes to ask for in ACQUIRE: working set plus a pending growth */
@@ -400,10 +414,14 @@ struct gs_mm_info {
     CUdevice dev;
     uint64_t id;
     int resident;
+    int slot; /* the shared GPU whose account counts it */
 };
 int gs_mm_lookup(CUdeviceptr p, struct gs_mm_info *out);
 int gs_mm_budget(uint64_t *total, uint64_t *used);
 /* 1 if p lies where the application mapped one of its (swappable) cuMemCreate handles. */
 int gs_mm_vmm_mapped(CUdeviceptr p);
+/* The GPU of a swappable handle, or of the one mapped at p (GS_DEV_NONE: not the memory manager's). */
+int gs_mm_handle_slot(uint64_t h);
+int gs_mm_va_slot(CUdeviceptr p);
 
 #endif

@@ -66,12 +66,10 @@
 /* Regions an eviction copies out at once: bounded storage on the stack, whatever the region count. */
 #define SWAP_BATCH 64
 
-enum { MM_UNDECIDED, MM_ACTIVE, MM_OFF };
-
-atomic_int gs_mm_on;
-static int mm_state = MM_UNDECIDED;
-static uint64_t budget;
-static uint32_t mode;
+atomic_int gs_mm_on[GS_DEV_SLOTS];
+struct mm_dev mm_devs[GS_DEV_SLOTS] = {
+    [0 ... GS_DEV_SLOTS - 1] = {.rep_mu = PTHREAD_MUTEX_INITIALIZER, .memreq_cv = PTHREAD_COND_INITIALIZER},
+};
 
 pthread_mutex_t mm_mu = PTHREAD_MUTEX_INITIALIZER;
 struct region **mm_regions; /* sorted by va */
@@ -81,30 +79,12 @@ size_t mm_gran; /* granularity, learnt at the first allocation */
 int mm_handles;
 static uint64_t next_id = 1;
 
-/* read without mm_mu by the gate (ACQUIRE, RELEASE, pass-through) */
-static _Atomic uint64_t need_bytes, resident_bytes, swapped_bytes, pending_growth;
-static _Atomic uint64_t reserved;
-static _Atomic uint32_t acks;
-static uint64_t swap_outs, swap_ins, bytes_out, bytes_in, swap_ns;
-static uint64_t overlapped; /* swap-ins that mapped memory as the previous holder's eviction freed it (RAISE) */
-static uint64_t alloc_ns, allocs;
-
 
 static struct {
     CUcontext ctx;
     CUstream s;
 } streams[MAX_STREAMS];
 static int nstreams;
-
-/* MEMREPLY hand-over from the gate's thread to the allocating thread */
-static pthread_mutex_t rep_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t rep_cv = PTHREAD_COND_INITIALIZER;
-static uint64_t rep_seq;
-static uint32_t rep_status;
-/* A MEMREQ waits for its MEMREPLY (mm_mu): one at a time, since the replies carry no request id;
- * another thread that needs more waits on memreq_cv (mm_mu released) and then looks again. */
-static int memreq_busy;
-static pthread_cond_t memreq_cv = PTHREAD_COND_INITIALIZER;
 
 /* Frees that must wait for the GPU, made while a stream captured: done once no stream captures. */
 static CUdeviceptr *deferred;
@@ -117,7 +97,8 @@ static void rep_cv_init(void)
     pthread_condattr_t a;
     pthread_condattr_init(&a);
     pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-    pthread_cond_init(&rep_cv, &a);
+    for (int i = 0; i < GS_DEV_SLOTS; i++)
+        pthread_cond_init(&mm_devs[i].rep_cv, &a);
     pthread_condattr_destroy(&a);
     mm_stage_init();
 }
@@ -128,89 +109,80 @@ static size_t round_up(size_t v, size_t a)
     return (v + a - 1) / a * a;
 }
 
+/* The GPU's name in log lines, in the list form only (the single form's lines stay as they are). */
+static const char *gpu_tag(void)
+{
+    return gs_multi ? gs_devs[gs_dev_cur].uuid : "";
+}
+
 void gs_mm_configure(uint64_t sched_budget, uint32_t sched_mode)
 {
-    if (gs_dev_cur != gs_mm_dev)
-        return;
-    if (mm_state != MM_UNDECIDED)
+    if (gs_dev_cur == GS_DEV_NONE || MMD->state != MM_UNDECIDED)
         return;
     pthread_once(&rep_once, rep_cv_init); /* before any thread can wait for or answer a MEMREQ */
-    mm_state = MM_OFF;
+    MMD->state = MM_OFF;
     if (!gs_devs[gs_dev_cur].oversub)
         return;
     if (sched_budget == 0) {
         gs_log(GS_LOG_WARN, "GPUSHARE_OVERSUB=1 but the GPU scheduler grants no memory budget: "
-                            "oversubscription is off, the GPU lock is on");
+                            "oversubscription is off, the GPU lock is on%s%s", gs_multi ? " on " : "", gpu_tag());
         return;
     }
-    budget = sched_budget;
-    if (gs_cfg.budget_cap != 0 && gs_cfg.budget_cap < budget)
-        budget = gs_cfg.budget_cap;
-    mode = sched_mode;
-    mm_state = MM_ACTIVE;
-    atomic_store(&gs_mm_on, 1);
-    gs_log(GS_LOG_INFO, "oversubscription on: budget %llu bytes, mode %u", (unsigned long long)budget, mode);
+    MMD->budget = sched_budget;
+    if (gs_cfg.budget_cap != 0 && gs_cfg.budget_cap < MMD->budget)
+        MMD->budget = gs_cfg.budget_cap;
+    MMD->mode = sched_mode;
+    MMD->state = MM_ACTIVE;
+    atomic_store(&gs_mm_on[gs_dev_cur], 1);
+    gs_log(GS_LOG_INFO, "oversubscription on%s%s: budget %llu bytes, mode %u", gs_multi ? " " : "", gpu_tag(),
+           (unsigned long long)MMD->budget, MMD->mode);
 }
 
 uint64_t gs_mm_need(void)
 {
-    if (gs_dev_cur != gs_mm_dev)
+    if (!gs_mm_here())
         return 0;
-    if (!atomic_load(&gs_mm_on))
-        return 0;
-    return atomic_load(&need_bytes) + atomic_load(&pending_growth);
+    return atomic_load(&MMD->need_bytes) + atomic_load(&MMD->pending_growth);
 }
 
 uint64_t gs_mm_resident(void)
 {
-    if (gs_dev_cur != gs_mm_dev)
-        return 0;
-    return atomic_load(&resident_bytes);
+    return atomic_load(&MMD->resident_bytes);
 }
 
 uint64_t gs_mm_swapped(void)
 {
-    if (gs_dev_cur != gs_mm_dev)
-        return 0;
-    return atomic_load(&swapped_bytes);
+    return atomic_load(&MMD->swapped_bytes);
 }
 
 void gs_mm_rejoin(uint64_t *need, uint64_t *resident, uint64_t *swapped)
 {
-    if (gs_dev_cur != gs_mm_dev) {
-        *need = *resident = *swapped = 0;
-        return;
-    }
-    atomic_store(&acks, 0);
-    *need = atomic_load(&need_bytes);
-    *resident = atomic_load(&resident_bytes);
-    *swapped = atomic_load(&swapped_bytes);
-    atomic_store(&reserved, *resident);
+    atomic_store(&MMD->acks, 0);
+    *need = atomic_load(&MMD->need_bytes);
+    *resident = atomic_load(&MMD->resident_bytes);
+    *swapped = atomic_load(&MMD->swapped_bytes);
+    atomic_store(&MMD->reserved, *resident);
 }
 
 /* RAISE (protocol 3): the reservation of a holder filling in after a partial GRANT rose; the swap-in
  * waiting in gs_mm_swap_in_all (through gs_gate_pump, on the same thread) maps more. */
 void gs_mm_on_raise(uint64_t res)
 {
-    if (gs_dev_cur != gs_mm_dev)
-        return;
-    atomic_store(&reserved, res);
-    atomic_fetch_add(&acks, 1);
+    atomic_store(&MMD->reserved, res);
+    atomic_fetch_add(&MMD->acks, 1);
 }
 
 void gs_mm_on_reply(int raise, uint64_t res, uint32_t status)
 {
-    if (gs_dev_cur != gs_mm_dev)
-        return;
     if (status != UINT32_MAX)
-        atomic_store(&reserved, res);
+        atomic_store(&MMD->reserved, res);
     if (raise)
-        atomic_fetch_add(&acks, 1);
-    pthread_mutex_lock(&rep_mu);
-    rep_seq++;
-    rep_status = status;
-    pthread_cond_broadcast(&rep_cv);
-    pthread_mutex_unlock(&rep_mu);
+        atomic_fetch_add(&MMD->acks, 1);
+    pthread_mutex_lock(&MMD->rep_mu);
+    MMD->rep_seq++;
+    MMD->rep_status = status;
+    pthread_cond_broadcast(&MMD->rep_cv);
+    pthread_mutex_unlock(&MMD->rep_mu);
 }
 
 /* ---- regions ---- */
@@ -362,17 +334,17 @@ static void usage_locked(struct gs_usage *u, uint32_t reason)
 {
     memset(u, 0, sizeof(*u));
     u->reason = reason;
-    u->acks = atomic_load(&acks);
+    u->acks = atomic_load(&MMD->acks);
     /* A report counts the growth the process was granted for and is making (the scheduler keeps
      * reserving it); an eviction answer does not. */
-    u->need = atomic_load(&need_bytes) + (reason == GS_USAGE_REPORT ? atomic_load(&pending_growth) : 0);
-    u->resident = atomic_load(&resident_bytes);
-    u->swapped = atomic_load(&swapped_bytes);
-    u->swap_outs = swap_outs;
-    u->swap_ins = swap_ins;
-    u->bytes_out = bytes_out;
-    u->bytes_in = bytes_in;
-    u->swap_ns = swap_ns;
+    u->need = atomic_load(&MMD->need_bytes) + (reason == GS_USAGE_REPORT ? atomic_load(&MMD->pending_growth) : 0);
+    u->resident = atomic_load(&MMD->resident_bytes);
+    u->swapped = atomic_load(&MMD->swapped_bytes);
+    u->swap_outs = MMD->swap_outs;
+    u->swap_ins = MMD->swap_ins;
+    u->bytes_out = MMD->bytes_out;
+    u->bytes_in = MMD->bytes_in;
+    u->swap_ns = MMD->swap_ns;
 }
 
 /* Tells the scheduler what we hold now; lowers our own view of the reservation to match. */
@@ -384,14 +356,22 @@ void mm_report_locked(uint32_t reason)
      * for it comes before the allocation; giving that back would let the next waiter take it). */
     uint64_t keep = u.resident;
     if (reason == GS_USAGE_REPORT)
-        keep += atomic_load(&pending_growth);
-    if (gs_gate_send(&u, GS_MSG_USAGE, GS_USAGE_SIZE) == 0 && keep < atomic_load(&reserved))
-        atomic_store(&reserved, keep);
+        keep += atomic_load(&MMD->pending_growth);
+    if (gs_gate_send(&u, GS_MSG_USAGE, GS_USAGE_SIZE) == 0 && keep < atomic_load(&MMD->reserved))
+        atomic_store(&MMD->reserved, keep);
+}
+
+void mm_report_slot_locked(int slot, uint32_t reason)
+{
+    int saved = gs_dev_cur;
+    gs_dev_cur = slot;
+    mm_report_locked(reason);
+    gs_dev_cur = saved;
 }
 
 void gs_mm_send_usage(uint32_t reason)
 {
-    if (gs_dev_cur != gs_mm_dev)
+    if (!gs_mm_here())
         return;
     pthread_mutex_lock(&mm_mu);
     mm_report_locked(reason);
@@ -525,10 +505,10 @@ static void swap_out_batch_locked(struct region **list, int n, struct swap_out_s
         }
         unmap_locked(r);
         r->atva = 0;
-        atomic_fetch_sub(&resident_bytes, r->size);
-        atomic_fetch_add(&swapped_bytes, r->size);
-        swap_outs++;
-        bytes_out += copy_len(r);
+        atomic_fetch_sub(&mm_devs[r->slot].resident_bytes, r->size);
+        atomic_fetch_add(&mm_devs[r->slot].swapped_bytes, r->size);
+        mm_devs[r->slot].swap_outs++;
+        mm_devs[r->slot].bytes_out += copy_len(r);
         /* The next holder maps and copies in what we release while we copy out the rest (protocol 3:
          * the scheduler raises its reservation by what we report). Not after the last: USAGE(evicted)
          * follows at once. */
@@ -545,7 +525,7 @@ static void swap_out_locked(struct region **list, int n)
 {
     if (n == 0)
         return;
-    uint64_t t0 = gs_now_ns(), b0 = bytes_out, w0 = pin_wait_ns_locked();
+    uint64_t t0 = gs_now_ns(), b0 = MMD->bytes_out, w0 = pin_wait_ns_locked();
     for (int i = 0; i < n; i++) {
         list[i]->urgent = !list[i]->pinned && !list[i]->pin_failed; /* the stager pins these first */
         list[i]->swapping = 1;
@@ -561,13 +541,16 @@ static void swap_out_locked(struct region **list, int n)
         list[i]->swapping = 0;
     mm_stage_kick_locked(); /* wakes frees that waited for this swap */
     uint64_t dt = gs_now_ns() - t0;
-    swap_ns += dt;
-    log_swap("out", n, bytes_out - b0, dt, pin_wait_ns_locked() - w0, 0, dt);
+    MMD->swap_ns += dt;
+    log_swap("out", n, MMD->bytes_out - b0, dt, pin_wait_ns_locked() - w0, 0, dt);
 }
 
+/* Swaps out the calling thread's GPU's regions only: its scheduler asked, for its budget. Answered
+ * (USAGE) on every GPU that may oversubscribe, whether or not a budget made it active: the single form's
+ * one GPU always. */
 void gs_mm_evict(uint64_t target)
 {
-    if (gs_dev_cur != gs_mm_dev)
+    if (gs_dev_cur == GS_DEV_NONE || (gs_multi && !gs_devs[gs_dev_cur].oversub))
         return;
     mm_flush_deferred();
     pthread_mutex_lock(&mm_mu);
@@ -575,11 +558,11 @@ void gs_mm_evict(uint64_t target)
      * the scheduler hears USAGE(evicted) with what is still resident). */
     struct region **list = malloc((size_t)(mm_nreg ? mm_nreg : 1) * sizeof(*list));
     int n = 0;
-    uint64_t res = atomic_load(&resident_bytes);
+    uint64_t res = atomic_load(&MMD->resident_bytes);
     /* Kept stream-ordered memory first: it goes without a copy. */
     for (int i = 0; list != NULL && res > target && i < mm_nreg; i++) {
         struct region *r = mm_regions[i];
-        if (r->resident && r->vacant) {
+        if (r->slot == gs_dev_cur && r->resident && r->vacant) {
             r->picked = 1;
             list[n++] = r;
             res -= r->size;
@@ -591,7 +574,7 @@ void gs_mm_evict(uint64_t target)
         struct region *best = NULL, *largest = NULL;
         for (int i = 0; i < mm_nreg; i++) {
             struct region *r = mm_regions[i];
-            if (!r->resident || r->picked)
+            if (r->slot != gs_dev_cur || !r->resident || r->picked)
                 continue;
             if (r->size >= rest && (best == NULL || r->size < best->size))
                 best = r;
@@ -609,8 +592,8 @@ void gs_mm_evict(uint64_t target)
         list[k]->picked = 0;
     swap_out_locked(list, n);
     free(list);
-    gs_log(GS_LOG_DEBUG, "evicted %d allocation(s): resident %llu, target %llu", n,
-           (unsigned long long)atomic_load(&resident_bytes), (unsigned long long)target);
+    gs_log(GS_LOG_DEBUG, "evicted %d allocation(s)%s%s: resident %llu, target %llu", n, gs_multi ? " on " : "",
+           gpu_tag(), (unsigned long long)atomic_load(&MMD->resident_bytes), (unsigned long long)target);
     mm_report_locked(GS_USAGE_EVICTED);
     pthread_mutex_unlock(&mm_mu);
 }
@@ -625,9 +608,9 @@ static void swap_in_pass_locked(int ignore_budget, int *moved, int *missing, int
     *missing = *failed = 0;
     for (int i = 0; i < mm_nreg; i++) {
         struct region *r = mm_regions[i];
-        if (r->resident)
+        if (r->resident || r->slot != gs_dev_cur)
             continue;
-        if (!ignore_budget && atomic_load(&resident_bytes) + r->size > atomic_load(&reserved)) {
+        if (!ignore_budget && atomic_load(&MMD->resident_bytes) + r->size > atomic_load(&MMD->reserved)) {
             (*missing)++;
             continue;
         }
@@ -642,10 +625,10 @@ static void swap_in_pass_locked(int ignore_budget, int *moved, int *missing, int
             size_t len = copy_len(r);
             if (len > 0)
                 e = copy_async(r, len, 0, stream_for_locked(r->ctx));
-            atomic_fetch_add(&resident_bytes, r->size);
-            atomic_fetch_sub(&swapped_bytes, r->size);
-            swap_ins++;
-            bytes_in += len;
+            atomic_fetch_add(&MMD->resident_bytes, r->size);
+            atomic_fetch_sub(&MMD->swapped_bytes, r->size);
+            MMD->swap_ins++;
+            MMD->bytes_in += len;
             (*moved)++;
         }
         pop(&c);
@@ -665,14 +648,17 @@ static void swap_in_pass_locked(int ignore_budget, int *moved, int *missing, int
  * GPUSHARE_MEMREPLY_TIMEOUT_MS, or the grant ended meanwhile. */
 int gs_mm_swap_in_all(int ignore_budget)
 {
-    if (gs_dev_cur != gs_mm_dev)
+    if (!gs_mm_here())
         return 0;
     pthread_mutex_lock(&mm_mu);
-    uint64_t t0 = gs_now_ns(), b0 = bytes_in, w0 = pin_wait_ns_locked(), fill_ns = 0, t_first = 0;
+    uint64_t t0 = gs_now_ns(), b0 = MMD->bytes_in, w0 = pin_wait_ns_locked(), fill_ns = 0, t_first = 0;
     int moved = 0, missing = 0, failed = 0, raises = 0;
-    uint64_t last_res = atomic_load(&reserved), last_ns = t0;
+    uint64_t last_res = atomic_load(&MMD->reserved), last_ns = t0;
+    /* This GPU's list stays as it is while we wait (the stager, a RAISE); another GPU's swaps mark
+     * and unmark only their own. */
     for (int i = 0; i < mm_nreg; i++)
-        mm_regions[i]->swapping = 1; /* the list stays as it is while we wait (the stager, a RAISE) */
+        if (mm_regions[i]->slot == gs_dev_cur)
+            mm_regions[i]->swapping = 1;
     for (;;) {
         swap_in_pass_locked(ignore_budget, &moved, &missing, &failed);
         if (moved > 0 && t_first == 0)
@@ -688,8 +674,8 @@ int gs_mm_swap_in_all(int ignore_budget)
         int alive = gs_gate_pump(5);
         fill_ns += gs_now_ns() - w;
         pthread_mutex_lock(&mm_mu);
-        if (atomic_load(&reserved) != last_res) {
-            last_res = atomic_load(&reserved);
+        if (atomic_load(&MMD->reserved) != last_res) {
+            last_res = atomic_load(&MMD->reserved);
             last_ns = gs_now_ns();
             raises++;
         }
@@ -701,7 +687,7 @@ int gs_mm_swap_in_all(int ignore_budget)
     /* The application's handles: the pages go from our range to where the application mapped them. */
     for (int i = 0; moved > 0 && mm_handles > 0 && i < mm_nreg; i++) {
         struct region *r = mm_regions[i];
-        if (!r->handle || !r->resident || !r->atva)
+        if (r->slot != gs_dev_cur || !r->handle || !r->resident || !r->atva)
             continue;
         REAL(cuMemUnmap)(r->va, r->size);
         r->atva = 0;
@@ -712,15 +698,16 @@ int gs_mm_swap_in_all(int ignore_budget)
     }
     if (moved > 0) {
         uint64_t dt = gs_now_ns() - t0;
-        swap_ns += dt;
-        log_swap("in", moved, bytes_in - b0, dt, pin_wait_ns_locked() - w0, raises, gs_now_ns() - t_first);
-        overlapped += raises > 0;
+        MMD->swap_ns += dt;
+        log_swap("in", moved, MMD->bytes_in - b0, dt, pin_wait_ns_locked() - w0, raises, gs_now_ns() - t_first);
+        MMD->overlapped += raises > 0;
         if (fill_ns > 0)
             gs_log(GS_LOG_DEBUG, "swap in overlapped the previous holder's swap out: %d raise(s), %.3f ms waiting for them",
                    raises, fill_ns / 1e6);
     }
     for (int i = 0; i < mm_nreg; i++)
-        mm_regions[i]->swapping = 0;
+        if (mm_regions[i]->slot == gs_dev_cur)
+            mm_regions[i]->swapping = 0;
     mm_stage_kick_locked(); /* wakes frees that waited for this swap */
     missing += failed;
     if (moved > 0 || !ignore_budget)
@@ -742,11 +729,11 @@ static int wait_reply(uint64_t seq)
     dl.tv_sec += (time_t)(ns / 1000000000ull);
     dl.tv_nsec = (long)(ns % 1000000000ull);
     int r = 0;
-    pthread_mutex_lock(&rep_mu);
-    while (rep_seq == seq && r != ETIMEDOUT)
-        r = pthread_cond_timedwait(&rep_cv, &rep_mu, &dl);
-    int got = rep_seq != seq;
-    pthread_mutex_unlock(&rep_mu);
+    pthread_mutex_lock(&MMD->rep_mu);
+    while (MMD->rep_seq == seq && r != ETIMEDOUT)
+        r = pthread_cond_timedwait(&MMD->rep_cv, &MMD->rep_mu, &dl);
+    int got = MMD->rep_seq != seq;
+    pthread_mutex_unlock(&MMD->rep_mu);
     return got ? 0 : -1;
 }
 
@@ -756,39 +743,40 @@ static int wait_reply(uint64_t seq)
 int mm_reserve_locked(uint64_t more)
 {
     for (;;) {
-        uint64_t want = atomic_load(&need_bytes) + more;
+        struct mm_dev *m = MMD;
+        uint64_t want = atomic_load(&m->need_bytes) + more;
         /* Freed stream-ordered memory we kept is the first to give back (during a capture only what
          * the GPU is done with: waiting for the rest would synchronize). */
-        if (want > budget && mm_async_drop_locked(!gs_capturing(), want - budget) > 0)
+        if (want > m->budget && mm_async_drop_locked(!gs_capturing(), want - m->budget) > 0)
             continue;
-        if (want > budget) {
+        if (want > m->budget) {
             gs_log(GS_LOG_WARN,
                    "cuMemAlloc: out of memory: the working set would grow to %llu bytes, more than this "
                    "process's budget of %llu bytes",
-                   (unsigned long long)want, (unsigned long long)budget);
-            atomic_store(&pending_growth, 0); /* no growth under way any more */
+                   (unsigned long long)want, (unsigned long long)m->budget);
+            atomic_store(&m->pending_growth, 0); /* no growth under way any more */
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
-        if (want <= atomic_load(&reserved) || !gs_gate_connected())
+        if (want <= atomic_load(&m->reserved) || !gs_gate_connected())
             return GS_MM_OK;
-        if (memreq_busy) {
-            pthread_cond_wait(&memreq_cv, &mm_mu); /* another thread's request: its answer may cover ours */
+        if (m->memreq_busy) {
+            pthread_cond_wait(&m->memreq_cv, &mm_mu); /* another thread's request: its answer may cover ours */
             continue;
         }
-        pthread_mutex_lock(&rep_mu);
-        uint64_t seq = rep_seq;
-        pthread_mutex_unlock(&rep_mu);
-        struct gs_memreq m;
-        memset(&m, 0, sizeof(m));
-        m.need = want;
-        if (gs_gate_send(&m, GS_MSG_MEMREQ, GS_MEMREQ_SIZE) != 0)
+        pthread_mutex_lock(&m->rep_mu);
+        uint64_t seq = m->rep_seq;
+        pthread_mutex_unlock(&m->rep_mu);
+        struct gs_memreq req;
+        memset(&req, 0, sizeof(req));
+        req.need = want;
+        if (gs_gate_send(&req, GS_MSG_MEMREQ, GS_MEMREQ_SIZE) != 0)
             return GS_MM_OK; /* no scheduler any more: pass-through has no budget */
-        memreq_busy = 1;
+        m->memreq_busy = 1;
         pthread_mutex_unlock(&mm_mu);
         int got = wait_reply(seq);
         pthread_mutex_lock(&mm_mu);
-        memreq_busy = 0;
-        pthread_cond_broadcast(&memreq_cv);
+        m->memreq_busy = 0;
+        pthread_cond_broadcast(&m->memreq_cv);
         if (got != 0) {
             /* A scheduler that does not answer must not stall the application: give the connection up
              * (the shim reconnects and re-announces) and go on as in pass-through, without a budget. */
@@ -800,22 +788,22 @@ int mm_reserve_locked(uint64_t more)
             gs_gate_drop("no answer to a memory request");
             continue;
         }
-        pthread_mutex_lock(&rep_mu);
-        uint32_t status = rep_status;
-        pthread_mutex_unlock(&rep_mu);
+        pthread_mutex_lock(&m->rep_mu);
+        uint32_t status = m->rep_status;
+        pthread_mutex_unlock(&m->rep_mu);
         if (status == GS_MEM_OK || status == UINT32_MAX)
             continue; /* the working set may have changed meanwhile: look again */
         /* The GPU has no more for us now: the freed stream-ordered memory we kept goes before we
          * wait or fail (while the budget has room, it stays, as in a pool that keeps everything). */
-        uint64_t res = atomic_load(&reserved);
+        uint64_t res = atomic_load(&m->reserved);
         if (want > res && mm_async_drop_locked(!gs_capturing(), want - res) > 0)
             continue;
         if (status == GS_MEM_TOO_LARGE) {
             gs_log(GS_LOG_WARN,
                    "cuMemAlloc: out of memory: the working set would grow to %llu bytes, which the GPU budget "
                    "of %llu bytes cannot hold now (anti-thrashing mode %u)",
-                   (unsigned long long)want, (unsigned long long)budget, mode);
-            atomic_store(&pending_growth, 0); /* no growth under way any more */
+                   (unsigned long long)want, (unsigned long long)m->budget, m->mode);
+            atomic_store(&m->pending_growth, 0); /* no growth under way any more */
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
         if (gs_capturing()) {
@@ -825,10 +813,10 @@ int mm_reserve_locked(uint64_t more)
                    "cuMemAlloc: out of memory: the working set would grow to %llu bytes, which other processes "
                    "hold now, and this process cannot give the GPU back while a stream captures",
                    (unsigned long long)want);
-            atomic_store(&pending_growth, 0);
+            atomic_store(&m->pending_growth, 0);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
-        atomic_store(&pending_growth, more);
+        atomic_store(&m->pending_growth, more);
         return GS_MM_YIELD;
     }
 }
@@ -845,11 +833,19 @@ void mm_flush_deferred(void)
     deferred = NULL;
     ndeferred_locked = capdeferred = 0;
     atomic_store(&ndeferred, 0);
-    CUcontext ctx = NULL;
+    /* The contexts the frees' memory belongs to (with several GPUs, several): each is waited for. */
+    CUcontext ctxs[8];
+    int nctx = 0, more = 0;
     for (int i = 0; i < n; i++) {
-        int k = mm_find_region_locked(list[i]);
-        if (k >= 0)
-            ctx = mm_regions[k]->ctx;
+        int k = mm_find_region_locked(list[i]), j;
+        if (k < 0)
+            continue;
+        for (j = 0; j < nctx && ctxs[j] != mm_regions[k]->ctx; j++)
+            ;
+        if (j == nctx && nctx < 8)
+            ctxs[nctx++] = mm_regions[k]->ctx;
+        else if (j == nctx)
+            more = 1;
     }
     pthread_mutex_unlock(&mm_mu);
     if (n == 0) {
@@ -858,7 +854,14 @@ void mm_flush_deferred(void)
     }
     gs_ctx_record_current();
     CUcontext only = gs_ctx_only();
-    mm_sync_ctx(only != NULL ? only : ctx);
+    if (only != NULL || more) {
+        mm_sync_ctx(only); /* more contexts than remembered: every context the process has (gpu.c) */
+        if (only == NULL)
+            gs_gpu_drain();
+    } else {
+        for (int j = 0; j < nctx; j++)
+            mm_sync_ctx(ctxs[j]);
+    }
     pthread_mutex_lock(&mm_mu);
     for (int i = 0; i < n; i++) {
         CUresult r;
@@ -875,14 +878,15 @@ void mm_free_region_locked(int i)
     if (r->slab && r->used > 0)
         return; /* a new block was taken from this slab while we waited */
     i = mm_find_region_locked(r->va); /* the array may have moved while we waited */
+    struct mm_dev *m = &mm_devs[r->slot];
     if (r->resident) {
         release_pages_locked(r);
-        atomic_fetch_sub(&resident_bytes, r->size);
+        atomic_fetch_sub(&m->resident_bytes, r->size);
     } else {
-        atomic_fetch_sub(&swapped_bytes, r->size);
+        atomic_fetch_sub(&m->swapped_bytes, r->size);
     }
     mm_handles -= r->handle;
-    atomic_fetch_sub(&need_bytes, r->size);
+    atomic_fetch_sub(&m->need_bytes, r->size);
     if (r->span > 0)
         REAL(cuMemAddressFree)(r->va, r->span);
     mm_stage_release_locked(r);
@@ -925,6 +929,7 @@ static CUresult new_region_at_locked(CUdeviceptr va, size_t size, size_t user, i
     r->dev = prop ? prop->location.id : dev;
     r->prop = prop ? *prop : prop_for(dev);
     r->id = next_id++;
+    r->slot = gs_dev_cur;
     /* Host staging first: reserved with the memory, never in a hand-off; pinned by the stager. */
     r->staging = mm_staging_map(size);
     if (r->staging == MAP_FAILED) {
@@ -949,8 +954,8 @@ static CUresult new_region_at_locked(CUdeviceptr va, size_t size, size_t user, i
         return e;
     }
     mm_handles += r->handle;
-    atomic_fetch_add(&need_bytes, size);
-    atomic_fetch_add(&resident_bytes, size);
+    atomic_fetch_add(&MMD->need_bytes, size);
+    atomic_fetch_add(&MMD->resident_bytes, size);
     mm_stage_kick_locked();
     *out = r;
     return CUDA_SUCCESS;
@@ -1085,7 +1090,7 @@ CUresult gs_mm_alloc(CUdeviceptr *dptr, size_t n, int split, int *yield)
         REAL(cuCtxGetCurrent)(&ctx);
         for (int i = 0; i < mm_nreg; i++) {
             struct region *r = mm_regions[i];
-            if (r->slab && r->ctx == ctx && slab_take_locked(r, sz, n, dptr) == 0) {
+            if (r->slab && r->ctx == ctx && r->slot == gs_dev_cur && slab_take_locked(r, sz, n, dptr) == 0) {
                 pthread_mutex_unlock(&mm_mu);
                 return CUDA_SUCCESS;
             }
@@ -1132,25 +1137,25 @@ CUresult gs_mm_alloc(CUdeviceptr *dptr, size_t n, int split, int *yield)
 
 void mm_allocated_locked(uint64_t t0)
 {
-    atomic_store(&pending_growth, 0);
+    atomic_store(&MMD->pending_growth, 0);
     /* New pages (or a reservation raised for nothing): keep the scheduler's view current. */
     mm_report_locked(GS_USAGE_REPORT);
-    alloc_ns += gs_now_ns() - t0;
-    allocs++;
+    MMD->alloc_ns += gs_now_ns() - t0;
+    MMD->allocs++;
 }
 
 /* An allocation of n bytes on its own: more than the whole budget fails at once, with a reason. */
 uint64_t mm_need_locked(void)
 {
-    return atomic_load(&need_bytes);
+    return atomic_load(&MMD->need_bytes);
 }
 
 int mm_exceeds_budget(const char *call, size_t n)
 {
-    if (n <= budget)
+    if (n <= MMD->budget)
         return 0;
     gs_log(GS_LOG_WARN, "%s: out of memory: %zu bytes is more than this GPU's whole budget of %llu bytes", call, n,
-           (unsigned long long)budget);
+           (unsigned long long)MMD->budget);
     return 1;
 }
 
@@ -1160,6 +1165,7 @@ int mm_free_locked(CUdeviceptr d, int sync, CUresult *res)
     if (i < 0 || mm_regions[i]->handle)
         return GS_MM_NOT_OURS;
     struct region *r = mm_regions[i];
+    int slot = r->slot; /* the GPU whose scheduler hears of the free, whichever thread frees */
     *res = CUDA_SUCCESS;
     if (!r->slab) {
         if (d != r->base) {
@@ -1169,7 +1175,7 @@ int mm_free_locked(CUdeviceptr d, int sync, CUresult *res)
         if (sync)
             mm_sync_ctx(r->ctx); /* like cuMemFree: the memory is not in use when it goes */
         free_allocation_locked(d);
-        mm_report_locked(GS_USAGE_REPORT);
+        mm_report_slot_locked(slot, GS_USAGE_REPORT);
         return GS_MM_OK;
     }
     int k;
@@ -1197,7 +1203,7 @@ int mm_free_locked(CUdeviceptr d, int sync, CUresult *res)
     }
     if (r->used == 0) {
         mm_free_region_locked(i);
-        mm_report_locked(GS_USAGE_REPORT);
+        mm_report_slot_locked(slot, GS_USAGE_REPORT);
     }
     return GS_MM_OK;
 }
@@ -1251,13 +1257,14 @@ int gs_mm_free(CUdeviceptr d, CUresult *res)
 
 int gs_mm_lookup(CUdeviceptr p, struct gs_mm_info *out)
 {
-    if (!atomic_load(&need_bytes))
+    if (__atomic_load_n(&mm_nreg, __ATOMIC_RELAXED) == 0)
         return 0;
     pthread_mutex_lock(&mm_mu);
     int i = mm_find_region_locked(p);
     int found = 0;
     if (i >= 0 && !mm_regions[i]->handle) {
         struct region *r = mm_regions[i];
+        out->slot = r->slot;
         out->ctx = r->ctx;
         out->dev = r->dev;
         out->resident = r->resident;
@@ -1287,12 +1294,10 @@ int gs_mm_lookup(CUdeviceptr p, struct gs_mm_info *out)
 
 int gs_mm_budget(uint64_t *total, uint64_t *used)
 {
-    if (gs_dev_cur != gs_mm_dev)
+    if (MMD->state != MM_ACTIVE)
         return 0;
-    if (mm_state != MM_ACTIVE)
-        return 0;
-    *total = budget;
-    *used = atomic_load(&need_bytes);
+    *total = MMD->budget;
+    *used = atomic_load(&MMD->need_bytes);
     return 1;
 }
 
@@ -1300,9 +1305,13 @@ void gs_mm_atfork_child(void)
 {
     /* CUDA does not survive fork: the child starts without swappable memory. */
     pthread_mutex_init(&mm_mu, NULL);
-    pthread_mutex_init(&rep_mu, NULL);
-    pthread_cond_init(&memreq_cv, NULL);
-    memreq_busy = 0;
+    for (int i = 0; i < GS_DEV_SLOTS; i++) {
+        struct mm_dev *m = &mm_devs[i];
+        memset(m, 0, sizeof(*m));
+        pthread_mutex_init(&m->rep_mu, NULL);
+        pthread_cond_init(&m->memreq_cv, NULL);
+        atomic_store(&gs_mm_on[i], 0);
+    }
     deferred = NULL;
     ndeferred_locked = capdeferred = 0;
     atomic_store(&ndeferred, 0);
@@ -1312,31 +1321,26 @@ void gs_mm_atfork_child(void)
     mm_handles = 0;
     nstreams = 0;
     mm_async_atfork_child();
-    atomic_store(&need_bytes, 0);
-    atomic_store(&resident_bytes, 0);
-    atomic_store(&swapped_bytes, 0);
-    atomic_store(&reserved, 0);
-    atomic_store(&gs_mm_on, 0);
-    mm_state = MM_UNDECIDED;
 }
 
 /* At exit, at info level: what swapping cost this process. */
 void gs_mm_log_stats(void)
 {
-    if (mm_state != MM_ACTIVE)
+    if (MMD->state != MM_ACTIVE)
         return;
     pthread_mutex_lock(&mm_mu);
     uint64_t reused, fresh, passed, pinned, pin_failures, pin_waits, pin_wait_ns;
     mm_async_stats_locked(&reused, &fresh, &passed);
     mm_stage_stats_locked(&pinned, &pin_failures, &pin_waits, &pin_wait_ns);
     gs_log(GS_LOG_INFO,
-           "swap stats: out=%llu (%llu bytes) in=%llu (%llu bytes) overlapped=%llu time=%.3f s resident=%llu "
+           "swap stats%s%s: out=%llu (%llu bytes) in=%llu (%llu bytes) overlapped=%llu time=%.3f s resident=%llu "
            "swapped=%llu; "
            "new allocations=%llu in %.3f s, staging pinned=%llu bytes, pin failures=%llu, pin_waits=%llu "
            "(%.3f s); stream-ordered allocations async_new=%llu async_reused=%llu async_passed=%llu",
-           (unsigned long long)swap_outs, (unsigned long long)bytes_out, (unsigned long long)swap_ins,
-           (unsigned long long)bytes_in, (unsigned long long)overlapped, swap_ns / 1e9, (unsigned long long)atomic_load(&resident_bytes),
-           (unsigned long long)atomic_load(&swapped_bytes), (unsigned long long)allocs, alloc_ns / 1e9,
+           gs_multi ? " " : "", gpu_tag(), (unsigned long long)MMD->swap_outs, (unsigned long long)MMD->bytes_out,
+           (unsigned long long)MMD->swap_ins, (unsigned long long)MMD->bytes_in, (unsigned long long)MMD->overlapped,
+           MMD->swap_ns / 1e9, (unsigned long long)atomic_load(&MMD->resident_bytes),
+           (unsigned long long)atomic_load(&MMD->swapped_bytes), (unsigned long long)MMD->allocs, MMD->alloc_ns / 1e9,
            (unsigned long long)pinned, (unsigned long long)pin_failures, (unsigned long long)pin_waits,
            pin_wait_ns / 1e9, (unsigned long long)fresh, (unsigned long long)reused, (unsigned long long)passed);
     pthread_mutex_unlock(&mm_mu);

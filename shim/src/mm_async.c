@@ -29,12 +29,13 @@ struct kept {
     size_t n;
     CUstream s;
     CUcontext ctx;
+    int slot; /* the GPU whose working set counts it */
     CUevent ev; /* NULL: freed during a capture; reusable only after the context is synchronized */
 };
 
 static struct kept *kept;
 static int nkept, capkept;
-static uint64_t live, kept_bytes, live_high, reserved_high, reused, fresh;
+static uint64_t reused, fresh;
 static atomic_ullong passed; /* allocations left to the driver */
 static CUevent spare[64];
 static int nspare;
@@ -85,12 +86,21 @@ static int default_pool(CUmemoryPool pool)
  * The CUDA runtime calls the stream-ordered allocator from threads with no
  * current driver context (PyTorch's autograd threads, seen on the H100: the
  * stream queries then fail with CUDA_ERROR_INVALID_CONTEXT). A process of one
- * context gets it made current for the call; returns it to pop, or NULL.
+ * context gets it made current for the call. With several GPUs (the list
+ * form) the stream's context is made current when another is: the memory is
+ * the stream's device's, made and later swapped in that context. Returns the
+ * context to pop, or NULL.
  */
-static CUcontext enter_ctx(void)
+static CUcontext enter_ctx(CUstream s)
 {
     CUcontext c = NULL;
-    if (REAL(cuCtxGetCurrent)(&c) == CUDA_SUCCESS && c != NULL)
+    int have = REAL(cuCtxGetCurrent)(&c) == CUDA_SUCCESS && c != NULL;
+    if (gs_multi && s != NULL && s != CU_STREAM_PER_THREAD) {
+        CUcontext sc = NULL;
+        if (REAL(cuStreamGetCtx)(s, &sc) == CUDA_SUCCESS && sc != NULL && sc != c)
+            return REAL(cuCtxPushCurrent_v2)(sc) == CUDA_SUCCESS ? sc : NULL;
+    }
+    if (have)
         return NULL;
     c = gs_ctx_only();
     return c != NULL && REAL(cuCtxPushCurrent_v2)(c) == CUDA_SUCCESS ? c : NULL;
@@ -125,7 +135,7 @@ static CUevent get_event_locked(void)
 
 static void remove_kept_locked(int i)
 {
-    kept_bytes -= kept[i].n;
+    mm_devs[kept[i].slot].kept_bytes -= kept[i].n;
     kept[i] = kept[--nkept];
 }
 
@@ -160,13 +170,15 @@ uint64_t mm_async_drop_locked(int wait, uint64_t goal)
             if (i >= nkept)
                 continue; /* mm_mu was released while a region was freed: the list changed */
             struct kept k = kept[i];
+            if (k.slot != gs_dev_cur)
+                continue; /* another GPU's: its working set is not the one to shrink */
             if (pass == 0 && (k.ev == NULL || REAL(cuEventQuery)(k.ev) != CUDA_SUCCESS))
                 continue;
             remove_kept_locked(i); /* off the list: no other thread reuses or drops it meanwhile */
             if (pass == 1) {
                 if (!wait || gs_capturing()) {
                     kept[nkept++] = k; /* the list never shrinks below its capacity: room for it */
-                    kept_bytes += k.n;
+                    MMD->kept_bytes += k.n;
                     break;
                 }
                 /* Waiting for the GPU without mm_mu (mm.c's invariant); the list is read afresh after. */
@@ -192,7 +204,7 @@ static int take_locked(size_t n, CUstream s, CUcontext ctx, CUdeviceptr *out)
     int same = 0, noev = 0, busy = 0, other = 0;
     for (int i = 0; i < nkept; i++) {
         struct kept *k = &kept[i];
-        if (k->n != n)
+        if (k->n != n || k->slot != gs_dev_cur)
             continue;
         same++;
         if (k->ctx != ctx || k->ev == NULL) {
@@ -219,11 +231,12 @@ static int take_locked(size_t n, CUstream s, CUcontext ctx, CUdeviceptr *out)
 
 static void count_live_locked(size_t n)
 {
-    live += n;
-    if (live > live_high)
-        live_high = live;
-    if (live + kept_bytes > reserved_high)
-        reserved_high = live + kept_bytes;
+    struct mm_dev *m = MMD;
+    m->live += n;
+    if (m->live > m->live_high)
+        m->live_high = m->live;
+    if (m->live + m->kept_bytes > m->reserved_high)
+        m->reserved_high = m->live + m->kept_bytes;
 }
 
 static CUresult alloc_async(int id, CUdeviceptr *dptr, size_t n, int from_pool, CUmemoryPool pool, CUstream s,
@@ -236,7 +249,7 @@ static CUresult alloc_async(int id, CUdeviceptr *dptr, size_t n, int from_pool, 
     s = norm_stream(s, ptsz);
     for (;;) {
         int gd = gs_gate_enter(id);
-        CUcontext pushed = enter_ctx();
+        CUcontext pushed = enter_ctx(s);
         int on = gs_mm_here() && dptr != NULL && n > 0;
         char why[128] = "";
         if (on && !capturing(s, why, sizeof(why)) && !default_pool(from_pool ? pool : NULL))
@@ -334,8 +347,8 @@ static CUresult keep_locked(CUdeviceptr d, const struct gs_mm_info *in, CUstream
     gs_log(GS_LOG_DEBUG, "stream-ordered free of %zu bytes at 0x%llx on stream %p", in->size,
            (unsigned long long)d, (void *)s);
     if (nkept < capkept) {
-        kept[nkept++] = (struct kept){.p = d, .n = in->size, .s = s, .ctx = in->ctx, .ev = ev};
-        kept_bytes += in->size;
+        kept[nkept++] = (struct kept){.p = d, .n = in->size, .s = s, .ctx = in->ctx, .slot = in->slot, .ev = ev};
+        mm_devs[in->slot].kept_bytes += in->size;
         set_vacant_locked(d, 1);
         return CUDA_SUCCESS;
     }
@@ -357,13 +370,14 @@ static CUresult free_async(int id, CUdeviceptr d, CUstream s, int ptsz)
         return r;
     }
     CUresult r = CUDA_SUCCESS;
-    CUcontext pushed = enter_ctx();
+    CUcontext pushed = enter_ctx(s);
     pthread_mutex_lock(&mm_mu);
     if (in.base != d || mm_async_cached_locked(d)) {
         r = CUDA_ERROR_INVALID_VALUE; /* not the start of an allocation, or freed already */
     } else {
         r = keep_locked(d, &in, s);
-        live -= in.size < live ? in.size : live;
+        struct mm_dev *m = &mm_devs[in.slot];
+        m->live -= in.size < m->live ? in.size : m->live;
     }
     pthread_mutex_unlock(&mm_mu);
     leave_ctx(pushed);
@@ -448,8 +462,9 @@ GS_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (ours(pool)) {
         pthread_mutex_lock(&mm_mu);
-        if (live + kept_bytes > keep)
-            mm_async_drop_locked(1, live + kept_bytes - keep);
+        struct mm_dev *m = MMD;
+        if (m->live + m->kept_bytes > keep)
+            mm_async_drop_locked(1, m->live + m->kept_bytes - keep);
         pthread_mutex_unlock(&mm_mu);
     }
     return real(pool, keep);
@@ -465,10 +480,11 @@ GS_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute 
         !ours(pool))
         return real(pool, attr, value);
     pthread_mutex_lock(&mm_mu);
-    uint64_t v = attr == CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT ? live + kept_bytes
-                 : attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH  ? reserved_high
-                 : attr == CU_MEMPOOL_ATTR_USED_MEM_CURRENT   ? live
-                                                              : live_high;
+    struct mm_dev *m = MMD;
+    uint64_t v = attr == CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT ? m->live + m->kept_bytes
+                 : attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH  ? m->reserved_high
+                 : attr == CU_MEMPOOL_ATTR_USED_MEM_CURRENT   ? m->live
+                                                              : m->live_high;
     pthread_mutex_unlock(&mm_mu);
     *(cuuint64_t *)value = v;
     return CUDA_SUCCESS;
@@ -484,10 +500,11 @@ GS_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute 
         ours(pool)) {
         /* the driver's rule: only a reset (to 0), which starts the high-water mark at the current value */
         pthread_mutex_lock(&mm_mu);
+        struct mm_dev *m = MMD;
         if (attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)
-            reserved_high = live + kept_bytes;
+            m->reserved_high = m->live + m->kept_bytes;
         else
-            live_high = live;
+            m->live_high = m->live;
         pthread_mutex_unlock(&mm_mu);
     }
     return real(pool, attr, value);
@@ -506,6 +523,6 @@ void mm_async_atfork_child(void)
     kept = NULL;
     nkept = capkept = 0;
     nspare = 0;
-    live = kept_bytes = live_high = reserved_high = reused = fresh = 0;
+    reused = fresh = 0; /* the per-GPU pool counters are mm.c's to reset */
     atomic_store(&passed, 0);
 }

@@ -61,6 +61,7 @@ struct region {
     int picked; /* chosen for the eviction being planned */
     int vacant; /* freed with cuMemFreeAsync and kept: its bytes need no copy either way */
     uint64_t id;
+    int slot; /* the shared GPU (dev.c) whose account counts it and whose scheduler swaps it */
     struct block *blk;
     int nblk, capblk, used;
     /* the application's own handle (cuMemCreate): its pages are mapped where the application
@@ -71,6 +72,39 @@ struct region {
     struct app_map *maps;
     int nmaps, capmaps;
 };
+
+/* One account per shared GPU (dev.c's slots): a process with oversubscription on several GPUs swaps
+ * each GPU's regions against that GPU's budget, at that GPU's scheduler's word. MMD is the calling
+ * thread's GPU's (gs_dev_cur); a region's is mm_devs[r->slot]. The regions themselves are one table
+ * (device addresses are unique in the process) under one mutex, mm_mu. */
+enum { MM_UNDECIDED, MM_ACTIVE, MM_OFF };
+struct mm_dev {
+    int state;
+    uint64_t budget;
+    uint32_t mode;
+    /* read without mm_mu by the gate (ACQUIRE, RELEASE, pass-through) */
+    _Atomic uint64_t need_bytes, resident_bytes, swapped_bytes, pending_growth;
+    _Atomic uint64_t reserved;
+    _Atomic uint32_t acks;
+    uint64_t swap_outs, swap_ins, bytes_out, bytes_in, swap_ns;
+    uint64_t overlapped; /* swap-ins that mapped memory as the previous holder's eviction freed it (RAISE) */
+    uint64_t alloc_ns, allocs;
+    /* MEMREPLY hand-over from the GPU's gate thread to the allocating thread (rep_mu is a leaf) */
+    pthread_mutex_t rep_mu;
+    pthread_cond_t rep_cv;
+    uint64_t rep_seq;
+    uint32_t rep_status;
+    /* A MEMREQ waits for its MEMREPLY (mm_mu): one at a time per GPU, since the replies carry no
+     * request id; another thread that needs more waits on memreq_cv (mm_mu released) and looks again. */
+    int memreq_busy;
+    pthread_cond_t memreq_cv;
+    /* mm_async.c: the stream-ordered allocator's pool counters for this GPU's default pool */
+    uint64_t live, kept_bytes, live_high, reserved_high;
+};
+extern struct mm_dev mm_devs[GS_DEV_SLOTS];
+#define MMD (&mm_devs[gs_dev_cur])
+/* Sends what GPU slot holds now (mm_report_locked as that GPU's, whichever the calling thread's is). */
+void mm_report_slot_locked(int slot, uint32_t reason);
 
 extern pthread_mutex_t mm_mu;
 extern struct region **mm_regions; /* sorted by va */

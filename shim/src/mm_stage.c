@@ -277,7 +277,6 @@ static void wait_capture_locked(void)
 static void *stager_main(void *arg)
 {
     (void)arg;
-    gs_dev_cur = gs_mm_dev; /* the memory manager serves one GPU */
     gs_fn_cuCtxPushCurrent_v2 push = REAL(cuCtxPushCurrent_v2);
     gs_fn_cuCtxPopCurrent_v2 pop = REAL(cuCtxPopCurrent_v2);
     gs_fn_cuMemHostRegister_v2 reg = REAL(cuMemHostRegister_v2);

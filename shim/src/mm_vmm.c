@@ -72,6 +72,29 @@ int gs_mm_vmm_mapped(CUdeviceptr p)
     return found;
 }
 
+int gs_mm_handle_slot(uint64_t h)
+{
+    if (!any_handles())
+        return GS_DEV_NONE;
+    pthread_mutex_lock(&mm_mu);
+    struct region *r = handle_region_locked(h);
+    int slot = r != NULL ? r->slot : GS_DEV_NONE;
+    pthread_mutex_unlock(&mm_mu);
+    return slot;
+}
+
+int gs_mm_va_slot(CUdeviceptr p)
+{
+    if (!any_handles())
+        return GS_DEV_NONE;
+    pthread_mutex_lock(&mm_mu);
+    int k;
+    struct region *r = mapped_at_locked(p, &k);
+    int slot = r != NULL ? r->slot : GS_DEV_NONE;
+    pthread_mutex_unlock(&mm_mu);
+    return slot;
+}
+
 void mm_vmm_detach_locked(struct region *r)
 {
     for (int k = 0; k < r->nmaps; k++)
@@ -97,8 +120,9 @@ static void release_if_unused_locked(struct region *r)
 {
     if (r->app_refs > 0 || r->nmaps > 0)
         return;
+    int slot = r->slot; /* its GPU's scheduler hears of it, whichever GPU's call released it */
     mm_free_region_locked(mm_find_region_locked(r->va));
-    mm_report_locked(GS_USAGE_REPORT);
+    mm_report_slot_locked(slot, GS_USAGE_REPORT);
 }
 
 static int swappable(const CUmemAllocationProp *prop, unsigned long long flags)
@@ -304,7 +328,7 @@ static CUresult unmap(gs_fn_cuMemUnmap real, CUdeviceptr ptr, size_t size);
 
 GS_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
-    gs_dev_pick();
+    gs_dev_pick_va(ptr);
     REAL_OR_FAIL(cuMemUnmap)
     CUresult r = unmap(real, ptr, size);
     if (gs_cap_on() && r == CUDA_SUCCESS)
@@ -343,7 +367,7 @@ static void record_access(struct app_map *m, const CUmemAccessDesc *desc, size_t
 
 GS_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
 {
-    gs_dev_pick();
+    gs_dev_pick_va(ptr);
     REAL_OR_FAIL(cuMemSetAccess)
     if (!any_handles())
         return real(ptr, size, desc, count);
@@ -364,7 +388,7 @@ GS_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcces
 
 GS_EXPORT CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocation *location, CUdeviceptr ptr)
 {
-    gs_dev_pick();
+    gs_dev_pick_va(ptr);
     REAL_OR_FAIL(cuMemGetAccess)
     if (!gs_mm_vmm_mapped(ptr))
         return real(flags, location, ptr);
@@ -379,7 +403,7 @@ static CUresult retain(gs_fn_cuMemRetainAllocationHandle real, CUmemGenericAlloc
 /* A retained handle needs one more cuMemRelease before its pages, and its charge, go. */
 GS_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
 {
-    gs_dev_pick();
+    gs_dev_pick_va((CUdeviceptr)(uintptr_t)addr);
     REAL_OR_FAIL(cuMemRetainAllocationHandle)
     CUresult r = retain(real, handle, addr);
     if (gs_cap_on() && r == CUDA_SUCCESS && handle != NULL)

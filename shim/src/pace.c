@@ -43,6 +43,9 @@
  * launch during a capture is not counted. Events of a context are destroyed before the context is
  * (cuCtxDestroy, and a device's primary context released or reset), and never used after.
  *
+ * With several GPUs (docs/multigpu.md) each GPU has its own bound, its scheduler's (or the override), and
+ * a launch is counted in the ring of its stream's context against its stream's GPU's bound.
+ *
  * Unpaced (bound 0, the default), a launch costs one relaxed atomic load more; everything here
  * runs only with a bound, under one mutex that a launch takes twice at most.
  */
@@ -88,9 +91,9 @@ struct ring {
 
 enum { PACE_ON, PACE_BACKOFF, PACE_OFF };
 
-_Atomic uint32_t gs_pace_max;
+_Atomic uint32_t gs_pace_max[GS_DEV_SLOTS];
 atomic_int gs_pace_busy;
-static _Atomic uint32_t sched_max; /* what the scheduler said last on this connection */
+static _Atomic uint32_t sched_max[GS_DEV_SLOTS]; /* what each GPU's scheduler said last on its connection */
 static atomic_int pace_off;        /* PACE_BACKOFF after a driver error or a stall, until rearm_ns; PACE_OFF for good */
 static _Atomic uint64_t rearm_ns;
 static uint32_t backoff_ms; /* the next back-off (0: BACKOFF_MIN_MS); under mu */
@@ -104,18 +107,20 @@ static struct {
 } kinds[KINDS];
 static uint64_t paced, waited, wait_ns, ever, timed; /* under mu */
 
-/* The bound in force. Called under the gate's mutex for the scheduler's bound and the environment's
- * policy, and under mu by whichever thread turns pacing off or on again: apply_mu (a leaf) orders them, so
- * that each store reflects the latest of the three inputs. */
+/* The bound in force on every GPU. Called under a gate's mutex for its scheduler's bound and the
+ * environment's policy, and under mu by whichever thread turns pacing off or on again: apply_mu (a leaf)
+ * orders them, so that each store reflects the latest of the three inputs. */
 static pthread_mutex_t apply_mu = PTHREAD_MUTEX_INITIALIZER;
 static void apply(void)
 {
     pthread_mutex_lock(&apply_mu);
-    /* pace_override is the value in force (config.c: the scheduler may not allow it). */
-    uint32_t m = gs_cfg.pace_override >= 0 ? (uint32_t)gs_cfg.pace_override : atomic_load(&sched_max);
-    if (atomic_load(&pace_off) == PACE_OFF)
-        m = 0; /* during a back-off the bound stays stored, so that launches come here and re-arm it */
-    atomic_store(&gs_pace_max, m);
+    for (int d = 0; d < GS_DEV_SLOTS; d++) {
+        /* pace_override is the value in force (config.c: the scheduler may not allow it). */
+        uint32_t m = gs_cfg.pace_override >= 0 ? (uint32_t)gs_cfg.pace_override : atomic_load(&sched_max[d]);
+        if (atomic_load(&pace_off) == PACE_OFF)
+            m = 0; /* during a back-off the bound stays stored, so that launches come here and re-arm it */
+        atomic_store(&gs_pace_max[d], m);
+    }
     pthread_mutex_unlock(&apply_mu);
 }
 
@@ -127,7 +132,7 @@ void gs_pace_reapply(void)
 void gs_pace_state(uint32_t *max_queued, uint32_t *state)
 {
     int off = atomic_load(&pace_off);
-    *max_queued = off == PACE_ON ? atomic_load(&gs_pace_max) : 0;
+    *max_queued = off == PACE_ON ? atomic_load(&gs_pace_max[gs_dev_cur]) : 0;
     if (off == PACE_OFF)
         *state = GS_PACING_OFF;
     else if (off == PACE_BACKOFF)
@@ -148,17 +153,20 @@ void gs_pace_init(void)
 
 void gs_pace_set(uint32_t max_queued, int from_scheduler)
 {
-    uint32_t old = atomic_exchange(&sched_max, max_queued);
+    uint32_t old = atomic_exchange(&sched_max[gs_dev_cur], max_queued);
     apply();
     if (!from_scheduler || old == max_queued)
         return;
+    /* The GPU's name in the list form only: the single form's lines stay as they are. */
+    const char *on = gs_multi ? " on " : "", *gpu = gs_multi ? gs_devs[gs_dev_cur].uuid : "";
     if (gs_cfg.pace_override >= 0)
-        gs_log(GS_LOG_DEBUG, "the GPU scheduler asks for a launch bound of %u; GPUSHARE_PACE_OVERRIDE=%lld holds",
-               max_queued, (long long)gs_cfg.pace_override);
+        gs_log(GS_LOG_DEBUG, "the GPU scheduler asks for a launch bound of %u%s%s; GPUSHARE_PACE_OVERRIDE=%lld holds",
+               max_queued, on, gpu, (long long)gs_cfg.pace_override);
     else if (max_queued != 0)
-        gs_log(GS_LOG_INFO, "launch pacing: at most %u launches outstanding (the GPU scheduler's bound)", max_queued);
+        gs_log(GS_LOG_INFO, "launch pacing%s%s: at most %u launches outstanding (the GPU scheduler's bound)", on, gpu,
+               max_queued);
     else
-        gs_log(GS_LOG_INFO, "launch pacing: unbounded (the GPU scheduler's bound)");
+        gs_log(GS_LOG_INFO, "launch pacing%s%s: unbounded (the GPU scheduler's bound)", on, gpu);
 }
 
 /* Off, with one warning the first time: for a back-off, or for good (r: the driver's error, or
@@ -359,7 +367,25 @@ static int reserve_locked(struct ring *g, int idx, uint64_t key, uint8_t w, stru
     return 1;
 }
 
-int gs_pace_before(struct gs_pace_ticket *t, uint64_t key)
+/* The context of a launch on s whose ring counts it: the current one, or in the list form the stream's when
+ * another is current (then made current here until gs_pace_before returns: its events are made in it). */
+static CUcontext launch_ctx(CUstream s, int *pushed)
+{
+    CUcontext ctx = NULL, sc = NULL;
+    gs_fn_cuCtxGetCurrent current = REAL(cuCtxGetCurrent);
+    *pushed = 0;
+    if (current == NULL || current(&ctx) != CUDA_SUCCESS)
+        ctx = NULL;
+    if (!gs_multi || s == NULL || s == (CUstream)0x1 || s == CU_STREAM_PER_THREAD ||
+        REAL(cuStreamGetCtx)(s, &sc) != CUDA_SUCCESS || sc == NULL || sc == ctx)
+        return ctx;
+    if (REAL(cuCtxPushCurrent_v2)(sc) != CUDA_SUCCESS)
+        return NULL;
+    *pushed = 1;
+    return sc;
+}
+
+int gs_pace_before(struct gs_pace_ticket *t, uint64_t key, CUstream s)
 {
     t->slot = -1;
     if (atomic_load_explicit(&pace_off, memory_order_relaxed) != PACE_ON) {
@@ -367,9 +393,9 @@ int gs_pace_before(struct gs_pace_ticket *t, uint64_t key)
         if (atomic_load(&pace_off) != PACE_ON)
             return 0;
     }
-    CUcontext ctx = NULL;
-    gs_fn_cuCtxGetCurrent current = REAL(cuCtxGetCurrent);
-    if (current == NULL || current(&ctx) != CUDA_SUCCESS || ctx == NULL)
+    int pushed;
+    CUcontext ctx = launch_ctx(s, &pushed);
+    if (ctx == NULL)
         return 0; /* the launch fails without a context anyway */
     uint64_t start = 0, stuck = 0; /* when this launch began to wait; when the oldest slot last moved */
     int counted = 0, idx = -1;
@@ -377,7 +403,7 @@ int gs_pace_before(struct gs_pace_ticket *t, uint64_t key)
     atomic_fetch_add(&gs_pace_busy, 1);
     pthread_mutex_lock(&mu);
     for (int round = 0;; round++) {
-        uint32_t max = atomic_load(&gs_pace_max);
+        uint32_t max = atomic_load(&gs_pace_max[gs_dev_cur]);
         if (max == 0 || gs_capturing())
             break;
         struct ring *g;
@@ -437,6 +463,10 @@ int gs_pace_before(struct gs_pace_ticket *t, uint64_t key)
         wait_ns += gs_now_ns() - start;
     }
     pthread_mutex_unlock(&mu);
+    if (pushed) {
+        CUcontext c;
+        REAL(cuCtxPopCurrent_v2)(&c);
+    }
     /* The activity mark restarts the idle window at this call's end, whatever the tick saw meanwhile. */
     atomic_fetch_add_explicit(&gs_hot[gs_dev_cur].word, GS_ACTIVITY_ONE, memory_order_relaxed);
     atomic_fetch_sub(&gs_pace_busy, 1);
@@ -510,7 +540,8 @@ void gs_pace_atfork_child(void)
     paced = waited = wait_ns = ever = turned_off = 0; /* the estimates stay: the same kernels run as long in the child */
     backoff_ms = 0;
     atomic_store(&gs_pace_busy, 0); /* the forking thread is not in a launch; no other thread came along */
-    atomic_store(&sched_max, 0);
+    for (int d = 0; d < GS_DEV_SLOTS; d++)
+        atomic_store(&sched_max[d], 0);
     atomic_store(&pace_off, PACE_ON);
     apply();
 }

@@ -5,9 +5,13 @@
  * to libnvidia-ml.so.1. Prints
  *   nvml v1 T/F/U v2 T/F/U direct T/F/U
  * (total/free/used bytes).
+ *   nvml_client multi   (GPUSHARE_STUB_DEVICES=2) allocates 16 MiB on device 1 (its primary context
+ *                       current), then asks NVML (v1 and v2 through dlsym) for each device in turn; prints
+ *   nvml multi dev0 T/F/U T/F/U dev1 T/F/U T/F/U
  */
 #include <dlfcn.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "cuda_abi.h"
 
@@ -23,11 +27,43 @@ int nvmlDeviceGetHandleByIndex_v2(unsigned int i, void **dev);
 int nvmlDeviceGetMemoryInfo(void *dev, nvmlMemory_t *m);
 
 typedef CUresult (*init_fn)(unsigned);
+typedef CUresult (*retain_fn)(CUcontext *, CUdevice);
+typedef CUresult (*setctx_fn)(CUcontext);
 typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
 typedef int (*info_fn)(void *, nvmlMemory_t *);
 typedef int (*info2_fn)(void *, nvmlMemory_v2_t *);
 
-int main(void)
+/* Device 1's 16 MiB, then each device's memory as NVML reports it (v1 and v2). */
+static int multi(void *cuda, void *nvml)
+{
+    CUcontext c = NULL;
+    CUdeviceptr d;
+    if (((retain_fn)dlsym(cuda, "cuDevicePrimaryCtxRetain"))(&c, 1) != CUDA_SUCCESS ||
+        ((setctx_fn)dlsym(cuda, "cuCtxSetCurrent"))(c) != CUDA_SUCCESS ||
+        ((alloc_fn)dlsym(cuda, "cuMemAlloc_v2"))(&d, 16 << 20) != CUDA_SUCCESS) {
+        fprintf(stderr, "nvml_client: no memory on device 1\n");
+        return 2;
+    }
+    nvmlInit_v2();
+    info_fn i1 = (info_fn)dlsym(nvml, "nvmlDeviceGetMemoryInfo");
+    info2_fn i2 = (info2_fn)dlsym(nvml, "nvmlDeviceGetMemoryInfo_v2");
+    printf("nvml multi");
+    for (unsigned int i = 0; i < 2; i++) {
+        void *dev = NULL;
+        nvmlMemory_t m1 = {0};
+        nvmlMemory_v2_t m2 = {.version = (unsigned)(sizeof(m2) | 2u << 24)};
+        if (nvmlDeviceGetHandleByIndex_v2(i, &dev) != 0 || i1 == NULL || i2 == NULL || i1(dev, &m1) != 0 ||
+            i2(dev, &m2) != 0) {
+            fprintf(stderr, "nvml_client: NVML refused device %u\n", i);
+            return 1;
+        }
+        printf(" dev%u %llu/%llu/%llu %llu/%llu/%llu", i, m1.total, m1.free, m1.used, m2.total, m2.free, m2.used);
+    }
+    printf("\n");
+    return 0;
+}
+
+int main(int argc, char **argv)
 {
     void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     void *nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -36,6 +72,8 @@ int main(void)
         return 2;
     }
     ((init_fn)dlsym(cuda, "cuInit"))(0);
+    if (argc > 1 && strcmp(argv[1], "multi") == 0)
+        return multi(cuda, nvml);
     CUdeviceptr d;
     if (((alloc_fn)dlsym(cuda, "cuMemAlloc_v2"))(&d, 16 << 20) != CUDA_SUCCESS) {
         fprintf(stderr, "nvml_client: cuMemAlloc failed\n");

@@ -945,6 +945,7 @@ run_multi() { # VAR=VALUE... -- multi_client args: two devices, both GPUs listed
 }
 start_two() { # fake0-args -- fake1-args: a scripted scheduler per GPU
     local a=() b=()
+    rm -f "$M0/s.sock" "$M1/s.sock" # the last ones' sockets would pass start_fake's wait before the new bind
     while [ "$1" != -- ]; do a+=("$1"); shift; done
     shift
     start_fake "$M0" "${a[@]}"
@@ -966,8 +967,15 @@ fi
 stop_two
 
 # A launch on device 1 takes only device 1's lock: device 0's scheduler never grants, device 1 runs.
+# Device 1's launch waits until device 0's thread asked for its lock.
 start_two grant=0 -- 
-out=$(run_multi timeout 20 "$MULTI" locks 2>&1 || true)
+rm -f "$M0/go"
+run_multi timeout 20 "$MULTI" locks "$M0/go" >"$M0/out" 2>&1 &
+pm=$!
+wait_for 20 grep -q "got ACQUIRE; not granting" "$M0/sched.log" || true
+touch "$M0/go"
+wait "$pm" || true
+out=$(cat "$M0/out")
 if grep -q "multi locks dev1=0" <<<"$out" && grep -q "got ACQUIRE; not granting" "$M0/sched.log" &&
     grep -q "got ACQUIRE need=0; sent GRANT" "$M1/sched.log"; then
     pass "several GPUs: each GPU's work takes that GPU's lock only (device 1 runs while device 0 waits)"
@@ -1016,6 +1024,95 @@ if grep -q "multi launch dev=0 r=0" <<<"$out" && grep -q "GPUSHARE_SOCKET does n
     pass "several GPUs: a malformed list or a GPU without a socket passes through with a warning"
 else
     fail "malformed list" "$out $out2 $(cat "$M0/sched.log" "$M1/sched.log")"
+fi
+stop_two
+
+# 39. Oversubscription on both GPUs of one process: each GPU swaps against its own scheduler's budget.
+# Device 0's scheduler grants 64 MiB, device 1's 16 MiB and evicts it to 0 at each release: each
+# cuMemGetInfo reports its own budget, device 1 refuses to grow past its own, its idle release swaps out
+# device 1's memory only (one swap out, of device 1's 12 MiB; device 0's scheduler never evicts), and
+# every byte of both devices comes back.
+rm -f "$M1/go"
+start_two budget=67108864 -- budget=16777216 evict_on_release=1
+run_multi GPUSHARE_OVERSUB="$G0=1,$G1=1" GPUSHARE_LOG_LEVEL=info GPUSHARE_IDLE_MS=20 \
+    timeout 30 "$MULTI" oversub $((32 << 20)) $((12 << 20)) "$M1/go" >"$M1/out" 2>"$M1/err" &
+pm=$!
+ok=1
+wait_for 20 grep -q "got USAGE reason=1 resident=0 swapped=12582912" "$M1/sched.log" || ok=0
+cp "$M1/err" "$M1/err.evicted" # the swap's line comes before its USAGE
+touch "$M1/go"
+wait "$pm" || ok=0
+if [ "$ok" = 1 ] && grep -q "multi oversub d0_total=67108864 d1_total=16777216 d1_over=2 intact=1" "$M1/out" &&
+    [ "$(grep -c "swap out:" "$M1/err.evicted")" = 1 ] &&
+    grep -q "swap out: 2 allocation(s), 12582912 bytes" "$M1/err.evicted" &&
+    ! grep -q "EVICT" "$M0/sched.log" && ! grep -q "got USAGE .*swapped=[1-9]" "$M0/sched.log"; then
+    pass "several GPUs: oversubscription on both, each GPU swapped against its own scheduler's budget"
+else
+    fail "oversubscription on two GPUs" "ok=$ok $(cat "$M1/out" "$M1/err" "$M0/sched.log" "$M1/sched.log")"
+fi
+stop_two
+
+# 40. The launch bound per GPU: device 0's scheduler bounds launches at 4, device 1's sends none. The
+# three launches on device 0's stream are paced; the three on a stream of device 1 (device 0 current)
+# are not, and each scheduler hears its own GPU's bound (PACING).
+start_two pace=4 -- 
+rm -f "$M0/go"
+run_multi GPUSHARE_LOG_LEVEL=info timeout 20 "$MULTI" launches 3 0 "$M0/go" >"$M0/out" 2>&1 &
+pm=$!
+wait_for 20 grep -q "got PACING max_queued=4" "$M0/sched.log" || true
+wait_for 20 grep -q "got PACING max_queued=0" "$M1/sched.log" || true
+touch "$M0/go"
+wait "$pm" || true
+out=$(cat "$M0/out")
+if grep -q "multi launches r=0" <<<"$out" && grep -q "launch pacing: 3 launches paced" <<<"$out" &&
+    grep -q "launch pacing on $G0: at most 4 launches outstanding" <<<"$out" &&
+    grep -q "got PACING max_queued=4" "$M0/sched.log" && grep -q "got PACING max_queued=0" "$M1/sched.log" &&
+    ! grep -q "got PACING max_queued=4" "$M1/sched.log"; then
+    pass "several GPUs: each GPU's launches are paced by that GPU's scheduler's bound"
+else
+    fail "pacing per GPU" "$out $(cat "$M0/sched.log" "$M1/sched.log")"
+fi
+stop_two
+
+# 41. Stream work follows the stream's GPU: with device 0 current (its scheduler never grants), a memset, a
+# copy in and a copy out on a stream of device 1 take device 1's lock and run.
+start_two grant=0 -- 
+out=$(run_multi timeout 10 "$MULTI" acopy 2>&1 || true)
+if grep -q "multi acopy r=0 intact=1" <<<"$out" && ! grep -q "got ACQUIRE" "$M0/sched.log" &&
+    grep -q "got ACQUIRE need=0; sent GRANT" "$M1/sched.log"; then
+    pass "several GPUs: async copies and memsets on a stream take the stream's GPU's lock"
+else
+    fail "stream work per GPU" "$out $(cat "$M0/sched.log" "$M1/sched.log")"
+fi
+stop_two
+
+# 42. VMM on device 1 with device 0 current: the mapping, its access, a retained handle and the unmap are
+# device 1's. Under device 1's limit the unmap gives its bytes back to device 1; with oversubscription on
+# device 1 (device 0's scheduler never grants) each call takes device 1's lock and the memory is counted
+# and freed there.
+start_two -- 
+out=$(run_multi GPUSHARE_MEMORY_LIMIT_BYTES="$G1=67108864" timeout 10 "$MULTI" vmm 2>&1 || true)
+stop_two
+start_two grant=0 -- budget=67108864
+out2=$(run_multi GPUSHARE_OVERSUB="$G1=1" timeout 10 "$MULTI" vmm 2>&1 || true)
+if grep -q "multi vmm r=0 used=8388608 after=0" <<<"$out" && grep -q "multi vmm r=0 used=8388608 after=0" <<<"$out2" &&
+    ! grep -q "got ACQUIRE" "$M0/sched.log"; then
+    pass "several GPUs: VMM map, access, retain and unmap find the handle's GPU whatever context is current"
+else
+    fail "VMM per GPU" "$out $out2 $(cat "$M0/sched.log" "$M1/sched.log")"
+fi
+stop_two
+
+# 43. NVML per GPU: the stub NVML has both devices (by UUID); each device's NVML memory is its own limit
+# and what this process allocated there (16 MiB on device 1, none on device 0).
+start_two -- 
+out=$(run_multi GPUSHARE_MEMORY_LIMIT_BYTES="$G0=1073741824,$G1=268435456" timeout 10 "$BUILD/tests/nvml_client" multi 2>&1 || true)
+d0=1073741824/1073741824/0
+d1=268435456/251658240/16777216
+if grep -qx "nvml multi dev0 $d0 $d0 dev1 $d1 $d1" <<<"$out"; then
+    pass "several GPUs: NVML reports each GPU's own limit and use"
+else
+    fail "NVML per GPU" "$out"
 fi
 stop_two
 

@@ -214,6 +214,7 @@ struct phys {
     size_t size;
     CUdeviceptr mapped; /* 0 when not mapped */
     int refs;           /* cuMemCreate and cuMemRetainAllocationHandle, less cuMemRelease */
+    int dev;            /* the device its properties named */
 };
 #define MAXMAP 4096
 static struct phys *maps[MAXMAP]; /* mapped handles, looked up by address on unmap */
@@ -258,7 +259,6 @@ STUB_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, c
                                  unsigned long long flags)
 {
     UNSAFE("cuMemCreate");
-    (void)prop;
     (void)flags;
     stub_enqueue("cuMemCreate", NULL, 0, 0, 0, 0, 0);
     if (size == 0 || size % GRAN)
@@ -275,7 +275,7 @@ STUB_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, c
         memtrace('M', -(long long)size);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    *ph = (struct phys){.at = at, .size = size, .refs = 1};
+    *ph = (struct phys){.at = at, .size = size, .refs = 1, .dev = prop != NULL ? prop->location.id : 0};
     *h = (CUmemGenericAllocationHandle)(uintptr_t)ph;
     return CUDA_SUCCESS;
 }
@@ -785,10 +785,11 @@ STUB_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h
 
 STUB_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle h)
 {
-    (void)h;
+    struct phys *ph = (struct phys *)(uintptr_t)h;
     memset(prop, 0, sizeof(*prop));
     prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop->location.id = ph != NULL ? ph->dev : 0;
     return CUDA_SUCCESS;
 }
 

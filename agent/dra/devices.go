@@ -1,7 +1,7 @@
 // Package dra publishes a node's applied GPU sharing as Dynamic Resource Allocation devices
 // (resource.k8s.io/v1 ResourceSlices): a device per whole GPU, per MIG instance and per share of a
 // time-sliced, MPS or shim-shared GPU, with attributes a claim can select on. The devices are derived
-// from deviceplugin.DevicesFromStatus, the same applied state the device plugin advertises, so the two
+// from share.DevicesFromStatus, the same applied state the device plugin advertises, so the two
 // interfaces cannot disagree about what a GPU offers.
 package dra
 
@@ -13,7 +13,7 @@ import (
 	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
-	"github.com/gpusharing/gpusharing/agent/deviceplugin"
+	"github.com/gpusharing/gpusharing/agent/share"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -40,7 +40,7 @@ const (
 
 // Devices turns a node's status into DRA devices, sorted by name. Unhealthy GPUs and GPUs being drained
 // (cordoned) publish nothing, as the device plugin stops advertising them.
-func Devices(status v1alpha1.GPUNodeStatus, cfg deviceplugin.Config) []resourcev1.Device {
+func Devices(status v1alpha1.GPUNodeStatus, cfg share.Config) []resourcev1.Device {
 	shares := published(status, cfg)
 	out := make([]resourcev1.Device, 0, len(shares))
 	for _, s := range shares {
@@ -49,33 +49,33 @@ func Devices(status v1alpha1.GPUNodeStatus, cfg deviceplugin.Config) []resourcev
 	return out
 }
 
-// Shares maps each device Devices publishes to the device plugin's device it is: the kubelet plugin
-// prepares a claim's devices with what Allocate gives the same share.
-func Shares(status v1alpha1.GPUNodeStatus, cfg deviceplugin.Config) map[string]deviceplugin.Device {
-	out := map[string]deviceplugin.Device{}
+// Shares maps each device Devices publishes to the share it is: the kubelet plugin
+// prepares a claim's devices with the share's container edits (share.ContainerEdits).
+func Shares(status v1alpha1.GPUNodeStatus, cfg share.Config) map[string]share.Device {
+	out := map[string]share.Device{}
 	for _, s := range published(status, cfg) {
 		out[s.dev.Name] = s.share
 	}
 	return out
 }
 
-// share is one published device and the device plugin's device it comes from.
-type share struct {
+// offer is one published device and the share it comes from.
+type offer struct {
 	dev   resourcev1.Device
-	share deviceplugin.Device
+	share share.Device
 }
 
-func published(status v1alpha1.GPUNodeStatus, cfg deviceplugin.Config) []share {
+func published(status v1alpha1.GPUNodeStatus, cfg share.Config) []offer {
 	gpus := map[string]v1alpha1.GPUStatus{}
 	for _, g := range status.GPUs {
 		gpus[g.UUID] = g
 	}
-	all := deviceplugin.DevicesFromStatus(status, cfg)
+	all := share.DevicesFromStatus(status, cfg)
 	// A share's replicas attribute is how many shares of its kind the device plugin cut its GPU into:
 	// counted from the same list, so the rule lives in DevicesFromStatus alone.
 	type gpuKind struct {
 		gpu  string
-		kind deviceplugin.Kind
+		kind share.Kind
 	}
 	shares := map[gpuKind]int64{}
 	for _, devs := range all {
@@ -83,7 +83,7 @@ func published(status v1alpha1.GPUNodeStatus, cfg deviceplugin.Config) []share {
 			shares[gpuKind{d.GPUUUID, d.Kind}]++
 		}
 	}
-	var out []share
+	var out []offer
 	seen := map[string]bool{}
 	for _, devs := range all {
 		for _, d := range devs {
@@ -100,7 +100,7 @@ func published(status v1alpha1.GPUNodeStatus, cfg deviceplugin.Config) []share {
 				continue
 			}
 			seen[dev.Name] = true
-			out = append(out, share{dev: dev, share: d})
+			out = append(out, offer{dev: dev, share: d})
 		}
 	}
 	// GPUs sized per claim are not among the device plugin's devices: each is one device of its own.
@@ -132,7 +132,7 @@ func OfGPU(name string, index int32) bool {
 	return name == whole || strings.HasPrefix(name, whole+"-")
 }
 
-func device(d deviceplugin.Device, g v1alpha1.GPUStatus, replicas int64) resourcev1.Device {
+func device(d share.Device, g v1alpha1.GPUStatus, replicas int64) resourcev1.Device {
 	attrs := map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{
 		AttrUUID:           str(d.VisibleUUID),
 		AttrIndex:          integer(int64(d.GPUIndex)),
@@ -145,11 +145,11 @@ func device(d deviceplugin.Device, g v1alpha1.GPUStatus, replicas int64) resourc
 	capacity := map[resourcev1.QualifiedName]resourcev1.DeviceCapacity{}
 	name := fmt.Sprintf("gpu-%d", d.GPUIndex)
 	switch d.Kind {
-	case deviceplugin.KindExclusive:
+	case share.KindExclusive:
 		if g.Memory != nil {
 			capacity[CapacityMemory] = resourcev1.DeviceCapacity{Value: *g.Memory}
 		}
-	case deviceplugin.KindMIG:
+	case share.KindMIG:
 		// Under its GPU's index: the name says which GPU the instance is on (OfGPU), and stays unique
 		// where MIG uuids repeat across GPUs (go-nvml's mock numbers every GPU's instances alike).
 		name = fmt.Sprintf("gpu-%d-mig-%s", d.GPUIndex, dnsLabel(strings.TrimPrefix(d.VisibleUUID, "MIG-")))

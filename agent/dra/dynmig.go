@@ -11,8 +11,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	"github.com/gpusharing/gpusharing/agent/deviceplugin"
 	nvgpu "github.com/gpusharing/gpusharing/agent/gpu"
+	"github.com/gpusharing/gpusharing/agent/share"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -66,7 +66,7 @@ func dynamicMIGPublished(g v1alpha1.GPUStatus) bool {
 // needs), or nothing when the GPU publishes none. A placement that overlaps an instance not created for a
 // claim (a fixed instance of the policy, or one made behind the agent's back) is left out: its slices are
 // not free, whatever the counters say.
-func dynamicMIG(g v1alpha1.GPUStatus) (*resourcev1.CounterSet, []share, map[string]dynPlacement) {
+func dynamicMIG(g v1alpha1.GPUStatus) (*resourcev1.CounterSet, []offer, map[string]dynPlacement) {
 	if !dynamicMIGPublished(g) {
 		return nil, nil, nil
 	}
@@ -99,7 +99,7 @@ func dynamicMIG(g v1alpha1.GPUStatus) (*resourcev1.CounterSet, []share, map[stri
 	}
 	counters[counterCompute] = resourcev1.Counter{Value: *resource.NewQuantity(int64(compute), resource.DecimalSI)}
 	set := counterSetName(g.Index)
-	var out []share
+	var out []offer
 	places := map[string]dynPlacement{}
 	for _, p := range g.MIGProfiles {
 		if !allowed[p.Name] {
@@ -146,8 +146,8 @@ func dynamicMIG(g v1alpha1.GPUStatus) (*resourcev1.CounterSet, []share, map[stri
 			if p.Memory != nil {
 				dev.Capacity = map[resourcev1.QualifiedName]resourcev1.DeviceCapacity{CapacityMemory: {Value: *p.Memory}}
 			}
-			out = append(out, share{dev: dev, share: deviceplugin.Device{
-				ID: name, Kind: deviceplugin.KindMIG, GPUUUID: g.UUID, GPUIndex: g.Index, MIGProfile: p.Name, Healthy: true,
+			out = append(out, offer{dev: dev, share: share.Device{
+				ID: name, Kind: share.KindMIG, GPUUUID: g.UUID, GPUIndex: g.Index, MIGProfile: p.Name, Healthy: true,
 			}})
 			places[name] = dynPlacement{GPUUUID: g.UUID, GPUIndex: g.Index, Profile: p.Name, ProfileID: p.ID, Placement: pl}
 		}

@@ -19,7 +19,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
 
-	"github.com/gpusharing/gpusharing/agent/deviceplugin"
+	"github.com/gpusharing/gpusharing/agent/share"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -68,7 +68,7 @@ type PublisherOptions struct {
 	// Kube reads the Node and lists, watches and writes the node's slices.
 	Kube kubernetes.Interface
 	// Shares names the shares as the device plugin does (replica counts of shim shares).
-	Shares deviceplugin.Config
+	Shares share.Config
 	// SyncDelay is how long after the controller sees a change to the node's slices it checks them
 	// again, putting back a slice someone else changed or deleted (zero: resourceslice.DefaultSyncDelay).
 	SyncDelay time.Duration

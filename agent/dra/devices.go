@@ -13,6 +13,7 @@ import (
 	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	nvgpu "github.com/gpusharing/gpusharing/agent/gpu"
 	"github.com/gpusharing/gpusharing/agent/share"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
@@ -41,7 +42,11 @@ const (
 // Devices turns a node's status into DRA devices, sorted by name. Unhealthy GPUs and GPUs being drained
 // (cordoned) publish nothing, as the device plugin stops advertising them.
 func Devices(status v1alpha1.GPUNodeStatus, cfg share.Config) []resourcev1.Device {
-	shares := published(status, cfg)
+	return devices(status, cfg, nil)
+}
+
+func devices(status v1alpha1.GPUNodeStatus, cfg share.Config, pending map[string][]nvgpu.Placement) []resourcev1.Device {
+	shares := published(status, cfg, pending)
 	out := make([]resourcev1.Device, 0, len(shares))
 	for _, s := range shares {
 		out = append(out, s.dev)
@@ -52,8 +57,12 @@ func Devices(status v1alpha1.GPUNodeStatus, cfg share.Config) []resourcev1.Devic
 // Shares maps each device Devices publishes to the share it is: the kubelet plugin
 // prepares a claim's devices with the share's container edits (share.ContainerEdits).
 func Shares(status v1alpha1.GPUNodeStatus, cfg share.Config) map[string]share.Device {
+	return shares(status, cfg, nil)
+}
+
+func shares(status v1alpha1.GPUNodeStatus, cfg share.Config, pending map[string][]nvgpu.Placement) map[string]share.Device {
 	out := map[string]share.Device{}
-	for _, s := range published(status, cfg) {
+	for _, s := range published(status, cfg, pending) {
 		out[s.dev.Name] = s.share
 	}
 	return out
@@ -65,7 +74,7 @@ type offer struct {
 	share share.Device
 }
 
-func published(status v1alpha1.GPUNodeStatus, cfg share.Config) []offer {
+func published(status v1alpha1.GPUNodeStatus, cfg share.Config, pending map[string][]nvgpu.Placement) []offer {
 	gpus := map[string]v1alpha1.GPUStatus{}
 	for _, g := range status.GPUs {
 		gpus[g.UUID] = g
@@ -112,7 +121,7 @@ func published(status v1alpha1.GPUNodeStatus, cfg share.Config) []offer {
 	}
 	// GPUs whose MIG instances come from claims publish their possible placements (dynmig.go).
 	for _, g := range status.GPUs {
-		_, shares, _ := dynamicMIG(g)
+		_, shares, _ := dynamicMIG(g, pending)
 		for _, s := range shares {
 			if !seen[s.dev.Name] {
 				seen[s.dev.Name] = true
@@ -130,6 +139,13 @@ func published(status v1alpha1.GPUNodeStatus, cfg share.Config) []offer {
 func OfGPU(name string, index int32) bool {
 	whole := fmt.Sprintf("gpu-%d", index)
 	return name == whole || strings.HasPrefix(name, whole+"-")
+}
+
+// MIGDeviceName is the published name of a fixed MIG instance: under its GPU's index (the name says which
+// GPU the instance is on, OfGPU), unique where MIG uuids repeat across GPUs (go-nvml's mock numbers every
+// GPU's instances alike).
+func MIGDeviceName(gpuIndex int32, migUUID string) string {
+	return fmt.Sprintf("gpu-%d-mig-%s", gpuIndex, dnsLabel(strings.TrimPrefix(migUUID, "MIG-")))
 }
 
 func device(d share.Device, g v1alpha1.GPUStatus, replicas int64) resourcev1.Device {
@@ -150,9 +166,7 @@ func device(d share.Device, g v1alpha1.GPUStatus, replicas int64) resourcev1.Dev
 			capacity[CapacityMemory] = resourcev1.DeviceCapacity{Value: *g.Memory}
 		}
 	case share.KindMIG:
-		// Under its GPU's index: the name says which GPU the instance is on (OfGPU), and stays unique
-		// where MIG uuids repeat across GPUs (go-nvml's mock numbers every GPU's instances alike).
-		name = fmt.Sprintf("gpu-%d-mig-%s", d.GPUIndex, dnsLabel(strings.TrimPrefix(d.VisibleUUID, "MIG-")))
+		name = MIGDeviceName(d.GPUIndex, d.VisibleUUID)
 		attrs[AttrParentUUID] = str(d.GPUUUID)
 		attrs[AttrMIGProfile] = str(d.MIGProfile)
 		for _, p := range g.MIGProfiles {

@@ -19,6 +19,7 @@ import (
 	"k8s.io/utils/clock"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
+	nvgpu "github.com/gpusharing/gpusharing/agent/gpu"
 	"github.com/gpusharing/gpusharing/agent/share"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
@@ -173,9 +174,20 @@ func (p *KubeletPlugin) commit(next checkpoint) error {
 	return nil
 }
 
-// Update takes the shares a node status publishes; the reconciler calls it with every status.
+// Update takes the shares a node status publishes, with no fixed-layout change pending (UpdateNode).
 func (p *KubeletPlugin) Update(status v1alpha1.GPUNodeStatus) {
-	shares, dynamic := Shares(status, p.dp), dynamicPlacements(status)
+	p.update(status, nil)
+}
+
+// UpdateNode takes the shares the node's status publishes, less the placements a pending fixed-layout
+// change of a dynamic MIG GPU creates on (the slices withhold them too); the reconciler's every status
+// reaches it through Driver.PublishStatus.
+func (p *KubeletPlugin) UpdateNode(node *v1alpha1.GPUNode) {
+	p.update(node.Status, pendingLayouts(node))
+}
+
+func (p *KubeletPlugin) update(status v1alpha1.GPUNodeStatus, pending map[string][]nvgpu.Placement) {
+	shares, dynamic := shares(status, p.dp, pending), dynamicPlacements(status, pending)
 	gpus := make(map[int32]string, len(status.GPUs))
 	for _, g := range status.GPUs {
 		gpus[g.Index] = g.UUID

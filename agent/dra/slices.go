@@ -130,7 +130,8 @@ func (p *Publisher) PublishStatus(node *v1alpha1.GPUNode) {
 		p.regarding = &v1alpha1.GPUNode{ObjectMeta: metav1.ObjectMeta{Name: node.Name, UID: node.UID}}
 	}
 	p.mu.Unlock()
-	p.Publish(Devices(node.Status, p.o.Shares), Counters(node.Status)...)
+	pending := pendingLayouts(node)
+	p.Publish(devices(node.Status, p.o.Shares, pending), counters(node.Status, pending)...)
 }
 
 // Publish publishes devices, and the counter sets they consume, as the node's pool.
@@ -335,7 +336,7 @@ type Driver struct {
 // PublishStatus tells the plugin the status's shares and publishes them.
 func (d *Driver) PublishStatus(node *v1alpha1.GPUNode) {
 	if d.Plugin != nil {
-		d.Plugin.Update(node.Status)
+		d.Plugin.UpdateNode(node)
 	}
 	d.Slices.PublishStatus(node)
 }

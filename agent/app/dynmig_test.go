@@ -7,12 +7,9 @@ import (
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
-	"github.com/gpusharing/gpusharing/agent/dra"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -30,19 +27,7 @@ func TestAgentCreatesADynamicMIGInstanceForAClaimAndListsIt(t *testing.T) {
 	waitSlices(t, n.name, "gpu-0-mig-1g-5gb-0 gpu-0-mig-1g-5gb-1 gpu-0-mig-1g-5gb-2 gpu-0-mig-1g-5gb-3 gpu-0-mig-1g-5gb-4 gpu-0-mig-1g-5gb-5 gpu-0-mig-1g-5gb-6 gpu-0-mig-3g-20gb-0 gpu-0-mig-3g-20gb-4")
 
 	pod := runningPod(t, "dyn-"+n.name, nil)
-	claim := &resourcev1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "dyn-" + n.name},
-		Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{{Name: "gpu",
-			Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: "gpusharing-mig-dynamic"}}}}}}
-	if err := env.Client.Create(ctx, claim); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), claim) })
-	claim.Status.Allocation = &resourcev1.AllocationResult{Devices: resourcev1.DeviceAllocationResult{
-		Results: []resourcev1.DeviceRequestAllocationResult{{Request: "gpu", Driver: dra.DriverName, Pool: n.name, Device: "gpu-0-mig-3g-20gb-4"}}}}
-	claim.Status.ReservedFor = []resourcev1.ResourceClaimConsumerReference{{Resource: "pods", Name: pod.Name, UID: pod.UID}}
-	if err := env.Client.Status().Update(ctx, claim); err != nil {
-		t.Fatal(err)
-	}
+	claim := dynClaim(t, ctx, n.name, "dyn-"+n.name, "gpu-0-mig-3g-20gb-4", pod)
 	kubelet := pluginClient(t, plugin.PluginDir)
 	ref := prepareAsKubelet(t, ctx, kubelet, claim)
 

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/gpusharing/gpusharing/agent/drain"
+	"github.com/gpusharing/gpusharing/agent/share/sharetest"
 	"github.com/gpusharing/gpusharing/test/fakekubelet"
 )
 
@@ -39,7 +40,7 @@ func TestCordonKeepsTheDevicesPodsHoldAdvertisedUntilThePodsGo(t *testing.T) {
 		// The same ID under another resource is not this resource's device.
 		fakekubelet.Pod("default", "elsewhere", resMPS, a0),
 	)
-	if err := m.UpdateFromStatus(ctx, nodeStatus(gpu(0, "GPU-a", timeSliced(2)), gpu(1, "GPU-b", timeSliced(2)))); err != nil {
+	if err := m.UpdateFromStatus(ctx, sharetest.NodeStatus(sharetest.GPU(0, "GPU-a", sharetest.TimeSliced(2)), sharetest.GPU(1, "GPU-b", sharetest.TimeSliced(2)))); err != nil {
 		t.Fatal(err)
 	}
 	if err := m.Cordon(ctx, "GPU-a"); err != nil {

@@ -1,3 +1,7 @@
+// Package deviceplugin serves the kubelet device plugin API (v1beta1) for the GPUs of one node: one gRPC
+// server and one registration per resource name (exclusive GPUs, time-slice replicas, MPS replicas, MIG
+// instances by profile, shim-shared GPUs). What it advertises is computed from GPUNode.status alone
+// (share.DevicesFromStatus), so it depends on the API and not on how the agent applies sharing.
 package deviceplugin
 
 import (
@@ -10,6 +14,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/gpusharing/gpusharing/agent/share"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -33,7 +38,7 @@ type Manager struct {
 	cfg Config
 
 	mu       sync.Mutex
-	desired  map[ResourceName][]Device
+	desired  map[ResourceName][]share.Device
 	cordoned map[string]bool
 	plugins  map[ResourceName]*entry
 	kubelet  kubeletIdentity
@@ -68,7 +73,7 @@ func NewManager(cfg Config) (*Manager, error) {
 	}
 	return &Manager{
 		cfg:      cfg.WithDefaults(),
-		desired:  map[ResourceName][]Device{},
+		desired:  map[ResourceName][]share.Device{},
 		cordoned: map[string]bool{},
 		plugins:  map[ResourceName]*entry{},
 	}, nil
@@ -79,19 +84,19 @@ func (m *Manager) Config() Config { return m.cfg }
 
 // Update makes devices the node's advertised devices (less cordoned GPUs) and returns the errors of
 // serving or registering; a resource that could not register keeps being retried by Run.
-func (m *Manager) Update(ctx context.Context, devices map[ResourceName][]Device) error {
+func (m *Manager) Update(ctx context.Context, devices map[ResourceName][]share.Device) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.desired = make(map[ResourceName][]Device, len(devices))
+	m.desired = make(map[ResourceName][]share.Device, len(devices))
 	for res, devs := range devices {
-		m.desired[res] = append([]Device(nil), devs...)
+		m.desired[res] = append([]share.Device(nil), devs...)
 	}
 	return m.reconcileLocked(ctx)
 }
 
 // UpdateFromStatus is Update(DevicesFromStatus(status)).
 func (m *Manager) UpdateFromStatus(ctx context.Context, status v1alpha1.GPUNodeStatus) error {
-	return m.Update(ctx, DevicesFromStatus(status, m.cfg))
+	return m.Update(ctx, share.DevicesFromStatus(status, m.cfg))
 }
 
 // SetPodResources gives the manager the kubelet's PodResources API, so a cordoned GPU's devices that
@@ -133,13 +138,13 @@ func (m *Manager) Cordoned() []string {
 }
 
 // Advertised is what the plugins serve now, per resource.
-func (m *Manager) Advertised() map[ResourceName][]Device {
+func (m *Manager) Advertised() map[ResourceName][]share.Device {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := map[ResourceName][]Device{}
+	out := map[ResourceName][]share.Device{}
 	for res, e := range m.plugins {
 		devs, _ := e.p.snapshot()
-		out[res] = append([]Device(nil), devs...)
+		out[res] = append([]share.Device(nil), devs...)
 	}
 	return out
 }
@@ -232,10 +237,10 @@ func (m *Manager) setHeldLocked(ctx context.Context, held map[heldDevice]bool, e
 
 // effectiveLocked is the desired map without the devices of cordoned GPUs that no pod holds, and without
 // empty resources.
-func (m *Manager) effectiveLocked() map[ResourceName][]Device {
-	out := map[ResourceName][]Device{}
+func (m *Manager) effectiveLocked() map[ResourceName][]share.Device {
+	out := map[ResourceName][]share.Device{}
 	for res, devs := range m.desired {
-		var keep []Device
+		var keep []share.Device
 		for _, d := range devs {
 			switch {
 			case !m.cordoned[d.GPUUUID]:
@@ -258,7 +263,7 @@ func (m *Manager) reconcileLocked(ctx context.Context) error {
 	var errs []error
 	for res, devs := range want {
 		e := m.plugins[res]
-		cur := []Device(nil)
+		cur := []share.Device(nil)
 		if e != nil {
 			cur, _ = e.p.snapshot()
 		}
@@ -291,7 +296,7 @@ func (m *Manager) reconcileLocked(ctx context.Context) error {
 }
 
 // restartLocked replaces the resource's plugin (if any) with a new one serving devs and registers it.
-func (m *Manager) restartLocked(ctx context.Context, res ResourceName, devs []Device) error {
+func (m *Manager) restartLocked(ctx context.Context, res ResourceName, devs []share.Device) error {
 	if old := m.plugins[res]; old != nil {
 		old.p.shutdown()
 		delete(m.plugins, res)

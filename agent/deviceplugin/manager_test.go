@@ -15,6 +15,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/gpusharing/gpusharing/agent/share"
+	"github.com/gpusharing/gpusharing/agent/share/sharetest"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 	"github.com/gpusharing/gpusharing/test/fakekubelet"
 )
@@ -110,13 +112,13 @@ func allHealthy(ids ...string) map[string]string {
 
 // everyMode is a node with one GPU per mode.
 func everyMode() v1alpha1.GPUNodeStatus {
-	return nodeStatus(
-		gpu(0, "GPU-ex", exclusive()),
-		gpu(1, "GPU-ts", timeSliced(3)),
-		gpu(2, "GPU-mps", mps(2, 40, "8Gi", "Running")),
-		gpu(3, "GPU-mig", migInstance("1g.10gb", "MIG-a"), migInstance("1g.10gb", "MIG-b"), migInstance("3g.40gb", "MIG-c")),
-		gpu(4, "GPU-sh", shim(250*time.Millisecond)),
-		gpu(5, "GPU-ov", timeSliced(2), shimBudget(time.Second, "8Gi")),
+	return sharetest.NodeStatus(
+		sharetest.GPU(0, "GPU-ex", sharetest.Exclusive()),
+		sharetest.GPU(1, "GPU-ts", sharetest.TimeSliced(3)),
+		sharetest.GPU(2, "GPU-mps", sharetest.MPS(2, 40, "8Gi", "Running")),
+		sharetest.GPU(3, "GPU-mig", sharetest.MIGInstance("1g.10gb", "MIG-a"), sharetest.MIGInstance("1g.10gb", "MIG-b"), sharetest.MIGInstance("3g.40gb", "MIG-c")),
+		sharetest.GPU(4, "GPU-sh", sharetest.Shim(250*time.Millisecond)),
+		sharetest.GPU(5, "GPU-ov", sharetest.TimeSliced(2), sharetest.ShimBudget(time.Second, "8Gi")),
 	)
 }
 
@@ -269,8 +271,8 @@ func TestAllocateRefusesWhatItCannotServe(t *testing.T) {
 	dir := socketDir(t)
 	k := startKubelet(t, dir)
 	m := runManager(t, testConfig(dir))
-	st := nodeStatus(gpu(0, "GPU-a", mps(2, 0, "", "Running")), gpu(1, "GPU-b", mps(2, 0, "", "Running")), gpu(2, "GPU-c", shim(time.Second)), gpu(3, "GPU-d", shim(time.Second)),
-		gpu(4, "GPU-e", timeSliced(2)), gpu(5, "GPU-f", timeSliced(2)))
+	st := sharetest.NodeStatus(sharetest.GPU(0, "GPU-a", sharetest.MPS(2, 0, "", "Running")), sharetest.GPU(1, "GPU-b", sharetest.MPS(2, 0, "", "Running")), sharetest.GPU(2, "GPU-c", sharetest.Shim(time.Second)), sharetest.GPU(3, "GPU-d", sharetest.Shim(time.Second)),
+		sharetest.GPU(4, "GPU-e", sharetest.TimeSliced(2)), sharetest.GPU(5, "GPU-f", sharetest.TimeSliced(2)))
 	if err := m.UpdateFromStatus(ctx, st); err != nil {
 		t.Fatal(err)
 	}
@@ -281,8 +283,8 @@ func TestAllocateRefusesWhatItCannotServe(t *testing.T) {
 		want     string
 	}{
 		{"a device the resource does not advertise", resMPS, []string{"GPU-z::0"}, ErrUnknownDevice.Error()},
-		{"MPS shares of two GPUs in one container", resMPS, []string{"GPU-a::0", "GPU-b::0"}, ErrDevicesSpanGPUs.Error()},
-		{"two shim shares of one GPU in one container", resShared, []string{"GPU-c::0", "GPU-c::1"}, ErrSharesOnOneGPU.Error()},
+		{"MPS shares of two GPUs in one container", resMPS, []string{"GPU-a::0", "GPU-b::0"}, share.ErrDevicesSpanGPUs.Error()},
+		{"two shim shares of one GPU in one container", resShared, []string{"GPU-c::0", "GPU-c::1"}, share.ErrSharesOnOneGPU.Error()},
 		{"shim shares of two GPUs in one container", resShared, []string{"GPU-c::0", "GPU-d::0"}, ErrShimOnSeveralGPUs.Error()},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -310,7 +312,7 @@ func TestPreferredAllocationSpreadsTimeSliceReplicasOverGRPC(t *testing.T) {
 	dir := socketDir(t)
 	k := startKubelet(t, dir)
 	m := runManager(t, testConfig(dir))
-	if err := m.UpdateFromStatus(ctx, nodeStatus(gpu(0, "GPU-a", timeSliced(4)), gpu(1, "GPU-b", timeSliced(4)))); err != nil {
+	if err := m.UpdateFromStatus(ctx, sharetest.NodeStatus(sharetest.GPU(0, "GPU-a", sharetest.TimeSliced(4)), sharetest.GPU(1, "GPU-b", sharetest.TimeSliced(4)))); err != nil {
 		t.Fatal(err)
 	}
 	p := dialPlugin(t, k, resTimeSlice)
@@ -335,14 +337,14 @@ func TestUnhealthyGPUIsPushedThroughListAndWatchWithoutReRegistering(t *testing.
 	dir := socketDir(t)
 	k := startKubelet(t, dir)
 	m := runManager(t, testConfig(dir))
-	if err := m.UpdateFromStatus(ctx, nodeStatus(gpu(0, "GPU-a", timeSliced(2)), gpu(1, "GPU-b", timeSliced(2)))); err != nil {
+	if err := m.UpdateFromStatus(ctx, sharetest.NodeStatus(sharetest.GPU(0, "GPU-a", sharetest.TimeSliced(2)), sharetest.GPU(1, "GPU-b", sharetest.TimeSliced(2)))); err != nil {
 		t.Fatal(err)
 	}
 	w := watch(t, ctx, dialPlugin(t, k, resTimeSlice))
 	if _, err := w.WaitFor(ctx, func(h map[string]string) bool { return len(h) == 4 }); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.UpdateFromStatus(ctx, nodeStatus(gpu(0, "GPU-a", timeSliced(2), health(metav1.ConditionFalse)), gpu(1, "GPU-b", timeSliced(2)))); err != nil {
+	if err := m.UpdateFromStatus(ctx, sharetest.NodeStatus(sharetest.GPU(0, "GPU-a", sharetest.TimeSliced(2), sharetest.Health(metav1.ConditionFalse)), sharetest.GPU(1, "GPU-b", sharetest.TimeSliced(2)))); err != nil {
 		t.Fatal(err)
 	}
 	want := map[string]string{"GPU-a::0": pluginapi.Unhealthy, "GPU-a::1": pluginapi.Unhealthy, "GPU-b::0": pluginapi.Healthy, "GPU-b::1": pluginapi.Healthy}
@@ -357,7 +359,7 @@ func TestUnhealthyGPUIsPushedThroughListAndWatchWithoutReRegistering(t *testing.
 		t.Errorf("a health change re-registered: %d registrations, want 1", n)
 	}
 	// Healthy again.
-	if err := m.UpdateFromStatus(ctx, nodeStatus(gpu(0, "GPU-a", timeSliced(2), health(metav1.ConditionTrue)), gpu(1, "GPU-b", timeSliced(2)))); err != nil {
+	if err := m.UpdateFromStatus(ctx, sharetest.NodeStatus(sharetest.GPU(0, "GPU-a", sharetest.TimeSliced(2), sharetest.Health(metav1.ConditionTrue)), sharetest.GPU(1, "GPU-b", sharetest.TimeSliced(2)))); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := w.WaitFor(ctx, func(h map[string]string) bool {
@@ -372,7 +374,7 @@ func TestKubeletRestartReRegistersEveryResource(t *testing.T) {
 	dir := socketDir(t)
 	k := startKubelet(t, dir)
 	m := runManager(t, testConfig(dir))
-	if err := m.UpdateFromStatus(ctx, nodeStatus(gpu(0, "GPU-a"), gpu(1, "GPU-b", timeSliced(2)), gpu(2, "GPU-c", mps(2, 0, "", "Running")))); err != nil {
+	if err := m.UpdateFromStatus(ctx, sharetest.NodeStatus(sharetest.GPU(0, "GPU-a"), sharetest.GPU(1, "GPU-b", sharetest.TimeSliced(2)), sharetest.GPU(2, "GPU-c", sharetest.MPS(2, 0, "", "Running")))); err != nil {
 		t.Fatal(err)
 	}
 	resources := map[string]map[string]string{
@@ -407,7 +409,7 @@ func TestRegistrationIsRetriedUntilTheKubeletComes(t *testing.T) {
 	ctx := testCtx(t)
 	dir := socketDir(t)
 	m := runManager(t, testConfig(dir))
-	if err := m.UpdateFromStatus(ctx, nodeStatus(gpu(0, "GPU-a"))); err == nil {
+	if err := m.UpdateFromStatus(ctx, sharetest.NodeStatus(sharetest.GPU(0, "GPU-a"))); err == nil {
 		t.Fatal("Update with no kubelet: got nil error, want the registration failure")
 	}
 	k := startKubelet(t, dir)
@@ -424,7 +426,7 @@ func TestDeviceChangesGoThroughTheOpenStreamWithoutRegisteringAgain(t *testing.T
 	dir := socketDir(t)
 	k := startKubelet(t, dir)
 	m := runManager(t, testConfig(dir))
-	before := nodeStatus(gpu(0, "GPU-a", timeSliced(2)), gpu(1, "GPU-b", timeSliced(2)), gpu(2, "GPU-c"))
+	before := sharetest.NodeStatus(sharetest.GPU(0, "GPU-a", sharetest.TimeSliced(2)), sharetest.GPU(1, "GPU-b", sharetest.TimeSliced(2)), sharetest.GPU(2, "GPU-c"))
 	if err := m.UpdateFromStatus(ctx, before); err != nil {
 		t.Fatal(err)
 	}
@@ -434,7 +436,7 @@ func TestDeviceChangesGoThroughTheOpenStreamWithoutRegisteringAgain(t *testing.T
 	}
 
 	// GPU-a moves from time-slicing to MPS: the time-slice stream now lists GPU-b's replicas only.
-	after := nodeStatus(gpu(0, "GPU-a", mps(2, 0, "", "Running")), gpu(1, "GPU-b", timeSliced(2)), gpu(2, "GPU-c"))
+	after := sharetest.NodeStatus(sharetest.GPU(0, "GPU-a", sharetest.MPS(2, 0, "", "Running")), sharetest.GPU(1, "GPU-b", sharetest.TimeSliced(2)), sharetest.GPU(2, "GPU-c"))
 	if err := m.UpdateFromStatus(ctx, after); err != nil {
 		t.Fatal(err)
 	}
@@ -452,7 +454,7 @@ func TestDeviceChangesGoThroughTheOpenStreamWithoutRegisteringAgain(t *testing.T
 	}
 
 	// An MPS setting in force changes (thread percentage): Allocate gives the new one at once.
-	if err := m.UpdateFromStatus(ctx, nodeStatus(gpu(0, "GPU-a", mps(2, 30, "", "Running")), gpu(1, "GPU-b", timeSliced(2)), gpu(2, "GPU-c"))); err != nil {
+	if err := m.UpdateFromStatus(ctx, sharetest.NodeStatus(sharetest.GPU(0, "GPU-a", sharetest.MPS(2, 30, "", "Running")), sharetest.GPU(1, "GPU-b", sharetest.TimeSliced(2)), sharetest.GPU(2, "GPU-c"))); err != nil {
 		t.Fatal(err)
 	}
 	resp, err := dialPlugin(t, k, resMPS).AllocateOne(ctx, "GPU-a::0")
@@ -474,14 +476,14 @@ func TestResourceLeftWithoutDevicesIsAdvertisedEmptyThenStopped(t *testing.T) {
 	dir := socketDir(t)
 	k := startKubelet(t, dir)
 	m := runManager(t, testConfig(dir))
-	if err := m.UpdateFromStatus(ctx, nodeStatus(gpu(0, "GPU-a", timeSliced(2)))); err != nil {
+	if err := m.UpdateFromStatus(ctx, sharetest.NodeStatus(sharetest.GPU(0, "GPU-a", sharetest.TimeSliced(2)))); err != nil {
 		t.Fatal(err)
 	}
 	w := watch(t, ctx, dialPlugin(t, k, resTimeSlice))
 	if _, err := w.Next(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.UpdateFromStatus(ctx, nodeStatus(gpu(0, "GPU-a", exclusive()))); err != nil {
+	if err := m.UpdateFromStatus(ctx, sharetest.NodeStatus(sharetest.GPU(0, "GPU-a", sharetest.Exclusive()))); err != nil {
 		t.Fatal(err)
 	}
 	got, err := w.Next(ctx)
@@ -507,7 +509,7 @@ func TestCordonHidesAGPUsDevicesAndUncordonRestoresThem(t *testing.T) {
 	dir := socketDir(t)
 	k := startKubelet(t, dir)
 	m := runManager(t, testConfig(dir))
-	st := nodeStatus(gpu(0, "GPU-a"), gpu(1, "GPU-b"), gpu(2, "GPU-m", migInstance("1g.10gb", "MIG-a")))
+	st := sharetest.NodeStatus(sharetest.GPU(0, "GPU-a"), sharetest.GPU(1, "GPU-b"), sharetest.GPU(2, "GPU-m", sharetest.MIGInstance("1g.10gb", "MIG-a")))
 	if err := m.UpdateFromStatus(ctx, st); err != nil {
 		t.Fatal(err)
 	}
@@ -579,7 +581,7 @@ func TestAPluginTheKubeletDropsRegistersAgain(t *testing.T) {
 	dir := socketDir(t)
 	k := startKubelet(t, dir)
 	m := runManager(t, testConfig(dir))
-	if err := m.UpdateFromStatus(ctx, nodeStatus(gpu(0, "GPU-a"))); err != nil {
+	if err := m.UpdateFromStatus(ctx, sharetest.NodeStatus(sharetest.GPU(0, "GPU-a"))); err != nil {
 		t.Fatal(err)
 	}
 	if err := k.WaitForDevices(ctx, resGPU, allHealthy("GPU-a")); err != nil {
@@ -602,7 +604,7 @@ func TestARegistrationWhoseStreamNeverOpensRegistersAgain(t *testing.T) {
 	k := startKubelet(t, dir)
 	k.DropNextRegistration(resGPU)
 	m := runManager(t, testConfig(dir))
-	if err := m.UpdateFromStatus(ctx, nodeStatus(gpu(0, "GPU-a"))); err != nil {
+	if err := m.UpdateFromStatus(ctx, sharetest.NodeStatus(sharetest.GPU(0, "GPU-a"))); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := k.WaitForRegistrations(ctx, resGPU, 2); err != nil {

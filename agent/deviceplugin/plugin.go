@@ -17,6 +17,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/gpusharing/gpusharing/agent/share"
 )
 
 // stopGrace bounds how long a stopping server waits for its ListAndWatch streams to send their last list.
@@ -33,7 +35,7 @@ type plugin struct {
 	log      logr.Logger
 
 	mu      sync.Mutex
-	devices []Device
+	devices []share.Device
 	changed chan struct{} // closed and replaced on every update, waking every ListAndWatch stream
 	streams int           // open ListAndWatch streams
 	lost    bool          // the last open stream ended while the plugin was serving
@@ -53,7 +55,7 @@ func socketName(resource ResourceName) string {
 	return "gpusharing-" + strings.NewReplacer("/", "_", "+", ".").Replace(string(resource)) + ".sock"
 }
 
-func newPlugin(cfg Config, resource ResourceName, devices []Device, log logr.Logger) *plugin {
+func newPlugin(cfg Config, resource ResourceName, devices []share.Device, log logr.Logger) *plugin {
 	return &plugin{
 		resource: resource,
 		cfg:      cfg,
@@ -108,7 +110,7 @@ func (p *plugin) shutdown() {
 }
 
 // setDevices replaces the device list and wakes the ListAndWatch streams.
-func (p *plugin) setDevices(devices []Device) {
+func (p *plugin) setDevices(devices []share.Device) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.devices = devices
@@ -116,7 +118,7 @@ func (p *plugin) setDevices(devices []Device) {
 	p.changed = make(chan struct{})
 }
 
-func (p *plugin) snapshot() ([]Device, chan struct{}) {
+func (p *plugin) snapshot() ([]share.Device, chan struct{}) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.devices, p.changed
@@ -167,7 +169,7 @@ func (p *plugin) socketExists() bool {
 	return err == nil
 }
 
-func apiDevices(devs []Device) []*pluginapi.Device {
+func apiDevices(devs []share.Device) []*pluginapi.Device {
 	out := make([]*pluginapi.Device, 0, len(devs))
 	for _, d := range devs {
 		h := pluginapi.Healthy
@@ -211,7 +213,7 @@ func (p *plugin) ListAndWatch(_ *pluginapi.Empty, s pluginapi.DevicePlugin_ListA
 func (p *plugin) GetPreferredAllocation(ctx context.Context, req *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {
 	devs, _ := p.snapshot()
 	topo := p.topology.get(logr.NewContext(ctx, p.log))
-	devs = slices.DeleteFunc(slices.Clone(devs), func(d Device) bool { return d.Held })
+	devs = slices.DeleteFunc(slices.Clone(devs), func(d share.Device) bool { return d.Held })
 	resp := &pluginapi.PreferredAllocationResponse{}
 	for _, cr := range req.GetContainerRequests() {
 		ids := preferredAllocation(devs, cr.GetAvailableDeviceIDs(), cr.GetMustIncludeDeviceIDs(), int(cr.GetAllocationSize()), topo)
@@ -223,13 +225,13 @@ func (p *plugin) GetPreferredAllocation(ctx context.Context, req *pluginapi.Pref
 // Allocate answers each container request with the env and mounts of its devices' kind.
 func (p *plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
 	devs, _ := p.snapshot()
-	byID := make(map[string]Device, len(devs))
+	byID := make(map[string]share.Device, len(devs))
 	for _, d := range devs {
 		byID[d.ID] = d
 	}
 	resp := &pluginapi.AllocateResponse{}
 	for _, cr := range req.GetContainerRequests() {
-		var picked []Device
+		var picked []share.Device
 		for _, id := range cr.GetDevicesIds() {
 			d, ok := byID[id]
 			if !ok {
@@ -240,7 +242,7 @@ func (p *plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*p
 			}
 			picked = append(picked, d)
 		}
-		cresp, err := containerResponse(p.cfg, picked)
+		cresp, err := share.ContainerEdits(p.cfg, picked)
 		if err != nil {
 			return nil, status.Errorf(codes.InvalidArgument, "%s: %v", p.resource, err)
 		}
@@ -256,7 +258,7 @@ func (p *plugin) PreStartContainer(context.Context, *pluginapi.PreStartContainer
 }
 
 // sameDevices compares two lists including health and whether a device is held on a cordoned GPU.
-func sameDevices(a, b []Device) bool {
+func sameDevices(a, b []share.Device) bool {
 	if len(a) != len(b) {
 		return false
 	}
@@ -269,7 +271,7 @@ func sameDevices(a, b []Device) bool {
 }
 
 // sameSpec compares what a device is, ignoring its health.
-func sameSpec(a, b Device) bool {
+func sameSpec(a, b share.Device) bool {
 	if a.ID != b.ID || a.Kind != b.Kind || a.GPUUUID != b.GPUUUID || a.VisibleUUID != b.VisibleUUID ||
 		a.MIGProfile != b.MIGProfile || a.ShimOversub != b.ShimOversub || (a.QoS == nil) != (b.QoS == nil) || a.GPUIndex != b.GPUIndex {
 		return false
@@ -281,7 +283,7 @@ func sameSpec(a, b Device) bool {
 }
 
 // sameSpecs says whether two device lists differ only in health.
-func sameSpecs(a, b []Device) bool {
+func sameSpecs(a, b []share.Device) bool {
 	if len(a) != len(b) {
 		return false
 	}

@@ -5,6 +5,7 @@ import (
 	"sort"
 
 	gpuinfo "github.com/gpusharing/gpusharing/agent/gpu"
+	"github.com/gpusharing/gpusharing/agent/share"
 )
 
 // preferredAllocation picks size devices out of available, always keeping mustInclude. Replicas of
@@ -15,8 +16,8 @@ import (
 // least used one that can hold the whole request, because an MPS client talks to one daemon, which
 // serves one GPU, through that GPU's /dev/shm. Whole GPUs and MIG instances are taken in advertised
 // order. all is the resource's full device list, so the number of replicas in use per GPU is known.
-func preferredAllocation(all []Device, available, mustInclude []string, size int, topo gpuinfo.Topology) []string {
-	byID := make(map[string]Device, len(all))
+func preferredAllocation(all []share.Device, available, mustInclude []string, size int, topo gpuinfo.Topology) []string {
+	byID := make(map[string]share.Device, len(all))
 	order := make(map[string]int, len(all))
 	total := map[string]int{}
 	for i, d := range all {
@@ -62,7 +63,7 @@ func preferredAllocation(all []Device, available, mustInclude []string, size int
 	sort.Slice(gpus, func(i, j int) bool { return order[free[gpus[i]][0]] < order[free[gpus[j]][0]] })
 
 	switch kind {
-	case KindTimeSlicing, KindShared:
+	case share.KindTimeSlicing, share.KindShared:
 		var held []string // GPUs of the must-include shares, in their order
 		for _, id := range picked {
 			if g := byID[id].GPUUUID; !slices.Contains(held, g) {
@@ -90,7 +91,7 @@ func preferredAllocation(all []Device, available, mustInclude []string, size int
 			take(free[best][0])
 			free[best] = free[best][1:]
 		}
-	case KindMPS:
+	case share.KindMPS:
 		// Stay on the GPU of a must-include share; else the least used GPU that fits the rest.
 		need := size - len(picked)
 		target := ""
@@ -130,7 +131,7 @@ func preferredAllocation(all []Device, available, mustInclude []string, size int
 	return picked
 }
 
-func kindOf(all []Device, mustInclude, available []string, byID map[string]Device) Kind {
+func kindOf(all []share.Device, mustInclude, available []string, byID map[string]share.Device) share.Kind {
 	for _, ids := range [][]string{mustInclude, available} {
 		for _, id := range ids {
 			if d, ok := byID[id]; ok {
@@ -141,5 +142,5 @@ func kindOf(all []Device, mustInclude, available []string, byID map[string]Devic
 	if len(all) > 0 {
 		return all[0].Kind
 	}
-	return KindExclusive
+	return share.KindExclusive
 }

@@ -10,16 +10,18 @@ import (
 
 	gpuinfo "github.com/gpusharing/gpusharing/agent/gpu"
 	"github.com/gpusharing/gpusharing/agent/gpu/nvmlmock"
+	"github.com/gpusharing/gpusharing/agent/share"
+	"github.com/gpusharing/gpusharing/agent/share/sharetest"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
 func TestPreferredAllocation(t *testing.T) {
 	// GPU-a and GPU-b have 4 time-slice replicas each, GPU-c 2.
-	ts := DevicesFromStatus(nodeStatus(gpu(0, "GPU-a", timeSliced(4)), gpu(1, "GPU-b", timeSliced(4)), gpu(2, "GPU-c", timeSliced(2))), Config{})["gpusharing.io/gpu-timeslice"]
-	mp := DevicesFromStatus(nodeStatus(gpu(0, "GPU-a", mps(4, 25, "", "Running")), gpu(1, "GPU-b", mps(4, 25, "", "Running"))), Config{})["gpusharing.io/gpu-mps"]
-	sh := DevicesFromStatus(nodeStatus(gpu(0, "GPU-a", shim(time.Second)), gpu(1, "GPU-b", shim(time.Second))), Config{})["gpusharing.io/gpu-shared"]
-	ex := DevicesFromStatus(nodeStatus(gpu(0, "GPU-a"), gpu(1, "GPU-b"), gpu(2, "GPU-c")), Config{})["nvidia.com/gpu"]
-	allIDs := func(devs []Device) []string {
+	ts := share.DevicesFromStatus(sharetest.NodeStatus(sharetest.GPU(0, "GPU-a", sharetest.TimeSliced(4)), sharetest.GPU(1, "GPU-b", sharetest.TimeSliced(4)), sharetest.GPU(2, "GPU-c", sharetest.TimeSliced(2))), Config{})["gpusharing.io/gpu-timeslice"]
+	mp := share.DevicesFromStatus(sharetest.NodeStatus(sharetest.GPU(0, "GPU-a", sharetest.MPS(4, 25, "", "Running")), sharetest.GPU(1, "GPU-b", sharetest.MPS(4, 25, "", "Running"))), Config{})["gpusharing.io/gpu-mps"]
+	sh := share.DevicesFromStatus(sharetest.NodeStatus(sharetest.GPU(0, "GPU-a", sharetest.Shim(time.Second)), sharetest.GPU(1, "GPU-b", sharetest.Shim(time.Second))), Config{})["gpusharing.io/gpu-shared"]
+	ex := share.DevicesFromStatus(sharetest.NodeStatus(sharetest.GPU(0, "GPU-a"), sharetest.GPU(1, "GPU-b"), sharetest.GPU(2, "GPU-c")), Config{})["nvidia.com/gpu"]
+	allIDs := func(devs []share.Device) []string {
 		var ids []string
 		for _, d := range devs {
 			ids = append(ids, d.ID)
@@ -28,7 +30,7 @@ func TestPreferredAllocation(t *testing.T) {
 	}
 	cases := []struct {
 		name        string
-		all         []Device
+		all         []share.Device
 		available   []string
 		mustInclude []string
 		size        int
@@ -126,9 +128,9 @@ func TestPreferredAllocationFollowsTheTopology(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			var gs []v1alpha1.GPUStatus
 			for i, g := range tt.server.GPUs {
-				gs = append(gs, gpu(int32(i), g.Device.UUID, shim(time.Second)))
+				gs = append(gs, sharetest.GPU(int32(i), g.Device.UUID, sharetest.Shim(time.Second)))
 			}
-			all := DevicesFromStatus(nodeStatus(gs...), Config{})["gpusharing.io/gpu-shared"]
+			all := share.DevicesFromStatus(sharetest.NodeStatus(gs...), Config{})["gpusharing.io/gpu-shared"]
 			var ids []string
 			for _, d := range all {
 				if int(d.Replica) >= tt.full[int(d.GPUIndex)] {
@@ -150,7 +152,7 @@ func TestPreferredAllocationFollowsTheTopology(t *testing.T) {
 			}
 			var gotGPUs []int
 			for _, id := range got {
-				gotGPUs = append(gotGPUs, index[GPUOfDeviceID(id)])
+				gotGPUs = append(gotGPUs, index[share.GPUOfDeviceID(id)])
 			}
 			if !reflect.DeepEqual(gotGPUs, tt.want) {
 				t.Errorf("picked GPUs %v (%v), want %v", gotGPUs, got, tt.want)
@@ -171,13 +173,13 @@ func TestPreferredAllocationReadsTheTopologyOverGRPC(t *testing.T) {
 	m.SetTopology(gpuinfo.NewNVML(srv))
 	var gs []v1alpha1.GPUStatus
 	for i, g := range srv.GPUs {
-		gs = append(gs, gpu(int32(i), g.Device.UUID, shim(time.Second)))
+		gs = append(gs, sharetest.GPU(int32(i), g.Device.UUID, sharetest.Shim(time.Second)))
 	}
-	if err := m.UpdateFromStatus(ctx, nodeStatus(gs...)); err != nil {
+	if err := m.UpdateFromStatus(ctx, sharetest.NodeStatus(gs...)); err != nil {
 		t.Fatal(err)
 	}
 	var all []string
-	for _, d := range DevicesFromStatus(nodeStatus(gs...), Config{})[resShared] {
+	for _, d := range share.DevicesFromStatus(sharetest.NodeStatus(gs...), Config{})[resShared] {
 		all = append(all, d.ID)
 	}
 	uuid := func(i int) string { return srv.GPUs[i].Device.UUID }

@@ -6,6 +6,7 @@ import (
 	"sort"
 
 	resourcev1 "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gpusharing/gpusharing/agent/drain"
@@ -30,6 +31,7 @@ type ClaimHolders struct {
 func (h ClaimHolders) PodsHoldingGPU(ctx context.Context, index int32) ([]drain.PodRef, error) {
 	seen := map[drain.PodRef]bool{}
 	var out []drain.PodRef
+	scope, scoped := ctx.Value(drainScopeKey{}).(DrainScope)
 	cont := ""
 	for {
 		var list resourcev1.ResourceClaimList
@@ -38,7 +40,7 @@ func (h ClaimHolders) PodsHoldingGPU(ctx context.Context, index int32) ([]drain.
 		}
 		for i := range list.Items {
 			c := &list.Items[i]
-			if !h.onGPU(c, index) {
+			if !h.onGPU(c, index) || (scoped && !scope.holds(c, h.Node)) {
 				continue
 			}
 			for _, r := range c.Status.ReservedFor {
@@ -58,6 +60,38 @@ func (h ClaimHolders) PodsHoldingGPU(ctx context.Context, index int32) ([]drain.
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
 	return out, nil
+}
+
+// DrainScope narrows a drain to the claims a change takes from a GPU: a fixed-layout change of a
+// dynamic MIG GPU takes the claims whose instances its new fixed instances need (Claims) and the claims
+// holding the fixed instances it destroys (Devices, published device names), and no other claim's pod.
+type DrainScope struct {
+	Claims  []types.UID
+	Devices []string
+}
+
+type drainScopeKey struct{}
+
+// WithDrainScope gives the drain running under ctx a scope: PodsHoldingGPU then lists only the pods of
+// the claims in it. The drain passes its context to every listing, so the scope holds for the whole run.
+func WithDrainScope(ctx context.Context, s DrainScope) context.Context {
+	return context.WithValue(ctx, drainScopeKey{}, s)
+}
+
+func (s DrainScope) holds(c *resourcev1.ResourceClaim, node string) bool {
+	for _, uid := range s.Claims {
+		if c.UID == uid {
+			return true
+		}
+	}
+	for _, r := range c.Status.Allocation.Devices.Results {
+		for _, d := range s.Devices {
+			if r.Driver == DriverName && r.Pool == node && r.Device == d {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func (h ClaimHolders) onGPU(c *resourcev1.ResourceClaim, index int32) bool {

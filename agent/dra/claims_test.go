@@ -105,3 +105,47 @@ func TestTheDrainWaitsForThePodsHoldingClaimsOnTheGPU(t *testing.T) {
 }
 
 func ptr(u types.UID) *types.UID { return &u }
+
+// A drain scoped to what a fixed-layout change takes (claim a's instance, the fixed instance MIG-f's
+// claim) lists only their pods: claim b's pod on the same dynamic GPU is left running.
+func TestAScopedDrainListsOnlyThePodsOfTheClaimsItTakes(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	env, err := testenv.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	c := env.Client
+	podA := env.RunningPod(t, ctx, "default", "pod-a", nil)
+	podB := env.RunningPod(t, ctx, "default", "pod-b", nil)
+	podF := env.RunningPod(t, ctx, "default", "pod-f", nil)
+	heldClaim(t, ctx, c, "a", dra.DriverName, nodeName, "gpu-0-mig-2g-20gb-0", podA)
+	heldClaim(t, ctx, c, "b", dra.DriverName, nodeName, "gpu-0-mig-1g-10gb-6", podB)
+	heldClaim(t, ctx, c, "f", dra.DriverName, nodeName, dra.MIGDeviceName(0, "MIG-f"), podF)
+	var a resourcev1.ResourceClaim
+	if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: "a"}, &a); err != nil {
+		t.Fatal(err)
+	}
+	holders := dra.ClaimHolders{Reader: c, Node: nodeName}
+	scoped := dra.WithDrainScope(ctx, dra.DrainScope{Claims: []types.UID{a.UID}, Devices: []string{dra.MIGDeviceName(0, "MIG-f")}})
+	got, err := holders.PodsHoldingGPU(scoped, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []drain.PodRef{{Namespace: "default", Name: "pod-a"}, {Namespace: "default", Name: "pod-f"}}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("pods the scoped drain lists = %v, want %v", got, want)
+	}
+	// The drain under that scope ends once they end, with pod-b still running.
+	d := &drain.Drainer{Claims: holders, Pods: c, NodeName: nodeName, PollInterval: 50 * time.Millisecond}
+	env.SetPodPhase(t, ctx, podA, corev1.PodSucceeded)
+	env.SetPodPhase(t, ctx, podF, corev1.PodSucceeded)
+	res, err := d.Drain(scoped, drain.Request{GPUUUID: "GPU-0", GPUIndex: 0, Mode: v1alpha1.DrainWaitForIdle, Timeout: 30 * time.Second})
+	if err != nil || len(res.Found) != 0 {
+		t.Errorf("scoped drain = found %v, %v; want idle at once with pod-b running", res.Found, err)
+	}
+	if all, _ := holders.PodsHoldingGPU(ctx, 0); len(all) != 3 {
+		t.Errorf("unscoped, the GPU's claim pods are %v; want all three listed", all)
+	}
+}

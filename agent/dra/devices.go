@@ -1,7 +1,7 @@
 // Package dra publishes a node's applied GPU sharing as Dynamic Resource Allocation devices
 // (resource.k8s.io/v1 ResourceSlices): a device per whole GPU, per MIG instance and per share of a
 // time-sliced, MPS or shim-shared GPU, with attributes a claim can select on. The devices are derived
-// from deviceplugin.DevicesFromStatus, the same applied state the device plugin advertises, so the two
+// from share.DevicesFromStatus, the same applied state the device plugin advertises, so the two
 // interfaces cannot disagree about what a GPU offers.
 package dra
 
@@ -13,7 +13,8 @@ import (
 	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
-	"github.com/gpusharing/gpusharing/agent/deviceplugin"
+	nvgpu "github.com/gpusharing/gpusharing/agent/gpu"
+	"github.com/gpusharing/gpusharing/agent/share"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -40,8 +41,12 @@ const (
 
 // Devices turns a node's status into DRA devices, sorted by name. Unhealthy GPUs and GPUs being drained
 // (cordoned) publish nothing, as the device plugin stops advertising them.
-func Devices(status v1alpha1.GPUNodeStatus, cfg deviceplugin.Config) []resourcev1.Device {
-	shares := published(status, cfg)
+func Devices(status v1alpha1.GPUNodeStatus, cfg share.Config) []resourcev1.Device {
+	return devices(status, cfg, nil)
+}
+
+func devices(status v1alpha1.GPUNodeStatus, cfg share.Config, pending map[string][]nvgpu.Placement) []resourcev1.Device {
+	shares := published(status, cfg, pending)
 	out := make([]resourcev1.Device, 0, len(shares))
 	for _, s := range shares {
 		out = append(out, s.dev)
@@ -49,33 +54,37 @@ func Devices(status v1alpha1.GPUNodeStatus, cfg deviceplugin.Config) []resourcev
 	return out
 }
 
-// Shares maps each device Devices publishes to the device plugin's device it is: the kubelet plugin
-// prepares a claim's devices with what Allocate gives the same share.
-func Shares(status v1alpha1.GPUNodeStatus, cfg deviceplugin.Config) map[string]deviceplugin.Device {
-	out := map[string]deviceplugin.Device{}
-	for _, s := range published(status, cfg) {
+// Shares maps each device Devices publishes to the share it is: the kubelet plugin
+// prepares a claim's devices with the share's container edits (share.ContainerEdits).
+func Shares(status v1alpha1.GPUNodeStatus, cfg share.Config) map[string]share.Device {
+	return shares(status, cfg, nil)
+}
+
+func shares(status v1alpha1.GPUNodeStatus, cfg share.Config, pending map[string][]nvgpu.Placement) map[string]share.Device {
+	out := map[string]share.Device{}
+	for _, s := range published(status, cfg, pending) {
 		out[s.dev.Name] = s.share
 	}
 	return out
 }
 
-// share is one published device and the device plugin's device it comes from.
-type share struct {
+// offer is one published device and the share it comes from.
+type offer struct {
 	dev   resourcev1.Device
-	share deviceplugin.Device
+	share share.Device
 }
 
-func published(status v1alpha1.GPUNodeStatus, cfg deviceplugin.Config) []share {
+func published(status v1alpha1.GPUNodeStatus, cfg share.Config, pending map[string][]nvgpu.Placement) []offer {
 	gpus := map[string]v1alpha1.GPUStatus{}
 	for _, g := range status.GPUs {
 		gpus[g.UUID] = g
 	}
-	all := deviceplugin.DevicesFromStatus(status, cfg)
+	all := share.DevicesFromStatus(status, cfg)
 	// A share's replicas attribute is how many shares of its kind the device plugin cut its GPU into:
 	// counted from the same list, so the rule lives in DevicesFromStatus alone.
 	type gpuKind struct {
 		gpu  string
-		kind deviceplugin.Kind
+		kind share.Kind
 	}
 	shares := map[gpuKind]int64{}
 	for _, devs := range all {
@@ -83,7 +92,7 @@ func published(status v1alpha1.GPUNodeStatus, cfg deviceplugin.Config) []share {
 			shares[gpuKind{d.GPUUUID, d.Kind}]++
 		}
 	}
-	var out []share
+	var out []offer
 	seen := map[string]bool{}
 	for _, devs := range all {
 		for _, d := range devs {
@@ -100,7 +109,7 @@ func published(status v1alpha1.GPUNodeStatus, cfg deviceplugin.Config) []share {
 				continue
 			}
 			seen[dev.Name] = true
-			out = append(out, share{dev: dev, share: d})
+			out = append(out, offer{dev: dev, share: d})
 		}
 	}
 	// GPUs sized per claim are not among the device plugin's devices: each is one device of its own.
@@ -112,7 +121,7 @@ func published(status v1alpha1.GPUNodeStatus, cfg deviceplugin.Config) []share {
 	}
 	// GPUs whose MIG instances come from claims publish their possible placements (dynmig.go).
 	for _, g := range status.GPUs {
-		_, shares, _ := dynamicMIG(g)
+		_, shares, _ := dynamicMIG(g, pending)
 		for _, s := range shares {
 			if !seen[s.dev.Name] {
 				seen[s.dev.Name] = true
@@ -132,7 +141,14 @@ func OfGPU(name string, index int32) bool {
 	return name == whole || strings.HasPrefix(name, whole+"-")
 }
 
-func device(d deviceplugin.Device, g v1alpha1.GPUStatus, replicas int64) resourcev1.Device {
+// MIGDeviceName is the published name of a fixed MIG instance: under its GPU's index (the name says which
+// GPU the instance is on, OfGPU), unique where MIG uuids repeat across GPUs (go-nvml's mock numbers every
+// GPU's instances alike).
+func MIGDeviceName(gpuIndex int32, migUUID string) string {
+	return fmt.Sprintf("gpu-%d-mig-%s", gpuIndex, dnsLabel(strings.TrimPrefix(migUUID, "MIG-")))
+}
+
+func device(d share.Device, g v1alpha1.GPUStatus, replicas int64) resourcev1.Device {
 	attrs := map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{
 		AttrUUID:           str(d.VisibleUUID),
 		AttrIndex:          integer(int64(d.GPUIndex)),
@@ -145,14 +161,12 @@ func device(d deviceplugin.Device, g v1alpha1.GPUStatus, replicas int64) resourc
 	capacity := map[resourcev1.QualifiedName]resourcev1.DeviceCapacity{}
 	name := fmt.Sprintf("gpu-%d", d.GPUIndex)
 	switch d.Kind {
-	case deviceplugin.KindExclusive:
+	case share.KindExclusive:
 		if g.Memory != nil {
 			capacity[CapacityMemory] = resourcev1.DeviceCapacity{Value: *g.Memory}
 		}
-	case deviceplugin.KindMIG:
-		// Under its GPU's index: the name says which GPU the instance is on (OfGPU), and stays unique
-		// where MIG uuids repeat across GPUs (go-nvml's mock numbers every GPU's instances alike).
-		name = fmt.Sprintf("gpu-%d-mig-%s", d.GPUIndex, dnsLabel(strings.TrimPrefix(d.VisibleUUID, "MIG-")))
+	case share.KindMIG:
+		name = MIGDeviceName(d.GPUIndex, d.VisibleUUID)
 		attrs[AttrParentUUID] = str(d.GPUUUID)
 		attrs[AttrMIGProfile] = str(d.MIGProfile)
 		for _, p := range g.MIGProfiles {

@@ -10,7 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/gpusharing/gpusharing/agent/deviceplugin"
+	"github.com/gpusharing/gpusharing/agent/share"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -53,7 +53,7 @@ func TestDevicesPublishEachKindOfShareWithItsAttributes(t *testing.T) {
 		gpu(3, &v1alpha1.AppliedSharing{Strategy: v1alpha1.StrategyExclusive}),
 	}}
 	var got []string
-	for _, d := range Devices(st, deviceplugin.DefaultConfig()) {
+	for _, d := range Devices(st, share.DefaultConfig()) {
 		got = append(got, attrs(d))
 	}
 	want := []string{
@@ -77,7 +77,7 @@ func TestUnhealthyAndDrainingGPUsPublishNothing(t *testing.T) {
 	// A drain that timed out left the GPU as it was: the device plugin advertises it again, so does DRA.
 	timedOut := gpu(3, nil)
 	timedOut.Drain = &v1alpha1.GPUDrainStatus{Phase: v1alpha1.DrainPhaseTimedOut}
-	devs := Devices(v1alpha1.GPUNodeStatus{GPUs: []v1alpha1.GPUStatus{sick, draining, gpu(2, nil), timedOut}}, deviceplugin.DefaultConfig())
+	devs := Devices(v1alpha1.GPUNodeStatus{GPUs: []v1alpha1.GPUStatus{sick, draining, gpu(2, nil), timedOut}}, share.DefaultConfig())
 	var names []string
 	for _, d := range devs {
 		names = append(names, d.Name)
@@ -99,7 +99,7 @@ func TestMIGDeviceNamesAreUniqueWhereUUIDsRepeat(t *testing.T) {
 		g.MIGMode = &v1alpha1.MIGModeStatus{Current: "Enabled"}
 		return g
 	}
-	devs := Devices(v1alpha1.GPUNodeStatus{GPUs: []v1alpha1.GPUStatus{mig(0, "MIG-1-gi0-ci0", "MIG-1-gi1-ci0"), mig(1, "MIG-1-gi0-ci0", "MIG-1-gi0-ci0")}}, deviceplugin.DefaultConfig())
+	devs := Devices(v1alpha1.GPUNodeStatus{GPUs: []v1alpha1.GPUStatus{mig(0, "MIG-1-gi0-ci0", "MIG-1-gi1-ci0"), mig(1, "MIG-1-gi0-ci0", "MIG-1-gi0-ci0")}}, share.DefaultConfig())
 	var names []string
 	for _, d := range devs {
 		names = append(names, d.Name)
@@ -174,7 +174,7 @@ func TestASizedGPUIsOneDeviceWithConsumableMemoryAndCompute(t *testing.T) {
 		sizedGPU(5, "40Gi", &v1alpha1.AppliedSharing{Strategy: v1alpha1.StrategyTimeSlicing, TimeSlicing: &v1alpha1.TimeSlicingSharing{Replicas: 2}}, "", ""),
 	}}
 	var got []string
-	for _, d := range Devices(st, deviceplugin.DefaultConfig()) {
+	for _, d := range Devices(st, share.DefaultConfig()) {
 		multi := d.AllowMultipleAllocations != nil && *d.AllowMultipleAllocations
 		got = append(got, fmt.Sprintf("%s multi=%v enforced=%s | %s | %s", attrs(d), multi,
 			*d.Attributes[AttrSizeEnforcement].StringValue, sizedCapacity(d, CapacityMemory), sizedCapacity(d, CapacityCompute)))
@@ -190,8 +190,8 @@ func TestASizedGPUIsOneDeviceWithConsumableMemoryAndCompute(t *testing.T) {
 		t.Errorf("devices:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 	// The device plugin's shares of a sized GPU are not published beside it.
-	if sh := Shares(st, deviceplugin.DefaultConfig()); len(sh) != 3 || !sh["gpu-0-sized"].Sized || sh["gpu-0-sized"].Kind != deviceplugin.KindMPS ||
-		sh["gpu-1-sized"].Kind != deviceplugin.KindShared || !sh["gpu-1-sized"].ShimOversub {
+	if sh := Shares(st, share.DefaultConfig()); len(sh) != 3 || !sh["gpu-0-sized"].Sized || sh["gpu-0-sized"].Kind != share.KindMPS ||
+		sh["gpu-1-sized"].Kind != share.KindShared || !sh["gpu-1-sized"].ShimOversub {
 		t.Errorf("shares %+v: want the three sized devices, MPS and shim", sh)
 	}
 }
@@ -201,8 +201,8 @@ func TestASizedGPUIsOneDeviceWithConsumableMemoryAndCompute(t *testing.T) {
 // holds at most its claim by NVML, and thread percentage; the shim's memory limit in bytes, with no
 // compute limit.
 func TestSizedLimitsTurnConsumedCapacityIntoLimits(t *testing.T) {
-	mpsDev := deviceplugin.Device{Kind: deviceplugin.KindMPS, GPUUUID: "GPU-a", Sized: true}
-	shimDev := deviceplugin.Device{Kind: deviceplugin.KindShared, GPUUUID: "GPU-a", Sized: true}
+	mpsDev := share.Device{Kind: share.KindMPS, GPUUUID: "GPU-a", Sized: true}
+	shimDev := share.Device{Kind: share.KindShared, GPUUUID: "GPU-a", Sized: true}
 	caps := func(memory, compute string) map[resourcev1.QualifiedName]resource.Quantity {
 		m := map[resourcev1.QualifiedName]resource.Quantity{}
 		if memory != "" {
@@ -216,7 +216,7 @@ func TestSizedLimitsTurnConsumedCapacityIntoLimits(t *testing.T) {
 	const reserve = 768 << 20
 	for _, tt := range []struct {
 		name     string
-		dev      deviceplugin.Device
+		dev      share.Device
 		consumed map[resourcev1.QualifiedName]resource.Quantity
 		reserve  int64
 		want     string
@@ -258,7 +258,7 @@ func TestASizedDeviceOffersTheUsableMemory(t *testing.T) {
 	g := sizedGPU(0, "40Gi", &v1alpha1.AppliedSharing{Strategy: v1alpha1.StrategyMPS, MPS: &v1alpha1.MPSStatus{State: "Running", Replicas: 4}}, "", "")
 	usable := resource.MustParse("39Gi")
 	g.Sized = &v1alpha1.GPUSizedClaims{MemoryCapacity: &usable}
-	sh, ok := sizedShare(g, deviceplugin.Config{})
+	sh, ok := sizedShare(g, share.Config{})
 	if !ok {
 		t.Fatal("no sized device")
 	}

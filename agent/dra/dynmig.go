@@ -11,8 +11,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	"github.com/gpusharing/gpusharing/agent/deviceplugin"
 	nvgpu "github.com/gpusharing/gpusharing/agent/gpu"
+	"github.com/gpusharing/gpusharing/agent/share"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -54,20 +54,23 @@ func memorySliceCounter(i int) string { return fmt.Sprintf("memory-slice-%d", i)
 func profileCounter(id int32) string { return fmt.Sprintf("profile-%d", id) }
 
 // dynamicMIGPublished says whether the GPU publishes placement devices now: dynamic MIG in force with
-// MIG mode on, healthy and not drained.
-func dynamicMIGPublished(g v1alpha1.GPUStatus) bool {
+// MIG mode on, healthy and not drained, or drained only of what a fixed-layout change takes (partial).
+func dynamicMIGPublished(g v1alpha1.GPUStatus, partial bool) bool {
 	a := g.Applied
 	return a != nil && a.Strategy == v1alpha1.StrategyMIG && a.MIGDynamic != nil && len(a.MIGDynamic.Profiles) > 0 &&
 		!meta.IsStatusConditionPresentAndEqual(g.Conditions, v1alpha1.ConditionHealthy, metav1.ConditionFalse) &&
-		(g.Drain == nil || g.Drain.Phase != v1alpha1.DrainPhaseDraining)
+		(g.Drain == nil || g.Drain.Phase != v1alpha1.DrainPhaseDraining || partial)
 }
 
 // dynamicMIG returns a dynamic GPU's counter set and its placement devices (with what preparing each
 // needs), or nothing when the GPU publishes none. A placement that overlaps an instance not created for a
 // claim (a fixed instance of the policy, or one made behind the agent's back) is left out: its slices are
-// not free, whatever the counters say.
-func dynamicMIG(g v1alpha1.GPUStatus) (*resourcev1.CounterSet, []share, map[string]dynPlacement) {
-	if !dynamicMIGPublished(g) {
+// not free, whatever the counters say. So is one that overlaps a placement a pending fixed-layout change
+// creates on (pending, keyed by GPU uuid; see pendingLayouts): the GPU is drained of what the change
+// takes, and a claim allocated there now would be taken too.
+func dynamicMIG(g v1alpha1.GPUStatus, pending map[string][]nvgpu.Placement) (*resourcev1.CounterSet, []offer, map[string]dynPlacement) {
+	withheld, partial := pending[g.UUID]
+	if !dynamicMIGPublished(g, partial) {
 		return nil, nil, nil
 	}
 	allowed := map[string]bool{}
@@ -99,7 +102,7 @@ func dynamicMIG(g v1alpha1.GPUStatus) (*resourcev1.CounterSet, []share, map[stri
 	}
 	counters[counterCompute] = resourcev1.Counter{Value: *resource.NewQuantity(int64(compute), resource.DecimalSI)}
 	set := counterSetName(g.Index)
-	var out []share
+	var out []offer
 	places := map[string]dynPlacement{}
 	for _, p := range g.MIGProfiles {
 		if !allowed[p.Name] {
@@ -111,7 +114,7 @@ func dynamicMIG(g v1alpha1.GPUStatus) (*resourcev1.CounterSet, []share, map[stri
 		}
 		for _, mp := range p.Placements {
 			pl := nvgpu.Placement{Start: int(mp.Start), Size: int(mp.Size)}
-			if overlapsAny(pl, blocked) {
+			if overlapsAny(pl, blocked) || overlapsAny(pl, withheld) {
 				continue
 			}
 			consumes := map[string]resourcev1.Counter{counterCompute: {Value: *resource.NewQuantity(int64(p.SliceCount), resource.DecimalSI)}}
@@ -146,8 +149,8 @@ func dynamicMIG(g v1alpha1.GPUStatus) (*resourcev1.CounterSet, []share, map[stri
 			if p.Memory != nil {
 				dev.Capacity = map[resourcev1.QualifiedName]resourcev1.DeviceCapacity{CapacityMemory: {Value: *p.Memory}}
 			}
-			out = append(out, share{dev: dev, share: deviceplugin.Device{
-				ID: name, Kind: deviceplugin.KindMIG, GPUUUID: g.UUID, GPUIndex: g.Index, MIGProfile: p.Name, Healthy: true,
+			out = append(out, offer{dev: dev, share: share.Device{
+				ID: name, Kind: share.KindMIG, GPUUUID: g.UUID, GPUIndex: g.Index, MIGProfile: p.Name, Healthy: true,
 			}})
 			places[name] = dynPlacement{GPUUUID: g.UUID, GPUIndex: g.Index, Profile: p.Name, ProfileID: p.ID, Placement: pl}
 		}
@@ -184,9 +187,13 @@ func overlapsAny(pl nvgpu.Placement, others []nvgpu.Placement) bool {
 
 // Counters lists the counter sets of the node's dynamic MIG GPUs, by GPU index.
 func Counters(status v1alpha1.GPUNodeStatus) []resourcev1.CounterSet {
+	return counters(status, nil)
+}
+
+func counters(status v1alpha1.GPUNodeStatus, pending map[string][]nvgpu.Placement) []resourcev1.CounterSet {
 	var out []resourcev1.CounterSet
 	for _, g := range status.GPUs {
-		if set, _, _ := dynamicMIG(g); set != nil {
+		if set, _, _ := dynamicMIG(g, pending); set != nil {
 			out = append(out, *set)
 		}
 	}
@@ -194,10 +201,10 @@ func Counters(status v1alpha1.GPUNodeStatus) []resourcev1.CounterSet {
 }
 
 // dynamicPlacements maps every placement device the status publishes to its GPU, profile and placement.
-func dynamicPlacements(status v1alpha1.GPUNodeStatus) map[string]dynPlacement {
+func dynamicPlacements(status v1alpha1.GPUNodeStatus, pending map[string][]nvgpu.Placement) map[string]dynPlacement {
 	out := map[string]dynPlacement{}
 	for _, g := range status.GPUs {
-		_, _, places := dynamicMIG(g)
+		_, _, places := dynamicMIG(g, pending)
 		for name, p := range places {
 			out[name] = p
 		}

@@ -10,8 +10,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/gpusharing/gpusharing/agent/deviceplugin"
 	"github.com/gpusharing/gpusharing/agent/dra"
+	"github.com/gpusharing/gpusharing/agent/share"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -101,7 +101,7 @@ func nodeOf(st v1alpha1.GPUNodeStatus) *v1alpha1.GPUNode {
 // devicesOf is the names of the devices st publishes, sorted and joined as waitPublished wants them.
 func devicesOf(st v1alpha1.GPUNodeStatus) string {
 	var names []string
-	for _, d := range dra.Devices(st, deviceplugin.DefaultConfig()) {
+	for _, d := range dra.Devices(st, share.DefaultConfig()) {
 		names = append(names, d.Name)
 	}
 	return strings.Join(names, " ")

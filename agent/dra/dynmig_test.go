@@ -9,11 +9,11 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/gpusharing/gpusharing/agent/deviceplugin"
 	"github.com/gpusharing/gpusharing/agent/dra"
 	"github.com/gpusharing/gpusharing/agent/gpu"
 	"github.com/gpusharing/gpusharing/agent/gpu/nvmlmock"
 	"github.com/gpusharing/gpusharing/agent/node"
+	"github.com/gpusharing/gpusharing/agent/share"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -43,7 +43,7 @@ func dynamicStatus(d gpu.Device, profiles []string, instances ...v1alpha1.MIGIns
 
 func TestADynamicGPUPublishesEachPossiblePlacementConsumingItsSlices(t *testing.T) {
 	st := dynamicNode(t, []string{"1g.10gb", "1g.10gb+me", "2g.20gb", "3g.40gb", "7g.80gb"})
-	devs := dra.Devices(st, deviceplugin.DefaultConfig())
+	devs := dra.Devices(st, share.DefaultConfig())
 	var got []string
 	for _, d := range devs {
 		if len(d.ConsumesCounters) != 1 || d.ConsumesCounters[0].CounterSet != "gpu-0-mig" {
@@ -94,7 +94,7 @@ func TestAFixedInstanceTakesItsPlacementsOutAndClaimInstancesDoNot(t *testing.T)
 		Claim: &v1alpha1.MIGClaimRef{Namespace: "default", Name: "c", UID: "u"}}
 	st := dynamicNode(t, []string{"2g.20gb", "3g.40gb"}, fixed, claimed)
 	var names []string
-	for _, d := range dra.Devices(st, deviceplugin.DefaultConfig()) {
+	for _, d := range dra.Devices(st, share.DefaultConfig()) {
 		names = append(names, d.Name)
 	}
 	// The fixed 3g.40gb at 4-7 is published as today's MIG device and takes 2g@4 and 3g@4 out; the claim's
@@ -103,7 +103,7 @@ func TestAFixedInstanceTakesItsPlacementsOutAndClaimInstancesDoNot(t *testing.T)
 	if got := strings.Join(names, " "); got != want {
 		t.Errorf("devices %s\nwant     %s", got, want)
 	}
-	if devs := deviceplugin.DevicesFromStatus(st, deviceplugin.DefaultConfig()); len(devs) != 1 {
+	if devs := share.DevicesFromStatus(st, share.DefaultConfig()); len(devs) != 1 {
 		t.Errorf("the device plugin lists %v; want the fixed instance only", devs)
 	}
 }
@@ -111,12 +111,12 @@ func TestAFixedInstanceTakesItsPlacementsOutAndClaimInstancesDoNot(t *testing.T)
 func TestAnUnhealthyOrDrainedDynamicGPUPublishesNoPlacement(t *testing.T) {
 	st := dynamicNode(t, []string{"1g.10gb"})
 	st.GPUs[0].Conditions[0].Status = metav1.ConditionFalse
-	if d := dra.Devices(st, deviceplugin.DefaultConfig()); len(d) != 0 || len(dra.Counters(st)) != 0 {
+	if d := dra.Devices(st, share.DefaultConfig()); len(d) != 0 || len(dra.Counters(st)) != 0 {
 		t.Errorf("unhealthy: %d devices, counters %v", len(d), dra.Counters(st))
 	}
 	st = dynamicNode(t, []string{"1g.10gb"})
 	st.GPUs[0].Drain = &v1alpha1.GPUDrainStatus{Phase: v1alpha1.DrainPhaseDraining}
-	if d := dra.Devices(st, deviceplugin.DefaultConfig()); len(d) != 0 {
+	if d := dra.Devices(st, share.DefaultConfig()); len(d) != 0 {
 		t.Errorf("draining: %d devices", len(d))
 	}
 }
@@ -131,7 +131,7 @@ func TestADynamicNodeIsCutIntoCounterAndDeviceSlices(t *testing.T) {
 		g.Index, g.UUID = int32(i), fmt.Sprintf("GPU-%d", i)
 		st.GPUs = append(st.GPUs, g)
 	}
-	pool := dra.Pool(dra.Devices(st, deviceplugin.DefaultConfig()), dra.Counters(st)...)
+	pool := dra.Pool(dra.Devices(st, share.DefaultConfig()), dra.Counters(st)...)
 	var shape []string
 	for _, s := range pool.Slices {
 		shape = append(shape, fmt.Sprintf("%d counters/%d devices", len(s.SharedCounters), len(s.Devices)))

@@ -17,8 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/gpusharing/gpusharing/agent/deviceplugin"
 	nvgpu "github.com/gpusharing/gpusharing/agent/gpu"
+	"github.com/gpusharing/gpusharing/agent/share"
 )
 
 // The instances of dynamic MIG GPUs are created when the kubelet prepares a claim and destroyed when it
@@ -377,7 +377,7 @@ func cmpErr(first, err error) error {
 
 // prepareDynamic creates claim c's instance for placement device dp and returns the share d to prepare
 // it as: the MIG device of that instance.
-func (p *KubeletPlugin) prepareDynamic(ctx context.Context, c *resourcev1.ResourceClaim, device string, dp dynPlacement, d deviceplugin.Device) (deviceplugin.Device, error) {
+func (p *KubeletPlugin) prepareDynamic(ctx context.Context, c *resourcev1.ResourceClaim, device string, dp dynPlacement, d share.Device) (share.Device, error) {
 	if p.MIG == nil {
 		return d, fmt.Errorf("%w: %s (this agent creates no MIG instances)", ErrDeviceNotPublished, device)
 	}

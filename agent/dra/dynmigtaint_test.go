@@ -8,8 +8,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 
-	"github.com/gpusharing/gpusharing/agent/deviceplugin"
 	"github.com/gpusharing/gpusharing/agent/dra"
+	"github.com/gpusharing/gpusharing/agent/share"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -36,7 +36,7 @@ func taintsOf(devs []resourcev1.Device) map[string][]resourcev1.DeviceTaint {
 
 func TestAnUnhealthyInstanceTaintsItsPlacementDeviceAlone(t *testing.T) {
 	st := xidNode(t)
-	devs := dra.Devices(st, deviceplugin.DefaultConfig())
+	devs := dra.Devices(st, share.DefaultConfig())
 	healthy := xidNode(t)
 	healthy.GPUs[0].Applied.MIGInstances[0].Unhealthy = ""
 	if got, want := devicesOf(st), devicesOf(healthy); got != want {
@@ -49,7 +49,7 @@ func TestAnUnhealthyInstanceTaintsItsPlacementDeviceAlone(t *testing.T) {
 	}
 	// A message that is not an Xid's gives a taint without a value (a label value cannot hold it).
 	st.GPUs[0].Applied.MIGInstances[0].Unhealthy = "double-bit ECC error at 2026-11-22T10:05:00Z"
-	if got := taintsOf(dra.Devices(st, deviceplugin.DefaultConfig()))["gpu-0-mig-1g-10gb-0"]; len(got) != 1 || got[0].Value != "" {
+	if got := taintsOf(dra.Devices(st, share.DefaultConfig()))["gpu-0-mig-1g-10gb-0"]; len(got) != 1 || got[0].Value != "" {
 		t.Errorf("taints %+v; want one without a value", got)
 	}
 }

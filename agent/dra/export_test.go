@@ -1,6 +1,13 @@
 package dra
 
-import "os"
+import (
+	"os"
+
+	resourcev1 "k8s.io/api/resource/v1"
+
+	"github.com/gpusharing/gpusharing/agent/share"
+	"github.com/gpusharing/gpusharing/api/v1alpha1"
+)
 
 // SetCheckpointWriter makes p write its checkpoint through write, so a test can make the write fail.
 func SetCheckpointWriter(p *KubeletPlugin, write func(path string, data []byte, perm os.FileMode) error) {
@@ -17,4 +24,10 @@ func SetMIGLedgerWriter(m *DynamicMIG, write func(path string, data []byte, perm
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.writeFile = write
+}
+
+// NodeDevices is what the Publisher publishes for node (PublishStatus): its status's devices less the
+// placements a pending fixed-layout change withholds.
+func NodeDevices(node *v1alpha1.GPUNode, cfg share.Config) []resourcev1.Device {
+	return devices(node.Status, cfg, pendingLayouts(node))
 }

@@ -19,7 +19,8 @@ import (
 	"k8s.io/utils/clock"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
-	"github.com/gpusharing/gpusharing/agent/deviceplugin"
+	nvgpu "github.com/gpusharing/gpusharing/agent/gpu"
+	"github.com/gpusharing/gpusharing/agent/share"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -76,13 +77,13 @@ func (c PluginConfig) WithDefaults() PluginConfig {
 }
 
 // KubeletPlugin is the DRA kubelet plugin: it prepares a claim's devices by writing a CDI spec with what
-// the device plugin's Allocate gives the same shares (deviceplugin.ContainerEdits), and keeps a
+// the device plugin's Allocate gives the same shares (share.ContainerEdits), and keeps a
 // checkpoint of the claims it prepared. The agent tells it every status it computes (Update), as it tells
 // the device plugin; a device the status does not publish is not prepared.
 type KubeletPlugin struct {
 	node string
 	cfg  PluginConfig
-	dp   deviceplugin.Config
+	dp   share.Config
 	log  logr.Logger
 
 	// writeFile writes the checkpoint (writeFileAtomic; a test makes it fail).
@@ -111,7 +112,7 @@ type KubeletPlugin struct {
 	syncRequests chan struct{}
 
 	mu     sync.Mutex
-	shares map[string]deviceplugin.Device
+	shares map[string]share.Device
 	// dynamic are the placement devices of dynamic MIG GPUs the status publishes.
 	dynamic map[string]dynPlacement
 	// gpus are the node's GPU uuids by index, from the last status: a sized device's GPU by its name.
@@ -131,7 +132,7 @@ type KubeletPlugin struct {
 // (host paths of the MPS pipe directories, the scheduler sockets and the shim). A checkpoint that cannot
 // be read is moved aside (its claims' spec files are still removed by uid on unprepare) rather than
 // keeping the agent from starting.
-func NewKubeletPlugin(node string, cfg PluginConfig, dp deviceplugin.Config, log logr.Logger) (*KubeletPlugin, error) {
+func NewKubeletPlugin(node string, cfg PluginConfig, dp share.Config, log logr.Logger) (*KubeletPlugin, error) {
 	if node == "" {
 		return nil, errors.New("the DRA kubelet plugin needs the node name")
 	}
@@ -173,9 +174,20 @@ func (p *KubeletPlugin) commit(next checkpoint) error {
 	return nil
 }
 
-// Update takes the shares a node status publishes; the reconciler calls it with every status.
+// Update takes the shares a node status publishes, with no fixed-layout change pending (UpdateNode).
 func (p *KubeletPlugin) Update(status v1alpha1.GPUNodeStatus) {
-	shares, dynamic := Shares(status, p.dp), dynamicPlacements(status)
+	p.update(status, nil)
+}
+
+// UpdateNode takes the shares the node's status publishes, less the placements a pending fixed-layout
+// change of a dynamic MIG GPU creates on (the slices withhold them too); the reconciler's every status
+// reaches it through Driver.PublishStatus.
+func (p *KubeletPlugin) UpdateNode(node *v1alpha1.GPUNode) {
+	p.update(node.Status, pendingLayouts(node))
+}
+
+func (p *KubeletPlugin) update(status v1alpha1.GPUNodeStatus, pending map[string][]nvgpu.Placement) {
+	shares, dynamic := shares(status, p.dp, pending), dynamicPlacements(status, pending)
 	gpus := make(map[int32]string, len(status.GPUs))
 	for _, g := range status.GPUs {
 		gpus[g.Index] = g.UUID
@@ -318,7 +330,7 @@ func (p *KubeletPlugin) prepare(ctx context.Context, cp checkpoint, c *resourcev
 		for _, req := range unit {
 			results = append(results, byRequest[req]...)
 		}
-		devs := make([]deviceplugin.Device, 0, len(results))
+		devs := make([]share.Device, 0, len(results))
 		sized := make([]preparedDevice, len(results))
 		for i, r := range results {
 			d, ok := p.shares[r.Device]
@@ -340,7 +352,7 @@ func (p *KubeletPlugin) prepare(ctx context.Context, cp checkpoint, c *resourcev
 				}
 				sized[i] = sizedAmounts(d.GPUUUID, r.ConsumedCapacity)
 			}
-			if d.QoS != nil && d.Kind == deviceplugin.KindMPS {
+			if d.QoS != nil && d.Kind == share.KindMPS {
 				// Only MPS takes the class from the environment; under the shim the scheduler classifies
 				// each process by its pod itself.
 				d.Opportunistic = !p.production(ctx, c, d.QoS)
@@ -349,7 +361,7 @@ func (p *KubeletPlugin) prepare(ctx context.Context, cp checkpoint, c *resourcev
 		}
 		// One container asking for these shares gets what one container asking the device plugin for
 		// them gets: the same function decides it.
-		resp, err := deviceplugin.ContainerEdits(p.dp, devs)
+		resp, err := share.ContainerEdits(p.dp, devs)
 		if err != nil {
 			return preparedClaim{}, false, fmt.Errorf("request %s: %w", strings.Join(unit, ", "), err)
 		}

@@ -25,15 +25,15 @@ import (
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
-	"github.com/gpusharing/gpusharing/agent/deviceplugin"
 	"github.com/gpusharing/gpusharing/agent/dra"
+	"github.com/gpusharing/gpusharing/agent/share"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 	"github.com/gpusharing/gpusharing/test/testenv"
 	"github.com/gpusharing/gpusharing/test/wait"
 )
 
 // The host paths the kubelet plugin hands out, as the agent configures them.
-var dpConfig = deviceplugin.Config{MPSRoot: "/run/gpusharing/mps", SchedulerRoot: "/run/gpusharing/scheduler",
+var dpConfig = share.Config{MPSRoot: "/run/gpusharing/mps", SchedulerRoot: "/run/gpusharing/scheduler",
 	ShimLibrary: "/var/lib/gpusharing/lib/libgpushare.so"}
 
 // pluginDirs are one node's kubelet plugin directories, short enough for Unix socket paths.

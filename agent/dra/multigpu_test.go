@@ -19,8 +19,8 @@ import (
 	kptr "k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/gpusharing/gpusharing/agent/deviceplugin"
 	"github.com/gpusharing/gpusharing/agent/dra"
+	"github.com/gpusharing/gpusharing/agent/share"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 	"github.com/gpusharing/gpusharing/test/testenv"
 )
@@ -199,7 +199,7 @@ func TestAClaimForShimSharesOnDistinctGPUsIsRefusedAtPrepare(t *testing.T) {
 			if got == nil || len(got.Devices) != 0 {
 				t.Fatalf("claim %s (attempt %d): %+v; want an error and no devices", name, attempt, got)
 			}
-			for _, want := range []string{deviceplugin.ErrShimOnSeveralGPUs.Error(), "no memory limit", "one container per GPU", "gpusharing-timeslicing", "gpusharing-exclusive"} {
+			for _, want := range []string{share.ErrShimOnSeveralGPUs.Error(), "no memory limit", "one container per GPU", "gpusharing-timeslicing", "gpusharing-exclusive"} {
 				if !strings.Contains(got.Error, want) {
 					t.Errorf("claim %s (attempt %d): error %q lacks %q", name, attempt, got.Error, want)
 				}

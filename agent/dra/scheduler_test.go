@@ -13,8 +13,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/gpusharing/gpusharing/agent/deviceplugin"
 	"github.com/gpusharing/gpusharing/agent/dra"
+	"github.com/gpusharing/gpusharing/agent/share"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 	"github.com/gpusharing/gpusharing/test/testenv"
 	"github.com/gpusharing/gpusharing/test/wait"
@@ -160,7 +160,7 @@ func allocated(t *testing.T, ctx context.Context, c client.Client, name string) 
 func TestTheSchedulerAllocatesEachKindOfShareFromThePublishedSlices(t *testing.T) {
 	ctx, env := draCluster(t)
 	c := env.Client
-	publish(t, ctx, env, startPublisher(t, env, dra.PublisherOptions{}), dra.Devices(mixedNode(), deviceplugin.DefaultConfig()))
+	publish(t, ctx, env, startPublisher(t, env, dra.PublisherOptions{}), dra.Devices(mixedNode(), share.DefaultConfig()))
 	startScheduler(t, env)
 
 	attr := `device.attributes["gpu.gpusharing.io"]`
@@ -222,7 +222,7 @@ func TestTheSlicesFollowTheStatus(t *testing.T) {
 	ctx, env := draCluster(t)
 	p := startPublisher(t, env, dra.PublisherOptions{})
 	st := mixedNode()
-	cfg := deviceplugin.DefaultConfig()
+	cfg := share.DefaultConfig()
 	publish(t, ctx, env, p, dra.Devices(st, cfg))
 	names, gen1, _ := published(t, ctx, env.Client)
 	if !strings.Contains(names, "gpu-5") || strings.Contains(names, "gpu-6") || strings.Contains(names, "gpu-7") {
@@ -299,7 +299,7 @@ func consumed(t *testing.T, ctx context.Context, c client.Client, name string) r
 func TestTheSchedulerPacksSizedClaimsOntoAGPUUntilItsMemoryIsUsed(t *testing.T) {
 	ctx, env := draCluster(t)
 	c := env.Client
-	publish(t, ctx, env, startPublisher(t, env, dra.PublisherOptions{}), dra.Devices(sizedNode(), deviceplugin.DefaultConfig()))
+	publish(t, ctx, env, startPublisher(t, env, dra.PublisherOptions{}), dra.Devices(sizedNode(), share.DefaultConfig()))
 	slices := nodeSlices(t, ctx, c)
 	if len(slices) != 1 || len(slices[0].Spec.Devices) != 1 {
 		t.Fatalf("published %+v; want one slice with the one sized device", slices)

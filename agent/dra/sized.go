@@ -10,8 +10,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/gpusharing/gpusharing/agent/deviceplugin"
 	"github.com/gpusharing/gpusharing/agent/scheduler"
+	"github.com/gpusharing/gpusharing/agent/share"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -49,35 +49,35 @@ var ErrClaimBelowContextReserve = errors.New("sized claim not larger than the CU
 // ledgers charge the same (docs/dra.md, "What a claim guarantees", has the measured contexts).
 const DefaultContextReserve = scheduler.DefaultContextReserve
 
-// sizedShare is the device of a GPU sized per claim, and the device plugin's device its claims are
+// sizedShare is the device of a GPU sized per claim, and the share its claims are
 // prepared as; ok is false when the GPU offers no sized device now.
-func sizedShare(g v1alpha1.GPUStatus, cfg deviceplugin.Config) (share, bool) {
+func sizedShare(g v1alpha1.GPUStatus, cfg share.Config) (offer, bool) {
 	a := g.Applied
 	if a == nil || !a.Sizing.PerClaim() || g.Memory == nil || g.Memory.Value() <= 0 {
-		return share{}, false
+		return offer{}, false
 	}
 	// Hidden while unhealthy or drained, as every other share.
 	if meta.IsStatusConditionPresentAndEqual(g.Conditions, v1alpha1.ConditionHealthy, metav1.ConditionFalse) ||
 		(g.Drain != nil && g.Drain.Phase == v1alpha1.DrainPhaseDraining) {
-		return share{}, false
+		return offer{}, false
 	}
-	base := deviceplugin.Device{ID: g.UUID, GPUUUID: g.UUID, GPUIndex: g.Index, VisibleUUID: g.UUID, Healthy: true, Sized: true}
+	base := share.Device{ID: g.UUID, GPUUUID: g.UUID, GPUIndex: g.Index, VisibleUUID: g.UUID, Healthy: true, Sized: true}
 	var replicas int32
 	var enforcement string
 	switch {
 	case a.Strategy == v1alpha1.StrategyMPS && a.MPS != nil && a.MPS.Replicas > 0:
 		if a.MPS.State != "" && a.MPS.State != v1alpha1.MPSDaemonRunning {
-			return share{}, false
+			return offer{}, false
 		}
-		base.Kind, replicas, enforcement = deviceplugin.KindMPS, a.MPS.Replicas, EnforcementMPS
+		base.Kind, replicas, enforcement = share.KindMPS, a.MPS.Replicas, EnforcementMPS
 		base.QoS = a.QoS
 	case a.Shim != nil && a.Strategy == v1alpha1.StrategyTimeSlicing && a.TimeSlicing != nil:
-		base.Kind, replicas, enforcement = deviceplugin.KindShared, a.TimeSlicing.Replicas, EnforcementShimMemory
+		base.Kind, replicas, enforcement = share.KindShared, a.TimeSlicing.Replicas, EnforcementShimMemory
 	case a.Shim != nil && a.Strategy == v1alpha1.StrategyExclusive:
-		base.Kind, replicas, enforcement = deviceplugin.KindShared, cfg.WithDefaults().ShimReplicas, EnforcementShimMemory
+		base.Kind, replicas, enforcement = share.KindShared, cfg.WithDefaults().ShimReplicas, EnforcementShimMemory
 	default:
 		// Nothing in force that could hold a claim to its size.
-		return share{}, false
+		return offer{}, false
 	}
 	if a.Shim != nil {
 		base.ShimOversub = a.Shim.MemoryBudget != nil && a.Shim.MemoryBudget.Sign() > 0
@@ -93,7 +93,7 @@ func sizedShare(g v1alpha1.GPUStatus, cfg deviceplugin.Config) (share, bool) {
 	if minimum+step > memory {
 		// The API server refuses a device whose minimum plus step exceeds its capacity, and with it the
 		// whole slice; the agent refuses such sizes before applying them (SizingDoesNotFit).
-		return share{}, false
+		return offer{}, false
 	}
 	replicas = max(replicas, 1)
 	dev := resourcev1.Device{
@@ -132,7 +132,7 @@ func sizedShare(g v1alpha1.GPUStatus, cfg deviceplugin.Config) (share, bool) {
 			},
 		},
 	}
-	return share{dev: dev, share: base}, true
+	return offer{dev: dev, share: base}, true
 }
 
 // defaultMemory is what a claim that asks for no memory gets: a fixed share's size, the GPU's memory over
@@ -162,13 +162,13 @@ func defaultCompute(replicas int32) int64 {
 // fills it holds at most M in NVML's figure. A claim no larger than the reserve cannot hold a process
 // (ErrClaimBelowContextReserve). On shim GPUs the claim goes to the shim whole: the scheduler's ledger
 // keeps the claim's allocations within M less a reserve per process.
-func SizedLimits(d deviceplugin.Device, consumed map[resourcev1.QualifiedName]resource.Quantity, reserve int64) (deviceplugin.Device, error) {
+func SizedLimits(d share.Device, consumed map[resourcev1.QualifiedName]resource.Quantity, reserve int64) (share.Device, error) {
 	mem, ok := consumed[CapacityMemory]
 	if !ok || mem.Sign() <= 0 {
 		return d, ErrNoConsumedCapacity
 	}
 	switch d.Kind {
-	case deviceplugin.KindMPS:
+	case share.KindMPS:
 		compute, ok := consumed[CapacityCompute]
 		if !ok || compute.Sign() <= 0 {
 			return d, ErrNoConsumedCapacity
@@ -182,10 +182,10 @@ func SizedLimits(d deviceplugin.Device, consumed map[resourcev1.QualifiedName]re
 		mib := max(1, (mem.Value()-reserve)>>20)
 		// Value rounds a fraction up; the policy's step of 1 makes every amount whole anyway.
 		atp := int32(min(ComputeCapacity, max(1, compute.Value())))
-		d.MPS = &deviceplugin.MPSLimits{ActiveThreadPercentage: atp, PinnedMemoryLimitMiB: mib}
+		d.MPS = &share.MPSLimits{ActiveThreadPercentage: atp, PinnedMemoryLimitMiB: mib}
 		// The shim reports the client's limit as the GPU's memory (addMPS); MPS enforces it.
 		d.MemoryLimitBytes = mib << 20
-	case deviceplugin.KindShared:
+	case share.KindShared:
 		d.MemoryLimitBytes = mem.Value()
 	default:
 		return d, fmt.Errorf("sized device of kind %s", d.Kind)

@@ -19,7 +19,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
 
-	"github.com/gpusharing/gpusharing/agent/deviceplugin"
+	"github.com/gpusharing/gpusharing/agent/share"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -68,7 +68,7 @@ type PublisherOptions struct {
 	// Kube reads the Node and lists, watches and writes the node's slices.
 	Kube kubernetes.Interface
 	// Shares names the shares as the device plugin does (replica counts of shim shares).
-	Shares deviceplugin.Config
+	Shares share.Config
 	// SyncDelay is how long after the controller sees a change to the node's slices it checks them
 	// again, putting back a slice someone else changed or deleted (zero: resourceslice.DefaultSyncDelay).
 	SyncDelay time.Duration
@@ -130,7 +130,8 @@ func (p *Publisher) PublishStatus(node *v1alpha1.GPUNode) {
 		p.regarding = &v1alpha1.GPUNode{ObjectMeta: metav1.ObjectMeta{Name: node.Name, UID: node.UID}}
 	}
 	p.mu.Unlock()
-	p.Publish(Devices(node.Status, p.o.Shares), Counters(node.Status)...)
+	pending := pendingLayouts(node)
+	p.Publish(devices(node.Status, p.o.Shares, pending), counters(node.Status, pending)...)
 }
 
 // Publish publishes devices, and the counter sets they consume, as the node's pool.
@@ -335,7 +336,7 @@ type Driver struct {
 // PublishStatus tells the plugin the status's shares and publishes them.
 func (d *Driver) PublishStatus(node *v1alpha1.GPUNode) {
 	if d.Plugin != nil {
-		d.Plugin.Update(node.Status)
+		d.Plugin.UpdateNode(node)
 	}
 	d.Slices.PublishStatus(node)
 }

@@ -18,8 +18,8 @@ import (
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/gpusharing/gpusharing/agent/deviceplugin"
 	"github.com/gpusharing/gpusharing/agent/dra"
+	"github.com/gpusharing/gpusharing/agent/share"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 	"github.com/gpusharing/gpusharing/test/prom"
 	"github.com/gpusharing/gpusharing/test/testenv"
@@ -149,7 +149,7 @@ func TestPoolsHoldAtMost128DevicesASlice(t *testing.T) {
 // publishes the same devices writes nothing.
 func TestAPublisherStartedAgainWithTheSameDevicesWritesNothing(t *testing.T) {
 	ctx, env := draCluster(t)
-	devices := dra.Devices(mixedNode(), deviceplugin.DefaultConfig())
+	devices := dra.Devices(mixedNode(), share.DefaultConfig())
 	first, stop := startStoppablePublisher(t, env, dra.PublisherOptions{})
 	publish(t, ctx, env, first, devices)
 	var owner corev1.Node
@@ -177,7 +177,7 @@ func TestAPublisherStartedAgainWithTheSameDevicesWritesNothing(t *testing.T) {
 // comes back only then.
 func TestASliceDeletedOrChangedBySomeoneElseComesBack(t *testing.T) {
 	ctx, env := draCluster(t)
-	devices := dra.Devices(mixedNode(), deviceplugin.DefaultConfig())
+	devices := dra.Devices(mixedNode(), share.DefaultConfig())
 	first, stop := startStoppablePublisher(t, env, dra.PublisherOptions{})
 	publish(t, ctx, env, first, devices)
 	stop()
@@ -278,7 +278,7 @@ func TestAPublishingErrorIsAnEventAndAMetric(t *testing.T) {
 		t.Errorf("after a refused write: %v errors, published %v; want the failed counter up and the gauge at 0", failed, published)
 	}
 
-	publish(t, ctx, env, p, dra.Devices(mixedNode(), deviceplugin.DefaultConfig()))
+	publish(t, ctx, env, p, dra.Devices(mixedNode(), share.DefaultConfig()))
 	waitEvent(t, ctx, env, gpuNode, corev1.EventTypeNormal, dra.ReasonSlicesPublished)
 	wait.UntilState(t, 30*time.Second, func() (bool, string) {
 		failed, dropped, published := sliceSeries(t, reg)

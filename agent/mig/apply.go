@@ -131,7 +131,10 @@ func (a *Applier) ApplyAround(ctx context.Context, uuid string, want []Want, hel
 	if err != nil {
 		return nil, layoutError(d, err)
 	}
-	if len(plan.Destroy) > 0 && len(d.Processes) > 0 {
+	if busyNow, err := a.destroyBusy(ctx, d, plan.Destroy, held); err != nil || busyNow {
+		if err != nil {
+			return nil, err
+		}
 		return nil, busy(d, fmt.Sprintf("destroying %d MIG instances", len(plan.Destroy)))
 	}
 	for _, in := range plan.Destroy {
@@ -259,4 +262,33 @@ func without(d gpu.Device, held []gpu.Placement) gpu.Device {
 		}
 	}
 	return out
+}
+
+// instanceProcesses reads the processes of one MIG instance; gpu.NVML has it.
+type instanceProcesses interface {
+	InstanceProcesses(ctx context.Context, uuid string, giID int) ([]gpu.Process, error)
+}
+
+// destroyBusy says whether processes keep the plan from destroying instances. Where claims hold
+// instances beside the layout (held), their pods keep running through a fixed-layout change, so only
+// processes on the instances the plan destroys count, read per instance; elsewhere, or where the GPU
+// cannot say which instance a process runs on, any process on the GPU does.
+func (a *Applier) destroyBusy(ctx context.Context, d gpu.Device, destroy []gpu.Instance, held []gpu.Placement) (bool, error) {
+	if len(destroy) == 0 || len(d.Processes) == 0 {
+		return false, nil
+	}
+	ip, ok := a.GPU.(instanceProcesses)
+	if !ok || len(held) == 0 {
+		return true, nil
+	}
+	for _, in := range destroy {
+		procs, err := ip.InstanceProcesses(ctx, d.UUID, in.GIID)
+		if err != nil {
+			return false, err
+		}
+		if len(procs) > 0 {
+			return true, nil
+		}
+	}
+	return false, nil
 }

@@ -14,14 +14,7 @@ import (
 // neither counted as the layout's nor destroyed.
 func TestApplyAroundLeavesTheClaimsInstancesAlone(t *testing.T) {
 	ctx := context.Background()
-	s := nvmlmock.NewH100(1)
-	g := s.GPUs[0]
-	g.SetMIGMode(true, true)
-	a := &Applier{GPU: gpu.NewNVML(s)}
-	d, err := a.GPU.Device(ctx, g.UUID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	g, a, d := migH100(t)
 	p3g, _ := d.Profile("3g.40gb")
 	claimed, err := a.GPU.CreateGPUInstance(ctx, g.UUID, p3g, gpu.Placement{Start: 0, Size: 4})
 	if err != nil {
@@ -53,3 +46,17 @@ func TestApplyAroundLeavesTheClaimsInstancesAlone(t *testing.T) {
 }
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
+
+// migH100 is a mocked H100 in MIG mode with no instance, its applier, and the device as NVML reads it.
+func migH100(t *testing.T) (*nvmlmock.GPU, *Applier, gpu.Device) {
+	t.Helper()
+	s := nvmlmock.NewH100(1)
+	g := s.GPUs[0]
+	g.SetMIGMode(true, true)
+	a := &Applier{GPU: gpu.NewNVML(s)}
+	d, err := a.GPU.Device(context.Background(), g.UUID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g, a, d
+}

@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 
+	"github.com/gpusharing/gpusharing/agent/dra"
 	"github.com/gpusharing/gpusharing/agent/drain"
 	"github.com/gpusharing/gpusharing/agent/gpu"
 	"github.com/gpusharing/gpusharing/agent/outcome"
@@ -125,10 +126,18 @@ func (r *Reconciler) passObservation(sc *scope, dev gpu.Device, want v1alpha1.GP
 	mode, timeout := drainSettings(want.Drain)
 	_, admitErr := r.Admit(dev, want.Sharing)
 	to := sharing.ShapeOf(want.Sharing)
+	target := drainTarget{key: drainKey(want), target: describeDesired(want.Sharing), mode: mode, timeout: timeout}
+	change, layoutOnly := layoutChange(dev, inForce, from, to, want.Sharing)
+	if layoutOnly {
+		// A fixed-layout change of a dynamic GPU drains only what it takes; one that takes nothing is
+		// applied under running work.
+		target.scope = scopeOf(dev.Index, change)
+	}
+	takesNothing := layoutOnly && change.Empty()
 	return observation{
 		kind: obsPass, now: now,
-		want:       drainTarget{key: drainKey(want), target: describeDesired(want.Sharing), mode: mode, timeout: timeout},
-		disruptive: sharing.Disruptive(from, to) && !layoutFitsAroundClaims(dev, inForce, from, to, want.Sharing),
+		want:       target,
+		disruptive: sharing.Disruptive(from, to) && !takesNothing,
 		admitted:   admitErr == nil,
 		backoff:    r.DrainBackoff, backoffMax: r.DrainBackoffMax,
 	}
@@ -177,8 +186,17 @@ func (r *Reconciler) startDrain(ctx context.Context, dev gpu.Device, s drainStat
 			migs = append(migs, in.UUID)
 		}
 	}
-	log.Info("Draining GPU before a disruptive change", "target", s.target, "mode", string(s.mode), "timeout", s.timeout.String())
 	req := drain.Request{GPUUUID: dev.UUID, GPUIndex: int32(dev.Index), MIGUUIDs: migs, Mode: s.mode, Timeout: s.timeout}
+	if sc := s.scope; sc != nil {
+		// Only the pods of what the change takes: the device plugin's pods of its MIG devices (no pod
+		// holds a MIG GPU whole) and the pods of its claims.
+		req.MIGUUIDs = sc.migs
+		ctx = dra.WithDrainScope(ctx, sc.claims)
+		log.Info("Draining the pods a fixed-layout change takes", "target", s.target, "takes", strings.Join(sc.reasons, "; "),
+			"mode", string(s.mode), "timeout", s.timeout.String())
+	} else {
+		log.Info("Draining GPU before a disruptive change", "target", s.target, "mode", string(s.mode), "timeout", s.timeout.String())
+	}
 	r.drains.start(ctx, dev.UUID, s.seq, s.view, func(dctx context.Context, progress func(drain.Step)) ([]string, error) {
 		req.Progress = progress
 		res, err := r.Drainer.Drain(dctx, req)
@@ -254,7 +272,7 @@ func drainStatus(s drainState, phase v1alpha1.DrainPhase) *v1alpha1.GPUDrainStat
 		Timeout:   &metav1.Duration{Duration: s.timeout},
 		StartTime: ptrTime(s.started),
 		Pods:      s.view.pods,
-		Message:   s.view.message,
+		Message:   scopeMessage(s.view),
 	}
 	if phase != v1alpha1.DrainPhaseDraining {
 		st.RetryTime = ptrTime(s.retryAt)
@@ -262,10 +280,25 @@ func drainStatus(s drainState, phase v1alpha1.DrainPhase) *v1alpha1.GPUDrainStat
 	return st
 }
 
+// scopeMessage is the drain status's message: for a drain of what a fixed-layout change takes, what it
+// takes and why, before the latest step.
+func scopeMessage(v drainView) string {
+	if v.scope == "" {
+		return v.message
+	}
+	if v.message == "" {
+		return "drains only " + v.scope
+	}
+	return "drains only " + v.scope + "; " + v.message
+}
+
 // drainingError is the Applied=False Draining condition of a GPU being drained; its message names the
 // pods still using the GPU.
 func drainingError(v drainView) error {
 	head := fmt.Sprintf("GPU cordoned for %s (%s, timeout %s)", v.target, v.mode, v.timeout)
+	if v.scope != "" {
+		head = fmt.Sprintf("GPU drained of what %s takes (%s, timeout %s): %s; its other claims keep running", v.target, v.mode, v.timeout, v.scope)
+	}
 	var msg string
 	switch {
 	case !v.listed:

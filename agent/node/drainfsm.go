@@ -3,6 +3,7 @@ package node
 import (
 	"errors"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/gpusharing/gpusharing/agent/drain"
@@ -56,6 +57,9 @@ type drainTarget struct {
 	target  string
 	mode    v1alpha1.DrainMode
 	timeout time.Duration
+	// scope is what a fixed-layout change of a dynamic MIG GPU takes, when the drain is of that alone;
+	// nil drains the whole GPU. A pass computes it; the drain that starts uses the one of its pass.
+	scope *layoutScope
 }
 
 // drainState is one GPU's drain. It lives in memory only: an agent that restarts mid-drain has no GPU
@@ -160,6 +164,9 @@ func pass(s drainState, o observation) (drainState, []drainAction) {
 	case phaseCordoned:
 		s.phase, s.seq, s.started = phaseDraining, s.seq+1, o.now.Truncate(time.Second)
 		s.view = drainView{target: s.target, mode: s.mode, timeout: s.timeout}
+		if s.scope != nil {
+			s.view.scope = strings.Join(s.scope.reasons, "; ")
+		}
 		return s, []drainAction{actStartDrain}
 	case phaseDrained:
 		return s, []drainAction{actConverge}
@@ -168,8 +175,9 @@ func pass(s drainState, o observation) (drainState, []drainAction) {
 			s.phase = phaseBackoff
 			return s, nil
 		}
-		// The backoff has passed: drain again for the same desired sharing, counting on from here.
-		return drainState{phase: phaseCordoned, drainTarget: s.drainTarget, seq: s.seq, failures: s.failures}, []drainAction{actCordon}
+		// The backoff has passed: drain again for the same desired sharing (the same key), with what the
+		// change takes now, counting on from here.
+		return drainState{phase: phaseCordoned, drainTarget: o.want, seq: s.seq, failures: s.failures}, []drainAction{actCordon}
 	}
 	return s, nil // Draining: wait for the goroutine's message
 }

@@ -15,10 +15,12 @@ import (
 // shared with the pass.
 type drainView struct {
 	target, message string
-	mode            v1alpha1.DrainMode
-	timeout         time.Duration
-	pods            []string
-	listed          bool
+	// scope says what a drain of a fixed-layout change's takes alone takes, and why; empty for a whole GPU.
+	scope   string
+	mode    v1alpha1.DrainMode
+	timeout time.Duration
+	pods    []string
+	listed  bool
 	// messagePod is the pod the message is about (an eviction's); the message stays while that pod
 	// still uses the GPU.
 	messagePod string

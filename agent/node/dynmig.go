@@ -2,9 +2,10 @@ package node
 
 import (
 	"fmt"
-	"slices"
 	"sort"
 	"strings"
+
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gpusharing/gpusharing/agent/dra"
 	"github.com/gpusharing/gpusharing/agent/gpu"
@@ -178,32 +179,58 @@ func migFreeSummary(gpus []v1alpha1.GPUStatus) string {
 	return strings.Join(parts, " ")
 }
 
-// layoutFitsAroundClaims says whether a change of a dynamic MIG GPU's fixed instances, and nothing else
-// of its shape, leaves every pod in place: the new layout fits around the instances created for claims
-// (inForce names them) and its plan destroys no instance, so it only creates fixed instances on free
-// slices. Then it is applied without a drain. A layout that needs a claim's slices or destroys a fixed
-// instance drains the GPU.
-func layoutFitsAroundClaims(dev gpu.Device, inForce *v1alpha1.AppliedSharing, from, to sharing.Shape, want v1alpha1.Sharing) bool {
+// layoutChange is what a change of a dynamic MIG GPU's fixed instances, and nothing else of its shape,
+// takes from the GPU: dra.PlanLayoutChange over the instances in force (inForce names the claims'). ok
+// is false for any other change, which drains the whole GPU, and for a layout that does not fit even on
+// a GPU without claims (Admit refuses it). A change that takes nothing only creates fixed instances on
+// free slices and is applied without a drain; one that takes claims' instances or fixed instances drains
+// only their pods (layoutScope).
+func layoutChange(dev gpu.Device, inForce *v1alpha1.AppliedSharing, from, to sharing.Shape, want v1alpha1.Sharing) (dra.LayoutChange, bool) {
 	if !from.Dynamic || !to.Dynamic || from.Layout == to.Layout || want.MIG == nil || inForce == nil {
-		return false
+		return dra.LayoutChange{}, false
 	}
 	f, t := from, to
 	f.Layout, t.Layout = "", ""
 	if f != t || !dev.MIGMode.Current {
-		return false
+		return dra.LayoutChange{}, false
 	}
-	var held []gpu.Placement
-	for _, in := range inForce.MIGInstances {
+	c, err := dra.PlanLayoutChange(dev.Profiles, inForce.MIGInstances, *want.MIG)
+	return c, err == nil
+}
+
+// layoutFitsAroundClaims says whether a fixed-layout change of a dynamic MIG GPU leaves every pod in
+// place (it takes nothing), so it is applied without a drain.
+func layoutFitsAroundClaims(dev gpu.Device, inForce *v1alpha1.AppliedSharing, from, to sharing.Shape, want v1alpha1.Sharing) bool {
+	c, ok := layoutChange(dev, inForce, from, to, want)
+	return ok && c.Empty()
+}
+
+// layoutScope is the part of a dynamic MIG GPU a fixed-layout change drains: the pods of the claims and
+// fixed instances it takes, and why each goes (the GPU's drain status shows it).
+type layoutScope struct {
+	reasons []string
+	// migs are the MIG devices the change takes, whose device plugin pods go.
+	migs []string
+	// claims are the ResourceClaims whose pods go: the claims' instances it needs, and the claims of the
+	// fixed instances it destroys (by published device name).
+	claims dra.DrainScope
+}
+
+// scopeOf is the drain scope of a change that takes something; nil for one that takes nothing.
+func scopeOf(index int, c dra.LayoutChange) *layoutScope {
+	if c.Empty() {
+		return nil
+	}
+	s := &layoutScope{reasons: c.Reasons()}
+	for _, in := range c.Claims {
+		s.migs = append(s.migs, in.UUID)
 		if in.Claim != nil {
-			held = append(held, gpu.Placement{Start: int(in.Placement.Start), Size: int(in.Placement.Size)})
+			s.claims.Claims = append(s.claims.Claims, types.UID(in.Claim.UID))
 		}
 	}
-	var fixed []gpu.Instance
-	for _, in := range dev.Instances {
-		if !slices.Contains(held, in.Placement) {
-			fixed = append(fixed, in)
-		}
+	for _, in := range c.Fixed {
+		s.migs = append(s.migs, in.UUID)
+		s.claims.Devices = append(s.claims.Devices, dra.MIGDeviceName(int32(index), in.UUID))
 	}
-	plan, err := mig.MakePlanAround(dev.Profiles, fixed, mig.Wants(*want.MIG), held)
-	return err == nil && len(plan.Destroy) == 0
+	return s
 }

@@ -1,4 +1,4 @@
-package deviceplugin
+package share
 
 import (
 	"errors"
@@ -10,6 +10,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/gpusharing/gpusharing/agent/share/sharetest"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -35,32 +36,32 @@ func TestDevicesFromStatus(t *testing.T) {
 	}{
 		{
 			name:   "a GPU with nothing applied is an exclusive nvidia.com/gpu",
-			status: nodeStatus(gpu(0, "GPU-a")),
+			status: sharetest.NodeStatus(sharetest.GPU(0, "GPU-a")),
 			want:   []string{"nvidia.com/gpu: GPU-a(Exclusive,Healthy)"},
 		},
 		{
 			name:   "an Exclusive GPU is advertised whole",
-			status: nodeStatus(gpu(1, "GPU-b", exclusive()), gpu(0, "GPU-a", exclusive())),
+			status: sharetest.NodeStatus(sharetest.GPU(1, "GPU-b", sharetest.Exclusive()), sharetest.GPU(0, "GPU-a", sharetest.Exclusive())),
 			want:   []string{"nvidia.com/gpu: GPU-a(Exclusive,Healthy) GPU-b(Exclusive,Healthy)"},
 		},
 		{
 			name:   "time-slicing advertises one replica per slot under its own resource",
-			status: nodeStatus(gpu(0, "GPU-a", timeSliced(3))),
+			status: sharetest.NodeStatus(sharetest.GPU(0, "GPU-a", sharetest.TimeSliced(3))),
 			want:   []string{"gpusharing.io/gpu-timeslice: GPU-a::0(TimeSlicing,Healthy) GPU-a::1(TimeSlicing,Healthy) GPU-a::2(TimeSlicing,Healthy)"},
 		},
 		{
 			name:   "MPS advertises its replicas",
-			status: nodeStatus(gpu(0, "GPU-a", mps(2, 50, "8Gi", "Running"))),
+			status: sharetest.NodeStatus(sharetest.GPU(0, "GPU-a", sharetest.MPS(2, 50, "8Gi", "Running"))),
 			want:   []string{"gpusharing.io/gpu-mps: GPU-a::0(MPS,Healthy) GPU-a::1(MPS,Healthy)"},
 		},
 		{
 			name:   "MPS replicas are unhealthy while the daemon is not running",
-			status: nodeStatus(gpu(0, "GPU-a", mps(2, 0, "", "Restarting"))),
+			status: sharetest.NodeStatus(sharetest.GPU(0, "GPU-a", sharetest.MPS(2, 0, "", "Restarting"))),
 			want:   []string{"gpusharing.io/gpu-mps: GPU-a::0(MPS,Unhealthy) GPU-a::1(MPS,Unhealthy)"},
 		},
 		{
 			name:   "MIG instances go under one resource per profile; one without a uuid is skipped",
-			status: nodeStatus(gpu(0, "GPU-a", migInstance("1g.10gb", "MIG-2"), migInstance("3g.40gb", "MIG-3"), migInstance("1g.10gb", "MIG-1"), migInstance("1g.10gb", ""))),
+			status: sharetest.NodeStatus(sharetest.GPU(0, "GPU-a", sharetest.MIGInstance("1g.10gb", "MIG-2"), sharetest.MIGInstance("3g.40gb", "MIG-3"), sharetest.MIGInstance("1g.10gb", "MIG-1"), sharetest.MIGInstance("1g.10gb", ""))),
 			want: []string{
 				"nvidia.com/mig-1g.10gb: MIG-1(MIG,Healthy) MIG-2(MIG,Healthy)",
 				"nvidia.com/mig-3g.40gb: MIG-3(MIG,Healthy)",
@@ -68,27 +69,27 @@ func TestDevicesFromStatus(t *testing.T) {
 		},
 		{
 			name:   "a '+' in a MIG profile becomes '.' in the resource name",
-			status: nodeStatus(gpu(0, "GPU-a", migInstance("1g.10gb+me", "MIG-1"))),
+			status: sharetest.NodeStatus(sharetest.GPU(0, "GPU-a", sharetest.MIGInstance("1g.10gb+me", "MIG-1"))),
 			want:   []string{"nvidia.com/mig-1g.10gb.me: MIG-1(MIG,Healthy)"},
 		},
 		{
 			name:   "a GPU in MIG mode with no instances applied is not advertised whole",
-			status: nodeStatus(gpu(0, "GPU-a", migModeOn())),
+			status: sharetest.NodeStatus(sharetest.GPU(0, "GPU-a", sharetest.MIGModeOn())),
 			want:   nil,
 		},
 		{
 			name:   "the shim on an Exclusive GPU advertises ShimReplicas shared replicas and no nvidia.com/gpu",
-			status: nodeStatus(gpu(0, "GPU-a", shim(time.Second))),
+			status: sharetest.NodeStatus(sharetest.GPU(0, "GPU-a", sharetest.Shim(time.Second))),
 			want:   []string{"gpusharing.io/gpu-shared: GPU-a::0(Shared,Healthy) GPU-a::1(Shared,Healthy) GPU-a::2(Shared,Healthy) GPU-a::3(Shared,Healthy)"},
 		},
 		{
 			name:   "the shim on a time-sliced GPU uses its time-slice replicas under the shared resource",
-			status: nodeStatus(gpu(0, "GPU-a", timeSliced(2), shim(time.Second))),
+			status: sharetest.NodeStatus(sharetest.GPU(0, "GPU-a", sharetest.TimeSliced(2), sharetest.Shim(time.Second))),
 			want:   []string{"gpusharing.io/gpu-shared: GPU-a::0(Shared,Healthy) GPU-a::1(Shared,Healthy)"},
 		},
 		{
 			name:   "Healthy=False marks every device of the GPU unhealthy",
-			status: nodeStatus(gpu(0, "GPU-a", timeSliced(2), health(metav1.ConditionFalse)), gpu(1, "GPU-b", health(metav1.ConditionTrue))),
+			status: sharetest.NodeStatus(sharetest.GPU(0, "GPU-a", sharetest.TimeSliced(2), sharetest.Health(metav1.ConditionFalse)), sharetest.GPU(1, "GPU-b", sharetest.Health(metav1.ConditionTrue))),
 			want: []string{
 				"gpusharing.io/gpu-timeslice: GPU-a::0(TimeSlicing,Unhealthy) GPU-a::1(TimeSlicing,Unhealthy)",
 				"nvidia.com/gpu: GPU-b(Exclusive,Healthy)",
@@ -96,13 +97,13 @@ func TestDevicesFromStatus(t *testing.T) {
 		},
 		{
 			name: "a GPU sized per claim is DRA's alone, MPS or shim; the other GPUs are advertised as before",
-			status: nodeStatus(gpu(0, "GPU-a", mps(4, 0, "", "Running"), sizedPerClaim()), gpu(1, "GPU-b", timeSliced(2), shim(time.Second), sizedPerClaim()),
-				gpu(2, "GPU-c", mps(2, 0, "", "Running"))),
+			status: sharetest.NodeStatus(sharetest.GPU(0, "GPU-a", sharetest.MPS(4, 0, "", "Running"), sharetest.SizedPerClaim()), sharetest.GPU(1, "GPU-b", sharetest.TimeSliced(2), sharetest.Shim(time.Second), sharetest.SizedPerClaim()),
+				sharetest.GPU(2, "GPU-c", sharetest.MPS(2, 0, "", "Running"))),
 			want: []string{"gpusharing.io/gpu-mps: GPU-c::0(MPS,Healthy) GPU-c::1(MPS,Healthy)"},
 		},
 		{
 			name:   "MPS without a reported daemon advertises nothing",
-			status: nodeStatus(gpu(0, "GPU-a", func(g *v1alpha1.GPUStatus) { applied(g).Strategy = v1alpha1.StrategyMPS })),
+			status: sharetest.NodeStatus(sharetest.GPU(0, "GPU-a", func(g *v1alpha1.GPUStatus) { sharetest.Applied(g).Strategy = v1alpha1.StrategyMPS })),
 			want:   nil,
 		},
 	}
@@ -118,7 +119,7 @@ func TestDevicesFromStatus(t *testing.T) {
 
 func TestDevicesFromStatusHonoursConfiguredNames(t *testing.T) {
 	cfg := Config{Resources: ResourceNames{Exclusive: "example.com/whole", TimeSlicing: "example.com/slice", MIGPrefix: "example.com/mig-"}}
-	got := brief(DevicesFromStatus(nodeStatus(gpu(0, "GPU-a"), gpu(1, "GPU-b", timeSliced(2)), gpu(2, "GPU-c", migInstance("2g.20gb", "MIG-1"))), cfg))
+	got := brief(DevicesFromStatus(sharetest.NodeStatus(sharetest.GPU(0, "GPU-a"), sharetest.GPU(1, "GPU-b", sharetest.TimeSliced(2)), sharetest.GPU(2, "GPU-c", sharetest.MIGInstance("2g.20gb", "MIG-1"))), cfg))
 	want := []string{
 		"example.com/mig-2g.20gb: MIG-1(MIG,Healthy)",
 		"example.com/slice: GPU-b::0(TimeSlicing,Healthy) GPU-b::1(TimeSlicing,Healthy)",
@@ -130,11 +131,11 @@ func TestDevicesFromStatusHonoursConfiguredNames(t *testing.T) {
 }
 
 func TestDevicesFromStatusCarriesModeSettings(t *testing.T) {
-	m := DevicesFromStatus(nodeStatus(
-		gpu(0, "GPU-a", mps(4, 0, "18Gi", "Running")),
-		gpu(1, "GPU-b", shim(1500*time.Millisecond)),
-		gpu(3, "GPU-d", timeSliced(2), shimBudget(time.Second, "8Gi")),
-		gpu(2, "GPU-c", migInstance("1g.10gb", "MIG-1")),
+	m := DevicesFromStatus(sharetest.NodeStatus(
+		sharetest.GPU(0, "GPU-a", sharetest.MPS(4, 0, "18Gi", "Running")),
+		sharetest.GPU(1, "GPU-b", sharetest.Shim(1500*time.Millisecond)),
+		sharetest.GPU(3, "GPU-d", sharetest.TimeSliced(2), sharetest.ShimBudget(time.Second, "8Gi")),
+		sharetest.GPU(2, "GPU-c", sharetest.MIGInstance("1g.10gb", "MIG-1")),
 	), Config{})
 	if got, want := *m["gpusharing.io/gpu-mps"][0].MPS, (MPSLimits{ActiveThreadPercentage: 25, PinnedMemoryLimitMiB: 18 * 1024}); got != want {
 		t.Errorf("MPS limits: got %+v, want %+v (omitted activeThreadPercentage is 100/replicas)", got, want)

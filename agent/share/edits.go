@@ -1,4 +1,4 @@
-package deviceplugin
+package share
 
 import (
 	"errors"
@@ -10,7 +10,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
-// Environment variables Allocate sets. The GPUSHARE_* names are the ones shim/src/config.c reads.
+// Environment variables ContainerEdits sets. The GPUSHARE_* names are the ones shim/src/config.c reads.
 const (
 	EnvNvidiaVisibleDevices   = "NVIDIA_VISIBLE_DEVICES"
 	EnvCUDAVisibleDevices     = "CUDA_VISIBLE_DEVICES"
@@ -28,12 +28,6 @@ const (
 )
 
 var (
-	// ErrUnknownDevice is returned when the kubelet allocates a device this resource does not advertise
-	// (for example one cordoned a moment ago).
-	ErrUnknownDevice = errors.New("device not advertised")
-	// ErrCordonedDevice is returned when the kubelet allocates a device of a GPU being drained, which is
-	// advertised only while the pod that held it runs.
-	ErrCordonedDevice = errors.New("device of a GPU cordoned for a drain")
 	// ErrDevicesSpanGPUs is returned when one container gets MPS shares of more than one GPU: an MPS
 	// client connects to one control daemon, which serves one GPU, and shares /dev/shm with it, which
 	// is a tmpfs of that GPU alone.
@@ -51,8 +45,9 @@ var (
 	ErrNoDevices = errors.New("no devices requested")
 )
 
-// ContainerEdits is what Allocate gives one container for devs, all of one kind: the DRA kubelet plugin
-// writes the same environment and mounts into its CDI specs, so the two interfaces follow one rule.
+// ContainerEdits is what one container gets for devs, all of one kind: the device plugin's Allocate
+// answers with it and the DRA kubelet plugin writes the same environment and mounts into its CDI specs,
+// so the two interfaces follow one rule.
 func ContainerEdits(cfg Config, devs []Device) (*pluginapi.ContainerAllocateResponse, error) {
 	return containerResponse(cfg.WithDefaults(), devs)
 }

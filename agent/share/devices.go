@@ -1,4 +1,4 @@
-package deviceplugin
+package share
 
 import (
 	"fmt"
@@ -11,7 +11,7 @@ import (
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
-// Kind is how a device is shared; it decides what Allocate injects.
+// Kind is how a device is shared; it decides what ContainerEdits injects.
 type Kind string
 
 const (
@@ -38,11 +38,11 @@ type MPSLimits struct {
 	PinnedMemoryLimitMiB int64
 }
 
-// Device is one advertised device and everything Allocate needs to hand it out.
+// Device is one advertised device and everything ContainerEdits needs to hand it out.
 type Device struct {
 	// ID is the device ID the kubelet sees: a GPU or MIG uuid, or <gpu-uuid>::<n> for a replica.
 	ID string
-	// Kind decides what Allocate injects.
+	// Kind decides what ContainerEdits injects.
 	Kind Kind
 	// GPUUUID is the physical GPU (the parent, for a MIG instance); Cordon matches on it.
 	GPUUUID string

@@ -1,8 +1,10 @@
-// Package deviceplugin serves the kubelet device plugin API (v1beta1) for the GPUs of one node: one gRPC
-// server and one registration per resource name (exclusive GPUs, time-slice replicas, MPS replicas, MIG
-// instances by profile, shim-shared GPUs). What it advertises is computed from GPUNode.status alone
-// (DevicesFromStatus), so it depends on the API and not on how the agent applies sharing.
-package deviceplugin
+// Package share is what one GPU share is, for both of the agent's interfaces to the kubelet: the
+// devices a node's applied sharing offers (DevicesFromStatus: whole GPUs, replicas, MPS clients, MIG
+// instances, shim shares), the limits each carries (MPS thread and memory limits, the shim's memory
+// limit) and the container edits that hand one out (ContainerEdits: environment and mounts). The
+// device plugin advertises and allocates these devices; the DRA driver publishes and prepares them.
+// It depends on the API and on host paths only, so neither plugin's code decides what the other gives.
+package share
 
 import (
 	"errors"

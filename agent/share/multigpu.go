@@ -1,4 +1,4 @@
-package deviceplugin
+package share
 
 import (
 	"path/filepath"

@@ -1,4 +1,4 @@
-package deviceplugin
+package share
 
 import (
 	"errors"
@@ -9,6 +9,8 @@ import (
 	"time"
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/gpusharing/gpusharing/agent/share/sharetest"
 )
 
 // A sized shim share carries the shim's memory limit; several of one GPU in one container add up, and a
@@ -45,9 +47,9 @@ func TestShimSharesCarryTheirMemoryLimitSummed(t *testing.T) {
 // opportunistic process hand the GPU, and on an oversubscribed GPU its memory, to the next one whenever
 // it paused on the CPU for a millisecond.
 func TestShimSharesLeaveTheIdleWindowToTheScheduler(t *testing.T) {
-	m := DevicesFromStatus(nodeStatus(
-		gpu(0, "GPU-a", shimBudget(time.Second, "40Gi"), qos(1000)),
-		gpu(1, "GPU-b", shimBudget(time.Second, "40Gi")),
+	m := DevicesFromStatus(sharetest.NodeStatus(
+		sharetest.GPU(0, "GPU-a", sharetest.ShimBudget(time.Second, "40Gi"), sharetest.QoS(1000)),
+		sharetest.GPU(1, "GPU-b", sharetest.ShimBudget(time.Second, "40Gi")),
 	), Config{})
 	for _, d := range m["gpusharing.io/gpu-shared"] {
 		for _, opportunistic := range []bool{false, true} {

@@ -153,18 +153,22 @@ func (co *Gangs) nextSeqLocked() uint64 {
 }
 
 // joinLocked makes c, a client of q, a member of key's clients.
-func (co *Gangs) joinLocked(q *queue, c *client, key string) {
+func (co *Gangs) joinLocked(c *client, key string) {
 	g := co.byKey[key]
 	if g == nil {
 		g = &gang{key: key}
 		co.byKey[key] = g
 	}
 	was := g.isGang()
-	c.gang, c.gpu = g, q
+	if g.state != gangIdle && !slices.Contains(g.gpus(), c.gpu) {
+		// A turn reserves all the gang's GPUs: one joining mid-turn starts the next.
+		co.endTurnLocked(g, gangEndMemberJoined)
+	}
+	c.gang = g
 	g.members = append(g.members, c)
 	if !was && g.isGang() {
 		co.formed++
-		q.log.Info("Gang formed", "gang", key, "gpus", len(g.gpus()))
+		c.gpu.log.Info("Gang formed", "gang", key, "gpus", len(g.gpus()))
 		co.metrics.gangs.Inc()
 	}
 }
@@ -202,6 +206,8 @@ const (
 	gangEndQuantum    = "quantum"
 	gangEndPreempted  = "preempted"
 	gangEndMemberLeft = "member_left"
+	// gangEndMemberJoined: a member joined on a GPU the turn did not reserve.
+	gangEndMemberJoined = "member_joined"
 )
 
 // endTurnLocked ends g's claim or turn: every member holding is revoked (preempted, for production).
@@ -409,18 +415,19 @@ func (co *Gangs) clearLocked(g *gang) bool {
 	return true
 }
 
-// wantedLocked: someone outside g waits for one of g's GPUs, in its line or by another gang's ticket.
+// wantedLocked: someone outside g waits for one of g's GPUs, in its line or by another gang's ticket;
+// for a production gang, someone production (an opportunistic waiter never makes production yield).
 func (co *Gangs) wantedLocked(g *gang) bool {
-	mine := g.gpus()
+	mine, prod := g.gpus(), g.production()
 	for _, q := range mine {
-		for _, line := range q.waiting {
-			if slices.ContainsFunc(line, func(c *client) bool { return outsider(g, c) }) {
-				return true
-			}
+		if slices.ContainsFunc(q.waiting[PriorityHigh], func(c *client) bool { return outsider(g, c) }) ||
+			(!prod && slices.ContainsFunc(q.waiting[PriorityNormal], func(c *client) bool { return outsider(g, c) })) {
+			return true
 		}
 	}
 	for _, o := range co.byKey {
-		if o != g && o.ticket != 0 && o.state == gangIdle && slices.ContainsFunc(o.gpus(), func(q *queue) bool { return slices.Contains(mine, q) }) {
+		if o != g && o.ticket != 0 && o.state == gangIdle && (!prod || o.production()) &&
+			slices.ContainsFunc(o.gpus(), func(q *queue) bool { return slices.Contains(mine, q) }) {
 			return true
 		}
 	}
@@ -502,9 +509,9 @@ func (co *Gangs) headLocked(q *queue) *client {
 			}
 			return nil
 		}
-		for _, line := range q.waiting {
-			if i := slices.IndexFunc(line, func(c *client) bool { return !outsider(g, c) }); i >= 0 {
-				return line[i]
+		for _, p := range []Priority{PriorityHigh, PriorityNormal} {
+			if i := slices.IndexFunc(q.waiting[p], func(c *client) bool { return !outsider(g, c) }); i >= 0 {
+				return q.waiting[p][i]
 			}
 		}
 		return nil
@@ -547,6 +554,6 @@ func (q *queue) joinGang(c *client, key string) {
 	if c.state == stateGone {
 		return
 	}
-	q.gangs.joinLocked(q, c, key)
+	q.gangs.joinLocked(c, key)
 	q.dispatchLocked(nil)
 }

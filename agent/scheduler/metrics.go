@@ -87,7 +87,7 @@ func newMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}),
 		gangTurns: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpusharing_scheduler_gang_turns_total",
-			Help: "Turns a gang took on all its GPUs at once, by gang and how the turn ended (idle, quantum, preempted, member_left).",
+			Help: "Turns a gang took on all its GPUs at once, by gang and how the turn ended (idle, quantum, preempted, member_left, member_joined).",
 		}, []string{"gang", "end"}),
 		gangWait: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpusharing_scheduler_gang_wait_seconds_total",

@@ -201,7 +201,7 @@ func (q *queue) join(pid int32, src classSource, version uint16, send func([]byt
 	defer q.mu.Unlock()
 	q.nextID++
 	c := &client{id: q.nextID, pid: pid, priority: q.classLocked(src), class: src, version: version, send: send,
-		drop: drop, connectedAt: q.clock.Now()}
+		drop: drop, connectedAt: q.clock.Now(), gpu: q}
 	if src.fromPod && src.asked == PriorityHigh && c.priority != PriorityHigh {
 		q.log.V(1).Info("Shim client asked for high priority; its pod makes it opportunistic", "client", c.id,
 			"pid", pid, "podPriority", src.value, "podKnown", src.known, "productionPriority", thresholdValue(q.production))

@@ -98,6 +98,9 @@ type gang struct {
 	grace     time.Duration
 	contended bool
 	revoke    Timer
+	// turns and waited are its turns and the time it waited for them, for the log line at its end.
+	turns  uint64
+	waited time.Duration
 }
 
 // gpus are the queues of its members, in the order of their first member.
@@ -190,6 +193,7 @@ func (co *Gangs) leaveLocked(c *client) {
 		co.markLocked(q, nil)
 	}
 	if was && !g.isGang() {
+		c.gpu.log.Info("Gang dissolved", "gang", g.key, "turns", g.turns, "waited", g.waited)
 		co.formed--
 		g.ticket = 0
 		co.metrics.gangs.Dec()
@@ -456,6 +460,8 @@ func (co *Gangs) startLocked(g *gang, now time.Time) {
 			}
 		}
 	}
+	g.turns++
+	g.waited += now.Sub(g.wantSince)
 	co.metrics.gangWait.WithLabelValues(g.key).Add(now.Sub(g.wantSince).Seconds())
 }
 

@@ -69,17 +69,8 @@ func runGangSteps(t *testing.T, in []byte) error {
 		qs[i].evictTimeout = time.Second
 	}
 	join := func(gpu int, key string, prio Priority) *fakeClient {
-		f := &fakeClient{}
-		q := qs[gpu]
-		f.c = q.join(100, classSource{asked: prio}, 0, func(b []byte) bool {
-			msg, err := Decode(b)
-			if err != nil {
-				t.Fatalf("queue sent an undecodable message: %v", err)
-			}
-			f.got = append(f.got, msg)
-			return true
-		}, func() { f.dropped = true })
-		q.joinGang(f.c, key)
+		f := (&queueFixture{q: qs[gpu]}).joinAs(t, classSource{asked: prio})
+		qs[gpu].joinGang(f.c, key)
 		return f
 	}
 	bProd := Priority((in[0] / 3) % 2)

@@ -272,3 +272,20 @@ func TestSessionOfReadsTheStatLine(t *testing.T) {
 		t.Errorf("sessionOf(self) = %d, %v", sid, ok)
 	}
 }
+
+// Clients of one owner on one GPU are no gang: they reserve nothing beyond their own GPU.
+func TestOneGPUOwnerIsNoGang(t *testing.T) {
+	e := startGangEnv(t, 2, false)
+	a, b := e.dial(0, 100, PriorityNormal), e.dial(0, 101, PriorityNormal)
+	s1 := e.dial(1, 2000, PriorityNormal)
+	a.hold()
+	s1.hold() // GPU 1 is free: nothing reserves it
+	b.send(Message{Type: MsgAcquire})
+	e.waits(0, b) // behind a, as on any GPU
+	if g := e.state(0, a).Gang; g != "" {
+		t.Errorf("snapshot gang of a one-GPU owner = %q, want none", g)
+	}
+	if n := gaugeValue(t, e.m.gangs); n != 0 {
+		t.Errorf("gangs = %v, want 0", n)
+	}
+}

@@ -23,12 +23,14 @@ func podResolver(mgr ctrl.Manager, o Options) *podpid.Resolver {
 }
 
 // shimGuards completes o.ShimGuards with what the agent knows about a client beyond its word: its pod
-// (from its cgroup), which sets its connection allowance and whose priority decides its class
-// (production or opportunistic, against the GPU's threshold), and the memory NVML sees it use. Without
-// a resolver (the demo) the hello's priority is trusted and peers are processes.
+// (from its cgroup), which sets its connection allowance, makes its clients on several GPUs one gang
+// and whose priority decides its class (production or opportunistic, against the GPU's threshold), and
+// the memory NVML sees it use. Without a resolver (the demo) the hello's priority is trusted, peers are
+// processes and there are no gangs (the standalone scheduler's sessions mean nothing in an agent).
 func shimGuards(o Options, r *podpid.Resolver) scheduler.Guards {
 	g := o.ShimGuards
 	g.ProcessMemory = scheduler.ProcessMemoryFrom(o.GPU)
+	g.GangKey = func(int32) string { return "" }
 	if r == nil {
 		return g
 	}
@@ -38,6 +40,8 @@ func shimGuards(o Options, r *podpid.Resolver) scheduler.Guards {
 		}
 		return ""
 	}
+	// A pod's clients on several GPUs are one gang (scheduler/gang.go); a process in no pod is in none.
+	g.GangKey = g.PeerKey
 	g.PodPriority = podPriority(r)
 	return g
 }

@@ -60,7 +60,11 @@ func TestShimClientPriorityComesFromItsPod(t *testing.T) {
 	if k := g.PeerKey(50); k == "" || k == g.PeerKey(51) {
 		t.Errorf("peer keys of two pods: %q and %q", k, g.PeerKey(51))
 	}
-	if demo := shimGuards(Options{GPU: gpu.Null{}}, nil); demo.PodPriority != nil || demo.ProcessMemory == nil {
-		t.Error("without a resolver: want the hello trusted and NVML still checked")
+	if g.GangKey(50) != g.PeerKey(50) || g.GangKey(52) != "" {
+		t.Errorf("gang keys %q (pod) and %q (no pod), want the pod's peer key and none", g.GangKey(50), g.GangKey(52))
+	}
+	if demo := shimGuards(Options{GPU: gpu.Null{}}, nil); demo.PodPriority != nil || demo.ProcessMemory == nil ||
+		demo.GangKey == nil || demo.GangKey(int32(os.Getpid())) != "" {
+		t.Error("without a resolver: want the hello trusted, NVML still checked and no gangs")
 	}
 }

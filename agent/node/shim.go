@@ -39,7 +39,8 @@ const (
 
 // ShimSchedulers runs the shim's lock scheduler (agent/scheduler) of each GPU whose desired sharing has
 // oversubscription, one Scheduler per GPU on hostpath.SchedulerSocket(Root, uuid), the socket the device
-// plugin names in GPUSHARE_SOCKET. A nil *ShimSchedulers runs none.
+// plugin names in GPUSHARE_SOCKET. The GPUs' Schedulers share one scheduler.Gangs, so that a pod's
+// clients on several GPUs take their turns together (scheduler/gang.go). A nil *ShimSchedulers runs none.
 type ShimSchedulers struct {
 	// Root holds one directory per GPU with its socket.
 	Root string
@@ -64,6 +65,7 @@ type ShimSchedulers struct {
 
 	mu    sync.Mutex
 	byGPU map[string]*scheduler.Scheduler
+	gangs *scheduler.Gangs // the node's, shared by every GPU's Scheduler
 }
 
 // ShimState is one GPU's scheduler as observed: its settings in force and its clients.
@@ -188,8 +190,11 @@ func (s *ShimSchedulers) Ensure(ctx context.Context, dev gpu.Device, o v1alpha1.
 	if err := os.MkdirAll(hostpath.SchedulerDir(s.Root, dev.UUID), 0o755); err != nil {
 		return fmt.Errorf("creating the shim scheduler directory of GPU %s: %w", dev.UUID, err)
 	}
+	if s.gangs == nil {
+		s.gangs = scheduler.NewGangs()
+	}
 	sch, err := scheduler.New(scheduler.Options{GPUs: []scheduler.GPUConfig{cfg}, Metrics: s.Metrics, Clock: s.Clock,
-		OnClientsChange: func(string) { s.notify() }, Guards: s.Guards})
+		OnClientsChange: func(string) { s.notify() }, Guards: s.Guards, Gangs: s.gangs})
 	if err != nil {
 		return err
 	}

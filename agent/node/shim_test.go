@@ -339,3 +339,38 @@ func TestProductionClassesReconfigureTheSchedulerInPlace(t *testing.T) {
 		t.Errorf("after qos left: applied.qos %+v, client %+v; want neither classed", g.Applied.QoS, shimOf(t, n).Clients[0])
 	}
 }
+
+// The GPUs' schedulers share one gang coordinator: one pod's clients on two GPUs, each connected to its
+// GPU's scheduler, are one gang.
+func TestGPUsSchedulersShareTheirGangs(t *testing.T) {
+	root, err := os.MkdirTemp("", "s") // short: a socket path must fit in 108 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	pod := int32(os.Getpid()) // every client of this test runs in its process
+	s := &ShimSchedulers{Root: root, Reserve: DefaultOversubReserve, Guards: scheduler.Guards{
+		GangKey: func(pid int32) string {
+			if pid == pod {
+				return "pod:uid"
+			}
+			return ""
+		}}}
+	o := *oversubscribed(time.Second, "").Oversubscription
+	for _, uuid := range []string{"GPU-a", "GPU-b"} {
+		if err := s.Ensure(t.Context(), gpu.Device{UUID: uuid}, o, nil); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Stop(t.Context(), uuid) })
+	}
+	a := shimclient.Dial(t, hostpath.SchedulerSocket(root, "GPU-a"), "GPU-a")
+	shimclient.Dial(t, hostpath.SchedulerSocket(root, "GPU-b"), "GPU-b")
+	a.Send(scheduler.Message{Type: scheduler.MsgAcquire})
+	a.Expect(scheduler.MsgGrant)
+	for _, uuid := range []string{"GPU-a", "GPU-b"} {
+		st, ok := s.State(uuid)
+		if !ok || len(st.Clients) != 1 || st.Clients[0].Gang != "pod:uid" {
+			t.Errorf("GPU %s clients %+v, want one of gang pod:uid", uuid, st.Clients)
+		}
+	}
+}

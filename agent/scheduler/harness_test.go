@@ -335,7 +335,8 @@ type rawClient struct {
 	conn net.Conn
 	in   chan Message
 	// ledger is the Ledger that follows the Welcome of a version 6 client (ledger.go).
-	ledger Message
+	ledger  Message
+	welcome Message
 }
 
 func dialRaw(t *testing.T, sock string, prio Priority) *rawClient {
@@ -346,13 +347,21 @@ func dialRaw(t *testing.T, sock string, prio Priority) *rawClient {
 // dialRawVersion is dialRaw speaking protocol version v (0: the current one).
 func dialRawVersion(t *testing.T, sock string, prio Priority, v uint16) *rawClient {
 	t.Helper()
+	return dialHello(t, sock, Message{Type: MsgHello, Version: v, PID: uint32(os.Getpid()), Priority: prio, GPUUUID: "GPU-test"})
+}
+
+// dialHello connects to sock and says hello, then waits for the Welcome (and the Ledger that follows
+// it for version 6 on).
+func dialHello(t *testing.T, sock string, hello Message) *rawClient {
+	t.Helper()
+	v := hello.Version
 	conn, err := net.Dial("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
 	r := &rawClient{t: t, conn: conn, in: make(chan Message, 64)}
-	r.send(Message{Type: MsgHello, Version: v, PID: uint32(os.Getpid()), Priority: prio, GPUUUID: "GPU-test"})
+	r.send(hello)
 	go func() {
 		defer close(r.in)
 		for {
@@ -363,7 +372,7 @@ func dialRawVersion(t *testing.T, sock string, prio Priority, v uint16) *rawClie
 			r.in <- m
 		}
 	}()
-	r.expect(MsgWelcome, time.Second)
+	r.welcome = r.expect(MsgWelcome, time.Second)
 	if v == 0 || v >= 6 {
 		r.ledger = r.expect(MsgLedger, time.Second)
 	}

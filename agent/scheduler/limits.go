@@ -68,6 +68,9 @@ type Guards struct {
 	MaxConnsPerPeer int
 	// PeerKey names the peer a pid belongs to (the agent: its pod's UID); "" or nil: the pid itself.
 	PeerKey func(pid int32) string
+	// GangKey names the owner of the client pid whose clients on several GPUs form a gang (gang.go; the
+	// agent: its pod's UID; "": none). Nil: its session (/proc/<pid>/stat), for the standalone scheduler.
+	GangKey GangKey
 	// EvictTimeout bounds how long a client may take to answer an EVICT before it is dropped
 	// (DefaultEvictTimeout).
 	EvictTimeout time.Duration

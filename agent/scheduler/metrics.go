@@ -39,6 +39,10 @@ type Metrics struct {
 	refused      *prometheus.CounterVec
 	dropped      *prometheus.CounterVec
 	underReports *prometheus.CounterVec
+	// gangs, gangTurns and gangWait are the gangs' (gang.go), by gang key, dropped when a gang dissolves.
+	gangs     prometheus.Gauge
+	gangTurns *prometheus.CounterVec
+	gangWait  *prometheus.CounterVec
 
 	mu     sync.Mutex
 	scheds map[*Scheduler]struct{}
@@ -77,6 +81,18 @@ func newMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "gpusharing_scheduler_clients",
 			Help: "Connected shim clients, per GPU.",
 		}, []string{"gpu"}),
+		gangs: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "gpusharing_scheduler_gangs",
+			Help: "Gangs formed: owners (a pod, or a session on the standalone scheduler) with shim clients on two or more GPUs.",
+		}),
+		gangTurns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpusharing_scheduler_gang_turns_total",
+			Help: "Turns a gang took on all its GPUs at once, by gang and how the turn ended (idle, quantum, preempted, member_left, member_joined).",
+		}, []string{"gang", "end"}),
+		gangWait: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpusharing_scheduler_gang_wait_seconds_total",
+			Help: "Time a gang waited from its first member's request to its turn's start, summed over its turns, by gang.",
+		}, []string{"gang"}),
 		scheds: map[*Scheduler]struct{}{},
 	}
 	m.refused, m.dropped, m.underReports = newGuardMetrics()
@@ -86,7 +102,7 @@ func newMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	// The per-client memory series are read from the schedulers' snapshots at each scrape, so a
 	// client's series vanish when it leaves. The memory collector goes first, so NewMetrics can tell
 	// series another agent of the process registered.
-	for _, c := range []prometheus.Collector{&memCollector{m: m}, &ledgerCollector{m: m}, m.wait, m.hold, m.handoffs, m.revocations, m.preemptions, m.evictions, m.clients, m.refused, m.dropped, m.underReports} {
+	for _, c := range []prometheus.Collector{&memCollector{m: m}, &ledgerCollector{m: m}, m.wait, m.hold, m.handoffs, m.revocations, m.preemptions, m.evictions, m.clients, m.refused, m.dropped, m.underReports, m.gangs, m.gangTurns, m.gangWait} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -177,6 +193,12 @@ func (c *memCollector) collect(s *Scheduler, ch chan<- prometheus.Metric) {
 				append(l[:3:3], cs.PacingState.String())...)
 		}
 	}
+}
+
+// forgetGang drops a dissolved gang's series.
+func (m *Metrics) forgetGang(key string) {
+	m.gangTurns.DeletePartialMatch(prometheus.Labels{"gang": key})
+	m.gangWait.DeleteLabelValues(key)
 }
 
 func itoa(v uint64) string {

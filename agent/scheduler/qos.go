@@ -64,18 +64,22 @@ func (q *queue) preemptLocked() {
 		return
 	}
 	for _, h := range slices.Clone(q.holders) {
-		if h.priority != PriorityNormal {
-			continue
+		if h.priority == PriorityNormal {
+			q.preemptHolderLocked(h)
 		}
-		h.preemptions++
-		q.preemptions.Inc()
-		// V(1): production takes the GPU every time it comes back from an idle gap.
-		q.log.V(1).Info("Preempting opportunistic holder for a production client", "client", h.id, "pid", h.pid,
-			"held", q.clock.Now().Sub(h.grantedAt))
-		q.sendLocked(h, Message{Type: MsgRevoked, Epoch: h.epoch})
-		q.endHoldLocked(h)
-		q.keepTurnLocked(h)
 	}
+}
+
+// preemptHolderLocked revokes the opportunistic holder h at once for production; it keeps its turn.
+func (q *queue) preemptHolderLocked(h *client) {
+	h.preemptions++
+	q.preemptions.Inc()
+	// V(1): production takes the GPU every time it comes back from an idle gap.
+	q.log.V(1).Info("Preempting opportunistic holder for a production client", "client", h.id, "pid", h.pid,
+		"held", q.clock.Now().Sub(h.grantedAt))
+	q.sendLocked(h, Message{Type: MsgRevoked, Epoch: h.epoch})
+	q.endHoldLocked(h)
+	q.keepTurnLocked(h)
 }
 
 // mayEvictFor: o's memory may be evicted for forc. Production memory is never evicted for an

@@ -51,7 +51,9 @@ type queue struct {
 	droppedEvict prometheus.Counter
 	evictTimeout time.Duration
 
-	mu       sync.Mutex
+	// mu is its Gangs' lock, shared by the GPUs a gang may span (gang.go).
+	mu       *sync.Mutex
+	gangs    *Gangs
 	nextID   uint32
 	epoch    uint32
 	clients  map[uint32]*client
@@ -133,6 +135,12 @@ type client struct {
 	evictions         uint64
 	reported          Message // last Usage
 	rejoined          bool    // sent its Rejoin (rebuild.go)
+
+	// gang is its key's clients (gang.go; nil: its pod or session is unknown), gpu its queue, arrival
+	// the order of its last request among every coordinated GPU's requests and gang tickets.
+	gang    *gang
+	gpu     *queue
+	arrival uint64
 }
 
 func newQueue(cfg GPUConfig, clock Clock, m *Metrics, log logr.Logger) *queue {
@@ -154,9 +162,18 @@ func newQueue(cfg GPUConfig, clock Clock, m *Metrics, log logr.Logger) *queue {
 		clientGauge: m.clients.WithLabelValues(cfg.UUID),
 		clients:     map[uint32]*client{},
 	}
+	q.useGangs(NewGangs(), clock, m)
 	q.setClassConfigLocked(cfg)
 	q.droppedEvict = m.dropped.WithLabelValues(cfg.UUID, DropEvictTimeout)
 	return q
+}
+
+// useGangs puts q under co, whose lock it then takes.
+func (q *queue) useGangs(co *Gangs, clock Clock, m *Metrics) {
+	if co.clock == nil {
+		co.clock, co.metrics = clock, m
+	}
+	q.gangs, q.mu = co, &co.mu
 }
 
 // setClassConfigLocked takes the production threshold and the pacing depth of cfg.
@@ -184,7 +201,7 @@ func (q *queue) join(pid int32, src classSource, version uint16, send func([]byt
 	defer q.mu.Unlock()
 	q.nextID++
 	c := &client{id: q.nextID, pid: pid, priority: q.classLocked(src), class: src, version: version, send: send,
-		drop: drop, connectedAt: q.clock.Now()}
+		drop: drop, connectedAt: q.clock.Now(), gpu: q}
 	if src.fromPod && src.asked == PriorityHigh && c.priority != PriorityHigh {
 		q.log.V(1).Info("Shim client asked for high priority; its pod makes it opportunistic", "client", c.id,
 			"pid", pid, "podPriority", src.value, "podKnown", src.known, "productionPriority", thresholdValue(q.production))
@@ -220,6 +237,7 @@ func (q *queue) leaveLocked(c *client) {
 	q.setReservationLocked(c, 0)
 	c.evictPending = false
 	q.stopEvictDeadlineLocked(c)
+	q.gangs.leaveLocked(c)
 	q.termsLocked()
 	q.dispatchLocked(nil)
 }
@@ -241,6 +259,7 @@ func (q *queue) acquire(c *client, need uint64) {
 	}
 	c.need = need
 	c.waitingSince = q.clock.Now()
+	c.arrival = q.gangs.nextSeqLocked()
 	if q.setStateLocked(c, stateWaiting) != nil {
 		return
 	}
@@ -439,13 +458,24 @@ func (q *queue) evictLocked(amount uint64, forc *client) bool {
 	return true
 }
 
-// dispatchLocked grants what can be granted: opportunistic holders make way
+// dispatchLocked grants what can be granted on q and, where gangs are formed, on every GPU their
+// decisions touch (Gangs.settleLocked).
+func (q *queue) dispatchLocked(acquirer *client) {
+	if q.gangs.active() || len(q.gangs.dirty) > 0 {
+		q.gangs.settleLocked(q, acquirer)
+		return
+	}
+	q.dispatchQueueLocked(acquirer)
+}
+
+// dispatchQueueLocked grants what can be granted: opportunistic holders make way
 // for production at once (preemptLocked), then holders' memory requests go
 // first, then waiters in order (production first, FIFO within a class). When
 // the head waiter cannot run because of the holders, they are told
 // (CONTENDED) and will yield after their quantum, except production holders
-// to an opportunistic waiter: it waits for their release.
-func (q *queue) dispatchLocked(acquirer *client) {
+// to an opportunistic waiter: it waits for their release. Where gangs are
+// formed, the head is Gangs.headLocked's.
+func (q *queue) dispatchQueueLocked(acquirer *client) {
 	q.termsLocked() // a client that just asked is busy: its class's terms go out before a preemption
 	q.preemptLocked()
 	defer q.armTermsLocked() // the holds that end here count as busy for a while
@@ -458,6 +488,9 @@ func (q *queue) dispatchLocked(acquirer *client) {
 	}
 	for {
 		head := q.headLocked()
+		if q.gangs.active() {
+			head = q.gangs.headLocked(q)
+		}
 		if head == nil || q.rebuildingLocked() {
 			return
 		}
@@ -468,7 +501,7 @@ func (q *queue) dispatchLocked(acquirer *client) {
 			q.contendLocked()
 			return
 		}
-		if q.exclusive() && q.turnKeptLocked(head) {
+		if q.exclusive() && gangOf(head) == nil && q.turnKeptLocked(head) {
 			return // granted when the preempted client asks again, or its turn ends (turn.go)
 		}
 		if q.budget > 0 {
@@ -548,24 +581,29 @@ func (q *queue) grantLocked(c *client, handoff, filling bool) bool {
 // contendLocked tells every holder someone waits (once per hold) and arms its revocation.
 func (q *queue) contendLocked() {
 	for _, h := range q.holders {
-		if !h.contendedSent {
-			h.contendedSent = true
-			q.sendLocked(h, Message{Type: MsgContended, Epoch: h.epoch, Waiters: uint32(q.nWaitingLocked())})
+		q.contendHolderLocked(h)
+	}
+}
+
+// contendHolderLocked tells h someone waits (once per hold) and arms its revocation.
+func (q *queue) contendHolderLocked(h *client) {
+	if !h.contendedSent {
+		h.contendedSent = true
+		q.sendLocked(h, Message{Type: MsgContended, Epoch: h.epoch, Waiters: uint32(q.nWaitingLocked())})
+	}
+	if h.revokeTimer == nil {
+		// The holder may keep its quantum, and always gets the grace period
+		// after learning that someone waits, to drain its GPU work and release.
+		// A budget holder still swapping in counts from its grant (restartHoldLocked), one
+		// resuming a preempted turn from that turn's start.
+		epoch := h.epoch
+		now := q.clock.Now()
+		start := h.turnStart.Add(q.quantum)
+		if now.After(start) {
+			start = now
 		}
-		if h.revokeTimer == nil {
-			// The holder may keep its quantum, and always gets the grace period
-			// after learning that someone waits, to drain its GPU work and release.
-			// A budget holder still swapping in counts from its grant (restartHoldLocked), one
-			// resuming a preempted turn from that turn's start.
-			h, epoch := h, h.epoch
-			now := q.clock.Now()
-			start := h.turnStart.Add(q.quantum)
-			if now.After(start) {
-				start = now
-			}
-			d := start.Add(q.grace).Sub(now)
-			h.revokeTimer = q.clock.AfterFunc(d, func() { q.revokeIfOverdue(h, epoch) })
-		}
+		d := start.Add(q.grace).Sub(now)
+		h.revokeTimer = q.clock.AfterFunc(d, func() { q.revokeIfOverdue(h, epoch) })
 	}
 }
 
@@ -576,7 +614,10 @@ func (q *queue) revokeIfOverdue(c *client, epoch uint32) {
 		return // released in time; the timer lost the race
 	}
 	c.revokeTimer = nil
-	if q.nWaitingLocked() == 0 || (c.priority == PriorityHigh && len(q.waiting[PriorityHigh]) == 0) {
+	// A gang that reserved the GPU waits for c to go, as a waiter would (an opportunistic gang never
+	// reserves a GPU production holds).
+	claim := q.gangs.claimantLocked(q)
+	if (claim == nil || (!claim.production() && c.priority == PriorityHigh)) && (q.nWaitingLocked() == 0 || (c.priority == PriorityHigh && len(q.waiting[PriorityHigh]) == 0)) {
 		// Nobody to hand to (an opportunistic waiter does not make production yield; a holder that
 		// became production since the contention keeps holding): re-armed when someone waits.
 		return
@@ -681,6 +722,9 @@ func (q *queue) snapshot() []ClientState {
 			LaunchBound:   c.paceInForce,
 			PacingState:   c.pacingState,
 			Pings:         c.pings,
+		}
+		if g := gangOf(c); g != nil {
+			s.Gang = g.key
 		}
 		if s.Holding {
 			s.HoldTime += now.Sub(c.grantedAt)

@@ -79,6 +79,9 @@ type Options struct {
 	// EnvOverrides lets the clients' environments loosen their pacing and waits (GPUSHARE_PACE_OVERRIDE
 	// and its siblings; Policy, liveness.go): for benchmarks on the standalone scheduler, never for pods.
 	EnvOverrides bool
+	// Gangs, when set, coordinates this Scheduler's GPUs with other Schedulers' (the agent runs one per
+	// GPU): a gang spans the GPUs of the Schedulers that share it (gang.go). Nil: a Gangs of its own.
+	Gangs *Gangs
 	// Guards limit what one client may take and check what it claims (limits.go).
 	Guards
 }
@@ -118,6 +121,8 @@ type ClientState struct {
 	PacingState PacingState
 	// Pings counts the liveness questions of a waiting client the scheduler answered.
 	Pings uint64
+	// Gang names its gang (its pod or session; gang.go) while it has peers on other GPUs, else "".
+	Gang string
 }
 
 // GPUState is one GPU's memory account.
@@ -161,6 +166,9 @@ type Scheduler struct {
 	books     sync.Map // *queue -> *ledgerBook, its claim ledgers (ledger.go)
 	// peerPIDOf is peerPID; tests stand in a kernel that gives no pid.
 	peerPIDOf func(net.Conn) int32
+	// gangKeyOf names the gang of the client whose kernel pid is kpid (Options.GangKey); tests name
+	// gangs of clients that all run in the test's process from their hellos.
+	gangKeyOf func(kpid int32, hello Message) string
 }
 
 // New validates the options and registers the metrics.
@@ -189,6 +197,11 @@ func New(opts Options) (*Scheduler, error) {
 		}
 	}
 	s := &Scheduler{opts: opts, metrics: m, conns: map[net.Conn]struct{}{}, peerPIDOf: peerPID}
+	s.gangKeyOf = func(kpid int32, _ Message) string { return s.gangKey(kpid) }
+	co := opts.Gangs
+	if co == nil {
+		co = NewGangs()
+	}
 	seen := map[string]bool{}
 	for _, g := range opts.GPUs {
 		if g.UUID == "" || g.SocketPath == "" {
@@ -206,6 +219,7 @@ func New(opts Options) (*Scheduler, error) {
 		q := newQueue(g, opts.Clock, m, logr.Discard())
 		q.evictTimeout = opts.EvictTimeout
 		q.envOverrides = opts.EnvOverrides
+		q.useGangs(co, opts.Clock, m)
 		s.queues = append(s.queues, q)
 	}
 	m.attach(s)
@@ -488,7 +502,9 @@ func (s *Scheduler) serveConn(conn net.Conn, q *queue) {
 	lm, send := s.ledgerJoin(q, kpid, hello.Version, send, drop)
 	defer s.book(q).leave(lm)
 	c := q.join(pid, src, hello.Version, send, drop)
-	log.V(1).Info("Shim client connected", "client", c.id, "pid", pid, "class", q.className(c))
+	gang := s.gangKeyOf(kpid, hello)
+	q.joinGang(c, gang)
+	log.V(1).Info("Shim client connected", "client", c.id, "pid", pid, "class", q.className(c), "gang", gang)
 	s.clientsChanged(q.uuid)
 	if src.fromPod && !src.known && kpid != 0 {
 		s.wg.Add(1)

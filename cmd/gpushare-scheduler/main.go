@@ -115,6 +115,8 @@ func run() error {
 		"bytes charged to a claim ledger per process for its CUDA context")
 	envOverrides := flag.Bool("env-overrides", true,
 		"let the clients' environments loosen their pacing and waits (GPUSHARE_PACE_OVERRIDE, GPUSHARE_PACE_FULL_US, GPUSHARE_PACE_WAIT_MAX_MS, GPUSHARE_WAIT_TIMEOUT_MS, GPUSHARE_MEMREPLY_TIMEOUT_MS: for measuring; the agent never allows it)")
+	gangs := flag.Bool("gangs", true,
+		"clients of one session (a job started under setsid) on several GPUs take their turns on all of them at once (a gang); false: each GPU alone")
 	flag.Parse()
 	if *oppQueue == 0 || *oppQueue > math.MaxUint32 {
 		// 0 would read as "unbounded", which PACE 0 means; the configuration takes it as the default.
@@ -143,6 +145,9 @@ func run() error {
 		*rebuild = -1 // Options: negative is none
 	}
 	guards := scheduler.Guards{ContextReserve: *ctxReserve}
+	if !*gangs {
+		guards.GangKey = func(int32) string { return "" }
+	}
 	if *claimMem > 0 {
 		guards.ClaimOf = func(gpu string, _ int32) (scheduler.Claim, bool) {
 			return scheduler.Claim{Key: "claim", Memory: *claimMem}, true
@@ -166,9 +171,9 @@ func run() error {
 	}
 	<-ctx.Done()
 	for _, c := range s.Snapshot() {
-		fmt.Fprintf(os.Stderr, "client gpu=%s id=%d pid=%d priority=%s holding=%t waits=%d wait=%s hold=%s grants=%d revocations=%d preemptions=%d launch_bound=%d pacing=%s\n",
+		fmt.Fprintf(os.Stderr, "client gpu=%s id=%d pid=%d priority=%s holding=%t waits=%d wait=%s hold=%s grants=%d revocations=%d preemptions=%d launch_bound=%d pacing=%s gang=%q\n",
 			c.GPU, c.ID, c.PID, c.Priority, c.Holding, c.Waits, c.WaitTime, c.HoldTime, c.Grants, c.Revocations, c.Preemptions,
-			c.LaunchBound, c.PacingState)
+			c.LaunchBound, c.PacingState, c.Gang)
 	}
 	for _, g := range s.GPUs() {
 		if g.Budget > 0 {
@@ -187,16 +192,17 @@ func printCounters(reg *prometheus.Registry) error {
 	}
 	for _, mf := range mfs {
 		for _, m := range mf.GetMetric() {
-			gpu := ""
+			var labels []string
 			for _, l := range m.GetLabel() {
-				gpu = l.GetValue()
+				labels = append(labels, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
 			}
+			series := mf.GetName() + "{" + strings.Join(labels, ",") + "}"
 			switch {
 			case m.GetCounter() != nil:
-				fmt.Fprintf(os.Stderr, "%s{gpu=%q} %g\n", mf.GetName(), gpu, m.GetCounter().GetValue())
+				fmt.Fprintf(os.Stderr, "%s %g\n", series, m.GetCounter().GetValue())
 			case m.GetHistogram() != nil:
 				h := m.GetHistogram()
-				fmt.Fprintf(os.Stderr, "%s{gpu=%q} count=%d sum=%gs\n", mf.GetName(), gpu, h.GetSampleCount(), h.GetSampleSum())
+				fmt.Fprintf(os.Stderr, "%s count=%d sum=%gs\n", series, h.GetSampleCount(), h.GetSampleSum())
 			}
 		}
 	}

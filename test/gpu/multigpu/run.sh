@@ -2,9 +2,11 @@
 # Two data-parallel jobs (allreduce.py: two processes each, one per GPU, a matmul then an NCCL
 # all-reduce per step) across the same two GPUs: each alone, the two in series, the two at once, and
 # with SHIM=1 the two at once under the shim (LD_PRELOAD, one scheduler socket per GPU, the per-GPU
-# variables as docs/deviceplugin.md's multi-GPU contract writes them). Prints each job's time against
-# alone and against the series, and checks every result bit-identical to the job's run alone. Each run
-# is bounded by RUN_TIMEOUT: a deadlock shows as a timeout, never as a hang.
+# variables as docs/deviceplugin.md's multi-GPU contract writes them). Every job runs in a session of
+# its own (setsid), so under the standalone scheduler each job's clients on the two GPUs are one gang
+# (docs/qos.md, Gangs): the SHIM=1 run fails unless the scheduler formed two gangs. Prints each job's
+# time against alone and against the series, and checks every result bit-identical to the job's run
+# alone. Each run is bounded by RUN_TIMEOUT: a deadlock shows as a timeout, never as a hang.
 #   test/gpu/multigpu/run.sh                 (repository root; two GPUs; logs in $OUT, default /tmp/gpu-multigpu-out)
 #   SHIM=1 test/gpu/multigpu/run.sh          (also under the shim; needs shim/build/libgpushare.so and
 #                                             shim/build/gpushare-scheduler: go build -o shim/build/gpushare-scheduler ./cmd/gpushare-scheduler)
@@ -36,12 +38,14 @@ python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.versio
 [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { echo "FAIL: needs two GPUs"; exit 1; }
 fails=0
 
-# job NAME SEED PORT MODE: runs one job in the background, its output in $OUT/MODE-NAME.log.
+# job NAME SEED PORT MODE: runs one job, its output in $OUT/MODE-NAME.log, in a session of its own:
+# setsid -w waits for it and returns its status (timeout's 124 included); timeout, the session's
+# leader, signals the whole job (its process group) when it runs past RUN_TIMEOUT.
 job() {
     local name=$1 seed=$2 port=$3 mode=$4
     local envs=()
     [ "$mode" = shim ] && envs=("${SHIM_ENV[@]}")
-    env "${envs[@]}" timeout "$RUN_TIMEOUT" python3 "$PY" --job "$name" --seed "$seed" --port "$port" \
+    env "${envs[@]}" setsid -w timeout "$RUN_TIMEOUT" python3 "$PY" --job "$name" --seed "$seed" --port "$port" \
         --steps "$STEPS" --size "$SIZE" --elems "$ELEMS" >"$OUT/$mode-$name.log" 2>&1
 }
 # field MODE NAME KEY: the slower rank's seconds, or rank 0's digest, from a job's output.
@@ -84,7 +88,8 @@ if [ "$SHIM" = 1 ]; then
     [ -x "$BUILD/gpushare-scheduler" ] || { echo "FAIL: missing $BUILD/gpushare-scheduler"; exit 1; }
     mapfile -t UUIDS < <(nvidia-smi --query-gpu=uuid --format=csv,noheader -i "$CUDA_VISIBLE_DEVICES" | tr -d ' ')
     SOCK_DIR=$(mktemp -d)
-    "$BUILD/gpushare-scheduler" --socket-dir "$SOCK_DIR" --gpu "${UUIDS[0]}:$QUANTUM" --gpu "${UUIDS[1]}:$QUANTUM" -v 1 2>"$OUT/scheduler.log" &
+    # One scheduler for both GPUs: its gangs span them (a job's clients of one session, --gangs).
+    "$BUILD/gpushare-scheduler" --socket-dir "$SOCK_DIR" --gpu "${UUIDS[0]}:$QUANTUM" --gpu "${UUIDS[1]}:$QUANTUM" --gangs -v 1 2>"$OUT/scheduler.log" &
     SPID=$!
     trap 'kill $SPID 2>/dev/null' EXIT
     for _ in $(seq 100); do [ -S "$SOCK_DIR/${UUIDS[1]}.sock" ] && break; sleep 0.05; done
@@ -95,6 +100,13 @@ if [ "$SHIM" = 1 ]; then
     echo "== concurrent under the shim"
     run shim a b
     MODES+=(shim)
+    # The scheduler logs each gang as it forms and, as its last member leaves, its turns and waits.
+    kill -INT "$SPID"; wait "$SPID"
+    echo "== gangs (scheduler.log)"
+    grep -h 'Gang formed\|Gang dissolved' "$OUT/scheduler.log"
+    gangs=$(grep -c 'Gang formed' "$OUT/scheduler.log")
+    if [ "$gangs" -ge 2 ]; then echo "PASS shim: $gangs gangs formed (one per job)"; else
+        echo "FAIL shim: $gangs gangs formed, want one per job (2)"; fails=$((fails + 1)); fi
 fi
 
 echo "== results (seconds of the slower rank, first step excluded)"

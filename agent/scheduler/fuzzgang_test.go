@@ -1,0 +1,194 @@
+package scheduler
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// FuzzGangs drives three GPUs sharing one Gangs with any sequence of client actions (join on a GPU
+// with a gang key or none, as production or opportunistic; acquire, release, report its memory in,
+// answer an eviction, leave; time passing) and checks after each: every queue's invariants (as
+// FuzzQueue's: each client's fields agree with its state, no refused move, at most one holder on an
+// exclusive GPU), that a GPU is reserved only for a gang whose turn is claimed or running, on all of
+// its GPUs; that a GPU reserved for a running gang is held by its members only, so no GPU is held by
+// two gangs; and that no gang member, in its gang's turn or holding from before its gang formed, holds
+// a GPU another gang's member waits for (of its class or above) past its quantum plus grace, counted
+// from its turn's start, or from the wait's start when later.
+//
+// The first byte picks the memory mode ((its value % 3): none, a budget of 64 MiB one holder at a
+// time, or the same with holders sharing it) and whether gang "b" joins as production ((its value /
+// 3) % 2). Slots 0-1 start as gang "a" on GPUs 0 and 1, 2-3 as gang "b" on GPUs 1 and 0 (crossing),
+// 4 as "c" on GPU 2 and 5 with no gang on GPU 2. Each step is three bytes: op, slot, arg. Ops 0-1
+// acquire arg % 48 MiB; 2 release; 3 a report with its memory in; 4 an eviction answered; 5 leave;
+// 6 join a free slot on GPU arg % 3 with key "", "a", "b" or "c" ((arg / 3) % 4), production when
+// (arg / 12) % 2 is 1; 7 time passing, arg * 5 ms.
+func FuzzGangs(f *testing.F) {
+	// crossing gangs: a runs on GPUs 0 and 1, b waits until a's quantum and grace, then runs
+	f.Add([]byte{0, 0, 0, 0, 0, 2, 0, 0, 1, 0, 0, 3, 0, 7, 0, 30, 2, 2, 0, 2, 3, 0, 7, 0, 30})
+	// a production gang b preempts a on both GPUs; a member of b leaves
+	f.Add([]byte{3, 0, 0, 0, 0, 1, 0, 0, 2, 0, 0, 3, 0, 5, 2, 0, 7, 0, 40, 0, 0, 0})
+	// a single client asks for a GPU reserved for a's turn
+	f.Add([]byte{0, 5, 5, 0, 6, 5, 1, 0, 0, 0, 0, 5, 0, 7, 0, 40, 0, 1, 0})
+	// gang a forms around a holder on a budget; b claims its GPU and waits for the holder to go
+	f.Add([]byte{1, 5, 1, 0, 0, 0, 20, 6, 1, 4, 0, 3, 20, 3, 3, 0, 7, 0, 50, 0, 2, 20, 3, 2, 0})
+	// holders sharing a budget: a fills in, b claims after it
+	f.Add([]byte{2, 0, 0, 30, 3, 0, 0, 0, 1, 30, 3, 1, 0, 0, 2, 40, 0, 3, 40, 7, 0, 40, 4, 0, 0, 4, 1, 0, 3, 2, 0, 3, 3, 0})
+	// a member of a running gang joins on a third GPU: the turn ends and the next reserves all three
+	f.Add([]byte("0%20000&2A0"))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		if err := runGangSteps(t, in); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// runGangSteps runs one FuzzGangs input and returns the first broken invariant.
+func runGangSteps(t *testing.T, in []byte) error {
+	if len(in) == 0 {
+		return nil
+	}
+	m, err := newMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := newFakeClock()
+	co := NewGangs()
+	var qs [3]*queue
+	for i := range qs {
+		cfg := GPUConfig{UUID: fmt.Sprintf("GPU-%d", i), Quantum: 100 * time.Millisecond, Grace: 50 * time.Millisecond}
+		if in[0]%3 > 0 {
+			cfg.Budget, cfg.Mode = 64*mib, []Mode{ModeAlways, ModeAuto}[in[0]%3-1]
+		}
+		qs[i] = newQueue(cfg, clock, m, logr.Discard())
+		qs[i].useGangs(co, clock, m)
+		qs[i].evictTimeout = time.Second
+	}
+	join := func(gpu int, key string, prio Priority) *fakeClient {
+		f := (&queueFixture{q: qs[gpu]}).joinAs(t, classSource{asked: prio})
+		qs[gpu].joinGang(f.c, key)
+		return f
+	}
+	bProd := Priority((in[0] / 3) % 2)
+	cs := []*fakeClient{join(0, "a", 0), join(1, "a", 0), join(1, "b", bProd), join(0, "b", bProd), join(2, "c", 0), join(2, "", 0)}
+	in = in[1:]
+	for step := 0; len(in) >= 3; step, in = step+1, in[3:] {
+		op, slot, arg := in[0]%8, int(in[1])%len(cs), uint64(in[2])
+		f := cs[slot]
+		q := f.c.gpu
+		q.mu.Lock()
+		_, joined := q.clients[f.c.id]
+		epoch, res, need, target, raises := f.c.epoch, f.c.reservation, f.c.need, f.c.evictTarget, f.c.raises
+		q.mu.Unlock()
+		switch op {
+		case 0, 1:
+			q.acquire(f.c, (arg%48)*mib)
+		case 2:
+			q.release(f.c, epoch, res)
+		case 3:
+			q.usage(f.c, Message{Type: MsgUsage, Reason: UsageReport, Acks: raises, Need: need, Resident: res})
+		case 4:
+			q.usage(f.c, Message{Type: MsgUsage, Reason: UsageEvicted, Acks: raises, Need: res, Resident: target})
+		case 5:
+			q.leave(f.c)
+		case 6:
+			if !joined {
+				cs[slot] = join(int(arg%3), []string{"", "a", "b", "c"}[(arg/3)%4], Priority((arg/12)%2))
+			}
+		case 7:
+			clock.Advance(time.Duration(arg) * 5 * time.Millisecond)
+		}
+		for _, c := range cs {
+			if c.dropped {
+				c.c.gpu.leave(c.c)
+			}
+		}
+		if err := checkGangInvariants(co, qs[:]); err != nil {
+			return fmt.Errorf("step %d (op %d, slot %d, arg %d): %w", step, op, slot, arg, err)
+		}
+	}
+	return nil
+}
+
+// checkGangInvariants checks every coordinated queue's invariants and the gangs' (FuzzGangs).
+func checkGangInvariants(co *Gangs, qs []*queue) error {
+	co.mu.Lock()
+	defer co.mu.Unlock()
+	now := co.clock.Now()
+	for _, q := range qs {
+		if len(q.violations) > 0 {
+			return fmt.Errorf("GPU %s: %w", q.uuid, errors.Join(q.violations...))
+		}
+		if q.exclusive() && len(q.holders) > 1 {
+			return fmt.Errorf("GPU %s: %d holders on an exclusive GPU", q.uuid, len(q.holders))
+		}
+		for _, c := range q.clients {
+			if err := q.clientInvariantLocked(c); err != nil {
+				return fmt.Errorf("GPU %s: %w", q.uuid, err)
+			}
+		}
+		if g := co.owner[q]; g != nil {
+			switch {
+			case co.byKey[g.key] != g || !g.isGang() || g.state == gangIdle:
+				return fmt.Errorf("GPU %s reserved for gang %s (state %d, formed %v)", q.uuid, g.key, g.state, g.isGang())
+			case g.state == gangRunning:
+				for _, h := range q.holders {
+					if outsider(g, h) {
+						return fmt.Errorf("GPU %s in gang %s's turn held by client %d outside it", q.uuid, g.key, h.id)
+					}
+				}
+			}
+		}
+		if err := gangBoundLocked(co, q, now); err != nil {
+			return err
+		}
+	}
+	for _, g := range co.byKey {
+		if g.state == gangIdle {
+			continue
+		}
+		for _, q := range g.gpus() {
+			if co.owner[q] != g {
+				return fmt.Errorf("gang %s (state %d) does not reserve its GPU %s", g.key, g.state, q.uuid)
+			}
+		}
+	}
+	return nil
+}
+
+// gangBoundLocked: no gang member holds q while another gang's member of its class or above waits for
+// q, past its quantum plus grace from its turn's start (its gang's, in its gang's turn) or from the
+// wait's start.
+func gangBoundLocked(co *Gangs, q *queue, now time.Time) error {
+	for _, h := range q.holders {
+		g := gangOf(h)
+		if g == nil {
+			continue
+		}
+		start, quantum, grace := h.turnStart, q.quantum, q.grace
+		if g.state == gangRunning && co.owner[q] == g {
+			start, quantum, grace = g.turnStart, g.quantum, g.grace
+		}
+		for _, line := range q.waiting {
+			for _, w := range line {
+				o := gangOf(w)
+				if o == nil || o == g || (h.priority == PriorityHigh && w.priority == PriorityNormal) {
+					continue
+				}
+				limit := start.Add(quantum)
+				if w.waitingSince.After(limit) {
+					limit = w.waitingSince
+				}
+				if now.After(limit.Add(grace)) {
+					return fmt.Errorf("GPU %s: client %d of gang %s (state %d) holds it %v past its bound while client %d of gang %s waits",
+						q.uuid, h.id, g.key, g.state, now.Sub(limit.Add(grace)), w.id, o.key)
+				}
+			}
+		}
+	}
+	return nil
+}

@@ -41,5 +41,3 @@ const (
 	EnvShimMemoryLimit        = share.EnvShimMemoryLimit
 )
 
-// ErrShimOnSeveralGPUs is share.ErrShimOnSeveralGPUs, which Allocate returns wrapped.
-var ErrShimOnSeveralGPUs = share.ErrShimOnSeveralGPUs

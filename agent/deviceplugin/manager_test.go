@@ -41,8 +41,8 @@ func socketDir(t *testing.T) string {
 	return dir
 }
 
-func testConfig(dir string) Config {
-	return Config{
+func testConfig(dir string) share.Config {
+	return share.Config{
 		SocketDir:           dir,
 		MPSRoot:             "/host/run/mps",
 		SchedulerRoot:       "/host/run/sched",
@@ -63,7 +63,7 @@ func startKubelet(t *testing.T, dir string) *fakekubelet.Kubelet {
 }
 
 // runManager starts a Manager's kubelet watch for the test's lifetime.
-func runManager(t *testing.T, cfg Config) *Manager {
+func runManager(t *testing.T, cfg share.Config) *Manager {
 	t.Helper()
 	m, err := NewManager(cfg)
 	if err != nil {
@@ -144,8 +144,8 @@ func TestManagerRegistersServesAndAllocatesEveryMode(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if reg.Version != pluginapi.Version || reg.Endpoint != socketName(ResourceName(res)) || !reg.GetOptions().GetGetPreferredAllocationAvailable() || reg.GetOptions().GetPreStartRequired() {
-			t.Errorf("%s: registration %+v: want version %s, endpoint %s, preferred allocation on, pre-start off", res, reg, pluginapi.Version, socketName(ResourceName(res)))
+		if reg.Version != pluginapi.Version || reg.Endpoint != socketName(share.ResourceName(res)) || !reg.GetOptions().GetGetPreferredAllocationAvailable() || reg.GetOptions().GetPreStartRequired() {
+			t.Errorf("%s: registration %+v: want version %s, endpoint %s, preferred allocation on, pre-start off", res, reg, pluginapi.Version, socketName(share.ResourceName(res)))
 		}
 		if err := k.WaitForDevices(ctx, res, want); err != nil {
 			t.Errorf("kubelet's view: %v", err)

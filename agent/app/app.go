@@ -21,7 +21,6 @@ import (
 
 	"github.com/gpusharing/gpusharing/agent/deviceplugin"
 	"github.com/gpusharing/gpusharing/agent/dra"
-	"github.com/gpusharing/gpusharing/agent/drain"
 	"github.com/gpusharing/gpusharing/agent/gpu"
 	"github.com/gpusharing/gpusharing/agent/health"
 	"github.com/gpusharing/gpusharing/agent/mig"
@@ -30,7 +29,9 @@ import (
 	"github.com/gpusharing/gpusharing/agent/podpid"
 	"github.com/gpusharing/gpusharing/agent/runner"
 	"github.com/gpusharing/gpusharing/agent/scheduler"
+	"github.com/gpusharing/gpusharing/agent/share"
 	"github.com/gpusharing/gpusharing/agent/timeslice"
+	"github.com/gpusharing/gpusharing/agent/vacate"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -93,13 +94,13 @@ type Options struct {
 	// DevicePlugin, when set, serves the kubelet device plugin API for the GPUs as their GPUNode status
 	// describes them; nil turns it off (the demo's simulated nodes have no kubelet). Its MPSRoot must be
 	// empty or equal MPSRoot: pods mount the pipe directory the MPS daemons use, both derived from MPSRoot.
-	DevicePlugin *deviceplugin.Config
+	DevicePlugin *share.Config
 	// ResourceSlices publishes the applied sharing as DRA ResourceSlices of driver gpu.gpusharing.io
 	// (docs/dra.md), and makes the drain of a GPU wait for the pods holding ResourceClaims on it.
 	ResourceSlices bool
 	// Shares is how GPUs are cut into shares and which host paths they mount (the device plugin's
 	// configuration) for DRA where DevicePlugin is nil; zero fields take the defaults.
-	Shares deviceplugin.Config
+	Shares share.Config
 	// DRAPlugin, when set, serves the DRA kubelet plugin that prepares the claims allocated from those
 	// slices (CDI specs with what the device plugin's Allocate gives); it needs ResourceSlices.
 	DRAPlugin *dra.PluginConfig
@@ -107,7 +108,7 @@ type Options struct {
 	// of a GPU before a disruptive change (ResourceSlices turns it on too, from the ResourceClaims); with
 	// neither, a disruptive change is applied at once and refused with GPUBusy while processes use the GPU.
 	PodResourcesSocket string
-	// DrainPollInterval is how often a drain looks at the kubelet again (default drain.DefaultPollInterval).
+	// DrainPollInterval is how often a drain looks at the kubelet again (default vacate.DefaultPollInterval).
 	DrainPollInterval time.Duration
 	// DrainBackoff is the first wait before a GPU whose drain failed is drained again for the same
 	// desired sharing; it doubles per failure up to node.DefaultDrainBackoffMax (default node.DefaultDrainBackoff).
@@ -246,7 +247,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 // mpsRoot, the one root the MPS daemons use too, so a pod's mount is the daemon's pipe directory, and its
 // scheduler root from schedulerRoot (when set), the one the agent's shim schedulers listen under, so a
 // pod's GPUSHARE_SOCKET is where its GPU's scheduler is.
-func DevicePluginConfig(cfg deviceplugin.Config, mpsRoot, schedulerRoot string) (deviceplugin.Config, error) {
+func DevicePluginConfig(cfg share.Config, mpsRoot, schedulerRoot string) (share.Config, error) {
 	if cfg.MPSRoot != "" && filepath.Clean(cfg.MPSRoot) != filepath.Clean(mpsRoot) {
 		return cfg, fmt.Errorf("the device plugin's MPS root %q differs from the MPS daemons' %q: pods would mount a pipe directory no daemon uses", cfg.MPSRoot, mpsRoot)
 	}
@@ -350,7 +351,7 @@ func dialPodResources(mgr ctrl.Manager, o Options) (podresourcesv1.PodResourcesL
 	if o.DevicePlugin == nil || o.PodResourcesSocket == "" {
 		return nil, nil
 	}
-	lister, closeLister, err := drain.DialPodResources(o.PodResourcesSocket)
+	lister, closeLister, err := vacate.DialPodResources(o.PodResourcesSocket)
 	if err != nil {
 		return nil, err
 	}
@@ -360,10 +361,10 @@ func dialPodResources(mgr ctrl.Manager, o Options) (podresourcesv1.PodResourcesL
 	return lister, nil
 }
 
-// setupDrain gives r a drainer where something lists a GPU's pods: the kubelet's PodResources for the
+// setupDrain gives r a Vacater where something lists a GPU's pods: the kubelet's PodResources for the
 // device plugin's pods, the ResourceClaims for DRA's.
 func setupDrain(mgr ctrl.Manager, o Options, r *node.Reconciler, podResources podresourcesv1.PodResourcesListerClient) error {
-	d := &drain.Drainer{Pods: mgr.GetAPIReader(), NodeName: o.NodeName, PollInterval: o.DrainPollInterval, Clock: o.Clock, PodResources: podResources}
+	d := &vacate.Vacater{Pods: mgr.GetAPIReader(), NodeName: o.NodeName, PollInterval: o.DrainPollInterval, Clock: o.Clock, PodResources: podResources}
 	if o.ResourceSlices {
 		// Claims are read uncached, like pods: the agent must not cache every claim of the cluster.
 		d.Claims = dra.ClaimHolders{Reader: mgr.GetAPIReader(), Node: o.NodeName}
@@ -371,12 +372,12 @@ func setupDrain(mgr ctrl.Manager, o Options, r *node.Reconciler, podResources po
 	if d.PodResources == nil && d.Claims == nil {
 		return nil
 	}
-	evictor, err := drain.NewEvictor(mgr.GetConfig())
+	evictor, err := vacate.NewEvictor(mgr.GetConfig())
 	if err != nil {
 		return err
 	}
 	d.Evictor = evictor
-	r.Drainer = d
+	r.Vacater = d
 	r.ClaimEvictor = evictor
 	return nil
 }

@@ -9,16 +9,16 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/gpusharing/gpusharing/agent/deviceplugin"
 	"github.com/gpusharing/gpusharing/agent/hostpath"
 	"github.com/gpusharing/gpusharing/agent/mps"
+	"github.com/gpusharing/gpusharing/agent/share"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
 // The MPS daemons and the device plugin's mounts come from one root through one layout: a device plugin
 // configured with another MPS root is refused rather than handing pods a pipe directory no daemon uses.
 func TestDevicePluginAndMPSDaemonsShareOneMPSLayout(t *testing.T) {
-	cfg, err := DevicePluginConfig(deviceplugin.Config{}, "/run/gs/mps", "")
+	cfg, err := DevicePluginConfig(share.Config{}, "/run/gs/mps", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +37,7 @@ func TestDevicePluginAndMPSDaemonsShareOneMPSLayout(t *testing.T) {
 	if cfg.MPSShmDir("GPU-a") == cfg.MPSShmDir("GPU-b") {
 		t.Errorf("two GPUs share the /dev/shm %q, want one each", cfg.MPSShmDir("GPU-a"))
 	}
-	if _, err := DevicePluginConfig(deviceplugin.Config{MPSRoot: "/elsewhere"}, "/run/gs/mps", ""); err == nil {
+	if _, err := DevicePluginConfig(share.Config{MPSRoot: "/elsewhere"}, "/run/gs/mps", ""); err == nil {
 		t.Error("a device plugin MPS root other than the daemons' was accepted")
 	}
 }
@@ -73,7 +73,7 @@ func TestAgentRegistersWhatItsStatusReportsAndReRegistersOnAStrategyChange(t *te
 		t.Fatal(err)
 	}
 	defer plugin.Close()
-	resp, err := plugin.AllocateOne(context.Background(), deviceplugin.ReplicaID(mpsGPU, 0))
+	resp, err := plugin.AllocateOne(context.Background(), share.ReplicaID(mpsGPU, 0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,14 +118,14 @@ func TestAgentRegistersWhatItsStatusReportsAndReRegistersOnAStrategyChange(t *te
 // Pods' GPUSHARE_SOCKET comes from the device plugin's scheduler root and the schedulers listen under the
 // agent's: one root, through one layout, and a device plugin configured with another root is refused.
 func TestDevicePluginNamesTheSocketTheShimSchedulersListenOn(t *testing.T) {
-	cfg, err := DevicePluginConfig(deviceplugin.Config{}, "/run/gs/mps", "/run/gs/sched")
+	cfg, err := DevicePluginConfig(share.Config{}, "/run/gs/mps", "/run/gs/sched")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got, want := cfg.SchedulerSocketPath("GPU-a"), hostpath.SchedulerSocket("/run/gs/sched", "GPU-a"); got != want {
 		t.Errorf("device plugin socket %q, schedulers listen on %q", got, want)
 	}
-	if _, err := DevicePluginConfig(deviceplugin.Config{SchedulerRoot: "/elsewhere"}, "/run/gs/mps", "/run/gs/sched"); err == nil {
+	if _, err := DevicePluginConfig(share.Config{SchedulerRoot: "/elsewhere"}, "/run/gs/mps", "/run/gs/sched"); err == nil {
 		t.Error("a device plugin scheduler root other than the schedulers' was accepted")
 	}
 }

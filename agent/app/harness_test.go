@@ -18,9 +18,9 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	"github.com/gpusharing/gpusharing/agent/deviceplugin"
 	"github.com/gpusharing/gpusharing/agent/gpu"
 	"github.com/gpusharing/gpusharing/agent/gpu/nvmlmock"
+	"github.com/gpusharing/gpusharing/agent/share"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 	"github.com/gpusharing/gpusharing/test/fakebin"
 	"github.com/gpusharing/gpusharing/test/fakekubelet"
@@ -99,7 +99,7 @@ func startNodeWith(t *testing.T, gpus int, with func(*Options)) *testNode {
 		NvidiaSMI:          smi.Path,
 		Resync:             time.Minute,
 		SkipNameValidation: true,
-		DevicePlugin:       &deviceplugin.Config{SocketDir: dpDir, KubeletPollInterval: 100 * time.Millisecond},
+		DevicePlugin:       &share.Config{SocketDir: dpDir, KubeletPollInterval: 100 * time.Millisecond},
 		PodResourcesSocket: n.pods.Path(),
 		DrainPollInterval:  100 * time.Millisecond,
 		// Long enough that a test sees no retry after a failed drain.
@@ -281,7 +281,7 @@ func replicas(uuid string, n int32, into map[string]string) map[string]string {
 		into = map[string]string{}
 	}
 	for i := int32(0); i < n; i++ {
-		into[deviceplugin.ReplicaID(uuid, i)] = "Healthy"
+		into[share.ReplicaID(uuid, i)] = "Healthy"
 	}
 	return into
 }

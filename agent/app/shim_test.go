@@ -11,9 +11,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/gpusharing/gpusharing/agent/deviceplugin"
 	"github.com/gpusharing/gpusharing/agent/hostpath"
 	"github.com/gpusharing/gpusharing/agent/scheduler"
+	"github.com/gpusharing/gpusharing/agent/share"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 	"github.com/gpusharing/gpusharing/test/shimclient"
 )
@@ -68,7 +68,7 @@ func TestAgentRunsTheSchedulerOfAnOversubscribedGPUWhereThePodsSocketPoints(t *t
 		t.Fatal(err)
 	}
 	defer plugin.Close()
-	resp, err := plugin.AllocateOne(context.Background(), deviceplugin.ReplicaID(uuid, 1))
+	resp, err := plugin.AllocateOne(context.Background(), share.ReplicaID(uuid, 1))
 	if err != nil {
 		t.Fatal(err)
 	}

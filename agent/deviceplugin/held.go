@@ -7,6 +7,8 @@ import (
 
 	"google.golang.org/grpc"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+
+	"github.com/gpusharing/gpusharing/agent/share"
 )
 
 // PodResourcesLister is the part of the kubelet's PodResources v1 API that tells which devices pods
@@ -21,7 +23,7 @@ const heldListTimeout = 2 * time.Second
 
 // heldDevice is a device the kubelet has allocated to a running pod.
 type heldDevice struct {
-	res ResourceName
+	res share.ResourceName
 	id  string
 }
 
@@ -41,7 +43,7 @@ func listHeld(ctx context.Context, l PodResourcesLister) (map[heldDevice]bool, e
 		for _, c := range p.GetContainers() {
 			for _, d := range c.GetDevices() {
 				for _, id := range d.GetDeviceIds() {
-					held[heldDevice{ResourceName(d.GetResourceName()), id}] = true
+					held[heldDevice{share.ResourceName(d.GetResourceName()), id}] = true
 				}
 			}
 		}

@@ -8,8 +8,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/gpusharing/gpusharing/agent/drain"
+	"github.com/gpusharing/gpusharing/agent/share"
 	"github.com/gpusharing/gpusharing/agent/share/sharetest"
+	"github.com/gpusharing/gpusharing/agent/vacate"
 	"github.com/gpusharing/gpusharing/test/fakekubelet"
 )
 
@@ -26,14 +27,14 @@ func TestCordonKeepsTheDevicesPodsHoldAdvertisedUntilThePodsGo(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pr.Stop)
-	lister, closeLister, err := drain.DialPodResources(pr.Path())
+	lister, closeLister, err := vacate.DialPodResources(pr.Path())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = closeLister() })
 	m := runManager(t, testConfig(dir))
 	m.SetPodResources(lister)
-	a0, a1, b0, b1 := ReplicaID("GPU-a", 0), ReplicaID("GPU-a", 1), ReplicaID("GPU-b", 0), ReplicaID("GPU-b", 1)
+	a0, a1, b0, b1 := share.ReplicaID("GPU-a", 0), share.ReplicaID("GPU-a", 1), share.ReplicaID("GPU-b", 0), share.ReplicaID("GPU-b", 1)
 	pr.SetPods(
 		fakekubelet.Pod("default", "on-a", resTimeSlice, a1),
 		fakekubelet.Pod("default", "on-b", resTimeSlice, b0),

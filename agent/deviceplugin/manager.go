@@ -35,12 +35,12 @@ import (
 // even where another GPU has room. The kubelet never allocates a device it has allocated already, and
 // Allocate refuses a cordoned GPU's devices anyway.
 type Manager struct {
-	cfg Config
+	cfg share.Config
 
 	mu       sync.Mutex
-	desired  map[ResourceName][]share.Device
+	desired  map[share.ResourceName][]share.Device
 	cordoned map[string]bool
-	plugins  map[ResourceName]*entry
+	plugins  map[share.ResourceName]*entry
 	kubelet  kubeletIdentity
 	// pods is the kubelet's PodResources API; nil hides every device of a cordoned GPU.
 	pods PodResourcesLister
@@ -66,28 +66,28 @@ type entry struct {
 const streamGrace = 5 * time.Second
 
 // NewManager returns a Manager with nothing advertised. Zero fields of cfg take their defaults; an
-// invalid configuration (see Config.Validate) is refused.
-func NewManager(cfg Config) (*Manager, error) {
+// invalid configuration (see share.Config.Validate) is refused.
+func NewManager(cfg share.Config) (*Manager, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	return &Manager{
 		cfg:      cfg.WithDefaults(),
-		desired:  map[ResourceName][]share.Device{},
+		desired:  map[share.ResourceName][]share.Device{},
 		cordoned: map[string]bool{},
-		plugins:  map[ResourceName]*entry{},
+		plugins:  map[share.ResourceName]*entry{},
 	}, nil
 }
 
 // Config is the configuration in force, defaults filled in.
-func (m *Manager) Config() Config { return m.cfg }
+func (m *Manager) Config() share.Config { return m.cfg }
 
 // Update makes devices the node's advertised devices (less cordoned GPUs) and returns the errors of
 // serving or registering; a resource that could not register keeps being retried by Run.
-func (m *Manager) Update(ctx context.Context, devices map[ResourceName][]share.Device) error {
+func (m *Manager) Update(ctx context.Context, devices map[share.ResourceName][]share.Device) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.desired = make(map[ResourceName][]share.Device, len(devices))
+	m.desired = make(map[share.ResourceName][]share.Device, len(devices))
 	for res, devs := range devices {
 		m.desired[res] = append([]share.Device(nil), devs...)
 	}
@@ -138,10 +138,10 @@ func (m *Manager) Cordoned() []string {
 }
 
 // Advertised is what the plugins serve now, per resource.
-func (m *Manager) Advertised() map[ResourceName][]share.Device {
+func (m *Manager) Advertised() map[share.ResourceName][]share.Device {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := map[ResourceName][]share.Device{}
+	out := map[share.ResourceName][]share.Device{}
 	for res, e := range m.plugins {
 		devs, _ := e.p.snapshot()
 		out[res] = append([]share.Device(nil), devs...)
@@ -237,8 +237,8 @@ func (m *Manager) setHeldLocked(ctx context.Context, held map[heldDevice]bool, e
 
 // effectiveLocked is the desired map without the devices of cordoned GPUs that no pod holds, and without
 // empty resources.
-func (m *Manager) effectiveLocked() map[ResourceName][]share.Device {
-	out := map[ResourceName][]share.Device{}
+func (m *Manager) effectiveLocked() map[share.ResourceName][]share.Device {
+	out := map[share.ResourceName][]share.Device{}
 	for res, devs := range m.desired {
 		var keep []share.Device
 		for _, d := range devs {
@@ -296,7 +296,7 @@ func (m *Manager) reconcileLocked(ctx context.Context) error {
 }
 
 // restartLocked replaces the resource's plugin (if any) with a new one serving devs and registers it.
-func (m *Manager) restartLocked(ctx context.Context, res ResourceName, devs []share.Device) error {
+func (m *Manager) restartLocked(ctx context.Context, res share.ResourceName, devs []share.Device) error {
 	if old := m.plugins[res]; old != nil {
 		old.p.shutdown()
 		delete(m.plugins, res)

@@ -41,8 +41,8 @@ func socketDir(t *testing.T) string {
 	return dir
 }
 
-func testConfig(dir string) Config {
-	return Config{
+func testConfig(dir string) share.Config {
+	return share.Config{
 		SocketDir:           dir,
 		MPSRoot:             "/host/run/mps",
 		SchedulerRoot:       "/host/run/sched",
@@ -63,7 +63,7 @@ func startKubelet(t *testing.T, dir string) *fakekubelet.Kubelet {
 }
 
 // runManager starts a Manager's kubelet watch for the test's lifetime.
-func runManager(t *testing.T, cfg Config) *Manager {
+func runManager(t *testing.T, cfg share.Config) *Manager {
 	t.Helper()
 	m, err := NewManager(cfg)
 	if err != nil {
@@ -144,8 +144,8 @@ func TestManagerRegistersServesAndAllocatesEveryMode(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if reg.Version != pluginapi.Version || reg.Endpoint != socketName(ResourceName(res)) || !reg.GetOptions().GetGetPreferredAllocationAvailable() || reg.GetOptions().GetPreStartRequired() {
-			t.Errorf("%s: registration %+v: want version %s, endpoint %s, preferred allocation on, pre-start off", res, reg, pluginapi.Version, socketName(ResourceName(res)))
+		if reg.Version != pluginapi.Version || reg.Endpoint != socketName(share.ResourceName(res)) || !reg.GetOptions().GetGetPreferredAllocationAvailable() || reg.GetOptions().GetPreStartRequired() {
+			t.Errorf("%s: registration %+v: want version %s, endpoint %s, preferred allocation on, pre-start off", res, reg, pluginapi.Version, socketName(share.ResourceName(res)))
 		}
 		if err := k.WaitForDevices(ctx, res, want); err != nil {
 			t.Errorf("kubelet's view: %v", err)
@@ -233,6 +233,22 @@ func TestManagerRegistersServesAndAllocatesEveryMode(t *testing.T) {
 				{ContainerPath: "/var/run/gpusharing/scheduler", HostPath: "/host/run/sched/GPU-ov", ReadOnly: true},
 			},
 		},
+		{
+			name: "shim shares of two GPUs mount each GPU's socket directory under its uuid and list each GPU's settings", resource: resShared, ids: []string{"GPU-ov::0", "GPU-sh::1"},
+			wantEnvs: map[string]string{
+				"NVIDIA_VISIBLE_DEVICES": "GPU-ov,GPU-sh",
+				"CUDA_VISIBLE_DEVICES":   "GPU-ov,GPU-sh",
+				"LD_PRELOAD":             "/usr/lib/gpusharing/libgpushare.so",
+				"GPUSHARE_GPU_UUID":      "GPU-ov,GPU-sh",
+				"GPUSHARE_SOCKET":        "GPU-ov=/var/run/gpusharing/scheduler/GPU-ov/gpushare.sock,GPU-sh=/var/run/gpusharing/scheduler/GPU-sh/gpushare.sock",
+				"GPUSHARE_OVERSUB":       "GPU-ov=1,GPU-sh=0",
+			},
+			wantMounts: []*pluginapi.Mount{
+				{ContainerPath: "/usr/lib/gpusharing/libgpushare.so", HostPath: "/host/lib/libgpushare.so", ReadOnly: true},
+				{ContainerPath: "/var/run/gpusharing/scheduler/GPU-ov", HostPath: "/host/run/sched/GPU-ov", ReadOnly: true},
+				{ContainerPath: "/var/run/gpusharing/scheduler/GPU-sh", HostPath: "/host/run/sched/GPU-sh", ReadOnly: true},
+			},
+		},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -271,8 +287,8 @@ func TestAllocateRefusesWhatItCannotServe(t *testing.T) {
 	dir := socketDir(t)
 	k := startKubelet(t, dir)
 	m := runManager(t, testConfig(dir))
-	st := sharetest.NodeStatus(sharetest.GPU(0, "GPU-a", sharetest.MPS(2, 0, "", "Running")), sharetest.GPU(1, "GPU-b", sharetest.MPS(2, 0, "", "Running")), sharetest.GPU(2, "GPU-c", sharetest.Shim(time.Second)), sharetest.GPU(3, "GPU-d", sharetest.Shim(time.Second)),
-		sharetest.GPU(4, "GPU-e", sharetest.TimeSliced(2)), sharetest.GPU(5, "GPU-f", sharetest.TimeSliced(2)))
+	st := sharetest.NodeStatus(sharetest.GPU(0, "GPU-a", sharetest.MPS(2, 0, "", "Running")), sharetest.GPU(1, "GPU-b", sharetest.MPS(2, 0, "", "Running")), sharetest.GPU(2, "GPU-c", sharetest.Shim(time.Second)),
+		sharetest.GPU(3, "GPU-e", sharetest.TimeSliced(2)), sharetest.GPU(4, "GPU-f", sharetest.TimeSliced(2)))
 	if err := m.UpdateFromStatus(ctx, st); err != nil {
 		t.Fatal(err)
 	}
@@ -285,7 +301,6 @@ func TestAllocateRefusesWhatItCannotServe(t *testing.T) {
 		{"a device the resource does not advertise", resMPS, []string{"GPU-z::0"}, ErrUnknownDevice.Error()},
 		{"MPS shares of two GPUs in one container", resMPS, []string{"GPU-a::0", "GPU-b::0"}, share.ErrDevicesSpanGPUs.Error()},
 		{"two shim shares of one GPU in one container", resShared, []string{"GPU-c::0", "GPU-c::1"}, share.ErrSharesOnOneGPU.Error()},
-		{"shim shares of two GPUs in one container", resShared, []string{"GPU-c::0", "GPU-d::0"}, ErrShimOnSeveralGPUs.Error()},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := k.WaitForRegistrations(ctx, tc.resource, 1); err != nil {

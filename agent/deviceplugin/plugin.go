@@ -29,8 +29,8 @@ const stopGrace = 2 * time.Second
 type plugin struct {
 	pluginapi.UnimplementedDevicePluginServer
 
-	resource ResourceName
-	cfg      Config
+	resource share.ResourceName
+	cfg      share.Config
 	socket   string
 	log      logr.Logger
 
@@ -51,11 +51,11 @@ type plugin struct {
 
 // socketName is the plugin's socket file name in the kubelet's directory, derived from the resource so a
 // restarted agent reuses it: nvidia.com/gpu -> gpusharing-nvidia.com_gpu.sock.
-func socketName(resource ResourceName) string {
+func socketName(resource share.ResourceName) string {
 	return "gpusharing-" + strings.NewReplacer("/", "_", "+", ".").Replace(string(resource)) + ".sock"
 }
 
-func newPlugin(cfg Config, resource ResourceName, devices []share.Device, log logr.Logger) *plugin {
+func newPlugin(cfg share.Config, resource share.ResourceName, devices []share.Device, log logr.Logger) *plugin {
 	return &plugin{
 		resource: resource,
 		cfg:      cfg,

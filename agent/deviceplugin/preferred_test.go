@@ -17,10 +17,10 @@ import (
 
 func TestPreferredAllocation(t *testing.T) {
 	// GPU-a and GPU-b have 4 time-slice replicas each, GPU-c 2.
-	ts := share.DevicesFromStatus(sharetest.NodeStatus(sharetest.GPU(0, "GPU-a", sharetest.TimeSliced(4)), sharetest.GPU(1, "GPU-b", sharetest.TimeSliced(4)), sharetest.GPU(2, "GPU-c", sharetest.TimeSliced(2))), Config{})["gpusharing.io/gpu-timeslice"]
-	mp := share.DevicesFromStatus(sharetest.NodeStatus(sharetest.GPU(0, "GPU-a", sharetest.MPS(4, 25, "", "Running")), sharetest.GPU(1, "GPU-b", sharetest.MPS(4, 25, "", "Running"))), Config{})["gpusharing.io/gpu-mps"]
-	sh := share.DevicesFromStatus(sharetest.NodeStatus(sharetest.GPU(0, "GPU-a", sharetest.Shim(time.Second)), sharetest.GPU(1, "GPU-b", sharetest.Shim(time.Second))), Config{})["gpusharing.io/gpu-shared"]
-	ex := share.DevicesFromStatus(sharetest.NodeStatus(sharetest.GPU(0, "GPU-a"), sharetest.GPU(1, "GPU-b"), sharetest.GPU(2, "GPU-c")), Config{})["nvidia.com/gpu"]
+	ts := share.DevicesFromStatus(sharetest.NodeStatus(sharetest.GPU(0, "GPU-a", sharetest.TimeSliced(4)), sharetest.GPU(1, "GPU-b", sharetest.TimeSliced(4)), sharetest.GPU(2, "GPU-c", sharetest.TimeSliced(2))), share.Config{})["gpusharing.io/gpu-timeslice"]
+	mp := share.DevicesFromStatus(sharetest.NodeStatus(sharetest.GPU(0, "GPU-a", sharetest.MPS(4, 25, "", "Running")), sharetest.GPU(1, "GPU-b", sharetest.MPS(4, 25, "", "Running"))), share.Config{})["gpusharing.io/gpu-mps"]
+	sh := share.DevicesFromStatus(sharetest.NodeStatus(sharetest.GPU(0, "GPU-a", sharetest.Shim(time.Second)), sharetest.GPU(1, "GPU-b", sharetest.Shim(time.Second))), share.Config{})["gpusharing.io/gpu-shared"]
+	ex := share.DevicesFromStatus(sharetest.NodeStatus(sharetest.GPU(0, "GPU-a"), sharetest.GPU(1, "GPU-b"), sharetest.GPU(2, "GPU-c")), share.Config{})["nvidia.com/gpu"]
 	allIDs := func(devs []share.Device) []string {
 		var ids []string
 		for _, d := range devs {
@@ -130,7 +130,7 @@ func TestPreferredAllocationFollowsTheTopology(t *testing.T) {
 			for i, g := range tt.server.GPUs {
 				gs = append(gs, sharetest.GPU(int32(i), g.Device.UUID, sharetest.Shim(time.Second)))
 			}
-			all := share.DevicesFromStatus(sharetest.NodeStatus(gs...), Config{})["gpusharing.io/gpu-shared"]
+			all := share.DevicesFromStatus(sharetest.NodeStatus(gs...), share.Config{})["gpusharing.io/gpu-shared"]
 			var ids []string
 			for _, d := range all {
 				if int(d.Replica) >= tt.full[int(d.GPUIndex)] {
@@ -143,7 +143,7 @@ func TestPreferredAllocationFollowsTheTopology(t *testing.T) {
 			}
 			var must []string
 			for _, i := range tt.mustInclude {
-				must = append(must, ReplicaID(tt.server.GPUs[i].Device.UUID, 0))
+				must = append(must, share.ReplicaID(tt.server.GPUs[i].Device.UUID, 0))
 			}
 			got := preferredAllocation(all, ids, must, tt.size, topo)
 			index := map[string]int{}
@@ -179,15 +179,15 @@ func TestPreferredAllocationReadsTheTopologyOverGRPC(t *testing.T) {
 		t.Fatal(err)
 	}
 	var all []string
-	for _, d := range share.DevicesFromStatus(sharetest.NodeStatus(gs...), Config{})[resShared] {
+	for _, d := range share.DevicesFromStatus(sharetest.NodeStatus(gs...), share.Config{})[resShared] {
 		all = append(all, d.ID)
 	}
 	uuid := func(i int) string { return srv.GPUs[i].Device.UUID }
-	got, err := dialPlugin(t, k, resShared).Preferred(ctx, all, []string{ReplicaID(uuid(2), 0)}, 2)
+	got, err := dialPlugin(t, k, resShared).Preferred(ctx, all, []string{share.ReplicaID(uuid(2), 0)}, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{ReplicaID(uuid(2), 0), ReplicaID(uuid(3), 0)}; !reflect.DeepEqual(got, want) {
+	if want := []string{share.ReplicaID(uuid(2), 0), share.ReplicaID(uuid(3), 0)}; !reflect.DeepEqual(got, want) {
 		t.Errorf("got %v, want %v", got, want)
 	}
 }

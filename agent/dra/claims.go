@@ -3,22 +3,22 @@ package dra
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 
 	resourcev1 "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/gpusharing/gpusharing/agent/drain"
+	"github.com/gpusharing/gpusharing/agent/vacate"
 )
 
 // claimPageSize bounds one List of ResourceClaims: a cluster may hold many, and the agent reads them
 // uncached.
 const claimPageSize = 500
 
-// ClaimHolders finds, for the drain, the pods holding ResourceClaims allocated devices of one GPU of
+// ClaimHolders finds, for vacating a GPU, the pods holding ResourceClaims allocated devices of one GPU of
 // this node: a claim's status.allocation names this driver, this node's pool and a device of the GPU,
-// and its status.reservedFor names the pods using it (drain.ClaimHolders).
+// and its status.reservedFor names the pods using it (vacate.ClaimHolders).
 type ClaimHolders struct {
 	// Reader lists ResourceClaims; pass an uncached reader (manager.GetAPIReader()).
 	Reader client.Reader
@@ -27,11 +27,11 @@ type ClaimHolders struct {
 }
 
 // PodsHoldingGPU lists the pods, sorted, that a claim on the GPU of index (or one of its MIG instances)
-// is reserved for. A claim allocated but reserved for no pod holds nothing to wait for.
-func (h ClaimHolders) PodsHoldingGPU(ctx context.Context, index int32) ([]drain.PodRef, error) {
-	seen := map[drain.PodRef]bool{}
-	var out []drain.PodRef
-	scope, scoped := ctx.Value(drainScopeKey{}).(DrainScope)
+// is reserved for; with a scope, only the claims it names count. A claim allocated but reserved for no
+// pod holds nothing to wait for.
+func (h ClaimHolders) PodsHoldingGPU(ctx context.Context, index int32, scope *vacate.ClaimScope) ([]vacate.PodRef, error) {
+	seen := map[vacate.PodRef]bool{}
+	var out []vacate.PodRef
 	cont := ""
 	for {
 		var list resourcev1.ResourceClaimList
@@ -40,14 +40,14 @@ func (h ClaimHolders) PodsHoldingGPU(ctx context.Context, index int32) ([]drain.
 		}
 		for i := range list.Items {
 			c := &list.Items[i]
-			if !h.onGPU(c, index) || (scoped && !scope.holds(c, h.Node)) {
+			if !h.onGPU(c, index) || (scope != nil && !inScope(scope, c, h.Node)) {
 				continue
 			}
 			for _, r := range c.Status.ReservedFor {
 				if r.APIGroup != "" || r.Resource != "pods" {
 					continue
 				}
-				ref := drain.PodRef{Namespace: c.Namespace, Name: r.Name}
+				ref := vacate.PodRef{Namespace: c.Namespace, Name: r.Name}
 				if !seen[ref] {
 					seen[ref] = true
 					out = append(out, ref)
@@ -62,33 +62,14 @@ func (h ClaimHolders) PodsHoldingGPU(ctx context.Context, index int32) ([]drain.
 	return out, nil
 }
 
-// DrainScope narrows a drain to the claims a change takes from a GPU: a fixed-layout change of a
-// dynamic MIG GPU takes the claims whose instances its new fixed instances need (Claims) and the claims
-// holding the fixed instances it destroys (Devices, published device names), and no other claim's pod.
-type DrainScope struct {
-	Claims  []types.UID
-	Devices []string
-}
-
-type drainScopeKey struct{}
-
-// WithDrainScope gives the drain running under ctx a scope: PodsHoldingGPU then lists only the pods of
-// the claims in it. The drain passes its context to every listing, so the scope holds for the whole run.
-func WithDrainScope(ctx context.Context, s DrainScope) context.Context {
-	return context.WithValue(ctx, drainScopeKey{}, s)
-}
-
-func (s DrainScope) holds(c *resourcev1.ResourceClaim, node string) bool {
-	for _, uid := range s.Claims {
-		if c.UID == uid {
-			return true
-		}
+// inScope says whether the scope names claim c, by uid or by a device of its allocation on node.
+func inScope(s *vacate.ClaimScope, c *resourcev1.ResourceClaim, node string) bool {
+	if slices.Contains(s.Claims, c.UID) {
+		return true
 	}
 	for _, r := range c.Status.Allocation.Devices.Results {
-		for _, d := range s.Devices {
-			if r.Driver == DriverName && r.Pool == node && r.Device == d {
-				return true
-			}
+		if r.Driver == DriverName && r.Pool == node && slices.Contains(s.Devices, r.Device) {
+			return true
 		}
 	}
 	return false

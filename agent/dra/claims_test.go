@@ -13,7 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gpusharing/gpusharing/agent/dra"
-	"github.com/gpusharing/gpusharing/agent/drain"
+	"github.com/gpusharing/gpusharing/agent/vacate"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 	"github.com/gpusharing/gpusharing/test/testenv"
 )
@@ -64,30 +64,30 @@ func TestTheDrainWaitsForThePodsHoldingClaimsOnTheGPU(t *testing.T) {
 	heldClaim(t, ctx, c, "pending", dra.DriverName, nodeName, "")
 
 	holders := dra.ClaimHolders{Reader: c, Node: nodeName}
-	got, err := holders.PodsHoldingGPU(ctx, 1)
+	got, err := holders.PodsHoldingGPU(ctx, 1, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []drain.PodRef{{Namespace: "default", Name: "mig-client"}, {Namespace: "default", Name: "mps-client"}}
+	want := []vacate.PodRef{{Namespace: "default", Name: "mig-client"}, {Namespace: "default", Name: "mps-client"}}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("pods holding GPU 1 = %v, want %v", got, want)
 	}
 
 	// The drain, on a node without the device plugin, waits for both and ends when they do.
-	steps := make(chan drain.Step, 64)
-	d := &drain.Drainer{Claims: holders, Pods: c, NodeName: nodeName, PollInterval: 50 * time.Millisecond}
+	steps := make(chan vacate.Step, 64)
+	d := &vacate.Vacater{Claims: holders, Pods: c, NodeName: nodeName, PollInterval: 50 * time.Millisecond}
 	type result struct {
-		res drain.Result
+		res vacate.Result
 		err error
 	}
 	done := make(chan result, 1)
 	go func() {
-		res, err := d.Drain(ctx, drain.Request{GPUUUID: "GPU-1", GPUIndex: 1, MIGUUIDs: []string{"MIG-0000-1a"},
-			Mode: v1alpha1.DrainWaitForIdle, Timeout: 30 * time.Second, Progress: func(s drain.Step) { steps <- s }})
+		res, err := d.Vacate(ctx, vacate.Request{GPUUUID: "GPU-1", GPUIndex: 1, MIGUUIDs: []string{"MIG-0000-1a"},
+			Mode: v1alpha1.DrainWaitForIdle, Timeout: 30 * time.Second, Progress: func(s vacate.Step) { steps <- s }})
 		done <- result{res, err}
 	}()
 	for s := range steps {
-		if s.Phase == drain.PhaseListed {
+		if s.Kind == vacate.StepListed {
 			if !reflect.DeepEqual(s.Pods, want) {
 				t.Errorf("drain listed %v, want %v", s.Pods, want)
 			}
@@ -128,24 +128,24 @@ func TestAScopedDrainListsOnlyThePodsOfTheClaimsItTakes(t *testing.T) {
 		t.Fatal(err)
 	}
 	holders := dra.ClaimHolders{Reader: c, Node: nodeName}
-	scoped := dra.WithDrainScope(ctx, dra.DrainScope{Claims: []types.UID{a.UID}, Devices: []string{dra.MIGDeviceName(0, "MIG-f")}})
-	got, err := holders.PodsHoldingGPU(scoped, 0)
+	scope := &vacate.ClaimScope{Claims: []types.UID{a.UID}, Devices: []string{dra.MIGDeviceName(0, "MIG-f")}}
+	got, err := holders.PodsHoldingGPU(ctx, 0, scope)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []drain.PodRef{{Namespace: "default", Name: "pod-a"}, {Namespace: "default", Name: "pod-f"}}
+	want := []vacate.PodRef{{Namespace: "default", Name: "pod-a"}, {Namespace: "default", Name: "pod-f"}}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("pods the scoped drain lists = %v, want %v", got, want)
 	}
 	// The drain under that scope ends once they end, with pod-b still running.
-	d := &drain.Drainer{Claims: holders, Pods: c, NodeName: nodeName, PollInterval: 50 * time.Millisecond}
+	d := &vacate.Vacater{Claims: holders, Pods: c, NodeName: nodeName, PollInterval: 50 * time.Millisecond}
 	env.SetPodPhase(t, ctx, podA, corev1.PodSucceeded)
 	env.SetPodPhase(t, ctx, podF, corev1.PodSucceeded)
-	res, err := d.Drain(scoped, drain.Request{GPUUUID: "GPU-0", GPUIndex: 0, Mode: v1alpha1.DrainWaitForIdle, Timeout: 30 * time.Second})
+	res, err := d.Vacate(ctx, vacate.Request{GPUUUID: "GPU-0", GPUIndex: 0, ClaimScope: scope, Mode: v1alpha1.DrainWaitForIdle, Timeout: 30 * time.Second})
 	if err != nil || len(res.Found) != 0 {
 		t.Errorf("scoped drain = found %v, %v; want idle at once with pod-b running", res.Found, err)
 	}
-	if all, _ := holders.PodsHoldingGPU(ctx, 0); len(all) != 3 {
+	if all, _ := holders.PodsHoldingGPU(ctx, 0, nil); len(all) != 3 {
 		t.Errorf("unscoped, the GPU's claim pods are %v; want all three listed", all)
 	}
 }

@@ -2,11 +2,7 @@ package dra_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io/fs"
-	"os"
-	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -20,13 +16,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gpusharing/gpusharing/agent/dra"
-	"github.com/gpusharing/gpusharing/agent/share"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 	"github.com/gpusharing/gpusharing/test/testenv"
 )
 
 // multiGPUNode has GPUs 0 and 1 time-sliced without the shim (four replicas each), GPUs 2 and 3
-// shim-shared in fixed shares (four each) and GPUs 4 and 5 of 40 GiB sized per claim over the shim.
+// shim-shared in fixed shares (four each) and GPUs 4 and 5 of 40 GiB sized per claim over the shim;
+// GPUs 3 and 5 have a memory budget, so the shim swaps there.
 func multiGPUNode() v1alpha1.GPUNodeStatus {
 	step := resource.MustParse("1Gi")
 	var st v1alpha1.GPUNodeStatus
@@ -40,6 +36,9 @@ func multiGPUNode() v1alpha1.GPUNodeStatus {
 			g.Applied = &v1alpha1.AppliedSharing{Strategy: v1alpha1.StrategyTimeSlicing, TimeSlicing: &v1alpha1.TimeSlicingSharing{Replicas: 4}}
 		case i >= 4:
 			g.Applied.Sizing = &v1alpha1.Sizing{Mode: v1alpha1.SizingPerClaim, MemoryStep: &step}
+		}
+		if i == 3 || i == 5 {
+			g.Applied.Shim.MemoryBudget = resource.NewQuantity(36<<30, resource.BinarySI)
 		}
 		st.GPUs = append(st.GPUs, g)
 	}
@@ -161,10 +160,11 @@ func TestAClaimForSharesOnDistinctGPUsGetsThemTogether(t *testing.T) {
 }
 
 // A claim for shim shares on distinct GPUs, fixed or sized, is allocated by the scheduler, which knows
-// nothing of the shim, and refused at prepare until the shim serves several GPUs: the claim's error says
-// why and what works instead, no CDI spec is written and nothing is recorded, so asking again gets the
-// same refusal.
-func TestAClaimForShimSharesOnDistinctGPUsIsRefusedAtPrepare(t *testing.T) {
+// nothing of the shim, and prepared into the list form the shim reads (docs/multigpu.md): each GPU's
+// scheduler socket directory mounted under its uuid, and GPUSHARE_GPU_UUID, GPUSHARE_SOCKET,
+// GPUSHARE_OVERSUB and GPUSHARE_MEMORY_LIMIT_BYTES listing every GPU in CUDA_VISIBLE_DEVICES order, each
+// with its own socket, swapping and claim size. A claim on one GPU keeps the single form.
+func TestAClaimForShimSharesOnDistinctGPUsGetsEachGPUInTheListForm(t *testing.T) {
 	ctx, env, st := multiGPUCluster(t)
 	c := env.Client
 
@@ -177,42 +177,70 @@ func TestAClaimForShimSharesOnDistinctGPUsIsRefusedAtPrepare(t *testing.T) {
 	createClaimPod(t, ctx, c, "sized-pair", resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{sized("first", "4Gi"), sized("second", "10Gi")},
 		Constraints: []resourcev1.DeviceConstraint{distinctGPUs("first", "second")}})
 	createClaimPod(t, ctx, c, "one-shared", resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{exactly("gpu", "gpusharing-shared", 1)}})
-	allocatedOnTwoGPUs(t, ctx, c, "two-shared")
+	results := map[string][]resourcev1.DeviceRequestAllocationResult{"two-shared": allocatedOnTwoGPUs(t, ctx, c, "two-shared")}
 	pair := allocatedOnTwoGPUs(t, ctx, c, "sized-pair")
 	for i, want := range []string{"4Gi", "10Gi"} {
 		if got := pair[i].ConsumedCapacity[dra.CapacityMemory]; !strings.HasSuffix(pair[i].Device, "-sized") || got.Cmp(resource.MustParse(want)) != 0 {
 			t.Errorf("sized-pair request %s: device %s consumes %s, want a sized device and %s", pair[i].Request, pair[i].Device, got.String(), want)
 		}
 	}
+	results["sized-pair"] = pair
 	waitAllocated(t, ctx, c, "one-shared")
 
 	dirs := newPluginDirs(t)
 	kubelet, _ := startPluginWith(t, env, dirs, &st)
-	for _, name := range []string{"two-shared", "sized-pair"} {
-		ref := claimRef(t, ctx, c, name)
-		for attempt := range 2 {
-			resp, err := kubelet.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{ref}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			got := resp.Claims[ref.Uid]
-			if got == nil || len(got.Devices) != 0 {
-				t.Fatalf("claim %s (attempt %d): %+v; want an error and no devices", name, attempt, got)
-			}
-			for _, want := range []string{share.ErrShimOnSeveralGPUs.Error(), "no memory limit", "one container per GPU", "gpusharing-timeslicing", "gpusharing-exclusive"} {
-				if !strings.Contains(got.Error, want) {
-					t.Errorf("claim %s (attempt %d): error %q lacks %q", name, attempt, got.Error, want)
-				}
-			}
+	gpu := func(device string) (uuid, oversub string) {
+		var i int
+		_, _ = fmt.Sscanf(gpuIndexOf(device), "%d", &i)
+		if i == 3 || i == 5 {
+			return st.GPUs[i].UUID, "1"
 		}
-		if _, err := os.Stat(filepath.Join(dirs.cdi, "gpusharing.io-claim_"+ref.Uid+".json")); !errors.Is(err, fs.ErrNotExist) {
-			t.Errorf("claim %s: CDI spec stat %v; want none written", name, err)
+		return st.GPUs[i].UUID, "0"
+	}
+	const sched = "/var/run/gpusharing/scheduler/"
+	for name, limits := range map[string][2]string{"two-shared": {}, "sized-pair": {"4294967296", "10737418240"}} {
+		ref := claimRef(t, ctx, c, name)
+		resp, err := kubelet.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{ref}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := resp.Claims[ref.Uid]
+		if got == nil || got.Error != "" || len(got.Devices) != 2 || len(got.Devices[0].CdiDeviceIds) != 1 {
+			t.Fatalf("claim %s: %+v; want two devices, the first with the set's CDI device", name, got)
+		}
+		envs, mounts := container(t, dirs.cdi, got.Devices[0].CdiDeviceIds[0])
+		a, ovA := gpu(results[name][0].Device)
+		b, ovB := gpu(results[name][1].Device)
+		want := []string{
+			"CUDA_VISIBLE_DEVICES=" + a + "," + b,
+			"GPUSHARE_GPU_UUID=" + a + "," + b,
+			"GPUSHARE_SOCKET=" + a + "=" + sched + a + "/gpushare.sock," + b + "=" + sched + b + "/gpushare.sock",
+			"GPUSHARE_OVERSUB=" + a + "=" + ovA + "," + b + "=" + ovB,
+			"LD_PRELOAD=/usr/lib/gpusharing/libgpushare.so",
+			"NVIDIA_VISIBLE_DEVICES=" + a + "," + b,
+		}
+		if limits[0] != "" {
+			want = append(want, "GPUSHARE_MEMORY_LIMIT_BYTES="+a+"="+limits[0]+","+b+"="+limits[1])
+		}
+		slices.Sort(want)
+		slices.Sort(envs)
+		if !reflect.DeepEqual(envs, want) {
+			t.Errorf("claim %s: env\n got %v\nwant %v", name, envs, want)
+		}
+		wantMounts := []string{"/run/gpusharing/scheduler/" + a + ":" + sched + a + ":ro", "/run/gpusharing/scheduler/" + b + ":" + sched + b + ":ro",
+			"/var/lib/gpusharing/lib/libgpushare.so:/usr/lib/gpusharing/libgpushare.so:ro"}
+		slices.Sort(wantMounts)
+		if !reflect.DeepEqual(mounts, wantMounts) {
+			t.Errorf("claim %s: mounts\n got %v\nwant %v", name, mounts, wantMounts)
 		}
 	}
-	// A shim share of one GPU is unaffected.
 	ref := claimRef(t, ctx, c, "one-shared")
 	resp, err := kubelet.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: []*drapb.Claim{ref}})
-	if err != nil || resp.Claims[ref.Uid] == nil || resp.Claims[ref.Uid].Error != "" {
+	if err != nil || resp.Claims[ref.Uid] == nil || resp.Claims[ref.Uid].Error != "" || len(resp.Claims[ref.Uid].Devices) != 1 {
 		t.Fatalf("one shim share: %+v, %v", resp, err)
+	}
+	envs, _ := container(t, dirs.cdi, resp.Claims[ref.Uid].Devices[0].CdiDeviceIds[0])
+	if !slices.Contains(envs, "GPUSHARE_SOCKET="+sched+"gpushare.sock") {
+		t.Errorf("one shim share: env %v; want the single form's socket", envs)
 	}
 }

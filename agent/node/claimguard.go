@@ -18,7 +18,7 @@ import (
 
 	"github.com/gpusharing/gpusharing/agent/accounting"
 	"github.com/gpusharing/gpusharing/agent/dra"
-	"github.com/gpusharing/gpusharing/agent/drain"
+	"github.com/gpusharing/gpusharing/agent/vacate"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -37,7 +37,7 @@ func humanBytes(b int64) string { return resource.NewQuantity(b, resource.Binary
 
 // setWithinClaims sets a sized GPU's WithinClaims condition from the groups over their claims and the
 // pods not judged; unread (the accounting has not read the GPU) keeps what was published before.
-func setWithinClaims(g *v1alpha1.GPUStatus, over []overClaim, unknown []drain.PodRef, read bool, prev []metav1.Condition) {
+func setWithinClaims(g *v1alpha1.GPUStatus, over []overClaim, unknown []vacate.PodRef, read bool, prev []metav1.Condition) {
 	if !read {
 		if c := meta.FindStatusCondition(prev, v1alpha1.ConditionWithinClaims); c != nil {
 			meta.SetStatusCondition(&g.Conditions, *c)
@@ -89,34 +89,34 @@ type claimGuard struct {
 	// sized lists the GPUs sized per claim at the last pass, and over, per GPU, the pods over their
 	// claims then (overClaimsChanged compares).
 	sized map[string]bool
-	over  map[string][]drain.PodRef
+	over  map[string][]vacate.PodRef
 	// warned and evicted are keyed by GPU and pod; an entry leaves with the breach.
 	warned  map[string]bool
 	evicted map[string]time.Time
 	// claimed are the pods with sized claims at the last pass; released, those whose claims went since,
 	// with when a pass first saw them gone (releasedPods).
-	claimed  map[drain.PodRef]bool
-	released map[drain.PodRef]time.Time
+	claimed  map[vacate.PodRef]bool
+	released map[vacate.PodRef]time.Time
 	// seen is when each pod with memory on a sized GPU was first seen there (claimKnowledge.knows); an
 	// entry leaves with the pod's last process.
-	seen map[drain.PodRef]time.Time
+	seen map[vacate.PodRef]time.Time
 }
 
 // seenPods records when each pod with memory on the read sized GPUs was first seen, forgets those no
 // longer on any, and returns a copy.
-func (cg *claimGuard) seenPods(reads []accounting.GPU) map[drain.PodRef]time.Time {
+func (cg *claimGuard) seenPods(reads []accounting.GPU) map[vacate.PodRef]time.Time {
 	cg.mu.Lock()
 	defer cg.mu.Unlock()
 	if cg.seen == nil {
-		cg.seen = map[drain.PodRef]time.Time{}
+		cg.seen = map[vacate.PodRef]time.Time{}
 	}
-	now := map[drain.PodRef]bool{}
+	now := map[vacate.PodRef]bool{}
 	for _, g := range reads {
 		for _, c := range g.Containers {
 			if c.Name == "" {
 				continue
 			}
-			p := drain.PodRef{Namespace: c.Namespace, Name: c.Name}
+			p := vacate.PodRef{Namespace: c.Namespace, Name: c.Name}
 			now[p] = true
 			if _, ok := cg.seen[p]; !ok {
 				cg.seen[p] = g.At
@@ -140,17 +140,17 @@ const releasedHold = time.Minute
 // accounting's latest read may be older than that and still show the ended processes, which now hold
 // memory of no claim: a pod is judged again only on a read newer than its release (an evicted Job's
 // finished pod must not be evicted for memory it no longer holds).
-func (cg *claimGuard) releasedPods(claims []dra.SizedClaim, now time.Time) map[drain.PodRef]time.Time {
+func (cg *claimGuard) releasedPods(claims []dra.SizedClaim, now time.Time) map[vacate.PodRef]time.Time {
 	cg.mu.Lock()
 	defer cg.mu.Unlock()
-	claimed := map[drain.PodRef]bool{}
+	claimed := map[vacate.PodRef]bool{}
 	for _, c := range claims {
 		for _, p := range c.Pods {
-			claimed[drain.PodRef{Namespace: c.Namespace, Name: p}] = true
+			claimed[vacate.PodRef{Namespace: c.Namespace, Name: p}] = true
 		}
 	}
 	if cg.released == nil {
-		cg.released = map[drain.PodRef]time.Time{}
+		cg.released = map[vacate.PodRef]time.Time{}
 	}
 	for p := range cg.claimed {
 		if !claimed[p] {
@@ -183,7 +183,7 @@ func (r *Reconciler) overClaimsChanged(snap accounting.Snapshot) bool {
 		if !sized[g.UUID] || g.Err != nil {
 			continue
 		}
-		var now []drain.PodRef
+		var now []vacate.PodRef
 		groups, _ := judgeClaims(k, g, released, seen)
 		for _, o := range groups {
 			for _, p := range o.pods {
@@ -217,7 +217,7 @@ func (r *Reconciler) guardClaims(ctx context.Context, gpus []v1alpha1.GPUStatus,
 	}
 	now := r.clock().Now()
 	still := map[string]bool{}
-	cg.over, cg.sized = map[string][]drain.PodRef{}, map[string]bool{}
+	cg.over, cg.sized = map[string][]vacate.PodRef{}, map[string]bool{}
 	for _, g := range gpus {
 		if g.Applied != nil && g.Applied.Sizing.PerClaim() {
 			cg.sized[g.UUID] = true

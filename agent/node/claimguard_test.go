@@ -12,7 +12,7 @@ import (
 
 	"github.com/gpusharing/gpusharing/agent/accounting"
 	"github.com/gpusharing/gpusharing/agent/dra"
-	"github.com/gpusharing/gpusharing/agent/drain"
+	"github.com/gpusharing/gpusharing/agent/vacate"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -69,7 +69,7 @@ func TestJudgeClaimsLeavesPodsWhoseClaimsAreNotKnownUnjudged(t *testing.T) {
 	}
 	acct := usageOf(ctr("first", 3<<30, 0, 1), ctr("second", 3<<30, 0, 2), ctr("solo", 5<<30, 0, 3))
 	acct.At = t0.Add(3 * time.Second)
-	seen := map[drain.PodRef]time.Time{{Namespace: "ml", Name: "first"}: t0, {Namespace: "ml", Name: "solo"}: t0,
+	seen := map[vacate.PodRef]time.Time{{Namespace: "ml", Name: "first"}: t0, {Namespace: "ml", Name: "solo"}: t0,
 		{Namespace: "ml", Name: "second"}: t0.Add(2 * time.Second)}
 	judge := func(k claimKnowledge) string {
 		over, unknown := judgeClaims(k, acct, nil, seen)
@@ -86,7 +86,7 @@ func TestJudgeClaimsLeavesPodsWhoseClaimsAreNotKnownUnjudged(t *testing.T) {
 			"over [ml/solo holds 5Gi, its claims 4Gi] unknown [ml/second]"},
 		{"read since, and the claim is not the second pod's: it claimed nothing here", claimKnowledge{claims: claims, syncedAt: t0.Add(2500 * time.Millisecond)},
 			"over [ml/second holds 3Gi, its claims 0 ml/solo holds 5Gi, its claims 4Gi] unknown []"},
-		{"a claim whose amounts are not known", claimKnowledge{claims: claims, syncedAt: t0.Add(time.Second), uncertain: map[drain.PodRef]bool{{Namespace: "ml", Name: "solo"}: true}},
+		{"a claim whose amounts are not known", claimKnowledge{claims: claims, syncedAt: t0.Add(time.Second), uncertain: map[vacate.PodRef]bool{{Namespace: "ml", Name: "solo"}: true}},
 			"over [] unknown [ml/second ml/solo]"},
 	} {
 		if got := judge(tt.k); got != tt.want {

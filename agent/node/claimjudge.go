@@ -10,7 +10,7 @@ import (
 
 	"github.com/gpusharing/gpusharing/agent/accounting"
 	"github.com/gpusharing/gpusharing/agent/dra"
-	"github.com/gpusharing/gpusharing/agent/drain"
+	"github.com/gpusharing/gpusharing/agent/vacate"
 )
 
 // A claim of M bytes bounds the device memory its pods' processes hold as NVML counts it, their CUDA
@@ -24,7 +24,7 @@ import (
 type claimKnowledge struct {
 	claims []dra.SizedClaim
 	// uncertain pods are named by a claim whose GPU or amounts are not known.
-	uncertain map[drain.PodRef]bool
+	uncertain map[vacate.PodRef]bool
 	// syncedAt is when the last read of the node's claims from the API server began; a pod first seen on
 	// a GPU before then has every claim it uses in that read.
 	syncedAt time.Time
@@ -46,15 +46,15 @@ func (r *Reconciler) claimKnowledge() claimKnowledge {
 		return claimKnowledge{claims: r.Claims.SizedClaims(), whole: true}
 	}
 	view := v.ClaimView()
-	k := claimKnowledge{claims: view.Claims, syncedAt: view.SyncedAt, uncertain: map[drain.PodRef]bool{}}
+	k := claimKnowledge{claims: view.Claims, syncedAt: view.SyncedAt, uncertain: map[vacate.PodRef]bool{}}
 	for _, p := range view.Uncertain {
-		k.uncertain[drain.PodRef{Namespace: p.Namespace, Name: p.Name}] = true
+		k.uncertain[vacate.PodRef{Namespace: p.Namespace, Name: p.Name}] = true
 	}
 	return k
 }
 
 // knows says whether every claim of pod, first seen on a GPU at seen, is known.
-func (k claimKnowledge) knows(pod drain.PodRef, seen time.Time) bool {
+func (k claimKnowledge) knows(pod vacate.PodRef, seen time.Time) bool {
 	if k.uncertain[pod] {
 		return false
 	}
@@ -63,7 +63,7 @@ func (k claimKnowledge) knows(pod drain.PodRef, seen time.Time) bool {
 
 // claimPod is a pod of a ledger group that holds memory of the GPU.
 type claimPod struct {
-	drain.PodRef
+	vacate.PodRef
 	// uid is the pod's, where the accounting knows it: an eviction's precondition, so a pod recreated
 	// under the same name (a StatefulSet's) is not evicted for its predecessor.
 	uid types.UID
@@ -94,7 +94,7 @@ func (o overClaim) String() string {
 // advertise it), so such a pod reached it another way. A group with a pod not known is not judged. A
 // pod in released is judged only on a read made after its claims went (releasedPods). seen says when
 // each pod was first seen on a sized GPU; a pod missing there was first seen in acct.
-func judgeClaims(k claimKnowledge, acct accounting.GPU, released, seen map[drain.PodRef]time.Time) ([]overClaim, []drain.PodRef) {
+func judgeClaims(k claimKnowledge, acct accounting.GPU, released, seen map[vacate.PodRef]time.Time) ([]overClaim, []vacate.PodRef) {
 	links, claimedBy := linkClaimPods(k, acct.UUID)
 	used, uids := podMemory(acct)
 	type group struct {
@@ -102,8 +102,8 @@ func judgeClaims(k claimKnowledge, acct accounting.GPU, released, seen map[drain
 		used, claimed int64
 		unknown       bool
 	}
-	groups := map[drain.PodRef]*group{}
-	groupOf := func(p drain.PodRef) *group {
+	groups := map[vacate.PodRef]*group{}
+	groupOf := func(p vacate.PodRef) *group {
 		root := links.find(p)
 		g, ok := groups[root]
 		if !ok {
@@ -115,7 +115,7 @@ func judgeClaims(k claimKnowledge, acct accounting.GPU, released, seen map[drain
 	for p, c := range claimedBy {
 		groupOf(p).claimed += c
 	}
-	var unknown []drain.PodRef
+	var unknown []vacate.PodRef
 	for p, u := range used {
 		if at, ok := released[p]; ok && !acct.At.After(at) {
 			continue
@@ -141,14 +141,14 @@ func judgeClaims(k claimKnowledge, acct accounting.GPU, released, seen map[drain
 		over = append(over, overClaim{pods: g.pods, used: g.used, claimed: g.claimed})
 	}
 	slices.SortFunc(over, func(a, b overClaim) int { return strings.Compare(a.String(), b.String()) })
-	slices.SortFunc(unknown, func(a, b drain.PodRef) int { return strings.Compare(a.String(), b.String()) })
+	slices.SortFunc(unknown, func(a, b vacate.PodRef) int { return strings.Compare(a.String(), b.String()) })
 	return over, unknown
 }
 
 // podLinks is a union-find over pods: two pods are one ledger group when a claim on the GPU lists both.
-type podLinks map[drain.PodRef]drain.PodRef
+type podLinks map[vacate.PodRef]vacate.PodRef
 
-func (l podLinks) find(p drain.PodRef) drain.PodRef {
+func (l podLinks) find(p vacate.PodRef) vacate.PodRef {
 	q, ok := l[p]
 	if !ok || q == p {
 		return p
@@ -158,8 +158,8 @@ func (l podLinks) find(p drain.PodRef) drain.PodRef {
 	return root
 }
 
-func (l podLinks) link(a, b drain.PodRef) {
-	for _, p := range []drain.PodRef{a, b} {
+func (l podLinks) link(a, b vacate.PodRef) {
+	for _, p := range []vacate.PodRef{a, b} {
 		if _, ok := l[p]; !ok {
 			l[p] = p
 		}
@@ -171,31 +171,31 @@ func (l podLinks) link(a, b drain.PodRef) {
 
 // linkClaimPods links the pods of each claim on GPU uuid and sums each claim's memory under its first
 // pod (summed per group by the caller).
-func linkClaimPods(k claimKnowledge, uuid string) (podLinks, map[drain.PodRef]int64) {
+func linkClaimPods(k claimKnowledge, uuid string) (podLinks, map[vacate.PodRef]int64) {
 	links := podLinks{}
-	claimedBy := map[drain.PodRef]int64{}
+	claimedBy := map[vacate.PodRef]int64{}
 	for _, c := range k.claims {
 		if c.GPU != uuid || len(c.Pods) == 0 {
 			continue
 		}
-		first := drain.PodRef{Namespace: c.Namespace, Name: c.Pods[0]}
+		first := vacate.PodRef{Namespace: c.Namespace, Name: c.Pods[0]}
 		claimedBy[first] += c.MemoryBytes
 		for _, name := range c.Pods {
-			links.link(first, drain.PodRef{Namespace: c.Namespace, Name: name})
+			links.link(first, vacate.PodRef{Namespace: c.Namespace, Name: name})
 		}
 	}
 	return links, claimedBy
 }
 
 // podMemory sums the GPU's containers by pod: the memory each pod's processes hold, and its UID.
-func podMemory(acct accounting.GPU) (map[drain.PodRef]int64, map[drain.PodRef]types.UID) {
-	used := map[drain.PodRef]int64{}
-	uids := map[drain.PodRef]types.UID{}
+func podMemory(acct accounting.GPU) (map[vacate.PodRef]int64, map[vacate.PodRef]types.UID) {
+	used := map[vacate.PodRef]int64{}
+	uids := map[vacate.PodRef]types.UID{}
 	for _, c := range acct.Containers {
 		if c.Name == "" {
 			continue // a process of no pod: the MPS server, something on the host
 		}
-		p := drain.PodRef{Namespace: c.Namespace, Name: c.Name}
+		p := vacate.PodRef{Namespace: c.Namespace, Name: c.Name}
 		used[p] += int64(c.MemoryBytes)
 		uids[p] = types.UID(c.UID)
 	}

@@ -9,10 +9,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 
-	"github.com/gpusharing/gpusharing/agent/dra"
-	"github.com/gpusharing/gpusharing/agent/drain"
 	"github.com/gpusharing/gpusharing/agent/gpu"
 	"github.com/gpusharing/gpusharing/agent/outcome"
+	"github.com/gpusharing/gpusharing/agent/vacate"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 	"github.com/gpusharing/gpusharing/internal/sharing"
 )
@@ -31,9 +30,9 @@ type SlicePublisher interface {
 	PublishStatus(node *v1alpha1.GPUNode)
 }
 
-// Drainer empties one GPU of its pods; drain.Drainer implements it.
-type Drainer interface {
-	Drain(ctx context.Context, req drain.Request) (drain.Result, error)
+// Vacater empties one GPU of its pods, the drain's vacate step; vacate.Vacater implements it.
+type Vacater interface {
+	Vacate(ctx context.Context, req vacate.Request) (vacate.Result, error)
 }
 
 const (
@@ -49,7 +48,7 @@ const (
 // drainOn says whether disruptive changes drain first: a drainer, and something that stops advertising
 // the GPU while it is drained (the device plugin's Cordon, or the ResourceSlices, which leave out a GPU
 // whose status says Draining).
-func (r *Reconciler) drainOn() bool { return r.Drainer != nil && (r.Devices != nil || r.Slices != nil) }
+func (r *Reconciler) drainOn() bool { return r.Vacater != nil && (r.Devices != nil || r.Slices != nil) }
 
 func (r *Reconciler) notify() {
 	if r.Notify != nil {
@@ -186,20 +185,21 @@ func (r *Reconciler) startDrain(ctx context.Context, dev gpu.Device, s drainStat
 			migs = append(migs, in.UUID)
 		}
 	}
-	req := drain.Request{GPUUUID: dev.UUID, GPUIndex: int32(dev.Index), MIGUUIDs: migs, Mode: s.mode, Timeout: s.timeout}
+	req := vacate.Request{GPUUUID: dev.UUID, GPUIndex: int32(dev.Index), MIGUUIDs: migs, Mode: s.mode, Timeout: s.timeout}
 	if sc := s.scope; sc != nil {
 		// Only the pods of what the change takes: the device plugin's pods of its MIG devices (no pod
 		// holds a MIG GPU whole) and the pods of its claims.
 		req.MIGUUIDs = sc.migs
-		ctx = dra.WithDrainScope(ctx, sc.claims)
+		claims := sc.claims
+		req.ClaimScope = &claims
 		log.Info("Draining the pods a fixed-layout change takes", "target", s.target, "takes", strings.Join(sc.reasons, "; "),
 			"mode", string(s.mode), "timeout", s.timeout.String())
 	} else {
 		log.Info("Draining GPU before a disruptive change", "target", s.target, "mode", string(s.mode), "timeout", s.timeout.String())
 	}
-	r.drains.start(ctx, dev.UUID, s.seq, s.view, func(dctx context.Context, progress func(drain.Step)) ([]string, error) {
+	r.drains.start(ctx, dev.UUID, s.seq, s.view, func(dctx context.Context, progress func(vacate.Step)) ([]string, error) {
 		req.Progress = progress
-		res, err := r.Drainer.Drain(dctx, req)
+		res, err := r.Vacater.Vacate(dctx, req)
 		log.Info("GPU drain ended", "remaining", len(res.Remaining), "evicted", len(res.Evicted), "duration", res.Duration.String(), "error", errString(err))
 		return podNames(res.Remaining), err
 	}, r.notify)
@@ -356,7 +356,7 @@ func (r *Reconciler) publishDevices(ctx context.Context, sc *scope) {
 	}
 }
 
-func podNames(pods []drain.PodRef) []string {
+func podNames(pods []vacate.PodRef) []string {
 	out := make([]string, 0, len(pods))
 	for _, p := range pods {
 		out = append(out, p.String())

@@ -9,7 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/gpusharing/gpusharing/agent/drain"
+	"github.com/gpusharing/gpusharing/agent/vacate"
 
 	"github.com/gpusharing/gpusharing/agent/outcome"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
@@ -88,7 +88,7 @@ func TestFailedDrainsBackOffDoublingUpToTheCap(t *testing.T) {
 	var got []time.Duration
 	for range 5 {
 		s.phase = phaseDraining
-		s, _ = next(s, observation{kind: obsDrainEnded, now: now, seq: 1, err: drain.ErrDrainTimeout, backoff: time.Minute, backoffMax: 5 * time.Minute})
+		s, _ = next(s, observation{kind: obsDrainEnded, now: now, seq: 1, err: vacate.ErrTimeout, backoff: time.Minute, backoffMax: 5 * time.Minute})
 		got = append(got, s.retryAt.Sub(now))
 	}
 	want := []time.Duration{time.Minute, 2 * time.Minute, 4 * time.Minute, 5 * time.Minute, 5 * time.Minute}

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gpusharing/gpusharing/agent/drain"
 	"github.com/gpusharing/gpusharing/agent/outcome"
+	"github.com/gpusharing/gpusharing/agent/vacate"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -64,7 +64,7 @@ type drainTarget struct {
 
 // drainState is one GPU's drain. It lives in memory only: an agent that restarts mid-drain has no GPU
 // cordoned (its device plugin starts afresh) and drains again, which resumes the drain before it: a pod
-// already terminating is waited for, not evicted twice (agent/drain).
+// already terminating is waited for, not evicted twice (agent/vacate).
 type drainState struct {
 	phase drainPhase
 	drainTarget
@@ -213,7 +213,7 @@ func drainEnded(s drainState, o observation) (drainState, []drainAction) {
 		return s, nil
 	}
 	reason := v1alpha1.ReasonDrainFailed
-	if errors.Is(o.err, drain.ErrDrainTimeout) {
+	if errors.Is(o.err, vacate.ErrTimeout) {
 		reason = v1alpha1.ReasonDrainTimedOut
 	}
 	return failed(s, o, outcome.Newf(reason, "%s", o.err.Error()), false), []drainAction{actUncordon}

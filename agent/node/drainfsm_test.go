@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpusharing/gpusharing/agent/drain"
 	"github.com/gpusharing/gpusharing/agent/outcome"
+	"github.com/gpusharing/gpusharing/agent/vacate"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -64,9 +64,9 @@ func TestDrainTransitions(t *testing.T) {
 		{"draining: wait", in(phaseDraining, fsmA), passFor(fsmA), phaseDraining, nil},
 		{"draining, progress of this run", in(phaseDraining, fsmA), observation{kind: obsProgress, seq: 3}, phaseDraining, nil},
 		{"draining, ended with no pod left", in(phaseDraining, fsmA), observation{kind: obsDrainEnded, seq: 3}, phaseDrained, nil},
-		{"draining, timed out: advertised again", in(phaseDraining, fsmA), observation{kind: obsDrainEnded, seq: 3, err: drain.ErrDrainTimeout}, phaseFailed, []drainAction{actUncordon}},
-		{"draining, failed: advertised again", in(phaseDraining, fsmA), observation{kind: obsDrainEnded, seq: 3, err: drain.ErrEvictionFailed}, phaseFailed, []drainAction{actUncordon}},
-		{"draining ignores the end of an earlier run", in(phaseDraining, fsmA), observation{kind: obsDrainEnded, seq: 2, err: drain.ErrDrainTimeout}, phaseDraining, nil},
+		{"draining, timed out: advertised again", in(phaseDraining, fsmA), observation{kind: obsDrainEnded, seq: 3, err: vacate.ErrTimeout}, phaseFailed, []drainAction{actUncordon}},
+		{"draining, failed: advertised again", in(phaseDraining, fsmA), observation{kind: obsDrainEnded, seq: 3, err: vacate.ErrEvictionFailed}, phaseFailed, []drainAction{actUncordon}},
+		{"draining ignores the end of an earlier run", in(phaseDraining, fsmA), observation{kind: obsDrainEnded, seq: 2, err: vacate.ErrTimeout}, phaseDraining, nil},
 		{"draining, spec no longer disruptive: stop, uncordon, converge", in(phaseDraining, fsmA), passFor(fsmA, notDisruptive), phaseIdle, []drainAction{actStopDrain, actUncordon, actConverge}},
 		{"draining, new spec refused: stop, uncordon, converge reports it", in(phaseDraining, fsmA), passFor(fsmB, notAdmitted), phaseIdle, []drainAction{actStopDrain, actUncordon, actConverge}},
 		{"draining, new disruptive spec: stop and drain again, still hidden", in(phaseDraining, fsmA), passFor(fsmB), phaseCordoned, []drainAction{actStopDrain}},
@@ -114,7 +114,7 @@ func TestDrainStartsANewRunAndIgnoresTheOldOnesMessages(t *testing.T) {
 	if !reflect.DeepEqual(s.view.pods, []string{"a/x"}) {
 		t.Errorf("this run's progress did not reach the view: %v", s.view.pods)
 	}
-	s, _ = next(s, observation{kind: obsDrainEnded, now: fsmNow, seq: 4, err: drain.ErrDrainTimeout, remaining: []string{"a/x"}, backoff: time.Minute})
+	s, _ = next(s, observation{kind: obsDrainEnded, now: fsmNow, seq: 4, err: vacate.ErrTimeout, remaining: []string{"a/x"}, backoff: time.Minute})
 	o, ok := outcome.As(s.failure)
 	if !ok || o.Reason != v1alpha1.ReasonDrainTimedOut || s.failures != 1 || !s.retryAt.Equal(fsmNow.Add(time.Minute)) || !reflect.DeepEqual(s.view.pods, []string{"a/x"}) {
 		t.Errorf("after a timeout: %+v (failure %v), want DrainTimedOut, 1 failure, retry in 1m, a/x remaining", s, s.failure)
@@ -133,26 +133,26 @@ func TestAFailureAfterTheRetryKeepsCountingAndASpecChangeResetsTheCount(t *testi
 }
 
 func TestDrainViewKeepsAnEvictionMessageWhileItsPodRemains(t *testing.T) {
-	x, y := drain.PodRef{Namespace: "a", Name: "x"}, drain.PodRef{Namespace: "b", Name: "y"}
-	v := drainView{}.with(drain.Step{Phase: drain.PhaseListed, Pods: []drain.PodRef{x, y}})
+	x, y := vacate.PodRef{Namespace: "a", Name: "x"}, vacate.PodRef{Namespace: "b", Name: "y"}
+	v := drainView{}.with(vacate.Step{Kind: vacate.StepListed, Pods: []vacate.PodRef{x, y}})
 	if !v.listed || !reflect.DeepEqual(v.pods, []string{"a/x", "b/y"}) {
 		t.Fatalf("listed: %+v", v)
 	}
-	v = v.with(drain.Step{Phase: drain.PhaseEvictionBlocked, Pods: []drain.PodRef{x}, Message: "eviction of a/x blocked"})
-	v = v.with(drain.Step{Phase: drain.PhaseWaiting, Pods: []drain.PodRef{x}})
+	v = v.with(vacate.Step{Kind: vacate.StepEvictionBlocked, Pods: []vacate.PodRef{x}, Message: "eviction of a/x blocked"})
+	v = v.with(vacate.Step{Kind: vacate.StepWaiting, Pods: []vacate.PodRef{x}})
 	if v.message != "eviction of a/x blocked" {
 		t.Errorf("the message about a/x went while a/x remains: %+v", v)
 	}
-	v = v.with(drain.Step{Phase: drain.PhaseWaiting, Pods: []drain.PodRef{y}})
+	v = v.with(vacate.Step{Kind: vacate.StepWaiting, Pods: []vacate.PodRef{y}})
 	if v.message != "" {
 		t.Errorf("the message about a/x stayed after a/x left: %q", v.message)
 	}
-	v = v.with(drain.Step{Phase: drain.PhaseListFailed, Message: "kubelet unavailable"})
-	v = v.with(drain.Step{Phase: drain.PhaseWaiting, Pods: []drain.PodRef{y}})
+	v = v.with(vacate.Step{Kind: vacate.StepListFailed, Message: "kubelet unavailable"})
+	v = v.with(vacate.Step{Kind: vacate.StepWaiting, Pods: []vacate.PodRef{y}})
 	if v.message != "" {
 		t.Errorf("a list failure's message stayed after a list succeeded: %q", v.message)
 	}
-	if v = v.with(drain.Step{Phase: drain.PhaseIdle}); len(v.pods) != 0 || !v.listed {
+	if v = v.with(vacate.Step{Kind: vacate.StepVacated}); len(v.pods) != 0 || !v.listed {
 		t.Errorf("idle: %+v", v)
 	}
 }
@@ -165,7 +165,7 @@ func TestMessagesOutsideTheirPhaseChangeNothing(t *testing.T) {
 		from := in(p, fsmA)
 		for _, o := range []observation{
 			{kind: obsProgress, seq: 3, view: drainView{pods: []string{"a/x"}}},
-			{kind: obsDrainEnded, seq: 3, err: drain.ErrDrainTimeout},
+			{kind: obsDrainEnded, seq: 3, err: vacate.ErrTimeout},
 			{kind: obsApplied, err: outcome.Newf(v1alpha1.ReasonGPUBusy, "pid 7")},
 		} {
 			if (o.kind == obsProgress || o.kind == obsDrainEnded) && p == phaseDraining || o.kind == obsApplied && p == phaseDrained {

@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/gpusharing/gpusharing/agent/drain"
+	"github.com/gpusharing/gpusharing/agent/vacate"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -26,23 +26,23 @@ type drainView struct {
 	messagePod string
 }
 
-// with folds one drain step into the view.
-func (v drainView) with(s drain.Step) drainView {
-	switch s.Phase {
-	case drain.PhaseListed, drain.PhaseWaiting, drain.PhaseTimedOut:
+// with folds one vacate step into the view.
+func (v drainView) with(s vacate.Step) drainView {
+	switch s.Kind {
+	case vacate.StepListed, vacate.StepWaiting, vacate.StepTimedOut:
 		v.listed, v.pods = true, podNames(s.Pods)
-	case drain.PhaseIdle:
+	case vacate.StepVacated:
 		v.listed, v.pods = true, nil
 	}
-	switch s.Phase {
-	case drain.PhaseEvictionBlocked, drain.PhaseEvicted:
+	switch s.Kind {
+	case vacate.StepEvictionBlocked, vacate.StepEvicted:
 		v.message, v.messagePod = s.Message, ""
 		if len(s.Pods) > 0 {
 			v.messagePod = s.Pods[0].String()
 		}
-	case drain.PhaseListFailed, drain.PhaseFailed, drain.PhaseTimedOut:
+	case vacate.StepListFailed, vacate.StepFailed, vacate.StepTimedOut:
 		v.message, v.messagePod = s.Message, ""
-	case drain.PhaseListed, drain.PhaseWaiting, drain.PhaseIdle:
+	case vacate.StepListed, vacate.StepWaiting, vacate.StepVacated:
 		if v.messagePod == "" || !slices.Contains(v.pods, v.messagePod) {
 			v.message, v.messagePod = "", ""
 		}
@@ -111,7 +111,7 @@ func (ds *drains) set(uuid string, s drainState) {
 
 // start runs fn (the drain) on its own goroutine; it reports through the run's mailboxes and wakes a
 // pass with notify.
-func (ds *drains) start(ctx context.Context, uuid string, seq int, view drainView, fn func(context.Context, func(drain.Step)) ([]string, error), notify func()) {
+func (ds *drains) start(ctx context.Context, uuid string, seq int, view drainView, fn func(context.Context, func(vacate.Step)) ([]string, error), notify func()) {
 	ds.stop(uuid)
 	dctx, cancel := context.WithCancel(ctx)
 	run := &drainRun{seq: seq, cancel: cancel, progress: make(chan drainView, 1), ended: make(chan drainEndedMsg, 1)}
@@ -120,7 +120,7 @@ func (ds *drains) start(ctx context.Context, uuid string, seq int, view drainVie
 	}
 	ds.runs[uuid] = run
 	go func() {
-		progress := func(s drain.Step) {
+		progress := func(s vacate.Step) {
 			view = view.with(s)
 			latest(run.progress, view)
 			notify()

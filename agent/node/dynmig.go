@@ -12,6 +12,7 @@ import (
 	"github.com/gpusharing/gpusharing/agent/health"
 	"github.com/gpusharing/gpusharing/agent/mig"
 	"github.com/gpusharing/gpusharing/agent/outcome"
+	"github.com/gpusharing/gpusharing/agent/vacate"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 	"github.com/gpusharing/gpusharing/internal/sharing"
 )
@@ -213,7 +214,7 @@ type layoutScope struct {
 	migs []string
 	// claims are the ResourceClaims whose pods go: the claims' instances it needs, and the claims of the
 	// fixed instances it destroys (by published device name).
-	claims dra.DrainScope
+	claims vacate.ClaimScope
 }
 
 // scopeOf is the drain scope of a change that takes something; nil for one that takes nothing.

@@ -30,9 +30,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
-	"github.com/gpusharing/gpusharing/agent/drain"
 	"github.com/gpusharing/gpusharing/agent/gpu"
 	"github.com/gpusharing/gpusharing/agent/health"
+	"github.com/gpusharing/gpusharing/agent/vacate"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -74,9 +74,9 @@ type Reconciler struct {
 	Devices DevicePlugin
 	// Slices, when set, publishes every status a pass computes as DRA ResourceSlices.
 	Slices SlicePublisher
-	// Drainer, with Devices or Slices, empties a GPU before a disruptive change (see drain.go). Without
+	// Vacater, with Devices or Slices, empties a GPU before a disruptive change (see drain.go). Without
 	// them, a disruptive change is applied at once and refused with GPUBusy while processes use the GPU.
-	Drainer Drainer
+	Vacater Vacater
 	// DrainBackoff and DrainBackoffMax bound the wait before a GPU whose drain failed is drained again
 	// for the same desired sharing (defaults DefaultDrainBackoff, DefaultDrainBackoffMax).
 	DrainBackoff, DrainBackoffMax time.Duration
@@ -89,7 +89,7 @@ type Reconciler struct {
 
 	// ClaimEvictor, with Claims, evicts the pods over their claims on GPUs whose sizing says Evict
 	// (claimguard.go); nil only reports them.
-	ClaimEvictor drain.Evictor
+	ClaimEvictor vacate.Evictor
 
 	drains drains
 	usage  usageState

@@ -13,8 +13,8 @@ import (
 
 	"github.com/gpusharing/gpusharing/agent/accounting"
 	"github.com/gpusharing/gpusharing/agent/dra"
-	"github.com/gpusharing/gpusharing/agent/drain"
 	"github.com/gpusharing/gpusharing/agent/gpu"
+	"github.com/gpusharing/gpusharing/agent/vacate"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -82,7 +82,7 @@ func (r *Reconciler) setSizedClaims(sc *scope, gpus []v1alpha1.GPUStatus, prev [
 		g.Sized = sizedStatus(byGPU[g.UUID], acct, ok, prevByUUID[g.UUID])
 		g.Sized.MemoryCapacity = capacity
 		var over []overClaim
-		var unknown []drain.PodRef
+		var unknown []vacate.PodRef
 		if ok {
 			over, unknown = judgeClaims(k, acct, released, seen)
 		}

@@ -37,10 +37,10 @@ var (
 	// a second share of the same GPU would keep another pod off it and give this one nothing. It comes
 	// when the node has fewer GPUs with a free share than the container asks for.
 	ErrSharesOnOneGPU = errors.New("two shim shares of one GPU in one container")
-	// ErrShimOnSeveralGPUs is returned when one container gets shim shares (fixed or sized) of more than
-	// one GPU while shimServesSeveralGPUs is false: a process under the shim would reach no scheduler and
-	// hold no memory limit, so the GPUs would be neither shared nor capped (docs/deviceplugin.md).
-	ErrShimOnSeveralGPUs = errors.New("shim shares of several GPUs in one container are refused until the shim serves several GPUs")
+	// ErrTooManyShimGPUs is returned when one container gets shim shares of more GPUs than the shim
+	// serves in one process (MaxShimGPUs): it would leave the GPUs past the limit unshared, their
+	// calls passing through with no lock and no memory limit (docs/multigpu.md).
+	ErrTooManyShimGPUs = errors.New("shim shares of more GPUs than the shim serves in one process")
 	// ErrNoDevices is returned for a container request without device IDs.
 	ErrNoDevices = errors.New("no devices requested")
 )
@@ -77,11 +77,10 @@ func containerResponse(cfg Config, devs []Device) (*pluginapi.ContainerAllocateR
 		addMPS(cfg, resp, devs)
 	case KindShared:
 		gpus := byGPU(devs)
-		if len(gpus) > 1 && !shimServesSeveralGPUs {
-			return nil, fmt.Errorf("%w (%s): the shim serves one GPU per process, so these shares would run with no GPU's lock "+
-				"and no memory limit; give each container shares of one GPU (one container per GPU), or, for one container on "+
-				"several GPUs, ask for time-sliced shares without the shim (%s, DeviceClass gpusharing-timeslicing) or whole GPUs "+
-				"(%s, DeviceClass gpusharing-exclusive)", ErrShimOnSeveralGPUs, strings.Join(visible, ", "), cfg.Resources.TimeSlicing, cfg.Resources.Exclusive)
+		if len(gpus) > MaxShimGPUs {
+			return nil, fmt.Errorf("%w: %d GPUs, at most %d; split the work over several containers, or ask for time-sliced shares "+
+				"without the shim (%s, DeviceClass gpusharing-timeslicing) or whole GPUs (%s, DeviceClass gpusharing-exclusive)",
+				ErrTooManyShimGPUs, len(gpus), MaxShimGPUs, cfg.Resources.TimeSlicing, cfg.Resources.Exclusive)
 		}
 		for _, g := range gpus {
 			if fixed := len(g.devs) - countSized(g.devs); fixed > 1 {

@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
-
 	"github.com/gpusharing/gpusharing/agent/share/sharetest"
 )
 
@@ -70,25 +68,28 @@ func TestShimSharesLeaveTheIdleWindowToTheScheduler(t *testing.T) {
 	}
 }
 
-// The per-GPU form shimServesSeveralGPUs turns on: each GPU's socket directory mounted under its uuid,
-// and the socket, swapping and memory limit of each GPU as <uuid>=<value> pairs in CUDA_VISIBLE_DEVICES
-// order, each socket path inside its own GPU's mount.
+// Shim shares of several GPUs in one container get the list form the shim reads (shim/src/config.c):
+// each GPU's socket directory mounted under its uuid, and the socket, swapping and memory limit of each
+// GPU as <uuid>=<value> pairs in CUDA_VISIBLE_DEVICES order, each socket path inside its own GPU's
+// mount and each limit the sum of that GPU's sized shares.
 func TestShimSharesOfTwoGPUsCarryEachGPUsSocketAndLimits(t *testing.T) {
-	cfg := Config{SchedulerRoot: "/host/sched", ShimLibrary: "/host/libgpushare.so"}.WithDefaults()
-	b := Device{ID: "GPU-b::1", Kind: KindShared, GPUUUID: "GPU-b", VisibleUUID: "GPU-b", ShimOversub: true, Sized: true, MemoryLimitBytes: 4 << 30}
-	a := Device{ID: "GPU-a::0", Kind: KindShared, GPUUUID: "GPU-a", VisibleUUID: "GPU-a"}
-	shimGPUs := func(devs ...Device) *pluginapi.ContainerAllocateResponse {
-		resp := &pluginapi.ContainerAllocateResponse{Envs: map[string]string{}}
-		addShimGPUs(cfg, resp, byGPU(devs))
-		return resp
+	cfg := Config{SchedulerRoot: "/host/sched", ShimLibrary: "/host/libgpushare.so"}
+	sizedB := func(n int32, limit int64) Device {
+		return Device{ID: ReplicaID("GPU-b", n), Kind: KindShared, GPUUUID: "GPU-b", VisibleUUID: "GPU-b", ShimOversub: true, Sized: true, MemoryLimitBytes: limit}
 	}
-	resp := shimGPUs(b, a)
+	a := Device{ID: "GPU-a::0", Kind: KindShared, GPUUUID: "GPU-a", VisibleUUID: "GPU-a"}
+	resp, err := ContainerEdits(cfg, []Device{sizedB(0, 4<<30), a, sizedB(1, 2<<30)})
+	if err != nil {
+		t.Fatal(err)
+	}
 	want := map[string]string{
-		EnvLDPreload:       ContainerShimLibrary,
-		EnvShimGPUUUID:     "GPU-b,GPU-a",
-		EnvShimSocket:      "GPU-b=/var/run/gpusharing/scheduler/GPU-b/gpushare.sock,GPU-a=/var/run/gpusharing/scheduler/GPU-a/gpushare.sock",
-		EnvShimOversub:     "GPU-b=1,GPU-a=0",
-		EnvShimMemoryLimit: "GPU-b=4294967296,GPU-a=0",
+		EnvNvidiaVisibleDevices: "GPU-b,GPU-a",
+		EnvCUDAVisibleDevices:   "GPU-b,GPU-a",
+		EnvLDPreload:            ContainerShimLibrary,
+		EnvShimGPUUUID:          "GPU-b,GPU-a",
+		EnvShimSocket:           "GPU-b=/var/run/gpusharing/scheduler/GPU-b/gpushare.sock,GPU-a=/var/run/gpusharing/scheduler/GPU-a/gpushare.sock",
+		EnvShimOversub:          "GPU-b=1,GPU-a=0",
+		EnvShimMemoryLimit:      "GPU-b=6442450944,GPU-a=0",
 	}
 	if !reflect.DeepEqual(resp.Envs, want) {
 		t.Errorf("envs:\n got %v\nwant %v", resp.Envs, want)
@@ -106,16 +107,23 @@ func TestShimSharesOfTwoGPUsCarryEachGPUsSocketAndLimits(t *testing.T) {
 		t.Errorf("mounts:\n got %v\nwant %v", mounts, wantMounts)
 	}
 	// No sized share: no limit variable at all, as for one GPU.
-	resp = shimGPUs(a, Device{ID: "GPU-b::0", Kind: KindShared, GPUUUID: "GPU-b", VisibleUUID: "GPU-b"})
+	resp, err = ContainerEdits(cfg, []Device{a, {ID: "GPU-b::0", Kind: KindShared, GPUUUID: "GPU-b", VisibleUUID: "GPU-b"}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if v, set := resp.Envs[EnvShimMemoryLimit]; set {
 		t.Errorf("fixed shares of two GPUs: %s=%q, want it unset", EnvShimMemoryLimit, v)
+	}
+	if got, want := resp.Envs[EnvShimGPUUUID], "GPU-a,GPU-b"; got != want {
+		t.Errorf("fixed shares of two GPUs: %s=%q, want %q", EnvShimGPUUUID, got, want)
 	}
 }
 
 // What cannot work in one container is refused with a reason: MPS shares of two GPUs (one daemon and one
-// /dev/shm per client), two fixed shim shares of one GPU (one lock client per GPU), and shim shares,
-// fixed or sized, of two GPUs until the shim serves several GPUs (no lock, no memory limit). Sized shares
-// of one GPU add up, as their memory does; time-sliced replicas and whole GPUs span GPUs freely.
+// /dev/shm per client), two fixed shim shares of one GPU (one lock client per GPU), also beside another
+// GPU, and shim shares of more GPUs than the shim serves in one process. Sized shares of one GPU add up,
+// as their memory does; shim shares of several GPUs, fixed or sized, get the list form; time-sliced
+// replicas and whole GPUs span GPUs freely.
 func TestContainerEditsRefuseSharesThatCannotWorkTogether(t *testing.T) {
 	mpsOn := func(gpu string, n int32) Device {
 		return Device{ID: ReplicaID(gpu, n), Kind: KindMPS, GPUUUID: gpu, VisibleUUID: gpu, MPS: &MPSLimits{ActiveThreadPercentage: 50}}
@@ -130,6 +138,12 @@ func TestContainerEditsRefuseSharesThatCannotWorkTogether(t *testing.T) {
 	on := func(kind Kind, gpu string, n int32) Device {
 		return Device{ID: ReplicaID(gpu, n), Kind: kind, GPUUUID: gpu, VisibleUUID: gpu}
 	}
+	shimOnGPUs := func(n int) (devs []Device) {
+		for i := range n {
+			devs = append(devs, shimOn(fmt.Sprintf("GPU-%02d", i), 0))
+		}
+		return devs
+	}
 	for _, tt := range []struct {
 		name string
 		devs []Device
@@ -137,11 +151,14 @@ func TestContainerEditsRefuseSharesThatCannotWorkTogether(t *testing.T) {
 	}{
 		{"MPS shares of two GPUs", []Device{mpsOn("GPU-a", 0), mpsOn("GPU-b", 0)}, ErrDevicesSpanGPUs},
 		{"two fixed shim shares of one GPU", []Device{shimOn("GPU-a", 0), shimOn("GPU-a", 1)}, ErrSharesOnOneGPU},
-		{"two fixed shim shares of one GPU beside another GPU", []Device{shimOn("GPU-a", 0), shimOn("GPU-b", 0), shimOn("GPU-a", 1)}, ErrShimOnSeveralGPUs},
+		{"two fixed shim shares of one GPU beside another GPU", []Device{shimOn("GPU-a", 0), shimOn("GPU-b", 0), shimOn("GPU-a", 1)}, ErrSharesOnOneGPU},
 		{"sized MPS shares of two GPUs", []Device{sized(mpsOn("GPU-a", 0)), sized(mpsOn("GPU-b", 0))}, ErrDevicesSpanGPUs},
-		{"fixed shim shares of two GPUs", []Device{shimOn("GPU-a", 0), shimOn("GPU-b", 0)}, ErrShimOnSeveralGPUs},
-		{"sized shim shares of two GPUs", []Device{sized(shimOn("GPU-a", 0)), sized(shimOn("GPU-b", 0))}, ErrShimOnSeveralGPUs},
-		{"a fixed and a sized shim share of two GPUs", []Device{shimOn("GPU-a", 0), sized(shimOn("GPU-b", 0))}, ErrShimOnSeveralGPUs},
+		{"fixed shim shares of two GPUs", []Device{shimOn("GPU-a", 0), shimOn("GPU-b", 0)}, nil},
+		{"sized shim shares of two GPUs", []Device{sized(shimOn("GPU-a", 0)), sized(shimOn("GPU-b", 0))}, nil},
+		{"a fixed and a sized shim share of two GPUs", []Device{shimOn("GPU-a", 0), sized(shimOn("GPU-b", 0))}, nil},
+		{"a fixed and a sized shim share of one GPU beside another GPU", []Device{shimOn("GPU-a", 0), sized(shimOn("GPU-a", 1)), shimOn("GPU-b", 0)}, nil},
+		{"shim shares of as many GPUs as the shim serves", shimOnGPUs(MaxShimGPUs), nil},
+		{"shim shares of one GPU more than the shim serves", shimOnGPUs(MaxShimGPUs + 1), ErrTooManyShimGPUs},
 		{"two MPS shares of one GPU", []Device{mpsOn("GPU-a", 0), mpsOn("GPU-a", 1)}, nil},
 		{"two sized shim shares of one GPU", []Device{sized(shimOn("GPU-a", 0)), sized(shimOn("GPU-a", 1))}, nil},
 		{"time-sliced replicas of two GPUs", []Device{on(KindTimeSlicing, "GPU-a", 0), on(KindTimeSlicing, "GPU-b", 0)}, nil},
@@ -154,18 +171,20 @@ func TestContainerEditsRefuseSharesThatCannotWorkTogether(t *testing.T) {
 	}
 }
 
-// The refusal of shim shares on several GPUs names the GPUs and what a user can ask for instead, in the
-// node's configured resource names.
-func TestShimOnSeveralGPUsSaysWhatWorksInstead(t *testing.T) {
+// The refusal of shim shares on more GPUs than the shim serves says how many and what a user can ask for
+// instead, in the node's configured resource names.
+func TestShimSharesOfTooManyGPUsSayWhatWorksInstead(t *testing.T) {
 	cfg := Config{Resources: ResourceNames{TimeSlicing: "example.com/ts", Exclusive: "example.com/gpu"}}
-	_, err := ContainerEdits(cfg, []Device{
-		{ID: "GPU-a::0", Kind: KindShared, GPUUUID: "GPU-a", VisibleUUID: "GPU-a"},
-		{ID: "GPU-b::0", Kind: KindShared, GPUUUID: "GPU-b", VisibleUUID: "GPU-b"},
-	})
-	if !errors.Is(err, ErrShimOnSeveralGPUs) {
-		t.Fatalf("got %v, want %v", err, ErrShimOnSeveralGPUs)
+	var devs []Device
+	for i := range MaxShimGPUs + 1 {
+		gpu := fmt.Sprintf("GPU-%02d", i)
+		devs = append(devs, Device{ID: ReplicaID(gpu, 0), Kind: KindShared, GPUUUID: gpu, VisibleUUID: gpu})
 	}
-	for _, want := range []string{"GPU-a, GPU-b", "no memory limit", "one container per GPU", "example.com/ts", "gpusharing-timeslicing", "example.com/gpu", "gpusharing-exclusive"} {
+	_, err := ContainerEdits(cfg, devs)
+	if !errors.Is(err, ErrTooManyShimGPUs) {
+		t.Fatalf("got %v, want %v", err, ErrTooManyShimGPUs)
+	}
+	for _, want := range []string{"17 GPUs, at most 16", "several containers", "example.com/ts", "gpusharing-timeslicing", "example.com/gpu", "gpusharing-exclusive"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("%q lacks %q", err, want)
 		}

@@ -8,11 +8,9 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
-// shimServesSeveralGPUs says whether the shim (shim/src) reads the per-GPU list form addShimGPUs
-// writes. Until it does, a process given that form reaches no scheduler and holds no memory limit, so
-// containerResponse refuses shim shares of several GPUs (ErrShimOnSeveralGPUs) instead. The change that
-// teaches the shim the list form sets it true; nothing else changes on the agent's side.
-const shimServesSeveralGPUs = false
+// MaxShimGPUs is how many GPUs the shim serves in one process (GS_MAX_DEVS in shim/src/internal.h); it
+// leaves any further GPU of the list unshared.
+const MaxShimGPUs = 16
 
 // gpuShares are a container's shares of one GPU.
 type gpuShares struct {

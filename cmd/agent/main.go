@@ -23,15 +23,15 @@ import (
 
 	"github.com/gpusharing/gpusharing/agent/accounting"
 	"github.com/gpusharing/gpusharing/agent/app"
-	"github.com/gpusharing/gpusharing/agent/deviceplugin"
 	"github.com/gpusharing/gpusharing/agent/dra"
-	"github.com/gpusharing/gpusharing/agent/drain"
 	"github.com/gpusharing/gpusharing/agent/gpu"
 	"github.com/gpusharing/gpusharing/agent/health"
 	"github.com/gpusharing/gpusharing/agent/mps"
 	"github.com/gpusharing/gpusharing/agent/node"
 	"github.com/gpusharing/gpusharing/agent/runner"
 	"github.com/gpusharing/gpusharing/agent/scheduler"
+	"github.com/gpusharing/gpusharing/agent/share"
+	"github.com/gpusharing/gpusharing/agent/vacate"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -52,12 +52,12 @@ type options struct {
 	metricsAddr         string
 	probeAddr           string
 	// devicePlugin is nil when --device-plugin=false.
-	devicePlugin       *deviceplugin.Config
+	devicePlugin       *share.Config
 	podResourcesSocket string
 	resourceSlices     bool
 	// shares is how the device plugin would cut GPUs into shares and which host paths they mount; DRA
 	// uses it also where the device plugin is off.
-	shares deviceplugin.Config
+	shares share.Config
 	// draPlugin is nil unless --dra.
 	draPlugin    *dra.PluginConfig
 	drainBackoff time.Duration
@@ -130,7 +130,7 @@ func parse(args []string) (options, *textlogger.Config) {
 	fs.IntVar(&o.accounting.MaxSeriesPerGPU, "accounting-max-series-per-gpu", accounting.DefaultMaxSeriesPerGPU, "most containers a GPU exports per-pod series for; the rest are counted in gpusharing_pod_series_omitted")
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8081", "metrics endpoint address (0 disables)")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8082", "health probe address")
-	dp := deviceplugin.DefaultConfig()
+	dp := share.DefaultConfig()
 	var dpOn bool
 	reserve := resource.NewQuantity(node.DefaultOversubReserve, resource.BinarySI)
 	var draOn bool
@@ -142,8 +142,8 @@ func parse(args []string) (options, *textlogger.Config) {
 	fs.StringVar(&draCfg.CDIDir, "cdi-dir", draCfg.CDIDir, "where the DRA kubelet plugin writes the CDI specs of prepared claims; the container runtime must read CDI specs there")
 	fs.BoolVar(&dpOn, "device-plugin", true, "serve the kubelet device plugin API for this node's GPUs (and drain a GPU before a disruptive change)")
 	fs.StringVar(&dp.SocketDir, "device-plugin-dir", dp.SocketDir, "the kubelet's device plugin directory (kubelet.sock and the plugins' sockets)")
-	fs.StringVar(&o.podResourcesSocket, "pod-resources-socket", drain.DefaultPodResourcesSocket, "the kubelet's PodResources API socket, to find the pods using a GPU before a disruptive change; empty turns the drain off")
-	fs.DurationVar(&o.drainPoll, "drain-poll-interval", drain.DefaultPollInterval, "how often a drain lists the kubelet's PodResources again (it has no watch): bounds how long a GPU stays cordoned after its last pod ends")
+	fs.StringVar(&o.podResourcesSocket, "pod-resources-socket", vacate.DefaultPodResourcesSocket, "the kubelet's PodResources API socket, to find the pods using a GPU before a disruptive change; empty turns the drain off")
+	fs.DurationVar(&o.drainPoll, "drain-poll-interval", vacate.DefaultPollInterval, "how often a drain lists the kubelet's PodResources again (it has no watch): bounds how long a GPU stays cordoned after its last pod ends")
 	fs.DurationVar(&o.drainBackoff, "drain-backoff", node.DefaultDrainBackoff, "first wait before a GPU whose drain timed out or failed is drained again for the same desired sharing (doubles per failure, up to 1h)")
 	resourceFlag(fs, &dp.Resources.Exclusive, "resource-exclusive", "resource name of a whole GPU")
 	resourceFlag(fs, &dp.Resources.TimeSlicing, "resource-timeslice", "resource name of one replica of a time-sliced GPU")
@@ -253,9 +253,9 @@ func memoryFlag(fs *flag.FlagSet, name string, def int64, usage string) **resour
 }
 
 // resourceFlag binds a resource name flag.
-func resourceFlag(fs *flag.FlagSet, v *deviceplugin.ResourceName, name, usage string) {
+func resourceFlag(fs *flag.FlagSet, v *share.ResourceName, name, usage string) {
 	fs.Func(name, fmt.Sprintf("%s (default %s)", usage, *v), func(s string) error {
-		*v = deviceplugin.ResourceName(s)
+		*v = share.ResourceName(s)
 		return nil
 	})
 }

@@ -17,9 +17,9 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	"github.com/gpusharing/gpusharing/agent/deviceplugin"
 	"github.com/gpusharing/gpusharing/agent/dra"
 	"github.com/gpusharing/gpusharing/agent/runner"
+	"github.com/gpusharing/gpusharing/agent/share"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 	"github.com/gpusharing/gpusharing/controllers/setup"
 	"github.com/gpusharing/gpusharing/test/simnode"
@@ -229,7 +229,7 @@ func (c *cluster) slicesDiffer(ctx context.Context) (string, error) {
 	}
 	for _, n := range nodes.Items {
 		var want []string
-		for _, d := range dra.Devices(n.Status, deviceplugin.Config{}) {
+		for _, d := range dra.Devices(n.Status, share.Config{}) {
 			want = append(want, d.Name)
 		}
 		got := published[n.Name]

@@ -16,7 +16,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/gpusharing/gpusharing/agent/deviceplugin"
 	"github.com/gpusharing/gpusharing/agent/gpu/nvmlmock"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
@@ -28,10 +27,11 @@ const multiGPUMemoryMiB = 768
 // (gpusharing.io/gpu-timeslice: 2) and once through a ResourceClaim for two devices on distinct GPUs
 // (distinctAttribute on the GPU's uuid), and checks from each container's own output that it got both
 // time-sliced GPUs (4 and 5) and no shim, and that the GPUNode lists the pod among the consumers of
-// both. Then it asks for two shim shares the same two ways and checks both are refused with
-// deviceplugin.ErrShimOnSeveralGPUs until the shim serves several GPUs: the device plugin's pod fails
-// admission (status reason UnexpectedAdmissionError), the claim's pod gets the kubelet's
-// FailedPrepareDynamicResources event.
+// both. Then it asks for two shim shares the same two ways and checks from each container's own output
+// that it got both shim GPUs (6 and 7) in the shim's list form (docs/multigpu.md): GPUSHARE_GPU_UUID
+// lists them in CUDA_VISIBLE_DEVICES order, GPUSHARE_SOCKET and GPUSHARE_OVERSUB name each one's socket
+// and swapping, and each GPU's scheduler socket directory is mounted read-only under its uuid with the
+// socket reachable there.
 func testMultiGPU(t *testing.T) {
 	dumpOnFailure(t)
 	ctx := context.Background()
@@ -57,39 +57,67 @@ func testMultiGPU(t *testing.T) {
 	}
 	kubectl(t, "-n", Namespace, "delete", "pod/dra-two-timeslice", "resourceclaim/"+claim.Name, "--wait=true", "--timeout=60s")
 
-	refused := deviceplugin.ErrShimOnSeveralGPUs.Error()
-	must(t, k8s.Create(ctx, sharePod("two-shim", "gpusharing.io/gpu-shared", 2, nil)))
-	eventually(t, time.Minute, "two-shim refused at admission", func(ctx context.Context) error {
-		var p corev1.Pod
-		if err := k8s.Get(ctx, client.ObjectKey{Namespace: Namespace, Name: "two-shim"}, &p); err != nil {
-			return err
-		}
-		if p.Status.Phase != corev1.PodFailed || p.Status.Reason != "UnexpectedAdmissionError" || !strings.Contains(p.Status.Message, refused) {
-			return fmt.Errorf("phase %s, reason %q, message %q; want Failed, UnexpectedAdmissionError, %q", p.Status.Phase, p.Status.Reason, p.Status.Message, refused)
-		}
-		t.Logf("two-shim: %s: %s", p.Status.Reason, p.Status.Message)
-		return nil
-	})
+	shimGPUs := []string{gpus[6], gpus[7]}
+	pod = withListSocketProbes(t, sharePod("two-shim", "gpusharing.io/gpu-shared", 2, nil))
+	must(t, k8s.Create(ctx, pod))
+	checkTwoShimGPUs(t, "two-shim", shimGPUs)
 	kubectl(t, "-n", Namespace, "delete", "pod", "two-shim", "--wait=true", "--timeout=60s")
 
 	claim = twoOnDistinctGPUs("two-shim-claim", "gpusharing-shared")
 	must(t, k8s.Create(ctx, claim))
-	must(t, k8s.Create(ctx, claimPod("dra-two-shim", claim.Name)))
-	eventually(t, 2*time.Minute, "dra-two-shim's claim refused at prepare", func(ctx context.Context) error {
-		var l corev1.EventList
-		if err := k8s.List(ctx, &l, client.InNamespace(Namespace), client.MatchingFields{
-			"involvedObject.kind": "Pod", "involvedObject.name": "dra-two-shim", "reason": "FailedPrepareDynamicResources"}); err != nil {
-			return err
-		}
-		for _, e := range l.Items {
-			if strings.Contains(e.Message, refused) {
-				t.Logf("dra-two-shim: %s: %s", e.Reason, e.Message)
-				return nil
-			}
-		}
-		return fmt.Errorf("no FailedPrepareDynamicResources event naming %q: %+v", refused, l.Items)
-	})
+	must(t, k8s.Create(ctx, withListSocketProbes(t, claimPod("dra-two-shim", claim.Name))))
+	checkTwoShimGPUs(t, "dra-two-shim", shimGPUs)
 	kubectl(t, "-n", Namespace, "delete", "pod/dra-two-shim", "resourceclaim/"+claim.Name, "--wait=true", "--timeout=60s")
+}
+
+// listSocketProbes reports, for each <uuid>=<path> of a list-form GPUSHARE_SOCKET, whether the path is
+// a socket: "probe socket <uuid>=ok" (reportScript's own probe takes the variable as one path).
+const listSocketProbes = `for kv in $(echo "$GPUSHARE_SOCKET" | tr ',' ' '); do [ -S "${kv#*=}" ] && echo "probe socket ${kv%%=*}=ok"; done
+`
+
+// withListSocketProbes makes the pod's report probe each socket of a list-form GPUSHARE_SOCKET.
+func withListSocketProbes(t *testing.T, pod *corev1.Pod) *corev1.Pod {
+	t.Helper()
+	const end = `echo "== end"`
+	c := &pod.Spec.Containers[0]
+	if len(c.Command) != 3 || !strings.Contains(c.Command[2], end) {
+		t.Fatalf("%s: command %q is not reportScript's", pod.Name, c.Command)
+	}
+	c.Command[2] = strings.Replace(c.Command[2], end, listSocketProbes+end, 1)
+	return pod
+}
+
+// checkTwoShimGPUs checks a running pod's report for shim shares of both GPUs of want in the list form,
+// each GPU swapping (the e2e's shim GPUs have a memory budget) and none sized.
+func checkTwoShimGPUs(t *testing.T, pod string, want []string) {
+	t.Helper()
+	r, visible := reportOnTwoGPUs(t, pod, want)
+	const dir = "/var/run/gpusharing/scheduler/"
+	a, b := visible[0], visible[1]
+	for k, v := range map[string]string{
+		"NVIDIA_VISIBLE_DEVICES": a + "," + b,
+		"LD_PRELOAD":             "/usr/lib/gpusharing/libgpushare.so",
+		"GPUSHARE_GPU_UUID":      a + "," + b,
+		"GPUSHARE_SOCKET":        a + "=" + dir + a + "/gpushare.sock," + b + "=" + dir + b + "/gpushare.sock",
+		"GPUSHARE_OVERSUB":       a + "=1," + b + "=1",
+	} {
+		if r.env[k] != v {
+			t.Errorf("%s: %s=%q, want %q", pod, k, r.env[k], v)
+		}
+	}
+	if v, ok := r.env["GPUSHARE_MEMORY_LIMIT_BYTES"]; ok {
+		t.Errorf("%s: GPUSHARE_MEMORY_LIMIT_BYTES=%q, want none for fixed shares", pod, v)
+	}
+	for _, mp := range []string{"/usr/lib/gpusharing/libgpushare.so", dir + a, dir + b} {
+		if opts, ok := r.mounts[mp]; !ok || !strings.HasPrefix(opts, "ro") {
+			t.Errorf("%s: %s mounted %q (mounted: %v), want read-only", pod, mp, opts, ok)
+		}
+	}
+	for _, u := range visible {
+		if r.probes["socket "+u] != "ok" {
+			t.Errorf("%s: probes %v, want GPU %s's scheduler socket reachable at its path in GPUSHARE_SOCKET", pod, r.probes, u)
+		}
+	}
 }
 
 // twoOnDistinctGPUs is a claim for two devices of class on distinct GPUs.
@@ -118,15 +146,23 @@ func declareUse(pod *corev1.Pod) {
 		corev1.EnvVar{Name: nvmlmock.EnvSimulatedMemoryMiB, Value: strconv.Itoa(multiGPUMemoryMiB)})
 }
 
-// checkTwoGPUs checks a running pod's report and the GPUNode's consumers for both GPUs of want, with no
-// shim.
-func checkTwoGPUs(t *testing.T, pod string, want []string) {
+// reportOnTwoGPUs reads a running pod's report and checks that CUDA_VISIBLE_DEVICES names both GPUs of
+// want; it returns the report and the GPUs in CUDA_VISIBLE_DEVICES order.
+func reportOnTwoGPUs(t *testing.T, pod string, want []string) (report, []string) {
 	t.Helper()
 	r := readReport(t, pod)
 	visible := strings.Split(r.env["CUDA_VISIBLE_DEVICES"], ",")
 	if len(visible) != 2 || visible[0] == visible[1] || !slices.Contains(want, visible[0]) || !slices.Contains(want, visible[1]) {
 		t.Fatalf("%s: CUDA_VISIBLE_DEVICES=%q, want the two GPUs %v", pod, r.env["CUDA_VISIBLE_DEVICES"], want)
 	}
+	return r, visible
+}
+
+// checkTwoGPUs checks a running pod's report and the GPUNode's consumers for both GPUs of want, with no
+// shim.
+func checkTwoGPUs(t *testing.T, pod string, want []string) {
+	t.Helper()
+	r, visible := reportOnTwoGPUs(t, pod, want)
 	if got := r.env["NVIDIA_VISIBLE_DEVICES"]; got != r.env["CUDA_VISIBLE_DEVICES"] {
 		t.Errorf("%s: NVIDIA_VISIBLE_DEVICES=%q, want %q", pod, got, r.env["CUDA_VISIBLE_DEVICES"])
 	}

@@ -23,11 +23,11 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
-	"github.com/gpusharing/gpusharing/agent/deviceplugin"
 	"github.com/gpusharing/gpusharing/agent/dra"
 	"github.com/gpusharing/gpusharing/agent/gpu"
 	"github.com/gpusharing/gpusharing/agent/gpu/nvmlmock"
 	"github.com/gpusharing/gpusharing/agent/node"
+	"github.com/gpusharing/gpusharing/agent/share"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -75,7 +75,7 @@ func run(n int) error {
 	}
 	status.GPUs[0].Applied.MIGDynamic = &v1alpha1.DynamicMIGStatus{Profiles: []string{"3g.40gb"}}
 	fixedDevice := ""
-	for _, d := range dra.Devices(status, deviceplugin.DefaultConfig()) {
+	for _, d := range dra.Devices(status, share.DefaultConfig()) {
 		if d.Attributes[dra.AttrShare].StringValue != nil && *d.Attributes[dra.AttrShare].StringValue == "MIG" {
 			fixedDevice = d.Name
 		}
@@ -87,7 +87,7 @@ func run(n int) error {
 	}
 	defer func() { _ = os.RemoveAll(root) }()
 	cfg := dra.PluginConfig{PluginDir: filepath.Join(root, "p"), RegistryDir: filepath.Join(root, "r"), CDIDir: filepath.Join(root, "cdi")}
-	p, err := dra.NewKubeletPlugin(nodeName, cfg, deviceplugin.DefaultConfig(), logr.Discard())
+	p, err := dra.NewKubeletPlugin(nodeName, cfg, share.DefaultConfig(), logr.Discard())
 	if err != nil {
 		return err
 	}

@@ -17,8 +17,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/gpusharing/gpusharing/agent/deviceplugin"
 	"github.com/gpusharing/gpusharing/agent/dra"
+	"github.com/gpusharing/gpusharing/agent/share"
 	"github.com/gpusharing/gpusharing/test/testenv"
 	"github.com/gpusharing/gpusharing/test/wait"
 )
@@ -44,7 +44,7 @@ func TestAHandWrittenSizedAllocationIsTheSchedulersAndThePluginPreparesIt(t *tes
 		t.Fatal(err)
 	}
 	status := sizedStatus(0)
-	cfg := deviceplugin.Config{MPSRoot: "/run/gpusharing/mps", SchedulerRoot: "/run/gpusharing/scheduler", ShimLibrary: "/var/lib/gpusharing/lib/libgpushare.so"}
+	cfg := share.Config{MPSRoot: "/run/gpusharing/mps", SchedulerRoot: "/run/gpusharing/scheduler", ShimLibrary: "/var/lib/gpusharing/lib/libgpushare.so"}
 	kube, err := kubernetes.NewForConfig(env.Config)
 	if err != nil {
 		t.Fatal(err)
@@ -147,8 +147,8 @@ func TestAHandWrittenSizedAllocationIsTheSchedulersAndThePluginPreparesIt(t *tes
 	}
 	uuid := status.GPUs[0].UUID
 	for k, v := range map[string]string{
-		deviceplugin.EnvCUDAVisibleDevices: uuid, deviceplugin.EnvMPSPinnedMemLimit: "0=8192M", deviceplugin.EnvMPSActiveThreadPercent: "25",
-		deviceplugin.EnvShimMemoryLimit: "8589934592", deviceplugin.EnvLDPreload: "/usr/lib/gpusharing/libgpushare.so", deviceplugin.EnvMPSPipeDirectory: "/var/run/gpusharing/mps",
+		share.EnvCUDAVisibleDevices: uuid, share.EnvMPSPinnedMemLimit: "0=8192M", share.EnvMPSActiveThreadPercent: "25",
+		share.EnvShimMemoryLimit: "8589934592", share.EnvLDPreload: "/usr/lib/gpusharing/libgpushare.so", share.EnvMPSPipeDirectory: "/var/run/gpusharing/mps",
 	} {
 		if cdi.edits.env[k] != v {
 			t.Errorf("CDI env %s=%q, want %q (all: %v)", k, cdi.edits.env[k], v, cdi.edits.env)

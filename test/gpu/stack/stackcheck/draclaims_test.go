@@ -9,8 +9,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/gpusharing/gpusharing/agent/deviceplugin"
 	"github.com/gpusharing/gpusharing/agent/dra"
+	"github.com/gpusharing/gpusharing/agent/share"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -33,7 +33,7 @@ func sizedStatus(index int32) v1alpha1.GPUNodeStatus {
 // sizedDeviceOf is the agent's sized device of GPU index in sizedStatus.
 func sizedDeviceOf(t *testing.T, index int32) resourcev1.Device {
 	t.Helper()
-	for _, d := range dra.Devices(sizedStatus(index), deviceplugin.DefaultConfig()) {
+	for _, d := range dra.Devices(sizedStatus(index), share.DefaultConfig()) {
 		if attrString(d, dra.AttrShare) == dra.ShareSized {
 			return d
 		}
@@ -94,7 +94,7 @@ func TestFindSizedDeviceReadsTheNewestCompletePool(t *testing.T) {
 	sized := sizedDeviceOf(t, 3)
 	renamed := sized.DeepCopy()
 	renamed.Name = "any-name"
-	whole := dra.Devices(sizedStatus(3), deviceplugin.DefaultConfig())
+	whole := dra.Devices(sizedStatus(3), share.DefaultConfig())
 	otherDriver := slice("x", testNode, 9, 1, sized)
 	otherDriver.Spec.Driver = "gpu.nvidia.com"
 	for _, tt := range []struct {

@@ -14,7 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/gpusharing/gpusharing/agent/deviceplugin"
+	"github.com/gpusharing/gpusharing/agent/share"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -27,8 +27,8 @@ const (
 )
 
 var (
-	resMPS    = string(deviceplugin.DefaultConfig().Resources.MPS)
-	resShared = string(deviceplugin.DefaultConfig().Resources.Shared)
+	resMPS    = string(share.DefaultConfig().Resources.MPS)
+	resShared = string(share.DefaultConfig().Resources.Shared)
 )
 
 // scenarioNames are the scenarios --scenarios picks from, in the order they run: mps is Exclusive -> MPS

@@ -13,8 +13,8 @@ import (
 	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
-	"github.com/gpusharing/gpusharing/agent/deviceplugin"
 	"github.com/gpusharing/gpusharing/agent/dra"
+	"github.com/gpusharing/gpusharing/agent/share"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
@@ -270,23 +270,23 @@ func (s *stack) prepareSizedPod(ctx context.Context, sc sizedCase, dev sizedDevi
 func (s *stack) checkSizedEdits(sc sizedCase, p *sizedPod) {
 	env := p.cdi.edits.env
 	want := map[string]string{
-		deviceplugin.EnvShimMemoryLimit:    fmt.Sprint(p.claimBytes()),
-		deviceplugin.EnvCUDAVisibleDevices: s.gpuUUID,
+		share.EnvShimMemoryLimit:    fmt.Sprint(p.claimBytes()),
+		share.EnvCUDAVisibleDevices: s.gpuUUID,
 	}
 	if sc.enforcement == dra.EnforcementMPS {
 		// The MPS client's limit is its claim less the agent's default context reserve, which NVML
 		// counts and the limit does not; the shim reports that limit as the GPU's memory.
 		limitMiB := (p.claimBytes() - dra.DefaultContextReserve) >> 20
-		want[deviceplugin.EnvMPSPinnedMemLimit] = fmt.Sprintf("0=%dM", limitMiB)
-		want[deviceplugin.EnvShimMemoryLimit] = fmt.Sprint(limitMiB << 20)
-		want[deviceplugin.EnvMPSActiveThreadPercent] = fmt.Sprint(p.computePercent())
+		want[share.EnvMPSPinnedMemLimit] = fmt.Sprintf("0=%dM", limitMiB)
+		want[share.EnvShimMemoryLimit] = fmt.Sprint(limitMiB << 20)
+		want[share.EnvMPSActiveThreadPercent] = fmt.Sprint(p.computePercent())
 	}
-	ok := env[deviceplugin.EnvLDPreload] != ""
+	ok := env[share.EnvLDPreload] != ""
 	for k, v := range want {
 		ok = ok && env[k] == v
 	}
 	if sc.enforcement != dra.EnforcementMPS {
-		_, capped := env[deviceplugin.EnvMPSActiveThreadPercent]
+		_, capped := env[share.EnvMPSActiveThreadPercent]
 		ok = ok && !capped
 	}
 	s.r.check("CDI: "+p.name()+"'s claim as its limits", ok, "consumed %s: env %v, mounts %d, spec %v", jsonOf(p.consumed), env, len(p.cdi.edits.mounts), p.cdi.files)
@@ -297,7 +297,7 @@ func (s *stack) checkSizedEdits(sc sizedCase, p *sizedPod) {
 func withoutLimits(e edits) edits {
 	out := edits{env: map[string]string{}, mounts: e.mounts}
 	for k, v := range e.env {
-		if k == deviceplugin.EnvLDPreload || strings.HasPrefix(k, "CUDA_MPS_") || strings.HasPrefix(k, "GPUSHARE_") {
+		if k == share.EnvLDPreload || strings.HasPrefix(k, "CUDA_MPS_") || strings.HasPrefix(k, "GPUSHARE_") {
 			continue
 		}
 		out.env[k] = v

@@ -1,4 +1,4 @@
-package drain
+package vacate
 
 import (
 	"context"
@@ -23,14 +23,14 @@ const DefaultPodResourcesSocket = "/var/lib/kubelet/pod-resources/kubelet.sock"
 // listTimeout bounds one List call to the kubelet.
 const listTimeout = 10 * time.Second
 
-// PodResourcesLister is the part of the kubelet's PodResources v1 API the drain uses; the generated
+// PodResourcesLister is the part of the kubelet's PodResources v1 API Vacate uses; the generated
 // client satisfies it.
 type PodResourcesLister interface {
 	List(ctx context.Context, in *podresourcesv1.ListPodResourcesRequest, opts ...grpc.CallOption) (*podresourcesv1.ListPodResourcesResponse, error)
 }
 
 // DialPodResources connects to the kubelet's PodResources socket. The connection is lazy: a kubelet
-// that is down shows as a List error, which the drain retries.
+// that is down shows as a List error, which Vacate retries.
 func DialPodResources(socketPath string) (podresourcesv1.PodResourcesListerClient, func() error, error) {
 	conn, err := grpc.NewClient("unix://"+socketPath, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -42,8 +42,16 @@ func DialPodResources(socketPath string) (podresourcesv1.PodResourcesListerClien
 // ClaimHolders finds the pods that hold DRA ResourceClaims allocated devices of a GPU.
 type ClaimHolders interface {
 	// PodsHoldingGPU lists the pods a claim on the GPU of index (or one of its MIG instances) is
-	// reserved for.
-	PodsHoldingGPU(ctx context.Context, index int32) ([]PodRef, error)
+	// reserved for; with a scope, only those of the claims it names.
+	PodsHoldingGPU(ctx context.Context, index int32, scope *ClaimScope) ([]PodRef, error)
+}
+
+// ClaimScope names the claims a change takes from a GPU: a fixed-layout change of a dynamic MIG GPU
+// takes the claims whose instances its new fixed instances need (Claims) and the claims holding the
+// fixed instances it destroys (Devices, published DRA device names), and no other claim's pod.
+type ClaimScope struct {
+	Claims  []types.UID
+	Devices []string
 }
 
 // podsUsingGPU lists the pods the kubelet reports holding one of the GPU's devices and the pods
@@ -52,8 +60,8 @@ func (r *run) podsUsingGPU(ctx context.Context) ([]PodRef, error) {
 	lctx, cancel := context.WithTimeout(ctx, listTimeout)
 	defer cancel()
 	holders := map[PodRef]bool{}
-	if r.d.PodResources != nil {
-		resp, err := r.d.PodResources.List(lctx, &podresourcesv1.ListPodResourcesRequest{})
+	if r.v.PodResources != nil {
+		resp, err := r.v.PodResources.List(lctx, &podresourcesv1.ListPodResourcesRequest{})
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrPodResourcesUnavailable, err)
 		}
@@ -67,8 +75,8 @@ func (r *run) podsUsingGPU(ctx context.Context) ([]PodRef, error) {
 			}
 		}
 	}
-	if r.d.Claims != nil {
-		pods, err := r.d.Claims.PodsHoldingGPU(lctx, r.req.GPUIndex)
+	if r.v.Claims != nil {
+		pods, err := r.v.Claims.PodsHoldingGPU(lctx, r.req.GPUIndex, r.req.ClaimScope)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrClaimsUnavailable, err)
 		}
@@ -107,7 +115,7 @@ func holdsDevice(p *podresourcesv1.PodResources, ids map[string]bool) bool {
 }
 
 // apiPod is what the API server said of a pod the kubelet lists: its uid (the eviction's precondition),
-// whether it is bound to another node than the drain's, and whether it is already being deleted.
+// whether it is bound to another node than Vacater.NodeName, and whether it is already being deleted.
 type apiPod struct {
 	uid       types.UID
 	node      string
@@ -120,18 +128,18 @@ type apiPod struct {
 // inspect says whether the API server reports the pod gone or finished, and records its uid and node for
 // the eviction.
 func (r *run) inspect(ctx context.Context, ref PodRef) (bool, error) {
-	if r.d.Pods == nil {
+	if r.v.Pods == nil {
 		return false, nil
 	}
 	var pod corev1.Pod
-	if err := r.d.Pods.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, &pod); err != nil {
+	if err := r.v.Pods.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, &pod); err != nil {
 		if apierrors.IsNotFound(err) {
 			return true, nil
 		}
 		return false, err
 	}
 	r.pods[ref] = apiPod{uid: pod.UID, node: pod.Spec.NodeName,
-		elsewhere:   r.d.NodeName != "" && pod.Spec.NodeName != "" && pod.Spec.NodeName != r.d.NodeName,
+		elsewhere:   r.v.NodeName != "" && pod.Spec.NodeName != "" && pod.Spec.NodeName != r.v.NodeName,
 		terminating: pod.DeletionTimestamp != nil}
 	return pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed, nil
 }

@@ -1,4 +1,4 @@
-package drain
+package vacate
 
 import (
 	"context"
@@ -57,7 +57,7 @@ func startPodResources(t *testing.T) (*fakekubelet.PodResources, PodResourcesLis
 
 func namespace(t *testing.T, ctx context.Context) string {
 	t.Helper()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "drain-"}}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "vacate-"}}
 	if err := env.Client.Create(ctx, ns); err != nil {
 		t.Fatal(err)
 	}
@@ -80,24 +80,24 @@ func (p *progress) report(s Step) {
 	p.ch <- s
 }
 
-func (p *progress) waitFor(t *testing.T, ctx context.Context, phase Phase) Step {
+func (p *progress) waitFor(t *testing.T, ctx context.Context, kind StepKind) Step {
 	t.Helper()
 	for {
 		select {
 		case s := <-p.ch:
-			if s.Phase == phase {
+			if s.Kind == kind {
 				return s
 			}
 		case <-ctx.Done():
-			t.Fatalf("no %s step: %v", phase, ctx.Err())
+			t.Fatalf("no %s step: %v", kind, ctx.Err())
 		}
 	}
 }
 
-func phases(steps []Step) []Phase {
-	out := make([]Phase, len(steps))
+func kinds(steps []Step) []StepKind {
+	out := make([]StepKind, len(steps))
 	for i, s := range steps {
-		out[i] = s.Phase
+		out[i] = s.Kind
 	}
 	return out
 }
@@ -116,10 +116,10 @@ type outcome struct {
 	err error
 }
 
-func drainAsync(ctx context.Context, d *Drainer, req Request) chan outcome {
+func vacateAsync(ctx context.Context, d *Vacater, req Request) chan outcome {
 	ch := make(chan outcome, 1)
 	go func() {
-		res, err := d.Drain(ctx, req)
+		res, err := d.Vacate(ctx, req)
 		ch <- outcome{res, err}
 	}()
 	return ch
@@ -138,12 +138,12 @@ func TestWaitForIdleCompletesWhenThePodsEnd(t *testing.T) {
 		fakekubelet.Pod(ns, "other-gpu", "nvidia.com/gpu", "GPU-b"),
 	)
 	p := newProgress()
-	d := &Drainer{PodResources: lister, Pods: env.Client, Evictor: evictor(t, env.Config), PollInterval: pollInterval}
-	done := drainAsync(ctx, d, Request{GPUUUID: "GPU-a", MIGUUIDs: []string{"MIG-a1"}, Mode: v1alpha1.DrainWaitForIdle, Timeout: 20 * time.Second, Progress: p.report})
+	d := &Vacater{PodResources: lister, Pods: env.Client, Evictor: evictor(t, env.Config), PollInterval: pollInterval}
+	done := vacateAsync(ctx, d, Request{GPUUUID: "GPU-a", MIGUUIDs: []string{"MIG-a1"}, Mode: v1alpha1.DrainWaitForIdle, Timeout: 20 * time.Second, Progress: p.report})
 
 	want := []PodRef{{ns, "mig"}, {ns, "replica"}}
-	if s := p.waitFor(t, ctx, PhaseWaiting); !reflect.DeepEqual(s.Pods, want) {
-		t.Errorf("waiting for %v, want %v (the other GPU's pod is not the drain's business)", s.Pods, want)
+	if s := p.waitFor(t, ctx, StepWaiting); !reflect.DeepEqual(s.Pods, want) {
+		t.Errorf("waiting for %v, want %v (the other GPU's pod is not this GPU's business)", s.Pods, want)
 	}
 	// One pod finishes (the API server says Succeeded while the kubelet still lists it), the other's
 	// containers go away.
@@ -152,19 +152,19 @@ func TestWaitForIdleCompletesWhenThePodsEnd(t *testing.T) {
 
 	o := <-done
 	if o.err != nil {
-		t.Fatalf("Drain: %v", o.err)
+		t.Fatalf("Vacate: %v", o.err)
 	}
 	if !reflect.DeepEqual(o.res.Found, want) || len(o.res.Remaining) != 0 || len(o.res.Evicted) != 0 {
 		t.Errorf("result: found %v remaining %v evicted %v; want found %v, nothing remaining or evicted", o.res.Found, o.res.Remaining, o.res.Evicted, want)
 	}
-	got := phases(o.res.Steps)
-	if got[0] != PhaseListed || got[len(got)-1] != PhaseIdle {
+	got := kinds(o.res.Steps)
+	if got[0] != StepListed || got[len(got)-1] != StepVacated {
 		t.Errorf("steps %v: want Listed first and Idle last", got)
 	}
 	if len(p.steps) != len(o.res.Steps) {
 		t.Errorf("progress saw %d steps, result has %d", len(p.steps), len(o.res.Steps))
 	}
-	// The drain never evicts in WaitForIdle.
+	// Vacate never evicts in WaitForIdle.
 	var pod corev1.Pod
 	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "other-gpu"}, &pod); err != nil {
 		t.Errorf("other GPU's pod: %v", err)
@@ -181,17 +181,17 @@ func TestEvictWaitsWhileAPodDisruptionBudgetBlocksAndCompletesWhenItAllows(t *te
 	pdb := env.BlockingPDB(t, ctx, ns, labels)
 
 	p := newProgress()
-	d := &Drainer{PodResources: lister, Pods: env.Client, Evictor: evictor(t, env.Config), PollInterval: pollInterval}
-	done := drainAsync(ctx, d, Request{GPUUUID: "GPU-a", Mode: v1alpha1.DrainEvict, Timeout: 20 * time.Second, Progress: p.report})
+	d := &Vacater{PodResources: lister, Pods: env.Client, Evictor: evictor(t, env.Config), PollInterval: pollInterval}
+	done := vacateAsync(ctx, d, Request{GPUUUID: "GPU-a", Mode: v1alpha1.DrainEvict, Timeout: 20 * time.Second, Progress: p.report})
 
-	blocked := p.waitFor(t, ctx, PhaseEvictionBlocked)
+	blocked := p.waitFor(t, ctx, StepEvictionBlocked)
 	if !reflect.DeepEqual(blocked.Pods, []PodRef{{ns, "server"}}) || !strings.Contains(blocked.Message, "disruption budget") {
 		t.Errorf("blocked step: pods %v message %q; want the pod and the budget named", blocked.Pods, blocked.Message)
 	}
 	// Several polls later (each lists the kubelet's pods, then tries the eviction again) the pod is still
 	// there: the budget holds.
 	listed := pr.Lists()
-	wait.Until(t, 30*time.Second, func() bool { return pr.Lists() >= listed+3 }, "three more polls of the drain")
+	wait.Until(t, 30*time.Second, func() bool { return pr.Lists() >= listed+3 }, "three more polls")
 	var pod corev1.Pod
 	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "server"}, &pod); err != nil || pod.DeletionTimestamp != nil {
 		t.Fatalf("pod while the budget blocks: %v, deleting=%v; want it untouched", err, pod.DeletionTimestamp != nil)
@@ -200,7 +200,7 @@ func TestEvictWaitsWhileAPodDisruptionBudgetBlocksAndCompletesWhenItAllows(t *te
 
 	o := <-done
 	if o.err != nil {
-		t.Fatalf("Drain: %v", o.err)
+		t.Fatalf("Vacate: %v", o.err)
 	}
 	if !reflect.DeepEqual(o.res.Evicted, []PodRef{{ns, "server"}}) || len(o.res.Remaining) != 0 {
 		t.Errorf("evicted %v remaining %v; want the pod evicted and nothing remaining", o.res.Evicted, o.res.Remaining)
@@ -208,13 +208,13 @@ func TestEvictWaitsWhileAPodDisruptionBudgetBlocksAndCompletesWhenItAllows(t *te
 	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "server"}, &pod); !apierrors.IsNotFound(err) {
 		t.Errorf("pod after eviction: %v, want NotFound", err)
 	}
-	got := phases(o.res.Steps)
-	if idx(got, PhaseEvictionBlocked) > idx(got, PhaseEvicted) || idx(got, PhaseEvicted) < 0 || got[len(got)-1] != PhaseIdle {
+	got := kinds(o.res.Steps)
+	if idx(got, StepEvictionBlocked) > idx(got, StepEvicted) || idx(got, StepEvicted) < 0 || got[len(got)-1] != StepVacated {
 		t.Errorf("steps %v: want EvictionBlocked, then Evicted, then Idle", got)
 	}
 }
 
-func idx(ps []Phase, p Phase) int {
+func idx(ps []StepKind, p StepKind) int {
 	for i, x := range ps {
 		if x == p {
 			return i
@@ -226,7 +226,7 @@ func idx(ps []Phase, p Phase) int {
 // blockingPDB creates a budget for the labels and writes the status a disruption controller would (no
 // controller runs in envtest): observed, nothing may be disrupted.
 
-func TestTimeoutReturnsErrDrainTimeoutNamingTheRemainingPods(t *testing.T) {
+func TestTimeoutReturnsErrTimeoutNamingTheRemainingPods(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
 		mode        v1alpha1.DrainMode
@@ -244,10 +244,10 @@ func TestTimeoutReturnsErrDrainTimeoutNamingTheRemainingPods(t *testing.T) {
 			pr.SetPods(fakekubelet.Pod(ns, "stuck", "nvidia.com/gpu", "GPU-a"))
 			env.BlockingPDB(t, ctx, ns, labels)
 			p := newProgress()
-			d := &Drainer{PodResources: lister, Pods: env.Client, Evictor: evictor(t, env.Config), PollInterval: pollInterval}
-			res, err := d.Drain(ctx, Request{GPUUUID: "GPU-a", Mode: tc.mode, Timeout: 400 * time.Millisecond, Progress: p.report})
-			if !errors.Is(err, ErrDrainTimeout) {
-				t.Fatalf("got %v, want ErrDrainTimeout", err)
+			d := &Vacater{PodResources: lister, Pods: env.Client, Evictor: evictor(t, env.Config), PollInterval: pollInterval}
+			res, err := d.Vacate(ctx, Request{GPUUUID: "GPU-a", Mode: tc.mode, Timeout: 400 * time.Millisecond, Progress: p.report})
+			if !errors.Is(err, ErrTimeout) {
+				t.Fatalf("got %v, want ErrTimeout", err)
 			}
 			if !strings.Contains(err.Error(), ns+"/stuck") || !strings.Contains(err.Error(), tc.wantMessage) {
 				t.Errorf("error %q: want it to name %s/stuck and say %q", err, ns, tc.wantMessage)
@@ -255,7 +255,7 @@ func TestTimeoutReturnsErrDrainTimeoutNamingTheRemainingPods(t *testing.T) {
 			if !reflect.DeepEqual(res.Remaining, []PodRef{{ns, "stuck"}}) {
 				t.Errorf("remaining %v, want the stuck pod", res.Remaining)
 			}
-			if last := res.Steps[len(res.Steps)-1]; last.Phase != PhaseTimedOut || p.steps[len(p.steps)-1].Phase != PhaseTimedOut {
+			if last := res.Steps[len(res.Steps)-1]; last.Kind != StepTimedOut || p.steps[len(p.steps)-1].Kind != StepTimedOut {
 				t.Errorf("last step %v, want TimedOut reported to progress too", last)
 			}
 			if res.Duration < 400*time.Millisecond {
@@ -274,8 +274,8 @@ func TestEvictionRefusedForAnotherReasonFailsAtOnce(t *testing.T) {
 	// A user without RBAC for pods/eviction.
 	cfg := rest.CopyConfig(env.Config)
 	cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:gpusharing:no-rights"}
-	d := &Drainer{PodResources: lister, Pods: env.Client, Evictor: evictor(t, cfg), PollInterval: pollInterval}
-	res, err := d.Drain(ctx, Request{GPUUUID: "GPU-a", Mode: v1alpha1.DrainEvict, Timeout: 20 * time.Second})
+	d := &Vacater{PodResources: lister, Pods: env.Client, Evictor: evictor(t, cfg), PollInterval: pollInterval}
+	res, err := d.Vacate(ctx, Request{GPUUUID: "GPU-a", Mode: v1alpha1.DrainEvict, Timeout: 20 * time.Second})
 	if !errors.Is(err, ErrEvictionFailed) || !apierrors.IsForbidden(err) {
 		t.Fatalf("got %v, want ErrEvictionFailed carrying the Forbidden answer", err)
 	}
@@ -291,13 +291,13 @@ func TestUnreachablePodResourcesTimesOutWithBothErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = closeFn() }()
-	d := &Drainer{PodResources: c, PollInterval: pollInterval}
-	res, err := d.Drain(ctx, Request{GPUUUID: "GPU-a", Timeout: 200 * time.Millisecond})
-	if !errors.Is(err, ErrDrainTimeout) || !errors.Is(err, ErrPodResourcesUnavailable) {
-		t.Fatalf("got %v, want ErrDrainTimeout and ErrPodResourcesUnavailable", err)
+	d := &Vacater{PodResources: c, PollInterval: pollInterval}
+	res, err := d.Vacate(ctx, Request{GPUUUID: "GPU-a", Timeout: 200 * time.Millisecond})
+	if !errors.Is(err, ErrTimeout) || !errors.Is(err, ErrPodResourcesUnavailable) {
+		t.Fatalf("got %v, want ErrTimeout and ErrPodResourcesUnavailable", err)
 	}
-	if idx(phases(res.Steps), PhaseListFailed) < 0 {
-		t.Errorf("steps %v: want the list failure reported", phases(res.Steps))
+	if idx(kinds(res.Steps), StepListFailed) < 0 {
+		t.Errorf("steps %v: want the list failure reported", kinds(res.Steps))
 	}
 }
 
@@ -305,24 +305,24 @@ func TestInvalidRequestsAreRefused(t *testing.T) {
 	_, lister := startPodResources(t)
 	for _, tc := range []struct {
 		name string
-		d    *Drainer
+		d    *Vacater
 		req  Request
 	}{
-		{"no GPU uuid", &Drainer{PodResources: lister}, Request{Timeout: time.Second}},
-		{"unknown mode", &Drainer{PodResources: lister}, Request{GPUUUID: "GPU-a", Mode: "Delete"}},
-		{"Evict without an Evictor", &Drainer{PodResources: lister}, Request{GPUUUID: "GPU-a", Mode: v1alpha1.DrainEvict}},
-		{"neither PodResources nor claims", &Drainer{}, Request{GPUUUID: "GPU-a"}},
-		{"no PodResources client", &Drainer{}, Request{GPUUUID: "GPU-a"}},
+		{"no GPU uuid", &Vacater{PodResources: lister}, Request{Timeout: time.Second}},
+		{"unknown mode", &Vacater{PodResources: lister}, Request{GPUUUID: "GPU-a", Mode: "Delete"}},
+		{"Evict without an Evictor", &Vacater{PodResources: lister}, Request{GPUUUID: "GPU-a", Mode: v1alpha1.DrainEvict}},
+		{"neither PodResources nor claims", &Vacater{}, Request{GPUUUID: "GPU-a"}},
+		{"no PodResources client", &Vacater{}, Request{GPUUUID: "GPU-a"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, err := tc.d.Drain(context.Background(), tc.req); !errors.Is(err, ErrInvalidRequest) {
+			if _, err := tc.d.Vacate(context.Background(), tc.req); !errors.Is(err, ErrInvalidRequest) {
 				t.Errorf("got %v, want ErrInvalidRequest", err)
 			}
 		})
 	}
 }
 
-func TestABudgetNotYetObservedIsReportedBlockedAtOnceAndCancelStopsTheDrain(t *testing.T) {
+func TestABudgetNotYetObservedIsReportedBlockedAtOnceAndCancelStopsVacate(t *testing.T) {
 	ctx := testCtx(t)
 	ns := namespace(t, ctx)
 	pr, lister := startPodResources(t)
@@ -341,10 +341,10 @@ func TestABudgetNotYetObservedIsReportedBlockedAtOnceAndCancelStopsTheDrain(t *t
 	}
 	dctx, cancel := context.WithCancel(ctx)
 	p := newProgress()
-	d := &Drainer{PodResources: lister, Pods: env.Client, Evictor: evictor(t, env.Config), PollInterval: pollInterval}
+	d := &Vacater{PodResources: lister, Pods: env.Client, Evictor: evictor(t, env.Config), PollInterval: pollInterval}
 	start := time.Now()
-	done := drainAsync(dctx, d, Request{GPUUUID: "GPU-a", Mode: v1alpha1.DrainEvict, Timeout: 20 * time.Second, Progress: p.report})
-	s := p.waitFor(t, ctx, PhaseEvictionBlocked)
+	done := vacateAsync(dctx, d, Request{GPUUUID: "GPU-a", Mode: v1alpha1.DrainEvict, Timeout: 20 * time.Second, Progress: p.report})
+	s := p.waitFor(t, ctx, StepEvictionBlocked)
 	if took := time.Since(start); took > 3*time.Second {
 		t.Errorf("blocked step after %v; want it at the first attempt, not after client retries", took)
 	}
@@ -371,10 +371,10 @@ func TestEvictNeverEvictsASameNamedPodBoundToAnotherNode(t *testing.T) {
 	}
 	env.SetPodPhase(t, ctx, moved, corev1.PodRunning)
 	pr.SetPods(fakekubelet.Pod(ns, "moved", "nvidia.com/gpu", "GPU-a"))
-	d := &Drainer{PodResources: lister, Pods: env.Client, Evictor: evictor(t, env.Config), NodeName: "this-node", PollInterval: pollInterval}
-	res, err := d.Drain(ctx, Request{GPUUUID: "GPU-a", Mode: v1alpha1.DrainEvict, Timeout: time.Second})
-	if !errors.Is(err, ErrDrainTimeout) || len(res.Evicted) != 0 {
-		t.Fatalf("Drain = %v, evicted %v; want a timeout and no eviction", err, res.Evicted)
+	d := &Vacater{PodResources: lister, Pods: env.Client, Evictor: evictor(t, env.Config), NodeName: "this-node", PollInterval: pollInterval}
+	res, err := d.Vacate(ctx, Request{GPUUUID: "GPU-a", Mode: v1alpha1.DrainEvict, Timeout: time.Second})
+	if !errors.Is(err, ErrTimeout) || len(res.Evicted) != 0 {
+		t.Fatalf("Vacate = %v, evicted %v; want a timeout and no eviction", err, res.Evicted)
 	}
 	var pod corev1.Pod
 	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(moved), &pod); err != nil || pod.DeletionTimestamp != nil {
@@ -382,14 +382,14 @@ func TestEvictNeverEvictsASameNamedPodBoundToAnotherNode(t *testing.T) {
 	}
 	blocked := false
 	for _, s := range res.Steps {
-		blocked = blocked || (s.Phase == PhaseEvictionBlocked && strings.Contains(s.Message, "other-node"))
+		blocked = blocked || (s.Kind == StepEvictionBlocked && strings.Contains(s.Message, "other-node"))
 	}
 	if !blocked {
-		t.Errorf("steps %v: want an EvictionBlocked step naming the other node", phases(res.Steps))
+		t.Errorf("steps %v: want an EvictionBlocked step naming the other node", kinds(res.Steps))
 	}
 }
 
-// An eviction names the uid the drain read: a pod recreated under the same name since is not evicted.
+// An eviction names the uid Vacate read: a pod recreated under the same name since is not evicted.
 func TestEvictionCarriesThePodsUIDAsAPrecondition(t *testing.T) {
 	ctx := testCtx(t)
 	ns := namespace(t, ctx)
@@ -437,10 +437,10 @@ func TestATerminatingPodIsWaitedForNotEvictedAgain(t *testing.T) {
 	}
 	pr.SetPods(fakekubelet.Pod(ns, "leaving", "nvidia.com/gpu", "GPU-a"))
 	ev := &countingEvictor{Evictor: evictor(t, env.Config)}
-	d := &Drainer{PodResources: lister, Pods: env.Client, Evictor: ev, NodeName: "this-node", PollInterval: pollInterval}
-	res, err := d.Drain(ctx, Request{GPUUUID: "GPU-a", Mode: v1alpha1.DrainEvict, Timeout: time.Second})
-	if !errors.Is(err, ErrDrainTimeout) || len(res.Remaining) != 1 {
-		t.Fatalf("Drain = %v, remaining %v; want a timeout waiting for the terminating pod", err, res.Remaining)
+	d := &Vacater{PodResources: lister, Pods: env.Client, Evictor: ev, NodeName: "this-node", PollInterval: pollInterval}
+	res, err := d.Vacate(ctx, Request{GPUUUID: "GPU-a", Mode: v1alpha1.DrainEvict, Timeout: time.Second})
+	if !errors.Is(err, ErrTimeout) || len(res.Remaining) != 1 {
+		t.Fatalf("Vacate = %v, remaining %v; want a timeout waiting for the terminating pod", err, res.Remaining)
 	}
 	if ev.calls != 0 || len(res.Evicted) != 0 {
 		t.Errorf("%d evictions asked (evicted %v), want none: the pod was already terminating", ev.calls, res.Evicted)

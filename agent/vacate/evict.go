@@ -1,4 +1,4 @@
-package drain
+package vacate
 
 import (
 	"context"
@@ -19,7 +19,7 @@ const evictTimeout = 10 * time.Second
 
 // Evictor asks the API server to evict a pod through the Eviction API (pods/eviction), which honours
 // PodDisruptionBudgets. A non-empty uid is a precondition: a pod of the same name but another uid (one
-// recreated since the drain read it, possibly on another node) is not evicted; the API server answers
+// recreated since Vacate read it, possibly on another node) is not evicted; the API server answers
 // 409 Conflict.
 type Evictor interface {
 	Evict(ctx context.Context, pod PodRef, uid types.UID) error
@@ -27,7 +27,7 @@ type Evictor interface {
 
 // NewEvictor returns an Evictor over cfg. It turns off client-go's retries: a 429 with Retry-After (what a
 // budget the disruption controller has not yet observed answers) would otherwise hold the call for up to
-// ten retries of ten seconds, hiding the budget from the drain's progress and overrunning its timeout.
+// ten retries of ten seconds, hiding the budget from the progress and overrunning its timeout.
 func NewEvictor(cfg *rest.Config) (Evictor, error) {
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
@@ -49,7 +49,7 @@ func (e *restEvictor) Evict(ctx context.Context, pod PodRef, uid types.UID) erro
 
 // evictAll asks the API server to evict every pod not yet evicted. A PodDisruptionBudget that does not
 // allow the disruption now answers 429: the pod is reported blocked and tried again on the next poll.
-// Any other refusal ends the drain with ErrEvictionFailed.
+// Any other refusal ends Vacate with ErrEvictionFailed.
 func (r *run) evictAll(ctx context.Context, pods []PodRef, deadline time.Time) error {
 	for _, p := range pods {
 		if r.evicted[p] {
@@ -60,22 +60,22 @@ func (r *run) evictAll(ctx context.Context, pods []PodRef, deadline time.Time) e
 			// The API server binds a pod of this name to another node: the kubelet's entry is a stale one
 			// of a pod that was recreated there. That pod is not this GPU's to evict; the kubelet drops
 			// the entry once the old containers are gone.
-			msg := fmt.Sprintf("the API server binds %s to node %s, not %s: not evicted, waiting for the kubelet to drop it", p, who.node, r.d.NodeName)
+			msg := fmt.Sprintf("the API server binds %s to node %s, not %s: not evicted, waiting for the kubelet to drop it", p, who.node, r.v.NodeName)
 			if r.blockedMsg[p] != msg {
-				r.step(ctx, PhaseEvictionBlocked, []PodRef{p}, "%s", msg)
+				r.step(ctx, StepEvictionBlocked, []PodRef{p}, "%s", msg)
 			}
 			r.blockedMsg[p] = msg
 			continue
 		}
 		if known && who.terminating {
-			// Already on its way out (evicted by this drain's earlier run, an agent killed mid-drain, or
+			// Already on its way out (evicted by an earlier Vacate of this drain, by an agent killed mid-drain, or
 			// deleted by someone): wait for it to end rather than disrupt it a second time.
 			r.evicted[p] = true
-			r.step(ctx, PhaseEvicted, []PodRef{p}, "pod %s is already terminating; waiting for it to end", p)
+			r.step(ctx, StepEvicted, []PodRef{p}, "pod %s is already terminating; waiting for it to end", p)
 			continue
 		}
 		cctx, cancel := context.WithTimeout(ctx, max(time.Second, min(evictTimeout, deadline.Sub(r.now()))))
-		err := r.d.Evictor.Evict(cctx, p, who.uid)
+		err := r.v.Evictor.Evict(cctx, p, who.uid)
 		callTimedOut := errors.Is(cctx.Err(), context.DeadlineExceeded)
 		cancel()
 		switch {
@@ -83,7 +83,7 @@ func (r *run) evictAll(ctx context.Context, pods []PodRef, deadline time.Time) e
 			r.evicted[p] = true
 			delete(r.blockedMsg, p)
 			r.res.Evicted = append(r.res.Evicted, p)
-			r.step(ctx, PhaseEvicted, []PodRef{p}, "evicted pod %s from GPU %s", p, r.req.GPUUUID)
+			r.step(ctx, StepEvicted, []PodRef{p}, "evicted pod %s from GPU %s", p, r.req.GPUUUID)
 		case apierrors.IsNotFound(err):
 			// Already gone from the API server; the kubelet will drop it.
 			r.evicted[p] = true
@@ -94,14 +94,14 @@ func (r *run) evictAll(ctx context.Context, pods []PodRef, deadline time.Time) e
 		case apierrors.IsTooManyRequests(err):
 			msg := describe(err)
 			if r.blockedMsg[p] != msg {
-				r.step(ctx, PhaseEvictionBlocked, []PodRef{p}, "eviction of %s blocked, retrying: %s", p, msg)
+				r.step(ctx, StepEvictionBlocked, []PodRef{p}, "eviction of %s blocked, retrying: %s", p, msg)
 			}
 			r.blockedMsg[p] = msg
 		case callTimedOut && ctx.Err() == nil:
-			// This call ran out of time but the drain has not: try again on the next poll.
+			// This call ran out of time but Vacate has not: try again on the next poll.
 			msg := fmt.Sprintf("no answer within the call's timeout: %v", err)
 			if r.blockedMsg[p] != msg {
-				r.step(ctx, PhaseEvictionBlocked, []PodRef{p}, "eviction of %s pending, retrying: %s", p, msg)
+				r.step(ctx, StepEvictionBlocked, []PodRef{p}, "eviction of %s pending, retrying: %s", p, msg)
 			}
 			r.blockedMsg[p] = msg
 		default:

@@ -1,12 +1,14 @@
-// Package drain empties one GPU before a disruptive change: it finds the pods that hold the GPU's
-// devices through the kubelet's PodResources API (device plugin pods) and the pods holding DRA
-// ResourceClaims on them (Claims), then waits for them to end (WaitForIdle) or evicts them
-// through the Eviction API so PodDisruptionBudgets hold (Evict), until a timeout. Every step goes to a
-// progress callback, so the agent can show it in GPUNode status. Stopping new pods from landing on the GPU
-// is the caller's step before Drain (deviceplugin.Manager.Cordon; a drained GPU's DRA devices leave its
-// ResourceSlices). The drain as a whole (cordon, empty, apply, uncordon) is agent/node's state machine
-// (drainfsm.go); this package is its emptying step, and its Phase values name that step's events.
-package drain
+// Package vacate empties one GPU of its pods: it finds the pods that hold the GPU's devices through the
+// kubelet's PodResources API (device plugin pods) and the pods holding DRA ResourceClaims on them
+// (Claims), then waits for them to end (WaitForIdle) or evicts them through the Eviction API so
+// PodDisruptionBudgets hold (Evict), until a timeout. Every step goes to a progress callback, so the agent
+// can show it in GPUNode status. Stopping new pods from landing on the GPU is the caller's step before
+// Vacate (deviceplugin.Manager.Cordon; a draining GPU's DRA devices leave its ResourceSlices).
+//
+// A drain (the API's spec.drain and status.gpus[].drain) is agent/node's state machine around a
+// disruptive change: cordon, vacate, apply, uncordon (drainfsm.go). This package is its vacate step
+// only; its StepKind values name that step's events, not the drain's phases.
+package vacate
 
 import (
 	"context"
@@ -23,8 +25,8 @@ import (
 )
 
 var (
-	// ErrDrainTimeout: pods still used the GPU when the timeout passed; Result.Remaining names them.
-	ErrDrainTimeout = errors.New("drain timed out")
+	// ErrTimeout: pods still used the GPU when the timeout passed; Result.Remaining names them.
+	ErrTimeout = errors.New("timed out")
 	// ErrPodResourcesUnavailable: the kubelet's PodResources API could not be listed.
 	ErrPodResourcesUnavailable = errors.New("kubelet PodResources API unavailable")
 	// ErrClaimsUnavailable: the ResourceClaims could not be listed.
@@ -33,10 +35,10 @@ var (
 	// PodDisruptionBudget), for example RBAC.
 	ErrEvictionFailed = errors.New("eviction failed")
 	// ErrInvalidRequest: the request names no GPU, an unknown mode, or Evict without an API client.
-	ErrInvalidRequest = errors.New("invalid drain request")
+	ErrInvalidRequest = errors.New("invalid request to vacate a GPU")
 )
 
-// DefaultPollInterval is how often a drain looks at the kubelet and the API server again.
+// DefaultPollInterval is how often Vacate looks at the kubelet and the API server again.
 const DefaultPollInterval = time.Second
 
 // PodRef names a pod.
@@ -47,34 +49,34 @@ type PodRef struct {
 
 func (p PodRef) String() string { return p.Namespace + "/" + p.Name }
 
-// Phase is one kind of event while the GPU is emptied (not a phase of agent/node's drain).
-type Phase string
+// StepKind is one kind of event while the GPU is vacated (not a phase of agent/node's drain).
+type StepKind string
 
 const (
-	// PhaseListed: the drain looked for the GPU's pods the first time; Pods are the ones found.
-	PhaseListed Phase = "Listed"
-	// PhaseWaiting: pods still use the GPU (reported when the set changes).
-	PhaseWaiting Phase = "Waiting"
-	// PhaseEvicted: the API server accepted the eviction of Pods[0], or Pods[0] was already terminating
+	// StepListed: Vacate looked for the GPU's pods the first time; Pods are the ones found.
+	StepListed StepKind = "Listed"
+	// StepWaiting: pods still use the GPU (reported when the set changes).
+	StepWaiting StepKind = "Waiting"
+	// StepEvicted: the API server accepted the eviction of Pods[0], or Pods[0] was already terminating
 	// (evicted before, perhaps by an agent process killed since) and is waited for, not evicted again.
-	PhaseEvicted Phase = "Evicted"
-	// PhaseEvictionBlocked: a PodDisruptionBudget refused the eviction of Pods[0] for now (HTTP 429); the
-	// drain retries on every poll. Reported again only when the API server's message changes.
-	PhaseEvictionBlocked Phase = "EvictionBlocked"
-	// PhaseListFailed: the PodResources API could not be listed; the drain retries until the timeout.
-	PhaseListFailed Phase = "ListFailed"
-	// PhaseIdle: no pod uses the GPU any more; the drain succeeded.
-	PhaseIdle Phase = "Idle"
-	// PhaseTimedOut: the timeout passed; Pods still use the GPU.
-	PhaseTimedOut Phase = "TimedOut"
-	// PhaseFailed: the drain stopped on an error waiting cannot fix.
-	PhaseFailed Phase = "Failed"
+	StepEvicted StepKind = "Evicted"
+	// StepEvictionBlocked: a PodDisruptionBudget refused the eviction of Pods[0] for now (HTTP 429); the
+	// eviction is retried on every poll. Reported again only when the API server's message changes.
+	StepEvictionBlocked StepKind = "EvictionBlocked"
+	// StepListFailed: the PodResources API could not be listed; Vacate retries until the timeout.
+	StepListFailed StepKind = "ListFailed"
+	// StepVacated: no pod uses the GPU any more; Vacate succeeded.
+	StepVacated StepKind = "Vacated"
+	// StepTimedOut: the timeout passed; Pods still use the GPU.
+	StepTimedOut StepKind = "TimedOut"
+	// StepFailed: Vacate stopped on an error waiting cannot fix.
+	StepFailed StepKind = "Failed"
 )
 
-// Step is one thing the drain did or saw.
+// Step is one thing Vacate did or saw.
 type Step struct {
 	Time    time.Time
-	Phase   Phase
+	Kind    StepKind
 	Pods    []PodRef
 	Message string
 }
@@ -89,13 +91,17 @@ type Request struct {
 	GPUIndex int32
 	// Mode is WaitForIdle (default when empty) or Evict.
 	Mode v1alpha1.DrainMode
-	// Timeout bounds the drain; 0 means look once and fail if any pod uses the GPU.
+	// ClaimScope, when set, narrows the DRA claims whose pods count to those it names (a fixed-layout
+	// change takes only some of a GPU's claims); nil: every claim on the GPU. It does not narrow the
+	// device plugin's pods: MIGUUIDs does.
+	ClaimScope *ClaimScope
+	// Timeout bounds Vacate; 0 means look once and fail if any pod uses the GPU.
 	Timeout time.Duration
-	// Progress receives every step as it happens (optional). It runs on the drain's goroutine.
+	// Progress receives every step as it happens (optional). It runs on Vacate's goroutine.
 	Progress func(Step)
 }
 
-// Result is what the drain did.
+// Result is what Vacate did.
 type Result struct {
 	GPUUUID string
 	Mode    v1alpha1.DrainMode
@@ -109,8 +115,8 @@ type Result struct {
 	Duration  time.Duration
 }
 
-// Drainer drains GPUs of one node.
-type Drainer struct {
+// Vacater empties GPUs of one node of their pods.
+type Vacater struct {
 	// PodResources lists the kubelet's pods and their devices (see DialPodResources): the device
 	// plugin's pods. Nil on a node that serves DRA only.
 	PodResources PodResourcesLister
@@ -134,28 +140,28 @@ type Drainer struct {
 	Clock clock.Clock
 }
 
-// Drain empties the GPU as req says. It returns nil once no pod uses the GPU; otherwise an error that
-// wraps ErrDrainTimeout, ErrEvictionFailed, ErrInvalidRequest or ctx's error, with the Result filled in
+// Vacate empties the GPU as req says. It returns nil once no pod uses the GPU; otherwise an error that
+// wraps ErrTimeout, ErrEvictionFailed, ErrInvalidRequest or ctx's error, with the Result filled in
 // either way.
-func (d *Drainer) Drain(ctx context.Context, req Request) (Result, error) {
+func (v *Vacater) Vacate(ctx context.Context, req Request) (Result, error) {
 	mode := req.Mode
 	if mode == "" {
 		mode = v1alpha1.DrainWaitForIdle
 	}
-	c := d.Clock
+	c := v.Clock
 	if c == nil {
 		c = clock.RealClock{}
 	}
-	r := &run{d: d, req: req, res: Result{GPUUUID: req.GPUUUID, Mode: mode}, clock: c, now: c.Now}
+	r := &run{v: v, req: req, res: Result{GPUUUID: req.GPUUUID, Mode: mode}, clock: c, now: c.Now}
 	start := r.now()
 	switch {
 	case req.GPUUUID == "":
 		return r.res, fmt.Errorf("%w: no GPU uuid", ErrInvalidRequest)
 	case mode != v1alpha1.DrainWaitForIdle && mode != v1alpha1.DrainEvict:
 		return r.res, fmt.Errorf("%w: unknown mode %q", ErrInvalidRequest, mode)
-	case mode == v1alpha1.DrainEvict && d.Evictor == nil:
+	case mode == v1alpha1.DrainEvict && v.Evictor == nil:
 		return r.res, fmt.Errorf("%w: Evict needs an Evictor", ErrInvalidRequest)
-	case d.PodResources == nil && d.Claims == nil:
+	case v.PodResources == nil && v.Claims == nil:
 		return r.res, fmt.Errorf("%w: neither a PodResources client nor a ResourceClaim source", ErrInvalidRequest)
 	}
 	err := r.loop(ctx, mode, start)
@@ -163,9 +169,9 @@ func (d *Drainer) Drain(ctx context.Context, req Request) (Result, error) {
 	return r.res, err
 }
 
-// run is one drain's state.
+// run is one Vacate call's state.
 type run struct {
-	d     *Drainer
+	v     *Vacater
 	req   Request
 	res   Result
 	now   func() time.Time
@@ -179,17 +185,17 @@ type run struct {
 	lastListErr error
 }
 
-func (r *run) step(ctx context.Context, phase Phase, pods []PodRef, format string, args ...any) {
-	s := Step{Time: r.now(), Phase: phase, Pods: append([]PodRef(nil), pods...), Message: fmt.Sprintf(format, args...)}
+func (r *run) step(ctx context.Context, kind StepKind, pods []PodRef, format string, args ...any) {
+	s := Step{Time: r.now(), Kind: kind, Pods: append([]PodRef(nil), pods...), Message: fmt.Sprintf(format, args...)}
 	r.res.Steps = append(r.res.Steps, s)
-	logr.FromContextOrDiscard(ctx).Info("GPU drain step", "gpu", r.req.GPUUUID, "phase", string(phase), "pods", podList(pods), "message", s.Message)
+	logr.FromContextOrDiscard(ctx).Info("Vacating GPU", "gpu", r.req.GPUUUID, "step", string(kind), "pods", podList(pods), "message", s.Message)
 	if r.req.Progress != nil {
 		r.req.Progress(s)
 	}
 }
 
 func (r *run) loop(ctx context.Context, mode v1alpha1.DrainMode, start time.Time) error {
-	interval := r.d.PollInterval
+	interval := r.v.PollInterval
 	if interval <= 0 {
 		interval = DefaultPollInterval
 	}
@@ -204,7 +210,7 @@ func (r *run) loop(ctx context.Context, mode v1alpha1.DrainMode, start time.Time
 		switch {
 		case err != nil:
 			if r.lastListErr == nil || r.lastListErr.Error() != err.Error() {
-				r.step(ctx, PhaseListFailed, nil, "%v", err)
+				r.step(ctx, StepListFailed, nil, "%v", err)
 			}
 			r.lastListErr = err
 		default:
@@ -213,23 +219,23 @@ func (r *run) loop(ctx context.Context, mode v1alpha1.DrainMode, start time.Time
 			if first {
 				first = false
 				r.res.Found = pods
-				r.step(ctx, PhaseListed, pods, "%d pods use GPU %s (mode %s)", len(pods), r.req.GPUUUID, mode)
+				r.step(ctx, StepListed, pods, "%d pods use GPU %s (mode %s)", len(pods), r.req.GPUUUID, mode)
 			}
 			if len(pods) == 0 {
 				r.res.Remaining = nil
-				r.step(ctx, PhaseIdle, nil, "no pod uses GPU %s", r.req.GPUUUID)
+				r.step(ctx, StepVacated, nil, "no pod uses GPU %s", r.req.GPUUUID)
 				return nil
 			}
 			if mode == v1alpha1.DrainEvict {
 				if err := r.evictAll(ctx, pods, deadline); err != nil {
 					r.res.Remaining = pods
-					r.step(ctx, PhaseFailed, pods, "%v", err)
+					r.step(ctx, StepFailed, pods, "%v", err)
 					return err
 				}
 			}
 			if w := podList(pods); w != r.lastWaiting {
 				r.lastWaiting = w
-				r.step(ctx, PhaseWaiting, pods, "waiting for %d pods to end: %s", len(pods), w)
+				r.step(ctx, StepWaiting, pods, "waiting for %d pods to end: %s", len(pods), w)
 			}
 		}
 
@@ -242,7 +248,7 @@ func (r *run) loop(ctx context.Context, mode v1alpha1.DrainMode, start time.Time
 		case <-ctx.Done():
 			t.Stop()
 			r.res.Remaining = pods
-			return fmt.Errorf("drain of GPU %s stopped: %w", r.req.GPUUUID, ctx.Err())
+			return fmt.Errorf("vacating GPU %s stopped: %w", r.req.GPUUUID, ctx.Err())
 		case <-t.C():
 		}
 	}
@@ -263,11 +269,11 @@ func (r *run) timedOut(ctx context.Context, pods []PodRef) error {
 	if len(blocked) > 0 {
 		msg += "; eviction refused for now (a PodDisruptionBudget answers 429) for " + strings.Join(blocked, ", ")
 	}
-	r.step(ctx, PhaseTimedOut, pods, "%s", msg)
+	r.step(ctx, StepTimedOut, pods, "%s", msg)
 	if r.lastListErr != nil {
-		return fmt.Errorf("%w: %s: %w", ErrDrainTimeout, msg, r.lastListErr)
+		return fmt.Errorf("%w: %s: %w", ErrTimeout, msg, r.lastListErr)
 	}
-	return fmt.Errorf("%w: %s", ErrDrainTimeout, msg)
+	return fmt.Errorf("%w: %s", ErrTimeout, msg)
 }
 
 func podList(pods []PodRef) string {

@@ -328,8 +328,8 @@ func shimStatus(st ShimState) *v1alpha1.ShimStatus {
 			PID:           c.PID,
 			Pod:           st.Pods[c.PID],
 			Holding:       c.Holding,
-			Priority:      c.Priority.String(),
-			Class:         shimClientClass(st.GPU, c.Priority),
+			Priority:      apiPriority(c.Class),
+			Class:         shimClientClass(st.GPU, c.Class),
 			ResidentBytes: int64(c.ResidentBytes),
 			SwappedBytes:  int64(c.SwappedBytes),
 			SwapOuts:      int64(c.SwapOuts),
@@ -359,13 +359,22 @@ func launchBoundSource(p scheduler.PacingState) v1alpha1.LaunchBoundSource {
 
 // shimClientClass is a client's class on a GPU with production classes (the scheduler's High is
 // production), empty elsewhere.
-func shimClientClass(g scheduler.GPUState, p scheduler.Priority) v1alpha1.WorkloadClass {
+func shimClientClass(g scheduler.GPUState, p scheduler.Class) v1alpha1.WorkloadClass {
 	switch {
 	case g.ProductionPriority == nil:
 		return ""
-	case p == scheduler.PriorityHigh:
+	case p == scheduler.ClassProduction:
 		return v1alpha1.ClassProduction
 	default:
 		return v1alpha1.ClassOpportunistic
 	}
+}
+
+// apiPriority is a client's class as status.applied.shim.clients[].priority has always named it: High
+// for production, Normal for opportunistic (the wire's names; class says Production or Opportunistic).
+func apiPriority(c scheduler.Class) string {
+	if c == scheduler.ClassProduction {
+		return "High"
+	}
+	return "Normal"
 }

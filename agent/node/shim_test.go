@@ -246,7 +246,7 @@ func TestShimStatusIsWhatTheSchedulerEnforces(t *testing.T) {
 	got := shimStatus(ShimState{
 		GPU: scheduler.GPUState{Quantum: 3 * time.Second, Budget: 8 << 30, Mode: scheduler.ModeAlways},
 		Clients: []scheduler.ClientState{
-			{PID: 7, Holding: true, Priority: scheduler.PriorityHigh, ResidentBytes: 5, SwappedBytes: 6, SwapOuts: 2, SwapIns: 1, HoldTime: time.Hour},
+			{PID: 7, Holding: true, Class: scheduler.ClassProduction, ResidentBytes: 5, SwappedBytes: 6, SwapOuts: 2, SwapIns: 1, HoldTime: time.Hour},
 			{PID: 8},
 		},
 		Pods: map[int32]string{7: "ml/trainer-0"},

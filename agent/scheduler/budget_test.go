@@ -54,7 +54,7 @@ func (fx *queueFixture) report(f *fakeClient, reason uint32, need, resident uint
 
 func TestBudgetWelcomeCarriesBudgetAndMode(t *testing.T) {
 	fx := newBudgetFixture(t, 64*mib, ModeAlways)
-	a := fx.join(t, PriorityNormal)
+	a := fx.join(t, ClassOpportunistic)
 	w, _ := a.last(MsgWelcome)
 	if w.Budget != 64*mib || w.Mode != ModeAlways {
 		t.Fatalf("welcome = %+v", w)
@@ -63,7 +63,7 @@ func TestBudgetWelcomeCarriesBudgetAndMode(t *testing.T) {
 
 func TestBudgetAutoRunsClientsThatFitTogetherConcurrently(t *testing.T) {
 	fx := newBudgetFixture(t, 64*mib, ModeAuto)
-	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	a, b := fx.join(t, ClassOpportunistic), fx.join(t, ClassOpportunistic)
 	fx.q.acquire(a.c, 30*mib)
 	fx.q.acquire(b.c, 30*mib)
 	if !fx.holding(a) || !fx.holding(b) {
@@ -79,7 +79,7 @@ func TestBudgetAutoRunsClientsThatFitTogetherConcurrently(t *testing.T) {
 
 func TestBudgetAlwaysRunsOneClientAtATime(t *testing.T) {
 	fx := newBudgetFixture(t, 64*mib, ModeAlways)
-	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	a, b := fx.join(t, ClassOpportunistic), fx.join(t, ClassOpportunistic)
 	fx.q.acquire(a.c, 10*mib)
 	fx.q.acquire(b.c, 10*mib)
 	if !fx.holding(a) || fx.holding(b) {
@@ -98,7 +98,7 @@ func TestBudgetAlwaysRunsOneClientAtATime(t *testing.T) {
 func TestBudgetAutoSerializesWhenWorkingSetsDoNotFit(t *testing.T) {
 	fx := newBudgetFixture(t, 64*mib, ModeAuto)
 	fx.version = MinVersion
-	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	a, b := fx.join(t, ClassOpportunistic), fx.join(t, ClassOpportunistic)
 	fx.q.acquire(a.c, 40*mib)
 	fx.report(a, UsageReport, 40*mib, 40*mib)
 	fx.q.acquire(b.c, 40*mib)
@@ -129,7 +129,7 @@ func TestBudgetAutoSerializesWhenWorkingSetsDoNotFit(t *testing.T) {
 
 func TestBudgetEvictsTheLeastRecentlyRunFirst(t *testing.T) {
 	fx := newBudgetFixture(t, 30*mib, ModeAlways)
-	a, b, c := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	a, b, c := fx.join(t, ClassOpportunistic), fx.join(t, ClassOpportunistic), fx.join(t, ClassOpportunistic)
 	for _, f := range []*fakeClient{a, b} {
 		fx.q.acquire(f.c, 10*mib)
 		fx.report(f, UsageReport, 10*mib, 10*mib)
@@ -144,7 +144,7 @@ func TestBudgetEvictsTheLeastRecentlyRunFirst(t *testing.T) {
 
 func TestBudgetMemReqGrowsInPlaceOrTellsTheHolderToYield(t *testing.T) {
 	fx := newBudgetFixture(t, 64*mib, ModeAuto)
-	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	a, b := fx.join(t, ClassOpportunistic), fx.join(t, ClassOpportunistic)
 	fx.q.acquire(a.c, 20*mib)
 	fx.q.acquire(b.c, 20*mib)
 	fx.q.memReq(a.c, 40*mib)
@@ -166,7 +166,7 @@ func TestBudgetMemReqGrowsInPlaceOrTellsTheHolderToYield(t *testing.T) {
 
 func TestBudgetOffNeverSerializesAndRefusesWhatDoesNotFit(t *testing.T) {
 	fx := newBudgetFixture(t, 64*mib, ModeOff)
-	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	a, b := fx.join(t, ClassOpportunistic), fx.join(t, ClassOpportunistic)
 	fx.q.acquire(a.c, 30*mib)
 	fx.q.acquire(b.c, 30*mib)
 	fx.q.memReq(a.c, 40*mib)
@@ -180,7 +180,7 @@ func TestBudgetOffNeverSerializesAndRefusesWhatDoesNotFit(t *testing.T) {
 
 func TestBudgetIgnoresAReportWrittenBeforeARaise(t *testing.T) {
 	fx := newBudgetFixture(t, 64*mib, ModeAuto)
-	a := fx.join(t, PriorityNormal)
+	a := fx.join(t, ClassOpportunistic)
 	fx.q.acquire(a.c, 10*mib)
 	stale := a.c.raises
 	fx.q.memReq(a.c, 30*mib) // raise sent; a report written before it arrives late
@@ -196,7 +196,7 @@ func TestBudgetIgnoresAReportWrittenBeforeARaise(t *testing.T) {
 
 func TestBudgetHoldStartsWhenTheMemoryIsIn(t *testing.T) {
 	fx := newBudgetFixture(t, 64*mib, ModeAlways)
-	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	a, b := fx.join(t, ClassOpportunistic), fx.join(t, ClassOpportunistic)
 	fx.q.acquire(a.c, 40*mib)
 	fx.q.acquire(b.c, 10*mib)
 	fx.clock.Advance(140 * time.Millisecond) // a swaps in slowly, within quantum + grace: not revoked meanwhile
@@ -216,7 +216,7 @@ func TestBudgetHoldStartsWhenTheMemoryIsIn(t *testing.T) {
 
 func TestBudgetADepartingClientReturnsItsMemory(t *testing.T) {
 	fx := newBudgetFixture(t, 64*mib, ModeAuto)
-	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	a, b := fx.join(t, ClassOpportunistic), fx.join(t, ClassOpportunistic)
 	fx.q.acquire(a.c, 60*mib)
 	fx.q.acquire(b.c, 20*mib)
 	fx.q.leave(a.c)
@@ -235,7 +235,7 @@ func TestBudgetReservationsNeverExceedTheBudget(t *testing.T) {
 			rng := rand.New(rand.NewSource(int64(mode) + 7))
 			var cs []*fakeClient
 			for range 6 {
-				cs = append(cs, fx.join(t, Priority(rng.Intn(2))))
+				cs = append(cs, fx.join(t, Class(rng.Intn(2))))
 			}
 			for step := range 5000 {
 				f := cs[rng.Intn(len(cs))]
@@ -328,7 +328,7 @@ func TestBudgetMetricsReportPerClientMemoryAndSwaps(t *testing.T) {
 // and so on every quantum, so it never ran until the other job ended.
 func TestBudgetAReportBeforeTheGrowthKeepsItsReservation(t *testing.T) {
 	fx := newBudgetFixture(t, 64*mib, ModeAuto)
-	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	a, b := fx.join(t, ClassOpportunistic), fx.join(t, ClassOpportunistic)
 	fx.q.acquire(a.c, 40*mib)
 	fx.report(a, UsageReport, 40*mib, 40*mib)
 	fx.q.acquire(b.c, 40*mib) // b's need is the growth it asks for; it has nothing yet
@@ -359,7 +359,7 @@ func TestBudgetAReportBeforeTheGrowthKeepsItsReservation(t *testing.T) {
 // the reservations never exceeds the budget; the quantum starts only when everything is in.
 func TestBudgetHandOffOverlapsTheLeaversCopyOutWithTheNewcomersCopyIn(t *testing.T) {
 	fx := newBudgetFixture(t, 64*mib, ModeAlways)
-	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	a, b := fx.join(t, ClassOpportunistic), fx.join(t, ClassOpportunistic)
 	fx.q.acquire(a.c, 40*mib)
 	fx.report(a, UsageReport, 40*mib, 40*mib)
 	fx.q.acquire(b.c, 40*mib)
@@ -414,7 +414,7 @@ func TestBudgetHandOffOverlapsTheLeaversCopyOutWithTheNewcomersCopyIn(t *testing
 // report after the eviction was answered is ignored.
 func TestBudgetOverlappedHandOffKeepsTheAcksRule(t *testing.T) {
 	fx := newBudgetFixture(t, 64*mib, ModeAlways)
-	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	a, b := fx.join(t, ClassOpportunistic), fx.join(t, ClassOpportunistic)
 	fx.q.acquire(a.c, 40*mib)
 	fx.report(a, UsageReport, 40*mib, 40*mib)
 	fx.q.acquire(b.c, 40*mib)
@@ -466,8 +466,8 @@ func handOffInSeries(t *testing.T, fx *queueFixture, a *fakeClient, joinB func()
 // A version 2 client is never granted part of its need, nor sent a Raise, and its grant is a version 2 frame.
 func TestBudgetVersion2ClientWaitsForTheWholeEviction(t *testing.T) {
 	fx := newBudgetFixture(t, 64*mib, ModeAlways)
-	a := fx.join(t, PriorityNormal)
-	g := handOffInSeries(t, fx, a, func() *fakeClient { fx.version = MinVersion; return fx.join(t, PriorityNormal) })
+	a := fx.join(t, ClassOpportunistic)
+	g := handOffInSeries(t, fx, a, func() *fakeClient { fx.version = MinVersion; return fx.join(t, ClassOpportunistic) })
 	if g.Version != MinVersion {
 		t.Fatalf("grant in a version %d frame, want %d", g.Version, MinVersion)
 	}
@@ -478,8 +478,8 @@ func TestBudgetVersion2ClientWaitsForTheWholeEviction(t *testing.T) {
 func TestBudgetSerialHandoffsGrantOnlyOnceTheLeaverIsOut(t *testing.T) {
 	fx := newBudgetFixture(t, 64*mib, ModeAlways)
 	fx.q.serial = true
-	a := fx.join(t, PriorityNormal)
-	handOffInSeries(t, fx, a, func() *fakeClient { return fx.join(t, PriorityNormal) })
+	a := fx.join(t, ClassOpportunistic)
+	handOffInSeries(t, fx, a, func() *fakeClient { return fx.join(t, ClassOpportunistic) })
 }
 
 // A holder filling in holds up the others only while what it misses is on its way: once an eviction
@@ -487,7 +487,7 @@ func TestBudgetSerialHandoffsGrantOnlyOnceTheLeaverIsOut(t *testing.T) {
 // swap-in gives its grant back after its own timeout).
 func TestBudgetFillingHolderDoesNotBlockOthersWhenNothingMoreComes(t *testing.T) {
 	fx := newBudgetFixture(t, 64*mib, ModeAuto)
-	a, b, c := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	a, b, c := fx.join(t, ClassOpportunistic), fx.join(t, ClassOpportunistic), fx.join(t, ClassOpportunistic)
 	fx.q.acquire(a.c, 40*mib)
 	fx.report(a, UsageReport, 40*mib, 40*mib)
 	fx.q.release(a.c, grantEpoch(t, a), 40*mib)
@@ -513,7 +513,7 @@ func TestBudgetFillingHolderDoesNotBlockOthersWhenNothingMoreComes(t *testing.T)
 // computed need - reservation unsigned and handed it the free budget, beyond its need.
 func TestFillingHolderWhoseNeedDropsBelowItsReservationIsNotRaised(t *testing.T) {
 	fx := newBudgetFixture(t, 64*mib, ModeAuto)
-	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	a, b := fx.join(t, ClassOpportunistic), fx.join(t, ClassOpportunistic)
 	fx.q.acquire(a.c, 40*mib)
 	fx.report(a, UsageReport, 40*mib, 40*mib)
 	fx.q.release(a.c, grantEpoch(t, a), 40*mib)

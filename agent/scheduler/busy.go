@@ -41,10 +41,10 @@ func (q *queue) busyLocked(c *client, now time.Time) bool {
 }
 
 // busyClassLocked: a connected client of class p is busy.
-func (q *queue) busyClassLocked(p Priority) bool {
+func (q *queue) busyClassLocked(p Class) bool {
 	now := q.clock.Now()
 	for _, c := range q.clients {
-		if c.priority == p && q.busyLocked(c, now) {
+		if c.class == p && q.busyLocked(c, now) {
 			return true
 		}
 	}
@@ -89,7 +89,7 @@ func (q *queue) armTermsLocked() {
 // capKeptTurnsLocked ends, KeptTurnIdle from now, the preempted turns of idle opportunistic clients
 // while no production client holds or waits (dispatchLocked calls it).
 func (q *queue) capKeptTurnsLocked() {
-	if len(q.waiting[PriorityHigh]) > 0 || q.productionHoldsLocked() {
+	if len(q.waiting[ClassProduction]) > 0 || q.productionHoldsLocked() {
 		return
 	}
 	end := q.clock.Now().Add(KeptTurnIdle)
@@ -108,7 +108,7 @@ func (q *queue) busyInvariantLocked(c *client) error {
 		(q.termsTimer == nil || q.termsAt.After(c.lastBusy.Add(RecentActivity))):
 		return fmt.Errorf("client %d counts as busy until %v with no re-evaluation armed by then (armed: %v)", c.id,
 			c.lastBusy.Add(RecentActivity), q.termsAt)
-	case c.resuming && c.state == stateIdle && len(q.waiting[PriorityHigh]) == 0 && !q.productionHoldsLocked() &&
+	case c.resuming && c.state == stateIdle && len(q.waiting[ClassProduction]) == 0 && !q.productionHoldsLocked() &&
 		c.turnEnd.After(now.Add(KeptTurnIdle)):
 		return fmt.Errorf("client %d keeps a preempted turn until %v, past %v with the GPU free of production", c.id,
 			c.turnEnd, KeptTurnIdle)

@@ -12,7 +12,7 @@ func TestBudgetHolderThatNeverReportsIsRevokedAtQuantumPlusGrace(t *testing.T) {
 	for _, mode := range []Mode{ModeAlways, ModeAuto} {
 		t.Run(mode.String(), func(t *testing.T) {
 			fx := newBudgetFixture(t, 64*mib, mode) // quantum 100ms, grace 50ms
-			a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+			a, b := fx.join(t, ClassOpportunistic), fx.join(t, ClassOpportunistic)
 			fx.q.acquire(a.c, 40*mib)
 			fx.q.acquire(b.c, 40*mib) // does not fit beside a (Auto), or waits its turn (Always)
 			if !fx.holding(a) || fx.holding(b) {
@@ -45,7 +45,7 @@ func TestBudgetHolderThatNeverReportsIsRevokedAtQuantumPlusGrace(t *testing.T) {
 func TestClientIgnoringEvictIsDroppedAtTheDeadline(t *testing.T) {
 	fx := newBudgetFixture(t, 64*mib, ModeAuto)
 	fx.q.evictTimeout = 2 * time.Second
-	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	a, b := fx.join(t, ClassOpportunistic), fx.join(t, ClassOpportunistic)
 	fx.q.acquire(a.c, 50*mib)
 	fx.report(a, UsageReport, 50*mib, 50*mib)
 	fx.q.release(a.c, grantEpoch(t, a), 50*mib) // a keeps its 50 MiB resident, not running
@@ -72,7 +72,7 @@ func TestClientIgnoringEvictIsDroppedAtTheDeadline(t *testing.T) {
 // A client that answers its EVICT in time is never dropped, however long it then stays idle.
 func TestClientAnsweringEvictInTimeIsKept(t *testing.T) {
 	fx := newBudgetFixture(t, 64*mib, ModeAuto)
-	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	a, b := fx.join(t, ClassOpportunistic), fx.join(t, ClassOpportunistic)
 	fx.q.acquire(a.c, 50*mib)
 	fx.report(a, UsageReport, 50*mib, 50*mib)
 	fx.q.release(a.c, grantEpoch(t, a), 50*mib)

@@ -9,7 +9,7 @@ import (
 // fails when a type is added without a seed here.
 func seedMessages() []Message {
 	return []Message{
-		{Type: MsgHello, PID: 42, Priority: PriorityHigh, GPUUUID: "GPU-1"},
+		{Type: MsgHello, PID: 42, Priority: ClassProduction, GPUUUID: "GPU-1"},
 		{Type: MsgWelcome, ClientID: 1, QuantumMS: 100, GraceMS: 50, Mode: ModeAlways, Budget: 64 << 20},
 		{Type: MsgAcquire, Need: 16 << 20},
 		{Type: MsgGrant, Epoch: 3, QuantumMS: 100, Resident: 8 << 20},

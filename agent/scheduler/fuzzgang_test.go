@@ -68,12 +68,12 @@ func runGangSteps(t *testing.T, in []byte) error {
 		qs[i].useGangs(co, clock, m)
 		qs[i].evictTimeout = time.Second
 	}
-	join := func(gpu int, key string, prio Priority) *fakeClient {
+	join := func(gpu int, key string, prio Class) *fakeClient {
 		f := (&queueFixture{q: qs[gpu]}).joinAs(t, classSource{asked: prio})
 		qs[gpu].joinGang(f.c, key)
 		return f
 	}
-	bProd := Priority((in[0] / 3) % 2)
+	bProd := Class((in[0] / 3) % 2)
 	cs := []*fakeClient{join(0, "a", 0), join(1, "a", 0), join(1, "b", bProd), join(0, "b", bProd), join(2, "c", 0), join(2, "", 0)}
 	in = in[1:]
 	for step := 0; len(in) >= 3; step, in = step+1, in[3:] {
@@ -97,7 +97,7 @@ func runGangSteps(t *testing.T, in []byte) error {
 			q.leave(f.c)
 		case 6:
 			if !joined {
-				cs[slot] = join(int(arg%3), []string{"", "a", "b", "c"}[(arg/3)%4], Priority((arg/12)%2))
+				cs[slot] = join(int(arg%3), []string{"", "a", "b", "c"}[(arg/3)%4], Class((arg/12)%2))
 			}
 		case 7:
 			clock.Advance(time.Duration(arg) * 5 * time.Millisecond)
@@ -176,7 +176,7 @@ func gangBoundLocked(co *Gangs, q *queue, now time.Time) error {
 		for _, line := range q.waiting {
 			for _, w := range line {
 				o := gangOf(w)
-				if o == nil || o == g || (h.priority == PriorityHigh && w.priority == PriorityNormal) {
+				if o == nil || o == g || (h.class == ClassProduction && w.class == ClassOpportunistic) {
 					continue
 				}
 				limit := start.Add(quantum)

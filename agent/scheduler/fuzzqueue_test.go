@@ -110,7 +110,7 @@ func runQueueSteps(t *testing.T, in []byte) error {
 	fromPod := (in[0]/4)%2 == 1
 	// classOf is the class source of a client joining with arg.
 	classOf := func(arg uint64) classSource {
-		return classSource{asked: Priority(arg % 2), fromPod: fromPod, value: int32(arg%3) * 100, known: arg%7 != 6}
+		return classSource{asked: Class(arg % 2), fromPod: fromPod, value: int32(arg%3) * 100, known: arg%7 != 6}
 	}
 	switch in[0] % 4 {
 	case 0, 1, 2:
@@ -351,8 +351,8 @@ func checkQueueInvariants(q *queue, cs []*fakeClient) error {
 	}
 	for p := range q.waiting {
 		for _, w := range q.waiting[p] {
-			if w.state != stateWaiting || w.priority != Priority(p) || q.clients[w.id] != w {
-				return fmt.Errorf("waiter %d: %v, priority %v, connected=%v", w.id, w.state, w.priority, q.clients[w.id] == w)
+			if w.state != stateWaiting || w.class != Class(p) || q.clients[w.id] != w {
+				return fmt.Errorf("waiter %d: %v, priority %v, connected=%v", w.id, w.state, w.class, q.clients[w.id] == w)
 			}
 		}
 	}

@@ -126,7 +126,7 @@ func (g *gang) isGang() bool {
 // production: every member is.
 func (g *gang) production() bool {
 	for _, c := range g.members {
-		if c.priority != PriorityHigh {
+		if c.class != ClassProduction {
 			return false
 		}
 	}

@@ -85,7 +85,7 @@ func startGangEnv(t *testing.T, n int, perGPU bool) *gangEnv {
 }
 
 // dial connects a client of GPU gpu whose hello gives pid and class.
-func (e *gangEnv) dial(gpu int, pid uint32, prio Priority) *rawClient {
+func (e *gangEnv) dial(gpu int, pid uint32, prio Class) *rawClient {
 	e.t.Helper()
 	return dialHello(e.t, e.socks[gpu], Message{Type: MsgHello, PID: pid, Priority: prio, GPUUUID: fmt.Sprintf("GPU-%d", gpu)})
 }
@@ -118,8 +118,8 @@ func none(t *testing.T, r *rawClient, typ MsgType, why string) {
 
 func TestGangGrantedAndRevokedTogether(t *testing.T) {
 	e := startGangEnv(t, 2, false)
-	x0, x1 := e.dial(0, 100, PriorityNormal), e.dial(1, 101, PriorityNormal)
-	s1 := e.dial(1, 2000, PriorityNormal)
+	x0, x1 := e.dial(0, 100, ClassOpportunistic), e.dial(1, 101, ClassOpportunistic)
+	s1 := e.dial(1, 2000, ClassOpportunistic)
 
 	x0.hold() // the gang's turn: both GPUs reserved for it
 	s1.send(Message{Type: MsgAcquire})
@@ -170,8 +170,8 @@ func collectiveStep(r *rawClient, step int, in chan<- int, peer <-chan int) erro
 // moves: a member spinning for its peer would wait for a revocation that never comes.
 func TestCrossingGangsBothFinish(t *testing.T) {
 	e := startGangEnv(t, 2, true) // as the agent runs them: one Scheduler per GPU
-	x0, x1 := e.dial(0, 100, PriorityNormal), e.dial(1, 101, PriorityNormal)
-	y1, y0 := e.dial(1, 200, PriorityNormal), e.dial(0, 201, PriorityNormal)
+	x0, x1 := e.dial(0, 100, ClassOpportunistic), e.dial(1, 101, ClassOpportunistic)
+	y1, y0 := e.dial(1, 200, ClassOpportunistic), e.dial(0, 201, ClassOpportunistic)
 	const steps = 5
 	errs := make(chan error, 4)
 	member := func(r *rawClient, in chan<- int, peer <-chan int) {
@@ -204,8 +204,8 @@ func TestCrossingGangsBothFinish(t *testing.T) {
 
 func TestGangMemberKilledFreesTheOthers(t *testing.T) {
 	e := startGangEnv(t, 2, false)
-	x0, x1 := e.dial(0, 100, PriorityNormal), e.dial(1, 101, PriorityNormal)
-	s0 := e.dial(0, 2000, PriorityNormal)
+	x0, x1 := e.dial(0, 100, ClassOpportunistic), e.dial(1, 101, ClassOpportunistic)
+	s0 := e.dial(0, 2000, ClassOpportunistic)
 	x0.hold()
 	x1.hold()
 	s0.send(Message{Type: MsgAcquire})
@@ -220,8 +220,8 @@ func TestGangMemberKilledFreesTheOthers(t *testing.T) {
 
 func TestProductionGangPreemptsOnAllItsGPUs(t *testing.T) {
 	e := startGangEnv(t, 2, false)
-	o0, o1 := e.dial(0, 3000, PriorityNormal), e.dial(1, 3001, PriorityNormal)
-	p0, p1 := e.dial(0, 500, PriorityHigh), e.dial(1, 501, PriorityHigh)
+	o0, o1 := e.dial(0, 3000, ClassOpportunistic), e.dial(1, 3001, ClassOpportunistic)
+	p0, p1 := e.dial(0, 500, ClassProduction), e.dial(1, 501, ClassProduction)
 	o0.hold()
 	o1.hold()
 	p0.hold() // one member asks: the gang takes both GPUs at once
@@ -232,8 +232,8 @@ func TestProductionGangPreemptsOnAllItsGPUs(t *testing.T) {
 
 func TestOpportunisticGangYieldsToProductionOnAnyGPU(t *testing.T) {
 	e := startGangEnv(t, 2, false)
-	x0, x1 := e.dial(0, 100, PriorityNormal), e.dial(1, 101, PriorityNormal)
-	h1 := e.dial(1, 4000, PriorityHigh)
+	x0, x1 := e.dial(0, 100, ClassOpportunistic), e.dial(1, 101, ClassOpportunistic)
+	h1 := e.dial(1, 4000, ClassProduction)
 	epoch := h1.hold()
 	x0.send(Message{Type: MsgAcquire})
 	e.waits(0, x0)
@@ -276,8 +276,8 @@ func TestSessionOfReadsTheStatLine(t *testing.T) {
 // Clients of one owner on one GPU are no gang: they reserve nothing beyond their own GPU.
 func TestOneGPUOwnerIsNoGang(t *testing.T) {
 	e := startGangEnv(t, 2, false)
-	a, b := e.dial(0, 100, PriorityNormal), e.dial(0, 101, PriorityNormal)
-	s1 := e.dial(1, 2000, PriorityNormal)
+	a, b := e.dial(0, 100, ClassOpportunistic), e.dial(0, 101, ClassOpportunistic)
+	s1 := e.dial(1, 2000, ClassOpportunistic)
 	a.hold()
 	s1.hold() // GPU 1 is free: nothing reserves it
 	b.send(Message{Type: MsgAcquire})

@@ -185,7 +185,7 @@ func outsider(g *gang, c *client) bool { return c.gang != g || gangOf(c) == nil 
 func (co *Gangs) productionOnLocked(g *gang) bool {
 	for _, q := range g.gpus() {
 		for _, c := range q.clients {
-			if outsider(g, c) && c.priority == PriorityHigh && (c.state == stateWaiting || c.state.granted()) {
+			if outsider(g, c) && c.class == ClassProduction && (c.state == stateWaiting || c.state.granted()) {
 				return true
 			}
 		}
@@ -202,10 +202,10 @@ func (co *Gangs) claimableLocked(g *gang, q *queue) bool {
 		if !outsider(g, c) {
 			continue
 		}
-		if !prod && c.priority == PriorityHigh && (c.state == stateWaiting || c.state.granted()) {
+		if !prod && c.class == ClassProduction && (c.state == stateWaiting || c.state.granted()) {
 			return false
 		}
-		if c.state == stateWaiting && gangOf(c) == nil && c.arrival < g.ticket && (c.priority == PriorityHigh || !prod) {
+		if c.state == stateWaiting && gangOf(c) == nil && c.arrival < g.ticket && (c.class == ClassProduction || !prod) {
 			return false
 		}
 	}
@@ -229,8 +229,8 @@ func (co *Gangs) clearLocked(g *gang) bool {
 func (co *Gangs) wantedLocked(g *gang) bool {
 	mine, prod := g.gpus(), g.production()
 	for _, q := range mine {
-		if slices.ContainsFunc(q.waiting[PriorityHigh], func(c *client) bool { return outsider(g, c) }) ||
-			(!prod && slices.ContainsFunc(q.waiting[PriorityNormal], func(c *client) bool { return outsider(g, c) })) {
+		if slices.ContainsFunc(q.waiting[ClassProduction], func(c *client) bool { return outsider(g, c) }) ||
+			(!prod && slices.ContainsFunc(q.waiting[ClassOpportunistic], func(c *client) bool { return outsider(g, c) })) {
 			return true
 		}
 	}
@@ -312,7 +312,7 @@ func (co *Gangs) headLocked(q *queue) *client {
 			for _, h := range slices.Clone(q.holders) {
 				switch {
 				case !outsider(g, h):
-				case g.production() && h.priority == PriorityNormal:
+				case g.production() && h.class == ClassOpportunistic:
 					q.preemptHolderLocked(h)
 				default:
 					q.contendHolderLocked(h)
@@ -320,7 +320,7 @@ func (co *Gangs) headLocked(q *queue) *client {
 			}
 			return nil
 		}
-		for _, p := range []Priority{PriorityHigh, PriorityNormal} {
+		for _, p := range []Class{ClassProduction, ClassOpportunistic} {
 			if i := slices.IndexFunc(q.waiting[p], func(c *client) bool { return !outsider(g, c) }); i >= 0 {
 				return q.waiting[p][i]
 			}
@@ -336,9 +336,9 @@ func (co *Gangs) headLocked(q *queue) *client {
 			}
 		}
 	}
-	for _, p := range []Priority{PriorityHigh, PriorityNormal} {
+	for _, p := range []Class{ClassProduction, ClassOpportunistic} {
 		if i := slices.IndexFunc(q.waiting[p], func(c *client) bool { return gangOf(c) == nil }); i >= 0 {
-			if p == PriorityNormal && len(q.waiting[PriorityHigh]) > 0 {
+			if p == ClassOpportunistic && len(q.waiting[ClassProduction]) > 0 {
 				return nil // production members wait for their gang's turn; opportunistic work waits with them
 			}
 			return q.waiting[p][i]

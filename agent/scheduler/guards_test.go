@@ -53,9 +53,9 @@ func closedWithin(conn net.Conn, d time.Duration) (closed bool, got int) {
 func TestPeerStallingMidMessageIsDroppedAndItsWaiterRuns(t *testing.T) {
 	_, sock, m := startGuarded(t, GPUConfig{Quantum: 10 * time.Second, Grace: 10 * time.Second},
 		Guards{FrameTimeout: 200 * time.Millisecond})
-	a := dialRaw(t, sock, PriorityNormal)
+	a := dialRaw(t, sock, ClassOpportunistic)
 	a.hold()
-	b := dialRaw(t, sock, PriorityNormal)
+	b := dialRaw(t, sock, ClassOpportunistic)
 	b.send(Message{Type: MsgAcquire})
 	frame, _ := Encode(Message{Type: MsgRelease, Epoch: 1})
 	if _, err := a.conn.Write(frame[:5]); err != nil { // half a header, then silence
@@ -71,11 +71,11 @@ func TestPeerStallingMidMessageIsDroppedAndItsWaiterRuns(t *testing.T) {
 // connection, however long it idles.
 func TestIdleClientOutlivesTheFrameDeadline(t *testing.T) {
 	_, sock, m := startGuarded(t, GPUConfig{Quantum: time.Minute}, Guards{FrameTimeout: 50 * time.Millisecond})
-	a := dialRaw(t, sock, PriorityNormal)
+	a := dialRaw(t, sock, ClassOpportunistic)
 	epoch := a.hold()
 	// A second peer stops mid-message after a's last message: once it is dropped for that, the frame
 	// deadline of every message a sent has passed too.
-	b := dialRaw(t, sock, PriorityNormal)
+	b := dialRaw(t, sock, ClassOpportunistic)
 	frame, _ := Encode(Message{Type: MsgAcquire})
 	if _, err := b.conn.Write(frame[:5]); err != nil {
 		t.Fatal(err)
@@ -92,8 +92,8 @@ func TestIdleClientOutlivesTheFrameDeadline(t *testing.T) {
 func TestConnectionsPerPeerAndPerSocketAreCapped(t *testing.T) {
 	t.Run("per peer", func(t *testing.T) {
 		_, sock, m := startGuarded(t, GPUConfig{}, Guards{MaxConns: 10, MaxConnsPerPeer: 2})
-		dialRaw(t, sock, PriorityNormal)
-		second := dialRaw(t, sock, PriorityNormal)
+		dialRaw(t, sock, ClassOpportunistic)
+		second := dialRaw(t, sock, ClassOpportunistic)
 		third, err := net.Dial("unix", sock)
 		if err != nil {
 			t.Fatal(err)
@@ -124,8 +124,8 @@ func TestConnectionsPerPeerAndPerSocketAreCapped(t *testing.T) {
 		// own slot makes only the socket's cap apply.
 		n := 0
 		_, sock, m := startGuarded(t, GPUConfig{}, Guards{MaxConns: 2, PeerKey: func(int32) string { n++; return string(rune('a' + n)) }})
-		dialRaw(t, sock, PriorityNormal)
-		dialRaw(t, sock, PriorityNormal)
+		dialRaw(t, sock, ClassOpportunistic)
+		dialRaw(t, sock, ClassOpportunistic)
 		third, err := net.Dial("unix", sock)
 		if err != nil {
 			t.Fatal(err)
@@ -147,17 +147,17 @@ func TestClassComesFromThePeersPodNotItsHello(t *testing.T) {
 	threshold := int32(1000)
 	for _, tc := range []struct {
 		name      string
-		asked     Priority
+		asked     Class
 		pod       int32
 		known     bool
 		threshold *int32
-		want      Priority
+		want      Class
 	}{
-		{"pod at the threshold", PriorityHigh, 1000, true, &threshold, PriorityHigh},
-		{"pod at the threshold asking Normal", PriorityNormal, 1000, true, &threshold, PriorityHigh},
-		{"pod below the threshold asking High", PriorityHigh, 999, true, &threshold, PriorityNormal},
-		{"pod unknown asking High", PriorityHigh, 5000, false, &threshold, PriorityNormal},
-		{"no threshold asking High", PriorityHigh, 5000, true, nil, PriorityNormal},
+		{"pod at the threshold", ClassProduction, 1000, true, &threshold, ClassProduction},
+		{"pod at the threshold asking Normal", ClassOpportunistic, 1000, true, &threshold, ClassProduction},
+		{"pod below the threshold asking High", ClassProduction, 999, true, &threshold, ClassOpportunistic},
+		{"pod unknown asking High", ClassProduction, 5000, false, &threshold, ClassOpportunistic},
+		{"no threshold asking High", ClassProduction, 5000, true, nil, ClassOpportunistic},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var asked int32
@@ -165,8 +165,8 @@ func TestClassComesFromThePeersPodNotItsHello(t *testing.T) {
 				Guards{PodPriority: func(pid int32) (int32, bool) { asked = pid; return tc.pod, tc.known }})
 			dialRaw(t, sock, tc.asked)
 			snap := s.Snapshot()
-			if len(snap) != 1 || snap[0].Priority != tc.want {
-				t.Fatalf("clients = %+v, want one of class %s", snap, className(tc.want))
+			if len(snap) != 1 || snap[0].Class != tc.want {
+				t.Fatalf("clients = %+v, want one of class %s", snap, tc.want.String())
 			}
 			if asked != int32(os.Getpid()) {
 				t.Fatalf("the pod was looked up for pid %d, want the peer's (SO_PEERCRED) %d", asked, os.Getpid())
@@ -199,9 +199,9 @@ func TestShimAskingForHighPriorityGetsWhatItsPodAllows(t *testing.T) {
 	}
 	t.Cleanup(e.s.Close)
 
-	holder := dialRaw(t, e.sock, PriorityNormal)
+	holder := dialRaw(t, e.sock, ClassOpportunistic)
 	epoch := holder.hold()
-	normal := dialRaw(t, e.sock, PriorityNormal)
+	normal := dialRaw(t, e.sock, ClassOpportunistic)
 	normal.send(Message{Type: MsgAcquire})
 	wait.Until(t, time.Second, func() bool {
 		for _, s := range e.s.Snapshot() {
@@ -216,8 +216,8 @@ func TestShimAskingForHighPriorityGetsWhatItsPodAllows(t *testing.T) {
 		s, ok := e.state(asking.pid())
 		return ok && s.Waiting
 	}, "the client asking for High queues")
-	if s, _ := e.state(asking.pid()); s.Priority != PriorityNormal {
-		t.Fatalf("a client whose pod is below the production threshold is %s", className(s.Priority))
+	if s, _ := e.state(asking.pid()); s.Class != ClassOpportunistic {
+		t.Fatalf("a client whose pod is below the production threshold is %s", s.Class.String())
 	}
 	if h, _ := e.state(os.Getpid()); !h.Holding || h.Preemptions != 0 {
 		t.Fatalf("the holder was preempted by a client that only asked for production: %+v", h)

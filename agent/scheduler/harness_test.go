@@ -339,13 +339,13 @@ type rawClient struct {
 	welcome Message
 }
 
-func dialRaw(t *testing.T, sock string, prio Priority) *rawClient {
+func dialRaw(t *testing.T, sock string, prio Class) *rawClient {
 	t.Helper()
 	return dialRawVersion(t, sock, prio, 0)
 }
 
 // dialRawVersion is dialRaw speaking protocol version v (0: the current one).
-func dialRawVersion(t *testing.T, sock string, prio Priority, v uint16) *rawClient {
+func dialRawVersion(t *testing.T, sock string, prio Class, v uint16) *rawClient {
 	t.Helper()
 	return dialHello(t, sock, Message{Type: MsgHello, Version: v, PID: uint32(os.Getpid()), Priority: prio, GPUUUID: "GPU-test"})
 }

@@ -28,7 +28,7 @@ func TestShimLaunchWaitsForTheLockThroughEveryLookupPath(t *testing.T) {
 	for _, mode := range []string{"dlsym", "procaddr", "procaddr_v1", "ptsz"} {
 		t.Run(mode, func(t *testing.T) {
 			e := newEnv(t, time.Minute, time.Minute) // the holder keeps the lock until it releases
-			holder := dialRaw(t, e.sock, PriorityNormal)
+			holder := dialRaw(t, e.sock, ClassOpportunistic)
 			epoch := holder.hold()
 			c := e.startClient(nil, mode, "5")
 			// Its first launch asked for the lock (the client's first call that needs it): the shim
@@ -91,7 +91,7 @@ func TestKilledHolderFreesTheLockForItsWaiterWithinASecond(t *testing.T) {
 		s, ok := e.state(a.pid())
 		return ok && s.Holding
 	}, "the client holds the lock")
-	waiter := dialRaw(t, e.sock, PriorityNormal)
+	waiter := dialRaw(t, e.sock, ClassOpportunistic)
 	waiter.send(Message{Type: MsgAcquire})
 	e.waitQueued(t, 1) // not granted while the holder is alive and busy
 	killed := time.Now()
@@ -125,7 +125,7 @@ func TestIdleHolderReleasesAfterTheIdleWindow(t *testing.T) {
 			wait.Until(t, 5*time.Second, func() bool {
 				return strings.Contains(a.stdout.String(), "client done")
 			}, "the client made its last GPU call")
-			waiter := dialRaw(t, e.sock, PriorityNormal)
+			waiter := dialRaw(t, e.sock, ClassOpportunistic)
 			waiter.send(Message{Type: MsgAcquire})
 			waiter.expect(MsgGrant, 3*time.Second)
 			granted := monoNow(t)
@@ -162,10 +162,10 @@ func TestProductionReleasesAfterTheSchedulersIdleWindow(t *testing.T) {
 	wait.Until(t, 5*time.Second, func() bool {
 		return strings.Contains(prod.stdout.String(), "client done")
 	}, "the production client made its last GPU call")
-	if s, ok := e.state(prod.pid()); !ok || !s.Holding || s.Priority != PriorityHigh {
+	if s, ok := e.state(prod.pid()); !ok || !s.Holding || s.Class != ClassProduction {
 		t.Fatalf("production client state %+v (found %v); want it holding, production", s, ok)
 	}
-	opp := dialRaw(t, e.sock, PriorityNormal)
+	opp := dialRaw(t, e.sock, ClassOpportunistic)
 	opp.send(Message{Type: MsgAcquire})
 	opp.expect(MsgGrant, 3*time.Second)
 	if prod.exited() {
@@ -185,9 +185,9 @@ func TestProductionReleasesAfterTheSchedulersIdleWindow(t *testing.T) {
 // the production process ran.
 func TestHighPriorityShimClientGoesFirstAtHandOff(t *testing.T) {
 	e := newEnv(t, time.Minute, time.Minute)
-	holder := dialRaw(t, e.sock, PriorityHigh)
+	holder := dialRaw(t, e.sock, ClassProduction)
 	epoch := holder.hold()
-	normal := dialRaw(t, e.sock, PriorityNormal)
+	normal := dialRaw(t, e.sock, ClassOpportunistic)
 	normal.send(Message{Type: MsgAcquire})
 	wait.Until(t, time.Second, func() bool {
 		for _, s := range e.s.Snapshot() {
@@ -200,7 +200,7 @@ func TestHighPriorityShimClientGoesFirstAtHandOff(t *testing.T) {
 	high := e.startClient([]string{"GPUSHARE_PRIORITY=high"}, "dlsym", "20", "1000")
 	wait.Until(t, 2*time.Second, func() bool {
 		s, ok := e.state(high.pid())
-		return ok && s.Waiting && s.Priority == PriorityHigh
+		return ok && s.Waiting && s.Class == ClassProduction
 	}, "the high-priority client queues")
 	holder.send(Message{Type: MsgRelease, Epoch: epoch})
 	normal.expect(MsgGrant, 5*time.Second)
@@ -224,10 +224,10 @@ func TestHighPriorityShimClientGoesFirstAtHandOff(t *testing.T) {
 // A holder that ignores CONTENDED is told REVOKED after quantum + grace and the waiter gets the lock.
 func TestHolderIgnoringItsQuantumIsRevoked(t *testing.T) {
 	e := newEnv(t, 50*time.Millisecond, 50*time.Millisecond)
-	stubborn := dialRaw(t, e.sock, PriorityNormal)
+	stubborn := dialRaw(t, e.sock, ClassOpportunistic)
 	epoch := stubborn.hold()
 	start := time.Now()
-	waiter := dialRaw(t, e.sock, PriorityNormal)
+	waiter := dialRaw(t, e.sock, ClassOpportunistic)
 	waiter.send(Message{Type: MsgAcquire})
 	stubborn.expect(MsgContended, time.Second)
 	r := stubborn.expect(MsgRevoked, time.Second)
@@ -253,7 +253,7 @@ func TestShimHolderStuckInCaptureIsRevokedNotSynchronized(t *testing.T) {
 		s, ok := e.state(a.pid())
 		return ok && s.Holding
 	}, "the capturing client holds the lock")
-	waiter := dialRaw(t, e.sock, PriorityNormal)
+	waiter := dialRaw(t, e.sock, ClassOpportunistic)
 	waiter.send(Message{Type: MsgAcquire})
 	epoch := waiter.expect(MsgGrant, time.Second).Epoch
 	if v := e.counter("gpusharing_scheduler_revocations_total"); v != 1 {
@@ -343,7 +343,7 @@ func TestShimPassesThroughWhenThePeerIsNotAScheduler(t *testing.T) {
 // lock at once, and well-behaved clients keep being served.
 func TestMalformedPeersAreDroppedWhileOthersAreServed(t *testing.T) {
 	e := newEnv(t, time.Minute, time.Minute)
-	good := dialRaw(t, e.sock, PriorityNormal)
+	good := dialRaw(t, e.sock, ClassOpportunistic)
 
 	// 1. Garbage instead of a hello: the scheduler hangs up.
 	junk, err := net.Dial("unix", e.sock)
@@ -358,7 +358,7 @@ func TestMalformedPeersAreDroppedWhileOthersAreServed(t *testing.T) {
 	}
 
 	// 2. A holder that sends a corrupt message loses the lock to the waiter.
-	bad := dialRaw(t, e.sock, PriorityNormal)
+	bad := dialRaw(t, e.sock, ClassOpportunistic)
 	bad.hold()
 	good.send(Message{Type: MsgAcquire})
 	e.waitQueued(t, 1) // not granted while the other client holds the lock
@@ -370,7 +370,7 @@ func TestMalformedPeersAreDroppedWhileOthersAreServed(t *testing.T) {
 	epoch := good.expect(MsgGrant, time.Second).Epoch
 
 	// 3. A client may not send scheduler-to-client messages.
-	impostor := dialRaw(t, e.sock, PriorityHigh)
+	impostor := dialRaw(t, e.sock, ClassProduction)
 	impostor.send(Message{Type: MsgGrant, Epoch: 99})
 	wait.Until(t, 5*time.Second, func() bool { return len(e.s.Snapshot()) == 1 }, "the impostor is dropped")
 	// Everything the scheduler sent it until the hang-up, up to the EOF that ends the wait.

@@ -77,7 +77,7 @@ func checkLedgers(t *testing.T, s *Scheduler) {
 func (e *ledgerEnv) dial(t *testing.T, c Claim) (*rawClient, Message) {
 	t.Helper()
 	e.claims <- c
-	r := dialRaw(t, e.sock, PriorityNormal)
+	r := dialRaw(t, e.sock, ClassOpportunistic)
 	return r, r.ledger
 }
 
@@ -276,7 +276,7 @@ func TestLedgerAccountsAReannouncedGrantOnceAndDropsASecond(t *testing.T) {
 func TestLedgerCountsOlderClientsWithoutSendingThemLedgers(t *testing.T) {
 	e := startLedgerEnv(t)
 	e.claims <- Claim{Key: testClaimKey, Memory: 1024 * mib}
-	old := dialRawVersion(t, e.sock, PriorityNormal, 5)
+	old := dialRawVersion(t, e.sock, ClassOpportunistic, 5)
 	if m, ok := old.next(MsgLedger, 200*time.Millisecond); ok {
 		t.Fatalf("a version 5 client got %+v", m)
 	}
@@ -350,12 +350,12 @@ func TestClientWhosePodIsFoundLateJoinsItsClaimsLedger(t *testing.T) {
 			return cl, true
 		}})
 	t.Cleanup(func() { checkLedgers(t, s) })
-	late := dialRaw(t, sock, PriorityNormal)
+	late := dialRaw(t, sock, ClassOpportunistic)
 	if late.ledger.Flags != 0 {
 		t.Fatalf("Ledger of a client of unknown pod = %+v, want none", late.ledger)
 	}
 	found.Store(true)
-	a := dialRaw(t, sock, PriorityNormal)
+	a := dialRaw(t, sock, ClassOpportunistic)
 	if m := charge(t, a, 1, 768*mib); m.Charge != ChargeOK {
 		t.Fatalf("charge = %+v", m)
 	}

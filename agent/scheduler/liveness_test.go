@@ -11,7 +11,7 @@ import (
 // A waiter's Ping is answered under the queue's lock; a wedged queue (its lock held) does not answer.
 func TestPingIsAnsweredUnderTheQueueLock(t *testing.T) {
 	fx := newQueueFixture(t, time.Second, time.Second)
-	w := fx.join(t, PriorityNormal)
+	w := fx.join(t, ClassOpportunistic)
 	fx.q.pong(w.c, 7)
 	if p, ok := w.last(MsgPong); !ok || p.Seq != 7 {
 		t.Fatalf("a Ping of seq 7 got %+v, want a Pong of seq 7", w.got)
@@ -48,7 +48,7 @@ func TestPolicyAllowsOverridesOnlyWhereTheSchedulerDoes(t *testing.T) {
 			fx := newQueueFixture(t, time.Second, time.Second)
 			fx.q.envOverrides = c.allow
 			fx.version = c.version
-			f := fx.join(t, PriorityNormal)
+			f := fx.join(t, ClassOpportunistic)
 			p, ok := f.last(MsgPolicy)
 			if ok != c.want || (ok && p.Flags != PolicyEnvOverrides) {
 				t.Fatalf("got %+v, want a Policy allowing overrides: %v", f.got, c.want)
@@ -63,7 +63,7 @@ func TestPolicyAllowsOverridesOnlyWhereTheSchedulerDoes(t *testing.T) {
 // The bound a client reports in force reaches its state (the GPUNode status) and the metric.
 func TestReportedLaunchBoundReachesStateAndMetric(t *testing.T) {
 	e := startEnv(t, GPUConfig{Quantum: time.Second})
-	c := dialRaw(t, e.sock, PriorityNormal)
+	c := dialRaw(t, e.sock, ClassOpportunistic)
 	c.send(Message{Type: MsgPacing, MaxQueued: 0, Pacing: PacingBackoff})
 	var st ClientState
 	wait.Until(t, 5*time.Second, func() bool {
@@ -103,8 +103,8 @@ func TestReportedLaunchBoundReachesStateAndMetric(t *testing.T) {
 // lock once the scheduler is gone.
 func TestWaiterBehindGaplessProductionWaitsWhileTheSchedulerAnswers(t *testing.T) {
 	e := newEnv(t, time.Minute, time.Minute)
-	prod := dialRaw(t, e.sock, PriorityHigh) // the standalone rule: the hello decides the class
-	prod.hold()                              // and never releases
+	prod := dialRaw(t, e.sock, ClassProduction) // the standalone rule: the hello decides the class
+	prod.hold()                                 // and never releases
 	c := e.startClient([]string{"GPUSHARE_WAIT_TIMEOUT_MS=300"}, "dlsym", "5")
 	var st ClientState
 	wait.Until(t, 20*time.Second, func() bool {

@@ -27,7 +27,7 @@ func memcheckEnv(t *testing.T) (*Scheduler, string, *Metrics, *nvmlmock.GPU) {
 // holdAndReport takes the GPU with need bytes, reports them resident, then releases saying resident.
 func holdAndRelease(t *testing.T, s *Scheduler, sock string, need, released uint64) ClientState {
 	t.Helper()
-	c := dialRaw(t, sock, PriorityNormal)
+	c := dialRaw(t, sock, ClassOpportunistic)
 	c.send(Message{Type: MsgAcquire, Need: need})
 	g := c.expect(MsgGrant, 2*time.Second)
 	c.send(Message{Type: MsgUsage, Acks: 1, Need: need, Resident: need})
@@ -88,12 +88,12 @@ func TestEvictionProgressIsCheckedAgainstAFreshNVMLRead(t *testing.T) {
 	_, sock, _, mock := memcheckEnv(t)
 	pid := uint32(os.Getpid())
 	mock.SetProcessMemory(pid, 48*mib) // 40 MiB of allocations + 8 MiB context
-	a := dialRaw(t, sock, PriorityNormal)
+	a := dialRaw(t, sock, ClassOpportunistic)
 	a.send(Message{Type: MsgAcquire, Need: 40 * mib})
 	g := a.expect(MsgGrant, 2*time.Second)
 	a.send(Message{Type: MsgUsage, Acks: 1, Need: 40 * mib, Resident: 40 * mib})
 	a.send(Message{Type: MsgRelease, Epoch: g.Epoch, Resident: 40 * mib}) // a fresh read: 48 MiB, now cached
-	b := dialRaw(t, sock, PriorityNormal)
+	b := dialRaw(t, sock, ClassOpportunistic)
 	b.send(Message{Type: MsgAcquire, Need: 40 * mib})
 	if e := a.expect(MsgEvict, 2*time.Second); e.Target != 24*mib {
 		t.Fatalf("evict target %d MiB, want 24", e.Target/mib)

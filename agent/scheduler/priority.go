@@ -10,7 +10,7 @@ import "time"
 // (SO_PEERCRED); 0, where the kernel gives none, leaves the pod unknown (opportunistic): the pid a
 // hello reports is the process's word, and naming another process's pod would borrow its class. The
 // lookup runs between the client's HELLO and its WELCOME, outside the queue's lock.
-func (s *Scheduler) classSource(pid int32, asked Priority) classSource {
+func (s *Scheduler) classSource(pid int32, asked Class) classSource {
 	if s.opts.PodPriority == nil {
 		return classSource{asked: asked}
 	}
@@ -35,7 +35,7 @@ const (
 // reresolve looks the pod of the client c (the kernel's pid) up again until found, out of attempts, or
 // done (its connection ended). Found, the client also joins its claim's ledger (lm), which the unknown
 // pod kept it out of.
-func (s *Scheduler) reresolve(q *queue, c *client, lm *member, pid int32, asked Priority, done <-chan struct{}) {
+func (s *Scheduler) reresolve(q *queue, c *client, lm *member, pid int32, asked Class, done <-chan struct{}) {
 	d := ReResolveFirst
 	for range ReResolveAttempts {
 		t := s.opts.Clock.NewTimer(d)
@@ -64,8 +64,8 @@ func (q *queue) setClass(c *client, src classSource) {
 		return
 	}
 	q.log.Info("Shim client's pod found", "client", c.id, "pid", c.pid, "podPriority", src.value,
-		"class", className(q.classLocked(src)))
-	c.class = src
+		"class", q.classLocked(src).String())
+	c.classSrc = src
 	q.reclassifyLocked()
 	q.termsLocked()
 	q.dispatchLocked(nil)
@@ -75,5 +75,5 @@ func (q *queue) setClass(c *client, src classSource) {
 func (q *queue) className(c *client) string {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return className(c.priority)
+	return c.class.String()
 }

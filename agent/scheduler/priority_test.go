@@ -29,12 +29,12 @@ func TestUnknownPodIsLookedUpAgainAndTheClientReclassified(t *testing.T) {
 		}
 		return 2000, true
 	}})
-	opp := dialRaw(t, sock, PriorityNormal) // found: opportunistic, paced once production connects
-	prod := dialRaw(t, sock, PriorityNormal)
-	if snap := s.Snapshot(); snap[1].Priority != PriorityNormal {
-		t.Fatalf("a client whose pod lookup failed is %s", className(snap[1].Priority))
+	opp := dialRaw(t, sock, ClassOpportunistic) // found: opportunistic, paced once production connects
+	prod := dialRaw(t, sock, ClassOpportunistic)
+	if snap := s.Snapshot(); snap[1].Class != ClassOpportunistic {
+		t.Fatalf("a client whose pod lookup failed is %s", snap[1].Class.String())
 	}
-	wait.Until(t, 10*time.Second, func() bool { return s.Snapshot()[1].Priority == PriorityHigh },
+	wait.Until(t, 10*time.Second, func() bool { return s.Snapshot()[1].Class == ClassProduction },
 		"the client whose pod appeared late becomes production")
 	if n := lookups.Load(); n != 4 {
 		t.Errorf("%d lookups, want 4 (the first client's; the second's hello, a failed retry, the one that found it)", n)
@@ -72,9 +72,9 @@ func TestHelloPIDNeverChoosesThePod(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Close)
-	dialRaw(t, sock, PriorityHigh) // its hello names its own pid, in a production pod
+	dialRaw(t, sock, ClassProduction) // its hello names its own pid, in a production pod
 	snap := s.Snapshot()
-	if len(snap) != 1 || snap[0].Priority != PriorityNormal || snap[0].PID != int32(os.Getpid()) {
+	if len(snap) != 1 || snap[0].Class != ClassOpportunistic || snap[0].PID != int32(os.Getpid()) {
 		t.Fatalf("clients = %+v, want one opportunistic client shown with the pid it reported", snap)
 	}
 	time.Sleep(3 * ReResolveFirst) // no retry either: the absence of a lookup is what is checked

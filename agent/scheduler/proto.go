@@ -239,20 +239,20 @@ func (t MsgType) String() string {
 	return fmt.Sprintf("MsgType(%d)", uint16(t))
 }
 
-// Priority is a client's class (qos.go): PriorityHigh is production, which preempts PriorityNormal,
-// opportunistic. In a hello it is what the process asks, which only the standalone scheduler trusts.
-type Priority uint32
+// Class is a client's class (qos.go): ClassProduction preempts ClassOpportunistic. In a hello it is
+// what the process asks (the wire's priority field, 1 and 0), which only the standalone scheduler trusts.
+type Class uint32
 
 const (
-	PriorityNormal Priority = 0
-	PriorityHigh   Priority = 1
+	ClassOpportunistic Class = 0
+	ClassProduction    Class = 1
 )
 
-func (p Priority) String() string {
-	if p == PriorityHigh {
-		return "High"
+func (p Class) String() string {
+	if p == ClassProduction {
+		return "production"
 	}
-	return "Normal"
+	return "opportunistic"
 }
 
 // Sentinel decode errors; a peer that triggers any of them is disconnected.
@@ -272,9 +272,9 @@ type Message struct {
 	// built in code need not say it); an older peer's frames carry and get its own.
 	Version uint16
 
-	PID      uint32   // Hello
-	Priority Priority // Hello
-	GPUUUID  string   // Hello; empty means "whatever GPU this socket serves"
+	PID      uint32 // Hello
+	Priority Class  // Hello
+	GPUUUID  string // Hello; empty means "whatever GPU this socket serves"
 
 	ClientID  uint32 // Welcome
 	QuantumMS uint32 // Welcome, Grant
@@ -349,7 +349,7 @@ func Encode(m Message) ([]byte, error) {
 		if len(m.GPUUUID) >= UUIDLen || bytes.IndexByte([]byte(m.GPUUUID), 0) >= 0 {
 			return nil, fmt.Errorf("encode hello uuid %q: %w", m.GPUUUID, ErrBadField)
 		}
-		if m.Priority > PriorityHigh {
+		if m.Priority > ClassProduction {
 			return nil, fmt.Errorf("encode hello priority %d: %w", m.Priority, ErrBadField)
 		}
 		le.PutUint32(p[0:], m.PID)
@@ -477,8 +477,8 @@ func Decode(b []byte) (Message, error) {
 	switch t {
 	case MsgHello:
 		m.PID = le.Uint32(p[0:])
-		m.Priority = Priority(le.Uint32(p[4:]))
-		if m.Priority > PriorityHigh {
+		m.Priority = Class(le.Uint32(p[4:]))
+		if m.Priority > ClassProduction {
 			return Message{}, fmt.Errorf("hello priority %d: %w", m.Priority, ErrBadField)
 		}
 		raw := p[8 : 8+UUIDLen]

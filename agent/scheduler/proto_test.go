@@ -57,8 +57,8 @@ func TestProtocolConstantsMatchShimHeader(t *testing.T) {
 		"GS_MSG_RELEASE":          uint64(MsgRelease),
 		"GS_MSG_CONTENDED":        uint64(MsgContended),
 		"GS_MSG_REVOKED":          uint64(MsgRevoked),
-		"GS_PRIORITY_NORMAL":      uint64(PriorityNormal),
-		"GS_PRIORITY_HIGH":        uint64(PriorityHigh),
+		"GS_PRIORITY_NORMAL":      uint64(ClassOpportunistic),
+		"GS_PRIORITY_HIGH":        uint64(ClassProduction),
 		"GS_HEADER_SIZE":          HeaderSize,
 		"GS_HELLO_SIZE":           HelloSize,
 		"GS_WELCOME_SIZE":         WelcomeSize,
@@ -125,7 +125,7 @@ func TestProtocolConstantsMatchShimHeader(t *testing.T) {
 
 func TestEncodeDecodeRoundTripsEveryType(t *testing.T) {
 	msgs := []Message{
-		{Type: MsgHello, PID: 42, Priority: PriorityHigh, GPUUUID: "GPU-8e0f6a1c-0000-1111-2222-333344445555"},
+		{Type: MsgHello, PID: 42, Priority: ClassProduction, GPUUUID: "GPU-8e0f6a1c-0000-1111-2222-333344445555"},
 		{Type: MsgHello, PID: 1},
 		{Type: MsgWelcome, ClientID: 7, QuantumMS: 2000, GraceMS: 1000},
 		{Type: MsgWelcome, ClientID: 8, QuantumMS: 50, GraceMS: 100, Mode: ModeAlways, Budget: 16 << 30},

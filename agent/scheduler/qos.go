@@ -8,7 +8,7 @@ import (
 
 // Production and opportunistic clients (docs/shim.md, "Production and opportunistic clients").
 //
-// A GPU serves two classes: production (PriorityHigh) and opportunistic (PriorityNormal). A lock that
+// A GPU serves two classes: production (ClassProduction) and opportunistic. A lock that
 // only ordered its waiters would make production wait for an opportunistic holder's quantum and the
 // backlog of its queued work, so production preempts: it is granted in the same dispatch and every
 // opportunistic holder is sent REVOKED (no quantum, no grace). Opportunistic work never makes
@@ -35,36 +35,36 @@ const ProductionIdle = time.Millisecond
 // classSource is what decides a client's class, kept for the life of its connection so that a new
 // production threshold (Reconfigure) can classify it again: a pod's priority never changes.
 type classSource struct {
-	asked   Priority // what its hello asked
-	fromPod bool     // Options.PodPriority is set: the pod decides and the hello is ignored
-	value   int32    // its pod's resolved priority
-	known   bool     // its pod was found
+	asked   Class // what its hello asked
+	fromPod bool  // Options.PodPriority is set: the pod decides and the hello is ignored
+	value   int32 // its pod's resolved priority
+	known   bool  // its pod was found
 }
 
 // classLocked is the class src gives under the GPU's production threshold.
-func (q *queue) classLocked(src classSource) Priority {
+func (q *queue) classLocked(src classSource) Class {
 	if !src.fromPod {
 		return src.asked
 	}
 	if q.production != nil && src.known && src.value >= *q.production {
-		return PriorityHigh
+		return ClassProduction
 	}
-	return PriorityNormal
+	return ClassOpportunistic
 }
 
 // productionHoldsLocked: a production client is granted.
 func (q *queue) productionHoldsLocked() bool {
-	return slices.ContainsFunc(q.holders, func(h *client) bool { return h.priority == PriorityHigh })
+	return slices.ContainsFunc(q.holders, func(h *client) bool { return h.class == ClassProduction })
 }
 
 // preemptLocked revokes every opportunistic holder at once while a production client waits or holds.
 // The revoked client becomes idle, keeping its reservation until a production need evicts it.
 func (q *queue) preemptLocked() {
-	if len(q.waiting[PriorityHigh]) == 0 && !q.productionHoldsLocked() {
+	if len(q.waiting[ClassProduction]) == 0 && !q.productionHoldsLocked() {
 		return
 	}
 	for _, h := range slices.Clone(q.holders) {
-		if h.priority == PriorityNormal {
+		if h.class == ClassOpportunistic {
 			q.preemptHolderLocked(h)
 		}
 	}
@@ -87,9 +87,9 @@ func (q *queue) preemptHolderLocked(h *client) {
 // (turn.go).
 func mayEvictFor(o, forc *client) bool {
 	switch {
-	case forc == nil || forc.priority == PriorityHigh:
+	case forc == nil || forc.class == ClassProduction:
 		return true
-	case o.priority == PriorityHigh:
+	case o.class == ClassProduction:
 		return false
 	}
 	return !o.resuming || forc.resuming
@@ -98,8 +98,8 @@ func mayEvictFor(o, forc *client) bool {
 // evictOrderLess orders eviction candidates: opportunistic before production (production keeps its
 // memory resident as long as anything else can make room), then least recently run first.
 func evictOrderLess(a, b *client) bool {
-	if a.priority != b.priority {
-		return a.priority == PriorityNormal
+	if a.class != b.class {
+		return a.class == ClassOpportunistic
 	}
 	if !a.lastRun.Equal(b.lastRun) {
 		return a.lastRun.Before(b.lastRun)
@@ -113,21 +113,21 @@ func evictOrderLess(a, b *client) bool {
 // an opportunistic holder beside a production one).
 func (q *queue) reclassifyLocked() {
 	for _, c := range q.clients {
-		p := q.classLocked(c.class)
-		if p == c.priority {
+		p := q.classLocked(c.classSrc)
+		if p == c.class {
 			continue
 		}
 		q.log.Info("Shim client changes class with the production threshold", "client", c.id, "pid", c.pid,
-			"from", className(c.priority), "to", className(p))
+			"from", c.class.String(), "to", p.String())
 		if !c.state.granted() {
 			c.resuming = false // a production client has no turn to resume; an old one is not kept
 		}
 		if c.state != stateWaiting {
-			c.priority = p
+			c.class = p
 			continue
 		}
-		q.waiting[c.priority] = slices.DeleteFunc(q.waiting[c.priority], func(w *client) bool { return w == c })
-		c.priority = p
+		q.waiting[c.class] = slices.DeleteFunc(q.waiting[c.class], func(w *client) bool { return w == c })
+		c.class = p
 		line := q.waiting[p]
 		i := len(line)
 		for i > 0 && line[i-1].waitingSince.After(c.waitingSince) && !line[i-1].resuming {
@@ -142,7 +142,7 @@ func (c *client) paces() bool { return c.version == 0 || c.version >= 4 }
 
 // paceWantLocked is the bound c should be running under (0: unbounded, which a client starts with).
 func (q *queue) paceWantLocked(c *client, production bool) uint32 {
-	if !c.paces() || !production || c.priority != PriorityNormal {
+	if !c.paces() || !production || c.class != ClassOpportunistic {
 		return 0
 	}
 	return q.paceDepth
@@ -155,7 +155,7 @@ func (c *client) idles() bool { return c.version == 0 || c.version >= 5 }
 // client starts with). A production client alone with other production clients keeps its own: a
 // release after 1 ms idle would cost it a hand-off at most of its requests and give nobody anything.
 func (q *queue) idleWantLocked(c *client, opportunistic bool) uint32 {
-	if !c.idles() || !opportunistic || c.priority != PriorityHigh {
+	if !c.idles() || !opportunistic || c.class != ClassProduction {
 		return 0
 	}
 	return uint32(ProductionIdle / time.Microsecond)
@@ -168,7 +168,7 @@ func (q *queue) idleWantLocked(c *client, opportunistic bool) uint32 {
 // production gets PACE 0, so that a bound it ran under as opportunistic does not throttle it now, and
 // one that became opportunistic IDLE 0).
 func (q *queue) termsLocked() {
-	production, opportunistic := q.busyClassLocked(PriorityHigh), q.busyClassLocked(PriorityNormal)
+	production, opportunistic := q.busyClassLocked(ClassProduction), q.busyClassLocked(ClassOpportunistic)
 	defer q.armTermsLocked()
 	for _, c := range q.clients {
 		if want := q.paceWantLocked(c, production); want != c.pace {
@@ -185,26 +185,26 @@ func (q *queue) termsLocked() {
 // qosInvariantLocked is clientInvariantLocked's part about classes, for a connected client.
 func (q *queue) qosInvariantLocked(c *client) error {
 	switch {
-	case c.priority != q.classLocked(c.class):
-		return fmt.Errorf("client %d is %s, its pod and the threshold make it %s", c.id, className(c.priority),
-			className(q.classLocked(c.class)))
-	case c.state.granted() && c.priority == PriorityNormal && (len(q.waiting[PriorityHigh]) > 0 || q.productionHoldsLocked()):
+	case c.class != q.classLocked(c.classSrc):
+		return fmt.Errorf("client %d is %s, its pod and the threshold make it %s", c.id, c.class.String(),
+			q.classLocked(c.classSrc).String())
+	case c.state.granted() && c.class == ClassOpportunistic && (len(q.waiting[ClassProduction]) > 0 || q.productionHoldsLocked()):
 		return fmt.Errorf("opportunistic client %d %v while a production client waits or holds", c.id, c.state)
-	case c.resuming && c.priority != PriorityNormal && !c.state.granted():
+	case c.resuming && c.class != ClassOpportunistic && !c.state.granted():
 		return fmt.Errorf("production client %d keeps a preempted turn", c.id)
-	case c.state == stateWaiting && c.priority == PriorityNormal && !q.resumingFirstLocked():
+	case c.state == stateWaiting && c.class == ClassOpportunistic && !q.resumingFirstLocked():
 		return fmt.Errorf("opportunistic line %v: a waiter resuming a preempted turn behind one that is not, or behind a later turn",
-			clientIDs(q.waiting[PriorityNormal]))
+			clientIDs(q.waiting[ClassOpportunistic]))
 	case c.resuming && c.state == stateIdle && c.turnTimer == nil:
 		return fmt.Errorf("client %d keeps a preempted turn with no end armed", c.id)
-	case c.evictPending && c.evictOf == PriorityHigh && c.evictFor == PriorityNormal:
+	case c.evictPending && c.evictOf == ClassProduction && c.evictFor == ClassOpportunistic:
 		return fmt.Errorf("production client %d asked to evict for an opportunistic client", c.id)
-	case c.pace != q.paceWantLocked(c, q.busyClassLocked(PriorityHigh)):
-		return fmt.Errorf("client %d (version %d, %s) paced at %d, want %d", c.id, c.version, className(c.priority),
-			c.pace, q.paceWantLocked(c, q.busyClassLocked(PriorityHigh)))
-	case c.idle != q.idleWantLocked(c, q.busyClassLocked(PriorityNormal)):
+	case c.pace != q.paceWantLocked(c, q.busyClassLocked(ClassProduction)):
+		return fmt.Errorf("client %d (version %d, %s) paced at %d, want %d", c.id, c.version, c.class.String(),
+			c.pace, q.paceWantLocked(c, q.busyClassLocked(ClassProduction)))
+	case c.idle != q.idleWantLocked(c, q.busyClassLocked(ClassOpportunistic)):
 		return fmt.Errorf("client %d (version %d, %s) told an idle window of %d us, want %d", c.id, c.version,
-			className(c.priority), c.idle, q.idleWantLocked(c, q.busyClassLocked(PriorityNormal)))
+			c.class.String(), c.idle, q.idleWantLocked(c, q.busyClassLocked(ClassOpportunistic)))
 	}
 	return q.busyInvariantLocked(c)
 }
@@ -224,12 +224,4 @@ func thresholdValue(p *int32) any {
 		return "none"
 	}
 	return *p
-}
-
-// className names a class as the product speaks of it.
-func className(p Priority) string {
-	if p == PriorityHigh {
-		return "production"
-	}
-	return "opportunistic"
 }

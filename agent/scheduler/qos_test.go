@@ -252,14 +252,14 @@ func TestProductionPreemptionEvictsNothingWhenItsNeedFits(t *testing.T) {
 func TestHelloAskingHighInAPodBelowTheThresholdIsOpportunistic(t *testing.T) {
 	fx := newQoSFixture(t, GPUConfig{ProductionPriority: threshold(1000)})
 	o := fx.joinAs(t, pod(0))
-	claim := fx.joinAs(t, classSource{asked: PriorityHigh, fromPod: true, value: 999, known: true})
+	claim := fx.joinAs(t, classSource{asked: ClassProduction, fromPod: true, value: 999, known: true})
 	fx.q.acquire(o.c, 0)
 	fx.q.acquire(claim.c, 0)
 	if fx.holder() != o.c || o.count(MsgRevoked) != 0 || !fx.waiting(claim) {
 		t.Fatal("a client that only asked for production preempted the holder")
 	}
-	if s := fx.q.snapshot(); s[1].Priority != PriorityNormal {
-		t.Fatalf("its class = %v, want opportunistic", s[1].Priority)
+	if s := fx.q.snapshot(); s[1].Class != ClassOpportunistic {
+		t.Fatalf("its class = %v, want opportunistic", s[1].Class)
 	}
 }
 
@@ -279,7 +279,7 @@ func TestReconfigureReclassifiesWaitersAndHolders(t *testing.T) {
 	cfg.ProductionPriority = threshold(800) // x becomes production: it asked before p
 	fx.q.reconfigure(cfg)
 	fx.q.mu.Lock()
-	prod, opp := append([]*client(nil), fx.q.waiting[PriorityHigh]...), append([]*client(nil), fx.q.waiting[PriorityNormal]...)
+	prod, opp := append([]*client(nil), fx.q.waiting[ClassProduction]...), append([]*client(nil), fx.q.waiting[ClassOpportunistic]...)
 	fx.q.mu.Unlock()
 	if len(prod) != 2 || prod[0] != x.c || prod[1] != p.c || len(opp) != 2 || opp[0] != o1.c || opp[1] != o2.c {
 		t.Fatalf("lines after the threshold fell to 800: production %v, opportunistic %v; want [x p] and [o1 o2]", ids(prod), ids(opp))
@@ -295,7 +295,7 @@ func TestReconfigureReclassifiesWaitersAndHolders(t *testing.T) {
 			holder.count(MsgRevoked), fx.holder())
 	}
 	fx.q.mu.Lock()
-	opp = append([]*client(nil), fx.q.waiting[PriorityNormal]...)
+	opp = append([]*client(nil), fx.q.waiting[ClassOpportunistic]...)
 	fx.q.mu.Unlock()
 	if len(opp) != 3 || opp[0] != o1.c || opp[1] != x.c || opp[2] != o2.c {
 		t.Fatalf("opportunistic line %v, want [o1 x o2] by the time each asked", ids(opp))
@@ -307,7 +307,7 @@ func TestReconfigureReclassifiesWaitersAndHolders(t *testing.T) {
 		t.Fatalf("threshold in force %v after it was removed", *s.ProductionPriority)
 	}
 	for _, c := range fx.q.snapshot() {
-		if c.Priority != PriorityNormal {
+		if c.Class != ClassOpportunistic {
 			t.Fatalf("client %d still production without a threshold", c.ID)
 		}
 	}
@@ -418,7 +418,7 @@ func TestPaceFollowsBusyProduction(t *testing.T) {
 	}
 	for _, f := range []*fakeClient{o3, o2, p1, p2} {
 		if n := f.count(MsgPace); n != 0 {
-			t.Errorf("client %d (version %d, %s) got %d PACE", f.c.id, f.c.version, className(f.c.priority), n)
+			t.Errorf("client %d (version %d, %s) got %d PACE", f.c.id, f.c.version, f.c.class.String(), n)
 		}
 	}
 }
@@ -521,13 +521,13 @@ func TestSchedulerReconfigureReclassifiesConnectedClients(t *testing.T) {
 			podOf = podOf[1:]
 			return v, true
 		}})
-	o := dialRaw(t, sock, PriorityHigh)
-	dialRaw(t, sock, PriorityNormal).hold()
+	o := dialRaw(t, sock, ClassProduction)
+	dialRaw(t, sock, ClassOpportunistic).hold()
 	if m := o.expect(MsgPace, 2*time.Second); m.MaxQueued != DefaultOpportunisticQueue {
 		t.Fatalf("PACE %d when production took the GPU, want %d", m.MaxQueued, DefaultOpportunisticQueue)
 	}
-	if c := s.Snapshot(); c[0].Priority != PriorityNormal || c[1].Priority != PriorityHigh {
-		t.Fatalf("classes %v and %v, want opportunistic (pod 500) and production (pod 2000)", c[0].Priority, c[1].Priority)
+	if c := s.Snapshot(); c[0].Class != ClassOpportunistic || c[1].Class != ClassProduction {
+		t.Fatalf("classes %v and %v, want opportunistic (pod 500) and production (pod 2000)", c[0].Class, c[1].Class)
 	}
 	cfg := s.cfgs[0]
 	cfg.ProductionPriority = threshold(400)
@@ -537,8 +537,8 @@ func TestSchedulerReconfigureReclassifiesConnectedClients(t *testing.T) {
 	if g := s.GPUs()[0]; g.ProductionPriority == nil || *g.ProductionPriority != 400 {
 		t.Fatalf("threshold in force %v, want 400", g.ProductionPriority)
 	}
-	if c := s.Snapshot(); c[0].Priority != PriorityHigh {
-		t.Fatalf("the client of pod 500 is %v under a threshold of 400", c[0].Priority)
+	if c := s.Snapshot(); c[0].Class != ClassProduction {
+		t.Fatalf("the client of pod 500 is %v under a threshold of 400", c[0].Class)
 	}
 	if m := o.expect(MsgPace, 2*time.Second); m.MaxQueued != 0 {
 		t.Fatalf("PACE %d after it became production, want 0", m.MaxQueued)
@@ -565,10 +565,10 @@ func TestAskingHighInAnOpportunisticPodIsLoggedOnceAtV1(t *testing.T) {
 		cfg := GPUConfig{UUID: "GPU-test", Quantum: time.Second, Grace: time.Second, ProductionPriority: threshold(1000)}
 		q := newQueue(cfg, newFakeClock(), m, log)
 		for _, src := range []classSource{
-			{asked: PriorityHigh, fromPod: true, value: 10, known: true},
-			{asked: PriorityHigh},                                          // the hello decides: production
-			{fromPod: true, value: 10, known: true},                        // asked for nothing
-			{asked: PriorityHigh, fromPod: true, value: 1000, known: true}, // production
+			{asked: ClassProduction, fromPod: true, value: 10, known: true},
+			{asked: ClassProduction},                                          // the hello decides: production
+			{fromPod: true, value: 10, known: true},                           // asked for nothing
+			{asked: ClassProduction, fromPod: true, value: 1000, known: true}, // production
 		} {
 			q.join(1, src, 0, func([]byte) bool { return true }, func() {})
 		}

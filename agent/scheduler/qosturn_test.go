@@ -151,7 +151,7 @@ func TestPreemptedTurnsResumeOldestFirst(t *testing.T) {
 	fx.q.acquire(b.c, 20*mib)
 	fx.q.acquire(a.c, 20*mib)
 	fx.q.mu.Lock()
-	got := clientIDs(fx.q.waiting[PriorityNormal])
+	got := clientIDs(fx.q.waiting[ClassOpportunistic])
 	fx.q.mu.Unlock()
 	if want := []uint32{a.c.id, b.c.id, w.c.id}; !slices.Equal(got, want) {
 		t.Fatalf("opportunistic line %v, want %v", got, want)

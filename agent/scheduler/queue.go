@@ -74,10 +74,9 @@ type queue struct {
 type client struct {
 	id  uint32
 	pid int32
-	// priority is its class (qos.go): PriorityHigh production, PriorityNormal opportunistic, as
-	// class decides it under the GPU's production threshold.
-	priority Priority
-	class    classSource
+	// class is what classSrc decides under the GPU's production threshold (qos.go).
+	class    Class
+	classSrc classSource
 	version  uint16 // its protocol version; 0: the current one
 	pace     uint32 // the last PACE it was sent (0 before any: unbounded)
 	idle     uint32 // the last IDLE it was sent, in us (0 before any: its own window)
@@ -127,7 +126,7 @@ type client struct {
 	evictTarget  uint64
 	// evictOf and evictFor are the classes of this client and of the one its eviction made room for,
 	// when it was asked (qosInvariantLocked).
-	evictOf, evictFor Priority
+	evictOf, evictFor Class
 	evictTimer        Timer // the EVICT's answer deadline (deadline.go)
 	noEvictUntil      time.Time
 	memPending        bool
@@ -200,9 +199,9 @@ func (q *queue) join(pid int32, src classSource, version uint16, send func([]byt
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.nextID++
-	c := &client{id: q.nextID, pid: pid, priority: q.classLocked(src), class: src, version: version, send: send,
+	c := &client{id: q.nextID, pid: pid, class: q.classLocked(src), classSrc: src, version: version, send: send,
 		drop: drop, connectedAt: q.clock.Now(), gpu: q}
-	if src.fromPod && src.asked == PriorityHigh && c.priority != PriorityHigh {
+	if src.fromPod && src.asked == ClassProduction && c.class != ClassProduction {
 		q.log.V(1).Info("Shim client asked for high priority; its pod makes it opportunistic", "client", c.id,
 			"pid", pid, "podPriority", src.value, "podKnown", src.known, "productionPriority", thresholdValue(q.production))
 	}
@@ -449,7 +448,7 @@ func (q *queue) evictLocked(amount uint64, forc *client) bool {
 		rest -= take
 		o.evictPending = true
 		o.evictTarget = o.reservation - take
-		o.evictOf, o.evictFor = o.priority, forc.priority
+		o.evictOf, o.evictFor = o.class, forc.class
 		o.evictions++
 		q.evictions.Inc()
 		q.sendLocked(o, Message{Type: MsgEvict, Target: o.evictTarget})
@@ -494,7 +493,7 @@ func (q *queue) dispatchQueueLocked(acquirer *client) {
 		if head == nil || q.rebuildingLocked() {
 			return
 		}
-		if head.priority == PriorityNormal && q.productionHoldsLocked() {
+		if head.class == ClassOpportunistic && q.productionHoldsLocked() {
 			return // opportunistic clients run in production's idle gaps
 		}
 		if q.exclusive() && len(q.holders) > 0 {
@@ -531,7 +530,7 @@ func (q *queue) dispatchQueueLocked(acquirer *client) {
 }
 
 func (q *queue) headLocked() *client {
-	for _, p := range []Priority{PriorityHigh, PriorityNormal} {
+	for _, p := range []Class{ClassProduction, ClassOpportunistic} {
 		if len(q.waiting[p]) > 0 {
 			return q.waiting[p][0]
 		}
@@ -540,7 +539,7 @@ func (q *queue) headLocked() *client {
 }
 
 func (q *queue) nWaitingLocked() int {
-	return len(q.waiting[PriorityHigh]) + len(q.waiting[PriorityNormal])
+	return len(q.waiting[ClassProduction]) + len(q.waiting[ClassOpportunistic])
 }
 
 // grantLocked grants the waiter c the GPU; filling: before its whole need is reserved (fill.go).
@@ -617,7 +616,7 @@ func (q *queue) revokeIfOverdue(c *client, epoch uint32) {
 	// A gang that reserved the GPU waits for c to go, as a waiter would (an opportunistic gang never
 	// reserves a GPU production holds).
 	claim := q.gangs.claimantLocked(q)
-	if (claim == nil || (!claim.production() && c.priority == PriorityHigh)) && (q.nWaitingLocked() == 0 || (c.priority == PriorityHigh && len(q.waiting[PriorityHigh]) == 0)) {
+	if (claim == nil || (!claim.production() && c.class == ClassProduction)) && (q.nWaitingLocked() == 0 || (c.class == ClassProduction && len(q.waiting[ClassProduction]) == 0)) {
 		// Nobody to hand to (an opportunistic waiter does not make production yield; a holder that
 		// became production since the contention keeps holding): re-armed when someone waits.
 		return
@@ -698,7 +697,7 @@ func (q *queue) snapshot() []ClientState {
 			GPU:           q.uuid,
 			ID:            c.id,
 			PID:           c.pid,
-			Priority:      c.priority,
+			Class:         c.class,
 			Holding:       c.state.granted(),
 			Waiting:       c.state == stateWaiting,
 			Waits:         c.waits,

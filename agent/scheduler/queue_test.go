@@ -71,7 +71,7 @@ func newQueueFixture(t *testing.T, quantum, grace time.Duration) *queueFixture {
 }
 
 // join connects a client whose hello decides its class (no Options.PodPriority).
-func (fx *queueFixture) join(t *testing.T, prio Priority) *fakeClient {
+func (fx *queueFixture) join(t *testing.T, prio Class) *fakeClient {
 	t.Helper()
 	return fx.joinAs(t, classSource{asked: prio})
 }
@@ -111,7 +111,7 @@ func grantEpoch(t *testing.T, f *fakeClient) uint32 {
 
 func TestQueueWelcomesWithQuantumAndGrace(t *testing.T) {
 	fx := newQueueFixture(t, 200*time.Millisecond, 80*time.Millisecond)
-	a := fx.join(t, PriorityNormal)
+	a := fx.join(t, ClassOpportunistic)
 	w, ok := a.last(MsgWelcome)
 	if !ok || w.QuantumMS != 200 || w.GraceMS != 80 || w.ClientID != a.c.id {
 		t.Fatalf("welcome = %+v, %v", w, ok)
@@ -120,7 +120,7 @@ func TestQueueWelcomesWithQuantumAndGrace(t *testing.T) {
 
 func TestQueueGrantsAFreeLockAtOnce(t *testing.T) {
 	fx := newQueueFixture(t, time.Second, time.Second)
-	a := fx.join(t, PriorityNormal)
+	a := fx.join(t, ClassOpportunistic)
 	fx.q.acquire(a.c, 0)
 	if fx.holder() != a.c {
 		t.Fatal("free lock was not granted")
@@ -135,7 +135,7 @@ func TestQueueGrantsAFreeLockAtOnce(t *testing.T) {
 
 func TestQueueTellsHolderWhenSomeoneWaits(t *testing.T) {
 	fx := newQueueFixture(t, time.Second, time.Second)
-	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	a, b := fx.join(t, ClassOpportunistic), fx.join(t, ClassOpportunistic)
 	fx.q.acquire(a.c, 0)
 	if a.count(MsgContended) != 0 {
 		t.Fatal("holder told of contention with nobody waiting")
@@ -151,9 +151,9 @@ func TestQueueTellsHolderWhenSomeoneWaits(t *testing.T) {
 // then the opportunistic ones in the order they asked.
 func TestQueueHandsOffToHighPriorityFirstThenFIFO(t *testing.T) {
 	fx := newQueueFixture(t, time.Second, time.Second)
-	holder := fx.join(t, PriorityHigh)
-	n1, n2 := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
-	h1 := fx.join(t, PriorityHigh)
+	holder := fx.join(t, ClassProduction)
+	n1, n2 := fx.join(t, ClassOpportunistic), fx.join(t, ClassOpportunistic)
+	h1 := fx.join(t, ClassProduction)
 	fx.q.acquire(holder.c, 0)
 	fx.q.acquire(n1.c, 0)
 	fx.q.acquire(n2.c, 0)
@@ -174,7 +174,7 @@ func TestQueueHandsOffToHighPriorityFirstThenFIFO(t *testing.T) {
 
 func TestQueueIgnoresStaleRelease(t *testing.T) {
 	fx := newQueueFixture(t, time.Second, time.Second)
-	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	a, b := fx.join(t, ClassOpportunistic), fx.join(t, ClassOpportunistic)
 	fx.q.acquire(a.c, 0)
 	old := grantEpoch(t, a)
 	fx.q.release(a.c, old, 0)
@@ -192,7 +192,7 @@ func TestQueueIgnoresStaleRelease(t *testing.T) {
 
 func TestQueueRevokesHolderPastQuantumPlusGraceWhenOthersWait(t *testing.T) {
 	fx := newQueueFixture(t, 100*time.Millisecond, 50*time.Millisecond)
-	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	a, b := fx.join(t, ClassOpportunistic), fx.join(t, ClassOpportunistic)
 	fx.q.acquire(a.c, 0)
 	epoch := grantEpoch(t, a)
 	fx.q.acquire(b.c, 0)
@@ -220,7 +220,7 @@ func TestQueueRevokesHolderPastQuantumPlusGraceWhenOthersWait(t *testing.T) {
 
 func TestQueueGivesGraceAfterLateContention(t *testing.T) {
 	fx := newQueueFixture(t, 100*time.Millisecond, 50*time.Millisecond)
-	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	a, b := fx.join(t, ClassOpportunistic), fx.join(t, ClassOpportunistic)
 	fx.q.acquire(a.c, 0)
 	fx.clock.Advance(time.Second) // alone: may hold as long as it likes
 	if a.count(MsgRevoked) != 0 {
@@ -239,7 +239,7 @@ func TestQueueGivesGraceAfterLateContention(t *testing.T) {
 
 func TestQueueDoesNotRevokeAHolderThatReleasedInTime(t *testing.T) {
 	fx := newQueueFixture(t, 100*time.Millisecond, 50*time.Millisecond)
-	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	a, b := fx.join(t, ClassOpportunistic), fx.join(t, ClassOpportunistic)
 	fx.q.acquire(a.c, 0)
 	fx.q.acquire(b.c, 0)
 	fx.clock.Advance(120 * time.Millisecond)
@@ -255,7 +255,7 @@ func TestQueueDoesNotRevokeAHolderThatReleasedInTime(t *testing.T) {
 
 func TestQueueFreesTheLockWhenTheHolderLeaves(t *testing.T) {
 	fx := newQueueFixture(t, time.Second, time.Second)
-	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	a, b := fx.join(t, ClassOpportunistic), fx.join(t, ClassOpportunistic)
 	fx.q.acquire(a.c, 0)
 	fx.q.acquire(b.c, 0)
 	fx.q.leave(a.c)
@@ -270,7 +270,7 @@ func TestQueueFreesTheLockWhenTheHolderLeaves(t *testing.T) {
 
 func TestQueueForgetsAWaiterThatLeaves(t *testing.T) {
 	fx := newQueueFixture(t, time.Second, time.Second)
-	a, b, c := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	a, b, c := fx.join(t, ClassOpportunistic), fx.join(t, ClassOpportunistic), fx.join(t, ClassOpportunistic)
 	fx.q.acquire(a.c, 0)
 	fx.q.acquire(b.c, 0)
 	fx.q.acquire(c.c, 0)
@@ -283,7 +283,7 @@ func TestQueueForgetsAWaiterThatLeaves(t *testing.T) {
 
 func TestQueueDropsAClientThatStopsReading(t *testing.T) {
 	fx := newQueueFixture(t, time.Second, time.Second)
-	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	a, b := fx.join(t, ClassOpportunistic), fx.join(t, ClassOpportunistic)
 	fx.q.acquire(a.c, 0)
 	a.full = true
 	fx.q.acquire(b.c, 0) // CONTENDED to a cannot be queued
@@ -294,7 +294,7 @@ func TestQueueDropsAClientThatStopsReading(t *testing.T) {
 
 func TestQueueSnapshotReportsWaitsAndHoldTime(t *testing.T) {
 	fx := newQueueFixture(t, time.Second, time.Second)
-	a, b := fx.join(t, PriorityHigh), fx.join(t, PriorityHigh)
+	a, b := fx.join(t, ClassProduction), fx.join(t, ClassProduction)
 	fx.q.acquire(a.c, 0)
 	fx.q.acquire(b.c, 0)
 	fx.clock.Advance(300 * time.Millisecond)
@@ -308,7 +308,7 @@ func TestQueueSnapshotReportsWaitsAndHoldTime(t *testing.T) {
 	if sa.Holding || sa.Waiting || sa.HoldTime != 300*time.Millisecond || sa.Waits != 0 || sa.Grants != 1 {
 		t.Errorf("holder-then-released state = %+v", sa)
 	}
-	if !sb.Holding || sb.Priority != PriorityHigh || sb.Waits != 1 || sb.WaitTime != 300*time.Millisecond ||
+	if !sb.Holding || sb.Class != ClassProduction || sb.Waits != 1 || sb.WaitTime != 300*time.Millisecond ||
 		sb.HoldTime != 200*time.Millisecond {
 		t.Errorf("waiter-then-holder state = %+v", sb)
 	}

@@ -8,7 +8,7 @@ import "testing"
 func TestRebuildEvictsReannouncedMemoryBeyondTheBudget(t *testing.T) {
 	const budget = 64 * mib
 	fx := newBudgetFixture(t, budget, ModeAuto)
-	a, b, w := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	a, b, w := fx.join(t, ClassOpportunistic), fx.join(t, ClassOpportunistic), fx.join(t, ClassOpportunistic)
 	fx.q.rejoin(a.c, Message{Type: MsgRejoin, Need: 40 * mib, Resident: 40 * mib})
 	fx.q.rejoin(b.c, Message{Type: MsgRejoin, Need: 40 * mib, Resident: 40 * mib})
 	if got := fx.reserved(); got != 80*mib {

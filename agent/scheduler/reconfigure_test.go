@@ -35,7 +35,7 @@ func serveOne(t *testing.T, cfg GPUConfig, opts Options) *Scheduler {
 
 func TestReconfigureChangesTheQuantumOfTheNextGrantAndKeepsTheConnection(t *testing.T) {
 	s := serveOne(t, GPUConfig{UUID: "GPU-test", Quantum: 3 * time.Second, Budget: 8 << 30}, Options{})
-	c := dialRaw(t, s.cfgs[0].SocketPath, PriorityNormal)
+	c := dialRaw(t, s.cfgs[0].SocketPath, ClassOpportunistic)
 	c.send(Message{Type: MsgAcquire})
 	g := c.expect(MsgGrant, 2*time.Second)
 	if g.QuantumMS != 3000 {
@@ -71,7 +71,7 @@ func TestReconfigureChangesTheQuantumOfTheNextGrantAndKeepsTheConnection(t *test
 // honoured for them, so they are dropped (and continue in pass-through).
 func TestReconfigureBetweenNoBudgetAndABudgetDropsTheClients(t *testing.T) {
 	s := serveOne(t, GPUConfig{UUID: "GPU-test", Quantum: time.Second}, Options{})
-	c := dialRaw(t, s.cfgs[0].SocketPath, PriorityNormal)
+	c := dialRaw(t, s.cfgs[0].SocketPath, ClassOpportunistic)
 	cfg := s.cfgs[0]
 	cfg.Budget = 1 << 30
 	if err := s.Reconfigure(cfg); err != nil {
@@ -100,7 +100,7 @@ func TestOnClientsChangeIsCalledOnConnectDisconnectAndANewLaunchBound(t *testing
 		defer mu.Unlock()
 		return len(calls)
 	}
-	c := dialRaw(t, s.cfgs[0].SocketPath, PriorityNormal)
+	c := dialRaw(t, s.cfgs[0].SocketPath, ClassOpportunistic)
 	wait.Until(t, 5*time.Second, func() bool { return n() == 1 }, "a call on connect")
 	// A launch bound reported in force calls once per change (the Pong behind each says it was handled).
 	for i, r := range []Message{

@@ -316,7 +316,7 @@ func TestRestartedSchedulerHoldsGrantsUntilClientsReannounce(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Close)
-	early := dialRaw(t, sock, PriorityNormal)
+	early := dialRaw(t, sock, ClassOpportunistic)
 	early.send(Message{Type: MsgRejoin})
 	early.send(Message{Type: MsgAcquire, Need: budget})
 	wait.UntilState(t, 5*time.Second, func() (bool, string) {
@@ -324,7 +324,7 @@ func TestRestartedSchedulerHoldsGrantsUntilClientsReannounce(t *testing.T) {
 		return len(st) == 1 && st[0].Waiting, fmt.Sprintf("%+v", st)
 	}, "the early client's acquire is handled: it waits")
 	clk.Advance(200 * time.Millisecond)
-	late := dialRaw(t, sock, PriorityNormal)
+	late := dialRaw(t, sock, ClassOpportunistic)
 	late.send(Message{Type: MsgRejoin, Flags: RejoinHeld, Need: budget / 2, Resident: budget / 2})
 	wait.Until(t, 5*time.Second, func() bool { return s.GPUs()[0].ReservedBytes == budget/2 },
 		"the late client's memory is accounted")
@@ -369,7 +369,7 @@ func TestRestartedSchedulerHoldsGrantsUntilClientsReannounce(t *testing.T) {
 // A Rejoin is only accepted as a connection's first message after Hello.
 func TestRejoinAfterOtherMessagesDropsTheClient(t *testing.T) {
 	e := newMemEnv(t, time.Second, time.Second, 64*mib, ModeAuto)
-	r := dialRaw(t, e.sock, PriorityNormal)
+	r := dialRaw(t, e.sock, ClassOpportunistic)
 	r.send(Message{Type: MsgAcquire, Need: mib})
 	r.expect(MsgGrant, time.Second)
 	r.send(Message{Type: MsgRejoin, Resident: 32 * mib})

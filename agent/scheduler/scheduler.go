@@ -90,8 +90,8 @@ type Options struct {
 type ClientState struct {
 	GPU         string
 	ID          uint32
-	PID         int32    // from SO_PEERCRED when available (host pid), else as the client reported it
-	Priority    Priority // its class: PriorityHigh production, PriorityNormal opportunistic (qos.go)
+	PID         int32 // from SO_PEERCRED when available (host pid), else as the client reported it
+	Class       Class // production or opportunistic (qos.go)
 	Holding     bool
 	Waiting     bool
 	Waits       uint64        // acquisitions that had to wait for another holder

@@ -98,10 +98,10 @@ func (q *queue) setStateLocked(c *client, to clientState) error {
 		return err
 	}
 	if from == stateWaiting {
-		w := q.waiting[c.priority]
+		w := q.waiting[c.class]
 		for i := range w {
 			if w[i] == c {
-				q.waiting[c.priority] = append(w[:i:i], w[i+1:]...)
+				q.waiting[c.class] = append(w[:i:i], w[i+1:]...)
 				break
 			}
 		}
@@ -116,7 +116,7 @@ func (q *queue) setStateLocked(c *client, to clientState) error {
 	}
 	c.state = to
 	if to == stateWaiting {
-		q.waiting[c.priority] = append(q.waiting[c.priority], c)
+		q.waiting[c.class] = append(q.waiting[c.class], c)
 	}
 	if to.granted() && !from.granted() {
 		q.holders = append(q.holders, c)

@@ -74,7 +74,7 @@ func TestTransitionRefusesWhatTheFlagsAllowed(t *testing.T) {
 func TestSetStateRefusesAnIllegalMoveAndDropsTheClient(t *testing.T) {
 	fx := newQueueFixture(t, time.Second, time.Second)
 	fx.ignoreViolations = true
-	a := fx.join(t, PriorityNormal)
+	a := fx.join(t, ClassOpportunistic)
 	fx.q.acquire(a.c, 0)
 	fx.q.mu.Lock()
 	err := fx.q.setStateLocked(a.c, stateWaiting)
@@ -132,7 +132,7 @@ func TestCheckBudget(t *testing.T) {
 func TestReservationAgainstTheBudgetRuleIsRefused(t *testing.T) {
 	fx := newBudgetFixture(t, 64*mib, ModeAuto)
 	fx.ignoreViolations = true
-	a := fx.join(t, PriorityNormal)
+	a := fx.join(t, ClassOpportunistic)
 	fx.q.acquire(a.c, 40*mib)
 	fx.q.mu.Lock()
 	fx.q.setReservationLocked(a.c, 50*mib) // beyond its need
@@ -150,7 +150,7 @@ func TestReservationAgainstTheBudgetRuleIsRefused(t *testing.T) {
 func TestClientThatLeftIsNotQueuedByAnAcquireReadBefore(t *testing.T) {
 	fx := newBudgetFixture(t, 64*mib, ModeAuto)
 	fx.q.evictTimeout = time.Second
-	a, b := fx.join(t, PriorityNormal), fx.join(t, PriorityNormal)
+	a, b := fx.join(t, ClassOpportunistic), fx.join(t, ClassOpportunistic)
 	fx.q.acquire(a.c, 40*mib)
 	fx.report(a, UsageReport, 40*mib, 40*mib)
 	fx.q.release(a.c, grantEpoch(t, a), 40*mib)

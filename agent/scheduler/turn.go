@@ -65,23 +65,23 @@ func (q *queue) resumeTurnLocked(c *client) {
 	if !c.resuming {
 		return
 	}
-	if c.priority != PriorityNormal {
+	if c.class != ClassOpportunistic {
 		c.resuming = false
 		return
 	}
-	line := slices.DeleteFunc(q.waiting[PriorityNormal], func(w *client) bool { return w == c })
+	line := slices.DeleteFunc(q.waiting[ClassOpportunistic], func(w *client) bool { return w == c })
 	i := 0
 	for i < len(line) && line[i].resuming && !line[i].turnStart.After(c.turnStart) {
 		i++
 	}
-	q.waiting[PriorityNormal] = slices.Insert(line, i, c)
+	q.waiting[ClassOpportunistic] = slices.Insert(line, i, c)
 }
 
 // turnKeptLocked: an opportunistic client that has not asked again keeps a preempted turn, so head,
 // which does not, must not take the GPU on an exclusive GPU (on a budget, mayEvictFor keeps its
 // memory instead).
 func (q *queue) turnKeptLocked(head *client) bool {
-	if head.priority != PriorityNormal || head.resuming {
+	if head.class != ClassOpportunistic || head.resuming {
 		return false
 	}
 	for _, c := range q.clients {
@@ -94,7 +94,7 @@ func (q *queue) turnKeptLocked(head *client) bool {
 
 // resumingFirstLocked: the opportunistic waiters resuming preempted turns lead their line, oldest turn first.
 func (q *queue) resumingFirstLocked() bool {
-	line := q.waiting[PriorityNormal]
+	line := q.waiting[ClassOpportunistic]
 	for i := 1; i < len(line); i++ {
 		prev, w := line[i-1], line[i]
 		if w.resuming && (!prev.resuming || prev.turnStart.After(w.turnStart)) {

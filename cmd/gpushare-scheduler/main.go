@@ -172,7 +172,7 @@ func run() error {
 	<-ctx.Done()
 	for _, c := range s.Snapshot() {
 		fmt.Fprintf(os.Stderr, "client gpu=%s id=%d pid=%d priority=%s holding=%t waits=%d wait=%s hold=%s grants=%d revocations=%d preemptions=%d launch_bound=%d pacing=%s gang=%q\n",
-			c.GPU, c.ID, c.PID, c.Priority, c.Holding, c.Waits, c.WaitTime, c.HoldTime, c.Grants, c.Revocations, c.Preemptions,
+			c.GPU, c.ID, c.PID, c.Class, c.Holding, c.Waits, c.WaitTime, c.HoldTime, c.Grants, c.Revocations, c.Preemptions,
 			c.LaunchBound, c.PacingState, c.Gang)
 	}
 	for _, g := range s.GPUs() {

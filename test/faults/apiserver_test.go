@@ -81,7 +81,7 @@ func lockFromScheduler(t *testing.T, sock string, timeout time.Duration) error {
 	t.Cleanup(func() { _ = conn.Close() })
 	_ = conn.SetDeadline(time.Now().Add(timeout))
 	c := &shimClient{conn: conn}
-	if err := c.send(scheduler.Message{Type: scheduler.MsgHello, PID: uint32(os.Getpid()), Priority: scheduler.PriorityNormal}); err != nil {
+	if err := c.send(scheduler.Message{Type: scheduler.MsgHello, PID: uint32(os.Getpid()), Priority: scheduler.ClassOpportunistic}); err != nil {
 		return err
 	}
 	if _, err := c.expect(scheduler.MsgWelcome); err != nil {

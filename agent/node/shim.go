@@ -8,7 +8,6 @@ import (
 	"os"
 	"slices"
 	"sync"
-	"time"
 
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -22,8 +21,6 @@ import (
 )
 
 const (
-	// DefaultShimQuantum is the quantum of a policy that names none (the CRD defaults it too).
-	DefaultShimQuantum = 20 * time.Second
 	// DefaultOversubReserve is the GPU memory left out of a budget the policy does not set, where NVML
 	// cannot list the GPU's processes and their memory.
 	DefaultOversubReserve = 2 << 30
@@ -81,7 +78,7 @@ type ShimState struct {
 // what NVML sees its processes use outside the budget and the headroom, or less the fixed reserve where
 // NVML cannot tell; 0, the lock only, when nothing is left) and the anti-thrashing mode.
 func (s *ShimSchedulers) SchedulerConfig(dev gpu.Device, o v1alpha1.Oversubscription, qos *v1alpha1.QoS) (scheduler.GPUConfig, error) {
-	cfg := scheduler.GPUConfig{UUID: dev.UUID, SocketPath: hostpath.SchedulerSocket(s.Root, dev.UUID), Quantum: DefaultShimQuantum}
+	cfg := scheduler.GPUConfig{UUID: dev.UUID, SocketPath: hostpath.SchedulerSocket(s.Root, dev.UUID), Quantum: scheduler.DefaultQuantum}
 	if qos != nil {
 		// The pods at or above the policy's threshold are production (scheduler/qos.go).
 		p := qos.ProductionPriority

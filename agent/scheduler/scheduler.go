@@ -143,7 +143,7 @@ type GPUState struct {
 
 // Defaults for GPUConfig fields left zero.
 const (
-	DefaultQuantum = 2 * time.Second
+	DefaultQuantum = 20 * time.Second // the CRD's default timeQuantum: one figure wherever a quantum is left unset
 	MinGrace       = 100 * time.Millisecond
 )
 

@@ -169,7 +169,7 @@ func TestAgentKilledMidDrainResumesWithoutEvictingTwice(t *testing.T) {
 			t.Fatalf("the second agent exited: %v", second.err)
 		}
 		out, err := os.ReadFile(second.log)
-		return strings.Contains(string(out), `phase="Waiting"`), err
+		return strings.Contains(string(out), `step="Waiting"`), err
 	}, "the second agent's drain waiting for the pod")
 	// More polls of the drain, each of which lists the kubelet's pods and then evicts what it must: a
 	// second eviction, were there one, is in the audit log once three more lists were answered (the device

@@ -35,13 +35,15 @@
  *                            (cuMemcpyDtoH, its device current) and prints "multi
  *                            oversub d0_total=T d1_total=T d1_over=R intact=B" (T: cuMemGetInfo's total
  *                            with that device current; B 1 when every byte came back as written)
- *   multi_client xcopy K N GO (K: dtoh or peer)
+ *   multi_client xcopy K N GO (K: dtoh, peer or async)
  *                            one block of N bytes on each device (0xa0 on device 0, 0xb1 on device 1),
  *                            prints "multi xcopy ready", waits up to 20 s for the file GO (the test
  *                            creates it once device 1's memory was swapped out), then with device 0
  *                            current: dtoh reads device 1's block (cuMemcpyDtoH); peer copies device 0's
- *                            block onto device 1's (cuMemcpyPeer) and reads it back; prints "multi xcopy
- *                            K r=R intact=B"
+ *                            block onto device 1's (cuMemcpyPeer) and reads it back; async copies it
+ *                            on a stream of device 0 (cuMemcpyDtoDAsync) and reads device 1's block where
+ *                            the stub keeps it, without synchronizing (the copy is done when the call
+ *                            returns); prints "multi xcopy K r=R intact=B"
  *   multi_client cross N GO  two blocks of N bytes on each device, then (after GO, as xcopy) two threads
  *                            at once, 20 times each: one with device 0 current copies a block of device
  *                            0 onto one of device 1 (cuMemcpyPeer), the other with device 1 current a
@@ -85,6 +87,7 @@ typedef CUresult (*release_fn)(CUmemGenericAllocationHandle);
 
 typedef CUresult (*peer_fn)(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size_t);
 typedef CUresult (*dtod_fn)(CUdeviceptr, CUdeviceptr, size_t);
+typedef CUresult (*dtodasync_fn)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
 
 static gpa2_fn gpa;
 static CUcontext ctx[2];
@@ -334,6 +337,13 @@ static int xcopy(const char *kind, size_t n, const char *go)
     } else if (ok && !strcmp(kind, "peer")) {
         r = ((peer_fn)sym("cuMemcpyPeer"))(b, ctx[1], a, ctx[0], n);
         ok = r == CUDA_SUCCESS && holds(b, n, 0xa0);
+    } else if (ok && !strcmp(kind, "async")) {
+        r = ((dtodasync_fn)sym("cuMemcpyDtoDAsync"))(b, a, n, stream_of(0, 0));
+        /* done when the call returns: read where the stub's device memory is, without synchronizing */
+        const unsigned char *v = (const unsigned char *)(uintptr_t)b;
+        for (size_t i = 0; r == CUDA_SUCCESS && ok && i < n; i++)
+            ok = v[i] == 0xa0;
+        ok = ok && r == CUDA_SUCCESS && holds(b, n, 0xa0);
     }
     printf("multi xcopy %s r=%d intact=%d\n", kind, r, ok);
     return 0;
@@ -378,7 +388,7 @@ int main(int argc, char **argv)
 {
     void *h = dlopen("libcuda.so.1", RTLD_NOW);
     if (h == NULL || argc < 2) {
-        fprintf(stderr, "usage: multi_client cap L0 L1 | launch D | locks GO | info | launches N C GO | acopy | vmm | oversub N0 N1 GO | xcopy dtoh|peer N GO | cross N GO\n");
+        fprintf(stderr, "usage: multi_client cap L0 L1 | launch D | locks GO | info | launches N C GO | acopy | vmm | oversub N0 N1 GO | xcopy dtoh|peer|async N GO | cross N GO\n");
         return 2;
     }
     gpa = (gpa2_fn)dlsym(h, "cuGetProcAddress_v2");

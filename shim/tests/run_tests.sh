@@ -1121,19 +1121,21 @@ stop_two
 # Once device 1's memory is swapped out, with device 0 current, a copy of device 1's memory (dtoh) and a
 # peer copy from device 0 to device 1 (peer) wait for device 1's grant (the copy has not returned while
 # it is held back), then device 1's memory is swapped in and every byte is right.
-xcopy() { # KIND: runs multi_client xcopy KIND; 0 when it waited for device 1's grant and its bytes are right
+xcopy() { # KIND VAR=VALUE...: multi_client xcopy KIND; 0 when it waited for device 1's grant and its bytes are right
+    local kind=$1
+    shift
     rm -f "$M1/go" "$M1/grant"
     start_two -- evict_on_release=1 grant_file="$M1/grant"
-    run_multi GPUSHARE_OVERSUB="$G0=1,$G1=1" GPUSHARE_IDLE_MS=20 \
-        timeout 20 "$MULTI" xcopy "$1" $((1 << 20)) "$M1/go" >"$M1/out" 2>"$M1/err" &
+    run_multi GPUSHARE_OVERSUB="$G0=1,$G1=1" GPUSHARE_IDLE_MS=20 "$@" \
+        timeout 20 "$MULTI" xcopy "$kind" $((1 << 20)) "$M1/go" >"$M1/out" 2>"$M1/err" &
     local pm=$! ok=1
     wait_for 20 grep -q "got USAGE reason=1 resident=0 swapped=[1-9]" "$M1/sched.log" || ok=0
     touch "$M1/go"
     wait_for 20 grep -q "holding the GRANT back" "$M1/sched.log" || ok=0
-    grep -q "multi xcopy $1 r=" "$M1/out" && ok=0 # done without device 1's grant
+    grep -q "multi xcopy $kind r=" "$M1/out" && ok=0 # done without device 1's grant
     touch "$M1/grant"
     wait "$pm" || ok=0
-    grep -q "multi xcopy $1 r=0 intact=1" "$M1/out" || ok=0
+    grep -q "multi xcopy $kind r=0 intact=1" "$M1/out" || ok=0
     stop_two
     return $((1 - ok))
 }
@@ -1146,6 +1148,13 @@ if xcopy peer; then
     pass "several GPUs: a peer copy between two GPUs' swappable memory waits for both GPUs' locks"
 else
     fail "peer copy" "$(cat "$M1/out" "$M1/err" "$M0/sched.log" "$M1/sched.log")"
+fi
+# The same copy on a stream of device 0 (cuMemcpyDtoDAsync): device 1's lock too, and the copy is done
+# before the call returns (device 1's release drains device 1's streams only); each copy takes 50 ms.
+if xcopy async GPUSHARE_STUB_COPY_US=50000; then
+    pass "several GPUs: a copy on one GPU's stream onto another GPU's swappable memory waits for both locks and is done on return"
+else
+    fail "async copy across GPUs" "$(cat "$M1/out" "$M1/err" "$M0/sched.log" "$M1/sched.log")"
 fi
 
 # Two threads copy at once in opposite directions (0->1 with device 0 current, 1->0 with device 1

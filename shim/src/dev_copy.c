@@ -97,7 +97,7 @@ static void pass(struct gs_gates *g, int id, int dflt)
     gs_dev_cur = dflt;
 }
 
-void gs_gates_enter(struct gs_gates *g, int id, int a, int b)
+int gs_gates_enter(struct gs_gates *g, int id, int a, int b)
 {
     g->n = 0;
     int dflt = GS_DEV_NONE;
@@ -106,6 +106,7 @@ void gs_gates_enter(struct gs_gates *g, int id, int a, int b)
     add(g, a);
     add(g, b);
     pass(g, id, dflt);
+    return 0;
 }
 
 int gs_gates_enter_stream(struct gs_gates *g, int id, CUstream s, int a, int b)

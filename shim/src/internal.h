@@ -299,8 +299,9 @@ int gs_dev_of_peer(CUdeviceptr p, CUcontext ctx);
 int gs_dev_of_m2d(const CUDA_MEMCPY2D *m, int dst);
 int gs_dev_of_m3d(const CUDA_MEMCPY3D *m, int dst);
 int gs_dev_of_m3dpeer(const CUDA_MEMCPY3D_PEER *m, int dst);
-/* Passes the gates of a synchronous call's GPUs a and b (GS_DEV_CUR: the current context's). */
-void gs_gates_enter(struct gs_gates *g, int id, int a, int b);
+/* Passes the gates of a synchronous call's GPUs a and b (GS_DEV_CUR: the current context's); 0 (the
+ * work is done when the call returns). */
+int gs_gates_enter(struct gs_gates *g, int id, int a, int b);
 /* A stream's: its GPU's gate and those of a and b (GS_DEV_CUR: the stream's GPU). 1 when a or b is
  * another GPU than the stream's: the work must be complete before those gates are left (gs_gates_settle). */
 int gs_gates_enter_stream(struct gs_gates *g, int id, CUstream s, int a, int b);

@@ -64,12 +64,53 @@ _Static_assert(offsetof(CUlaunchConfig, hStream) == 32 && sizeof(CUlaunchConfig)
 
 /* Passed only by pointer: layout irrelevant to the shim. */
 typedef struct CUDA_LAUNCH_PARAMS_st CUDA_LAUNCH_PARAMS;
-typedef struct CUDA_MEMCPY2D_st CUDA_MEMCPY2D;
-typedef struct CUDA_MEMCPY3D_st CUDA_MEMCPY3D;
-typedef struct CUDA_MEMCPY3D_PEER_st CUDA_MEMCPY3D_PEER;
 typedef struct CUgraphEdgeData_st CUgraphEdgeData;
 typedef struct CUexecAffinityParam_st CUexecAffinityParam;
 typedef struct CUctxCreateParams_st CUctxCreateParams;
+
+/* Read for the device pointers they copy (which GPUs' locks a copy takes, docs/multigpu.md): the
+ * driver's layouts. A side of memory type CU_MEMORYTYPE_DEVICE or _UNIFIED names its srcDevice/dstDevice. */
+typedef struct CUDA_MEMCPY2D_st {
+    size_t srcXInBytes, srcY;
+    int srcMemoryType;
+    const void *srcHost;
+    CUdeviceptr srcDevice;
+    void *srcArray;
+    size_t srcPitch;
+    size_t dstXInBytes, dstY;
+    int dstMemoryType;
+    void *dstHost;
+    CUdeviceptr dstDevice;
+    void *dstArray;
+    size_t dstPitch;
+    size_t WidthInBytes, Height;
+} CUDA_MEMCPY2D;
+_Static_assert(offsetof(CUDA_MEMCPY2D, dstDevice) == 88 && sizeof(CUDA_MEMCPY2D) == 128, "CUDA_MEMCPY2D layout");
+/* CUDA_MEMCPY3D_PEER is CUDA_MEMCPY3D with each side's reserved pointer its context. */
+#define GS_MEMCPY3D_FIELDS(ctx0, ctx1)                                                             \
+    size_t srcXInBytes, srcY, srcZ, srcLOD;                                                        \
+    int srcMemoryType;                                                                             \
+    const void *srcHost;                                                                           \
+    CUdeviceptr srcDevice;                                                                         \
+    void *srcArray;                                                                                \
+    ctx0;                                                                                          \
+    size_t srcPitch, srcHeight;                                                                    \
+    size_t dstXInBytes, dstY, dstZ, dstLOD;                                                        \
+    int dstMemoryType;                                                                             \
+    void *dstHost;                                                                                 \
+    CUdeviceptr dstDevice;                                                                         \
+    void *dstArray;                                                                                \
+    ctx1;                                                                                          \
+    size_t dstPitch, dstHeight;                                                                    \
+    size_t WidthInBytes, Height, Depth;
+typedef struct CUDA_MEMCPY3D_st {
+    GS_MEMCPY3D_FIELDS(void *reserved0, void *reserved1)
+} CUDA_MEMCPY3D;
+typedef struct CUDA_MEMCPY3D_PEER_st {
+    GS_MEMCPY3D_FIELDS(CUcontext srcContext, CUcontext dstContext)
+} CUDA_MEMCPY3D_PEER;
+_Static_assert(offsetof(CUDA_MEMCPY3D, dstDevice) == 136 && sizeof(CUDA_MEMCPY3D) == 200, "CUDA_MEMCPY3D layout");
+_Static_assert(offsetof(CUDA_MEMCPY3D_PEER, dstContext) == 152, "CUDA_MEMCPY3D_PEER layout");
 
 /* Passed by value to cuMemPrefetchAsync_v2: layout matters. */
 typedef struct CUmemLocation_st {
@@ -119,7 +160,10 @@ typedef int CUpointer_attribute;
 #define CU_POINTER_ATTRIBUTE_RANGE_START_ADDR 11
 #define CU_POINTER_ATTRIBUTE_RANGE_SIZE 12
 #define CU_POINTER_ATTRIBUTE_MAPPED 13
+#define CU_MEMORYTYPE_HOST 1
 #define CU_MEMORYTYPE_DEVICE 2
+#define CU_MEMORYTYPE_ARRAY 3
+#define CU_MEMORYTYPE_UNIFIED 4
 #define CU_STREAM_NON_BLOCKING 1
 
 typedef int CUstreamCaptureMode;

@@ -21,6 +21,42 @@
 #define GS_BODY_WORK(name, params, args, extra) GS_BODY_GATED(name, params, args, gs_dev_pick())
 #define GS_BODY_SWORK(name, params, args, stream) GS_BODY_GATED(name, params, args, gs_dev_pick_stream(stream))
 
+/* A copy or memset of device memory (src/dev_copy.c): in the single form the one GPU's gate, as any
+ * work; in the list form the gates of the GPUs whose memory it touches, entered by `enter` (1 when the
+ * work must be waited for, by `settle`, before those gates are left). */
+#define GS_BODY_MEMWORK(name, params, args, enter, settle)                                         \
+    GS_EXPORT CUresult name params;                                                                \
+    GS_EXPORT CUresult name params                                                                 \
+    {                                                                                              \
+        GS_REAL_OR_FAIL(name)                                                                      \
+        if (GS_LIKELY(!gs_multi)) {                                                                \
+            int gd = gs_gate_enter(GS_ID_##name);                                                  \
+            CUresult r = real args;                                                                \
+            gs_gate_leave(gd);                                                                     \
+            return r;                                                                              \
+        }                                                                                          \
+        struct gs_gates gg;                                                                        \
+        int settle_ = enter;                                                                       \
+        CUresult r = real args;                                                                    \
+        if (settle_ && r == CUDA_SUCCESS)                                                          \
+            settle;                                                                                \
+        gs_gates_leave(&gg);                                                                       \
+        return r;                                                                                  \
+    }
+/* Synchronous (extra: the GPUs of its two sides): done when the driver returns. */
+#define GS_BODY_COPY(name, params, args, slots) GS_BODY_COPY_(name, params, args, GS_UNPAIR slots)
+#define GS_BODY_COPY_(...) GS_BODY_COPY__(__VA_ARGS__)
+#define GS_BODY_COPY__(name, params, args, dst, src)                                               \
+    GS_BODY_MEMWORK(name, params, args, gs_gates_enter(&gg, GS_ID_##name, (dst), (src)), (void)0)
+/* On a stream (extra: the stream, the GPUs of its two sides): the stream's GPU's gate too; work on
+ * another GPU's memory is complete before the gates are left. */
+#define GS_BODY_SCOPY(name, params, args, sds) GS_BODY_SCOPY_(name, params, args, GS_UNTRIPLE sds)
+#define GS_UNTRIPLE(s, dst, src) s, dst, src
+#define GS_BODY_SCOPY_(...) GS_BODY_SCOPY__(__VA_ARGS__)
+#define GS_BODY_SCOPY__(name, params, args, stream, dst, src)                                      \
+    GS_BODY_MEMWORK(name, params, args, gs_gates_enter_stream(&gg, GS_ID_##name, (stream), (dst), (src)), \
+                    gs_gates_settle(stream))
+
 /* A launch: with a launch bound, waits (outside the gate) while the process's queue is full, and marks
  * the queue after the launch (in flight, so a release's drain sees the mark). Unbounded: one load and
  * a branch more. */

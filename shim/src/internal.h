@@ -247,13 +247,10 @@ extern atomic_int gs_count_calls;
 extern _Atomic uint64_t gs_calls[GS_HOOK_COUNT];
 void gs_gate_wait(void);
 
-/* Passes the gate of the calling thread's GPU (gs_dev_cur, picked by the caller): returns the GPU to
- * hand to gs_gate_leave, -1 for a GPU that is not shared (nothing to pass). */
-static inline int gs_gate_enter(int id)
+/* Passes the gate of GPU d, which is gs_dev_cur (a wait serves the calling thread's GPU): returns the
+ * GPU to hand to gs_gate_leave, -1 for a GPU that is not shared (nothing to pass). */
+static inline int gs_gate_pass(int d)
 {
-    if (GS_UNLIKELY(atomic_load_explicit(&gs_count_calls, memory_order_relaxed)))
-        atomic_fetch_add_explicit(&gs_calls[id], 1, memory_order_relaxed);
-    int d = gs_dev_cur;
     if (GS_UNLIKELY(d == GS_DEV_NONE))
         return -1;
     struct gs_gate_hot *h = &gs_hot[d];
@@ -265,11 +262,53 @@ static inline int gs_gate_enter(int id)
     return d;
 }
 
+/* Passes the gate of the calling thread's GPU (gs_dev_cur, picked by the caller), counting call id. */
+static inline int gs_gate_enter(int id)
+{
+    if (GS_UNLIKELY(atomic_load_explicit(&gs_count_calls, memory_order_relaxed)))
+        atomic_fetch_add_explicit(&gs_calls[id], 1, memory_order_relaxed);
+    return gs_gate_pass(gs_dev_cur);
+}
+
 static inline void gs_gate_leave(int d)
 {
     if (GS_LIKELY(d >= 0))
         atomic_fetch_sub_explicit(&gs_hot[d].word, GS_INFLIGHT_ONE, memory_order_release);
 }
+
+/*
+ * A copy or memset in the list form of several GPUs (hooks.def classes COPY and SCOPY) passes the gate
+ * of every GPU whose memory it touches: the GPU of each device pointer's swappable allocation (the memory
+ * manager's table), a pointer the table does not know counting as the current context's GPU (a
+ * synchronous call) or the stream's (a stream's); a stream's work always passes its stream's GPU too.
+ * The gates are passed in slot order, each waited for as a single gate is (GPUSHARE_WAIT_TIMEOUT_MS),
+ * so two threads copying in opposite directions wait in the same order. docs/multigpu.md.
+ */
+#define GS_DEV_CUR (-2)   /* a pointer the memory manager does not know: the call's default GPU */
+#define GS_DEV_NOMEM (-1) /* no device memory on that side (host memory, an array) */
+#define GS_GATES_MAX 3
+struct gs_gates {
+    int n;
+    int d[GS_GATES_MAX];
+};
+/* The GPU of the swappable allocation at p, else GS_DEV_CUR; with a context (a peer copy), that
+ * context's GPU instead. */
+int gs_dev_of_mem(CUdeviceptr p);
+int gs_dev_of_peer(CUdeviceptr p, CUcontext ctx);
+/* The GPUs of a 2D/3D copy's destination (dst 1) or source side. */
+int gs_dev_of_m2d(const CUDA_MEMCPY2D *m, int dst);
+int gs_dev_of_m3d(const CUDA_MEMCPY3D *m, int dst);
+int gs_dev_of_m3dpeer(const CUDA_MEMCPY3D_PEER *m, int dst);
+/* Passes the gates of a synchronous call's GPUs a and b (GS_DEV_CUR: the current context's); 0 (the
+ * work is done when the call returns). */
+int gs_gates_enter(struct gs_gates *g, int id, int a, int b);
+/* A stream's: its GPU's gate and those of a and b (GS_DEV_CUR: the stream's GPU). 1 when a or b is
+ * another GPU than the stream's: the work must be complete before those gates are left (gs_gates_settle). */
+int gs_gates_enter_stream(struct gs_gates *g, int id, CUstream s, int a, int b);
+/* Waits for the stream's work (its GPU may run it after another GPU's gate is left, when that GPU's
+ * memory may be swapped out); never while a stream captures (the work is then recorded, not run). */
+void gs_gates_settle(CUstream s);
+void gs_gates_leave(const struct gs_gates *g);
 
 /* ---- GPU quiescing (gpu.c) ---- */
 void gs_ctx_add(CUcontext ctx);

@@ -36,6 +36,8 @@ const char *const gs_hook_names[GS_HOOK_COUNT] = {
 /* Our wrapper for each hook; NULL for USE entries, which are never handed out. */
 #define GS_DECL_WORK(name, params) GS_EXPORT CUresult name params;
 #define GS_DECL_SWORK GS_DECL_WORK
+#define GS_DECL_COPY GS_DECL_WORK
+#define GS_DECL_SCOPY GS_DECL_WORK
 #define GS_DECL_LAUNCH GS_DECL_WORK
 #define GS_DECL_DEVGONE GS_DECL_WORK
 #define GS_DECL_CAPBEGIN GS_DECL_WORK
@@ -51,6 +53,8 @@ const char *const gs_hook_names[GS_HOOK_COUNT] = {
 
 #define GS_PTR_WORK(name) (void *)&name
 #define GS_PTR_SWORK GS_PTR_WORK
+#define GS_PTR_COPY GS_PTR_WORK
+#define GS_PTR_SCOPY GS_PTR_WORK
 #define GS_PTR_LAUNCH GS_PTR_WORK
 #define GS_PTR_DEVGONE GS_PTR_WORK
 #define GS_PTR_CAPBEGIN GS_PTR_WORK

@@ -29,6 +29,8 @@
  *     policy=F             POLICY flags=F right after WELCOME's LEDGER (before PACE), to clients of version 6 and
  *                          later (default 1: the environment may loosen pacing and waits; -1: no POLICY)
  *     grant=0              never answer an ACQUIRE (production keeps the GPU without a gap)
+ *     grant_file=PATH      an ACQUIRE after the first GRANT is answered only once PATH exists ("got
+ *                          ACQUIRE need=N; holding the GRANT back" meanwhile)
  *     pong=0               never answer a PING (a scheduler that no longer serves the queue)
  * Every message it gets or sends is a line on stdout: "got ACQUIRE need=N", "sent EVICT", "got USAGE
  * reason=R resident=N swapped=N", ...
@@ -94,6 +96,19 @@ static void send_value(int fd, uint16_t type, uint32_t v, const char *said)
     say(said, v, 0, 0);
 }
 
+/* GRANT of the next epoch, reserving need (at least what was reserved); the new epoch. */
+static uint32_t send_grant(int fd, uint32_t epoch, uint64_t need, uint64_t *reserved)
+{
+    struct gs_grant g;
+    memset(&g, 0, sizeof(g));
+    g.epoch = epoch + 1;
+    g.quantum_ms = 60000;
+    *reserved = need > *reserved ? need : *reserved;
+    g.resident = *reserved;
+    send_msg(fd, &g, GS_MSG_GRANT, GS_GRANT_SIZE);
+    return g.epoch;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -127,6 +142,7 @@ int main(int argc, char **argv)
     int policy = atoi(arg(argc, argv, "policy", "1"));
     int answer_acquire = atoi(arg(argc, argv, "grant", "1"));
     int pong = atoi(arg(argc, argv, "pong", "1"));
+    const char *grant_file = arg(argc, argv, "grant_file", NULL);
 
     int ls = socket(AF_UNIX, SOCK_STREAM, 0);
     struct sockaddr_un a;
@@ -142,11 +158,18 @@ int main(int argc, char **argv)
     int fd = -1, held = 0, revoked = 0;
     uint32_t epoch = 0;
     uint64_t stalled = 0, reserved = 0; /* stalled: the need of a MEMREQ not answered yet */
+    uint64_t held_back = 0;              /* an ACQUIRE's need + 1 while grant_file holds its GRANT back */
     unsigned char buf[4096];
     size_t have = 0;
     for (;;) {
         struct pollfd p = {.fd = fd >= 0 ? fd : ls, .events = POLLIN};
         int r = poll(&p, 1, 5);
+        if (fd >= 0 && held_back != 0 && exists(grant_file)) {
+            epoch = send_grant(fd, epoch, held_back - 1, &reserved);
+            held = 1;
+            say("sent the GRANT held back: need=%llu epoch=%llu\n", held_back - 1, epoch, 0);
+            held_back = 0;
+        }
         if (r > 0 && fd < 0) {
             fd = accept(ls, NULL, NULL);
             have = 0;
@@ -159,6 +182,7 @@ int main(int argc, char **argv)
                 close(fd);
                 fd = -1;
                 held = 0;
+                held_back = 0;
                 continue;
             }
             have += (size_t)n;
@@ -238,14 +262,13 @@ int main(int argc, char **argv)
             } else if (h.type == GS_MSG_ACQUIRE) {
                 struct gs_acquire q;
                 memcpy(&q, m, sizeof(q));
-                struct gs_grant g;
-                memset(&g, 0, sizeof(g));
-                g.epoch = ++epoch;
-                g.quantum_ms = 60000;
-                reserved = q.need > reserved ? q.need : reserved;
-                g.resident = reserved;
+                if (grant_file != NULL && epoch > 0 && !exists(grant_file)) {
+                    held_back = q.need + 1;
+                    say("got ACQUIRE need=%llu; holding the GRANT back\n", q.need, 0, 0);
+                    continue;
+                }
+                epoch = send_grant(fd, epoch, q.need, &reserved);
                 held = 1;
-                send_msg(fd, &g, GS_MSG_GRANT, GS_GRANT_SIZE);
                 say("got ACQUIRE need=%llu; sent GRANT epoch=%llu\n", q.need, epoch, 0);
             } else if (h.type == GS_MSG_RELEASE) {
                 held = 0;

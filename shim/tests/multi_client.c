@@ -35,6 +35,20 @@
  *                            (cuMemcpyDtoH, its device current) and prints "multi
  *                            oversub d0_total=T d1_total=T d1_over=R intact=B" (T: cuMemGetInfo's total
  *                            with that device current; B 1 when every byte came back as written)
+ *   multi_client xcopy K N GO (K: dtoh, peer or async)
+ *                            one block of N bytes on each device (0xa0 on device 0, 0xb1 on device 1),
+ *                            prints "multi xcopy ready", waits up to 20 s for the file GO (the test
+ *                            creates it once device 1's memory was swapped out), then with device 0
+ *                            current: dtoh reads device 1's block (cuMemcpyDtoH); peer copies device 0's
+ *                            block onto device 1's (cuMemcpyPeer) and reads it back; async copies it
+ *                            on a stream of device 0 (cuMemcpyDtoDAsync) and reads device 1's block where
+ *                            the stub keeps it, without synchronizing (the copy is done when the call
+ *                            returns); prints "multi xcopy K r=R intact=B"
+ *   multi_client cross N GO  two blocks of N bytes on each device, then (after GO, as xcopy) two threads
+ *                            at once, 20 times each: one with device 0 current copies a block of device
+ *                            0 onto one of device 1 (cuMemcpyPeer), the other with device 1 current a
+ *                            block of device 1 onto one of device 0 (cuMemcpyDtoD); prints "multi cross
+ *                            r=R intact=B"
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -70,6 +84,10 @@ typedef CUresult (*unmap_fn)(CUdeviceptr, size_t);
 typedef CUresult (*access_fn)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
 typedef CUresult (*retainh_fn)(CUmemGenericAllocationHandle *, void *);
 typedef CUresult (*release_fn)(CUmemGenericAllocationHandle);
+
+typedef CUresult (*peer_fn)(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size_t);
+typedef CUresult (*dtod_fn)(CUdeviceptr, CUdeviceptr, size_t);
+typedef CUresult (*dtodasync_fn)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
 
 static gpa2_fn gpa;
 static CUcontext ctx[2];
@@ -290,11 +308,87 @@ static int oversub(size_t n0, size_t n1, const char *go)
     return 0;
 }
 
+/* One block of n bytes of v on device d (d current); 0 when it failed. */
+static CUdeviceptr block(int d, size_t n, unsigned char v)
+{
+    CUdeviceptr p = 0;
+    if (fill(d, 1, n, &p) != CUDA_SUCCESS || ((memset_fn)sym("cuMemsetD8"))(p, v, n) != CUDA_SUCCESS)
+        return 0;
+    return p;
+}
+
+static void ready(const char *mode)
+{
+    use(0);
+    printf("multi %s ready\n", mode);
+    fflush(stdout);
+}
+
+static int xcopy(const char *kind, size_t n, const char *go)
+{
+    CUdeviceptr a = block(0, n, 0xa0), b = block(1, n, 0xb1);
+    ready("xcopy");
+    int ok = a != 0 && b != 0 && wait_file(go);
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    use(0);
+    if (ok && !strcmp(kind, "dtoh")) {
+        r = CUDA_SUCCESS;
+        ok = holds(b, n, 0xb1); /* device 1's memory, device 0 current */
+    } else if (ok && !strcmp(kind, "peer")) {
+        r = ((peer_fn)sym("cuMemcpyPeer"))(b, ctx[1], a, ctx[0], n);
+        ok = r == CUDA_SUCCESS && holds(b, n, 0xa0);
+    } else if (ok && !strcmp(kind, "async")) {
+        r = ((dtodasync_fn)sym("cuMemcpyDtoDAsync"))(b, a, n, stream_of(0, 0));
+        /* done when the call returns: read where the stub's device memory is, without synchronizing */
+        const unsigned char *v = (const unsigned char *)(uintptr_t)b;
+        for (size_t i = 0; r == CUDA_SUCCESS && ok && i < n; i++)
+            ok = v[i] == 0xa0;
+        ok = ok && r == CUDA_SUCCESS && holds(b, n, 0xa0);
+    }
+    printf("multi xcopy %s r=%d intact=%d\n", kind, r, ok);
+    return 0;
+}
+
+struct cross {
+    int cur;
+    CUdeviceptr dst, src;
+    size_t n;
+    CUresult r;
+};
+
+static void *cross_main(void *arg)
+{
+    struct cross *c = arg;
+    use(c->cur);
+    for (int i = 0; i < 20 && c->r == CUDA_SUCCESS; i++)
+        c->r = c->cur == 0 ? ((peer_fn)sym("cuMemcpyPeer"))(c->dst, ctx[1], c->src, ctx[0], c->n)
+                           : ((dtod_fn)sym("cuMemcpyDtoD"))(c->dst, c->src, c->n);
+    return NULL;
+}
+
+static int cross(size_t n, const char *go)
+{
+    CUdeviceptr a = block(0, n, 0xa0), d = block(0, n, 0xd0), b = block(1, n, 0xb1), c = block(1, n, 0xc1);
+    ready("cross");
+    int ok = a != 0 && b != 0 && c != 0 && d != 0 && wait_file(go);
+    struct cross t[2] = {{0, b, a, n, CUDA_SUCCESS}, {1, d, c, n, CUDA_SUCCESS}};
+    pthread_t th[2];
+    for (int i = 0; ok && i < 2; i++)
+        ok = pthread_create(&th[i], NULL, cross_main, &t[i]) == 0;
+    for (int i = 0; ok && i < 2; i++)
+        pthread_join(th[i], NULL);
+    CUresult r = t[0].r != CUDA_SUCCESS ? t[0].r : t[1].r;
+    use(0);
+    ok = ok && r == CUDA_SUCCESS && holds(b, n, 0xa0) && holds(d, n, 0xc1);
+    printf("multi cross r=%d intact=%d\n", r, ok);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     void *h = dlopen("libcuda.so.1", RTLD_NOW);
     if (h == NULL || argc < 2) {
-        fprintf(stderr, "usage: multi_client cap L0 L1 | launch D | locks GO | info | launches N C GO | acopy | vmm | oversub N0 N1 GO\n");
+        fprintf(stderr, "usage: multi_client cap L0 L1 | launch D | locks GO | info | launches N C GO | acopy | vmm | oversub N0 N1 GO | xcopy dtoh|peer|async N GO | cross N GO\n");
         return 2;
     }
     gpa = (gpa2_fn)dlsym(h, "cuGetProcAddress_v2");
@@ -349,6 +443,10 @@ int main(int argc, char **argv)
     }
     if (!strcmp(argv[1], "oversub") && argc == 5)
         return oversub(strtoull(argv[2], NULL, 10), strtoull(argv[3], NULL, 10), argv[4]);
+    if (!strcmp(argv[1], "xcopy") && argc == 5)
+        return xcopy(argv[2], strtoull(argv[3], NULL, 10), argv[4]);
+    if (!strcmp(argv[1], "cross") && argc == 4)
+        return cross(strtoull(argv[2], NULL, 10), argv[3]);
     if (!strcmp(argv[1], "info")) {
         printf("multi info d0_total=%zu d1_total=%zu\n", total_of(0), total_of(1));
         return 0;

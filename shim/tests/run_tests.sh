@@ -1116,6 +1116,69 @@ else
 fi
 stop_two
 
+# 44. A copy finds the GPUs of the memory it touches: oversubscription on both GPUs, device 1's scheduler
+# evicts at each release and, after its first grant, holds every GRANT back until the test allows it.
+# Once device 1's memory is swapped out, with device 0 current, a copy of device 1's memory (dtoh) and a
+# peer copy from device 0 to device 1 (peer) wait for device 1's grant (the copy has not returned while
+# it is held back), then device 1's memory is swapped in and every byte is right.
+xcopy() { # KIND VAR=VALUE...: multi_client xcopy KIND; 0 when it waited for device 1's grant and its bytes are right
+    local kind=$1
+    shift
+    rm -f "$M1/go" "$M1/grant"
+    start_two -- evict_on_release=1 grant_file="$M1/grant"
+    run_multi GPUSHARE_OVERSUB="$G0=1,$G1=1" GPUSHARE_IDLE_MS=20 "$@" \
+        timeout 20 "$MULTI" xcopy "$kind" $((1 << 20)) "$M1/go" >"$M1/out" 2>"$M1/err" &
+    local pm=$! ok=1
+    wait_for 20 grep -q "got USAGE reason=1 resident=0 swapped=[1-9]" "$M1/sched.log" || ok=0
+    touch "$M1/go"
+    wait_for 20 grep -q "holding the GRANT back" "$M1/sched.log" || ok=0
+    grep -q "multi xcopy $kind r=" "$M1/out" && ok=0 # done without device 1's grant
+    touch "$M1/grant"
+    wait "$pm" || ok=0
+    grep -q "multi xcopy $kind r=0 intact=1" "$M1/out" || ok=0
+    stop_two
+    return $((1 - ok))
+}
+if xcopy dtoh; then
+    pass "several GPUs: a copy of device 1's swappable memory with device 0 current waits for device 1's lock"
+else
+    fail "copy of another GPU's memory" "$(cat "$M1/out" "$M1/err" "$M0/sched.log" "$M1/sched.log")"
+fi
+if xcopy peer; then
+    pass "several GPUs: a peer copy between two GPUs' swappable memory waits for both GPUs' locks"
+else
+    fail "peer copy" "$(cat "$M1/out" "$M1/err" "$M0/sched.log" "$M1/sched.log")"
+fi
+# The same copy on a stream of device 0 (cuMemcpyDtoDAsync): device 1's lock too, and the copy is done
+# before the call returns (device 1's release drains device 1's streams only); each copy takes 50 ms.
+if xcopy async GPUSHARE_STUB_COPY_US=50000; then
+    pass "several GPUs: a copy on one GPU's stream onto another GPU's swappable memory waits for both locks and is done on return"
+else
+    fail "async copy across GPUs" "$(cat "$M1/out" "$M1/err" "$M0/sched.log" "$M1/sched.log")"
+fi
+
+# Two threads copy at once in opposite directions (0->1 with device 0 current, 1->0 with device 1
+# current), both GPUs' memory swapped out, device 1's grant held back until both wait: both finish
+# and every byte is right.
+rm -f "$M0/go" "$M1/grant"
+start_two evict_on_release=1 -- evict_on_release=1 grant_file="$M1/grant"
+run_multi GPUSHARE_OVERSUB="$G0=1,$G1=1" GPUSHARE_IDLE_MS=20 \
+    timeout 20 "$MULTI" cross $((1 << 20)) "$M0/go" >"$M0/out" 2>"$M0/err" &
+pm=$!
+ok=1
+wait_for 20 grep -q "got USAGE reason=1 resident=0 swapped=[1-9]" "$M0/sched.log" || ok=0
+wait_for 20 grep -q "got USAGE reason=1 resident=0 swapped=[1-9]" "$M1/sched.log" || ok=0
+touch "$M0/go"
+wait_for 20 grep -q "holding the GRANT back" "$M1/sched.log" || ok=0
+touch "$M1/grant"
+wait "$pm" || ok=0
+if [ "$ok" = 1 ] && grep -q "multi cross r=0 intact=1" "$M0/out"; then
+    pass "several GPUs: two threads copying between two GPUs in opposite directions both finish"
+else
+    fail "opposite copies" "ok=$ok $(cat "$M0/out" "$M0/err" "$M0/sched.log" "$M1/sched.log")"
+fi
+stop_two
+
 if [ "$fails" -ne 0 ]; then
     echo "$fails shim test(s) failed"
     exit 1

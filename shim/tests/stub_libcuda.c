@@ -464,6 +464,8 @@ __attribute__((visibility("hidden"))) int stub_cur_dev(void)
     STUB_EXPORT CUresult name params { (void)(dev); contexts_gone(); return CUDA_SUCCESS; }
 #define STUB_LAUNCH STUB_WORK
 #define STUB_SWORK STUB_WORK
+#define STUB_COPY STUB_WORK
+#define STUB_SCOPY STUB_WORK
 #define STUB_PROC(name, params, args, extra)
 #define STUB_USE(name, params, args, extra) STUB_EXPORT CUresult name params;
 #define GS_HOOK(cls, name, params, args, extra) STUB_##cls(name, params, args, extra)
@@ -588,6 +590,8 @@ STUB_EXPORT CUresult cuCtxSynchronize(void)
 #define STUB_ENTRY_ANY(name, params, args, extra) STUB_ENTRY(name)
 #define STUB_T_WORK STUB_ENTRY_ANY
 #define STUB_T_SWORK STUB_ENTRY_ANY
+#define STUB_T_COPY STUB_ENTRY_ANY
+#define STUB_T_SCOPY STUB_ENTRY_ANY
 #define STUB_T_CAPBEGIN STUB_ENTRY_ANY
 #define STUB_T_CAPEND STUB_ENTRY_ANY
 #define STUB_T_CTXNEW STUB_ENTRY_ANY

@@ -655,6 +655,15 @@ static void op_xor(uint64_t *a)
 COPY(cuMemcpyHtoD_v2, CUdeviceptr, const void *, 1)
 COPY(cuMemcpyDtoH_v2, void *, CUdeviceptr, 1)
 COPY(cuMemcpyDtoD_v2, CUdeviceptr, CUdeviceptr, 1)
+/* a peer copy: device memory is host memory, whichever GPU each side is on */
+STUB_EXPORT CUresult cuMemcpyPeer(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t n);
+STUB_EXPORT CUresult cuMemcpyPeer(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t n)
+{
+    (void)dctx, (void)sctx;
+    if (stub_capture_conflict("cuMemcpyPeer", NULL, 1) != CUDA_SUCCESS)
+        return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+    return stub_enqueue("cuMemcpyPeer", op_copy, dst, src, n, 0, 1);
+}
 COPYA(cuMemcpyHtoDAsync_v2, CUdeviceptr, const void *, (const void *)src, op_copy)
 COPYA(cuMemcpyDtoHAsync_v2, void *, CUdeviceptr, (const void *)dst, op_copy_out)
 COPYA(cuMemcpyDtoDAsync_v2, CUdeviceptr, CUdeviceptr, (const void *)NULL, op_copy)

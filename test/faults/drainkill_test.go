@@ -1,7 +1,7 @@
 package faults
 
 import (
-	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -49,21 +49,22 @@ func startWithAudit(t *testing.T, dir string) (*testenv.Env, string) {
 	return env, log
 }
 
-// evictions counts the eviction requests of a pod the API server answered, whatever the answer.
+// evictions counts the eviction requests of a pod the API server answered, whatever the answer. The
+// API server appends each event after its response, so a line still being written (no newline yet) is
+// not counted.
 func evictions(t *testing.T, log, ns, name string) int {
 	t.Helper()
-	f, err := os.Open(log)
+	b, err := os.ReadFile(log)
 	if os.IsNotExist(err) {
 		return 0
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = f.Close() }()
+	lines := bytes.Split(b, []byte("\n"))
+	lines = lines[:len(lines)-1] // after the last newline: empty, or a line not complete yet
 	n := 0
-	s := bufio.NewScanner(f)
-	s.Buffer(make([]byte, 1<<20), 1<<20)
-	for s.Scan() {
+	for _, line := range lines {
 		var ev struct {
 			Verb      string `json:"verb"`
 			Stage     string `json:"stage"`
@@ -71,7 +72,7 @@ func evictions(t *testing.T, log, ns, name string) int {
 				Resource, Subresource, Namespace, Name string
 			} `json:"objectRef"`
 		}
-		if err := json.Unmarshal(s.Bytes(), &ev); err != nil {
+		if err := json.Unmarshal(line, &ev); err != nil {
 			t.Fatal(err)
 		}
 		o := ev.ObjectRef
@@ -153,8 +154,8 @@ func TestAgentKilledMidDrainResumesWithoutEvictingTwice(t *testing.T) {
 	wait.UntilOK(t, 60*time.Second, func() (bool, error) {
 		got := &corev1.Pod{}
 		err := env.Client.Get(ctx, client.ObjectKeyFromObject(pod), got)
-		return err == nil && got.DeletionTimestamp != nil, err
-	}, "the first agent evicting the pod")
+		return err == nil && got.DeletionTimestamp != nil && evictions(t, audit, ns, pod.Name) > 0, err
+	}, "the first agent evicting the pod (the pod terminating, the eviction in the audit log)")
 	first.kill(t)
 	if n := evictions(t, audit, ns, pod.Name); n != 1 {
 		t.Fatalf("the first agent asked %d evictions before the kill, want 1", n)

@@ -7,8 +7,9 @@ import (
 	"strconv"
 )
 
-// gangKey is the gang of the client whose kernel pid is pid: Options.GangKey's, else its session
-// ("session:<sid>"), "" where the kernel gave no pid or the process is gone.
+// gangKey is the gang of the client whose kernel pid is pid: Options.GangKey's, else the sid field of
+// its /proc stat ("sid:<sid>": a job started under setsid); "" where the kernel gave no pid or the
+// process is gone.
 func (s *Scheduler) gangKey(pid int32) string {
 	if pid == 0 {
 		return ""
@@ -17,7 +18,7 @@ func (s *Scheduler) gangKey(pid int32) string {
 		return s.opts.GangKey(pid)
 	}
 	if sid, ok := sessionOf("/proc", pid); ok {
-		return "session:" + strconv.Itoa(int(sid))
+		return "sid:" + strconv.Itoa(int(sid))
 	}
 	return ""
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -268,8 +270,27 @@ func TestSessionOfReadsTheStatLine(t *testing.T) {
 	if _, ok := sessionOf(dir, 43); ok {
 		t.Error("sessionOf found a session for a pid with no stat")
 	}
-	if sid, ok := sessionOf("/proc", int32(os.Getpid())); !ok || sid <= 0 {
-		t.Errorf("sessionOf(self) = %d, %v", sid, ok)
+	// Session 0: the leader is outside the reader's PID namespace, so the process has no session to name.
+	if err := os.MkdirAll(filepath.Join(dir, "44"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "44", "stat"), []byte("44 (py) S 1 0 0 0 -1 0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if sid, ok := sessionOf(dir, 44); ok {
+		t.Errorf("sessionOf(session 0) = %d, true; want none", sid)
+	}
+	// A real process that leads its own session: the stat line of the live /proc names it.
+	// (The test process itself may belong to a session whose leader is outside this PID
+	// namespace, where the kernel reports session 0.)
+	child := exec.Command("sleep", "60")
+	child.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = child.Process.Kill(); _ = child.Wait() })
+	if sid, ok := sessionOf("/proc", int32(child.Process.Pid)); !ok || sid != int32(child.Process.Pid) {
+		t.Errorf("sessionOf(session leader %d) = %d, %v", child.Process.Pid, sid, ok)
 	}
 }
 

@@ -146,52 +146,23 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	if o.Clock == nil {
 		o.Clock = clock.RealClock{}
 	}
-	// The MPS manager notices daemon deaths and client changes between passes; it wakes the reconciler
-	// through a channel so the status shows them without waiting for the resync.
-	wake := make(chan event.GenericEvent, 1)
-	notify := func(string) {
-		select {
-		case wake <- event.GenericEvent{Object: &v1alpha1.GPUNode{}}:
-		default: // a pass is already queued
-		}
-	}
-	// One set of agent and scheduler series per process, labelled by node and GPU: the agents of one
-	// process (the demo) share what the first registered.
-	agentMetrics, err := node.NewMetrics(metrics.Registry)
+	wake, notify := wakeup()
+	agentMetrics, schedMetrics, err := registerMetrics()
 	if err != nil {
-		return fmt.Errorf("registering the agent's metrics: %w", err)
-	}
-	schedMetrics, err := scheduler.NewMetrics(metrics.Registry)
-	if err != nil {
-		return fmt.Errorf("registering the shim scheduler's metrics: %w", err)
+		return err
 	}
 	mpsMgr := mps.New(mps.Config{Control: o.MPSControl, Root: o.MPSRoot, Launcher: o.MPSLauncher, ShmSize: o.MPSShmSize, Runner: run, Notify: notify, Clock: o.Clock})
 	if err := mgr.Add(runnable(mpsMgr.Run)); err != nil {
 		return err
 	}
 	pods := podResolver(mgr, o)
-	var shim *node.ShimSchedulers
-	if o.SchedulerRoot != "" {
-		reserve := o.OversubReserve
-		if reserve == 0 {
-			reserve = node.DefaultOversubReserve
-		}
-		// Clients connecting and leaving wake a pass, which publishes them: no polling of the schedulers.
-		shim = &node.ShimSchedulers{Root: o.SchedulerRoot, Reserve: reserve, Headroom: node.DefaultOversubHeadroom, Metrics: schedMetrics, Clock: o.Clock,
-			Notify: func() { notify("") }, Guards: shimGuards(o, pods)}
-		if err := mgr.Add(runnable(shim.Run)); err != nil {
-			return err
-		}
+	shim, err := setupShim(mgr, o, schedMetrics, pods, notify)
+	if err != nil {
+		return err
 	}
-	// The health watcher waits on NVML events (critical Xids) in its own goroutine and wakes a pass when
-	// a GPU turns unhealthy; the pass publishes Healthy=False and the device plugin stops advertising it.
-	var hw *health.Watcher
-	if src, ok := o.GPU.(health.Source); ok && o.Health != nil {
-		hw = health.New(health.Config{Source: src, Disabled: o.Health.Disabled, IgnoredXids: o.Health.IgnoredXids, Notify: notify, Clock: o.Clock})
-		hlog := mgr.GetLogger().WithName("health")
-		if err := mgr.Add(runnable(func(ctx context.Context) error { return hw.Run(ctrl.LoggerInto(ctx, hlog)) })); err != nil {
-			return err
-		}
+	hw, err := setupHealth(mgr, o, notify)
+	if err != nil {
+		return err
 	}
 	r := &node.Reconciler{
 		Client:             mgr.GetClient(),
@@ -241,6 +212,67 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		return fmt.Errorf("setting up the GPUNode reconciler: %w", err)
 	}
 	return nil
+}
+
+// wakeup is how the MPS manager (daemon deaths, client changes), the shim schedulers and the health
+// watcher wake the reconciler between passes, so the status shows what they saw without waiting for
+// the resync. notify never blocks: a full channel means a pass is already queued.
+func wakeup() (chan event.GenericEvent, func(string)) {
+	wake := make(chan event.GenericEvent, 1)
+	return wake, func(string) {
+		select {
+		case wake <- event.GenericEvent{Object: &v1alpha1.GPUNode{}}:
+		default:
+		}
+	}
+}
+
+// registerMetrics registers one set of agent and scheduler series per process, labelled by node and
+// GPU: the agents of one process (the demo) share what the first registered.
+func registerMetrics() (*node.Metrics, *scheduler.Metrics, error) {
+	agentMetrics, err := node.NewMetrics(metrics.Registry)
+	if err != nil {
+		return nil, nil, fmt.Errorf("registering the agent's metrics: %w", err)
+	}
+	schedMetrics, err := scheduler.NewMetrics(metrics.Registry)
+	if err != nil {
+		return nil, nil, fmt.Errorf("registering the shim scheduler's metrics: %w", err)
+	}
+	return agentMetrics, schedMetrics, nil
+}
+
+// setupShim adds the shim's per-GPU schedulers when o.SchedulerRoot is set (nil otherwise). Clients
+// connecting and leaving wake a pass through notify, which publishes them: no polling of the schedulers.
+func setupShim(mgr ctrl.Manager, o Options, m *scheduler.Metrics, pods *podpid.Resolver, notify func(string)) (*node.ShimSchedulers, error) {
+	if o.SchedulerRoot == "" {
+		return nil, nil
+	}
+	reserve := o.OversubReserve
+	if reserve == 0 {
+		reserve = node.DefaultOversubReserve
+	}
+	shim := &node.ShimSchedulers{Root: o.SchedulerRoot, Reserve: reserve, Headroom: node.DefaultOversubHeadroom, Metrics: m, Clock: o.Clock,
+		Notify: func() { notify("") }, Guards: shimGuards(o, pods)}
+	if err := mgr.Add(runnable(shim.Run)); err != nil {
+		return nil, err
+	}
+	return shim, nil
+}
+
+// setupHealth adds the health watcher where the GPU source gives events (nil otherwise). It waits on
+// NVML events (critical Xids) in its own goroutine and wakes a pass when a GPU turns unhealthy; the
+// pass publishes Healthy=False and the device plugin stops advertising it.
+func setupHealth(mgr ctrl.Manager, o Options, notify func(string)) (*health.Watcher, error) {
+	src, ok := o.GPU.(health.Source)
+	if !ok || o.Health == nil {
+		return nil, nil
+	}
+	hw := health.New(health.Config{Source: src, Disabled: o.Health.Disabled, IgnoredXids: o.Health.IgnoredXids, Notify: notify, Clock: o.Clock})
+	hlog := mgr.GetLogger().WithName("health")
+	if err := mgr.Add(runnable(func(ctx context.Context) error { return hw.Run(ctrl.LoggerInto(ctx, hlog)) })); err != nil {
+		return nil, err
+	}
+	return hw, nil
 }
 
 // DevicePluginConfig is the device plugin configuration Setup uses: cfg with its MPS root taken from

@@ -88,19 +88,7 @@ func dynamicMIG(g v1alpha1.GPUStatus, pending map[string][]nvgpu.Placement) (*re
 			unhealthy[pl] = in.Unhealthy
 		}
 	}
-	counters := map[string]resourcev1.Counter{}
-	one := *resource.NewQuantity(1, resource.DecimalSI)
-	compute, memSlices := int32(0), 0
-	for _, p := range g.MIGProfiles {
-		compute = max(compute, p.SliceCount)
-		for _, pl := range p.Placements {
-			memSlices = max(memSlices, int(pl.Start+pl.Size))
-		}
-	}
-	for i := 0; i < memSlices; i++ {
-		counters[memorySliceCounter(i)] = resourcev1.Counter{Value: one}
-	}
-	counters[counterCompute] = resourcev1.Counter{Value: *resource.NewQuantity(int64(compute), resource.DecimalSI)}
+	counters := gpuCounters(g)
 	set := counterSetName(g.Index)
 	var out []offer
 	places := map[string]dynPlacement{}
@@ -117,37 +105,12 @@ func dynamicMIG(g v1alpha1.GPUStatus, pending map[string][]nvgpu.Placement) (*re
 			if overlapsAny(pl, blocked) || overlapsAny(pl, withheld) {
 				continue
 			}
-			consumes := map[string]resourcev1.Counter{counterCompute: {Value: *resource.NewQuantity(int64(p.SliceCount), resource.DecimalSI)}}
-			for i := pl.Start; i < pl.End(); i++ {
-				consumes[memorySliceCounter(i)] = resourcev1.Counter{Value: one}
-			}
-			if limited {
-				consumes[profileCounter(p.ID)] = resourcev1.Counter{Value: one}
-			}
-			name := fmt.Sprintf("gpu-%d-mig-%s-%d", g.Index, dnsLabel(p.Name), pl.Start)
-			dev := resourcev1.Device{
-				Name: name,
-				Attributes: map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{
-					AttrParentUUID:        str(g.UUID),
-					AttrIndex:             integer(int64(g.Index)),
-					AttrProductName:       str(g.Product),
-					AttrStrategy:          str(string(v1alpha1.StrategyMIG)),
-					AttrShare:             str(ShareMIGDynamic),
-					AttrReplicas:          integer(1),
-					AttrOversubscribed:    boolean(false),
-					AttrMIGProfile:        str(p.Name),
-					AttrMIGPlacementStart: integer(int64(pl.Start)),
-					AttrMIGPlacementSize:  integer(int64(pl.Size)),
-				},
-				ConsumesCounters: []resourcev1.DeviceCounterConsumption{{CounterSet: set, Counters: consumes}},
-			}
+			dev := placementDevice(g, p, pl, set, limited)
+			name := dev.Name
 			if msg, ok := unhealthy[pl]; ok {
 				// Its claim keeps the allocation and its pod keeps running; no claim gets the placement
 				// again while the instance lives (the instance's destroy takes the taint away).
 				dev.Taints = []resourcev1.DeviceTaint{unhealthyTaint(msg)}
-			}
-			if p.Memory != nil {
-				dev.Capacity = map[resourcev1.QualifiedName]resourcev1.DeviceCapacity{CapacityMemory: {Value: *p.Memory}}
 			}
 			out = append(out, offer{dev: dev, share: share.Device{
 				ID: name, Kind: share.KindMIG, GPUUUID: g.UUID, GPUIndex: g.Index, MIGProfile: p.Name, Healthy: true,
@@ -157,6 +120,59 @@ func dynamicMIG(g v1alpha1.GPUStatus, pending map[string][]nvgpu.Placement) (*re
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].dev.Name < out[j].dev.Name })
 	return &resourcev1.CounterSet{Name: set, Counters: counters}, out, places
+}
+
+// gpuCounters is a dynamic GPU's counter set: one counter per memory slice and one for its compute
+// slices, as many as its largest profile uses.
+func gpuCounters(g v1alpha1.GPUStatus) map[string]resourcev1.Counter {
+	counters := map[string]resourcev1.Counter{}
+	one := *resource.NewQuantity(1, resource.DecimalSI)
+	compute, memSlices := int32(0), 0
+	for _, p := range g.MIGProfiles {
+		compute = max(compute, p.SliceCount)
+		for _, pl := range p.Placements {
+			memSlices = max(memSlices, int(pl.Start+pl.Size))
+		}
+	}
+	for i := 0; i < memSlices; i++ {
+		counters[memorySliceCounter(i)] = resourcev1.Counter{Value: one}
+	}
+	counters[counterCompute] = resourcev1.Counter{Value: *resource.NewQuantity(int64(compute), resource.DecimalSI)}
+	return counters
+}
+
+// placementDevice is the device for profile p at placement pl: it consumes the profile's compute
+// slices, the memory slices pl covers and, where the profile has fewer instances than placements
+// (limited), one of the profile's own counter.
+func placementDevice(g v1alpha1.GPUStatus, p v1alpha1.MIGProfile, pl nvgpu.Placement, set string, limited bool) resourcev1.Device {
+	one := *resource.NewQuantity(1, resource.DecimalSI)
+	consumes := map[string]resourcev1.Counter{counterCompute: {Value: *resource.NewQuantity(int64(p.SliceCount), resource.DecimalSI)}}
+	for i := pl.Start; i < pl.End(); i++ {
+		consumes[memorySliceCounter(i)] = resourcev1.Counter{Value: one}
+	}
+	if limited {
+		consumes[profileCounter(p.ID)] = resourcev1.Counter{Value: one}
+	}
+	dev := resourcev1.Device{
+		Name: fmt.Sprintf("gpu-%d-mig-%s-%d", g.Index, dnsLabel(p.Name), pl.Start),
+		Attributes: map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{
+			AttrParentUUID:        str(g.UUID),
+			AttrIndex:             integer(int64(g.Index)),
+			AttrProductName:       str(g.Product),
+			AttrStrategy:          str(string(v1alpha1.StrategyMIG)),
+			AttrShare:             str(ShareMIGDynamic),
+			AttrReplicas:          integer(1),
+			AttrOversubscribed:    boolean(false),
+			AttrMIGProfile:        str(p.Name),
+			AttrMIGPlacementStart: integer(int64(pl.Start)),
+			AttrMIGPlacementSize:  integer(int64(pl.Size)),
+		},
+		ConsumesCounters: []resourcev1.DeviceCounterConsumption{{CounterSet: set, Counters: consumes}},
+	}
+	if p.Memory != nil {
+		dev.Capacity = map[resourcev1.QualifiedName]resourcev1.DeviceCapacity{CapacityMemory: {Value: *p.Memory}}
+	}
+	return dev
 }
 
 // unhealthyTaint marks the placement device of an instance a critical Xid hit. NoSchedule, not

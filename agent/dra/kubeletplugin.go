@@ -303,25 +303,9 @@ func (p *KubeletPlugin) prepare(ctx context.Context, cp checkpoint, c *resourcev
 	if c.Status.Allocation == nil {
 		return preparedClaim{}, false, errors.New("not allocated")
 	}
-	// The devices of each request, in allocation order. Results of other drivers are theirs to prepare.
-	var requests []string
-	byRequest := map[string][]resourcev1.DeviceRequestAllocationResult{}
-	for _, r := range c.Status.Allocation.Devices.Results {
-		if r.Driver != DriverName {
-			continue
-		}
-		if r.Pool != p.node {
-			return preparedClaim{}, false, fmt.Errorf("%w: %s/%s (this is %s)", ErrOtherPool, r.Pool, r.Device, p.node)
-		}
-		// A sized device is allocated to many claims, each with a share id; the scheduler keeps their sum
-		// within its capacity.
-		if owner := cp.holder(r.Device, c.UID); owner != "" && r.ShareID == nil {
-			return preparedClaim{}, false, fmt.Errorf("%w: %s is prepared for claim %s", ErrDeviceInUse, r.Device, owner)
-		}
-		if _, ok := byRequest[r.Request]; !ok {
-			requests = append(requests, r.Request)
-		}
-		byRequest[r.Request] = append(byRequest[r.Request], r)
+	requests, byRequest, err := p.ourResults(cp, c)
+	if err != nil {
+		return preparedClaim{}, false, err
 	}
 	pc := preparedClaim{Namespace: c.Namespace, Name: c.Name, Pods: reservedPods(c)}
 	var cdiDevices []cdispec.Device
@@ -330,34 +314,9 @@ func (p *KubeletPlugin) prepare(ctx context.Context, cp checkpoint, c *resourcev
 		for _, req := range unit {
 			results = append(results, byRequest[req]...)
 		}
-		devs := make([]share.Device, 0, len(results))
-		sized := make([]preparedDevice, len(results))
-		for i, r := range results {
-			d, ok := p.shares[r.Device]
-			if !ok {
-				return preparedClaim{}, false, fmt.Errorf("%w: %s", ErrDeviceNotPublished, r.Device)
-			}
-			if dp, ok := p.dynamic[r.Device]; ok {
-				md, err := p.prepareDynamic(ctx, c, r.Device, dp, d)
-				if err != nil {
-					return preparedClaim{}, false, err
-				}
-				devs = append(devs, md)
-				continue
-			}
-			if d.Sized {
-				var err error
-				if d, err = SizedLimits(d, r.ConsumedCapacity, p.cfg.ContextReserve); err != nil {
-					return preparedClaim{}, false, fmt.Errorf("%s: %w", r.Device, err)
-				}
-				sized[i] = sizedAmounts(d.GPUUUID, r.ConsumedCapacity)
-			}
-			if d.QoS != nil && d.Kind == share.KindMPS {
-				// Only MPS takes the class from the environment; under the shim the scheduler classifies
-				// each process by its pod itself.
-				d.Opportunistic = !p.production(ctx, c, d.QoS)
-			}
-			devs = append(devs, d)
+		devs, sized, err := p.unitShares(ctx, c, results)
+		if err != nil {
+			return preparedClaim{}, false, err
 		}
 		// One container asking for these shares gets what one container asking the device plugin for
 		// them gets: the same function decides it.
@@ -394,6 +353,67 @@ func (p *KubeletPlugin) prepare(ctx context.Context, cp checkpoint, c *resourcev
 		pc.Spec = spec
 	}
 	return pc, true, nil
+}
+
+// ourResults groups the claim's results of this driver by request, requests in allocation order;
+// results of other drivers are theirs to prepare. A result in another pool, or of a whole device the
+// checkpoint has prepared for another claim, is refused.
+func (p *KubeletPlugin) ourResults(cp checkpoint, c *resourcev1.ResourceClaim) ([]string, map[string][]resourcev1.DeviceRequestAllocationResult, error) {
+	var requests []string
+	byRequest := map[string][]resourcev1.DeviceRequestAllocationResult{}
+	for _, r := range c.Status.Allocation.Devices.Results {
+		if r.Driver != DriverName {
+			continue
+		}
+		if r.Pool != p.node {
+			return nil, nil, fmt.Errorf("%w: %s/%s (this is %s)", ErrOtherPool, r.Pool, r.Device, p.node)
+		}
+		// A sized device is allocated to many claims, each with a share id; the scheduler keeps their sum
+		// within its capacity.
+		if owner := cp.holder(r.Device, c.UID); owner != "" && r.ShareID == nil {
+			return nil, nil, fmt.Errorf("%w: %s is prepared for claim %s", ErrDeviceInUse, r.Device, owner)
+		}
+		if _, ok := byRequest[r.Request]; !ok {
+			requests = append(requests, r.Request)
+		}
+		byRequest[r.Request] = append(byRequest[r.Request], r)
+	}
+	return requests, byRequest, nil
+}
+
+// unitShares is the share each result of one GPU set stands for: a dynamic MIG placement created now,
+// a sized share with the limits of its consumed capacity, an MPS share with the claim's class. sized
+// holds, per result, the amounts a sized share consumed (zero for the others).
+func (p *KubeletPlugin) unitShares(ctx context.Context, c *resourcev1.ResourceClaim, results []resourcev1.DeviceRequestAllocationResult) (devs []share.Device, sized []preparedDevice, err error) {
+	devs = make([]share.Device, 0, len(results))
+	sized = make([]preparedDevice, len(results))
+	for i, r := range results {
+		d, ok := p.shares[r.Device]
+		if !ok {
+			return nil, nil, fmt.Errorf("%w: %s", ErrDeviceNotPublished, r.Device)
+		}
+		if dp, ok := p.dynamic[r.Device]; ok {
+			md, err := p.prepareDynamic(ctx, c, r.Device, dp, d)
+			if err != nil {
+				return nil, nil, err
+			}
+			devs = append(devs, md)
+			continue
+		}
+		if d.Sized {
+			if d, err = SizedLimits(d, r.ConsumedCapacity, p.cfg.ContextReserve); err != nil {
+				return nil, nil, fmt.Errorf("%s: %w", r.Device, err)
+			}
+			sized[i] = sizedAmounts(d.GPUUUID, r.ConsumedCapacity)
+		}
+		if d.QoS != nil && d.Kind == share.KindMPS {
+			// Only MPS takes the class from the environment; under the shim the scheduler classifies
+			// each process by its pod itself.
+			d.Opportunistic = !p.production(ctx, c, d.QoS)
+		}
+		devs = append(devs, d)
+	}
+	return devs, sized, nil
 }
 
 // holder is the claim other than self the checkpoint has device prepared for, or "".

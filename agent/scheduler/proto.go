@@ -476,22 +476,9 @@ func Decode(b []byte) (Message, error) {
 	p := b[HeaderSize:]
 	switch t {
 	case MsgHello:
-		m.PID = le.Uint32(p[0:])
-		m.Priority = Class(le.Uint32(p[4:]))
-		if m.Priority > ClassProduction {
-			return Message{}, fmt.Errorf("hello priority %d: %w", m.Priority, ErrBadField)
+		if err := decodeHello(p, &m); err != nil {
+			return Message{}, err
 		}
-		raw := p[8 : 8+UUIDLen]
-		n := bytes.IndexByte(raw, 0)
-		if n < 0 {
-			return Message{}, fmt.Errorf("hello uuid not NUL-terminated: %w", ErrBadField)
-		}
-		for _, c := range raw[n:] {
-			if c != 0 {
-				return Message{}, fmt.Errorf("hello uuid padding not zero: %w", ErrBadField)
-			}
-		}
-		m.GPUUUID = string(raw[:n])
 	case MsgWelcome:
 		m.ClientID = le.Uint32(p[0:])
 		m.QuantumMS = le.Uint32(p[4:])
@@ -552,22 +539,53 @@ func Decode(b []byte) (Message, error) {
 			return Message{}, err
 		}
 	case MsgUsage:
-		m.Reason = le.Uint32(p[0:])
-		if m.Reason > UsageProgress {
-			return Message{}, fmt.Errorf("usage reason %d: %w", m.Reason, ErrBadField)
-		}
-		if err := checkVersion(v, t, m.Reason); err != nil {
+		if err := decodeUsage(v, p, &m); err != nil {
 			return Message{}, err
 		}
-		m.Acks = le.Uint32(p[4:])
-		v := make([]uint64, 8)
-		for i := range v {
-			v[i] = le.Uint64(p[8+8*i:])
-		}
-		m.Need, m.Resident = v[0], v[1]
-		m.Stats = SwapStats{Swapped: v[2], SwapOuts: v[3], SwapIns: v[4], BytesOut: v[5], BytesIn: v[6], SwapNS: v[7]}
 	}
 	return m, nil
+}
+
+// decodeHello reads a hello's body: the client's pid, the class it asks for and the GPU it was
+// configured for, a NUL-terminated string with zero padding.
+func decodeHello(p []byte, m *Message) error {
+	m.PID = le.Uint32(p[0:])
+	m.Priority = Class(le.Uint32(p[4:]))
+	if m.Priority > ClassProduction {
+		return fmt.Errorf("hello priority %d: %w", m.Priority, ErrBadField)
+	}
+	raw := p[8 : 8+UUIDLen]
+	n := bytes.IndexByte(raw, 0)
+	if n < 0 {
+		return fmt.Errorf("hello uuid not NUL-terminated: %w", ErrBadField)
+	}
+	for _, c := range raw[n:] {
+		if c != 0 {
+			return fmt.Errorf("hello uuid padding not zero: %w", ErrBadField)
+		}
+	}
+	m.GPUUUID = string(raw[:n])
+	return nil
+}
+
+// decodeUsage reads a usage report of protocol version v: its reason, acknowledgements, need,
+// residency and swap counters.
+func decodeUsage(v uint16, p []byte, m *Message) error {
+	m.Reason = le.Uint32(p[0:])
+	if m.Reason > UsageProgress {
+		return fmt.Errorf("usage reason %d: %w", m.Reason, ErrBadField)
+	}
+	if err := checkVersion(v, MsgUsage, m.Reason); err != nil {
+		return err
+	}
+	m.Acks = le.Uint32(p[4:])
+	f := make([]uint64, 8)
+	for i := range f {
+		f[i] = le.Uint64(p[8+8*i:])
+	}
+	m.Need, m.Resident = f[0], f[1]
+	m.Stats = SwapStats{Swapped: f[2], SwapOuts: f[3], SwapIns: f[4], BytesOut: f[5], BytesIn: f[6], SwapNS: f[7]}
+	return nil
 }
 
 // ReadMessage reads one message from r, validating the header before reading

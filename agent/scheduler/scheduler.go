@@ -448,122 +448,36 @@ func peerPID(conn net.Conn) int32 {
 // connection ends or the peer misbehaves; either way its lease ends with it.
 func (s *Scheduler) serveConn(conn net.Conn, q *queue) {
 	defer func() { _ = conn.Close() }()
-	log := q.log
-	// Socket deadlines are wall-clock by nature, not scheduler time.
-	// Socket deadlines are compared by the kernel with the wall clock, so they take time.Now, not the
-	// injected clock (which decides quanta and grace).
-	_ = conn.SetReadDeadline(time.Now().Add(s.opts.HelloTimeout))
-	hello, err := ReadMessage(conn)
-	if err != nil || hello.Type != MsgHello {
-		log.V(1).Info("Dropping shim connection without a valid hello", "err", err, "type", hello.Type)
-		s.metrics.dropped.WithLabelValues(q.uuid, DropNoHello).Inc()
+	hello, ok := s.readHello(conn, q)
+	if !ok {
 		return
 	}
-	if hello.GPUUUID != "" && hello.GPUUUID != q.uuid {
-		log.Info("Refusing shim client configured for another GPU", "clientGPU", hello.GPUUUID, "pid", hello.PID)
-		return
-	}
-	_ = conn.SetReadDeadline(time.Time{})
 	kpid := s.peerPIDOf(conn)
 	pid := kpid
 	if pid == 0 {
 		pid = int32(hello.PID) // its word: shown, never used to choose its pod (classSource)
 	}
 
-	out := make(chan []byte, 64)
-	done := make(chan struct{})
-	var dropOnce sync.Once
-	drop := func() { dropOnce.Do(func() { _ = conn.Close() }) }
-	writerDone := make(chan struct{})
-	go func() {
-		defer close(writerDone)
-		for {
-			select {
-			case b := <-out:
-				_ = conn.SetWriteDeadline(time.Now().Add(s.opts.WriteTimeout))
-				if _, err := conn.Write(b); err != nil {
-					drop()
-					return
-				}
-			case <-done:
-				return
-			}
-		}
-	}()
-	send := func(b []byte) bool {
-		select {
-		case out <- b:
-			return true
-		default:
-			return false
-		}
-	}
+	w := startConnWriter(conn, s.opts.WriteTimeout)
 	src := s.classSource(kpid, hello.Priority)
-	lm, send := s.ledgerJoin(q, kpid, hello.Version, send, drop)
+	lm, send := s.ledgerJoin(q, kpid, hello.Version, w.send, w.drop)
 	defer s.book(q).leave(lm)
-	c := q.join(pid, src, hello.Version, send, drop)
+	c := q.join(pid, src, hello.Version, send, w.drop)
 	gang := s.gangKeyOf(kpid, hello)
 	q.joinGang(c, gang)
-	log.V(1).Info("Shim client connected", "client", c.id, "pid", pid, "class", q.className(c), "gang", gang)
+	q.log.V(1).Info("Shim client connected", "client", c.id, "pid", pid, "class", q.className(c), "gang", gang)
 	s.clientsChanged(q.uuid)
 	if src.fromPod && !src.known && kpid != 0 {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			s.reresolve(q, c, lm, kpid, hello.Priority, done)
+			s.reresolve(q, c, lm, kpid, hello.Priority, w.done)
 		}()
 	}
-	for {
-		m, err := readFrame(conn, s.opts.FrameTimeout)
-		if err != nil {
-			if !errors.Is(err, net.ErrClosed) && !isEOF(err) {
-				log.Info("Dropping shim client after a protocol error", "client", c.id, "pid", pid, "err", err.Error())
-				s.countDrop(q, err)
-			}
-			break
-		}
-		if m.Version != hello.Version {
-			log.Info("Dropping shim client that changed protocol version", "client", c.id, "pid", pid,
-				"hello", hello.Version, "frame", m.Version)
-			break
-		}
-		m = s.crossCheck(q, pid, m)
-		switch m.Type {
-		case MsgAcquire:
-			q.acquire(c, m.Need)
-		case MsgRelease:
-			q.release(c, m.Epoch, m.Resident)
-		case MsgMemReq:
-			q.memReq(c, m.Need)
-		case MsgUsage:
-			q.usage(c, m)
-		case MsgRejoin:
-			q.rejoin(c, m)
-		case MsgCharge, MsgReturn:
-			err = s.ledgerMessage(q, lm, m)
-		case MsgPing:
-			q.pong(c, m.Seq)
-		case MsgPacing:
-			if q.pacing(c, m) {
-				s.clientsChanged(q.uuid)
-			}
-		default:
-			log.Info("Dropping shim client that sent an unexpected message", "client", c.id, "pid", pid, "type", m.Type)
-			q.leave(c)
-			close(done)
-			<-writerDone
-			s.clientsChanged(q.uuid)
-			return
-		}
-		if err != nil {
-			log.Info("Dropping shim client after a protocol error", "client", c.id, "pid", pid, "err", err.Error())
-			break
-		}
-	}
+	s.readClient(conn, q, c, lm, pid, hello.Version)
 	q.leave(c)
-	close(done)
-	<-writerDone
-	log.V(1).Info("Shim client disconnected", "client", c.id, "pid", pid)
+	w.stop()
+	q.log.V(1).Info("Shim client disconnected", "client", c.id, "pid", pid)
 	s.clientsChanged(q.uuid)
 }
 

@@ -1,8 +1,13 @@
 package main
 
 import (
+	"flag"
+	"io"
+	"strings"
 	"testing"
 	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/gpusharing/gpusharing/agent/dra"
 )
@@ -141,5 +146,25 @@ func TestParseSetsTheContextReserve(t *testing.T) {
 	}
 	if o, _ := parse([]string{"--mps-server-memory=100Mi"}); o.mpsServerMemory != 100<<20 {
 		t.Errorf("--mps-server-memory=100Mi: %d", o.mpsServerMemory)
+	}
+}
+
+// A memory flag refuses what it cannot use, with the reason; an unset optional one stays nil.
+func TestQuantityFlagsRefuseWhatTheyCannotUse(t *testing.T) {
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	shm := quantityFlag(fs, "shm", resource.NewQuantity(2<<30, resource.BinarySI), true, "shm")
+	reserve := memoryFlag(fs, "reserve", 1<<20, "reserve")
+	overhead := quantityFlag(fs, "overhead", nil, false, "overhead")
+	for _, bad := range [][]string{{"--shm=0"}, {"--shm=-1Mi"}, {"--reserve=-1"}, {"--reserve=lots"}, {"--overhead=-5"}} {
+		if err := fs.Parse(bad); err == nil || !strings.Contains(err.Error(), "quantity such as") {
+			t.Errorf("%v: err = %v, want a refusal that says what a quantity looks like", bad, err)
+		}
+	}
+	if err := fs.Parse([]string{"--reserve=0"}); err != nil || (*reserve).Value() != 0 {
+		t.Errorf("--reserve=0: %v, %v", err, *reserve)
+	}
+	if (*shm).Value() != 2<<30 || *overhead != nil {
+		t.Errorf("untouched flags: shm %v, overhead %v", *shm, *overhead)
 	}
 }

@@ -5,8 +5,12 @@
  * GPU's background thread swaps it out only after a release, once no call is in flight. So a copy of GPU
  * B's swappable memory must be in flight on B's gate, whichever context is current or whichever stream
  * runs it, and a copy between two GPUs' memory on both gates. The memory manager's table knows each
- * swappable allocation's GPU; any other pointer (host memory, plain allocations, memory of a GPU not
- * shared) counts as the call's default GPU, as before: the current context's, or the stream's.
+ * swappable allocation's GPU. For other device memory of GPU B (a plain allocation) a synchronous call
+ * asks the driver and passes B's gate too: such a call is serialized with work in the contexts of
+ * both sides, so it must not run while another process holds B's lock. A call on a stream does not ask:
+ * its stream's GPU runs the work, and taking B's gate would make it wait for its stream (below) for no
+ * memory to protect. Host memory, managed memory (it migrates) and memory of a GPU not shared count as
+ * the call's default GPU: the current context's, or the stream's.
  *
  * The gates are passed in slot order, each as a single gate is (gs_gate_wait: bounded by
  * GPUSHARE_WAIT_TIMEOUT_MS per gate), so two threads copying 0->1 and 1->0 wait in the same order. A
@@ -20,7 +24,26 @@
  */
 #include "internal.h"
 
-int gs_dev_of_mem(CUdeviceptr p)
+/* The GPU the driver says holds device memory p, or GS_DEV_CUR. One driver call, made only for
+ * pointers the shim's tables do not know, in the list form. */
+static int driver_slot(CUdeviceptr p)
+{
+    gs_fn_cuPointerGetAttributes get = (gs_fn_cuPointerGetAttributes)gs_real(GS_ID_cuPointerGetAttributes);
+    if (get == NULL)
+        return GS_DEV_CUR;
+    unsigned int type = 0, managed = 0;
+    int ord = -1;
+    CUpointer_attribute attrs[3] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_IS_MANAGED,
+                                    CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
+    void *data[3] = {&type, &managed, &ord};
+    /* An unknown pointer is no error for this call: its attributes stay zero, which reads as host memory. */
+    if (get(3, attrs, data, p) != CUDA_SUCCESS || type != CU_MEMORYTYPE_DEVICE || managed != 0)
+        return GS_DEV_CUR;
+    int d = gs_dev_slot_of_ordinal(ord);
+    return d != GS_DEV_NONE ? d : GS_DEV_CUR;
+}
+
+int gs_dev_of_mem(CUdeviceptr p, int ask)
 {
     struct gs_mm_info in;
     if (p == 0)
@@ -28,45 +51,48 @@ int gs_dev_of_mem(CUdeviceptr p)
     if (gs_mm_lookup(p, &in))
         return in.slot;
     int d = gs_mm_va_slot(p); /* the application's own swappable cuMemCreate handles */
-    return d != GS_DEV_NONE ? d : GS_DEV_CUR;
+    if (d != GS_DEV_NONE)
+        return d;
+    return ask ? driver_slot(p) : GS_DEV_CUR;
 }
 
 int gs_dev_of_peer(CUdeviceptr p, CUcontext ctx)
 {
-    int d = gs_dev_of_mem(p);
+    int d = gs_dev_of_mem(p, 0);
     return d == GS_DEV_CUR && ctx != NULL ? gs_dev_slot_of_ctx(ctx) : d;
 }
 
-/* One side of a 2D/3D copy: its device pointer's GPU; an array's is the default GPU; host memory none. */
-static int side(int type, CUdeviceptr p, CUcontext ctx)
+/* One side of a 2D/3D copy: its device pointer's GPU (ask: as gs_dev_of_mem); an array's is the
+ * default GPU; host memory none. */
+static int side(int type, CUdeviceptr p, CUcontext ctx, int ask)
 {
     if (type == CU_MEMORYTYPE_DEVICE || type == CU_MEMORYTYPE_UNIFIED)
-        return gs_dev_of_peer(p, ctx);
+        return ctx != NULL ? gs_dev_of_peer(p, ctx) : gs_dev_of_mem(p, ask);
     if (type == CU_MEMORYTYPE_ARRAY)
         return ctx != NULL ? gs_dev_slot_of_ctx(ctx) : GS_DEV_CUR;
     return GS_DEV_NOMEM;
 }
 
-int gs_dev_of_m2d(const CUDA_MEMCPY2D *m, int dst)
+int gs_dev_of_m2d(const CUDA_MEMCPY2D *m, int dst, int ask)
 {
     if (m == NULL)
         return GS_DEV_CUR;
-    return dst ? side(m->dstMemoryType, m->dstDevice, NULL) : side(m->srcMemoryType, m->srcDevice, NULL);
+    return dst ? side(m->dstMemoryType, m->dstDevice, NULL, ask) : side(m->srcMemoryType, m->srcDevice, NULL, ask);
 }
 
-int gs_dev_of_m3d(const CUDA_MEMCPY3D *m, int dst)
+int gs_dev_of_m3d(const CUDA_MEMCPY3D *m, int dst, int ask)
 {
     if (m == NULL)
         return GS_DEV_CUR;
-    return dst ? side(m->dstMemoryType, m->dstDevice, NULL) : side(m->srcMemoryType, m->srcDevice, NULL);
+    return dst ? side(m->dstMemoryType, m->dstDevice, NULL, ask) : side(m->srcMemoryType, m->srcDevice, NULL, ask);
 }
 
-int gs_dev_of_m3dpeer(const CUDA_MEMCPY3D_PEER *m, int dst)
+int gs_dev_of_m3dpeer(const CUDA_MEMCPY3D_PEER *m, int dst, int ask)
 {
     if (m == NULL)
         return GS_DEV_CUR;
-    return dst ? side(m->dstMemoryType, m->dstDevice, m->dstContext)
-               : side(m->srcMemoryType, m->srcDevice, m->srcContext);
+    return dst ? side(m->dstMemoryType, m->dstDevice, m->dstContext, ask)
+               : side(m->srcMemoryType, m->srcDevice, m->srcContext, ask);
 }
 
 /* Adds shared GPU d to the set, kept in slot order. */

@@ -279,8 +279,9 @@ static inline void gs_gate_leave(int d)
 /*
  * A copy or memset in the list form of several GPUs (hooks.def classes COPY and SCOPY) passes the gate
  * of every GPU whose memory it touches: the GPU of each device pointer's swappable allocation (the memory
- * manager's table), a pointer the table does not know counting as the current context's GPU (a
- * synchronous call) or the stream's (a stream's); a stream's work always passes its stream's GPU too.
+ * manager's table); for other device memory, the GPU the driver names (a synchronous call) or the
+ * stream's (a stream's); host memory counts as the current context's GPU (a synchronous call) or the
+ * stream's; a stream's work always passes its stream's GPU too.
  * The gates are passed in slot order, each waited for as a single gate is (GPUSHARE_WAIT_TIMEOUT_MS),
  * so two threads copying in opposite directions wait in the same order. docs/multigpu.md.
  */
@@ -291,14 +292,15 @@ struct gs_gates {
     int n;
     int d[GS_GATES_MAX];
 };
-/* The GPU of the swappable allocation at p, else GS_DEV_CUR; with a context (a peer copy), that
- * context's GPU instead. */
-int gs_dev_of_mem(CUdeviceptr p);
+/* The GPU of the swappable allocation at p; else, with ask, of the device memory the driver says p is
+ * (a listed GPU's, not managed); else GS_DEV_CUR. With a context (a peer copy), that context's GPU
+ * instead of asking. */
+int gs_dev_of_mem(CUdeviceptr p, int ask);
 int gs_dev_of_peer(CUdeviceptr p, CUcontext ctx);
-/* The GPUs of a 2D/3D copy's destination (dst 1) or source side. */
-int gs_dev_of_m2d(const CUDA_MEMCPY2D *m, int dst);
-int gs_dev_of_m3d(const CUDA_MEMCPY3D *m, int dst);
-int gs_dev_of_m3dpeer(const CUDA_MEMCPY3D_PEER *m, int dst);
+/* The GPUs of a 2D/3D copy's destination (dst 1) or source side (ask: as gs_dev_of_mem). */
+int gs_dev_of_m2d(const CUDA_MEMCPY2D *m, int dst, int ask);
+int gs_dev_of_m3d(const CUDA_MEMCPY3D *m, int dst, int ask);
+int gs_dev_of_m3dpeer(const CUDA_MEMCPY3D_PEER *m, int dst, int ask);
 /* Passes the gates of a synchronous call's GPUs a and b (GS_DEV_CUR: the current context's); 0 (the
  * work is done when the call returns). */
 int gs_gates_enter(struct gs_gates *g, int id, int a, int b);

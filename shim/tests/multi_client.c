@@ -35,7 +35,8 @@
  *                            (cuMemcpyDtoH, its device current) and prints "multi
  *                            oversub d0_total=T d1_total=T d1_over=R intact=B" (T: cuMemGetInfo's total
  *                            with that device current; B 1 when every byte came back as written)
- *   multi_client xcopy K N GO (K: dtoh, peer or async)
+ *   multi_client xcopy K N GO (K: dtoh, plain, plainasync, peer or async; plain is dtoh run without
+ *                            oversubscription, plainasync reads device 1's block on a stream of device 0)
  *                            one block of N bytes on each device (0xa0 on device 0, 0xb1 on device 1),
  *                            prints "multi xcopy ready", waits up to 20 s for the file GO (the test
  *                            creates it once device 1's memory was swapped out), then with device 0
@@ -331,9 +332,18 @@ static int xcopy(const char *kind, size_t n, const char *go)
     int ok = a != 0 && b != 0 && wait_file(go);
     CUresult r = CUDA_ERROR_INVALID_VALUE;
     use(0);
-    if (ok && !strcmp(kind, "dtoh")) {
+    if (ok && (!strcmp(kind, "dtoh") || !strcmp(kind, "plain"))) {
         r = CUDA_SUCCESS;
         ok = holds(b, n, 0xb1); /* device 1's memory, device 0 current */
+    } else if (ok && !strcmp(kind, "plainasync")) {
+        CUstream s = stream_of(0, 0);
+        unsigned char *buf = malloc(n);
+        r = buf == NULL ? CUDA_ERROR_OUT_OF_MEMORY : ((dtohasync_fn)sym("cuMemcpyDtoHAsync"))(buf, b, n, s);
+        if (r == CUDA_SUCCESS)
+            r = ((ssync_fn)sym("cuStreamSynchronize"))(s);
+        for (size_t i = 0; r == CUDA_SUCCESS && i < n; i++)
+            ok = ok && buf[i] == 0xb1;
+        free(buf);
     } else if (ok && !strcmp(kind, "peer")) {
         r = ((peer_fn)sym("cuMemcpyPeer"))(b, ctx[1], a, ctx[0], n);
         ok = r == CUDA_SUCCESS && holds(b, n, 0xa0);
@@ -388,7 +398,7 @@ int main(int argc, char **argv)
 {
     void *h = dlopen("libcuda.so.1", RTLD_NOW);
     if (h == NULL || argc < 2) {
-        fprintf(stderr, "usage: multi_client cap L0 L1 | launch D | locks GO | info | launches N C GO | acopy | vmm | oversub N0 N1 GO | xcopy dtoh|peer|async N GO | cross N GO\n");
+        fprintf(stderr, "usage: multi_client cap L0 L1 | launch D | locks GO | info | launches N C GO | acopy | vmm | oversub N0 N1 GO | xcopy dtoh|plain|plainasync|peer|async N GO | cross N GO\n");
         return 2;
     }
     gpa = (gpa2_fn)dlsym(h, "cuGetProcAddress_v2");

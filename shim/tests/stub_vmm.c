@@ -1,7 +1,8 @@
 /*
  * The stub driver's memory: device memory is host memory, so test clients
  * can check every byte through cuMemcpy.
- *   cuMemAlloc_v2            anonymous mmap (a plain allocation)
+ *   cuMemAlloc_v2            anonymous mmap (a plain allocation) of the current device, which
+ *                            cuPointerGetAttribute names (context, device ordinal)
  *   cuMemAddressReserve      mmap PROT_NONE: a range with nothing behind it
  *   cuMemCreate              pre-faulted anonymous pages: the "physical memory"
  *   cuMemMap / SetAccess     mremap of those pages onto the reserved range, read-write
@@ -104,7 +105,10 @@ static void memtrace(char kind, long long delta)
 static struct {
     CUdeviceptr p;
     size_t n;
+    int dev; /* the device current at the allocation, which holds it */
 } plain[MAXPLAIN];
+
+__attribute__((visibility("hidden"))) int stub_cur_dev(void);
 
 static CUresult plain_alloc(CUdeviceptr *dptr, size_t n);
 static CUresult plain_free(CUdeviceptr d);
@@ -144,6 +148,7 @@ static CUresult plain_alloc(CUdeviceptr *dptr, size_t n)
         if (plain[i].p == 0) {
             plain[i].p = (CUdeviceptr)(uintptr_t)p;
             plain[i].n = n;
+            plain[i].dev = stub_cur_dev();
             break;
         }
     pthread_mutex_unlock(&vmu);
@@ -190,18 +195,25 @@ static CUresult plain_free(CUdeviceptr d)
     return CUDA_ERROR_INVALID_VALUE;
 }
 
-static int plain_range(CUdeviceptr d, CUdeviceptr *base, size_t *size)
+static int plain_range_dev(CUdeviceptr d, CUdeviceptr *base, size_t *size, int *dev)
 {
     pthread_mutex_lock(&vmu);
     for (int i = 0; i < MAXPLAIN; i++)
         if (plain[i].p != 0 && d >= plain[i].p && d < plain[i].p + plain[i].n) {
             *base = plain[i].p;
             *size = plain[i].n;
+            *dev = plain[i].dev;
             pthread_mutex_unlock(&vmu);
             return 1;
         }
     pthread_mutex_unlock(&vmu);
     return 0;
+}
+
+static int plain_range(CUdeviceptr d, CUdeviceptr *base, size_t *size)
+{
+    int dev;
+    return plain_range_dev(d, base, size, &dev);
 }
 
 /* ---- the VMM API ---- */
@@ -487,8 +499,6 @@ STUB_EXPORT CUresult cuMemHostUnregister(void *p)
     return CUDA_ERROR_INVALID_VALUE;
 }
 
-__attribute__((visibility("hidden"))) int stub_cur_dev(void);
-
 STUB_EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
 {
     *dev = stub_cur_dev();
@@ -528,11 +538,18 @@ STUB_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute a, CU
 {
     CUdeviceptr base;
     size_t size;
-    if (!plain_range(p, &base, &size))
+    int dev;
+    if (!plain_range_dev(p, &base, &size, &dev))
         return CUDA_ERROR_INVALID_VALUE;
     switch (a) {
     case CU_POINTER_ATTRIBUTE_CONTEXT:
-        *(CUcontext *)data = (CUcontext)(uintptr_t)0x1000;
+        *(CUcontext *)data = (CUcontext)(uintptr_t)(0x1000 + 0x100 * dev);
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+        *(int *)data = dev;
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+        *(unsigned int *)data = 0;
         return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
         *(CUdeviceptr *)data = p;

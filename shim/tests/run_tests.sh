@@ -1180,47 +1180,42 @@ fi
 stop_two
 
 # 45. A plain allocation of device 1 (no oversubscription: the shim's tables do not hold it), read with
-# device 0 current, waits for device 1's lock too: the driver names the pointer's device. Device 1's
-# lock is released once idle, then its next GRANT is held back: the copy has not returned meanwhile.
-rm -f "$M1/go" "$M1/grant"
-start_two -- grant_file="$M1/grant"
-run_multi GPUSHARE_IDLE_MS=20 timeout 20 "$MULTI" xcopy plain $((1 << 20)) "$M1/go" >"$M1/out" 2>"$M1/err" &
-pm=$!
-ok=1
-wait_for 20 grep -q "multi xcopy ready" "$M1/out" || ok=0
-wait_for 20 grep -q "got RELEASE" "$M1/sched.log" || ok=0
-touch "$M1/go"
-wait_for 20 grep -q "holding the GRANT back" "$M1/sched.log" || ok=0
-grep -q "multi xcopy plain r=" "$M1/out" && ok=0 # done without device 1's grant
-touch "$M1/grant"
-wait "$pm" || ok=0
-if [ "$ok" = 1 ] && grep -q "multi xcopy plain r=0 intact=1" "$M1/out"; then
+# device 0 current. Device 1's lock is released once idle, then its next GRANT is held back until the
+# test allows it. A synchronous read (cuMemcpyDtoH) waits for device 1's lock too: the driver names the
+# pointer's device, and the copy has not returned meanwhile. The same read on a stream of device 0
+# (cuMemcpyDtoHAsync) runs on device 0: it neither asks for device 1's lock nor waits for it.
+plaincopy() { # KIND WAITS: 0 when the read waited for device 1's grant (WAITS 1) or finished without asking (WAITS 0), its bytes right
+    local kind=$1 waits=$2 ok=1 pm
+    rm -f "$M1/go" "$M1/grant"
+    start_two -- grant_file="$M1/grant"
+    run_multi GPUSHARE_IDLE_MS=20 timeout 20 "$MULTI" xcopy "$kind" $((1 << 20)) "$M1/go" >"$M1/out" 2>"$M1/err" &
+    pm=$!
+    wait_for 20 grep -q "multi xcopy ready" "$M1/out" || ok=0
+    wait_for 20 grep -q "got RELEASE" "$M1/sched.log" || ok=0
+    touch "$M1/go"
+    if [ "$waits" = 1 ]; then
+        wait_for 20 grep -q "holding the GRANT back" "$M1/sched.log" || ok=0
+        grep -q "multi xcopy $kind r=" "$M1/out" && ok=0 # done without device 1's grant
+    else
+        wait_for 20 grep -q "multi xcopy $kind r=" "$M1/out" || ok=0
+        grep -q "holding the GRANT back" "$M1/sched.log" && ok=0 # asked for device 1's lock
+    fi
+    touch "$M1/grant"
+    wait "$pm" || ok=0
+    grep -q "multi xcopy $kind r=0 intact=1" "$M1/out" || ok=0
+    stop_two
+    return $((1 - ok))
+}
+if plaincopy plain 1; then
     pass "several GPUs: a copy of device 1's plain allocation with device 0 current waits for device 1's lock"
 else
-    fail "plain copy of another GPU's memory" "ok=$ok $(cat "$M1/out" "$M1/err" "$M0/sched.log" "$M1/sched.log")"
+    fail "plain copy of another GPU's memory" "$(cat "$M1/out" "$M1/err" "$M0/sched.log" "$M1/sched.log")"
 fi
-stop_two
-
-# The same read on a stream of device 0 (cuMemcpyDtoHAsync) runs on device 0: it neither asks for
-# device 1's lock nor waits for it.
-rm -f "$M1/go" "$M1/grant"
-start_two -- grant_file="$M1/grant"
-run_multi GPUSHARE_IDLE_MS=20 timeout 20 "$MULTI" xcopy plainasync $((1 << 20)) "$M1/go" >"$M1/out" 2>"$M1/err" &
-pm=$!
-ok=1
-wait_for 20 grep -q "multi xcopy ready" "$M1/out" || ok=0
-wait_for 20 grep -q "got RELEASE" "$M1/sched.log" || ok=0
-touch "$M1/go"
-wait_for 20 grep -q "multi xcopy plainasync r=0 intact=1" "$M1/out" || ok=0
-grep -q "holding the GRANT back" "$M1/sched.log" && ok=0
-touch "$M1/grant"
-wait "$pm" || ok=0
-if [ "$ok" = 1 ]; then
+if plaincopy plainasync 0; then
     pass "several GPUs: a copy of device 1's plain allocation on a stream of device 0 takes device 0's lock only"
 else
-    fail "plain copy on another GPU's stream" "ok=$ok $(cat "$M1/out" "$M1/err" "$M0/sched.log" "$M1/sched.log")"
+    fail "plain copy on another GPU's stream" "$(cat "$M1/out" "$M1/err" "$M0/sched.log" "$M1/sched.log")"
 fi
-stop_two
 
 if [ "$fails" -ne 0 ]; then
     echo "$fails shim test(s) failed"

@@ -210,11 +210,16 @@ func (s *stack) startSizedPods(ctx context.Context, sc sizedCase, dev sizedDevic
 			what += " less its limits"
 		}
 		var err error
-		p.c, err = s.startWith(p.name(), e, []string{s.o.python, filepath.Join(s.o.repo, "test/gpu/stack/sized_workload.py")})
+		// Gated, as a kubelet's container is in its pod's cgroup before its process runs: the workload
+		// makes its first CUDA call only once the agent can name its pod.
+		p.c, err = s.startWith(p.name(), e, []string{s.o.python, filepath.Join(s.o.repo, "test/gpu/stack/sized_workload.py"), "gated"})
 		if !s.r.must(what, err) {
 			return false
 		}
 		if !s.r.must(p.name()+"'s process in its pod", s.inPod(p.pod, p.c.pid())) {
+			return false
+		}
+		if !s.r.must("let "+p.name()+" start", p.c.command("start")) {
 			return false
 		}
 	}

@@ -225,8 +225,10 @@ func TestHighPriorityShimClientGoesFirstAtHandOff(t *testing.T) {
 func TestHolderIgnoringItsQuantumIsRevoked(t *testing.T) {
 	e := newEnv(t, 50*time.Millisecond, 50*time.Millisecond)
 	stubborn := dialRaw(t, e.sock, ClassOpportunistic)
-	epoch := stubborn.hold()
+	// The quantum counts from the grant, which the holder sees only after the scheduler sent it: the
+	// bound is measured from before the holder asks.
 	start := time.Now()
+	epoch := stubborn.hold()
 	waiter := dialRaw(t, e.sock, ClassOpportunistic)
 	waiter.send(Message{Type: MsgAcquire})
 	stubborn.expect(MsgContended, time.Second)

@@ -92,11 +92,7 @@ func unprepareOne(ctx context.Context, p *dra.KubeletPlugin, claim *resourcev1.R
 // A failed checkpoint write fails the kubelet's call and changes nothing; the kubelet's retry writes it.
 func TestAFailedCheckpointWriteIsWrittenOnTheKubeletsRetry(t *testing.T) {
 	ctx := context.Background()
-	env, err := testenv.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
+	env := testenv.StartForTest(t)
 	c := env.Client
 	heldClaim(t, ctx, c, "first", dra.DriverName, nodeName, "gpu-5")
 	heldClaim(t, ctx, c, "second", dra.DriverName, nodeName, "gpu-5")
@@ -162,11 +158,7 @@ func TestAFailedCheckpointWriteIsWrittenOnTheKubeletsRetry(t *testing.T) {
 // the claim is gone, or its name now belongs to a new claim (another UID). A claim still there stays.
 func TestTheKubeletPluginForgetsClaimsThatAreGoneOnStart(t *testing.T) {
 	ctx := context.Background()
-	env, err := testenv.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
+	env := testenv.StartForTest(t)
 	c := env.Client
 	heldClaim(t, ctx, c, "deleted", dra.DriverName, nodeName, "gpu-5")
 	heldClaim(t, ctx, c, "recreated", dra.DriverName, nodeName, "gpu-3-timeslicing-0")
@@ -226,11 +218,7 @@ func TestTheKubeletPluginForgetsClaimsThatAreGoneOnStart(t *testing.T) {
 // A claim that cannot be looked up is kept: not knowing is not "gone".
 func TestTheKubeletPluginKeepsClaimsItCannotLookUp(t *testing.T) {
 	ctx := context.Background()
-	env, err := testenv.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
+	env := testenv.StartForTest(t)
 	heldClaim(t, ctx, env.Client, "held", dra.DriverName, nodeName, "gpu-5")
 	held := getClaim(t, ctx, env.Client, "held")
 	dirs := newPluginDirs(t)

@@ -44,11 +44,7 @@ func heldClaim(t *testing.T, ctx context.Context, c client.Client, name, driver,
 func TestTheDrainWaitsForThePodsHoldingClaimsOnTheGPU(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	env, err := testenv.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
+	env := testenv.StartForTest(t)
 	c := env.Client
 	mps := env.RunningPod(t, ctx, "default", "mps-client", nil)
 	mig := env.RunningPod(t, ctx, "default", "mig-client", nil)
@@ -111,11 +107,7 @@ func ptr(u types.UID) *types.UID { return &u }
 func TestAScopedDrainListsOnlyThePodsOfTheClaimsItTakes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	env, err := testenv.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
+	env := testenv.StartForTest(t)
 	c := env.Client
 	podA := env.RunningPod(t, ctx, "default", "pod-a", nil)
 	podB := env.RunningPod(t, ctx, "default", "pod-b", nil)

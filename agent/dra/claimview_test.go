@@ -121,11 +121,7 @@ func TestTheClaimViewLearnsASharedClaimsSecondPodFromTheAPIServer(t *testing.T) 
 // Claims deallocated, or allocated again on another node, leave the checkpoint and the view.
 func TestTheClaimViewIsRebuiltFromTheAPIServerAndFollowsAllocations(t *testing.T) {
 	ctx := context.Background()
-	env, err := testenv.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
+	env := testenv.StartForTest(t)
 	c := env.Client
 	sizedHeldClaim(t, ctx, c, "notebook", nodeName, "gpu-0-sized", "10Gi", "nb")
 	sizedHeldClaim(t, ctx, c, "trainer", nodeName, "gpu-1-sized", "6Gi", "tr-0", "tr-1")

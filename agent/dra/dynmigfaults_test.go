@@ -133,11 +133,7 @@ func (f *failNth) write(path string, data []byte, perm os.FileMode) error {
 
 func TestDynamicMIGFaults(t *testing.T) {
 	ctx := context.Background()
-	env, err := testenv.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
+	env := testenv.StartForTest(t)
 	c, kube := env.Client, kubeOf(t, env)
 	for _, model := range dynamicModels() {
 		t.Run(model, func(t *testing.T) {

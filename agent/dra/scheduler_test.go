@@ -26,11 +26,7 @@ const nodeName = "dra-node"
 func draCluster(t *testing.T) (context.Context, *testenv.Env) {
 	t.Helper()
 	ctx := context.Background()
-	env, err := testenv.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
+	env := testenv.StartForTest(t)
 	if _, err := env.ReadyNode(ctx, nodeName); err != nil {
 		t.Fatal(err)
 	}

@@ -42,11 +42,7 @@ const (
 // that no GPU's applied sharing changes more than once.
 func TestLeaderFailoverMidRollout(t *testing.T) {
 	const nodes, limit = 40, 4
-	env, err := testenv.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
+	env := testenv.StartForTest(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	c := env.Client

@@ -193,11 +193,7 @@ func shimClients(ctx context.Context, c client.Client, node string) (int, error)
 // converges, with the GPU reconfigured once.
 func TestAPIServerAwayForThirtySecondsTwice(t *testing.T) {
 	agent, manager := binaries(t)
-	env, err := testenv.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
+	env := testenv.StartForTest(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	dir := t.TempDir()

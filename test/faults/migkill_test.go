@@ -25,11 +25,7 @@ import (
 // enable MIG mode no second time, and report the GPU applied.
 func TestAgentKilledMidMIGApplyConvergesWithNoDuplicateWork(t *testing.T) {
 	agent, _ := binaries(t)
-	env, err := testenv.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
+	env := testenv.StartForTest(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	dir := t.TempDir()

@@ -57,6 +57,18 @@ func Scheme() *k8sruntime.Scheme {
 // config/crd/bases. It fails with a clear message when the binaries have not been built.
 func Start() (*Env, error) { return start(true) }
 
+// StartForTest is Start for one test: a failure to start fails it, and the control plane stops when
+// it ends.
+func StartForTest(t testing.TB) *Env {
+	t.Helper()
+	env, err := Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	return env
+}
+
 // StartWithoutCRDs is Start for tests that install the CRDs themselves (the Helm chart's tests).
 func StartWithoutCRDs() (*Env, error) { return start(false) }
 

@@ -31,11 +31,7 @@ import (
 // unpreparing removes the spec.
 func TestAHandWrittenSizedAllocationIsTheSchedulersAndThePluginPreparesIt(t *testing.T) {
 	ctx := context.Background()
-	env, err := testenv.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
+	env := testenv.StartForTest(t)
 	c := env.Client
 	if _, err := env.ReadyNode(ctx, testNode); err != nil {
 		t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
+	"github.com/gpusharing/gpusharing/test/prom"
 )
 
 func appliedGPU(uuid string, mpsRestarts int32) v1alpha1.GPUStatus {
@@ -26,7 +27,7 @@ func TestMetricsOfAGPUThatLeftAreDeleted(t *testing.T) {
 	}
 	m.record("n1", v1alpha1.GPUNodeStatus{GPUCount: 2, GPUs: []v1alpha1.GPUStatus{appliedGPU("GPU-a", 3), appliedGPU("GPU-b", -1)}})
 	m.record("n2", v1alpha1.GPUNodeStatus{GPUCount: 1, GPUs: []v1alpha1.GPUStatus{appliedGPU("GPU-a", -1)}})
-	if got := gaugeValue(t, m.gpuApplied.WithLabelValues("n1", "GPU-b")); got != 1 {
+	if got := prom.GaugeValue(t, m.gpuApplied.WithLabelValues("n1", "GPU-b")); got != 1 {
 		t.Fatalf("gpu_applied{n1,GPU-b} = %v, want 1", got)
 	}
 	if got := seriesOf(m.gpuApplied); got != 3 {
@@ -40,7 +41,7 @@ func TestMetricsOfAGPUThatLeftAreDeleted(t *testing.T) {
 	if got := seriesOf(m.mpsRestarts); got != 0 {
 		t.Errorf("%d mps_daemon_restarts series after GPU-a left MPS, want 0", got)
 	}
-	if got := gaugeValue(t, m.gpus.WithLabelValues("n2")); got != 1 {
+	if got := prom.GaugeValue(t, m.gpus.WithLabelValues("n2")); got != 1 {
 		t.Errorf("n2's gpus = %v: another node's pass changed it", got)
 	}
 }

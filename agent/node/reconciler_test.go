@@ -11,8 +11,6 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -31,6 +29,7 @@ import (
 	"github.com/gpusharing/gpusharing/agent/timeslice"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 	"github.com/gpusharing/gpusharing/test/fakebin"
+	"github.com/gpusharing/gpusharing/test/prom"
 	"github.com/gpusharing/gpusharing/test/wait"
 )
 
@@ -189,10 +188,10 @@ func TestAgentAppliesPerGPUSharingAndASecondPassChangesNothing(t *testing.T) {
 		mpsSt.ActiveThreadPercentage != 25 || mpsSt.PinnedMemoryLimit.String() != "8Gi" {
 		t.Errorf("GPU 1 applied = %+v, mps %+v", g1.Applied, mpsSt)
 	}
-	if got := gaugeValue(t, a.r.Metrics.appliedGPUs.WithLabelValues(a.r.NodeName)); got != 2 {
+	if got := prom.GaugeValue(t, a.r.Metrics.appliedGPUs.WithLabelValues(a.r.NodeName)); got != 2 {
 		t.Errorf("gpusharing_agent_applied_gpus = %v, want 2", got)
 	}
-	if got := gaugeValue(t, a.r.Metrics.gpuApplied.WithLabelValues(a.r.NodeName, a.server.GPUs[1].UUID)); got != 1 {
+	if got := prom.GaugeValue(t, a.r.Metrics.gpuApplied.WithLabelValues(a.r.NodeName, a.server.GPUs[1].UUID)); got != 1 {
 		t.Errorf("gpusharing_agent_gpu_applied for GPU 1 = %v, want 1", got)
 	}
 	a.mpsCtl.Calls(t)
@@ -356,15 +355,6 @@ func TestAgentRunsUnderTheManagerAndCreatesItsGPUNode(t *testing.T) {
 		}
 		return nil
 	}, "the agent's GPUNode lists its 2 GPUs")
-}
-
-func gaugeValue(t *testing.T, g prometheus.Gauge) float64 {
-	t.Helper()
-	var m dto.Metric
-	if err := g.Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	return m.GetGauge().GetValue()
 }
 
 // failingMIGMode is a GPU whose MIG mode cannot be set, as when the driver refuses.

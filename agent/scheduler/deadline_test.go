@@ -3,6 +3,8 @@ package scheduler
 import (
 	"testing"
 	"time"
+
+	"github.com/gpusharing/gpusharing/test/prom"
 )
 
 // A budget holder that is granted and then never reports (nor releases) loses the GPU at quantum +
@@ -64,7 +66,7 @@ func TestClientIgnoringEvictIsDroppedAtTheDeadline(t *testing.T) {
 	if !fx.whole(b) || fx.reserved() != 40*mib {
 		t.Fatalf("after the drop: b holding all it needs=%v reserved=%d MiB", fx.whole(b), fx.reserved()/mib)
 	}
-	if v := counterValue(t, fx.m.dropped.WithLabelValues("GPU-test", DropEvictTimeout)); v != 1 {
+	if v := prom.CounterValue(t, fx.m.dropped.WithLabelValues("GPU-test", DropEvictTimeout)); v != 1 {
 		t.Fatalf("evict-timeout drops = %v", v)
 	}
 }

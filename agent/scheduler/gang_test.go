@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/gpusharing/gpusharing/test/prom"
 	"github.com/gpusharing/gpusharing/test/wait"
 )
 
@@ -139,7 +140,7 @@ func TestGangGrantedAndRevokedTogether(t *testing.T) {
 	x0.expect(MsgRevoked, time.Second)
 	x1.expect(MsgRevoked, time.Second)
 	s1.expect(MsgGrant, time.Second)
-	if n := counterValue(t, e.m.gangTurns.WithLabelValues("1", gangEndQuantum)); n != 1 {
+	if n := prom.CounterValue(t, e.m.gangTurns.WithLabelValues("1", gangEndQuantum)); n != 1 {
 		t.Errorf("gang turns ended by the quantum = %v, want 1", n)
 	}
 }
@@ -198,7 +199,7 @@ func TestCrossingGangsBothFinish(t *testing.T) {
 		}
 	}
 	for _, g := range []string{"1", "2"} {
-		if n := counterValue(t, e.m.gangTurns.WithLabelValues(g, gangEndQuantum)); n != 0 {
+		if n := prom.CounterValue(t, e.m.gangTurns.WithLabelValues(g, gangEndQuantum)); n != 0 {
 			t.Errorf("gang %s revoked %v times at its quantum", g, n)
 		}
 	}
@@ -215,7 +216,7 @@ func TestGangMemberKilledFreesTheOthers(t *testing.T) {
 	x1.conn.Close() // killed: x0's collective cannot finish
 	x0.expect(MsgRevoked, time.Second)
 	s0.expect(MsgGrant, time.Second)
-	if n := gaugeValue(t, e.m.gangs); n != 0 {
+	if n := prom.GaugeValue(t, e.m.gangs); n != 0 {
 		t.Errorf("gangs = %v after a member left, want 0", n)
 	}
 }
@@ -249,7 +250,7 @@ func TestOpportunisticGangYieldsToProductionOnAnyGPU(t *testing.T) {
 	x0.expect(MsgRevoked, time.Second)
 	x1.expect(MsgRevoked, time.Second)
 	h1.expect(MsgGrant, time.Second)
-	if n := counterValue(t, e.m.gangTurns.WithLabelValues("1", gangEndPreempted)); n != 1 {
+	if n := prom.CounterValue(t, e.m.gangTurns.WithLabelValues("1", gangEndPreempted)); n != 1 {
 		t.Errorf("gang turns preempted = %v, want 1", n)
 	}
 }
@@ -306,7 +307,7 @@ func TestOneGPUOwnerIsNoGang(t *testing.T) {
 	if g := e.state(0, a).Gang; g != "" {
 		t.Errorf("snapshot gang of a one-GPU owner = %q, want none", g)
 	}
-	if n := gaugeValue(t, e.m.gangs); n != 0 {
+	if n := prom.GaugeValue(t, e.m.gangs); n != 0 {
 		t.Errorf("gangs = %v, want 0", n)
 	}
 }

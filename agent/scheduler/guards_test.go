@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/gpusharing/gpusharing/test/prom"
 	"github.com/gpusharing/gpusharing/test/wait"
 )
 
@@ -62,7 +63,7 @@ func TestPeerStallingMidMessageIsDroppedAndItsWaiterRuns(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.expect(MsgGrant, 3*time.Second)
-	if v := counterValue(t, m.dropped.WithLabelValues("GPU-test", DropFrameTimeout)); v != 1 {
+	if v := prom.CounterValue(t, m.dropped.WithLabelValues("GPU-test", DropFrameTimeout)); v != 1 {
 		t.Fatalf("frame-timeout drops = %v", v)
 	}
 }
@@ -81,7 +82,7 @@ func TestIdleClientOutlivesTheFrameDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	wait.Until(t, 10*time.Second, func() bool {
-		return counterValue(t, m.dropped.WithLabelValues("GPU-test", DropFrameTimeout)) == 1
+		return prom.CounterValue(t, m.dropped.WithLabelValues("GPU-test", DropFrameTimeout)) == 1
 	}, "the peer that stopped mid-message is dropped at the frame deadline")
 	a.send(Message{Type: MsgRelease, Epoch: epoch})
 	a.hold() // still served: granted again
@@ -102,7 +103,7 @@ func TestConnectionsPerPeerAndPerSocketAreCapped(t *testing.T) {
 		if closed, n := closedWithin(third, 2*time.Second); !closed || n != 0 {
 			t.Fatalf("third connection of one peer: closed=%v after %d bytes", closed, n)
 		}
-		if v := counterValue(t, m.refused.WithLabelValues("GPU-test", RefusePeerLimit)); v != 1 {
+		if v := prom.CounterValue(t, m.refused.WithLabelValues("GPU-test", RefusePeerLimit)); v != 1 {
 			t.Fatalf("peer-limit refusals = %v", v)
 		}
 		second.conn.Close()
@@ -134,7 +135,7 @@ func TestConnectionsPerPeerAndPerSocketAreCapped(t *testing.T) {
 		if closed, n := closedWithin(third, 2*time.Second); !closed || n != 0 {
 			t.Fatalf("third connection of the socket: closed=%v after %d bytes", closed, n)
 		}
-		if v := counterValue(t, m.refused.WithLabelValues("GPU-test", RefuseSocketLimit)); v != 1 {
+		if v := prom.CounterValue(t, m.refused.WithLabelValues("GPU-test", RefuseSocketLimit)); v != 1 {
 			t.Fatalf("socket-limit refusals = %v", v)
 		}
 	})

@@ -7,6 +7,7 @@ import (
 
 	"github.com/gpusharing/gpusharing/agent/gpu"
 	"github.com/gpusharing/gpusharing/agent/gpu/nvmlmock"
+	"github.com/gpusharing/gpusharing/test/prom"
 	"github.com/gpusharing/gpusharing/test/wait"
 )
 
@@ -53,7 +54,7 @@ func TestUnderReportedResidencyIsAccountedAtWhatNVMLSees(t *testing.T) {
 	if st.ReservedBytes != 40*mib {
 		t.Fatalf("reserved after an under-reported release = %d MiB, want 40 (NVML's figure less the context)", st.ReservedBytes/mib)
 	}
-	if v := counterValue(t, m.underReports.WithLabelValues("GPU-test")); v < 1 {
+	if v := prom.CounterValue(t, m.underReports.WithLabelValues("GPU-test")); v < 1 {
 		t.Fatalf("under-reports counted = %v", v)
 	}
 }
@@ -66,7 +67,7 @@ func TestHonestResidencyIsTakenAsReported(t *testing.T) {
 	if st.ReservedBytes != 10*mib {
 		t.Fatalf("reserved = %d MiB, want the 10 reported", st.ReservedBytes/mib)
 	}
-	if v := counterValue(t, m.underReports.WithLabelValues("GPU-test")); v != 0 {
+	if v := prom.CounterValue(t, m.underReports.WithLabelValues("GPU-test")); v != 0 {
 		t.Fatalf("an honest report counted as an under-report (%v)", v)
 	}
 }

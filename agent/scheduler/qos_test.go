@@ -10,6 +10,8 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gpusharing/gpusharing/test/prom"
 )
 
 // newQoSFixture is a queue configured as cfg (UUID "GPU-test"; the quantum and grace of the budget
@@ -66,10 +68,10 @@ func TestProductionPreemptsAnOpportunisticHolderAtOnce(t *testing.T) {
 	if o.count(MsgContended) != 0 {
 		t.Error("the opportunistic holder was told to yield after its quantum instead of being preempted")
 	}
-	if got := counterValue(t, fx.m.preemptions.WithLabelValues("GPU-test")); got != 1 {
+	if got := prom.CounterValue(t, fx.m.preemptions.WithLabelValues("GPU-test")); got != 1 {
 		t.Errorf("preemptions_total = %v, want 1", got)
 	}
-	if got := counterValue(t, fx.m.revocations.WithLabelValues("GPU-test")); got != 0 {
+	if got := prom.CounterValue(t, fx.m.revocations.WithLabelValues("GPU-test")); got != 0 {
 		t.Errorf("revocations_total = %v, want 0: a preemption is not an overdue revocation", got)
 	}
 	s := fx.q.snapshot()
@@ -135,7 +137,7 @@ func TestProductionAgainstProductionKeepsQuantumAndRevocation(t *testing.T) {
 	if a.count(MsgRevoked) != 1 || fx.holder() != b.c {
 		t.Fatal("not revoked, or the waiter not granted, at quantum + grace")
 	}
-	if got := counterValue(t, fx.m.preemptions.WithLabelValues("GPU-test")); got != 0 {
+	if got := prom.CounterValue(t, fx.m.preemptions.WithLabelValues("GPU-test")); got != 0 {
 		t.Errorf("preemptions_total = %v between production clients", got)
 	}
 }

@@ -6,6 +6,8 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gpusharing/gpusharing/test/prom"
 )
 
 // fakeClient records what the queue sent it.
@@ -167,7 +169,7 @@ func TestQueueHandsOffToHighPriorityFirstThenFIFO(t *testing.T) {
 		}
 		cur = want
 	}
-	if got := counterValue(t, fx.m.handoffs.WithLabelValues("GPU-test")); got != 3 {
+	if got := prom.CounterValue(t, fx.m.handoffs.WithLabelValues("GPU-test")); got != 3 {
 		t.Errorf("handoffs_total = %v, want 3", got)
 	}
 }
@@ -208,7 +210,7 @@ func TestQueueRevokesHolderPastQuantumPlusGraceWhenOthersWait(t *testing.T) {
 	if fx.holder() != b.c {
 		t.Fatal("lock did not pass to the waiter after revocation")
 	}
-	if got := counterValue(t, fx.m.revocations.WithLabelValues("GPU-test")); got != 1 {
+	if got := prom.CounterValue(t, fx.m.revocations.WithLabelValues("GPU-test")); got != 1 {
 		t.Errorf("revocations_total = %v, want 1", got)
 	}
 	// The revoked client's late release of its void epoch changes nothing.

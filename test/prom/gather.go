@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // Gathered reads g's gauges and counters as "name{namespace/pod,<third>,gpu,node}" -> value, the key the
@@ -33,4 +34,25 @@ func Gathered(t testing.TB, g prometheus.Gatherer, third string) map[string]floa
 		}
 	}
 	return out
+}
+
+// CounterValue reads one counter, as client_golang's testutil would without the dependencies that
+// package brings, which this module does not carry.
+func CounterValue(t testing.TB, c prometheus.Counter) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+// GaugeValue reads one gauge as CounterValue reads a counter.
+func GaugeValue(t testing.TB, g prometheus.Gauge) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := g.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetGauge().GetValue()
 }

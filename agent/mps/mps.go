@@ -23,6 +23,7 @@ import (
 
 	"github.com/gpusharing/gpusharing/agent/hostpath"
 	"github.com/gpusharing/gpusharing/agent/outcome"
+	"github.com/gpusharing/gpusharing/agent/procfs"
 	"github.com/gpusharing/gpusharing/agent/runner"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
@@ -532,12 +533,11 @@ func (m *Manager) alive(pid int) (bool, error) {
 	if err != nil && !errors.Is(err, syscall.EPERM) {
 		return false, err
 	}
-	stat, err := os.ReadFile(filepath.Join(m.cfg.ProcRoot, strconv.Itoa(pid), "stat"))
+	stat, err := procfs.StatFields(m.cfg.ProcRoot, pid)
 	if err != nil {
 		return !os.IsNotExist(err), nil
 	}
-	// The state follows the command name in parentheses, which may itself contain spaces.
-	if i := strings.LastIndexByte(string(stat), ')'); i >= 0 && i+2 < len(stat) && stat[i+2] == 'Z' {
+	if len(stat) > 0 && stat[0] == "Z" {
 		var ws syscall.WaitStatus
 		_, _ = syscall.Wait4(pid, &ws, syscall.WNOHANG, nil)
 		return false, nil

@@ -1,10 +1,9 @@
 package scheduler
 
 import (
-	"bytes"
-	"os"
-	"path/filepath"
 	"strconv"
+
+	"github.com/gpusharing/gpusharing/agent/procfs"
 )
 
 // gangKey is the gang of the client whose kernel pid is pid: Options.GangKey's, else the sid field of
@@ -23,23 +22,14 @@ func (s *Scheduler) gangKey(pid int32) string {
 	return ""
 }
 
-// sessionOf reads the session id of pid from <procRoot>/<pid>/stat. Its second field, the command
-// name, may hold spaces and parentheses, so the fields are counted after its last ')': state, ppid,
-// pgrp, session.
+// sessionOf reads the session id of pid from <procRoot>/<pid>/stat; false where the process is gone
+// or its session leader is outside procRoot's PID namespace (session 0).
 func sessionOf(procRoot string, pid int32) (int32, bool) {
-	b, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(int(pid)), "stat"))
-	if err != nil {
+	f, err := procfs.StatFields(procRoot, int(pid))
+	if err != nil || len(f) < 4 {
 		return 0, false
 	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, false
-	}
-	f := bytes.Fields(b[i+1:])
-	if len(f) < 4 {
-		return 0, false
-	}
-	sid, err := strconv.ParseInt(string(f[3]), 10, 32)
+	sid, err := strconv.ParseInt(f[3], 10, 32)
 	if err != nil || sid <= 0 {
 		return 0, false
 	}

@@ -29,8 +29,8 @@
 #include <string.h>
 
 #include "cuda_abi.h"
+#include "resolve.h"
 
-typedef CUresult (*gpa2_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
 typedef CUresult (*init_fn)(unsigned);
 typedef CUresult (*retain_fn)(CUcontext *, CUdevice);
 typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
@@ -50,18 +50,6 @@ typedef CUresult (*map_fn)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHa
 typedef CUresult (*unmap_fn)(CUdeviceptr, size_t);
 typedef CUresult (*retainh_fn)(CUmemGenericAllocationHandle *, void *);
 
-static gpa2_fn gpa;
-
-static void *sym(const char *name)
-{
-    void *p = NULL;
-    CUdriverProcAddressQueryResult st;
-    if (gpa(name, &p, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &st) != CUDA_SUCCESS || p == NULL) {
-        fprintf(stderr, "cap_client: cannot resolve %s\n", name);
-        exit(2);
-    }
-    return p;
-}
 
 static const char *path;
 static size_t unit;

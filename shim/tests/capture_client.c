@@ -28,24 +28,12 @@
 #include <unistd.h>
 
 #include "cuda_abi.h"
+#include "resolve.h"
 
 #define XOR_KERNEL ((CUfunction)(uintptr_t)0x5eed)
 #define STREAM ((CUstream)(uintptr_t)0x5000)
 
-typedef CUresult (*gpa2_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
 static void *lib;
-static gpa2_fn gpa;
-
-static void *sym(const char *name)
-{
-    void *p = NULL;
-    CUdriverProcAddressQueryResult st;
-    if (gpa(name, &p, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &st) != CUDA_SUCCESS || p == NULL) {
-        fprintf(stderr, "capture_client: cannot resolve %s\n", name);
-        exit(2);
-    }
-    return p;
-}
 
 static const char *opt(int argc, char **argv, const char *key)
 {

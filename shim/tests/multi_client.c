@@ -60,8 +60,8 @@
 #include <unistd.h>
 
 #include "cuda_abi.h"
+#include "resolve.h"
 
-typedef CUresult (*gpa2_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
 typedef CUresult (*init_fn)(unsigned);
 typedef CUresult (*retain_fn)(CUcontext *, CUdevice);
 typedef CUresult (*setctx_fn)(CUcontext);
@@ -90,19 +90,7 @@ typedef CUresult (*peer_fn)(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size
 typedef CUresult (*dtod_fn)(CUdeviceptr, CUdeviceptr, size_t);
 typedef CUresult (*dtodasync_fn)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
 
-static gpa2_fn gpa;
 static CUcontext ctx[2];
-
-static void *sym(const char *name)
-{
-    void *p = NULL;
-    CUdriverProcAddressQueryResult st;
-    if (gpa(name, &p, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &st) != CUDA_SUCCESS || p == NULL) {
-        fprintf(stderr, "multi_client: cannot resolve %s\n", name);
-        exit(2);
-    }
-    return p;
-}
 
 /* Device d's primary context made current, retained at its first use (a process of NCCL's layout
  * never retains another GPU's); cuCtxSetCurrent is no hook of the shim's: the stub's own. */

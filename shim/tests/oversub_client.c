@@ -51,6 +51,7 @@
 #include <unistd.h>
 
 #include "cuda_abi.h"
+#include "resolve.h"
 
 #define XOR_KERNEL ((CUfunction)(uintptr_t)0x5eed)
 
@@ -72,21 +73,8 @@ typedef CUresult (*retain_fn)(CUcontext *, CUdevice);
 typedef CUresult (*sync_fn)(void);
 typedef CUresult (*begin_fn)(CUstream, CUstreamCaptureMode);
 typedef CUresult (*end_fn)(CUstream, CUgraph *);
-typedef CUresult (*gpa2_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
 
 static void *lib;
-static gpa2_fn gpa;
-
-static void *sym(const char *name)
-{
-    void *p = NULL;
-    CUdriverProcAddressQueryResult st;
-    if (gpa(name, &p, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &st) != CUDA_SUCCESS || p == NULL) {
-        fprintf(stderr, "oversub_client: cannot resolve %s\n", name);
-        exit(2);
-    }
-    return p;
-}
 
 static long opt(int argc, char **argv, const char *key, long def)
 {

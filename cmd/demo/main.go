@@ -75,8 +75,11 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 	for _, n := range simNodes {
-		if n.DRAPlugin && !o.dra {
-			continue
+		if !o.dra {
+			if n.Name == dynamicNode {
+				continue // its MIG instances come from claims only
+			}
+			n.DRAPlugin = false
 		}
 		n.ResourceSlices = o.dra
 		say("Starting simulated node %s: %d x %s, labels %v", n.Name, n.GPUs, n.Model, n.Labels)
@@ -124,13 +127,18 @@ func run(ctx context.Context, o options) error {
 		if err := c.showDynamicMIG(ctx, os.Stdout); err != nil {
 			return err
 		}
+		fmt.Println()
+		say("The pods of %s, applied as they are; the kube-scheduler places them and each node's stand-in kubelet prepares their claims", examplesDir)
+		if err := c.runExamples(ctx, os.Stdout); err != nil {
+			return err
+		}
 	}
 	if o.once {
 		return nil
 	}
 
-	fmt.Printf("\nThe cluster stays up. In another terminal:\n  export KUBECONFIG=%s\n  %s get gpusharing -o wide\n  %s edit gsp inference-mps   # change a policy and watch the nodes follow\n  %s get resourceslices        # the same shares as DRA devices (--dra)\n  %s get resourceclaims        # the sized claims, packed onto one GPU, and the MIG ones (--dra)\n  %s delete pod train-3g       # its 3g.40gb instance is destroyed and slices 0-3 come back (--dra)\n  %s get gpunode %s -o wide\nCtrl-C stops and removes everything.\n",
-		c.kubeconfig, c.kubectl, c.kubectl, c.kubectl, c.kubectl, c.kubectl, c.kubectl, dynamicNode)
+	fmt.Printf("\nThe cluster stays up. In another terminal:\n  export KUBECONFIG=%s\n  %s get gpusharing -o wide\n  %s edit gsp inference-mps   # change a policy and watch the nodes follow\n  %s get resourceslices        # the same shares as DRA devices (--dra)\n  %s get resourceclaims        # the sized claims, packed onto one GPU, and the MIG ones (--dra)\n  %s get pods -o wide          # the pods of examples/pods and where they run (--dra)\n  %s delete pod mig-dynamic    # its 2g.20gb instance is destroyed and its slices come back (--dra)\n  %s get gpunode %s -o wide\nCtrl-C stops and removes everything.\n",
+		c.kubeconfig, c.kubectl, c.kubectl, c.kubectl, c.kubectl, c.kubectl, c.kubectl, c.kubectl, dynamicNode)
 	select {
 	case <-ctx.Done():
 	case err := <-errs:

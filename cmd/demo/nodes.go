@@ -15,9 +15,9 @@ var simNodes = []simnode.Node{
 	{Name: "dgx-h100-a", Model: "H100", GPUs: 8, Labels: map[string]string{"pool": "inference"}, Seq: 1},
 	{Name: "dgx-h100-b", Model: "H100", GPUs: 8, Labels: map[string]string{"pool": "inference"}, Seq: 2},
 	{Name: "dgx-a100-c", Model: "A100", GPUs: 8, Labels: map[string]string{"pool": "notebooks"}, Seq: 3, DRAPlugin: true},
-	{Name: "dgx-a100-d", Model: "A100", GPUs: 4, Labels: map[string]string{"pool": "training"}, Seq: 4},
+	{Name: "dgx-a100-d", Model: "A100", GPUs: 4, Labels: map[string]string{"pool": "training"}, Seq: 4, DRAPlugin: true},
 	{Name: "dgx-h100-e", Model: "H100", GPUs: 4, Labels: map[string]string{"pool": "batch"}, Seq: 5},
-	{Name: "dgx-h100-g", Model: "H100", GPUs: 2, Labels: map[string]string{"pool": "serving"}, Seq: 7},
+	{Name: "dgx-h100-g", Model: "H100", GPUs: 2, Labels: map[string]string{"pool": "serving"}, Seq: 7, DRAPlugin: true},
 	// MIG from demand. Here and on the notebook node the agent serves the DRA kubelet plugin, and a
 	// stand-in kubelet prepares the claims of the pods bound to the node and finishes their deletion
 	// (simnode.Kubelet), so a deleted workload's space comes back.

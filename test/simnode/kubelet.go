@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
@@ -140,8 +141,37 @@ func (k *Kubelet) admit(ctx context.Context, plugin drapb.DRAPluginClient, pod *
 	if pod.Status.Phase == phase && pod.Status.Message == msg {
 		return
 	}
-	pod.Status.Phase, pod.Status.Message = phase, msg
+	setStatus(pod, phase, msg)
 	_ = k.Client.Status().Update(ctx, pod)
+}
+
+// setStatus writes what the kubelet reports of a pod whose containers run (no process runs here), or
+// of one that waits for its claims: the phase, the Ready conditions and the containers' states, so
+// `kubectl wait --for=condition=Ready` and the READY column behave as on a real node.
+func setStatus(pod *corev1.Pod, phase corev1.PodPhase, msg string) {
+	now := metav1.Now()
+	ready := corev1.ConditionFalse
+	if phase == corev1.PodRunning {
+		ready = corev1.ConditionTrue
+	}
+	pod.Status.Phase, pod.Status.Message = phase, msg
+	if pod.Status.StartTime == nil {
+		pod.Status.StartTime = &now
+	}
+	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: now}}
+	for _, t := range []corev1.PodConditionType{corev1.PodInitialized, corev1.ContainersReady, corev1.PodReady} {
+		pod.Status.Conditions = append(pod.Status.Conditions, corev1.PodCondition{Type: t, Status: ready, LastTransitionTime: now})
+	}
+	pod.Status.ContainerStatuses = nil
+	for _, c := range pod.Spec.Containers {
+		cs := corev1.ContainerStatus{Name: c.Name, Image: c.Image, Ready: ready == corev1.ConditionTrue,
+			State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ContainerCreating", Message: msg}}}
+		if cs.Ready {
+			cs.State = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}
+			cs.Started = &cs.Ready
+		}
+		pod.Status.ContainerStatuses = append(pod.Status.ContainerStatuses, cs)
+	}
 }
 
 // record adds claims to the prepared ones before they are prepared, as the kubelet does: a claim whose

@@ -162,8 +162,12 @@ func (k *kubeletNode) waitRunning(t *testing.T, ctx context.Context, pod *corev1
 		if err := k.env.Client.Get(ctx, client.ObjectKeyFromObject(pod), &p); err != nil {
 			return false, err.Error()
 		}
-		return p.Status.Phase == corev1.PodRunning, fmt.Sprintf("phase %s %s", p.Status.Phase, p.Status.Message)
-	}, "pod %s Running", pod.Name)
+		ready := false
+		for _, c := range p.Status.Conditions {
+			ready = ready || c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue
+		}
+		return p.Status.Phase == corev1.PodRunning && ready, fmt.Sprintf("phase %s %s, conditions %v", p.Status.Phase, p.Status.Message, p.Status.Conditions)
+	}, "pod %s Running and Ready", pod.Name)
 }
 
 // deleteAndWaitGone deletes the pod as a user does (the API server waits for the node to finish it)

@@ -2,9 +2,10 @@
 // with the CRDs, runs the controller and simulated GPU nodes (the real agent over go-nvml's mock DGX A100
 // and H100 servers, with fake nvidia-smi and nvidia-cuda-mps-control), applies the sample policies, waits
 // until they converge and prints `kubectl get gpusharing -o wide`; with --dra (the default) it also lists
-// the DRA devices, has the real kube-scheduler pack three sized claims onto one GPU, and shows MIG
-// instances created for claims and freed with their pods on a dynamic H100. Interactive by default: it stays up
-// and prints a kubeconfig to use; --once exits after the table (for CI).
+// the DRA devices, has the real kube-scheduler pack three sized claims onto one GPU, shows MIG
+// instances created for claims and freed with their pods on a dynamic H100, and applies the pods of
+// examples/pods, printing where each runs and what it got. Interactive by default: it stays up and
+// prints a kubeconfig to use; --once exits after the last step (for CI).
 package main
 
 import (

@@ -12,9 +12,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	nodev1 "k8s.io/api/node/v1"
 	resourcev1 "k8s.io/api/resource/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -27,6 +25,9 @@ import (
 // examplesDir holds the pod manifests users apply (examples/pods/README.md); the demo applies the files
 // themselves, so what it shows is what they get.
 const examplesDir = "examples/pods"
+
+// runtimeClassFile is the RuntimeClass nvidia users install where nothing else created it.
+const runtimeClassFile = "config/runtimeclass/runtimeclass.yaml"
 
 // exampleLabel is the label every pod of examplesDir carries.
 const exampleLabel = "app.kubernetes.io/name=gpusharing-example"
@@ -43,19 +44,15 @@ func (c *cluster) runExamples(ctx context.Context, w io.Writer) error {
 			}
 		}
 	}
-	// A GPU node's container runtime comes with the RuntimeClass the pods name (the NVIDIA container
-	// toolkit's); the API server refuses a pod whose RuntimeClass does not exist.
-	rc := &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "nvidia"}, Handler: "nvidia"}
-	if err := c.env.Client.Create(ctx, rc); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("RuntimeClass nvidia: %w", err)
-	}
 	say("Deleting pod train-3g: mig-dynamic.yaml's 2g.20gb needs a free placement, and slices 0-3 come back")
 	if err := c.env.Client.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "train-3g"}}); client.IgnoreNotFound(err) != nil {
 		return err
 	}
 	dir := filepath.Join(c.env.RepoRoot, examplesDir)
-	// The PriorityClasses first: the API server refuses a pod whose class does not exist yet.
-	for _, path := range []string{filepath.Join(dir, "priorityclasses.yaml"), dir} {
+	// The API server refuses a pod whose RuntimeClass or PriorityClass does not exist: the RuntimeClass
+	// nvidia the pods name (config/runtimeclass, what a GPU node's NVIDIA container toolkit needs) and the
+	// PriorityClasses go first.
+	for _, path := range []string{filepath.Join(c.env.RepoRoot, runtimeClassFile), filepath.Join(dir, "priorityclasses.yaml"), dir} {
 		if err := c.runKubectl(ctx, w, "apply", "-f", path); err != nil {
 			return err
 		}

@@ -77,9 +77,6 @@ func run(ctx context.Context, o options) error {
 	}
 	for _, n := range simNodes {
 		if !o.dra {
-			if n.Name == dynamicNode {
-				continue // its MIG instances come from claims only
-			}
 			n.DRAPlugin = false
 		}
 		n.ResourceSlices = o.dra

@@ -625,6 +625,23 @@ else
     fail "connect after a failed first connect" "ok=$ok made=$made $(cat "$D/out" "$D/err" "$D/sched.log")"
 fi
 
+# 25c. The connection's timings are the scheduler's to loosen, not the pod's: a pod that sets a connect
+# timeout shorter than a busy scheduler's WELCOME still connects at its first context (the default holds
+# until a scheduler allows otherwise), and a scheduler that does not allow it (POLICY 0) names the values
+# it ignores, a longer reconnection back-off among them.
+D=$TMP/conntimings
+mkdir -p "$D"
+start_fake "$D" welcome_delay_ms=300 policy=0
+out=$(run_client GPUSHARE_SOCKET="$D/s.sock" GPUSHARE_LOG_LEVEL=info GPUSHARE_CONNECT_TIMEOUT_MS=50 \
+    GPUSHARE_RECONNECT_MAX_MS=600000 timeout 20 "$CLIENT" dlsym 5 2>&1)
+if grep -q "client done" <<<"$out" && grep -q "connected to $D/s.sock" <<<"$out" && ! grep -q "cannot reach" <<<"$out" &&
+    grep -q "ignoring.*GPUSHARE_CONNECT_TIMEOUT_MS=50 GPUSHARE_RECONNECT_MAX_MS=600000" <<<"$out"; then
+    pass "a pod's shorter connect timeout and longer reconnection back-off are not taken"
+else
+    fail "connection timings from the pod" "$out $(cat "$D/sched.log")"
+fi
+stop_fake
+
 # 26. A child forked by a paced process has none of its parent's events (CUDA does not survive fork): it
 # paces its own launches with events of its own, and never waits for the parent's.
 out=$(run_client GPUSHARE_PACE_OVERRIDE=4 GPUSHARE_PACE_WAIT_MAX_MS=60000 CLIENT_FORK_AT=20 CLIENT_FORK_LAUNCHES=50 \

@@ -20,6 +20,7 @@ import (
 
 	"github.com/gpusharing/gpusharing/agent/dra"
 	"github.com/gpusharing/gpusharing/agent/runner"
+	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
 // examplesDir holds the pod manifests users apply (examples/pods/README.md); the demo applies the files
@@ -63,13 +64,66 @@ func (c *cluster) runExamples(ctx context.Context, w io.Writer) error {
 	if err := c.runKubectl(ctx, w, "get", "pods", "-l", exampleLabel, "-o", "wide"); err != nil {
 		return err
 	}
-	return c.printExamples(ctx, w)
+	if err := c.printExamples(ctx, w); err != nil {
+		return err
+	}
+	// The agents' side: each GPUNode names the pods whose claims its plugin prepared, per GPU. (Its
+	// production column stays "-": the class is read from the processes on the GPU, and none runs here.)
+	nodes, err := c.waitClaimedBy(ctx)
+	if err != nil {
+		return err
+	}
+	return c.runKubectl(ctx, w, append(append([]string{"get", "gpunode"}, nodes...), "-o", "custom-columns=NODE:.metadata.name,CLAIMED BY:.status.claimedBy")...)
+}
+
+// waitClaimedBy waits (bounded) until every example pod is named in its node's status.claimedBy, which
+// the agent writes on its pass after the plugin prepared the pod's claims, and returns the nodes.
+func (c *cluster) waitClaimedBy(ctx context.Context) ([]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	sel, err := labelSelector()
+	if err != nil {
+		return nil, err
+	}
+	for {
+		var pods corev1.PodList
+		var missing, nodes []string
+		if err := c.env.Client.List(ctx, &pods, client.InNamespace("default"), sel); err == nil {
+			seen := map[string]bool{}
+			for _, p := range pods.Items {
+				var gn v1alpha1.GPUNode
+				if err := c.env.Client.Get(ctx, client.ObjectKey{Name: p.Spec.NodeName}, &gn); err != nil || !strings.Contains(gn.Status.ClaimedBy, p.Namespace+"/"+p.Name) {
+					missing = append(missing, p.Name)
+				}
+				if !seen[p.Spec.NodeName] {
+					seen[p.Spec.NodeName] = true
+					nodes = append(nodes, p.Spec.NodeName)
+				}
+			}
+			if len(missing) == 0 {
+				sort.Strings(nodes)
+				return nodes, nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("the GPUNodes do not name pods %s among their claims' pods within 30s", strings.Join(missing, ", "))
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // runKubectl runs the real kubectl and prints the command and its output, paths relative to the repository.
 func (c *cluster) runKubectl(ctx context.Context, w io.Writer, args ...string) error {
 	res, err := runner.Exec{}.Run(ctx, runner.Cmd{Path: c.kubectl, Args: append([]string{"--kubeconfig", c.kubeconfig}, args...)})
-	shown := strings.ReplaceAll(strings.Join(args, " "), c.env.RepoRoot+"/", "")
+	quoted := make([]string, len(args))
+	for i, a := range args {
+		quoted[i] = a
+		if strings.Contains(a, " ") {
+			quoted[i] = "'" + a + "'"
+		}
+	}
+	shown := strings.ReplaceAll(strings.Join(quoted, " "), c.env.RepoRoot+"/", "")
 	if _, werr := fmt.Fprint(w, "\n$ kubectl ", shown, "\n", res.Stdout, res.Stderr); werr != nil {
 		return werr
 	}

@@ -56,6 +56,8 @@ var reviewed = map[string]map[string]string{
 		"resource.k8s.io/resourceslices:create": "--dra-resource-slices: a node's first slices, and one deleted by someone else",
 		"resource.k8s.io/resourceslices:update": "--dra-resource-slices: the devices changed",
 		"resource.k8s.io/resourceslices:delete": "--dra-resource-slices: slices past the new count, or of an older generation",
+		"resource.k8s.io/deviceclasses:list":    "--dra beside the device plugin: which extended resources the DeviceClasses serve through DRA, left to it",
+		"resource.k8s.io/deviceclasses:watch":   "--dra beside the device plugin: the same names as classes come and go",
 		"resource.k8s.io/resourceclaims:get":    "--dra: the kubelet plugin reads the claims the kubelet asks it to prepare",
 		"resource.k8s.io/resourceclaims:list":   "--dra: the drain finds the pods holding claims on a GPU (read uncached, paged)",
 	},

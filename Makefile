@@ -85,7 +85,7 @@ golangci-lint: ## Build golangci-lint $(GOLANGCI_LINT_VERSION) from the module p
 .PHONY: helm-lint
 helm-lint: helm ## helm lint the chart, with the defaults and with every optional part on
 	$(BIN)/helm lint charts/gpusharing
-	$(BIN)/helm lint charts/gpusharing --set metrics.serviceMonitor.enabled=true --set metrics.prometheusRule.enabled=true --set grafana.dashboard.enabled=true --set dra.deviceClasses=true --set productionClasses.enabled=true --set productionClasses.grantNamespaces={serving} --set productionClasses.denyNamespaces={tenant}
+	$(BIN)/helm lint charts/gpusharing --set metrics.serviceMonitor.enabled=true --set metrics.prometheusRule.enabled=true --set grafana.dashboard.enabled=true --set runtimeClass.create=true --set productionClasses.enabled=true --set productionClasses.grantNamespaces={serving} --set productionClasses.denyNamespaces={tenant}
 
 .PHONY: test
 test: control-plane helm verify-generated lint helm-lint ## The test command: unit, envtest (real apiserver), chart and shim suites

@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -40,7 +41,7 @@ func TestBesideDRATheDevicePluginLeavesTheClassesNamesToIt(t *testing.T) {
 	mig := migUUIDs(g, n.uuid(2))
 	var migDevice string
 	for id := range mig {
-		migDevice = "gpu-2-mig-" + id
+		migDevice = "gpu-2-mig-" + strings.TrimPrefix(id, "MIG-")
 	}
 	waitSlices(t, n.name, "gpu-0 gpu-1-timeslicing-0 gpu-1-timeslicing-1 "+migDevice)
 	n.waitDevices(t, "the MIG profile no class names", "nvidia.com/mig-1g.5gb", mig)

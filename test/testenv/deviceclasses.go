@@ -13,7 +13,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 )
 
-// ApplyDeviceClasses creates the DeviceClasses users install with `kubectl apply -k config/dra`: the
+// ApplyDeviceClasses creates the DeviceClasses config/default installs (config/dra): the
 // real kube-scheduler needs the class a claim names.
 func (e *Env) ApplyDeviceClasses(ctx context.Context) error {
 	const file = "config/dra/deviceclasses.yaml"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Tests hack/check-docs.sh on planted files: a clean reference doc passes; a journal paragraph, a limit of the means that reached a GPU host, a dated run
-# stack, a heading with a date, a result without its command, a broken link and a link to a missing heading
-# (in the same file or another) each fail with their message.
+# Tests hack/check-docs.sh on planted files: a clean reference doc passes; a journal paragraph, a limit of
+# the means that reached a GPU host, a dated run stack, a heading with a date, a result without its command,
+# a broken link and a link to a missing heading (in the same file or another) each fail with their message.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 check=hack/check-docs.sh

@@ -2,9 +2,13 @@ package v1alpha1
 
 import "slices"
 
-// Condition types on GPUSharingPolicy.
+// Condition types on GPUSharingPolicy (Ready also on GPUNode).
 const (
-	// ConditionReady is True when every GPU the policy wins reports its sharing applied as desired.
+	// ConditionReady on a GPUSharingPolicy is True when every GPU the policy wins reports its sharing
+	// applied as desired. On a GPUNode it says whether the node's agent can serve: True while the agent
+	// runs and its NVML inventory is current (InventoryPublished, NoGPUs), False when NVML is missing or
+	// fails (NVMLUnavailable, NVMLError). Whether the node's GPUs run their sharing is the GPUNode's
+	// Applied condition (the REASON column of kubectl get gpusharing).
 	ConditionReady = "Ready"
 	// ConditionProgressing is True while a change is still rolling out or waiting for its turn.
 	ConditionProgressing = "Progressing"
@@ -34,7 +38,6 @@ const (
 	ConditionApplied = "Applied"
 	// ConditionHealthy is False when NVML reports the GPU unhealthy (Xid errors, lost GPU).
 	ConditionHealthy = "Healthy"
-	// ConditionReady on GPUNode is True while the agent runs and publishes inventory.
 	// ConditionDevicePlugin on a GPU is False while the device plugin leaves the GPU out although it is
 	// healthy and applied (reason SizedByClaim); absent otherwise.
 	ConditionDevicePlugin = "DevicePlugin"

@@ -108,7 +108,7 @@ func run() error {
 	serial := flag.Bool("serial-handoffs", false,
 		"hand off in series, the newcomer's copy-in only after the leaver's copy-out (slower: to measure each direction of a swap alone)")
 	oppQueue := flag.Uint("opportunistic-queue", scheduler.DefaultOpportunisticQueue,
-		"launches an opportunistic client may keep outstanding on the GPU while a production client is connected (sent to shims of protocol version 4)")
+		"launches an opportunistic client may keep outstanding on the GPU while a production client is busy: waits for or holds the GPU, or did within 10 s (sent to shims of protocol version 4 and later)")
 	claimMem := flag.Uint64("claim-memory", 0,
 		"put every client of a GPU in one claim ledger of this many bytes, contexts included (0: none; the agent names each client's claim)")
 	ctxReserve := flag.Uint64("context-reserve", scheduler.DefaultContextReserve,

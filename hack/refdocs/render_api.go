@@ -79,7 +79,11 @@ func renderAPI(p *apiPackage, group string, kinds []string) ([]byte, []string) {
 	for _, name := range order {
 		r.renderType(p.types[name], group)
 	}
-	return []byte(strings.TrimRight(w.String(), "\n") + "\n"), r.faults
+	out := strings.TrimRight(w.String(), "\n") + "\n"
+	for strings.Contains(out, "\n\n\n") {
+		out = strings.ReplaceAll(out, "\n\n\n", "\n\n")
+	}
+	return []byte(out), r.faults
 }
 
 func (r *apiRef) renderType(t *apiType, group string) {
@@ -209,8 +213,12 @@ func (r *apiRef) renderField(t *apiType, f *apiField, group string) {
 	if doc == "" {
 		r.fault(f.pos, "field %s.%s has no comment (and no comment of a field before it names it)", t.name, f.json)
 	}
+	desc := cell(doc)
+	if strings.HasSuffix(exprString(f.typ), "metav1.Condition") {
+		desc += " Each type and reason: [conditions.md](conditions.md)."
+	}
 	validationCell := strings.Join(append([]string{presence}, checks...), "; ")
-	fmt.Fprintf(w, "| `%s` | %s | %s | %s | %s |\n", f.json, typ, def, cellKeepCode(validationCell), cell(doc))
+	fmt.Fprintf(w, "| `%s` | %s | %s | %s | %s |\n", f.json, typ, def, cellKeepCode(validationCell), desc)
 }
 
 // renderScalar writes a scalar type's underlying type, checks and, for an enum, its values.
@@ -242,7 +250,10 @@ func (r *apiRef) renderScalar(t *apiType) {
 			consts = append(consts, c)
 		}
 	}
-	if len(enum) == 0 && len(consts) == 0 {
+	if len(consts) == 0 {
+		if len(enum) > 0 {
+			fmt.Fprintf(w, "One of %s.\n", spans(enum))
+		}
 		return
 	}
 	values := enum
@@ -324,15 +335,15 @@ func validation(mk marker) (text string, known bool) {
 	case "validation:Maximum":
 		return prefix + "at most " + arg, true
 	case "validation:MinLength":
-		return prefix + "at least " + arg + " characters", true
+		return prefix + "at least " + count(arg, "character"), true
 	case "validation:MaxLength":
-		return prefix + "at most " + arg + " characters", true
+		return prefix + "at most " + count(arg, "character"), true
 	case "validation:MinItems":
-		return prefix + "at least " + arg + " items", true
+		return prefix + "at least " + count(arg, "item"), true
 	case "validation:MaxItems":
-		return prefix + "at most " + arg + " items", true
+		return prefix + "at most " + count(arg, "item"), true
 	case "validation:MaxProperties":
-		return prefix + "at most " + arg + " entries", true
+		return prefix + "at most " + count(arg, "entry"), true
 	case "validation:Pattern":
 		return prefix + "matches " + code(arg), true
 	case "validation:Enum":
@@ -430,4 +441,15 @@ func capitalize(s string) string {
 		return s
 	}
 	return strings.ToUpper(s[:1]) + s[1:]
+}
+
+// count is n things, singular for one.
+func count(n, thing string) string {
+	if n == "1" {
+		return n + " " + thing
+	}
+	if strings.HasSuffix(thing, "y") {
+		return n + " " + strings.TrimSuffix(thing, "y") + "ies"
+	}
+	return n + " " + thing + "s"
 }

@@ -94,7 +94,6 @@ func loadAPI(dir string) (*apiPackage, error) {
 					t.doc, t.markers = comment(doc)
 					if st, ok := ts.Type.(*ast.StructType); ok {
 						t.fields = structFields(fset, st)
-						t.fields = append([]*apiField{}, t.fields...)
 					} else {
 						t.scalar = exprString(ts.Type)
 					}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"go/ast"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -185,7 +186,11 @@ func (r *apiRef) renderField(t *apiType, f *apiField, group string) {
 		case "required":
 			presence = "required"
 		case "default":
-			def = code(mk.arg)
+			arg := mk.arg
+			if u, err := strconv.Unquote(arg); err == nil {
+				arg = u
+			}
+			def = code(arg)
 		case "listType":
 			listType = mk.arg
 		case "listMapKey":

@@ -34,10 +34,11 @@ manifests: $(CONTROLLER_GEN) ## Generate CRDs and RBAC from the API types and ma
 
 generate: $(CONTROLLER_GEN) ## Generate deepcopy functions and docs/reference (API fields, conditions and reasons, each binary's flags)
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths="./api/..."
-	@# Fails on a type, field or reason without its comment (a reason's must say "What to do:").
-	go run ./hack/refdocs
 	@# Each binary's flag reference is written by its own test, over its real flag sets.
 	UPDATE_REFERENCE=1 go test -count=1 -run '^TestFlagReference$$' ./cmd/agent ./cmd/manager ./cmd/gpushare-scheduler
+	@# Fails on a type, field or reason without its comment (a reason's must say "What to do:") and on a
+	@# guide naming a --flag the flag references above do not list.
+	go run ./hack/refdocs
 
 .PHONY: chart
 chart: ## Copy the CRDs, ClusterRoles, admission policy and dashboard from config/ into charts/gpusharing/files (run by manifests)

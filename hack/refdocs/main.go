@@ -2,8 +2,8 @@
 // field of the API types with its type, default and admission checks) and docs/reference/conditions.md
 // (every condition type and reason with when it surfaces and what to do), from the Go source and its
 // comments and markers. It fails, writing nothing, when a type, field, condition type or reason has no
-// comment, a reason's comment has no "What to do:" part, or a variable the shim reads has no row in
-// docs/shim.md. With -check it writes nothing and also fails when the committed reference differs from
+// comment, a reason's comment has no "What to do:" part, a variable the shim reads has no row in
+// docs/shim.md, or a guide names a --flag that no binary has. With -check it writes nothing and also fails when the committed reference differs from
 // what it would write. The flags of each binary are in docs/reference/*-flags.md, written by their own
 // tests (internal/flagref).
 package main
@@ -19,8 +19,8 @@ import (
 
 // config says where the sources and the reference are, relative to root.
 type config struct {
-	root, api, group, out, shimSrc, shimDoc string
-	kinds, reasonRoots                      []string
+	root, api, group, out, shimSrc, shimDoc, docs string
+	kinds, reasonRoots                            []string
 }
 
 func main() {
@@ -35,6 +35,7 @@ func main() {
 	flag.StringVar(&c.out, "out", "docs/reference", "where the reference is written")
 	flag.StringVar(&c.shimSrc, "shim-src", "shim/src", "the shim's C sources, whose getenv calls are its configuration")
 	flag.StringVar(&c.shimDoc, "shim-doc", "docs/shim.md", "the doc whose table lists the shim's environment variables")
+	flag.StringVar(&c.docs, "docs", "docs/*.md", "the guides, whose --flag code spans must name flags that exist")
 	flag.Parse()
 	c.kinds, c.reasonRoots = strings.Split(kinds, ","), strings.Split(roots, ",")
 	if err := run(c, *check); err != nil {
@@ -91,6 +92,20 @@ func generate(c config) (map[string][]byte, []string, error) {
 			return nil, nil, err
 		}
 		faults = append(faults, shim...)
+	}
+	if c.docs != "" {
+		docs, err := filepath.Glob(filepath.Join(c.root, c.docs))
+		if err != nil {
+			return nil, nil, err
+		}
+		for i := range docs {
+			docs[i], _ = filepath.Rel(c.root, docs[i])
+		}
+		flags, err := checkDocFlags(c.root, c.out, docs)
+		if err != nil {
+			return nil, nil, err
+		}
+		faults = append(faults, flags...)
 	}
 	return map[string][]byte{"api.md": api, "conditions.md": conds}, faults, nil
 }

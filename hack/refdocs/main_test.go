@@ -11,7 +11,7 @@ import (
 func repo() config {
 	return config{
 		root: "../..", api: "api/v1alpha1", group: "gpusharing.io/v1alpha1", out: "docs/reference",
-		shimSrc: "shim/src", shimDoc: "docs/shim.md",
+		shimSrc: "shim/src", shimDoc: "docs/shim.md", docs: "docs/*.md",
 		kinds: []string{"GPUSharingPolicy", "GPUNode"}, reasonRoots: []string{"api", "agent", "controllers"},
 	}
 }
@@ -34,7 +34,7 @@ func plantedAPI(t *testing.T, file string, edit func(string) string) config {
 	t.Helper()
 	c := repo()
 	src := filepath.Join(c.root, c.api)
-	c.root, c.shimSrc = t.TempDir(), ""
+	c.root, c.shimSrc, c.docs = t.TempDir(), "", ""
 	dst := filepath.Join(c.root, c.api)
 	if err := os.MkdirAll(dst, 0o755); err != nil {
 		t.Fatal(err)
@@ -199,5 +199,20 @@ func TestMarkerArgsReadQuotedAndBareValues(t *testing.T) {
 	got := markerArgs(`rule="a == 'b, c' && d == \"e\"",message="f, g",priority=1`)
 	if got["rule"] != `a == 'b, c' && d == "e"` || got["message"] != "f, g" || got["priority"] != "1" {
 		t.Errorf("markerArgs = %q", got)
+	}
+}
+
+func TestADocNamingAFlagNoBinaryHasFails(t *testing.T) {
+	root := t.TempDir()
+	os.MkdirAll(filepath.Join(root, "ref"), 0o755)
+	os.MkdirAll(filepath.Join(root, "docs"), 0o755)
+	os.WriteFile(filepath.Join(root, "ref", "agent-flags.md"), []byte("| Flag |\n| --- |\n| `--host-root` | string |\n| `--resource-mps` | value |\n"), 0o644)
+	os.WriteFile(filepath.Join(root, "docs", "a.md"), []byte("Set `--host-root`, the `--resource-*` names and helm's `--set`.\nThen `--removed-flag=1`.\n"), 0o644)
+	faults, err := checkDocFlags(root, "ref", []string{"docs/a.md"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(faults) != 1 || !strings.Contains(faults[0], "docs/a.md:2: --removed-flag is no flag") {
+		t.Errorf("faults = %q, want docs/a.md:2 naming --removed-flag", faults)
 	}
 }

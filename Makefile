@@ -32,8 +32,13 @@ manifests: $(CONTROLLER_GEN) ## Generate CRDs and RBAC from the API types and ma
 	@if grep -rqs '+kubebuilder:rbac' agent; then $(CONTROLLER_GEN) rbac:roleName=agent paths="./agent/..." output:rbac:artifacts:config=config/rbac/agent; fi
 	@$(MAKE) --no-print-directory chart
 
-generate: $(CONTROLLER_GEN) ## Generate deepcopy functions
+generate: $(CONTROLLER_GEN) ## Generate deepcopy functions and docs/reference (API fields, conditions and reasons, each binary's flags)
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths="./api/..."
+	@# Each binary's flag reference is written by its own test, over its real flag sets.
+	UPDATE_REFERENCE=1 go test -count=1 -run '^TestFlagReference$$' ./cmd/agent ./cmd/manager ./cmd/gpushare-scheduler
+	@# Fails on a type, field or reason without its comment (a reason's must say "What to do:") and on a
+	@# guide naming a --flag the flag references above do not list.
+	go run ./hack/refdocs
 
 .PHONY: chart
 chart: ## Copy the CRDs, ClusterRoles, admission policy and dashboard from config/ into charts/gpusharing/files (run by manifests)
@@ -69,9 +74,10 @@ lint: fmt vet golangci-lint check-docs check-make-help ## gofmt, go vet, golangc
 	$(GOLANGCI_LINT) run ./...
 
 .PHONY: check-docs
-check-docs: ## Links, anchors and tables of every Markdown file; reference form of the docs (no journal, no result without its command)
+check-docs: ## Links, anchors and tables of every Markdown file; reference form of the docs (no journal, no result without its command); docs/reference complete and current
 	hack/check-docs_test.sh
 	hack/check-docs.sh
+	go run ./hack/refdocs -check
 
 .PHONY: check-make-help
 check-make-help: ## Every target has a help line and make help lists it under its section

@@ -135,7 +135,8 @@ type GPUNodeStatus struct {
 	// +optional
 	OmittedPods int32 `json:"omittedPods,omitempty"`
 
-	// conditions: Ready (the agent runs and reports), Applied (every GPU as desired).
+	// conditions: Ready (the agent runs and reports), Applied (every GPU as desired), and kstatus's
+	// Stalled and Reconciling.
 	// +listType=map
 	// +listMapKey=type
 	// +optional
@@ -203,7 +204,7 @@ type GPUStatus struct {
 	// +optional
 	Sized *GPUSizedClaims `json:"sized,omitempty"`
 
-	// conditions: Applied, Healthy.
+	// conditions: Applied, Healthy, and on a GPU sized per claim DevicePlugin and WithinClaims.
 	// +listType=map
 	// +listMapKey=type
 	// +optional

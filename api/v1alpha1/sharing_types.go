@@ -275,8 +275,8 @@ type MIGSharing struct {
 
 // MIGInstanceRequest asks for count instances of one MIG profile.
 type MIGInstanceRequest struct {
-	// profile is a GPU instance profile name as nvidia-smi prints it: <slices>g.<memory>gb with an optional
-	// +me, +me.all, -me or +gfx suffix, for example 1g.10gb, 3g.40gb or 1g.10gb+me.
+	// profile is a GPU instance profile name as nvidia-smi prints it: <slices>g.<memory>gb with an
+	// optional suffix (+me, +me.all, -me or +gfx), for example 1g.10gb, 3g.40gb or 1g.10gb+me.
 	// +kubebuilder:validation:Pattern=`^[1-7]g\.[1-9][0-9]{0,2}gb(\+me|\+me\.all|-me|\+gfx)?$`
 	// +kubebuilder:validation:MaxLength=20
 	// +required

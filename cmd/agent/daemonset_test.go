@@ -26,14 +26,17 @@ func agentDaemonSet(t *testing.T) *appsv1.DaemonSet {
 }
 
 // The DaemonSet's flags are the ones main reads, and every host path the agent uses lies in a hostPath
-// volume mounted at the same path: the device plugin hands those paths to the kubelet as host paths.
+// volume mounted at the same path: the kubelet plugin and the device plugin hand those paths to the
+// kubelet and the runtime as host paths. config/agent serves shares through DRA alone (the default
+// install); the device plugin's paths are checked where config/deviceplugin adds it (test/deploy).
 func TestDaemonSetFlagsParseAndEveryHostPathIsMountedAtItsHostPath(t *testing.T) {
 	ds := agentDaemonSet(t)
 	c := ds.Spec.Template.Spec.Containers[0]
 	t.Setenv("NODE_NAME", "node-a")
 	o, _ := parse(c.Args) // an unknown flag exits the test binary: that fails too
-	if o.devicePlugin == nil || o.podResourcesSocket == "" {
-		t.Fatalf("the DaemonSet runs the agent without the device plugin or the drain: %+v", o)
+	// Without the device plugin the drain finds a GPU's pods by their claims, not the PodResources API.
+	if o.draPlugin == nil || o.devicePlugin != nil {
+		t.Fatalf("the DaemonSet runs the agent with DRA %v and the device plugin %v; want DRA alone", o.draPlugin != nil, o.devicePlugin != nil)
 	}
 	hostPathOf := map[string]string{}
 	for _, v := range ds.Spec.Template.Spec.Volumes {
@@ -46,12 +49,13 @@ func TestDaemonSetFlagsParseAndEveryHostPathIsMountedAtItsHostPath(t *testing.T)
 		return m.Name, ok && hostPathOf[m.Name] == m.MountPath
 	}
 	for what, path := range map[string]string{
-		"--device-plugin-dir":    o.devicePlugin.SocketDir,
-		"--pod-resources-socket": o.podResourcesSocket,
-		"--mps-root":             o.mpsRoot,
-		"--state-dir":            o.stateDir,
-		"--scheduler-root":       o.schedulerRoot,
-		"--shim-library":         o.devicePlugin.ShimLibrary,
+		"--dra-plugin-dir":   o.draPlugin.PluginDir,
+		"--dra-registry-dir": o.draPlugin.RegistryDir,
+		"--cdi-dir":          o.draPlugin.CDIDir,
+		"--mps-root":         o.mpsRoot,
+		"--state-dir":        o.stateDir,
+		"--scheduler-root":   o.schedulerRoot,
+		"--shim-library":     o.shares.ShimLibrary,
 	} {
 		if vol, same := mounted(path); vol == "" || !same {
 			t.Errorf("%s %s: in volume %q, mounted at its host path: %v; want a hostPath volume mounted at the same path", what, path, vol, same)
@@ -97,7 +101,7 @@ func TestTheMPSRootPropagatesTheAgentsTmpfsMountsToTheHost(t *testing.T) {
 
 // The init container installs the shim through `agent install-shim` into the directory the agent's
 // --shim-library lives in, so the device plugin mounts the build it just linked.
-func TestInitContainerInstallsTheShimAtomicallyWhereTheDevicePluginLooks(t *testing.T) {
+func TestInitContainerInstallsTheShimAtomicallyWhereThePluginsLook(t *testing.T) {
 	ds := agentDaemonSet(t)
 	if len(ds.Spec.Template.Spec.InitContainers) != 1 {
 		t.Fatalf("init containers = %d, want 1", len(ds.Spec.Template.Spec.InitContainers))
@@ -115,15 +119,15 @@ func TestInitContainerInstallsTheShimAtomicallyWhereTheDevicePluginLooks(t *test
 		t.Fatalf("install-shim exit %d", rc)
 	}
 	o, _ := parse(ds.Spec.Template.Spec.Containers[0].Args)
-	want := filepath.Join("/usr/lib/gpusharing", filepath.Base(o.devicePlugin.ShimLibrary))
+	want := filepath.Join("/usr/lib/gpusharing", filepath.Base(o.shares.ShimLibrary))
 	var to string
 	for _, a := range init.Command[2:] {
 		if v, ok := strings.CutPrefix(a, "--to="); ok {
 			to = v
 		}
 	}
-	if filepath.Join(to, "libgpushare.so") != o.devicePlugin.ShimLibrary || o.devicePlugin.ShimLibrary != want {
-		t.Errorf("install-shim --to=%s, agent --shim-library=%s: the device plugin would mount another file", to, o.devicePlugin.ShimLibrary)
+	if filepath.Join(to, "libgpushare.so") != o.shares.ShimLibrary || o.shares.ShimLibrary != want {
+		t.Errorf("install-shim --to=%s, agent --shim-library=%s: the plugins would mount another file", to, o.shares.ShimLibrary)
 	}
 	if got, err := os.ReadFile(filepath.Join(host, "libgpushare.so")); err != nil || string(got) != "\x7fELF build 1" {
 		t.Errorf("installed library reads %q, %v", got, err)

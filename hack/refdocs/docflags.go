@@ -14,7 +14,7 @@ import (
 // program's flag is listed here.
 var externalFlags = []string{
 	"admission-control-config-file", "authorization-mode", "feature-gates", // kube-apiserver
-	"create-namespace", "set", // helm
+	"create-namespace", "set", "kube-version", // helm
 	"server-side",            // kubectl
 	"unsafe-no-fsync",        // etcd
 	"once", "timeout", "dra", // cmd/demo (docs/demo.md lists its flags)

@@ -19,7 +19,6 @@ import (
 	"os"
 	"regexp"
 	"runtime/debug"
-	"strconv"
 	"strings"
 	"time"
 )
@@ -84,13 +83,18 @@ func main() {
 	out := flag.String("o", "", "SPDX JSON file to write")
 	ref := flag.String("ref", "", "the image's name, e.g. docker.io/gpusharing/agent:e2e")
 	debs := flag.String("debs", "", "the Debian packages of the image's base: lines of name, version, architecture, sha256 (hack/debian-rootfs.sh)")
+	at := flag.Int64("created", 0, "creation time in seconds since the epoch (a reproducible build's SOURCE_DATE_EPOCH); 0 is now")
 	flag.Var(&files, "file", "/dest=src: a file the image adds (repeatable); Go binaries list their modules")
 	flag.Parse()
 	if *out == "" || *ref == "" {
 		fmt.Fprintln(os.Stderr, "sbom: -o and -ref are required")
 		os.Exit(2)
 	}
-	doc, err := build(*ref, *debs, files, created())
+	created := time.Now().UTC()
+	if *at != 0 {
+		created = time.Unix(*at, 0).UTC()
+	}
+	doc, err := build(*ref, *debs, files, created)
 	if err == nil {
 		err = write(*out, doc)
 	}
@@ -98,16 +102,6 @@ func main() {
 		fmt.Fprintln(os.Stderr, "sbom:", err)
 		os.Exit(1)
 	}
-}
-
-// created is SOURCE_DATE_EPOCH when set (a reproducible build), else now.
-func created() time.Time {
-	if s := os.Getenv("SOURCE_DATE_EPOCH"); s != "" {
-		if sec, err := strconv.ParseInt(s, 10, 64); err == nil {
-			return time.Unix(sec, 0).UTC()
-		}
-	}
-	return time.Now().UTC()
 }
 
 var idUnsafe = regexp.MustCompile(`[^A-Za-z0-9.-]+`)
@@ -224,7 +218,7 @@ func readDebs(path string) ([]pkg, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	var out []pkg
 	s := bufio.NewScanner(f)
 	for n := 1; s.Scan(); n++ {
@@ -255,7 +249,7 @@ func fileSHA256(path string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	h := sha256.New()
 	if _, err := io.Copy(h, f); err != nil {
 		return "", err

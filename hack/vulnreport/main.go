@@ -47,7 +47,7 @@ type message struct {
 
 // called is one vulnerability the code reaches.
 type called struct {
-	id, summary, module, version, fixed, example string
+	id, module, version, fixed, example string
 }
 
 type acceptance struct {
@@ -67,11 +67,12 @@ func main() {
 			os.Exit(2)
 		}
 	}
-	ok, err := judge(os.Stdin, os.Stdout, acc, time.Now())
+	ok, report, err := judge(os.Stdin, acc, time.Now())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "vulnreport:", err)
 		os.Exit(2)
 	}
+	fmt.Print(report)
 	if !ok {
 		os.Exit(1)
 	}
@@ -82,7 +83,7 @@ func readAccepted(path string) (map[string]acceptance, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	out := map[string]acceptance{}
 	s := bufio.NewScanner(f)
 	for n := 1; s.Scan(); n++ {
@@ -106,8 +107,8 @@ func readAccepted(path string) (map[string]acceptance, error) {
 	return out, s.Err()
 }
 
-// judge reads govulncheck's message stream from r, writes the report to w and says whether it passes.
-func judge(r io.Reader, w io.Writer, acc map[string]acceptance, now time.Time) (bool, error) {
+// judge reads govulncheck's message stream from r and returns whether it passes, and the report.
+func judge(r io.Reader, acc map[string]acceptance, now time.Time) (bool, string, error) {
 	dec := json.NewDecoder(r)
 	summaries := map[string]string{}
 	found := map[string]*called{}
@@ -120,7 +121,7 @@ func judge(r io.Reader, w io.Writer, acc map[string]acceptance, now time.Time) (
 			break
 		}
 		if err != nil {
-			return false, fmt.Errorf("reading govulncheck's JSON: %w", err)
+			return false, "", fmt.Errorf("reading govulncheck's JSON: %w", err)
 		}
 		switch {
 		case m.Config != nil:
@@ -144,9 +145,10 @@ func judge(r io.Reader, w io.Writer, acc map[string]acceptance, now time.Time) (
 		}
 	}
 	if db == "" {
-		return false, errors.New("no govulncheck config message: was it run with -format json?")
+		return false, "", errors.New("no govulncheck config message: was it run with -format json?")
 	}
-	fmt.Fprintf(w, "govulncheck with %s against %s\n", goVersion, db)
+	var w strings.Builder
+	fmt.Fprintf(&w, "govulncheck with %s against %s\n", goVersion, db)
 	ids := make([]string, 0, len(found))
 	for id := range found {
 		ids = append(ids, id)
@@ -165,7 +167,7 @@ func judge(r io.Reader, w io.Writer, acc map[string]acceptance, now time.Time) (
 		} else {
 			pass = false
 		}
-		fmt.Fprintf(w, "%s %s@%s (fixed in %s) called: %s\n    %s\n    %s\n", id, c.module, c.version, c.fixed, c.example, summaries[id], verdict)
+		fmt.Fprintf(&w, "%s %s@%s (fixed in %s) called: %s\n    %s\n    %s\n", id, c.module, c.version, c.fixed, c.example, summaries[id], verdict)
 	}
 	var stale []string
 	for id := range acc {
@@ -175,9 +177,9 @@ func judge(r io.Reader, w io.Writer, acc map[string]acceptance, now time.Time) (
 	}
 	sort.Strings(stale)
 	for _, id := range stale {
-		fmt.Fprintf(w, "%s is accepted (line %d) but no longer called: remove it\n", id, acc[id].line)
+		fmt.Fprintf(&w, "%s is accepted (line %d) but no longer called: remove it\n", id, acc[id].line)
 		pass = false
 	}
-	fmt.Fprintf(w, "%d vulnerabilities called, %d more in imported but uncalled code\n", len(ids), len(imported))
-	return pass, nil
+	fmt.Fprintf(&w, "%d vulnerabilities called, %d more in imported but uncalled code\n", len(ids), len(imported))
+	return pass, w.String(), nil
 }

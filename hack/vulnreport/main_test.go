@@ -22,12 +22,11 @@ var now = time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
 
 func judged(t *testing.T, acc map[string]acceptance) (bool, string) {
 	t.Helper()
-	var out strings.Builder
-	ok, err := judge(strings.NewReader(stream), &out, acc, now)
+	ok, out, err := judge(strings.NewReader(stream), acc, now)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return ok, out.String()
+	return ok, out
 }
 
 func TestFailsOnACalledVulnerabilityNobodyAccepted(t *testing.T) {

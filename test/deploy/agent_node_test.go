@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	resourcev1 "k8s.io/api/resource/v1"
@@ -221,5 +222,61 @@ func TestAgentOfOneNodeEvictsOnlyPodsBoundToItsNode(t *testing.T) {
 	// Other users (kubectl drain, the kubelet, admins) are not matched by the policy.
 	if err := evict(env.Config, podB, true); err != nil {
 		t.Errorf("an admin could not evict a pod of node b: %v", err)
+	}
+}
+
+// podBoundToken is what the kubelet projects into the agent's pod on node: a token of the agent's service
+// account bound to a pod scheduled there, from which the API server derives the node-name claim.
+func podBoundToken(t *testing.T, ctx context.Context, node string) *rest.Config {
+	t.Helper()
+	if err := env.Client.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: "agent-" + node},
+		Spec: corev1.PodSpec{NodeName: node, ServiceAccountName: "gpusharing-agent",
+			Containers: []corev1.Container{{Name: "agent", Image: "gpusharing/agent:test"}}},
+	}
+	if err := env.Client.Create(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	cs, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := cs.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, "gpusharing-agent", &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{BoundObjectRef: &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := rest.AnonymousClientConfig(env.Config)
+	cfg.BearerToken = tr.Status.Token
+	return cfg
+}
+
+// The tests above impersonate the node-name claim; this one holds a real token bound to a pod on a node,
+// as the kubelet gives the agent, and checks that the policies read the node from it.
+func TestAPodBoundTokenOfTheAgentCarriesItsNodeToThePolicies(t *testing.T) {
+	install(t)
+	ctx := context.Background()
+	ns := "token-probe"
+	if err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	nodeA, nodeB := "token-node-a", "token-node-b"
+	agentA := podBoundToken(t, ctx, nodeA)
+	podA := boundPod(t, ctx, ns, "on-a", nodeA)
+	podB := boundPod(t, ctx, ns, "on-b", nodeB)
+
+	var err error
+	wait.UntilState(t, 60*time.Second, func() (bool, string) {
+		err = evict(agentA, podB, true)
+		return err != nil, "the token of node a's agent may evict a pod of node b"
+	}, "the API server refuses the eviction of a pod of node b to the token of node a's agent")
+	refusedSaying(t, "evicting a pod of another node with a pod-bound token", err,
+		fmt.Sprintf("the gpusharing agent on node %s may evict only pods bound to that node", nodeA))
+	if err := evict(agentA, podA, true); err != nil {
+		t.Errorf("the token of node a's agent could not evict (dry run) a pod bound to node a: %v", err)
 	}
 }

@@ -18,8 +18,8 @@ export KUBECTL := $(BIN)/kubectl
 export HELM := $(BIN)/helm
 
 .PHONY: help
-help: ## List the targets
-	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
+help: ## List the targets by section (hack/check-make-help.sh checks that every target is here)
+	@awk 'BEGIN {FS = ":.*## "} /^##@ / {printf "\n%s\n", substr($$0, 5); next} /^[A-Za-z0-9][A-Za-z0-9_.-]*:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 ##@ Run
 .PHONY: demo
@@ -39,8 +39,13 @@ manifests: $(CONTROLLER_GEN) ## Generate CRDs and RBAC from the API types and ma
 	$(CONTROLLER_GEN) rbac:roleName=agent-dra paths="./agent/dra" output:rbac:artifacts:config=config/rbac/agent-dra
 	@$(MAKE) --no-print-directory chart
 
-generate: $(CONTROLLER_GEN) ## Generate deepcopy functions
+generate: $(CONTROLLER_GEN) ## Generate deepcopy functions and docs/reference (API fields, conditions and reasons, each binary's flags)
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths="./api/..."
+	@# Each binary's flag reference is written by its own test, over its real flag sets.
+	UPDATE_REFERENCE=1 go test -count=1 -run '^TestFlagReference$$' ./cmd/agent ./cmd/manager ./cmd/gpushare-scheduler
+	@# Fails on a type, field or reason without its comment (a reason's must say "What to do:") and on a
+	@# guide naming a --flag the flag references above do not list.
+	go run ./hack/refdocs
 
 .PHONY: chart
 chart: ## Copy the CRDs, ClusterRoles, admission policy and dashboard from config/ into charts/gpusharing/files (run by manifests)
@@ -72,13 +77,19 @@ fmt: ## Fail on unformatted Go files
 	@out="$$(gofmt -l $$(git ls-files '*.go' | grep -v '^bin/') 2>&1)"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 vet: ## go vet every package
 	go vet ./...
-lint: fmt vet golangci-lint check-docs ## gofmt, go vet, golangci-lint (.golangci.yml: layering, environment, exec) and the docs' links and tables
+lint: fmt vet golangci-lint check-docs check-make-help ## gofmt, go vet, golangci-lint (.golangci.yml: layering, environment, exec), the docs' links and tables, make help
 	$(GOLANGCI_LINT) run ./...
 
 .PHONY: check-docs
-check-docs: ## Links, anchors and tables of every Markdown file; reference form of the docs (no journal, no result without its command)
+check-docs: ## Links, anchors and tables of every Markdown file; reference form of the docs (no journal, no result without its command); docs/reference complete and current
 	hack/check-docs_test.sh
 	hack/check-docs.sh
+	go run ./hack/refdocs -check
+
+.PHONY: check-make-help
+check-make-help: ## Every target has a help line and make help lists it under its section
+	hack/check-make-help_test.sh
+	hack/check-make-help.sh
 
 .PHONY: golangci-lint
 golangci-lint: ## Build golangci-lint $(GOLANGCI_LINT_VERSION) from the module proxy into $(BIN) (skipped when present)
@@ -87,7 +98,7 @@ golangci-lint: ## Build golangci-lint $(GOLANGCI_LINT_VERSION) from the module p
 .PHONY: helm-lint
 helm-lint: helm ## helm lint the chart, with the defaults and with every optional part on
 	$(BIN)/helm lint charts/gpusharing
-	$(BIN)/helm lint charts/gpusharing --set metrics.serviceMonitor.enabled=true --set metrics.prometheusRule.enabled=true --set grafana.dashboard.enabled=true --set dra.deviceClasses=true --set productionClasses.enabled=true --set productionClasses.grantNamespaces={serving} --set productionClasses.denyNamespaces={tenant}
+	$(BIN)/helm lint charts/gpusharing --set metrics.serviceMonitor.enabled=true --set metrics.prometheusRule.enabled=true --set grafana.dashboard.enabled=true --set runtimeClass.create=true --set productionClasses.enabled=true --set productionClasses.grantNamespaces={serving} --set productionClasses.denyNamespaces={tenant}
 
 .PHONY: vulncheck
 vulncheck: ## govulncheck against golang.org/x/vulndb $(VULNDB_VERSION), fetched from the Go module proxy like any module; fails on a reachable vulnerability
@@ -102,6 +113,11 @@ test: control-plane helm verify-generated lint helm-lint vulncheck ## The test c
 flake-check: control-plane helm ## Run the timing-sensitive suites N times each and report every failure (N=5)
 	hack/flake-check.sh $(or $(N),5)
 
+.PHONY: test-go
+test-go: control-plane helm ## Only the Go suites
+	go test $(GO_TEST_FLAGS) ./...
+
+##@ End to end
 .PHONY: e2e-deps images e2e
 e2e-deps: control-plane ## Build the rest of a real node into bin/: kubelet, containerd v2, runc, CNI plugins; install Debian's prometheus
 	BIN=$(BIN) hack/build-control-plane.sh kubelet
@@ -115,9 +131,6 @@ images: build ## OCI image archives of the manager and the agent (plus pause and
 e2e: e2e-deps images ## The real-node end-to-end test (root, Linux): a real kubelet, containerd and control plane here; installs config/e2e and runs test/e2e
 	E2E_BIN=$(BIN) go test -tags e2e $(GO_TEST_FLAGS) -timeout 45m -v ./test/e2e/
 
-.PHONY: test-go
-test-go: control-plane helm ## Only the Go suites
-	go test $(GO_TEST_FLAGS) ./...
 
 ##@ Benchmarks
 .PHONY: bench-controller
@@ -160,12 +173,13 @@ bench-oversub: ## Oversubscription swap rate and paired-job completion times (ne
 	$(MAKE) -C shim bench-oversub
 
 .PHONY: bench-qos
-bench-qos: ## Production inference beside opportunistic training in every sharing mode, side by side (needs a GPU; carry shim/build/gpushare-scheduler)
+bench-qos: ## Production inference beside opportunistic training in every sharing mode, side by side (needs a GPU and shim/build/gpushare-scheduler, built where Go is)
 	test/gpu/qos/bench.sh
 
 $(CONTROLLER_GEN):
 	GOBIN=$(BIN) go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_TOOLS_VERSION)
 
+##@ Clean
 .PHONY: clean
 clean: ## Remove build outputs (keeps the cached control plane)
 	rm -f $(BIN)/manager $(BIN)/agent

@@ -3,7 +3,8 @@
 # cells as its header. The reference docs (README.md and docs/*.md) are also held to reference form:
 #   - no dated run stacks: no heading with a date, no second results paragraph that opens with a date in
 #     one section (a re-measurement replaces the figures; older runs live in git);
-#   - no words about how the project was built (BUILD_WORDS below), outside code;
+#   - no words about how the project was built or the limits of what reached a machine for it
+#     (BUILD_WORDS below), outside code;
 #   - no measured figure (x, %, ms, us, GB/s, MiB, GiB) in a results section without a command in that
 #     section or in the results heading's own text (`make ...`, a script path, a code span with a command).
 # Links to other sites are not fetched. With no argument it checks every tracked Markdown file; given files,
@@ -16,11 +17,13 @@ cd "$(dirname "$0")/.."
 # reason while it is); none now.
 REFERENCE_EXEMPT=()
 
-# Words and phrases about how the project was built, matched case-insensitively as whole words outside
-# code spans and fences.
+# Words and phrases about how the project was built, or about the limits of the means that reached a GPU
+# host for it (a machine is described by its hardware and driver), matched case-insensitively as whole
+# words outside code spans and fences.
 BUILD_WORDS='this round|last round|this work|earlier build|previous build|used to|lab journal|predates|'\
 'before the fix|since the fix|older trees?|earlier runs?|(i|we) (built|wrote|added|fixed|measured|decided)|'\
-'while writing (it|them)|as it was that day|not re-measured since'
+'while writing (it|them)|as it was that day|not re-measured since|'\
+'device time|minutes (a|per) command|per-command limit|kept between (calls|commands)'
 
 if [ "$#" -gt 0 ]; then
     files=("$@")

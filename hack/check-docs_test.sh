@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Tests hack/check-docs.sh on planted files: a clean reference doc passes; a journal paragraph, a dated run
-# stack, a heading with a date, a result without its command, a broken link and a link to a missing heading
-# (in the same file or another) each fail with their message.
+# Tests hack/check-docs.sh on planted files: a clean reference doc passes; a journal paragraph, a limit of
+# the means that reached a GPU host, a dated run stack, a heading with a date, a result without its command,
+# a broken link and a link to a missing heading (in the same file or another) each fail with their message.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 check=hack/check-docs.sh
@@ -62,6 +62,8 @@ plant journal "$built" $'## Notes\nThis round the scheduler used to hand off lat
 plant author "$built" $'## How it came about\nWe wrote the first version in a week.'
 plant writing "$built" $'## Checks\nMutation checks done while writing them: each test failed.'
 plant thatday "$built" $'## Older runs\nThey ran on the shim as it was that day.'
+plant devicetime "$built" $'## Not yet\nLonger phases cost device time the runs did not have.'
+plant percommand "$built" $'## Running it\nThe GPU host allows 10 minutes per command; the output folder is kept between calls.'
 plant nocommand 'measured figure in a results section with no command' \
     $'## More results\nA launch costs 4.7 us and a swap 90 us per GiB, 2.1x the copy.'
 plant datedheading 'heading with a date' $'## Results of 2026-11-24\nSee above.'

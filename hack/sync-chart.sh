@@ -13,7 +13,7 @@ cp config/rbac/manager/role.yaml "$files/rbac/manager-role.yaml"
 cp config/rbac/agent/role.yaml "$files/rbac/agent-role.yaml"
 cp config/rbac/agent-dra/role.yaml "$files/rbac/agent-dra-role.yaml"
 cp config/admission/*_policy.yaml "$files/admission/"
-cp config/dra/deviceclasses.yaml "$files/dra/"
+cp config/dra/deviceclasses.yaml config/dra/deviceclasses-mig.yaml "$files/dra/"
 cp config/prometheus/alerts.yaml "$files/prometheus/"
 cp config/qos-quota/{priorityclass,system-grants,production-grant,tenant-deny}.yaml "$files/qos-quota/"
 if [[ -f config/grafana/gpusharing.json ]]; then cp config/grafana/gpusharing.json "$files/dashboards/"; fi

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Fails when `make manifests generate` changes any file: generated CRDs, RBAC and deepcopy must be committed
-# as the generators write them. It compares checksums rather than asking git, so it also works on a tree
+# Fails when `make manifests generate` changes any file: generated CRDs, RBAC, deepcopy and the reference
+# under docs/reference must be committed as the generators write them. It compares checksums rather than asking git, so it also works on a tree
 # with uncommitted edits (it then checks that those edits were regenerated).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-paths=(api config/crd config/rbac charts/gpusharing/files)
+paths=(api config/crd config/rbac charts/gpusharing/files docs/reference)
 snapshot() { local p; for p in "${paths[@]}"; do if [[ -e "$p" ]]; then find "$p" -type f; fi; done | LC_ALL=C sort | xargs -r sha256sum; }
 before="$(snapshot)"
 make --no-print-directory manifests generate >/dev/null

@@ -431,6 +431,15 @@ func setupDevicePlugin(mgr ctrl.Manager, o Options, r *node.Reconciler, podResou
 	if t, ok := o.GPU.(gpu.TopologyReader); ok {
 		dp.SetTopology(t)
 	}
+	if o.ResourceSlices {
+		// Beside DRA, the device plugin leaves the names DeviceClasses serve through DRA to it, and
+		// advertises nothing before it knows them.
+		dp.AwaitServedByDRA()
+		w := &dra.DeviceClassWatch{Reader: mgr.GetClient(), Target: dp, SkipNameValidation: o.SkipNameValidation}
+		if err := w.SetupWithManager(mgr); err != nil {
+			return fmt.Errorf("watching the DeviceClasses: %w", err)
+		}
+	}
 	dpLog := mgr.GetLogger().WithName("device-plugin")
 	if err := mgr.Add(runnable(func(ctx context.Context) error { return dp.Run(ctrl.LoggerInto(ctx, dpLog)) })); err != nil {
 		return err

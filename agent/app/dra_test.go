@@ -151,6 +151,10 @@ func TestDRAOnlyNodePreparesClaimsAndDrainsThePodsHoldingThem(t *testing.T) {
 	}
 
 	podName := pod.Namespace + "/" + pod.Name
+	// `kubectl get gpusharing -o wide` names the pod in its Claimed By column.
+	n.waitFor(t, "status.claimedBy naming the pod of the prepared claim", func(g *v1alpha1.GPUNode) (bool, string) {
+		return g.Status.ClaimedBy == "0:"+podName, fmt.Sprintf("claimedBy %q", g.Status.ClaimedBy)
+	})
 	n.setSpec(t, v1alpha1.GPUDesired{UUID: uuid, Index: 0, Sharing: timeSlicing(2), Drain: drainSpec(v1alpha1.DrainWaitForIdle, time.Minute)})
 	n.waitFor(t, "Draining naming the pod holding the claim", draining(uuid, podName, "waiting for 1 pods"))
 	waitSlices(t, n.name, "")

@@ -50,6 +50,11 @@ type Manager struct {
 	heldFailing bool
 	// topology ranks the GPUs a container's shares go to; nil chooses by use and order alone.
 	topology *topologySource
+	// servedByDRA are the resource names DRA serves on this node (DeviceClasses naming them as their
+	// extended resource); they are never advertised, so no share goes to a pod both ways. With
+	// awaitDRA, nothing is advertised until the first SetServedByDRA.
+	servedByDRA map[share.ResourceName]bool
+	awaitDRA    bool
 }
 
 type entry struct {
@@ -127,6 +132,33 @@ func (m *Manager) Uncordon(ctx context.Context, gpuUUID string) error {
 	delete(m.cordoned, gpuUUID)
 	m.setHeldLocked(ctx, m.held, nil)
 	logr.FromContextOrDiscard(ctx).Info("Uncordoned GPU in the device plugin", "gpu", gpuUUID)
+	return m.reconcileLocked(ctx)
+}
+
+// AwaitServedByDRA makes the manager advertise nothing until the first SetServedByDRA: where DRA
+// serves some names as extended resources, advertising them first and withdrawing them later would let
+// the kubelet hand a share to a pod that a claim then gets too. Call it before Run.
+func (m *Manager) AwaitServedByDRA() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.awaitDRA = true
+}
+
+// SetServedByDRA names the extended resources DRA serves on this node, which the manager stops (or never
+// starts) advertising; a name no longer listed is advertised again. A pod asking for such a name is
+// scheduled through DRA only while the node's allocatable holds none of it, and a share advertised by
+// both would go to a device plugin pod and a claim at once.
+func (m *Manager) SetServedByDRA(ctx context.Context, names map[share.ResourceName]bool) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.servedByDRA != nil && maps.Equal(m.servedByDRA, names) {
+		return nil
+	}
+	m.servedByDRA = maps.Clone(names)
+	if m.servedByDRA == nil {
+		m.servedByDRA = map[share.ResourceName]bool{}
+	}
+	logr.FromContextOrDiscard(ctx).Info("Resources served through DRA are left to it", "resources", slices.Sorted(maps.Keys(m.servedByDRA)))
 	return m.reconcileLocked(ctx)
 }
 
@@ -235,11 +267,18 @@ func (m *Manager) setHeldLocked(ctx context.Context, held map[heldDevice]bool, e
 	m.held, m.heldFailing = held, err != nil
 }
 
-// effectiveLocked is the desired map without the devices of cordoned GPUs that no pod holds, and without
-// empty resources.
+// effectiveLocked is the desired map without the devices of cordoned GPUs that no pod holds, without
+// empty resources and without the resources DRA serves (all of them until it is known which, where the
+// manager awaits that).
 func (m *Manager) effectiveLocked() map[share.ResourceName][]share.Device {
 	out := map[share.ResourceName][]share.Device{}
+	if m.awaitDRA && m.servedByDRA == nil {
+		return out
+	}
 	for res, devs := range m.desired {
+		if m.servedByDRA[res] {
+			continue
+		}
 		var keep []share.Device
 		for _, d := range devs {
 			switch {

@@ -26,12 +26,16 @@ import (
 // Event reasons of publishing, on the node's GPUNode.
 const (
 	// ReasonSlicesNotPublished: a write of the node's ResourceSlices failed (the message says why) after
-	// the last one had worked; the controller retries with backoff, and no event repeats it.
+	// the last one had worked; the controller retries with backoff, and no event repeats it. What to do:
+	// act on the message, for example the agent's permission to write resourceslices or an API server
+	// that does not serve resource.k8s.io/v1; the agent retries on its own.
 	ReasonSlicesNotPublished = "ResourceSlicesNotPublished"
 	// ReasonSlicesPublished: the node's ResourceSlices were written again after ResourceSlicesNotPublished.
+	// What to do: nothing.
 	ReasonSlicesPublished = "ResourceSlicesPublished"
 	// ReasonSliceFieldsDropped: the API server stored a slice without some fields, for a feature gate that
-	// is off (DRAConsumableCapacity for a GPU sized per claim); the message names the gate.
+	// is off (DRAConsumableCapacity for a GPU sized per claim); the message names the gate. What to do:
+	// turn the named feature gate on in the cluster's control plane, or size no GPU per claim there.
 	ReasonSliceFieldsDropped = "ResourceSliceFieldsDropped"
 )
 

@@ -26,10 +26,13 @@ const (
 	ReasonXidError = v1alpha1.ReasonXidError
 	// ReasonGPULost: NVML said the GPU is lost while its events were registered (Healthy false).
 	ReasonGPULost = v1alpha1.ReasonGPULost
-	// ReasonWatched: the GPU's Xid events are watched and none was critical (Healthy true).
+	// ReasonWatched: the GPU's Xid events are watched and none was critical (Healthy true). What to do:
+	// nothing.
 	ReasonWatched = "XidEventsWatched"
 	// ReasonNotMonitored: the GPU's events could not be registered (too old a GPU: NVML's
 	// NOT_SUPPORTED, or another NVML error in the message); its health is not monitored (Healthy true).
+	// What to do: nothing on a GPU too old for Xid events; for another NVML error, check the node's
+	// driver (nvidia-smi) and restart the agent.
 	ReasonNotMonitored = "HealthNotMonitored"
 )
 

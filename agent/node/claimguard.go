@@ -224,6 +224,7 @@ func (r *Reconciler) guardClaims(ctx context.Context, gpus []v1alpha1.GPUStatus,
 		}
 		for _, o := range over[g.UUID] {
 			for _, p := range o.pods {
+				culprit := slices.ContainsFunc(o.culprits, func(c claimPod) bool { return c.PodRef == p.PodRef })
 				key := g.UUID + "/" + p.PodRef.String()
 				still[key] = true
 				cg.over[g.UUID] = append(cg.over[g.UUID], p.PodRef)
@@ -236,8 +237,8 @@ func (r *Reconciler) guardClaims(ctx context.Context, gpus []v1alpha1.GPUStatus,
 							"GPU %d (%s) on %s: %s", g.Index, g.UUID, r.NodeName, o)
 					}
 				}
-				if !g.Applied.Sizing.Evicts() || r.ClaimEvictor == nil {
-					continue
+				if !culprit || !g.Applied.Sizing.Evicts() || r.ClaimEvictor == nil {
+					continue // a pod within the claims that list it stays, though its group is over
 				}
 				if last, ok := cg.evicted[key]; ok && now.Sub(last) < claimEvictRetry {
 					continue

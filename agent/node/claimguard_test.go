@@ -1,13 +1,17 @@
 package node
 
 import (
+	"context"
 	"fmt"
 	"reflect"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/gpusharing/gpusharing/agent/accounting"
@@ -162,5 +166,49 @@ func TestAPodWhoseClaimsWentIsJudgedOnlyOnAReadAfterThat(t *testing.T) {
 	usage.snap = read(clk.Now()) // a read after the release still shows its memory
 	if st, over := pass(); st != metav1.ConditionFalse || len(over) != 1 {
 		t.Errorf("claim gone, read after it still shows the pod: WithinClaims %s, over %v; want False, the pod", st, over)
+	}
+}
+
+// recordingEvictor records the pods it is asked to evict.
+type recordingEvictor struct {
+	mu   sync.Mutex
+	pods []string
+}
+
+func (e *recordingEvictor) Evict(_ context.Context, p vacate.PodRef, _ types.UID) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.pods = append(e.pods, p.String())
+	return nil
+}
+
+// A group over its claims under Evict evicts only the pods that alone hold more than the claims that list
+// them; where none does, the excess comes from the sharing itself, no pod can be told apart, and every
+// pod of the group goes. Claim c1 (8Gi) for pods a and b, c2 (8Gi) for a: a's own claims are 16Gi, b's 8Gi.
+func TestTheClaimGuardEvictsOnlyThePodsOverTheirOwnClaims(t *testing.T) {
+	claims := []dra.SizedClaim{
+		{Namespace: "ml", Name: "c1", Pods: []string{"a", "b"}, GPU: "GPU-0", MemoryBytes: 8 << 30},
+		{Namespace: "ml", Name: "c2", Pods: []string{"a"}, GPU: "GPU-0", MemoryBytes: 8 << 30},
+	}
+	gpus := []v1alpha1.GPUStatus{{UUID: "GPU-0", Applied: &v1alpha1.AppliedSharing{Strategy: v1alpha1.StrategyMPS,
+		Sizing: &v1alpha1.Sizing{Mode: v1alpha1.SizingPerClaim, OnExceed: v1alpha1.ExceedEvict}}}}
+	for _, tt := range []struct {
+		name string
+		a, b uint64
+		want []string
+	}{
+		{"a past its own 16Gi, b within its 8Gi", 17 << 30, 1 << 30, []string{"ml/a"}},
+		{"b past its own 8Gi, a within its 16Gi", 4 << 30, 13 << 30, []string{"ml/b"}},
+		{"each within its own claims, the group over its 16Gi", 12 << 30, 6 << 30, []string{"ml/a", "ml/b"}},
+		{"the group within its claims", 10 << 30, 6 << 30, nil},
+	} {
+		over, _ := judgeClaims(claimKnowledge{claims: claims, whole: true}, usageOf(ctr("a", tt.a, 0, 1), ctr("b", tt.b, 0, 2)), nil, nil)
+		ev := &recordingEvictor{}
+		r := &Reconciler{ClaimEvictor: ev}
+		r.guardClaims(context.Background(), gpus, map[string][]overClaim{"GPU-0": over})
+		slices.Sort(ev.pods)
+		if !slices.Equal(ev.pods, tt.want) {
+			t.Errorf("%s: evicted %v, want %v", tt.name, ev.pods, tt.want)
+		}
 	}
 }

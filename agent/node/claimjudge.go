@@ -74,6 +74,10 @@ type overClaim struct {
 	// pods are the group's pods with processes on the GPU, sorted.
 	pods          []claimPod
 	used, claimed int64
+	// culprits are the pods to evict, sorted: those that alone hold more than the claims that list them,
+	// where any does; otherwise the excess comes from the sharing itself, no pod can be told apart, and
+	// they are all of pods.
+	culprits []claimPod
 }
 
 func (o overClaim) String() string {
@@ -95,7 +99,7 @@ func (o overClaim) String() string {
 // pod in released is judged only on a read made after its claims went (releasedPods). seen says when
 // each pod was first seen on a sized GPU; a pod missing there was first seen in acct.
 func judgeClaims(k claimKnowledge, acct accounting.GPU, released, seen map[vacate.PodRef]time.Time) ([]overClaim, []vacate.PodRef) {
-	links, claimedBy := linkClaimPods(k, acct.UUID)
+	links, claimedBy, own := linkClaimPods(k, acct.UUID)
 	used, uids := podMemory(acct)
 	type group struct {
 		pods          []claimPod
@@ -138,7 +142,16 @@ func judgeClaims(k claimKnowledge, acct accounting.GPU, released, seen map[vacat
 			continue
 		}
 		slices.SortFunc(g.pods, func(a, b claimPod) int { return strings.Compare(a.String(), b.String()) })
-		over = append(over, overClaim{pods: g.pods, used: g.used, claimed: g.claimed})
+		o := overClaim{pods: g.pods, used: g.used, claimed: g.claimed}
+		for _, p := range g.pods {
+			if used[p.PodRef] > own[p.PodRef] {
+				o.culprits = append(o.culprits, p)
+			}
+		}
+		if len(o.culprits) == 0 {
+			o.culprits = g.pods
+		}
+		over = append(over, o)
 	}
 	slices.SortFunc(over, func(a, b overClaim) int { return strings.Compare(a.String(), b.String()) })
 	slices.SortFunc(unknown, func(a, b vacate.PodRef) int { return strings.Compare(a.String(), b.String()) })
@@ -169,11 +182,10 @@ func (l podLinks) link(a, b vacate.PodRef) {
 	}
 }
 
-// linkClaimPods links the pods of each claim on GPU uuid and sums each claim's memory under its first
-// pod (summed per group by the caller).
-func linkClaimPods(k claimKnowledge, uuid string) (podLinks, map[vacate.PodRef]int64) {
-	links := podLinks{}
-	claimedBy := map[vacate.PodRef]int64{}
+// linkClaimPods links the pods of each claim on GPU uuid, sums each claim's memory under its first pod
+// (summed per group by the caller), and sums for each pod the claims that list it (own).
+func linkClaimPods(k claimKnowledge, uuid string) (links podLinks, claimedBy, own map[vacate.PodRef]int64) {
+	links, claimedBy, own = podLinks{}, map[vacate.PodRef]int64{}, map[vacate.PodRef]int64{}
 	for _, c := range k.claims {
 		if c.GPU != uuid || len(c.Pods) == 0 {
 			continue
@@ -181,10 +193,12 @@ func linkClaimPods(k claimKnowledge, uuid string) (podLinks, map[vacate.PodRef]i
 		first := vacate.PodRef{Namespace: c.Namespace, Name: c.Pods[0]}
 		claimedBy[first] += c.MemoryBytes
 		for _, name := range c.Pods {
-			links.link(first, vacate.PodRef{Namespace: c.Namespace, Name: name})
+			p := vacate.PodRef{Namespace: c.Namespace, Name: name}
+			links.link(first, p)
+			own[p] += c.MemoryBytes
 		}
 	}
-	return links, claimedBy
+	return links, claimedBy, own
 }
 
 // podMemory sums the GPU's containers by pod: the memory each pod's processes hold, and its UID.

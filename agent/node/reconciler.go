@@ -323,6 +323,7 @@ func (r *Reconciler) setNodeStatus(_ context.Context, sc *scope) {
 	st.MemoryAllocated = memoryAllocatedSummary(st.GPUs)
 	st.MIGFree = migFreeSummary(st.GPUs)
 	st.Production = productionSummary(st.GPUs)
+	st.ClaimedBy = claimedBySummary(st.GPUs, r.claimPods())
 	r.setPods(st)
 	r.usage.set(st.GPUs)
 	if sc.transientErr == nil && sc.invErr == nil {

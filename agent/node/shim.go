@@ -83,7 +83,10 @@ func (s *ShimSchedulers) SchedulerConfig(dev gpu.Device, o v1alpha1.Oversubscrip
 		// The pods at or above the policy's threshold are production (scheduler/qos.go).
 		p := qos.ProductionPriority
 		cfg.ProductionPriority = &p
-		cfg.OpportunisticQueue = uint32(qos.Queue())
+		if qos.OpportunisticQueue != nil {
+			// Unset stays 0: WithDefaults gives it the scheduler's default, the one the API documents.
+			cfg.OpportunisticQueue = uint32(*qos.OpportunisticQueue)
+		}
 	}
 	if o.TimeQuantum != nil && o.TimeQuantum.Duration > 0 {
 		cfg.Quantum = o.TimeQuantum.Duration

@@ -374,3 +374,34 @@ func TestGPUsSchedulersShareTheirGangs(t *testing.T) {
 		}
 	}
 }
+
+// A policy's opportunisticQueue reaches the scheduler as set, and an unset one as the scheduler's
+// default, the value the API documents for it.
+func TestSchedulerConfigTakesTheOpportunisticQueueOrTheDefault(t *testing.T) {
+	s := &ShimSchedulers{Root: "/r", Reserve: 2 << 30}
+	dev := gpu.Device{UUID: "GPU-a", MemoryBytes: 40 << 30}
+	tests := []struct {
+		name string
+		qos  *v1alpha1.QoS
+		want uint32
+	}{
+		{"unset: the scheduler's default", &v1alpha1.QoS{ProductionPriority: 1000}, scheduler.DefaultOpportunisticQueue},
+		{"set: the policy's", &v1alpha1.QoS{ProductionPriority: 1000, OpportunisticQueue: ptr.To[int32](7)}, 7},
+		{"no qos: the scheduler's default", nil, scheduler.DefaultOpportunisticQueue},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, err := s.SchedulerConfig(dev, v1alpha1.Oversubscription{}, tt.qos)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.OpportunisticQueue != tt.want {
+				t.Errorf("opportunistic queue %d, want %d", cfg.OpportunisticQueue, tt.want)
+			}
+		})
+	}
+	// The API's documented default (sharing_types.go: "omitted: 3") is this constant.
+	if scheduler.DefaultOpportunisticQueue != 3 {
+		t.Errorf("scheduler.DefaultOpportunisticQueue = %d, the API documents 3", scheduler.DefaultOpportunisticQueue)
+	}
+}

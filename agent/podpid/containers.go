@@ -79,8 +79,8 @@ func (r *Resolver) Refs(ctx context.Context, pids []int32) map[int32]Ref {
 			newContainer = true // a container started (or restarted) after the last list
 		}
 	}
-	if (newContainer || r.unknown(uids)) && r.mayList() {
-		r.list(ctx)
+	if (newContainer || r.unknown(uids)) && (r.listing != nil || r.mayList()) {
+		r.refreshLocked(ctx)
 	}
 	out := make(map[int32]Ref, len(ids))
 	for pid, f := range ids {

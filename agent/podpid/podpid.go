@@ -60,6 +60,7 @@ type Resolver struct {
 	Clock clock.PassiveClock
 
 	mu       sync.Mutex
+	listing  chan struct{} // closed when the list in flight ends; nil when none is (refreshLocked)
 	byUID    map[string]string
 	prioByID map[string]int32 // each pod's spec.priority (priority.go)
 	// containers maps runtime container ids to container names (containers.go)
@@ -81,8 +82,8 @@ func (r *Resolver) Names(ctx context.Context, pids []int32) map[int32]string {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.unknown(uids) && r.mayList() {
-		r.list(ctx)
+	if r.unknown(uids) && (r.listing != nil || r.mayList()) {
+		r.refreshLocked(ctx)
 	}
 	out := map[int32]string{}
 	for pid, uid := range uids {
@@ -117,14 +118,42 @@ func (r *Resolver) mayList() bool {
 	return r.lastList.IsZero() || r.clock().Since(r.lastList) >= minRelist
 }
 
-// list replaces the UID map with this node's pods; on an error the old map stays (names go stale, the
-// status shows no pod rather than a wrong one only for pods that are gone).
-func (r *Resolver) list(ctx context.Context) {
-	r.lastList = r.clock().Now()
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+// listTimeout bounds one list of this node's pods.
+const listTimeout = 5 * time.Second
+
+// refreshLocked lists this node's pods again, or joins the list already in flight, and waits for it at
+// most until ctx ends. The list runs on its own, bounded by listTimeout and without r.mu, so a lookup
+// waits no longer than its own deadline whatever other callers wait for: the scheduler's lookups run
+// between a client's HELLO and its WELCOME, which the shim waits for only GPUSHARE_CONNECT_TIMEOUT_MS.
+// r.mu held on entry and on return, dropped while waiting.
+func (r *Resolver) refreshLocked(ctx context.Context) {
+	if r.listing == nil {
+		r.listing = make(chan struct{})
+		r.lastList = r.clock().Now()
+		go r.list(r.listing)
+	}
+	done := r.listing
+	r.mu.Unlock()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+	r.mu.Lock()
+}
+
+// list replaces the UID map with this node's pods and ends the list in flight (done); on an error the
+// old map stays (names go stale, the status shows no pod rather than a wrong one only for pods that are
+// gone).
+func (r *Resolver) list(done chan struct{}) {
+	ctx, cancel := context.WithTimeout(context.Background(), listTimeout)
 	defer cancel()
 	var pods corev1.PodList
-	if err := r.Reader.List(ctx, &pods, client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector("spec.nodeName", r.NodeName)}); err != nil {
+	err := r.Reader.List(ctx, &pods, client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector("spec.nodeName", r.NodeName)})
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.listing = nil
+	close(done)
+	if err != nil {
 		return
 	}
 	byUID := make(map[string]string, len(pods.Items))

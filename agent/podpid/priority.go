@@ -25,8 +25,8 @@ func (r *Resolver) Priority(ctx context.Context, pid int32) (priority int32, ok 
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if _, known := r.byUID[uid]; !known && (r.lastList.IsZero() || r.clock().Since(r.lastList) >= priorityRelist) {
-		r.list(ctx)
+	if _, known := r.byUID[uid]; !known && (r.listing != nil || r.lastList.IsZero() || r.clock().Since(r.lastList) >= priorityRelist) {
+		r.refreshLocked(ctx)
 	}
 	if _, known := r.byUID[uid]; !known {
 		return 0, false

@@ -75,3 +75,54 @@ func TestPriorityOfANewPodListsAgainSoon(t *testing.T) {
 		t.Fatal("a new pod was not found after priorityRelist, though MinRelist had not passed")
 	}
 }
+
+// blockingReader holds its first List until release is closed, saying on entered when it got there.
+type blockingReader struct {
+	client.Reader
+	entered, release chan struct{}
+	once             bool
+}
+
+func (b *blockingReader) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	if !b.once {
+		b.once = true
+		close(b.entered)
+		<-b.release
+	}
+	return b.Reader.List(ctx, list, opts...)
+}
+
+// A lookup waits for a list no longer than its own deadline, even while another caller's list is in flight
+// and slow: the scheduler looks a client's pod up between HELLO and WELCOME, and a lookup held behind a
+// slow list would make the shim's first connect time out.
+func TestALookupBehindASlowListReturnsWithinItsDeadline(t *testing.T) {
+	root := t.TempDir()
+	pod := createPod(t, "slow-list", "node-s")
+	writeCgroup(t, root, 50, cgroupOf(pod))
+	b := &blockingReader{Reader: env.Client, entered: make(chan struct{}), release: make(chan struct{})}
+	r := &Resolver{Reader: b, NodeName: "node-s", ProcRoot: root}
+	slow := make(chan map[int32]string, 1)
+	go func() { slow <- r.Names(context.Background(), []int32{50}) }()
+	<-b.entered // the slow list is in flight
+
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	got := make(chan bool, 1)
+	go func() { _, ok := r.Priority(ctx, 50); got <- ok }()
+	select {
+	case ok := <-got:
+		if ok {
+			t.Error("a priority came back before any list ended")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the lookup waited past its deadline for another caller's list")
+	}
+	close(b.release)
+	if names := <-slow; names[50] != "default/slow-list" {
+		t.Errorf("the slow list's caller got %v, want pid 50 named default/slow-list", names)
+	}
+	// The list that ended serves the next lookup without another.
+	if p, ok := r.Priority(context.Background(), 50); !ok || p != 0 {
+		t.Errorf("after the list: priority %d, %v; want 0, true", p, ok)
+	}
+}

@@ -21,23 +21,26 @@ func (s *Scheduler) classSource(pid int32, asked Class) classSource {
 	return classSource{asked: asked, fromPod: true, value: v, known: ok}
 }
 
-// A pod lookup can fail for a while: the API server is slow (the lookup has 500 ms), or the pod is so
-// new that the agent's view of it lags its first process. Such a client starts opportunistic (a lookup
-// that fails never makes anyone production) and its pod is looked up again, outside the queue's lock,
-// after ReResolveFirst, then after twice as long each time, ReResolveAttempts times in all (about 31 s
-// with the defaults: past the seconds a new pod takes to appear). Found, the client takes its pod's
-// class in place, as after a new threshold (reclassifyLocked).
+// A pod lookup can fail for a while: the API server is slow or away (the lookup has 500 ms), or the
+// pod is so new that the agent's view of it lags its first process. Such a client starts opportunistic
+// (a lookup that fails never makes anyone production) and its pod is looked up again, outside the
+// queue's lock, after ReResolveFirst, then after twice as long each time up to ReResolveMax, for as long
+// as the client stays connected: an API server outage of any length ends with the client in its pod's
+// class and ledger. Found, the client takes its pod's class in place, as after a new threshold
+// (reclassifyLocked).
 const (
-	ReResolveFirst    = 500 * time.Millisecond
-	ReResolveAttempts = 6
+	ReResolveFirst = 500 * time.Millisecond
+	ReResolveMax   = 30 * time.Second
+	// reResolveLogAfter is the failed attempt after which the client's unknown pod is logged (once).
+	reResolveLogAfter = 6
 )
 
-// reresolve looks the pod of the client c (the kernel's pid) up again until found, out of attempts, or
-// done (its connection ended). Found, the client also joins its claim's ledger (lm), which the unknown
-// pod kept it out of.
+// reresolve looks the pod of the client c (the kernel's pid) up again until found or done (its
+// connection ended). Found, the client also joins its claim's ledger (lm), which the unknown pod kept
+// it out of.
 func (s *Scheduler) reresolve(q *queue, c *client, lm *member, pid int32, asked Class, done <-chan struct{}) {
 	d := ReResolveFirst
-	for range ReResolveAttempts {
+	for attempt := 1; ; attempt++ {
 		t := s.opts.Clock.NewTimer(d)
 		select {
 		case <-done:
@@ -50,10 +53,12 @@ func (s *Scheduler) reresolve(q *queue, c *client, lm *member, pid int32, asked 
 			s.ledgerAttach(q, lm, pid)
 			return
 		}
-		d *= 2
+		if attempt == reResolveLogAfter {
+			q.log.Info("Shim client's pod still unknown; it stays opportunistic and outside its claim's ledger until found",
+				"client", c.id, "pid", pid, "attempts", attempt+1, "retryEvery", ReResolveMax)
+		}
+		d = min(2*d, ReResolveMax)
 	}
-	q.log.Info("Shim client's pod still unknown; it stays opportunistic", "client", c.id, "pid", pid,
-		"attempts", ReResolveAttempts+1)
 }
 
 // setClass gives c the class src decides, now that its pod is known.

@@ -82,3 +82,44 @@ func TestHelloPIDNeverChoosesThePod(t *testing.T) {
 		t.Errorf("the pod was looked up %d times for a pid the kernel did not give", n)
 	}
 }
+
+// The pod lookup is retried for as long as the client stays connected, not a fixed number of times: a
+// client whose pod the agent cannot see through a long API server outage takes its class once it can.
+func TestUnknownPodIsLookedUpAgainForAsLongAsTheClientIsConnected(t *testing.T) {
+	threshold := int32(1000)
+	const failures = 12 // the hello's lookup and 11 retries: minutes of back-off, past any fixed count
+	var lookups atomic.Int32
+	clk := newFakeClock()
+	dir, err := os.MkdirTemp("", "gs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "gpu.sock")
+	s, err := New(Options{GPUs: []GPUConfig{{UUID: "GPU-test", SocketPath: sock, ProductionPriority: &threshold}},
+		Registerer: prometheus.NewRegistry(), Clock: clk, Guards: Guards{PodPriority: func(int32) (int32, bool) {
+			if lookups.Add(1) <= failures {
+				return 0, false
+			}
+			return 2000, true
+		}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Listen(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	dialRaw(t, sock, ClassOpportunistic)
+	// Each look moves the clock past the longest back-off, so every pending retry comes due.
+	wait.Until(t, 30*time.Second, func() bool {
+		if s.Snapshot()[0].Class == ClassProduction {
+			return true
+		}
+		clk.Advance(ReResolveMax)
+		return false
+	}, "the client whose pod was found after a long outage becomes production")
+	if n := lookups.Load(); n != failures+1 {
+		t.Errorf("%d lookups, want %d (every failed one, then the one that found the pod)", n, failures+1)
+	}
+}

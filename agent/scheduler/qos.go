@@ -22,7 +22,8 @@ import (
 
 // DefaultOpportunisticQueue is the launches an opportunistic client may keep outstanding while a
 // production client is busy, when GPUConfig.OpportunisticQueue is 0: the largest bound that kept
-// production's p99 within its target (docs/qos.md, Results, the opportunistic queue).
+// production's p99 within its target (docs/qos.md, Results, the opportunistic queue). It is also the
+// default of a policy's sharing.qos.opportunisticQueue: the agent leaves an unset queue 0.
 const DefaultOpportunisticQueue = 3
 
 // ProductionIdle is the idle window of a production client while an opportunistic client is busy:

@@ -47,7 +47,7 @@ type GPUConfig struct {
 	// Options.PodPriority names pods; without it the hello decides.
 	ProductionPriority *int32
 	// OpportunisticQueue is the launches an opportunistic client may keep outstanding on the GPU while
-	// a production client is connected (PACE; 0: DefaultOpportunisticQueue).
+	// a production client is busy (busy.go; PACE; 0: DefaultOpportunisticQueue).
 	OpportunisticQueue uint32
 }
 

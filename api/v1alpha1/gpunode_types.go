@@ -102,6 +102,14 @@ type GPUNodeStatus struct {
 	// +optional
 	Production string `json:"production,omitempty"`
 
+	// claimedBy names the pods (namespace/name) whose ResourceClaims the agent's DRA kubelet plugin
+	// prepared on each GPU, in index order, for people: "0:ml/notebook 4:ml/a,ml/b". This includes the
+	// claims the kube-scheduler makes for pods that ask for an extended resource served through DRA.
+	// At most MaxClaimedByPodsInSummary per GPU and then "+N" for the rest; GPUs without any are left
+	// out. Empty where no claim is prepared or the agent serves no DRA.
+	// +optional
+	ClaimedBy string `json:"claimedBy,omitempty"`
+
 	// gpus lists each GPU's identity and what is actually applied on it, one entry per uuid. The agent
 	// writes the list whole.
 	// +listType=atomic
@@ -127,7 +135,8 @@ type GPUNodeStatus struct {
 	// +optional
 	OmittedPods int32 `json:"omittedPods,omitempty"`
 
-	// conditions: Ready (the agent runs and reports), Applied (every GPU as desired).
+	// conditions: Ready (the agent runs and reports), Applied (every GPU as desired), and kstatus's
+	// Stalled and Reconciling.
 	// +listType=map
 	// +listMapKey=type
 	// +optional
@@ -195,7 +204,7 @@ type GPUStatus struct {
 	// +optional
 	Sized *GPUSizedClaims `json:"sized,omitempty"`
 
-	// conditions: Applied, Healthy.
+	// conditions: Applied, Healthy, and on a GPU sized per claim DevicePlugin and WithinClaims.
 	// +listType=map
 	// +listMapKey=type
 	// +optional
@@ -560,6 +569,9 @@ type SizedClaimStatus struct {
 // MaxProductionPodsInSummary bounds the pods status.production names per GPU.
 const MaxProductionPodsInSummary = 3
 
+// MaxClaimedByPodsInSummary bounds the pods status.claimedBy names per GPU.
+const MaxClaimedByPodsInSummary = 3
+
 // MaxConsumersInStatus bounds status.gpus[].usage.consumers; the rest are counted in omittedConsumers.
 const MaxConsumersInStatus = 32
 
@@ -678,6 +690,7 @@ func ClassOf(q *QoS, p int32) WorkloadClass {
 // +kubebuilder:printcolumn:name="Memory Allocated",type=string,priority=1,JSONPath=`.status.memoryAllocated`
 // +kubebuilder:printcolumn:name="MIG Free",type=string,priority=1,JSONPath=`.status.migFree`
 // +kubebuilder:printcolumn:name="Production",type=string,priority=1,JSONPath=`.status.production`
+// +kubebuilder:printcolumn:name="Claimed By",type=string,priority=1,JSONPath=`.status.claimedBy`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type GPUNode struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -171,7 +171,7 @@ type GPUSharingPolicyStatus struct {
 	// +optional
 	ReadyGPUs int32 `json:"readyGPUs"`
 
-	// conditions: Ready, Progressing, Degraded, Conflicted.
+	// conditions: Ready, Progressing, Degraded, Conflicted, and kstatus's Stalled and Reconciling.
 	// +listType=map
 	// +listMapKey=type
 	// +optional

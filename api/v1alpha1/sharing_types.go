@@ -84,11 +84,11 @@ type QoS struct {
 	ProductionPriority int32 `json:"productionPriority"`
 
 	// opportunisticQueue (oversubscription only) is how many kernel and graph launches an opportunistic
-	// process may have queued on the GPU while a production process is connected, a launch that runs
-	// under 100 microseconds counting as its fraction of one, so that production,
-	// which takes the lock from it at once, shares the GPU only with that much of its work: fewer keep
-	// production's latency closer to its own, more give the opportunistic work more of the GPU
-	// (docs/qos.md measures both). 1-1024; omitted: 3.
+	// process may have queued on the GPU while a production process is busy (waits for or holds the GPU,
+	// or did within the last 10 seconds), a launch that runs under 100 microseconds counting as its
+	// fraction of one, so that production, which takes the lock from it at once, shares the GPU only with
+	// that much of its work: fewer keep production's latency closer to its own, more give the
+	// opportunistic work more of the GPU (docs/qos.md measures both). 1-1024; omitted: 3.
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=1024
 	// +optional
@@ -103,19 +103,8 @@ type QoS struct {
 	OpportunisticThreadPercentage *int32 `json:"opportunisticThreadPercentage,omitempty"`
 }
 
-// DefaultOpportunisticQueue is the opportunistic launch queue when the policy sets none.
-const DefaultOpportunisticQueue = 3
-
 // Production says whether a pod of priority p is production under q; nil q has no production class.
 func (q *QoS) Production(p int32) bool { return q != nil && p >= q.ProductionPriority }
-
-// Queue is the opportunistic launch queue, DefaultOpportunisticQueue where unset.
-func (q *QoS) Queue() int32 {
-	if q == nil || q.OpportunisticQueue == nil {
-		return DefaultOpportunisticQueue
-	}
-	return *q.OpportunisticQueue
-}
 
 // SizingMode says who sizes a shared GPU's shares.
 // +kubebuilder:validation:Enum=Fixed;PerClaim
@@ -286,8 +275,8 @@ type MIGSharing struct {
 
 // MIGInstanceRequest asks for count instances of one MIG profile.
 type MIGInstanceRequest struct {
-	// profile is a GPU instance profile name as nvidia-smi prints it: <slices>g.<memory>gb with an optional
-	// +me, +me.all, -me or +gfx suffix, for example 1g.10gb, 3g.40gb or 1g.10gb+me.
+	// profile is a GPU instance profile name as nvidia-smi prints it: <slices>g.<memory>gb with an
+	// optional suffix (+me, +me.all, -me or +gfx), for example 1g.10gb, 3g.40gb or 1g.10gb+me.
 	// +kubebuilder:validation:Pattern=`^[1-7]g\.[1-9][0-9]{0,2}gb(\+me|\+me\.all|-me|\+gfx)?$`
 	// +kubebuilder:validation:MaxLength=20
 	// +required

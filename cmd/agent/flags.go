@@ -23,16 +23,22 @@ import (
 // parse reads the agent's flags into options; a bad value exits with its usage, as flag does.
 func parse(args []string) (options, *textlogger.Config) {
 	var o options
-	fs := flag.NewFlagSet("agent", flag.ExitOnError)
 	v := flagValues{dp: share.DefaultConfig(), draCfg: dra.PluginConfig{}.WithDefaults()}
-	bindNodeFlags(fs, &o, &v)
-	bindShareFlags(fs, &o, &v)
-	bindShimFlags(fs, &o, &v)
-	logConfig := textlogger.NewConfig()
-	logConfig.AddFlags(fs)
+	fs, logConfig := flagSet(&o, &v)
 	_ = fs.Parse(args)
 	v.apply(&o)
 	return o, logConfig
+}
+
+// flagSet binds every flag of the agent to o and v: the flag set parse reads and docs/reference lists.
+func flagSet(o *options, v *flagValues) (*flag.FlagSet, *textlogger.Config) {
+	fs := flag.NewFlagSet("agent", flag.ExitOnError)
+	bindNodeFlags(fs, o, v)
+	bindShareFlags(fs, o, v)
+	bindShimFlags(fs, o, v)
+	logConfig := textlogger.NewConfig()
+	logConfig.AddFlags(fs)
+	return fs, logConfig
 }
 
 // flagValues hold what the flags set that becomes options only once every flag is parsed: defaults
@@ -55,13 +61,13 @@ func bindNodeFlags(fs *flag.FlagSet, o *options, v *flagValues) {
 	fs.StringVar(&o.hostRoot, "host-root", "/run/gpusharing", "the agent's directory on the host (a hostPath); every host path the agent writes is under it unless named below")
 	fs.StringVar(&o.driverRoot, "driver-root", "/", "where the NVIDIA driver's tools are installed; nvidia-smi and nvidia-cuda-mps-control are looked up under it, then in $PATH")
 	fs.StringVar(&o.mpsRoot, "mps-root", "", "directory holding each MPS GPU's pipe and log directories and /dev/shm tmpfs, <root>/<uuid>/{pipe,log,shm} (default <host-root>/mps)")
-	fs.StringVar(&o.stateDir, "state-dir", "", "directory for runtime state (the time-slicing in force); must not outlive a reboot (default <host-root>/state)")
+	fs.StringVar(&o.stateDir, "state-dir", "", "directory for runtime state (the time-slicing in force); must not outlive a reboot, as the driver's setting does not (default <host-root>/state)")
 	fs.StringVar(&o.nvmlLib, "nvml-lib", "", "path of libnvidia-ml.so.1 (default: the dynamic loader's search)")
 	fs.StringVar(&o.mpsControl, "mps-control", "", "path of nvidia-cuda-mps-control (default: found under --driver-root)")
 	fs.StringVar(&o.nvidiaSMI, "nvidia-smi", "", "path of nvidia-smi (default: found under --driver-root)")
 	fs.DurationVar(&o.resync, "resync", 30*time.Second, "how often the GPUs are checked when nothing else triggers a pass")
 	v.shmSize = quantityFlag(fs, "mps-shm-size", resource.NewQuantity(mps.DefaultShmSize, resource.BinarySI), true, "size cap of the tmpfs each MPS GPU's daemon and client containers get as /dev/shm; room for PyTorch DataLoader workers, which pass batches through /dev/shm")
-	fs.BoolVar(&o.mpsExclusiveProcess, "mps-exclusive-process", false, "set EXCLUSIVE_PROCESS compute mode on MPS GPUs")
+	fs.BoolVar(&o.mpsExclusiveProcess, "mps-exclusive-process", false, "set EXCLUSIVE_PROCESS compute mode on MPS GPUs (and Default again when they leave MPS), so a client that bypasses the MPS daemon cannot open an unlimited context")
 	fs.DurationVar(&o.accounting.Interval, "accounting-interval", accounting.DefaultInterval, "how often each GPU's processes are read for the per-pod memory and utilization (metrics and status.gpus[].usage); 0 turns the accounting off")
 	fs.IntVar(&o.accounting.MaxSeriesPerGPU, "accounting-max-series-per-gpu", accounting.DefaultMaxSeriesPerGPU, "most containers a GPU exports per-pod series for; the rest are counted in gpusharing_pod_series_omitted")
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8081", "metrics endpoint address (0 disables)")
@@ -87,7 +93,7 @@ func bindShareFlags(fs *flag.FlagSet, o *options, v *flagValues) {
 	fs.StringVar(&v.draCfg.CDIDir, "cdi-dir", v.draCfg.CDIDir, "where the DRA kubelet plugin writes the CDI specs of prepared claims; the container runtime must read CDI specs there")
 	fs.BoolVar(&v.dpOn, "device-plugin", true, "serve the kubelet device plugin API for this node's GPUs (and drain a GPU before a disruptive change)")
 	fs.StringVar(&v.dp.SocketDir, "device-plugin-dir", v.dp.SocketDir, "the kubelet's device plugin directory (kubelet.sock and the plugins' sockets)")
-	fs.StringVar(&o.podResourcesSocket, "pod-resources-socket", vacate.DefaultPodResourcesSocket, "the kubelet's PodResources API socket, to find the pods using a GPU before a disruptive change; empty turns the drain off")
+	fs.StringVar(&o.podResourcesSocket, "pod-resources-socket", vacate.DefaultPodResourcesSocket, "the kubelet's PodResources API socket, to find the device plugin's pods on a GPU before a disruptive change; empty turns the drain off unless DRA is on (then it waits for the pods holding claims)")
 	fs.DurationVar(&o.drainPoll, "drain-poll-interval", vacate.DefaultPollInterval, "how often a drain lists the kubelet's PodResources again (it has no watch): bounds how long a GPU stays cordoned after its last pod ends")
 	fs.DurationVar(&o.drainBackoff, "drain-backoff", node.DefaultDrainBackoff, "first wait before a GPU whose drain timed out or failed is drained again for the same desired sharing (doubles per failure, up to 1h)")
 	resourceFlag(fs, &v.dp.Resources.Exclusive, "resource-exclusive", "resource name of a whole GPU")
@@ -101,13 +107,13 @@ func bindShareFlags(fs *flag.FlagSet, o *options, v *flagValues) {
 
 // bindShimFlags binds the shim's schedulers: their sockets, oversubscription reserve and guards.
 func bindShimFlags(fs *flag.FlagSet, o *options, v *flagValues) {
-	fs.StringVar(&o.schedulerRoot, "scheduler-root", "", "directory holding each shim-shared GPU's scheduler socket, <root>/<uuid>/gpushare.sock (default <host-root>/scheduler)")
-	fs.DurationVar(&o.shimGuards.FrameTimeout, "shim-frame-timeout", scheduler.DefaultFrameTimeout, "longest a shim client may take to finish a message it started before it is dropped")
-	fs.IntVar(&o.shimGuards.MaxConns, "shim-max-conns", scheduler.DefaultMaxConns, "most connections one GPU's scheduler socket accepts at once")
-	fs.IntVar(&o.shimGuards.MaxConnsPerPeer, "shim-max-conns-per-pod", scheduler.DefaultMaxConnsPerPeer, "most connections one pod (one process where the pod is unknown) may hold on one GPU's scheduler socket")
-	fs.DurationVar(&o.shimGuards.EvictTimeout, "shim-evict-timeout", scheduler.DefaultEvictTimeout, "longest a shim client may take to answer an eviction before it is dropped to pass-through and its memory leaves the budget")
+	fs.StringVar(&o.schedulerRoot, "scheduler-root", "", "directory holding each shim-shared GPU's scheduler socket, <root>/<uuid>/gpushare.sock, which the device plugin mounts into shim-shared pods (default <host-root>/scheduler)")
+	fs.DurationVar(&o.shimGuards.FrameTimeout, "shim-frame-timeout", scheduler.DefaultFrameTimeout, "longest a shim client may take to finish a message it started before it is dropped (an idle client, no message started, is never dropped)")
+	fs.IntVar(&o.shimGuards.MaxConns, "shim-max-conns", scheduler.DefaultMaxConns, "most connections one GPU's scheduler socket accepts at once; more are closed before any WELCOME and counted in gpusharing_scheduler_connections_refused_total")
+	fs.IntVar(&o.shimGuards.MaxConnsPerPeer, "shim-max-conns-per-pod", scheduler.DefaultMaxConnsPerPeer, "most connections one pod (one process where the pod is unknown) may hold on one GPU's scheduler socket; more are closed before any WELCOME and counted in gpusharing_scheduler_connections_refused_total")
+	fs.DurationVar(&o.shimGuards.EvictTimeout, "shim-evict-timeout", scheduler.DefaultEvictTimeout, "longest a shim client may take to answer an eviction before it is dropped to pass-through and its memory leaves the budget (counted in gpusharing_scheduler_clients_dropped_total{reason=\"evict-timeout\"})")
 	fs.StringVar(&v.dp.ShimLibrary, "shim-library", v.dp.ShimLibrary, "host path of libgpushare.so, mounted into shim-shared containers")
-	v.reserve = quantityFlag(fs, "oversub-reserve", resource.NewQuantity(node.DefaultOversubReserve, resource.BinarySI), false, "GPU memory left out of an oversubscription budget the policy does not set: CUDA contexts and memory the shim cannot swap live outside the budget")
+	v.reserve = quantityFlag(fs, "oversub-reserve", resource.NewQuantity(node.DefaultOversubReserve, resource.BinarySI), false, "GPU memory left out of an oversubscription budget the policy does not set, where NVML cannot list the GPU's processes and their memory (elsewhere the budget follows what NVML sees used outside it): CUDA contexts and memory the shim cannot swap live outside the budget")
 	// One figure for what a CUDA context holds beyond allocations: unset, the residency check leaves
 	// out the same context reserve the claims are charged (--context-reserve).
 	v.shimOverhead = quantityFlag(fs, "shim-context-overhead", nil, false, "device memory of a shim process NVML reports beyond its allocations (CUDA context, driver); left out when its reported residency is checked against NVML (default: --context-reserve)")

@@ -12,9 +12,7 @@ import (
 // pods: a versioned file and an atomic rename of the stable name, never a write over a file that running
 // shim processes have mapped (the DaemonSet's init container runs it on every agent rollout).
 func runInstallShim(args []string) int {
-	fs := flag.NewFlagSet("install-shim", flag.ExitOnError)
-	from := fs.String("from", "/opt/gpusharing/libgpushare.so", "the library this image ships")
-	to := fs.String("to", "/usr/lib/gpusharing", "host directory (a hostPath) that will hold <version>/libgpushare.so and the link libgpushare.so")
+	fs, from, to := installShimFlags()
 	_ = fs.Parse(args)
 	res, err := shiminstall.Install(*from, *to)
 	if err != nil {
@@ -27,4 +25,12 @@ func runInstallShim(args []string) int {
 		fmt.Printf("%s is already in force\n", res.Path)
 	}
 	return 0
+}
+
+// installShimFlags is the flag set of agent install-shim.
+func installShimFlags() (fs *flag.FlagSet, from, to *string) {
+	fs = flag.NewFlagSet("install-shim", flag.ExitOnError)
+	from = fs.String("from", "/opt/gpusharing/libgpushare.so", "the library this image ships")
+	to = fs.String("to", "/usr/lib/gpusharing", "host directory (a hostPath) that will hold <version>/libgpushare.so and the link libgpushare.so")
+	return fs, from, to
 }

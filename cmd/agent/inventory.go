@@ -10,8 +10,7 @@ import (
 
 // runInventory prints what NVML reports about every GPU as JSON. It changes nothing.
 func runInventory(args []string) int {
-	fs := flag.NewFlagSet("inventory", flag.ExitOnError)
-	lib := fs.String("nvml-lib", "", "path of libnvidia-ml.so.1")
+	fs, lib := inventoryFlags()
 	_ = fs.Parse(args)
 	gpus, shutdown := openGPUs(*lib)
 	defer shutdown()
@@ -27,4 +26,11 @@ func runInventory(args []string) int {
 		return 1
 	}
 	return 0
+}
+
+// inventoryFlags is the flag set of agent inventory.
+func inventoryFlags() (fs *flag.FlagSet, lib *string) {
+	fs = flag.NewFlagSet("inventory", flag.ExitOnError)
+	lib = fs.String("nvml-lib", "", "path of libnvidia-ml.so.1 (default: the dynamic loader's search)")
+	return fs, lib
 }

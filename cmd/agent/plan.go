@@ -29,10 +29,7 @@ type plannedPlace struct {
 // runPlan plans MIG layouts against one GPU's profiles, read from NVML (or from an inventory JSON file
 // with --inventory), as if the GPU had no instances. It changes nothing on the GPU.
 func runPlan(args []string) int {
-	fs := flag.NewFlagSet("plan", flag.ExitOnError)
-	lib := fs.String("nvml-lib", "", "path of libnvidia-ml.so.1")
-	index := fs.Int("gpu", 0, "index of the GPU whose profiles to plan against")
-	invFile := fs.String("inventory", "", "plan against this `agent inventory` output instead of NVML")
+	fs, lib, index, invFile := planFlags()
 	_ = fs.Parse(args)
 
 	inv, err := loadInventory(*lib, *invFile)
@@ -92,4 +89,13 @@ func loadInventory(lib, file string) (gpu.Inventory, error) {
 	gpus, shutdown := openGPUs(lib)
 	defer shutdown()
 	return gpus.Inventory(context.Background())
+}
+
+// planFlags is the flag set of agent plan.
+func planFlags() (fs *flag.FlagSet, lib *string, index *int, invFile *string) {
+	fs = flag.NewFlagSet("plan", flag.ExitOnError)
+	lib = fs.String("nvml-lib", "", "path of libnvidia-ml.so.1 (default: the dynamic loader's search)")
+	index = fs.Int("gpu", 0, "index of the GPU whose profiles to plan against")
+	invFile = fs.String("inventory", "", "plan against this `file`, the JSON that agent inventory printed, instead of NVML")
+	return fs, lib, index, invFile
 }

@@ -2,9 +2,10 @@
 // with the CRDs, runs the controller and simulated GPU nodes (the real agent over go-nvml's mock DGX A100
 // and H100 servers, with fake nvidia-smi and nvidia-cuda-mps-control), applies the sample policies, waits
 // until they converge and prints `kubectl get gpusharing -o wide`; with --dra (the default) it also lists
-// the DRA devices, has the real kube-scheduler pack three sized claims onto one GPU, and shows MIG
-// instances created for claims and freed with their pods on a dynamic H100. Interactive by default: it stays up
-// and prints a kubeconfig to use; --once exits after the table (for CI).
+// the DRA devices, has the real kube-scheduler pack three sized claims onto one GPU, shows MIG
+// instances created for claims and freed with their pods on a dynamic H100, and applies the pods of
+// examples/pods, printing where each runs and what it got. Interactive by default: it stays up and
+// prints a kubeconfig to use; --once exits after the last step (for CI).
 package main
 
 import (
@@ -75,8 +76,8 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 	for _, n := range simNodes {
-		if n.DRAPlugin && !o.dra {
-			continue
+		if !o.dra {
+			n.DRAPlugin = false
 		}
 		n.ResourceSlices = o.dra
 		say("Starting simulated node %s: %d x %s, labels %v", n.Name, n.GPUs, n.Model, n.Labels)
@@ -124,13 +125,18 @@ func run(ctx context.Context, o options) error {
 		if err := c.showDynamicMIG(ctx, os.Stdout); err != nil {
 			return err
 		}
+		fmt.Println()
+		say("The pods of %s, applied as they are; the kube-scheduler places them and each node's stand-in kubelet prepares their claims", examplesDir)
+		if err := c.runExamples(ctx, os.Stdout); err != nil {
+			return err
+		}
 	}
 	if o.once {
 		return nil
 	}
 
-	fmt.Printf("\nThe cluster stays up. In another terminal:\n  export KUBECONFIG=%s\n  %s get gpusharing -o wide\n  %s edit gsp inference-mps   # change a policy and watch the nodes follow\n  %s get resourceslices        # the same shares as DRA devices (--dra)\n  %s get resourceclaims        # the sized claims, packed onto one GPU, and the MIG ones (--dra)\n  %s delete pod train-3g       # its 3g.40gb instance is destroyed and slices 0-3 come back (--dra)\n  %s get gpunode %s -o wide\nCtrl-C stops and removes everything.\n",
-		c.kubeconfig, c.kubectl, c.kubectl, c.kubectl, c.kubectl, c.kubectl, c.kubectl, dynamicNode)
+	fmt.Printf("\nThe cluster stays up. In another terminal:\n  export KUBECONFIG=%s\n  %s get gpusharing -o wide\n  %s edit gsp inference-mps   # change a policy and watch the nodes follow\n  %s get resourceslices        # the same shares as DRA devices (--dra)\n  %s get resourceclaims        # the sized claims, packed onto one GPU, and the MIG ones (--dra)\n  %s get pods -o wide          # the pods of examples/pods and where they run (--dra)\n  %s delete pod mig-dynamic    # its 2g.20gb instance is destroyed and its slices come back (--dra)\n  %s get gpunode %s -o wide\nCtrl-C stops and removes everything.\n",
+		c.kubeconfig, c.kubectl, c.kubectl, c.kubectl, c.kubectl, c.kubectl, c.kubectl, c.kubectl, dynamicNode)
 	select {
 	case <-ctx.Done():
 	case err := <-errs:

@@ -97,72 +97,92 @@ func main() {
 	}
 }
 
-func run() error {
-	var gpus gpuFlags
-	dir := flag.String("socket-dir", "/run/gpushare", "directory for the per-GPU sockets")
-	metricsAddr := flag.String("metrics-addr", "", "serve Prometheus metrics on this address (empty: off)")
-	verbosity := flag.Int("v", 0, "log verbosity (1: client connects and disconnects)")
-	rebuild := flag.Duration("rebuild-window", scheduler.DefaultRebuildWindow,
+// schedulerFlags are the scheduler's flags, parsed once in run.
+type schedulerFlags struct {
+	gpus                        gpuFlags
+	dir, metricsAddr            *string
+	verbosity                   *int
+	rebuild                     *time.Duration
+	serial, envOverrides, gangs *bool
+	oppQueue                    *uint
+	claimMem, ctxReserve        *uint64
+}
+
+// flagSet binds every flag of the scheduler: the flag set run parses and docs/reference lists.
+func flagSet() (*flag.FlagSet, *schedulerFlags) {
+	fs := flag.NewFlagSet("gpushare-scheduler", flag.ExitOnError)
+	f := &schedulerFlags{}
+	f.dir = fs.String("socket-dir", "/run/gpushare", "directory for the per-GPU sockets")
+	f.metricsAddr = fs.String("metrics-addr", "", "serve Prometheus metrics on this address (empty: off)")
+	f.verbosity = fs.Int("v", 0, "log verbosity (1: client connects and disconnects)")
+	f.rebuild = fs.Duration("rebuild-window", scheduler.DefaultRebuildWindow,
 		"after a restart (a socket or restart mark left by a previous run), grant nothing this long while clients re-announce their memory")
-	flag.Var(&gpus, "gpu", "uuid:quantum[:grace[:budget[:mode]]], repeatable")
-	serial := flag.Bool("serial-handoffs", false,
+	fs.Var(&f.gpus, "gpu", "uuid:quantum[:grace[:budget[:mode]]], repeatable, at least one: a GPU served on <socket-dir>/<uuid>.sock; "+
+		"budget (bytes, or with Ki/Mi/Gi) turns on memory accounting for oversubscription (clients run with GPUSHARE_OVERSUB=1); "+
+		"mode is the anti-thrashing policy, Auto (default), Always or Off; an empty grace keeps the default")
+	f.serial = fs.Bool("serial-handoffs", false,
 		"hand off in series, the newcomer's copy-in only after the leaver's copy-out (slower: to measure each direction of a swap alone)")
-	oppQueue := flag.Uint("opportunistic-queue", scheduler.DefaultOpportunisticQueue,
-		"launches an opportunistic client may keep outstanding on the GPU while a production client is connected (sent to shims of protocol version 4)")
-	claimMem := flag.Uint64("claim-memory", 0,
+	f.oppQueue = fs.Uint("opportunistic-queue", scheduler.DefaultOpportunisticQueue,
+		"launches an opportunistic client may keep outstanding on the GPU while a production client is busy: waits for or holds the GPU, or did within 10 s (sent to shims of protocol version 4 and later)")
+	f.claimMem = fs.Uint64("claim-memory", 0,
 		"put every client of a GPU in one claim ledger of this many bytes, contexts included (0: none; the agent names each client's claim)")
-	ctxReserve := flag.Uint64("context-reserve", scheduler.DefaultContextReserve,
+	f.ctxReserve = fs.Uint64("context-reserve", scheduler.DefaultContextReserve,
 		"bytes charged to a claim ledger per process for its CUDA context")
-	envOverrides := flag.Bool("env-overrides", true,
-		"let the clients' environments loosen their pacing and waits (GPUSHARE_PACE_OVERRIDE, GPUSHARE_PACE_FULL_US, GPUSHARE_PACE_WAIT_MAX_MS, GPUSHARE_WAIT_TIMEOUT_MS, GPUSHARE_MEMREPLY_TIMEOUT_MS: for measuring; the agent never allows it)")
-	gangs := flag.Bool("gangs", true,
+	f.envOverrides = fs.Bool("env-overrides", true,
+		"let the clients' environments loosen their pacing and waits (GPUSHARE_PACE_OVERRIDE, GPUSHARE_PACE_FULL_US, GPUSHARE_PACE_WAIT_MAX_MS, GPUSHARE_WAIT_TIMEOUT_MS, GPUSHARE_MEMREPLY_TIMEOUT_MS, GPUSHARE_CONNECT_TIMEOUT_MS, GPUSHARE_RECONNECT_MAX_MS: for measuring; the agent never allows it)")
+	f.gangs = fs.Bool("gangs", true,
 		"clients of one session (a job started under setsid) on several GPUs take their turns on all of them at once (a gang); false: each GPU alone")
-	flag.Parse()
-	if *oppQueue == 0 || *oppQueue > math.MaxUint32 {
+	return fs, f
+}
+
+func run() error {
+	fs, f := flagSet()
+	_ = fs.Parse(os.Args[1:])
+	if *f.oppQueue == 0 || *f.oppQueue > math.MaxUint32 {
 		// 0 would read as "unbounded", which PACE 0 means; the configuration takes it as the default.
-		return fmt.Errorf("--opportunistic-queue %d: want 1 to %d", *oppQueue, uint32(math.MaxUint32))
+		return fmt.Errorf("--opportunistic-queue %d: want 1 to %d", *f.oppQueue, uint32(math.MaxUint32))
 	}
-	if len(gpus) == 0 {
+	if len(f.gpus) == 0 {
 		return errors.New("at least one --gpu is required")
 	}
-	if err := os.MkdirAll(*dir, 0o755); err != nil {
+	if err := os.MkdirAll(*f.dir, 0o755); err != nil {
 		return err
 	}
 	var cfgs []scheduler.GPUConfig
-	for _, v := range gpus {
-		cfg, err := parseGPU(*dir, v)
+	for _, v := range f.gpus {
+		cfg, err := parseGPU(*f.dir, v)
 		if err != nil {
 			return err
 		}
-		cfg.SerialHandoffs = *serial
-		cfg.OpportunisticQueue = uint32(*oppQueue)
+		cfg.SerialHandoffs = *f.serial
+		cfg.OpportunisticQueue = uint32(*f.oppQueue)
 		cfgs = append(cfgs, cfg)
 	}
 	log := funcr.New(func(prefix, args string) { fmt.Fprintln(os.Stderr, prefix, args) },
-		funcr.Options{Verbosity: *verbosity, LogTimestamp: true})
+		funcr.Options{Verbosity: *f.verbosity, LogTimestamp: true})
 	reg := prometheus.NewRegistry()
-	if *rebuild <= 0 {
-		*rebuild = -1 // Options: negative is none
+	if *f.rebuild <= 0 {
+		*f.rebuild = -1 // Options: negative is none
 	}
-	guards := scheduler.Guards{ContextReserve: *ctxReserve}
-	if !*gangs {
+	guards := scheduler.Guards{ContextReserve: *f.ctxReserve}
+	if !*f.gangs {
 		guards.GangKey = func(int32) string { return "" }
 	}
-	if *claimMem > 0 {
+	if *f.claimMem > 0 {
 		guards.ClaimOf = func(gpu string, _ int32) (scheduler.Claim, bool) {
-			return scheduler.Claim{Key: "claim", Memory: *claimMem}, true
+			return scheduler.Claim{Key: "claim", Memory: *f.claimMem}, true
 		}
 	}
-	s, err := scheduler.New(scheduler.Options{GPUs: cfgs, Registerer: reg, RebuildWindow: *rebuild, Guards: guards,
-		EnvOverrides: *envOverrides})
+	s, err := scheduler.New(scheduler.Options{GPUs: cfgs, Registerer: reg, RebuildWindow: *f.rebuild, Guards: guards,
+		EnvOverrides: *f.envOverrides})
 	if err != nil {
 		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	ctx = logr.NewContext(ctx, log)
-	if *metricsAddr != "" {
-		srv := &http.Server{Addr: *metricsAddr, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
+	if *f.metricsAddr != "" {
+		srv := &http.Server{Addr: *f.metricsAddr, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
 		go func() { _ = srv.ListenAndServe() }()
 		defer func() { _ = srv.Close() }()
 	}

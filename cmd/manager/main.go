@@ -11,6 +11,7 @@ import (
 
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -43,50 +44,62 @@ func main() {
 	}
 }
 
-func run() error {
-	var (
-		metricsAddr    string
-		probeAddr      string
-		leaderElect    bool
-		leaderElectNS  string
-		qps            float64
-		burst          int
-		resolvers      int
-		statusWorkers  int
-		restoreTimeout time.Duration
-		debounce       time.Duration
-		pprofAddr      string
-		latencyTarget  time.Duration
-		progressEvery  time.Duration
-		gateMin        int
-		leaseDuration  time.Duration
-		renewDeadline  time.Duration
-		retryPeriod    time.Duration
-	)
-	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "Address the Prometheus metrics endpoint binds to; 0 disables it.")
-	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address the /healthz and /readyz probes bind to.")
-	flag.BoolVar(&leaderElect, "leader-elect", false, "Elect a leader so that only one replica reconciles at a time.")
-	flag.StringVar(&leaderElectNS, "leader-election-namespace", "", "Namespace of the leader election Lease (default: the pod's namespace).")
-	flag.Float64Var(&qps, "kube-api-qps", 50, "Sustained requests per second to the API server; one spec write per node per change, so this bounds rollout speed.")
-	flag.IntVar(&burst, "kube-api-burst", 100, "Burst of requests to the API server above kube-api-qps.")
-	flag.IntVar(&resolvers, "resolver-workers", 1, "The most nodes resolved at once; admission decisions are serialized, the writes run in parallel. With one, the agents' acks keep the API server busy between the resolver's writes and each write is answered 2-3x sooner; a rollout took 1.0-1.25x as long as with 8 at 10,000 nodes (docs/controller.md). Raise it for rollout speed over reconcile latency, or when each write waits on the network.")
-	flag.DurationVar(&latencyTarget, "write-latency-target", 50*time.Millisecond, "The resolver runs as many reconciles at once (at least --resolver-min-workers, at most --resolver-workers) as keep its writes answered within this latency: more writes in flight than the API server serves only queue there. 0 always runs --resolver-workers.")
-	flag.IntVar(&gateMin, "resolver-min-workers", 1, "The fewest nodes resolved at once however slow the API server answers.")
-	flag.IntVar(&statusWorkers, "status-workers", 2, "Policies whose status is computed at once.")
-	flag.DurationVar(&debounce, "status-debounce", time.Second, "Node events are folded into one policy status pass (and at most one status write) per policy per this interval: during a rollout every pass writes, and at 250ms those writes took a tenth of a saturated API server's throughput.")
-	flag.DurationVar(&progressEvery, "status-progress-interval", 5*time.Second, "A policy status write that only reports progress (counts) waits until this long after the policy's last status write; condition changes and a new observed generation are written at once. 0 writes every change.")
-	flag.DurationVar(&restoreTimeout, "restore-timeout", policy.DefaultRestoreTimeout, "How long a deleted policy waits for agents to confirm its GPUs are back on the default.")
-	flag.StringVar(&pprofAddr, "pprof-bind-address", "", "Address Go's pprof endpoints bind to (/debug/pprof/); empty disables them.")
-	flag.DurationVar(&leaseDuration, "leader-election-lease-duration", defaultLeaseDuration, "How long a follower waits after the leader's last renewal before it takes over: the failover time when a leader dies without releasing the lease.")
-	flag.DurationVar(&renewDeadline, "leader-election-renew-deadline", defaultRenewDeadline, "How long the leader keeps trying to renew before it gives up leading and exits (less than the lease duration): the longest API server outage the manager rides out.")
-	flag.DurationVar(&retryPeriod, "leader-election-retry-period", 2*time.Second, "How often candidates try to acquire or renew the lease.")
+// managerFlags are the manager's flags, parsed once in run.
+type managerFlags struct {
+	metricsAddr    string
+	probeAddr      string
+	leaderElect    bool
+	leaderElectNS  string
+	qps            float64
+	burst          int
+	resolvers      int
+	statusWorkers  int
+	restoreTimeout time.Duration
+	debounce       time.Duration
+	pprofAddr      string
+	latencyTarget  time.Duration
+	progressEvery  time.Duration
+	gateMin        int
+	leaseDuration  time.Duration
+	renewDeadline  time.Duration
+	retryPeriod    time.Duration
+}
+
+// flagSet binds every flag of the manager to f: the flag set run parses and docs/reference lists,
+// with klog's -v and controller-runtime's --kubeconfig.
+func flagSet(f *managerFlags) (*flag.FlagSet, *textlogger.Config) {
+	fs := flag.NewFlagSet("manager", flag.ExitOnError)
+	fs.StringVar(&f.metricsAddr, "metrics-bind-address", ":8080", "Address the Prometheus metrics endpoint binds to; 0 disables it.")
+	fs.StringVar(&f.probeAddr, "health-probe-bind-address", ":8081", "Address the /healthz and /readyz probes bind to.")
+	fs.BoolVar(&f.leaderElect, "leader-elect", false, "Elect a leader so that only one replica reconciles at a time (the Lease gpusharing-controller.gpusharing.io).")
+	fs.StringVar(&f.leaderElectNS, "leader-election-namespace", "", "Namespace of the leader election Lease (default: the pod's namespace).")
+	fs.Float64Var(&f.qps, "kube-api-qps", 50, "Sustained requests per second to the API server; one spec write per node per change, so this bounds rollout speed.")
+	fs.IntVar(&f.burst, "kube-api-burst", 100, "Burst of requests to the API server above kube-api-qps.")
+	fs.IntVar(&f.resolvers, "resolver-workers", 1, "The most nodes resolved at once; admission decisions are serialized, the writes run in parallel. With one, the agents' acks keep the API server busy between the resolver's writes and each write is answered 2-3x sooner; a rollout took 1.0-1.25x as long as with 8 at 10,000 nodes (docs/controller.md). Raise it for rollout speed over reconcile latency, or when each write waits on the network.")
+	fs.DurationVar(&f.latencyTarget, "write-latency-target", 50*time.Millisecond, "The resolver runs as many reconciles at once (at least --resolver-min-workers, at most --resolver-workers) as keep its writes answered within this latency: more writes in flight than the API server serves only queue there. 0 always runs --resolver-workers.")
+	fs.IntVar(&f.gateMin, "resolver-min-workers", 1, "The fewest nodes resolved at once however slow the API server answers.")
+	fs.IntVar(&f.statusWorkers, "status-workers", 2, "Policies whose status is computed at once.")
+	fs.DurationVar(&f.debounce, "status-debounce", time.Second, "Node events are folded into one policy status pass (and at most one status write) per policy per this interval: during a rollout every pass writes, and at 250ms those writes took a tenth of a saturated API server's throughput.")
+	fs.DurationVar(&f.progressEvery, "status-progress-interval", 5*time.Second, "A policy status write that only reports progress (counts) waits until this long after the policy's last status write; condition changes and a new observed generation are written at once. 0 writes every change.")
+	fs.DurationVar(&f.restoreTimeout, "restore-timeout", policy.DefaultRestoreTimeout, "How long a deleted policy waits for agents to confirm its GPUs are back on the default.")
+	fs.StringVar(&f.pprofAddr, "pprof-bind-address", "", "Address Go's pprof endpoints bind to (/debug/pprof/); empty disables them.")
+	fs.DurationVar(&f.leaseDuration, "leader-election-lease-duration", defaultLeaseDuration, "How long a follower waits after the leader's last renewal before it takes over: the failover time when a leader dies without releasing the lease.")
+	fs.DurationVar(&f.renewDeadline, "leader-election-renew-deadline", defaultRenewDeadline, "How long the leader keeps trying to renew before it gives up leading and exits (less than the lease duration): the longest API server outage the manager rides out.")
+	fs.DurationVar(&f.retryPeriod, "leader-election-retry-period", 2*time.Second, "How often candidates try to acquire or renew the lease.")
 	logCfg := textlogger.NewConfig()
-	logCfg.AddFlags(flag.CommandLine)
-	flag.Parse()
+	logCfg.AddFlags(fs)
+	config.RegisterFlags(fs)
+	return fs, logCfg
+}
+
+func run() error {
+	var f managerFlags
+	fs, logCfg := flagSet(&f)
+	_ = fs.Parse(os.Args[1:])
 	ctrl.SetLogger(textlogger.NewLogger(logCfg))
-	if leaderElect && leaseDuration <= renewDeadline {
+	if f.leaderElect && f.leaseDuration <= f.renewDeadline {
 		// Lowering only the lease (say to the former 15 s) would leave it under the 60 s default deadline.
-		return fmt.Errorf("--leader-election-lease-duration (%s) must be longer than --leader-election-renew-deadline (%s): set both", leaseDuration, renewDeadline)
+		return fmt.Errorf("--leader-election-lease-duration (%s) must be longer than --leader-election-renew-deadline (%s): set both", f.leaseDuration, f.renewDeadline)
 	}
 
 	scheme := runtime.NewScheme()
@@ -100,36 +113,36 @@ func run() error {
 	if err != nil {
 		return fmt.Errorf("loading kubeconfig: %w", err)
 	}
-	cfg.QPS, cfg.Burst = float32(qps), burst
+	cfg.QPS, cfg.Burst = float32(f.qps), f.burst
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:  scheme,
-		Metrics: metricsserver.Options{BindAddress: metricsAddr},
+		Metrics: metricsserver.Options{BindAddress: f.metricsAddr},
 		// managedFields are a large share of every cached GPUNode (the agent's status fields, the
 		// resolver's spec fields) and of every Node's metadata, and the controllers never read them
 		// (they write merge patches): dropping them from the cache cuts the manager's memory per node.
 		Cache:                         cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
-		HealthProbeBindAddress:        probeAddr,
-		LeaderElection:                leaderElect,
+		HealthProbeBindAddress:        f.probeAddr,
+		LeaderElection:                f.leaderElect,
 		LeaderElectionID:              "gpusharing-controller.gpusharing.io",
-		LeaderElectionNamespace:       leaderElectNS,
+		LeaderElectionNamespace:       f.leaderElectNS,
 		LeaderElectionReleaseOnCancel: true,
-		LeaseDuration:                 &leaseDuration,
-		RenewDeadline:                 &renewDeadline,
-		RetryPeriod:                   &retryPeriod,
-		PprofBindAddress:              pprofAddr,
+		LeaseDuration:                 &f.leaseDuration,
+		RenewDeadline:                 &f.renewDeadline,
+		RetryPeriod:                   &f.retryPeriod,
+		PprofBindAddress:              f.pprofAddr,
 	})
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)
 	}
 	ctx := ctrl.SetupSignalHandler()
 	if err := setup.Controllers(ctx, mgr, setup.Options{
-		ResolverWorkers:        resolvers,
-		StatusWorkers:          statusWorkers,
-		RestoreTimeout:         restoreTimeout,
-		StatusDebounce:         debounce,
-		WriteLatencyTarget:     latencyTarget,
-		StatusProgressInterval: progressEvery,
-		GateMin:                gateMin,
+		ResolverWorkers:        f.resolvers,
+		StatusWorkers:          f.statusWorkers,
+		RestoreTimeout:         f.restoreTimeout,
+		StatusDebounce:         f.debounce,
+		WriteLatencyTarget:     f.latencyTarget,
+		StatusProgressInterval: f.progressEvery,
+		GateMin:                f.gateMin,
 	}); err != nil {
 		return err
 	}

@@ -14,11 +14,14 @@ struct gs_config gs_cfg;
 #define DEF_PACE_FULL_US 100u
 #define DEF_WAIT_TIMEOUT_MS 600000u
 #define DEF_MEMREPLY_TIMEOUT_MS 10000u
+#define DEF_CONNECT_TIMEOUT_MS 1000u
+#define DEF_RECONNECT_MAX_MS 1000u
 
 /* What the environment asks for the (policy) settings, and the policy last put in force (-1: none yet). */
 static struct {
     int64_t pace_override;
     uint32_t pace_wait_max_ms, pace_full_us, wait_timeout_ms, memreply_timeout_ms;
+    uint32_t connect_timeout_ms, reconnect_max_ms;
 } env;
 static int policy_allowed = -1;
 
@@ -271,10 +274,6 @@ void gs_config_load(void)
     gs_cfg.idle_us = env_u32("GPUSHARE_IDLE_US", gs_cfg.idle_us);
     if (gs_cfg.idle_us < GS_IDLE_MIN_US)
         gs_cfg.idle_us = GS_IDLE_MIN_US; /* below the kernel's timer slack a shorter window is not kept */
-    gs_cfg.connect_timeout_ms = env_u32("GPUSHARE_CONNECT_TIMEOUT_MS", 1000);
-    gs_cfg.reconnect_max_ms = env_u32("GPUSHARE_RECONNECT_MAX_MS", 1000);
-    if (gs_cfg.reconnect_max_ms < 10)
-        gs_cfg.reconnect_max_ms = 10;
     gs_cfg.restore_wait_ms = env_u32("GPUSHARE_RESTORE_WAIT_MS", 30000);
     atomic_store(&gs_count_calls, gs_cfg.log_level >= GS_LOG_DEBUG);
 
@@ -300,6 +299,10 @@ void gs_config_load(void)
     env.memreply_timeout_ms = env_u32("GPUSHARE_MEMREPLY_TIMEOUT_MS", DEF_MEMREPLY_TIMEOUT_MS);
     if (env.memreply_timeout_ms == 0)
         env.memreply_timeout_ms = 1; /* never unbounded */
+    env.connect_timeout_ms = env_u32("GPUSHARE_CONNECT_TIMEOUT_MS", DEF_CONNECT_TIMEOUT_MS);
+    env.reconnect_max_ms = env_u32("GPUSHARE_RECONNECT_MAX_MS", DEF_RECONNECT_MAX_MS);
+    if (env.reconnect_max_ms < 10)
+        env.reconnect_max_ms = 10;
     policy_allowed = -1;
     gs_config_env_policy(1, 0); /* until a scheduler of protocol 6 says otherwise: no scheduler enforces anything */
 }
@@ -315,9 +318,9 @@ void gs_config_env_policy(int allowed, int said)
 {
     int weakened = 0;
     char ignored[256] = "";
-#define TAKE(field, name, stricter)                                                                          \
+#define TAKE_IF(ok, field, name, stricter)                                                                    \
     do {                                                                                                     \
-        if (allowed || (stricter)) {                                                                         \
+        if ((ok) || (stricter)) {                                                                            \
             gs_cfg.field = env.field;                                                                        \
         } else {                                                                                             \
             gs_cfg.field = def_##field;                                                                      \
@@ -326,6 +329,7 @@ void gs_config_env_policy(int allowed, int said)
                      (long long)env.field);                                                                  \
         }                                                                                                    \
     } while (0)
+#define TAKE(field, name, stricter) TAKE_IF(allowed, field, name, stricter)
     const int64_t def_pace_override = -1;
     const uint32_t def_pace_full_us = DEF_PACE_FULL_US, def_pace_wait_max_ms = DEF_PACE_WAIT_MAX_MS;
     const uint32_t def_wait_timeout_ms = DEF_WAIT_TIMEOUT_MS, def_memreply_timeout_ms = DEF_MEMREPLY_TIMEOUT_MS;
@@ -335,7 +339,16 @@ void gs_config_env_policy(int allowed, int said)
     TAKE(wait_timeout_ms, "GPUSHARE_WAIT_TIMEOUT_MS",
          env.wait_timeout_ms == 0 || env.wait_timeout_ms >= DEF_WAIT_TIMEOUT_MS);
     TAKE(memreply_timeout_ms, "GPUSHARE_MEMREPLY_TIMEOUT_MS", env.memreply_timeout_ms >= DEF_MEMREPLY_TIMEOUT_MS);
+    /* The connection's own timings count before any scheduler can say POLICY, so only a scheduler that
+     * said so lets them loosen: until then a pod may wait longer for a WELCOME and try again sooner, never
+     * give its first connect up sooner (too short for a scheduler busy with pod lookups) or stay away
+     * longer after a restart. */
+    const uint32_t def_connect_timeout_ms = DEF_CONNECT_TIMEOUT_MS, def_reconnect_max_ms = DEF_RECONNECT_MAX_MS;
+    TAKE_IF(allowed && said, connect_timeout_ms, "GPUSHARE_CONNECT_TIMEOUT_MS",
+            env.connect_timeout_ms >= DEF_CONNECT_TIMEOUT_MS);
+    TAKE_IF(allowed && said, reconnect_max_ms, "GPUSHARE_RECONNECT_MAX_MS", env.reconnect_max_ms <= DEF_RECONNECT_MAX_MS);
 #undef TAKE
+#undef TAKE_IF
     if (weakened && said && policy_allowed != allowed)
         gs_log(GS_LOG_WARN,
                "the GPU scheduler does not let this pod's environment loosen the GPU lock; ignoring%s (their "

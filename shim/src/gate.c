@@ -9,8 +9,12 @@
  * (cuCtxSynchronize per context) unless a stream is capturing (then the
  * release is deferred), and sends RELEASE.
  *
- * A scheduler that is absent at the first GPU call, or that breaks the
- * protocol, opens the gate for good: pass-through with one warning. So does a
+ * A scheduler that does not answer the first connect (absent, restarting,
+ * slow to WELCOME, at its connection limit) is tried again by the
+ * background thread as after a lost connection (gate_reconnect.c): the
+ * process runs without the lock only until it answers. One that breaks the
+ * protocol once connected opens the gate for good: pass-through with one
+ * warning. So does a
  * wait for a grant longer than GPUSHARE_WAIT_TIMEOUT_MS without a word from the
  * scheduler: on a connection of protocol 6 every message restarts that timer,
  * and a waiter asks (PING) after a quarter of it in silence, at most every
@@ -125,7 +129,6 @@ void gate_conn_started_locked(void)
 
 static void connect_locked(void)
 {
-    char why[256];
     if (!gs_devs[gs_dev_cur].socket_set) {
         /* With a memory limit and no scheduler, the limit is the whole job (a sized claim on an MPS
          * GPU: the MPS server shares the GPU, the shim reports and holds the claim's memory). That is
@@ -139,8 +142,7 @@ static void connect_locked(void)
     int fd = gs_conn_open(&w);
     uint32_t q = w.quantum_ms, g = w.grace_ms;
     if (fd < 0) {
-        snprintf(why, sizeof(why), "cannot reach the GPU scheduler at %s", gs_devs[gs_dev_cur].socket_path);
-        gate_passthrough_locked(why);
+        gate_connect_later_locked();
         return;
     }
     G->st.fd = fd;
@@ -151,16 +153,25 @@ static void connect_locked(void)
     gs_mm_configure(w.budget, w.mode);
     gs_cap_ledger_start(fd);
 
-    int err = gs_thread_start(gate_bg_main, (void *)(((intptr_t)fd << 8) | gs_dev_cur));
-    if (err != 0) {
+    if (gate_bg_start_locked(fd) != 0) {
         close(fd);
         G->st.fd = -1;
         gate_passthrough_locked("cannot start the shim's scheduler thread");
         return;
     }
-    G->st.bg_running = 1;
+    G->st.connected_once = 1;
     gs_log(GS_LOG_INFO, "connected to %s (quantum %u ms, grace %u ms, idle %u us)", gs_devs[gs_dev_cur].socket_path, q, g,
            gs_cfg.idle_us);
+}
+
+/* Starts the GPU's background thread on fd (-1: it connects first, gate_reconnect_locked). 0 or an errno.
+ * mu held. */
+int gate_bg_start_locked(int fd)
+{
+    int err = gs_thread_start(gate_bg_main, (void *)(((intptr_t)(fd + 1) << 8) | gs_dev_cur));
+    if (err != 0)
+        return err;
+    G->st.bg_running = 1;
     /* Registered now, after the driver registered its own exit handlers, so
      * ours runs first: the background thread must be out of the driver
      * before the driver tears itself down. */
@@ -169,6 +180,7 @@ static void connect_locked(void)
         exit_registered = 1;
         atexit(gate_atexit_all);
     }
+    return 0;
 }
 
 void gs_gate_wait(void)

@@ -15,7 +15,7 @@
 #include "gpushare_proto.h"
 #include "internal.h"
 
-/* CONN_DOWN: was connected, the connection ended; the background thread reconnects. */
+/* CONN_DOWN: the connection ended, or the first connect failed; the background thread (re)connects. */
 enum { CONN_NEW, CONN_UP, CONN_DOWN, CONN_PASSTHROUGH };
 
 #define TICK_MS 5
@@ -49,6 +49,7 @@ struct gate_state {
     int was_held;            /* held the GPU when the connection ended (REJOIN says so) */
     uint64_t lost_ns;        /* when the connection ended */
     uint64_t reconnects;
+    int connected_once;      /* a connection came up (the first connect, or a later one after it failed) */
     /* liveness (protocol 6) */
     uint64_t heard_ns;       /* the last message from the scheduler (connections of protocol 6 only) */
     uint64_t ping_ns;        /* the last PING sent */
@@ -105,7 +106,9 @@ void gate_sched_idle_set_locked(uint32_t us, int from_scheduler);
 int gate_read_input_locked(int fd);
 
 /* gate_thread.c */
-void *gate_bg_main(void *arg); /* arg: fd << 8 | the GPU's slot */
+void *gate_bg_main(void *arg); /* arg: (fd + 1) << 8 | the GPU's slot; fd -1: connect first */
+int gate_bg_start_locked(int fd);
+void gate_connect_later_locked(void);
 void gate_nap_locked(uint32_t ms);
 
 /* gate_reconnect.c */

@@ -1,6 +1,7 @@
 /*
  * A scheduler that goes away after we connected (killed, restarted, its
- * connection lost) is reconnected by the background thread, with backoff;
+ * connection lost), or that did not answer the first connect, is
+ * (re)connected by the background thread, with backoff;
  * meanwhile the process runs without the lock. On reconnection the thread
  * quiesces the process (gate closed, calls in flight done, GPU work drained),
  * re-announces it with REJOIN (its memory state) and the next GPU call waits
@@ -38,7 +39,32 @@ int gate_restore_alone_locked(void)
     return r;
 }
 
-/* After a lost connection: reconnect with backoff (GPUSHARE_RECONNECT_MAX_MS at most between attempts)
+/* The first connect failed: the scheduler is not there (the agent restarting or rolling out), did not
+ * WELCOME within GPUSHARE_CONNECT_TIMEOUT_MS (its pod lookups slow), or refused the connection (the pod at
+ * its connection limit). None of that is for good, so the process runs without the lock only until the
+ * scheduler answers: the background thread tries again as after a lost connection, and the connection it
+ * makes re-announces what the process holds (REJOIN, then its ledger) and takes the lock from the next GPU
+ * call on. Oversubscription stays off for the process: memory it allocates meanwhile is plain device
+ * memory, which no later budget could swap. mu held. */
+void gate_connect_later_locked(void)
+{
+    G->st.conn = CONN_DOWN;
+    G->st.was_held = 0;
+    G->st.lost_ns = gs_now_ns();
+    atomic_store(&H->open, 1);
+    pthread_cond_broadcast(&G->cv);
+    if (gate_bg_start_locked(-1) != 0) {
+        gate_passthrough_locked("cannot start the shim's scheduler thread");
+        return;
+    }
+    gs_log(GS_LOG_WARN,
+           "cannot reach the GPU scheduler at %s: running without the GPU lock%s until it answers (trying again "
+           "every %u ms at most)",
+           gs_devs[gs_dev_cur].socket_path,
+           gs_devs[gs_dev_cur].oversub ? " and without oversubscription" : "", gs_cfg.reconnect_max_ms);
+}
+
+/* After a lost connection or a failed first connect: reconnect with backoff (GPUSHARE_RECONNECT_MAX_MS at most between attempts)
  * and re-announce. Meanwhile the gate is open only when nothing is unmapped; swapped-out memory waits
  * for the new scheduler's grant, or after GPUSHARE_RESTORE_WAIT_MS is restored without a budget.
  * Returns the new connection (CONN_UP, REJOIN sent), or -1 once pass-through is for good. mu held. */
@@ -125,15 +151,18 @@ int gate_reconnect_locked(void)
                 G->st.backoff_until = 0;
                 G->st.quantum_ms = w.quantum_ms;
                 G->st.grace_ms = w.grace_ms;
-                G->st.reconnects++;
+                if (G->st.connected_once)
+                    G->st.reconnects++;
                 gate_conn_started_locked();
                 gs_pace_set(0, 0); /* until this scheduler sends a bound and an idle window of its own */
                 gate_sched_idle_set_locked(0, 0);
                 gs_log(GS_LOG_WARN,
-                       "reconnected to the GPU scheduler after %.1f s; re-announced %llu bytes resident, %llu "
-                       "swapped out; GPU calls take the lock again",
+                       "%s to the GPU scheduler after %.1f s; re-announced %llu bytes resident, %llu "
+                       "swapped out; GPU calls take the lock %s",
+                       G->st.connected_once ? "reconnected" : "connected",
                        (double)(gs_now_ns() - G->st.lost_ns) / 1e9, (unsigned long long)m.resident,
-                       (unsigned long long)m.swapped);
+                       (unsigned long long)m.swapped, G->st.connected_once ? "again" : "from now on");
+                G->st.connected_once = 1;
                 pthread_cond_broadcast(&G->cv); /* waiting threads ACQUIRE on the new connection */
                 return fd;
             }

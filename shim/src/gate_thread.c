@@ -212,9 +212,11 @@ void gate_nap_locked(uint32_t ms)
 void *gate_bg_main(void *arg)
 {
     gs_dev_cur = (int)((intptr_t)arg & 0xff); /* this thread serves one GPU */
-    int fd = (int)((intptr_t)arg >> 8);
+    int fd = (int)((intptr_t)arg >> 8) - 1;
     gs_thread_relax_capture();
     pthread_mutex_lock(&G->mu);
+    if (fd < 0 && G->st.conn == CONN_DOWN)
+        fd = gate_reconnect_locked(); /* the first connect failed: keep trying, as after a lost connection */
     while (fd >= 0) {
         pthread_mutex_unlock(&G->mu);
         serve(fd);

@@ -32,6 +32,7 @@
  *     grant_file=PATH      an ACQUIRE after the first GRANT is answered only once PATH exists ("got
  *                          ACQUIRE need=N; holding the GRANT back" meanwhile)
  *     pong=0               never answer a PING (a scheduler that no longer serves the queue)
+ *     welcome_delay_ms=N   answer a HELLO N ms late (a scheduler whose pod lookups are slow)
  * Every message it gets or sends is a line on stdout: "got ACQUIRE need=N", "sent EVICT", "got USAGE
  * reason=R resident=N swapped=N", ...
  */
@@ -116,6 +117,7 @@ int main(int argc, char **argv)
         return 2;
     }
     uint64_t budget = strtoull(arg(argc, argv, "budget", "1073741824"), NULL, 10);
+    unsigned long welcome_delay_ms = strtoul(arg(argc, argv, "welcome_delay_ms", "0"), NULL, 10);
     uint64_t stall_above = strtoull(arg(argc, argv, "stall_above", "18446744073709551615"), NULL, 10);
     const char *memreq_file = arg(argc, argv, "memreq_file", NULL);
     const char *release_file = arg(argc, argv, "release_file", NULL);
@@ -217,6 +219,8 @@ int main(int argc, char **argv)
                 break;
             }
             if (h.type == GS_MSG_HELLO) {
+                if (welcome_delay_ms > 0)
+                    usleep((useconds_t)(welcome_delay_ms * 1000));
                 struct gs_welcome w;
                 memset(&w, 0, sizeof(w));
                 w.client_id = 1;

@@ -49,27 +49,30 @@ else
     fail "limit without socket" "$out"
 fi
 out=$(run_client GPUSHARE_MEMORY_LIMIT_BYTES=$((64 << 20)) GPUSHARE_SOCKET="$TMP/nothing.sock" timeout 10 "$CLIENT" dlsym 5 2>&1)
-n=$(grep -c "GPU lock disabled" <<<"$out" || true)
+n=$(grep -c "cannot reach the GPU scheduler" <<<"$out" || true)
 if grep -q "client done" <<<"$out" && [ "$n" = 1 ]; then pass "a memory limit with a missing scheduler still warns once"; else fail "limit with missing scheduler" "$out"; fi
 
-# 4. A socket path with nothing behind it: pass-through, one warning, no hang.
+# 4. A socket path with nothing behind it: the process runs without the lock, with one warning that it
+# keeps trying, no hang, and its exit is not held up by the attempts.
 start=$(date +%s%N)
 out=$(run_client GPUSHARE_SOCKET="$TMP/nothing.sock" timeout 10 "$CLIENT" procaddr 50 2>&1)
 ms=$((($(date +%s%N) - start) / 1000000))
-n=$(grep -c "GPU lock disabled" <<<"$out" || true)
-if grep -q "client done" <<<"$out" && [ "$n" = 1 ] && [ "$ms" -lt 3000 ]; then
-    pass "missing scheduler passes through with one warning (${ms} ms)"
+n=$(grep -c "cannot reach the GPU scheduler at $TMP/nothing.sock: running without the GPU lock until it answers" <<<"$out" || true)
+if grep -q "client done" <<<"$out" && [ "$n" = 1 ] && ! grep -q "GPU lock disabled" <<<"$out" && [ "$ms" -lt 3000 ]; then
+    pass "missing scheduler: runs without the lock, one warning, tries again (${ms} ms)"
 else
     fail "missing scheduler" "took ${ms} ms: $out"
 fi
 
-# 5. A path that is not a socket at all, and an over-long path: same.
+# 5. A path that is not a socket: the same (the agent may yet put its socket there). An over-long path
+# can never be connected to: pass-through for good, one warning.
 : >"$TMP/regular-file"
-for sock in "$TMP/regular-file" "/$(printf 'x%.0s' {1..200})"; do
-    out=$(run_client GPUSHARE_SOCKET="$sock" timeout 10 "$CLIENT" dlsym 5 2>&1)
-    n=$(grep -c "GPU lock disabled" <<<"$out" || true)
-    if grep -q "client done" <<<"$out" && [ "$n" = 1 ]; then pass "bad socket ${sock:0:30}... passes through"; else fail "bad socket" "$out"; fi
-done
+out=$(run_client GPUSHARE_SOCKET="$TMP/regular-file" timeout 10 "$CLIENT" dlsym 5 2>&1)
+n=$(grep -c "cannot reach the GPU scheduler" <<<"$out" || true)
+if grep -q "client done" <<<"$out" && [ "$n" = 1 ]; then pass "a socket path that is a regular file: runs, tries again"; else fail "regular-file socket" "$out"; fi
+out=$(run_client GPUSHARE_SOCKET="/$(printf 'x%.0s' {1..200})" timeout 10 "$CLIENT" dlsym 5 2>&1)
+n=$(grep -c "GPU lock disabled" <<<"$out" || true)
+if grep -q "client done" <<<"$out" && [ "$n" = 1 ]; then pass "an over-long socket path passes through"; else fail "over-long socket path" "$out"; fi
 
 # 6. A process that never touches CUDA never loads the driver and never warns.
 if command -v python3 >/dev/null; then # Python resolves every extension module through dlsym
@@ -114,9 +117,10 @@ else
     fail "dlsym(RTLD_DEFAULT) without a driver" "the shim's own exports were handed out"
 fi
 
-# 9. Oversubscription asked for but no scheduler: plain driver memory, the data intact, one warning.
+# 9. Oversubscription asked for but no scheduler: plain driver memory, the data intact, one warning
+# (which says oversubscription stays off: a scheduler that answers later cannot swap plain memory).
 out=$(run_client GPUSHARE_OVERSUB=1 GPUSHARE_SOCKET="$TMP/nothing.sock" "$BUILD/tests/oversub_client" bufs=2 size=2097152 iters=200 2>&1)
-n=$(grep -c "GPU lock disabled" <<<"$out" || true)
+n=$(grep -c "running without the GPU lock and without oversubscription until it answers" <<<"$out" || true)
 if grep -q "oversub done.*total=85899345920 ipc=0" <<<"$out" && [ "$n" = 1 ]; then
     pass "GPUSHARE_OVERSUB=1 without a scheduler passes through to plain memory"
 else
@@ -594,6 +598,47 @@ if [ "$ok" = 1 ] && [ "$m1" = 32 ] && grep -q "client done" "$D/out"; then
     pass "a lost scheduler's bound ends with its connection; the new scheduler's holds after REJOIN"
 else
     fail "pacing across a reconnection" "ok=$ok m1=$m1 made=$(launches_made "$D/trace") $(cat "$D/out" "$D/err" "$D/sched.log")"
+fi
+stop_fake
+
+# 25b. A scheduler that did not answer the first connect (the agent restarting, a late WELCOME, a pod at
+# its connection limit) is connected later, as after a lost connection: the process runs its first launches
+# without the lock, connects once the scheduler is there (REJOIN with nothing held), and its next launches
+# wait for the lock (this scheduler never grants) instead of running past it.
+D=$TMP/lateconnect
+mkdir -p "$D"
+run_paced "$D" GPUSHARE_SOCKET="$D/s.sock" GPUSHARE_RECONNECT_MAX_MS=50 PACE_CLIENT_THEN="$D/then" "$PACE" launch kernel 8
+ok=1
+wait_for 20 grep -q "launched 8" "$D/out" || ok=0
+echo 8 >"$D/run" # the first 8 run (connecting drains the GPU first)
+start_fake "$D" grant=0
+wait_for 20 grep -q "connected to the GPU scheduler after" "$D/err" || ok=0
+: >"$D/then"
+wait_for 20 grep -q "got ACQUIRE" "$D/sched.log" || ok=0
+made=$(launches_made "$D/trace")
+stop_fake # the lock's holder goes away: the process runs without it, reconnecting, and finishes
+finish_paced "$D" || ok=0
+if [ "$ok" = 1 ] && [ "$made" = 8 ] && grep -q "got REJOIN" "$D/sched.log" && grep -q "launched 16" "$D/out" &&
+    ! grep -q "GPU lock disabled" "$D/err"; then
+    pass "a scheduler absent at the first connect is connected later and its lock holds from then on"
+else
+    fail "connect after a failed first connect" "ok=$ok made=$made $(cat "$D/out" "$D/err" "$D/sched.log")"
+fi
+
+# 25c. The connection's timings are the scheduler's to loosen, not the pod's: a pod that sets a connect
+# timeout shorter than a busy scheduler's WELCOME still connects at its first context (the default holds
+# until a scheduler allows otherwise), and a scheduler that does not allow it (POLICY 0) names the values
+# it ignores, a longer reconnection back-off among them.
+D=$TMP/conntimings
+mkdir -p "$D"
+start_fake "$D" welcome_delay_ms=300 policy=0
+out=$(run_client GPUSHARE_SOCKET="$D/s.sock" GPUSHARE_LOG_LEVEL=info GPUSHARE_CONNECT_TIMEOUT_MS=50 \
+    GPUSHARE_RECONNECT_MAX_MS=600000 timeout 20 "$CLIENT" dlsym 5 2>&1)
+if grep -q "client done" <<<"$out" && grep -q "connected to $D/s.sock" <<<"$out" && ! grep -q "cannot reach" <<<"$out" &&
+    grep -q "ignoring.*GPUSHARE_CONNECT_TIMEOUT_MS=50 GPUSHARE_RECONNECT_MAX_MS=600000" <<<"$out"; then
+    pass "a pod's shorter connect timeout and longer reconnection back-off are not taken"
+else
+    fail "connection timings from the pod" "$out $(cat "$D/sched.log")"
 fi
 stop_fake
 

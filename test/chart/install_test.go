@@ -68,7 +68,7 @@ func install(t *testing.T) {
 		for k, want := range dryRun {
 			switch want.GetKind() {
 			case "Deployment", "DaemonSet", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
-				"ClusterRole", "Role", "ClusterRoleBinding", "RoleBinding", "ServiceAccount":
+				"ClusterRole", "Role", "ClusterRoleBinding", "RoleBinding", "ServiceAccount", "DeviceClass":
 				installed[k] = live(t, want)
 			}
 		}
@@ -97,7 +97,9 @@ func TestChartInstallsTheManagerAndAgentObjectsKustomizeApplies(t *testing.T) {
 	for k, want := range dryRun {
 		var fields [][]string
 		switch want.GetKind() {
-		case "Deployment", "DaemonSet", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
+		case "Deployment", "DaemonSet", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "DeviceClass":
+			// A DeviceClass's spec carries extendedResourceName only where the API server's
+			// DRAExtendedResource gate is on (1.36's default).
 			fields = [][]string{{"spec"}}
 		case "ClusterRole", "Role":
 			fields = [][]string{{"rules"}}
@@ -124,10 +126,17 @@ func TestChartInstallsTheManagerAndAgentObjectsKustomizeApplies(t *testing.T) {
 			}
 		}
 	}
-	for _, kind := range []string{"Deployment", "DaemonSet", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount", "ValidatingAdmissionPolicy"} {
+	for _, kind := range []string{"Deployment", "DaemonSet", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount", "ValidatingAdmissionPolicy", "DeviceClass"} {
 		if !compared[kind] {
 			t.Errorf("no %s was compared; config/default rendered %v", kind, keys(dryRun))
 		}
+	}
+	// The API server kept the extended resource the class maps, so pods asking for it are served
+	// through DRA.
+	if dc := installed["DeviceClass//gpusharing-timeslicing"]; dc == nil {
+		t.Error("the chart installed no DeviceClass gpusharing-timeslicing")
+	} else if got, _, _ := unstructured.NestedString(dc.Object, "spec", "extendedResourceName"); got != "gpusharing.io/gpu-timeslice" {
+		t.Errorf("DeviceClass gpusharing-timeslicing extendedResourceName %q, want gpusharing.io/gpu-timeslice", got)
 	}
 }
 

@@ -53,11 +53,16 @@ func keys(m map[string]*unstructured.Unstructured) []string {
 	return ks
 }
 
-// renderKustomize is `kubectl kustomize config/default` without the Namespace, which the chart leaves
-// to `helm install --create-namespace` (docs/deploy.md says how to label it).
-func renderKustomize(t *testing.T) map[string]*unstructured.Unstructured {
+// renderKustomize is `kubectl kustomize config/<dir>` (config/default where dir is empty) without the
+// Namespace, which the chart leaves to `helm install --create-namespace` (docs/deploy.md says how to label
+// it).
+func renderKustomize(t *testing.T, dir ...string) map[string]*unstructured.Unstructured {
 	t.Helper()
-	out := run(t, "kubectl", "kustomize", filepath.Join(testenv.RepoRoot(), "config", "default"))
+	d := "default"
+	if len(dir) > 0 {
+		d = dir[0]
+	}
+	out := run(t, "kubectl", "kustomize", filepath.Join(testenv.RepoRoot(), "config", d))
 	objs := decodeAll(t, out)
 	delete(objs, "Namespace//"+namespace)
 	// kustomize's namespace transformer does not know that admission policies are cluster-scoped and
@@ -72,10 +77,21 @@ func renderKustomize(t *testing.T) map[string]*unstructured.Unstructured {
 	return objs
 }
 
-// renderChart is `helm template` with the defaults (and extra --set flags) into gpusharing-system.
+// kubeVersion is the Kubernetes version the chart renders for unless a test says otherwise: the one the
+// envtest API server runs. (helm template's own default is far older.)
+const kubeVersion = "1.36.3"
+
+// renderChart is `helm template` for Kubernetes kubeVersion with the defaults (and extra --set flags)
+// into gpusharing-system.
 func renderChart(t *testing.T, set ...string) map[string]*unstructured.Unstructured {
 	t.Helper()
-	args := []string{"template", "gpusharing", chartDir(), "--namespace", namespace}
+	return renderChartFor(t, kubeVersion, set...)
+}
+
+// renderChartFor is renderChart for another Kubernetes version.
+func renderChartFor(t *testing.T, version string, set ...string) map[string]*unstructured.Unstructured {
+	t.Helper()
+	args := []string{"template", "gpusharing", chartDir(), "--namespace", namespace, "--kube-version", version}
 	for _, s := range set {
 		args = append(args, "--set", s)
 	}
@@ -93,7 +109,22 @@ func TestHelmLintPasses(t *testing.T) {
 }
 
 func TestChartWithDefaultsRendersExactlyWhatKustomizeRenders(t *testing.T) {
-	k, h := renderKustomize(t), renderChart(t)
+	sameObjects(t, renderKustomize(t), renderChart(t))
+}
+
+// Before Kubernetes 1.36 the chart's Auto interface is Both: the device plugin beside DRA, with
+// DeviceClasses that name no extended resource, which is what config/deviceplugin renders; on 1.36 the
+// same comes from agent.deviceInterface=Both.
+func TestChartBefore136RendersWhatConfigDevicepluginRenders(t *testing.T) {
+	k := renderKustomize(t, "deviceplugin")
+	t.Run("Auto on 1.35", func(t *testing.T) { sameObjects(t, k, renderChartFor(t, "1.35.0")) })
+	t.Run("Both on 1.36", func(t *testing.T) { sameObjects(t, k, renderChart(t, "agent.deviceInterface=Both")) })
+}
+
+// sameObjects fails unless kustomize and the chart render the same objects, the CRDs' keep annotation
+// (the chart's) aside.
+func sameObjects(t *testing.T, k, h map[string]*unstructured.Unstructured) {
+	t.Helper()
 	for _, u := range h {
 		// The one intended difference: helm keeps the CRDs (and so every policy) on uninstall.
 		if u.GetKind() == "CustomResourceDefinition" {
@@ -171,8 +202,8 @@ func TestChartValuesReachTheObjects(t *testing.T) {
 			t.Errorf("agent args %s lack %s", args, want)
 		}
 	}
-	if strings.Contains(args, "--dra") {
-		t.Errorf("agent args %s turn DRA on by default", args)
+	if !strings.Contains(args, "--dra ") || !strings.Contains(args, "--device-plugin=false") {
+		t.Errorf("agent args %s: on Kubernetes 1.36 the default is DRA without the device plugin", args)
 	}
 	if sel, _, _ := unstructured.NestedStringMap(ds.Object, "spec", "template", "spec", "nodeSelector"); sel["pool"] != "a100" {
 		t.Errorf("agent nodeSelector %v lacks pool=a100", sel)
@@ -224,7 +255,7 @@ func TestChartDeviceInterfaceDRAServesClaimsInsteadOfExtendedResources(t *testin
 	if !strings.Contains(both, "--dra ") || strings.Contains(both, "--device-plugin=false") {
 		t.Errorf("Both: want --dra beside the device plugin")
 	}
-	if out, err := tool(t, "helm", "", "template", "gpusharing", chartDir(), "--set", "agent.deviceInterface=Dra"); err == nil || !strings.Contains(string(out), "want DevicePlugin, DRA or Both") {
+	if out, err := tool(t, "helm", "", "template", "gpusharing", chartDir(), "--set", "agent.deviceInterface=Dra"); err == nil || !strings.Contains(string(out), "want Auto, DevicePlugin, DRA or Both") {
 		t.Errorf("an unknown deviceInterface rendered (%v): %s", err, out)
 	}
 }
@@ -257,5 +288,19 @@ func TestChartGrantsTheAgentDRARightsOnlyWhereItServesDRA(t *testing.T) {
 				t.Errorf("agent.deviceInterface=%s: %s differs:\n%s", mode, name, diff(want.Object, got.Object, ""))
 			}
 		}
+	}
+}
+
+// runtimeClass.create renders config/runtimeclass's RuntimeClass under agent.runtimeClassName; by default
+// the chart leaves the RuntimeClass to the GPU Operator or whoever set up the NVIDIA runtime.
+func TestChartRuntimeClassIsConfigRuntimeclass(t *testing.T) {
+	const key = "RuntimeClass//nvidia"
+	if rc := renderChart(t)[key]; rc != nil {
+		t.Errorf("the chart renders %s by default", key)
+	}
+	k := renderKustomize(t, "runtimeclass")
+	h := renderChart(t, "runtimeClass.create=true")
+	if !reflect.DeepEqual(k[key].Object, h[key].Object) {
+		t.Errorf("%s differs:\n%s", key, diff(k[key].Object, h[key].Object, ""))
 	}
 }

@@ -3,9 +3,7 @@ package deploy
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,31 +22,6 @@ import (
 
 // driver is the DRA driver name the agent publishes under (agent/dra.DriverName).
 const driver = "gpu.gpusharing.io"
-
-var (
-	draOnce sync.Once
-	draOut  string
-	draErr  error
-)
-
-// installDRA applies config/dra beside config/default, once for the package: the DeviceClasses and the
-// agent's DRA role, which config/default alone does not grant.
-func installDRA(t *testing.T) {
-	t.Helper()
-	install(t)
-	draOnce.Do(func() {
-		var rendered string
-		rendered, draErr = kubectl(t, "", "kustomize", filepath.Join(env.RepoRoot, "config", "dra"))
-		if draErr != nil {
-			draOut = rendered
-			return
-		}
-		draOut, draErr = kubectl(t, rendered, "apply", "--server-side", "--force-conflicts", "-f", "-")
-	})
-	if draErr != nil {
-		t.Fatalf("installing config/dra: %v\n%s", draErr, draOut)
-	}
-}
 
 // agentClient is the agent's service account on node ("" for a token bound to no node).
 func agentClient(t *testing.T, node string) client.Client {
@@ -92,7 +65,7 @@ func refusedSaying(t *testing.T, what string, err error, want string) {
 }
 
 func TestAgentOfOneNodeWritesOnlyItsOwnNodesResourceSlices(t *testing.T) {
-	installDRA(t)
+	install(t)
 	ctx := context.Background()
 	nodeA, nodeB := "slice-node-a", "slice-node-b"
 	agentA := agentClient(t, nodeA)

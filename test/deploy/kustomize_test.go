@@ -70,6 +70,10 @@ func TestAPIServerAcceptsEveryObjectOfConfigDefault(t *testing.T) {
 		"clusterrolebinding.rbac.authorization.k8s.io/gpusharing-manager", "clusterrolebinding.rbac.authorization.k8s.io/gpusharing-agent",
 		"role.rbac.authorization.k8s.io/gpusharing-leader-election", "rolebinding.rbac.authorization.k8s.io/gpusharing-leader-election",
 		"deployment.apps/gpusharing-manager", "daemonset.apps/gpusharing-agent",
+		"clusterrole.rbac.authorization.k8s.io/gpusharing-agent-dra", "clusterrolebinding.rbac.authorization.k8s.io/gpusharing-agent-dra",
+		"validatingadmissionpolicy.admissionregistration.k8s.io/gpusharing-agent-own-gpunode",
+		"validatingadmissionpolicy.admissionregistration.k8s.io/gpusharing-agent-own-resourceslices",
+		"validatingadmissionpolicy.admissionregistration.k8s.io/gpusharing-agent-own-evictions",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("kubectl apply of config/default did not create %s:\n%s", want, out)
@@ -77,10 +81,10 @@ func TestAPIServerAcceptsEveryObjectOfConfigDefault(t *testing.T) {
 	}
 }
 
-// config/default grants the agent no ResourceSlice right: an agent that serves GPUs through the device
-// plugin alone cannot write slices at all. config/dra adds them, bound to config/default's agent.
+// The agent's ResourceSlice rights come with config/dra alone: config/core (the operator without DRA)
+// grants none, config/dra binds them to config/core's agent, and config/default is the two.
 func TestOnlyConfigDRAGrantsTheAgentResourceSlices(t *testing.T) {
-	for dir, want := range map[string]bool{"default": false, "dra": true} {
+	for dir, want := range map[string]bool{"core": false, "dra": true, "default": true} {
 		out, err := kubectl(t, "", "kustomize", filepath.Join(env.RepoRoot, "config", dir))
 		if err != nil {
 			t.Fatalf("kustomize config/%s: %v\n%s", dir, err, out)

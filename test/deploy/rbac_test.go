@@ -54,6 +54,8 @@ var reviewed = map[string]map[string]string{
 	},
 	// Bound only where the agents serve DRA (config/dra, the chart's agent.deviceInterface DRA or Both).
 	"agent-dra": {
+		"resource.k8s.io/deviceclasses:list":    "--dra beside the device plugin: which extended resources the DeviceClasses serve through DRA, left to it",
+		"resource.k8s.io/deviceclasses:watch":   "--dra beside the device plugin: the same names as classes come and go",
 		"resource.k8s.io/resourceslices:list":   "--dra-resource-slices: the ResourceSlice controller's informer on its node's slices (field selectors spec.nodeName, spec.driver)",
 		"resource.k8s.io/resourceslices:watch":  "--dra-resource-slices: the same informer, which puts back a slice someone else changed or deleted",
 		"resource.k8s.io/resourceslices:create": "--dra-resource-slices: a node's first slices, and one deleted by someone else",

@@ -12,6 +12,8 @@ func TestE2E(t *testing.T) {
 		run  func(*testing.T)
 	}{
 		{"Install", testInstall},
+		{"ExamplePods", testExamplePods},
+		{"DevicePluginInstall", testDevicePluginInstall},
 		{"Sharing", testSharing},
 		{"Pods", testPods},
 		{"Usage", testUsage},

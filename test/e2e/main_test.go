@@ -74,6 +74,10 @@ func run(m *testing.M) (code int) {
 		fmt.Fprintln(os.Stderr, "e2e: bringing the node up:", err)
 		return 1
 	}
+	if err := n.TagImage(ctx, BusyboxImage, ExampleImage); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: naming busybox as examples/pods' image:", err)
+		return 1
+	}
 	fmt.Printf("e2e: node %s Ready in %s (kubeconfig %s)\n", NodeName, time.Since(start).Round(time.Second), n.Kubeconfig)
 	node = n
 	return m.Run()

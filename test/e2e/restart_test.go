@@ -97,11 +97,11 @@ func testUninstall(t *testing.T) {
 		}
 		return nil
 	})
-	kubectl(t, "delete", "-k", "config/e2e", "--wait=true", "--timeout=180s")
+	kubectl(t, "delete", "-k", "config/e2e/deviceplugin", "--wait=true", "--timeout=180s")
 	kubectl(t, "delete", "namespace", Namespace, "--wait=true", "--timeout=120s")
 	eventually(t, 2*time.Minute, "nothing of gpusharing left", func(ctx context.Context) error {
 		var left []string
-		for _, kind := range []string{"crd", "clusterrole", "clusterrolebinding", "validatingadmissionpolicy", "validatingadmissionpolicybinding", "namespace"} {
+		for _, kind := range []string{"crd", "clusterrole", "clusterrolebinding", "validatingadmissionpolicy", "validatingadmissionpolicybinding", "namespace", "deviceclass"} {
 			out, err := kubectlErr("get", kind, "-o", "name")
 			if err != nil {
 				return fmt.Errorf("kubectl get %s: %v: %s", kind, err, out)

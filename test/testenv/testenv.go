@@ -3,6 +3,7 @@
 package testenv
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -170,8 +171,19 @@ func (e *Env) AdminKubeconfig(dir string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("rendering the kubeconfig: %w", err)
 	}
+	// Replaced whole by a rename: a component started earlier with the same file may still be reading it.
 	path := filepath.Join(dir, "kubeconfig")
-	if err := os.WriteFile(path, data, 0o600); err != nil {
+	f, err := os.CreateTemp(dir, ".kubeconfig-*")
+	if err != nil {
+		return "", err
+	}
+	_, werr := f.Write(data)
+	if err := errors.Join(werr, f.Close()); err != nil {
+		_ = os.Remove(f.Name())
+		return "", err
+	}
+	if err := os.Rename(f.Name(), path); err != nil {
+		_ = os.Remove(f.Name())
 		return "", err
 	}
 	return path, nil

@@ -17,3 +17,17 @@ app.kubernetes.io/part-of: gpusharing
 {{- define "gpusharing.serviceAccountUser" -}}
 system:serviceaccount:{{ .root.Release.Namespace }}:{{ include "gpusharing.name" . }}
 {{- end }}
+
+{{/* deviceInterface resolves agent.deviceInterface: Auto is DRA on Kubernetes 1.36 or later (DRA serves
+extended resources there, KEP-5004 beta) and Both before (the device plugin serves them). */}}
+{{- define "gpusharing.deviceInterface" -}}
+{{- $i := .Values.agent.deviceInterface -}}
+{{- if not (has $i (list "Auto" "DevicePlugin" "DRA" "Both")) -}}
+{{- fail (printf "agent.deviceInterface is %q: want Auto, DevicePlugin, DRA or Both" $i) -}}
+{{- end -}}
+{{- if eq $i "Auto" -}}
+{{- if semverCompare ">=1.36.0-0" .Capabilities.KubeVersion.Version }}DRA{{ else }}Both{{ end -}}
+{{- else -}}
+{{ $i }}
+{{- end -}}
+{{- end }}

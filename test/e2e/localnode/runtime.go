@@ -10,7 +10,8 @@ import (
 )
 
 // containerdConfig is containerd 2.x's configuration (version 3) for the e2e node: its own root, state and
-// socket under the run's directory, runc from bin/ with cgroupfs (this host has no systemd), the CNI
+// socket under the run's directory, runc from bin/ with cgroupfs (this host has no systemd) also as the
+// handler nvidia, the CNI
 // plugins and a bridge network from bin/cni, network namespaces under the state directory (so teardown
 // finds every mount under one root), CDI on, OOM scores no lower than containerd's, and the locally
 // built pause image as the pod sandbox.
@@ -33,6 +34,13 @@ state = %[2]q
   [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
     runtime_type = 'io.containerd.runc.v2'
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+      BinaryName = %[5]q
+      SystemdCgroup = false
+  # The handler the RuntimeClass nvidia names (config/runtimeclass): on a GPU node the NVIDIA container
+  # runtime, here plain runc, as the node has no GPU and nothing to inject.
+  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia]
+    runtime_type = 'io.containerd.runc.v2'
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia.options]
       BinaryName = %[5]q
       SystemdCgroup = false
   [plugins.'io.containerd.cri.v1.runtime'.cni]

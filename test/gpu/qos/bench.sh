@@ -36,11 +36,10 @@
 # resnet50-160 (batch 64, 160 px, fp32: shorter kernels). Run both before comparing modes: the ranking
 # depends on the trainer's kernel lengths.
 #
-# One GPU command may run 10 minutes; REPS=3 with more than three configurations takes longer. Run it
-# detached and poll, each a command of its own (the machine stays up between them; OUT is kept):
+# REPS=3 over more than three configurations is a long run: start it detached from the terminal and
+# follow its log until "== results" is there; bench.log and logs.tgz (the raw results) land in OUT:
 #   setsid nohup make bench-qos REPS=3 CONFIGS="..." OUT=/tmp/q >/tmp/q.out 2>&1 < /dev/null & echo started
-#   sleep 540; tail -3 /tmp/q/bench.log                      # again until "== results" is there
-#   cp /tmp/q/bench.log /tmp/q/logs.tgz "$OUT"/               # bring the log and the raw results back
+#   tail -f /tmp/q/bench.log
 # or split CONFIGS over several runs (each repeats alone and solo, the baselines its ratios are against).
 #
 # No Go on the GPU machine: build the standalone scheduler elsewhere and carry it along:

@@ -15,7 +15,7 @@ STEPS=${STEPS:-300}
 QUANTUM=${QUANTUM:-50ms}
 W=$ROOT/test/gpu/shim/workload.py
 LOG=$OUT/run.log
-T=$(mktemp -d) # per-run files; packed into $OUT/logs.tgz at the end (a handful of files is easier to bring back than hundreds)
+T=$(mktemp -d) # per-run files; packed into $OUT/logs.tgz at the end (one archive of the run's hundreds of files)
 exec > >(tee "$LOG") 2>&1
 fails=0
 # check NAME GOT WANT: equal and non-empty (an empty digest means the workload failed).

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole stack on the real GPU: etcd, kube-apiserver, the manager and the agent as processes on
 # loopback, the agent on the real NVML and nvidia-cuda-mps-control, its device plugin registered with
-# test/fakekubelet (this machine has no kubelet), policies applied with kubectl. One command, under 10
-# minutes, PASS/FAIL per check and the apply-to-Ready times; the log lands in $OUT (default a temp dir).
+# test/fakekubelet (this machine has no kubelet), policies applied with kubectl. One command,
+# PASS/FAIL per check and the apply-to-Ready times; the log lands in $OUT (default a temp dir).
 #
 # No Go on the GPU machine: build on a machine with Go, then copy test/gpu/stack/bin (git-ignored) along:
 #   make stack-bin            # xz-compressed etcd, kube-apiserver, kubectl, manager, agent, stackcheck

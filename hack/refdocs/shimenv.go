@@ -1,0 +1,63 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+)
+
+// The shim is configured through its environment, so its variables are its flags: each one it reads
+// must have a row in its doc's configuration table, and each row must name a variable it reads. The
+// meanings stay hand-written there (the C source has nowhere to keep them); this keeps the table whole.
+var (
+	shimRead = regexp.MustCompile(`\b(?:getenv|env_[a-z0-9_]+|dev_value)\(\s*"(GPUSHARE_[A-Z0-9_]+)"`)
+	shimRow  = regexp.MustCompile("^\\| `(GPUSHARE_[A-Z0-9_]+)` \\|")
+)
+
+// checkShimEnv compares the variables the C files of srcDir read with the rows of doc's tables.
+func checkShimEnv(srcDir, doc string) ([]string, error) {
+	read := map[string]string{}
+	files, err := filepath.Glob(filepath.Join(srcDir, "*.c"))
+	if err != nil {
+		return nil, err
+	}
+	for _, path := range files {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil, err
+		}
+		for i, line := range strings.Split(string(b), "\n") {
+			for _, m := range shimRead.FindAllStringSubmatch(line, -1) {
+				if _, ok := read[m[1]]; !ok {
+					read[m[1]] = fmt.Sprintf("%s:%d", path, i+1)
+				}
+			}
+		}
+	}
+	b, err := os.ReadFile(doc)
+	if err != nil {
+		return nil, err
+	}
+	rows := map[string]int{}
+	for i, line := range strings.Split(string(b), "\n") {
+		if m := shimRow.FindStringSubmatch(line); m != nil {
+			rows[m[1]] = i + 1
+		}
+	}
+	var faults []string
+	for name, at := range read {
+		if _, ok := rows[name]; !ok {
+			faults = append(faults, fmt.Sprintf("%s: the shim reads %s, which has no row in %s", at, name, doc))
+		}
+	}
+	for name, line := range rows {
+		if _, ok := read[name]; !ok {
+			faults = append(faults, fmt.Sprintf("%s:%d: %s has a row but the shim does not read it", doc, line, name))
+		}
+	}
+	sort.Strings(faults)
+	return faults, nil
+}

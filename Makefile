@@ -8,6 +8,9 @@ CONTROLLER_GEN ?= $(BIN)/controller-gen
 GOLANGCI_LINT_VERSION ?= v2.15.0
 GOLANGCI_LINT ?= $(BIN)/golangci-lint
 GO_TEST_FLAGS ?= -count=1
+# make vulncheck: govulncheck, and the Go vulnerability database snapshot it checks against (a module).
+GOVULNCHECK_VERSION ?= v1.10.0
+VULNDB_VERSION ?= v0.0.0-20261105234957-e22db6528018
 # Real control-plane binaries for envtest, built from the module proxy by hack/build-control-plane.sh.
 export KUBEBUILDER_ASSETS := $(BIN)
 export KUBECTL := $(BIN)/kubectl
@@ -24,12 +27,16 @@ demo: control-plane ## The main job: a local control plane, the controller and s
 	go run ./cmd/demo $(DEMO_ARGS)
 
 ##@ Generate
+# Every agent package but agent/dra, whose markers make the agent-dra role (';' separates controller-gen paths).
+AGENT_PKGS_BUT_DRA = $(shell go list ./agent/... | grep -vx '.*/agent/dra' | paste -sd';')
 .PHONY: manifests generate
 manifests: $(CONTROLLER_GEN) ## Generate CRDs and RBAC from the API types and markers
 	$(CONTROLLER_GEN) crd paths="./api/..." output:crd:artifacts:config=config/crd/bases
 	@# One least-privilege role per component, each from its own code's +kubebuilder:rbac markers.
 	@if grep -rqs '+kubebuilder:rbac' controllers; then $(CONTROLLER_GEN) rbac:roleName=manager paths="./controllers/..." output:rbac:artifacts:config=config/rbac/manager; fi
-	@if grep -rqs '+kubebuilder:rbac' agent; then $(CONTROLLER_GEN) rbac:roleName=agent paths="./agent/..." output:rbac:artifacts:config=config/rbac/agent; fi
+	@# The agent's DRA rights (ResourceSlices, ResourceClaims) are a role of their own, bound only where DRA is on.
+	$(CONTROLLER_GEN) rbac:roleName=agent paths="$(AGENT_PKGS_BUT_DRA)" output:rbac:artifacts:config=config/rbac/agent
+	$(CONTROLLER_GEN) rbac:roleName=agent-dra paths="./agent/dra" output:rbac:artifacts:config=config/rbac/agent-dra
 	@$(MAKE) --no-print-directory chart
 
 generate: $(CONTROLLER_GEN) ## Generate deepcopy functions and docs/reference (API fields, conditions and reasons, each binary's flags)
@@ -93,8 +100,12 @@ helm-lint: helm ## helm lint the chart, with the defaults and with every optiona
 	$(BIN)/helm lint charts/gpusharing
 	$(BIN)/helm lint charts/gpusharing --set metrics.serviceMonitor.enabled=true --set metrics.prometheusRule.enabled=true --set grafana.dashboard.enabled=true --set runtimeClass.create=true --set productionClasses.enabled=true --set productionClasses.grantNamespaces={serving} --set productionClasses.denyNamespaces={tenant}
 
+.PHONY: vulncheck
+vulncheck: ## govulncheck against golang.org/x/vulndb $(VULNDB_VERSION), fetched from the Go module proxy like any module; fails on a called vulnerability hack/vulncheck-accepted.txt does not accept
+	BIN=$(BIN) GOVULNCHECK_VERSION=$(GOVULNCHECK_VERSION) VULNDB_VERSION=$(VULNDB_VERSION) hack/vulncheck.sh
+
 .PHONY: test
-test: control-plane helm verify-generated lint helm-lint ## The test command: unit, envtest (real apiserver), chart and shim suites
+test: control-plane helm verify-generated lint helm-lint vulncheck ## The test command: unit, envtest (real apiserver), chart and shim suites, vulnerability check
 	go test $(GO_TEST_FLAGS) ./...
 	@if [ -f shim/Makefile ]; then $(MAKE) -C shim test; fi
 

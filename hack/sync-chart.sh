@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Copies what the chart shares with config/ into charts/gpusharing/files, so that there is one source of
-# truth: the CRDs and ClusterRoles (generated from the code by `make manifests`), the admission policy and
+# truth: the CRDs and ClusterRoles (generated from the code by `make manifests`), the admission policies and
 # the Grafana dashboard, the DRA DeviceClasses, the production classes' quota recipe. The chart's templates read these files; `make verify-generated` fails when the
 # copies are stale, and test/deploy compares what the chart renders with what kustomize renders.
 set -euo pipefail
@@ -11,7 +11,8 @@ mkdir -p "$files/crds" "$files/rbac" "$files/admission" "$files/dashboards" "$fi
 cp config/crd/bases/*.yaml "$files/crds/"
 cp config/rbac/manager/role.yaml "$files/rbac/manager-role.yaml"
 cp config/rbac/agent/role.yaml "$files/rbac/agent-role.yaml"
-cp config/admission/agent_gpunode_policy.yaml "$files/admission/"
+cp config/rbac/agent-dra/role.yaml "$files/rbac/agent-dra-role.yaml"
+cp config/admission/*_policy.yaml "$files/admission/"
 cp config/dra/deviceclasses.yaml config/dra/deviceclasses-mig.yaml "$files/dra/"
 cp config/prometheus/alerts.yaml "$files/prometheus/"
 cp config/qos-quota/{priorityclass,system-grants,production-grant,tenant-deny}.yaml "$files/qos-quota/"

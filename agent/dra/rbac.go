@@ -1,5 +1,9 @@
 package dra
 
+// The markers of this package make a ClusterRole of their own, agent-dra (make manifests), which is bound
+// to the agent only where it serves DRA (config/dra; the chart's agent.deviceInterface DRA or Both): an
+// agent that serves the device plugin alone holds no ResourceSlice right.
+
 // The agent's ResourceSlice controller lists and watches its own node's ResourceSlices (field selectors
 // on spec.nodeName and spec.driver) and writes them; it reads the Node that owns them (the agent's
 // role has nodes get).

@@ -260,6 +260,37 @@ func TestChartDeviceInterfaceDRAServesClaimsInsteadOfExtendedResources(t *testin
 	}
 }
 
+// The agent's DRA rights (ResourceSlices, ResourceClaims) come with DRA only: the chart renders their
+// role where agent.deviceInterface serves DRA, as config/dra renders it beside config/default, and none
+// with the device plugin alone.
+func TestChartGrantsTheAgentDRARightsOnlyWhereItServesDRA(t *testing.T) {
+	const role, binding = "ClusterRole//gpusharing-agent-dra", "ClusterRoleBinding//gpusharing-agent-dra"
+	h := renderChart(t, "agent.deviceInterface=DevicePlugin")
+	for _, k := range []string{role, binding} {
+		if h[k] != nil {
+			t.Errorf("agent.deviceInterface=DevicePlugin renders %s", k)
+		}
+	}
+	for _, u := range h {
+		if strings.Contains(fmt.Sprint(u.Object["rules"]), "resourceslices") {
+			t.Errorf("agent.deviceInterface=DevicePlugin renders %s granting resourceslices", key(u))
+		}
+	}
+	k := decodeAll(t, run(t, "kubectl", "kustomize", filepath.Join(testenv.RepoRoot(), "config", "dra")))
+	for _, mode := range []string{"DRA", "Both"} {
+		h := renderChart(t, "agent.deviceInterface="+mode)
+		for _, name := range []string{role, binding} {
+			want, got := k[name], h[name]
+			if want == nil || got == nil {
+				t.Fatalf("agent.deviceInterface=%s: config/dra renders %s: %v, the chart: %v", mode, name, want != nil, got != nil)
+			}
+			if !reflect.DeepEqual(want.Object, got.Object) {
+				t.Errorf("agent.deviceInterface=%s: %s differs:\n%s", mode, name, diff(want.Object, got.Object, ""))
+			}
+		}
+	}
+}
+
 // runtimeClass.create renders config/runtimeclass's RuntimeClass under agent.runtimeClassName; by default
 // the chart leaves the RuntimeClass to the GPU Operator or whoever set up the NVIDIA runtime.
 func TestChartRuntimeClassIsConfigRuntimeclass(t *testing.T) {

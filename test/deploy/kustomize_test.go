@@ -7,6 +7,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+	"sigs.k8s.io/yaml"
 )
 
 // The namespace and service accounts config/default installs (namePrefix gpusharing-).
@@ -67,9 +70,77 @@ func TestAPIServerAcceptsEveryObjectOfConfigDefault(t *testing.T) {
 		"clusterrolebinding.rbac.authorization.k8s.io/gpusharing-manager", "clusterrolebinding.rbac.authorization.k8s.io/gpusharing-agent",
 		"role.rbac.authorization.k8s.io/gpusharing-leader-election", "rolebinding.rbac.authorization.k8s.io/gpusharing-leader-election",
 		"deployment.apps/gpusharing-manager", "daemonset.apps/gpusharing-agent",
+		"clusterrole.rbac.authorization.k8s.io/gpusharing-agent-dra", "clusterrolebinding.rbac.authorization.k8s.io/gpusharing-agent-dra",
+		"validatingadmissionpolicy.admissionregistration.k8s.io/gpusharing-agent-own-gpunode",
+		"validatingadmissionpolicy.admissionregistration.k8s.io/gpusharing-agent-own-resourceslices",
+		"validatingadmissionpolicy.admissionregistration.k8s.io/gpusharing-agent-own-evictions",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("kubectl apply of config/default did not create %s:\n%s", want, out)
 		}
 	}
+}
+
+// The agent's ResourceSlice rights come with config/dra alone: config/core (the operator without DRA)
+// grants none, config/dra binds them to config/core's agent, and config/default is the two.
+func TestOnlyConfigDRAGrantsTheAgentResourceSlices(t *testing.T) {
+	for dir, want := range map[string]bool{"core": false, "dra": true, "default": true} {
+		out, err := kubectl(t, "", "kustomize", filepath.Join(env.RepoRoot, "config", dir))
+		if err != nil {
+			t.Fatalf("kustomize config/%s: %v\n%s", dir, err, out)
+		}
+		objs, err := decodeObjects(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		roles := map[string]bool{}
+		for _, o := range objs {
+			if o.Kind == "ClusterRole" && strings.Contains(string(o.Raw), "resourceslices") {
+				roles[o.Name] = true
+			}
+		}
+		granted := false
+		for _, o := range objs {
+			if o.Kind != "ClusterRoleBinding" {
+				continue
+			}
+			var b rbacv1.ClusterRoleBinding
+			if err := yaml.Unmarshal(o.Raw, &b); err != nil {
+				t.Fatal(err)
+			}
+			for _, s := range b.Subjects {
+				if roles[b.RoleRef.Name] && "system:serviceaccount:"+s.Namespace+":"+s.Name == agentAccount {
+					granted = true
+				}
+			}
+		}
+		if granted != want {
+			t.Errorf("config/%s grants the agent's service account resourceslices: %v, want %v", dir, granted, want)
+		}
+	}
+}
+
+type object struct {
+	Kind, Name string
+	Raw        []byte
+}
+
+// decodeObjects splits a rendered stream into its objects' kinds, names and YAML.
+func decodeObjects(stream string) ([]object, error) {
+	var out []object
+	for _, doc := range strings.Split(stream, "\n---\n") {
+		var meta struct {
+			Kind     string `json:"kind"`
+			Metadata struct {
+				Name string `json:"name"`
+			} `json:"metadata"`
+		}
+		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
+			return nil, err
+		}
+		if meta.Kind != "" {
+			out = append(out, object{Kind: meta.Kind, Name: meta.Metadata.Name, Raw: []byte(doc)})
+		}
+	}
+	return out, nil
 }

@@ -27,9 +27,10 @@ demo: control-plane ## The main job: a local control plane, the controller and s
 .PHONY: manifests generate
 manifests: $(CONTROLLER_GEN) ## Generate CRDs and RBAC from the API types and markers
 	$(CONTROLLER_GEN) crd paths="./api/..." output:crd:artifacts:config=config/crd/bases
-	@# One least-privilege role per component, each from its own code's +kubebuilder:rbac markers.
-	@if grep -rqs '+kubebuilder:rbac' controllers; then $(CONTROLLER_GEN) rbac:roleName=manager paths="./controllers/..." output:rbac:artifacts:config=config/rbac/manager; fi
-	@if grep -rqs '+kubebuilder:rbac' agent; then $(CONTROLLER_GEN) rbac:roleName=agent paths="./agent/..." output:rbac:artifacts:config=config/rbac/agent; fi
+	@# One least-privilege role per component, each from its own code's +kubebuilder:rbac markers and those
+	@# of the internal/ packages it serves through (internal/metricsauth: the metrics endpoint's reviews).
+	@if grep -rqs '+kubebuilder:rbac' controllers; then $(CONTROLLER_GEN) rbac:roleName=manager paths="./controllers/...;./internal/metricsauth/..." output:rbac:artifacts:config=config/rbac/manager; fi
+	@if grep -rqs '+kubebuilder:rbac' agent; then $(CONTROLLER_GEN) rbac:roleName=agent paths="./agent/...;./internal/metricsauth/..." output:rbac:artifacts:config=config/rbac/agent; fi
 	@$(MAKE) --no-print-directory chart
 
 generate: $(CONTROLLER_GEN) ## Generate deepcopy functions and docs/reference (API fields, conditions and reasons, each binary's flags)
@@ -91,7 +92,7 @@ golangci-lint: ## Build golangci-lint $(GOLANGCI_LINT_VERSION) from the module p
 .PHONY: helm-lint
 helm-lint: helm ## helm lint the chart, with the defaults and with every optional part on
 	$(BIN)/helm lint charts/gpusharing
-	$(BIN)/helm lint charts/gpusharing --set metrics.serviceMonitor.enabled=true --set metrics.prometheusRule.enabled=true --set grafana.dashboard.enabled=true --set runtimeClass.create=true --set productionClasses.enabled=true --set productionClasses.grantNamespaces={serving} --set productionClasses.denyNamespaces={tenant}
+	$(BIN)/helm lint charts/gpusharing --set metrics.serviceMonitor.enabled=true --set metrics.prometheusRule.enabled=true --set grafana.dashboard.enabled=true --set runtimeClass.create=true --set productionClasses.enabled=true --set productionClasses.grantNamespaces={serving} --set productionClasses.denyNamespaces={tenant} --set networkPolicy.enabled=true
 
 .PHONY: test
 test: control-plane helm verify-generated lint helm-lint ## The test command: unit, envtest (real apiserver), chart and shim suites

@@ -11,6 +11,7 @@ mkdir -p "$files/crds" "$files/rbac" "$files/admission" "$files/dashboards" "$fi
 cp config/crd/bases/*.yaml "$files/crds/"
 cp config/rbac/manager/role.yaml "$files/rbac/manager-role.yaml"
 cp config/rbac/agent/role.yaml "$files/rbac/agent-role.yaml"
+cp config/rbac/metrics_reader_role.yaml "$files/rbac/metrics-reader-role.yaml"
 cp config/admission/agent_gpunode_policy.yaml "$files/admission/"
 cp config/dra/deviceclasses.yaml "$files/dra/"
 cp config/prometheus/alerts.yaml "$files/prometheus/"

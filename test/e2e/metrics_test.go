@@ -27,12 +27,14 @@ roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: gpushari
 subjects: [{kind: ServiceAccount, name: metrics-scraper, namespace: ` + Namespace + `}]
 `
 
-// metricsToken returns a token of the metrics scraper (created on first use): the metrics endpoints
+// metricsToken returns a token of the metrics scraper (created for the scenario): the metrics endpoints
 // serve HTTPS only to callers the API server authenticates and allows to get /metrics.
 func metricsToken(t *testing.T) string {
 	t.Helper()
 	ensureNamespace(t)
 	applyYAML(t, metricsScraper)
+	// The binding is cluster-wide and outlives the namespace: it goes with the scenario.
+	t.Cleanup(func() { _, _ = kubectlErr("delete", "clusterrolebinding", "e2e-metrics-scraper", "--ignore-not-found") })
 	return strings.TrimSpace(kubectl(t, "-n", Namespace, "create", "token", "metrics-scraper", "--duration=2h"))
 }
 

@@ -163,7 +163,10 @@ func TestMetricsEndpointsServeOnlyTheMetricsReader(t *testing.T) {
 				{"a service account bound to gpusharing-metrics-reader", reader, http.StatusOK},
 			} {
 				code, body := scrapeAs(t, url, c.token)
-				if c.want == 0 && code < http.StatusBadRequest || c.want != 0 && code != c.want {
+				if c.want == 0 && code < http.StatusBadRequest {
+					t.Errorf("%s: status %d, want a refusal: %s", c.who, code, strings.TrimSpace(body))
+				}
+				if c.want != 0 && code != c.want {
 					t.Errorf("%s: status %d, want %d: %s", c.who, code, c.want, strings.TrimSpace(body))
 				}
 				if served := strings.Contains(body, "# TYPE "); served != (c.want == http.StatusOK) {

@@ -32,10 +32,11 @@ AGENT_PKGS_BUT_DRA = $(shell go list ./agent/... | grep -vx '.*/agent/dra' | pas
 .PHONY: manifests generate
 manifests: $(CONTROLLER_GEN) ## Generate CRDs and RBAC from the API types and markers
 	$(CONTROLLER_GEN) crd paths="./api/..." output:crd:artifacts:config=config/crd/bases
-	@# One least-privilege role per component, each from its own code's +kubebuilder:rbac markers.
-	@if grep -rqs '+kubebuilder:rbac' controllers; then $(CONTROLLER_GEN) rbac:roleName=manager paths="./controllers/..." output:rbac:artifacts:config=config/rbac/manager; fi
+	@# One least-privilege role per component, each from its own code's +kubebuilder:rbac markers and those
+	@# of the internal/ packages it serves through (internal/metricsauth: the metrics endpoint's reviews).
+	@if grep -rqs '+kubebuilder:rbac' controllers; then $(CONTROLLER_GEN) rbac:roleName=manager paths="./controllers/...;./internal/metricsauth/..." output:rbac:artifacts:config=config/rbac/manager; fi
 	@# The agent's DRA rights (ResourceSlices, ResourceClaims) are a role of their own, bound only where DRA is on.
-	$(CONTROLLER_GEN) rbac:roleName=agent paths="$(AGENT_PKGS_BUT_DRA)" output:rbac:artifacts:config=config/rbac/agent
+	$(CONTROLLER_GEN) rbac:roleName=agent paths="$(AGENT_PKGS_BUT_DRA);./internal/metricsauth/..." output:rbac:artifacts:config=config/rbac/agent
 	$(CONTROLLER_GEN) rbac:roleName=agent-dra paths="./agent/dra" output:rbac:artifacts:config=config/rbac/agent-dra
 	@$(MAKE) --no-print-directory chart
 
@@ -98,7 +99,7 @@ golangci-lint: ## Build golangci-lint $(GOLANGCI_LINT_VERSION) from the module p
 .PHONY: helm-lint
 helm-lint: helm ## helm lint the chart, with the defaults and with every optional part on
 	$(BIN)/helm lint charts/gpusharing
-	$(BIN)/helm lint charts/gpusharing --set metrics.serviceMonitor.enabled=true --set metrics.prometheusRule.enabled=true --set grafana.dashboard.enabled=true --set runtimeClass.create=true --set productionClasses.enabled=true --set productionClasses.grantNamespaces={serving} --set productionClasses.denyNamespaces={tenant}
+	$(BIN)/helm lint charts/gpusharing --set metrics.serviceMonitor.enabled=true --set metrics.prometheusRule.enabled=true --set grafana.dashboard.enabled=true --set runtimeClass.create=true --set productionClasses.enabled=true --set productionClasses.grantNamespaces={serving} --set productionClasses.denyNamespaces={tenant} --set networkPolicy.enabled=true
 
 .PHONY: vulncheck
 vulncheck: ## govulncheck against golang.org/x/vulndb $(VULNDB_VERSION), fetched from the Go module proxy like any module; fails on a called vulnerability hack/vulncheck-accepted.txt does not accept

@@ -70,7 +70,9 @@ func bindNodeFlags(fs *flag.FlagSet, o *options, v *flagValues) {
 	fs.BoolVar(&o.mpsExclusiveProcess, "mps-exclusive-process", false, "set EXCLUSIVE_PROCESS compute mode on MPS GPUs (and Default again when they leave MPS), so a client that bypasses the MPS daemon cannot open an unlimited context")
 	fs.DurationVar(&o.accounting.Interval, "accounting-interval", accounting.DefaultInterval, "how often each GPU's processes are read for the per-pod memory and utilization (metrics and status.gpus[].usage); 0 turns the accounting off")
 	fs.IntVar(&o.accounting.MaxSeriesPerGPU, "accounting-max-series-per-gpu", accounting.DefaultMaxSeriesPerGPU, "most containers a GPU exports per-pod series for; the rest are counted in gpusharing_pod_series_omitted")
-	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8081", "metrics endpoint address (0 disables)")
+	fs.StringVar(&o.metrics.BindAddress, "metrics-bind-address", ":8081", "metrics endpoint address (0 disables)")
+	fs.BoolVar(&o.metrics.Secure, "metrics-secure", true, "serve metrics over HTTPS to callers the API server authenticates (TokenReview) and authorizes to get /metrics (SubjectAccessReview; the ClusterRole gpusharing-metrics-reader grants it); false serves plain HTTP to whoever reaches the address, only for a loopback bind")
+	fs.StringVar(&o.metrics.CertDir, "metrics-cert-dir", "", "directory holding the metrics endpoint's tls.crt and tls.key, reloaded when they change; empty uses a self-signed certificate made at start")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8082", "health probe address")
 	v.healthChecks = fs.Bool("health-checks", true, "watch NVML events and report a GPU with a critical Xid unhealthy (its devices are then not advertised)")
 	fs.Func("health-ignored-xids", fmt.Sprintf("comma-separated Xids caused by applications, which leave a GPU healthy (default %s)", health.FormatXids(health.DefaultIgnoredXids)), func(s string) error {

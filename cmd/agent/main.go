@@ -17,7 +17,6 @@ import (
 	"k8s.io/klog/v2/textlogger"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/gpusharing/gpusharing/agent/app"
 	"github.com/gpusharing/gpusharing/agent/dra"
@@ -27,6 +26,7 @@ import (
 	"github.com/gpusharing/gpusharing/agent/scheduler"
 	"github.com/gpusharing/gpusharing/agent/share"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
+	"github.com/gpusharing/gpusharing/internal/metricsauth"
 )
 
 // options are every flag and environment variable the agent reads, parsed once here.
@@ -43,7 +43,7 @@ type options struct {
 	nvidiaSMI           string
 	resync              time.Duration
 	mpsExclusiveProcess bool
-	metricsAddr         string
+	metrics             metricsauth.Options
 	probeAddr           string
 	// devicePlugin is nil when --device-plugin=false.
 	devicePlugin       *share.Config
@@ -163,9 +163,13 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return fmt.Errorf("finding the agent's executable for mps-launch: %w", err)
 	}
+	metricsOpts, err := metricsauth.ServerOptions(o.metrics)
+	if err != nil {
+		return fmt.Errorf("--metrics-cert-dir: %w", err)
+	}
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
 		Scheme:                 scheme(),
-		Metrics:                metricsserver.Options{BindAddress: o.metricsAddr},
+		Metrics:                metricsOpts,
 		HealthProbeBindAddress: o.probeAddr,
 		Cache:                  app.CacheOptions(o.nodeName),
 	})

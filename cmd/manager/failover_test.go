@@ -242,7 +242,8 @@ func startReplica(t *testing.T, bin, kubeconfig, dir, name string) *replica {
 		t.Fatal(err)
 	}
 	r := &replica{metrics: "http://" + addr + "/metrics", exited: make(chan struct{})}
-	r.cmd = exec.Command(bin, "--kubeconfig", kubeconfig, "--metrics-bind-address", addr, "--health-probe-bind-address", "0",
+	// Plain HTTP on loopback: the test reads each replica's leader gauge itself, without a token.
+	r.cmd = exec.Command(bin, "--kubeconfig", kubeconfig, "--metrics-bind-address", addr, "--metrics-secure=false", "--health-probe-bind-address", "0",
 		"--leader-elect", "--leader-election-namespace", "default",
 		"--leader-election-lease-duration", testLease.String(), "--leader-election-renew-deadline", testRenew.String(),
 		"--leader-election-retry-period", testRetry.String(), "--kube-api-qps", "200", "--kube-api-burst", "400")

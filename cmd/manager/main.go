@@ -13,7 +13,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -22,6 +21,7 @@ import (
 	v1 "github.com/gpusharing/gpusharing/api/v1alpha1"
 	"github.com/gpusharing/gpusharing/controllers/policy"
 	"github.com/gpusharing/gpusharing/controllers/setup"
+	"github.com/gpusharing/gpusharing/internal/metricsauth"
 )
 
 // Leader election defaults. The renew deadline is the longest API server outage a leader rides out: past
@@ -46,7 +46,7 @@ func main() {
 
 // managerFlags are the manager's flags, parsed once in run.
 type managerFlags struct {
-	metricsAddr    string
+	metrics        metricsauth.Options
 	probeAddr      string
 	leaderElect    bool
 	leaderElectNS  string
@@ -69,7 +69,9 @@ type managerFlags struct {
 // with klog's -v and controller-runtime's --kubeconfig.
 func flagSet(f *managerFlags) (*flag.FlagSet, *textlogger.Config) {
 	fs := flag.NewFlagSet("manager", flag.ExitOnError)
-	fs.StringVar(&f.metricsAddr, "metrics-bind-address", ":8080", "Address the Prometheus metrics endpoint binds to; 0 disables it.")
+	fs.StringVar(&f.metrics.BindAddress, "metrics-bind-address", ":8080", "Address the Prometheus metrics endpoint binds to; 0 disables it.")
+	fs.BoolVar(&f.metrics.Secure, "metrics-secure", true, "Serve metrics over HTTPS to callers the API server authenticates (TokenReview) and authorizes to get /metrics (SubjectAccessReview; the ClusterRole gpusharing-metrics-reader grants it). false serves plain HTTP to whoever reaches the address: only for a loopback bind.")
+	fs.StringVar(&f.metrics.CertDir, "metrics-cert-dir", "", "Directory holding the metrics endpoint's tls.crt and tls.key, reloaded when they change; empty uses a self-signed certificate made at start.")
 	fs.StringVar(&f.probeAddr, "health-probe-bind-address", ":8081", "Address the /healthz and /readyz probes bind to.")
 	fs.BoolVar(&f.leaderElect, "leader-elect", false, "Elect a leader so that only one replica reconciles at a time (the Lease gpusharing-controller.gpusharing.io).")
 	fs.StringVar(&f.leaderElectNS, "leader-election-namespace", "", "Namespace of the leader election Lease (default: the pod's namespace).")
@@ -114,9 +116,13 @@ func run() error {
 		return fmt.Errorf("loading kubeconfig: %w", err)
 	}
 	cfg.QPS, cfg.Burst = float32(f.qps), f.burst
+	metricsOpts, err := metricsauth.ServerOptions(f.metrics)
+	if err != nil {
+		return fmt.Errorf("--metrics-cert-dir: %w", err)
+	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:  scheme,
-		Metrics: metricsserver.Options{BindAddress: f.metricsAddr},
+		Metrics: metricsOpts,
 		// managedFields are a large share of every cached GPUNode (the agent's status fields, the
 		// resolver's spec fields) and of every Node's metadata, and the controllers never read them
 		// (they write merge patches): dropping them from the cache cuts the manager's memory per node.

@@ -5,8 +5,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"strconv"
 	"strings"
 	"testing"
@@ -73,8 +71,9 @@ func testUpgrade(t *testing.T) {
 	// The new agent process's own metrics (its metrics port is on the host network): a client connected
 	// to its scheduler and lock grants made by it. Only the worker uses the shim, and status could still
 	// hold what the old agent wrote, so the counters of the fresh process are the proof.
+	token := metricsToken(t)
 	eventually(t, time.Minute, "the new agent's scheduler serving the worker", func(ctx context.Context) error {
-		if err := schedulerServes(ctx); err != nil {
+		if err := schedulerServes(ctx, token); err != nil {
 			return err
 		}
 		return shimClientListed(ctx, "e2e/shim-worker")
@@ -96,25 +95,17 @@ func testUpgrade(t *testing.T) {
 }
 
 // agentMetrics is the agent's metrics endpoint (config/e2e binds it on the node's loopback).
-const agentMetrics = "http://127.0.0.1:9081/metrics"
+const agentMetrics = "https://127.0.0.1:9081/metrics"
 
-// schedulerServes reads the agent's metrics: at least one shim client connected and at least one grant.
-func schedulerServes(ctx context.Context) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, agentMetrics, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
+// schedulerServes reads the agent's metrics with the scraper's token: at least one shim client
+// connected and at least one grant.
+func schedulerServes(ctx context.Context, token string) error {
+	body, err := scrapeMetrics(ctx, agentMetrics, token)
 	if err != nil {
 		return err
 	}
 	var clients, grants float64
-	for _, line := range strings.Split(string(body), "\n") {
+	for _, line := range strings.Split(body, "\n") {
 		name, value, ok := strings.Cut(line, " ")
 		if !ok || strings.HasPrefix(line, "#") {
 			continue

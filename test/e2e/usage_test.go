@@ -82,8 +82,13 @@ func testUsage(t *testing.T) {
 	if prom.Binary() == "" {
 		t.Fatal("prometheus is not installed: make e2e installs Debian's package (make e2e-deps)")
 	}
-	// The manager's and the agent's metrics ports are on the host network, bound to loopback.
-	p := prom.Start(t, prom.Target{Job: "gpusharing-manager", Addr: "127.0.0.1:8080"}, prom.Target{Job: "gpusharing-agent", Addr: "127.0.0.1:9081"})
+	// The manager's and the agent's metrics ports are on the host network, bound to loopback; they serve
+	// HTTPS (self-signed) to a token bound to gpusharing-metrics-reader, as a Prometheus in the cluster
+	// scrapes them (charts/gpusharing's ServiceMonitor, config/prometheus/scrape.yaml).
+	token := metricsTokenFile(t)
+	p := prom.Start(t,
+		prom.Target{Job: "gpusharing-manager", Addr: "127.0.0.1:8080", HTTPS: true, TokenFile: token},
+		prom.Target{Job: "gpusharing-agent", Addr: "127.0.0.1:9081", HTTPS: true, TokenFile: token})
 	p.TargetsUp(t, 90*time.Second)
 	queries, err := prom.DashboardAndAlertQueries(testenv.RepoRoot())
 	must(t, err)

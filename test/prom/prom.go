@@ -14,9 +14,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
+
+	"sigs.k8s.io/yaml"
 )
 
 // Binary is the prometheus executable, or "" where it is not installed.
@@ -33,6 +34,10 @@ type Target struct {
 	Job string
 	// Addr is host:port; Path the metrics path (default /metrics).
 	Addr, Path string
+	// HTTPS scrapes over TLS, accepting any certificate (the endpoints' self-signed ones), with the
+	// bearer token in TokenFile when it is set: the authenticated scrape the manager and the agent serve.
+	HTTPS     bool
+	TokenFile string
 }
 
 // Server is a running Prometheus.
@@ -43,22 +48,43 @@ type Server struct {
 // Start runs Prometheus scraping targets every second until the test ends.
 func Start(t *testing.T, targets ...Target) *Server {
 	t.Helper()
-	bin := Binary()
-	if bin == "" {
-		t.Skip("prometheus is not installed (apt-get install prometheus)")
-	}
-	dir := t.TempDir()
-	var cfg strings.Builder
-	cfg.WriteString("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n")
+	var jobs []map[string]any
 	for _, tg := range targets {
 		path := tg.Path
 		if path == "" {
 			path = "/metrics"
 		}
-		fmt.Fprintf(&cfg, "  - job_name: %q\n    metrics_path: %q\n    static_configs:\n      - targets: [%q]\n", tg.Job, path, tg.Addr)
+		job := map[string]any{"job_name": tg.Job, "metrics_path": path, "static_configs": []any{map[string]any{"targets": []string{tg.Addr}}}}
+		if tg.HTTPS {
+			job["scheme"] = "https"
+			job["tls_config"] = map[string]any{"insecure_skip_verify": true}
+		}
+		if tg.TokenFile != "" {
+			job["authorization"] = map[string]any{"credentials_file": tg.TokenFile}
+		}
+		jobs = append(jobs, job)
+	}
+	return StartJobs(t, jobs...)
+}
+
+// StartJobs runs Prometheus with these scrape configs (as Prometheus's configuration file spells them),
+// each scraped every second, until the test ends.
+func StartJobs(t *testing.T, jobs ...map[string]any) *Server {
+	t.Helper()
+	bin := Binary()
+	if bin == "" {
+		t.Skip("prometheus is not installed (apt-get install prometheus)")
+	}
+	dir := t.TempDir()
+	cfg, err := yaml.Marshal(map[string]any{
+		"global":         map[string]any{"scrape_interval": "1s", "evaluation_interval": "1s"},
+		"scrape_configs": jobs,
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 	cfgPath := filepath.Join(dir, "prometheus.yml")
-	if err := os.WriteFile(cfgPath, []byte(cfg.String()), 0o644); err != nil {
+	if err := os.WriteFile(cfgPath, cfg, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	addr := freeLoopback(t)

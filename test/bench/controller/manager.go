@@ -85,6 +85,8 @@ func (mb *managerBuild) start(o options, name string, extra ...string) (*manager
 	args := []string{
 		"--kubeconfig", mb.kubeconfig,
 		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", port),
+		// Plain HTTP on loopback: the benchmark reads the manager's series itself, without a token.
+		"--metrics-secure=false",
 		"--health-probe-bind-address", "0",
 		"--kube-api-qps", strconv.FormatFloat(o.qps, 'f', -1, 64),
 		"--kube-api-burst", strconv.Itoa(o.burst),

@@ -152,7 +152,7 @@ func (s *stack) startAgent(dpDir string) error {
 	agent := []string{filepath.Join(s.o.bin, "agent"),
 		"--node-name=" + nodeName, "--host-root=" + s.hostRoot, "--mps-root=" + s.mpsRoot, "--scheduler-root=" + s.schedRoot,
 		"--nvidia-smi=" + smi, "--device-plugin-dir=" + dpDir, "--pod-resources-socket=" + s.podRes.Path(),
-		"--shim-library=" + s.o.shimLib, "--metrics-bind-address=" + agentMetrics, "--health-probe-bind-address=127.0.0.1:0",
+		"--shim-library=" + s.o.shimLib, "--metrics-bind-address=" + agentMetrics, "--metrics-secure=false", "--health-probe-bind-address=127.0.0.1:0",
 		"--proc-root=" + s.procRoot, "--accounting-interval=" + accountingInterval.String(),
 		"--mps-shm-size=" + strconv.FormatInt(mpsShmSize, 10), "--resync=2s", "--drain-poll-interval=250ms",
 		"--dra", "--dra-plugin-dir=" + s.draDir, "--dra-registry-dir=" + filepath.Join(s.o.work, "dra-registry"), "--cdi-dir=" + s.cdiDir, "-v=2"}

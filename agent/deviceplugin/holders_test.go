@@ -60,7 +60,7 @@ func TestPodHoldersAnswersFromTheKubeletsAllocations(t *testing.T) {
 		}
 	}
 	ask("ml", "trainer", "GPU-a", true, 1)
-	ask("ml", "whole", "GPU-b", true, 1)     // the same list
+	ask("ml", "whole", "GPU-b", true, 1)    // the same list
 	ask("ml", "trainer", "GPU-b", false, 1) // a "no" from a list begun when the pod was first asked
 	// A pod first asked about after the list: its "no" needs a list of its own, which finds its allocation.
 	clk.Step(100 * time.Millisecond)

@@ -24,7 +24,9 @@ func (p *KubeletPlugin) ClaimsOnGPU(uuid string) []GPUClaim {
 			out = append(out, GPUClaim{Namespace: c.Namespace, Name: c.Name, Pods: slices.Clone(c.Pods)})
 		}
 	}
-	slices.SortFunc(out, func(a, b GPUClaim) int { return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name)) })
+	slices.SortFunc(out, func(a, b GPUClaim) int {
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+	})
 	return out
 }
 

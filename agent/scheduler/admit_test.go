@@ -16,11 +16,12 @@ import (
 
 // admitLog is a Guards.Admit that admits while allow is set and records every question.
 type admitLog struct {
-	allow atomic.Bool
-	mu    sync.Mutex
-	asked []time.Time
-	gpus  []string
-	pids  []int32
+	allow   atomic.Bool
+	mu      sync.Mutex
+	asked   []time.Time
+	gpus    []string
+	pids    []int32
+	refused int
 }
 
 func (a *admitLog) admit(gpu string, pid int32) (bool, string) {
@@ -28,7 +29,11 @@ func (a *admitLog) admit(gpu string, pid int32) (bool, string) {
 	defer a.mu.Unlock()
 	a.asked = append(a.asked, time.Now())
 	a.gpus, a.pids = append(a.gpus, gpu), append(a.pids, pid)
-	return a.allow.Load(), "its pod holds no share of " + gpu
+	ok := a.allow.Load()
+	if !ok {
+		a.refused++
+	}
+	return ok, "its pod holds no share of " + gpu
 }
 
 // between counts the questions asked in [from, to).
@@ -115,10 +120,47 @@ func TestPeerTheKernelDoesNotNameIsRefusedWhereAdmitIsSet(t *testing.T) {
 	}
 }
 
+// A shim whose connection closes at HELLO greets again one version lower; after a refusal that older
+// greeting is the same attempt, refused without asking Admit again, so a process whose pod is found in
+// the meantime is not admitted speaking an older protocol (no claim ledger) for the life of its connection.
+// Its next attempt, in its own version, is asked about.
+func TestOlderGreetingAfterARefusalIsRefusedWithoutAsking(t *testing.T) {
+	var a admitLog
+	_, sock, m := startGuarded(t, GPUConfig{}, Guards{Admit: a.admit})
+	greet := func(v uint16) (closed bool, n int) {
+		conn, err := net.Dial("unix", sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		hello, _ := Encode(Message{Type: MsgHello, Version: v, PID: uint32(os.Getpid()), GPUUUID: "GPU-test"})
+		if _, err := conn.Write(hello); err != nil {
+			t.Fatal(err)
+		}
+		return closedWithin(conn, 2*time.Second)
+	}
+	if closed, n := greet(Version); !closed || n != 0 {
+		t.Fatalf("refused greeting: closed=%v after %d bytes", closed, n)
+	}
+	a.allow.Store(true) // the pod is found now
+	if closed, n := greet(Version - 1); !closed || n != 0 {
+		t.Fatalf("older greeting right after a refusal: closed=%v after %d bytes, want refused", closed, n)
+	}
+	if a.count() != 1 || prom.CounterValue(t, m.refused.WithLabelValues("GPU-test", RefuseNoShare)) != 2 {
+		t.Fatalf("Admit asked %d times, no-share refusals %v: want 1 and 2", a.count(),
+			prom.CounterValue(t, m.refused.WithLabelValues("GPU-test", RefuseNoShare)))
+	}
+	dialRaw(t, sock, ClassOpportunistic) // the next attempt, in the current version: asked, admitted
+	if a.count() != 2 {
+		t.Fatalf("Admit asked %d times, want 2", a.count())
+	}
+}
+
 // The real shim refused at its first connect runs without the lock (its launches go on), warns once, and
 // tries again in the background with back-off that settles at GPUSHARE_RECONNECT_MAX_MS (1 s): its
-// attempts per second stay bounded (each attempt greets in up to four protocol versions, each refused),
-// never a spin. Once admitted it joins the GPU's clients within about a second.
+// attempts per second stay bounded, never a spin. Each attempt greets in four protocol versions, all
+// refused, Admit asked once. Once admitted it joins the GPU's clients within about a second, in the
+// current protocol.
 func TestRefusedShimRetriesWithBackoffAndJoinsOnceAdmitted(t *testing.T) {
 	var a admitLog
 	e := startEnvGuards(t, GPUConfig{Quantum: time.Minute}, Guards{Admit: a.admit})
@@ -129,13 +171,12 @@ func TestRefusedShimRetriesWithBackoffAndJoinsOnceAdmitted(t *testing.T) {
 	wait.Until(t, 5*time.Second, func() bool { return e.readTrace().count(c.pid()) >= 10 }, "the refused process launches without the lock")
 	time.Sleep(3*time.Second - time.Since(first)) // the window whose attempts are counted
 	total, lastSecond := a.between(first, first.Add(3*time.Second)), a.between(first.Add(2*time.Second), first.Add(3*time.Second))
-	// Back-off 20 ms doubling to 1 s: about 8 attempts in the first 3 s, at most 2 in any second once at
-	// 1 s; four versions each.
-	if total > 12*4 || lastSecond > 2*4 {
-		t.Fatalf("refused shim asked %d times in 3 s, %d in the third second: want at most %d and %d (back-off, no spin)",
-			total, lastSecond, 12*4, 2*4)
+	// Back-off 20 ms doubling to 1 s: about 8 attempts in the first 3 s, at most 2 in any second once at 1 s.
+	if total > 12 || lastSecond > 2 {
+		t.Fatalf("refused shim made %d attempts in 3 s, %d in the third second: want at most 12 and 2 (back-off, no spin)",
+			total, lastSecond)
 	}
-	t.Logf("refused shim: %d connections in 3 s, %d in the third second", total, lastSecond)
+	t.Logf("refused shim: %d attempts in 3 s, %d in the third second", total, lastSecond)
 	if _, ok := e.state(c.pid()); ok {
 		t.Fatal("a refused process is listed among the GPU's clients")
 	}
@@ -151,5 +192,14 @@ func TestRefusedShimRetriesWithBackoffAndJoinsOnceAdmitted(t *testing.T) {
 	stderr := c.stderr.String()
 	if n := strings.Count(stderr, "cannot reach the GPU scheduler"); n != 1 || !strings.Contains(stderr, "connected to the GPU scheduler") {
 		t.Errorf("want one warning that the scheduler cannot be reached, then one that it connected:\n%s", stderr)
+	}
+	if strings.Contains(stderr, "speaks protocol") {
+		t.Errorf("the admitted shim connected in an older protocol:\n%s", stderr)
+	}
+	a.mu.Lock()
+	refused := a.refused
+	a.mu.Unlock()
+	if got := e.counter("gpusharing_scheduler_connections_refused_total"); got != float64(4*refused) {
+		t.Errorf("%v connections refused for %d refused attempts, want four greetings (versions %d to 3) each", got, refused, Version)
 	}
 }

@@ -163,6 +163,7 @@ type Scheduler struct {
 	wg        sync.WaitGroup
 	lim       connLimiter
 	procMem   procMemCache
+	refused   refusals // the HELLOs Guards.Admit refused lately (admit.go)
 	books     sync.Map // *queue -> *ledgerBook, its claim ledgers (ledger.go)
 	// peerPIDOf is peerPID; tests stand in a kernel that gives no pid.
 	peerPIDOf func(net.Conn) int32
@@ -454,7 +455,7 @@ func (s *Scheduler) serveConn(conn net.Conn, q *queue) {
 		return
 	}
 	kpid := s.peerPIDOf(conn)
-	if !s.admitted(conn, q, kpid) {
+	if !s.admitted(conn, q, kpid, hello.Version) {
 		return
 	}
 	pid := kpid

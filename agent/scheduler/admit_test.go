@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"context"
 	"net"
 	"os"
 	"path/filepath"
@@ -9,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gpusharing/gpusharing/test/prom"
 	"github.com/gpusharing/gpusharing/test/wait"
@@ -100,8 +103,25 @@ func TestProcessWithoutAShareIsRefusedBeforeWelcome(t *testing.T) {
 func TestPeerTheKernelDoesNotNameIsRefusedWhereAdmitIsSet(t *testing.T) {
 	var a admitLog
 	a.allow.Store(true)
-	s, sock, m := startGuarded(t, GPUConfig{}, Guards{Admit: a.admit})
-	s.peerPIDOf = func(net.Conn) int32 { return 0 }
+	dir, err := os.MkdirTemp("", "gs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "gpu.sock")
+	m, err := newMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Options{GPUs: []GPUConfig{{UUID: "GPU-test", SocketPath: sock}}, Metrics: m, Guards: Guards{Admit: a.admit}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.peerPIDOf = func(net.Conn) int32 { return 0 } // a kernel that gives no SO_PEERCRED
+	if err := s.Listen(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
 	conn, err := net.Dial("unix", sock)
 	if err != nil {
 		t.Fatal(err)

@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -84,9 +85,9 @@ func noShareRefusals(t *testing.T, gpu string) float64 {
 	return 0
 }
 
-// expectRefused says HELLO on the GPU's socket and fails the test unless the connection ends before any
-// byte of a WELCOME, counted as a no-share refusal.
-func expectRefused(t *testing.T, sock, gpu, who string) {
+// greet says HELLO on the GPU's socket and reports whether the connection ended before any byte of a
+// WELCOME, counted as a no-share refusal, and what happened otherwise.
+func greet(t *testing.T, sock, gpu string) (refused bool, state string) {
 	t.Helper()
 	before := noShareRefusals(t, gpu)
 	conn, err := net.Dial("unix", sock)
@@ -99,12 +100,21 @@ func expectRefused(t *testing.T, sock, gpu, who string) {
 		t.Fatal(err)
 	}
 	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
-	n, err := io.Copy(io.Discard, conn)
-	if err != nil || n != 0 {
-		t.Fatalf("%s: the scheduler sent %d bytes (%v), want the connection closed before any WELCOME", who, n, err)
+	var b [1]byte
+	if n, err := conn.Read(b[:]); n != 0 || !errors.Is(err, io.EOF) {
+		return false, fmt.Sprintf("the scheduler answered (%d bytes, %v), want the connection closed before any WELCOME", n, err)
 	}
 	if got := noShareRefusals(t, gpu); got != before+1 {
-		t.Fatalf("%s: no-share refusals %v, want %v", who, got, before+1)
+		return false, fmt.Sprintf("no-share refusals %v, want %v", got, before+1)
+	}
+	return true, ""
+}
+
+// expectRefused fails the test unless a HELLO on the GPU's socket is refused as no-share.
+func expectRefused(t *testing.T, sock, gpu, who string) {
+	t.Helper()
+	if ok, state := greet(t, sock, gpu); !ok {
+		t.Fatalf("%s: %s", who, state)
 	}
 }
 
@@ -148,6 +158,15 @@ func TestSchedulerSocketRefusesPodsWithoutADevicePluginShareOfItsGPU(t *testing.
 	runAs(t, procRoot, nil)
 	shimclient.Dial(t, sock, uuid)
 	n.waitFor(t, "the holder's and the host's clients in status", shimClients(uuid, 3*time.Second, 2, 0))
+
+	// Fail closed: with the kubelet's PodResources gone, the holder's next process cannot be checked
+	// once the last list is older than a second, and is refused; the host is still served.
+	n.pods.Stop()
+	runAs(t, procRoot, holder)
+	wait.UntilState(t, 10*time.Second, func() (bool, string) { return greet(t, sock, uuid) },
+		"a pod whose allocations cannot be read is refused")
+	runAs(t, procRoot, nil)
+	shimclient.Dial(t, sock, uuid)
 }
 
 // Where DRA gives out the shares, the socket serves the pods of every claim the kubelet plugin prepared on

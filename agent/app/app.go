@@ -202,6 +202,18 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		// A sized claim's processes on a shim GPU share one memory ledger (scheduler/ledger.go).
 		shim.Guards.ClaimOf = claimLedgers(r.Claims, pods)
 	}
+	if shim != nil {
+		// Only processes of pods holding a share of a GPU (and host processes) use its scheduler (shareguard.go).
+		var claims gpuClaims
+		if p, ok := r.Claims.(*dra.KubeletPlugin); ok {
+			claims = p
+		}
+		var lister deviceplugin.PodResourcesLister
+		if podResources != nil {
+			lister = podResources
+		}
+		shim.Guards.Admit = admitGuard(mgr, o, pods, lister, claims)
+	}
 	if err := setupDrain(mgr, o, r, podResources); err != nil {
 		return err
 	}

@@ -63,6 +63,8 @@ type Resolver struct {
 	listing  chan struct{} // closed when the list in flight ends; nil when none is (refreshLocked)
 	byUID    map[string]string
 	prioByID map[string]int32 // each pod's spec.priority (priority.go)
+	// claimsByUID are each pod's ResourceClaim names (pod.go)
+	claimsByUID map[string][]string
 	// containers maps runtime container ids to container names (containers.go)
 	containers map[string]string
 	lastList   time.Time
@@ -158,6 +160,7 @@ func (r *Resolver) list(done chan struct{}) {
 	}
 	byUID := make(map[string]string, len(pods.Items))
 	prio := make(map[string]int32, len(pods.Items))
+	claims := map[string][]string{}
 	containers := map[string]string{}
 	for i := range pods.Items {
 		p := &pods.Items[i]
@@ -166,6 +169,9 @@ func (r *Resolver) list(done chan struct{}) {
 		if p.Spec.Priority != nil {
 			prio[string(p.UID)] = *p.Spec.Priority
 		}
+		if c := claimNames(p); len(c) > 0 {
+			claims[string(p.UID)] = c
+		}
 	}
-	r.byUID, r.prioByID, r.containers = byUID, prio, containers
+	r.byUID, r.prioByID, r.claimsByUID, r.containers = byUID, prio, claims, containers
 }

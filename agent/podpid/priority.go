@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// priorityRelist bounds how often a pid of an unknown pod makes Priority list this node's pods again.
+// priorityRelist bounds how often a pid of an unknown pod makes Priority (and PodOf) list this node's pods again.
 // It is shorter than MinRelist: a pod the list misses would run at the lowest priority for the life of
 // its connection, and only a new pod's processes (a pod UID the list has not seen) trigger a list. A
 // pod's processes connect seconds after it was created, so a list this recent has it.

@@ -44,7 +44,7 @@ var ErrFrameTimeout = errors.New("message not completed in time")
 func newGuardMetrics() (refused, dropped, underReports *prometheus.CounterVec) {
 	refused = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "gpusharing_scheduler_connections_refused_total",
-		Help: "Shim connections closed at accept because the GPU socket or the peer had too many, per GPU and reason (socket-limit, peer-limit).",
+		Help: "Shim connections closed before any WELCOME, per GPU and reason: the GPU socket or the peer had too many (socket-limit, peer-limit), or the process's pod holds no share of the GPU (no-share).",
 	}, []string{"gpu", reasonLabel})
 	dropped = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "gpusharing_scheduler_clients_dropped_total",
@@ -66,6 +66,11 @@ type Guards struct {
 	MaxConns int
 	// MaxConnsPerPeer caps the connections of one peer on one GPU socket (DefaultMaxConnsPerPeer).
 	MaxConnsPerPeer int
+	// Admit, when set, says whether the process pid (the kernel's, SO_PEERCRED) may use GPU gpu, and why
+	// not (admit.go): the agent admits host processes and the processes of pods holding a share of the GPU.
+	// It runs between the client's HELLO and its WELCOME, before the other lookups, and must return within
+	// a few hundred milliseconds. Nil admits every process (the standalone scheduler).
+	Admit func(gpu string, pid int32) (ok bool, why string)
 	// PeerKey names the peer a pid belongs to (the agent: its pod's UID); "" or nil: the pid itself.
 	PeerKey func(pid int32) string
 	// GangKey names the owner of the client pid whose clients on several GPUs form a gang (gang.go; the

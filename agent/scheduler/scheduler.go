@@ -163,6 +163,7 @@ type Scheduler struct {
 	wg        sync.WaitGroup
 	lim       connLimiter
 	procMem   procMemCache
+	refused   refusals // the HELLOs Guards.Admit refused lately (admit.go)
 	books     sync.Map // *queue -> *ledgerBook, its claim ledgers (ledger.go)
 	// peerPIDOf is peerPID; tests stand in a kernel that gives no pid.
 	peerPIDOf func(net.Conn) int32
@@ -380,8 +381,9 @@ func listenUnix(path string) (net.Listener, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Clients run as any user inside their pods; the socket's directory is
-	// mounted only into pods that were given a share of this GPU.
+	// Clients run as any user inside their pods, so any uid must be able to
+	// connect; who may use the GPU is decided per connection, from the
+	// peer's pid (Guards.Admit), not by the file's mode.
 	if err := os.Chmod(path, 0o666); err != nil {
 		_ = ln.Close()
 		return nil, fmt.Errorf("chmod socket: %w", err)
@@ -453,6 +455,9 @@ func (s *Scheduler) serveConn(conn net.Conn, q *queue) {
 		return
 	}
 	kpid := s.peerPIDOf(conn)
+	if !s.admitted(conn, q, kpid, hello.Version) {
+		return
+	}
 	pid := kpid
 	if pid == 0 {
 		pid = int32(hello.PID) // its word: shown, never used to choose its pod (classSource)

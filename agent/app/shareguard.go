@@ -21,7 +21,9 @@ import (
 )
 
 // ReasonNoGPUShare is the reason of the warning event on a pod whose process was refused a GPU's shim
-// scheduler because the pod holds no share of that GPU.
+// scheduler because the pod holds no share of that GPU. What to do: give the pod a share of that GPU (a
+// device plugin resource or a ResourceClaim of it) instead of mounting another GPU's socket; a pod whose
+// share is still being set up is admitted on the shim's next attempt, within a second.
 const ReasonNoGPUShare = "NoGPUShare"
 
 const (

@@ -33,33 +33,25 @@ func checkDocFlags(root, refDir string, docs []string) ([]string, error) {
 	for _, f := range externalFlags {
 		known[f] = true
 	}
-	refs, err := filepath.Glob(filepath.Join(root, refDir, "*-flags.md"))
+	err := eachLine(filepath.Join(root, refDir, "*-flags.md"), func(_ string, _ int, line string) {
+		if m := refFlag.FindStringSubmatch(line); m != nil {
+			known[m[1]] = true
+		}
+	})
 	if err != nil {
 		return nil, err
 	}
-	for _, path := range refs {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return nil, err
-		}
-		for _, line := range strings.Split(string(b), "\n") {
-			if m := refFlag.FindStringSubmatch(line); m != nil {
-				known[m[1]] = true
-			}
-		}
-	}
 	var faults []string
 	for _, doc := range docs {
-		b, err := os.ReadFile(filepath.Join(root, doc))
-		if err != nil {
-			return nil, err
-		}
-		for i, line := range strings.Split(string(b), "\n") {
+		err := eachLine(filepath.Join(root, doc), func(_ string, n int, line string) {
 			for _, m := range docFlag.FindAllStringSubmatch(line, -1) {
 				if !knownFlag(known, m[1]) {
-					faults = append(faults, fmt.Sprintf("%s:%d: --%s is no flag of agent, manager or gpushare-scheduler (%s/*-flags.md) nor of another program hack/refdocs knows", doc, i+1, m[1], refDir))
+					faults = append(faults, fmt.Sprintf("%s:%d: --%s is no flag of agent, manager or gpushare-scheduler (%s/*-flags.md) nor of another program hack/refdocs knows", doc, n, m[1], refDir))
 				}
 			}
+		})
+		if err != nil {
+			return nil, err
 		}
 	}
 	sort.Strings(faults)
@@ -78,4 +70,26 @@ func knownFlag(known map[string]bool, name string) bool {
 		}
 	}
 	return false
+}
+
+// eachLine calls f with every line of every file pattern matches (a plain path matches itself), its path
+// and its 1-based number.
+func eachLine(pattern string, f func(path string, n int, line string)) error {
+	paths, err := filepath.Glob(pattern)
+	if err != nil {
+		return err
+	}
+	if len(paths) == 0 && !strings.ContainsAny(pattern, "*?[") {
+		paths = []string{pattern} // so that a missing file is an error, as reading it was
+	}
+	for _, path := range paths {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for i, line := range strings.Split(string(b), "\n") {
+			f(path, i+1, line)
+		}
+	}
+	return nil
 }

@@ -2,11 +2,9 @@ package main
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 	"regexp"
 	"sort"
-	"strings"
 )
 
 // The shim is configured through its environment, so its variables are its flags: each one it reads
@@ -20,32 +18,24 @@ var (
 // checkShimEnv compares the variables the C files of srcDir read with the rows of doc's tables.
 func checkShimEnv(srcDir, doc string) ([]string, error) {
 	read := map[string]string{}
-	files, err := filepath.Glob(filepath.Join(srcDir, "*.c"))
-	if err != nil {
-		return nil, err
-	}
-	for _, path := range files {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return nil, err
-		}
-		for i, line := range strings.Split(string(b), "\n") {
-			for _, m := range shimRead.FindAllStringSubmatch(line, -1) {
-				if _, ok := read[m[1]]; !ok {
-					read[m[1]] = fmt.Sprintf("%s:%d", path, i+1)
-				}
+	err := eachLine(filepath.Join(srcDir, "*.c"), func(path string, n int, line string) {
+		for _, m := range shimRead.FindAllStringSubmatch(line, -1) {
+			if _, ok := read[m[1]]; !ok {
+				read[m[1]] = fmt.Sprintf("%s:%d", path, n)
 			}
 		}
-	}
-	b, err := os.ReadFile(doc)
+	})
 	if err != nil {
 		return nil, err
 	}
 	rows := map[string]int{}
-	for i, line := range strings.Split(string(b), "\n") {
+	err = eachLine(doc, func(_ string, n int, line string) {
 		if m := shimRow.FindStringSubmatch(line); m != nil {
-			rows[m[1]] = i + 1
+			rows[m[1]] = n
 		}
+	})
+	if err != nil {
+		return nil, err
 	}
 	var faults []string
 	for name, at := range read {

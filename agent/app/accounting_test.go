@@ -16,28 +16,14 @@ import (
 
 	"github.com/gpusharing/gpusharing/agent/gpu/nvmlmock"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
+	"github.com/gpusharing/gpusharing/test/prom"
 )
 
 // podSeries reports whether the registry serves a per-pod memory series for the pod.
 func podSeries(t *testing.T, pod string) bool {
 	t.Helper()
-	mfs, err := metrics.Registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "gpusharing_pod_gpu_memory_used_bytes" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "pod" && l.GetValue() == pod {
-					return true
-				}
-			}
-		}
-	}
-	return false
+	_, found := prom.Find(t, metrics.Registry, "gpusharing_pod_gpu_memory_used_bytes", map[string]string{"pod": pod})
+	return found
 }
 
 // accountedPod creates the pod name on the node whose process pid, on the mock GPUs, the accounting names

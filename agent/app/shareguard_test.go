@@ -25,6 +25,7 @@ import (
 	"github.com/gpusharing/gpusharing/agent/share"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 	"github.com/gpusharing/gpusharing/test/fakekubelet"
+	"github.com/gpusharing/gpusharing/test/prom"
 	"github.com/gpusharing/gpusharing/test/shimclient"
 	"github.com/gpusharing/gpusharing/test/wait"
 )
@@ -64,25 +65,9 @@ func runAs(t *testing.T, procRoot string, p *corev1.Pod) {
 // noShareRefusals is gpusharing_scheduler_connections_refused_total{gpu, reason="no-share"}.
 func noShareRefusals(t *testing.T, gpu string) float64 {
 	t.Helper()
-	mfs, err := metrics.Registry.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "gpusharing_scheduler_connections_refused_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			if labels["gpu"] == gpu && labels["reason"] == scheduler.RefuseNoShare {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
+	v, _ := prom.Find(t, metrics.Registry, "gpusharing_scheduler_connections_refused_total",
+		map[string]string{"gpu": gpu, "reason": scheduler.RefuseNoShare})
+	return v
 }
 
 // greet says HELLO on the GPU's socket and reports whether the connection ended before any byte of a

@@ -20,10 +20,7 @@ func Gathered(t testing.TB, g prometheus.Gatherer, third string) map[string]floa
 	out := map[string]float64{}
 	for _, mf := range mfs {
 		for _, m := range mf.GetMetric() {
-			l := map[string]string{}
-			for _, lp := range m.GetLabel() {
-				l[lp.GetName()] = lp.GetValue()
-			}
+			l := labelsOf(m)
 			key := fmt.Sprintf("%s{%s/%s,%s,%s,%s}", mf.GetName(), l["namespace"], l["pod"], l[third], l["gpu"], l["node"])
 			switch {
 			case m.GetGauge() != nil:
@@ -34,6 +31,43 @@ func Gathered(t testing.TB, g prometheus.Gatherer, third string) map[string]floa
 		}
 	}
 	return out
+}
+
+// Find reads the first gauge or counter named name among g's series whose labels include every one of
+// labels; found is false where none does.
+func Find(t testing.TB, g prometheus.Gatherer, name string, labels map[string]string) (v float64, found bool) {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			l := labelsOf(m)
+			for k, want := range labels {
+				if l[k] != want {
+					continue series
+				}
+			}
+			if m.GetGauge() != nil {
+				return m.GetGauge().GetValue(), true
+			}
+			return m.GetCounter().GetValue(), true
+		}
+	}
+	return 0, false
+}
+
+func labelsOf(m *dto.Metric) map[string]string {
+	l := map[string]string{}
+	for _, lp := range m.GetLabel() {
+		l[lp.GetName()] = lp.GetValue()
+	}
+	return l
 }
 
 // CounterValue reads one counter, as client_golang's testutil would without the dependencies that

@@ -374,6 +374,10 @@ func setupResourceSlices(mgr ctrl.Manager, o Options, r *node.Reconciler) error 
 		}
 	}
 	d.Plugin.OnChange = r.Notify
+	// Each namespace's MPS claims on a GPU get a daemon of their own (docs/mps.md).
+	if r.Strategies.MPS != nil {
+		d.Plugin.MPS = r.Strategies.MPS
+	}
 	// The guard compares the plugin's reads of the claims with the accounting's reads of the GPUs.
 	d.Plugin.Clock = o.Clock
 	d.Plugin.PodPriority = claimPodPriority(mgr.GetAPIReader())

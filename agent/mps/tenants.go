@@ -1,9 +1,11 @@
 package mps
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -85,25 +87,34 @@ func (m *Manager) TenantStatus(uuid, namespace string) (Status, bool) {
 	return d.status(), true
 }
 
-// Tenants lists the namespace daemons of the node that run now, whether this manager started them or a
-// previous agent did, sorted by GPU and namespace. It reads the directories and the pid records and
-// runs no command.
+// Tenants lists the namespace daemons of the node: those running now, whether this manager started them
+// or a previous agent did, and those this manager watches while they wait out a restart backoff, sorted
+// by GPU and namespace. It reads the directories and the pid records and runs no command.
 func (m *Manager) Tenants() []Tenant {
-	gpus, err := os.ReadDir(m.cfg.Root)
-	if err != nil {
-		return nil
-	}
-	var out []Tenant
-	for _, g := range gpus {
-		if !g.IsDir() {
-			continue
+	seen := map[Tenant]bool{}
+	m.mu.Lock()
+	for k := range m.daemons {
+		if k.ns != "" {
+			seen[Tenant{GPU: k.gpu, Namespace: k.ns}] = true
 		}
-		for _, ns := range m.tenantsOf(g.Name()) {
-			if _, ok := m.runningPID(key{gpu: g.Name(), ns: ns}); ok {
-				out = append(out, Tenant{GPU: g.Name(), Namespace: ns})
+	}
+	m.mu.Unlock()
+	if gpus, err := os.ReadDir(m.cfg.Root); err == nil {
+		for _, g := range gpus {
+			if !g.IsDir() {
+				continue
+			}
+			for _, ns := range m.tenantsOf(g.Name()) {
+				if _, ok := m.runningPID(key{gpu: g.Name(), ns: ns}); ok {
+					seen[Tenant{GPU: g.Name(), Namespace: ns}] = true
+				}
 			}
 		}
 	}
+	out := slices.Collect(maps.Keys(seen))
+	slices.SortFunc(out, func(a, b Tenant) int {
+		return cmp.Or(cmp.Compare(a.GPU, b.GPU), cmp.Compare(a.Namespace, b.Namespace))
+	})
 	return out
 }
 

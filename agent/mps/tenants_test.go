@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -360,5 +361,30 @@ func TestARestartedAgentAdoptsTheNamespacesDaemonsWithoutDisturbingTheirClients(
 	restarted.Check(ctx)
 	if st, _ := restarted.TenantStatus(gpuUUID, "team-a"); st.State != StateRestarting {
 		t.Errorf("the adopted daemon's death: state %s, want Restarting", st.State)
+	}
+}
+
+// A namespace's daemon that died and waits out its backoff is still listed, so a sync whose checkpoint no
+// longer wants it quits it rather than leave the watcher to start it again.
+func TestADeadNamespaceDaemonInBackoffIsStillListedAndStops(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	st := f.ensureTenant(t, "team-a", settings)
+	if err := syscall.Kill(st.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitDead(t, st.PID)
+	f.m.Check(ctx)
+	if got, want := f.m.Tenants(), []Tenant{{gpuUUID, "team-a"}}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("Tenants() with team-a's daemon in backoff = %v, want %v", got, want)
+	}
+	if err := f.m.StopTenant(ctx, gpuUUID, "team-a"); err != nil {
+		t.Fatal(err)
+	}
+	f.fake.Calls(t)
+	f.clock.Step(time.Hour)
+	f.m.Check(ctx)
+	if got := f.fake.Calls(t); len(got) != 0 || len(f.m.Tenants()) != 0 {
+		t.Errorf("a stopped namespace daemon came back: commands %q, tenants %v", got, f.m.Tenants())
 	}
 }

@@ -195,6 +195,9 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	if err := setupDevicePlugin(mgr, o, r, podResources); err != nil {
 		return err
 	}
+	if err := setupMPSNamespaces(mgr, o, podResources); err != nil {
+		return err
+	}
 	if err := setupResourceSlices(mgr, o, r); err != nil {
 		return err
 	}
@@ -374,6 +377,10 @@ func setupResourceSlices(mgr ctrl.Manager, o Options, r *node.Reconciler) error 
 		}
 	}
 	d.Plugin.OnChange = r.Notify
+	// Each namespace's MPS claims on a GPU get a daemon of their own (docs/mps.md).
+	if r.Strategies.MPS != nil {
+		d.Plugin.MPS = r.Strategies.MPS
+	}
 	// The guard compares the plugin's reads of the claims with the accounting's reads of the GPUs.
 	d.Plugin.Clock = o.Clock
 	d.Plugin.PodPriority = claimPodPriority(mgr.GetAPIReader())
@@ -403,6 +410,17 @@ func dialPodResources(mgr ctrl.Manager, o Options) (podresourcesv1.PodResourcesL
 		return nil, err
 	}
 	return lister, nil
+}
+
+// setupMPSNamespaces names the GPUs whose device plugin MPS shares pods of several namespaces hold
+// (mpsnamespaces.go), where the device plugin serves and the kubelet's PodResources can be read.
+func setupMPSNamespaces(mgr ctrl.Manager, o Options, podResources podresourcesv1.PodResourcesListerClient) error {
+	if o.DevicePlugin == nil || podResources == nil {
+		return nil
+	}
+	w := &mpsNamespaces{lister: podResources, resource: o.DevicePlugin.WithDefaults().Resources.MPS,
+		events: mgr.GetEventRecorder("gpusharing-agent"), node: o.NodeName, log: mgr.GetLogger().WithName("mps-namespaces")}
+	return mgr.Add(runnable(func(ctx context.Context) error { return w.run(ctx, o.Clock) }))
 }
 
 // setupDrain gives r a Vacater where something lists a GPU's pods: the kubelet's PodResources for the

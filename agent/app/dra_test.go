@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -20,6 +21,7 @@ import (
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/gpusharing/gpusharing/agent/dra"
+	"github.com/gpusharing/gpusharing/agent/mps"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 	"github.com/gpusharing/gpusharing/test/wait"
 )
@@ -90,9 +92,9 @@ func TestAgentPublishesItsAppliedSharingAsResourceSlices(t *testing.T) {
 }
 
 // A node that serves DRA only (no device plugin): a claim the scheduler gave an MPS share is prepared by
-// the agent's kubelet plugin with the agent's own MPS pipe directory, and a disruptive change drains the
-// GPU: its devices leave the slices, the status names the pod holding the claim, and the change is
-// applied once the pod ends.
+// the agent's kubelet plugin with the pipe directory of the MPS daemon the agent runs for the claim's
+// namespace, and a disruptive change drains the GPU: its devices leave the slices, the status names the
+// pod holding the claim, and the change is applied once the pod ends.
 func TestDRAOnlyNodePreparesClaimsAndDrainsThePodsHoldingThem(t *testing.T) {
 	ctx := context.Background()
 	plugin := dra.PluginConfig{}
@@ -146,8 +148,12 @@ func TestDRAOnlyNodePreparesClaimsAndDrainsThePodsHoldingThem(t *testing.T) {
 	for _, m := range spec.Devices[0].ContainerEdits.Mounts {
 		hostPaths = append(hostPaths, m.HostPath)
 	}
-	if pipe := filepath.Join(n.dir, "mps", uuid, "pipe"); !slices.Contains(hostPaths, pipe) {
-		t.Errorf("the CDI spec mounts %v, not the agent's MPS pipe directory %s", hostPaths, pipe)
+	// The claim's namespace has a daemon of its own on the GPU, which the agent started for it.
+	if pipe := filepath.Join(n.dir, "mps", uuid, "ns", claim.Namespace, "pipe"); !slices.Contains(hostPaths, pipe) {
+		t.Errorf("the CDI spec mounts %v, not the MPS pipe directory of the claim's namespace %s", hostPaths, pipe)
+	}
+	if _, err := os.Stat(filepath.Join(n.dir, "mps", uuid, "ns", claim.Namespace, "pipe", mps.PIDFile)); err != nil {
+		t.Errorf("no MPS daemon runs for the claim's namespace: %v", err)
 	}
 
 	podName := pod.Namespace + "/" + pod.Name

@@ -57,6 +57,10 @@ type preparedDevice struct {
 	GPU            string `json:"gpu,omitempty"`
 	MemoryBytes    int64  `json:"memoryBytes,omitempty"`
 	ComputePercent int64  `json:"computePercent,omitempty"`
+	// MPSGPU is the GPU of an MPS share served by its claim's namespace's daemon (agent/mps): the daemon
+	// runs while a prepared claim of the namespace names the GPU here. Absent for other devices, and for
+	// MPS shares prepared to the GPU's own daemon.
+	MPSGPU string `json:"mpsGPU,omitempty"`
 }
 
 // errCorruptCheckpoint: the file exists but is not a checkpoint this version of the agent wrote.

@@ -1,6 +1,7 @@
 package dra
 
 import (
+	"context"
 	"os"
 
 	resourcev1 "k8s.io/api/resource/v1"
@@ -30,4 +31,12 @@ func SetMIGLedgerWriter(m *DynamicMIG, write func(path string, data []byte, perm
 // placements a pending fixed-layout change withholds.
 func NodeDevices(node *v1alpha1.GPUNode, cfg share.Config) []resourcev1.Device {
 	return devices(node.Status, cfg, pendingLayouts(node))
+}
+
+// SyncMPSTenants runs one pass of the namespace daemons' sync, as the plugin's goroutine does on a
+// request.
+func SyncMPSTenants(ctx context.Context, p *KubeletPlugin) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.syncMPSTenants(ctx)
 }

@@ -124,5 +124,7 @@ func (p *KubeletPlugin) forgetGoneClaimsEvery(ctx context.Context, kube kubernet
 		// Errors are logged per claim; the next tick tries again.
 		_, _ = p.ForgetGoneClaims(ctx, kube)
 		p.reconcileMIG(ctx, kube)
+		// Forgotten claims' namespace daemons go; one that could not be quit before is tried again.
+		p.requestMPSSync()
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -104,12 +105,19 @@ type KubeletPlugin struct {
 	// (dynmigprepare.go). Set it before Start.
 	MIG *DynamicMIG
 
+	// MPS, when set, runs one MPS daemon per (GPU, namespace) for the claims' MPS shares
+	// (mpstenants.go); unset, MPS claims connect to their GPU's daemon as device plugin pods do. Set it
+	// before Start.
+	MPS MPSTenants
+
 	// Clock stamps the reads of the node's claims (ClaimView.SyncedAt); nil is the real clock. It must be
 	// the accounting's clock, whose reads the guard compares with them. Set it before Start.
 	Clock clock.PassiveClock
 
 	// syncRequests carries RequestClaimSync to the goroutine that reads the node's claims.
 	syncRequests chan struct{}
+	// mpsSyncRequests asks for a pass of syncMPSTenants.
+	mpsSyncRequests chan struct{}
 
 	mu     sync.Mutex
 	shares map[string]share.Device
@@ -117,6 +125,8 @@ type KubeletPlugin struct {
 	dynamic map[string]dynPlacement
 	// gpus are the node's GPU uuids by index, from the last status: a sized device's GPU by its name.
 	gpus map[int32]string
+	// mpsGPUs are the MPS GPUs' daemon settings and compute modes, from the last status.
+	mpsGPUs map[string]mpsGPU
 	// api are the claims with sized devices allocated in this node's pool, as last read (SyncClaims),
 	// and syncedAt when that read began.
 	api      map[types.UID]apiClaim
@@ -142,7 +152,7 @@ func NewKubeletPlugin(node string, cfg PluginConfig, dp share.Config, log logr.L
 		return nil, err
 	}
 	p := &KubeletPlugin{node: node, cfg: cfg, dp: dp.WithDefaults(), log: log, writeFile: writeFileAtomic, cdi: specs,
-		syncRequests: make(chan struct{}, 1)}
+		syncRequests: make(chan struct{}, 1), mpsSyncRequests: make(chan struct{}, 1)}
 	path := p.checkpointPath()
 	cp, err := readCheckpoint(path, node)
 	if errors.Is(err, errCorruptCheckpoint) {
@@ -192,9 +202,17 @@ func (p *KubeletPlugin) update(status v1alpha1.GPUNodeStatus, pending map[string
 	for _, g := range status.GPUs {
 		gpus[g.Index] = g.UUID
 	}
+	mpsGPUs := mpsGPUs(status)
 	p.mu.Lock()
 	p.shares, p.dynamic, p.gpus = shares, dynamic, gpus
+	mpsChanged := !maps.Equal(p.mpsGPUs, mpsGPUs)
+	p.mpsGPUs = mpsGPUs
 	p.mu.Unlock()
+	if mpsChanged {
+		// The first status after a start names the settings the namespace daemons of the checkpoint's
+		// claims are adopted with.
+		p.requestMPSSync()
+	}
 }
 
 // Prepared lists the uids of the claims the checkpoint holds, sorted.
@@ -228,12 +246,16 @@ func (p *KubeletPlugin) Start(ctx context.Context, kube kubernetes.Interface) (*
 	// Errors are logged per claim; what could not be looked up is kept for the next sweep.
 	_, _ = p.ForgetGoneClaims(firstCtx, kube)
 	p.reconcileMIG(firstCtx, kube)
+	p.mu.Lock()
+	p.syncMPSTenants(firstCtx)
+	p.mu.Unlock()
 	if err := p.SyncClaims(firstCtx, kube); err != nil {
 		// The guard asks again for what it cannot judge.
 		p.log.Error(err, "Cannot read this node's ResourceClaims; pods on sized GPUs not known stay unjudged")
 	}
 	cancel()
 	go p.syncClaimsOnRequest(ctx, kube)
+	go p.syncMPSTenantsOnRequest(ctx)
 	interval := p.cfg.GoneClaimsInterval
 	if interval <= 0 {
 		interval = DefaultGoneClaimsInterval
@@ -263,6 +285,8 @@ func (p *KubeletPlugin) PrepareResourceClaims(ctx context.Context, claims []*res
 		pc, isFresh, err := p.prepare(ctx, next, c)
 		if err != nil {
 			out[c.UID] = kubeletplugin.PrepareResult{Err: fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, err)}
+			// A namespace daemon it started for no recorded claim is quit.
+			p.requestMPSSync()
 			continue
 		}
 		if isFresh {
@@ -276,6 +300,7 @@ func (p *KubeletPlugin) PrepareResourceClaims(ctx context.Context, claims []*res
 		// The checkpoint is written before the kubelet hears of success: a claim the kubelet thinks
 		// prepared is always one a restarted agent can unprepare.
 		if err := p.commit(next); err != nil {
+			p.requestMPSSync()
 			for _, uid := range fresh {
 				if rerr := p.cdi.remove(uid); rerr != nil {
 					p.log.Error(rerr, "Removing the CDI spec of a ResourceClaim whose preparation was not recorded", "claimUID", uid)
@@ -324,11 +349,16 @@ func (p *KubeletPlugin) prepare(ctx context.Context, cp checkpoint, c *resourcev
 		if err != nil {
 			return preparedClaim{}, false, fmt.Errorf("request %s: %w", strings.Join(unit, ", "), err)
 		}
+		// The directories the edits name are the namespace daemon's: it runs before the spec exists.
+		if err := p.ensureMPSTenant(ctx, cp, c.Namespace, devs); err != nil {
+			return preparedClaim{}, false, fmt.Errorf("request %s: %w", strings.Join(unit, ", "), err)
+		}
 		name := cdiDeviceName(c.UID, strings.Join(unit, "_"))
 		cdiDevices = append(cdiDevices, cdispec.Device{Name: name, ContainerEdits: cdiEditsOf(resp)})
 		for i, r := range results {
 			d := sized[i]
 			d.Requests, d.Pool, d.Device, d.ShareID = []string{r.Request}, r.Pool, r.Device, r.ShareID
+			d.MPSGPU = mpsDeviceGPU(devs[i])
 			// The edits are one CDI device, named on the first device only: a container gets them once
 			// however many shares it holds (several MPS shares add up in one client). A GPU set's first
 			// device stands for each of its requests, so a container that names any of them gets every
@@ -411,7 +441,7 @@ func (p *KubeletPlugin) unitShares(ctx context.Context, c *resourcev1.ResourceCl
 			// each process by its pod itself.
 			d.Opportunistic = !p.production(ctx, c, d.QoS)
 		}
-		devs = append(devs, d)
+		devs = append(devs, p.mpsTenantOf(d, c.Namespace))
 	}
 	return devs, sized, nil
 }
@@ -477,6 +507,8 @@ func (p *KubeletPlugin) UnprepareResourceClaims(ctx context.Context, claims []ku
 		if err := p.commit(next); err != nil {
 			return nil, err
 		}
+		// A namespace's last MPS claim on a GPU takes its daemon with it.
+		p.syncMPSTenants(ctx)
 	}
 	return out, nil
 }

@@ -19,6 +19,28 @@ func MPSLogDir(mpsRoot, gpuUUID string) string { return filepath.Join(mpsRoot, g
 // GPU: a pod can fill only its own GPU's, up to the cap, and never sees another GPU's daemon's memory.
 func MPSShmDir(mpsRoot, gpuUUID string) string { return filepath.Join(mpsRoot, gpuUUID, "shm") }
 
+// MPSTenantsDir holds a GPU's per-namespace MPS daemons: <root>/<gpu-uuid>/ns. It sits beside the GPU's
+// pipe/ and shm/, never inside a directory a pod mounts.
+func MPSTenantsDir(mpsRoot, gpuUUID string) string { return filepath.Join(mpsRoot, gpuUUID, "ns") }
+
+// MPSTenantDir is one namespace's MPS daemon directory on a GPU: <root>/<gpu-uuid>/ns/<namespace>, with
+// pipe/, log/ and shm/ inside as a GPU's daemon has them. The DRA kubelet plugin starts one daemon per
+// (GPU, namespace) there and mounts only that namespace's pipe/ and shm/ into its claims' containers, so
+// tenants of different namespaces share no daemon, no socket and no shared memory.
+func MPSTenantDir(mpsRoot, gpuUUID, namespace string) string {
+	return filepath.Join(MPSTenantsDir(mpsRoot, gpuUUID), namespace)
+}
+
+// MPSTenantPipeDir is a namespace's CUDA_MPS_PIPE_DIRECTORY on a GPU: <root>/<gpu-uuid>/ns/<namespace>/pipe.
+func MPSTenantPipeDir(mpsRoot, gpuUUID, namespace string) string {
+	return filepath.Join(MPSTenantDir(mpsRoot, gpuUUID, namespace), "pipe")
+}
+
+// MPSTenantShmDir is a namespace's /dev/shm tmpfs on a GPU: <root>/<gpu-uuid>/ns/<namespace>/shm.
+func MPSTenantShmDir(mpsRoot, gpuUUID, namespace string) string {
+	return filepath.Join(MPSTenantDir(mpsRoot, gpuUUID, namespace), "shm")
+}
+
 // SchedulerSocketName is the file name of a GPU's shim scheduler socket in its directory.
 const SchedulerSocketName = "gpushare.sock"
 

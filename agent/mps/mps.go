@@ -1,9 +1,11 @@
-// Package mps runs one nvidia-cuda-mps-control daemon per GPU, each with its own pipe and log
-// directory under a configurable root, so a client fault takes down only that GPU's MPS, and with a
-// size-capped tmpfs of its own as /dev/shm (shm.go, launch.go), which only that GPU's clients mount. It
-// applies the default active-thread percentage and pinned device memory limit through the control pipe,
-// watches the daemons and restarts a dead one with exponential backoff, reports state and client count,
-// and quits a daemon when its GPU leaves MPS. Every command goes through runner.Runner.
+// Package mps runs nvidia-cuda-mps-control daemons: one per MPS GPU (the device plugin's clients), and one
+// per (GPU, namespace) for the DRA kubelet plugin's claims (tenants.go), so that tenants of different
+// namespaces share no daemon. Each daemon has its own pipe and log directory under a configurable root, so
+// a client fault takes down only that daemon's MPS, and a size-capped tmpfs of its own as /dev/shm (shm.go,
+// launch.go), which only its clients mount. The manager applies the default active-thread percentage and
+// pinned device memory limit through the control pipe, watches the daemons and restarts a dead one with
+// exponential backoff, reports state and client count, and quits a daemon when its GPU leaves MPS (or its
+// namespace's last claim goes). Every command goes through runner.Runner.
 package mps
 
 import (
@@ -67,15 +69,16 @@ type Status struct {
 type Config struct {
 	// Control is the path of nvidia-cuda-mps-control.
 	Control string
-	// Root holds one directory per GPU uuid with pipe/, log/ and shm/ inside.
+	// Root holds one directory per GPU uuid with pipe/, log/ and shm/ inside, and ns/<namespace>/ with
+	// the same three for each namespace's daemon on that GPU (agent/hostpath).
 	Root string
 	// Launcher is an executable with the mps-launch subcommand (Launch), normally the agent itself. The
-	// manager mounts a tmpfs of ShmSize on each GPU's shm/ and starts the daemon through the launcher,
+	// manager mounts a tmpfs of ShmSize on each daemon's shm/ and starts the daemon through the launcher,
 	// which makes that tmpfs the daemon's /dev/shm. Empty starts the daemon directly in the agent's own
 	// namespace with shm/ a plain directory: for tests of the command sequence and nothing else, as the
 	// daemon then does not share memory with the clients the device plugin mounts shm/ into.
 	Launcher string
-	// ShmSize caps each GPU's tmpfs in bytes; default DefaultShmSize.
+	// ShmSize caps each daemon's tmpfs in bytes; default DefaultShmSize.
 	ShmSize int64
 	// ProcRoot is the proc filesystem used to tell a live daemon from a zombie; default /proc.
 	ProcRoot string
@@ -91,7 +94,7 @@ type Config struct {
 	BackoffInitial, BackoffMax time.Duration
 	// WatchInterval is how often Run checks the daemons; default 5s.
 	WatchInterval time.Duration
-	// Notify is called with a GPU uuid when its daemon's state or client count changes.
+	// Notify is called with a GPU uuid when the state or client count of one of its daemons changes.
 	Notify func(uuid string)
 }
 
@@ -102,11 +105,21 @@ type Manager struct {
 	// pass never both restart the same daemon; mu guards the fields and is never held across a command.
 	ops     sync.Mutex
 	mu      sync.Mutex
-	daemons map[string]*daemon
+	daemons map[key]*daemon
+}
+
+// key names one daemon: a GPU's own (ns empty), or one namespace's on a GPU.
+type key struct{ gpu, ns string }
+
+func (k key) String() string {
+	if k.ns == "" {
+		return k.gpu
+	}
+	return k.gpu + " (namespace " + k.ns + ")"
 }
 
 type daemon struct {
-	uuid      string
+	key       key
 	settings  Settings
 	state     State
 	pid       int
@@ -145,28 +158,52 @@ func New(cfg Config) *Manager {
 	if cfg.ShmSize <= 0 {
 		cfg.ShmSize = DefaultShmSize
 	}
-	return &Manager{cfg: cfg, daemons: map[string]*daemon{}}
+	return &Manager{cfg: cfg, daemons: map[key]*daemon{}}
 }
 
 // PipeDir is the GPU's CUDA_MPS_PIPE_DIRECTORY, which clients (and the device plugin) must use.
-func (m *Manager) PipeDir(uuid string) string { return hostpath.MPSPipeDir(m.cfg.Root, uuid) }
+func (m *Manager) PipeDir(uuid string) string { return m.pipeDir(key{gpu: uuid}) }
 
 // LogDir is the GPU's CUDA_MPS_LOG_DIRECTORY.
-func (m *Manager) LogDir(uuid string) string { return hostpath.MPSLogDir(m.cfg.Root, uuid) }
+func (m *Manager) LogDir(uuid string) string { return m.logDir(key{gpu: uuid}) }
 
-func (m *Manager) env(uuid string) []string {
-	return []string{"CUDA_MPS_PIPE_DIRECTORY=" + m.PipeDir(uuid), "CUDA_MPS_LOG_DIRECTORY=" + m.LogDir(uuid)}
+// dir is the daemon's directory, which holds pipe/, log/, shm/ and the agent's pid record.
+func (m *Manager) dir(k key) string {
+	if k.ns == "" {
+		return filepath.Join(m.cfg.Root, k.gpu)
+	}
+	return hostpath.MPSTenantDir(m.cfg.Root, k.gpu, k.ns)
 }
 
-// Status returns the daemon's state, and false when the manager runs none for the GPU.
+func (m *Manager) pipeDir(k key) string {
+	if k.ns == "" {
+		return hostpath.MPSPipeDir(m.cfg.Root, k.gpu)
+	}
+	return hostpath.MPSTenantPipeDir(m.cfg.Root, k.gpu, k.ns)
+}
+
+func (m *Manager) logDir(k key) string { return filepath.Join(m.dir(k), "log") }
+
+func (m *Manager) env(k key) []string {
+	return []string{"CUDA_MPS_PIPE_DIRECTORY=" + m.pipeDir(k), "CUDA_MPS_LOG_DIRECTORY=" + m.logDir(k)}
+}
+
+// Status returns the state of the GPU's daemon, and false when the manager runs none for the GPU.
+// Clients counts the clients of the GPU's namespace daemons too: they use the same GPU.
 func (m *Manager) Status(uuid string) (Status, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	d, ok := m.daemons[uuid]
+	d, ok := m.daemons[key{gpu: uuid}]
 	if !ok {
 		return Status{}, false
 	}
-	return d.status(), true
+	st := d.status()
+	for k, t := range m.daemons {
+		if k.gpu == uuid && k.ns != "" {
+			st.Clients += t.clients
+		}
+	}
+	return st, true
 }
 
 func (d *daemon) status() Status {
@@ -176,8 +213,12 @@ func (d *daemon) status() Status {
 // Satisfied reports whether the GPU's daemon runs with these settings. It runs no command: it checks
 // that the daemon the manager started is alive.
 func (m *Manager) Satisfied(uuid string, s Settings) (bool, error) {
+	return m.satisfied(key{gpu: uuid}, s)
+}
+
+func (m *Manager) satisfied(k key, s Settings) (bool, error) {
 	m.mu.Lock()
-	d, ok := m.daemons[uuid]
+	d, ok := m.daemons[k]
 	m.mu.Unlock()
 	if !ok {
 		return false, nil
@@ -195,45 +236,56 @@ func (m *Manager) Satisfied(uuid string, s Settings) (bool, error) {
 func (m *Manager) Ensure(ctx context.Context, uuid string, s Settings) (Status, error) {
 	m.ops.Lock()
 	defer m.ops.Unlock()
-	if ok, err := m.Satisfied(uuid, s); err != nil {
+	return m.ensure(ctx, key{gpu: uuid}, s)
+}
+
+// ensure is Ensure for any daemon; m.ops must be held. A namespace's daemon is never restarted for new
+// settings: its namespace's clients keep it, and the settings are sent to it for the servers it starts
+// later.
+func (m *Manager) ensure(ctx context.Context, k key, s Settings) (Status, error) {
+	if ok, err := m.satisfied(k, s); err != nil {
 		return Status{}, err
 	} else if ok {
-		st, _ := m.Status(uuid)
-		return st, nil
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return m.daemons[k].status(), nil
 	}
-	log := logr.FromContextOrDiscard(ctx).WithValues("gpu", uuid)
+	log := logr.FromContextOrDiscard(ctx).WithValues("gpu", k.gpu)
+	if k.ns != "" {
+		log = log.WithValues("namespace", k.ns)
+	}
 
 	m.mu.Lock()
-	d, known := m.daemons[uuid]
+	d, known := m.daemons[k]
 	m.mu.Unlock()
 
 	if !known {
 		// A daemon from a previous run of the agent: adopt it and re-apply the settings, which are lost
 		// only with the daemon.
-		if pid, ok := m.runningPID(uuid); ok {
-			if restart, err := m.offItsShm(ctx, uuid, pid); err != nil {
+		if pid, ok := m.runningPID(k); ok {
+			if restart, err := m.offItsShm(ctx, k, pid); err != nil {
 				return Status{}, err
 			} else if restart {
-				d = &daemon{uuid: uuid, state: StateStarting}
+				d = &daemon{key: k, state: StateStarting}
 				m.mu.Lock()
-				m.daemons[uuid] = d
+				m.daemons[k] = d
 				m.mu.Unlock()
 				return m.start(ctx, d, s)
 			}
 			log.Info("Adopting MPS daemon", "pid", pid)
-			d = &daemon{uuid: uuid, pid: pid, state: StateStarting, startedAt: m.cfg.Clock.Now()}
-			if err := m.applySettings(ctx, uuid, s); err != nil {
+			d = &daemon{key: k, pid: pid, state: StateStarting, startedAt: m.cfg.Clock.Now()}
+			if err := m.applySettings(ctx, k, s); err != nil {
 				return Status{}, err
 			}
 			d.settings, d.state = s, StateRunning
 			m.mu.Lock()
-			m.daemons[uuid] = d
+			m.daemons[k] = d
 			m.mu.Unlock()
 			return d.status(), nil
 		}
-		d = &daemon{uuid: uuid, state: StateStarting}
+		d = &daemon{key: k, state: StateStarting}
 		m.mu.Lock()
-		m.daemons[uuid] = d
+		m.daemons[k] = d
 		m.mu.Unlock()
 		return m.start(ctx, d, s)
 	}
@@ -250,11 +302,22 @@ func (m *Manager) Ensure(ctx context.Context, uuid string, s Settings) (Status, 
 		return m.start(ctx, d, s)
 	}
 	if state == StateRestarting || state == StateFailed {
-		st, _ := m.Status(uuid)
-		return st, outcome.Newf(v1alpha1.ReasonMPSDaemonFailed, "MPS daemon for %s is down (%d restarts, last error: %s); next start in backoff", uuid, st.Restarts, st.LastError)
+		m.mu.Lock()
+		st := d.status()
+		m.mu.Unlock()
+		return st, outcome.Newf(v1alpha1.ReasonMPSDaemonFailed, "MPS daemon for %s is down (%d restarts, last error: %s); next start in backoff", k, st.Restarts, st.LastError)
+	}
+	if settings != s && k.ns != "" {
+		if err := m.applySettings(ctx, k, s); err != nil {
+			return Status{}, err
+		}
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		d.settings = s
+		return d.status(), nil
 	}
 	if settings != s {
-		clients, err := m.clients(ctx, uuid)
+		clients, err := m.clients(ctx, k)
 		if err != nil {
 			return Status{}, err
 		}
@@ -262,7 +325,7 @@ func (m *Manager) Ensure(ctx context.Context, uuid string, s Settings) (Status, 
 			return Status{}, &outcome.Error{Reason: v1alpha1.ReasonGPUBusy, Message: fmt.Sprintf("changing MPS settings restarts the daemon, which would disturb %d MPS clients", clients)}
 		}
 		log.Info("Restarting MPS daemon for new settings", "pid", pid)
-		if err := m.quit(ctx, uuid, pid); err != nil {
+		if err := m.quit(ctx, k, pid); err != nil {
 			return Status{}, err
 		}
 	}
@@ -271,10 +334,13 @@ func (m *Manager) Ensure(ctx context.Context, uuid string, s Settings) (Status, 
 
 // start launches the daemon, waits for its pid file and applies the settings.
 func (m *Manager) start(ctx context.Context, d *daemon, s Settings) (Status, error) {
-	uuid := d.uuid
-	log := logr.FromContextOrDiscard(ctx).WithValues("gpu", uuid)
+	k := d.key
+	log := logr.FromContextOrDiscard(ctx).WithValues("gpu", k.gpu)
+	if k.ns != "" {
+		log = log.WithValues("namespace", k.ns)
+	}
 	began := m.cfg.Clock.Now()
-	err := m.launch(ctx, uuid, s)
+	err := m.launch(ctx, k, s)
 
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -284,9 +350,9 @@ func (m *Manager) start(ctx context.Context, d *daemon, s Settings) (Status, err
 		d.pid = 0
 		d.backoff = nextBackoff(d.backoff, m.cfg.BackoffInitial, m.cfg.BackoffMax)
 		d.nextStart = m.cfg.Clock.Now().Add(d.backoff)
-		return d.status(), &outcome.Error{Reason: v1alpha1.ReasonMPSDaemonFailed, Message: fmt.Sprintf("starting the MPS daemon for %s: %v", uuid, err), Err: err}
+		return d.status(), &outcome.Error{Reason: v1alpha1.ReasonMPSDaemonFailed, Message: fmt.Sprintf("starting the MPS daemon for %s: %v", k, err), Err: err}
 	}
-	pid, _ := m.runningPID(uuid)
+	pid, _ := m.runningPID(k)
 	d.pid, d.settings, d.state, d.lastErr = pid, s, StateRunning, ""
 	d.startedAt = m.cfg.Clock.Now()
 	d.readyIn = d.startedAt.Sub(began)
@@ -294,63 +360,63 @@ func (m *Manager) start(ctx context.Context, d *daemon, s Settings) (Status, err
 	return d.status(), nil
 }
 
-func (m *Manager) launch(ctx context.Context, uuid string, s Settings) error {
-	for _, dir := range []string{m.PipeDir(uuid), m.LogDir(uuid), m.ShmDir(uuid)} {
+func (m *Manager) launch(ctx context.Context, k key, s Settings) error {
+	for _, dir := range []string{m.pipeDir(k), m.logDir(k), m.shmDir(k)} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return err
 		}
 	}
 	// A stale pid file from a dead daemon would make the wait below return at once.
-	if err := os.Remove(filepath.Join(m.PipeDir(uuid), PIDFile)); err != nil && !os.IsNotExist(err) {
+	if err := os.Remove(filepath.Join(m.pipeDir(k), PIDFile)); err != nil && !os.IsNotExist(err) {
 		return err
 	}
-	cmd := runner.Cmd{Path: m.cfg.Control, Args: []string{"-d"}, Env: append(m.env(uuid), "CUDA_VISIBLE_DEVICES="+uuid), Timeout: m.cfg.CommandTimeout}
+	cmd := runner.Cmd{Path: m.cfg.Control, Args: []string{"-d"}, Env: append(m.env(k), "CUDA_VISIBLE_DEVICES="+k.gpu), Timeout: m.cfg.CommandTimeout}
 	if m.isolated() {
-		if err := m.mountShm(uuid); err != nil {
+		if err := m.mountShm(k); err != nil {
 			return err
 		}
-		cmd.Path, cmd.Args = m.cfg.Launcher, []string{LaunchCommand, m.ShmDir(uuid), m.cfg.Control, "-d"}
+		cmd.Path, cmd.Args = m.cfg.Launcher, []string{LaunchCommand, m.shmDir(k), m.cfg.Control, "-d"}
 	}
 	if _, err := m.cfg.Runner.Run(ctx, cmd); err != nil {
 		return err
 	}
-	started := func() (bool, error) { return m.adoptStarted(uuid), nil }
+	started := func() (bool, error) { return m.adoptStarted(k), nil }
 	if err := m.waitFor(ctx, started); err != nil {
-		return fmt.Errorf("the daemon wrote no live pid to %s within %s: %w", filepath.Join(m.PipeDir(uuid), PIDFile), m.cfg.StartTimeout, err)
+		return fmt.Errorf("the daemon wrote no live pid to %s within %s: %w", filepath.Join(m.pipeDir(k), PIDFile), m.cfg.StartTimeout, err)
 	}
-	return m.applySettings(ctx, uuid, s)
+	return m.applySettings(ctx, k, s)
 }
 
-func (m *Manager) applySettings(ctx context.Context, uuid string, s Settings) error {
+func (m *Manager) applySettings(ctx context.Context, k key, s Settings) error {
 	if s.ActiveThreadPercentage > 0 {
-		if _, err := m.control(ctx, uuid, fmt.Sprintf("set_default_active_thread_percentage %d", s.ActiveThreadPercentage)); err != nil {
+		if _, err := m.control(ctx, k, fmt.Sprintf("set_default_active_thread_percentage %d", s.ActiveThreadPercentage)); err != nil {
 			return err
 		}
 	}
 	if s.PinnedMemoryLimitMiB > 0 {
 		// The daemon sees only this GPU (CUDA_VISIBLE_DEVICES=<uuid>), so it is device 0.
-		if _, err := m.control(ctx, uuid, fmt.Sprintf("set_default_device_pinned_mem_limit 0 %dM", s.PinnedMemoryLimitMiB)); err != nil {
+		if _, err := m.control(ctx, k, fmt.Sprintf("set_default_device_pinned_mem_limit 0 %dM", s.PinnedMemoryLimitMiB)); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// control sends one command to the GPU's control daemon through its pipe directory.
-func (m *Manager) control(ctx context.Context, uuid, command string) (string, error) {
-	res, err := m.cfg.Runner.Run(ctx, runner.Cmd{Path: m.cfg.Control, Env: m.env(uuid), Stdin: command + "\n", Timeout: m.cfg.CommandTimeout})
+// control sends one command to a control daemon through its pipe directory.
+func (m *Manager) control(ctx context.Context, k key, command string) (string, error) {
+	res, err := m.cfg.Runner.Run(ctx, runner.Cmd{Path: m.cfg.Control, Env: m.env(k), Stdin: command + "\n", Timeout: m.cfg.CommandTimeout})
 	return res.Stdout, err
 }
 
-// clients counts the clients of every MPS server of the GPU's daemon.
-func (m *Manager) clients(ctx context.Context, uuid string) (int, error) {
-	out, err := m.control(ctx, uuid, "get_server_list")
+// clients counts the clients of every MPS server of a daemon.
+func (m *Manager) clients(ctx context.Context, k key) (int, error) {
+	out, err := m.control(ctx, k, "get_server_list")
 	if err != nil {
 		return 0, err
 	}
 	n := 0
 	for _, server := range strings.Fields(out) {
-		list, err := m.control(ctx, uuid, "get_client_list "+server)
+		list, err := m.control(ctx, k, "get_client_list "+server)
 		if err != nil {
 			return 0, err
 		}
@@ -362,70 +428,98 @@ func (m *Manager) clients(ctx context.Context, uuid string) (int, error) {
 // Running reports whether a daemon runs for the GPU, whether or not this manager started it. It runs
 // no command.
 func (m *Manager) Running(uuid string) bool {
-	_, ok := m.runningPID(uuid)
+	_, ok := m.runningPID(key{gpu: uuid})
 	return ok
 }
 
-// Stop quits the GPU's daemon (one this manager started or one a previous agent left), refusing with
-// GPUBusy while clients are connected. A GPU without a daemon costs no command.
+// Stop quits the GPU's daemon and its namespaces' daemons (ones this manager started or ones a previous
+// agent left), refusing with GPUBusy while any of them has clients connected. A GPU without a daemon
+// costs no command.
 func (m *Manager) Stop(ctx context.Context, uuid string) error {
 	m.ops.Lock()
 	defer m.ops.Unlock()
-	pid, ok := m.runningPID(uuid)
+	for _, ns := range m.tenantsOf(uuid) {
+		if err := m.stop(ctx, key{gpu: uuid, ns: ns}); err != nil {
+			return err
+		}
+	}
+	return m.stop(ctx, key{gpu: uuid})
+}
+
+// stop is Stop for one daemon; m.ops must be held.
+func (m *Manager) stop(ctx context.Context, k key) error {
+	pid, ok := m.runningPID(k)
 	if !ok {
 		m.mu.Lock()
-		delete(m.daemons, uuid)
+		delete(m.daemons, k)
 		m.mu.Unlock()
 		// A daemon that died (or a Stop whose unmount failed after the quit) may have left the tmpfs.
-		return m.unmountShm(uuid)
+		return m.removeDirs(k)
 	}
-	clients, err := m.clients(ctx, uuid)
+	clients, err := m.clients(ctx, k)
 	if err != nil {
 		return err
 	}
 	if clients > 0 {
-		return &outcome.Error{Reason: v1alpha1.ReasonGPUBusy, Message: fmt.Sprintf("quitting the MPS daemon would disturb %d MPS clients", clients)}
+		return &outcome.Error{Reason: v1alpha1.ReasonGPUBusy, Message: fmt.Sprintf("quitting the MPS daemon for %s would disturb %d MPS clients", k, clients)}
 	}
-	logr.FromContextOrDiscard(ctx).Info("Quitting MPS daemon", "gpu", uuid, "pid", pid)
-	if err := m.quit(ctx, uuid, pid); err != nil {
+	log := logr.FromContextOrDiscard(ctx).WithValues("gpu", k.gpu, "pid", pid)
+	if k.ns != "" {
+		log = log.WithValues("namespace", k.ns)
+	}
+	log.Info("Quitting MPS daemon")
+	if err := m.quit(ctx, k, pid); err != nil {
 		return err
 	}
 	m.mu.Lock()
-	delete(m.daemons, uuid)
+	delete(m.daemons, k)
 	m.mu.Unlock()
 	// Only now, with the daemon gone and no client connected, is the tmpfs unmounted.
-	return m.unmountShm(uuid)
+	return m.removeDirs(k)
+}
+
+// removeDirs unmounts a stopped daemon's tmpfs and removes its shm directory; a namespace's daemon
+// leaves nothing behind (its pipe and log directories and the pid record go too), so no later look finds
+// a namespace that holds no claim.
+func (m *Manager) removeDirs(k key) error {
+	if err := m.unmountShm(k); err != nil {
+		return err
+	}
+	if k.ns == "" {
+		return nil
+	}
+	return os.RemoveAll(m.dir(k))
 }
 
 // offItsShm decides, for a running daemon a previous agent left, whether it must be restarted because
-// its /dev/shm is not the GPU's tmpfs (it was started before the agent gave each GPU one): clients the
+// its /dev/shm is not its tmpfs (it was started before the agent gave each GPU one): clients the
 // device plugin now mounts the tmpfs into could not reach it. It quits that daemon when no client is
 // connected and refuses with GPUBusy while some are, as for new settings. It mounts the tmpfs (adopting
 // one that is there) in every case.
-func (m *Manager) offItsShm(ctx context.Context, uuid string, pid int) (bool, error) {
+func (m *Manager) offItsShm(ctx context.Context, k key, pid int) (bool, error) {
 	if !m.isolated() {
 		return false, nil
 	}
-	if err := m.mountShm(uuid); err != nil {
+	if err := m.mountShm(k); err != nil {
 		return false, err
 	}
-	on, err := m.onItsShm(uuid, pid)
+	on, err := m.onItsShm(k, pid)
 	if err != nil || on {
 		return false, err
 	}
-	clients, err := m.clients(ctx, uuid)
+	clients, err := m.clients(ctx, k)
 	if err != nil {
 		return false, err
 	}
 	if clients > 0 {
 		return false, &outcome.Error{Reason: v1alpha1.ReasonGPUBusy, Message: fmt.Sprintf("the MPS daemon %d does not use its GPU's /dev/shm tmpfs (an earlier agent started it); it is restarted onto it once its %d MPS clients are gone", pid, clients)}
 	}
-	logr.FromContextOrDiscard(ctx).Info("Restarting MPS daemon onto its GPU's /dev/shm tmpfs", "gpu", uuid, "pid", pid)
-	return true, m.quit(ctx, uuid, pid)
+	logr.FromContextOrDiscard(ctx).Info("Restarting MPS daemon onto its GPU's /dev/shm tmpfs", "gpu", k.gpu, "pid", pid)
+	return true, m.quit(ctx, k, pid)
 }
 
-func (m *Manager) quit(ctx context.Context, uuid string, pid int) error {
-	if _, err := m.control(ctx, uuid, "quit"); err != nil {
+func (m *Manager) quit(ctx context.Context, k key, pid int) error {
+	if _, err := m.control(ctx, k, "quit"); err != nil {
 		return err
 	}
 	exited := func() (bool, error) { alive, err := m.alive(pid); return !alive, err }
@@ -456,37 +550,38 @@ func (m *Manager) waitFor(ctx context.Context, done func() (bool, error)) error 
 	}
 }
 
-// runningPID reads the daemon's pid file and reports the pid when that process is alive.
-func (m *Manager) runningPID(uuid string) (int, bool) {
-	pid, ok := readPID(m.recordPath(uuid))
+// runningPID reads the agent's record of the daemon's pid and reports the pid when that process is
+// alive and is the daemon.
+func (m *Manager) runningPID(k key) (int, bool) {
+	pid, ok := readPID(m.recordPath(k))
 	if !ok {
 		return 0, false
 	}
-	return pid, m.isOurDaemon(uuid, pid)
+	return pid, m.isOurDaemon(k, pid)
 }
 
 // The daemon writes its pid into its pipe directory, which MPS client pods mount read-write: a pod could
 // point the agent at any process (to have it adopt a dead daemon as running, or a live one as its own).
 // The agent therefore reads that file once, right after it started the daemon, checks the process (it
-// carries this GPU's host pipe directory in its environment, which no pod process has: pods see the
-// directory at their own path), and from then on trusts only its own record, daemon.pid in the GPU's
+// carries the daemon's host pipe directory in its environment, which no pod process has: pods see the
+// directory at their own path), and from then on trusts only its own record, daemon.pid in the daemon's
 // directory beside pipe/ and log/, which no pod mounts.
-func (m *Manager) recordPath(uuid string) string {
-	return filepath.Join(filepath.Dir(m.PipeDir(uuid)), "daemon.pid")
+func (m *Manager) recordPath(k key) string {
+	return filepath.Join(m.dir(k), "daemon.pid")
 }
 
 // adoptStarted takes the pid the daemon just wrote into its pipe directory, if it is the daemon this
 // agent started, and records it.
-func (m *Manager) adoptStarted(uuid string) bool {
-	pid, ok := readPID(filepath.Join(m.PipeDir(uuid), PIDFile))
-	if !ok || !m.isOurDaemon(uuid, pid) {
+func (m *Manager) adoptStarted(k key) bool {
+	pid, ok := readPID(filepath.Join(m.pipeDir(k), PIDFile))
+	if !ok || !m.isOurDaemon(k, pid) {
 		return false
 	}
-	return writeFileAtomic(m.recordPath(uuid), []byte(strconv.Itoa(pid)+"\n")) == nil
+	return writeFileAtomic(m.recordPath(k), []byte(strconv.Itoa(pid)+"\n")) == nil
 }
 
-// isOurDaemon: pid runs and its environment names this GPU's host pipe directory.
-func (m *Manager) isOurDaemon(uuid string, pid int) bool {
+// isOurDaemon: pid runs and its environment names the daemon's host pipe directory.
+func (m *Manager) isOurDaemon(k key, pid int) bool {
 	if alive, err := m.alive(pid); err != nil || !alive {
 		return false
 	}
@@ -494,7 +589,7 @@ func (m *Manager) isOurDaemon(uuid string, pid int) bool {
 	if err != nil {
 		return false
 	}
-	want := "CUDA_MPS_PIPE_DIRECTORY=" + m.PipeDir(uuid)
+	want := "CUDA_MPS_PIPE_DIRECTORY=" + m.pipeDir(k)
 	for _, kv := range strings.Split(string(env), "\x00") {
 		if kv == want {
 			return true

@@ -25,17 +25,25 @@ const shmMountFlags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
 
 // ShmDir is the GPU's shared memory directory: a tmpfs of ShmSize while the GPU runs MPS, which its
 // daemon sees as /dev/shm and the device plugin mounts at /dev/shm in the GPU's MPS clients.
-func (m *Manager) ShmDir(uuid string) string { return hostpath.MPSShmDir(m.cfg.Root, uuid) }
+func (m *Manager) ShmDir(uuid string) string { return m.shmDir(key{gpu: uuid}) }
+
+// shmDir is a daemon's shared memory directory: the GPU's, or the namespace's on the GPU.
+func (m *Manager) shmDir(k key) string {
+	if k.ns == "" {
+		return hostpath.MPSShmDir(m.cfg.Root, k.gpu)
+	}
+	return hostpath.MPSTenantShmDir(m.cfg.Root, k.gpu, k.ns)
+}
 
 // isolated reports whether daemons get a tmpfs of their own as /dev/shm (a Launcher is configured).
 func (m *Manager) isolated() bool { return m.cfg.Launcher != "" }
 
-// mountShm makes the GPU's shm directory a tmpfs of ShmSize. One already mounted there is adopted, and
+// mountShm makes the daemon's shm directory a tmpfs of ShmSize. One already mounted there is adopted, and
 // resized in place when the size changed: it is a restarted agent's, and the running daemon's /dev/shm
 // is a bind of it, so a second tmpfs mounted over it would hide the daemon from every client started
 // after the restart.
-func (m *Manager) mountShm(uuid string) error {
-	dir := m.ShmDir(uuid)
+func (m *Manager) mountShm(k key) error {
+	dir := m.shmDir(k)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -58,11 +66,11 @@ func (m *Manager) mountShm(uuid string) error {
 	return nil
 }
 
-// unmountShm removes the GPU's shm directory, unmounting its tmpfs first. Callers run it only once the
+// unmountShm removes the daemon's shm directory, unmounting its tmpfs first. Callers run it only once the
 // daemon has quit with no client connected: a client container keeps its own bind of the tmpfs (the
 // memory lives on until it ends), but no new client can reach it.
-func (m *Manager) unmountShm(uuid string) error {
-	dir := m.ShmDir(uuid)
+func (m *Manager) unmountShm(k key) error {
+	dir := m.shmDir(k)
 	// A loop, not one call: a tmpfs mounted twice (by hand, or by a bug) must not leave the lower one
 	// behind, whose files RemoveAll below would then delete under whoever uses them.
 	for range 8 {
@@ -83,15 +91,15 @@ func (m *Manager) unmountShm(uuid string) error {
 	return fmt.Errorf("%s is still a mount point after 8 unmounts", dir)
 }
 
-// onItsShm reports whether the process pid sees the GPU's tmpfs as its /dev/shm (the same file system,
+// onItsShm reports whether the process pid sees the daemon's tmpfs as its /dev/shm (the same file system,
 // through its own mount namespace). A daemon an agent before per-GPU tmpfs started shares the node's
 // directory instead, and clients that mount the GPU's tmpfs could not reach it.
-func (m *Manager) onItsShm(uuid string, pid int) (bool, error) {
+func (m *Manager) onItsShm(k key, pid int) (bool, error) {
 	var daemon, tmpfs unix.Stat_t
 	if err := unix.Stat(filepath.Join(m.cfg.ProcRoot, strconv.Itoa(pid), "root/dev/shm"), &daemon); err != nil {
 		return false, fmt.Errorf("reading MPS daemon %d's /dev/shm: %w", pid, err)
 	}
-	if err := unix.Stat(m.ShmDir(uuid), &tmpfs); err != nil {
+	if err := unix.Stat(m.shmDir(k), &tmpfs); err != nil {
 		return false, err
 	}
 	return daemon.Dev == tmpfs.Dev, nil

@@ -126,7 +126,7 @@ func TestEachGPUsDaemonSeesItsOwnSizeCappedTmpfsAsDevShm(t *testing.T) {
 			t.Errorf("marker in %s is %q, want %s's daemon's", dir, got, uuid)
 		}
 		st, _ := f.m.Status(uuid)
-		if on, err := f.m.onItsShm(uuid, st.PID); err != nil || !on {
+		if on, err := f.m.onItsShm(key{gpu: uuid}, st.PID); err != nil || !on {
 			t.Errorf("daemon %d of %s: /dev/shm is its GPU's tmpfs = %v (%v), want true", st.PID, uuid, on, err)
 		}
 	}
@@ -228,7 +228,7 @@ func TestARestartedAgentAdoptsTheMountedTmpfs(t *testing.T) {
 		t.Fatalf("Ensure with a new size: pid %d, %v; want the adopted %d", st.PID, err, first.PID)
 	}
 	wantTmpfs(t, dir, 32<<20)
-	if on, err := resized.onItsShm(gpuUUID, first.PID); err != nil || !on {
+	if on, err := resized.onItsShm(key{gpu: gpuUUID}, first.PID); err != nil || !on {
 		t.Errorf("after the resize the daemon's /dev/shm is its tmpfs = %v (%v), want true", on, err)
 	}
 }
@@ -268,7 +268,7 @@ func TestADaemonOfAnEarlierAgentIsRestartedOntoItsTmpfs(t *testing.T) {
 	if st.PID == first.PID || f.m.Alive(first.PID) {
 		t.Errorf("daemon %d (old %d, alive %v), want the old one quit and a new one started", st.PID, first.PID, f.m.Alive(first.PID))
 	}
-	if on, err := f.m.onItsShm(gpuUUID, st.PID); err != nil || !on {
+	if on, err := f.m.onItsShm(key{gpu: gpuUUID}, st.PID); err != nil || !on {
 		t.Errorf("the new daemon's /dev/shm is its tmpfs = %v (%v), want true", on, err)
 	}
 }

@@ -39,14 +39,14 @@ func (m *Manager) Check(ctx context.Context) {
 
 	for _, d := range daemons {
 		m.mu.Lock()
-		uuid, pid, state, settings := d.uuid, d.pid, d.state, d.settings
+		k, pid, state, settings := d.key, d.pid, d.state, d.settings
 		m.mu.Unlock()
 		now := m.cfg.Clock.Now()
 
 		switch state {
 		case StateRunning:
 			if alive, err := m.alive(pid); err == nil && !alive {
-				log.Info("MPS daemon died", "gpu", uuid, "pid", pid)
+				log.Info("MPS daemon died", "gpu", k.gpu, "namespace", k.ns, "pid", pid)
 				m.mu.Lock()
 				if now.Sub(d.startedAt) >= stableAfter {
 					d.backoff = 0
@@ -56,10 +56,10 @@ func (m *Manager) Check(ctx context.Context) {
 				d.state, d.pid, d.clients = StateRestarting, 0, 0
 				d.lastErr = "the daemon exited"
 				m.mu.Unlock()
-				m.notify(uuid)
+				m.notify(k.gpu)
 				continue
 			}
-			n, err := m.clients(ctx, uuid)
+			n, err := m.clients(ctx, k)
 			if err != nil {
 				continue // a daemon that stopped answering is caught dead by the next check
 			}
@@ -68,7 +68,7 @@ func (m *Manager) Check(ctx context.Context) {
 			d.clients = n
 			m.mu.Unlock()
 			if changed {
-				m.notify(uuid)
+				m.notify(k.gpu)
 			}
 		case StateRestarting, StateFailed:
 			m.mu.Lock()
@@ -81,11 +81,11 @@ func (m *Manager) Check(ctx context.Context) {
 			d.restarts++
 			restarts := d.restarts
 			m.mu.Unlock()
-			log.Info("Restarting MPS daemon", "gpu", uuid, "restarts", restarts)
+			log.Info("Restarting MPS daemon", "gpu", k.gpu, "namespace", k.ns, "restarts", restarts)
 			if _, err := m.start(ctx, d, settings); err != nil {
-				log.Error(err, "Restarting MPS daemon failed", "gpu", uuid)
+				log.Error(err, "Restarting MPS daemon failed", "gpu", k.gpu, "namespace", k.ns)
 			}
-			m.notify(uuid)
+			m.notify(k.gpu)
 		}
 	}
 }

@@ -139,6 +139,18 @@ func (c Config) MPSPipeDir(gpuUUID string) string { return hostpath.MPSPipeDir(c
 // containers (and for no other GPU's).
 func (c Config) MPSShmDir(gpuUUID string) string { return hostpath.MPSShmDir(c.MPSRoot, gpuUUID) }
 
+// MPSTenantPipeDir is the pipe directory of a namespace's MPS daemon on a GPU, which DRA mounts into that
+// namespace's MPS clients of the GPU (and into no other).
+func (c Config) MPSTenantPipeDir(gpuUUID, namespace string) string {
+	return hostpath.MPSTenantPipeDir(c.MPSRoot, gpuUUID, namespace)
+}
+
+// MPSTenantShmDir is the /dev/shm tmpfs of a namespace's MPS daemon on a GPU, mounted like its pipe
+// directory.
+func (c Config) MPSTenantShmDir(gpuUUID, namespace string) string {
+	return hostpath.MPSTenantShmDir(c.MPSRoot, gpuUUID, namespace)
+}
+
 // MPSLogDir is the host directory for a GPU's MPS daemon logs (CUDA_MPS_LOG_DIRECTORY); never mounted into pods.
 func (c Config) MPSLogDir(gpuUUID string) string { return hostpath.MPSLogDir(c.MPSRoot, gpuUUID) }
 

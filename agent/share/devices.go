@@ -69,6 +69,11 @@ type Device struct {
 	// Opportunistic marks an MPS device going to an opportunistic pod: its client runs at priority
 	// "below normal" under the policy's opportunistic thread cap.
 	Opportunistic bool
+	// MPSNamespace, on an MPS device the DRA kubelet plugin prepares, is the claim's namespace: the
+	// container connects to that namespace's daemon on the GPU (its own pipe directory and /dev/shm,
+	// agent/mps) and to no other. Empty is the GPU's daemon: the device plugin's Allocate does not know
+	// which pod, so which namespace, a device goes to.
+	MPSNamespace string
 	// Held marks a device of a cordoned GPU that is advertised only because a pod still holds it:
 	// Allocate refuses it and GetPreferredAllocation leaves it out.
 	Held bool

@@ -109,16 +109,17 @@ func addMPS(cfg Config, resp *pluginapi.ContainerAllocateResponse, devs []Device
 		}
 		limit += x.MemoryLimitBytes
 	}
+	pipe, shm := mpsDirs(cfg, d)
 	resp.Mounts = append(resp.Mounts, &pluginapi.Mount{
 		ContainerPath: ContainerMPSPipeDir,
-		HostPath:      cfg.MPSPipeDir(d.GPUUUID),
+		HostPath:      pipe,
 		// Clients write to the daemon's pipes, so the directory is mounted read-write.
 		ReadOnly: false,
 	}, &pluginapi.Mount{
 		// The client and the daemon exchange work through shared memory: the container's /dev/shm is
-		// its GPU's daemon's, a size-capped tmpfs of that GPU alone (agent/mps).
+		// its daemon's, a size-capped tmpfs of that daemon alone (agent/mps).
 		ContainerPath: ContainerShm,
-		HostPath:      cfg.MPSShmDir(d.GPUUUID),
+		HostPath:      shm,
 	})
 	resp.Envs[EnvMPSPipeDirectory] = ContainerMPSPipeDir
 	if d.Opportunistic {
@@ -147,6 +148,17 @@ func addMPS(cfg Config, resp *pluginapi.ContainerAllocateResponse, devs []Device
 		resp.Envs[EnvLDPreload] = ContainerShimLibrary
 		resp.Envs[EnvShimMemoryLimit] = strconv.FormatInt(limit, 10)
 	}
+}
+
+// mpsDirs are the host pipe directory and /dev/shm of the daemon an MPS device connects to: its
+// namespace's daemon on the GPU where the device names one (DRA), else the GPU's (the device plugin).
+// Everything a tenant can write to its daemon is in these two directories, so a container gets only its
+// own namespace's.
+func mpsDirs(cfg Config, d Device) (pipe, shm string) {
+	if d.MPSNamespace != "" {
+		return cfg.MPSTenantPipeDir(d.GPUUUID, d.MPSNamespace), cfg.MPSTenantShmDir(d.GPUUUID, d.MPSNamespace)
+	}
+	return cfg.MPSPipeDir(d.GPUUUID), cfg.MPSShmDir(d.GPUUUID)
 }
 
 // addShim preloads libgpushare.so and points it at the GPU's scheduler socket. Sized shares of one GPU

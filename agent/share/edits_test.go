@@ -190,3 +190,53 @@ func TestShimSharesOfTooManyGPUsSayWhatWorksInstead(t *testing.T) {
 		}
 	}
 }
+
+// Tenants of one MPS GPU from different namespaces (DRA, which knows each claim's namespace) each get
+// their own daemon's pipe directory and /dev/shm, and nothing of the other's: a container's MPS mounts
+// are the only way it reaches a daemon and its shared memory. A share without a namespace (the device
+// plugin's) gets the GPU's daemon.
+func TestMPSEditsOfOneNamespaceNeverMountAnotherNamespacesDaemon(t *testing.T) {
+	cfg := Config{MPSRoot: "/run/gpusharing/mps"}
+	share := func(ns string, replica int32) Device {
+		return Device{ID: ReplicaID("GPU-a", replica), Kind: KindMPS, GPUUUID: "GPU-a", VisibleUUID: "GPU-a",
+			MPS: &MPSLimits{ActiveThreadPercentage: 50}, MPSNamespace: ns}
+	}
+	hostPaths := func(ns string, replica int32) map[string]string {
+		t.Helper()
+		resp, err := ContainerEdits(cfg, []Device{share(ns, replica)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]string{}
+		for _, m := range resp.Mounts {
+			out[m.ContainerPath] = m.HostPath
+		}
+		if resp.Envs[EnvMPSPipeDirectory] != ContainerMPSPipeDir {
+			t.Errorf("%s: %s=%q, want the mounted %s", ns, EnvMPSPipeDirectory, resp.Envs[EnvMPSPipeDirectory], ContainerMPSPipeDir)
+		}
+		return out
+	}
+	a, b, plugin := hostPaths("team-a", 0), hostPaths("team-b", 1), hostPaths("", 0)
+	want := map[string]map[string]string{
+		"team-a": {ContainerMPSPipeDir: "/run/gpusharing/mps/GPU-a/ns/team-a/pipe", ContainerShm: "/run/gpusharing/mps/GPU-a/ns/team-a/shm"},
+		"team-b": {ContainerMPSPipeDir: "/run/gpusharing/mps/GPU-a/ns/team-b/pipe", ContainerShm: "/run/gpusharing/mps/GPU-a/ns/team-b/shm"},
+		"":       {ContainerMPSPipeDir: "/run/gpusharing/mps/GPU-a/pipe", ContainerShm: "/run/gpusharing/mps/GPU-a/shm"},
+	}
+	for ns, got := range map[string]map[string]string{"team-a": a, "team-b": b, "": plugin} {
+		if !reflect.DeepEqual(got, want[ns]) {
+			t.Errorf("namespace %q mounts %v, want %v", ns, got, want[ns])
+		}
+	}
+	for _, pa := range a {
+		for _, pb := range b {
+			if strings.HasPrefix(pb, pa) || strings.HasPrefix(pa, pb) {
+				t.Errorf("team-b mounts %s, which reaches team-a's %s (or the other way round)", pb, pa)
+			}
+		}
+		for _, pg := range plugin {
+			if strings.HasPrefix(pa, pg) {
+				t.Errorf("the GPU daemon's %s, which device plugin pods mount, holds team-a's %s", pg, pa)
+			}
+		}
+	}
+}

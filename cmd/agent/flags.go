@@ -60,7 +60,7 @@ func bindNodeFlags(fs *flag.FlagSet, o *options, v *flagValues) {
 	fs.StringVar(&o.procRoot, "proc-root", "/proc", "the host's proc filesystem, where each GPU process's cgroup names its pod (the DaemonSet shares the host's PID namespace; an agent that does not mounts the host's /proc elsewhere and names it here)")
 	fs.StringVar(&o.hostRoot, "host-root", "/run/gpusharing", "the agent's directory on the host (a hostPath); every host path the agent writes is under it unless named below")
 	fs.StringVar(&o.driverRoot, "driver-root", "/", "where the NVIDIA driver's tools are installed; nvidia-smi and nvidia-cuda-mps-control are looked up under it, then in $PATH")
-	fs.StringVar(&o.mpsRoot, "mps-root", "", "directory holding each MPS GPU's pipe and log directories and /dev/shm tmpfs, <root>/<uuid>/{pipe,log,shm} (default <host-root>/mps)")
+	fs.StringVar(&o.mpsRoot, "mps-root", "", "directory holding each MPS daemon's pipe and log directories and /dev/shm tmpfs: a GPU's in <root>/<uuid>/{pipe,log,shm}, a namespace's on that GPU in <root>/<uuid>/ns/<namespace>/{pipe,log,shm} (default <host-root>/mps)")
 	fs.StringVar(&o.stateDir, "state-dir", "", "directory for runtime state (the time-slicing in force); must not outlive a reboot, as the driver's setting does not (default <host-root>/state)")
 	fs.StringVar(&o.nvmlLib, "nvml-lib", "", "path of libnvidia-ml.so.1 (default: the dynamic loader's search)")
 	fs.StringVar(&o.mpsControl, "mps-control", "", "path of nvidia-cuda-mps-control (default: found under --driver-root)")

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -96,9 +97,10 @@ type Reconciler struct {
 	// there (unmanaged.go); nil checks none.
 	Unmanaged *UnmanagedCheck
 
-	drains drains
-	usage  usageState
-	claims claimGuard
+	drains     drains
+	usage      usageState
+	claimsOnce sync.Once
+	claims     *guard.Claims
 }
 
 // scope is what one pass learns, filled by the phases and written once at the end.
@@ -112,7 +114,7 @@ type scope struct {
 	// uncordon lists the GPUs to advertise again once the device plugin has this pass's status.
 	uncordon []string
 	// overClaims lists, per sized GPU, the pods over their claims (claimguard.go).
-	overClaims map[string][]overClaim
+	overClaims map[string][]guard.OverClaim
 	// unmanaged lists the checked GPUs with their verdicts (unmanaged.go).
 	unmanaged []guard.GPU
 }

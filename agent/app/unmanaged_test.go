@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/gpusharing/gpusharing/agent/gpu/nvmlmock"
+	"github.com/gpusharing/gpusharing/agent/guard"
 	"github.com/gpusharing/gpusharing/agent/hostpath"
 	"github.com/gpusharing/gpusharing/agent/share"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
@@ -141,5 +142,40 @@ func TestAPodThatDropsTheShimIsNamedAndEvictedWhereThePolicySays(t *testing.T) {
 				t.Error("the dropper's series outlived its process")
 			}
 		})
+	}
+}
+
+// On an MPS GPU sized per claim a managed process is a client of the GPU's MPS server: the claim's pod
+// whose process NVML lists as an MPS client is counted and never named; the same process outside the MPS
+// server (its CUDA_MPS_PIPE_DIRECTORY changed) is named after the default grace, with an event on its pod,
+// and reported only (unmanagedProcesses omitted is Report).
+func TestOnASizedMPSGPUAProcessOutsideTheMPSServerIsNamed(t *testing.T) {
+	pc := prepareSizedClaim(t, v1alpha1.Sizing{Mode: v1alpha1.SizingPerClaim})
+	mpsClient := nvmlmock.Proc(pc.pid, 3<<30, 40)
+	mpsClient.MPS = true
+	pc.n.gpus.GPUs[0].SetUsage(mpsClient)
+	managed := func(status metav1.ConditionStatus, reason string, clients int32, named int) func(*v1alpha1.GPUNode) (bool, string) {
+		return func(g *v1alpha1.GPUNode) (bool, string) {
+			gs := gpuState(g, pc.gpu)
+			c := meta.FindStatusCondition(gs.Conditions, v1alpha1.ConditionManaged)
+			u := gs.Unmanaged
+			return c != nil && c.Status == status && c.Reason == reason && u != nil && u.Clients == clients && len(u.Processes) == named &&
+				gs.Applied.UnmanagedProcesses == v1alpha1.UnmanagedReport, fmt.Sprintf("Managed %+v, unmanaged %+v", c, u)
+		}
+	}
+	pc.n.waitFor(t, "the claim's MPS client counted, nothing named", managed(metav1.ConditionTrue, v1alpha1.ReasonAllManaged, 1, 0))
+
+	pc.n.gpus.GPUs[0].SetUsage(nvmlmock.Proc(pc.pid, 3<<30, 40))
+	started := time.Now()
+	pc.n.waitFor(t, "the process outside the MPS server named", managed(metav1.ConditionFalse, v1alpha1.ReasonUnmanagedProcesses, 0, 1))
+	if took := time.Since(started); took < guard.DefaultUnmanagedGrace-time.Second {
+		t.Errorf("named %v after it left the MPS server, within the %v grace", took, guard.DefaultUnmanagedGrace)
+	}
+	wait.UntilState(t, 30*time.Second, func() (bool, string) {
+		got := eventsAbout(t, "Pod", pc.pod.Name, v1alpha1.ReasonUnmanagedProcesses)
+		return len(got) == 1 && strings.Contains(got[0], fmt.Sprintf("pid %d", pc.pid)), fmt.Sprintf("events on the pod: %q", got)
+	}, "a warning event on the claim's pod")
+	if err := env.Client.Get(context.Background(), client.ObjectKeyFromObject(pc.pod), pc.pod); err != nil || pc.pod.DeletionTimestamp != nil {
+		t.Fatalf("the pod was evicted under Report: %v", err)
 	}
 }

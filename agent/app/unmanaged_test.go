@@ -88,7 +88,7 @@ func TestAPodThatDropsTheShimIsNamedAndEvictedWhereThePolicySays(t *testing.T) {
 				u := gs.Unmanaged
 				c := meta.FindStatusCondition(gs.Conditions, v1alpha1.ConditionManaged)
 				if u == nil || c == nil || c.Status != metav1.ConditionFalse || c.Reason != v1alpha1.ReasonUnmanagedProcesses ||
-					!strings.Contains(c.Message, "default/"+dropper.Name+" container main pid 4343 (2Gi)") {
+					!strings.Contains(c.Message, "default/"+dropper.Name+" container main pid 4343") {
 					return false, fmt.Sprintf("unmanaged %+v, Managed %+v", u, c)
 				}
 				ok := u.Clients == 1 && u.HostProcesses == 1 && len(u.Processes) == 1 && u.OmittedProcesses == 0
@@ -108,7 +108,7 @@ func TestAPodThatDropsTheShimIsNamedAndEvictedWhereThePolicySays(t *testing.T) {
 			t.Logf("%s: named %v after the process took its memory", action, took.Round(10*time.Millisecond))
 			wait.UntilState(t, 30*time.Second, func() (bool, string) {
 				got := eventsAbout(t, "Pod", dropper.Name, v1alpha1.ReasonUnmanagedProcesses)
-				return len(got) == 1 && strings.HasPrefix(got[0], "Warning: ") && strings.Contains(got[0], "pid 4343"),
+				return len(got) == 1 && strings.HasPrefix(got[0], "Warning: ") && strings.Contains(got[0], "pid 4343 (2Gi)"),
 					fmt.Sprintf("events on the pod: %q", got)
 			}, "a warning event on the dropper's pod")
 			if v, ok := unmanagedSeries(t, uuid, dropper.Name); !ok || v != 1 {

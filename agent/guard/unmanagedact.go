@@ -120,7 +120,7 @@ func (e *Enforcer) Enforce(ctx context.Context, gpus []GPU) {
 			if e.Recorder != nil {
 				pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: a.p.Namespace, Name: a.p.Name, UID: a.p.UID}}
 				e.Recorder.Eventf(pod, nil, corev1.EventTypeWarning, v1alpha1.ReasonUnmanagedProcesses, "Check",
-					"GPU %d (%s) on %s: %s holds a context without being a client of what shares the GPU", a.gpu.Index, a.gpu.UUID, e.NodeName, a.p.describe())
+					"GPU %d (%s) on %s: %s holds a context without being a client of what shares the GPU", a.gpu.Index, a.gpu.UUID, e.NodeName, a.p.describe(true))
 			}
 		}
 		if a.gpu.Action != v1alpha1.UnmanagedEvict || e.Evictor == nil || !evictAt[a.key].Equal(now) {

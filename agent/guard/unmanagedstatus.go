@@ -76,7 +76,7 @@ func SetManaged(g *v1alpha1.GPUStatus, v Verdict, action v1alpha1.UnmanagedActio
 	}
 	names := make([]string, 0, maxNamedInMessage)
 	for _, p := range v.Named[:min(len(v.Named), maxNamedInMessage)] {
-		names = append(names, p.describe())
+		names = append(names, p.describe(false)) // memory moves: the condition would be rewritten at every read
 	}
 	msg := strings.Join(names, "; ")
 	if n := len(v.Named) - maxNamedInMessage; n > 0 {
@@ -90,14 +90,14 @@ func SetManaged(g *v1alpha1.GPUStatus, v Verdict, action v1alpha1.UnmanagedActio
 		Reason: v1alpha1.ReasonUnmanagedProcesses, Message: fmt.Sprintf("processes of pods that are not clients of %s, %s: %s", what, verb, msg)})
 }
 
-// describe is "default/train container main pid 4242 (2Gi)".
-func (p Process) describe() string {
+// describe is "default/train container main pid 4242", with " (2Gi)" where withMemory and known.
+func (p Process) describe(withMemory bool) string {
 	s := p.PodRef.String()
 	if p.Container != "" {
 		s += " container " + p.Container
 	}
 	s += fmt.Sprintf(" pid %d", p.PID)
-	if p.MemoryKnown {
+	if withMemory && p.MemoryKnown {
 		s += " (" + resource.NewQuantity(int64(p.MemoryBytes>>20)<<20, resource.BinarySI).String() + ")"
 	}
 	return s

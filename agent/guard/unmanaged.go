@@ -124,6 +124,11 @@ type Unmanaged struct {
 	// kinds are the GPUs checked at the last pass; published, the processes it named per GPU.
 	kinds     map[string]Kind
 	published map[string][]procKey
+	// after is, per checked GPU, the time of the snapshot current when the GPU became checked (or changed
+	// kind): only reads newer than it count. The pass that checks a GPU first has just started its
+	// scheduler (an agent that restarted, a GPU that turned to oversubscription), and a read from before
+	// would show every process unmanaged and start their grace before they could connect.
+	after map[string]time.Time
 }
 
 func (u *Unmanaged) grace() time.Duration {
@@ -152,10 +157,25 @@ func (u *Unmanaged) Checking() bool {
 func (u *Unmanaged) Judge(snap accounting.Snapshot, kinds map[string]Kind) map[string]Verdict {
 	u.mu.Lock()
 	defer u.mu.Unlock()
+	if u.after == nil {
+		u.after = map[string]time.Time{}
+	}
+	fresh := map[string]bool{}
+	for uuid, k := range kinds {
+		if old, ok := u.kinds[uuid]; !ok || old != k {
+			u.after[uuid] = snap.At
+			fresh[uuid] = true
+		}
+	}
+	for uuid := range u.after {
+		if _, ok := kinds[uuid]; !ok {
+			delete(u.after, uuid)
+		}
+	}
 	u.kinds = kinds
 	for key := range u.first {
-		if _, ok := kinds[key.gpu]; !ok {
-			delete(u.first, key) // a GPU no longer checked starts anew when checked again
+		if _, ok := kinds[key.gpu]; !ok || fresh[key.gpu] {
+			delete(u.first, key) // a GPU no longer checked, or checked anew, starts anew
 		}
 	}
 	out := make(map[string]Verdict, len(kinds))
@@ -197,7 +217,7 @@ func keysOf(uuid string, ps []Process) []procKey {
 func (u *Unmanaged) observe(snap accounting.Snapshot, uuid string, k Kind) Verdict {
 	v := Verdict{Kind: k}
 	acct, ok := snap.GPU(uuid)
-	if !ok || acct.Err != nil || !acct.ProcessesRead || snap.Err != nil {
+	if !ok || acct.Err != nil || !acct.ProcessesRead || snap.Err != nil || !acct.At.After(u.after[uuid]) {
 		return v
 	}
 	v.Read = true

@@ -37,6 +37,13 @@ func snapAt(at time.Duration, ps ...accounting.Process) accounting.Snapshot {
 	return accounting.Snapshot{At: t0.Add(at), GPUs: []accounting.GPU{{UUID: gpu0, At: t0.Add(at), ProcessesRead: true, Processes: ps}}}
 }
 
+// checking has u check the GPUs of kinds from a pass whose latest snapshot is from before t0, so the
+// reads from t0 on count.
+func checking(u *Unmanaged, kinds map[string]Kind) *Unmanaged {
+	u.Judge(accounting.Snapshot{At: t0.Add(-time.Second)}, kinds)
+	return u
+}
+
 func named(v Verdict) string {
 	s := ""
 	for _, p := range v.Named {
@@ -48,8 +55,8 @@ func named(v Verdict) string {
 // A pod's process that holds a context and is no client is named at the first read past the grace from
 // the read that first showed it, not before; a client and a host process never are, and are counted.
 func TestAProcessUnmanagedPastTheGraceIsNamedAndClientsAndHostNeverAre(t *testing.T) {
-	u := &Unmanaged{Grace: 5 * time.Second}
 	shim := map[string]Kind{gpu0: KindShim}
+	u := checking(&Unmanaged{Grace: 5 * time.Second}, shim)
 	ps := []accounting.Process{
 		client(proc(10, pod("holder"), 4<<30)),
 		proc(11, pod("dropper"), 2<<30),
@@ -78,8 +85,8 @@ func TestAProcessUnmanagedPastTheGraceIsNamedAndClientsAndHostNeverAre(t *testin
 
 // On a sized MPS GPU a managed process is a client of the MPS server; the server itself is the host's.
 func TestOnASizedMPSGPUAProcessThatBypassesTheServerIsNamed(t *testing.T) {
-	u := &Unmanaged{Grace: time.Second}
 	mps := map[string]Kind{gpu0: KindMPS}
+	u := checking(&Unmanaged{Grace: time.Second}, mps)
 	ps := []accounting.Process{mpsClient(proc(20, pod("a"), 1<<30)), proc(21, pod("b"), 1<<30), proc(22, podpid.Ref{}, 64<<20)}
 	u.Judge(snapAt(0, ps...), mps)
 	v := u.Judge(snapAt(2*time.Second, ps...), mps)[gpu0]
@@ -111,8 +118,8 @@ func TestKindOfChecksShimAndSizedMPSGPUsOnly(t *testing.T) {
 // Between passes, a read that names another process than the last pass published asks for a pass; one
 // that names the same does not; an unread GPU changes nothing.
 func TestChangedAsksForAPassOnlyWhenTheNamedProcessesChange(t *testing.T) {
-	u := &Unmanaged{Grace: time.Second}
 	shim := map[string]Kind{gpu0: KindShim}
+	u := checking(&Unmanaged{Grace: time.Second}, shim)
 	ps := []accounting.Process{proc(11, pod("dropper"), 1<<30)}
 	u.Judge(snapAt(0, ps...), shim)
 	if u.Changed(snapAt(500*time.Millisecond, ps...)) {
@@ -157,8 +164,8 @@ func TestStatusIsBoundedAndCountsWhatItLeavesOut(t *testing.T) {
 // A process whose pod the agent names only later (a pod it had not listed yet) keeps the grace that
 // began at its first read; the same pid in another pod starts a new one.
 func TestTheGraceRunsFromTheFirstReadEvenBeforeThePodIsNamed(t *testing.T) {
-	u := &Unmanaged{Grace: 5 * time.Second}
 	shim := map[string]Kind{gpu0: KindShim}
+	u := checking(&Unmanaged{Grace: 5 * time.Second}, shim)
 	if v := u.Judge(snapAt(0, proc(11, podpid.Ref{}, 1<<30)), shim)[gpu0]; v.Host != 1 || len(v.Named) != 0 {
 		t.Fatalf("unnamed: host %d, named %q", v.Host, named(v))
 	}
@@ -168,5 +175,27 @@ func TestTheGraceRunsFromTheFirstReadEvenBeforeThePodIsNamed(t *testing.T) {
 	}
 	if v := u.Judge(snapAt(8*time.Second, proc(11, pod("other"), 1<<30)), shim)[gpu0]; len(v.Named) != 0 || v.Waiting != 1 {
 		t.Fatalf("the pid in another pod: named %q, want a new grace", named(v))
+	}
+}
+
+// The pass that checks a GPU first has just started its scheduler: the snapshot current then (taken
+// before any client could connect) does not count, and the grace starts at the first read after it. A
+// GPU that stops being checked and is checked again starts anew.
+func TestAGPUNewlyCheckedCountsOnlyReadsAfterIt(t *testing.T) {
+	u := &Unmanaged{Grace: 5 * time.Second}
+	shim := map[string]Kind{gpu0: KindShim}
+	dropper := proc(11, pod("dropper"), 1<<30)
+	if v := u.Judge(snapAt(0, dropper), shim)[gpu0]; v.Read || v.Waiting != 0 {
+		t.Fatalf("the snapshot current when the GPU became checked counted: %+v", v)
+	}
+	if v := u.Judge(snapAt(5*time.Second, dropper), shim)[gpu0]; !v.Read || len(v.Named) != 0 || v.Waiting != 1 {
+		t.Fatalf("the first read after: %+v, want it waiting (its grace starts here, not at 0)", v)
+	}
+	if v := u.Judge(snapAt(10*time.Second, dropper), shim)[gpu0]; named(v) != "default/dropper:11 " {
+		t.Fatalf("a grace after the first read: named %q", named(v))
+	}
+	u.Judge(snapAt(12*time.Second, dropper), map[string]Kind{})
+	if v := u.Judge(snapAt(14*time.Second, dropper), shim)[gpu0]; v.Read || len(v.Named) != 0 {
+		t.Fatalf("checked again: %+v, want the snapshot current then not to count", v)
 	}
 }

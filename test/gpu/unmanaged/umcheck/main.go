@@ -113,6 +113,8 @@ func run(lib nvml.Interface, dir, uuid string, duration, interval, grace time.Du
 	listed, named := map[string]time.Time{}, map[string]time.Time{}
 	maxClients, maxHost := 0, 0
 	start := time.Now()
+	// As the agent's pass that started the scheduler: reads from now on count.
+	u.Judge(accounting.Snapshot{At: start.Add(-time.Millisecond)}, kinds)
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for ; time.Since(start) < duration; <-tick.C {

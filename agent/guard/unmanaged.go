@@ -138,13 +138,6 @@ func (u *Unmanaged) grace() time.Duration {
 	return u.Grace
 }
 
-// SetChecked records the GPUs a pass checks, for the reads between passes (Changed) and Checking.
-func (u *Unmanaged) SetChecked(kinds map[string]Kind) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	u.kinds = kinds
-}
-
 // Checking says whether a GPU is checked, so the accounting reads every CheckInterval.
 func (u *Unmanaged) Checking() bool {
 	u.mu.Lock()
@@ -152,8 +145,8 @@ func (u *Unmanaged) Checking() bool {
 	return len(u.kinds) > 0
 }
 
-// Judge returns the verdict of every checked GPU in kinds from the snapshot, and records what it names
-// as published (Changed compares with it).
+// Judge returns the verdict of every checked GPU in kinds from the snapshot, records kinds for the reads
+// between passes (Changed) and Checking, and what it names as published (Changed compares with it).
 func (u *Unmanaged) Judge(snap accounting.Snapshot, kinds map[string]Kind) map[string]Verdict {
 	u.mu.Lock()
 	defer u.mu.Unlock()

@@ -48,7 +48,6 @@ func (r *Reconciler) setUnmanaged(sc *scope, gpus []v1alpha1.GPUStatus, prev []v
 	for i := range prev {
 		prevByUUID[prev[i].UUID] = &prev[i]
 	}
-	var conds []metav1.Condition
 	for i := range gpus {
 		g := &gpus[i]
 		v, ok := verdicts[g.UUID]
@@ -56,7 +55,7 @@ func (r *Reconciler) setUnmanaged(sc *scope, gpus []v1alpha1.GPUStatus, prev []v
 			continue
 		}
 		var old *v1alpha1.GPUUnmanaged
-		conds = nil
+		var conds []metav1.Condition
 		if p := prevByUUID[g.UUID]; p != nil {
 			old, conds = p.Unmanaged, p.Conditions
 		}

@@ -165,6 +165,11 @@ acctcheck-bin: ## Build test/gpu/accounting/bin/acctcheck for test/gpu/accountin
 	mkdir -p test/gpu/accounting/bin
 	CGO_ENABLED=1 go build -ldflags "-s -w" -o test/gpu/accounting/bin/acctcheck ./test/gpu/accounting/acctcheck
 
+.PHONY: unmanaged-bin
+unmanaged-bin: ## Build test/gpu/unmanaged/bin/umcheck for test/gpu/unmanaged/run.sh on the GPU machine (copy that folder along)
+	mkdir -p test/gpu/unmanaged/bin
+	CGO_ENABLED=1 go build -ldflags "-s -w" -o test/gpu/unmanaged/bin/umcheck ./test/gpu/unmanaged/umcheck
+
 .PHONY: bench-shim
 bench-shim: ## Shim launch tax, hand-off and idle release (needs a GPU)
 	$(MAKE) -C shim bench

@@ -10,6 +10,7 @@ import (
 
 	"github.com/gpusharing/gpusharing/agent/accounting"
 	"github.com/gpusharing/gpusharing/agent/gpu"
+	"github.com/gpusharing/gpusharing/agent/guard"
 	"github.com/gpusharing/gpusharing/agent/node"
 	"github.com/gpusharing/gpusharing/agent/podpid"
 )
@@ -21,6 +22,9 @@ type AccountingOptions struct {
 	// MaxSeriesPerGPU bounds the containers a GPU exports per-pod series for
 	// (accounting.DefaultMaxSeriesPerGPU).
 	MaxSeriesPerGPU int
+	// UnmanagedGrace is how long a pod's process may hold a context on a checked GPU without being
+	// managed before it is named (guard.DefaultUnmanagedGrace).
+	UnmanagedGrace time.Duration
 }
 
 // setupAccounting runs the accountant, exports its series and hands its snapshots to the reconciler,
@@ -44,11 +48,18 @@ func setupAccounting(mgr ctrl.Manager, o Options, r *node.Reconciler, shim *node
 	if shim != nil {
 		a.Shim = shim
 	}
-	if claims := r.Claims; claims != nil {
-		// A pod over its sized claims must be seen within seconds (claimguard.go).
-		a.Hurry = func() bool { return len(claims.SizedClaims()) > 0 }
-		a.HurryInterval = node.ClaimCheckInterval
+	um, err := guard.NewMetrics(metrics.Registry)
+	if err != nil {
+		return fmt.Errorf("registering the unmanaged check's metrics: %w", err)
 	}
+	tracker := &guard.Unmanaged{Grace: o.Accounting.UnmanagedGrace}
+	r.Unmanaged = &node.UnmanagedCheck{Tracker: tracker, Metrics: um,
+		Enforcer: &guard.Enforcer{NodeName: o.NodeName, Recorder: r.Recorder, Evictor: r.ClaimEvictor, Clock: o.Clock}}
+	// A pod over its sized claims, and a process on a checked GPU past its grace, must be seen within
+	// seconds (claimguard.go, agent/guard).
+	claims := r.Claims
+	a.Hurry = func() bool { return tracker.Checking() || claims != nil && len(claims.SizedClaims()) > 0 }
+	a.HurryInterval = guard.CheckInterval
 	m, err := accounting.NewMetrics(metrics.Registry)
 	if err != nil {
 		return fmt.Errorf("registering the accounting's metrics: %w", err)

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -31,6 +32,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/gpusharing/gpusharing/agent/gpu"
+	"github.com/gpusharing/gpusharing/agent/guard"
 	"github.com/gpusharing/gpusharing/agent/health"
 	"github.com/gpusharing/gpusharing/agent/vacate"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
@@ -91,9 +93,14 @@ type Reconciler struct {
 	// (claimguard.go); nil only reports them.
 	ClaimEvictor vacate.Evictor
 
-	drains drains
-	usage  usageState
-	claims claimGuard
+	// Unmanaged, with Usage, names the pods' processes on shim and sized MPS GPUs that are not managed
+	// there (unmanaged.go); nil checks none.
+	Unmanaged *UnmanagedCheck
+
+	drains     drains
+	usage      usageState
+	claimsOnce sync.Once
+	claims     *guard.Claims
 }
 
 // scope is what one pass learns, filled by the phases and written once at the end.
@@ -107,7 +114,9 @@ type scope struct {
 	// uncordon lists the GPUs to advertise again once the device plugin has this pass's status.
 	uncordon []string
 	// overClaims lists, per sized GPU, the pods over their claims (claimguard.go).
-	overClaims map[string][]overClaim
+	overClaims map[string][]guard.OverClaim
+	// unmanaged lists the checked GPUs with their verdicts (unmanaged.go).
+	unmanaged []guard.GPU
 }
 
 // Reconcile is one pass: get or create the GPUNode, read the GPUs, converge each, write status.
@@ -121,7 +130,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (ctrl
 	}
 	before := node.DeepCopy()
 	sc := &scope{node: node}
-	for _, phase := range []func(context.Context, *scope){r.readInventory, r.convergeGPUs, r.setNodeStatus, r.publishDevices, r.guardSizedClaims} {
+	for _, phase := range []func(context.Context, *scope){r.readInventory, r.convergeGPUs, r.setNodeStatus, r.publishDevices, r.guardSizedClaims, r.guardUnmanaged} {
 		phase(ctx, sc)
 	}
 	if !equality.Semantic.DeepEqual(before.Status, node.Status) {
@@ -305,6 +314,7 @@ func (r *Reconciler) observe(uuid string) observed {
 func (r *Reconciler) setNodeStatus(_ context.Context, sc *scope) {
 	st := &sc.node.Status
 	r.setSizedClaims(sc, sc.gpus, st.GPUs)
+	r.setUnmanaged(sc, sc.gpus, st.GPUs)
 	if r.MIGClaims != nil {
 		setMIGClaims(sc.gpus, r.MIGClaims.Records())
 	} else {
@@ -427,7 +437,7 @@ func (r *Reconciler) emitEvents(before, after *v1alpha1.GPUNode) {
 		old[g.UUID] = g.Conditions
 	}
 	for _, g := range after.Status.GPUs {
-		for _, typ := range []string{v1alpha1.ConditionApplied, v1alpha1.ConditionHealthy, v1alpha1.ConditionWithinClaims} {
+		for _, typ := range []string{v1alpha1.ConditionApplied, v1alpha1.ConditionHealthy, v1alpha1.ConditionWithinClaims, v1alpha1.ConditionManaged} {
 			if c := meta.FindStatusCondition(g.Conditions, typ); c != nil {
 				emit(old[g.UUID], *c, "GPU %d (%s) %s: %s", g.Index, g.UUID, c.Type, c.Message)
 			}

@@ -2,6 +2,7 @@ package node
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"slices"
 	"sort"
@@ -14,91 +15,131 @@ import (
 	"github.com/gpusharing/gpusharing/agent/accounting"
 	"github.com/gpusharing/gpusharing/agent/dra"
 	"github.com/gpusharing/gpusharing/agent/gpu"
+	"github.com/gpusharing/gpusharing/agent/guard"
 	"github.com/gpusharing/gpusharing/agent/vacate"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
 
 // SizedClaimSource lists the sized claims the kubelet plugin prepared (*dra.KubeletPlugin).
-type SizedClaimSource interface {
-	SizedClaims() []dra.SizedClaim
-}
+type SizedClaimSource = guard.SizedClaimSource
 
 // setSizedClaims fills status.gpus[].sized of the GPUs sized per claim from the prepared claims, and the
-// memory their pods use from the accounting's latest snapshot; prev is the status published before, whose
-// figures are kept where they moved less than the usage thresholds.
+// memory their pods use from the accounting's latest snapshot, and judges each against its claims
+// (agent/guard); prev is the status published before, whose figures are kept where they moved less than
+// the usage thresholds.
 func (r *Reconciler) setSizedClaims(sc *scope, gpus []v1alpha1.GPUStatus, prev []v1alpha1.GPUStatus) {
-	for i := range gpus {
-		if r.Claims == nil || gpus[i].Applied == nil || !gpus[i].Applied.Sizing.PerClaim() {
-			// Carried over from the status before (status.go): a GPU no longer sized, or an agent without
-			// the kubelet plugin, checks no claims.
-			meta.RemoveStatusCondition(&gpus[i].Conditions, v1alpha1.ConditionWithinClaims)
-		}
-	}
-	for i := range gpus {
-		g := &gpus[i]
-		if g.Applied == nil || !g.Applied.Sizing.PerClaim() {
-			continue
-		}
-		// What the sized device offers (agent/dra reads it), also where no kubelet plugin runs.
-		g.Sized = &v1alpha1.GPUSizedClaims{}
-		if dev, found := sc.inventory.Device(g.UUID); found {
-			g.Sized.MemoryCapacity = resource.NewQuantity(sizedCapacity(dev, g.Applied, r.MPSServerMemory), resource.BinarySI)
-		}
-	}
+	clearUnsized(gpus, r.Claims != nil)
+	setSizedCapacity(gpus, sc.inventory, r.MPSServerMemory)
 	if r.Claims == nil {
 		return
-	}
-	k := r.claimKnowledge()
-	released := r.claims.releasedPods(k.claims, r.clock().Now())
-	byGPU := claimsByGPU(k.claims)
-	prevByUUID := map[string]*v1alpha1.GPUSizedClaims{}
-	prevConds := map[string][]metav1.Condition{}
-	for _, g := range prev {
-		prevByUUID[g.UUID] = g.Sized
-		prevConds[g.UUID] = g.Conditions
 	}
 	var snap accounting.Snapshot
 	if r.Usage != nil {
 		snap = r.Usage.Latest()
 	}
+	pass := r.claimGuard().Begin(sizedReads(gpus, snap))
+	byGPU := claimsByGPU(pass.Claims())
+	prevByUUID := map[string]*v1alpha1.GPUStatus{}
+	for i := range prev {
+		prevByUUID[prev[i].UUID] = &prev[i]
+	}
+	for i := range gpus {
+		if sizedPerClaim(&gpus[i]) {
+			judgeSizedGPU(sc, &gpus[i], pass, byGPU[gpus[i].UUID], snap, prevByUUID[gpus[i].UUID])
+		}
+	}
+}
+
+func sizedPerClaim(g *v1alpha1.GPUStatus) bool {
+	return g.Applied != nil && g.Applied.Sizing.PerClaim()
+}
+
+// clearUnsized removes WithinClaims, carried over from the status before (status.go), from a GPU no
+// longer sized, and from every GPU of an agent without the kubelet plugin (withClaims false): they check
+// no claims.
+func clearUnsized(gpus []v1alpha1.GPUStatus, withClaims bool) {
+	for i := range gpus {
+		if !withClaims || !sizedPerClaim(&gpus[i]) {
+			meta.RemoveStatusCondition(&gpus[i].Conditions, v1alpha1.ConditionWithinClaims)
+		}
+	}
+}
+
+// setSizedCapacity sets what each sized device offers (agent/dra reads it), also where no kubelet plugin
+// runs.
+func setSizedCapacity(gpus []v1alpha1.GPUStatus, inv gpu.Inventory, mpsServer uint64) {
+	for i := range gpus {
+		g := &gpus[i]
+		if !sizedPerClaim(g) {
+			continue
+		}
+		g.Sized = &v1alpha1.GPUSizedClaims{}
+		if dev, found := inv.Device(g.UUID); found {
+			g.Sized.MemoryCapacity = resource.NewQuantity(sizedCapacity(dev, g.Applied, mpsServer), resource.BinarySI)
+		}
+	}
+}
+
+// sizedReads are the snapshot's accounts of the sized GPUs it read.
+func sizedReads(gpus []v1alpha1.GPUStatus, snap accounting.Snapshot) []accounting.GPU {
 	var reads []accounting.GPU
-	for _, g := range gpus {
-		if acct, ok := snap.GPU(g.UUID); ok && acct.Err == nil && g.Applied != nil && g.Applied.Sizing.PerClaim() {
+	for i := range gpus {
+		if acct, ok := snap.GPU(gpus[i].UUID); ok && acct.Err == nil && sizedPerClaim(&gpus[i]) {
 			reads = append(reads, acct)
 		}
 	}
-	seen := r.claims.seenPods(reads)
-	askedSync := false
-	for i := range gpus {
-		g := &gpus[i]
-		if g.Applied == nil || !g.Applied.Sizing.PerClaim() {
-			continue
-		}
-		acct, ok := snap.GPU(g.UUID)
-		if ok && acct.Err != nil {
-			ok = false
-		}
-		capacity := g.Sized.MemoryCapacity
-		g.Sized = sizedStatus(byGPU[g.UUID], acct, ok, prevByUUID[g.UUID])
-		g.Sized.MemoryCapacity = capacity
-		var over []overClaim
-		var unknown []vacate.PodRef
-		if ok {
-			over, unknown = judgeClaims(k, acct, released, seen)
-		}
-		if v, can := r.Claims.(claimViewer); can && len(unknown) > 0 && !askedSync {
-			// A read of the node's claims that begins now knows them (the plugin spaces the reads).
-			v.RequestClaimSync()
-			askedSync = true
-		}
-		setWithinClaims(g, over, unknown, ok, prevConds[g.UUID])
-		if len(over) > 0 {
-			if sc.overClaims == nil {
-				sc.overClaims = map[string][]overClaim{}
-			}
-			sc.overClaims[g.UUID] = over
-		}
+	return reads
+}
+
+// judgeSizedGPU fills one sized GPU's claims and their use, judges its pods against their claims and
+// sets WithinClaims; the groups over their claims go to sc for the guard's phase. prev is the GPU's
+// status published before (nil: none).
+func judgeSizedGPU(sc *scope, g *v1alpha1.GPUStatus, pass *guard.ClaimPass, claims []dra.SizedClaim, snap accounting.Snapshot, prev *v1alpha1.GPUStatus) {
+	acct, read := snap.GPU(g.UUID)
+	read = read && acct.Err == nil
+	var prevSized *v1alpha1.GPUSizedClaims
+	var prevConds []metav1.Condition
+	if prev != nil {
+		prevSized, prevConds = prev.Sized, prev.Conditions
 	}
+	capacity := g.Sized.MemoryCapacity
+	g.Sized = sizedStatus(claims, acct, read, prevSized)
+	g.Sized.MemoryCapacity = capacity
+	var over []guard.OverClaim
+	var unknown []vacate.PodRef
+	if read {
+		over, unknown = pass.Judge(acct)
+	}
+	guard.SetWithinClaims(g, over, unknown, read, prevConds)
+	if len(over) > 0 {
+		if sc.overClaims == nil {
+			sc.overClaims = map[string][]guard.OverClaim{}
+		}
+		sc.overClaims[g.UUID] = over
+	}
+}
+
+// claimGuard is the claim guard over r.Claims, built at first use (the pass and the accounting's
+// goroutine share it).
+func (r *Reconciler) claimGuard() *guard.Claims {
+	r.claimsOnce.Do(func() {
+		r.claims = &guard.Claims{Source: r.Claims, Evictor: r.ClaimEvictor, Recorder: r.Recorder, NodeName: r.NodeName, Clock: r.Clock}
+	})
+	return r.claims
+}
+
+// guardSizedClaims is the pass's phase that warns about and, where the GPU's sizing says Evict, evicts
+// the pods over their claims (guard.Claims.Guard); it runs after the status is computed.
+func (r *Reconciler) guardSizedClaims(ctx context.Context, sc *scope) {
+	if r.Claims == nil {
+		return
+	}
+	r.claimGuard().Guard(ctx, sc.node.Status.GPUs, sc.overClaims)
+}
+
+// overClaimsChanged says whether a snapshot puts other pods over their claims than the last pass saw.
+func (r *Reconciler) overClaimsChanged(snap accounting.Snapshot) bool {
+	return r.Claims != nil && r.claimGuard().Changed(snap)
 }
 
 // DefaultMPSServerMemory is the device memory an MPS server is taken to hold itself (--mps-server-memory):

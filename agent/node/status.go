@@ -107,9 +107,11 @@ func keepInForce(st *v1alpha1.GPUStatus, desired *v1alpha1.GPUDesired, err error
 			st.Applied.Sizing = desired.Sharing.Sizing.DeepCopy()
 		}
 		st.Applied.QoS = desired.Sharing.QoS.DeepCopy()
+		st.Applied.UnmanagedProcesses = desired.Sharing.UnmanagedProcesses
 	case desired != nil && prev != nil && prev.Applied != nil && prev.Applied.Strategy == st.Applied.Strategy:
 		st.Applied.Sizing = prev.Applied.Sizing.DeepCopy()
 		st.Applied.QoS = prev.Applied.QoS.DeepCopy()
+		st.Applied.UnmanagedProcesses = prev.Applied.UnmanagedProcesses
 	}
 }
 

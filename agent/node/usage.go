@@ -68,7 +68,9 @@ func (r *Reconciler) UsageSampled(snap accounting.Snapshot) {
 	if published == nil {
 		return // no pass has published yet; the first one reads the snapshot
 	}
-	if r.overClaimsChanged(snap) || pods.changed(snap) {
+	// Every sample is shown to the unmanaged check, which times its grace by the reads.
+	unmanaged := r.Unmanaged != nil && r.Unmanaged.Tracker.Changed(snap)
+	if unmanaged || r.overClaimsChanged(snap) || pods.changed(snap) {
 		r.Notify()
 		return
 	}

@@ -46,6 +46,11 @@ const (
 	// names the pods), Unknown while pods whose claims are not known yet hold some (ClaimsUnknown);
 	// absent on other GPUs, and kept as last read while the agent cannot read the GPU's processes.
 	ConditionWithinClaims = "WithinClaims"
+	// ConditionManaged is False on a GPU checked for unmanaged processes (oversubscription, or MPS sized
+	// per claim) while a pod's process holds a context there without being managed (reason
+	// UnmanagedProcesses; status.gpus[].unmanaged names it), True otherwise (AllManaged); absent on other
+	// GPUs, and kept as last read while the agent cannot read the GPU's processes.
+	ConditionManaged = "Managed"
 )
 
 // Reasons. Each comment says where the reason surfaces and, after "What to do:", what the reader does about
@@ -182,6 +187,17 @@ const (
 	// agent reads the claims again; if it stays, check that the agent reaches the API server and may read
 	// ResourceClaims.
 	ReasonClaimsUnknown = "ClaimsUnknown"
+	// ReasonAllManaged: every process of a pod on the GPU is managed there: a client of its shim scheduler
+	// (oversubscription) or of its MPS server (MPS sized per claim) (GPU Managed=True). What to do: nothing.
+	ReasonAllManaged = "AllManaged"
+	// ReasonUnmanagedProcesses: a pod's process has held a context on the GPU past the agent's grace
+	// without being managed: it dropped LD_PRELOAD, is a static binary, loaded the driver through dlmopen,
+	// failed to connect to the scheduler, or bypassed the MPS server (GPU Managed=False, a warning event
+	// on the pod; evicted with sharing.unmanagedProcesses Evict). Its memory and time on the GPU are
+	// outside every lock, ledger and limit. What to do: run the named container's process with the
+	// environment the pod was given (LD_PRELOAD and GPUSHARE_* for the shim, CUDA_MPS_PIPE_DIRECTORY for
+	// MPS), or move it to a GPU of its own; sharing.unmanagedProcesses Evict evicts such pods.
+	ReasonUnmanagedProcesses = "UnmanagedProcesses"
 )
 
 // Reasons on GPUSharingPolicy while it is deleted: its finalizer holds the object until the GPUs it

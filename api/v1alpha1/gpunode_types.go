@@ -204,7 +204,14 @@ type GPUStatus struct {
 	// +optional
 	Sized *GPUSizedClaims `json:"sized,omitempty"`
 
-	// conditions: Applied, Healthy, and on a GPU sized per claim DevicePlugin and WithinClaims.
+	// unmanaged compares the GPU's processes with the clients that manage them, where the agent checks
+	// it (oversubscription, or MPS sized per claim); absent on other GPUs and where the accounting does
+	// not run.
+	// +optional
+	Unmanaged *GPUUnmanaged `json:"unmanaged,omitempty"`
+
+	// conditions: Applied, Healthy, on a GPU sized per claim DevicePlugin and WithinClaims, and on a GPU
+	// checked for unmanaged processes Managed.
 	// +listType=map
 	// +listMapKey=type
 	// +optional
@@ -336,6 +343,10 @@ type AppliedSharing struct {
 	// qos is the production classes in force (sharing.qos), once applied.
 	// +optional
 	QoS *QoS `json:"qos,omitempty"`
+	// unmanagedProcesses is the action on unmanaged processes in force (sharing.unmanagedProcesses),
+	// set where the agent checks the GPU for them: Report or Evict.
+	// +optional
+	UnmanagedProcesses UnmanagedAction `json:"unmanagedProcesses,omitempty"`
 }
 
 // MPSDaemonState is the state of a GPU's MPS control daemon. The agent's mps package sets it and the
@@ -717,4 +728,52 @@ type GPUNodeList struct {
 
 func init() {
 	SchemeBuilder.Register(&GPUNode{}, &GPUNodeList{})
+}
+
+// GPUUnmanaged is a GPU's processes against the clients that manage them: the shim scheduler's connected
+// clients (oversubscription), or the MPS server's clients (MPS sized per claim).
+type GPUUnmanaged struct {
+	// clients counts the GPU's processes that are managed: connected to its shim scheduler, or clients
+	// of its MPS server.
+	// +optional
+	Clients int32 `json:"clients,omitempty"`
+	// hostProcesses counts the processes on the GPU that run in no pod of the node (the MPS server,
+	// nvidia-smi, DCGM, anything of the host); they are never named nor evicted.
+	// +optional
+	HostProcesses int32 `json:"hostProcesses,omitempty"`
+	// processes lists the pods' processes that hold a context on the GPU and have not been managed for
+	// the agent's grace (a process connects at its first context), the largest first, at most
+	// MaxUnmanagedInStatus.
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=8
+	// +optional
+	Processes []UnmanagedProcess `json:"processes,omitempty"`
+	// omittedProcesses counts the unmanaged processes left out of processes.
+	// +optional
+	OmittedProcesses int32 `json:"omittedProcesses,omitempty"`
+}
+
+// MaxUnmanagedInStatus bounds status.gpus[].unmanaged.processes; the rest are counted in
+// omittedProcesses (the metric and the events name every one).
+const MaxUnmanagedInStatus = 8
+
+// UnmanagedProcess is a pod's process on a GPU that is not managed there.
+type UnmanagedProcess struct {
+	// namespace and pod name the process's pod.
+	// +kubebuilder:validation:MaxLength=63
+	// +required
+	Namespace string `json:"namespace"`
+	// +kubebuilder:validation:MaxLength=253
+	// +required
+	Pod string `json:"pod"`
+	// container is the process's container, where the agent could name it.
+	// +kubebuilder:validation:MaxLength=63
+	// +optional
+	Container string `json:"container,omitempty"`
+	// pid is the process's id as the agent sees it.
+	// +required
+	PID int32 `json:"pid"`
+	// memory is the device memory NVML reports for the process; absent where NVML cannot read it.
+	// +optional
+	Memory *resource.Quantity `json:"memory,omitempty"`
 }

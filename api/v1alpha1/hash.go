@@ -83,6 +83,8 @@ var sharingHashLaterDefaults = map[string]string{
 	"qos.opportunisticQueue":            "",
 	"qos.opportunisticThreadPercentage": "",
 	"mig.dynamic":                       "",
+	// Omitted means Report: both hash alike.
+	"unmanagedProcesses": `"Report"`,
 	"mig.dynamic.profiles":              "",
 }
 

@@ -32,6 +32,7 @@ const (
 // +kubebuilder:validation:XValidation:rule="!has(self.qos) || self.strategy == 'MPS' || has(self.oversubscription)",message="sharing.qos: needs something that can favour production: strategy MPS (client priority), or oversubscription (the shim's lock) with TimeSlicing or Exclusive; plain time-slicing gives every process equal turns and cannot"
 // +kubebuilder:validation:XValidation:rule="!has(self.qos) || !has(self.qos.opportunisticThreadPercentage) || self.strategy == 'MPS'",message="sharing.qos.opportunisticThreadPercentage: applies only to strategy MPS"
 // +kubebuilder:validation:XValidation:rule="!has(self.qos) || !has(self.qos.opportunisticQueue) || has(self.oversubscription)",message="sharing.qos.opportunisticQueue: applies only with oversubscription (the shim paces its launches)"
+// +kubebuilder:validation:XValidation:rule="!has(self.unmanagedProcesses) || has(self.oversubscription) || (self.strategy == 'MPS' && has(self.sizing) && self.sizing.mode == 'PerClaim')",message="sharing.unmanagedProcesses: applies only with oversubscription (clients of the shim's scheduler) or with strategy MPS and sizing PerClaim (clients of the MPS server); elsewhere nothing tells a managed process from another"
 type Sharing struct {
 	// strategy is how the GPU is shared: Exclusive, TimeSlicing, MPS or MIG.
 	// +required
@@ -66,7 +67,29 @@ type Sharing struct {
 	// MPS or with oversubscription. Changing it is not disruptive.
 	// +optional
 	QoS *QoS `json:"qos,omitempty"`
+
+	// unmanagedProcesses is what the agent does about a pod's process that holds a context on the GPU
+	// without being managed there: not a client of the shim's scheduler (oversubscription), or not a
+	// client of the MPS server (MPS sized per claim). Report (omitted) names it in the GPU's status, by
+	// a condition and an event on its pod; Evict also evicts its pod. Processes outside pods (the MPS
+	// server, nvidia-smi, DCGM) are counted, never named. Only with oversubscription, or MPS with sizing
+	// PerClaim. Changing it is not disruptive.
+	// +optional
+	UnmanagedProcesses UnmanagedAction `json:"unmanagedProcesses,omitempty"`
 }
+
+// UnmanagedAction is what the agent does about a pod's process on a GPU that is not managed there.
+// +kubebuilder:validation:Enum=Report;Evict
+type UnmanagedAction string
+
+const (
+	// UnmanagedReport: the GPU's Managed condition turns False and its status names the process, with a
+	// warning event on the pod.
+	UnmanagedReport UnmanagedAction = "Report"
+	// UnmanagedEvict: reported, and the pod is evicted through the Eviction API (its
+	// PodDisruptionBudget applies).
+	UnmanagedEvict UnmanagedAction = "Evict"
+)
 
 // QoS is how a GPU favours production pods over opportunistic ones.
 type QoS struct {

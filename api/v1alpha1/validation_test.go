@@ -179,6 +179,12 @@ func TestRejectsInvalidPolicies(t *testing.T) {
 			[]string{"sharing.qos.opportunisticThreadPercentage: applies only to strategy MPS"}},
 		{"an opportunistic launch queue without the shim", `sharing: {strategy: MPS, mps: {replicas: 2}, qos: {productionPriority: 1000, opportunisticQueue: 8}}`,
 			[]string{"sharing.qos.opportunisticQueue: applies only with oversubscription"}},
+		{"an unmanaged-process action on plain time-slicing", `sharing: {strategy: TimeSlicing, timeSlicing: {replicas: 2}, unmanagedProcesses: Evict}`,
+			[]string{"sharing.unmanagedProcesses: applies only with oversubscription"}},
+		{"an unmanaged-process action on MPS of fixed shares", `sharing: {strategy: MPS, mps: {replicas: 2}, unmanagedProcesses: Report}`,
+			[]string{"sharing.unmanagedProcesses: applies only with oversubscription"}},
+		{"an unknown unmanaged-process action", `sharing: {strategy: Exclusive, oversubscription: {}, unmanagedProcesses: Kill}`,
+			[]string{"spec.sharing.unmanagedProcesses", "Unsupported value"}},
 		{"production classes without a threshold", `sharing: {strategy: MPS, mps: {replicas: 2}, qos: {}}`,
 			[]string{"spec.sharing.qos.productionPriority", "Required value"}},
 		{"an empty opportunistic launch queue", `sharing: {strategy: Exclusive, oversubscription: {}, qos: {productionPriority: 1000, opportunisticQueue: 0}}`,
@@ -261,6 +267,22 @@ func TestAcceptsProductionClassesWhereSomethingFavoursProduction(t *testing.T) {
 		`sharing: {strategy: MPS, mps: {replicas: 4}, sizing: {mode: PerClaim}, qos: {productionPriority: 1000}}`,
 	} {
 		obj := policy(t, fmt.Sprintf("qos-%d", i), spec)
+		if err := env.Client.Create(ctx, obj); err != nil {
+			t.Errorf("%s: rejected: %v", spec, err)
+			continue
+		}
+		t.Cleanup(func() { _ = env.Client.Delete(context.Background(), obj) })
+	}
+}
+
+func TestAcceptsAnUnmanagedProcessActionWhereSomethingManagesTheProcesses(t *testing.T) {
+	ctx := context.Background()
+	for i, spec := range []string{
+		`sharing: {strategy: Exclusive, oversubscription: {}, unmanagedProcesses: Evict}`,
+		`sharing: {strategy: TimeSlicing, timeSlicing: {replicas: 2}, oversubscription: {}, unmanagedProcesses: Report}`,
+		`sharing: {strategy: MPS, mps: {replicas: 4}, sizing: {mode: PerClaim}, unmanagedProcesses: Evict}`,
+	} {
+		obj := policy(t, fmt.Sprintf("unmanaged-%d", i), spec)
 		if err := env.Client.Create(ctx, obj); err != nil {
 			t.Errorf("%s: rejected: %v", spec, err)
 			continue

@@ -12,6 +12,7 @@ import (
 
 	"github.com/gpusharing/gpusharing/agent/accounting"
 	"github.com/gpusharing/gpusharing/agent/dra"
+	"github.com/gpusharing/gpusharing/agent/guard"
 	"github.com/gpusharing/gpusharing/agent/health"
 	"github.com/gpusharing/gpusharing/agent/mps"
 	"github.com/gpusharing/gpusharing/agent/node"
@@ -69,6 +70,7 @@ func bindNodeFlags(fs *flag.FlagSet, o *options, v *flagValues) {
 	v.shmSize = quantityFlag(fs, "mps-shm-size", resource.NewQuantity(mps.DefaultShmSize, resource.BinarySI), true, "size cap of the tmpfs each MPS GPU's daemon and client containers get as /dev/shm; room for PyTorch DataLoader workers, which pass batches through /dev/shm")
 	fs.BoolVar(&o.mpsExclusiveProcess, "mps-exclusive-process", false, "set EXCLUSIVE_PROCESS compute mode on MPS GPUs (and Default again when they leave MPS), so a client that bypasses the MPS daemon cannot open an unlimited context")
 	fs.DurationVar(&o.accounting.Interval, "accounting-interval", accounting.DefaultInterval, "how often each GPU's processes are read for the per-pod memory and utilization (metrics and status.gpus[].usage); 0 turns the accounting off")
+	fs.DurationVar(&o.accounting.UnmanagedGrace, "unmanaged-grace", guard.DefaultUnmanagedGrace, "how long a pod's process may hold a context on a shim or sized MPS GPU without being a client there before status, an event and gpusharing_unmanaged_processes name it (and sharing.unmanagedProcesses Evict evicts its pod)")
 	fs.IntVar(&o.accounting.MaxSeriesPerGPU, "accounting-max-series-per-gpu", accounting.DefaultMaxSeriesPerGPU, "most containers a GPU exports per-pod series for; the rest are counted in gpusharing_pod_series_omitted")
 	fs.StringVar(&o.metrics.BindAddress, "metrics-bind-address", ":8081", "metrics endpoint address (0 disables)")
 	fs.BoolVar(&o.metrics.Secure, "metrics-secure", true, "serve metrics over HTTPS to callers the API server authenticates (TokenReview) and authorizes to get /metrics (SubjectAccessReview; the ClusterRole gpusharing-metrics-reader grants it); false serves plain HTTP to whoever reaches the address, only for a loopback bind")

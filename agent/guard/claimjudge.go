@@ -1,4 +1,4 @@
-package node
+package guard
 
 import (
 	"fmt"
@@ -39,11 +39,11 @@ type claimViewer interface {
 	RequestClaimSync()
 }
 
-// claimKnowledge reads r.Claims.
-func (r *Reconciler) claimKnowledge() claimKnowledge {
-	v, ok := r.Claims.(claimViewer)
+// knowledge reads c.Source.
+func (c *Claims) knowledge() claimKnowledge {
+	v, ok := c.Source.(claimViewer)
 	if !ok {
-		return claimKnowledge{claims: r.Claims.SizedClaims(), whole: true}
+		return claimKnowledge{claims: c.Source.SizedClaims(), whole: true}
 	}
 	view := v.ClaimView()
 	k := claimKnowledge{claims: view.Claims, syncedAt: view.SyncedAt, uncertain: map[vacate.PodRef]bool{}}
@@ -69,8 +69,8 @@ type claimPod struct {
 	uid types.UID
 }
 
-// overClaim is a ledger group whose pods' processes hold more of a sized GPU's memory than its claims.
-type overClaim struct {
+// OverClaim is a ledger group whose pods' processes hold more of a sized GPU's memory than its claims.
+type OverClaim struct {
 	// pods are the group's pods with processes on the GPU, sorted.
 	pods          []claimPod
 	used, claimed int64
@@ -80,7 +80,7 @@ type overClaim struct {
 	culprits []claimPod
 }
 
-func (o overClaim) String() string {
+func (o OverClaim) String() string {
 	names := make([]string, len(o.pods))
 	for i, p := range o.pods {
 		names[i] = p.PodRef.String()
@@ -98,7 +98,7 @@ func (o overClaim) String() string {
 // advertise it), so such a pod reached it another way. A group with a pod not known is not judged. A
 // pod in released is judged only on a read made after its claims went (releasedPods). seen says when
 // each pod was first seen on a sized GPU; a pod missing there was first seen in acct.
-func judgeClaims(k claimKnowledge, acct accounting.GPU, released, seen map[vacate.PodRef]time.Time) ([]overClaim, []vacate.PodRef) {
+func judgeClaims(k claimKnowledge, acct accounting.GPU, released, seen map[vacate.PodRef]time.Time) ([]OverClaim, []vacate.PodRef) {
 	links, claimedBy, own := linkClaimPods(k, acct.UUID)
 	used, uids := podMemory(acct)
 	type group struct {
@@ -136,13 +136,13 @@ func judgeClaims(k claimKnowledge, acct accounting.GPU, released, seen map[vacat
 		g.used += u
 		g.pods = append(g.pods, claimPod{PodRef: p, uid: uids[p]})
 	}
-	var over []overClaim
+	var over []OverClaim
 	for _, g := range groups {
 		if g.unknown || len(g.pods) == 0 || g.used <= g.claimed {
 			continue
 		}
 		slices.SortFunc(g.pods, func(a, b claimPod) int { return strings.Compare(a.String(), b.String()) })
-		o := overClaim{pods: g.pods, used: g.used, claimed: g.claimed}
+		o := OverClaim{pods: g.pods, used: g.used, claimed: g.claimed}
 		for _, p := range g.pods {
 			if used[p.PodRef] > own[p.PodRef] {
 				o.culprits = append(o.culprits, p)
@@ -153,7 +153,7 @@ func judgeClaims(k claimKnowledge, acct accounting.GPU, released, seen map[vacat
 		}
 		over = append(over, o)
 	}
-	slices.SortFunc(over, func(a, b overClaim) int { return strings.Compare(a.String(), b.String()) })
+	slices.SortFunc(over, func(a, b OverClaim) int { return strings.Compare(a.String(), b.String()) })
 	slices.SortFunc(unknown, func(a, b vacate.PodRef) int { return strings.Compare(a.String(), b.String()) })
 	return over, unknown
 }

@@ -1,4 +1,4 @@
-package node
+package guard
 
 import (
 	"context"
@@ -14,6 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/gpusharing/gpusharing/agent/accounting"
@@ -21,10 +23,6 @@ import (
 	"github.com/gpusharing/gpusharing/agent/vacate"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
-
-// ClaimCheckInterval is how often the accounting reads the GPUs while a sized GPU has claims, so a pod
-// over its claims is reported within a few seconds rather than at the 10 s default.
-const ClaimCheckInterval = 2 * time.Second
 
 // claimEvictRetry spaces the evictions of one pod over its claims that did not end it (a
 // PodDisruptionBudget that allows none now, an API server away).
@@ -35,9 +33,9 @@ const maxOverClaimsInMessage = 4
 
 func humanBytes(b int64) string { return resource.NewQuantity(b, resource.BinarySI).String() }
 
-// setWithinClaims sets a sized GPU's WithinClaims condition from the groups over their claims and the
+// SetWithinClaims sets a sized GPU's WithinClaims condition from the groups over their claims and the
 // pods not judged; unread (the accounting has not read the GPU) keeps what was published before.
-func setWithinClaims(g *v1alpha1.GPUStatus, over []overClaim, unknown []vacate.PodRef, read bool, prev []metav1.Condition) {
+func SetWithinClaims(g *v1alpha1.GPUStatus, over []OverClaim, unknown []vacate.PodRef, read bool, prev []metav1.Condition) {
 	if !read {
 		if c := meta.FindStatusCondition(prev, v1alpha1.ConditionWithinClaims); c != nil {
 			meta.SetStatusCondition(&g.Conditions, *c)
@@ -57,10 +55,10 @@ func setWithinClaims(g *v1alpha1.GPUStatus, over []overClaim, unknown []vacate.P
 	}
 	if len(over) == 0 {
 		if notJudged != "" {
-			setCondition(&g.Conditions, v1alpha1.ConditionWithinClaims, metav1.ConditionUnknown, v1alpha1.ReasonClaimsUnknown, notJudged)
+			setCondition(g, metav1.ConditionUnknown, v1alpha1.ReasonClaimsUnknown, notJudged)
 			return
 		}
-		setCondition(&g.Conditions, v1alpha1.ConditionWithinClaims, metav1.ConditionTrue, v1alpha1.ReasonAsClaimed,
+		setCondition(g, metav1.ConditionTrue, v1alpha1.ReasonAsClaimed,
 			"every pod on the GPU holds no more memory than its claims")
 		return
 	}
@@ -80,14 +78,36 @@ func setWithinClaims(g *v1alpha1.GPUStatus, over []overClaim, unknown []vacate.P
 	if notJudged != "" {
 		msg += "; " + notJudged
 	}
-	setCondition(&g.Conditions, v1alpha1.ConditionWithinClaims, metav1.ConditionFalse, v1alpha1.ReasonClaimExceeded, msg)
+	setCondition(g, metav1.ConditionFalse, v1alpha1.ReasonClaimExceeded, msg)
 }
 
-// claimGuard remembers the pods over their claims, to warn once per breach and space evictions.
-type claimGuard struct {
+func setCondition(g *v1alpha1.GPUStatus, status metav1.ConditionStatus, reason, msg string) {
+	meta.SetStatusCondition(&g.Conditions, metav1.Condition{Type: v1alpha1.ConditionWithinClaims, Status: status, Reason: reason, Message: msg})
+}
+
+// SizedClaimSource lists the sized claims the kubelet plugin prepared (*dra.KubeletPlugin).
+type SizedClaimSource interface {
+	SizedClaims() []dra.SizedClaim
+}
+
+// Claims is the claim guard of the GPUs sized per claim: it judges each GPU's ledger groups against their
+// claims (claimjudge.go), sets WithinClaims, and warns about and, where the GPU's sizing says Evict,
+// evicts the pods over their claims. It remembers the pods over their claims, to warn once per breach and
+// space evictions. Its methods are safe for the accounting's goroutine and the reconciler's pass together.
+type Claims struct {
+	// Source lists the prepared claims.
+	Source SizedClaimSource
+	// Evictor evicts; nil only reports.
+	Evictor vacate.Evictor
+	// Recorder emits the warning events on the pods; nil emits none.
+	Recorder events.EventRecorder
+	NodeName string
+	// Clock decides release times and eviction retries; nil means the real clock.
+	Clock clock.PassiveClock
+
 	mu sync.Mutex
 	// sized lists the GPUs sized per claim at the last pass, and over, per GPU, the pods over their
-	// claims then (overClaimsChanged compares).
+	// claims then (OverClaimsChanged compares).
 	sized map[string]bool
 	over  map[string][]vacate.PodRef
 	// warned and evicted are keyed by GPU and pod; an entry leaves with the breach.
@@ -104,7 +124,7 @@ type claimGuard struct {
 
 // seenPods records when each pod with memory on the read sized GPUs was first seen, forgets those no
 // longer on any, and returns a copy.
-func (cg *claimGuard) seenPods(reads []accounting.GPU) map[vacate.PodRef]time.Time {
+func (cg *Claims) seenPods(reads []accounting.GPU) map[vacate.PodRef]time.Time {
 	cg.mu.Lock()
 	defer cg.mu.Unlock()
 	if cg.seen == nil {
@@ -132,7 +152,7 @@ func (cg *claimGuard) seenPods(reads []accounting.GPU) map[vacate.PodRef]time.Ti
 }
 
 // releasedHold is how long a released pod is remembered: far longer than a read of the accounting takes
-// to be newer than its release (ClaimCheckInterval while claims exist, 10 s otherwise).
+// to be newer than its release (CheckInterval while claims exist, 10 s otherwise).
 const releasedHold = time.Minute
 
 // releasedPods notes the pods whose sized claims are gone since the last pass and returns them with when
@@ -140,7 +160,7 @@ const releasedHold = time.Minute
 // accounting's latest read may be older than that and still show the ended processes, which now hold
 // memory of no claim: a pod is judged again only on a read newer than its release (an evicted Job's
 // finished pod must not be evicted for memory it no longer holds).
-func (cg *claimGuard) releasedPods(claims []dra.SizedClaim, now time.Time) map[vacate.PodRef]time.Time {
+func (cg *Claims) releasedPods(claims []dra.SizedClaim, now time.Time) map[vacate.PodRef]time.Time {
 	cg.mu.Lock()
 	defer cg.mu.Unlock()
 	claimed := map[vacate.PodRef]bool{}
@@ -166,19 +186,16 @@ func (cg *claimGuard) releasedPods(claims []dra.SizedClaim, now time.Time) map[v
 	return maps.Clone(cg.released)
 }
 
-// overClaimsChanged says whether a snapshot puts other pods over their claims than the last pass saw,
-// which is worth a pass of its own: the accounting reads every ClaimCheckInterval while claims exist.
-func (r *Reconciler) overClaimsChanged(snap accounting.Snapshot) bool {
-	if r.Claims == nil {
-		return false
-	}
-	r.claims.mu.Lock()
-	sized, over, released, seen := r.claims.sized, r.claims.over, maps.Clone(r.claims.released), maps.Clone(r.claims.seen)
-	r.claims.mu.Unlock()
+// OverClaimsChanged says whether a snapshot puts other pods over their claims than the last pass saw,
+// which is worth a pass of its own: the accounting reads every CheckInterval while claims exist.
+func (c *Claims) Changed(snap accounting.Snapshot) bool {
+	c.mu.Lock()
+	sized, over, released, seen := c.sized, c.over, maps.Clone(c.released), maps.Clone(c.seen)
+	c.mu.Unlock()
 	if len(sized) == 0 {
 		return false
 	}
-	k := r.claimKnowledge()
+	k := c.knowledge()
 	for _, g := range snap.GPUs {
 		if !sized[g.UUID] || g.Err != nil {
 			continue
@@ -197,25 +214,16 @@ func (r *Reconciler) overClaimsChanged(snap accounting.Snapshot) bool {
 	return false
 }
 
-// guardSizedClaims is the pass's phase over guardClaims.
-func (r *Reconciler) guardSizedClaims(ctx context.Context, sc *scope) {
-	if r.Claims == nil {
-		return
-	}
-	r.guardClaims(ctx, sc.node.Status.GPUs, sc.overClaims)
-}
-
-// guardClaims warns about and, where the GPU's sizing says Evict, evicts the pods over their claims. It
+// Guard warns about and, where the GPU's sizing says Evict, evicts the pods over their claims. It
 // runs in the pass, after the status is computed; a failed eviction is retried after claimEvictRetry.
-func (r *Reconciler) guardClaims(ctx context.Context, gpus []v1alpha1.GPUStatus, over map[string][]overClaim) {
+func (cg *Claims) Guard(ctx context.Context, gpus []v1alpha1.GPUStatus, over map[string][]OverClaim) {
 	log := ctrl.LoggerFrom(ctx)
 	var evict []claimPod
-	cg := &r.claims
 	cg.mu.Lock()
 	if cg.warned == nil {
 		cg.warned, cg.evicted = map[string]bool{}, map[string]time.Time{}
 	}
-	now := r.clock().Now()
+	now := cg.now()
 	still := map[string]bool{}
 	cg.over, cg.sized = map[string][]vacate.PodRef{}, map[string]bool{}
 	for _, g := range gpus {
@@ -231,13 +239,13 @@ func (r *Reconciler) guardClaims(ctx context.Context, gpus []v1alpha1.GPUStatus,
 				if !cg.warned[key] {
 					cg.warned[key] = true
 					log.Info("Pod over its claims", "pod", p.PodRef, "gpu", g.UUID, "used", o.used, "claimed", o.claimed)
-					if r.Recorder != nil {
+					if cg.Recorder != nil {
 						pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name, UID: p.uid}}
-						r.Recorder.Eventf(pod, nil, corev1.EventTypeWarning, v1alpha1.ReasonClaimExceeded, "Check",
-							"GPU %d (%s) on %s: %s", g.Index, g.UUID, r.NodeName, o)
+						cg.Recorder.Eventf(pod, nil, corev1.EventTypeWarning, v1alpha1.ReasonClaimExceeded, "Check",
+							"GPU %d (%s) on %s: %s", g.Index, g.UUID, cg.NodeName, o)
 					}
 				}
-				if !culprit || !g.Applied.Sizing.Evicts() || r.ClaimEvictor == nil {
+				if !culprit || !g.Applied.Sizing.Evicts() || cg.Evictor == nil {
 					continue // a pod within the claims that list it stays, though its group is over
 				}
 				if last, ok := cg.evicted[key]; ok && now.Sub(last) < claimEvictRetry {
@@ -259,7 +267,7 @@ func (r *Reconciler) guardClaims(ctx context.Context, gpus []v1alpha1.GPUStatus,
 	// Outside the lock: the accounting's goroutine reads cg.over, and must not wait on the API server.
 	for _, o := range evict {
 		cctx, cancel := context.WithTimeout(ctx, claimEvictRetry)
-		err := r.ClaimEvictor.Evict(cctx, o.PodRef, o.uid)
+		err := cg.Evictor.Evict(cctx, o.PodRef, o.uid)
 		cancel()
 		switch {
 		case err == nil:
@@ -270,4 +278,42 @@ func (r *Reconciler) guardClaims(ctx context.Context, gpus []v1alpha1.GPUStatus,
 			log.Info("Cannot evict a pod over its claims yet", "pod", o.PodRef, "error", err.Error())
 		}
 	}
+}
+
+func (cg *Claims) now() time.Time {
+	if cg.Clock == nil {
+		return time.Now()
+	}
+	return cg.Clock.Now()
+}
+
+// ClaimPass is what one reconciler pass knows of the claims: the claims and what the source does not
+// know, the pods whose claims went since the last pass, and when each pod was first seen.
+type ClaimPass struct {
+	c              *Claims
+	k              claimKnowledge
+	released, seen map[vacate.PodRef]time.Time
+	askedSync      bool
+}
+
+// Begin starts a pass over the sized GPUs the accounting read (reads).
+func (cg *Claims) Begin(reads []accounting.GPU) *ClaimPass {
+	k := cg.knowledge()
+	released := cg.releasedPods(k.claims, cg.now())
+	return &ClaimPass{c: cg, k: k, released: released, seen: cg.seenPods(reads)}
+}
+
+// Claims are the prepared sized claims the pass knows.
+func (p *ClaimPass) Claims() []dra.SizedClaim { return p.k.claims }
+
+// Judge lists the GPU's ledger groups over their claims and the pods not judged (judgeClaims). The
+// first GPU of a pass with pods not judged asks the source to read the node's claims again: a read that
+// begins now knows them (the plugin spaces the reads).
+func (p *ClaimPass) Judge(acct accounting.GPU) ([]OverClaim, []vacate.PodRef) {
+	over, unknown := judgeClaims(p.k, acct, p.released, p.seen)
+	if v, can := p.c.Source.(claimViewer); can && len(unknown) > 0 && !p.askedSync {
+		v.RequestClaimSync()
+		p.askedSync = true
+	}
+	return over, unknown
 }

@@ -1,4 +1,4 @@
-package node
+package guard
 
 import (
 	"context"
@@ -9,16 +9,31 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/gpusharing/gpusharing/agent/accounting"
 	"github.com/gpusharing/gpusharing/agent/dra"
+	"github.com/gpusharing/gpusharing/agent/podpid"
 	"github.com/gpusharing/gpusharing/agent/vacate"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
+
+// usageOf is GPU-0's account with the containers, each process holding an equal part of its memory.
+func usageOf(containers ...accounting.Container) accounting.GPU {
+	g := accounting.GPU{UUID: "GPU-0", ProcessesRead: true, UtilizationRead: true}
+	for _, c := range containers {
+		for _, pid := range c.PIDs {
+			g.Processes = append(g.Processes, accounting.Process{PID: pid, MemoryKnown: true, MemoryBytes: c.MemoryBytes / uint64(len(c.PIDs))})
+		}
+	}
+	g.Containers = containers
+	return g
+}
+
+// ctr is a container of pod in namespace ml holding memory through its processes pids.
+func ctr(pod string, memory uint64, pids ...int32) accounting.Container {
+	return accounting.Container{Ref: podpid.Ref{Namespace: "ml", Name: pod, Container: "c"}, PIDs: pids, MemoryBytes: memory, MemoryComplete: true}
+}
 
 // A ledger group is the pods of the GPU linked by the claims they share there: its processes together
 // are judged against its claims together. A claim reserved for two pods bounds both together; a pod with
@@ -38,13 +53,13 @@ func TestJudgeClaimsComparesEachLedgerGroupWithItsClaimsOnTheGPU(t *testing.T) {
 		{Namespace: "ml", Name: "elsewhere", Pods: []string{"no-claim"}, GPU: "GPU-1", MemoryBytes: 8 << 30},
 	}
 	acct := usageOf(
-		ctr("two-claims", 3<<30, 0, 1), ctr("two-claims", 1<<30, 0, 2), // 4 GiB of 2+2: within
-		ctr("b1", 3<<30, 0, 3), ctr("b2", 2<<30, 0, 4), // 5 GiB of the 4 they share
-		ctr("over", 3<<30, 0, 5), ctr("over", 2<<30, 0, 6), // 5 GiB of 4
-		ctr("x", 1<<30, 0, 7), ctr("y", 1<<30, 0, 8), ctr("z", 1<<30, 0, 9), // 3 GiB of d+e
-		ctr("full", (8<<30-768<<20)+768<<20, 0, 10), // its limit filled, and a context of the reserve: 8 GiB
-		ctr("no-claim", 1<<20, 0, 11),
-		ctr("", 8<<30, 0, 12), // the MPS server, a host process
+		ctr("two-claims", 3<<30, 1), ctr("two-claims", 1<<30, 2), // 4 GiB of 2+2: within
+		ctr("b1", 3<<30, 3), ctr("b2", 2<<30, 4), // 5 GiB of the 4 they share
+		ctr("over", 3<<30, 5), ctr("over", 2<<30, 6), // 5 GiB of 4
+		ctr("x", 1<<30, 7), ctr("y", 1<<30, 8), ctr("z", 1<<30, 9), // 3 GiB of d+e
+		ctr("full", (8<<30-768<<20)+768<<20, 10), // its limit filled, and a context of the reserve: 8 GiB
+		ctr("no-claim", 1<<20, 11),
+		ctr("", 8<<30, 12), // the MPS server, a host process
 	)
 	over, unknown := judgeClaims(claimKnowledge{claims: claims, whole: true}, acct, nil, nil)
 	var got []string
@@ -55,7 +70,7 @@ func TestJudgeClaimsComparesEachLedgerGroupWithItsClaimsOnTheGPU(t *testing.T) {
 	if !reflect.DeepEqual(got, want) || len(unknown) != 0 {
 		t.Errorf("over their claims: %q, unknown %v; want %q, none", got, unknown, want)
 	}
-	acct = usageOf(ctr("full", 8<<30+1<<20, 0, 10))
+	acct = usageOf(ctr("full", 8<<30+1<<20, 10))
 	if over, _ := judgeClaims(claimKnowledge{claims: claims, whole: true}, acct, nil, nil); len(over) != 1 {
 		t.Errorf("a MiB past its 8Gi claim: over %v, want the pod", over)
 	}
@@ -71,7 +86,7 @@ func TestJudgeClaimsLeavesPodsWhoseClaimsAreNotKnownUnjudged(t *testing.T) {
 		{Namespace: "ml", Name: "shared", Pods: []string{"first"}, GPU: "GPU-0", MemoryBytes: 4 << 30},
 		{Namespace: "ml", Name: "solo", Pods: []string{"solo"}, GPU: "GPU-0", MemoryBytes: 4 << 30},
 	}
-	acct := usageOf(ctr("first", 3<<30, 0, 1), ctr("second", 3<<30, 0, 2), ctr("solo", 5<<30, 0, 3))
+	acct := usageOf(ctr("first", 3<<30, 1), ctr("second", 3<<30, 2), ctr("solo", 5<<30, 3))
 	acct.At = t0.Add(3 * time.Second)
 	seen := map[vacate.PodRef]time.Time{{Namespace: "ml", Name: "first"}: t0, {Namespace: "ml", Name: "solo"}: t0,
 		{Namespace: "ml", Name: "second"}: t0.Add(2 * time.Second)}
@@ -102,70 +117,6 @@ func TestJudgeClaimsLeavesPodsWhoseClaimsAreNotKnownUnjudged(t *testing.T) {
 	if got, want := judge(claimKnowledge{claims: claims, syncedAt: t0.Add(2500 * time.Millisecond)}),
 		"over [ml/first and ml/second hold 6Gi, their claims 4Gi ml/solo holds 5Gi, its claims 4Gi] unknown []"; got != want {
 		t.Errorf("the shared claim read with both pods:\n got %s\nwant %s", got, want)
-	}
-}
-
-type claimList []dra.SizedClaim
-
-func (c claimList) SizedClaims() []dra.SizedClaim { return c }
-
-// WithinClaims belongs to GPUs sized per claim: carried over from the status before, it leaves a GPU no
-// longer sized, and every GPU of an agent without the kubelet plugin.
-func TestWithinClaimsLeavesAGPUThatIsNoLongerSized(t *testing.T) {
-	stale := metav1.Condition{Type: v1alpha1.ConditionWithinClaims, Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonClaimExceeded}
-	fixed := v1alpha1.GPUStatus{UUID: "GPU-0", Applied: &v1alpha1.AppliedSharing{Strategy: v1alpha1.StrategyMPS}, Conditions: []metav1.Condition{stale}}
-	for _, r := range []*Reconciler{{Claims: claimList{}}, {}} {
-		gpus := []v1alpha1.GPUStatus{*fixed.DeepCopy()}
-		r.setSizedClaims(&scope{}, gpus, nil)
-		if c := meta.FindStatusCondition(gpus[0].Conditions, v1alpha1.ConditionWithinClaims); c != nil {
-			t.Errorf("claims source %v: WithinClaims %+v kept on a GPU with fixed shares", r.Claims != nil, c)
-		}
-	}
-}
-
-type fixedUsage struct{ snap accounting.Snapshot }
-
-func (u *fixedUsage) Latest() accounting.Snapshot { return u.snap }
-
-// The kubelet unprepares a pod's claims once its containers stopped, while the accounting's latest read
-// may still show its processes: the pod is judged again only on a read newer than its release, so a
-// finished pod is neither reported nor evicted for memory it no longer holds; a read after the release
-// that still shows its processes (they outlived their claims) does put it over.
-func TestAPodWhoseClaimsWentIsJudgedOnlyOnAReadAfterThat(t *testing.T) {
-	clk := clocktesting.NewFakePassiveClock(time.Date(2026, 11, 27, 3, 0, 0, 0, time.UTC))
-	sized := v1alpha1.GPUStatus{UUID: "GPU-0", Applied: &v1alpha1.AppliedSharing{Strategy: v1alpha1.StrategyMPS,
-		Sizing: &v1alpha1.Sizing{Mode: v1alpha1.SizingPerClaim}}}
-	read := func(at time.Time) accounting.Snapshot {
-		g := usageOf(ctr("job", 500<<20, 0, 1))
-		g.At = at
-		return accounting.Snapshot{At: at, GPUs: []accounting.GPU{g}}
-	}
-	claims := claimList{{Namespace: "ml", Name: "job-gpu", Pods: []string{"job"}, GPU: "GPU-0", MemoryBytes: 1 << 30}}
-	usage := &fixedUsage{snap: read(clk.Now())}
-	r := &Reconciler{Claims: &claims, Usage: usage, Clock: clk}
-	pass := func() (metav1.ConditionStatus, []overClaim) {
-		t.Helper()
-		sc := &scope{}
-		gpus := []v1alpha1.GPUStatus{*sized.DeepCopy()}
-		r.setSizedClaims(sc, gpus, nil)
-		c := meta.FindStatusCondition(gpus[0].Conditions, v1alpha1.ConditionWithinClaims)
-		if c == nil {
-			t.Fatal("no WithinClaims condition on a GPU sized per claim")
-		}
-		return c.Status, sc.overClaims["GPU-0"]
-	}
-	if st, over := pass(); st != metav1.ConditionTrue || len(over) != 0 {
-		t.Fatalf("within its claim: WithinClaims %s, over %v", st, over)
-	}
-	clk.SetTime(clk.Now().Add(time.Second))
-	claims = nil // the pod ended and the kubelet unprepared its claim; the latest read is from before
-	if st, over := pass(); st != metav1.ConditionTrue || len(over) != 0 {
-		t.Errorf("claim gone, read from before: WithinClaims %s, over %v; want True, none", st, over)
-	}
-	clk.SetTime(clk.Now().Add(2 * time.Second))
-	usage.snap = read(clk.Now()) // a read after the release still shows its memory
-	if st, over := pass(); st != metav1.ConditionFalse || len(over) != 1 {
-		t.Errorf("claim gone, read after it still shows the pod: WithinClaims %s, over %v; want False, the pod", st, over)
 	}
 }
 
@@ -202,10 +153,10 @@ func TestTheClaimGuardEvictsOnlyThePodsOverTheirOwnClaims(t *testing.T) {
 		{"each within its own claims, the group over its 16Gi", 12 << 30, 6 << 30, []string{"ml/a", "ml/b"}},
 		{"the group within its claims", 10 << 30, 6 << 30, nil},
 	} {
-		over, _ := judgeClaims(claimKnowledge{claims: claims, whole: true}, usageOf(ctr("a", tt.a, 0, 1), ctr("b", tt.b, 0, 2)), nil, nil)
+		over, _ := judgeClaims(claimKnowledge{claims: claims, whole: true}, usageOf(ctr("a", tt.a, 1), ctr("b", tt.b, 2)), nil, nil)
 		ev := &recordingEvictor{}
-		r := &Reconciler{ClaimEvictor: ev}
-		r.guardClaims(context.Background(), gpus, map[string][]overClaim{"GPU-0": over})
+		cg := &Claims{Evictor: ev}
+		cg.Guard(context.Background(), gpus, map[string][]OverClaim{"GPU-0": over})
 		slices.Sort(ev.pods)
 		if !slices.Equal(ev.pods, tt.want) {
 			t.Errorf("%s: evicted %v, want %v", tt.name, ev.pods, tt.want)

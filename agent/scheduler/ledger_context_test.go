@@ -1,0 +1,119 @@
+package scheduler
+
+import (
+	"os"
+	"sync"
+	"testing"
+)
+
+// fakeProcMem is NVML's per-process figure for this test process (the raw clients' kernel pid).
+type fakeProcMem struct {
+	mu   sync.Mutex
+	used uint64
+	set  bool
+}
+
+func (f *fakeProcMem) read(string) (map[int32]uint64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.set {
+		return map[int32]uint64{}, nil
+	}
+	return map[int32]uint64{int32(os.Getpid()): f.used}, nil
+}
+
+func (f *fakeProcMem) put(v uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.used, f.set = v, true
+}
+
+func startContextEnv(t *testing.T, nvml *fakeProcMem) *ledgerEnv {
+	t.Helper()
+	return startLedgerEnvWith(t, func(g *Guards) {
+		g.ContextReserve, g.ContextFloor = 768*mib, 256*mib
+		g.ProcessMemory = nvml.read
+	})
+}
+
+// fill charges chunks until the ledger refuses, with NVML counting ctx and everything granted as
+// allocated (a process that fills what it is offered), and returns NVML's final figure.
+func fill(t *testing.T, r *rawClient, nvml *fakeProcMem, ctx uint64) uint64 {
+	t.Helper()
+	var grant uint64
+	nvml.put(ctx)
+	for seq := uint32(1); seq < 1000; seq++ {
+		m := charge(t, r, seq, testChunk)
+		if m.Charge != ChargeOK {
+			return ctx + grant
+		}
+		grant = m.Grant
+		nvml.put(ctx + grant)
+	}
+	t.Fatal("the ledger never refused")
+	return 0
+}
+
+func TestLedgerChargesAContextLargerThanTheReserveSoThePodStaysWithinItsClaim(t *testing.T) {
+	nvml := &fakeProcMem{}
+	e := startContextEnv(t, nvml)
+	const claim = 8192 * mib
+	a, first := e.dial(t, Claim{Key: testClaimKey, Memory: claim})
+	if first.Total != claim-768*mib || first.Reserve != 768*mib {
+		t.Fatalf("first Ledger = %+v, want the claim less R before NVML has a figure", first)
+	}
+	// two extra contexts (cuCtxCreate): 1,792 MiB of NVML's count before any allocation
+	held := fill(t, a, nvml, 1792*mib)
+	if held > claim {
+		t.Fatalf("NVML counts %d MiB for a process of an 8 GiB claim that filled what it was offered: "+
+			"the ledger charged R for a larger context", held/mib)
+	}
+	l, _ := e.ledger(testClaimKey)
+	if l.Contexts != 1792*mib || l.Total != claim-1792*mib {
+		t.Fatalf("ledger = %+v, want the measured context 1792 MiB charged", l)
+	}
+}
+
+func TestLedgerOffersMoreWhereTheContextIsSmallerThanTheReserve(t *testing.T) {
+	nvml := &fakeProcMem{}
+	e := startContextEnv(t, nvml)
+	const claim = 4096 * mib
+	a, _ := e.dial(t, Claim{Key: testClaimKey, Memory: claim})
+	held := fill(t, a, nvml, 520*mib)
+	if held > claim || held < claim-testChunk {
+		t.Fatalf("NVML counts %d MiB for a process with a 520 MiB context that filled a 4 GiB claim: want "+
+			"the claim less at most a chunk", held/mib)
+	}
+}
+
+func TestLedgerContextChargeNeverBelowTheFloor(t *testing.T) {
+	nvml := &fakeProcMem{}
+	e := startContextEnv(t, nvml)
+	a, _ := e.dial(t, Claim{Key: testClaimKey, Memory: 4096 * mib})
+	nvml.put(100 * mib)
+	if m := charge(t, a, 1, testChunk); m.Charge != ChargeOK || m.Total != 4096*mib-256*mib {
+		t.Fatalf("Charged = %+v, want a total of the claim less the 256 MiB floor", m)
+	}
+}
+
+func TestLedgerRefusesChargesWhileAMeasuredContextKeepsItBeyondTheClaim(t *testing.T) {
+	nvml := &fakeProcMem{}
+	e := startContextEnv(t, nvml)
+	const claim = 2048 * mib
+	a, _ := e.dial(t, Claim{Key: testClaimKey, Memory: claim})
+	nvml.put(768 * mib)
+	if m := charge(t, a, 1, 1024*mib); m.Charge != ChargeOK {
+		t.Fatalf("Charged = %+v, want 1 GiB granted", m)
+	}
+	// the context grows by 512 MiB after the grant (modules loaded at first use): grants + contexts pass
+	// the claim, and no charge is granted until frees bring the ledger back
+	nvml.put(768*mib + 1024*mib + 512*mib)
+	if m := charge(t, a, 2, mib); m.Charge != ChargeRefused || m.Total != claim-1280*mib {
+		t.Fatalf("Charged = %+v, want refused with the grown context charged", m)
+	}
+	a.send(Message{Type: MsgReturn, Bytes: 512 * mib})
+	nvml.put(768*mib + 512*mib + 512*mib)
+	if m := charge(t, a, 3, mib); m.Charge != ChargeOK {
+		t.Fatalf("Charged = %+v after a return, want granted", m)
+	}
+}

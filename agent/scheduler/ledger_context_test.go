@@ -4,6 +4,9 @@ import (
 	"os"
 	"sync"
 	"testing"
+
+	"github.com/gpusharing/gpusharing/agent/gpu"
+	"github.com/gpusharing/gpusharing/agent/gpu/nvmlmock"
 )
 
 // fakeProcMem is NVML's per-process figure for this test process (the raw clients' kernel pid).
@@ -115,5 +118,22 @@ func TestLedgerRefusesChargesWhileAMeasuredContextKeepsItBeyondTheClaim(t *testi
 	nvml.put(768*mib + 512*mib + 512*mib)
 	if m := charge(t, a, 3, mib); m.Charge != ChargeOK {
 		t.Fatalf("Charged = %+v after a return, want granted", m)
+	}
+}
+
+// The same through the adapter the agent uses, over a go-nvml mock GPU: two extra contexts (1,792 MiB by
+// NVML before any allocation) take the offer down by their size.
+func TestLedgerContextChargeReadsNVMLThroughTheAgentsAdapter(t *testing.T) {
+	srv := nvmlmock.NewA100(1)
+	mock := srv.GPUs[0]
+	read := ProcessMemoryFrom(gpu.NewNVML(srv))
+	e := startLedgerEnvWith(t, func(g *Guards) {
+		g.ContextReserve, g.ContextFloor = 768*mib, 256*mib
+		g.ProcessMemory = func(string) (map[int32]uint64, error) { return read(mock.UUID) }
+	})
+	a, _ := e.dial(t, Claim{Key: testClaimKey, Memory: 8192 * mib})
+	mock.SetProcessMemory(uint32(os.Getpid()), 1792*mib)
+	if m := charge(t, a, 1, testChunk); m.Charge != ChargeOK || m.Total != 8192*mib-1792*mib {
+		t.Fatalf("Charged = %+v, want the claim less NVML's 1792 MiB", m)
 	}
 }

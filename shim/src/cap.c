@@ -479,7 +479,7 @@ static void ledger_refused(uint64_t n, const char *why)
     uint64_t t = atomic_load(&C->led_total), o = atomic_load(&C->led_others);
     gs_log(atomic_exchange(&warned, 1) ? GS_LOG_DEBUG : GS_LOG_WARN,
            "out of memory: %llu bytes more %s (the claim's processes may allocate %llu bytes together: the claim "
-           "less a context reserve per process; the others hold %llu, this process %llu)",
+           "less each process's context charge; the others hold %llu, this process %llu)",
            (unsigned long long)n, why, (unsigned long long)t, (unsigned long long)o,
            (unsigned long long)gs_cap_used());
 }
@@ -612,7 +612,7 @@ void gs_cap_ledger_start(int fd)
     pthread_rwlock_unlock(&C->led_rw);
     gs_log(GS_LOG_INFO,
            "memory: this process is one of %u of a claim of %llu bytes on this GPU; their allocations may reach "
-           "%llu bytes together (%llu bytes per process for its CUDA context); %llu bytes held",
+           "%llu bytes together (%llu bytes charged for this process's CUDA context); %llu bytes held",
            C->offered.processes, (unsigned long long)C->offered.claim, (unsigned long long)C->offered.total,
            (unsigned long long)C->offered.reserve, (unsigned long long)held);
 }

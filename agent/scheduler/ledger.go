@@ -92,6 +92,8 @@ type ledgerBook struct {
 	gpu            string
 	reserve, chunk uint64
 	floor          uint64 // the least context charge once measured (Guards.ContextFloor)
+	watching       bool   // its ledgers are measured periodically (context.go)
+	measuring      sync.Mutex
 
 	mu     sync.Mutex
 	byKey  map[string]*ledger
@@ -119,6 +121,7 @@ type member struct {
 	pid      int32 // the kernel's pid, whose NVML figure measures its context (0: none)
 	grant    uint64
 	ctx      uint64 // its context charge: R until measured, then context.go's figure
+	peak     uint64 // its largest grant since the measurement under way began (context.go)
 	measured bool
 	send     func([]byte) bool
 	drop     func()
@@ -160,6 +163,7 @@ func (s *Scheduler) ledgerJoin(q *queue, pid int32, version uint16, send func([]
 	}
 	b := s.book(q)
 	m := b.join(cl, ok, pid, version, send, drop)
+	s.watchContexts(q, b)
 	var welcomed atomic.Bool
 	return m, func(f []byte) bool {
 		if welcomed.Swap(true) {
@@ -243,6 +247,7 @@ func (s *Scheduler) ledgerAttach(q *queue, m *member, pid int32) {
 		return
 	}
 	if cl, ok := s.opts.ClaimOf(q.uuid, pid); ok && s.book(q).attach(m, cl) {
+		s.watchContexts(q, s.book(q))
 		q.log.Info("Shim client placed in its claim's ledger now that its pod is found", "pid", pid, "claim", cl.Key)
 	}
 }
@@ -295,6 +300,7 @@ func (b *ledgerBook) charge(m *member, seq uint32, bytes uint64) {
 	if bytes > 0 && bytes <= room {
 		st, added = ChargeOK, min(max(bytes, b.chunk), room)
 		m.grant += added
+		m.peak = max(m.peak, m.grant)
 		l.granted += added
 	} else {
 		l.refusals++
@@ -329,6 +335,7 @@ func (b *ledgerBook) giveBack(m *member, flags uint32, bytes uint64) error {
 		m.charged = true
 		l.granted += bytes - m.grant
 		m.grant = bytes
+		m.peak = max(m.peak, m.grant)
 		b.settleLocked(l, true)
 	} else {
 		bytes = min(bytes, m.grant)

@@ -4,6 +4,7 @@ import (
 	"os"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/gpusharing/gpusharing/agent/gpu"
 	"github.com/gpusharing/gpusharing/agent/gpu/nvmlmock"
@@ -135,5 +136,39 @@ func TestLedgerContextChargeReadsNVMLThroughTheAgentsAdapter(t *testing.T) {
 	mock.SetProcessMemory(uint32(os.Getpid()), 1792*mib)
 	if m := charge(t, a, 1, testChunk); m.Charge != ChargeOK || m.Total != 8192*mib-1792*mib {
 		t.Fatalf("Charged = %+v, want the claim less NVML's 1792 MiB", m)
+	}
+}
+
+// Between charges a GPU's ledgers are measured every second: a process that has not allocated yet is
+// told the claim less its measured context, so a framework that sizes itself from cuMemGetInfo a moment
+// after its context exists takes no more than the claim holds.
+func TestLedgerMeasuresContextsBetweenCharges(t *testing.T) {
+	nvml := &fakeProcMem{}
+	e := startContextEnv(t, nvml)
+	const claim = 4096 * mib
+	a, first := e.dial(t, Claim{Key: testClaimKey, Memory: claim})
+	if first.Total != claim-768*mib {
+		t.Fatalf("first Ledger = %+v, want the claim less R", first)
+	}
+	nvml.put(1536 * mib)
+	if m := a.expect(MsgLedger, 5*time.Second); m.Total != claim-1536*mib || m.Reserve != 1536*mib {
+		t.Fatalf("Ledger after a measurement = %+v, want the claim less the 1536 MiB NVML counts", m)
+	}
+}
+
+// A grant given back while NVML was read (frees it still counted) is not taken for context.
+func TestLedgerMeasurementUsesTheLargestGrantSinceTheReadBegan(t *testing.T) {
+	b := &ledgerBook{gpu: "GPU-m", reserve: 768 * mib, chunk: testChunk, floor: 256 * mib, byKey: map[string]*ledger{}}
+	m := b.join(Claim{Key: "c", Memory: 8192 * mib}, true, 42, 6, func([]byte) bool { return true }, nil)
+	b.charge(m, 1, 2048*mib)
+	b.mu.Lock()
+	m.peak = m.grant // the read begins
+	b.mu.Unlock()
+	if err := b.giveBack(m, 0, 1024*mib); err != nil { // 1 GiB freed and returned during the read
+		t.Fatal(err)
+	}
+	b.measure(m.l, map[*member]uint64{m: 600*mib + 2048*mib}) // NVML read before the frees
+	if m.ctx != 600*mib {
+		t.Fatalf("context charge %d MiB, want 600 (NVML less the grant it was read against)", m.ctx/mib)
 	}
 }

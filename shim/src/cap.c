@@ -196,6 +196,21 @@ uint64_t gs_cap_map(CUdeviceptr va, uint64_t handle, uint64_t own)
     return back;
 }
 
+/* cuMemRetainAllocationHandle gave handle for the mapping at va, a value the table does not count: it is
+ * the mapped handle's memory, so it shares that handle's charge as an import of an own export does. */
+void gs_cap_retained_at(CUdeviceptr va, uint64_t handle)
+{
+    pthread_mutex_lock(&C->tab_mu);
+    size_t m = find_locked(va, GS_CAP_MAP);
+    uint64_t orig = m != SIZE_MAX ? C->tab[m].bytes : 0;
+    if (orig != 0 && handle != 0 && find_locked(handle, GS_CAP_HANDLE) == SIZE_MAX &&
+        find_locked(orig, GS_CAP_HANDLE) != SIZE_MAX && room_for_locked(1)) {
+        C->tab[find_locked(orig, GS_CAP_HANDLE)].refs++;
+        put_locked((struct cap_entry){.key = handle, .bytes = 0, .kind = GS_CAP_HANDLE, .refs = 1, .parent = orig});
+    }
+    pthread_mutex_unlock(&C->tab_mu);
+}
+
 /* The key an exported shareable handle is remembered by: a file descriptor's number, a fabric handle's
  * bytes; 0 for a type the shim does not follow. */
 static uint64_t shareable_key(int type, const void *shareable, int imported)

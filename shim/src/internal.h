@@ -163,6 +163,8 @@ uint64_t gs_cap_map(CUdeviceptr va, uint64_t handle, uint64_t own);
  * process's own export shares the original handle's charge). */
 void gs_cap_exported(int type, const void *shareable, uint64_t handle);
 void gs_cap_imported(int type, const void *os_handle, uint64_t handle);
+/* After cuMemRetainAllocationHandle gave a handle value the table does not count for the mapping at va. */
+void gs_cap_retained_at(CUdeviceptr va, uint64_t handle);
 /* What an allocation of n bytes takes: n rounded up to the driver's granularity from one granule up. */
 uint64_t gs_cap_size(uint64_t n);
 /* cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, value) under the limit; set calls the driver. */

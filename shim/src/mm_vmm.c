@@ -413,14 +413,16 @@ GS_EXPORT CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocation
 
 static CUresult retain(gs_fn_cuMemRetainAllocationHandle real, CUmemGenericAllocationHandle *handle, void *addr);
 
-/* A retained handle needs one more cuMemRelease before its pages, and its charge, go. */
+/* A retained handle needs one more cuMemRelease before its pages, and its charge, go. A driver that
+ * answers with a handle value of its own (not the mapped handle's) gets an entry sharing the mapped
+ * handle's charge. */
 GS_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
 {
     gs_dev_pick_va((CUdeviceptr)(uintptr_t)addr);
     REAL_OR_FAIL(cuMemRetainAllocationHandle)
     CUresult r = retain(real, handle, addr);
-    if (gs_cap_on() && r == CUDA_SUCCESS && handle != NULL)
-        gs_cap_retain(GS_CAP_HANDLE, *handle);
+    if (gs_cap_on() && r == CUDA_SUCCESS && handle != NULL && !gs_cap_retain(GS_CAP_HANDLE, *handle))
+        gs_cap_retained_at((CUdeviceptr)(uintptr_t)addr, *handle);
     return r;
 }
 

@@ -18,6 +18,10 @@
  *                         allocation of L/2 + 1 MiB. Prints "cap retain first=R second=R": the
  *                         allocation must fail while the retained handle still holds its pages (2)
  *                         and succeed once the last release gave them back (0)
+ *   cap_client held L     a cuMemCreate handle of L/2, mapped, retained through its address, then released
+ *                         and unmapped: only the retained handle holds it. Prints "cap held held=R gone=R":
+ *                         an allocation of L/2 + 1 MiB fails while it does (2) and succeeds after (0),
+ *                         whatever handle value the driver gives for the retain
  *   cap_client mmap L     vectorAddMMAP's pattern (see mmap_pattern)
  *   cap_client threads L  8 threads allocate 1 MiB blocks with cuMemAlloc until refused, then free them
  *                         all. Prints "cap threads got=N free_after=F": N must be L / 1 MiB exactly
@@ -296,6 +300,30 @@ static int arrays(size_t lim)
     return 0;
 }
 
+static int held_by_retain(size_t lim)
+{
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof(prop));
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    CUmemGenericAllocationHandle h = 0, h2 = 0;
+    CUdeviceptr va = 0;
+    if (((create_fn)sym("cuMemCreate"))(&h, lim / 2, &prop, 0) != CUDA_SUCCESS ||
+        ((reserve_fn)sym("cuMemAddressReserve"))(&va, lim / 2, 0, 0, 0) != CUDA_SUCCESS ||
+        ((map_fn)sym("cuMemMap"))(va, lim / 2, 0, h, 0) != CUDA_SUCCESS ||
+        ((retainh_fn)sym("cuMemRetainAllocationHandle"))(&h2, (void *)(uintptr_t)va) != CUDA_SUCCESS) {
+        fprintf(stderr, "cap_client: cannot set up the retained handle\n");
+        return 1;
+    }
+    ((release_fn)sym("cuMemRelease"))(h);
+    ((unmap_fn)sym("cuMemUnmap"))(va, lim / 2);
+    CUresult held = probe(lim / 2 + (1 << 20));
+    ((release_fn)sym("cuMemRelease"))(h2);
+    CUresult gone = probe(lim / 2 + (1 << 20));
+    printf("cap held held=%d gone=%d\n", held, gone);
+    return 0;
+}
+
 #define THREADS 8
 static CUdeviceptr got[THREADS][4096];
 static int ngot[THREADS];
@@ -332,6 +360,8 @@ int main(int argc, char **argv)
         return retained(unit * 4);
     if (!strcmp(path, "mmap"))
         return mmap_pattern(unit * 4);
+    if (!strcmp(path, "held"))
+        return held_by_retain(unit * 4);
     if (!strcmp(path, "import"))
         return import_own(unit * 4);
     if (!strcmp(path, "unknown"))

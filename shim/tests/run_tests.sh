@@ -233,6 +233,10 @@ if grep -q "cap threads got=64 free_after=$LIM\$" <<<"$out"; then pass "memory l
 # takes whole 2 MiB granules; the device malloc heap and arrays count.
 out=$(run_client GPUSHARE_MEMORY_LIMIT_BYTES=$LIM "$BUILD/tests/cap_client" import $LIM 2>&1)
 if grep -q "cap import fits=0 over=2 again=0" <<<"$out"; then pass "memory limit: an imported export of its own handle is charged once and kept while imported"; else fail "memory limit with export and import" "$out"; fi
+for new in 0 1; do
+    out=$(run_client GPUSHARE_MEMORY_LIMIT_BYTES=$LIM GPUSHARE_STUB_RETAIN_NEW=$new "$BUILD/tests/cap_client" held $LIM 2>&1)
+    if grep -q "cap held held=2 gone=0" <<<"$out"; then pass "memory limit: a retained handle alone keeps the charge (retain gives a new value: $new)"; else fail "memory limit with a retained handle alone (new value: $new)" "$out"; fi
+done
 out=$(run_client GPUSHARE_MEMORY_LIMIT_BYTES=$LIM "$BUILD/tests/cap_client" unknown $LIM 2>&1)
 if grep -q "cap unknown over=2 released=2 unmapped=0 big=2" <<<"$out"; then pass "memory limit: a handle the shim never saw is charged where it is mapped, kept until unmapped"; else fail "memory limit with an unknown handle" "$out"; fi
 out=$(run_client GPUSHARE_MEMORY_LIMIT_BYTES=$LIM "$BUILD/tests/cap_client" gran $LIM 2>&1)

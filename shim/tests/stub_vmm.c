@@ -32,6 +32,8 @@
  *                            frees nothing (benchmarks of the shim's own cost per allocation)
  *   GPUSHARE_STUB_FULL_FILE  while this file exists, cuMemCreate fails with out of memory (the device is
  *                            full: another process holds it)
+ *   GPUSHARE_STUB_RETAIN_NEW=1  cuMemRetainAllocationHandle gives a new handle value (holding one reference
+ *                            of the allocation) instead of the allocation's own
  */
 #include <fcntl.h>
 #include <pthread.h>
@@ -815,11 +817,22 @@ STUB_EXPORT CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocati
     return CUDA_SUCCESS;
 }
 
+/* With GPUSHARE_STUB_RETAIN_NEW=1 the retained handle is a new value holding one reference of the
+ * allocation, as an imported one is (a driver may answer either way). */
 STUB_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
 {
     struct phys *ph = mapped_at((CUdeviceptr)(uintptr_t)addr);
     if (ph == NULL)
         return CUDA_ERROR_INVALID_VALUE;
+    if (env_ll("GPUSHARE_STUB_RETAIN_NEW", 0) == 1) {
+        struct phys *n = calloc(1, sizeof(*n));
+        if (n == NULL)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        *n = (struct phys){.size = ph->size, .refs = 1, .dev = ph->dev, .of = ph};
+        ph->refs++;
+        *handle = (CUmemGenericAllocationHandle)(uintptr_t)n;
+        return CUDA_SUCCESS;
+    }
     ph->refs++;
     *handle = (CUmemGenericAllocationHandle)(uintptr_t)ph;
     return CUDA_SUCCESS;

@@ -163,10 +163,20 @@ static int import_mode(size_t lim)
     }
     CALL((CUmemGenericAllocationHandle), "cuMemRelease", h1);
     CUresult fits = probe(lim / 4), over = probe(lim / 2 + (1 << 20));
+    /* which handle the driver gives for the mapping: the import's own (counted), or another value */
+    CUmemGenericAllocationHandle h3 = 0;
+    int same_retain = -1;
+    if (CALL((CUmemGenericAllocationHandle *, void *), "cuMemRetainAllocationHandle", &h3, (void *)(uintptr_t)va) ==
+        CUDA_SUCCESS) {
+        same_retain = h3 == h2 ? 2 : h3 == h1 ? 1 : 0;
+        CALL((CUmemGenericAllocationHandle), "cuMemRelease", h3);
+    }
     CALL((CUdeviceptr, size_t), "cuMemUnmap", va, lim / 2);
     CALL((CUmemGenericAllocationHandle), "cuMemRelease", h2);
     CUresult again = probe(lim / 2 + (1 << 20));
-    printf("import same_handle=%d fits=%d over=%d again=%d\n", h1 == h2, fits, over, again);
+    /* same_retain: 2 the import's handle, 1 the original's, 0 another, -1 the call failed */
+    printf("import same_handle=%d same_retain=%d fits=%d over=%d again=%d\n", h1 == h2, same_retain, fits, over,
+           again);
     return 0;
 }
 

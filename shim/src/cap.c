@@ -31,6 +31,10 @@ struct cap_entry {
     /* handles: the handle whose charge this one shares (an import of this process's own export: the same
      * memory), held by one reference while this entry lives; 0: none */
     uint64_t parent;
+    /* handles: the references that are not the application's (its mappings, the handles sharing its
+     * charge); when only those are left the application has released the handle and its value is the
+     * driver's to give again, so the entry moves to a key of its own (ghost_locked) */
+    uint32_t held;
 };
 
 /* One limit, table and ledger per shared GPU (dev.c); C is the calling thread's GPU's. */
@@ -55,6 +59,7 @@ struct cap_dev {
     uint32_t req_seq, rep_seq, rep_status;
     atomic_int connect_asked;
     _Atomic uint64_t gran; /* the driver's allocation granularity (0: not asked yet) */
+    uint64_t ghosts;       /* keys given to released handles' entries (GS_CAP_GHOST) */
     pthread_mutex_t heap_mu;
     uint64_t heap; /* the device malloc heap charged (cuCtxSetLimit) */
 };
@@ -171,6 +176,36 @@ static int room_for_locked(size_t more)
     return (C->tab_len + more) * 2 <= C->tab_cap || grow_locked() == 0;
 }
 
+/* The entry a stored reference (a mapping's handle, a parent, an export's handle) names: a handle the
+ * application holds, or one it released while something else still holds it (a ghost key, top bit set). */
+#define GHOST_BIT (1ull << 63)
+static size_t find_ref_locked(uint64_t key)
+{
+    return find_locked(key, (key & GHOST_BIT) ? GS_CAP_GHOST : GS_CAP_HANDLE);
+}
+
+/* Entry i's handle was released by the application while mappings or sharing handles still hold it:
+ * the driver may give its value to a new allocation, which must find no entry under it. The entry moves
+ * to a key no handle has, and every reference to it (mappings, sharing handles, exports) follows. */
+static void ghost_locked(size_t i)
+{
+    struct cap_entry e = C->tab[i];
+    uint64_t old = e.key;
+    e.key = GHOST_BIT | ++C->ghosts;
+    e.kind = GS_CAP_GHOST;
+    remove_at_locked(i);
+    put_locked(e); /* the slot just freed: no growth needed */
+    for (size_t j = 0; j < C->tab_cap; j++) {
+        struct cap_entry *x = &C->tab[j];
+        if (x->key == 0)
+            continue;
+        if ((x->kind == GS_CAP_MAP || x->kind == GS_CAP_EXPORT) && x->bytes == old)
+            x->bytes = e.key;
+        else if ((x->kind == GS_CAP_HANDLE || x->kind == GS_CAP_GHOST) && x->parent == old)
+            x->parent = e.key;
+    }
+}
+
 /* A mapping is one more reference to its handle's entry (the handle's bytes stay charged while it lives),
  * remembered by its address (kind GS_CAP_MAP, bytes: the handle) for cuMemUnmap, which names addresses.
  * own > 0: the handle is one the table did not know (imported from another process, or made by a path the
@@ -190,6 +225,7 @@ uint64_t gs_cap_map(CUdeviceptr va, uint64_t handle, uint64_t own)
     if (i != SIZE_MAX && va != 0 && find_locked(va, GS_CAP_MAP) == SIZE_MAX && room_for_locked(1)) {
         i = find_locked(handle, GS_CAP_HANDLE); /* grow moved it */
         C->tab[i].refs++;
+        C->tab[i].held++;
         put_locked((struct cap_entry){.key = va, .bytes = handle, .kind = GS_CAP_MAP, .refs = 1});
     }
     pthread_mutex_unlock(&C->tab_mu);
@@ -204,8 +240,10 @@ void gs_cap_retained_at(CUdeviceptr va, uint64_t handle)
     size_t m = find_locked(va, GS_CAP_MAP);
     uint64_t orig = m != SIZE_MAX ? C->tab[m].bytes : 0;
     if (orig != 0 && handle != 0 && find_locked(handle, GS_CAP_HANDLE) == SIZE_MAX &&
-        find_locked(orig, GS_CAP_HANDLE) != SIZE_MAX && room_for_locked(1)) {
-        C->tab[find_locked(orig, GS_CAP_HANDLE)].refs++;
+        find_ref_locked(orig) != SIZE_MAX && room_for_locked(1)) {
+        size_t o = find_ref_locked(orig);
+        C->tab[o].refs++;
+        C->tab[o].held++;
         put_locked((struct cap_entry){.key = handle, .bytes = 0, .kind = GS_CAP_HANDLE, .refs = 1, .parent = orig});
     }
     pthread_mutex_unlock(&C->tab_mu);
@@ -257,12 +295,13 @@ void gs_cap_imported(int type, const void *os_handle, uint64_t handle)
     pthread_mutex_lock(&C->tab_mu);
     size_t e = find_locked(key, GS_CAP_EXPORT);
     uint64_t orig = e != SIZE_MAX ? C->tab[e].bytes : 0;
-    size_t o = orig != 0 ? find_locked(orig, GS_CAP_HANDLE) : SIZE_MAX;
+    size_t o = orig != 0 ? find_ref_locked(orig) : SIZE_MAX;
     if (o != SIZE_MAX && orig == handle) {
         C->tab[o].refs++; /* the driver gave the same handle again: one more reference */
     } else if (o != SIZE_MAX && find_locked(handle, GS_CAP_HANDLE) == SIZE_MAX && room_for_locked(1)) {
-        o = find_locked(orig, GS_CAP_HANDLE); /* grow moved it */
+        o = find_ref_locked(orig); /* grow moved it */
         C->tab[o].refs++;
+        C->tab[o].held++;
         put_locked((struct cap_entry){.key = handle, .bytes = 0, .kind = GS_CAP_HANDLE, .refs = 1, .parent = orig});
     }
     pthread_mutex_unlock(&C->tab_mu);
@@ -321,12 +360,15 @@ CUresult gs_cap_heap(uint64_t value, CUresult (*set)(uint64_t value))
     return r;
 }
 
-/* Drops one reference of handle's entry; returns the bytes to give back when it was the last. tab_mu held. */
+/* Drops one reference a mapping or a sharing handle held on handle's entry; returns the bytes to give
+ * back when it was the last. tab_mu held. */
 static uint64_t unref_locked(uint64_t handle)
 {
-    size_t i = find_locked(handle, GS_CAP_HANDLE);
+    size_t i = find_ref_locked(handle);
     if (i == SIZE_MAX)
         return 0;
+    if (C->tab[i].held > 0)
+        C->tab[i].held--;
     if (--C->tab[i].refs > 0)
         return 0;
     uint64_t b = C->tab[i].bytes, parent = C->tab[i].parent;
@@ -432,8 +474,16 @@ static void free_end(const struct gs_cap_free *f, CUresult r)
             gs_cap_track(f->kind, f->key, f->bytes); /* the charge is still held: track gives it back on failure */
         return;
     }
-    if (f->refs != 1)
+    if (f->refs > 1) {
+        if (f->kind == GS_CAP_HANDLE) {
+            pthread_mutex_lock(&C->tab_mu);
+            size_t i = find_locked(f->key, GS_CAP_HANDLE);
+            if (i != SIZE_MAX && C->tab[i].refs == C->tab[i].held)
+                ghost_locked(i); /* released by the application, still held by its mappings or sharers */
+            pthread_mutex_unlock(&C->tab_mu);
+        }
         return;
+    }
     uint64_t back = f->bytes;
     if (f->parent != 0) {
         pthread_mutex_lock(&C->tab_mu);

@@ -140,7 +140,7 @@ static inline int gs_dev_pick_ptr(CUdeviceptr p)
 void gs_config_env_policy(int allowed, int said);
 
 /* ---- memory limit (cap.c): GPUSHARE_MEMORY_LIMIT_BYTES; every call below only when it is set ---- */
-enum { GS_CAP_PTR = 1, GS_CAP_HANDLE = 2, GS_CAP_MAP = 3, GS_CAP_ARRAY = 4, GS_CAP_EXPORT = 5 };
+enum { GS_CAP_PTR = 1, GS_CAP_HANDLE = 2, GS_CAP_MAP = 3, GS_CAP_ARRAY = 4, GS_CAP_EXPORT = 5, GS_CAP_GHOST = 6 };
 static inline int gs_cap_on(void)
 {
     return gs_devs[gs_dev_cur].memory_limit != 0;

@@ -22,6 +22,7 @@
  *                         and unmapped: only the retained handle holds it. Prints "cap held held=R gone=R":
  *                         an allocation of L/2 + 1 MiB fails while it does (2) and succeeds after (0),
  *                         whatever handle value the driver gives for the retain
+ *   cap_client vmmsteps L SEED  a seeded random mix of VMM calls (see vmm_steps)
  *   cap_client mmap L     vectorAddMMAP's pattern (see mmap_pattern)
  *   cap_client threads L  8 threads allocate 1 MiB blocks with cuMemAlloc until refused, then free them
  *                         all. Prints "cap threads got=N free_after=F": N must be L / 1 MiB exactly
@@ -324,6 +325,99 @@ static int held_by_retain(size_t lim)
     return 0;
 }
 
+/* A seeded random mix of cuMemCreate, export and import of one's own handle, cuMemMap, cuMemUnmap,
+ * cuMemRelease and cuMemRetainAllocationHandle over up to 6 allocations of L/8, each mapped at most once
+ * (the stub's rule). After every step what the limit charges (the limit less cuMemGetInfo's free) must be
+ * exactly the bytes of the allocations still alive (a reference or a mapping left): an import or a retain
+ * never counted twice, a release or an unmap never giving back what another handle or mapping holds.
+ * At the end everything is let go and nothing may stay charged. Prints "cap vmmsteps steps=N ok" or the
+ * first step where the charge and the memory held differ. */
+#define NALLOC 6
+#define NREF 16
+static int vmm_steps(size_t lim, unsigned seed)
+{
+    struct {
+        int alive, mapped;
+        CUdeviceptr va;
+        CUmemGenericAllocationHandle refs[NREF];
+        int nref;
+    } a[NALLOC];
+    memset(a, 0, sizeof(a));
+    size_t piece = lim / 8;
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof(prop));
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    info_fn info = (info_fn)sym("cuMemGetInfo");
+    srand(seed);
+    int steps = 400;
+    for (int step = 0; step <= steps; step++) {
+        int i = rand() % NALLOC, op = rand() % 6;
+        if (step == steps)
+            op = -1; /* the end: let everything go */
+        for (int k = 0; k < NALLOC; k++) {
+            if (op != -1 && k != i)
+                continue;
+            if (op == 0 && !a[k].alive) {
+                CUmemGenericAllocationHandle h = 0;
+                if (((create_fn)sym("cuMemCreate"))(&h, piece, &prop, 0) == CUDA_SUCCESS) {
+                    a[k].alive = 1;
+                    a[k].refs[a[k].nref++] = h;
+                    if (a[k].va == 0)
+                        a[k].va = reserve(piece);
+                }
+            } else if (op == 1 && a[k].nref > 0 && a[k].nref < NREF) {
+                int fd = -1;
+                CUmemGenericAllocationHandle h2 = 0;
+                if (((export_fn)sym("cuMemExportToShareableHandle"))(&fd, a[k].refs[0], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) == CUDA_SUCCESS &&
+                    ((import_fn)sym("cuMemImportFromShareableHandle"))(&h2, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == CUDA_SUCCESS)
+                    a[k].refs[a[k].nref++] = h2;
+            } else if (op == 2 && a[k].nref > 0 && !a[k].mapped) {
+                if (((map_fn)sym("cuMemMap"))(a[k].va, piece, 0, a[k].refs[rand() % a[k].nref], 0) == CUDA_SUCCESS)
+                    a[k].mapped = 1;
+            } else if ((op == 3 || op == -1) && a[k].mapped) {
+                ((unmap_fn)sym("cuMemUnmap"))(a[k].va, piece);
+                a[k].mapped = 0;
+            } else if (op == 5 && a[k].mapped && a[k].nref < NREF) {
+                CUmemGenericAllocationHandle h3 = 0;
+                if (((retainh_fn)sym("cuMemRetainAllocationHandle"))(&h3, (void *)(uintptr_t)a[k].va) == CUDA_SUCCESS)
+                    a[k].refs[a[k].nref++] = h3;
+            }
+            if ((op == 4 && a[k].nref > 0) || op == -1) {
+                while (a[k].nref > 0) {
+                    int r = op == -1 ? a[k].nref - 1 : rand() % a[k].nref;
+                    ((release_fn)sym("cuMemRelease"))(a[k].refs[r]);
+                    a[k].refs[r] = a[k].refs[--a[k].nref];
+                    if (op != -1)
+                        break;
+                }
+            }
+            a[k].alive = a[k].nref > 0 || a[k].mapped;
+        }
+        size_t held = 0, fr = 0, tot = 0;
+        for (int k = 0; k < NALLOC; k++)
+            held += a[k].alive ? piece : 0;
+        info(&fr, &tot);
+        if (getenv("VMMTRACE")) {
+            fprintf(stderr, "step %d op %d alloc %d charged %zu held %zu |", step, op, i, (lim - fr) >> 20, held >> 20);
+            for (int k = 0; k < NALLOC; k++) {
+                fprintf(stderr, " %d:%s%s[", k, a[k].alive ? "A" : "-", a[k].mapped ? "M" : "");
+                for (int r = 0; r < a[k].nref; r++)
+                    fprintf(stderr, "%llx ", (unsigned long long)a[k].refs[r] & 0xffff);
+                fprintf(stderr, "]");
+            }
+            fprintf(stderr, "\n");
+        }
+        if (lim - fr != held) {
+            printf("cap vmmsteps step=%d op=%d charged=%zu held=%zu\n", step, op, lim - fr, held);
+            return 0;
+        }
+    }
+    printf("cap vmmsteps steps=%d ok\n", steps);
+    return 0;
+}
+
 #define THREADS 8
 static CUdeviceptr got[THREADS][4096];
 static int ngot[THREADS];
@@ -339,7 +433,7 @@ static void *filler(void *arg)
 
 int main(int argc, char **argv)
 {
-    if (argc != 3) {
+    if (argc < 3) {
         fprintf(stderr, "usage: cap_client alloc|pitch|managed|async|pool|vmm LIMIT\n");
         return 2;
     }
@@ -360,6 +454,8 @@ int main(int argc, char **argv)
         return retained(unit * 4);
     if (!strcmp(path, "mmap"))
         return mmap_pattern(unit * 4);
+    if (!strcmp(path, "vmmsteps"))
+        return vmm_steps(unit * 4, argc > 3 ? (unsigned)strtoul(argv[3], NULL, 10) : 1);
     if (!strcmp(path, "held"))
         return held_by_retain(unit * 4);
     if (!strcmp(path, "import"))

@@ -233,6 +233,18 @@ if grep -q "cap threads got=64 free_after=$LIM\$" <<<"$out"; then pass "memory l
 # takes whole 2 MiB granules; the device malloc heap and arrays count.
 out=$(run_client GPUSHARE_MEMORY_LIMIT_BYTES=$LIM "$BUILD/tests/cap_client" import $LIM 2>&1)
 if grep -q "cap import fits=0 over=2 again=0" <<<"$out"; then pass "memory limit: an imported export of its own handle is charged once and kept while imported"; else fail "memory limit with export and import" "$out"; fi
+# A seeded random mix of create, export and import, map, unmap, release and retain: after every step the
+# limit charges exactly the allocations still alive (an import or a retain never twice, a release never
+# what a mapping or another handle still holds, a released handle's value free for the driver to reuse),
+# and nothing at the end. 20 seeds, with both kinds of retained handle value.
+bad=""
+for new in 0 1; do
+    for seed in $(seq 1 20); do
+        out=$(run_client GPUSHARE_MEMORY_LIMIT_BYTES=$LIM GPUSHARE_STUB_RETAIN_NEW=$new "$BUILD/tests/cap_client" vmmsteps $LIM $seed 2>&1)
+        grep -q "cap vmmsteps steps=400 ok" <<<"$out" || bad="$bad seed=$seed retain_new=$new: $(grep 'cap vmmsteps' <<<"$out")"
+    done
+done
+if [ -z "$bad" ]; then pass "memory limit: 40 random VMM call sequences charge exactly what is held at every step"; else fail "memory limit under random VMM calls" "$bad"; fi
 for new in 0 1; do
     out=$(run_client GPUSHARE_MEMORY_LIMIT_BYTES=$LIM GPUSHARE_STUB_RETAIN_NEW=$new "$BUILD/tests/cap_client" held $LIM 2>&1)
     if grep -q "cap held held=2 gone=0" <<<"$out"; then pass "memory limit: a retained handle alone keeps the charge (retain gives a new value: $new)"; else fail "memory limit with a retained handle alone (new value: $new)" "$out"; fi

@@ -13,9 +13,9 @@ import (
 // included, because that is what the claim guard judges. Each process is charged for its context: the
 // context reserve R (Guards.ContextReserve) until NVML has a figure for it, then what NVML counts beyond
 // its grant (never below Guards.ContextFloor; context.go). The allocations of a ledger's processes
-// together may reach M less their context charges. The pods that share a claim are one ledger (Claim.Key), so a pod of N processes, or the two
-// pods of a shared claim, hold at most the claim together, where a per-process limit let each process
-// take all of it.
+// together may reach M less their context charges. The pods that share a claim are one ledger
+// (Claim.Key), so a pod of N processes, or the two pods of a shared claim, hold at most the claim
+// together, where a per-process limit let each process take all of it.
 //
 // A process allocates within its grant without asking (the shim's atomic counter); beyond it, it asks
 // for more with CHARGE and the scheduler adds at least a chunk (Guards.LedgerChunk) while the ledger has
@@ -26,16 +26,16 @@ import (
 //
 // A process is admitted before its CUDA context exists: the shim connects when the process first
 // creates or retains a context, and the scheduler places it in its ledger only while the ledger has room
-// for one more context (grants + contexts + R <= M). Refused, the process holds nothing, is not counted in n,
-// and its context creation fails with out of memory (LEDGER flags REFUSED). n counts admitted processes;
-// a disconnect returns the process's grant and its R.
+// for one more context (grants + contexts + R <= M). Refused, the process holds nothing, is not counted
+// in n, and its context creation fails with out of memory (LEDGER flags REFUSED). n counts admitted
+// processes; a disconnect returns the process's grant and its context charge.
 //
-// The ledger's bound, grants + contexts <= M, holds for everything the scheduler decides. Only what exists
-// before the scheduler could decide may take a ledger beyond it, and is accounted rather than refused:
-// a context NVML shows larger than it was charged,
-// a re-announced grant (RETURN flags HOLD, after a scheduler restart: the context and the memory are
-// there, admitted or not), a protocol 5 or older client (it cannot be told no), and a client whose pod
-// is found only after it connected (ledgerAttach). The ledger then refuses every CHARGE until frees or
+// The ledger's bound, grants + contexts <= M, holds for everything the scheduler decides. Only what
+// exists before the scheduler could decide may take a ledger beyond it, and is accounted rather than
+// refused: a context NVML shows larger than it was charged, a re-announced grant (RETURN flags HOLD,
+// after a scheduler restart: the context and the memory are there, admitted or not), a protocol 5 or
+// older client (it cannot be told no), and a client whose pod is found only after it connected
+// (ledgerAttach). The ledger then refuses every CHARGE until frees or
 // leaves bring it back within, and the guard judges the pod meanwhile; ledgerBook.checkLocked records
 // anything else as a broken invariant.
 

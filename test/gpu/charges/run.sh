@@ -24,7 +24,7 @@ SHIM=$ROOT/shim/build/libgpushare.so
 CLAIM=${CLAIM:-$((8 << 30))}
 RESERVE=${RESERVE:-$((768 << 20))}
 LIM=${LIM:-$((1 << 30))}
-[ $# -ge 1 ] && exec > >(tee "$1") 2>&1
+[ $# -ge 1 ] && mkdir -p "$(dirname "$1")" && exec > >(tee "$1") 2>&1
 make -s -C "$ROOT/shim" all >/dev/null || exit 1
 WORK=$(mktemp -d)
 gcc -std=gnu11 -O2 -Wall -D_GNU_SOURCE -I"$ROOT/shim/include" "$HERE/charges.c" -o "$WORK/charges" -ldl || exit 1

@@ -10,11 +10,12 @@ import (
 // One memory ledger per claim (protocol version 6, shim/include/gpushare_proto.h).
 //
 // A claim of M bytes is the device memory its pods' processes hold as NVML counts it, CUDA contexts
-// included, because that is what the claim guard judges. Each process is charged the context reserve R
-// (Guards.ContextReserve), so the allocations of a ledger's n connected processes together may reach
-// M - n*R. The pods that share a claim are one ledger (Claim.Key), so a pod of N processes, or the two
-// pods of a shared claim, hold at most the claim together, where a per-process limit let each process
-// take all of it.
+// included, because that is what the claim guard judges. Each process is charged for its context: the
+// context reserve R (Guards.ContextReserve) until NVML has a figure for it, then what NVML counts beyond
+// its grant (never below Guards.ContextFloor; context.go). The allocations of a ledger's processes
+// together may reach M less their context charges. The pods that share a claim are one ledger
+// (Claim.Key), so a pod of N processes, or the two pods of a shared claim, hold at most the claim
+// together, where a per-process limit let each process take all of it.
 //
 // A process allocates within its grant without asking (the shim's atomic counter); beyond it, it asks
 // for more with CHARGE and the scheduler adds at least a chunk (Guards.LedgerChunk) while the ledger has
@@ -25,15 +26,16 @@ import (
 //
 // A process is admitted before its CUDA context exists: the shim connects when the process first
 // creates or retains a context, and the scheduler places it in its ledger only while the ledger has room
-// for one more context (grants + (n+1)*R <= M). Refused, the process holds nothing, is not counted in n,
-// and its context creation fails with out of memory (LEDGER flags REFUSED). n counts admitted processes;
-// a disconnect returns the process's grant and its R.
+// for one more context (grants + contexts + R <= M). Refused, the process holds nothing, is not counted
+// in n, and its context creation fails with out of memory (LEDGER flags REFUSED). n counts admitted
+// processes; a disconnect returns the process's grant and its context charge.
 //
-// The ledger's bound, grants + n*R <= M, holds for everything the scheduler decides. Only what exists
-// before the scheduler could decide may take a ledger beyond it, and is accounted rather than refused:
-// a re-announced grant (RETURN flags HOLD, after a scheduler restart: the context and the memory are
-// there, admitted or not), a protocol 5 or older client (it cannot be told no), and a client whose pod
-// is found only after it connected (ledgerAttach). The ledger then refuses every CHARGE until frees or
+// The ledger's bound, grants + contexts <= M, holds for everything the scheduler decides. Only what
+// exists before the scheduler could decide may take a ledger beyond it, and is accounted rather than
+// refused: a context NVML shows larger than it was charged, a re-announced grant (RETURN flags HOLD,
+// after a scheduler restart: the context and the memory are there, admitted or not), a protocol 5 or
+// older client (it cannot be told no), and a client whose pod is found only after it connected
+// (ledgerAttach). The ledger then refuses every CHARGE until frees or
 // leaves bring it back within, and the guard judges the pod meanwhile; ledgerBook.checkLocked records
 // anything else as a broken invariant.
 
@@ -43,6 +45,9 @@ const (
 	// contexts measured on the GPU (docs/dra.md, "What a claim guarantees"), with a margin for the driver's
 	// per-process growth (more streams, modules loaded, workspaces outside the caching allocator).
 	DefaultContextReserve = 768 << 20
+	// DefaultContextFloor is the least a process is charged for its context once NVML has a figure for
+	// it: below a bare CUDA context (518 MiB on the H200, docs/dra.md), so a small measurement stands.
+	DefaultContextFloor = 256 << 20
 	// DefaultLedgerChunk is the least a CHARGE adds to a grant while the ledger has room.
 	DefaultLedgerChunk = 64 << 20
 )
@@ -76,7 +81,8 @@ type LedgerState struct {
 	Key       string
 	Claim     uint64 // M
 	Processes int    // n
-	Total     uint64 // M - n*R, 0 when negative
+	Contexts  uint64 // the processes' context charges together
+	Total     uint64 // M less Contexts, 0 when negative
 	Granted   uint64
 	Refusals  uint64
 }
@@ -85,6 +91,9 @@ type LedgerState struct {
 type ledgerBook struct {
 	gpu            string
 	reserve, chunk uint64
+	floor          uint64 // the least context charge once measured (Guards.ContextFloor)
+	watching       bool   // its ledgers are measured periodically (context.go)
+	measuring      sync.Mutex
 
 	mu     sync.Mutex
 	byKey  map[string]*ledger
@@ -96,6 +105,7 @@ type ledger struct {
 	claim    uint64
 	members  map[*member]struct{}
 	granted  uint64
+	contexts uint64 // the members' context charges together
 	refusals uint64
 	// over: a forced admission or a re-announced grant left the grants beyond the total (allowed; no
 	// raise and no admission is).
@@ -108,7 +118,11 @@ type member struct {
 	l        *ledger
 	refused  *Claim
 	version  uint16
+	pid      int32 // the kernel's pid, whose NVML figure measures its context (0: none)
 	grant    uint64
+	ctx      uint64 // its context charge: R until measured, then context.go's figure
+	peak     uint64 // its largest grant since the measurement under way began (context.go)
+	measured bool
 	send     func([]byte) bool
 	drop     func()
 	welcomed bool // its Welcome is queued: Ledger messages may follow
@@ -118,12 +132,12 @@ type member struct {
 
 func (m *member) speaks() bool { return m.version == 0 || m.version >= 6 }
 
-func (l *ledger) total(reserve uint64) uint64 {
-	n := uint64(len(l.members))
-	if n != 0 && reserve > l.claim/n {
+// total is what the members' allocations may reach together: the claim less their context charges.
+func (l *ledger) total() uint64 {
+	if l.contexts > l.claim {
 		return 0
 	}
-	return l.claim - n*reserve
+	return l.claim - l.contexts
 }
 
 // book returns q's ledgers.
@@ -132,7 +146,7 @@ func (s *Scheduler) book(q *queue) *ledgerBook {
 		return b.(*ledgerBook)
 	}
 	b, _ := s.books.LoadOrStore(q, &ledgerBook{gpu: q.uuid, reserve: s.opts.ContextReserve, chunk: s.opts.LedgerChunk,
-		byKey: map[string]*ledger{}})
+		floor: s.opts.ContextFloor, byKey: map[string]*ledger{}})
 	return b.(*ledgerBook)
 }
 
@@ -148,7 +162,8 @@ func (s *Scheduler) ledgerJoin(q *queue, pid int32, version uint16, send func([]
 		cl, ok = s.opts.ClaimOf(q.uuid, pid)
 	}
 	b := s.book(q)
-	m := b.join(cl, ok, version, send, drop)
+	m := b.join(cl, ok, pid, version, send, drop)
+	s.watchContexts(q, b)
 	var welcomed atomic.Bool
 	return m, func(f []byte) bool {
 		if welcomed.Swap(true) {
@@ -158,8 +173,8 @@ func (s *Scheduler) ledgerJoin(q *queue, pid int32, version uint16, send func([]
 	}
 }
 
-func (b *ledgerBook) join(cl Claim, ok bool, version uint16, send func([]byte) bool, drop func()) *member {
-	m := &member{version: version, send: send, drop: drop}
+func (b *ledgerBook) join(cl Claim, ok bool, pid int32, version uint16, send func([]byte) bool, drop func()) *member {
+	m := &member{version: version, pid: pid, send: send, drop: drop, ctx: b.reserve}
 	if !ok || cl.Memory == 0 {
 		return m
 	}
@@ -186,6 +201,7 @@ func (b *ledgerBook) admitLocked(m *member, cl Claim, forced bool) bool {
 	}
 	l.claim = cl.Memory // the claim as the agent knows it now
 	l.members[m] = struct{}{}
+	l.contexts += m.ctx
 	m.l, m.refused = l, nil
 	b.settleLocked(l, forced)
 	b.pushLocked(l, m)
@@ -193,17 +209,14 @@ func (b *ledgerBook) admitLocked(m *member, cl Claim, forced bool) bool {
 }
 
 // roomForOneMore says whether l (nil: none yet) can take one more process of a claim of claim bytes:
-// its grants plus one more context reserve than it counts now within the claim.
+// its grants and context charges plus one more context reserve within the claim.
 func (b *ledgerBook) roomForOneMore(l *ledger, claim uint64) bool {
-	var granted, n uint64
+	var granted, contexts uint64
 	if l != nil {
-		granted, n = l.granted, uint64(len(l.members))
+		granted, contexts = l.granted, l.contexts
 	}
-	if b.reserve != 0 && n+1 > claim/b.reserve {
-		return false
-	}
-	need := (n + 1) * b.reserve
-	return granted <= claim-need
+	need := contexts + b.reserve
+	return need <= claim && granted <= claim-need
 }
 
 // attach places m, connected outside every ledger because its pod was unknown, in cl's ledger now that
@@ -234,6 +247,7 @@ func (s *Scheduler) ledgerAttach(q *queue, m *member, pid int32) {
 		return
 	}
 	if cl, ok := s.opts.ClaimOf(q.uuid, pid); ok && s.book(q).attach(m, cl) {
+		s.watchContexts(q, s.book(q))
 		q.log.Info("Shim client placed in its claim's ledger now that its pod is found", "pid", pid, "claim", cl.Key)
 	}
 }
@@ -258,6 +272,7 @@ func (b *ledgerBook) leave(m *member) {
 	}
 	delete(l.members, m)
 	l.granted -= m.grant
+	l.contexts -= m.ctx
 	m.grant = 0
 	if len(l.members) == 0 {
 		delete(b.byKey, l.key)
@@ -278,20 +293,21 @@ func (b *ledgerBook) charge(m *member, seq uint32, bytes uint64) {
 	}
 	m.charged = true
 	var room uint64
-	if t := l.total(b.reserve); t > l.granted {
+	if t := l.total(); t > l.granted {
 		room = t - l.granted
 	}
 	st, added := ChargeRefused, uint64(0)
 	if bytes > 0 && bytes <= room {
 		st, added = ChargeOK, min(max(bytes, b.chunk), room)
 		m.grant += added
+		m.peak = max(m.peak, m.grant)
 		l.granted += added
 	} else {
 		l.refusals++
 	}
 	b.checkLocked(l)
 	m.sendOrDrop(encodeOwn(Message{Type: MsgCharged, Version: m.version, Seq: seq, Charge: st, Added: added,
-		Grant: m.grant, Total: l.total(b.reserve), Granted: l.granted}))
+		Grant: m.grant, Total: l.total(), Granted: l.granted}))
 	if added > 0 {
 		b.pushLocked(l, m)
 	}
@@ -319,6 +335,7 @@ func (b *ledgerBook) giveBack(m *member, flags uint32, bytes uint64) error {
 		m.charged = true
 		l.granted += bytes - m.grant
 		m.grant = bytes
+		m.peak = max(m.peak, m.grant)
 		b.settleLocked(l, true)
 	} else {
 		bytes = min(bytes, m.grant)
@@ -333,7 +350,7 @@ func (b *ledgerBook) giveBack(m *member, flags uint32, bytes uint64) error {
 // settleLocked notes whether l is beyond its total; allowed says the change may take it there (a forced
 // admission or a Hold), which no Charge and no admission is.
 func (b *ledgerBook) settleLocked(l *ledger, allowed bool) {
-	beyond := l.granted > l.total(b.reserve)
+	beyond := l.granted > l.total()
 	if beyond && allowed {
 		l.over = true
 	}
@@ -343,8 +360,8 @@ func (b *ledgerBook) settleLocked(l *ledger, allowed bool) {
 	b.checkLocked(l)
 }
 
-// checkLocked records a broken invariant: the grants plus n*R beyond M without a forced admission or a
-// Hold that put them there, or the sum of the grants not what the ledger counts.
+// checkLocked records a broken invariant: the grants plus the context charges beyond M without a forced
+// admission, a Hold or a measured context that put them there, or a sum the ledger counts wrong.
 func (b *ledgerBook) checkLocked(l *ledger) {
 	var sum uint64
 	for m := range l.members {
@@ -353,8 +370,15 @@ func (b *ledgerBook) checkLocked(l *ledger) {
 	if sum != l.granted {
 		b.broken = append(b.broken, fmt.Errorf("ledger %s: grants sum to %d, the ledger counts %d", l.key, sum, l.granted))
 	}
-	if l.granted > l.total(b.reserve) && !l.over {
-		b.broken = append(b.broken, fmt.Errorf("ledger %s: grants %d + %d x %d beyond the claim %d", l.key, l.granted, len(l.members), b.reserve, l.claim))
+	var ctxs uint64
+	for m := range l.members {
+		ctxs += m.ctx
+	}
+	if ctxs != l.contexts {
+		b.broken = append(b.broken, fmt.Errorf("ledger %s: context charges sum to %d, the ledger counts %d", l.key, ctxs, l.contexts))
+	}
+	if l.granted > l.total() && !l.over {
+		b.broken = append(b.broken, fmt.Errorf("ledger %s: grants %d + contexts %d beyond the claim %d", l.key, l.granted, l.contexts, l.claim))
 	}
 }
 
@@ -370,13 +394,13 @@ func (b *ledgerBook) pushLocked(l *ledger, except *member) {
 func (b *ledgerBook) ledgerMsgLocked(m *member) []byte {
 	msg := Message{Type: MsgLedger, Version: m.version}
 	if l := m.l; l != nil {
-		msg.Flags, msg.Processes, msg.Claim, msg.Reserve = LedgerOn, uint32(len(l.members)), l.claim, b.reserve
-		msg.Total, msg.Granted, msg.Grant, msg.Bytes = l.total(b.reserve), l.granted, m.grant, b.chunk
+		msg.Flags, msg.Processes, msg.Claim, msg.Reserve = LedgerOn, uint32(len(l.members)), l.claim, m.ctx
+		msg.Total, msg.Granted, msg.Grant, msg.Bytes = l.total(), l.granted, m.grant, b.chunk
 	} else if cl := m.refused; cl != nil {
 		// the ledger as it stands without this client: n admitted processes and their grants
 		msg.Flags, msg.Claim, msg.Reserve, msg.Total, msg.Bytes = LedgerRefused, cl.Memory, b.reserve, cl.Memory, b.chunk
 		if l := b.byKey[cl.Key]; l != nil {
-			msg.Processes, msg.Total, msg.Granted = uint32(len(l.members)), l.total(b.reserve), l.granted
+			msg.Processes, msg.Total, msg.Granted = uint32(len(l.members)), l.total(), l.granted
 		}
 	}
 	return encodeOwn(msg)
@@ -403,7 +427,7 @@ func (b *ledgerBook) states() []LedgerState {
 	out := make([]LedgerState, 0, len(b.byKey))
 	for _, l := range b.byKey {
 		out = append(out, LedgerState{GPU: b.gpu, Key: l.key, Claim: l.claim, Processes: len(l.members),
-			Total: l.total(b.reserve), Granted: l.granted, Refusals: l.refusals})
+			Contexts: l.contexts, Total: l.total(), Granted: l.granted, Refusals: l.refusals})
 	}
 	return out
 }
@@ -427,6 +451,7 @@ func (s *Scheduler) Ledgers() []LedgerState {
 func (s *Scheduler) ledgerMessage(q *queue, m *member, msg Message) error {
 	b := s.book(q)
 	if msg.Type == MsgCharge {
+		s.measureContexts(q, b, m)
 		b.charge(m, msg.Seq, msg.Bytes)
 		return nil
 	}

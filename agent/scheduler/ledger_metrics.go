@@ -7,7 +7,7 @@ import "github.com/prometheus/client_golang/prometheus"
 var (
 	ledgerLabels    = []string{"gpu", "claim"}
 	descLedgerLimit = prometheus.NewDesc("gpusharing_scheduler_ledger_limit_bytes",
-		"What the allocations of a claim's processes on a GPU may reach together: the claim less the context reserve per connected process (M - n*R).", ledgerLabels, nil)
+		"What the allocations of a claim's processes on a GPU may reach together: the claim less each connected process's context charge (R until NVML measures it).", ledgerLabels, nil)
 	descLedgerGranted = prometheus.NewDesc("gpusharing_scheduler_ledger_granted_bytes",
 		"Device memory the scheduler granted a claim's processes on a GPU for their allocations.", ledgerLabels, nil)
 	descLedgerClaim = prometheus.NewDesc("gpusharing_scheduler_ledger_claim_bytes",

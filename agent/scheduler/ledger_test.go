@@ -31,24 +31,31 @@ type ledgerEnv struct {
 
 func startLedgerEnv(t *testing.T) *ledgerEnv {
 	t.Helper()
+	return startLedgerEnvWith(t, func(*Guards) {})
+}
+
+// startLedgerEnvWith is startLedgerEnv with guards changed by set.
+func startLedgerEnvWith(t *testing.T, set func(*Guards)) *ledgerEnv {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "gs")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	e := &ledgerEnv{sock: filepath.Join(dir, "gpu.sock"), reg: prometheus.NewRegistry(), claims: make(chan Claim, 16)}
-	e.s, err = New(Options{GPUs: []GPUConfig{{UUID: "GPU-test", SocketPath: e.sock}}, Registerer: e.reg,
-		Guards: Guards{ContextReserve: testReserve, LedgerChunk: testChunk, ClaimOf: func(gpu string, _ int32) (Claim, bool) {
-			if gpu != "GPU-test" {
-				return Claim{}, false
-			}
-			select {
-			case c := <-e.claims:
-				return c, c.Key != ""
-			default:
-				return Claim{}, false
-			}
-		}}})
+	g := Guards{ContextReserve: testReserve, LedgerChunk: testChunk, ClaimOf: func(gpu string, _ int32) (Claim, bool) {
+		if gpu != "GPU-test" {
+			return Claim{}, false
+		}
+		select {
+		case c := <-e.claims:
+			return c, c.Key != ""
+		default:
+			return Claim{}, false
+		}
+	}}
+	set(&g)
+	e.s, err = New(Options{GPUs: []GPUConfig{{UUID: "GPU-test", SocketPath: e.sock}}, Registerer: e.reg, Guards: g})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -97,6 +97,9 @@ type Guards struct {
 	// ContextReserve is R, charged per connected process of a ledger for its CUDA context
 	// (DefaultContextReserve).
 	ContextReserve uint64
+	// ContextFloor is the least a ledger charges a process for its context once NVML has a figure for it
+	// (context.go; DefaultContextFloor).
+	ContextFloor uint64
 	// LedgerChunk is the least a Charge adds to a grant while the ledger has room (DefaultLedgerChunk).
 	LedgerChunk uint64
 }
@@ -117,6 +120,9 @@ func (o Options) withLimitDefaults() Options {
 	}
 	if o.ContextReserve == 0 {
 		o.ContextReserve = DefaultContextReserve
+	}
+	if o.ContextFloor == 0 {
+		o.ContextFloor = DefaultContextFloor
 	}
 	if o.LedgerChunk == 0 {
 		o.LedgerChunk = DefaultLedgerChunk

@@ -301,8 +301,8 @@ type Message struct {
 	// The claim's ledger (version 6, ledger.go).
 	Processes uint32       // Ledger: n, the ledger's connected processes
 	Claim     uint64       // Ledger: M
-	Reserve   uint64       // Ledger: R, per process
-	Total     uint64       // Ledger, Charged: M - n*R (0 when negative)
+	Reserve   uint64       // Ledger: the client's context charge (R until measured)
+	Total     uint64       // Ledger, Charged: M less the context charges (0 when negative)
 	Granted   uint64       // Ledger, Charged: the ledger's grants together
 	Grant     uint64       // Ledger, Charged: this client's grant
 	Added     uint64       // Charged

@@ -33,11 +33,13 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/gpusharing/gpusharing/agent/gpu"
 	"github.com/gpusharing/gpusharing/agent/scheduler"
 )
 
@@ -99,13 +101,13 @@ func main() {
 
 // schedulerFlags are the scheduler's flags, parsed once in run.
 type schedulerFlags struct {
-	gpus                        gpuFlags
-	dir, metricsAddr            *string
-	verbosity                   *int
-	rebuild                     *time.Duration
-	serial, envOverrides, gangs *bool
-	oppQueue                    *uint
-	claimMem, ctxReserve        *uint64
+	gpus                              gpuFlags
+	dir, metricsAddr                  *string
+	verbosity                         *int
+	rebuild                           *time.Duration
+	serial, envOverrides, gangs, nvml *bool
+	oppQueue                          *uint
+	claimMem, ctxReserve              *uint64
 }
 
 // flagSet binds every flag of the scheduler: the flag set run parses and docs/reference lists.
@@ -127,7 +129,9 @@ func flagSet() (*flag.FlagSet, *schedulerFlags) {
 	f.claimMem = fs.Uint64("claim-memory", 0,
 		"put every client of a GPU in one claim ledger of this many bytes, contexts included (0: none; the agent names each client's claim)")
 	f.ctxReserve = fs.Uint64("context-reserve", scheduler.DefaultContextReserve,
-		"bytes charged to a claim ledger per process for its CUDA context")
+		"bytes charged to a claim ledger per process for its CUDA context until NVML has a figure for it")
+	f.nvml = fs.Bool("nvml", false,
+		"read each client's device memory through NVML: a claim ledger charges each process's context as NVML counts it, and memory reports are checked against NVML's figure, context included (off, or no NVML: the context reserve, reports as they come)")
 	f.envOverrides = fs.Bool("env-overrides", true,
 		"let the clients' environments loosen their pacing and waits (GPUSHARE_PACE_OVERRIDE, GPUSHARE_PACE_FULL_US, GPUSHARE_PACE_WAIT_MAX_MS, GPUSHARE_WAIT_TIMEOUT_MS, GPUSHARE_MEMREPLY_TIMEOUT_MS, GPUSHARE_CONNECT_TIMEOUT_MS, GPUSHARE_RECONNECT_MAX_MS: for measuring; the agent never allows it)")
 	f.gangs = fs.Bool("gangs", true,
@@ -165,6 +169,15 @@ func run() error {
 		*f.rebuild = -1 // Options: negative is none
 	}
 	guards := scheduler.Guards{ContextReserve: *f.ctxReserve}
+	if *f.nvml {
+		lib := nvml.New()
+		if r := lib.Init(); r == nvml.SUCCESS {
+			defer func() { _ = lib.Shutdown() }()
+			guards.ProcessMemory = scheduler.ProcessMemoryFrom(gpu.NewNVML(lib))
+		} else {
+			log.Info("No NVML: claim ledgers charge the context reserve per process", "reason", r.Error())
+		}
+	}
 	if !*f.gangs {
 		guards.GangKey = func(int32) string { return "" }
 	}

@@ -147,6 +147,34 @@ typedef struct CUipcMemHandle_st {
     char reserved[64];
 } CUipcMemHandle;
 
+/* Shareable handles of VMM allocations: a POSIX file descriptor travels as an int, in and out. */
+typedef int CUmemAllocationHandleType;
+#define CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 1
+#define CU_MEM_HANDLE_TYPE_FABRIC 8
+typedef struct CUmemFabricHandle_st {
+    unsigned char data[64];
+} CUmemFabricHandle;
+
+/* Context limits: the device malloc heap is device memory the context takes for kernels' malloc. */
+typedef int CUlimit;
+#define CU_LIMIT_MALLOC_HEAP_SIZE 2
+
+/* Arrays (textures and surfaces): what the memory limit estimates their memory from. */
+typedef struct CUmipmappedArray_st *CUmipmappedArray;
+typedef int CUarray_format;
+typedef struct CUDA_ARRAY_DESCRIPTOR_st {
+    size_t Width, Height;
+    CUarray_format Format;
+    unsigned int NumChannels;
+} CUDA_ARRAY_DESCRIPTOR;
+typedef struct CUDA_ARRAY3D_DESCRIPTOR_st {
+    size_t Width, Height, Depth;
+    CUarray_format Format;
+    unsigned int NumChannels;
+    unsigned int Flags;
+} CUDA_ARRAY3D_DESCRIPTOR;
+_Static_assert(sizeof(CUDA_ARRAY_DESCRIPTOR) == 24 && sizeof(CUDA_ARRAY3D_DESCRIPTOR) == 40, "array descriptor layout");
+
 typedef int CUpointer_attribute;
 #define CU_POINTER_ATTRIBUTE_CONTEXT 1
 #define CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2

@@ -77,10 +77,10 @@
  *
  * The claim ledger: the agent knows each client's pod and the sized claim(s) it holds on this GPU; the
  * clients of the pods that share a claim form one ledger of M bytes (the claim), counted as NVML counts
- * it: each connected process is charged a context reserve R, and their allocations together may reach
- * total = M - n*R (n: the ledger's admitted processes). The client connects before it creates its first
- * CUDA context, and the scheduler admits it only while the ledger has room for one more reserve
- * (granted + (n+1)*R <= M). LEDGER (scheduler to client) comes right after WELCOME, always (flags 0: no
+ * it: each connected process is charged for its CUDA context (the context reserve R until NVML has a
+ * figure for the process, then what NVML counts beyond its grant), and their allocations together may
+ * reach total = M less those charges. The client connects before it creates its first CUDA context, and
+ * the scheduler admits it only while the ledger has room for one more reserve (granted + charges + R <= M). LEDGER (scheduler to client) comes right after WELCOME, always (flags 0: no
  * ledger, the client keeps its own GPUSHARE_MEMORY_LIMIT_BYTES alone; REFUSED: not admitted, the client
  * holds nothing and fails its context creation with out of memory; processes, total and granted then
  * describe the ledger without it), and again whenever the ledger's total or granted bytes change. A client's grant is the part of the total
@@ -331,8 +331,8 @@ struct gs_ledger {
     uint32_t flags;     /* GS_LEDGER_* */
     uint32_t processes; /* n: the ledger's connected processes on this GPU, this one included */
     uint64_t claim;     /* M: the claim's bytes, as NVML counts them (contexts included) */
-    uint64_t reserve;   /* R: charged per process for its CUDA context */
-    uint64_t total;     /* M - n*R (0 when negative): what the processes' allocations may reach together */
+    uint64_t reserve;   /* this process's context charge (R before NVML measured it); REFUSED: R */
+    uint64_t total;     /* M less the context charges (0 when negative): what the allocations may reach */
     uint64_t granted;   /* the grants of all the ledger's processes, this one's included */
     uint64_t grant;     /* this client's grant */
     uint64_t chunk;     /* a CHARGE adds at least this while there is room; keep at most two unused */

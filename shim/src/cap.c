@@ -26,8 +26,15 @@
 struct cap_entry {
     uint64_t key;  /* 0: empty slot */
     uint64_t bytes;
-    uint32_t kind; /* GS_CAP_PTR or GS_CAP_HANDLE: a handle's value may equal some pointer's */
-    uint32_t refs; /* handles: cuMemCreate and cuMemRetainAllocationHandle, less cuMemRelease */
+    uint32_t kind; /* GS_CAP_*: a handle's value may equal some pointer's */
+    uint32_t refs; /* handles: cuMemCreate, cuMemRetainAllocationHandle and mappings, less cuMemRelease */
+    /* handles: the handle whose charge this one shares (an import of this process's own export: the same
+     * memory), held by one reference while this entry lives; 0: none */
+    uint64_t parent;
+    /* handles: the references that are not the application's (its mappings, the handles sharing its
+     * charge); when only those are left the application has released the handle and its value is the
+     * driver's to give again, so the entry moves to a key of its own (ghost_locked) */
+    uint32_t held;
 };
 
 /* One limit, table and ledger per shared GPU (dev.c); C is the calling thread's GPU's. */
@@ -51,12 +58,17 @@ struct cap_dev {
     pthread_once_t rep_once;
     uint32_t req_seq, rep_seq, rep_status;
     atomic_int connect_asked;
+    _Atomic uint64_t gran; /* the driver's allocation granularity (0: not asked yet) */
+    uint64_t ghosts;       /* keys given to released handles' entries (GS_CAP_GHOST) */
+    pthread_mutex_t heap_mu;
+    uint64_t heap; /* the device malloc heap charged (cuCtxSetLimit) */
 };
 static struct cap_dev caps[GS_DEV_SLOTS] = {
     [0 ... GS_DEV_SLOTS - 1] = {.tab_mu = PTHREAD_MUTEX_INITIALIZER,
                                 .led_rw = PTHREAD_RWLOCK_INITIALIZER,
                                 .req_mu = PTHREAD_MUTEX_INITIALIZER,
                                 .rep_mu = PTHREAD_MUTEX_INITIALIZER,
+                                .heap_mu = PTHREAD_MUTEX_INITIALIZER,
                                 .rep_once = PTHREAD_ONCE_INIT},
 };
 #define C (&caps[gs_dev_cur])
@@ -151,32 +163,217 @@ int gs_cap_retain(uint32_t kind, uint64_t key)
     return i != SIZE_MAX;
 }
 
+int gs_cap_known(uint32_t kind, uint64_t key)
+{
+    pthread_mutex_lock(&C->tab_mu);
+    int found = find_locked(key, kind) != SIZE_MAX;
+    pthread_mutex_unlock(&C->tab_mu);
+    return found;
+}
+
+static int room_for_locked(size_t more)
+{
+    return (C->tab_len + more) * 2 <= C->tab_cap || grow_locked() == 0;
+}
+
+/* The entry a stored reference (a mapping's handle, a parent, an export's handle) names: a handle the
+ * application holds, or one it released while something else still holds it (a ghost key, top bit set). */
+#define GHOST_BIT (1ull << 63)
+static size_t find_ref_locked(uint64_t key)
+{
+    return find_locked(key, (key & GHOST_BIT) ? GS_CAP_GHOST : GS_CAP_HANDLE);
+}
+
+/* Entry i's handle was released by the application while mappings or sharing handles still hold it:
+ * the driver may give its value to a new allocation, which must find no entry under it. The entry moves
+ * to a key no handle has, and every reference to it (mappings, sharing handles, exports) follows. */
+static void ghost_locked(size_t i)
+{
+    struct cap_entry e = C->tab[i];
+    uint64_t old = e.key;
+    e.key = GHOST_BIT | ++C->ghosts;
+    e.kind = GS_CAP_GHOST;
+    remove_at_locked(i);
+    put_locked(e); /* the slot just freed: no growth needed */
+    for (size_t j = 0; j < C->tab_cap; j++) {
+        struct cap_entry *x = &C->tab[j];
+        if (x->key == 0)
+            continue;
+        if ((x->kind == GS_CAP_MAP || x->kind == GS_CAP_EXPORT) && x->bytes == old)
+            x->bytes = e.key;
+        else if ((x->kind == GS_CAP_HANDLE || x->kind == GS_CAP_GHOST) && x->parent == old)
+            x->parent = e.key;
+    }
+}
+
 /* A mapping is one more reference to its handle's entry (the handle's bytes stay charged while it lives),
- * remembered by its address (kind GS_CAP_MAP, bytes: the handle) for cuMemUnmap, which names addresses. */
-void gs_cap_map(CUdeviceptr va, uint64_t handle)
+ * remembered by its address (kind GS_CAP_MAP, bytes: the handle) for cuMemUnmap, which names addresses.
+ * own > 0: the handle is one the table did not know (imported from another process, or made by a path the
+ * shim does not see), charged own bytes by the caller: its entry starts with the application's reference
+ * to the handle and this mapping's, so that neither its cuMemRelease nor its cuMemUnmap alone gives the
+ * bytes back. Returns the bytes of own the table could not hold, for the caller to give back. */
+uint64_t gs_cap_map(CUdeviceptr va, uint64_t handle, uint64_t own)
 {
     pthread_mutex_lock(&C->tab_mu);
     size_t i = find_locked(handle, GS_CAP_HANDLE);
-    if (i != SIZE_MAX && va != 0 && find_locked(va, GS_CAP_MAP) == SIZE_MAX &&
-        ((C->tab_len + 1) * 2 <= C->tab_cap || grow_locked() == 0)) {
+    uint64_t back = own;
+    if (i == SIZE_MAX && own > 0 && handle != 0 && room_for_locked(1)) {
+        put_locked((struct cap_entry){.key = handle, .bytes = own, .kind = GS_CAP_HANDLE, .refs = 1});
+        i = find_locked(handle, GS_CAP_HANDLE);
+        back = 0;
+    }
+    if (i != SIZE_MAX && va != 0 && find_locked(va, GS_CAP_MAP) == SIZE_MAX && room_for_locked(1)) {
         i = find_locked(handle, GS_CAP_HANDLE); /* grow moved it */
         C->tab[i].refs++;
+        C->tab[i].held++;
         put_locked((struct cap_entry){.key = va, .bytes = handle, .kind = GS_CAP_MAP, .refs = 1});
+    }
+    pthread_mutex_unlock(&C->tab_mu);
+    return back;
+}
+
+/* cuMemRetainAllocationHandle gave handle for the mapping at va, a value the table does not count: it is
+ * the mapped handle's memory, so it shares that handle's charge as an import of an own export does. */
+void gs_cap_retained_at(CUdeviceptr va, uint64_t handle)
+{
+    pthread_mutex_lock(&C->tab_mu);
+    size_t m = find_locked(va, GS_CAP_MAP);
+    uint64_t orig = m != SIZE_MAX ? C->tab[m].bytes : 0;
+    if (orig != 0 && handle != 0 && find_locked(handle, GS_CAP_HANDLE) == SIZE_MAX &&
+        find_ref_locked(orig) != SIZE_MAX && room_for_locked(1)) {
+        size_t o = find_ref_locked(orig);
+        C->tab[o].refs++;
+        C->tab[o].held++;
+        put_locked((struct cap_entry){.key = handle, .bytes = 0, .kind = GS_CAP_HANDLE, .refs = 1, .parent = orig});
     }
     pthread_mutex_unlock(&C->tab_mu);
 }
 
-/* Drops one reference of handle's entry; returns the bytes to give back when it was the last. tab_mu held. */
+/* The key an exported shareable handle is remembered by: a file descriptor's number, a fabric handle's
+ * bytes; 0 for a type the shim does not follow. */
+static uint64_t shareable_key(int type, const void *shareable, int imported)
+{
+    if (shareable == NULL && !(imported && type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
+        return 0;
+    if (type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+        int fd = imported ? (int)(intptr_t)shareable : *(const int *)shareable;
+        return fd < 0 ? 0 : ((uint64_t)fd << 8) | 1;
+    }
+    if (type == CU_MEM_HANDLE_TYPE_FABRIC) {
+        const unsigned char *b = shareable;
+        uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+        for (size_t k = 0; k < sizeof(CUmemFabricHandle); k++)
+            h = (h ^ b[k]) * 0x100000001b3ull;
+        return (h << 8) | 2;
+    }
+    return 0;
+}
+
+void gs_cap_exported(int type, const void *shareable, uint64_t handle)
+{
+    uint64_t key = shareable_key(type, shareable, 0);
+    if (key == 0)
+        return;
+    pthread_mutex_lock(&C->tab_mu);
+    size_t i = find_locked(key, GS_CAP_EXPORT);
+    if (i != SIZE_MAX)
+        C->tab[i].bytes = handle; /* a number the kernel gave again: the newest export */
+    else if (room_for_locked(1))
+        put_locked((struct cap_entry){.key = key, .bytes = handle, .kind = GS_CAP_EXPORT, .refs = 1});
+    pthread_mutex_unlock(&C->tab_mu);
+}
+
+/* An import of this process's own export is the memory its handle already charges: the new handle shares
+ * that charge (one more reference to it, held until the new handle's last reference goes), so that
+ * neither is counted twice nor lost when the original is released. An import from elsewhere is charged
+ * where it is mapped (gs_cap_map), since only a mapping says how large it is. */
+void gs_cap_imported(int type, const void *os_handle, uint64_t handle)
+{
+    uint64_t key = shareable_key(type, os_handle, 1);
+    if (key == 0 || handle == 0)
+        return;
+    pthread_mutex_lock(&C->tab_mu);
+    size_t e = find_locked(key, GS_CAP_EXPORT);
+    uint64_t orig = e != SIZE_MAX ? C->tab[e].bytes : 0;
+    size_t o = orig != 0 ? find_ref_locked(orig) : SIZE_MAX;
+    if (o != SIZE_MAX && orig == handle) {
+        C->tab[o].refs++; /* the driver gave the same handle again: one more reference */
+    } else if (o != SIZE_MAX && find_locked(handle, GS_CAP_HANDLE) == SIZE_MAX && room_for_locked(1)) {
+        o = find_ref_locked(orig); /* grow moved it */
+        C->tab[o].refs++;
+        C->tab[o].held++;
+        put_locked((struct cap_entry){.key = handle, .bytes = 0, .kind = GS_CAP_HANDLE, .refs = 1, .parent = orig});
+    }
+    pthread_mutex_unlock(&C->tab_mu);
+}
+
+/* The driver's allocation granularity of the calling thread's device (2 MiB where it cannot tell). */
+static uint64_t granularity(void)
+{
+    uint64_t g = atomic_load_explicit(&C->gran, memory_order_relaxed);
+    if (GS_LIKELY(g != 0))
+        return g;
+    gs_fn_cuCtxGetDevice getdev = (gs_fn_cuCtxGetDevice)gs_real(GS_ID_cuCtxGetDevice);
+    gs_fn_cuMemGetAllocationGranularity ask =
+        (gs_fn_cuMemGetAllocationGranularity)gs_real(GS_ID_cuMemGetAllocationGranularity);
+    CUdevice dev = 0;
+    CUmemAllocationProp p;
+    memset(&p, 0, sizeof(p));
+    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    size_t got = 0;
+    if (getdev != NULL && getdev(&dev) == CUDA_SUCCESS)
+        p.location.id = dev;
+    if (ask == NULL || ask(&got, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS || got == 0 ||
+        (got & (got - 1)) != 0)
+        got = 2u << 20;
+    atomic_store_explicit(&C->gran, (uint64_t)got, memory_order_relaxed);
+    return got;
+}
+
+uint64_t gs_cap_size(uint64_t n)
+{
+    uint64_t g = granularity();
+    if (n < g || n > UINT64_MAX - g)
+        return n;
+    return (n + g - 1) & ~(g - 1);
+}
+
+/* The device malloc heap (cuCtxSetLimit CU_LIMIT_MALLOC_HEAP_SIZE): charged at the size set, the change
+ * taken before the driver is asked and settled with its answer; one change at a time. */
+CUresult gs_cap_heap(uint64_t value, CUresult (*set)(uint64_t value))
+{
+    pthread_mutex_lock(&C->heap_mu);
+    uint64_t old = C->heap;
+    CUresult r = value > old ? gs_cap_charge(value - old) : CUDA_SUCCESS;
+    if (r == CUDA_SUCCESS) {
+        r = set(value);
+        if (r != CUDA_SUCCESS && value > old)
+            gs_cap_uncharge(value - old);
+        else if (r == CUDA_SUCCESS) {
+            if (value < old)
+                gs_cap_uncharge(old - value);
+            C->heap = value;
+        }
+    }
+    pthread_mutex_unlock(&C->heap_mu);
+    return r;
+}
+
+/* Drops one reference a mapping or a sharing handle held on handle's entry; returns the bytes to give
+ * back when it was the last. tab_mu held. */
 static uint64_t unref_locked(uint64_t handle)
 {
-    size_t i = find_locked(handle, GS_CAP_HANDLE);
+    size_t i = find_ref_locked(handle);
     if (i == SIZE_MAX)
         return 0;
+    if (C->tab[i].held > 0)
+        C->tab[i].held--;
     if (--C->tab[i].refs > 0)
         return 0;
-    uint64_t b = C->tab[i].bytes;
+    uint64_t b = C->tab[i].bytes, parent = C->tab[i].parent;
     remove_at_locked(i);
-    return b;
+    return parent != 0 ? b + unref_locked(parent) : b;
 }
 
 void gs_cap_unmap(CUdeviceptr va, size_t size)
@@ -212,11 +409,13 @@ static int free_begin(uint32_t kind, uint64_t key, struct gs_cap_free *f)
     f->kind = kind;
     f->key = key;
     f->bytes = 0;
+    f->parent = 0;
     f->refs = 0;
     pthread_mutex_lock(&C->tab_mu);
     size_t i = find_locked(key, kind);
     if (i != SIZE_MAX) {
         f->bytes = C->tab[i].bytes;
+        f->parent = C->tab[i].parent;
         f->refs = C->tab[i].refs;
         if (f->refs > 1)
             C->tab[i].refs--; /* a handle still retained: its pages stay, and so does the charge */
@@ -265,13 +464,34 @@ static void free_end(const struct gs_cap_free *f, CUresult r)
         size_t i = find_locked(f->key, f->kind);
         if (i != SIZE_MAX)
             C->tab[i].refs++;
+        if (i == SIZE_MAX && f->parent != 0 && room_for_locked(1)) {
+            /* a shared charge: the entry again, still holding its reference to the original */
+            put_locked((struct cap_entry){.key = f->key, .kind = f->kind, .refs = 1, .parent = f->parent});
+            i = 0;
+        }
         pthread_mutex_unlock(&C->tab_mu);
-        if (i == SIZE_MAX)
+        if (i == SIZE_MAX && f->parent == 0)
             gs_cap_track(f->kind, f->key, f->bytes); /* the charge is still held: track gives it back on failure */
         return;
     }
-    if (f->refs == 1)
-        gs_cap_uncharge(f->bytes);
+    if (f->refs > 1) {
+        if (f->kind == GS_CAP_HANDLE) {
+            pthread_mutex_lock(&C->tab_mu);
+            size_t i = find_locked(f->key, GS_CAP_HANDLE);
+            if (i != SIZE_MAX && C->tab[i].refs == C->tab[i].held)
+                ghost_locked(i); /* released by the application, still held by its mappings or sharers */
+            pthread_mutex_unlock(&C->tab_mu);
+        }
+        return;
+    }
+    uint64_t back = f->bytes;
+    if (f->parent != 0) {
+        pthread_mutex_lock(&C->tab_mu);
+        back += unref_locked(f->parent);
+        pthread_mutex_unlock(&C->tab_mu);
+    }
+    if (back > 0)
+        gs_cap_uncharge(back);
 }
 
 void gs_cap_free_end(const struct gs_cap_free *f, CUresult r)
@@ -324,7 +544,7 @@ static void ledger_refused(uint64_t n, const char *why)
     uint64_t t = atomic_load(&C->led_total), o = atomic_load(&C->led_others);
     gs_log(atomic_exchange(&warned, 1) ? GS_LOG_DEBUG : GS_LOG_WARN,
            "out of memory: %llu bytes more %s (the claim's processes may allocate %llu bytes together: the claim "
-           "less a context reserve per process; the others hold %llu, this process %llu)",
+           "less each process's context charge; the others hold %llu, this process %llu)",
            (unsigned long long)n, why, (unsigned long long)t, (unsigned long long)o,
            (unsigned long long)gs_cap_used());
 }
@@ -457,7 +677,7 @@ void gs_cap_ledger_start(int fd)
     pthread_rwlock_unlock(&C->led_rw);
     gs_log(GS_LOG_INFO,
            "memory: this process is one of %u of a claim of %llu bytes on this GPU; their allocations may reach "
-           "%llu bytes together (%llu bytes per process for its CUDA context); %llu bytes held",
+           "%llu bytes together (%llu bytes charged for this process's CUDA context); %llu bytes held",
            C->offered.processes, (unsigned long long)C->offered.claim, (unsigned long long)C->offered.total,
            (unsigned long long)C->offered.reserve, (unsigned long long)held);
 }
@@ -607,6 +827,8 @@ void gs_cap_atfork_child(void)
     /* CUDA does not survive fork: the child starts with nothing allocated. The mutex may have been
      * held by another thread of the parent. */
     pthread_mutex_init(&C->tab_mu, NULL);
+    pthread_mutex_init(&C->heap_mu, NULL);
+    C->heap = 0;
     free(C->tab);
     C->tab = NULL;
     C->tab_cap = C->tab_len = 0;

@@ -140,7 +140,7 @@ static inline int gs_dev_pick_ptr(CUdeviceptr p)
 void gs_config_env_policy(int allowed, int said);
 
 /* ---- memory limit (cap.c): GPUSHARE_MEMORY_LIMIT_BYTES; every call below only when it is set ---- */
-enum { GS_CAP_PTR = 1, GS_CAP_HANDLE = 2, GS_CAP_MAP = 3 };
+enum { GS_CAP_PTR = 1, GS_CAP_HANDLE = 2, GS_CAP_MAP = 3, GS_CAP_ARRAY = 4, GS_CAP_EXPORT = 5, GS_CAP_GHOST = 6 };
 static inline int gs_cap_on(void)
 {
     return gs_devs[gs_dev_cur].memory_limit != 0;
@@ -154,12 +154,25 @@ void gs_cap_uncharge(uint64_t n);
 void gs_cap_track(uint32_t kind, uint64_t key, uint64_t bytes);
 /* cuMemRetainAllocationHandle on a handle we count: one more cuMemRelease before its bytes return. */
 int gs_cap_retain(uint32_t kind, uint64_t key);
-/* After a successful cuMemMap of a handle we count: the mapping holds the handle's charge until unmapped. */
-void gs_cap_map(CUdeviceptr va, uint64_t handle);
+/* Whether the table counts key. */
+int gs_cap_known(uint32_t kind, uint64_t key);
+/* After a successful cuMemMap: the mapping holds the handle's charge until unmapped; own: the bytes the
+ * caller charged for a handle the table did not know (returns those it could not keep: give them back). */
+uint64_t gs_cap_map(CUdeviceptr va, uint64_t handle, uint64_t own);
+/* After a successful cuMemExportToShareableHandle / cuMemImportFromShareableHandle (an import of the
+ * process's own export shares the original handle's charge). */
+void gs_cap_exported(int type, const void *shareable, uint64_t handle);
+void gs_cap_imported(int type, const void *os_handle, uint64_t handle);
+/* After cuMemRetainAllocationHandle gave a handle value the table does not count for the mapping at va. */
+void gs_cap_retained_at(CUdeviceptr va, uint64_t handle);
+/* What an allocation of n bytes takes: n rounded up to the driver's granularity from one granule up. */
+uint64_t gs_cap_size(uint64_t n);
+/* cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, value) under the limit; set calls the driver. */
+CUresult gs_cap_heap(uint64_t value, CUresult (*set)(uint64_t value));
 /* After a successful cuMemUnmap: the mappings that started in the range let go of their handles. */
 void gs_cap_unmap(CUdeviceptr va, size_t size);
 struct gs_cap_free {
-    uint64_t key, bytes;
+    uint64_t key, bytes, parent;
     uint32_t kind, refs; /* refs 0: not counted */
     int dev;             /* the GPU whose limit counted it */
 };

@@ -39,18 +39,20 @@ static CUresult alloc_v2(gs_fn_cuMemAlloc_v2 real, CUdeviceptr *dptr, size_t n)
 }
 
 /* The memory limit (cap.c) is charged first, so that memory past it is never taken from the GPU,
- * not even for a moment; calls the driver refuses anyway (no pointer, no bytes) are left to it. */
+ * not even for a moment; calls the driver refuses anyway (no pointer, no bytes) are left to it. It is
+ * charged what the driver takes: from one granule (2 MiB) up, whole granules (gs_cap_size). */
 GS_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t n)
 {
     gs_dev_pick();
     REAL_OR_FAIL(cuMemAlloc_v2)
     if (GS_LIKELY(!gs_cap_on()) || dptr == NULL || n == 0)
         return alloc_v2(real, dptr, n);
-    CUresult r = gs_cap_charge(n);
+    uint64_t c = gs_cap_size(n);
+    CUresult r = gs_cap_charge(c);
     if (r != CUDA_SUCCESS)
         return r;
     r = alloc_v2(real, dptr, n);
-    gs_cap_done(r, GS_CAP_PTR, r == CUDA_SUCCESS ? *dptr : 0, n);
+    gs_cap_done(r, GS_CAP_PTR, r == CUDA_SUCCESS ? *dptr : 0, c);
     return r;
 }
 
@@ -89,8 +91,8 @@ static CUresult pitch_v2(gs_fn_cuMemAllocPitch_v2 real, CUdeviceptr *dptr, size_
     return r;
 }
 
-/* The limit counts pitch * height, what the driver really takes: w * h is charged first (the pitch
- * is never less), the padding once the driver has said what the pitch is. */
+/* The limit counts pitch * height, what the driver really takes (in whole granules from one up): w * h
+ * is charged first (the pitch is never less), the padding once the driver has said what the pitch is. */
 GS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, size_t h, unsigned int elem)
 {
     gs_dev_pick();
@@ -99,35 +101,38 @@ GS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w
         return pitch_v2(real, dptr, pitch, w, h, elem);
     if (w > SIZE_MAX / h)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult r = gs_cap_charge((uint64_t)w * h);
+    uint64_t first = gs_cap_size((uint64_t)w * h);
+    CUresult r = gs_cap_charge(first);
     if (r != CUDA_SUCCESS)
         return r;
     r = pitch_v2(real, dptr, pitch, w, h, elem);
     if (r != CUDA_SUCCESS) {
-        gs_cap_uncharge((uint64_t)w * h);
+        gs_cap_uncharge(first);
         return r;
     }
-    uint64_t pad = *pitch > w ? (uint64_t)(*pitch - w) * h : 0;
+    uint64_t all = *pitch > w && *pitch <= UINT64_MAX / h ? gs_cap_size((uint64_t)*pitch * h) : first;
+    uint64_t pad = all > first ? all - first : 0;
     if (pad != 0 && gs_cap_charge(pad) != CUDA_SUCCESS) {
         gs_fn_cuMemFree_v2 fr = (gs_fn_cuMemFree_v2)gs_real(GS_ID_cuMemFree_v2);
         if (fr != NULL)
             free_v2(fr, *dptr);
-        gs_cap_uncharge((uint64_t)w * h);
+        gs_cap_uncharge(first);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    gs_cap_track(GS_CAP_PTR, *dptr, (uint64_t)w * h + pad);
+    gs_cap_track(GS_CAP_PTR, *dptr, first + pad);
     return CUDA_SUCCESS;
 }
 
 /* Managed memory is never swapped by the shim (the driver migrates it), but it counts in the limit:
- * it can all be on the GPU at once. */
+ * it can all be on the GPU at once, in the same granules as cuMemAlloc's. */
 GS_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t n, unsigned int flags)
 {
     gs_dev_pick();
     REAL_OR_FAIL(cuMemAllocManaged)
     int cap = gs_cap_on() && dptr != NULL && n != 0;
+    uint64_t c = cap ? gs_cap_size(n) : 0;
     if (cap) {
-        CUresult r = gs_cap_charge(n);
+        CUresult r = gs_cap_charge(c);
         if (r != CUDA_SUCCESS)
             return r;
     }
@@ -135,7 +140,7 @@ GS_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t n, unsigned int f
     CUresult r = real(dptr, n, flags);
     gs_gate_leave(gd);
     if (cap)
-        gs_cap_done(r, GS_CAP_PTR, r == CUDA_SUCCESS ? *dptr : 0, n);
+        gs_cap_done(r, GS_CAP_PTR, r == CUDA_SUCCESS ? *dptr : 0, c);
     return r;
 }
 

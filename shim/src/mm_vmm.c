@@ -232,15 +232,28 @@ static CUresult map(gs_fn_cuMemMap real, CUdeviceptr ptr, size_t size, size_t of
                     unsigned long long flags);
 
 /* A mapping holds its handle's pages, and so its charge, until it is unmapped: cuMemRelease of a mapped
- * handle (vectorAddMMAP's pattern: create, map, release at once) frees nothing yet. */
+ * handle (vectorAddMMAP's pattern: create, map, release at once) frees nothing yet. A handle the limit
+ * does not count (imported from another process, or made where the shim could not see) is charged the
+ * size mapped before the driver maps it (a VMM mapping covers its whole handle), and refused with out of
+ * memory past the limit. */
 GS_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
                             unsigned long long flags)
 {
     gs_dev_pick_handle(h);
     REAL_OR_FAIL(cuMemMap)
+    if (GS_LIKELY(!gs_cap_on()))
+        return map(real, ptr, size, offset, h, flags);
+    uint64_t own = 0;
+    if (h != 0 && size != 0 && !gs_cap_known(GS_CAP_HANDLE, h)) {
+        own = gs_cap_size(size);
+        CUresult r = gs_cap_charge(own);
+        if (r != CUDA_SUCCESS)
+            return r;
+    }
     CUresult r = map(real, ptr, size, offset, h, flags);
-    if (gs_cap_on() && r == CUDA_SUCCESS)
-        gs_cap_map(ptr, h);
+    uint64_t back = r == CUDA_SUCCESS ? gs_cap_map(ptr, h, own) : own;
+    if (back > 0)
+        gs_cap_uncharge(back);
     return r;
 }
 
@@ -400,14 +413,16 @@ GS_EXPORT CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocation
 
 static CUresult retain(gs_fn_cuMemRetainAllocationHandle real, CUmemGenericAllocationHandle *handle, void *addr);
 
-/* A retained handle needs one more cuMemRelease before its pages, and its charge, go. */
+/* A retained handle needs one more cuMemRelease before its pages, and its charge, go. A driver that
+ * answers with a handle value of its own (not the mapped handle's) gets an entry sharing the mapped
+ * handle's charge. */
 GS_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
 {
     gs_dev_pick_va((CUdeviceptr)(uintptr_t)addr);
     REAL_OR_FAIL(cuMemRetainAllocationHandle)
     CUresult r = retain(real, handle, addr);
-    if (gs_cap_on() && r == CUDA_SUCCESS && handle != NULL)
-        gs_cap_retain(GS_CAP_HANDLE, *handle);
+    if (gs_cap_on() && r == CUDA_SUCCESS && handle != NULL && !gs_cap_retain(GS_CAP_HANDLE, *handle))
+        gs_cap_retained_at((CUdeviceptr)(uintptr_t)addr, *handle);
     return r;
 }
 
@@ -445,13 +460,18 @@ GS_EXPORT CUresult cuMemExportToShareableHandle(void *shareable, CUmemGenericAll
 {
     gs_dev_pick_handle(h);
     REAL_OR_FAIL(cuMemExportToShareableHandle)
-    if (!any_handles())
-        return real(shareable, h, type, flags);
-    pthread_mutex_lock(&mm_mu);
-    int ours = handle_region_locked(h) != NULL;
-    pthread_mutex_unlock(&mm_mu);
-    if (!ours)
-        return real(shareable, h, type, flags);
+    int ours = 0;
+    if (any_handles()) {
+        pthread_mutex_lock(&mm_mu);
+        ours = handle_region_locked(h) != NULL;
+        pthread_mutex_unlock(&mm_mu);
+    }
+    if (!ours) {
+        CUresult r = real(shareable, h, type, flags);
+        if (gs_cap_on() && r == CUDA_SUCCESS)
+            gs_cap_exported(type, shareable, h);
+        return r;
+    }
     static atomic_int warned;
     gs_log(atomic_exchange(&warned, 1) ? GS_LOG_DEBUG : GS_LOG_WARN,
            "cuMemExportToShareableHandle: not supported on swappable memory (another process would keep "
@@ -460,3 +480,16 @@ GS_EXPORT CUresult cuMemExportToShareableHandle(void *shareable, CUmemGenericAll
     return CUDA_ERROR_NOT_SUPPORTED;
 }
 
+
+/* An import of this process's own export shares the original's charge (cap.c); another process's
+ * memory is charged where it is mapped. */
+GS_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *os_handle,
+                                                  CUmemAllocationHandleType type)
+{
+    gs_dev_pick();
+    REAL_OR_FAIL(cuMemImportFromShareableHandle)
+    CUresult r = real(handle, os_handle, type);
+    if (gs_cap_on() && r == CUDA_SUCCESS && handle != NULL)
+        gs_cap_imported(type, os_handle, *handle);
+    return r;
+}

@@ -227,6 +227,36 @@ out=$(run_client GPUSHARE_MEMORY_LIMIT_BYTES=$LIM "$BUILD/tests/cap_client" mmap
 if grep -q "cap mmap mapped=4 again=0" <<<"$out"; then pass "memory limit: a released but mapped handle stays charged until unmapped"; else fail "memory limit with create/map/release" "$out"; fi
 out=$(run_client GPUSHARE_MEMORY_LIMIT_BYTES=$LIM "$BUILD/tests/cap_client" threads $LIM 2>&1)
 if grep -q "cap threads got=64 free_after=$LIM\$" <<<"$out"; then pass "memory limit: 8 threads racing get exactly the limit"; else fail "memory limit under threads" "$out"; fi
+# Ways past the limit that only NVML would see: an export of the process's own handle imported again is
+# the same memory, charged once and kept while the import holds it; a handle the shim never saw is
+# charged where it is mapped, kept when released while mapped, and refused past the limit; cuMemAlloc
+# takes whole 2 MiB granules; the device malloc heap and arrays count.
+out=$(run_client GPUSHARE_MEMORY_LIMIT_BYTES=$LIM "$BUILD/tests/cap_client" import $LIM 2>&1)
+if grep -q "cap import fits=0 over=2 again=0" <<<"$out"; then pass "memory limit: an imported export of its own handle is charged once and kept while imported"; else fail "memory limit with export and import" "$out"; fi
+# A seeded random mix of create, export and import, map, unmap, release and retain: after every step the
+# limit charges exactly the allocations still alive (an import or a retain never twice, a release never
+# what a mapping or another handle still holds, a released handle's value free for the driver to reuse),
+# and nothing at the end. 20 seeds, with both kinds of retained handle value.
+bad=""
+for new in 0 1; do
+    for seed in $(seq 1 20); do
+        out=$(run_client GPUSHARE_MEMORY_LIMIT_BYTES=$LIM GPUSHARE_STUB_RETAIN_NEW=$new "$BUILD/tests/cap_client" vmmsteps $LIM $seed 2>&1)
+        grep -q "cap vmmsteps steps=400 ok" <<<"$out" || bad="$bad seed=$seed retain_new=$new: $(grep 'cap vmmsteps' <<<"$out")"
+    done
+done
+if [ -z "$bad" ]; then pass "memory limit: 40 random VMM call sequences charge exactly what is held at every step"; else fail "memory limit under random VMM calls" "$bad"; fi
+for new in 0 1; do
+    out=$(run_client GPUSHARE_MEMORY_LIMIT_BYTES=$LIM GPUSHARE_STUB_RETAIN_NEW=$new "$BUILD/tests/cap_client" held $LIM 2>&1)
+    if grep -q "cap held held=2 gone=0" <<<"$out"; then pass "memory limit: a retained handle alone keeps the charge (retain gives a new value: $new)"; else fail "memory limit with a retained handle alone (new value: $new)" "$out"; fi
+done
+out=$(run_client GPUSHARE_MEMORY_LIMIT_BYTES=$LIM "$BUILD/tests/cap_client" unknown $LIM 2>&1)
+if grep -q "cap unknown over=2 released=2 unmapped=0 big=2" <<<"$out"; then pass "memory limit: a handle the shim never saw is charged where it is mapped, kept until unmapped"; else fail "memory limit with an unknown handle" "$out"; fi
+out=$(run_client GPUSHARE_MEMORY_LIMIT_BYTES=$LIM "$BUILD/tests/cap_client" gran $LIM 2>&1)
+if grep -q "cap gran got=16\$" <<<"$out"; then pass "memory limit: cuMemAlloc of 2 MiB + 1 byte is charged 4 MiB (whole granules)"; else fail "memory limit at the driver's granularity" "$out"; fi
+out=$(run_client GPUSHARE_MEMORY_LIMIT_BYTES=$LIM "$BUILD/tests/cap_client" heap $LIM 2>&1)
+if grep -q "cap heap set=0 over=2 big=2 lowered=0 after=0" <<<"$out"; then pass "memory limit: the device malloc heap (cuCtxSetLimit) is charged"; else fail "memory limit with the malloc heap" "$out"; fi
+out=$(run_client GPUSHARE_MEMORY_LIMIT_BYTES=$LIM "$BUILD/tests/cap_client" array $LIM 2>&1)
+if grep -q "cap array made=0 over=2 freed=0 made3d=0 layered=2 mip=2" <<<"$out"; then pass "memory limit: arrays, layered and mipmapped arrays are charged their texels"; else fail "memory limit with arrays" "$out"; fi
 
 # 13. The limit with oversubscription on. Below the budget it bounds what the process may allocate,
 # every path (swappable memory, the shim's stream-ordered cache, the application's VMM handles);

@@ -32,6 +32,8 @@
  *                            frees nothing (benchmarks of the shim's own cost per allocation)
  *   GPUSHARE_STUB_FULL_FILE  while this file exists, cuMemCreate fails with out of memory (the device is
  *                            full: another process holds it)
+ *   GPUSHARE_STUB_RETAIN_NEW=1  cuMemRetainAllocationHandle gives a new handle value (holding one reference
+ *                            of the allocation) instead of the allocation's own
  */
 #include <fcntl.h>
 #include <pthread.h>
@@ -227,7 +229,15 @@ struct phys {
     CUdeviceptr mapped; /* 0 when not mapped */
     int refs;           /* cuMemCreate and cuMemRetainAllocationHandle, less cuMemRelease */
     int dev;            /* the device its properties named */
+    struct phys *of;    /* an imported handle: the allocation it names (holding one reference of it) */
 };
+
+/* The allocation a handle names: itself, or for an imported handle the one it was exported from. */
+static struct phys *phys_of(CUmemGenericAllocationHandle h)
+{
+    struct phys *ph = (struct phys *)(uintptr_t)h;
+    return ph != NULL && ph->of != NULL ? ph->of : ph;
+}
 #define MAXMAP 4096
 static struct phys *maps[MAXMAP]; /* mapped handles, looked up by address on unmap */
 
@@ -298,6 +308,14 @@ STUB_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h)
     struct phys *ph = (struct phys *)(uintptr_t)h;
     if (ph == NULL || ph->refs <= 0)
         return CUDA_ERROR_INVALID_VALUE;
+    if (ph->of != NULL) {
+        /* an imported handle: its last release lets go of the allocation it holds */
+        if (--ph->refs > 0)
+            return CUDA_SUCCESS;
+        struct phys *of = ph->of;
+        free(ph);
+        return cuMemRelease((CUmemGenericAllocationHandle)(uintptr_t)of);
+    }
     if (--ph->refs > 0 || ph->mapped)
         return CUDA_SUCCESS; /* like the driver: the memory goes with the last reference and unmap */
     size_t size = ph->size;
@@ -312,7 +330,7 @@ STUB_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmem
 {
     UNSAFE("cuMemMap");
     (void)flags;
-    struct phys *ph = (struct phys *)(uintptr_t)h;
+    struct phys *ph = phys_of(h);
     if (ph == NULL || offset != 0 || size != ph->size || ph->mapped)
         return CUDA_ERROR_INVALID_VALUE;
     if (mremap(ph->at, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, (void *)(uintptr_t)ptr) == MAP_FAILED)
@@ -799,11 +817,22 @@ STUB_EXPORT CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocati
     return CUDA_SUCCESS;
 }
 
+/* With GPUSHARE_STUB_RETAIN_NEW=1 the retained handle is a new value holding one reference of the
+ * allocation, as an imported one is (a driver may answer either way). */
 STUB_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
 {
     struct phys *ph = mapped_at((CUdeviceptr)(uintptr_t)addr);
     if (ph == NULL)
         return CUDA_ERROR_INVALID_VALUE;
+    if (env_ll("GPUSHARE_STUB_RETAIN_NEW", 0) == 1) {
+        struct phys *n = calloc(1, sizeof(*n));
+        if (n == NULL)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        *n = (struct phys){.size = ph->size, .refs = 1, .dev = ph->dev, .of = ph};
+        ph->refs++;
+        *handle = (CUmemGenericAllocationHandle)(uintptr_t)n;
+        return CUDA_SUCCESS;
+    }
     ph->refs++;
     *handle = (CUmemGenericAllocationHandle)(uintptr_t)ph;
     return CUDA_SUCCESS;
@@ -811,7 +840,7 @@ STUB_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h
 
 STUB_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle h)
 {
-    struct phys *ph = (struct phys *)(uintptr_t)h;
+    struct phys *ph = phys_of(h);
     memset(prop, 0, sizeof(*prop));
     prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -819,9 +848,119 @@ STUB_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp 
     return CUDA_SUCCESS;
 }
 
+/* A POSIX file descriptor (of /dev/null) per export, remembered with the allocation it names; an import
+ * is a new handle, as the driver's is, holding one reference of that allocation. */
+#define MAXEXPORT 256
+static struct {
+    int fd;
+    struct phys *ph;
+} exported[MAXEXPORT];
+
 STUB_EXPORT CUresult cuMemExportToShareableHandle(void *shareable, CUmemGenericAllocationHandle h, int type,
                                                   unsigned long long flags)
 {
-    (void)shareable, (void)h, (void)type, (void)flags;
-    return CUDA_SUCCESS; /* the stub has nothing to share; the shim must refuse before it gets here */
+    (void)flags;
+    struct phys *ph = phys_of(h);
+    if (shareable == NULL || ph == NULL || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return CUDA_ERROR_INVALID_VALUE;
+    int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&vmu);
+    int i;
+    for (i = 0; i < MAXEXPORT && exported[i].ph != NULL; i++)
+        ;
+    if (i < MAXEXPORT)
+        exported[i].fd = fd, exported[i].ph = ph;
+    pthread_mutex_unlock(&vmu);
+    if (i == MAXEXPORT) {
+        close(fd);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *(int *)shareable = fd;
+    return CUDA_SUCCESS;
+}
+
+STUB_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *os_handle,
+                                                    CUmemAllocationHandleType type)
+{
+    if (handle == NULL || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return CUDA_ERROR_INVALID_VALUE;
+    int fd = (int)(intptr_t)os_handle;
+    struct phys *of = NULL;
+    pthread_mutex_lock(&vmu);
+    for (int i = 0; i < MAXEXPORT && of == NULL; i++)
+        if (exported[i].ph != NULL && exported[i].fd == fd)
+            of = exported[i].ph;
+    struct phys *ph = of != NULL ? calloc(1, sizeof(*ph)) : NULL;
+    if (ph != NULL) {
+        of->refs++;
+        *ph = (struct phys){.size = of->size, .refs = 1, .dev = of->dev, .of = of};
+    }
+    pthread_mutex_unlock(&vmu);
+    if (ph == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *handle = (CUmemGenericAllocationHandle)(uintptr_t)ph;
+    return CUDA_SUCCESS;
+}
+
+/* ---- context limits and arrays: accepted, with no memory behind them ---- */
+STUB_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
+{
+    (void)limit, (void)value;
+    return CUDA_SUCCESS;
+}
+
+static CUresult new_array(void **out)
+{
+    void *a = malloc(16);
+    if (a == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *out = a;
+    return CUDA_SUCCESS;
+}
+
+STUB_EXPORT CUresult cuArrayCreate_v2(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR *desc)
+{
+    if (arr == NULL || desc == NULL || desc->Width == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    return new_array((void **)arr);
+}
+
+STUB_EXPORT CUresult cuArray3DCreate_v2(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR *desc)
+{
+    if (arr == NULL || desc == NULL || desc->Width == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    return new_array((void **)arr);
+}
+
+STUB_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *arr, const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned int levels)
+{
+    if (arr == NULL || desc == NULL || desc->Width == 0 || levels == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    return new_array((void **)arr);
+}
+
+STUB_EXPORT CUresult cuArrayDestroy(CUarray arr)
+{
+    free(arr);
+    return CUDA_SUCCESS;
+}
+
+STUB_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray arr)
+{
+    free(arr);
+    return CUDA_SUCCESS;
+}
+
+/* For tests only: a device handle made where the shim cannot see (as one imported from another process
+ * would be), to check what the shim does with handles it does not know. */
+STUB_EXPORT CUresult gsStubMemCreateUnseen(CUmemGenericAllocationHandle *h, size_t size);
+STUB_EXPORT CUresult gsStubMemCreateUnseen(CUmemGenericAllocationHandle *h, size_t size)
+{
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof(prop));
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    return cuMemCreate(h, size, &prop, 0);
 }

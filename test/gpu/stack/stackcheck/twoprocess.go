@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/gpusharing/gpusharing/agent/dra"
+	"github.com/gpusharing/gpusharing/agent/scheduler"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 	"github.com/gpusharing/gpusharing/test/gpu/smi"
 )
@@ -149,8 +150,12 @@ func (s *stack) twoProcessesInOneLedger(ctx context.Context, sc sizedCase, p *si
 		led = s.ledger(ctx, key)
 		return led.processes == 2
 	}, time.Now())
-	if !s.r.check("scheduler: both processes in the claim's one ledger, limit the claim less two context reserves",
-		err == nil && led.limit == p.claimBytes()-2*reserve, "%+v (claim %d, reserve %d)", led, p.claimBytes(), reserve) {
+	// Each process is charged R until NVML has a figure for it, then its context as NVML counts it (never
+	// below the floor): the limit is the claim less two such charges.
+	floor := int64(scheduler.DefaultContextFloor)
+	if !s.r.check("scheduler: both processes in the claim's one ledger, limit the claim less two context charges",
+		err == nil && led.limit > 0 && led.limit <= p.claimBytes()-2*floor, "%+v (claim %d, reserve %d, floor %d)", led,
+		p.claimBytes(), reserve, floor) {
 		return
 	}
 	var allocated int64

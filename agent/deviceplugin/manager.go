@@ -36,6 +36,9 @@ import (
 // Allocate refuses a cordoned GPU's devices anyway.
 type Manager struct {
 	cfg share.Config
+	// cdi writes the CDI spec of the advertised devices (cdi.go); nil where cfg names no CDI directory
+	// or no device nodes.
+	cdi *cdiWriter
 
 	mu       sync.Mutex
 	desired  map[share.ResourceName][]share.Device
@@ -76,7 +79,16 @@ func NewManager(cfg share.Config) (*Manager, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	var cdi *cdiWriter
+	if cfg.CDIDir != "" && cfg.Nodes != nil {
+		w, err := newCDIWriter(cfg.CDIDir)
+		if err != nil {
+			return nil, err
+		}
+		cdi = w
+	}
 	return &Manager{
+		cdi:      cdi,
 		cfg:      cfg.WithDefaults(),
 		desired:  map[share.ResourceName][]share.Device{},
 		cordoned: map[string]bool{},
@@ -96,7 +108,16 @@ func (m *Manager) Update(ctx context.Context, devices map[share.ResourceName][]s
 	for res, devs := range devices {
 		m.desired[res] = append([]share.Device(nil), devs...)
 	}
-	return m.reconcileLocked(ctx)
+	var errs []error
+	if m.cdi != nil {
+		// Written before any device is advertised: Allocate names these CDI devices.
+		spec, err := cdiSpec(m.cfg.Nodes, m.desired)
+		if err == nil {
+			err = m.cdi.write(spec)
+		}
+		errs = append(errs, err)
+	}
+	return errors.Join(append(errs, m.reconcileLocked(ctx))...)
 }
 
 // UpdateFromStatus is Update(DevicesFromStatus(status)).

@@ -67,6 +67,13 @@ type Config struct {
 	// ShimReplicas is how many shares an Exclusive GPU with oversubscription (the shim) is cut into; the API
 	// has no replica count for that case. A TimeSlicing GPU with the shim uses its time-slice replicas.
 	ShimReplicas int32
+	// Nodes reads the NVIDIA device nodes every container with a share gets (devnodes.Host); nil hands
+	// out no device nodes, only the environment, for nodes whose runtime injects the GPUs itself (the
+	// demo's simulated nodes).
+	Nodes NodeReader
+	// CDIDir is where the device plugin writes the CDI spec of its devices (gpusharing.io/device, with
+	// their device nodes) and Allocate names them; empty names none (Devices still carries the nodes).
+	CDIDir string
 	// KubeletPollInterval is how often the Manager checks kubelet.sock for a kubelet restart.
 	KubeletPollInterval time.Duration
 	// RegisterTimeout bounds one Register call to the kubelet.

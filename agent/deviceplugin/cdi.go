@@ -45,8 +45,8 @@ func newCDIWriter(dir string) (*cdiWriter, error) {
 
 // cdiSpec is the spec of devs: a CDI device per distinct uuid whose nodes r reads; a device whose nodes
 // are missing is left out (its Allocate fails with the reason), so one GPU's missing node keeps no other
-// GPU from its pods.
-func cdiSpec(r share.NodeReader, devs map[share.ResourceName][]share.Device) (*cdispec.Spec, error) {
+// GPU from its pods. missing says why each was left out.
+func cdiSpec(r share.NodeReader, devs map[share.ResourceName][]share.Device) (spec *cdispec.Spec, missing []error, err error) {
 	byUUID := map[string]share.Device{}
 	for _, ds := range devs {
 		for _, d := range ds {
@@ -58,10 +58,11 @@ func cdiSpec(r share.NodeReader, devs map[share.ResourceName][]share.Device) (*c
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	spec := &cdispec.Spec{Kind: CDIVendor + "/" + CDIClass}
+	spec = &cdispec.Spec{Kind: CDIVendor + "/" + CDIClass}
 	for _, n := range names {
 		nodes, err := share.DeviceNodes(r, []share.Device{byUUID[n]})
 		if err != nil {
+			missing = append(missing, err)
 			continue
 		}
 		edits := cdispec.ContainerEdits{DeviceNodes: share.CDIDeviceNodes(share.DeviceSpecs(nodes))}
@@ -69,10 +70,10 @@ func cdiSpec(r share.NodeReader, devs map[share.ResourceName][]share.Device) (*c
 	}
 	v, err := cdispec.MinimumRequiredVersion(spec)
 	if err != nil {
-		return nil, fmt.Errorf("the CDI version the spec needs: %w", err)
+		return nil, missing, fmt.Errorf("the CDI version the spec needs: %w", err)
 	}
 	spec.Version = v
-	return spec, nil
+	return spec, missing, nil
 }
 
 // write writes spec unless it is the one last written; a spec without devices removes the file.

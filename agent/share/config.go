@@ -1,9 +1,10 @@
 // Package share is what one GPU share is, for both of the agent's interfaces to the kubelet: the
 // devices a node's applied sharing offers (DevicesFromStatus: whole GPUs, replicas, MPS clients, MIG
 // instances, shim shares), the limits each carries (MPS thread and memory limits, the shim's memory
-// limit) and the container edits that hand one out (ContainerEdits: environment and mounts). The
-// device plugin advertises and allocates these devices; the DRA driver publishes and prepares them.
-// It depends on the API and on host paths only, so neither plugin's code decides what the other gives.
+// limit) and the container edits that hand one out (ContainerEdits: device nodes, environment and
+// mounts). The device plugin advertises and allocates these devices; the DRA driver publishes and
+// prepares them. It depends on the API, on host paths and on the host's device nodes only, so neither
+// plugin's code decides what the other gives.
 package share
 
 import (

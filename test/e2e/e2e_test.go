@@ -14,6 +14,7 @@ func TestE2E(t *testing.T) {
 		{"Install", testInstall},
 		{"ExamplePods", testExamplePods},
 		{"DevicePluginInstall", testDevicePluginInstall},
+		{"DeviceNodes", testDeviceNodes},
 		{"Sharing", testSharing},
 		{"Pods", testPods},
 		{"Usage", testUsage},

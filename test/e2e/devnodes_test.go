@@ -172,3 +172,60 @@ func restarts(p corev1.Pod) string {
 	}
 	return strings.Join(out, ",")
 }
+
+// testDeviceNodesShared runs after Sharing: a MIG instance's pod sees its parent GPU's node and the
+// capability nodes of its GPU and compute instance (the minors the driver's mig-minors gives them), and
+// an MPS share's pod its GPU's node, each beside the control nodes only, though each sets
+// NVIDIA_VISIBLE_DEVICES=all.
+func testDeviceNodesShared(t *testing.T) {
+	dumpOnFailure(t)
+	ctx := context.Background()
+	mig := nodesPod("nodes-mig")
+	mig.Spec.Containers[0].Resources.Limits = corev1.ResourceList{"nvidia.com/mig-1g.10gb": *resourceQuantity(1)}
+	mps := nodesPod("nodes-mps")
+	mps.Spec.Containers[0].Resources.Limits = corev1.ResourceList{"gpusharing.io/gpu-mps": *resourceQuantity(1)}
+	for _, p := range []*corev1.Pod{mig, mps} {
+		must(t, k8s.Create(ctx, p))
+	}
+	t.Cleanup(func() {
+		for _, p := range []*corev1.Pod{mig, mps} {
+			_ = k8s.Delete(ctx, p)
+		}
+	})
+	var gn v1alpha1.GPUNode
+	must(t, k8s.Get(ctx, client.ObjectKey{Name: NodeName}, &gn))
+	control := []string{"/dev/nvidia-uvm " + hexNode(devnodestest.UVMMajor, 0), "/dev/nvidia-uvm-tools " + hexNode(devnodestest.UVMMajor, 1),
+		"/dev/nvidiactl " + hexNode(195, 255)}
+	gpuNode := func(minor int32) string { return fmt.Sprintf("/dev/nvidia%d %s", minor, hexNode(195, uint32(minor))) }
+	capNode := func(minor, gi, ci int32) string {
+		m := devnodestest.MIGMinor(int(minor), int(gi), int(ci))
+		return fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d %s", m, hexNode(devnodestest.CapsMajor, m))
+	}
+	for _, pod := range []string{"nodes-mig", "nodes-mps"} {
+		env, nodes := readNodes(t, pod)
+		uuid := env["CUDA_VISIBLE_DEVICES"]
+		var want []string
+		for _, g := range gn.Status.GPUs {
+			if g.MinorNumber == nil || g.Applied == nil {
+				continue
+			}
+			if g.UUID == uuid {
+				want = append(want, gpuNode(*g.MinorNumber))
+			}
+			for _, in := range g.Applied.MIGInstances {
+				if in.UUID == uuid {
+					want = append(want, gpuNode(*g.MinorNumber), capNode(*g.MinorNumber, in.GPUInstanceID, -1),
+						capNode(*g.MinorNumber, in.GPUInstanceID, in.ComputeInstanceID))
+				}
+			}
+		}
+		if len(want) == 0 {
+			t.Fatalf("%s: CUDA_VISIBLE_DEVICES=%q names no GPU or MIG instance of the node", pod, uuid)
+		}
+		want = append(want, control...)
+		slices.Sort(want)
+		if !reflect.DeepEqual(nodes, want) {
+			t.Errorf("%s (%s): the container has the NVIDIA nodes\n%v\nwant only its own and the control ones\n%v", pod, uuid, nodes, want)
+		}
+	}
+}

@@ -16,6 +16,7 @@ func TestE2E(t *testing.T) {
 		{"DevicePluginInstall", testDevicePluginInstall},
 		{"DeviceNodes", testDeviceNodes},
 		{"Sharing", testSharing},
+		{"DeviceNodesShared", testDeviceNodesShared},
 		{"Pods", testPods},
 		{"Usage", testUsage},
 		{"DRA", testDRA},

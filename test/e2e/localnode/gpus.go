@@ -84,7 +84,9 @@ func writeOperatorSpec(h devnodes.Host, gpus int, path string) error {
 	if err != nil {
 		return err
 	}
-	node := func(n devnodes.Node) *cdispec.DeviceNode { return &cdispec.DeviceNode{Path: n.Path, HostPath: n.HostPath} }
+	node := func(n devnodes.Node) *cdispec.DeviceNode {
+		return &cdispec.DeviceNode{Path: n.Path, HostPath: n.HostPath}
+	}
 	spec := cdispec.Spec{Kind: "nvidia.com/gpu"}
 	all := cdispec.Device{Name: "all"}
 	for i := 0; i < gpus; i++ {

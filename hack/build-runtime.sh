@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the container runtime for the real-node e2e (make e2e) from the Go module proxy into bin/:
-# containerd v2 (the daemon, its runc shim and ctr), runc and the CNI plugins of the pod network. kubelet 1.36 wants containerd 2.x, which
+# containerd v2 (the daemon, its runc shim and ctr), runc, the CNI plugins of the pod network and
+# NVIDIA's container runtime (the RuntimeClass nvidia's handler, in CDI mode). kubelet 1.36 wants containerd 2.x, which
 # Debian does not package, and no prebuilt binary can be downloaded here, so we compile them. Each
 # binary is skipped when bin/ already holds it at the wanted version (a stamp file records that).
 set -euo pipefail
@@ -8,6 +9,7 @@ set -euo pipefail
 CONTAINERD_VERSION="${CONTAINERD_VERSION:-v2.4.2}"
 RUNC_VERSION="${RUNC_VERSION:-v1.5.2}"
 CNI_VERSION="${CNI_VERSION:-v1.9.1}"
+NVIDIA_CTK_VERSION="${NVIDIA_CTK_VERSION:-v1.20.2}"
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BIN="${BIN:-$ROOT/bin}"
 WORK="${WORK_DIR:-$BIN/.build}"
@@ -72,13 +74,27 @@ build_cni() {
   stamp cni "$CNI_VERSION"
 }
 
+# NVIDIA's container runtime, the handler of the RuntimeClass nvidia on a GPU node: the e2e runs it in CDI
+# mode with its hardened setting (accept-nvidia-visible-devices-envvar-when-unprivileged = false) over
+# stand-in device nodes, to show that a pod gets only the device nodes of its share. Its CUDA package
+# is cgo (it reads the driver's version through dlopen at run time, not at link time: no driver needed).
+build_nvidia() {
+  up_to_date nvidia-container-runtime "$NVIDIA_CTK_VERSION" && { echo "bin/nvidia-container-runtime $NVIDIA_CTK_VERSION already built"; return; }
+  local dir="$WORK/nvidia-container-toolkit" mod=github.com/NVIDIA/nvidia-container-toolkit
+  throwaway_module "$dir" "$mod@$NVIDIA_CTK_VERSION"
+  echo "building nvidia-container-runtime $NVIDIA_CTK_VERSION from the module proxy"
+  (cd "$dir" && CGO_ENABLED=1 GOFLAGS=-mod=mod go build -trimpath -ldflags "-s -w" -o "$BIN/nvidia-container-runtime" "$mod/cmd/nvidia-container-runtime")
+  stamp nvidia-container-runtime "$NVIDIA_CTK_VERSION"
+}
+
 targets=("$@")
-[[ ${#targets[@]} -eq 0 ]] && targets=(containerd runc cni)
+[[ ${#targets[@]} -eq 0 ]] && targets=(containerd runc cni nvidia)
 for t in "${targets[@]}"; do
   case "$t" in
     containerd) build_containerd ;;
     runc) build_runc ;;
     cni) build_cni ;;
-    *) echo "unknown target $t (want containerd, runc, cni)" >&2; exit 2 ;;
+    nvidia) build_nvidia ;;
+    *) echo "unknown target $t (want containerd, runc, cni, nvidia)" >&2; exit 2 ;;
   esac
 done

@@ -7,6 +7,7 @@ package deviceplugin
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"sync"
@@ -36,6 +37,11 @@ import (
 // Allocate refuses a cordoned GPU's devices anyway.
 type Manager struct {
 	cfg share.Config
+	// cdi writes the CDI spec of the advertised devices (cdi.go); nil where cfg names no CDI directory
+	// or no device nodes.
+	cdi *cdiWriter
+	// cdiMissing is why devices were left out of the last spec written, as last logged.
+	cdiMissing string
 
 	mu       sync.Mutex
 	desired  map[share.ResourceName][]share.Device
@@ -76,7 +82,16 @@ func NewManager(cfg share.Config) (*Manager, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	var cdi *cdiWriter
+	if cfg.CDIDir != "" && cfg.Nodes != nil {
+		w, err := newCDIWriter(cfg.CDIDir)
+		if err != nil {
+			return nil, err
+		}
+		cdi = w
+	}
 	return &Manager{
+		cdi:      cdi,
 		cfg:      cfg.WithDefaults(),
 		desired:  map[share.ResourceName][]share.Device{},
 		cordoned: map[string]bool{},
@@ -96,7 +111,24 @@ func (m *Manager) Update(ctx context.Context, devices map[share.ResourceName][]s
 	for res, devs := range devices {
 		m.desired[res] = append([]share.Device(nil), devs...)
 	}
-	return m.reconcileLocked(ctx)
+	var errs []error
+	if m.cdi != nil {
+		// Written before any device is advertised: Allocate names these CDI devices.
+		spec, missing, err := cdiSpec(m.cfg.Nodes, m.desired)
+		if err == nil {
+			err = m.cdi.write(spec)
+		}
+		errs = append(errs, err)
+		// Not an error of the update: every other GPU is served, and Allocate refuses these with the same
+		// reason. Logged when the list changes, not on every pass.
+		if why := errors.Join(missing...); fmt.Sprint(why) != m.cdiMissing {
+			m.cdiMissing = fmt.Sprint(why)
+			if why != nil {
+				logr.FromContextOrDiscard(ctx).Error(why, "Devices left out of the device plugin's CDI spec: their containers cannot get them")
+			}
+		}
+	}
+	return errors.Join(append(errs, m.reconcileLocked(ctx))...)
 }
 
 // UpdateFromStatus is Update(DevicesFromStatus(status)).

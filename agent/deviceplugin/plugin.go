@@ -246,6 +246,9 @@ func (p *plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*p
 		if err != nil {
 			return nil, status.Errorf(codes.InvalidArgument, "%s: %v", p.resource, err)
 		}
+		if p.cfg.CDIDir != "" && len(cresp.Devices) > 0 {
+			cresp.CdiDevices = cdiDevices(picked)
+		}
 		resp.ContainerResponses = append(resp.ContainerResponses, cresp)
 	}
 	p.log.V(1).Info("Allocated devices", "containers", len(resp.ContainerResponses))

@@ -11,6 +11,8 @@ import (
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 	"tags.cncf.io/container-device-interface/pkg/parser"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/gpusharing/gpusharing/agent/share"
 )
 
 // CDI (the Container Device Interface, tags.cncf.io/container-device-interface) is how a DRA driver
@@ -88,10 +90,12 @@ func newCDISpec(devices []cdispec.Device) (cdispec.Spec, error) {
 	return spec, nil
 }
 
-// cdiEditsOf turns the device plugin's answer for one container into CDI edits: the same variables and
-// the same bind mounts, read-only where Allocate says so. Variables are sorted so a spec is stable.
+// cdiEditsOf turns the device plugin's answer for one container into CDI edits: the same device nodes,
+// the same variables and the same bind mounts, read-only where Allocate says so. Variables are sorted so
+// a spec is stable.
 func cdiEditsOf(resp *pluginapi.ContainerAllocateResponse) cdispec.ContainerEdits {
 	var e cdispec.ContainerEdits
+	e.DeviceNodes = share.CDIDeviceNodes(resp.Devices)
 	keys := make([]string, 0, len(resp.Envs))
 	for k := range resp.Envs {
 		keys = append(keys, k)

@@ -113,7 +113,7 @@ func dynamicMIG(g v1alpha1.GPUStatus, pending map[string][]nvgpu.Placement) (*re
 				dev.Taints = []resourcev1.DeviceTaint{unhealthyTaint(msg)}
 			}
 			out = append(out, offer{dev: dev, share: share.Device{
-				ID: name, Kind: share.KindMIG, GPUUUID: g.UUID, GPUIndex: g.Index, MIGProfile: p.Name, Healthy: true,
+				ID: name, Kind: share.KindMIG, GPUUUID: g.UUID, GPUIndex: g.Index, GPUMinor: g.MinorNumber, MIGProfile: p.Name, Healthy: true,
 			}})
 			places[name] = dynPlacement{GPUUUID: g.UUID, GPUIndex: g.Index, Profile: p.Name, ProfileID: p.ID, Placement: pl}
 		}

@@ -173,36 +173,36 @@ func instanceAt(d nvgpu.Device, r MIGRecord) (nvgpu.Instance, bool) {
 
 // create gives claim the instance of placement device dp, creating it unless the ledger has it, and
 // returns its MIG device UUID.
-func (m *DynamicMIG) create(ctx context.Context, claim types.UID, namespace, name string, pods []string, device string, dp dynPlacement) (string, error) {
+func (m *DynamicMIG) create(ctx context.Context, claim types.UID, namespace, name string, pods []string, device string, dp dynPlacement) (nvgpu.Instance, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	d, err := m.gpu.Device(ctx, dp.GPUUUID)
 	if err != nil {
-		return "", err
+		return nvgpu.Instance{}, err
 	}
 	if i := m.find(claim, device); i >= 0 && m.recs[i].Created {
 		if in, ok := instanceAt(d, m.recs[i]); ok && in.GIID == m.recs[i].GIID && in.UUID == m.recs[i].UUID {
-			return in.UUID, nil // prepared before (the kubelet asks again)
+			return in, nil // prepared before (the kubelet asks again)
 		}
-		return "", fmt.Errorf("the MIG instance created for this claim at %s of GPU %d is gone", dp.Placement, dp.GPUIndex)
+		return nvgpu.Instance{}, fmt.Errorf("the MIG instance created for this claim at %s of GPU %d is gone", dp.Placement, dp.GPUIndex)
 	}
 	for _, r := range m.recs {
 		if r.GPU == dp.GPUUUID && r.Claim != claim && r.Placement.Overlaps(dp.Placement) {
-			return "", fmt.Errorf("%w: slices %s of GPU %d hold claim %s/%s's %s", ErrDeviceInUse, r.Placement, dp.GPUIndex, r.Namespace, r.Name, r.Profile)
+			return nvgpu.Instance{}, fmt.Errorf("%w: slices %s of GPU %d hold claim %s/%s's %s", ErrDeviceInUse, r.Placement, dp.GPUIndex, r.Namespace, r.Name, r.Profile)
 		}
 	}
 	if i := m.find(claim, device); i >= 0 {
 		// An intent of this process whose create stopped short: its instance, if any, goes first.
 		if err := m.destroy(ctx, m.recs[i]); err != nil {
-			return "", err
+			return nvgpu.Instance{}, err
 		}
 		if d, err = m.gpu.Device(ctx, dp.GPUUUID); err != nil {
-			return "", err
+			return nvgpu.Instance{}, err
 		}
 	}
 	profile, ok := d.Profile(dp.Profile)
 	if !ok {
-		return "", fmt.Errorf("GPU %d offers no MIG profile %s", dp.GPUIndex, dp.Profile)
+		return nvgpu.Instance{}, fmt.Errorf("GPU %d offers no MIG profile %s", dp.GPUIndex, dp.Profile)
 	}
 	rec := MIGRecord{Claim: claim, Namespace: namespace, Name: name, Pods: pods, Device: device, GPU: dp.GPUUUID,
 		Profile: dp.Profile, ProfileID: profile.ID, Placement: dp.Placement, GIID: -1, CIID: nvgpu.NoComputeInstance}
@@ -214,28 +214,28 @@ func (m *DynamicMIG) create(ctx context.Context, claim types.UID, namespace, nam
 		recs = append(recs, rec)
 	}
 	if err := m.save(recs); err != nil {
-		return "", err
+		return nvgpu.Instance{}, err
 	}
 	gi, err := m.gpu.CreateGPUInstance(ctx, dp.GPUUUID, profile, dp.Placement)
 	if err != nil {
 		m.dropIntent(claim, device)
-		return "", fmt.Errorf("%w: creating %s at memory slices %s of GPU %d: %v; instances there now: %s",
+		return nvgpu.Instance{}, fmt.Errorf("%w: creating %s at memory slices %s of GPU %d: %v; instances there now: %s",
 			ErrPlacementTaken, dp.Profile, dp.Placement, dp.GPUIndex, err, overlapping(d, dp.Placement))
 	}
 	if _, err := m.gpu.CreateComputeInstance(ctx, dp.GPUUUID, gi.GIID); err != nil {
 		if derr := m.gpu.DestroyInstance(ctx, dp.GPUUUID, gi.GIID); derr != nil {
 			// The intent stays: the next start or retry destroys the instance.
-			return "", fmt.Errorf("creating the compute instance of GI %d: %w; destroying the GI: %v", gi.GIID, err, derr)
+			return nvgpu.Instance{}, fmt.Errorf("creating the compute instance of GI %d: %w; destroying the GI: %v", gi.GIID, err, derr)
 		}
 		m.dropIntent(claim, device)
-		return "", fmt.Errorf("creating the compute instance of GI %d: %w", gi.GIID, err)
+		return nvgpu.Instance{}, fmt.Errorf("creating the compute instance of GI %d: %w", gi.GIID, err)
 	}
 	if d, err = m.gpu.Device(ctx, dp.GPUUUID); err != nil {
-		return "", err
+		return nvgpu.Instance{}, err
 	}
 	in, ok := instanceAt(d, rec)
 	if !ok || in.UUID == "" {
-		return "", fmt.Errorf("the MIG instance created at %s of GPU %d does not read back", dp.Placement, dp.GPUIndex)
+		return nvgpu.Instance{}, fmt.Errorf("the MIG instance created at %s of GPU %d does not read back", dp.Placement, dp.GPUIndex)
 	}
 	rec.Created, rec.GIID, rec.CIID, rec.UUID = true, in.GIID, in.CIID, in.UUID
 	recs = slices.Clone(m.recs)
@@ -243,10 +243,10 @@ func (m *DynamicMIG) create(ctx context.Context, claim types.UID, namespace, nam
 	if err := m.save(recs); err != nil {
 		// The intent stays on disk: a restart destroys the instance, a retry in this process finds the
 		// intent and its instance and starts over.
-		return "", err
+		return nvgpu.Instance{}, err
 	}
 	m.log.Info("Created MIG instance for ResourceClaim", "claim", namespace+"/"+name, "profile", dp.Profile, "placement", dp.Placement.String(), "gi", in.GIID, "uuid", in.UUID)
-	return in.UUID, nil
+	return in, nil
 }
 
 func overlapping(d nvgpu.Device, pl nvgpu.Placement) string {
@@ -381,11 +381,12 @@ func (p *KubeletPlugin) prepareDynamic(ctx context.Context, c *resourcev1.Resour
 	if p.MIG == nil {
 		return d, fmt.Errorf("%w: %s (this agent creates no MIG instances)", ErrDeviceNotPublished, device)
 	}
-	uuid, err := p.MIG.create(ctx, c.UID, c.Namespace, c.Name, reservedPods(c), device, dp)
+	in, err := p.MIG.create(ctx, c.UID, c.Namespace, c.Name, reservedPods(c), device, dp)
 	if err != nil {
 		return d, fmt.Errorf("%s: %w", device, err)
 	}
-	d.ID, d.VisibleUUID = uuid, uuid
+	d.ID, d.VisibleUUID = in.UUID, in.UUID
+	d.MIGGI, d.MIGCI = int32(in.GIID), int32(in.CIID)
 	return d, nil
 }
 

@@ -61,7 +61,7 @@ func sizedShare(g v1alpha1.GPUStatus, cfg share.Config) (offer, bool) {
 		(g.Drain != nil && g.Drain.Phase == v1alpha1.DrainPhaseDraining) {
 		return offer{}, false
 	}
-	base := share.Device{ID: g.UUID, GPUUUID: g.UUID, GPUIndex: g.Index, VisibleUUID: g.UUID, Healthy: true, Sized: true}
+	base := share.Device{ID: g.UUID, GPUUUID: g.UUID, GPUIndex: g.Index, GPUMinor: g.MinorNumber, VisibleUUID: g.UUID, Healthy: true, Sized: true}
 	var replicas int32
 	var enforcement string
 	switch {

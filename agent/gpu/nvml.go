@@ -87,6 +87,12 @@ func (n *NVML) snapshot(h nvml.Device) (Device, error) {
 	if d.Product, r = h.GetName(); r != nvml.SUCCESS {
 		return d, check("GetName", r)
 	}
+	// The device node a container gets the GPU through; a driver without it leaves the GPU's shares
+	// without a node, which prepare and Allocate then refuse with the reason.
+	d.Minor = NoMinor
+	if minor, r := h.GetMinorNumber(); r == nvml.SUCCESS {
+		d.Minor = minor
+	}
 	mem, r := h.GetMemoryInfo()
 	if err := check("GetMemoryInfo", r); err != nil {
 		return d, err

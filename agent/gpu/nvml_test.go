@@ -48,7 +48,8 @@ func TestInventoryReadsIdentityAndMIGProfilesFromNVML(t *testing.T) {
 				t.Fatalf("inventory = %d devices, driver %q, cuda %q; want 2, %q, %q", len(inv.Devices), inv.DriverVersion, inv.CUDAVersion, tt.driver, tt.cuda)
 			}
 			d := inv.Devices[1]
-			if d.Index != 1 || d.UUID != tt.server.GPUs[1].UUID || d.Product != tt.product || !d.MIGCapable || d.ComputeMode != gpu.ComputeModeDefault {
+			// The mock's minor numbers follow the index; the device node is /dev/nvidia<minor>.
+			if d.Index != 1 || d.Minor != 1 || d.UUID != tt.server.GPUs[1].UUID || d.Product != tt.product || !d.MIGCapable || d.ComputeMode != gpu.ComputeModeDefault {
 				t.Errorf("device = %+v", d)
 			}
 			var names []string

@@ -66,6 +66,9 @@ type Instance struct {
 	UUID string `json:"uuid,omitempty"`
 }
 
+// NoMinor marks a GPU whose device node minor number NVML does not report.
+const NoMinor = -1
+
 // NoComputeInstance marks a GPU instance without a compute instance.
 const NoComputeInstance = -1
 
@@ -94,9 +97,12 @@ type Process struct {
 
 // Device is a snapshot of one physical GPU.
 type Device struct {
-	Index       int    `json:"index"`
-	UUID        string `json:"uuid"`
-	Product     string `json:"product"`
+	Index   int    `json:"index"`
+	UUID    string `json:"uuid"`
+	Product string `json:"product"`
+	// Minor is the minor number of the GPU's device node /dev/nvidia<Minor> (NVML's GetMinorNumber);
+	// NoMinor where NVML does not report it.
+	Minor       int    `json:"minor"`
 	MemoryBytes uint64 `json:"memoryBytes"`
 	// MemoryReservedBytes is the memory the driver keeps for itself (nvmlDeviceGetMemoryInfo_v2's
 	// reserved), which no process can allocate; 0 where NVML does not report it.

@@ -42,6 +42,10 @@ func gpuStatus(dev gpu.Device, obs observed, desired *v1alpha1.GPUDesired, err e
 		MIGProfiles: MIGProfiles(dev.Profiles),
 		Applied:     applied(dev, obs),
 	}
+	if dev.Minor >= 0 {
+		minor := int32(dev.Minor)
+		st.MinorNumber = &minor
+	}
 	if dev.MIGCapable {
 		st.MIGMode = &v1alpha1.MIGModeStatus{Current: enabled(dev.MIGMode.Current), Pending: enabled(dev.MIGMode.Pending)}
 	}

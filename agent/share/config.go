@@ -1,9 +1,10 @@
 // Package share is what one GPU share is, for both of the agent's interfaces to the kubelet: the
 // devices a node's applied sharing offers (DevicesFromStatus: whole GPUs, replicas, MPS clients, MIG
 // instances, shim shares), the limits each carries (MPS thread and memory limits, the shim's memory
-// limit) and the container edits that hand one out (ContainerEdits: environment and mounts). The
-// device plugin advertises and allocates these devices; the DRA driver publishes and prepares them.
-// It depends on the API and on host paths only, so neither plugin's code decides what the other gives.
+// limit) and the container edits that hand one out (ContainerEdits: device nodes, environment and
+// mounts). The device plugin advertises and allocates these devices; the DRA driver publishes and
+// prepares them. It depends on the API, on host paths and on the host's device nodes only, so neither
+// plugin's code decides what the other gives.
 package share
 
 import (
@@ -67,6 +68,13 @@ type Config struct {
 	// ShimReplicas is how many shares an Exclusive GPU with oversubscription (the shim) is cut into; the API
 	// has no replica count for that case. A TimeSlicing GPU with the shim uses its time-slice replicas.
 	ShimReplicas int32
+	// Nodes reads the NVIDIA device nodes every container with a share gets (devnodes.Host); nil hands
+	// out no device nodes, only the environment, for nodes whose runtime injects the GPUs itself (the
+	// demo's simulated nodes).
+	Nodes NodeReader
+	// CDIDir is where the device plugin writes the CDI spec of its devices (gpusharing.io/device, with
+	// their device nodes) and Allocate names them; empty names none (Devices still carries the nodes).
+	CDIDir string
 	// KubeletPollInterval is how often the Manager checks kubelet.sock for a kubelet restart.
 	KubeletPollInterval time.Duration
 	// RegisterTimeout bounds one Register call to the kubelet.

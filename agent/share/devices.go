@@ -50,6 +50,12 @@ type Device struct {
 	GPUIndex int32
 	// VisibleUUID is what NVIDIA_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES name: the GPU's or MIG device's uuid.
 	VisibleUUID string
+	// GPUMinor is the minor number of the GPU's device node /dev/nvidia<GPUMinor> (the parent's, for a
+	// MIG instance); nil where the status does not report it, and then no container gets the device.
+	GPUMinor *int32
+	// MIGGI and MIGCI are a MIG instance's GPU and compute instance ids, which name its capability
+	// nodes (KindMIG only).
+	MIGGI, MIGCI int32
 	// Replica is the replica number of a shared GPU; 0 for whole GPUs and MIG instances.
 	Replica int32
 	// Healthy is false when the GPU's Healthy condition is False, or its MPS daemon is not running.
@@ -130,7 +136,7 @@ func DevicesFromStatus(status v1alpha1.GPUNodeStatus, cfg Config) map[ResourceNa
 
 func gpuDevices(g v1alpha1.GPUStatus, cfg Config) map[ResourceName][]Device {
 	healthy := !meta.IsStatusConditionPresentAndEqual(g.Conditions, v1alpha1.ConditionHealthy, metav1.ConditionFalse)
-	base := Device{GPUUUID: g.UUID, GPUIndex: g.Index, VisibleUUID: g.UUID, Healthy: healthy}
+	base := Device{GPUUUID: g.UUID, GPUIndex: g.Index, GPUMinor: g.MinorNumber, VisibleUUID: g.UUID, Healthy: healthy}
 	a := g.Applied
 	if a != nil && a.Sizing.PerClaim() {
 		return nil
@@ -184,6 +190,7 @@ func gpuDevices(g v1alpha1.GPUStatus, cfg Config) map[ResourceName][]Device {
 			}
 			d := base
 			d.ID, d.Kind, d.VisibleUUID, d.MIGProfile = mi.UUID, KindMIG, mi.UUID, mi.Profile
+			d.MIGGI, d.MIGCI = mi.GPUInstanceID, mi.ComputeInstanceID
 			res := cfg.MIGResource(mi.Profile)
 			out[res] = append(out[res], d)
 		}

@@ -45,9 +45,10 @@ var (
 	ErrNoDevices = errors.New("no devices requested")
 )
 
-// ContainerEdits is what one container gets for devs, all of one kind: the device plugin's Allocate
-// answers with it and the DRA kubelet plugin writes the same environment and mounts into its CDI specs,
-// so the two interfaces follow one rule.
+// ContainerEdits is what one container gets for devs, all of one kind: device nodes (Devices, when
+// cfg.Nodes is set), environment and mounts. The device plugin's Allocate answers with it and the DRA
+// kubelet plugin writes the same nodes, environment and mounts into its CDI specs, so the two
+// interfaces follow one rule.
 func ContainerEdits(cfg Config, devs []Device) (*pluginapi.ContainerAllocateResponse, error) {
 	return containerResponse(cfg.WithDefaults(), devs)
 }
@@ -68,6 +69,15 @@ func containerResponse(cfg Config, devs []Device) (*pluginapi.ContainerAllocateR
 		if d.Kind != kind {
 			return nil, fmt.Errorf("devices %s and %s are of different kinds (%s, %s)", devs[0].ID, d.ID, kind, d.Kind)
 		}
+	}
+	if cfg.Nodes != nil {
+		// The share's device nodes are what gives the container its GPU; the variables above only tell
+		// CUDA and the NVIDIA runtime inside which of them to use.
+		nodes, err := DeviceNodes(cfg.Nodes, devs)
+		if err != nil {
+			return nil, err
+		}
+		resp.Devices = DeviceSpecs(nodes)
 	}
 	switch kind {
 	case KindMPS:

@@ -159,6 +159,13 @@ type GPUStatus struct {
 	// +optional
 	Product string `json:"product,omitempty"`
 
+	// minorNumber is the minor number of the GPU's device node, /dev/nvidia<minorNumber>, as NVML reports
+	// it: a container gets the GPU's share as this node (and MIG instances as its capability nodes).
+	// Absent where NVML does not report it; such a GPU's shares cannot be handed out.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	MinorNumber *int32 `json:"minorNumber,omitempty"`
+
 	// memory is the GPU's total memory.
 	// +optional
 	Memory *resource.Quantity `json:"memory,omitempty"`

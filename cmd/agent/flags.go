@@ -11,6 +11,7 @@ import (
 	"k8s.io/klog/v2/textlogger"
 
 	"github.com/gpusharing/gpusharing/agent/accounting"
+	"github.com/gpusharing/gpusharing/agent/devnodes"
 	"github.com/gpusharing/gpusharing/agent/dra"
 	"github.com/gpusharing/gpusharing/agent/guard"
 	"github.com/gpusharing/gpusharing/agent/health"
@@ -24,7 +25,7 @@ import (
 // parse reads the agent's flags into options; a bad value exits with its usage, as flag does.
 func parse(args []string) (options, *textlogger.Config) {
 	var o options
-	v := flagValues{dp: share.DefaultConfig(), draCfg: dra.PluginConfig{}.WithDefaults()}
+	v := flagValues{dp: share.DefaultConfig(), draCfg: dra.PluginConfig{}.WithDefaults(), nodes: devnodes.Defaults()}
 	fs, logConfig := flagSet(&o, &v)
 	_ = fs.Parse(args)
 	v.apply(&o)
@@ -52,6 +53,8 @@ type flagValues struct {
 	shimReplicas                                          *int
 	healthChecks                                          *bool
 	sim                                                   simulateFlag
+	nodes                                                 devnodes.Host
+	nodesOn                                               bool
 }
 
 // bindNodeFlags binds the node's paths and tools, the MPS daemons, accounting, endpoints, health and
@@ -60,6 +63,9 @@ func bindNodeFlags(fs *flag.FlagSet, o *options, v *flagValues) {
 	fs.StringVar(&o.nodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name, which is also its GPUNode's (default $NODE_NAME)")
 	fs.StringVar(&o.procRoot, "proc-root", "/proc", "the host's proc filesystem, where each GPU process's cgroup names its pod (the DaemonSet shares the host's PID namespace; an agent that does not mounts the host's /proc elsewhere and names it here)")
 	fs.StringVar(&o.hostRoot, "host-root", "/run/gpusharing", "the agent's directory on the host (a hostPath); every host path the agent writes is under it unless named below")
+	fs.StringVar(&v.nodes.Dev, "dev-root", v.nodes.Dev, "host directory of the NVIDIA device nodes (nvidia<minor>, nvidiactl, nvidia-uvm, nvidia-caps/): the agent reads them there, at the same path as on the host, and every share reaches its container as these nodes (CDI device nodes, the device plugin's Devices)")
+	fs.StringVar(&v.nodes.Proc, "device-proc-root", v.nodes.Proc, "proc filesystem the NVIDIA device majors (devices) and MIG capability minors (driver/nvidia-caps/mig-minors) are read from")
+	fs.BoolVar(&v.nodesOn, "device-nodes", true, "hand every share to its container as the GPU's device nodes; false hands out only the environment, which a pod can override: only for nodes whose runtime injects no GPU (simulated GPUs without device nodes)")
 	fs.StringVar(&o.driverRoot, "driver-root", "/", "where the NVIDIA driver's tools are installed; nvidia-smi and nvidia-cuda-mps-control are looked up under it, then in $PATH")
 	fs.StringVar(&o.mpsRoot, "mps-root", "", "directory holding each MPS daemon's pipe and log directories and /dev/shm tmpfs: a GPU's in <root>/<uuid>/{pipe,log,shm}, a namespace's on that GPU in <root>/<uuid>/ns/<namespace>/{pipe,log,shm} (default <host-root>/mps)")
 	fs.StringVar(&o.stateDir, "state-dir", "", "directory for runtime state (the time-slicing in force); must not outlive a reboot, as the driver's setting does not (default <host-root>/state)")
@@ -149,6 +155,11 @@ func (v *flagValues) apply(o *options) {
 	v.dp.ShimReplicas = int32(*v.shimReplicas)
 	// The MPS root is not a device plugin flag: app.Setup takes it from --mps-root, the daemons' root.
 	v.dp.MPSRoot = ""
+	if v.nodesOn {
+		v.dp.Nodes = v.nodes
+		// The device plugin's CDI spec goes where the runtime reads the DRA plugin's.
+		v.dp.CDIDir = v.draCfg.CDIDir
+	}
 	// DRA cuts and mounts shares as the device plugin does, whether or not the device plugin runs.
 	o.shares = v.dp
 	o.shimGuards.ContextOverhead = uint64(o.contextReserve)

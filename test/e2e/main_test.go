@@ -40,6 +40,7 @@ func run(m *testing.M) (code int) {
 		Bin:    bin,
 		Name:   NodeName,
 		Labels: map[string]string{"nvidia.com/gpu.present": "true"},
+		GPUs:   8,
 		Images: []string{filepath.Join(images, "pause.tar"), filepath.Join(images, "busybox.tar"),
 			filepath.Join(images, "manager.tar"), filepath.Join(images, "agent.tar"), filepath.Join(images, "shim-worker.tar")},
 	})

@@ -116,3 +116,19 @@ func SizedPerClaim() GPUOption {
 func QoS(productionPriority int32) GPUOption {
 	return func(g *v1alpha1.GPUStatus) { Applied(g).QoS = &v1alpha1.QoS{ProductionPriority: productionPriority} }
 }
+
+// Minor reports the GPU's device node minor number (/dev/nvidia<minor>).
+func Minor(minor int32) GPUOption {
+	return func(g *v1alpha1.GPUStatus) { g.MinorNumber = &minor }
+}
+
+// MIGInstanceIDs adds one instance with its NVML GPU and compute instance ids, which name its
+// capability device nodes.
+func MIGInstanceIDs(profile, uuid string, gi, ci int32) GPUOption {
+	return func(g *v1alpha1.GPUStatus) {
+		MIGInstance(profile, uuid)(g)
+		a := Applied(g)
+		a.MIGInstances[len(a.MIGInstances)-1].GPUInstanceID = gi
+		a.MIGInstances[len(a.MIGInstances)-1].ComputeInstanceID = ci
+	}
+}

@@ -13,6 +13,11 @@ app.kubernetes.io/part-of: gpusharing
 {{ .repository }}:{{ .tag }}
 {{- end }}
 
+{{/* managerNamespace is where the manager runs: manager.namespace, or the release's namespace. */}}
+{{- define "gpusharing.managerNamespace" -}}
+{{ default .Release.Namespace .Values.manager.namespace }}
+{{- end }}
+
 {{/* serviceAccount is the full username of a component's service account, as admission sees it. */}}
 {{- define "gpusharing.serviceAccountUser" -}}
 system:serviceaccount:{{ .root.Release.Namespace }}:{{ include "gpusharing.name" . }}

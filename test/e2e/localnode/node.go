@@ -36,6 +36,9 @@ type Options struct {
 	Labels map[string]string
 	// Images are OCI archives to import before the kubelet starts.
 	Images []string
+	// GPUs is how many stand-in GPUs the node has: device nodes under Root/GPUDir that the RuntimeClass
+	// nvidia's handler, NVIDIA's container runtime, hands to containers.
+	GPUs int
 }
 
 // Node is a running single-node cluster.

@@ -10,9 +10,8 @@ import (
 )
 
 // containerdConfig is containerd 2.x's configuration (version 3) for the e2e node: its own root, state and
-// socket under the run's directory, runc from bin/ with cgroupfs (this host has no systemd) also as the
-// handler nvidia, the CNI
-// plugins and a bridge network from bin/cni, network namespaces under the state directory (so teardown
+// socket under the run's directory, runc from bin/ with cgroupfs (this host has no systemd), NVIDIA's
+// container runtime (over the same runc) as the handler nvidia, the CNI plugins and a bridge network from bin/cni, network namespaces under the state directory (so teardown
 // finds every mount under one root), CDI on, OOM scores no lower than containerd's, and the locally
 // built pause image as the pod sandbox.
 const containerdConfig = `version = 3
@@ -36,12 +35,12 @@ state = %[2]q
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
       BinaryName = %[5]q
       SystemdCgroup = false
-  # The handler the RuntimeClass nvidia names (config/runtimeclass): on a GPU node the NVIDIA container
-  # runtime, here plain runc, as the node has no GPU and nothing to inject.
+  # The handler the RuntimeClass nvidia names (config/runtimeclass): NVIDIA's container runtime in CDI
+  # mode over the node's stand-in GPUs (gpus.go), as on a GPU node.
   [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia]
     runtime_type = 'io.containerd.runc.v2'
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia.options]
-      BinaryName = %[5]q
+      BinaryName = %[8]q
       SystemdCgroup = false
   [plugins.'io.containerd.cri.v1.runtime'.cni]
     bin_dirs = [%[6]q]
@@ -75,9 +74,13 @@ func (n *Node) startContainerd(ctx context.Context) error {
 		}
 	}
 	n.ContainerdSocket = filepath.Join(dir, "containerd.sock")
+	nvidia, err := n.setupGPUs()
+	if err != nil {
+		return fmt.Errorf("the stand-in GPUs and NVIDIA's container runtime: %w", err)
+	}
 	conf := filepath.Join(dir, "config.toml")
 	body := fmt.Sprintf(containerdConfig, filepath.Join(dir, "root"), filepath.Join(dir, "state"), n.ContainerdSocket,
-		PauseImage, filepath.Join(n.Bin, "runc"), filepath.Join(n.Bin, "cni"), netd)
+		PauseImage, filepath.Join(n.Bin, "runc"), filepath.Join(n.Bin, "cni"), netd, nvidia)
 	if err := os.WriteFile(conf, []byte(body), 0o644); err != nil {
 		return err
 	}

@@ -40,7 +40,7 @@ static CUresult alloc_v2(gs_fn_cuMemAlloc_v2 real, CUdeviceptr *dptr, size_t n)
 
 /* The memory limit (cap.c) is charged first, so that memory past it is never taken from the GPU,
  * not even for a moment; calls the driver refuses anyway (no pointer, no bytes) are left to it. It is
- * charged what the driver takes: from one granule (2 MiB) up, whole granules (gs_cap_size). */
+ * charged what the driver takes: above half a granule (1 MiB), whole granules (gs_cap_size). */
 GS_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t n)
 {
     gs_dev_pick();
@@ -91,7 +91,7 @@ static CUresult pitch_v2(gs_fn_cuMemAllocPitch_v2 real, CUdeviceptr *dptr, size_
     return r;
 }
 
-/* The limit counts pitch * height, what the driver really takes (in whole granules from one up): w * h
+/* The limit counts pitch * height, what the driver really takes (in whole granules above half a granule): w * h
  * is charged first (the pitch is never less), the padding once the driver has said what the pitch is. */
 GS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, size_t h, unsigned int elem)
 {

@@ -9,7 +9,7 @@
  *
  * Arrays (cuArrayCreate, cuArray3DCreate, cuMipmappedArrayCreate) lay texels out in the driver's own
  * tiling, which no call reports. They are charged the texels' bytes (every level of a mipmapped array,
- * every layer of a layered one), in whole granules from one up as cuMemAlloc is: a lower bound of what
+ * every layer of a layered one), in whole granules above half a granule as cuMemAlloc is: a lower bound of what
  * the driver takes, so the limit never refuses an array that would fit, and the driver's padding is
  * left to the claim guard. A format the shim does not size is charged 4 bytes per channel.
  */

@@ -249,11 +249,11 @@ static int gran_mode(void)
     return 0;
 }
 
-/* What the shim would charge: whole 2 MiB granules from one granule up (shim/src/cap.c gs_cap_size). */
+/* What the shim would charge: whole 2 MiB granules above half a granule (shim/src/cap.c gs_cap_size). */
 static size_t charged(size_t n)
 {
     size_t g = 2u << 20;
-    return n < g ? n : (n + g - 1) / g * g;
+    return n <= g / 2 ? n : (n + g - 1) / g * g;
 }
 
 static int measure_mode(void)

@@ -60,15 +60,20 @@ ctx_fill() {
     env GPUSHARE_SOCKET="$dir/$UUID.sock" GPUSHARE_GPU_UUID="$UUID" GPUSHARE_MEMORY_LIMIT_BYTES="$CLAIM" \
         LD_PRELOAD="$SHIM" "$WORK/charges" ctx 2 <"$dir/ctx.in" >"$out" 2>"$dir/ctx.err" &
     local pid=$! fd
+    trap '' PIPE # a client that died early must not take this function with it when told to end
     exec {fd}>"$dir/ctx.in"
     for _ in $(seq 600); do [ -s "$out" ] && break; sleep 0.1; done
     local used got
     used=$(nvml_used "$pid")
     got=$(sed -n 's/.*got=\([0-9]*\).*/\1/p' "$out")
-    echo >&"$fd"
+    echo >&"$fd" 2>/dev/null
     exec {fd}>&-
     wait "$pid"
-    echo "${got:-?} $used"
+    if [ -z "$got" ]; then # say why on stderr (the log), for the next run
+        echo "ctx gave no figure in 60 s; its stderr and the scheduler's log:" >&2
+        tail -n 5 "$dir/ctx.err" "$dir/sched.log" >&2
+    fi
+    echo "${got:-?} ${used:-0}"
 }
 
 echo "== 1. a process with two extra contexts fills an 8 GiB claim (R=$RESERVE)"
@@ -107,10 +112,10 @@ out=$("$WORK/charges" measure 2>&1)
 echo "$out"
 bad=$(awk '/^measure alloc-256x/ {
         split($2, a, "x"); size = a[2]; took = substr($3, 6); ch = substr($4, 9)
-        if (size >= 2097152 && (ch > took + 2097152 || took > ch + 16777216)) print $2
+        if (size > 1048576 && (ch > took + 2097152 || took > ch + 16777216)) print $2
     }' <<<"$out")
 if [ -z "$bad" ] && grep -q "alloc-256x2097153" <<<"$out"; then
-    pass "the shim's charge for allocations of a granule or more matches what the driver takes"
+    pass "the shim's charge for allocations above half a granule matches what the driver takes"
 else
     fail "granule rule against the driver: ${bad:-no figures}"
 fi

@@ -3,6 +3,7 @@ package scheduler
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -15,10 +16,12 @@ import (
 // answer an eviction, leave; time passing) and checks after each: every queue's invariants (as
 // FuzzQueue's: each client's fields agree with its state, no refused move, at most one holder on an
 // exclusive GPU), that a GPU is reserved only for a gang whose turn is claimed or running, on all of
-// its GPUs; that a GPU reserved for a running gang is held by its members only, so no GPU is held by
-// two gangs; and that no gang member, in its gang's turn or holding from before its gang formed, holds
+// its GPUs but those a running turn handed back; that a GPU reserved for a running gang is held by its members only, so no GPU is held by
+// two gangs; that no gang member, in its gang's turn or holding from before its gang formed, holds
 // a GPU another gang's member waits for (of its class or above) past its quantum plus grace, counted
-// from its turn's start, or from the wait's start when later.
+// from its turn's start, or from the wait's start or its gang's forming when later; and that no GPU
+// idles past GangIdleWindow plus gangIdleSlack while a client that could be granted waits for it
+// (idleBoundLocked).
 //
 // The first byte picks the memory mode ((its value % 3): none, a budget of 64 MiB one holder at a
 // time, or the same with holders sharing it) and whether gang "b" joins as production ((its value /
@@ -40,6 +43,8 @@ func FuzzGangs(f *testing.F) {
 	f.Add([]byte{2, 0, 0, 30, 3, 0, 0, 0, 1, 30, 3, 1, 0, 0, 2, 40, 0, 3, 40, 7, 0, 40, 4, 0, 0, 4, 1, 0, 3, 2, 0, 3, 3, 0})
 	// a member of a running gang joins on a third GPU: the turn ends and the next reserves all three
 	f.Add([]byte("0%20000&2A0"))
+	// a production gang b claims GPUs 1 and 0 and waits for GPU 0's production holder: GPU 1 is lent
+	f.Add([]byte{3, 5, 5, 0, 6, 5, 12, 0, 5, 0, 0, 3, 0, 5, 4, 0, 6, 4, 1, 0, 4, 0, 7, 0, 12, 7, 0, 30})
 	f.Fuzz(func(t *testing.T, in []byte) {
 		if err := runGangSteps(t, in); err != nil {
 			t.Fatal(err)
@@ -146,13 +151,16 @@ func checkGangInvariants(co *Gangs, qs []*queue) error {
 		if err := gangBoundLocked(co, q, now); err != nil {
 			return err
 		}
+		if err := idleBoundLocked(q, now); err != nil {
+			return err
+		}
 	}
 	for _, g := range co.byKey {
 		if g.state == gangIdle {
 			continue
 		}
 		for _, q := range g.gpus() {
-			if co.owner[q] != g {
+			if co.owner[q] != g && (g.state != gangRunning || !slices.Contains(g.lent, q)) {
 				return fmt.Errorf("gang %s (state %d) does not reserve its GPU %s", g.key, g.state, q.uuid)
 			}
 		}
@@ -161,8 +169,9 @@ func checkGangInvariants(co *Gangs, qs []*queue) error {
 }
 
 // gangBoundLocked: no gang member holds q while another gang's member of its class or above waits for
-// q, past its quantum plus grace from its turn's start (its gang's, in its gang's turn) or from the
-// wait's start.
+// q, past its quantum plus grace from its turn's start (its gang's, in its gang's turn), or past the
+// grace from the wait's start or its gang's forming (a holder that became a member mid-hold), whichever
+// is latest.
 func gangBoundLocked(co *Gangs, q *queue, now time.Time) error {
 	for _, h := range q.holders {
 		g := gangOf(h)
@@ -180,8 +189,10 @@ func gangBoundLocked(co *Gangs, q *queue, now time.Time) error {
 					continue
 				}
 				limit := start.Add(quantum)
-				if w.waitingSince.After(limit) {
-					limit = w.waitingSince
+				for _, t := range []time.Time{w.waitingSince, g.formedAt} {
+					if t.After(limit) {
+						limit = t
+					}
 				}
 				if now.After(limit.Add(grace)) {
 					return fmt.Errorf("GPU %s: client %d of gang %s (state %d) holds it %v past its bound while client %d of gang %s waits",
@@ -189,6 +200,54 @@ func gangBoundLocked(co *Gangs, q *queue, now time.Time) error {
 				}
 			}
 		}
+	}
+	return nil
+}
+
+// gangIdleSlack is what FuzzGangs allows past GangIdleWindow: its clock moves in steps of 5 ms.
+const gangIdleSlack = 5 * time.Millisecond
+
+// idleBoundLocked: q has no holder while a client that could be granted waits for no longer than
+// GangIdleWindow plus gangIdleSlack, counted from the later of that client's request and the last
+// holder's going. A client could be granted unless it is a member of a gang whose turn has not started
+// (it waits for its gang's other GPUs), opportunistic while production waits on q, or short of free
+// memory for its need; and none is while memory moves (an eviction asked), or while q rebuilds.
+func idleBoundLocked(q *queue, now time.Time) error {
+	if len(q.holders) > 0 || q.rebuildingLocked() {
+		return nil
+	}
+	for _, c := range q.clients {
+		if c.evictPending {
+			return nil
+		}
+	}
+	var who *client
+	for _, line := range q.waiting {
+		for _, w := range line {
+			if g := gangOf(w); g != nil && g.state != gangRunning {
+				continue
+			}
+			if w.class == ClassOpportunistic && len(q.waiting[ClassProduction]) > 0 {
+				continue
+			}
+			if q.budget > 0 && w.need > w.reservation+q.free() {
+				continue // its memory does not fit: the GPU's memory rules, not its lock, keep it waiting
+			}
+			if who == nil || w.waitingSince.Before(who.waitingSince) {
+				who = w
+			}
+		}
+	}
+	if who == nil {
+		return nil
+	}
+	since := who.waitingSince
+	if q.freedAt.After(since) {
+		since = q.freedAt
+	}
+	if idle := now.Sub(since); idle > GangIdleWindow+gangIdleSlack {
+		return fmt.Errorf("GPU %s idle for %v while client %d (%s, gang %v) waits", q.uuid, idle, who.id,
+			who.class.String(), who.gang != nil)
 	}
 	return nil
 }

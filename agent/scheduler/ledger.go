@@ -298,14 +298,16 @@ func (b *ledgerBook) charge(m *member, seq uint32, bytes uint64) {
 }
 
 // giveBack applies a Return of m; an error drops the client (a Hold after its first Charge or Hold). A
-// Hold from a refused client admits it: a client announces a grant only with a context behind it (one
-// created before a scheduler restart, whose new connection was refused).
-func (b *ledgerBook) giveBack(m *member, flags uint32, bytes uint64) error {
+// Hold from a refused client admits it only as admitHoldLocked allows; seen: NVML shows its process
+// holding memory on the GPU.
+func (b *ledgerBook) giveBack(m *member, flags uint32, bytes uint64, seen bool) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	except := m
 	if m.l == nil && m.refused != nil && flags&ReturnHold != 0 {
-		b.admitLocked(m, *m.refused, true)
+		if !b.admitHoldLocked(m, bytes, seen) {
+			return nil
+		}
 		except = nil // it learns that it is in
 	}
 	l := m.l
@@ -423,14 +425,14 @@ func (s *Scheduler) Ledgers() []LedgerState {
 	return out
 }
 
-// ledgerMessage handles a client's Charge or Return; an error drops the client.
-func (s *Scheduler) ledgerMessage(q *queue, m *member, msg Message) error {
+// ledgerMessage handles a Charge or Return of the client pid; an error drops the client.
+func (s *Scheduler) ledgerMessage(q *queue, m *member, pid int32, msg Message) error {
 	b := s.book(q)
 	if msg.Type == MsgCharge {
 		b.charge(m, msg.Seq, msg.Bytes)
 		return nil
 	}
-	return b.giveBack(m, msg.Flags, msg.Bytes)
+	return b.giveBack(m, msg.Flags, msg.Bytes, msg.Flags&ReturnHold != 0 && s.contextSeen(q, pid))
 }
 
 // The ledger messages' bodies. Ledger carries in Bytes the chunk the scheduler grants by.

@@ -29,7 +29,7 @@ type ledgerEnv struct {
 	claims chan Claim
 }
 
-func startLedgerEnv(t *testing.T) *ledgerEnv {
+func startLedgerEnv(t *testing.T, with ...func(*Guards)) *ledgerEnv {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "gs")
 	if err != nil {
@@ -37,18 +37,21 @@ func startLedgerEnv(t *testing.T) *ledgerEnv {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	e := &ledgerEnv{sock: filepath.Join(dir, "gpu.sock"), reg: prometheus.NewRegistry(), claims: make(chan Claim, 16)}
-	e.s, err = New(Options{GPUs: []GPUConfig{{UUID: "GPU-test", SocketPath: e.sock}}, Registerer: e.reg,
-		Guards: Guards{ContextReserve: testReserve, LedgerChunk: testChunk, ClaimOf: func(gpu string, _ int32) (Claim, bool) {
-			if gpu != "GPU-test" {
-				return Claim{}, false
-			}
-			select {
-			case c := <-e.claims:
-				return c, c.Key != ""
-			default:
-				return Claim{}, false
-			}
-		}}})
+	g := Guards{ContextReserve: testReserve, LedgerChunk: testChunk, ClaimOf: func(gpu string, _ int32) (Claim, bool) {
+		if gpu != "GPU-test" {
+			return Claim{}, false
+		}
+		select {
+		case c := <-e.claims:
+			return c, c.Key != ""
+		default:
+			return Claim{}, false
+		}
+	}}
+	for _, f := range with {
+		f(&g)
+	}
+	e.s, err = New(Options{GPUs: []GPUConfig{{UUID: "GPU-test", SocketPath: e.sock}}, Registerer: e.reg, Guards: g})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,10 +236,16 @@ func TestLedgerRefusesEveryProcessOfAClaimSmallerThanAContext(t *testing.T) {
 	}
 }
 
-// A refused process that announces a grant (RETURN HOLD) has a context from before a scheduler restart:
-// it is accounted, beyond the bound, and every charge is refused until the ledger is back within.
+// seesTestProcess makes NVML show the test's process (every raw client's) holding memory on the GPU.
+func seesTestProcess(g *Guards) {
+	g.ProcessMemory = func(string) (map[int32]uint64, error) { return map[int32]uint64{int32(os.Getpid()): 300 * mib}, nil }
+}
+
+// A refused process that announces a grant (RETURN HOLD) and that NVML shows on the GPU has a context
+// from before a scheduler restart: it is accounted, beyond the bound, and every charge is refused until
+// the ledger is back within.
 func TestLedgerAccountsAHoldFromARefusedProcess(t *testing.T) {
-	e := startLedgerEnv(t)
+	e := startLedgerEnv(t, seesTestProcess)
 	a, _ := e.dial(t, Claim{Key: testClaimKey, Memory: 1024 * mib})
 	charge(t, a, 1, 768*mib)
 	b, bl := e.dial(t, Claim{Key: testClaimKey, Memory: 1024 * mib})
@@ -249,6 +258,47 @@ func TestLedgerAccountsAHoldFromARefusedProcess(t *testing.T) {
 	}
 	if m := charge(t, a, 2, mib); m.Charge != ChargeRefused {
 		t.Fatalf("charge into a ledger beyond its bound = %+v, want refused", m)
+	}
+}
+
+// A refused process whose context NVML does not see announces a grant: its word does not pass the
+// ledger. It stays refused, told so again, and the ledger keeps its bound.
+func TestLedgerKeepsRefusingAHoldNVMLDoesNotSee(t *testing.T) {
+	e := startLedgerEnv(t, func(g *Guards) {
+		g.ProcessMemory = func(string) (map[int32]uint64, error) { return map[int32]uint64{}, nil }
+	})
+	a, _ := e.dial(t, Claim{Key: testClaimKey, Memory: 1024 * mib})
+	charge(t, a, 1, 768*mib)
+	b, bl := e.dial(t, Claim{Key: testClaimKey, Memory: 1024 * mib})
+	if bl.Flags != LedgerRefused {
+		t.Fatalf("Ledger = %+v, want refused", bl)
+	}
+	b.send(Message{Type: MsgReturn, Flags: ReturnHold, Bytes: 10 * mib})
+	if m := b.expect(MsgLedger, time.Second); m.Flags != LedgerRefused || m.Processes != 1 {
+		t.Fatalf("Ledger after an unseen hold = %+v, want still refused beside the 1 admitted process", m)
+	}
+	if l, _ := e.ledger(testClaimKey); l.Processes != 1 || l.Granted != 768*mib {
+		t.Fatalf("ledger after an unseen hold = %+v, want a's process and grant only", l)
+	}
+}
+
+// A refused process's Hold that fits the ledger (its context and its bytes) admits it, NVML or not.
+func TestLedgerAdmitsARefusedHoldThatFits(t *testing.T) {
+	e := startLedgerEnv(t)
+	a, _ := e.dial(t, Claim{Key: testClaimKey, Memory: 1024 * mib})
+	charge(t, a, 1, 768*mib)
+	b, bl := e.dial(t, Claim{Key: testClaimKey, Memory: 1024 * mib})
+	if bl.Flags != LedgerRefused {
+		t.Fatalf("Ledger = %+v, want refused", bl)
+	}
+	a.send(Message{Type: MsgReturn, Bytes: 768 * mib}) // a's frees make room
+	wait.UntilState(t, 2*time.Second, func() (bool, string) {
+		l, _ := e.ledger(testClaimKey)
+		return l.Granted == 0, fmt.Sprintf("granted %d", l.Granted)
+	}, "a's grant returned")
+	b.send(Message{Type: MsgReturn, Flags: ReturnHold, Bytes: 10 * mib})
+	if m := b.expect(MsgLedger, time.Second); m.Flags != LedgerOn || m.Processes != 2 || m.Grant != 10*mib {
+		t.Fatalf("Ledger after a hold that fits = %+v, want admitted with its 10 MiB", m)
 	}
 }
 

@@ -59,10 +59,10 @@ type queue struct {
 	clients  map[uint32]*client
 	holders  []*client // in grant order
 	waiting  [2][]*client
-	reserved uint64 // sum of reservations
-	peak     uint64 // highest reserved ever seen
+	reserved uint64    // sum of reservations
+	peak     uint64    // highest reserved ever seen
 	freedAt  time.Time // when its last holder went (FuzzGangs' idle bound)
-	retry    Timer  // re-dispatch after an eviction that could not free enough
+	retry    Timer     // re-dispatch after an eviction that could not free enough
 	// termsTimer re-evaluates PACE and IDLE at termsAt, when a client stops counting as busy (busy.go).
 	termsTimer Timer
 	termsAt    time.Time
@@ -121,7 +121,7 @@ type client struct {
 	// lentUntil: it holds a GPU claimed for a gang, lent while the gang waits for its other GPUs'
 	// holders, and is revoked then (gangidle.go); zero otherwise.
 	lentUntil time.Time
-	lastRun       time.Time
+	lastRun   time.Time
 
 	// memory (budget > 0)
 	need         uint64 // bytes it must have resident to run

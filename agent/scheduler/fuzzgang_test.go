@@ -79,6 +79,7 @@ func runGangSteps(t *testing.T, in []byte) error {
 		return f
 	}
 	bProd := Class((in[0] / 3) % 2)
+	seen := map[any]time.Time{}
 	cs := []*fakeClient{join(0, "a", 0), join(1, "a", 0), join(1, "b", bProd), join(0, "b", bProd), join(2, "c", 0), join(2, "", 0)}
 	in = in[1:]
 	for step := 0; len(in) >= 3; step, in = step+1, in[3:] {
@@ -112,15 +113,17 @@ func runGangSteps(t *testing.T, in []byte) error {
 				c.c.gpu.leave(c.c)
 			}
 		}
-		if err := checkGangInvariants(co, qs[:]); err != nil {
+		if err := checkGangInvariants(co, qs[:], seen); err != nil {
 			return fmt.Errorf("step %d (op %d, slot %d, arg %d): %w", step, op, slot, arg, err)
 		}
 	}
 	return nil
 }
 
-// checkGangInvariants checks every coordinated queue's invariants and the gangs' (FuzzGangs).
-func checkGangInvariants(co *Gangs, qs []*queue) error {
+// checkGangInvariants checks every coordinated queue's invariants and the gangs' (FuzzGangs). seen
+// keeps, across the steps of one input, when each waiter (or asking gang) was first seen able to run on
+// an idle GPU.
+func checkGangInvariants(co *Gangs, qs []*queue, seen map[any]time.Time) error {
 	co.mu.Lock()
 	defer co.mu.Unlock()
 	now := co.clock.Now()
@@ -151,9 +154,12 @@ func checkGangInvariants(co *Gangs, qs []*queue) error {
 		if err := gangBoundLocked(co, q, now); err != nil {
 			return err
 		}
-		if err := idleBoundLocked(q, now); err != nil {
+		if err := idleBoundLocked(q, now, seen); err != nil {
 			return err
 		}
+	}
+	if err := gangIdleBoundLocked(co, now, seen); err != nil {
+		return err
 	}
 	for _, g := range co.byKey {
 		if g.state == gangIdle {
@@ -208,11 +214,12 @@ func gangBoundLocked(co *Gangs, q *queue, now time.Time) error {
 const gangIdleSlack = 5 * time.Millisecond
 
 // idleBoundLocked: q has no holder while a client that could be granted waits for no longer than
-// GangIdleWindow plus gangIdleSlack, counted from the later of that client's request and the last
-// holder's going. A client could be granted unless it is a member of a gang whose turn has not started
-// (it waits for its gang's other GPUs), opportunistic while production waits on q, or short of free
-// memory for its need; and none is while memory moves (an eviction asked), or while q rebuilds.
-func idleBoundLocked(q *queue, now time.Time) error {
+// GangIdleWindow plus gangIdleSlack, counted from the latest of that client's request, the last
+// holder's going and the first check that saw it able to run (seen). A client could be granted unless
+// it is a member of a gang whose turn has not started (it waits for its gang's other GPUs: see
+// gangIdleBoundLocked), opportunistic while production waits on q, or short of free memory for its
+// need; and none is while memory moves (an eviction asked), or while q rebuilds.
+func idleBoundLocked(q *queue, now time.Time, seen map[any]time.Time) error {
 	if len(q.holders) > 0 || q.rebuildingLocked() {
 		return nil
 	}
@@ -222,32 +229,83 @@ func idleBoundLocked(q *queue, now time.Time) error {
 		}
 	}
 	var who *client
+	var since time.Time
 	for _, line := range q.waiting {
 		for _, w := range line {
 			if g := gangOf(w); g != nil && g.state != gangRunning {
+				delete(seen, w)
 				continue
 			}
 			if w.class == ClassOpportunistic && len(q.waiting[ClassProduction]) > 0 {
+				delete(seen, w)
 				continue
 			}
 			if q.budget > 0 && w.need > w.reservation+q.free() {
-				continue // its memory does not fit: the GPU's memory rules, not its lock, keep it waiting
+				delete(seen, w) // its memory does not fit: the GPU's memory rules, not its lock, keep it waiting
+				continue
 			}
-			if who == nil || w.waitingSince.Before(who.waitingSince) {
-				who = w
+			if _, ok := seen[w]; !ok {
+				seen[w] = now
+			}
+			at := latest(w.waitingSince, q.freedAt, seen[w])
+			if who == nil || at.Before(since) {
+				who, since = w, at
 			}
 		}
 	}
 	if who == nil {
 		return nil
 	}
-	since := who.waitingSince
-	if q.freedAt.After(since) {
-		since = q.freedAt
-	}
 	if idle := now.Sub(since); idle > GangIdleWindow+gangIdleSlack {
 		return fmt.Errorf("GPU %s idle for %v while client %d (%s, gang %v) waits", q.uuid, idle, who.id,
-			who.class.String(), who.gang != nil)
+			who.class.String(), gangOf(who) != nil)
 	}
 	return nil
+}
+
+// gangIdleBoundLocked: a gang that asks, whose turn has not started, does not find every one of its
+// GPUs without a holder for longer than GangIdleWindow plus gangIdleSlack (counted as idleBoundLocked
+// does): nothing then stands between it and its turn but the gangs' own decisions. GPUs with an
+// eviction asked are not idle.
+func gangIdleBoundLocked(co *Gangs, now time.Time, seen map[any]time.Time) error {
+	for _, g := range co.byKey {
+		stalled := g.isGang() && g.ticket != 0 && g.state != gangRunning
+		for _, q := range g.gpus() {
+			stalled = stalled && len(q.holders) == 0 && !slices.ContainsFunc(mapValues(q.clients), func(c *client) bool { return c.evictPending })
+		}
+		if !stalled {
+			delete(seen, g)
+			continue
+		}
+		if _, ok := seen[g]; !ok {
+			seen[g] = now
+		}
+		since := latest(g.wantSince, seen[g])
+		for _, q := range g.gpus() {
+			since = latest(since, q.freedAt)
+		}
+		if idle := now.Sub(since); idle > GangIdleWindow+gangIdleSlack {
+			return fmt.Errorf("gang %s (state %d, production %v) asks and all its GPUs have been idle for %v", g.key, g.state,
+				g.production(), idle)
+		}
+	}
+	return nil
+}
+
+func latest(ts ...time.Time) time.Time {
+	var out time.Time
+	for _, t := range ts {
+		if t.After(out) {
+			out = t
+		}
+	}
+	return out
+}
+
+func mapValues(m map[uint32]*client) []*client {
+	out := make([]*client, 0, len(m))
+	for _, c := range m {
+		out = append(out, c)
+	}
+	return out
 }

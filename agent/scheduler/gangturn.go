@@ -138,10 +138,18 @@ func (co *Gangs) decideLocked() {
 		if g.ticket == 0 || g.state != gangIdle {
 			continue
 		}
-		ok := true
+		ok, yields := true, false
 		for _, q := range g.gpus() {
 			ok = ok && co.owner[q] == nil && !behind[q] && co.claimableLocked(g, q)
-			behind[q] = true
+			yields = yields || co.yieldsOnLocked(g, q)
+		}
+		if !yields {
+			// Later gangs wait behind it on its GPUs. An opportunistic gang that yields to production
+			// on one of them holds nobody back: a later gang (one whose own member is that production
+			// client) may run meanwhile, and otherwise both would wait for each other.
+			for _, q := range g.gpus() {
+				behind[q] = true
+			}
 		}
 		if ok {
 			g.state = gangClaimed
@@ -220,6 +228,19 @@ func (co *Gangs) claimableLocked(g *gang, q *queue) bool {
 		}
 	}
 	return true
+}
+
+// yieldsOnLocked: g is opportunistic and a production client outside it waits for or holds q.
+func (co *Gangs) yieldsOnLocked(g *gang, q *queue) bool {
+	if g.production() {
+		return false
+	}
+	for _, c := range q.clients {
+		if outsider(g, c) && c.class == ClassProduction && (c.state == stateWaiting || c.state.granted()) {
+			return true
+		}
+	}
+	return false
 }
 
 // clearLocked: no one outside g holds any of g's GPUs.

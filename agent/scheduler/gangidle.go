@@ -11,10 +11,11 @@ import (
 // does not run on one of them leaves that GPU idle. Two cases, each bounded:
 //
 //   - A running turn whose members on one GPU neither hold nor ask for GangIdleWindow (from the turn's
-//     start or their last release) while someone outside the gang waits there hands that GPU back
-//     (lent): it grants as if no gang reserved it, the gang's own members there included, in the
-//     GPU's ordinary order (production first). The rest of the turn is unchanged. A member that asks
-//     on a lent GPU waits as a single client does: its holder in the way goes at its quantum plus grace.
+//     start or their last release) while someone outside the gang waits for it (in its line, or another
+//     gang by its ticket) hands that GPU back (lent): it grants as if no gang reserved it, the gang's
+//     own members there included, in the GPU's ordinary order (production first). The rest of the
+//     turn is unchanged. A member that asks on a lent GPU waits as a single client does: its holder in
+//     the way goes at its quantum plus grace.
 //   - A GPU claimed for a gang that waits for another of its GPUs' holders grants the waiters outside
 //     the gang in the GPU's ordinary order, each until the moment the last of those holders is due to
 //     be revoked (holdEnd: the gang's start cannot come earlier), told so at once (CONTENDED). The
@@ -25,13 +26,12 @@ import (
 const GangIdleWindow = KeptTurnIdle
 
 // lendIdleLocked hands back each GPU of g's running turn whose members there stayed idle for
-// GangIdleWindow while someone outside g waits for it, and arms a decision for the first GPU that
-// will qualify later.
+// GangIdleWindow while someone outside g waits for it (awaitedLocked), and arms a decision for the
+// first GPU that will qualify later.
 func (co *Gangs) lendIdleLocked(g *gang, now time.Time) {
 	var next time.Time
 	for _, q := range g.gpus() {
-		if co.owner[q] != g || !slices.ContainsFunc(q.waiting[ClassProduction], func(c *client) bool { return outsider(g, c) }) &&
-			!slices.ContainsFunc(q.waiting[ClassOpportunistic], func(c *client) bool { return outsider(g, c) }) {
+		if co.owner[q] != g || !co.awaitedLocked(g, q) {
 			continue
 		}
 		if g.busyOn(q) {
@@ -56,6 +56,21 @@ func (co *Gangs) lendIdleLocked(g *gang, now time.Time) {
 		co.markLocked(q, nil)
 	}
 	co.armLendLocked(g, next, now)
+}
+
+// awaitedLocked: someone outside g waits for q, in its line or by another gang's ticket.
+func (co *Gangs) awaitedLocked(g *gang, q *queue) bool {
+	for _, line := range q.waiting {
+		if slices.ContainsFunc(line, func(c *client) bool { return outsider(g, c) }) {
+			return true
+		}
+	}
+	for _, o := range co.byKey {
+		if o != g && o.ticket != 0 && o.state == gangIdle && slices.Contains(o.gpus(), q) {
+			return true
+		}
+	}
+	return false
 }
 
 // armLendLocked arms a decision at next (zero: none).

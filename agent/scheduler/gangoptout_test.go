@@ -1,8 +1,14 @@
 package scheduler
 
 import (
+	"fmt"
+	"os"
 	"os/exec"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/gpusharing/gpusharing/test/wait"
 )
 
 // startWithEnv starts a process that lives until the test ends with exactly env as its environment.
@@ -14,6 +20,12 @@ func startWithEnv(t *testing.T, env ...string) int32 {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = child.Process.Kill(); _ = child.Wait() })
+	// Until the child has exec'd, its environ is the forking process's.
+	cmdline := fmt.Sprintf("/proc/%d/cmdline", child.Process.Pid)
+	wait.Until(t, 5*time.Second, func() bool {
+		b, err := os.ReadFile(cmdline)
+		return err == nil && strings.HasPrefix(string(b), "sleep\x00")
+	}, "process %d runs sleep", child.Process.Pid)
 	return int32(child.Process.Pid)
 }
 

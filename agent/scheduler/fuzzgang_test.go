@@ -265,13 +265,16 @@ func idleBoundLocked(q *queue, now time.Time, seen map[any]time.Time) error {
 
 // gangIdleBoundLocked: a gang that asks, whose turn has not started, does not find every one of its
 // GPUs without a holder for longer than GangIdleWindow plus gangIdleSlack (counted as idleBoundLocked
-// does): nothing then stands between it and its turn but the gangs' own decisions. GPUs with an
-// eviction asked are not idle.
+// does): nothing then stands between it and its turn but the gangs' own decisions. A GPU where memory
+// decides (an eviction asked, or a waiter whose need does not fit, which the GPU's line waits behind)
+// is not idle.
 func gangIdleBoundLocked(co *Gangs, now time.Time, seen map[any]time.Time) error {
 	for _, g := range co.byKey {
 		stalled := g.isGang() && g.ticket != 0 && g.state != gangRunning
 		for _, q := range g.gpus() {
-			stalled = stalled && len(q.holders) == 0 && !slices.ContainsFunc(mapValues(q.clients), func(c *client) bool { return c.evictPending })
+			stalled = stalled && len(q.holders) == 0 && !slices.ContainsFunc(mapValues(q.clients), func(c *client) bool {
+				return c.evictPending || c.state == stateWaiting && q.budget > 0 && c.need > c.reservation+q.free()
+			})
 		}
 		if !stalled {
 			delete(seen, g)

@@ -426,3 +426,41 @@ func TestClientWhosePodIsFoundLateJoinsItsClaimsLedger(t *testing.T) {
 		t.Fatalf("charge into a ledger beyond its bound = %+v, want refused", m)
 	}
 }
+
+// onePod names every client of these tests (all in the test's process) one pod.
+func onePod(g *Guards) { g.PeerKey = func(int32) string { return "pod:x" } }
+
+// A process whose claim lookup fails joins the ledger another process of its pod resolved, rather than
+// taking its own per-process limit beside it.
+func TestLedgerProcessOfAResolvedPodJoinsItsLedgerWhenItsLookupFails(t *testing.T) {
+	e := startLedgerEnv(t, onePod)
+	_, al := e.dial(t, Claim{Key: testClaimKey, Memory: 1024 * mib})
+	if al.Flags != LedgerOn {
+		t.Fatalf("first Ledger = %+v, want on", al)
+	}
+	_, bl := e.dial(t, Claim{}) // its lookup fails
+	if bl.Flags != LedgerOn || bl.Processes != 2 || bl.Claim != 1024*mib {
+		t.Fatalf("Ledger of a process of the same pod whose lookup failed = %+v, want the pod's ledger with 2 processes", bl)
+	}
+}
+
+// Processes of a pod that all connected while its lookup failed are placed in its ledger together as
+// soon as a later lookup finds it for one of them.
+func TestLedgerUnplacedProcessesOfAPodArePlacedTogether(t *testing.T) {
+	e := startLedgerEnv(t, onePod)
+	a, al := e.dial(t, Claim{})
+	b, bl := e.dial(t, Claim{})
+	if al.Flags != 0 || bl.Flags != 0 {
+		t.Fatalf("Ledgers = %+v, %+v; want none while the pod is unknown", al, bl)
+	}
+	e.claims <- Claim{Key: testClaimKey, Memory: 1024 * mib} // the next lookup (a re-resolution) finds it
+	for _, r := range []*rawClient{a, b} {
+		if m := r.expect(MsgLedger, 5*time.Second); m.Flags != LedgerOn {
+			t.Fatalf("Ledger after the pod was found = %+v, want on", m)
+		}
+	}
+	wait.UntilState(t, 2*time.Second, func() (bool, string) {
+		l, _ := e.ledger(testClaimKey)
+		return l.Processes == 2, fmt.Sprintf("%+v", l)
+	}, "both processes in the pod's ledger")
+}

@@ -217,15 +217,16 @@ const gangIdleSlack = 5 * time.Millisecond
 // GangIdleWindow plus gangIdleSlack, counted from the latest of that client's request, the last
 // holder's going and the first check that saw it able to run (seen). A client could be granted unless
 // it is a member of a gang whose turn has not started (it waits for its gang's other GPUs: see
-// gangIdleBoundLocked), opportunistic while production waits on q, or short of free memory for its
-// need; and none is while memory moves (an eviction asked), or while q rebuilds.
+// gangIdleBoundLocked) or opportunistic while production waits on q; and none is while memory
+// decides (an eviction asked, or a waiter whose need does not fit, which the line waits behind), or
+// while q rebuilds.
 func idleBoundLocked(q *queue, now time.Time, seen map[any]time.Time) error {
 	if len(q.holders) > 0 || q.rebuildingLocked() {
 		return nil
 	}
 	for _, c := range q.clients {
-		if c.evictPending {
-			return nil
+		if c.evictPending || c.state == stateWaiting && q.budget > 0 && c.need > c.reservation+q.free() {
+			return nil // memory decides: the line waits behind a waiter whose need does not fit
 		}
 	}
 	var who *client
@@ -238,10 +239,6 @@ func idleBoundLocked(q *queue, now time.Time, seen map[any]time.Time) error {
 			}
 			if w.class == ClassOpportunistic && len(q.waiting[ClassProduction]) > 0 {
 				delete(seen, w)
-				continue
-			}
-			if q.budget > 0 && w.need > w.reservation+q.free() {
-				delete(seen, w) // its memory does not fit: the GPU's memory rules, not its lock, keep it waiting
 				continue
 			}
 			if _, ok := seen[w]; !ok {

@@ -223,7 +223,10 @@ func (co *Gangs) claimableLocked(g *gang, q *queue) bool {
 		if !prod && c.class == ClassProduction && (c.state == stateWaiting || c.state.granted()) {
 			return false
 		}
-		if c.state == stateWaiting && gangOf(c) == nil && c.arrival < g.ticket && (c.class == ClassProduction || !prod) {
+		// An opportunistic one is not served while production waits for q (g's member included):
+		// waiting for it would wait for g itself.
+		if c.state == stateWaiting && gangOf(c) == nil && c.arrival < g.ticket && (c.class == ClassProduction || !prod) &&
+			(c.class == ClassProduction || len(q.waiting[ClassProduction]) == 0) {
 			return false
 		}
 	}

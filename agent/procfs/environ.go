@@ -20,7 +20,7 @@ func EnvValue(root string, pid int, name string) (string, bool) {
 	if err != nil {
 		return "", false
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	b, err := io.ReadAll(io.LimitReader(f, maxEnviron+1))
 	if err != nil || len(b) > maxEnviron {
 		return "", false

@@ -142,10 +142,11 @@ func (s *Scheduler) book(q *queue) *ledgerBook {
 // lookup runs between the client's HELLO and its WELCOME, outside every lock. pid is the kernel's (0 where
 // it gives none): the pid a hello reports never chooses a pod's ledger, as it never chooses its class.
 func (s *Scheduler) ledgerJoin(q *queue, pid int32, version uint16, send func([]byte) bool, drop func()) (*member, func([]byte) bool) {
-	cl, ok := s.claimOf(q, pid) // ledgerpeer.go
+	peer := s.podPeer(pid) // ledgerpeer.go
+	cl, ok := s.claimOf(q, pid, peer)
 	b := s.book(q)
 	m := b.join(cl, ok, version, send, drop)
-	s.peerJoined(q, pid, m)
+	s.peerJoined(q, peer, m)
 	var welcomed atomic.Bool
 	return m, func(f []byte) bool {
 		if welcomed.Swap(true) {
@@ -232,7 +233,7 @@ func (s *Scheduler) ledgerAttach(q *queue, m *member, pid int32) {
 	}
 	if cl, ok := s.opts.ClaimOf(q.uuid, pid); ok && s.book(q).attach(m, cl) {
 		q.log.Info("Shim client placed in its claim's ledger now that its pod is found", "pid", pid, "claim", cl.Key)
-		s.attachPeers(q, pid, cl)
+		s.attachPeers(q, m, cl)
 	}
 }
 

@@ -434,14 +434,21 @@ func onePod(g *Guards) { g.PeerKey = func(int32) string { return "pod:x" } }
 // taking its own per-process limit beside it.
 func TestLedgerProcessOfAResolvedPodJoinsItsLedgerWhenItsLookupFails(t *testing.T) {
 	e := startLedgerEnv(t, onePod)
-	_, al := e.dial(t, Claim{Key: testClaimKey, Memory: 1024 * mib})
+	a, al := e.dial(t, Claim{Key: testClaimKey, Memory: 1024 * mib})
 	if al.Flags != LedgerOn {
 		t.Fatalf("first Ledger = %+v, want on", al)
 	}
-	_, bl := e.dial(t, Claim{}) // its lookup fails
+	b, bl := e.dial(t, Claim{}) // its lookup fails
 	if bl.Flags != LedgerOn || bl.Processes != 2 || bl.Claim != 1024*mib {
 		t.Fatalf("Ledger of a process of the same pod whose lookup failed = %+v, want the pod's ledger with 2 processes", bl)
 	}
+	a.conn.Close()
+	b.conn.Close()
+	wait.UntilState(t, 2*time.Second, func() (bool, string) {
+		e.s.peers.mu.Lock()
+		defer e.s.peers.mu.Unlock()
+		return len(e.s.peers.m) == 0 && len(e.s.peers.of) == 0, fmt.Sprintf("%d pods, %d clients", len(e.s.peers.m), len(e.s.peers.of))
+	}, "the pod forgotten once its processes left")
 }
 
 // Processes of a pod that all connected while its lookup failed are placed in its ledger together as

@@ -26,6 +26,8 @@ import "sync"
 type peerLedgers struct {
 	mu sync.Mutex
 	m  map[podSlot]*peerEntry
+	// of is each counted client's pod, named once at its connection (a process that is gone names none).
+	of map[*member]podSlot
 }
 
 type podSlot struct {
@@ -46,14 +48,13 @@ func (s *Scheduler) podPeer(pid int32) string {
 	return s.opts.PeerKey(pid)
 }
 
-// claimOf is the claim ledger of the process pid on q: Options.ClaimOf's, else the claim a process of
-// its pod resolved on q. A resolved claim is remembered for the pod.
-func (s *Scheduler) claimOf(q *queue, pid int32) (Claim, bool) {
+// claimOf is the claim ledger of the process pid of pod peer ("": none known) on q: Options.ClaimOf's,
+// else the claim a process of its pod resolved on q. A resolved claim is remembered for the pod.
+func (s *Scheduler) claimOf(q *queue, pid int32, peer string) (Claim, bool) {
 	if s.opts.ClaimOf == nil || pid == 0 {
 		return Claim{}, false
 	}
 	cl, ok := s.opts.ClaimOf(q.uuid, pid)
-	peer := s.podPeer(pid)
 	if peer == "" {
 		return cl, ok
 	}
@@ -82,26 +83,29 @@ func (p *peerLedgers) entryLocked(q *queue, peer string) *peerEntry {
 	return e
 }
 
-// peerJoined counts m, the client of the process pid on q, among its pod's.
-func (s *Scheduler) peerJoined(q *queue, pid int32, m *member) {
-	peer := s.podPeer(pid)
+// peerJoined counts m, a client on q of pod peer ("": none known), among its pod's.
+func (s *Scheduler) peerJoined(q *queue, peer string, m *member) {
 	if peer == "" {
 		return
 	}
 	s.peers.mu.Lock()
 	defer s.peers.mu.Unlock()
 	s.peers.entryLocked(q, peer).members[m] = struct{}{}
+	if s.peers.of == nil {
+		s.peers.of = map[*member]podSlot{}
+	}
+	s.peers.of[m] = podSlot{q, peer}
 }
 
-// peerLeft forgets m; a pod with no client left on q is forgotten.
-func (s *Scheduler) peerLeft(q *queue, pid int32, m *member) {
-	peer := s.podPeer(pid)
-	if peer == "" {
-		return
-	}
+// peerLeft forgets m; a pod with no client left on its GPU is forgotten.
+func (s *Scheduler) peerLeft(m *member) {
 	s.peers.mu.Lock()
 	defer s.peers.mu.Unlock()
-	k := podSlot{q, peer}
+	k, ok := s.peers.of[m]
+	if !ok {
+		return
+	}
+	delete(s.peers.of, m)
 	if e := s.peers.m[k]; e != nil {
 		delete(e.members, m)
 		if len(e.members) == 0 {
@@ -110,22 +114,27 @@ func (s *Scheduler) peerLeft(q *queue, pid int32, m *member) {
 	}
 }
 
-// attachPeers places every client of pid's pod on q that is still outside any ledger in cl's, now that
-// a lookup found it for one of them.
-func (s *Scheduler) attachPeers(q *queue, pid int32, cl Claim) {
-	peer := s.podPeer(pid)
-	if peer == "" {
-		return
-	}
+// peerOf is m's pod ("": none).
+func (s *Scheduler) peerOf(m *member) string {
 	s.peers.mu.Lock()
+	defer s.peers.mu.Unlock()
+	return s.peers.of[m].peer
+}
+
+// attachPeers places every client of m's pod on q that is still outside any ledger in cl's, now that
+// a lookup found it for m.
+func (s *Scheduler) attachPeers(q *queue, m *member, cl Claim) {
+	s.peers.mu.Lock()
+	k, ok := s.peers.of[m]
 	var ms []*member
-	if e := s.peers.m[podSlot{q, peer}]; e != nil {
+	if e := s.peers.m[k]; ok && e != nil {
 		e.claim = cl
-		for m := range e.members {
-			ms = append(ms, m)
+		for o := range e.members {
+			ms = append(ms, o)
 		}
 	}
 	s.peers.mu.Unlock()
+	peer := k.peer
 	b := s.book(q)
 	for _, m := range ms {
 		if b.attach(m, cl) {
@@ -134,10 +143,10 @@ func (s *Scheduler) attachPeers(q *queue, pid int32, cl Claim) {
 	}
 }
 
-// claimPending: the client m of the process pid on q, a process of a pod, is outside any ledger where
-// the scheduler has ledgers: its claim is to be looked up again.
-func (s *Scheduler) claimPending(q *queue, pid int32, m *member) bool {
-	return s.opts.ClaimOf != nil && s.podPeer(pid) != "" && !s.book(q).placed(m)
+// claimPending: the client m on q, a process of a pod, is outside any ledger where the scheduler has
+// ledgers: its claim is to be looked up again.
+func (s *Scheduler) claimPending(q *queue, m *member) bool {
+	return s.opts.ClaimOf != nil && s.peerOf(m) != "" && !s.book(q).placed(m)
 }
 
 // placed: m is in a ledger, or was refused by one.

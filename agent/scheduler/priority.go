@@ -56,10 +56,10 @@ func (s *Scheduler) reresolve(q *queue, c *client, lm *member, pid int32, asked 
 				classKnown, found = true, true
 			}
 		}
-		if found || s.claimPending(q, pid, lm) {
+		if found || s.claimPending(q, lm) {
 			s.ledgerAttach(q, lm, pid)
 		}
-		if classKnown && !s.claimPending(q, pid, lm) {
+		if classKnown && !s.claimPending(q, lm) {
 			return
 		}
 		if attempt == reResolveLogAfter && !classKnown {

@@ -468,14 +468,14 @@ func (s *Scheduler) serveConn(conn net.Conn, q *queue) {
 	src := s.classSource(kpid, hello.Priority)
 	lm, send := s.ledgerJoin(q, kpid, hello.Version, w.send, w.drop)
 	defer s.book(q).leave(lm)
-	defer s.peerLeft(q, kpid, lm)
+	defer s.peerLeft(lm)
 	c := q.join(pid, src, hello.Version, send, w.drop)
 	gang := s.gangKeyOf(kpid, hello)
 	q.joinGang(c, gang)
 	q.log.V(1).Info("Shim client connected", "client", c.id, "pid", pid, "class", q.className(c), "gang", gang)
 	s.clientsChanged(q.uuid)
 	classKnown := !src.fromPod || src.known
-	if kpid != 0 && (!classKnown || s.claimPending(q, kpid, lm)) {
+	if kpid != 0 && (!classKnown || s.claimPending(q, lm)) {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()

@@ -264,10 +264,13 @@ func idleBoundLocked(q *queue, now time.Time, seen map[any]time.Time) error {
 // GPUs without a holder for longer than GangIdleWindow plus gangIdleSlack (counted as idleBoundLocked
 // does): nothing then stands between it and its turn but the gangs' own decisions. A GPU where memory
 // decides (an eviction asked, or a waiter whose need does not fit, which the GPU's line waits behind)
-// is not idle.
+// is not idle. A gang that mixes classes is left out: its production member waiting for the gang's
+// turn keeps opportunistic work (another gang's included) off its GPU while the gang, opportunistic,
+// waits for production elsewhere (docs/qos.md). Only the standalone scheduler, whose classes come from
+// each process's hello, forms one; the agent's gang is a pod, of one class.
 func gangIdleBoundLocked(co *Gangs, now time.Time, seen map[any]time.Time) error {
 	for _, g := range co.byKey {
-		stalled := g.isGang() && g.ticket != 0 && g.state != gangRunning
+		stalled := g.isGang() && g.ticket != 0 && g.state != gangRunning && !mixed(g)
 		for _, q := range g.gpus() {
 			stalled = stalled && len(q.holders) == 0 && !slices.ContainsFunc(mapValues(q.clients), func(c *client) bool {
 				return c.evictPending || c.state == stateWaiting && q.budget > 0 && c.need > c.reservation+q.free()
@@ -308,4 +311,9 @@ func mapValues(m map[uint32]*client) []*client {
 		out = append(out, c)
 	}
 	return out
+}
+
+// mixed: g has production and opportunistic members.
+func mixed(g *gang) bool {
+	return slices.ContainsFunc(g.members, func(c *client) bool { return c.class != g.members[0].class })
 }

@@ -265,17 +265,19 @@ func idleBoundLocked(q *queue, now time.Time, seen map[any]time.Time) error {
 // does): nothing then stands between it and its turn but the gangs' own decisions. A GPU reserved for
 // another gang is not idle (that gang's own turn, or its wait for a holder, bounds it). A GPU where memory
 // decides (an eviction asked, or a waiter whose need does not fit, which the GPU's line waits behind)
-// is not idle. A gang that mixes classes is left out: its production member waiting for the gang's
-// turn keeps opportunistic work (another gang's included) off its GPU while the gang, opportunistic,
-// waits for production elsewhere (docs/qos.md). Only the standalone scheduler, whose classes come from
-// each process's hello, forms one; the agent's gang is a pod, of one class.
+// is not idle. A gang that mixes classes is left out, and so is a GPU where its production member
+// waits: that member, waiting for its gang's turn, keeps opportunistic work (other gangs' included) off
+// the GPU while the gang, opportunistic, waits for production elsewhere (docs/qos.md). Only the
+// standalone scheduler, whose classes come from each process's hello, forms one; the agent's gang is a
+// pod, of one class.
 func gangIdleBoundLocked(co *Gangs, now time.Time, seen map[any]time.Time) error {
 	for _, g := range co.byKey {
 		stalled := g.isGang() && g.ticket != 0 && g.state != gangRunning && !mixed(g)
 		for _, q := range g.gpus() {
 			stalled = stalled && len(q.holders) == 0 && (co.owner[q] == nil || co.owner[q] == g) &&
 				!slices.ContainsFunc(mapValues(q.clients), func(c *client) bool {
-					return c.evictPending || c.state == stateWaiting && q.budget > 0 && c.need > c.reservation+q.free()
+					return c.evictPending || c.state == stateWaiting && q.budget > 0 && c.need > c.reservation+q.free() ||
+						c.state == stateWaiting && c.class == ClassProduction && gangOf(c) != nil && mixed(gangOf(c))
 				})
 		}
 		if !stalled {

@@ -184,6 +184,9 @@ func (co *Gangs) joinLocked(c *client, key string) {
 	g.members = append(g.members, c)
 	if !was && g.isGang() {
 		g.formedAt = co.clock.Now()
+		for _, q := range g.gpus() {
+			co.markLocked(q, nil) // a member holding there is partial now: told to go if anyone waits
+		}
 		co.formed++
 		c.gpu.log.Info("Gang formed", "gang", key, "gpus", len(g.gpus()))
 		co.metrics.gangs.Inc()

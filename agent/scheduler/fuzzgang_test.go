@@ -263,7 +263,9 @@ func idleBoundLocked(q *queue, now time.Time, seen map[any]time.Time) error {
 // gangIdleBoundLocked: a gang that asks, whose turn has not started, does not find every one of its
 // GPUs without a holder for longer than GangIdleWindow plus gangIdleSlack (counted as idleBoundLocked
 // does): nothing then stands between it and its turn but the gangs' own decisions. A GPU reserved for
-// another gang is not idle (that gang's own turn, or its wait for a holder, bounds it). A GPU where memory
+// another gang is not idle (that gang's own turn, or its wait for a holder, bounds it), and a gang
+// behind an earlier one that asks for one of its GPUs waits for that one (reservations go in one order,
+// so that none starves; the first gang's wait is checked). A GPU where memory
 // decides (an eviction asked, or a waiter whose need does not fit, which the GPU's line waits behind)
 // is not idle. A gang that mixes classes is left out, and so is a GPU where its production member
 // waits: that member, waiting for its gang's turn, keeps opportunistic work (other gangs' included) off
@@ -271,8 +273,9 @@ func idleBoundLocked(q *queue, now time.Time, seen map[any]time.Time) error {
 // standalone scheduler, whose classes come from each process's hello, forms one; the agent's gang is a
 // pod, of one class.
 func gangIdleBoundLocked(co *Gangs, now time.Time, seen map[any]time.Time) error {
-	for _, g := range co.byKey {
-		stalled := g.isGang() && g.ticket != 0 && g.state != gangRunning && !mixed(g)
+	order := co.sortedLocked()
+	for i, g := range order {
+		stalled := g.isGang() && g.ticket != 0 && g.state != gangRunning && !mixed(g) && !behindAnother(g, order[:i])
 		for _, q := range g.gpus() {
 			stalled = stalled && len(q.holders) == 0 && (co.owner[q] == nil || co.owner[q] == g) &&
 				!slices.ContainsFunc(mapValues(q.clients), func(c *client) bool {
@@ -315,6 +318,16 @@ func mapValues(m map[uint32]*client) []*client {
 		out = append(out, c)
 	}
 	return out
+}
+
+// behindAnother: a gang before g in the reservation order asks for one of g's GPUs.
+func behindAnother(g *gang, before []*gang) bool {
+	for _, o := range before {
+		if o.ticket != 0 && o.state != gangRunning && slices.ContainsFunc(o.gpus(), func(q *queue) bool { return slices.Contains(g.gpus(), q) }) {
+			return true
+		}
+	}
+	return false
 }
 
 // mixed: g has production and opportunistic members.

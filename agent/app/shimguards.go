@@ -42,6 +42,7 @@ func shimGuards(o Options, r *podpid.Resolver) scheduler.Guards {
 	}
 	// A pod's clients on several GPUs are one gang (scheduler/gang.go); a process in no pod is in none.
 	g.GangKey = g.PeerKey
+	g.ProcRoot = r.ProcRoot
 	g.PodPriority = podPriority(r)
 	return g
 }

@@ -3,6 +3,7 @@ package scheduler
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -15,10 +16,12 @@ import (
 // answer an eviction, leave; time passing) and checks after each: every queue's invariants (as
 // FuzzQueue's: each client's fields agree with its state, no refused move, at most one holder on an
 // exclusive GPU), that a GPU is reserved only for a gang whose turn is claimed or running, on all of
-// its GPUs; that a GPU reserved for a running gang is held by its members only, so no GPU is held by
-// two gangs; and that no gang member, in its gang's turn or holding from before its gang formed, holds
+// its GPUs but those a running turn handed back; that a GPU reserved for a running gang is held by its members only, so no GPU is held by
+// two gangs; that no gang member, in its gang's turn or holding from before its gang formed, holds
 // a GPU another gang's member waits for (of its class or above) past its quantum plus grace, counted
-// from its turn's start, or from the wait's start when later.
+// from its turn's start, or from the wait's start or its gang's forming when later; and that no GPU
+// idles past GangIdleWindow plus gangIdleSlack while a client that could be granted waits for it
+// (idleBoundLocked).
 //
 // The first byte picks the memory mode ((its value % 3): none, a budget of 64 MiB one holder at a
 // time, or the same with holders sharing it) and whether gang "b" joins as production ((its value /
@@ -40,6 +43,8 @@ func FuzzGangs(f *testing.F) {
 	f.Add([]byte{2, 0, 0, 30, 3, 0, 0, 0, 1, 30, 3, 1, 0, 0, 2, 40, 0, 3, 40, 7, 0, 40, 4, 0, 0, 4, 1, 0, 3, 2, 0, 3, 3, 0})
 	// a member of a running gang joins on a third GPU: the turn ends and the next reserves all three
 	f.Add([]byte("0%20000&2A0"))
+	// a production gang b claims GPUs 1 and 0 and waits for GPU 0's production holder: GPU 1 is lent
+	f.Add([]byte{3, 5, 5, 0, 6, 5, 12, 0, 5, 0, 0, 3, 0, 5, 4, 0, 6, 4, 1, 0, 4, 0, 7, 0, 12, 7, 0, 30})
 	f.Fuzz(func(t *testing.T, in []byte) {
 		if err := runGangSteps(t, in); err != nil {
 			t.Fatal(err)
@@ -74,6 +79,7 @@ func runGangSteps(t *testing.T, in []byte) error {
 		return f
 	}
 	bProd := Class((in[0] / 3) % 2)
+	seen := map[any]time.Time{}
 	cs := []*fakeClient{join(0, "a", 0), join(1, "a", 0), join(1, "b", bProd), join(0, "b", bProd), join(2, "c", 0), join(2, "", 0)}
 	in = in[1:]
 	for step := 0; len(in) >= 3; step, in = step+1, in[3:] {
@@ -107,15 +113,17 @@ func runGangSteps(t *testing.T, in []byte) error {
 				c.c.gpu.leave(c.c)
 			}
 		}
-		if err := checkGangInvariants(co, qs[:]); err != nil {
+		if err := checkGangInvariants(co, qs[:], seen); err != nil {
 			return fmt.Errorf("step %d (op %d, slot %d, arg %d): %w", step, op, slot, arg, err)
 		}
 	}
 	return nil
 }
 
-// checkGangInvariants checks every coordinated queue's invariants and the gangs' (FuzzGangs).
-func checkGangInvariants(co *Gangs, qs []*queue) error {
+// checkGangInvariants checks every coordinated queue's invariants and the gangs' (FuzzGangs). seen
+// keeps, across the steps of one input, when each waiter (or asking gang) was first seen able to run on
+// an idle GPU.
+func checkGangInvariants(co *Gangs, qs []*queue, seen map[any]time.Time) error {
 	co.mu.Lock()
 	defer co.mu.Unlock()
 	now := co.clock.Now()
@@ -146,13 +154,19 @@ func checkGangInvariants(co *Gangs, qs []*queue) error {
 		if err := gangBoundLocked(co, q, now); err != nil {
 			return err
 		}
+		if err := idleBoundLocked(q, now, seen); err != nil {
+			return err
+		}
+	}
+	if err := gangIdleBoundLocked(co, now, seen); err != nil {
+		return err
 	}
 	for _, g := range co.byKey {
 		if g.state == gangIdle {
 			continue
 		}
 		for _, q := range g.gpus() {
-			if co.owner[q] != g {
+			if co.owner[q] != g && (g.state != gangRunning || !slices.Contains(g.lent, q)) {
 				return fmt.Errorf("gang %s (state %d) does not reserve its GPU %s", g.key, g.state, q.uuid)
 			}
 		}
@@ -161,8 +175,9 @@ func checkGangInvariants(co *Gangs, qs []*queue) error {
 }
 
 // gangBoundLocked: no gang member holds q while another gang's member of its class or above waits for
-// q, past its quantum plus grace from its turn's start (its gang's, in its gang's turn) or from the
-// wait's start.
+// q, past its quantum plus grace from its turn's start (its gang's, in its gang's turn), or past the
+// grace from the wait's start or its gang's forming (a holder that became a member mid-hold), whichever
+// is latest.
 func gangBoundLocked(co *Gangs, q *queue, now time.Time) error {
 	for _, h := range q.holders {
 		g := gangOf(h)
@@ -180,8 +195,10 @@ func gangBoundLocked(co *Gangs, q *queue, now time.Time) error {
 					continue
 				}
 				limit := start.Add(quantum)
-				if w.waitingSince.After(limit) {
-					limit = w.waitingSince
+				for _, t := range []time.Time{w.waitingSince, g.formedAt} {
+					if t.After(limit) {
+						limit = t
+					}
 				}
 				if now.After(limit.Add(grace)) {
 					return fmt.Errorf("GPU %s: client %d of gang %s (state %d) holds it %v past its bound while client %d of gang %s waits",
@@ -191,4 +208,129 @@ func gangBoundLocked(co *Gangs, q *queue, now time.Time) error {
 		}
 	}
 	return nil
+}
+
+// gangIdleSlack is what FuzzGangs allows past GangIdleWindow: its clock moves in steps of 5 ms.
+const gangIdleSlack = 5 * time.Millisecond
+
+// idleBoundLocked: q has no holder while a client that could be granted waits for no longer than
+// GangIdleWindow plus gangIdleSlack, counted from the latest of that client's request, the last
+// holder's going and the first check that saw it able to run (seen). A client could be granted unless
+// it is a member of a gang whose turn has not started (it waits for its gang's other GPUs: see
+// gangIdleBoundLocked) or opportunistic while production waits on q; and none is while memory
+// decides (an eviction asked, or a waiter whose need does not fit, which the line waits behind), or
+// while q rebuilds.
+func idleBoundLocked(q *queue, now time.Time, seen map[any]time.Time) error {
+	if len(q.holders) > 0 || q.rebuildingLocked() {
+		return nil
+	}
+	for _, c := range q.clients {
+		if c.evictPending || c.state == stateWaiting && q.budget > 0 && c.need > c.reservation+q.free() {
+			return nil // memory decides: the line waits behind a waiter whose need does not fit
+		}
+	}
+	var who *client
+	var since time.Time
+	for _, line := range q.waiting {
+		for _, w := range line {
+			if g := gangOf(w); g != nil && g.state != gangRunning {
+				delete(seen, w)
+				continue
+			}
+			if w.class == ClassOpportunistic && len(q.waiting[ClassProduction]) > 0 {
+				delete(seen, w)
+				continue
+			}
+			if _, ok := seen[w]; !ok {
+				seen[w] = now
+			}
+			at := latest(w.waitingSince, q.freedAt, seen[w])
+			if who == nil || at.Before(since) {
+				who, since = w, at
+			}
+		}
+	}
+	if who == nil {
+		return nil
+	}
+	if idle := now.Sub(since); idle > GangIdleWindow+gangIdleSlack {
+		return fmt.Errorf("GPU %s idle for %v while client %d (%s, gang %v) waits", q.uuid, idle, who.id,
+			who.class.String(), gangOf(who) != nil)
+	}
+	return nil
+}
+
+// gangIdleBoundLocked: a gang that asks, whose turn has not started, does not find every one of its
+// GPUs without a holder for longer than GangIdleWindow plus gangIdleSlack (counted as idleBoundLocked
+// does): nothing then stands between it and its turn but the gangs' own decisions. A GPU reserved for
+// another gang is not idle (that gang's own turn, or its wait for a holder, bounds it), and a gang
+// behind an earlier one that asks for one of its GPUs waits for that one (reservations go in one order,
+// so that none starves; the first gang's wait is checked). A GPU where memory
+// decides (an eviction asked, or a waiter whose need does not fit, which the GPU's line waits behind)
+// is not idle. A gang that mixes classes is left out, and so is a GPU where its production member
+// waits: that member, waiting for its gang's turn, keeps opportunistic work (other gangs' included) off
+// the GPU while the gang, opportunistic, waits for production elsewhere (docs/qos.md). Only the
+// standalone scheduler, whose classes come from each process's hello, forms one; the agent's gang is a
+// pod, of one class.
+func gangIdleBoundLocked(co *Gangs, now time.Time, seen map[any]time.Time) error {
+	order := co.sortedLocked()
+	for i, g := range order {
+		stalled := g.isGang() && g.ticket != 0 && g.state != gangRunning && !mixed(g) && !behindAnother(g, order[:i])
+		for _, q := range g.gpus() {
+			stalled = stalled && len(q.holders) == 0 && (co.owner[q] == nil || co.owner[q] == g) &&
+				!slices.ContainsFunc(mapValues(q.clients), func(c *client) bool {
+					return c.evictPending || c.state == stateWaiting && q.budget > 0 && c.need > c.reservation+q.free() ||
+						c.state == stateWaiting && c.class == ClassProduction && gangOf(c) != nil && mixed(gangOf(c))
+				})
+		}
+		if !stalled {
+			delete(seen, g)
+			continue
+		}
+		if _, ok := seen[g]; !ok {
+			seen[g] = now
+		}
+		since := latest(g.wantSince, seen[g])
+		for _, q := range g.gpus() {
+			since = latest(since, q.freedAt)
+		}
+		if idle := now.Sub(since); idle > GangIdleWindow+gangIdleSlack {
+			return fmt.Errorf("gang %s (state %d, production %v) asks and all its GPUs have been idle for %v", g.key, g.state,
+				g.production(), idle)
+		}
+	}
+	return nil
+}
+
+func latest(ts ...time.Time) time.Time {
+	var out time.Time
+	for _, t := range ts {
+		if t.After(out) {
+			out = t
+		}
+	}
+	return out
+}
+
+func mapValues(m map[uint32]*client) []*client {
+	out := make([]*client, 0, len(m))
+	for _, c := range m {
+		out = append(out, c)
+	}
+	return out
+}
+
+// behindAnother: a gang before g in the reservation order asks for one of g's GPUs.
+func behindAnother(g *gang, before []*gang) bool {
+	for _, o := range before {
+		if o.ticket != 0 && o.state != gangRunning && slices.ContainsFunc(o.gpus(), func(q *queue) bool { return slices.Contains(g.gpus(), q) }) {
+			return true
+		}
+	}
+	return false
+}
+
+// mixed: g has production and opportunistic members.
+func mixed(g *gang) bool {
+	return slices.ContainsFunc(g.members, func(c *client) bool { return c.class != g.members[0].class })
 }

@@ -9,9 +9,9 @@ import (
 // FuzzLedger drives one GPU's ledgers with any order of joins, leaves, charges, returns and re-announced
 // grants and NVML measurements of contexts from clients of two claims and checks after every step: no
 // charge and no join takes a ledger's grants beyond M less its context charges (a join with no room for
-// its context is refused), a ledger within its bound stays within unless a re-announced grant or a
-// measured context moved it, the grants and the context charges sum to what the ledger counts, and the
-// scheduler recorded no broken invariant.
+// its context is refused), a ledger within its bound stays within unless a re-announced grant (a refused
+// client's only where NVML shows its context) or a measured context moved it, the grants and the context
+// charges sum to what the ledger counts, and the scheduler recorded no broken invariant.
 func FuzzLedger(f *testing.F) {
 	f.Add([]byte{0, 0, 2, 10, 0, 1, 2, 40, 3, 0, 1, 0, 2, 200, 4, 1})
 	f.Add([]byte{0, 1, 0, 1, 5, 0, 2, 255, 2, 255, 1, 1, 3, 7, 2, 1})
@@ -51,10 +51,14 @@ func runLedgerSteps(in []byte) error {
 		case op == 2:
 			b.charge(pick, uint32(i), uint64(arg)*mib/2)
 		case op == 3:
-			_ = b.giveBack(pick, 0, uint64(arg)*mib/4)
-		case op == 4: // a re-announced grant (refused after the connection's first charge; admits a refused client)
-			raisesOK = !pick.charged
-			_ = b.giveBack(pick, ReturnHold, uint64(arg)*mib/3)
+			_ = b.giveBack(pick, 0, uint64(arg)*mib/4, false)
+		case op == 4: // a re-announced grant (refused after the connection's first charge; admits a refused
+			// client past the bound only where NVML shows its context: odd args)
+			seen := arg%2 == 1
+			b.mu.Lock()
+			raisesOK = !pick.charged && (pick.l != nil || seen)
+			b.mu.Unlock()
+			_ = b.giveBack(pick, ReturnHold, uint64(arg)*mib/3, seen)
 		case op == 5: // NVML's figure for the process: its grant and a context of up to 8 MiB
 			raisesOK = true
 			if pick.l != nil {

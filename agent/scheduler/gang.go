@@ -93,10 +93,17 @@ type gang struct {
 	ticket    uint64
 	wantSince time.Time
 	turnStart time.Time
+	formedAt  time.Time     // when its members came to span two or more GPUs
 	quantum   time.Duration // the least of its GPUs', for the turn in progress
 	grace     time.Duration
 	contended bool
 	revoke    Timer
+	// lent are the GPUs of the turn in progress handed back because its members there stayed idle past
+	// GangIdleWindow while someone else waited (gangidle.go); lend is the decision armed for the next
+	// GPU that may qualify, at lendAt.
+	lent   []*queue
+	lend   Timer
+	lendAt time.Time
 	// turns and waited are its turns and the time it waited for them, for the log line at its end.
 	turns  uint64
 	waited time.Duration
@@ -138,6 +145,13 @@ func (g *gang) busy() bool {
 	return slices.ContainsFunc(g.members, func(c *client) bool { return c.state == stateWaiting || c.state.granted() })
 }
 
+// busyOn: a member on q waits or holds.
+func (g *gang) busyOn(q *queue) bool {
+	return slices.ContainsFunc(g.members, func(c *client) bool {
+		return c.gpu == q && (c.state == stateWaiting || c.state.granted())
+	})
+}
+
 // gangOf is c's gang when it is one (members on several GPUs), else nil.
 func gangOf(c *client) *gang {
 	if c.gang != nil && c.gang.isGang() {
@@ -169,6 +183,10 @@ func (co *Gangs) joinLocked(c *client, key string) {
 	c.gang = g
 	g.members = append(g.members, c)
 	if !was && g.isGang() {
+		g.formedAt = co.clock.Now()
+		for _, q := range g.gpus() {
+			co.markLocked(q, nil) // a member holding there is partial now: told to go if anyone waits
+		}
 		co.formed++
 		c.gpu.log.Info("Gang formed", "gang", key, "gpus", len(g.gpus()))
 		co.metrics.gangs.Inc()

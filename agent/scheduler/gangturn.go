@@ -48,6 +48,8 @@ func (co *Gangs) endTurnLocked(g *gang, why string) {
 		g.revoke.Stop()
 		g.revoke = nil
 	}
+	co.stopLendLocked(g)
+	g.lent = nil
 	if g.state == gangRunning {
 		co.metrics.gangTurns.WithLabelValues(g.key, why).Inc()
 	}
@@ -136,10 +138,18 @@ func (co *Gangs) decideLocked() {
 		if g.ticket == 0 || g.state != gangIdle {
 			continue
 		}
-		ok := true
+		ok, yields := true, false
 		for _, q := range g.gpus() {
 			ok = ok && co.owner[q] == nil && !behind[q] && co.claimableLocked(g, q)
-			behind[q] = true
+			yields = yields || co.yieldsOnLocked(g, q)
+		}
+		if !yields {
+			// Later gangs wait behind it on its GPUs. An opportunistic gang that yields to production
+			// on one of them holds nobody back: a later gang (one whose own member is that production
+			// client) may run meanwhile, and otherwise both would wait for each other.
+			for _, q := range g.gpus() {
+				behind[q] = true
+			}
 		}
 		if ok {
 			g.state = gangClaimed
@@ -153,13 +163,18 @@ func (co *Gangs) decideLocked() {
 		switch {
 		case g.state == gangClaimed && co.clearLocked(g):
 			co.startLocked(g, now)
-		case g.state == gangRunning && (g.contended || co.wantedLocked(g)):
-			co.contendLocked(g, now)
+		case g.state == gangRunning:
+			co.lendIdleLocked(g, now)
+			if g.contended || co.wantedLocked(g) {
+				co.contendLocked(g, now)
+			}
 		}
 	}
 }
 
-// sortedLocked is every key's clients, asking gangs first in ticket order, then the rest by key.
+// sortedLocked is every key's clients, asking gangs first (production gangs before opportunistic ones,
+// each in ticket order: an opportunistic gang that may not claim while production waits on one of its
+// GPUs must not hold a production gang behind it), then the rest by key.
 func (co *Gangs) sortedLocked() []*gang {
 	out := make([]*gang, 0, len(co.byKey))
 	for _, g := range co.byKey {
@@ -169,6 +184,9 @@ func (co *Gangs) sortedLocked() []*gang {
 		a, b := out[i], out[j]
 		if (a.ticket == 0) != (b.ticket == 0) {
 			return a.ticket != 0
+		}
+		if a.ticket != 0 && a.production() != b.production() {
+			return a.production()
 		}
 		if a.ticket != b.ticket {
 			return a.ticket < b.ticket
@@ -205,11 +223,27 @@ func (co *Gangs) claimableLocked(g *gang, q *queue) bool {
 		if !prod && c.class == ClassProduction && (c.state == stateWaiting || c.state.granted()) {
 			return false
 		}
-		if c.state == stateWaiting && gangOf(c) == nil && c.arrival < g.ticket && (c.class == ClassProduction || !prod) {
+		// An opportunistic one is not served while production waits for q (g's member included):
+		// waiting for it would wait for g itself.
+		if c.state == stateWaiting && gangOf(c) == nil && c.arrival < g.ticket && (c.class == ClassProduction || !prod) &&
+			(c.class == ClassProduction || len(q.waiting[ClassProduction]) == 0) {
 			return false
 		}
 	}
 	return true
+}
+
+// yieldsOnLocked: g is opportunistic and a production client outside it waits for or holds q.
+func (co *Gangs) yieldsOnLocked(g *gang, q *queue) bool {
+	if g.production() {
+		return false
+	}
+	for _, c := range q.clients {
+		if outsider(g, c) && c.class == ClassProduction && (c.state == stateWaiting || c.state.granted()) {
+			return true
+		}
+	}
+	return false
 }
 
 // clearLocked: no one outside g holds any of g's GPUs.
@@ -224,10 +258,11 @@ func (co *Gangs) clearLocked(g *gang) bool {
 	return true
 }
 
-// wantedLocked: someone outside g waits for one of g's GPUs, in its line or by another gang's ticket;
+// wantedLocked: someone outside g waits for one of the GPUs g's turn keeps and uses (a GPU where no
+// member holds or asks is handed back instead, gangidle.go), in its line or by another gang's ticket;
 // for a production gang, someone production (an opportunistic waiter never makes production yield).
 func (co *Gangs) wantedLocked(g *gang) bool {
-	mine, prod := g.gpus(), g.production()
+	mine, prod := slices.DeleteFunc(g.gpus(), func(q *queue) bool { return co.owner[q] != g || !g.busyOn(q) }), g.production()
 	for _, q := range mine {
 		if slices.ContainsFunc(q.waiting[ClassProduction], func(c *client) bool { return outsider(g, c) }) ||
 			(!prod && slices.ContainsFunc(q.waiting[ClassOpportunistic], func(c *client) bool { return outsider(g, c) })) {
@@ -302,23 +337,27 @@ func (co *Gangs) contendLocked(g *gang, now time.Time) {
 }
 
 // headLocked is the client a GPU coordinated with gangs grants next, or nil. A GPU reserved for a
-// running gang grants its members only; one claimed, nobody (its other holders are told to go, or
-// preempted by a production gang); a free one, the first waiter outside the gangs, except an
-// opportunistic one while a production member waits; a member holding there since before its gang
-// formed is told to go when anyone waits.
+// running gang grants its members only; one claimed, nobody but on loan until the gang can start
+// (gangidle.go: its other holders are told to go, or preempted by a production gang); a free one, the
+// first waiter outside the gangs (or of a gang that handed the GPU back), except an opportunistic one
+// while a production member waits; a member holding there outside its gang's turn is told to go
+// when anyone waits.
 func (co *Gangs) headLocked(q *queue) *client {
 	if g := co.owner[q]; g != nil {
 		if g.state == gangClaimed {
 			for _, h := range slices.Clone(q.holders) {
 				switch {
-				case !outsider(g, h):
+				case !outsider(g, h) || !h.lentUntil.IsZero():
 				case g.production() && h.class == ClassOpportunistic:
 					q.preemptHolderLocked(h)
 				default:
 					q.contendHolderLocked(h)
 				}
 			}
-			return nil
+			if _, ok := co.claimEndLocked(g, q); !ok {
+				return nil
+			}
+			return co.freeHeadLocked(q)
 		}
 		for _, p := range []Class{ClassProduction, ClassOpportunistic} {
 			if i := slices.IndexFunc(q.waiting[p], func(c *client) bool { return !outsider(g, c) }); i >= 0 {
@@ -327,6 +366,11 @@ func (co *Gangs) headLocked(q *queue) *client {
 		}
 		return nil
 	}
+	return co.freeHeadLocked(q)
+}
+
+// freeHeadLocked is the client q grants next as no gang reserves it.
+func (co *Gangs) freeHeadLocked(q *queue) *client {
 	if q.nWaitingLocked() > 0 {
 		// A member holding outside its gang's turn (since before its gang formed) is partial: it goes
 		// after its quantum whoever waits, a gang's member included.
@@ -337,7 +381,7 @@ func (co *Gangs) headLocked(q *queue) *client {
 		}
 	}
 	for _, p := range []Class{ClassProduction, ClassOpportunistic} {
-		if i := slices.IndexFunc(q.waiting[p], func(c *client) bool { return gangOf(c) == nil }); i >= 0 {
+		if i := slices.IndexFunc(q.waiting[p], func(c *client) bool { return gangOf(c) == nil || lentLocked(c) }); i >= 0 {
 			if p == ClassOpportunistic && len(q.waiting[ClassProduction]) > 0 {
 				return nil // production members wait for their gang's turn; opportunistic work waits with them
 			}

@@ -156,14 +156,12 @@ func (s *Scheduler) book(q *queue) *ledgerBook {
 // lookup runs between the client's HELLO and its WELCOME, outside every lock. pid is the kernel's (0 where
 // it gives none): the pid a hello reports never chooses a pod's ledger, as it never chooses its class.
 func (s *Scheduler) ledgerJoin(q *queue, pid int32, version uint16, send func([]byte) bool, drop func()) (*member, func([]byte) bool) {
-	var cl Claim
-	ok := false
-	if s.opts.ClaimOf != nil && pid != 0 {
-		cl, ok = s.opts.ClaimOf(q.uuid, pid)
-	}
+	peer := s.podPeer(pid) // ledgerpeer.go
+	cl, ok := s.claimOf(q, pid, peer)
 	b := s.book(q)
 	m := b.join(cl, ok, pid, version, send, drop)
 	s.watchContexts(q, b)
+	s.peerJoined(q, peer, m)
 	var welcomed atomic.Bool
 	return m, func(f []byte) bool {
 		if welcomed.Swap(true) {
@@ -249,6 +247,7 @@ func (s *Scheduler) ledgerAttach(q *queue, m *member, pid int32) {
 	if cl, ok := s.opts.ClaimOf(q.uuid, pid); ok && s.book(q).attach(m, cl) {
 		s.watchContexts(q, s.book(q))
 		q.log.Info("Shim client placed in its claim's ledger now that its pod is found", "pid", pid, "claim", cl.Key)
+		s.attachPeers(q, m, cl)
 	}
 }
 
@@ -314,14 +313,16 @@ func (b *ledgerBook) charge(m *member, seq uint32, bytes uint64) {
 }
 
 // giveBack applies a Return of m; an error drops the client (a Hold after its first Charge or Hold). A
-// Hold from a refused client admits it: a client announces a grant only with a context behind it (one
-// created before a scheduler restart, whose new connection was refused).
-func (b *ledgerBook) giveBack(m *member, flags uint32, bytes uint64) error {
+// Hold from a refused client admits it only as admitHoldLocked allows; seen: NVML shows its process
+// holding memory on the GPU.
+func (b *ledgerBook) giveBack(m *member, flags uint32, bytes uint64, seen bool) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	except := m
 	if m.l == nil && m.refused != nil && flags&ReturnHold != 0 {
-		b.admitLocked(m, *m.refused, true)
+		if !b.admitHoldLocked(m, bytes, seen) {
+			return nil
+		}
 		except = nil // it learns that it is in
 	}
 	l := m.l
@@ -447,15 +448,15 @@ func (s *Scheduler) Ledgers() []LedgerState {
 	return out
 }
 
-// ledgerMessage handles a client's Charge or Return; an error drops the client.
-func (s *Scheduler) ledgerMessage(q *queue, m *member, msg Message) error {
+// ledgerMessage handles a Charge or Return of the client pid; an error drops the client.
+func (s *Scheduler) ledgerMessage(q *queue, m *member, pid int32, msg Message) error {
 	b := s.book(q)
 	if msg.Type == MsgCharge {
 		s.measureContexts(q, b, m)
 		b.charge(m, msg.Seq, msg.Bytes)
 		return nil
 	}
-	return b.giveBack(m, msg.Flags, msg.Bytes)
+	return b.giveBack(m, msg.Flags, msg.Bytes, msg.Flags&ReturnHold != 0 && s.contextSeen(q, pid))
 }
 
 // The ledger messages' bodies. Ledger carries in Bytes the chunk the scheduler grants by.

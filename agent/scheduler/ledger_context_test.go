@@ -164,7 +164,7 @@ func TestLedgerMeasurementUsesTheLargestGrantSinceTheReadBegan(t *testing.T) {
 	b.mu.Lock()
 	m.peak = m.grant // the read begins
 	b.mu.Unlock()
-	if err := b.giveBack(m, 0, 1024*mib); err != nil { // 1 GiB freed and returned during the read
+	if err := b.giveBack(m, 0, 1024*mib, false); err != nil { // 1 GiB freed and returned during the read
 		t.Fatal(err)
 	}
 	b.measure(m.l, map[*member]uint64{m: 600*mib + 2048*mib}) // NVML read before the frees

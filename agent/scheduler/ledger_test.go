@@ -29,9 +29,13 @@ type ledgerEnv struct {
 	claims chan Claim
 }
 
-func startLedgerEnv(t *testing.T) *ledgerEnv {
+func startLedgerEnv(t *testing.T, with ...func(*Guards)) *ledgerEnv {
 	t.Helper()
-	return startLedgerEnvWith(t, func(*Guards) {})
+	return startLedgerEnvWith(t, func(g *Guards) {
+		for _, f := range with {
+			f(g)
+		}
+	})
 }
 
 // startLedgerEnvWith is startLedgerEnv with guards changed by set.
@@ -240,10 +244,16 @@ func TestLedgerRefusesEveryProcessOfAClaimSmallerThanAContext(t *testing.T) {
 	}
 }
 
-// A refused process that announces a grant (RETURN HOLD) has a context from before a scheduler restart:
-// it is accounted, beyond the bound, and every charge is refused until the ledger is back within.
+// seesTestProcess makes NVML show the test's process (every raw client's) holding memory on the GPU.
+func seesTestProcess(g *Guards) {
+	g.ProcessMemory = func(string) (map[int32]uint64, error) { return map[int32]uint64{int32(os.Getpid()): 300 * mib}, nil }
+}
+
+// A refused process that announces a grant (RETURN HOLD) and that NVML shows on the GPU has a context
+// from before a scheduler restart: it is accounted, beyond the bound, and every charge is refused until
+// the ledger is back within.
 func TestLedgerAccountsAHoldFromARefusedProcess(t *testing.T) {
-	e := startLedgerEnv(t)
+	e := startLedgerEnv(t, seesTestProcess)
 	a, _ := e.dial(t, Claim{Key: testClaimKey, Memory: 1024 * mib})
 	charge(t, a, 1, 768*mib)
 	b, bl := e.dial(t, Claim{Key: testClaimKey, Memory: 1024 * mib})
@@ -256,6 +266,47 @@ func TestLedgerAccountsAHoldFromARefusedProcess(t *testing.T) {
 	}
 	if m := charge(t, a, 2, mib); m.Charge != ChargeRefused {
 		t.Fatalf("charge into a ledger beyond its bound = %+v, want refused", m)
+	}
+}
+
+// A refused process whose context NVML does not see announces a grant: its word does not pass the
+// ledger. It stays refused, told so again, and the ledger keeps its bound.
+func TestLedgerKeepsRefusingAHoldNVMLDoesNotSee(t *testing.T) {
+	e := startLedgerEnv(t, func(g *Guards) {
+		g.ProcessMemory = func(string) (map[int32]uint64, error) { return map[int32]uint64{}, nil }
+	})
+	a, _ := e.dial(t, Claim{Key: testClaimKey, Memory: 1024 * mib})
+	charge(t, a, 1, 768*mib)
+	b, bl := e.dial(t, Claim{Key: testClaimKey, Memory: 1024 * mib})
+	if bl.Flags != LedgerRefused {
+		t.Fatalf("Ledger = %+v, want refused", bl)
+	}
+	b.send(Message{Type: MsgReturn, Flags: ReturnHold, Bytes: 10 * mib})
+	if m := b.expect(MsgLedger, time.Second); m.Flags != LedgerRefused || m.Processes != 1 {
+		t.Fatalf("Ledger after an unseen hold = %+v, want still refused beside the 1 admitted process", m)
+	}
+	if l, _ := e.ledger(testClaimKey); l.Processes != 1 || l.Granted != 768*mib {
+		t.Fatalf("ledger after an unseen hold = %+v, want a's process and grant only", l)
+	}
+}
+
+// A refused process's Hold that fits the ledger (its context and its bytes) admits it, NVML or not.
+func TestLedgerAdmitsARefusedHoldThatFits(t *testing.T) {
+	e := startLedgerEnv(t)
+	a, _ := e.dial(t, Claim{Key: testClaimKey, Memory: 1024 * mib})
+	charge(t, a, 1, 768*mib)
+	b, bl := e.dial(t, Claim{Key: testClaimKey, Memory: 1024 * mib})
+	if bl.Flags != LedgerRefused {
+		t.Fatalf("Ledger = %+v, want refused", bl)
+	}
+	a.send(Message{Type: MsgReturn, Bytes: 768 * mib}) // a's frees make room
+	wait.UntilState(t, 2*time.Second, func() (bool, string) {
+		l, _ := e.ledger(testClaimKey)
+		return l.Granted == 0, fmt.Sprintf("granted %d", l.Granted)
+	}, "a's grant returned")
+	b.send(Message{Type: MsgReturn, Flags: ReturnHold, Bytes: 10 * mib})
+	if m := b.expect(MsgLedger, time.Second); m.Flags != LedgerOn || m.Processes != 2 || m.Grant != 10*mib {
+		t.Fatalf("Ledger after a hold that fits = %+v, want admitted with its 10 MiB", m)
 	}
 }
 
@@ -382,4 +433,49 @@ func TestClientWhosePodIsFoundLateJoinsItsClaimsLedger(t *testing.T) {
 	if m := charge(t, a, 2, mib); m.Charge != ChargeRefused {
 		t.Fatalf("charge into a ledger beyond its bound = %+v, want refused", m)
 	}
+}
+
+// onePod names every client of these tests (all in the test's process) one pod.
+func onePod(g *Guards) { g.PeerKey = func(int32) string { return "pod:x" } }
+
+// A process whose claim lookup fails joins the ledger another process of its pod resolved, rather than
+// taking its own per-process limit beside it.
+func TestLedgerProcessOfAResolvedPodJoinsItsLedgerWhenItsLookupFails(t *testing.T) {
+	e := startLedgerEnv(t, onePod)
+	a, al := e.dial(t, Claim{Key: testClaimKey, Memory: 1024 * mib})
+	if al.Flags != LedgerOn {
+		t.Fatalf("first Ledger = %+v, want on", al)
+	}
+	b, bl := e.dial(t, Claim{}) // its lookup fails
+	if bl.Flags != LedgerOn || bl.Processes != 2 || bl.Claim != 1024*mib {
+		t.Fatalf("Ledger of a process of the same pod whose lookup failed = %+v, want the pod's ledger with 2 processes", bl)
+	}
+	a.conn.Close()
+	b.conn.Close()
+	wait.UntilState(t, 2*time.Second, func() (bool, string) {
+		e.s.peers.mu.Lock()
+		defer e.s.peers.mu.Unlock()
+		return len(e.s.peers.m) == 0 && len(e.s.peers.of) == 0, fmt.Sprintf("%d pods, %d clients", len(e.s.peers.m), len(e.s.peers.of))
+	}, "the pod forgotten once its processes left")
+}
+
+// Processes of a pod that all connected while its lookup failed are placed in its ledger together as
+// soon as a later lookup finds it for one of them.
+func TestLedgerUnplacedProcessesOfAPodArePlacedTogether(t *testing.T) {
+	e := startLedgerEnv(t, onePod)
+	a, al := e.dial(t, Claim{})
+	b, bl := e.dial(t, Claim{})
+	if al.Flags != 0 || bl.Flags != 0 {
+		t.Fatalf("Ledgers = %+v, %+v; want none while the pod is unknown", al, bl)
+	}
+	e.claims <- Claim{Key: testClaimKey, Memory: 1024 * mib} // the next lookup (a re-resolution) finds it
+	for _, r := range []*rawClient{a, b} {
+		if m := r.expect(MsgLedger, 5*time.Second); m.Flags != LedgerOn {
+			t.Fatalf("Ledger after the pod was found = %+v, want on", m)
+		}
+	}
+	wait.UntilState(t, 2*time.Second, func() (bool, string) {
+		l, _ := e.ledger(testClaimKey)
+		return l.Processes == 2, fmt.Sprintf("%+v", l)
+	}, "both processes in the pod's ledger")
 }

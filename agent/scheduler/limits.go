@@ -75,7 +75,10 @@ type Guards struct {
 	PeerKey func(pid int32) string
 	// GangKey names the owner of the client pid whose clients on several GPUs form a gang (gang.go; the
 	// agent: its pod's UID; "": none). Nil: its session (/proc/<pid>/stat), for the standalone scheduler.
+	// A process that started with GPUSHARE_GANG=off is in no gang whatever it names (gangoptout.go).
 	GangKey GangKey
+	// ProcRoot is where the clients' processes are seen (the agent's --proc-root); "" is /proc.
+	ProcRoot string
 	// EvictTimeout bounds how long a client may take to answer an EVICT before it is dropped
 	// (DefaultEvictTimeout).
 	EvictTimeout time.Duration

@@ -35,10 +35,11 @@ const (
 	reResolveLogAfter = 6
 )
 
-// reresolve looks the pod of the client c (the kernel's pid) up again until found or done (its
-// connection ended). Found, the client also joins its claim's ledger (lm), which the unknown pod kept
-// it out of.
-func (s *Scheduler) reresolve(q *queue, c *client, lm *member, pid int32, asked Class, done <-chan struct{}) {
+// reresolve looks the pod of the client c (the kernel's pid) up again until its class is known and,
+// for a process of a pod, it is placed in its claim's ledger (lm, claimPending), or done (its connection
+// ended). A pod without a claim on the GPU is looked up for as long as its client stays connected, at
+// ReResolveMax once the back-off reached it: the lookup of a known pod needs no API call.
+func (s *Scheduler) reresolve(q *queue, c *client, lm *member, pid int32, asked Class, classKnown bool, done <-chan struct{}) {
 	d := ReResolveFirst
 	for attempt := 1; ; attempt++ {
 		t := s.opts.Clock.NewTimer(d)
@@ -48,12 +49,20 @@ func (s *Scheduler) reresolve(q *queue, c *client, lm *member, pid int32, asked 
 			return
 		case <-t.C():
 		}
-		if src := s.classSource(pid, asked); src.known {
-			q.setClass(c, src)
+		found := false
+		if !classKnown {
+			if src := s.classSource(pid, asked); src.known {
+				q.setClass(c, src)
+				classKnown, found = true, true
+			}
+		}
+		if found || s.claimPending(q, lm) {
 			s.ledgerAttach(q, lm, pid)
+		}
+		if classKnown && !s.claimPending(q, lm) {
 			return
 		}
-		if attempt == reResolveLogAfter {
+		if attempt == reResolveLogAfter && !classKnown {
 			q.log.Info("Shim client's pod still unknown; it stays opportunistic and outside its claim's ledger until found",
 				"client", c.id, "pid", pid, "attempts", attempt+1, "retryEvery", ReResolveMax)
 		}

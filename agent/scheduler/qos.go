@@ -168,11 +168,22 @@ func (q *queue) idleWantLocked(c *client, opportunistic bool) uint32 {
 // connects or the last one leaves; a client whose class changed, either way (a client that became
 // production gets PACE 0, so that a bound it ran under as opportunistic does not throttle it now, and
 // one that became opportunistic IDLE 0).
+//
+// A gang's member is paced while production is busy on any of its gang's GPUs (gangpace.go), so
+// the other GPUs of a gang whose member is here take their terms again too.
 func (q *queue) termsLocked() {
+	q.ownTermsLocked()
+	for _, o := range q.gangs.peerGPUsLocked(q) {
+		o.ownTermsLocked()
+	}
+}
+
+// ownTermsLocked is termsLocked for q's own clients.
+func (q *queue) ownTermsLocked() {
 	production, opportunistic := q.busyClassLocked(ClassProduction), q.busyClassLocked(ClassOpportunistic)
 	defer q.armTermsLocked()
 	for _, c := range q.clients {
-		if want := q.paceWantLocked(c, production); want != c.pace {
+		if want := q.paceWantLocked(c, production || q.gangs.productionBusyLocked(c)); want != c.pace {
 			c.pace = want
 			q.sendLocked(c, Message{Type: MsgPace, MaxQueued: want})
 		}
@@ -200,9 +211,9 @@ func (q *queue) qosInvariantLocked(c *client) error {
 		return fmt.Errorf("client %d keeps a preempted turn with no end armed", c.id)
 	case c.evictPending && c.evictOf == ClassProduction && c.evictFor == ClassOpportunistic:
 		return fmt.Errorf("production client %d asked to evict for an opportunistic client", c.id)
-	case c.pace != q.paceWantLocked(c, q.busyClassLocked(ClassProduction)):
+	case c.pace != q.paceWantLocked(c, q.busyClassLocked(ClassProduction) || q.gangs.productionBusyLocked(c)):
 		return fmt.Errorf("client %d (version %d, %s) paced at %d, want %d", c.id, c.version, c.class.String(),
-			c.pace, q.paceWantLocked(c, q.busyClassLocked(ClassProduction)))
+			c.pace, q.paceWantLocked(c, q.busyClassLocked(ClassProduction) || q.gangs.productionBusyLocked(c)))
 	case c.idle != q.idleWantLocked(c, q.busyClassLocked(ClassOpportunistic)):
 		return fmt.Errorf("client %d (version %d, %s) told an idle window of %d us, want %d", c.id, c.version,
 			c.class.String(), c.idle, q.idleWantLocked(c, q.busyClassLocked(ClassOpportunistic)))

@@ -59,9 +59,10 @@ type queue struct {
 	clients  map[uint32]*client
 	holders  []*client // in grant order
 	waiting  [2][]*client
-	reserved uint64 // sum of reservations
-	peak     uint64 // highest reserved ever seen
-	retry    Timer  // re-dispatch after an eviction that could not free enough
+	reserved uint64    // sum of reservations
+	peak     uint64    // highest reserved ever seen
+	freedAt  time.Time // when its last holder went (FuzzGangs' idle bound)
+	retry    Timer     // re-dispatch after an eviction that could not free enough
 	// termsTimer re-evaluates PACE and IDLE at termsAt, when a client stops counting as busy (busy.go).
 	termsTimer Timer
 	termsAt    time.Time
@@ -116,7 +117,11 @@ type client struct {
 	lastBusy      time.Time // the end of its last hold (busy.go)
 	contendedSent bool
 	revokeTimer   Timer
-	lastRun       time.Time
+	revokeAt      time.Time // when revokeTimer fires
+	// lentUntil: it holds a GPU claimed for a gang, lent while the gang waits for its other GPUs'
+	// holders, and is revoked then (gangidle.go); zero otherwise.
+	lentUntil time.Time
+	lastRun   time.Time
 
 	// memory (budget > 0)
 	need         uint64 // bytes it must have resident to run
@@ -514,6 +519,7 @@ func (q *queue) dispatchQueueLocked(acquirer *client) {
 			if extra > q.free() {
 				if q.evictLocked(extra-q.free()+q.overLocked(), head) {
 					q.grantFillingLocked(head, head != acquirer)
+					q.gangs.grantedLocked(q, head)
 					return
 				}
 				q.contendLocked()
@@ -526,6 +532,7 @@ func (q *queue) dispatchQueueLocked(acquirer *client) {
 		if !q.grantLocked(head, head != acquirer, false) {
 			return
 		}
+		q.gangs.grantedLocked(q, head)
 	}
 }
 
@@ -591,19 +598,27 @@ func (q *queue) contendHolderLocked(h *client) {
 		q.sendLocked(h, Message{Type: MsgContended, Epoch: h.epoch, Waiters: uint32(q.nWaitingLocked())})
 	}
 	if h.revokeTimer == nil {
-		// The holder may keep its quantum, and always gets the grace period
-		// after learning that someone waits, to drain its GPU work and release.
-		// A budget holder still swapping in counts from its grant (restartHoldLocked), one
-		// resuming a preempted turn from that turn's start.
-		epoch := h.epoch
-		now := q.clock.Now()
-		start := h.turnStart.Add(q.quantum)
-		if now.After(start) {
-			start = now
-		}
-		d := start.Add(q.grace).Sub(now)
-		h.revokeTimer = q.clock.AfterFunc(d, func() { q.revokeIfOverdue(h, epoch) })
+		q.armRevokeLocked(h, q.holdEndLocked(h))
 	}
+}
+
+// holdEndLocked is when h, told now that someone waits, is revoked: the holder may keep its quantum,
+// and always gets the grace period after learning that someone waits, to drain its GPU work and
+// release. A budget holder still swapping in counts from its grant (restartHoldLocked), one resuming
+// a preempted turn from that turn's start.
+func (q *queue) holdEndLocked(h *client) time.Time {
+	start := h.turnStart.Add(q.quantum)
+	if now := q.clock.Now(); now.After(start) {
+		start = now
+	}
+	return start.Add(q.grace)
+}
+
+// armRevokeLocked arms h's revocation at end.
+func (q *queue) armRevokeLocked(h *client, end time.Time) {
+	epoch := h.epoch
+	h.revokeAt = end
+	h.revokeTimer = q.clock.AfterFunc(end.Sub(q.clock.Now()), func() { q.revokeIfOverdue(h, epoch) })
 }
 
 func (q *queue) revokeIfOverdue(c *client, epoch uint32) {
@@ -642,6 +657,7 @@ func (q *queue) endHoldLocked(c *client) {
 	q.holdHist.Observe(hold.Seconds())
 	c.contendedSent = false
 	c.resuming = false
+	c.lentUntil = time.Time{}
 	if c.revokeTimer != nil {
 		c.revokeTimer.Stop()
 		c.revokeTimer = nil

@@ -165,6 +165,7 @@ type Scheduler struct {
 	procMem   procMemCache
 	refused   refusals // the HELLOs Guards.Admit refused lately (admit.go)
 	books     sync.Map // *queue -> *ledgerBook, its claim ledgers (ledger.go)
+	peers     peerLedgers
 	// peerPIDOf is peerPID; tests stand in a kernel that gives no pid.
 	peerPIDOf func(net.Conn) int32
 	// gangKeyOf names the gang of the client whose kernel pid is kpid (Options.GangKey); tests name
@@ -467,16 +468,18 @@ func (s *Scheduler) serveConn(conn net.Conn, q *queue) {
 	src := s.classSource(kpid, hello.Priority)
 	lm, send := s.ledgerJoin(q, kpid, hello.Version, w.send, w.drop)
 	defer s.book(q).leave(lm)
+	defer s.peerLeft(lm)
 	c := q.join(pid, src, hello.Version, send, w.drop)
 	gang := s.gangKeyOf(kpid, hello)
 	q.joinGang(c, gang)
 	q.log.V(1).Info("Shim client connected", "client", c.id, "pid", pid, "class", q.className(c), "gang", gang)
 	s.clientsChanged(q.uuid)
-	if src.fromPod && !src.known && kpid != 0 {
+	classKnown := !src.fromPod || src.known
+	if kpid != 0 && (!classKnown || s.claimPending(q, lm)) {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			s.reresolve(q, c, lm, kpid, hello.Priority, w.done)
+			s.reresolve(q, c, lm, kpid, hello.Priority, classKnown, w.done)
 		}()
 	}
 	s.readClient(conn, q, c, lm, pid, hello.Version)

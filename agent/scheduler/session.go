@@ -7,16 +7,16 @@ import (
 )
 
 // gangKey is the gang of the client whose kernel pid is pid: Options.GangKey's, else the sid field of
-// its /proc stat ("sid:<sid>": a job started under setsid); "" where the kernel gave no pid or the
-// process is gone.
+// its /proc stat ("sid:<sid>": a job started under setsid); "" where the kernel gave no pid, the
+// process is gone or it opted out of gangs (GangOptedOut).
 func (s *Scheduler) gangKey(pid int32) string {
-	if pid == 0 {
+	if pid == 0 || GangOptedOut(s.procRoot(), pid) {
 		return ""
 	}
 	if s.opts.GangKey != nil {
 		return s.opts.GangKey(pid)
 	}
-	if sid, ok := sessionOf("/proc", pid); ok {
+	if sid, ok := sessionOf(s.procRoot(), pid); ok {
 		return "sid:" + strconv.Itoa(int(sid))
 	}
 	return ""

@@ -113,6 +113,9 @@ func (q *queue) setStateLocked(c *client, to clientState) error {
 				break
 			}
 		}
+		if len(q.holders) == 0 {
+			q.freedAt = q.clock.Now()
+		}
 	}
 	c.state = to
 	if to == stateWaiting {

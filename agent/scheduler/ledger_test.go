@@ -244,9 +244,10 @@ func TestLedgerRefusesEveryProcessOfAClaimSmallerThanAContext(t *testing.T) {
 	}
 }
 
-// seesTestProcess makes NVML show the test's process (every raw client's) holding memory on the GPU.
+// seesTestProcess makes NVML show the test's process (every raw client's) holding 256 MiB on the GPU:
+// the context floor, so a client's context is charged the floor once measured (at its first charge).
 func seesTestProcess(g *Guards) {
-	g.ProcessMemory = func(string) (map[int32]uint64, error) { return map[int32]uint64{int32(os.Getpid()): 300 * mib}, nil }
+	g.ProcessMemory = func(string) (map[int32]uint64, error) { return map[int32]uint64{int32(os.Getpid()): 256 * mib}, nil }
 }
 
 // A refused process that announces a grant (RETURN HOLD) and that NVML shows on the GPU has a context

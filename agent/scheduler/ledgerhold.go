@@ -19,11 +19,14 @@ func (b *ledgerBook) admitHoldLocked(m *member, bytes uint64, seen bool) bool {
 		return b.admitLocked(m, cl, true)
 	}
 	l := b.byKey[cl.Key]
-	var granted uint64
+	var granted, contexts uint64
 	if l != nil {
-		granted = l.granted
+		granted, contexts = l.granted, l.contexts
 	}
-	if b.roomForOneMore(l, cl.Memory) && bytes <= cl.Memory-granted-b.reserve*uint64(1+b.countLocked(l)) {
+	// Room for its context (charged as any joining process's) and the bytes it announces, beside the
+	// contexts the ledger charges its processes now (measured where NVML has figures).
+	need := contexts + m.ctx
+	if need <= cl.Memory && granted <= cl.Memory-need && bytes <= cl.Memory-need-granted {
 		return b.admitLocked(m, cl, false)
 	}
 	if l != nil {
@@ -31,14 +34,6 @@ func (b *ledgerBook) admitHoldLocked(m *member, bytes uint64, seen bool) bool {
 	}
 	m.sendOrDrop(b.ledgerMsgLocked(m))
 	return false
-}
-
-// countLocked is l's admitted processes (l nil: none).
-func (b *ledgerBook) countLocked(l *ledger) int {
-	if l == nil {
-		return 0
-	}
-	return len(l.members)
 }
 
 // contextSeen: NVML, read now, shows the process pid holding memory on q's GPU. False where it cannot

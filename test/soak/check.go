@@ -134,6 +134,9 @@ func (c *checker) gone(pr *proc) {
 	c.mu.Unlock()
 }
 
+// reset restarts invariant 1's bounds: the pod lookups answer again.
+func (c *checker) reset() { c.mu.Lock(); c.lastReset = time.Now(); c.mu.Unlock() }
+
 func (c *checker) restarting() { c.mu.Lock(); c.inRestart = true; c.mu.Unlock() }
 func (c *checker) restarted() {
 	c.mu.Lock()
@@ -193,12 +196,12 @@ func (c *checker) checkClients() {
 		ledgers[l.GPU+" "+l.Key] = l.Processes
 	}
 	c.e.l.mu.Lock()
-	failTill := c.e.l.failTill
+	failing := c.e.l.step < c.e.l.failTill
 	c.e.l.mu.Unlock()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if failTill.After(c.lastReset) { // a lookup fault: the bounds count from its end
-		c.lastReset = failTill
+	if failing { // a lookup fault: the bounds count from its end (reset)
+		c.lastReset = now
 	}
 	want := map[string]int{}
 	for _, pr := range c.e.live() {

@@ -35,7 +35,8 @@ type proc struct {
 func start(shimBuild string, p *pod, env []string) (*proc, error) {
 	cmd := exec.Command(filepath.Join(shimBuild, "tests", "soak_client"))
 	cmd.Env = env
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// A soak that is itself killed leaves no client behind, stopped ones included.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err

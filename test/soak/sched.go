@@ -3,9 +3,13 @@ package soak
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
 
 	"github.com/gpusharing/gpusharing/agent/app"
 	"github.com/gpusharing/gpusharing/agent/dra"
@@ -29,8 +33,9 @@ type lookups struct {
 	mu       sync.Mutex
 	pods     map[int32]*pod
 	claims   []dra.SizedClaim
-	delay    time.Duration
-	failTill time.Time
+	delay time.Duration
+	// step is the soak's; lookups fail while it is below failTill.
+	step, failTill int
 }
 
 func (l *lookups) set(pid int32, p *pod) {
@@ -46,7 +51,7 @@ func (l *lookups) set(pid int32, p *pod) {
 // find is the pod of pid, after the injected delay; nil when the lookup fails.
 func (l *lookups) find(pid int32) *pod {
 	l.mu.Lock()
-	d, failing, p := l.delay, time.Now().Before(l.failTill), l.pods[pid]
+	d, failing, p := l.delay, l.step < l.failTill, l.pods[pid]
 	l.mu.Unlock()
 	if d > 0 {
 		time.Sleep(d) // the lookup itself is slow: the scheduler's caller waits on it as on an API server
@@ -112,6 +117,10 @@ func (s *sched) up() error {
 		return err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	if tracing { // the scheduler's log beside the steps
+		ctx = logr.NewContext(ctx, funcr.New(func(prefix, args string) { fmt.Fprintln(os.Stderr, prefix, args) },
+			funcr.Options{Verbosity: 1, LogTimestamp: true}))
+	}
 	if err := sc.Listen(ctx); err != nil {
 		cancel()
 		return err

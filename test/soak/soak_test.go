@@ -7,6 +7,8 @@ package soak
 import (
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"strconv"
 	"testing"
 	"time"
@@ -17,6 +19,8 @@ const stepsPerSeed = 200
 
 // TestSoak runs seeds SOAK_SEED, SOAK_SEED+1, ... until SOAK_DURATION has passed (SOAK_SEEDS=n: exactly
 // n seeds instead). SOAK_SHIM_BUILD is shim/build with the library, the stub driver and soak_client.
+// SOAK_WITHOUT=kill,restart,... leaves those faults out; SOAK_TRACE=1 prints every step and the
+// scheduler's log.
 func TestSoak(t *testing.T) {
 	dur, err := time.ParseDuration(os.Getenv("SOAK_DURATION"))
 	if err != nil || dur <= 0 {
@@ -41,6 +45,13 @@ func TestSoak(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(build, "tests", "soak_client")); err != nil {
 		t.Fatalf("no soak client: %v (make -C shim testbins)", err)
 	}
+	without := map[string]bool{}
+	for _, f := range strings.FieldsFunc(os.Getenv("SOAK_WITHOUT"), func(r rune) bool { return r == ',' || r == ' ' }) {
+		if !slices.Contains(faults, f) {
+			t.Fatalf("SOAK_WITHOUT: no fault %q (faults: %s)", f, strings.Join(faults, ", "))
+		}
+		without[f] = true
+	}
 	start := time.Now()
 	var all []violation
 	ran, steps, unchecked := 0, 0, 0
@@ -50,6 +61,7 @@ func TestSoak(t *testing.T) {
 			t.Fatal(err)
 		}
 		e := newEpisode(s, build, dir)
+		e.without = without
 		e.run(stepsPerSeed)
 		ran++
 		steps += e.step

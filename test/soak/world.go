@@ -10,7 +10,11 @@ import (
 	"syscall"
 	"time"
 
+	resourcev1 "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+
 	"github.com/gpusharing/gpusharing/agent/dra"
+	"github.com/gpusharing/gpusharing/agent/share"
 )
 
 // namespace holds every pod of the soak.
@@ -47,7 +51,13 @@ type episode struct {
 	s         *sched
 	chk       *checker
 	step      int
+	// without are the faults left out (SOAK_WITHOUT): each still draws its numbers, so the other steps of
+	// a seed stay what they were.
+	without map[string]bool
 }
+
+// faults are the names SOAK_WITHOUT takes.
+var faults = []string{"kill", "exit", "stall", "drop", "restart", "lookup-fail", "lookup-slow", "past-claim"}
 
 func uuidOf(d int) string { return fmt.Sprintf("GPU-00000000-0000-0000-0000-0000000000%02x", d) }
 
@@ -114,15 +124,27 @@ func (e *episode) own(gpu string, name string) int64 {
 	return b
 }
 
+// limit is the shim's memory limit of a pod on gpu, as the kubelet plugin writes it for its claims there
+// (dra.SizedLimits of their sum).
+func (e *episode) limit(gpu string, name string) int64 {
+	d, err := dra.SizedLimits(share.Device{Kind: share.KindShared},
+		map[resourcev1.QualifiedName]resource.Quantity{dra.CapacityMemory: *resource.NewQuantity(e.own(gpu, name), resource.BinarySI)},
+		contextReserve)
+	if err != nil {
+		e.fail(fmt.Errorf("limits of pod %s on %s: %w", name, gpu, err))
+	}
+	return d.MemoryLimitBytes
+}
+
 // env is a process's environment: the shim over the stub driver, the pod's GPUs, sockets and limits
-// (its own claims on each GPU, as the agent sets them).
+// (what the kubelet plugin gives its claims on each GPU).
 func (e *episode) env(p *pod) []string {
 	var ids, socks, limits []string
 	for _, g := range p.gpus {
 		u := e.uuids[g]
 		ids = append(ids, u)
 		socks = append(socks, u+"="+filepath.Join(e.dir, u+".sock"))
-		limits = append(limits, fmt.Sprintf("%s=%d", u, e.own(u, p.name)))
+		limits = append(limits, fmt.Sprintf("%s=%d", u, e.limit(u, p.name)))
 	}
 	env := []string{
 		"LD_LIBRARY_PATH=" + filepath.Join(e.shimBuild, "stub"),
@@ -135,7 +157,7 @@ func (e *episode) env(p *pod) []string {
 	}
 	if len(ids) == 1 {
 		env = append(env, "GPUSHARE_SOCKET="+filepath.Join(e.dir, ids[0]+".sock"),
-			fmt.Sprintf("GPUSHARE_MEMORY_LIMIT_BYTES=%d", e.own(ids[0], p.name)))
+			fmt.Sprintf("GPUSHARE_MEMORY_LIMIT_BYTES=%d", e.limit(ids[0], p.name)))
 	} else {
 		env = append(env, "GPUSHARE_SOCKET="+strings.Join(socks, ","), "GPUSHARE_MEMORY_LIMIT_BYTES="+strings.Join(limits, ","))
 	}
@@ -175,6 +197,12 @@ func (e *episode) fail(err error) { e.chk.violate(0, err.Error()) }
 func (e *episode) act() {
 	e.step++
 	e.chk.setStep(e.step)
+	e.l.mu.Lock()
+	e.l.step = e.step
+	if e.l.failTill == e.step { // the lookups answer again from here: invariant 1's bounds count from now
+		e.chk.reset()
+	}
+	e.l.mu.Unlock()
 	for _, pr := range e.live() { // the stalls that end now
 		if pr.stopped && pr.contAt <= e.step {
 			pr.signal(syscall.SIGCONT)
@@ -207,7 +235,7 @@ func (e *episode) act() {
 		pr, k, past := pick(), e.rng.IntN(8), e.rng.IntN(10) == 0
 		g := pr.pod.gpus[k%len(pr.pod.gpus)]
 		size := int64(1+e.rng.IntN(64)) * mib
-		if past { // past the claim: the shim must refuse it
+		if past && !e.without["past-claim"] { // past the claim: the shim must refuse it
 			size = e.own(e.uuids[g], pr.pod.name) + mib
 		}
 		e.cmd(pr, "alloc %d %d", g, size)
@@ -219,23 +247,32 @@ func (e *episode) act() {
 		e.cmd(pr, "launch %d %d", pr.pod.gpus[k%len(pr.pod.gpus)], n)
 	case w < 90:
 		pr := pick()
+		if e.without["kill"] {
+			return
+		}
 		e.trace("%s pid %d: SIGKILL", pr.pod.name, pr.pid)
 		pr.kill()
 		e.remove(pr)
 	case w < 93:
 		pr := pick()
+		if e.without["exit"] {
+			return
+		}
 		e.trace("%s pid %d: exit", pr.pod.name, pr.pid)
 		pr.exit()
 		e.remove(pr)
 	case w < 95:
 		pr, steps := pick(), 2+e.rng.IntN(12)
+		if e.without["stall"] {
+			return
+		}
 		e.trace("%s pid %d: SIGSTOP until step %d", pr.pod.name, pr.pid, e.step+steps)
 		pr.signal(syscall.SIGSTOP)
 		pr.stopped, pr.contAt = true, e.step+steps
 		e.chk.stopped(pr)
 	case w < 96:
 		pr := pick()
-		if pr.dropped {
+		if pr.dropped || e.without["drop"] {
 			return
 		}
 		pr.dropped, pr.pod.dropped = true, true
@@ -247,6 +284,9 @@ func (e *episode) act() {
 			e.cmd(pr, "ctx %d", d)
 		}
 	case w < 97:
+		if e.without["restart"] {
+			return
+		}
 		e.trace("scheduler restart")
 		e.chk.restarting()
 		e.s.down()
@@ -255,12 +295,17 @@ func (e *episode) act() {
 		}
 		e.chk.restarted()
 	default:
-		delay, fail := []time.Duration{0, 0, 100 * time.Millisecond, 250 * time.Millisecond}[e.rng.IntN(4)], e.rng.IntN(3) == 0
-		e.trace("pod lookups: delay %s, failing %t", delay, fail)
+		delay, fail, steps := []time.Duration{0, 0, 100 * time.Millisecond, 250 * time.Millisecond}[e.rng.IntN(4)], e.rng.IntN(3) == 0,
+			3+e.rng.IntN(20)
+		if e.without["lookup-slow"] {
+			delay = 0
+		}
+		fail = fail && !e.without["lookup-fail"]
+		e.trace("pod lookups: delay %s, failing %t for %d steps", delay, fail, steps)
 		e.l.mu.Lock()
 		e.l.delay = delay
 		if fail {
-			e.l.failTill = time.Now().Add(time.Duration(500+e.rng.IntN(2000)) * time.Millisecond)
+			e.l.failTill = e.step + steps
 		}
 		e.l.mu.Unlock()
 	}

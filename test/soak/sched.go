@@ -30,10 +30,10 @@ const (
 // lookups answers the scheduler's questions about a client's pod as the agent's pod lookups would,
 // with the faults the soak injects: a delay, or failures until a deadline.
 type lookups struct {
-	mu       sync.Mutex
-	pods     map[int32]*pod
-	claims   []dra.SizedClaim
-	delay time.Duration
+	mu     sync.Mutex
+	pods   map[int32]*pod
+	claims []dra.SizedClaim
+	delay  time.Duration
 	// step is the soak's; lookups fail while it is below failTill.
 	step, failTill int
 }

@@ -71,6 +71,7 @@ type checker struct {
 	waitSince  map[key]time.Time
 	unchecked  int
 	stoppedPID map[int32]bool
+	contAt     map[int32]time.Time
 
 	stop chan struct{}
 	done chan struct{}
@@ -78,7 +79,8 @@ type checker struct {
 
 func newChecker(e *episode) *checker {
 	return &checker{e: e, since: map[key]time.Time{}, missing: map[key]time.Time{}, ledgerOff: map[string]time.Time{},
-		idleSince: map[string]time.Time{}, waitSince: map[key]time.Time{}, lastReset: time.Now(), stoppedPID: map[int32]bool{}}
+		idleSince: map[string]time.Time{}, waitSince: map[key]time.Time{}, lastReset: time.Now(), stoppedPID: map[int32]bool{},
+		contAt: map[int32]time.Time{}}
 }
 
 func (c *checker) setStep(s int) { c.mu.Lock(); c.step = s; c.mu.Unlock() }
@@ -103,12 +105,11 @@ func (c *checker) ctx(pr *proc, d int) {
 	c.mu.Unlock()
 }
 
+// continued: pr's stall ended; invariant 1's bounds for it count from now.
 func (c *checker) continued(pr *proc) {
 	c.mu.Lock()
 	delete(c.stoppedPID, pr.pid)
-	for d := range pr.ctx {
-		c.since[key{c.e.uuids[d], pr.pid}] = time.Now()
-	}
+	c.contAt[pr.pid] = time.Now()
 	c.mu.Unlock()
 }
 
@@ -125,6 +126,7 @@ func (c *checker) drop(*proc) {
 func (c *checker) gone(pr *proc) {
 	c.mu.Lock()
 	delete(c.stoppedPID, pr.pid)
+	delete(c.contAt, pr.pid)
 	for k := range c.since {
 		if k.pid == pr.pid {
 			delete(c.since, k)
@@ -182,7 +184,7 @@ func (c *checker) checkNow() {
 // checkClients is invariant 1: every process with a context is a client of its GPU and in its pod's
 // ledger, within connectBound.
 func (c *checker) checkClients() {
-	s := c.e.s.s
+	s := c.e.s.get()
 	if s == nil {
 		return
 	}
@@ -205,14 +207,16 @@ func (c *checker) checkClients() {
 	}
 	want := map[string]int{}
 	for _, pr := range c.e.live() {
-		if pr.dropped || pr.stopped {
+		if pr.dropped || c.stoppedPID[pr.pid] {
 			continue
 		}
 		for d := range pr.ctx {
 			k := key{c.e.uuids[d], pr.pid}
 			from := c.since[k]
-			if c.lastReset.After(from) {
-				from = c.lastReset
+			for _, t := range []time.Time{c.lastReset, c.contAt[pr.pid]} {
+				if t.After(from) {
+					from = t
+				}
 			}
 			if !clients[k] {
 				if now.Sub(from) > connectBound {
@@ -292,7 +296,7 @@ func (e *episode) podNamed(name string) *pod {
 
 // sample is invariants 3 and 4, from the scheduler's state.
 func (c *checker) sample() {
-	s := c.e.s.s
+	s := c.e.s.get()
 	c.mu.Lock()
 	skip := c.inRestart || s == nil || time.Since(c.lastReset) < rebuildWindow+time.Second
 	c.mu.Unlock()
@@ -380,7 +384,7 @@ func (c *checker) settle() {
 }
 
 func (c *checker) leftovers() []string {
-	s := c.e.s.s
+	s := c.e.s.get()
 	var left []string
 	for _, cl := range s.Snapshot() {
 		left = append(left, fmt.Sprintf("client %d pid %d on %s", cl.ID, cl.PID, cl.GPU))

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -24,12 +25,40 @@ type proc struct {
 	lines   chan string
 	pid     int32
 	dropped bool // it exec'd itself without the shim
-	stopped bool // SIGSTOPped: it answers nothing until continued
 	// ctx holds the devices it has a context on.
 	ctx map[int]bool
-	// stoppedUntil is the step at which it is continued.
-	contAt int
+
+	mu      sync.Mutex
+	stopped bool // SIGSTOPped: it answers nothing until its stall ends
+	cont    *time.Timer
 }
+
+// stall stops the process for d (SIGSTOP, then SIGCONT and then), as a process the machine does not run;
+// false if it is stalled already.
+func (pr *proc) stall(d time.Duration, then func()) bool {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	if pr.stopped {
+		return false
+	}
+	pr.signal(syscall.SIGSTOP)
+	pr.stopped = true
+	pr.cont = time.AfterFunc(d, func() {
+		pr.mu.Lock()
+		cont := pr.stopped
+		if cont {
+			pr.signal(syscall.SIGCONT)
+			pr.stopped = false
+		}
+		pr.mu.Unlock()
+		if cont {
+			then()
+		}
+	})
+	return true
+}
+
+func (pr *proc) isStopped() bool { pr.mu.Lock(); defer pr.mu.Unlock(); return pr.stopped }
 
 // start runs a client of p with env (the shim, the stub driver and the pod's settings).
 func start(shimBuild string, p *pod, env []string) (*proc, error) {
@@ -82,7 +111,13 @@ func ok(reply string) bool { return strings.HasSuffix(reply, " r=0") }
 
 // kill ends the process with SIGKILL and reaps it.
 func (pr *proc) kill() {
+	pr.mu.Lock()
+	if pr.cont != nil {
+		pr.cont.Stop()
+	}
+	pr.stopped = false
 	_ = pr.cmd.Process.Signal(syscall.SIGKILL)
+	pr.mu.Unlock()
 	_ = pr.cmd.Wait()
 }
 

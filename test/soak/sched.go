@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -91,6 +92,7 @@ func (l *lookups) key(pid int32) string {
 // sched is the GPU scheduler of the soak's node, in this process so that it can be stopped and
 // started again as an agent restart does.
 type sched struct {
+	cur    atomic.Pointer[scheduler.Scheduler] // nil while stopped; the checker reads it from its goroutine
 	s      *scheduler.Scheduler
 	cancel context.CancelFunc
 	cfgs   []scheduler.GPUConfig
@@ -126,6 +128,7 @@ func (s *sched) up() error {
 		return err
 	}
 	s.s, s.cancel = sc, cancel
+	s.cur.Store(sc)
 	return nil
 }
 
@@ -134,10 +137,14 @@ func (s *sched) down() {
 	if s.s == nil {
 		return
 	}
+	s.cur.Store(nil)
 	s.cancel()
 	s.s.Close()
 	s.s = nil
 }
+
+// get is the running scheduler, nil while it is stopped.
+func (s *sched) get() *scheduler.Scheduler { return s.cur.Load() }
 
 func claimsOn(claims []dra.SizedClaim, gpu string) []dra.SizedClaim {
 	var out []dra.SizedClaim

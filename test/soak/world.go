@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	resourcev1 "k8s.io/api/resource/v1"
@@ -203,20 +202,8 @@ func (e *episode) act() {
 		e.chk.reset()
 	}
 	e.l.mu.Unlock()
-	for _, pr := range e.live() { // the stalls that end now
-		if pr.stopped && pr.contAt <= e.step {
-			pr.signal(syscall.SIGCONT)
-			pr.stopped = false
-			e.chk.continued(pr)
-		}
-	}
-	live := e.live()
-	var ready []*proc // processes that answer commands
-	for _, pr := range live {
-		if !pr.stopped {
-			ready = append(ready, pr)
-		}
-	}
+	// A stalled process is picked like any other: a command waits for its answer until the stall ends.
+	ready := e.live()
 	w := e.rng.IntN(100)
 	pick := func() *proc {
 		if len(ready) == 0 {
@@ -262,14 +249,13 @@ func (e *episode) act() {
 		pr.exit()
 		e.remove(pr)
 	case w < 95:
-		pr, steps := pick(), 2+e.rng.IntN(12)
+		pr, d := pick(), time.Duration(100+e.rng.IntN(2900))*time.Millisecond
 		if e.without["stall"] {
 			return
 		}
-		e.trace("%s pid %d: SIGSTOP until step %d", pr.pod.name, pr.pid, e.step+steps)
-		pr.signal(syscall.SIGSTOP)
-		pr.stopped, pr.contAt = true, e.step+steps
-		e.chk.stopped(pr)
+		e.trace("%s pid %d: SIGSTOP for %s", pr.pod.name, pr.pid, d)
+		e.chk.stopped(pr) // before the stall can end
+		pr.stall(d, func() { e.chk.continued(pr) })
 	case w < 96:
 		pr := pick()
 		if pr.dropped || e.without["drop"] {
@@ -346,9 +332,6 @@ func (e *episode) cmd(pr *proc, format string, args ...any) {
 // end stops every process and waits for the node to come back to zero (invariant 6).
 func (e *episode) end() {
 	for _, pr := range e.live() {
-		if pr.stopped {
-			pr.signal(syscall.SIGCONT)
-		}
 		pr.kill()
 		e.remove(pr)
 	}

@@ -55,6 +55,7 @@ func TestSoak(t *testing.T) {
 	start := time.Now()
 	var all []violation
 	ran, steps, unchecked := 0, 0, 0
+	kinds := map[string]int{}
 	for s := seed; (seeds < 0 && time.Since(start) < dur) || (seeds >= 0 && ran < seeds); s++ {
 		dir, err := os.MkdirTemp("", "soak")
 		if err != nil {
@@ -66,6 +67,9 @@ func TestSoak(t *testing.T) {
 		ran++
 		steps += e.step
 		unchecked += e.chk.unchecked
+		for k, n := range e.counts {
+			kinds[k] += n
+		}
 		all = append(all, e.chk.violations...)
 		_ = os.RemoveAll(dir)
 		t.Logf("seed %d: %d GPUs, %d pods, %d claims, %d steps, %d violations", s, len(e.uuids), len(e.pods), len(e.claims),
@@ -73,6 +77,11 @@ func TestSoak(t *testing.T) {
 	}
 	t.Logf("soak: %d seeds from %d, %d steps in %s, %d violations, %d processes that dropped the shim left out of invariant 1 (no unmanaged naming)",
 		ran, seed, steps, time.Since(start).Round(time.Second), len(all), unchecked)
+	byInv := map[int]int{}
+	for _, v := range all {
+		byInv[v.inv]++
+	}
+	t.Logf("soak: violations by invariant %v; steps by kind %v", byInv, kinds)
 	for _, v := range all {
 		t.Errorf("%s (reproduce: make soak SOAK_SEED=%d SOAK_SEEDS=1)", v, v.seed)
 	}

@@ -2,6 +2,7 @@ package soak
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -53,6 +54,15 @@ type episode struct {
 	// without are the faults left out (SOAK_WITHOUT): each still draws its numbers, so the other steps of
 	// a seed stay what they were.
 	without map[string]bool
+	// counts are the steps by kind, for the summary.
+	counts map[string]int
+}
+
+func (e *episode) did(kind string) {
+	if e.counts == nil {
+		e.counts = map[string]int{}
+	}
+	e.counts[kind]++
 }
 
 // faults are the names SOAK_WITHOUT takes.
@@ -216,6 +226,7 @@ func (e *episode) act() {
 	case w < 14 || len(ready) == 0:
 		p := e.pods[e.rng.IntN(len(e.pods))]
 		if len(p.procs) < maxProcs {
+			e.did("spawn")
 			e.spawn(p)
 		}
 	case w < 44:
@@ -224,19 +235,24 @@ func (e *episode) act() {
 		size := int64(1+e.rng.IntN(64)) * mib
 		if past && !e.without["past-claim"] { // past the claim: the shim must refuse it
 			size = e.own(e.uuids[g], pr.pod.name) + mib
+			e.did("alloc-past-claim")
 		}
+		e.did("alloc")
 		e.cmd(pr, "alloc %d %d", g, size)
 	case w < 58:
 		pr, k := pick(), e.rng.IntN(8)
+		e.did("free")
 		e.cmd(pr, "free %d", pr.pod.gpus[k%len(pr.pod.gpus)])
 	case w < 85:
 		pr, k, n := pick(), e.rng.IntN(8), 1+e.rng.IntN(40)
+		e.did("launch")
 		e.cmd(pr, "launch %d %d", pr.pod.gpus[k%len(pr.pod.gpus)], n)
 	case w < 90:
 		pr := pick()
 		if e.without["kill"] {
 			return
 		}
+		e.did("kill")
 		e.trace("%s pid %d: SIGKILL", pr.pod.name, pr.pid)
 		pr.kill()
 		e.remove(pr)
@@ -245,6 +261,7 @@ func (e *episode) act() {
 		if e.without["exit"] {
 			return
 		}
+		e.did("exit")
 		e.trace("%s pid %d: exit", pr.pod.name, pr.pid)
 		pr.exit()
 		e.remove(pr)
@@ -253,6 +270,7 @@ func (e *episode) act() {
 		if e.without["stall"] {
 			return
 		}
+		e.did("stall")
 		e.trace("%s pid %d: SIGSTOP for %s", pr.pod.name, pr.pid, d)
 		e.chk.stopped(pr) // before the stall can end
 		pr.stall(d, func() { e.chk.continued(pr) })
@@ -261,18 +279,20 @@ func (e *episode) act() {
 		if pr.dropped || e.without["drop"] {
 			return
 		}
+		e.did("drop")
 		pr.dropped, pr.pod.dropped = true, true
 		e.chk.drop(pr)
 		if r, err := pr.do("drop"); err != nil || r != "drop" {
 			e.fail(fmt.Errorf("pid %d did not drop the shim: %q %v", pr.pid, r, err))
 		}
-		for d := range pr.ctx {
+		for _, d := range slices.Sorted(maps.Keys(pr.ctx)) {
 			e.cmd(pr, "ctx %d", d)
 		}
 	case w < 97:
 		if e.without["restart"] {
 			return
 		}
+		e.did("restart")
 		e.trace("scheduler restart")
 		e.chk.restarting()
 		e.s.down()
@@ -287,6 +307,12 @@ func (e *episode) act() {
 			delay = 0
 		}
 		fail = fail && !e.without["lookup-fail"]
+		if delay > 0 {
+			e.did("lookup-slow")
+		}
+		if fail {
+			e.did("lookup-fail")
+		}
 		e.trace("pod lookups: delay %s, failing %t for %d steps", delay, fail, steps)
 		e.l.mu.Lock()
 		e.l.delay = delay

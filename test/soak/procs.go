@@ -58,8 +58,6 @@ func (pr *proc) stall(d time.Duration, then func()) bool {
 	return true
 }
 
-func (pr *proc) isStopped() bool { pr.mu.Lock(); defer pr.mu.Unlock(); return pr.stopped }
-
 // start runs a client of p with env (the shim, the stub driver and the pod's settings).
 func start(shimBuild string, p *pod, env []string) (*proc, error) {
 	cmd := exec.Command(filepath.Join(shimBuild, "tests", "soak_client"))

@@ -67,6 +67,7 @@ type checker struct {
 	ledgerOff  map[string]time.Time
 	lastReset  time.Time // a scheduler restart or a lookup fault's end: every bound of invariant 1 restarts
 	inRestart  bool
+	restartAt  time.Time // the scheduler's last start: invariants 3 and 4 count from its rebuild window's end
 	idleSince  map[string]time.Time
 	waitSince  map[key]time.Time
 	unchecked  int
@@ -79,7 +80,7 @@ type checker struct {
 
 func newChecker(e *episode) *checker {
 	return &checker{e: e, since: map[key]time.Time{}, missing: map[key]time.Time{}, ledgerOff: map[string]time.Time{},
-		idleSince: map[string]time.Time{}, waitSince: map[key]time.Time{}, lastReset: time.Now(), stoppedPID: map[int32]bool{},
+		idleSince: map[string]time.Time{}, waitSince: map[key]time.Time{}, lastReset: time.Now(), restartAt: time.Now(), stoppedPID: map[int32]bool{},
 		contAt: map[int32]time.Time{}}
 }
 
@@ -142,7 +143,7 @@ func (c *checker) reset() { c.mu.Lock(); c.lastReset = time.Now(); c.mu.Unlock()
 func (c *checker) restarting() { c.mu.Lock(); c.inRestart = true; c.mu.Unlock() }
 func (c *checker) restarted() {
 	c.mu.Lock()
-	c.inRestart, c.lastReset = false, time.Now()
+	c.inRestart, c.lastReset, c.restartAt = false, time.Now(), time.Now()
 	clear(c.idleSince)
 	clear(c.waitSince)
 	c.mu.Unlock()
@@ -298,7 +299,7 @@ func (e *episode) podNamed(name string) *pod {
 func (c *checker) sample() {
 	s := c.e.s.get()
 	c.mu.Lock()
-	skip := c.inRestart || s == nil || time.Since(c.lastReset) < rebuildWindow+time.Second
+	skip := c.inRestart || s == nil || time.Since(c.restartAt) < rebuildWindow+time.Second
 	c.mu.Unlock()
 	if skip {
 		return

@@ -119,9 +119,10 @@ test-go: control-plane helm ## Only the Go suites
 	go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: soak
-soak: ## Seeded soak of the shim, scheduler, ledgers and guard on the stub driver, checking invariants (SOAK_DURATION=10m, SOAK_SEED, SOAK_SEEDS=n)
+soak: ## Seeded soak of the shim, scheduler, ledgers and guard on the stub driver, checking invariants (SOAK_DURATION=10m, SOAK_SEED, SOAK_SEEDS=n, SOAK_WITHOUT=faults)
 	$(MAKE) -C shim testbins
-	SOAK_DURATION=$(or $(SOAK_DURATION),10m) SOAK_SEED=$(SOAK_SEED) SOAK_SEEDS=$(SOAK_SEEDS) SOAK_SHIM_BUILD=$(CURDIR)/shim/build \
+	SOAK_DURATION=$(or $(SOAK_DURATION),10m) SOAK_SEED=$(SOAK_SEED) SOAK_SEEDS=$(SOAK_SEEDS) SOAK_WITHOUT=$(SOAK_WITHOUT) \
+		SOAK_SHIM_BUILD=$(CURDIR)/shim/build \
 		go test -count=1 -timeout 0 -v -run '^TestSoak$$' ./test/soak
 
 ##@ End to end

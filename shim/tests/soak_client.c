@@ -8,6 +8,9 @@
  *   launch D K     K kernel launches on device D, then wait -> "launch D r=R"
  *   drop           free everything, then exec itself without LD_PRELOAD (a process that drops the
  *                  shim: what it does next no scheduler sees) -> "drop" from the new image
+ *   lie SOCKET N   a second connection of this process to the scheduler at SOCKET, bypassing the shim:
+ *                  HELLO, then RETURN flags HOLD of N bytes (a grant it never had), held open until the
+ *                  process ends -> "lie r=0" (r=1: no connection)
  *   exit           -> "exit", then the process ends
  *
  * A result R is the driver's (0: success; 2: out of memory, as the shim answers past a claim). The
@@ -18,9 +21,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "cuda_abi.h"
+#include "gpushare_proto.h"
 
 typedef CUresult (*init_fn)(unsigned);
 typedef CUresult (*retain_fn)(CUcontext *, CUdevice);
@@ -71,6 +77,41 @@ static int read_line(char *buf, size_t cap)
     return (int)n;
 }
 
+static struct gs_header hdr(uint16_t type, uint32_t size)
+{
+    struct gs_header h = {.magic = GS_PROTO_MAGIC, .version = GS_PROTO_VERSION, .type = type, .size = size};
+    return h;
+}
+
+/* The lie: a connection that announces a grant of n bytes it never had. The fd stays open. */
+static int lie(const char *path, uint64_t n)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof(a.sun_path))
+        return 1;
+    strcpy(a.sun_path, path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+        if (fd >= 0)
+            close(fd);
+        return 1;
+    }
+    struct gs_hello h;
+    memset(&h, 0, sizeof(h));
+    h.h = hdr(GS_MSG_HELLO, GS_HELLO_SIZE);
+    h.pid = (uint32_t)getpid();
+    struct gs_return r;
+    memset(&r, 0, sizeof(r));
+    r.h = hdr(GS_MSG_RETURN, GS_RETURN_SIZE);
+    r.flags = GS_RETURN_HOLD;
+    r.bytes = n;
+    if (write(fd, &h, sizeof(h)) != (ssize_t)sizeof(h) || write(fd, &r, sizeof(r)) != (ssize_t)sizeof(r)) {
+        close(fd);
+        return 1;
+    }
+    return 0; /* left open: the lie lasts as long as the process */
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -96,6 +137,13 @@ int main(int argc, char **argv)
         int n = sscanf(line, "%31s %lld %lld", cmd, &a, &b);
         if (n < 1)
             continue;
+        if (!strcmp(cmd, "lie")) {
+            char path[200] = {0};
+            unsigned long long bytes = 0;
+            int r = sscanf(line, "lie %199s %llu", path, &bytes) == 2 ? lie(path, bytes) : 1;
+            say("lie r=%d", r);
+            continue;
+        }
         int d = (int)a;
         if (n >= 2 && (d < 0 || d >= MAXDEV)) {
             say("%s %d r=1", cmd, d);

@@ -33,6 +33,8 @@ type proc struct {
 	cont    *time.Timer
 }
 
+func (pr *proc) isStopped() bool { pr.mu.Lock(); defer pr.mu.Unlock(); return pr.stopped }
+
 // stall stops the process for d (SIGSTOP, then SIGCONT and then), as a process the machine does not run;
 // false if it is stalled already.
 func (pr *proc) stall(d time.Duration, then func()) bool {

@@ -40,8 +40,10 @@ type pod struct {
 
 // episode is one seed's run: a node of 2-4 stub GPUs, its pods and claims, the scheduler.
 type episode struct {
-	seed      uint64
-	rng       *rand.Rand
+	seed uint64
+	rng  *rand.Rand
+	// lies draws the lies, a stream of its own: they come on top of the steps, which stay the seed's.
+	lies      *rand.Rand
 	shimBuild string
 	dir, hold string
 	uuids     []string
@@ -66,13 +68,14 @@ func (e *episode) did(kind string) {
 }
 
 // faults are the names SOAK_WITHOUT takes.
-var faults = []string{"kill", "exit", "stall", "drop", "restart", "lookup-fail", "lookup-slow", "past-claim"}
+var faults = []string{"kill", "exit", "stall", "drop", "restart", "lookup-fail", "lookup-slow", "past-claim", "lie"}
 
 func uuidOf(d int) string { return fmt.Sprintf("GPU-00000000-0000-0000-0000-0000000000%02x", d) }
 
 // newEpisode draws the node, the pods and the claims from the seed.
 func newEpisode(seed uint64, shimBuild, dir string) *episode {
-	e := &episode{seed: seed, rng: rand.New(rand.NewPCG(seed, 0x50a4)), shimBuild: shimBuild, dir: dir,
+	e := &episode{seed: seed, rng: rand.New(rand.NewPCG(seed, 0x50a4)), lies: rand.New(rand.NewPCG(seed, 0x11e)),
+		shimBuild: shimBuild, dir: dir,
 		hold: filepath.Join(dir, "hold")}
 	n := 2 + e.rng.IntN(3)
 	for d := range n {
@@ -214,6 +217,9 @@ func (e *episode) act() {
 	e.l.mu.Unlock()
 	// A stalled process is picked like any other: a command waits for its answer until the stall ends.
 	ready := e.live()
+	if liar, bytes := e.lies.IntN(100), int64(1+e.lies.IntN(512))*mib; liar < len(ready) && !e.without["lie"] {
+		e.lie(ready[liar], bytes)
+	}
 	w := e.rng.IntN(100)
 	pick := func() *proc {
 		if len(ready) == 0 {
@@ -321,6 +327,18 @@ func (e *episode) act() {
 		}
 		e.l.mu.Unlock()
 	}
+}
+
+// lie has pr open a second connection to one of its GPUs' schedulers, past the shim, and announce a
+// grant of bytes it never had (RETURN HOLD): the ledger must count it as held, refuse others accordingly,
+// and give it back when the process ends.
+func (e *episode) lie(pr *proc, bytes int64) {
+	if pr.dropped || pr.isStopped() {
+		return
+	}
+	e.did("lie")
+	g := pr.pod.gpus[int(bytes/mib)%len(pr.pod.gpus)]
+	e.cmd(pr, "lie %s %d", filepath.Join(e.dir, e.uuids[g]+".sock"), bytes)
 }
 
 // spawn starts a process of p and gives it a context on each of the pod's GPUs.

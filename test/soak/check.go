@@ -29,6 +29,9 @@ const (
 	productionBound = grace + evictTimeout + 2*time.Second
 	// settleBound: when every client has gone, ledgers, reservations and accounts are zero within this.
 	settleBound = 10 * time.Second
+	// unmanagedBound: a process that dropped the shim and holds a context is named unmanaged within this
+	// (the agent compares NVML's processes with the scheduler's clients every few seconds).
+	unmanagedBound = 10 * time.Second
 	// sampleEvery is the continuous checks' period.
 	sampleEvery = 20 * time.Millisecond
 )
@@ -73,6 +76,7 @@ type checker struct {
 	unchecked  int
 	stoppedPID map[int32]bool
 	contAt     map[int32]time.Time
+	droppedAt  map[int32]time.Time
 
 	stop chan struct{}
 	done chan struct{}
@@ -81,7 +85,7 @@ type checker struct {
 func newChecker(e *episode) *checker {
 	return &checker{e: e, since: map[key]time.Time{}, missing: map[key]time.Time{}, ledgerOff: map[string]time.Time{},
 		idleSince: map[string]time.Time{}, waitSince: map[key]time.Time{}, lastReset: time.Now(), restartAt: time.Now(), stoppedPID: map[int32]bool{},
-		contAt: map[int32]time.Time{}}
+		contAt: map[int32]time.Time{}, droppedAt: map[int32]time.Time{}}
 }
 
 func (c *checker) setStep(s int) { c.mu.Lock(); c.step = s; c.mu.Unlock() }
@@ -116,11 +120,12 @@ func (c *checker) continued(pr *proc) {
 
 func (c *checker) stopped(pr *proc) { c.mu.Lock(); c.stoppedPID[pr.pid] = true; c.mu.Unlock() }
 
-func (c *checker) drop(*proc) {
+func (c *checker) drop(pr *proc) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.droppedAt[pr.pid] = time.Now()
 	if unmanagedNamed == nil {
-		c.mu.Lock()
 		c.unchecked++
-		c.mu.Unlock()
 	}
 }
 
@@ -128,6 +133,7 @@ func (c *checker) gone(pr *proc) {
 	c.mu.Lock()
 	delete(c.stoppedPID, pr.pid)
 	delete(c.contAt, pr.pid)
+	delete(c.droppedAt, pr.pid)
 	for k := range c.since {
 		if k.pid == pr.pid {
 			delete(c.since, k)
@@ -208,7 +214,11 @@ func (c *checker) checkClients() {
 	}
 	want := map[string]int{}
 	for _, pr := range c.e.live() {
-		if pr.dropped || c.stoppedPID[pr.pid] {
+		if c.stoppedPID[pr.pid] {
+			continue
+		}
+		if pr.dropped {
+			c.checkUnmanagedLocked(pr, now)
 			continue
 		}
 		for d := range pr.ctx {
@@ -240,6 +250,24 @@ func (c *checker) checkClients() {
 			}
 		} else {
 			delete(c.ledgerOff, lk)
+		}
+	}
+}
+
+// checkUnmanagedLocked is invariant 1's other half, where unmanagedNamed is set: a process that dropped
+// the shim and holds a context is named unmanaged on that GPU within unmanagedBound of its drop.
+func (c *checker) checkUnmanagedLocked(pr *proc, now time.Time) {
+	if unmanagedNamed == nil {
+		return
+	}
+	for d := range pr.ctx {
+		k := key{c.e.uuids[d], pr.pid}
+		if unmanagedNamed(k.gpu, k.pid) {
+			continue
+		}
+		if from := c.droppedAt[pr.pid]; now.Sub(from) > unmanagedBound {
+			c.violateLocked(1, fmt.Sprintf("pod %s pid %d dropped the shim and holds a context on %s; not named unmanaged %s on",
+				pr.pod.name, pr.pid, k.gpu, now.Sub(from).Round(time.Millisecond)))
 		}
 	}
 }

@@ -118,6 +118,13 @@ flake-check: control-plane helm ## Run the timing-sensitive suites N times each 
 test-go: control-plane helm ## Only the Go suites
 	go test $(GO_TEST_FLAGS) ./...
 
+.PHONY: soak
+soak: ## Seeded soak of the shim, scheduler, ledgers and guard on the stub driver, checking invariants (SOAK_DURATION=10m, SOAK_SEED, SOAK_SEEDS=n, SOAK_WITHOUT=faults)
+	$(MAKE) -C shim testbins
+	SOAK_DURATION=$(or $(SOAK_DURATION),10m) SOAK_SEED=$(SOAK_SEED) SOAK_SEEDS=$(SOAK_SEEDS) SOAK_WITHOUT=$(SOAK_WITHOUT) \
+		SOAK_SHIM_BUILD=$(CURDIR)/shim/build \
+		go test -count=1 -timeout 0 -v -run '^TestSoak$$' ./test/soak
+
 ##@ End to end
 .PHONY: e2e-deps images e2e
 e2e-deps: control-plane ## Build the rest of a real node into bin/: kubelet, containerd v2, runc, CNI plugins; install Debian's prometheus

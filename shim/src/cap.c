@@ -46,6 +46,7 @@ struct cap_dev {
     /* the claim's ledger (below) */
     pthread_rwlock_t led_rw;
     atomic_int led_on;
+    atomic_int led_away; /* led_on, and the connection ended: the grant bounds it, nobody to ask */
     _Atomic int64_t room;
     _Atomic uint64_t led_total, led_others, led_chunk;
     struct gs_ledger offered; /* the connection's LEDGER, read with its WELCOME (under the gate's mutex) */
@@ -566,6 +567,10 @@ static CUresult ledger_more(uint64_t n)
             res = CUDA_SUCCESS; /* no ledger any more (the limit alone), or a grant another thread asked for */
             break;
         }
+        if (atomic_load(&C->led_away)) {
+            ledger_refused(n, "would pass what the claim's ledger granted this process (the GPU scheduler is away)");
+            break;
+        }
         if (round == 3) {
             ledger_refused(n, "found the grant taken by this process's other threads");
             break;
@@ -584,7 +589,7 @@ static CUresult ledger_more(uint64_t n)
         uint64_t start = gs_now_ns();
         pthread_mutex_lock(&C->rep_mu);
         int timed_out = 0;
-        while (C->rep_seq != seq && atomic_load(&C->led_on)) {
+        while (C->rep_seq != seq && atomic_load(&C->led_on) && !atomic_load(&C->led_away)) {
             uint64_t end = start + (uint64_t)gs_cfg.memreply_timeout_ms * 1000000ull;
             if (gs_now_ns() >= end) {
                 timed_out = 1;
@@ -642,8 +647,10 @@ void gs_cap_ledger_start(int fd)
     int set = C->offered_set;
     C->offered_set = 0;
     atomic_store(&C->led_refused, 0);
-    if (!set || !(C->offered.flags & (GS_LEDGER_ON | GS_LEDGER_REFUSED)))
+    if (!set || !(C->offered.flags & (GS_LEDGER_ON | GS_LEDGER_REFUSED))) {
+        gs_cap_ledger_stop(); /* this scheduler keeps no ledger for it: the limit alone */
         return;
+    }
     int announce = (C->offered.flags & GS_LEDGER_REFUSED) != 0;
     if (announce && !atomic_load(&C->ctx_made)) {
         atomic_store(&C->led_refused, 1);
@@ -670,6 +677,7 @@ void gs_cap_ledger_start(int fd)
     atomic_store(&C->led_others, C->offered.granted - C->offered.grant);
     atomic_store(&C->led_chunk, C->offered.chunk);
     atomic_store(&C->led_on, 1);
+    atomic_store(&C->led_away, 0);
     if (held > 0 || announce) {
         struct gs_return m;
         memset(&m, 0, sizeof(m));
@@ -691,10 +699,26 @@ void gs_cap_ledger_stop(void)
         return;
     pthread_rwlock_wrlock(&C->led_rw);
     atomic_store(&C->led_on, 0);
+    atomic_store(&C->led_away, 0);
     pthread_rwlock_unlock(&C->led_rw);
     pthread_once(&C->rep_once, rep_init);
     pthread_mutex_lock(&C->rep_mu);
     pthread_cond_broadcast(&C->rep_cv); /* a waiting request goes on with the limit alone */
+    pthread_mutex_unlock(&C->rep_mu);
+}
+
+/* The grant is what the scheduler counts for this process; a process that went on to the whole limit while
+ * it was away could hold the claim's allocations and its context together, past the claim. Allocations
+ * within the grant go on; past it they fail with out of memory until the next connection's LEDGER (or, with
+ * none there, the limit alone). A request waiting for its answer is refused. */
+void gs_cap_ledger_away(void)
+{
+    if (!atomic_load(&C->led_on))
+        return;
+    atomic_store(&C->led_away, 1);
+    pthread_once(&C->rep_once, rep_init);
+    pthread_mutex_lock(&C->rep_mu);
+    pthread_cond_broadcast(&C->rep_cv);
     pthread_mutex_unlock(&C->rep_mu);
 }
 
@@ -841,6 +865,7 @@ void gs_cap_atfork_child(void)
     pthread_mutex_init(&C->req_mu, NULL);
     pthread_mutex_init(&C->rep_mu, NULL);
     atomic_store(&C->led_on, 0);
+    atomic_store(&C->led_away, 0);
     atomic_store(&C->room, 0);
     atomic_store(&C->connect_asked, 0);
     atomic_store(&C->led_refused, 0);

@@ -93,7 +93,7 @@ void gate_lost_locked(const char *reason)
     G->st.contended = 0;
     G->st.evict_pending = 0;
     G->st.lost_ns = gs_now_ns();
-    gs_cap_ledger_stop();
+    gs_cap_ledger_away();
     gs_pace_set(0, 0); /* the bound and the idle window were that scheduler's; the next one sends its own */
     gate_sched_idle_set_locked(0, 0);
     if (G->st.fd >= 0)

@@ -196,13 +196,15 @@ void gs_cap_report(uint64_t drv_total, uint64_t drv_free, uint64_t *total, uint6
 void gs_cap_atfork_child(void);
 /* The claim's ledger (protocol 6): the LEDGER read with a connection's WELCOME (conn.c); once the
  * connection is up (after REJOIN on a reconnection), start puts the process in it and announces what it
- * holds; stop when the connection ends (the limit alone until the next). Messages: size for the reader,
- * 0 for a type that is not the ledger's; on_message under the gate's mutex. policy_changed: the
- * connection's POLICY was read (a waiting CHARGE's timeout follows it). */
+ * holds; away when the connection ends (its grant bounds it until the next), stop when the process
+ * runs without a scheduler for good or the next connection keeps no ledger for it (the limit alone).
+ * Messages: size for the reader, 0 for a type that is not the ledger's; on_message under the gate's
+ * mutex. policy_changed: the connection's POLICY was read (a waiting CHARGE's timeout follows it). */
 struct gs_ledger;
 void gs_cap_ledger_offer(const struct gs_ledger *l);
 void gs_cap_ledger_start(int fd);
 void gs_cap_ledger_stop(void);
+void gs_cap_ledger_away(void);
 void gs_cap_policy_changed(void);
 uint32_t gs_cap_msg_size(uint16_t type, uint16_t version);
 void gs_cap_on_message(int fd, const unsigned char *msg, uint16_t type);

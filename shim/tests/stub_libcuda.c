@@ -443,6 +443,9 @@ __attribute__((visibility("hidden"))) int stub_cur_dev(void)
     return cur_dev;
 }
 
+/* stub_vmm.c: a context on dev counts GPUSHARE_STUB_CTX_BYTES in the holdings file */
+__attribute__((visibility("hidden"))) void stub_hold_context(int dev);
+
 /* ---- every hooks.def entry point ---- */
 /* Weak: stub_vmm.c defines the ones that move bytes. */
 #define STUB_WORK(name, params, args, extra)                                                       \
@@ -454,7 +457,7 @@ __attribute__((visibility("hidden"))) int stub_cur_dev(void)
 #define STUB_CAPEND(name, params, args, s) STUB_EXPORT CUresult name params;
 #define STUB_CTXNEW(name, params, args, pctx)                                                      \
     STUB_EXPORT CUresult name params;                                                              \
-    STUB_EXPORT CUresult name params { if (dev < 0 || dev >= ndevices()) return CUDA_ERROR_INVALID_VALUE; *(pctx) = ctx_of(dev); return CUDA_SUCCESS; }
+    STUB_EXPORT CUresult name params { if (dev < 0 || dev >= ndevices()) return CUDA_ERROR_INVALID_VALUE; *(pctx) = ctx_of(dev); stub_hold_context(dev); return CUDA_SUCCESS; }
 #define STUB_CTXGONE(name, params, args, ctx)                                                      \
     STUB_EXPORT CUresult name params;                                                              \
     STUB_EXPORT CUresult name params { (void)(ctx); contexts_gone(); return CUDA_SUCCESS; }

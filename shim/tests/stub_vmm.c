@@ -34,6 +34,10 @@
  *                            full: another process holds it)
  *   GPUSHARE_STUB_RETAIN_NEW=1  cuMemRetainAllocationHandle gives a new handle value (holding one reference
  *                            of the allocation) instead of the allocation's own
+ *   GPUSHARE_STUB_HOLD_DIR   directory: the file <pid> says what the process holds per device, as NVML's
+ *                            per-process figure would, one line "<device> <bytes>" per device it holds
+ *                            anything on: its plain allocations plus GPUSHARE_STUB_CTX_BYTES (default 0)
+ *                            once it made a context there; rewritten whole (rename) on each change
  */
 #include <fcntl.h>
 #include <pthread.h>
@@ -102,6 +106,49 @@ static void memtrace(char kind, long long delta)
     (void)w;
 }
 
+/* ---- the holdings file (GPUSHARE_STUB_HOLD_DIR) ---- */
+#define HOLD_DEVS 16
+static long long held[HOLD_DEVS];
+static int has_ctx[HOLD_DEVS];
+
+/* Rewrites the holdings file; called with vmu held. */
+static void hold_write_locked(void)
+{
+    const char *dir = getenv("GPUSHARE_STUB_HOLD_DIR");
+    if (dir == NULL || *dir == 0)
+        return;
+    long long ctx_bytes = env_ll("GPUSHARE_STUB_CTX_BYTES", 0);
+    char tmp[512], path[512], buf[HOLD_DEVS * 32];
+    int n = 0;
+    for (int d = 0; d < HOLD_DEVS; d++) {
+        long long b = held[d] + (has_ctx[d] ? ctx_bytes : 0);
+        if (b > 0 || has_ctx[d])
+            n += snprintf(buf + n, sizeof(buf) - (size_t)n, "%d %lld\n", d, b);
+    }
+    snprintf(tmp, sizeof(tmp), "%s/.%d.tmp", dir, (int)getpid());
+    snprintf(path, sizeof(path), "%s/%d", dir, (int)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return;
+    ssize_t w = write(fd, buf, (size_t)n);
+    (void)w;
+    close(fd);
+    rename(tmp, path);
+}
+
+__attribute__((visibility("hidden"))) void stub_hold_context(int dev);
+__attribute__((visibility("hidden"))) void stub_hold_context(int dev)
+{
+    if (dev < 0 || dev >= HOLD_DEVS)
+        return;
+    pthread_mutex_lock(&vmu);
+    if (!has_ctx[dev]) {
+        has_ctx[dev] = 1;
+        hold_write_locked();
+    }
+    pthread_mutex_unlock(&vmu);
+}
+
 /* ---- plain allocations ---- */
 #define MAXPLAIN 4096
 static struct {
@@ -151,6 +198,9 @@ static CUresult plain_alloc(CUdeviceptr *dptr, size_t n)
             plain[i].p = (CUdeviceptr)(uintptr_t)p;
             plain[i].n = n;
             plain[i].dev = stub_cur_dev();
+            if (plain[i].dev >= 0 && plain[i].dev < HOLD_DEVS)
+                held[plain[i].dev] += (long long)n;
+            hold_write_locked();
             break;
         }
     pthread_mutex_unlock(&vmu);
@@ -190,6 +240,9 @@ static CUresult plain_free(CUdeviceptr d)
         if (plain[i].p == d && d != 0) {
             munmap((void *)(uintptr_t)d, plain[i].n);
             plain[i].p = 0;
+            if (plain[i].dev >= 0 && plain[i].dev < HOLD_DEVS)
+                held[plain[i].dev] -= (long long)plain[i].n;
+            hold_write_locked();
             pthread_mutex_unlock(&vmu);
             return CUDA_SUCCESS;
         }

@@ -197,3 +197,6 @@ func Fit(bytes, step, minimum, lo, hi int64) int64 {
 	}
 	return v
 }
+
+// Config is the workload's configuration.
+func (w *Workload) Config() Config { return w.cfg }

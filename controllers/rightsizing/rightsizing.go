@@ -274,3 +274,9 @@ func (r *Rightsizer) entry(ctx context.Context, t target) (*entry, error) {
 	r.entries[key] = e
 	return e, nil
 }
+
+// SampleOnce runs one sample pass now, as the sample ticker does (the benchmark drives passes itself).
+func (r *Rightsizer) SampleOnce(ctx context.Context) error { return r.sample(ctx) }
+
+// FlushOnce runs one write pass now, as the write ticker does.
+func (r *Rightsizer) FlushOnce(ctx context.Context) error { return r.flush(ctx) }

@@ -87,13 +87,14 @@ func statusFor(in statusInput) v1.GPUShareRecommendationStatus {
 	rec, ok := in.w.Recommend(in.now)
 	switch {
 	case !ok:
+		// The message names no elapsed time: it would change, and be written, at every pass.
 		cfg := in.w.Config()
-		var since time.Duration
+		first := "none"
 		if h := s.History.FirstSample; h != nil {
-			since = in.now.Sub(h.Time).Truncate(time.Second)
+			first = h.UTC().Format(time.RFC3339)
 		}
 		cond.Status, cond.Reason = metav1.ConditionFalse, v1.ReasonNotEnoughSamples
-		cond.Message = fmt.Sprintf("%d of %d pod peaks, %s of %s history", ms, cfg.MinMemorySamples, since, cfg.MinHistory)
+		cond.Message = fmt.Sprintf("%d of %d pod peaks; needs %s of history, first sample %s", ms, cfg.MinMemorySamples, cfg.MinHistory, first)
 	default:
 		s.Memory = &v1.RecommendedMemory{
 			Target:     resource.NewQuantity(rec.Memory, resource.BinarySI),

@@ -64,7 +64,7 @@ func TestStatusFor(t *testing.T) {
 	w.ObserveMemory("a", 3<<30, t0)
 	s := statusFor(in)
 	c := meta.FindStatusCondition(s.Conditions, v1.ConditionRecommended)
-	if c == nil || c.Reason != v1.ReasonNotEnoughSamples || c.Message != "1 of 3 pod peaks, 0s of 10m0s history" || s.InitialMemory != nil {
+	if c == nil || c.Reason != v1.ReasonNotEnoughSamples || c.Message != "1 of 3 pod peaks; needs 10m0s of history, first sample 2026-12-01T00:00:00Z" || s.InitialMemory != nil {
 		t.Fatalf("with one peak: %+v, initial %v", c, s.InitialMemory)
 	}
 

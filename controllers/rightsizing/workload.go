@@ -154,7 +154,18 @@ func (r *resolver) read(ctx context.Context, nn types.NamespacedName) (target, e
 		}
 	}
 	if request == "" {
-		return target{}, fmt.Errorf("ResourceClaim %s holds no device of %s: %w", nn, r.driver, ErrNotRecommended)
+		// Not allocated as this reader sees it (yet): the request that asks memory is the sized one.
+		for _, req := range claim.Spec.Devices.Requests {
+			if req.Exactly != nil && req.Exactly.Capacity != nil {
+				if _, ok := req.Exactly.Capacity.Requests["memory"]; ok {
+					request = req.Name
+					break
+				}
+			}
+		}
+	}
+	if request == "" {
+		return target{}, fmt.Errorf("ResourceClaim %s holds no sized request of %s: %w", nn, r.driver, ErrNotRecommended)
 	}
 	// A request of a list of alternatives is named <request>/<subrequest>; the sized request is the
 	// parent.

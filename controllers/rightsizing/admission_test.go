@@ -25,7 +25,7 @@ import (
 // until the API server sizes a probe claim with it (admission policies take effect asynchronously).
 func installPolicy(t *testing.T) {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "config", "admission", "rightsizing_policy.yaml"))
+	raw, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "config", "admission", "rightsizing", "rightsizing_policy.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -68,6 +68,7 @@ type managerFlags struct {
 	rsSample       time.Duration
 	rsFlush        time.Duration
 	rsCheckpoint   time.Duration
+	rsNewClaims    int
 }
 
 // flagSet binds every flag of the manager to f: the flag set run parses and docs/reference lists,
@@ -79,6 +80,7 @@ func (f *managerFlags) rightsizingOptions() *rightsizing.Options {
 	}
 	o := rightsizing.DefaultOptions()
 	o.SampleInterval, o.FlushInterval, o.CheckpointInterval = f.rsSample, f.rsFlush, f.rsCheckpoint
+	o.MaxNewClaimsPerPass = f.rsNewClaims
 	return &o
 }
 
@@ -108,6 +110,7 @@ func flagSet(f *managerFlags) (*flag.FlagSet, *textlogger.Config) {
 	fs.DurationVar(&f.rsSample, "rightsizing-sample-interval", rs.SampleInterval, "How often the sized claims in the cached GPUNode status are read for samples.")
 	fs.DurationVar(&f.rsFlush, "rightsizing-write-interval", rs.FlushInterval, "How often recommendations that changed for their readers are written.")
 	fs.DurationVar(&f.rsCheckpoint, "rightsizing-checkpoint-interval", rs.CheckpointInterval, "The longest a recommendation's history (its histograms) goes unwritten while only it changed.")
+	fs.IntVar(&f.rsNewClaims, "rightsizing-max-new-claims-per-pass", rs.MaxNewClaimsPerPass, "The most claims a sample pass reads for the first time (the claim, its pod, a ReplicaSet or Job: up to three requests each); the rest wait for later passes, so a restart at fleet scale spreads its reads. 0: no bound.")
 	logCfg := textlogger.NewConfig()
 	logCfg.AddFlags(fs)
 	config.RegisterFlags(fs)

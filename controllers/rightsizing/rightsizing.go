@@ -44,16 +44,20 @@ type Options struct {
 	FlushInterval time.Duration
 	// CheckpointInterval spaces the writes that change only the history, not what a reader sees.
 	CheckpointInterval time.Duration
+	// MaxNewClaimsPerPass bounds the claims a sample pass reads for the first time (three reads each at
+	// most: the claim, its pod, a ReplicaSet or Job); the rest wait for the next passes. 0: no bound.
+	MaxNewClaimsPerPass int
 	// Driver is the DRA driver whose claims are sized.
 	Driver string
 	// Clock is the time source; nil means the real clock.
 	Clock clock.PassiveClock
 }
 
-// DefaultOptions sample every 15 s, write changes every minute and checkpoint every 10 minutes (as VPA).
+// DefaultOptions sample every 15 s, write changes every minute and checkpoint every 10 minutes (as VPA);
+// a pass reads at most 250 new claims, about 10 s of the manager's default 50 requests per second.
 func DefaultOptions() Options {
 	return Options{Config: recommend.DefaultConfig(), SampleInterval: 15 * time.Second, FlushInterval: time.Minute,
-		CheckpointInterval: 10 * time.Minute, Driver: "gpu.gpusharing.io"}
+		CheckpointInterval: 10 * time.Minute, MaxNewClaimsPerPass: 250, Driver: "gpu.gpusharing.io"}
 }
 
 // Rightsizer samples the sized claims and writes the recommendations. It runs on the leader only.
@@ -135,6 +139,7 @@ func (r *Rightsizer) sample(ctx context.Context) error {
 		return err
 	}
 	now := r.clock().Now()
+	r.res.allow(r.MaxNewClaimsPerPass)
 	var errs []error
 	for i := range nodes.Items {
 		for j := range nodes.Items[i].Status.GPUs {
@@ -173,7 +178,7 @@ func (r *Rightsizer) sampleGPU(ctx context.Context, g *v1.GPUStatus, now time.Ti
 		}
 		nn := types.NamespacedName{Namespace: c.Namespace, Name: c.Name}
 		t, err := r.res.claim(ctx, nn, now)
-		if errors.Is(err, ErrNotRecommended) {
+		if errors.Is(err, ErrNotRecommended) || errors.Is(err, errDeferred) {
 			continue
 		}
 		if err != nil {

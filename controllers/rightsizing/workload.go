@@ -73,6 +73,9 @@ func PodNamePattern(w v1.WorkloadRef) string {
 	}
 }
 
+// errDeferred marks a claim left for a later pass: this pass has read its share of new claims.
+var errDeferred = errors.New("deferred to a later pass")
+
 // resolver maps a claim to its target: the claim's owner pod, the pod's top owner. Claims and owners
 // are read once from the API server (not cached: a cache of every pod and ReplicaSet of the cluster
 // would cost far more than a read per new claim) and remembered while they are seen.
@@ -83,6 +86,20 @@ type resolver struct {
 	mu     sync.Mutex
 	claims map[types.NamespacedName]resolved
 	owners map[string]v1.WorkloadRef
+	// budget is how many new claims this pass may still read; below zero, no limit.
+	budget int
+}
+
+// allow sets how many new claims the next pass may read (n <= 0: no limit), so that after a restart at
+// fleet scale, reading every claim once is spread over passes at the client's rate, and each pass still
+// ends in time for the writes.
+func (r *resolver) allow(n int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.budget = n
+	if n <= 0 {
+		r.budget = -1
+	}
 }
 
 type resolved struct {
@@ -103,9 +120,16 @@ func (r *resolver) claim(ctx context.Context, nn types.NamespacedName, now time.
 		c.seen = now
 		r.claims[nn] = c
 	}
+	deferred := !ok && r.budget == 0
+	if !ok && r.budget > 0 {
+		r.budget--
+	}
 	r.mu.Unlock()
 	if ok {
 		return c.t, c.err
+	}
+	if deferred {
+		return target{}, errDeferred
 	}
 	t, err := r.read(ctx, nn)
 	if err != nil && !errors.Is(err, ErrNotRecommended) {

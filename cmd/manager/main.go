@@ -69,6 +69,8 @@ type managerFlags struct {
 	rsFlush        time.Duration
 	rsCheckpoint   time.Duration
 	rsNewClaims    int
+	rsMinHistory   time.Duration
+	rsMinSamples   int64
 }
 
 // flagSet binds every flag of the manager to f: the flag set run parses and docs/reference lists,
@@ -81,6 +83,7 @@ func (f *managerFlags) rightsizingOptions() *rightsizing.Options {
 	o := rightsizing.DefaultOptions()
 	o.SampleInterval, o.FlushInterval, o.CheckpointInterval = f.rsSample, f.rsFlush, f.rsCheckpoint
 	o.MaxNewClaimsPerPass = f.rsNewClaims
+	o.Config.MinHistory, o.Config.MinMemorySamples = f.rsMinHistory, f.rsMinSamples
 	return &o
 }
 
@@ -111,6 +114,8 @@ func flagSet(f *managerFlags) (*flag.FlagSet, *textlogger.Config) {
 	fs.DurationVar(&f.rsFlush, "rightsizing-write-interval", rs.FlushInterval, "How often recommendations that changed for their readers are written.")
 	fs.DurationVar(&f.rsCheckpoint, "rightsizing-checkpoint-interval", rs.CheckpointInterval, "The longest a recommendation's history (its histograms) goes unwritten while only it changed.")
 	fs.IntVar(&f.rsNewClaims, "rightsizing-max-new-claims-per-pass", rs.MaxNewClaimsPerPass, "The most claims a sample pass reads for the first time (the claim, its pod, a ReplicaSet or Job: up to three requests each); the rest wait for later passes, so a restart at fleet scale spreads its reads. 0: no bound.")
+	fs.DurationVar(&f.rsMinHistory, "rightsizing-min-history", rs.Config.MinHistory, "How long samples must have come in before a workload gets a recommendation.")
+	fs.Int64Var(&f.rsMinSamples, "rightsizing-min-samples", rs.Config.MinMemorySamples, "The fewest pod peaks (one per pod per day) before a workload gets a recommendation.")
 	logCfg := textlogger.NewConfig()
 	logCfg.AddFlags(fs)
 	config.RegisterFlags(fs)

@@ -17,6 +17,7 @@ func TestE2E(t *testing.T) {
 		{"Sharing", testSharing},
 		{"Pods", testPods},
 		{"Usage", testUsage},
+		{"Rightsizing", testRightsizing},
 		{"DRA", testDRA},
 		{"DynamicMIG", testDynamicMIG},
 		{"MultiGPU", testMultiGPU},

@@ -59,7 +59,9 @@ func testRightsizing(t *testing.T) {
 			Requests: []resourcev1.DeviceRequest{{Name: "gpu", Exactly: &resourcev1.ExactDeviceRequest{
 				DeviceClassName: "gpusharing-sized",
 				Capacity: &resourcev1.CapacityRequirements{Requests: map[resourcev1.QualifiedName]resource.Quantity{
-					dra.CapacityMemory: *resource.NewQuantity(rsClaimMiB<<20, resource.BinarySI)}},
+					dra.CapacityMemory: *resource.NewQuantity(rsClaimMiB<<20, resource.BinarySI),
+					// Asked, so ten claims fit the GPU's 100 % (the default is 100/replicas each).
+					dra.CapacityCompute: *resource.NewQuantity(5, resource.DecimalSI)}},
 			}}}}}},
 	}))
 	labels := map[string]string{"app": rsWorkload}

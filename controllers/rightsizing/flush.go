@@ -39,6 +39,9 @@ func (r *Rightsizer) flush(ctx context.Context) error {
 	for key, e := range r.entries {
 		if e.changed {
 			keys = append(keys, snap{key, e})
+		} else if now.Sub(e.lastSeen) > e.w.Config().PeakWindow {
+			// No pod of it for a day: its history is in its object, loaded again if one comes back.
+			delete(r.entries, key)
 		}
 	}
 	r.mu.Unlock()

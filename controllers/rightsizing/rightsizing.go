@@ -125,6 +125,8 @@ type entry struct {
 	claims map[string]time.Time
 	// overClaims are the claims seen over their size, each counted once.
 	overClaims []string
+	// lastSeen is when a claim of the target was last sampled.
+	lastSeen time.Time
 	// changed: samples came in since the last write.
 	changed   bool
 	lastWrite time.Time
@@ -213,6 +215,7 @@ func (e *entry) observe(c v1.SizedClaimStatus, sizing *v1.Sizing, compute *float
 	e.claimMemory = c.Memory.Value()
 	e.step, e.minMemory = sizing.Step(), sizing.Min()
 	e.claims[c.Name] = now
+	e.lastSeen = now
 	if c.MemoryUsed != nil {
 		used := c.MemoryUsed.Value()
 		e.w.ObserveMemory(c.Name, used, now)

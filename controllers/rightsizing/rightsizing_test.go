@@ -12,11 +12,13 @@ import (
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	v1 "github.com/gpusharing/gpusharing/api/v1alpha1"
 	"github.com/gpusharing/gpusharing/controllers/rightsizing"
 	b "github.com/gpusharing/gpusharing/controllers/testutil/builders"
+	"github.com/gpusharing/gpusharing/test/prom"
 	"github.com/gpusharing/gpusharing/test/wait"
 )
 
@@ -144,6 +146,17 @@ func TestRecommendsFromPodPeaksKeepsHistoryAndBumpsOnEviction(t *testing.T) {
 		}
 		return nil
 	}, "a recommendation of 3.5Gi from three pod peaks of 3Gi")
+	// The metrics: 3.5Gi recommended against 10Gi requested, and the three claims would free 6.5Gi each.
+	labels := map[string]string{"namespace": ns, "recommendation": "deployment-web-gpu", "kind": "Deployment", "workload": "web"}
+	wait.For(t, 30*time.Second, func() error {
+		rec, _ := prom.Find(t, metrics.Registry, "gpusharing_rightsizing_recommended_memory_bytes", labels)
+		req, _ := prom.Find(t, metrics.Registry, "gpusharing_rightsizing_requested_memory_bytes", labels)
+		free, _ := prom.Find(t, metrics.Registry, "gpusharing_rightsizing_freeable_memory_bytes", nil)
+		if rec != 3584<<20 || req != 10<<30 || free != 3*6656<<20 {
+			return fmt.Errorf("recommended %v, requested %v, freeable %v", rec, req, free)
+		}
+		return nil
+	}, "the metrics of the recommendation")
 
 	// A restart: the new manager knows nothing but the object. The old pods are gone and one new pod
 	// holds 1Gi; were the history lost, one sample would be too few to recommend anything.

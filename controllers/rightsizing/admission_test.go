@@ -104,6 +104,14 @@ func TestInitialModeSizesNewClaimsOnly(t *testing.T) {
 		})
 	}
 
+	// A namespace with no recommendation at all: claims pass as asked.
+	empty := namespace(t, "empty", nil, nil)
+	lone := claimFor(pod(t, empty, "web-7d9f8c6b5-l0n3e", nil), "gpu", "l0n3e", "10Gi")
+	create(t, lone)
+	if got := memoryOf(t, lone); got != "10Gi" {
+		t.Errorf("a claim in a namespace without recommendations asks %s, want 10Gi", got)
+	}
+
 	// A running pod's claim is never changed: an update of an existing claim passes as written, even
 	// once its workload's recommendation moved.
 	p := pod(t, ns, "web-7d9f8c6b5-r4n7p", ctrlRef("apps/v1", "ReplicaSet", web))

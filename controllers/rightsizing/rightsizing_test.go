@@ -6,6 +6,9 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -220,5 +223,57 @@ func TestModeFollowsNamespaceAndWorkloadOptIn(t *testing.T) {
 			}
 			return nil
 		}, "%s in mode %s with %s", tt.name, tt.mode, tt.initial)
+	}
+}
+
+func TestEachPodIsFoldedIntoItsTopOwner(t *testing.T) {
+	ns := namespace(t, "a", nil, nil)
+	node := ns + "-node"
+	labels := map[string]string{"app": "x"}
+	tmpl := corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels},
+		Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}
+	always := *tmpl.DeepCopy()
+	always.Spec.RestartPolicy = corev1.RestartPolicyAlways
+	sts := &appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "db"},
+		Spec: appsv1.StatefulSetSpec{Selector: &metav1.LabelSelector{MatchLabels: labels}, Template: always}}
+	create(t, sts)
+	cj := &batchv1.CronJob{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "nightly"},
+		Spec: batchv1.CronJobSpec{Schedule: "0 1 * * *", JobTemplate: batchv1.JobTemplateSpec{Spec: batchv1.JobSpec{Template: tmpl}}}}
+	create(t, cj)
+	job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "nightly-29412345", OwnerReferences: ctrlRef("batch/v1", "CronJob", cj)},
+		Spec: batchv1.JobSpec{Template: tmpl}}
+	job.Spec.Template.Labels = map[string]string{"batch.kubernetes.io/controller-uid": "x"}
+	job.Spec.ManualSelector = ptr.To(true)
+	job.Spec.Selector = &metav1.LabelSelector{MatchLabels: job.Spec.Template.Labels}
+	create(t, job)
+
+	var shares []share
+	for i, p := range []*corev1.Pod{
+		pod(t, ns, "db-0", ctrlRef("apps/v1", "StatefulSet", sts)),
+		pod(t, ns, "nightly-29412345-q2w3e", ctrlRef("batch/v1", "Job", job)),
+		pod(t, ns, "solo", nil),
+	} {
+		c := claimFor(p, "gpu", fmt.Sprintf("c%04d", i), "10Gi")
+		create(t, c)
+		allocate(t, c)
+		shares = append(shares, share{claim: c.Name, pod: p.Name, memory: "10Gi", used: "1Gi", sm: 10})
+	}
+	publish(t, node, ns, shares...)
+	startRightsizer(t)
+	for name, want := range map[string]v1.WorkloadRef{
+		"statefulset-db-gpu":  {Kind: v1.WorkloadStatefulSet, Name: "db"},
+		"cronjob-nightly-gpu": {Kind: v1.WorkloadCronJob, Name: "nightly"},
+		"pod-solo-gpu":        {Kind: v1.WorkloadPod, Name: "solo"},
+	} {
+		wait.For(t, 30*time.Second, func() error {
+			r, err := getRec(ns, name)
+			if err != nil {
+				return err
+			}
+			if r.Spec.Workload != want || r.Status.Samples != 1 {
+				return fmt.Errorf("workload %+v samples %d", r.Spec.Workload, r.Status.Samples)
+			}
+			return nil
+		}, "%s for %s %s", name, want.Kind, want.Name)
 	}
 }

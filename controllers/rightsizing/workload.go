@@ -150,7 +150,9 @@ func (r *resolver) forget(before time.Time) {
 			delete(r.claims, nn)
 		}
 	}
-	if len(r.claims) == 0 {
+	// ReplicaSets and Jobs come and go with rollouts and runs: rather than track each, the owners are
+	// read again once they outnumber the claims well.
+	if len(r.owners) > 2*len(r.claims)+1000 {
 		clear(r.owners)
 	}
 }

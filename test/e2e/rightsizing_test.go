@@ -38,13 +38,18 @@ const (
 func testRightsizing(t *testing.T) {
 	dumpOnFailure(t)
 	ctx := context.Background()
-	// The manager recommends after 3 pod peaks and 20 s here, not the default 10 minutes.
+	// The manager recommends after 3 pod peaks and 20 s here, not the default 10 minutes. It runs in the
+	// host's network here, so the new pod cannot start beside the old one: Recreate while the test runs.
 	kubectl(t, "-n", "gpusharing-system", "patch", "deployment", "gpusharing-manager", "--type=json", "-p",
-		`[{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--rightsizing-min-history=20s"},`+
+		`[{"op":"replace","path":"/spec/strategy","value":{"type":"Recreate"}},`+
+			`{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--rightsizing-min-history=20s"},`+
 			`{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--rightsizing-sample-interval=2s"},`+
 			`{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--rightsizing-write-interval=5s"}]`)
 	t.Cleanup(func() {
 		_, _ = kubectlErr("-n", "gpusharing-system", "rollout", "undo", "deployment/gpusharing-manager")
+		_, _ = kubectlErr("-n", "gpusharing-system", "rollout", "status", "deployment/gpusharing-manager", "--timeout=120s")
+		_, _ = kubectlErr("-n", "gpusharing-system", "patch", "deployment", "gpusharing-manager", "--type=merge", "-p",
+			`{"spec":{"strategy":{"type":"RollingUpdate","rollingUpdate":{"maxSurge":"25%","maxUnavailable":"25%"}}}}`)
 		_, _ = kubectlErr("delete", "namespace", rsNamespace, "--wait=true", "--timeout=120s")
 		_, _ = kubectlErr("delete", "-f", "test/e2e/testdata/rightsizing-policy.yaml", "--wait=true", "--timeout=60s")
 	})

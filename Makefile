@@ -145,6 +145,10 @@ e2e: e2e-deps images ## The real-node end-to-end test (root, Linux): a real kube
 bench-controller: control-plane ## Controller convergence at scale against the real API server (BENCH_ARGS="-nodes 1000")
 	go run ./test/bench/controller $(BENCH_ARGS)
 
+.PHONY: bench-rightsizing
+bench-rightsizing: control-plane ## Right-sizing's cost at fleet scale: heap, CPU per sample pass, API writes per minute (BENCH_ARGS="-nodes 1000")
+	go run ./test/bench/rightsizing $(BENCH_ARGS)
+
 .PHONY: stack-bin
 stack-bin: control-plane ## Binaries for test/gpu/stack/run.sh on the GPU machine, xz-compressed into test/gpu/stack/bin (copy that folder along)
 	mkdir -p test/gpu/stack/bin $(BIN)/stack

@@ -20,6 +20,7 @@ import (
 
 	v1 "github.com/gpusharing/gpusharing/api/v1alpha1"
 	"github.com/gpusharing/gpusharing/controllers/policy"
+	"github.com/gpusharing/gpusharing/controllers/rightsizing"
 	"github.com/gpusharing/gpusharing/controllers/setup"
 	"github.com/gpusharing/gpusharing/internal/metricsauth"
 )
@@ -63,10 +64,29 @@ type managerFlags struct {
 	leaseDuration  time.Duration
 	renewDeadline  time.Duration
 	retryPeriod    time.Duration
+	rightsizing    bool
+	rsSample       time.Duration
+	rsFlush        time.Duration
+	rsCheckpoint   time.Duration
+	rsNewClaims    int
+	rsMinHistory   time.Duration
+	rsMinSamples   int64
 }
 
 // flagSet binds every flag of the manager to f: the flag set run parses and docs/reference lists,
 // with klog's -v and controller-runtime's --kubeconfig.
+// rightsizingOptions are the right-sizing's options from the flags; nil turns it off.
+func (f *managerFlags) rightsizingOptions() *rightsizing.Options {
+	if !f.rightsizing {
+		return nil
+	}
+	o := rightsizing.DefaultOptions()
+	o.SampleInterval, o.FlushInterval, o.CheckpointInterval = f.rsSample, f.rsFlush, f.rsCheckpoint
+	o.MaxNewClaimsPerPass = f.rsNewClaims
+	o.Config.MinHistory, o.Config.MinMemorySamples = f.rsMinHistory, f.rsMinSamples
+	return &o
+}
+
 func flagSet(f *managerFlags) (*flag.FlagSet, *textlogger.Config) {
 	fs := flag.NewFlagSet("manager", flag.ExitOnError)
 	fs.StringVar(&f.metrics.BindAddress, "metrics-bind-address", ":8080", "Address the Prometheus metrics endpoint binds to; 0 disables it.")
@@ -88,6 +108,14 @@ func flagSet(f *managerFlags) (*flag.FlagSet, *textlogger.Config) {
 	fs.DurationVar(&f.leaseDuration, "leader-election-lease-duration", defaultLeaseDuration, "How long a follower waits after the leader's last renewal before it takes over: the failover time when a leader dies without releasing the lease.")
 	fs.DurationVar(&f.renewDeadline, "leader-election-renew-deadline", defaultRenewDeadline, "How long the leader keeps trying to renew before it gives up leading and exits (less than the lease duration): the longest API server outage the manager rides out.")
 	fs.DurationVar(&f.retryPeriod, "leader-election-retry-period", 2*time.Second, "How often candidates try to acquire or renew the lease.")
+	rs := rightsizing.DefaultOptions()
+	fs.BoolVar(&f.rightsizing, "rightsizing", true, "Recommend the size of each workload's sized GPU claims from what its pods hold and use (GPUShareRecommendation, docs/rightsizing.md).")
+	fs.DurationVar(&f.rsSample, "rightsizing-sample-interval", rs.SampleInterval, "How often the sized claims in the cached GPUNode status are read for samples.")
+	fs.DurationVar(&f.rsFlush, "rightsizing-write-interval", rs.FlushInterval, "How often recommendations that changed for their readers are written.")
+	fs.DurationVar(&f.rsCheckpoint, "rightsizing-checkpoint-interval", rs.CheckpointInterval, "The longest a recommendation's history (its histograms) goes unwritten while only it changed.")
+	fs.IntVar(&f.rsNewClaims, "rightsizing-max-new-claims-per-pass", rs.MaxNewClaimsPerPass, "The most claims a sample pass reads for the first time (the claim, its pod, a ReplicaSet or Job: up to three requests each); the rest wait for later passes, so a restart at fleet scale spreads its reads. 0: no bound.")
+	fs.DurationVar(&f.rsMinHistory, "rightsizing-min-history", rs.Config.MinHistory, "How long samples must have come in before a workload gets a recommendation.")
+	fs.Int64Var(&f.rsMinSamples, "rightsizing-min-samples", rs.Config.MinMemorySamples, "The fewest pod peaks (one per pod per day) before a workload gets a recommendation.")
 	logCfg := textlogger.NewConfig()
 	logCfg.AddFlags(fs)
 	config.RegisterFlags(fs)
@@ -149,6 +177,7 @@ func run() error {
 		WriteLatencyTarget:     f.latencyTarget,
 		StatusProgressInterval: f.progressEvery,
 		GateMin:                f.gateMin,
+		Rightsizing:            f.rightsizingOptions(),
 	}); err != nil {
 		return err
 	}

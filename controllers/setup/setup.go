@@ -15,6 +15,7 @@ import (
 	"github.com/gpusharing/gpusharing/controllers/gpunode"
 	"github.com/gpusharing/gpusharing/controllers/index"
 	"github.com/gpusharing/gpusharing/controllers/policy"
+	"github.com/gpusharing/gpusharing/controllers/rightsizing"
 )
 
 // Leader election's Lease and its events live in the manager's own namespace: config/rbac grants them
@@ -43,6 +44,8 @@ type Options struct {
 	WriteLatencyTarget time.Duration
 	// GateMin is the fewest resolver reconciles the gate admits at once; below 1 means 1.
 	GateMin int
+	// Rightsizing, when set, runs the right-sizing recommender with these options.
+	Rightsizing *rightsizing.Options
 	// SkipNameValidation lets tests start several managers in one process.
 	SkipNameValidation bool
 }
@@ -83,6 +86,15 @@ func Controllers(ctx context.Context, mgr ctrl.Manager, o Options) error {
 	}
 	if err := status.SetupWithManager(mgr, copts(o.StatusWorkers), o.StatusDebounce); err != nil {
 		return fmt.Errorf("setting up %s: %w", policy.ControllerName, err)
+	}
+	if o.Rightsizing != nil {
+		rs := &rightsizing.Rightsizer{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Options: *o.Rightsizing}
+		if o.Rightsizing.Clock == nil {
+			rs.Clock = o.Clock
+		}
+		if err := rs.SetupWithManager(mgr); err != nil {
+			return fmt.Errorf("setting up the right-sizing: %w", err)
+		}
 	}
 	return nil
 }

@@ -30,7 +30,7 @@ func main() {
 	flag.StringVar(&c.root, "root", ".", "the repository root")
 	flag.StringVar(&c.api, "api", "api/v1alpha1", "the API package")
 	flag.StringVar(&c.group, "group", "gpusharing.io/v1alpha1", "the API group and version")
-	flag.StringVar(&kinds, "kinds", "GPUSharingPolicy,GPUNode", "the kinds, in the order the reference lists them")
+	flag.StringVar(&kinds, "kinds", "GPUSharingPolicy,GPUNode,GPUShareRecommendation", "the kinds, in the order the reference lists them")
 	flag.StringVar(&roots, "reason-roots", "api,agent,controllers", "directories whose exported Reason constants are reasons")
 	flag.StringVar(&c.out, "out", "docs/reference", "where the reference is written")
 	flag.StringVar(&c.shimSrc, "shim-src", "shim/src", "the shim's C sources, whose getenv calls are its configuration")

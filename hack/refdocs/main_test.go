@@ -12,7 +12,7 @@ func repo() config {
 	return config{
 		root: "../..", api: "api/v1alpha1", group: "gpusharing.io/v1alpha1", out: "docs/reference",
 		shimSrc: "shim/src", shimDoc: "docs/shim.md", docs: "docs/*.md",
-		kinds: []string{"GPUSharingPolicy", "GPUNode"}, reasonRoots: []string{"api", "agent", "controllers"},
+		kinds: []string{"GPUSharingPolicy", "GPUNode", "GPUShareRecommendation"}, reasonRoots: []string{"api", "agent", "controllers"},
 	}
 }
 

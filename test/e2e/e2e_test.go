@@ -19,6 +19,7 @@ func TestE2E(t *testing.T) {
 		{"DeviceNodesShared", testDeviceNodesShared},
 		{"Pods", testPods},
 		{"Usage", testUsage},
+		{"Rightsizing", testRightsizing},
 		{"DRA", testDRA},
 		{"DynamicMIG", testDynamicMIG},
 		{"MultiGPU", testMultiGPU},

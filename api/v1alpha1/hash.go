@@ -84,8 +84,8 @@ var sharingHashLaterDefaults = map[string]string{
 	"qos.opportunisticThreadPercentage": "",
 	"mig.dynamic":                       "",
 	// Omitted means Report: both hash alike.
-	"unmanagedProcesses": `"Report"`,
-	"mig.dynamic.profiles":              "",
+	"unmanagedProcesses":   `"Report"`,
+	"mig.dynamic.profiles": "",
 }
 
 // canonicalJSON writes v as encoding/json would, except that fields outside sharingHashV1Fields are

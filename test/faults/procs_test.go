@@ -135,7 +135,9 @@ func agentArgs(bin, node, hostRoot, state string, extra ...string) []string {
 	return append([]string{bin, "--node-name=" + node, "--host-root=" + hostRoot,
 		"--simulate-gpus=H100:1", "--simulate-gpus-state=" + state,
 		"--metrics-bind-address=0", "--health-probe-bind-address=127.0.0.1:0", "--health-checks=false",
-		"--resync=1s", "-v=2"}, extra...)
+		"--resync=1s", "-v=2",
+		// The simulated GPUs have no device nodes on this machine: shares carry the environment only.
+		"--device-nodes=false"}, extra...)
 }
 
 // appliedAsDesired says whether the agent reports every listed GPU running its desired sharing for the

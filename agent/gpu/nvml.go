@@ -11,16 +11,26 @@ import (
 
 // NVML implements Interface over an initialized go-nvml library (the real one, or a mock server).
 type NVML struct {
-	lib    nvml.Interface
-	devlib device.Interface
+	lib     nvml.Interface
+	devlib  device.Interface
+	missing []string
 }
 
 var _ Interface = (*NVML)(nil)
 
-// NewNVML wraps an NVML library on which Init has already succeeded.
+// NewNVML wraps an NVML library on which Init has already succeeded. Functions the library lacks (an
+// older driver) are never called: they answer ERROR_FUNCTION_NOT_FOUND (symbols.go).
 func NewNVML(lib nvml.Interface) *NVML {
-	return &NVML{lib: lib, devlib: device.New(lib, device.WithVerifySymbols(false))}
+	missing, names := missingSymbols(lib)
+	if len(missing) > 0 {
+		lib = guardedLib{Interface: lib, missing: missing}
+	}
+	return &NVML{lib: lib, devlib: device.New(lib, device.WithVerifySymbols(false)), missing: names}
 }
+
+// MissingFunctions names the NVML functions the agent uses that the loaded library lacks; what needs
+// them is reported as unreadable or unsupported rather than called.
+func (n *NVML) MissingFunctions() []string { return n.missing }
 
 // Inventory implements Interface.
 func (n *NVML) Inventory(ctx context.Context) (Inventory, error) {

@@ -36,7 +36,8 @@ func IsNVMLError(err error) bool {
 	return errors.As(err, &e)
 }
 
-// notSupported reports whether err is NVML saying the GPU lacks the feature (rather than failing).
+// notSupported reports whether err is NVML saying the GPU lacks the feature (rather than failing), or
+// the driver's library lacking the function for it.
 func notSupported(err error) bool {
-	return errors.Is(err, nvml.ERROR_NOT_SUPPORTED)
+	return errors.Is(err, nvml.ERROR_NOT_SUPPORTED) || errors.Is(err, nvml.ERROR_FUNCTION_NOT_FOUND)
 }

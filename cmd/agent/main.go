@@ -153,6 +153,10 @@ func run(ctx context.Context, o options) error {
 		nvmlGPUs, shutdown := openGPUs(o.nvmlLib)
 		defer shutdown()
 		gpus = nvmlGPUs
+		if n, ok := nvmlGPUs.(*gpu.NVML); ok && len(n.MissingFunctions()) > 0 {
+			log.Info("The driver's NVML library lacks functions the agent uses; what needs them is reported as unsupported",
+				"functions", n.MissingFunctions())
+		}
 	}
 	if _, isNull := gpus.(gpu.Null); isNull {
 		log.Info("NVML is not available; publishing Ready=False NVMLUnavailable", "cause", gpus.(gpu.Null).Cause.Error())

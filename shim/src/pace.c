@@ -70,9 +70,9 @@ enum { SLOT_RESERVED = 1, SLOT_RECORDED, SLOT_VOID };
 struct slot {
     uint64_t key;
     CUstream stream; /* where its event was recorded */
+    uint32_t weight; /* its estimated run time, ns (in the count bound's unit: its share of a whole launch) */
     uint8_t state;
-    uint8_t weight;  /* sixteenths of a launch */
-    uint8_t chained; /* the previous launch was outstanding when this one was made */
+    uint8_t chained; /* timed: the previous launch was outstanding when this one was made */
 };
 
 struct ring {
@@ -80,7 +80,7 @@ struct ring {
     CUdevice dev;  /* -1: unknown (forgotten with any device) */
     uint32_t gen;  /* bumped when the ring is dropped: a ticket of an older generation records nothing */
     int head, count; /* the oldest slot in use; slots in use (reserved by a launch, or recorded) */
-    uint32_t load;   /* the weights of the slots in use */
+    uint64_t load;   /* the weights of the slots in use, ns */
     int done;        /* the slot retired last when its event completed, else -1: the next one's start */
     CUevent ev[RING];
     struct slot s[RING];
@@ -94,6 +94,9 @@ enum { PACE_ON, PACE_BACKOFF, PACE_OFF };
 _Atomic uint32_t gs_pace_max[GS_DEV_SLOTS];
 atomic_int gs_pace_busy;
 static _Atomic uint32_t sched_max[GS_DEV_SLOTS]; /* what each GPU's scheduler said last on its connection */
+static _Atomic uint32_t sched_time_us[GS_DEV_SLOTS]; /* ... in GPU time (PACE_TIME) */
+static _Atomic uint64_t time_ns[GS_DEV_SLOTS];       /* the bound in GPU time in force; 0: the count bound */
+static _Atomic uint32_t count_max[GS_DEV_SLOTS];     /* the count bound in force beside it (0: none) */
 static atomic_int pace_off;        /* PACE_BACKOFF after a driver error or a stall, until rearm_ns; PACE_OFF for good */
 static _Atomic uint64_t rearm_ns;
 static uint32_t backoff_ms; /* the next back-off (0: BACKOFF_MIN_MS); under mu */
@@ -102,8 +105,9 @@ static uint64_t turned_off; /* back-offs so far; under mu */
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static struct ring rings[MAX_RINGS];
 static struct {
-    uint64_t key; /* 0: none */
-    uint32_t ns;  /* a running estimate of its run time */
+    uint64_t key;     /* 0: none */
+    uint32_t ns;      /* a running estimate of its run time */
+    uint32_t samples; /* times timed */
 } kinds[KINDS];
 static uint64_t paced, waited, wait_ns, ever, timed; /* under mu */
 
@@ -117,9 +121,15 @@ static void apply(void)
     for (int d = 0; d < GS_DEV_SLOTS; d++) {
         /* pace_override is the value in force (config.c: the scheduler may not allow it). */
         uint32_t m = gs_cfg.pace_override >= 0 ? (uint32_t)gs_cfg.pace_override : atomic_load(&sched_max[d]);
+        int64_t to = gs_cfg.pace_time_override_us;
+        uint64_t t = to >= 0 ? (uint64_t)to : atomic_load(&sched_time_us[d]);
+        if (gs_cfg.pace_override == 0 && to < 0)
+            t = 0; /* GPUSHARE_PACE_OVERRIDE=0: no bound at all */
         if (atomic_load(&pace_off) == PACE_OFF)
-            m = 0; /* during a back-off the bound stays stored, so that launches come here and re-arm it */
-        atomic_store(&gs_pace_max[d], m);
+            m = 0, t = 0; /* during a back-off the bound stays stored, so that launches come here and re-arm it */
+        atomic_store(&time_ns[d], t * 1000ull);
+        atomic_store(&count_max[d], m);
+        atomic_store(&gs_pace_max[d], m != 0 ? m : t != 0 ? 1u : 0u); /* the hooks' flag: a bound of either kind */
     }
     pthread_mutex_unlock(&apply_mu);
 }
@@ -145,6 +155,9 @@ void gs_pace_state(uint32_t *max_queued, uint32_t *state)
 
 void gs_pace_init(void)
 {
+    if (gs_cfg.pace_time_override_us > 0)
+        gs_log(GS_LOG_INFO, "launch pacing: GPUSHARE_PACE_TIME_OVERRIDE_US=%lld us of GPU time outstanding at most",
+               (long long)gs_cfg.pace_time_override_us);
     if (gs_cfg.pace_override > 0)
         gs_log(GS_LOG_INFO, "launch pacing: GPUSHARE_PACE_OVERRIDE=%lld launches outstanding at most",
                (long long)gs_cfg.pace_override);
@@ -167,6 +180,23 @@ void gs_pace_set(uint32_t max_queued, int from_scheduler)
                max_queued);
     else
         gs_log(GS_LOG_INFO, "launch pacing%s%s: unbounded (the GPU scheduler's bound)", on, gpu);
+}
+
+void gs_pace_set_time(uint32_t queue_us, int from_scheduler)
+{
+    uint32_t old = atomic_exchange(&sched_time_us[gs_dev_cur], queue_us);
+    apply();
+    if (!from_scheduler || old == queue_us)
+        return;
+    const char *on = gs_multi ? " on " : "", *gpu = gs_multi ? gs_devs[gs_dev_cur].uuid : "";
+    if (gs_cfg.pace_time_override_us >= 0)
+        gs_log(GS_LOG_DEBUG, "the GPU scheduler asks for a launch bound of %u us of GPU time%s%s; "
+               "GPUSHARE_PACE_TIME_OVERRIDE_US=%lld holds", queue_us, on, gpu, (long long)gs_cfg.pace_time_override_us);
+    else if (queue_us != 0)
+        gs_log(GS_LOG_INFO, "launch pacing%s%s: at most %u us of GPU time outstanding (the GPU scheduler's bound)", on,
+               gpu, queue_us);
+    else
+        gs_log(GS_LOG_DEBUG, "launch pacing%s%s: no bound in GPU time (the count bound holds)", on, gpu);
 }
 
 /* Off, with one warning the first time: for a back-off, or for good (r: the driver's error, or
@@ -257,15 +287,42 @@ static uint32_t kind_index(uint64_t key)
     return (uint32_t)((key * 0x9E3779B97F4A7C15ull) >> 52) % KINDS;
 }
 
-/* A launch's weight, in sixteenths: its kind's estimate against GPUSHARE_PACE_FULL_US. mu held. */
-static uint8_t weight_locked(uint64_t key)
+/* A whole launch of the count bound, ns: GPUSHARE_PACE_FULL_US (100 us when that is 0: every launch whole). */
+static uint64_t unit_ns(void)
 {
     uint64_t full = (uint64_t)gs_cfg.pace_full_us * 1000ull;
-    uint32_t i = kind_index(key);
-    if (full == 0 || kinds[i].key != key)
-        return WHOLE;
+    return full != 0 ? full : 100000ull;
+}
+
+/* A launch's weight, ns. In GPU time (tb, the bound, not 0): its kind's estimate; while it has none, the
+ * bound's share of one launch of the count bound beside it (so that launches not timed yet keep to that
+ * count), or a whole unit without one.
+ * Counted: its kind's estimate against GPUSHARE_PACE_FULL_US in sixteenths of a whole (at least one, at
+ * most the whole), the whole while it has none or GPUSHARE_PACE_FULL_US is 0. mu held. */
+static uint32_t weight_locked(uint64_t key, uint64_t tb)
+{
+    uint64_t full = (uint64_t)gs_cfg.pace_full_us * 1000ull, unit = unit_ns();
+    uint32_t i = kind_index(key), m = atomic_load(&count_max[gs_dev_cur]);
+    if (kinds[i].key != key && tb != 0 && m != 0)
+        return (uint32_t)(tb / m < UINT32_MAX ? tb / m : UINT32_MAX);
+    if (kinds[i].key != key)
+        return (uint32_t)unit;
+    if (tb != 0)
+        return kinds[i].ns > 0 ? kinds[i].ns : 1;
+    if (full == 0)
+        return (uint32_t)unit;
     uint64_t w = ((uint64_t)kinds[i].ns * WHOLE + full - 1) / full;
-    return w < 1 ? 1 : w > WHOLE ? WHOLE : (uint8_t)w;
+    w = w < 1 ? 1 : w > WHOLE ? WHOLE : w;
+    return (uint32_t)(w * full / WHOLE);
+}
+
+/* Whether this launch is timed: its kind has fewer than 4 estimates, and every 64th launch refreshes one.
+ * A timed launch retires what completed before it is made, so that "the previous launch was outstanding"
+ * is known; the others retire only when the bound is reached. mu held. */
+static int sampled_locked(uint64_t key)
+{
+    uint32_t i = kind_index(key);
+    return kinds[i].key != key || kinds[i].samples < 4 || (paced & 63) == 0;
 }
 
 /* Slot n completed after slot g->done: when it queued behind that one, the time between their events
@@ -288,7 +345,9 @@ static void time_locked(struct ring *g, int n)
             timed++;
         kinds[i].key = g->s[n].key;
         kinds[i].ns = (uint32_t)ns;
+        kinds[i].samples = 1;
     } else {
+        kinds[i].samples++;
         int64_t d = (int64_t)ns - (int64_t)kinds[i].ns;
         kinds[i].ns = (uint32_t)((int64_t)kinds[i].ns + d / 4); /* a running mean over the last few */
     }
@@ -344,7 +403,7 @@ static void pause_wait(int round)
 
 /* Takes the next slot of g for a launch of this key and weight, its event made on first use; 0 when
  * that fails (pacing is then off). mu held, no capture running. */
-static int reserve_locked(struct ring *g, int idx, uint64_t key, uint8_t w, struct gs_pace_ticket *t)
+static int reserve_locked(struct ring *g, int idx, uint64_t key, uint32_t w, int sampled, struct gs_pace_ticket *t)
 {
     int s = (g->head + g->count) % RING;
     if (g->ev[s] == NULL) {
@@ -358,7 +417,7 @@ static int reserve_locked(struct ring *g, int idx, uint64_t key, uint8_t w, stru
             return 0;
         }
     }
-    g->s[s] = (struct slot){.key = key, .state = SLOT_RESERVED, .weight = w, .chained = g->count > 0};
+    g->s[s] = (struct slot){.key = key, .state = SLOT_RESERVED, .weight = w, .chained = sampled && g->count > 0};
     g->count++;
     g->load += w;
     t->ring = idx;
@@ -404,8 +463,10 @@ int gs_pace_before(struct gs_pace_ticket *t, uint64_t key, CUstream s)
     pthread_mutex_lock(&mu);
     for (int round = 0;; round++) {
         uint32_t max = atomic_load(&gs_pace_max[gs_dev_cur]);
+        uint64_t tb = atomic_load(&time_ns[gs_dev_cur]);
         if (max == 0 || gs_capturing())
             break;
+        uint64_t bound = tb != 0 ? tb : (uint64_t)max * unit_ns();
         struct ring *g;
         if (idx < 0) {
             g = ring_for(ctx);
@@ -418,14 +479,21 @@ int gs_pace_before(struct gs_pace_ticket *t, uint64_t key, CUstream s)
             if (g->gen != gen)
                 break; /* its context went away while this thread waited */
         }
-        int r = retire_locked(g);
-        if (r < 0)
-            break;
-        if (r > 0)
-            stuck = 0;
-        uint8_t w = weight_locked(key); /* after the retirements, which may have timed its kind */
-        if (g->count == 0 || (g->count < MAX_OUTSTANDING && (uint64_t)g->load + w <= (uint64_t)max * WHOLE)) {
-            counted = reserve_locked(g, idx, key, w, t);
+        /* Lazily: the events are queried only for a timed launch and when the bound is reached. */
+        int sampled = sampled_locked(key);
+        uint32_t w = weight_locked(key, tb);
+        int fits = g->count == 0 || (g->count < MAX_OUTSTANDING && g->load + w <= bound);
+        if (sampled || !fits) {
+            int r = retire_locked(g);
+            if (r < 0)
+                break;
+            if (r > 0)
+                stuck = 0;
+            w = weight_locked(key, tb); /* after the retirements, which may have timed its kind */
+            fits = g->count == 0 || (g->count < MAX_OUTSTANDING && g->load + w <= bound);
+        }
+        if (fits) {
+            counted = reserve_locked(g, idx, key, w, sampled, t);
             break;
         }
         uint64_t now = gs_now_ns();
@@ -540,8 +608,10 @@ void gs_pace_atfork_child(void)
     paced = waited = wait_ns = ever = turned_off = 0; /* the estimates stay: the same kernels run as long in the child */
     backoff_ms = 0;
     atomic_store(&gs_pace_busy, 0); /* the forking thread is not in a launch; no other thread came along */
-    for (int d = 0; d < GS_DEV_SLOTS; d++)
+    for (int d = 0; d < GS_DEV_SLOTS; d++) {
         atomic_store(&sched_max[d], 0);
+        atomic_store(&sched_time_us[d], 0);
+    }
     atomic_store(&pace_off, PACE_ON);
     apply();
 }

@@ -71,7 +71,7 @@
         gs_dev_pick_stream(stream);                                                                \
         struct gs_pace_ticket pt;                                                                  \
         int paced = GS_UNLIKELY(atomic_load_explicit(&gs_pace_max[gs_dev_cur], memory_order_relaxed) != 0) && \
-                    gs_pace_before(&pt, (key), gs_multi ? (stream) : NULL);                        \
+                    gs_pace_before(&pt, (key), (stream));                                         \
         int gd = gs_gate_enter(GS_ID_##name);                                                      \
         CUresult r = real args;                                                                    \
         if (GS_UNLIKELY(paced))                                                                    \

@@ -4,7 +4,11 @@
  * for a production one, the process stops launching at once, but what it already queued keeps running
  * beside production's kernels; the bound keeps that backlog short.
  *
- * The bound B is in launches, each weighed by how long it runs: a launch that runs at least
+ * In GPU time (PACE_TIME, protocol 7) the bound B is nanoseconds of estimated run time: each launch weighs
+ * its kind's estimate (one whose kind has none the bound divided by the count bound beside it, or
+ * GPUSHARE_PACE_FULL_US without one), and a launch longer than B is let in only on an empty queue, so
+ * what a preemption leaves queued is at most B plus the launch running then. In launches (PACE alone)
+ * the bound B is in launches, each weighed by how long it runs: a launch that runs at least
  * GPUSHARE_PACE_FULL_US (100 us) counts as one, a shorter one as its fraction of that (in sixteenths,
  * never less than one), and a launch not timed yet as one. A training step mixes millisecond
  * convolutions with kernels of a few microseconds, each of which costs the CPU about as long to launch
@@ -15,11 +19,15 @@
  * or more.
  *
  * Each context has a ring of up to MAX_OUTSTANDING (1024) launches in flight, one event each (made on
- * first use), recorded on the launch's stream right after it. Before a launch its thread retires the
- * launches that completed (querying their events in order) and waits while the weights outstanding and
- * this launch's exceed B. A launch's run time is the time between its event's and the previous one's
- * (cuEventElapsedTime) when the previous launch, on the same stream, was still outstanding as this
- * one was made, so that it started as that one ended; its kind (the kernel and its grid's size, or the
+ * first use). Not every launch records its event: consecutive launches on one stream form a run that
+ * the event of its last launch ends (RUN_MAX launches, or a quarter of B's weight; a launch on another
+ * stream, on the per-thread stream, or one to be timed ends it), and a launch that finds the bound
+ * reached ends the open run itself; a launch whose event completed completes the run before it. The
+ * events are queried lazily: a launch retires what completed (in order) only when it is to be timed or
+ * the weights outstanding and its own exceed B, and then waits while they still do. A launch's run time is the time between its event's and the previous one's
+ * (cuEventElapsedTime), for a launch to be timed (its kind's first four, and every 64th launch: its
+ * run ends right before it and its own event right after it), when the previous launch, on the same
+ * stream, was still outstanding as this one was made, so that it started as that one ended; its kind (the kernel and its grid's size, or the
  * graph; gs_launch_key) keeps a running estimate. The bound is exact for the launches of one thread on
  * one stream per context (a PyTorch training step); launches on other streams are counted in order of
  * their making and may complete out of it, and several threads launching at once may each be one
@@ -65,7 +73,11 @@
 #define KINDS 4096                            /* run-time estimates, by gs_launch_key: a direct-mapped table */
 #define REAL(name) ((gs_fn_##name)gs_real(GS_ID_##name))
 
-enum { SLOT_RESERVED = 1, SLOT_RECORDED, SLOT_VOID };
+/* RESERVED: its launch is being made; RECORDED: its event follows it; SKIPPED: made without an event of its
+ * own, complete once a later RECORDED slot of its run (the same stream) is; VOID: never recorded (a launch
+ * that failed, a capture), retired as complete. */
+enum { SLOT_RESERVED = 1, SLOT_RECORDED, SLOT_VOID, SLOT_SKIPPED };
+#define RUN_MAX 16 /* launches at most in a run that one event marks the end of */
 
 struct slot {
     uint64_t key;
@@ -73,6 +85,8 @@ struct slot {
     uint32_t weight; /* its estimated run time, ns (in the count bound's unit: its share of a whole launch) */
     uint8_t state;
     uint8_t chained; /* timed: the previous launch was outstanding when this one was made */
+    uint8_t sampled; /* to be timed: its event is recorded right after it */
+    uint8_t record;  /* its event is recorded after it (a launch on another stream came after it) */
 };
 
 struct ring {
@@ -82,6 +96,9 @@ struct ring {
     int head, count; /* the oldest slot in use; slots in use (reserved by a launch, or recorded) */
     uint64_t load;   /* the weights of the slots in use, ns */
     int done;        /* the slot retired last when its event completed, else -1: the next one's start */
+    uint64_t run_w;  /* the weights of the SKIPPED slots at the end of the ring, and their count */
+    int run_n;
+    uint64_t run_cap; /* a run's weight at most before its event is recorded: a quarter of the bound */
     CUevent ev[RING];
     struct slot s[RING];
 };
@@ -353,15 +370,82 @@ static void time_locked(struct ring *g, int n)
     }
 }
 
-/* Retires the slots whose launches completed, oldest first. The number retired, or -1: stop pacing this
- * launch (a capture began, or an error turned pacing off). mu held. */
-static int retire_locked(struct ring *g)
+/* Records slot s's event now, on its stream, after the launches made so far there (it is SKIPPED: its
+ * launch was made). 0 when that failed (pacing is then off, or a capture runs: the slot is VOID). mu held. */
+static int record_locked(struct ring *g, int s)
+{
+    if (!gs_unsafe_begin()) {
+        g->s[s].state = SLOT_VOID;
+        return 0;
+    }
+    CUresult r = REAL(cuEventRecord)(g->ev[s], g->s[s].stream);
+    gs_unsafe_end();
+    if (r != CUDA_SUCCESS) {
+        g->s[s].state = SLOT_VOID;
+        turn_off_locked("cuEventRecord failed", r, 0);
+        return 0;
+    }
+    g->s[s].state = SLOT_RECORDED;
+    if (s == (g->head + g->count - 1) % RING)
+        g->run_w = 0, g->run_n = 0;
+    return 1;
+}
+
+static void pop_locked(struct ring *g)
+{
+    int s = g->head;
+    g->load -= g->s[s].weight;
+    g->s[s].state = 0;
+    g->head = (g->head + 1) % RING;
+    g->count--;
+}
+
+/* Retires the slots whose launches completed, oldest first; a run of SKIPPED slots with the RECORDED slot
+ * that ends it (with close, a run still open at the end of the ring is ended now: the bound is reached).
+ * The number retired, or -1: stop pacing this launch (a capture began, or an error turned pacing off).
+ * mu held. */
+static int retire_locked(struct ring *g, int close)
 {
     int n = 0;
     while (g->count > 0) {
         int s = g->head;
         if (g->s[s].state == SLOT_RESERVED)
             break; /* its launch is still being made on another thread, which records it next */
+        if (g->s[s].state == SLOT_SKIPPED) {
+            int k = 0, j = s;
+            while (k < g->count && g->s[j].state == SLOT_SKIPPED)
+                j = (s + ++k) % RING;
+            if (k == g->count) {
+                j = (s + k - 1) % RING; /* the run is open at the end of the ring */
+                if (!close)
+                    break;
+                if (!record_locked(g, j) && atomic_load(&pace_off) != PACE_ON)
+                    return -1;
+            }
+            if (g->s[j].state == SLOT_RESERVED)
+                break;
+            if (g->s[j].state == SLOT_RECORDED) {
+                if (!gs_unsafe_begin())
+                    return -1;
+                CUresult r = REAL(cuEventQuery)(g->ev[j]);
+                gs_unsafe_end();
+                if (r == CUDA_ERROR_NOT_READY)
+                    break;
+                if (r != CUDA_SUCCESS) {
+                    turn_off_locked("cuEventQuery failed", r, 0);
+                    return -1;
+                }
+            }
+            /* Complete (or VOID: unknown, taken as complete), and so is the run before it. */
+            while (g->head != j) {
+                pop_locked(g);
+                n++;
+            }
+            g->done = g->s[j].state == SLOT_RECORDED ? j : -1;
+            pop_locked(g);
+            n++;
+            continue;
+        }
         if (g->s[s].state == SLOT_RECORDED) {
             if (!gs_unsafe_begin())
                 return -1;
@@ -379,10 +463,7 @@ static int retire_locked(struct ring *g)
         } else {
             g->done = -1; /* never recorded: the next launch's start is unknown */
         }
-        g->load -= g->s[s].weight;
-        g->s[s].state = 0;
-        g->head = (g->head + 1) % RING;
-        g->count--;
+        pop_locked(g);
         n++;
     }
     return n;
@@ -403,8 +484,23 @@ static void pause_wait(int round)
 
 /* Takes the next slot of g for a launch of this key and weight, its event made on first use; 0 when
  * that fails (pacing is then off). mu held, no capture running. */
-static int reserve_locked(struct ring *g, int idx, uint64_t key, uint32_t w, int sampled, struct gs_pace_ticket *t)
+static int reserve_locked(struct ring *g, int idx, uint64_t key, uint32_t w, int sampled, CUstream st,
+                          struct gs_pace_ticket *t)
 {
+    if (g->count > 0) {
+        /* A run ends with an event where the stream changes, and right before a launch to be timed (the
+         * time from that event to its own is its run time). */
+        int tail = (g->head + g->count - 1) % RING;
+        int other = g->s[tail].stream != st;
+        if (g->s[tail].state == SLOT_SKIPPED && (other || sampled)) {
+            if (!record_locked(g, tail) && atomic_load(&pace_off) != PACE_ON)
+                return 0;
+            if (sampled && retire_locked(g, 0) < 0)
+                return 0; /* whether this launch queues behind it, asked again */
+        } else if (g->s[tail].state == SLOT_RESERVED) {
+            g->s[tail].record = 1; /* made on another thread: its stream is not known yet */
+        }
+    }
     int s = (g->head + g->count) % RING;
     if (g->ev[s] == NULL) {
         if (!gs_unsafe_begin())
@@ -417,7 +513,9 @@ static int reserve_locked(struct ring *g, int idx, uint64_t key, uint32_t w, int
             return 0;
         }
     }
-    g->s[s] = (struct slot){.key = key, .state = SLOT_RESERVED, .weight = w, .chained = sampled && g->count > 0};
+    int prev = (s + RING - 1) % RING;
+    g->s[s] = (struct slot){.key = key, .state = SLOT_RESERVED, .weight = w, .sampled = (uint8_t)sampled,
+                            .chained = sampled && g->count > 0 && g->s[prev].state == SLOT_RECORDED};
     g->count++;
     g->load += w;
     t->ring = idx;
@@ -484,7 +582,7 @@ int gs_pace_before(struct gs_pace_ticket *t, uint64_t key, CUstream s)
         uint32_t w = weight_locked(key, tb);
         int fits = g->count == 0 || (g->count < MAX_OUTSTANDING && g->load + w <= bound);
         if (sampled || !fits) {
-            int r = retire_locked(g);
+            int r = retire_locked(g, !fits);
             if (r < 0)
                 break;
             if (r > 0)
@@ -493,7 +591,8 @@ int gs_pace_before(struct gs_pace_ticket *t, uint64_t key, CUstream s)
             fits = g->count == 0 || (g->count < MAX_OUTSTANDING && g->load + w <= bound);
         }
         if (fits) {
-            counted = reserve_locked(g, idx, key, w, sampled, t);
+            g->run_cap = bound / 4;
+            counted = reserve_locked(g, idx, key, w, sampled, s, t);
             break;
         }
         uint64_t now = gs_now_ns();
@@ -502,9 +601,12 @@ int gs_pace_before(struct gs_pace_ticket *t, uint64_t key, CUstream s)
         if (stuck == 0) {
             stuck = now;
         } else if (now - stuck >= (uint64_t)gs_cfg.pace_wait_max_ms * 1000000ull) {
-            if (g->s[g->head].state == SLOT_RESERVED) {
+            int k = 0, j = g->head;
+            while (k < g->count && g->s[j].state == SLOT_SKIPPED)
+                j = (g->head + ++k) % RING;
+            if (k < g->count && g->s[j].state == SLOT_RESERVED) {
                 /* The thread that reserved it never came back to record: forget that record. */
-                g->s[g->head].state = SLOT_VOID;
+                g->s[j].state = SLOT_VOID;
                 stuck = 0;
                 continue;
             }
@@ -547,19 +649,25 @@ void gs_pace_after(const struct gs_pace_ticket *t, CUstream s, CUresult launched
         return;
     pthread_mutex_lock(&mu);
     struct ring *g = &rings[t->ring];
-    if (g->gen == t->gen && g->s[t->slot].state == SLOT_RESERVED) {
-        int ok = 0;
-        /* A launch that failed queued nothing; a capture that began meanwhile would take the record. */
-        if (launched == CUDA_SUCCESS && !atomic_load(&pace_off) && gs_unsafe_begin()) {
-            CUresult r = REAL(cuEventRecord)(g->ev[t->slot], s);
-            gs_unsafe_end();
-            if (r == CUDA_SUCCESS)
-                ok = 1;
-            else
-                turn_off_locked("cuEventRecord failed", r, 0);
+    struct slot *z = &g->s[t->slot];
+    if (g->gen == t->gen && z->state == SLOT_RESERVED) {
+        z->stream = s;
+        /* A launch that failed queued nothing; a capture that began meanwhile would take the record.
+         * Others join the run of launches one event ends: a quarter of the bound's weight, RUN_MAX
+         * launches, a launch on another stream after it, a launch to be timed, or the per-thread stream
+         * (only this thread can record there) end it. */
+        int tail = t->slot == (g->head + g->count - 1) % RING;
+        if (launched != CUDA_SUCCESS || atomic_load(&pace_off)) {
+            z->state = SLOT_VOID;
+        } else if (z->sampled || z->record || !tail || s == CU_STREAM_PER_THREAD || g->run_n + 1 >= RUN_MAX ||
+                   g->run_w + z->weight >= g->run_cap) {
+            z->state = SLOT_SKIPPED;
+            record_locked(g, t->slot);
+        } else {
+            z->state = SLOT_SKIPPED;
+            g->run_w += z->weight;
+            g->run_n++;
         }
-        g->s[t->slot].stream = s;
-        g->s[t->slot].state = ok ? SLOT_RECORDED : SLOT_VOID;
     }
     pthread_mutex_unlock(&mu);
 }

@@ -70,17 +70,18 @@ static void maybe_release_locked(void)
     }
     int idle = (uint32_t)w == 0 && now - G->st.last_act_ns >= (uint64_t)gate_idle_us_locked() * 1000ull;
     int expired = G->st.contended && now - G->st.grant_ns >= (uint64_t)G->st.quantum_ms * 1000000ull;
-    /* Release on completion: no call for the floor, and everything launched before has completed. */
-    int settled = !idle && !expired && G->st.settle_us != 0 && (uint32_t)w == 0 &&
-                  now - G->st.last_act_ns >= (uint64_t)G->st.settle_us * 1000ull && act == G->st.last_act &&
-                  !gs_capturing() && settled_locked(act);
+    /* Release on completion: no call for the floor, and everything launched before has completed (asked
+     * past the idle window too, so that the release says which held). */
+    int settled = !expired && G->st.settle_us != 0 && (uint32_t)w == 0 &&
+                  now - G->st.last_act_ns >= (uint64_t)G->st.settle_us * 1000ull && !gs_capturing() &&
+                  settled_locked(act);
     if (!idle && !expired && !settled)
         return;
     if (gs_capture_active())
         return; /* never synchronize a capturing stream; the scheduler may revoke us */
     if (settled)
         G->st.settles++;
-    gate_release_locked(idle ? "idle" : settled ? "work completed" : "quantum used, others waiting");
+    gate_release_locked(settled ? "work completed" : idle ? "idle" : "quantum used, others waiting");
 }
 
 /* After a GRANT with oversubscription: swap in, then open the gate (mu held, dropped meanwhile). */

@@ -341,8 +341,10 @@ func (s *Scheduler) Listen(ctx context.Context) error {
 			defer s.wg.Done()
 			s.acceptLoop(ln, q)
 		}()
+		st := q.gpuState()
 		log.Info("Serving GPU lock", "gpu", g.UUID, "socket", g.SocketPath, "quantum", g.Quantum, "grace", g.Grace,
-			"budget", g.Budget, "mode", g.Mode)
+			"budget", g.Budget, "mode", g.Mode, "opportunisticQueue", st.OpportunisticQueue,
+			"opportunisticQueueTime", st.OpportunisticQueueTime, "settleFloor", st.SettleFloor)
 	}
 	return nil
 }

@@ -33,9 +33,9 @@
 #               time, GPUSHARE_PACE_TIME_OVERRIDE_US, with PACE launches for kinds not timed yet): what the
 #               bound itself costs the trainer; gs-solo-count: the bound in PACE launches alone, each weighed
 #               by its run time up to GPUSHARE_PACE_FULL_US (gs-solo-fN: N us, gs-solo-f0: each counts as one)
-# Production serves ResNet-50 and BERT-base (batch 8, fp16, CUDA graphs) and resnet50-eager (the same
-# ResNet-50 as plain eager PyTorch: launch-bound production) as MODELS says.
-# Production serves ResNet-50 and BERT-base (batch 8, fp16) to Poisson arrivals at 30% and 70% load (load =
+# Production serves ResNet-50 and BERT-base (batch 8, fp16, CUDA graphs), and with MODELS naming it
+# resnet50-eager (the same ResNet-50 as plain eager PyTorch: launch-bound production, at EAGER_LOADS), to
+# Poisson arrivals at 30% and 70% load (load =
 # rate x solo service time, CPU side included), REPS times each; per configuration it prints p50/p99
 # against alone (median of the repetitions, with min-max), the trainers' throughput against solo and
 # against the idle share production leaves (1 - its GPU-busy fraction alone, from CUDA events around each
@@ -178,7 +178,7 @@ stop_sched() {
 	kill -INT "$SCHED_PID"
 	wait "$SCHED_PID"
 	SCHED_PID=""
-	grep -E "^client |^gpu |preempt" "$T/scheduler-$1.log" | head -20 | sed 's/^/  scheduler: /'
+	grep -E "Serving GPU lock|^client |^gpu |preempt" "$T/scheduler-$1.log" | head -20 | sed "s/^/  scheduler: /"
 }
 
 SERVE_MODELS=$(tr ' ' , <<<"$MODELS")
@@ -211,7 +211,7 @@ for c in $CONFIGS; do
 		run_config gs-shim-window 1 "$PROD" "$SHIM"
 		stop_sched $((60 << 30)) ;;
 	gs-shim | gs-shim-[pifqs]* | gs-mps-shim | gs-mps-shim-[pifqst]*)
-		keep="$PACE $IDLE_US $QUEUE_US $SETTLE_US"
+		keep="$PACE $QUEUE_US $SETTLE_US $IDLE_US" # IDLE_US last: it may be empty
 		full="" threads="" senv="" tenv=""
 		for part in $(tr - ' ' <<<"${c#gs-*shim}"); do
 			case $part in
@@ -228,7 +228,7 @@ for c in $CONFIGS; do
 		run_config "$c" 1 "$senv$PROD" "$tenv$SHIM$full"
 		stop_sched $((60 << 30))
 		[[ $c == gs-mps-shim* ]] && stop_mps
-		read -r PACE IDLE_US QUEUE_US SETTLE_US <<<"$keep" ;;
+		read -r PACE QUEUE_US SETTLE_US IDLE_US <<<"$keep" ;;
 	gs-shim-base)
 		# gs-shim with another build of the shim (BASE_SHIM: its libgpushare.so), beside gs-shim in the same
 		# run: what a change to the shim costs, against the same scheduler, models and baselines.

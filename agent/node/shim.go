@@ -87,6 +87,14 @@ func (s *ShimSchedulers) SchedulerConfig(dev gpu.Device, o v1alpha1.Oversubscrip
 			// Unset stays 0: WithDefaults gives it the scheduler's default, the one the API documents.
 			cfg.OpportunisticQueue = uint32(*qos.OpportunisticQueue)
 		}
+		if t := qos.OpportunisticQueueTime; t != nil {
+			// Unset stays 0 (the scheduler's default); 0s is the bound in launches alone, which the
+			// scheduler's configuration says with a negative value.
+			cfg.OpportunisticQueueTime = t.Duration
+			if t.Duration <= 0 {
+				cfg.OpportunisticQueueTime = -1
+			}
+		}
 	}
 	if o.TimeQuantum != nil && o.TimeQuantum.Duration > 0 {
 		cfg.Quantum = o.TimeQuantum.Duration
@@ -287,7 +295,8 @@ func (s *ShimSchedulers) notify() {
 // sameSettings compares what runs with cfg, which SchedulerConfig has defaulted.
 func sameSettings(st scheduler.GPUState, cfg scheduler.GPUConfig) bool {
 	return st.Quantum == cfg.Quantum && st.Grace == cfg.Grace && st.Budget == cfg.Budget && st.Mode == cfg.Mode &&
-		ptr.Equal(st.ProductionPriority, cfg.ProductionPriority) && st.OpportunisticQueue == cfg.OpportunisticQueue
+		ptr.Equal(st.ProductionPriority, cfg.ProductionPriority) && st.OpportunisticQueue == cfg.OpportunisticQueue &&
+		st.OpportunisticQueueTime == max(cfg.OpportunisticQueueTime, 0) && st.SettleFloor == max(cfg.SettleFloor, 0)
 }
 
 func isSocket(path string) bool {

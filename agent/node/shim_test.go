@@ -400,7 +400,28 @@ func TestSchedulerConfigTakesTheOpportunisticQueueOrTheDefault(t *testing.T) {
 			}
 		})
 	}
-	// The API's documented default (sharing_types.go: "omitted: 3") is this constant.
+	// opportunisticQueueTime: unset is the scheduler's default, 0s the bound in launches alone.
+	for _, tt := range []struct {
+		name string
+		set  *metav1.Duration
+		want time.Duration
+	}{
+		{"queue time unset: the default", nil, scheduler.DefaultOpportunisticQueueTime},
+		{"queue time set: the policy's", &metav1.Duration{Duration: 300 * time.Microsecond}, 300 * time.Microsecond},
+		{"queue time 0s: off", &metav1.Duration{}, -1},
+	} {
+		cfg, err := s.SchedulerConfig(dev, v1alpha1.Oversubscription{}, &v1alpha1.QoS{ProductionPriority: 1000, OpportunisticQueueTime: tt.set})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.OpportunisticQueueTime != tt.want {
+			t.Errorf("%s: queue time %v, want %v", tt.name, cfg.OpportunisticQueueTime, tt.want)
+		}
+	}
+	// The API's documented defaults (sharing_types.go: "omitted: 3", "omitted: 500us") are these constants.
+	if scheduler.DefaultOpportunisticQueueTime != 500*time.Microsecond {
+		t.Errorf("scheduler.DefaultOpportunisticQueueTime = %v, the API documents 500us", scheduler.DefaultOpportunisticQueueTime)
+	}
 	if scheduler.DefaultOpportunisticQueue != 3 {
 		t.Errorf("scheduler.DefaultOpportunisticQueue = %d, the API documents 3", scheduler.DefaultOpportunisticQueue)
 	}

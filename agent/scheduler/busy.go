@@ -10,8 +10,8 @@ import (
 // PACE (a bound on an opportunistic client's queue) protects production from the backlog a preempted
 // trainer leaves; IDLE 1 ms (production's short idle window) hands production's gaps to opportunistic
 // work. Each costs the other class something, so each is in force only while the class it serves is
-// busy: PACE while a production client waits, holds or did within RecentActivity; IDLE while an
-// opportunistic client does. An inference replica that is connected but serves nothing does not
+// busy: PACE while a production client waits, holds or did within ProductionRecent; IDLE while an
+// opportunistic client waits, holds or did within RecentActivity. An inference replica that is connected but serves nothing does not
 // slow the trainers, and a connected opportunistic process that has nothing to run does not make
 // production hand the GPU over after every request.
 //
@@ -32,12 +32,29 @@ const RecentActivity = 10 * time.Second
 // nothing to run, and the GPU must not idle for the rest of its quantum.
 const KeptTurnIdle = 50 * time.Millisecond
 
-// busyLocked: c waits for or holds the GPU, or did within RecentActivity of now.
+// ProductionRecent is how long after its last wait or hold a production client still counts as busy
+// for the opportunistic clients' launch bound (PACE, PACE_TIME). With release on completion (SETTLE)
+// production holds only while its work is queued or running, so a replica that served a request
+// within the last second keeps the bound on across its gaps (a request every few milliseconds to a
+// second meets a bounded backlog), and a trainer beside a replica idle for longer runs unbounded, as if
+// alone. Its next request sends the bound before the preemption and meets the unbounded backlog once.
+const ProductionRecent = time.Second
+
+// recent is how long c counts as busy after its last wait or hold: ProductionRecent for a production
+// client, RecentActivity for an opportunistic one.
+func recent(c *client) time.Duration {
+	if c.class == ClassProduction {
+		return ProductionRecent
+	}
+	return RecentActivity
+}
+
+// busyLocked: c waits for or holds the GPU, or did within recent(c) of now.
 func (q *queue) busyLocked(c *client, now time.Time) bool {
 	if c.state == stateWaiting || c.state.granted() {
 		return true
 	}
-	return !c.lastBusy.IsZero() && now.Sub(c.lastBusy) < RecentActivity
+	return !c.lastBusy.IsZero() && now.Sub(c.lastBusy) < recent(c)
 }
 
 // busyClassLocked: a connected client of class p is busy.
@@ -60,7 +77,7 @@ func (q *queue) armTermsLocked() {
 		if c.state == stateWaiting || c.state.granted() || !q.busyLocked(c, now) {
 			continue
 		}
-		if at := c.lastBusy.Add(RecentActivity); next.IsZero() || at.Before(next) {
+		if at := c.lastBusy.Add(recent(c)); next.IsZero() || at.Before(next) {
 			next = at
 		}
 	}
@@ -105,9 +122,9 @@ func (q *queue) busyInvariantLocked(c *client) error {
 	now := q.clock.Now()
 	switch {
 	case c.state != stateWaiting && !c.state.granted() && q.busyLocked(c, now) &&
-		(q.termsTimer == nil || q.termsAt.After(c.lastBusy.Add(RecentActivity))):
+		(q.termsTimer == nil || q.termsAt.After(c.lastBusy.Add(recent(c)))):
 		return fmt.Errorf("client %d counts as busy until %v with no re-evaluation armed by then (armed: %v)", c.id,
-			c.lastBusy.Add(RecentActivity), q.termsAt)
+			c.lastBusy.Add(recent(c)), q.termsAt)
 	case c.resuming && c.state == stateIdle && len(q.waiting[ClassProduction]) == 0 && !q.productionHoldsLocked() &&
 		c.turnEnd.After(now.Add(KeptTurnIdle)):
 		return fmt.Errorf("client %d keeps a preempted turn until %v, past %v with the GPU free of production", c.id,

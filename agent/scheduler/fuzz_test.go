@@ -29,6 +29,8 @@ func seedMessages() []Message {
 		{Type: MsgPong, Seq: 5},
 		{Type: MsgPolicy, Flags: PolicyEnvOverrides},
 		{Type: MsgPacing, MaxQueued: 3, Pacing: PacingBackoff},
+		{Type: MsgSettle, FloorUS: 100},
+		{Type: MsgPaceTime, QueueUS: 500},
 		{Type: MsgUsage, Reason: UsageProgress, Acks: 1, Need: 9, Resident: 4},
 		{Type: MsgAcquire, Version: MinVersion, Need: 16 << 20},
 		{Type: MsgLedger, Flags: LedgerOn, Processes: 2, Claim: 8 << 30, Reserve: 768 << 20, Total: 6656 << 20,

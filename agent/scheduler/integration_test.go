@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"strings"
@@ -173,6 +174,32 @@ func TestProductionReleasesAfterTheSchedulersIdleWindow(t *testing.T) {
 	}
 	if !strings.Contains(prod.stderr.String(), "the GPU scheduler asks for an idle release after 1000 us") {
 		t.Errorf("the production client did not log the scheduler's window:\n%s", prod.stderr.String())
+	}
+}
+
+// Beside a busy opportunistic client the scheduler also tells a production shim client of protocol 7 to
+// release once its work completed (SETTLE, right after its WELCOME here): the shim's release says so,
+// with its own window ten minutes. The opportunistic holder it preempted is granted again.
+func TestProductionReleasesOnceItsWorkCompleted(t *testing.T) {
+	e := newEnv(t, time.Minute, time.Minute)
+	opp := dialRaw(t, e.sock, ClassOpportunistic)
+	opp.hold()
+	prod := e.startClient([]string{"GPUSHARE_PRIORITY=high", "GPUSHARE_IDLE_MS=600000", "GPUSHARE_LOG_LEVEL=debug"},
+		"dlsym", "50", "2000", "0", "600000")
+	opp.expect(MsgRevoked, 5*time.Second)
+	opp.send(Message{Type: MsgAcquire})
+	wait.Until(t, 5*time.Second, func() bool {
+		return strings.Contains(prod.stdout.String(), "client done")
+	}, "the production client made its last GPU call")
+	opp.expect(MsgGrant, 3*time.Second)
+	if prod.exited() {
+		t.Fatal("the lock came free only because the production client exited")
+	}
+	want := fmt.Sprintf("asks for a release once this process's GPU work completed and %d us passed",
+		DefaultSettleFloor/time.Microsecond)
+	if s := prod.stderr.String(); !strings.Contains(s, want) || !strings.Contains(s, "(work completed)") {
+		t.Errorf("the production client did not release on completion (want %q and a release for \"work completed\"):\n%s",
+			want, s)
 	}
 }
 

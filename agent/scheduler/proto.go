@@ -14,7 +14,7 @@ import (
 // fails when these constants drift from it.
 const (
 	Magic      uint32 = 0x48535047 // bytes "GPSH"
-	Version    uint16 = 6
+	Version    uint16 = 7
 	MaxMsgSize        = 256
 	UUIDLen           = 64
 
@@ -42,6 +42,8 @@ const (
 	PongSize      = 16
 	PolicySize    = 16
 	PacingSize    = 20
+	SettleSize    = 16
+	PaceTimeSize  = 16
 )
 
 // MinVersion is the oldest peer the scheduler still serves (in that peer's version, without what
@@ -75,6 +77,8 @@ const (
 	MsgPong      MsgType = 21 // scheduler -> client (version 6): the answer to Ping, with its Seq
 	MsgPolicy    MsgType = 22 // scheduler -> client (version 6), right after Welcome: Flags (PolicyEnvOverrides)
 	MsgPacing    MsgType = 23 // client -> scheduler (version 6): the launch bound in force (MaxQueued) and its PacingState
+	MsgSettle    MsgType = 24 // scheduler -> client (version 7): release once its work completed and FloorUS passed without a call; 0: off
+	MsgPaceTime  MsgType = 25 // scheduler -> opportunistic client (version 7): keep at most QueueUS of GPU time outstanding; 0: Pace's count
 )
 
 // PolicyEnvOverrides in a Policy's Flags lets the pod's environment loosen pacing and waits
@@ -185,6 +189,8 @@ var msgSizes = map[MsgType]int{
 	MsgPong:      PongSize,
 	MsgPolicy:    PolicySize,
 	MsgPacing:    PacingSize,
+	MsgSettle:    SettleSize,
+	MsgPaceTime:  PaceTimeSize,
 }
 
 func (t MsgType) String() string {
@@ -235,6 +241,10 @@ func (t MsgType) String() string {
 		return "Policy"
 	case MsgPacing:
 		return "Pacing"
+	case MsgSettle:
+		return "Settle"
+	case MsgPaceTime:
+		return "PaceTime"
 	}
 	return fmt.Sprintf("MsgType(%d)", uint16(t))
 }
@@ -297,6 +307,8 @@ type Message struct {
 	MaxQueued uint32 // Pace: launches the client may keep outstanding on the GPU; 0: unbounded
 	IdleUS    uint32 // Idle: microseconds without a GPU call after which the client releases; 0: its own window
 	Seq       uint32 // Charge, Charged, Ping, Pong
+	FloorUS   uint32 // Settle: release once the submitted work completed and this long passed without a GPU call; 0: off
+	QueueUS   uint32 // PaceTime: microseconds of GPU time the client may keep outstanding; 0: Pace's count bound
 
 	// The claim's ledger (version 6, ledger.go).
 	Processes uint32       // Ledger: n, the ledger's connected processes
@@ -386,6 +398,10 @@ func Encode(m Message) ([]byte, error) {
 		le.PutUint32(p[0:], m.MaxQueued)
 	case MsgIdle:
 		le.PutUint32(p[0:], m.IdleUS)
+	case MsgSettle:
+		le.PutUint32(p[0:], m.FloorUS)
+	case MsgPaceTime:
+		le.PutUint32(p[0:], m.QueueUS)
 	case MsgLedger, MsgCharge, MsgCharged, MsgReturn:
 		encodeLedger(p, m)
 	case MsgPing, MsgPong:
@@ -408,7 +424,7 @@ func Encode(m Message) ([]byte, error) {
 
 // checkVersion refuses what a version does not have: Raise and UsageProgress came with version 3,
 // Pace with version 4, Idle with version 5, the ledger's messages, Ping, Pong, Policy and Pacing
-// with version 6.
+// with version 6, Settle and PaceTime with version 7.
 func checkVersion(v uint16, t MsgType, reason uint32) error {
 	if v < MinVersion || v > Version {
 		return fmt.Errorf("%w %d", ErrBadVersion, v)
@@ -433,6 +449,8 @@ func typeInVersion(t MsgType, v uint16) bool {
 		return v >= 5
 	case MsgLedger, MsgCharge, MsgCharged, MsgReturn, MsgPing, MsgPong, MsgPolicy, MsgPacing:
 		return v >= 6
+	case MsgSettle, MsgPaceTime:
+		return v >= 7
 	}
 	return true
 }
@@ -506,6 +524,10 @@ func Decode(b []byte) (Message, error) {
 		m.MaxQueued = le.Uint32(p[0:])
 	case MsgIdle:
 		m.IdleUS = le.Uint32(p[0:])
+	case MsgSettle:
+		m.FloorUS = le.Uint32(p[0:])
+	case MsgPaceTime:
+		m.QueueUS = le.Uint32(p[0:])
 	case MsgLedger, MsgCharge, MsgCharged, MsgReturn:
 		if err := decodeLedger(t, p, &m); err != nil {
 			return Message{}, err

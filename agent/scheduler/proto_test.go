@@ -43,6 +43,10 @@ func TestProtocolConstantsMatchShimHeader(t *testing.T) {
 		"GS_POLICY_ENV_OVERRIDES": uint64(PolicyEnvOverrides),
 		"GS_MSG_PACING":           uint64(MsgPacing),
 		"GS_PACING_SIZE":          PacingSize,
+		"GS_MSG_SETTLE":           uint64(MsgSettle),
+		"GS_SETTLE_SIZE":          SettleSize,
+		"GS_MSG_PACE_TIME":        uint64(MsgPaceTime),
+		"GS_PACE_TIME_SIZE":       PaceTimeSize,
 		"GS_PACING_SCHEDULER":     uint64(PacingScheduler),
 		"GS_PACING_OVERRIDE":      uint64(PacingOverride),
 		"GS_PACING_BACKOFF":       uint64(PacingBackoff),
@@ -221,18 +225,28 @@ func TestDecodeRejectsMalformedMessages(t *testing.T) {
 	}
 }
 
-// PACE, IDLE and PING are 16 bytes: the header, then one little-endian uint32, as gs_pace, gs_idle and
-// gs_ping in the shim's header; PACING 20, two of them, as gs_pacing.
+// PACE, IDLE, PING, SETTLE and PACE_TIME are 16 bytes: the header, then one little-endian uint32, as
+// gs_pace, gs_idle, gs_ping, gs_settle and gs_pace_time in the shim's header; PACING 20, two of them, as
+// gs_pacing.
 func TestPaceAndIdleWireFormat(t *testing.T) {
 	for _, c := range []struct {
 		m    Message
 		want []byte
 	}{
-		{Message{Type: MsgPace, MaxQueued: 0x01020304}, []byte{'G', 'P', 'S', 'H', 6, 0, 14, 0, 16, 0, 0, 0, 4, 3, 2, 1}},
-		{Message{Type: MsgPing, Seq: 0x01020304}, []byte{'G', 'P', 'S', 'H', 6, 0, 20, 0, 16, 0, 0, 0, 4, 3, 2, 1}},
-		{Message{Type: MsgPacing, MaxQueued: 3, Pacing: PacingOverride}, []byte{'G', 'P', 'S', 'H', 6, 0, 23, 0, 20, 0, 0, 0, 3, 0, 0, 0, 1, 0, 0, 0}},
-		{Message{Type: MsgIdle, IdleUS: 0x01020304}, []byte{'G', 'P', 'S', 'H', 6, 0, 15, 0, 16, 0, 0, 0, 4, 3, 2, 1}},
+		{Message{Type: MsgPace, MaxQueued: 0x01020304}, []byte{'G', 'P', 'S', 'H', 7, 0, 14, 0, 16, 0, 0, 0, 4, 3, 2, 1}},
+		{Message{Type: MsgPing, Seq: 0x01020304}, []byte{'G', 'P', 'S', 'H', 7, 0, 20, 0, 16, 0, 0, 0, 4, 3, 2, 1}},
+		{Message{Type: MsgPacing, MaxQueued: 3, Pacing: PacingOverride}, []byte{'G', 'P', 'S', 'H', 7, 0, 23, 0, 20, 0, 0, 0, 3, 0, 0, 0, 1, 0, 0, 0}},
+		{Message{Type: MsgIdle, IdleUS: 0x01020304}, []byte{'G', 'P', 'S', 'H', 7, 0, 15, 0, 16, 0, 0, 0, 4, 3, 2, 1}},
+		{Message{Type: MsgSettle, FloorUS: 0x01020304}, []byte{'G', 'P', 'S', 'H', 7, 0, 24, 0, 16, 0, 0, 0, 4, 3, 2, 1}},
+		{Message{Type: MsgPaceTime, QueueUS: 0x01020304}, []byte{'G', 'P', 'S', 'H', 7, 0, 25, 0, 16, 0, 0, 0, 4, 3, 2, 1}},
+		{Message{Type: MsgSettle, Version: 6, FloorUS: 1}, nil},
 	} {
+		if c.want == nil {
+			if _, err := Encode(c.m); !errors.Is(err, ErrUnknownType) {
+				t.Errorf("%v in version %d: %v, want %v", c.m.Type, c.m.Version, err, ErrUnknownType)
+			}
+			continue
+		}
 		if b := mustEncode(c.m); string(b) != string(c.want) {
 			t.Errorf("%v = % x, want % x", c.m.Type, b, c.want)
 		}

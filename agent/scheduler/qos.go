@@ -12,10 +12,10 @@ import (
 // only ordered its waiters would make production wait for an opportunistic holder's quantum and the
 // backlog of its queued work, so production preempts: it is granted in the same dispatch and every
 // opportunistic holder is sent REVOKED (no quantum, no grace). Opportunistic work never makes
-// production yield, never takes production memory, and runs in production's gaps (IDLE, busy.go)
-// with a bounded launch queue (PACE, busy.go); a preempted holder keeps the rest of its turn (turn.go).
-// A client hears PACE and IDLE only when their value changes for it, and only from version 4 and 5 on:
-// an older shim takes an unknown type as a protocol error.
+// production yield, never takes production memory, and runs in production's gaps (IDLE and SETTLE,
+// busy.go) with a bounded launch queue (PACE and PACE_TIME, busy.go); a preempted holder keeps the rest
+// of its turn (turn.go). A client hears PACE, IDLE, SETTLE and PACE_TIME only when their value changes
+// for it, and only from version 4, 5 and 7 on: an older shim takes an unknown type as a protocol error.
 // The class comes from the pod (Options.PodPriority against GPUConfig.ProductionPriority), because
 // the hello's priority is the pod's own word; without Options.PodPriority (the standalone scheduler,
 // tests) the hello decides.
@@ -25,6 +25,21 @@ import (
 // production's p99 within its target (docs/qos.md, Results, the opportunistic queue). It is also the
 // default of a policy's sharing.qos.opportunisticQueue: the agent leaves an unset queue 0.
 const DefaultOpportunisticQueue = 3
+
+// DefaultOpportunisticQueueTime is the GPU time an opportunistic client may keep outstanding while a
+// production client is busy (PACE_TIME), when GPUConfig.OpportunisticQueueTime is 0. Production's wait
+// at a new request is at most this plus the trainer's kernel running then (docs/qos.md); 500 us is a
+// third of a graph-replayed ResNet-50 request of batch 8 on an H100, and several of a training step's
+// longest convolutions, so that the trainer's CPU still runs ahead of its GPU.
+const DefaultOpportunisticQueueTime = 500 * time.Microsecond
+
+// DefaultSettleFloor is how long a production client waits without a GPU call, its submitted work
+// complete, before it releases while an opportunistic client is busy (SETTLE), when
+// GPUConfig.SettleFloor is 0. An eager model launches a kernel every few to tens of microseconds and
+// its GPU often drains between two of them: a shorter floor would hand the GPU over (and take it back
+// at once, with the trainer's queue in the way) inside a request, where a gap between requests is
+// milliseconds and this floor a small part of it.
+const DefaultSettleFloor = 100 * time.Microsecond
 
 // ProductionIdle is the idle window of a production client while an opportunistic client is busy:
 // between two requests an inference server releases after this long, so its gaps go to opportunistic
@@ -149,6 +164,26 @@ func (q *queue) paceWantLocked(c *client, production bool) uint32 {
 	return q.paceDepth
 }
 
+// paceTimes: the client understands PACE_TIME and SETTLE.
+func (c *client) paceTimes() bool { return c.version == 0 || c.version >= 7 }
+
+// paceTimeWantLocked is the GPU-time bound c should be running under, in us (0: the count bound).
+func (q *queue) paceTimeWantLocked(c *client, production bool) uint32 {
+	if !c.paceTimes() || q.paceWantLocked(c, production) == 0 {
+		return 0
+	}
+	return q.paceTimeUS
+}
+
+// settleWantLocked is the floor after which c releases once its work completed, in us (0: off), under
+// the same terms as its short idle window.
+func (q *queue) settleWantLocked(c *client, opportunistic bool) uint32 {
+	if !c.paceTimes() || q.idleWantLocked(c, opportunistic) == 0 {
+		return 0
+	}
+	return q.settleUS
+}
+
 // idles: the client understands IDLE.
 func (c *client) idles() bool { return c.version == 0 || c.version >= 5 }
 
@@ -183,9 +218,19 @@ func (q *queue) ownTermsLocked() {
 	production, opportunistic := q.busyClassLocked(ClassProduction), q.busyClassLocked(ClassOpportunistic)
 	defer q.armTermsLocked()
 	for _, c := range q.clients {
-		if want := q.paceWantLocked(c, production || q.gangs.productionBusyLocked(c)); want != c.pace {
+		prod := production || q.gangs.productionBusyLocked(c)
+		// PACE_TIME before PACE: a shim that gets a bound applies its unit from the start.
+		if want := q.paceTimeWantLocked(c, prod); want != c.paceTime {
+			c.paceTime = want
+			q.sendLocked(c, Message{Type: MsgPaceTime, QueueUS: want})
+		}
+		if want := q.paceWantLocked(c, prod); want != c.pace {
 			c.pace = want
 			q.sendLocked(c, Message{Type: MsgPace, MaxQueued: want})
+		}
+		if want := q.settleWantLocked(c, opportunistic); want != c.settle {
+			c.settle = want
+			q.sendLocked(c, Message{Type: MsgSettle, FloorUS: want})
 		}
 		if want := q.idleWantLocked(c, opportunistic); want != c.idle {
 			c.idle = want
@@ -214,6 +259,13 @@ func (q *queue) qosInvariantLocked(c *client) error {
 	case c.pace != q.paceWantLocked(c, q.busyClassLocked(ClassProduction) || q.gangs.productionBusyLocked(c)):
 		return fmt.Errorf("client %d (version %d, %s) paced at %d, want %d", c.id, c.version, c.class.String(),
 			c.pace, q.paceWantLocked(c, q.busyClassLocked(ClassProduction) || q.gangs.productionBusyLocked(c)))
+	case c.paceTime != q.paceTimeWantLocked(c, q.busyClassLocked(ClassProduction) || q.gangs.productionBusyLocked(c)):
+		return fmt.Errorf("client %d (version %d, %s) paced at %d us of GPU time, want %d", c.id, c.version,
+			c.class.String(), c.paceTime,
+			q.paceTimeWantLocked(c, q.busyClassLocked(ClassProduction) || q.gangs.productionBusyLocked(c)))
+	case c.settle != q.settleWantLocked(c, q.busyClassLocked(ClassOpportunistic)):
+		return fmt.Errorf("client %d (version %d, %s) told a settle floor of %d us, want %d", c.id, c.version,
+			c.class.String(), c.settle, q.settleWantLocked(c, q.busyClassLocked(ClassOpportunistic)))
 	case c.idle != q.idleWantLocked(c, q.busyClassLocked(ClassOpportunistic)):
 		return fmt.Errorf("client %d (version %d, %s) told an idle window of %d us, want %d", c.id, c.version,
 			c.class.String(), c.idle, q.idleWantLocked(c, q.busyClassLocked(ClassOpportunistic)))

@@ -357,6 +357,10 @@ func sentValues(f *fakeClient, typ MsgType) []uint32 {
 			out = append(out, m.MaxQueued)
 		case m.Type == typ && typ == MsgIdle:
 			out = append(out, m.IdleUS)
+		case m.Type == typ && typ == MsgSettle:
+			out = append(out, m.FloorUS)
+		case m.Type == typ && typ == MsgPaceTime:
+			out = append(out, m.QueueUS)
 		}
 	}
 	return out
@@ -365,7 +369,7 @@ func sentValues(f *fakeClient, typ MsgType) []uint32 {
 func sameValues(got []uint32, want ...uint32) bool { return slices.Equal(got, want) }
 
 // PACE goes to the opportunistic clients of version 4 only, with the configured depth while a
-// production client is busy (it waits, holds, or did within RecentActivity) and 0 once none is, each
+// production client is busy (it waits, holds, or did within ProductionRecent) and 0 once none is, each
 // value once; a client joining while production is busy gets it right after its WELCOME. A production
 // client that is connected and idle paces nobody.
 func TestPaceFollowsBusyProduction(t *testing.T) {
@@ -388,13 +392,13 @@ func TestPaceFollowsBusyProduction(t *testing.T) {
 		t.Fatalf("opportunistic client paced %v when production asked for the GPU, want [%d]", paces(o), DefaultOpportunisticQueue)
 	}
 	fx.q.release(p1.c, grantEpoch(t, p1), 0)
-	fx.clock.Advance(RecentActivity - time.Millisecond)
+	fx.clock.Advance(ProductionRecent - time.Millisecond)
 	if !sameValues(paces(o), DefaultOpportunisticQueue) {
-		t.Fatalf("paced %v within RecentActivity of production's last hold, want the bound kept", paces(o))
+		t.Fatalf("paced %v within ProductionRecent of production's last hold, want the bound kept", paces(o))
 	}
 	fx.clock.Advance(time.Millisecond)
 	if !sameValues(paces(o), DefaultOpportunisticQueue, 0) {
-		t.Fatalf("paced %v RecentActivity after production's last hold, want the bound lifted", paces(o))
+		t.Fatalf("paced %v ProductionRecent after production's last hold, want the bound lifted", paces(o))
 	}
 	fx.q.acquire(p1.c, 0)
 	if !sameValues(paces(o), DefaultOpportunisticQueue, 0, DefaultOpportunisticQueue) {
@@ -406,9 +410,10 @@ func TestPaceFollowsBusyProduction(t *testing.T) {
 	if !sameValues(paces(o), DefaultOpportunisticQueue, 0, DefaultOpportunisticQueue) {
 		t.Fatalf("paced %v after a second production client asked: the value was repeated", paces(o))
 	}
-	if len(late.got) != 2 || late.got[0].Type != MsgWelcome || late.got[1].Type != MsgPace ||
-		late.got[1].MaxQueued != DefaultOpportunisticQueue {
-		t.Fatalf("a client joining beside production got %+v, want WELCOME then PACE %d", late.got, DefaultOpportunisticQueue)
+	if len(late.got) != 3 || late.got[0].Type != MsgWelcome || late.got[1].Type != MsgPaceTime ||
+		late.got[2].Type != MsgPace || late.got[2].MaxQueued != DefaultOpportunisticQueue {
+		t.Fatalf("a client joining beside production got %+v, want WELCOME, PACE_TIME, then PACE %d", late.got,
+			DefaultOpportunisticQueue)
 	}
 	fx.q.leave(p1.c)
 	if !sameValues(paces(o), DefaultOpportunisticQueue, 0, DefaultOpportunisticQueue) {
@@ -481,8 +486,11 @@ func TestIdleFollowsBusyOpportunisticClientsAndTheClass(t *testing.T) {
 	if !sameValues(idles(p), short) {
 		t.Fatalf("told %v after a second opportunistic client joined: the value was repeated", idles(p))
 	}
-	if len(late.got) != 2 || late.got[0].Type != MsgWelcome || late.got[1].Type != MsgIdle || late.got[1].IdleUS != short {
-		t.Fatalf("a production client joining beside opportunistic ones got %+v, want WELCOME then IDLE %d", late.got, short)
+	if len(late.got) != 3 || late.got[0].Type != MsgWelcome || late.got[1].Type != MsgSettle ||
+		late.got[1].FloorUS != uint32(DefaultSettleFloor/time.Microsecond) || late.got[2].Type != MsgIdle ||
+		late.got[2].IdleUS != short {
+		t.Fatalf("a production client joining beside opportunistic ones got %+v, want WELCOME, SETTLE %d, IDLE %d",
+			late.got, DefaultSettleFloor/time.Microsecond, short)
 	}
 	cfg.ProductionPriority = threshold(500) // x becomes production beside o
 	fx.q.reconfigure(cfg)

@@ -35,6 +35,10 @@ type queue struct {
 	// GPUConfig.OpportunisticQueue with its default (qos.go).
 	production *int32
 	paceDepth  uint32
+	// paceTimeUS is GPUConfig.OpportunisticQueueTime in us (0: the count bound alone), settleUS
+	// GPUConfig.SettleFloor in us (0: no release on completion), with their defaults (qos.go).
+	paceTimeUS uint32
+	settleUS   uint32
 	// envOverrides is Options.EnvOverrides (Policy, liveness.go).
 	envOverrides bool
 	clock        Clock
@@ -81,6 +85,8 @@ type client struct {
 	version  uint16 // its protocol version; 0: the current one
 	pace     uint32 // the last PACE it was sent (0 before any: unbounded)
 	idle     uint32 // the last IDLE it was sent, in us (0 before any: its own window)
+	paceTime uint32 // the last PACE_TIME it was sent, in us (0 before any: the count bound)
+	settle   uint32 // the last SETTLE it was sent, in us (0 before any: off)
 	// paceInForce and pacingState are the launch bound it last reported in force and its source
 	// (Pacing, liveness.go); pacingKnown: it reported one.
 	paceInForce uint32
@@ -191,6 +197,19 @@ func (q *queue) setClassConfigLocked(cfg GPUConfig) {
 	if q.paceDepth == 0 {
 		q.paceDepth = DefaultOpportunisticQueue
 	}
+	q.paceTimeUS = usOrOff(cfg.OpportunisticQueueTime, DefaultOpportunisticQueueTime)
+	q.settleUS = usOrOff(cfg.SettleFloor, DefaultSettleFloor)
+}
+
+// usOrOff is d in microseconds (at least 1), def's where d is 0, and 0 (off) where d is negative.
+func usOrOff(d, def time.Duration) uint32 {
+	switch {
+	case d < 0:
+		return 0
+	case d == 0:
+		d = def
+	}
+	return uint32(max(d/time.Microsecond, 1))
 }
 
 func ms(d time.Duration) uint32 { return uint32(d / time.Millisecond) }
@@ -764,7 +783,9 @@ func (q *queue) gpuState() GPUState {
 	}
 	return GPUState{GPU: q.uuid, Quantum: q.quantum, Grace: q.grace, Budget: q.budget, Mode: q.mode, ReservedBytes: q.reserved,
 		PeakReservedBytes: q.peak, Holders: len(q.holders), Waiters: q.nWaitingLocked(),
-		ProductionPriority: prod, OpportunisticQueue: q.paceDepth}
+		ProductionPriority: prod, OpportunisticQueue: q.paceDepth,
+		OpportunisticQueueTime: time.Duration(q.paceTimeUS) * time.Microsecond,
+		SettleFloor:            time.Duration(q.settleUS) * time.Microsecond}
 }
 
 // reconfigure takes new settings (Scheduler.Reconfigure says what each one

@@ -47,8 +47,17 @@ type GPUConfig struct {
 	// Options.PodPriority names pods; without it the hello decides.
 	ProductionPriority *int32
 	// OpportunisticQueue is the launches an opportunistic client may keep outstanding on the GPU while
-	// a production client is busy (busy.go; PACE; 0: DefaultOpportunisticQueue).
+	// a production client is busy (busy.go; PACE; 0: DefaultOpportunisticQueue). It holds for clients
+	// before version 7, and for all where OpportunisticQueueTime is negative.
 	OpportunisticQueue uint32
+	// OpportunisticQueueTime is the GPU time an opportunistic client may keep outstanding while a
+	// production client is busy (PACE_TIME, version 7): 0 is DefaultOpportunisticQueueTime, a negative
+	// value leaves the count bound (OpportunisticQueue) alone.
+	OpportunisticQueueTime time.Duration
+	// SettleFloor is how long a production client waits without a GPU call, once its submitted work
+	// completed, before it releases while an opportunistic client is busy (SETTLE, version 7): 0 is
+	// DefaultSettleFloor, a negative value turns the release on completion off (the idle window alone).
+	SettleFloor time.Duration
 }
 
 // Options configure a Scheduler.
@@ -136,9 +145,12 @@ type GPUState struct {
 	PeakReservedBytes uint64 // highest ReservedBytes since start
 	Holders           int
 	Waiters           int
-	// ProductionPriority and OpportunisticQueue are GPUConfig's, in force (OpportunisticQueue with its default).
-	ProductionPriority *int32
-	OpportunisticQueue uint32
+	// ProductionPriority, OpportunisticQueue, OpportunisticQueueTime and SettleFloor are GPUConfig's, in
+	// force (with their defaults; 0 for the last two: off).
+	ProductionPriority     *int32
+	OpportunisticQueue     uint32
+	OpportunisticQueueTime time.Duration
+	SettleFloor            time.Duration
 }
 
 // Defaults for GPUConfig fields left zero.
@@ -228,8 +240,9 @@ func New(opts Options) (*Scheduler, error) {
 	return s, nil
 }
 
-// WithDefaults returns g with a zero quantum, grace and opportunistic queue set to their defaults:
-// DefaultQuantum, max(quantum/2, MinGrace) and DefaultOpportunisticQueue.
+// WithDefaults returns g with a zero quantum, grace, opportunistic queue, queue time and settle floor
+// set to their defaults: DefaultQuantum, max(quantum/2, MinGrace), DefaultOpportunisticQueue,
+// DefaultOpportunisticQueueTime and DefaultSettleFloor.
 func (g GPUConfig) WithDefaults() GPUConfig {
 	if g.Quantum <= 0 {
 		g.Quantum = DefaultQuantum
@@ -239,6 +252,12 @@ func (g GPUConfig) WithDefaults() GPUConfig {
 	}
 	if g.OpportunisticQueue == 0 {
 		g.OpportunisticQueue = DefaultOpportunisticQueue
+	}
+	if g.OpportunisticQueueTime == 0 {
+		g.OpportunisticQueueTime = DefaultOpportunisticQueueTime
+	}
+	if g.SettleFloor == 0 {
+		g.SettleFloor = DefaultSettleFloor
 	}
 	return g
 }
@@ -322,8 +341,10 @@ func (s *Scheduler) Listen(ctx context.Context) error {
 			defer s.wg.Done()
 			s.acceptLoop(ln, q)
 		}()
+		st := q.gpuState()
 		log.Info("Serving GPU lock", "gpu", g.UUID, "socket", g.SocketPath, "quantum", g.Quantum, "grace", g.Grace,
-			"budget", g.Budget, "mode", g.Mode)
+			"budget", g.Budget, "mode", g.Mode, "opportunisticQueue", st.OpportunisticQueue,
+			"opportunisticQueueTime", st.OpportunisticQueueTime, "settleFloor", st.SettleFloor)
 	}
 	return nil
 }

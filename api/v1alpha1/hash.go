@@ -81,6 +81,7 @@ var sharingHashLaterDefaults = map[string]string{
 	"qos":                               "",
 	"qos.productionPriority":            "",
 	"qos.opportunisticQueue":            "",
+	"qos.opportunisticQueueTime":        "",
 	"qos.opportunisticThreadPercentage": "",
 	"mig.dynamic":                       "",
 	// Omitted means Report: both hash alike.

@@ -32,6 +32,7 @@ const (
 // +kubebuilder:validation:XValidation:rule="!has(self.qos) || self.strategy == 'MPS' || has(self.oversubscription)",message="sharing.qos: needs something that can favour production: strategy MPS (client priority), or oversubscription (the shim's lock) with TimeSlicing or Exclusive; plain time-slicing gives every process equal turns and cannot"
 // +kubebuilder:validation:XValidation:rule="!has(self.qos) || !has(self.qos.opportunisticThreadPercentage) || self.strategy == 'MPS'",message="sharing.qos.opportunisticThreadPercentage: applies only to strategy MPS"
 // +kubebuilder:validation:XValidation:rule="!has(self.qos) || !has(self.qos.opportunisticQueue) || has(self.oversubscription)",message="sharing.qos.opportunisticQueue: applies only with oversubscription (the shim paces its launches)"
+// +kubebuilder:validation:XValidation:rule="!has(self.qos) || !has(self.qos.opportunisticQueueTime) || has(self.oversubscription)",message="sharing.qos.opportunisticQueueTime: applies only with oversubscription (the shim paces its launches)"
 // +kubebuilder:validation:XValidation:rule="!has(self.unmanagedProcesses) || has(self.oversubscription) || (self.strategy == 'MPS' && has(self.sizing) && self.sizing.mode == 'PerClaim')",message="sharing.unmanagedProcesses: applies only with oversubscription (clients of the shim's scheduler) or with strategy MPS and sizing PerClaim (clients of the MPS server); elsewhere nothing tells a managed process from another"
 type Sharing struct {
 	// strategy is how the GPU is shared: Exclusive, TimeSlicing, MPS or MIG.
@@ -116,6 +117,16 @@ type QoS struct {
 	// +kubebuilder:validation:Maximum=1024
 	// +optional
 	OpportunisticQueue *int32 `json:"opportunisticQueue,omitempty"`
+
+	// opportunisticQueueTime (oversubscription only) bounds the same queue in GPU time: an opportunistic
+	// process keeps at most this much of its work's estimated run time queued while a production process
+	// is busy (the shim times each kind of launch), so production's wait at a new request is at most this
+	// plus the opportunistic kernel running then. It replaces opportunisticQueue for shims that measure GPU
+	// time (protocol 7); "0s" keeps the bound in launches (opportunisticQueue) for all. 0s-100ms; omitted:
+	// 500us (docs/qos.md).
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s') && duration(self) <= duration('100ms')",message="qos.opportunisticQueueTime: must be from 0s (the bound in launches alone) to 100ms"
+	// +optional
+	OpportunisticQueueTime *metav1.Duration `json:"opportunisticQueueTime,omitempty"`
 
 	// opportunisticThreadPercentage (MPS only) caps the share of the GPU's SMs an opportunistic client
 	// may use, 1-100, on top of its share's own cap. Opportunistic clients also run at MPS client

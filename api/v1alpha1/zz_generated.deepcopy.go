@@ -1099,6 +1099,11 @@ func (in *QoS) DeepCopyInto(out *QoS) {
 		*out = new(int32)
 		**out = **in
 	}
+	if in.OpportunisticQueueTime != nil {
+		in, out := &in.OpportunisticQueueTime, &out.OpportunisticQueueTime
+		*out = new(v1.Duration)
+		**out = **in
+	}
 	if in.OpportunisticThreadPercentage != nil {
 		in, out := &in.OpportunisticThreadPercentage, &out.OpportunisticThreadPercentage
 		*out = new(int32)

@@ -104,7 +104,7 @@ type schedulerFlags struct {
 	gpus                              gpuFlags
 	dir, metricsAddr                  *string
 	verbosity                         *int
-	rebuild                           *time.Duration
+	rebuild, oppQueueTime, settle     *time.Duration
 	serial, envOverrides, gangs, nvml *bool
 	oppQueue                          *uint
 	claimMem, ctxReserve              *uint64
@@ -125,7 +125,11 @@ func flagSet() (*flag.FlagSet, *schedulerFlags) {
 	f.serial = fs.Bool("serial-handoffs", false,
 		"hand off in series, the newcomer's copy-in only after the leaver's copy-out (slower: to measure each direction of a swap alone)")
 	f.oppQueue = fs.Uint("opportunistic-queue", scheduler.DefaultOpportunisticQueue,
-		"launches an opportunistic client may keep outstanding on the GPU while a production client is busy: waits for or holds the GPU, or did within 10 s (sent to shims of protocol version 4 and later)")
+		"launches an opportunistic client may keep outstanding on the GPU while a production client is busy: waits for or holds the GPU, or did within 1 s (sent to shims of protocol version 4 and later; those of version 7 and later take --opportunistic-queue-time instead unless it is 0)")
+	f.oppQueueTime = fs.Duration("opportunistic-queue-time", scheduler.DefaultOpportunisticQueueTime,
+		"GPU time an opportunistic client may keep outstanding while a production client is busy (waits for or holds the GPU, or did within 1 s), by the shim's estimate of each launch's run time (shims of protocol version 7 and later; 0: the bound in launches, --opportunistic-queue, alone)")
+	f.settle = fs.Duration("settle-floor", scheduler.DefaultSettleFloor,
+		"while an opportunistic client is busy, a production client releases the GPU once its submitted work completed and this long passed without a GPU call (shims of protocol version 7 and later; 0: off, the 1 ms idle window alone)")
 	f.claimMem = fs.Uint64("claim-memory", 0,
 		"put every client of a GPU in one claim ledger of this many bytes, contexts included (0: none; the agent names each client's claim)")
 	f.ctxReserve = fs.Uint64("context-reserve", scheduler.DefaultContextReserve,
@@ -137,6 +141,14 @@ func flagSet() (*flag.FlagSet, *schedulerFlags) {
 	f.gangs = fs.Bool("gangs", true,
 		"clients of one session (a job started under setsid) on several GPUs take their turns on all of them at once (a gang); false: each GPU alone")
 	return fs, f
+}
+
+// offWhenZero is a duration flag in GPUConfig's terms, where 0 is the default and a negative value off.
+func offWhenZero(d time.Duration) time.Duration {
+	if d <= 0 {
+		return -1
+	}
+	return d
 }
 
 func run() error {
@@ -160,6 +172,7 @@ func run() error {
 		}
 		cfg.SerialHandoffs = *f.serial
 		cfg.OpportunisticQueue = uint32(*f.oppQueue)
+		cfg.OpportunisticQueueTime, cfg.SettleFloor = offWhenZero(*f.oppQueueTime), offWhenZero(*f.settle)
 		cfgs = append(cfgs, cfg)
 	}
 	log := funcr.New(func(prefix, args string) { fmt.Fprintln(os.Stderr, prefix, args) },

@@ -111,6 +111,17 @@
  * connection at a version 6 HELLO: the shim steps down as above and keeps that version's behaviour (its
  * per-process memory limit, a wait timer that counts from the start of the wait, the environment's
  * settings).
+ *
+ * Version 7 ties production's release to its work and the opportunistic bound to GPU time (docs/qos.md,
+ * docs/shim.md "Launch pacing"). SETTLE (scheduler to client, sent like IDLE: only to production clients
+ * while an opportunistic client is busy, and whenever it changes) says: release the lock as soon as the GPU
+ * work this process submitted has completed and floor_us passed without a GPU call, instead of waiting for
+ * the idle window (which still holds as the latest release); 0 turns it off. PACE_TIME (scheduler to
+ * client, sent with PACE) bounds the opportunistic client's queue in GPU time: at most queue_us of
+ * estimated run time outstanding (a launch alone may exceed it); 0 leaves PACE's count bound. Both are
+ * tied to no epoch and hold until the next; a new connection starts without them. The scheduler answers a
+ * version 6 client in version 6 frames, without them; a version 6 scheduler closes the connection at a
+ * version 7 HELLO and the shim steps down.
  */
 #ifndef GPUSHARE_PROTO_H
 #define GPUSHARE_PROTO_H
@@ -118,7 +129,7 @@
 #include <stdint.h>
 
 #define GS_PROTO_MAGIC 0x48535047u /* bytes "GPSH" */
-#define GS_PROTO_VERSION 6u
+#define GS_PROTO_VERSION 7u
 #define GS_PROTO_MIN_VERSION 2u /* the oldest client version the scheduler serves */
 #define GS_MAX_MSG_SIZE 256u
 #define GS_UUID_LEN 64u
@@ -147,6 +158,8 @@
 #define GS_MSG_PONG 21u     /* s->c (v6): the answer to PING (its seq) */
 #define GS_MSG_POLICY 22u   /* s->c (v6): right after WELCOME's LEDGER: GS_POLICY_* flags */
 #define GS_MSG_PACING 23u   /* c->s (v6): the launch bound in force and its GS_PACING_* state */
+#define GS_MSG_SETTLE 24u   /* s->c (v7): release once the submitted work completed and floor_us passed idle; 0: off */
+#define GS_MSG_PACE_TIME 25u /* s->c (v7): keep at most queue_us of GPU time outstanding; 0: PACE's count */
 
 /* Anti-thrashing modes (WELCOME.mode). */
 #define GS_MODE_AUTO 0u   /* concurrent while the working sets fit the budget together */
@@ -214,6 +227,8 @@
 #define GS_PONG_SIZE 16u
 #define GS_POLICY_SIZE 16u
 #define GS_PACING_SIZE 20u
+#define GS_SETTLE_SIZE 16u
+#define GS_PACE_TIME_SIZE 16u
 
 struct gs_header {
     uint32_t magic;
@@ -378,7 +393,19 @@ struct gs_pacing {
     uint32_t state;      /* GS_PACING_* */
 } __attribute__((packed));
 
+struct gs_settle {
+    struct gs_header h;
+    uint32_t floor_us; /* release once the submitted work completed and this long passed without a GPU call; 0: off */
+} __attribute__((packed));
+
+struct gs_pace_time {
+    struct gs_header h;
+    uint32_t queue_us; /* estimated GPU time outstanding at most; 0: PACE's count bound */
+} __attribute__((packed));
+
 #ifndef __cplusplus
+_Static_assert(sizeof(struct gs_settle) == GS_SETTLE_SIZE, "settle size");
+_Static_assert(sizeof(struct gs_pace_time) == GS_PACE_TIME_SIZE, "pace time size");
 _Static_assert(sizeof(struct gs_ping) == GS_PING_SIZE && GS_PONG_SIZE == GS_PING_SIZE, "ping size");
 _Static_assert(sizeof(struct gs_policy) == GS_POLICY_SIZE, "policy size");
 _Static_assert(sizeof(struct gs_pacing) == GS_PACING_SIZE, "pacing size");

@@ -19,7 +19,7 @@ struct gs_config gs_cfg;
 
 /* What the environment asks for the (policy) settings, and the policy last put in force (-1: none yet). */
 static struct {
-    int64_t pace_override;
+    int64_t pace_override, pace_time_override_us;
     uint32_t pace_wait_max_ms, pace_full_us, wait_timeout_ms, memreply_timeout_ms;
     uint32_t connect_timeout_ms, reconnect_max_ms;
 } env;
@@ -289,6 +289,13 @@ void gs_config_load(void)
         env.pace_override = env_u32("GPUSHARE_PACE_OVERRIDE", UINT32_MAX);
     if (env.pace_override == UINT32_MAX)
         env.pace_override = -1; /* malformed (warned about): the scheduler's bound */
+    /* The same for the bound in GPU time, in us ("0": the count bound alone). */
+    env.pace_time_override_us = -1;
+    const char *pt = getenv("GPUSHARE_PACE_TIME_OVERRIDE_US");
+    if (pt != NULL && *pt != '\0')
+        env.pace_time_override_us = env_u32("GPUSHARE_PACE_TIME_OVERRIDE_US", UINT32_MAX);
+    if (env.pace_time_override_us == UINT32_MAX)
+        env.pace_time_override_us = -1;
     env.pace_wait_max_ms = env_u32("GPUSHARE_PACE_WAIT_MAX_MS", DEF_PACE_WAIT_MAX_MS);
     if (env.pace_wait_max_ms == 0)
         env.pace_wait_max_ms = 1; /* never unbounded */
@@ -334,6 +341,8 @@ void gs_config_env_policy(int allowed, int said)
     const uint32_t def_pace_full_us = DEF_PACE_FULL_US, def_pace_wait_max_ms = DEF_PACE_WAIT_MAX_MS;
     const uint32_t def_wait_timeout_ms = DEF_WAIT_TIMEOUT_MS, def_memreply_timeout_ms = DEF_MEMREPLY_TIMEOUT_MS;
     TAKE(pace_override, "GPUSHARE_PACE_OVERRIDE", env.pace_override < 0);
+    const int64_t def_pace_time_override_us = -1;
+    TAKE(pace_time_override_us, "GPUSHARE_PACE_TIME_OVERRIDE_US", env.pace_time_override_us < 0);
     TAKE(pace_full_us, "GPUSHARE_PACE_FULL_US", env.pace_full_us <= DEF_PACE_FULL_US);
     TAKE(pace_wait_max_ms, "GPUSHARE_PACE_WAIT_MAX_MS", env.pace_wait_max_ms >= DEF_PACE_WAIT_MAX_MS);
     TAKE(wait_timeout_ms, "GPUSHARE_WAIT_TIMEOUT_MS",

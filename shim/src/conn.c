@@ -171,6 +171,8 @@ fail:
 /* What a connection of an older version than the shim's does without, for the line that says so. */
 static const char *lacks(uint16_t version)
 {
+    if (version >= 6)
+        return "no release on completion (the idle window alone) and a launch bound in launches, not GPU time";
     if (version >= 5)
         return "no claim ledger (the per-process memory limit alone), a wait counts from its start whatever the "
                "scheduler says, and the environment's pacing settings hold";
@@ -182,7 +184,7 @@ static const char *lacks(uint16_t version)
 /* Returns a connected, non-blocking socket that completed HELLO/WELCOME, or -1. The shim speaks
  * GS_PROTO_VERSION; a scheduler that closes the connection at that HELLO (an older one, which refuses
  * versions it does not know) is greeted again one version lower, down to GS_SHIM_MIN_VERSION, all within
- * the same deadline: the shim speaks the frames of each (a version 5 connection has no LEDGER, CHARGE,
+ * the same deadline: the shim speaks the frames of each (a version 6 connection has no SETTLE or PACE_TIME, a version 5 connection has no LEDGER, CHARGE,
  * RETURN, PING, POLICY or PACING, a version 4 one no IDLE either, a version 3 one no PACE either).
  * Anything but such a close (no answer, a malformed one) ends the attempts. */
 int gs_conn_open(struct gs_welcome *out)

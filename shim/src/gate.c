@@ -69,6 +69,8 @@ void gate_passthrough_locked(const char *reason)
     gs_cap_ledger_stop();
     gs_pace_set(0, 0); /* the bound and the idle window were that scheduler's */
     gate_sched_idle_set_locked(0, 0);
+    gate_settle_set_locked(0, 0);
+    gs_pace_set_time(0, 0);
     if (G->st.fd >= 0)
         shutdown(G->st.fd, SHUT_RDWR); /* wakes the background thread, which closes it */
     gs_mm_on_reply(0, 0, UINT32_MAX); /* a thread waiting for a MEMREPLY goes on without a budget */
@@ -96,6 +98,8 @@ void gate_lost_locked(const char *reason)
     gs_cap_ledger_away();
     gs_pace_set(0, 0); /* the bound and the idle window were that scheduler's; the next one sends its own */
     gate_sched_idle_set_locked(0, 0);
+    gate_settle_set_locked(0, 0);
+    gs_pace_set_time(0, 0);
     if (G->st.fd >= 0)
         shutdown(G->st.fd, SHUT_RDWR); /* wakes the background thread, which closes it and reconnects */
     gs_mm_on_reply(0, 0, UINT32_MAX);
@@ -276,6 +280,7 @@ void gate_release_locked(const char *reason)
     G->st.held = 0;
     G->st.contended = 0;
     G->st.releases++;
+    gate_settle_reset_locked();
     gs_log(GS_LOG_DEBUG, "released epoch %u (%s)", G->st.epoch, reason);
     pthread_cond_broadcast(&G->cv); /* waiting threads now ask again */
 }

@@ -86,6 +86,7 @@ void gs_gate_atfork_child(void)
     gs_gpu_atfork_child();
     gs_mm_atfork_child();
     gs_pace_atfork_child();
+    gs_settle_atfork_child();
 }
 
 void gs_print_call_counts(void)

@@ -37,6 +37,11 @@ struct gate_state {
     int gate_waiters;        /* threads in gs_gate_wait: work waiting for the gate is activity */
     uint64_t grants, releases, revocations;
     uint32_t sched_idle_us;  /* the scheduler's idle window (IDLE, protocol 5); 0: none, ours holds */
+    uint32_t settle_us;      /* release once the work completed and this long passed idle (SETTLE, v7); 0: off */
+    int settle_armed;        /* events recorded for the activity settle_act (settle.c) */
+    int settle_blind;        /* this hold cannot settle (SETTLE came mid-hold, or a stream it cannot see) */
+    uint64_t settle_act;
+    uint64_t settles;        /* releases on completion */
     /* oversubscription */
     int opening;             /* granted; swapping in before the gate opens */
     int swapping;            /* the background thread is moving memory */
@@ -102,6 +107,10 @@ void gate_release_locked(const char *reason);
 /* gate_msg.c */
 uint32_t gate_idle_us_locked(void);
 void gate_sched_idle_set_locked(uint32_t us, int from_scheduler);
+/* The scheduler's settle floor (SETTLE), or 0 when a connection ends (from_scheduler 0). */
+void gate_settle_set_locked(uint32_t us, int from_scheduler);
+/* The hold ended: nothing launched since, no events armed. */
+void gate_settle_reset_locked(void);
 /* Reads what fd has and acts on whole messages; -1 once the connection ended. */
 int gate_read_input_locked(int fd);
 

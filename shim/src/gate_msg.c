@@ -2,8 +2,9 @@
  * The scheduler's messages, as the background thread reads them (and a swap-in
  * waiting for RAISE, through gs_gate_pump): GRANT / CONTENDED / REVOKED, the
  * memory manager's MEMREPLY / EVICT / RAISE, the claim's ledger (cap.c), and
- * PACE (the launch bound of pace.c) and IDLE (the scheduler's idle window),
- * both of which a connection that ends takes with it.
+ * PACE and PACE_TIME (the launch bound of pace.c), IDLE (the scheduler's idle
+ * window) and SETTLE (release on completion, settle.c), all of which a
+ * connection that ends takes with it.
  */
 #include <errno.h>
 #include <poll.h>
@@ -52,6 +53,27 @@ void gate_sched_idle_set_locked(uint32_t us, int from_scheduler)
                us, gs_cfg.idle_us);
 }
 
+/* The scheduler's settle floor (SETTLE), or 0 when a connection ends. Turned on while this process
+ * holds the GPU, it applies from the next hold: the streams launched on before it were not noted. mu
+ * held. */
+void gate_settle_set_locked(uint32_t us, int from_scheduler)
+{
+    if (G->st.settle_us == us)
+        return;
+    G->st.settle_us = us;
+    atomic_store(&gs_settle_on[gs_dev_cur], us != 0);
+    G->st.settle_armed = 0;
+    if (us != 0 && G->st.held)
+        G->st.settle_blind = 1;
+    if (from_scheduler && us != 0)
+        gs_log(GS_LOG_INFO,
+               "the GPU scheduler asks for a release once this process's GPU work completed and %u us passed "
+               "without a GPU call",
+               us);
+    else if (from_scheduler)
+        gs_log(GS_LOG_INFO, "the GPU scheduler asks for no release on completion: the idle window alone");
+}
+
 static uint32_t expected_size(uint16_t type)
 {
     switch (type) {
@@ -75,6 +97,10 @@ static uint32_t expected_size(uint16_t type)
         return gs_conn_version() >= 6 ? GS_PONG_SIZE : 0;
     case GS_MSG_POLICY:
         return gs_conn_version() >= 6 ? GS_POLICY_SIZE : 0;
+    case GS_MSG_SETTLE:
+        return gs_conn_version() >= 7 ? GS_SETTLE_SIZE : 0;
+    case GS_MSG_PACE_TIME:
+        return gs_conn_version() >= 7 ? GS_PACE_TIME_SIZE : 0;
     default:
         return gs_cap_msg_size(type, gs_conn_version()); /* the claim's ledger (cap.c) */
     }
@@ -131,6 +157,14 @@ static void on_message_locked(const unsigned char *m, uint16_t type)
         struct gs_idle i;
         memcpy(&i, m, sizeof(i));
         gate_sched_idle_set_locked(i.idle_us, 1);
+    } else if (type == GS_MSG_PACE_TIME) {
+        struct gs_pace_time p;
+        memcpy(&p, m, sizeof(p));
+        gs_pace_set_time(p.queue_us, 1);
+    } else if (type == GS_MSG_SETTLE) {
+        struct gs_settle s;
+        memcpy(&s, m, sizeof(s));
+        gate_settle_set_locked(s.floor_us, 1);
     } else if (type == GS_MSG_POLICY) {
         struct gs_policy p;
         memcpy(&p, m, sizeof(p));
@@ -165,6 +199,7 @@ static void on_message_locked(const unsigned char *m, uint16_t type)
         G->st.acquire_sent = 0;
         atomic_store(&H->open, 0);
         G->st.revocations++;
+        gate_settle_reset_locked();
         gs_log(G->st.revocations == 1 ? GS_LOG_WARN : GS_LOG_DEBUG,
                "GPU lock revoked (held past quantum + grace, or preempted for a production client); work "
                "already queued keeps running, the next GPU call waits for the lock again");

@@ -156,6 +156,8 @@ int gate_reconnect_locked(void)
                 gate_conn_started_locked();
                 gs_pace_set(0, 0); /* until this scheduler sends a bound and an idle window of its own */
                 gate_sched_idle_set_locked(0, 0);
+                gate_settle_set_locked(0, 0);
+                gs_pace_set_time(0, 0);
                 gs_log(GS_LOG_WARN,
                        "%s to the GPU scheduler after %.1f s; re-announced %llu bytes resident, %llu "
                        "swapped out; GPU calls take the lock %s",

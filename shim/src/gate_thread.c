@@ -30,6 +30,31 @@
 
 #include "gate_internal.h"
 
+void gate_settle_reset_locked(void)
+{
+    gs_settle_reset();
+    G->st.settle_armed = 0;
+    G->st.settle_blind = 0;
+}
+
+/* With release on completion: 1 once the work submitted before activity act has completed, its events
+ * recorded at the first look (settle.c); 0 while it runs, or when this hold cannot tell (the idle
+ * window decides). mu held, no call in flight. */
+static int settled_locked(uint64_t act)
+{
+    if (G->st.settle_blind)
+        return 0;
+    if (!G->st.settle_armed || G->st.settle_act != act) {
+        if (gs_settle_record() != 0) {
+            G->st.settle_blind = 1;
+            return 0;
+        }
+        G->st.settle_armed = 1;
+        G->st.settle_act = act;
+    }
+    return gs_settle_done();
+}
+
 static void maybe_release_locked(void)
 {
     if (!G->st.held || G->st.releasing || G->st.opening)
@@ -45,11 +70,18 @@ static void maybe_release_locked(void)
     }
     int idle = (uint32_t)w == 0 && now - G->st.last_act_ns >= (uint64_t)gate_idle_us_locked() * 1000ull;
     int expired = G->st.contended && now - G->st.grant_ns >= (uint64_t)G->st.quantum_ms * 1000000ull;
-    if (!idle && !expired)
+    /* Release on completion: no call for the floor, and everything launched before has completed (asked
+     * past the idle window too, so that the release says which held). */
+    int settled = !expired && G->st.settle_us != 0 && (uint32_t)w == 0 &&
+                  now - G->st.last_act_ns >= (uint64_t)G->st.settle_us * 1000ull && !gs_capturing() &&
+                  settled_locked(act);
+    if (!idle && !expired && !settled)
         return;
     if (gs_capture_active())
         return; /* never synchronize a capturing stream; the scheduler may revoke us */
-    gate_release_locked(idle ? "idle" : "quantum used, others waiting");
+    if (settled)
+        G->st.settles++;
+    gate_release_locked(settled ? "work completed" : idle ? "idle" : "quantum used, others waiting");
 }
 
 /* After a GRANT with oversubscription: swap in, then open the gate (mu held, dropped meanwhile). */
@@ -118,6 +150,10 @@ static struct timespec tick_locked(void)
     uint32_t us = TICK_MS * 1000, idle = gate_idle_us_locked();
     if (G->st.held && idle / 4 < us)
         us = idle / 4 > GS_IDLE_MIN_US ? idle / 4 : GS_IDLE_MIN_US;
+    /* Release on completion: a look every half floor, so the GPU goes at most 1.5 floors after the
+     * work's end and the last call (and the timer slack). */
+    if (G->st.held && G->st.settle_us != 0 && !G->st.settle_blind && G->st.settle_us / 2 < us)
+        us = G->st.settle_us / 2 > GS_IDLE_MIN_US ? G->st.settle_us / 2 : GS_IDLE_MIN_US;
     return (struct timespec){.tv_sec = 0, .tv_nsec = (long)us * 1000};
 }
 

@@ -58,8 +58,8 @@
                     gs_gates_settle(stream))
 
 /* A launch: with a launch bound, waits (outside the gate) while the process's queue is full, and marks
- * the queue after the launch (in flight, so a release's drain sees the mark). Unbounded: one load and
- * a branch more. */
+ * the queue after the launch (in flight, so a release's drain sees the mark); with release on completion
+ * (settle.c) notes its stream, in flight too. Neither: two loads and branches more. */
 #define GS_BODY_LAUNCH(name, params, args, stream_key) GS_BODY_LAUNCH_(name, params, args, GS_UNPAIR stream_key)
 #define GS_UNPAIR(stream, key) stream, key
 #define GS_BODY_LAUNCH_(...) GS_BODY_LAUNCH__(__VA_ARGS__)
@@ -71,11 +71,14 @@
         gs_dev_pick_stream(stream);                                                                \
         struct gs_pace_ticket pt;                                                                  \
         int paced = GS_UNLIKELY(atomic_load_explicit(&gs_pace_max[gs_dev_cur], memory_order_relaxed) != 0) && \
-                    gs_pace_before(&pt, (key), gs_multi ? (stream) : NULL);                        \
+                    gs_pace_before(&pt, (key), (stream));                                         \
         int gd = gs_gate_enter(GS_ID_##name);                                                      \
         CUresult r = real args;                                                                    \
         if (GS_UNLIKELY(paced))                                                                    \
             gs_pace_after(&pt, r == CUDA_SUCCESS ? (stream) : NULL, r);                            \
+        if (GS_UNLIKELY(atomic_load_explicit(&gs_settle_on[gs_dev_cur], memory_order_relaxed)) && \
+            r == CUDA_SUCCESS)                                                                     \
+            gs_settle_note(stream);                                                                \
         gs_gate_leave(gd);                                                                         \
         return r;                                                                                  \
     }
@@ -129,6 +132,7 @@
         GS_REAL_OR_FAIL(name)                                                                      \
         gs_ctx_remove(ctx);                                                                        \
         gs_pace_forget_ctx(ctx);                                                                   \
+        gs_settle_forget_ctx(ctx);                                                                 \
         return real args;                                                                          \
     }
 
@@ -138,6 +142,7 @@
     {                                                                                              \
         GS_REAL_OR_FAIL(name)                                                                      \
         gs_pace_forget_dev(dev);                                                                   \
+        gs_settle_forget_ctx(NULL);                                                                \
         return real args;                                                                          \
     }
 

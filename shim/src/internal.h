@@ -54,6 +54,7 @@ struct gs_config {
     uint64_t budget_cap;      /* GPUSHARE_BUDGET_BYTES: at most this much of the scheduler's budget (0: all) */
     uint64_t segment_bytes;   /* GPUSHARE_SEGMENT_MIB: cuMemAlloc above this swaps in segments (0: whole) */
     _Atomic int64_t pace_override;     /* (policy) GPUSHARE_PACE_OVERRIDE: the launch bound in force (0: none); -1: the scheduler's */
+    _Atomic int64_t pace_time_override_us; /* (policy) GPUSHARE_PACE_TIME_OVERRIDE_US: the bound in GPU time (0: none); -1: the scheduler's */
     _Atomic uint32_t pace_wait_max_ms; /* (policy) GPUSHARE_PACE_WAIT_MAX_MS: longest wait for the process's own work, then no pacing */
     _Atomic uint32_t pace_full_us;     /* (policy) GPUSHARE_PACE_FULL_US: a launch that runs this long counts as a whole one */
 };
@@ -387,6 +388,9 @@ void gs_pace_init(void); /* after the configuration is read */
 /* The calling thread's GPU's scheduler's bound (PACE), or 0 when its connection ends (from_scheduler 0:
  * said nowhere). */
 void gs_pace_set(uint32_t max_queued, int from_scheduler);
+/* The calling thread's GPU's scheduler's bound in GPU time (PACE_TIME, us; 0: the count bound), or 0 when
+ * its connection ends. */
+void gs_pace_set_time(uint32_t queue_us, int from_scheduler);
 /* Before a launch on stream s (key: gs_launch_key), not in flight: waits while the queue of the stream's
  * context is at its GPU's bound; 1 when the launch counts (then gs_pace_after follows it, in flight, with
  * the launch's stream and result). */
@@ -400,6 +404,18 @@ void gs_pace_reapply(void); /* after GPUSHARE_PACE_OVERRIDE's value in force cha
 /* The calling thread's GPU's bound in force and where it comes from (GS_PACING_*), for its scheduler
  * (PACING, protocol 6). */
 void gs_pace_state(uint32_t *max_queued, uint32_t *state);
+
+/* ---- release on completion (settle.c, SETTLE, protocol 7) ---- */
+/* Per shared GPU: the scheduler asked for a release on completion, so launches note their streams. */
+extern _Atomic int gs_settle_on[GS_DEV_SLOTS];
+void gs_settle_note(CUstream s); /* after a launch on s that succeeded, in flight */
+/* The background thread of the calling thread's GPU: records one event on each stream launched on since
+ * the last release (0), or -1 when it cannot tell (then the idle window decides). */
+int gs_settle_record(void);
+int gs_settle_done(void);  /* 1 once every event recorded has completed */
+void gs_settle_reset(void); /* at a release: nothing launched since */
+void gs_settle_forget_ctx(CUcontext ctx); /* before ctx goes (NULL: a primary context, any) */
+void gs_settle_atfork_child(void);
 
 /* ---- scheduler connection (conn.c) ---- */
 /* The oldest protocol version the shim speaks: a scheduler that refuses GS_PROTO_VERSION is greeted one

@@ -19,6 +19,8 @@
  *     pace_file=PATH pace_next=M   once PATH exists (once): PACE M
  *     idle=N               IDLE idle_us=N right after WELCOME (after PACE), to clients of version 5 and later
  *     idle_any=1           ... and to older clients too (a scheduler that breaks the protocol)
+ *     settle=N             SETTLE floor_us=N right after WELCOME (after IDLE), to clients of version 7 and later
+ *     pace_time=N          PACE_TIME queue_us=N right after WELCOME (before PACE), to clients of version 7 and later
  *     claim=BYTES          (version 6) the client is in a claim's ledger of BYTES (LEDGER flags ON right
  *                          after WELCOME; without it, LEDGER flags 0), with reserve=BYTES per process
  *                          (default 256 MiB), chunk=BYTES (default 64 MiB), and others=BYTES granted to
@@ -132,6 +134,8 @@ int main(int argc, char **argv)
     uint32_t pace_next = (uint32_t)strtoul(arg(argc, argv, "pace_next", "0"), NULL, 10);
     int paced_next = 0;
     const char *idle = arg(argc, argv, "idle", NULL);
+    const char *settle = arg(argc, argv, "settle", NULL);
+    const char *pace_time = arg(argc, argv, "pace_time", NULL);
     int idle_any = atoi(arg(argc, argv, "idle_any", "0"));
     uint64_t claim = strtoull(arg(argc, argv, "claim", "0"), NULL, 10);
     uint64_t reserve = strtoull(arg(argc, argv, "reserve", "268435456"), NULL, 10);
@@ -247,10 +251,15 @@ int main(int argc, char **argv)
                 }
                 if (policy >= 0 && client_version >= 6)
                     send_value(fd, GS_MSG_POLICY, (uint32_t)policy, "sent POLICY flags=%llu\n");
+                if (pace_time != NULL && client_version >= 7)
+                    send_value(fd, GS_MSG_PACE_TIME, (uint32_t)strtoul(pace_time, NULL, 10),
+                               "sent PACE_TIME queue_us=%llu\n");
                 if (pace != NULL && (client_version >= 4 || pace_any))
                     send_value(fd, GS_MSG_PACE, (uint32_t)strtoul(pace, NULL, 10), "sent PACE max_queued=%llu\n");
                 if (idle != NULL && (client_version >= 5 || idle_any))
                     send_value(fd, GS_MSG_IDLE, (uint32_t)strtoul(idle, NULL, 10), "sent IDLE idle_us=%llu\n");
+                if (settle != NULL && client_version >= 7)
+                    send_value(fd, GS_MSG_SETTLE, (uint32_t)strtoul(settle, NULL, 10), "sent SETTLE floor_us=%llu\n");
             } else if (h.type == GS_MSG_PING) {
                 struct gs_ping q;
                 memcpy(&q, m, sizeof(q));

@@ -386,10 +386,10 @@ for entry in kernel ex graph; do # on a stream of the application's
         fail "PACE 8 on $entry on a stream" "records on $streams $out"
     fi
 done
-if grep -q "got HELLO version=6" "$D/sched.log" && ! grep -q "refused HELLO" "$D/sched.log"; then
-    pass "the shim says HELLO in protocol 6"
+if grep -q "got HELLO version=7" "$D/sched.log" && ! grep -q "refused HELLO" "$D/sched.log"; then
+    pass "the shim says HELLO in protocol 7"
 else
-    fail "protocol 6 HELLO" "$(cat "$D/sched.log")"
+    fail "protocol 7 HELLO" "$(cat "$D/sched.log")"
 fi
 stop_fake
 
@@ -434,6 +434,58 @@ if [ "$ok" = 1 ] && [ "$released" = 0 ] && [ "$(max_outstanding "$D/trace")" = 8
     pass "a thread waiting for its launch bound keeps the lock however long it does not run"
 else
     fail "idle release during a pacing wait" "ok=$ok released=$released $(cat "$D/sched.log" "$D/out" "$D/err")"
+fi
+stop_fake
+
+# 17c. Release on completion (SETTLE, protocol 7): with the scheduler's floor of 100 us and a window of
+# 10 minutes, a production process that launched 8 kernels and then makes no GPU call keeps the lock
+# while the held GPU has not run them (its background thread's event is polled and found not done: a W
+# line), and releases once they ran, long before its window.
+D=$TMP/settle
+mkdir -p "$D"
+start_fake "$D" settle=100
+run_paced "$D" GPUSHARE_SOCKET="$D/s.sock" PACE_CLIENT_THEN="$D/then" "$PACE" launch kernel 8
+ok=1
+wait_for 20 grep -q "launched 8" "$D/out" || ok=0
+wait_for 20 waits_at "$D/trace" 8 1 || ok=0
+early=$(grep -c "got RELEASE" "$D/sched.log" || true)
+echo 8 >"$D/run"
+wait_for 20 grep -q "got RELEASE" "$D/sched.log" || ok=0
+: >"$D/then"
+wait_for 20 grep -q "launched 16" "$D/out" || ok=0
+finish_paced "$D" || ok=0
+if [ "$ok" = 1 ] && [ "$early" = 0 ] && grep -q "client done" "$D/out" &&
+    grep -q "asks for a release once this process's GPU work completed and 100 us passed" "$D/err"; then
+    pass "SETTLE: production releases once its work completed, not before, long before its idle window"
+else
+    fail "release on completion" "ok=$ok early=$early $(cat "$D/sched.log" "$D/out" "$D/err")"
+fi
+stop_fake
+
+# 17d. The bound in GPU time (PACE_TIME 500 us beside PACE 3): launches whose kind is not timed yet keep
+# to the count (3 outstanding, each a third of the bound); once timed (the stub's run 100 us each, in
+# the first 64 launches, which the GPU runs), 5 are outstanding on the held GPU, and the 6th waits.
+D=$TMP/pacetime
+mkdir -p "$D"
+start_fake "$D" pace=3 pace_time=500
+run_paced "$D" GPUSHARE_SOCKET="$D/s.sock" PACE_CLIENT_THEN="$D/then" "$PACE" launch kernel 64
+ok=1
+wait_for 20 waits_at "$D/trace" 3 1 || ok=0
+m3=$(max_outstanding "$D/trace")
+echo 64 >"$D/run"
+wait_for 20 grep -q "launched 64" "$D/out" || ok=0
+p0=$(polls_waiting "$D/trace")
+: >"$D/then"
+waits_at_69() { [ "$(launches_made "$D/trace")" = 69 ] && [ "$(polls_waiting "$D/trace")" -gt "$p0" ]; }
+wait_for 20 waits_at_69 || ok=0
+made=$(launches_made "$D/trace")
+finish_paced "$D" || ok=0
+m=$(max_outstanding "$D/trace")
+if [ "$ok" = 1 ] && [ "$m3" = 3 ] && [ "$m" = 5 ] && grep -q "client done" "$D/out" &&
+    grep -q "at most 500 us of GPU time outstanding (the GPU scheduler's bound)" "$D/err"; then
+    pass "PACE_TIME 500 us: 3 untimed launches, then 5 of 100 us outstanding"
+else
+    fail "PACE_TIME" "ok=$ok untimed max=$m3 max=$m made=$made $(cat "$D/sched.log" "$D/out" "$D/err")"
 fi
 stop_fake
 
@@ -494,18 +546,20 @@ else
 fi
 
 # 20. A destroyed context's events are never used: after cuCtxDestroy, and after the primary context's
-# release, the next launches get new events (every launch records with a bound of 4) and the stub,
-# which fails any use of a dead event with an "X", sees none.
+# release, the next launches get new events (records in both halves) and the stub, which fails any use
+# of a dead event with an "X", sees none.
 for mode in ctxgone primary; do
     D=$TMP/pace$mode
     mkdir -p "$D"
     out=$(run_client GPUSHARE_PACE_OVERRIDE=4 GPUSHARE_STUB_TRACE="$D/trace" timeout 20 "$PACE" $mode 16 2>&1 || true)
     x=$(grep -c '^X ' "$D/trace" || true)
     r=$(grep -c '^R ' "$D/trace" || true)
-    if grep -q "client done" <<<"$out" && [ "$x" = 0 ] && [ "$r" = 32 ] && ! grep -q "pacing off" <<<"$out"; then
+    # the records made after the 16th launch: the second context's
+    late=$(awk '$1 == "Q" && $4 ~ /^cuLaunch/ {q++} $1 == "R" && q > 16 {r++} END {print r + 0}' "$D/trace")
+    if grep -q "client done" <<<"$out" && [ "$x" = 0 ] && [ "$late" -ge 1 ] && ! grep -q "pacing off" <<<"$out"; then
         pass "pacing forgets a context's events when it goes ($mode) and paces the next one"
     else
-        fail "pacing across $mode" "x=$x r=$r $(grep '^X ' "$D/trace" | head -2) $out"
+        fail "pacing across $mode" "x=$x r=$r late=$late $(grep '^X ' "$D/trace" | head -2) $out"
     fi
 done
 
@@ -568,7 +622,7 @@ ok=1
 wait_for 20 grep -q "launched 64" "$D/out" || ok=0
 finish_paced "$D" || ok=0
 hellos=$(grep -e "HELLO" "$D/sched.log" | tr '\n' ' ')
-want_hellos="got HELLO version=6 refused HELLO version=6 got HELLO version=5 refused HELLO version=5 got HELLO version=4 refused HELLO version=4 got HELLO version=3 "
+want_hellos="got HELLO version=7 refused HELLO version=7 got HELLO version=6 refused HELLO version=6 got HELLO version=5 refused HELLO version=5 got HELLO version=4 refused HELLO version=4 got HELLO version=3 "
 if [ "$ok" = 1 ] && grep -q "client done" "$D/out" && [ "$hellos" = "$want_hellos" ] && grep -q "got ACQUIRE" "$D/sched.log" &&
     ! grep -q "changed protocol version" "$D/sched.log" && ! grep -q "sent PACE" "$D/sched.log" &&
     grep -q "speaks protocol 3 .*: no launch pacing, no scheduler idle window and no claim ledger" "$D/err" &&
@@ -604,6 +658,20 @@ too_new() {
 # A PACE in a version 3 connection (it came with version 4) is a protocol error: pass-through, one warning.
 too_new v3pace "PACE sent to a protocol 3 client is a protocol error: pass-through with one warning" \
     "sent PACE max_queued=4" version=3 pace=4 pace_any=1 -- "$PACE" launch kernel 16
+
+# 24b. One event per run of launches: 512 kernels of 10 us under a bound of 64 record an event each only
+# until their kind is timed (its first four, then every 64th launch), and otherwise one per run (16
+# launches at most, or a quarter of the bound's weight): at most a quarter as many records as launches.
+D=$TMP/pacerun
+mkdir -p "$D"
+out=$(run_client GPUSHARE_PACE_OVERRIDE=64 GPUSHARE_LOG_LEVEL=info GPUSHARE_STUB_TRACE="$D/trace" timeout 20 "$PACE" launch kernel 512 2>&1 || true)
+r=$(grep -c '^R ' "$D/trace" || true)
+if grep -q "client done" <<<"$out" && [ "$r" -ge 1 ] && [ "$r" -le 128 ] && ! grep -q "pacing off" <<<"$out" &&
+    grep -q "launch pacing: 512 launches paced" <<<"$out"; then
+    pass "pacing records one event per run of launches ($r for 512)"
+else
+    fail "one event per run" "r=$r $out"
+fi
 
 # 25. The bound is the connection's: when the scheduler goes away the waiting thread goes on unbounded;
 # the scheduler that comes back (REJOIN) sends its own bound, which holds from then on.
@@ -735,7 +803,7 @@ mkdir -p "$D"
 start_fake "$D" version=4 pace=4 idle=20000
 out=$(run_client GPUSHARE_SOCKET="$D/s.sock" GPUSHARE_LOG_LEVEL=info timeout 20 "$CLIENT" dlsym 5 2>&1 || true)
 hellos=$(grep -e "HELLO" "$D/sched.log" | tr '\n' ' ')
-if grep -q "client done" <<<"$out" && [ "$hellos" = "got HELLO version=6 refused HELLO version=6 got HELLO version=5 refused HELLO version=5 got HELLO version=4 " ] &&
+if grep -q "client done" <<<"$out" && [ "$hellos" = "got HELLO version=7 refused HELLO version=7 got HELLO version=6 refused HELLO version=6 got HELLO version=5 refused HELLO version=5 got HELLO version=4 " ] &&
     grep -q "sent PACE max_queued=4" "$D/sched.log" && grep -q "got ACQUIRE" "$D/sched.log" &&
     ! grep -q "sent IDLE" "$D/sched.log" && ! grep -q "changed protocol version" "$D/sched.log" &&
     grep -q "at most 4 launches outstanding (the GPU scheduler's bound)" <<<"$out" &&

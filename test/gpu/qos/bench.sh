@@ -8,11 +8,17 @@
 #   mps-alone   production alone as an MPS client: what MPS itself costs it
 #   gs-mps      what gpusharing gives an opportunistic pod on an MPS GPU with sharing.qos: client priority 1
 #               and opportunisticThreadPercentage (QOS_MPS_THREADS, default 50; gs-mps-tN: N)
-#   gs-shim     gpusharing's shim on both (oversubscription on, memory fits): production preempts the
-#               trainer's lock at once, the trainer's launch queue is bounded while production is connected
-#               (PACE launches, default 3 as in the product; gs-shim-pN: N), production releases after
-#               the scheduler's idle window (1 ms, as in the product) or IDLE_US when shorter (gs-shim-iN:
-#               N us; gs-shim-fN: the trainer's GPUSHARE_PACE_FULL_US=N; several: gs-shim-pN-iM)
+#   gs-shim     gpusharing's shim on both (oversubscription on, memory fits), as the product sets it up:
+#               production preempts the trainer's lock at once; while production is busy the trainer keeps
+#               at most QUEUE_US of GPU time queued (PACE_TIME, default 500 as in the product; gs-shim-qN:
+#               N us), launches not timed yet keeping to PACE launches (default 3; gs-shim-pN: N); production
+#               releases once its work completed and SETTLE_US passed without a GPU call (SETTLE, default 100
+#               as in the product; gs-shim-sN: N us), at the latest after the scheduler's idle window (1 ms)
+#               or IDLE_US when shorter (gs-shim-iN: N us; gs-shim-fN: the trainer's GPUSHARE_PACE_FULL_US=N;
+#               several: gs-shim-qN-sM)
+#   gs-shim-window  the same build with the scheduler's earlier terms (--settle-floor 0
+#               --opportunistic-queue-time 0): production releases after the 1 ms idle window, the trainer's
+#               queue bounded in PACE launches: what release on completion and the bound in GPU time change
 #   gs-shim-base gs-shim with another build of the shim (BASE_SHIM=path of its libgpushare.so): a shim change
 #               side by side with the build it changes
 #   gs-mps-shim the shim's lock on an MPS GPU, which gpusharing does not set up (docs/qos.md says why):
@@ -23,10 +29,13 @@
 #               hand-offs cost by themselves (production releases after 1 ms idle and asks again)
 #   gs-oversub  the same with a memory budget production + two trainers exceed: the trainers swap between
 #               themselves, production's memory stays resident
-#   gs-solo     the trainer alone under the shim, its launches bounded as beside production (PACE; each
-#               launch weighed by its run time, GPUSHARE_PACE_FULL_US, the shim's default; gs-solo-fN: N us,
-#               gs-solo-f0: each launch counts as one): what the bound itself costs the trainer
-# Production serves ResNet-50 and BERT-base (batch 8, fp16) to Poisson arrivals at 30% and 70% load (load =
+#   gs-solo     the trainer alone under the shim, its queue bounded as beside production (QUEUE_US of GPU
+#               time, GPUSHARE_PACE_TIME_OVERRIDE_US, with PACE launches for kinds not timed yet): what the
+#               bound itself costs the trainer; gs-solo-count: the bound in PACE launches alone, each weighed
+#               by its run time up to GPUSHARE_PACE_FULL_US (gs-solo-fN: N us, gs-solo-f0: each counts as one)
+# Production serves ResNet-50 and BERT-base (batch 8, fp16, CUDA graphs), and with MODELS naming it
+# resnet50-eager (the same ResNet-50 as plain eager PyTorch: launch-bound production, at EAGER_LOADS), to
+# Poisson arrivals at 30% and 70% load (load =
 # rate x solo service time, CPU side included), REPS times each; per configuration it prints p50/p99
 # against alone (median of the repetitions, with min-max), the trainers' throughput against solo and
 # against the idle share production leaves (1 - its GPU-busy fraction alone, from CUDA events around each
@@ -58,9 +67,12 @@ CONFIGS=${CONFIGS:-timeslice mps mps-prio gs-mps gs-shim gs-oversub}
 QOS_MPS_THREADS=${QOS_MPS_THREADS:-50}
 QUANTUM=${QUANTUM:-2s}
 PACE=${PACE:-3}
+QUEUE_US=${QUEUE_US:-500}  # the trainer's queue in GPU time (--opportunistic-queue-time; 0: PACE launches alone)
+SETTLE_US=${SETTLE_US:-100} # production's release on completion (--settle-floor; 0: the idle window alone)
 IDLE_US=${IDLE_US:-} # production's own idle window, in us; only one shorter than the scheduler's 1 ms holds
 MODELS=${MODELS:-resnet50 bert} # a subset for a focused sweep
 LOADS=${LOADS:-0.3 0.7}
+EAGER_LOADS=${EAGER_LOADS:-0.7} # resnet50-eager's loads: launch-bound production is measured at ~70 % load
 TRAINER=${TRAINER:-resnet50}
 case $TRAINER in
 resnet50) TRAIN_ARGS="" ;;
@@ -82,7 +94,23 @@ cleanup() {
 trap cleanup EXIT
 
 echo "# bench-qos $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader -i 0)"
-echo "# command: make bench-qos REPS=$REPS SECONDS_PER_PHASE=$SECONDS_PER_PHASE CONFIGS=\"$CONFIGS\" QOS_MPS_THREADS=$QOS_MPS_THREADS QUANTUM=$QUANTUM PACE=$PACE IDLE_US=$IDLE_US MODELS=\"$MODELS\" LOADS=\"$LOADS\" TRAINER=$TRAINER"
+echo "# command: make bench-qos REPS=$REPS SECONDS_PER_PHASE=$SECONDS_PER_PHASE CONFIGS=\"$CONFIGS\" QOS_MPS_THREADS=$QOS_MPS_THREADS QUANTUM=$QUANTUM PACE=$PACE QUEUE_US=$QUEUE_US SETTLE_US=$SETTLE_US IDLE_US=$IDLE_US MODELS=\"$MODELS\" LOADS=\"$LOADS\" EAGER_LOADS=\"$EAGER_LOADS\" TRAINER=$TRAINER"
+PHASES=""
+for rep in $(seq 0 $((REPS - 1))); do
+	for model in $MODELS; do
+		loads=$LOADS
+		[ "$model" = resnet50-eager ] && loads=$EAGER_LOADS
+		for load in $loads; do PHASES="$PHASES${PHASES:+,}$model:$load:$rep"; done
+	done
+done
+# The run's length: every configuration with production serves its phases (each SECONDS_PER_PHASE, 0.3 s
+# apart) after ~20 s of start-up (models built and warmed, trainers at their first steps); alone and solo
+# always run; a trainer alone runs 3 phases' time after ~20 s; calibration ~20 s.
+n_phases=$(tr , '\n' <<<"$PHASES" | wc -l)
+n_prod=1 n_solo=1
+for c in $CONFIGS; do case $c in gs-solo*) n_solo=$((n_solo + 1)) ;; *) n_prod=$((n_prod + 1)) ;; esac; done
+est=$((20 + n_prod * (n_phases * (SECONDS_PER_PHASE * 10 + 3) / 10 + 20) + n_solo * (3 * SECONDS_PER_PHASE + 20)))
+echo "# estimate: $n_phases phases of ${SECONDS_PER_PHASE} s in each of $n_prod configurations with production, $n_solo with a trainer alone: about $((est / 60)) min $((est % 60)) s"
 python3 -c 'import torch; print("# torch", torch.__version__, "cuda", torch.version.cuda)'
 nvidia-smi --query-gpu=compute_mode,memory.used --format=csv -i 0
 make -s -C "$ROOT/shim" all || exit 1
@@ -90,12 +118,6 @@ make -s -C "$ROOT/shim" all || exit 1
 UUID=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i 0 | tr -d ' ')
 export CUDA_VISIBLE_DEVICES=0
 
-PHASES=""
-for rep in $(seq 0 $((REPS - 1))); do
-	for model in $MODELS; do
-		for load in $LOADS; do PHASES="$PHASES${PHASES:+,}$model:$load:$rep"; done
-	done
-done
 
 # run_config NAME TRAINERS SERVER_ENV TRAINER_ENV [TRAIN_ARGS]: the trainers start first; production builds and
 # warms its models meanwhile and starts its phases once every trainer has run a few steps.
@@ -113,7 +135,7 @@ run_config() {
 		for _ in $(seq 600); do [ -e "$d/train1.ready" ] && break; sleep 0.1; done
 		sleep $((SECONDS_PER_PHASE * 3))
 	else
-		env $senv timeout 900 python3 "$HERE/serve.py" --service "$SERVICE" --phases "$PHASES" \
+		env $senv timeout 900 python3 "$HERE/serve.py" --models "$SERVE_MODELS" --service "$SERVICE" --phases "$PHASES" \
 			--seconds "$SECONDS_PER_PHASE" --ready "$d/serve.ready" >"$d/serve.json" 2>"$d/serve.log" &
 		local spid=$!
 		for _ in $(seq 1800); do
@@ -139,10 +161,11 @@ stop_mps() {
 	for _ in $(seq 100); do pgrep -f nvidia-cuda-mps-server >/dev/null || break; sleep 0.1; done
 	rm -rf "$MPS_PIPE"
 }
-start_sched() { # start_sched BUDGET_BYTES
+start_sched() { # start_sched BUDGET_BYTES [FLAG...]: the standalone scheduler with the product's terms (or FLAGs')
 	SOCK_DIR=$T/sock-$1
 	mkdir -p "$SOCK_DIR"
-	"$BUILD/gpushare-scheduler" --socket-dir "$SOCK_DIR" --gpu "$UUID:$QUANTUM::$1:Auto" --opportunistic-queue "$PACE" -v 1 2>"$T/scheduler-$1.log" &
+	"$BUILD/gpushare-scheduler" --socket-dir "$SOCK_DIR" --gpu "$UUID:$QUANTUM::$1:Auto" --opportunistic-queue "$PACE" \
+		--opportunistic-queue-time "${QUEUE_US}us" --settle-floor "${SETTLE_US}us" "${@:2}" -v 1 2>"$T/scheduler-$1.log" &
 	SCHED_PID=$!
 	for _ in $(seq 100); do [ -S "$SOCK_DIR/$UUID.sock" ] && break; sleep 0.05; done
 	# As the agent sets it up on a GPU with sharing.qos: the scheduler tells production its 1 ms idle
@@ -155,11 +178,12 @@ stop_sched() {
 	kill -INT "$SCHED_PID"
 	wait "$SCHED_PID"
 	SCHED_PID=""
-	grep -E "^client |^gpu |preempt" "$T/scheduler-$1.log" | head -20 | sed 's/^/  scheduler: /'
+	grep -E "Serving GPU lock|^client |^gpu |preempt" "$T/scheduler-$1.log" | head -20 | sed "s/^/  scheduler: /"
 }
 
+SERVE_MODELS=$(tr ' ' , <<<"$MODELS")
 echo "== calibrate (production alone, back to back)"
-python3 "$HERE/serve.py" --calibrate >"$T/calibrate.json" 2>"$T/calibrate.log" || { cat "$T/calibrate.log"; exit 1; }
+python3 "$HERE/serve.py" --models "$SERVE_MODELS" --calibrate >"$T/calibrate.json" 2>"$T/calibrate.log" || { cat "$T/calibrate.log"; exit 1; }
 cat "$T/calibrate.json"
 SERVICE=$(python3 -c 'import json,sys; c=json.load(open(sys.argv[1]))["calibrate"]; print(",".join(f"{k}={v:.3f}" for k,v in c.items()))' "$T/calibrate.json")
 echo "== alone"; run_config alone 0 "" ""
@@ -182,12 +206,17 @@ for c in $CONFIGS; do
 		start_sched $((60 << 30))
 		run_config gs-alone 0 "$PROD" ""
 		stop_sched $((60 << 30)) ;;
-	gs-shim | gs-shim-[pif]* | gs-mps-shim | gs-mps-shim-[pift]*)
-		keep="$PACE $IDLE_US"
+	gs-shim-window)
+		start_sched $((60 << 30)) --settle-floor 0 --opportunistic-queue-time 0
+		run_config gs-shim-window 1 "$PROD" "$SHIM"
+		stop_sched $((60 << 30)) ;;
+	gs-shim | gs-shim-[pifqs]* | gs-mps-shim | gs-mps-shim-[pifqst]*)
+		keep="$PACE $QUEUE_US $SETTLE_US $IDLE_US" # IDLE_US last: it may be empty
 		full="" threads="" senv="" tenv=""
 		for part in $(tr - ' ' <<<"${c#gs-*shim}"); do
 			case $part in
 			p*) PACE=${part#p} ;; i*) IDLE_US=${part#i} ;; f*) full=" GPUSHARE_PACE_FULL_US=${part#f}" ;;
+			q*) QUEUE_US=${part#q} ;; s*) SETTLE_US=${part#s} ;;
 			t*) threads=" CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=${part#t}" ;;
 			esac
 		done
@@ -199,7 +228,7 @@ for c in $CONFIGS; do
 		run_config "$c" 1 "$senv$PROD" "$tenv$SHIM$full"
 		stop_sched $((60 << 30))
 		[[ $c == gs-mps-shim* ]] && stop_mps
-		read -r PACE IDLE_US <<<"$keep" ;;
+		read -r PACE QUEUE_US SETTLE_US IDLE_US <<<"$keep" ;;
 	gs-shim-base)
 		# gs-shim with another build of the shim (BASE_SHIM: its libgpushare.so), beside gs-shim in the same
 		# run: what a change to the shim costs, against the same scheduler, models and baselines.
@@ -207,11 +236,15 @@ for c in $CONFIGS; do
 		start_sched $((60 << 30))
 		run_config gs-shim-base 1 "${PROD/$BUILD\/libgpushare.so/$BASE_SHIM}" "${SHIM/$BUILD\/libgpushare.so/$BASE_SHIM}"
 		stop_sched $((60 << 30)) ;;
-	gs-solo | gs-solo-f*)
-		full=""
-		[ "$c" != gs-solo ] && full="GPUSHARE_PACE_FULL_US=${c#gs-solo-f}"
+	gs-solo)
 		start_sched $((60 << 30))
-		run_config "$c" 1 "" "$SHIM GPUSHARE_PACE_OVERRIDE=$PACE GPUSHARE_LOG_LEVEL=info $full"
+		run_config "$c" 1 "" "$SHIM GPUSHARE_PACE_OVERRIDE=$PACE GPUSHARE_PACE_TIME_OVERRIDE_US=$QUEUE_US GPUSHARE_LOG_LEVEL=info"
+		stop_sched $((60 << 30)) ;;
+	gs-solo-count | gs-solo-f*)
+		full=""
+		[[ $c == gs-solo-f* ]] && full="GPUSHARE_PACE_FULL_US=${c#gs-solo-f}"
+		start_sched $((60 << 30))
+		run_config "$c" 1 "" "$SHIM GPUSHARE_PACE_OVERRIDE=$PACE GPUSHARE_PACE_TIME_OVERRIDE_US=0 GPUSHARE_LOG_LEVEL=info $full"
 		stop_sched $((60 << 30)) ;;
 	gs-oversub)
 		# Production's memory plus one trainer's fit; a second trainer does not: they swap between themselves.

@@ -57,7 +57,7 @@ def bert_base():
 def inference_model(name, batch):
     """The model in eval mode, fp16, on the GPU, and a fixed input batch."""
     g = torch.Generator().manual_seed(1)
-    if name == "resnet50":
+    if name in ("resnet50", "resnet50-eager"):
         m, _ = resnet50()
         x = torch.randn(batch, 3, 224, 224, generator=g)
     elif name == "bert":

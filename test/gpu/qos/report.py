@@ -81,14 +81,14 @@ def main():
               f"{busy_s}")
     print()
     w = max(len(c) for c in ["configuration"] + configs)  # one column, however long a name
-    print(f"{'configuration':{w}} {'model':9} {'load':>5}  {'p99 vs alone':>22}  {'p50 vs alone':>22}  "
+    print(f"{'configuration':{w}} {'model':14} {'load':>5}  {'p99 vs alone':>22}  {'p50 vs alone':>22}  "
           f"{'trainer vs solo':>22}  {'of idle share':>22}  outputs  losses")
     for c in configs:
         d = os.path.join(root, c)
         ph, ts = phases(d), trainers(d)
         if not ph and ts and rate > 0:  # the trainer alone (gs-solo): its own rate against solo's
             r = solo_rate(ts[0])
-            print(f"{c:{w}} {'(trainer alone)':15}  {'-':>22}  {'-':>22}  {r / rate:>22.0%}  {'-':>22}  {'-':7}  "
+            print(f"{c:{w}} {'(trainer alone)':20}  {'-':>22}  {'-':>22}  {r / rate:>22.0%}  {'-':>22}  {'-':7}  "
                   f"{'same' if ts[0]['loss_digest'] == solo_digest else 'DIFFER'}")
             continue
         same_losses = all(t["loss_digest"] == solo_digest for t in ts) if ts else None
@@ -106,7 +106,7 @@ def main():
                     if base.get("gpu_busy") is not None and base["gpu_busy"] < 1:
                         idle.append(thr[-1] / (1 - base["gpu_busy"]))
             tput = pct(thr)
-            print(f"{c:{w}} {m:9} {l:>5.0%}  {fmt(p99):>22}  {fmt(p50):>22}  {tput:>22}  {pct(idle):>22}  "
+            print(f"{c:{w}} {m:14} {l:>5.0%}  {fmt(p99):>22}  {fmt(p50):>22}  {tput:>22}  {pct(idle):>22}  "
                   f"{'same' if same and p99 else 'DIFFER' if p99 else '-':7}  "
                   f"{'-' if same_losses is None else 'same' if same_losses else 'DIFFER'}")
 

@@ -6,13 +6,16 @@
 Each phase is model:load:rep. Its arrivals are Poisson at rate = load / service time, from a seed of
 (model, load, rep) only, so every configuration of a run sees the same arrival times. One server thread
 answers them in order (a request that arrives while another runs queues); each model's forward pass is
-a CUDA graph replayed per request, as inference servers run small batches, and a request's latency is
+a CUDA graph replayed per request, as inference servers run small batches, and resnet50-eager is the same
+ResNet-50 run as plain eager PyTorch (one launch per operation, the GPU idle between kernels while
+Python launches the next: production that is launch-bound). A request's latency is
 from its arrival to its result being on the host: queueing included, as a client sees it. Each phase
 prints one JSON line: p50, p99, mean, the requests, an output digest (the same fixed inputs every
 request, so the digest must equal the alone run's bit for bit where the kernels are the same) and
 gpu_busy: the fraction of the phase production's GPU work took, from CUDA events recorded around each
 request's work (the graph's replay and the result's conversion). Alone, that is the GPU time production
-itself needs; 1 - gpu_busy is the idle share it leaves, the most an opportunistic process can have of a
+itself needs (for resnet50-eager it is the request's whole span, the GPU's gaps between its kernels
+included, so its idle share is only the time between requests); 1 - gpu_busy is the idle share it leaves, the most an opportunistic process can have of a
 GPU that runs one context at a time (report.py). Beside a trainer the events also count the time the
 request's work waited for the trainer's kernels, so only the alone figure is that share.
 
@@ -32,7 +35,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from models import deterministic, inference_model  # noqa: E402
 
-BATCH = {"resnet50": 8, "bert": 8}
+BATCH = {"resnet50": 8, "bert": 8, "resnet50-eager": 8}
 
 
 class Served:
@@ -64,6 +67,22 @@ class Served:
     def gpu_ms(self):
         """The GPU time of the last call's work (its events are complete once its result is on the host)."""
         return self.e0.elapsed_time(self.e1)
+
+
+class Eager(Served):
+    """One model served eagerly: a forward pass of one launch per operation per request, no graph."""
+
+    def __init__(self, m, x):
+        self.m, self.x = m, x
+        self.e0 = torch.cuda.Event(enable_timing=True)
+        self.e1 = torch.cuda.Event(enable_timing=True)
+
+    def __call__(self):
+        self.e0.record()
+        with torch.no_grad():
+            y = self.m(self.x).float()
+        self.e1.record()
+        return y.cpu()
 
 
 def run_once(served):
@@ -129,10 +148,11 @@ def main():
     p.add_argument("--phases", default="")
     p.add_argument("--seconds", type=float, default=6.0)
     p.add_argument("--ready", default="")
+    p.add_argument("--models", default=",".join(sorted(BATCH)), help="the models to build (default: all)")
     a = p.parse_args()
     deterministic()
-    names = sorted(BATCH)
-    models = {n: Served(*inference_model(n, BATCH[n])) for n in names}
+    names = sorted(a.models.split(","))
+    models = {n: (Eager if n.endswith("-eager") else Served)(*inference_model(n, BATCH[n])) for n in names}
     for served in models.values():  # warm-up: the first runs of a process are slow (allocator, kernels)
         for _ in range(30):
             run_once(served)

@@ -32,8 +32,9 @@ var (
 )
 
 // scenarioNames are the scenarios --scenarios picks from, in the order they run: mps is Exclusive -> MPS
-// -> Exclusive, oversubscription ends by deleting the policy, sized applies and deletes its own.
-var scenarioNames = []string{"mps", "oversubscription", "usage", "sized"}
+// -> Exclusive, oversubscription ends by deleting the policy, sized and rightsizing apply and delete their
+// own.
+var scenarioNames = []string{"mps", "oversubscription", "usage", "sized", "rightsizing"}
 
 func parseScenarios(list string) (map[string]bool, error) {
 	if list == "" || list == "all" {
@@ -71,6 +72,9 @@ func (s *stack) run(ctx context.Context) {
 	}
 	if s.o.wants("sized") {
 		s.sizedClaims(ctx)
+	}
+	if s.o.wants("rightsizing") {
+		s.rightsizing(ctx)
 	}
 	calls, _ := os.ReadFile(s.smiCalls)
 	s.r.check("nvidia-smi never called (time-slice policy and compute mode untouched)", len(calls) == 0, "%q", strings.TrimSpace(string(calls)))

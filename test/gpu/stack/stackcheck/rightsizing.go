@@ -116,7 +116,8 @@ func (s *stack) rightsizing(ctx context.Context) {
 	s.r.check("target within the margin above the published peak: [peak x 1.10, peak x 1.05 x 1.10]", float64(target) >= lo && float64(target) <= hi,
 		"target %d MiB in [%.0f, %.0f] MiB", target>>20, lo/(1<<20), hi/(1<<20))
 	step := max(int64(256<<20), top/20)
-	s.r.check("published peak within the status threshold of NVML's peak", published <= top && top-published < step,
+	// nvidia-smi lists whole MiB, the agent NVML's bytes rounded down to MiB.
+	s.r.check("published peak within the status threshold of NVML's peak", published <= top+(1<<20) && top-published < step,
 		"published %d MiB, NVML %d MiB, threshold %d MiB", published>>20, top>>20, step>>20)
 	s.r.check("target above NVML's peak", target > top, "target %d MiB, NVML peak %d MiB", target>>20, top>>20)
 
@@ -354,7 +355,8 @@ func (s *stack) rsDeviceStatus(ctx context.Context, p *rsPod) {
 			return false
 		}
 		step := max(int64(256<<20), p.nvmlPeak/20)
-		return u.PeakMemoryBytes <= p.nvmlPeak && p.nvmlPeak-u.PeakMemoryBytes < step
+		// NVML's bytes here, whole MiB from nvidia-smi.
+		return u.PeakMemoryBytes < p.nvmlPeak+(1<<20) && p.nvmlPeak-u.PeakMemoryBytes < step
 	}, time.Now())
 	s.r.check("the claim's device status shows its pod's peak (kubectl get resourceclaim -o yaml)", err == nil,
 		"NVML peak %d MiB; status.devices[0].data %s", p.nvmlPeak>>20, last)

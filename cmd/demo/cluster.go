@@ -36,8 +36,8 @@ type cluster struct {
 	scheduler *testenv.Scheduler
 	// claimController is kube-controller-manager with its ResourceClaim controller alone.
 	claimController *testenv.Component
-	// appControllers is kube-controller-manager with the Deployment and ReplicaSet controllers, for the
-	// right-sizing part (rightsizing.go), once started.
+	// appControllers is kube-controller-manager with the Deployment, ReplicaSet and garbage collector
+	// controllers, for the right-sizing part (rightsizing.go), once started.
 	appControllers *testenv.Component
 }
 

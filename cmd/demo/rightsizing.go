@@ -58,7 +58,13 @@ func rightsizingOptions() *rightsizing.Options {
 func (c *cluster) showRightsizing(ctx context.Context, w io.Writer) error {
 	ctx, cancel := context.WithTimeout(ctx, rsTimeout)
 	defer cancel()
-	kcm, err := c.env.StartControllerManager(filepath.Join(c.dir, "kcm-apps"), "deployment-controller", "replicaset-controller")
+	// A directory of its own: its log and kubeconfig beside the ResourceClaim controller's.
+	dir := filepath.Join(c.dir, "kcm-apps")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	// The garbage collector deletes the claims of replaced pods (they are owned by their pods).
+	kcm, err := c.env.StartControllerManager(dir, "deployment-controller", "replicaset-controller", "garbage-collector-controller")
 	if err != nil {
 		return err
 	}
@@ -87,7 +93,7 @@ func (c *cluster) showRightsizing(ctx context.Context, w io.Writer) error {
 		return err
 	}
 	if m := rec.Status.Memory; m != nil && m.Target != nil {
-		fmt.Fprintf(w, "target %s (the pods' peak plus 10 %%), a claim of %s at the policy's memoryStep\n", m.Target, rec.Status.InitialMemory)
+		fmt.Fprintf(w, "target %dMi (the pods' peak plus 10 %%), a claim of %s at the sized policy's 1Gi memoryStep\n", m.Target.Value()>>20, rec.Status.InitialMemory)
 	}
 	initial := rec.Status.InitialMemory.String()
 
@@ -172,7 +178,8 @@ func (c *cluster) rsWorkload(ctx context.Context) error {
 	return nil
 }
 
-// waitRSClaims waits until n pods of the workload run, each with its claim allocated at memory.
+// waitRSClaims waits until n pods of the workload run, each with its claim allocated at memory, and no
+// other claim of the namespace is left.
 func (c *cluster) waitRSClaims(ctx context.Context, n int, memory string) error {
 	var last string
 	for {
@@ -183,19 +190,23 @@ func (c *cluster) waitRSClaims(ctx context.Context, n int, memory string) error 
 			err = c.env.Client.List(ctx, &claims, client.InNamespace(rsNamespace))
 		}
 		if err == nil {
-			running, sized := 0, 0
+			running, sized, live := 0, 0, 0
 			for _, p := range pods.Items {
 				if p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning {
 					running++
 				}
 			}
 			for _, cl := range claims.Items {
+				if cl.DeletionTimestamp == nil {
+					live++
+				}
 				if cl.DeletionTimestamp == nil && cl.Status.Allocation != nil && claimMemory(&cl) == memory {
 					sized++
 				}
 			}
-			last = fmt.Sprintf("%d pods Running, %d claims of %s allocated", running, sized, memory)
-			if running == n && sized == n {
+			last = fmt.Sprintf("%d pods Running, %d claims of %s allocated, %d claims", running, sized, memory, live)
+			// The claims of replaced pods gone too (the ResourceClaim controller deletes them).
+			if running == n && sized == n && live == n {
 				return nil
 			}
 		}

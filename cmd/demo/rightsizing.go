@@ -93,7 +93,9 @@ func (c *cluster) showRightsizing(ctx context.Context, w io.Writer) error {
 		return err
 	}
 	if m := rec.Status.Memory; m != nil && m.Target != nil {
-		fmt.Fprintf(w, "target %dMi (the pods' peak plus 10 %%), a claim of %s at the sized policy's 1Gi memoryStep\n", m.Target.Value()>>20, rec.Status.InitialMemory)
+		if _, err := fmt.Fprintf(w, "target %dMi (the pods' peak plus 10 %%), a claim of %s at the sized policy's 1Gi memoryStep\n", m.Target.Value()>>20, rec.Status.InitialMemory); err != nil {
+			return err
+		}
 	}
 	initial := rec.Status.InitialMemory.String()
 
@@ -122,8 +124,8 @@ func (c *cluster) showRightsizing(ctx context.Context, w io.Writer) error {
 	if err := c.runKubectl(ctx, w, "-n", rsNamespace, "get", "resourceclaims", "-o", "custom-columns="+cols); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "claims of %s per GPU of %s: before, at %s: %s; after, at %s: %s\n", rsWorkload, sizedNode, rsClaim, before, initial, after)
-	return nil
+	_, err = fmt.Fprintf(w, "claims of %s per GPU of %s: before, at %s: %s; after, at %s: %s\n", rsWorkload, sizedNode, rsClaim, before, initial, after)
+	return err
 }
 
 // applyAdmissionPolicy creates the right-sizing MutatingAdmissionPolicy and its binding as users apply them.

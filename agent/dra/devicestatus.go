@@ -129,6 +129,8 @@ type claimWrite struct {
 	written   map[string]DeviceUsage // by device key, as written
 	current   map[string]DeviceUsage // by device key, as last read (peaks included)
 	writtenAt time.Time
+	// failedAt is when the last write failed (zero: it did not); the next waits MinDeviceStatusGap.
+	failedAt time.Time
 }
 
 func (w *DeviceStatusWriter) now() time.Time {
@@ -221,12 +223,15 @@ func (w *DeviceStatusWriter) Write(ctx context.Context, s accounting.Snapshot) {
 		switch err := w.apply(ctx, c, devices); {
 		case err == nil:
 			w.mu.Lock()
-			cw.written, cw.writtenAt = devices, now
+			cw.written, cw.writtenAt, cw.failedAt = devices, now, time.Time{}
 			w.mu.Unlock()
 		case apierrors.IsNotFound(err):
 			keep[c.uid] = false
 		default:
-			// Written again at the next snapshot: what was written stays the reference.
+			// Tried again after the least gap: what was written stays the reference.
+			w.mu.Lock()
+			cw.failedAt = now
+			w.mu.Unlock()
 			w.Log.Error(err, "Cannot write the use of a ResourceClaim's devices", "claim", c.namespace+"/"+c.name)
 		}
 	}
@@ -240,9 +245,12 @@ func (w *DeviceStatusWriter) Write(ctx context.Context, s accounting.Snapshot) {
 }
 
 // due says whether cw's figures are to be written now: never within MinDeviceStatusGap of the last
-// write; at once when a figure moved past its threshold (or a device or pod came or went); after the
+// write or failed write; at once when a figure moved past its threshold (or a device or pod came or went); after the
 // interval when any figure moved at all.
 func (w *DeviceStatusWriter) due(cw *claimWrite, now time.Time) bool {
+	if !cw.failedAt.IsZero() && now.Sub(cw.failedAt) < MinDeviceStatusGap {
+		return false
+	}
 	if cw.written == nil {
 		return true
 	}

@@ -231,7 +231,8 @@ func createRSPod(ctx context.Context, c client.Client, rs *appsv1.ReplicaSet, su
 		OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID, Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true)}}},
 		Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{{Name: sizedRequest,
 			Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: "gpusharing-sized", Capacity: &resourcev1.CapacityRequirements{
-				Requests: map[resourcev1.QualifiedName]resource.Quantity{dra.CapacityMemory: memory}}}}}}}}
+				// 10 % of the SMs each: the scenario's five claims fit the device's 100 together.
+				Requests: map[resourcev1.QualifiedName]resource.Quantity{dra.CapacityMemory: memory, dra.CapacityCompute: resource.MustParse("10")}}}}}}}}
 	if err := c.Create(ctx, claim); err != nil {
 		return pod, nil, err
 	}

@@ -72,6 +72,13 @@ func setupAccounting(mgr ctrl.Manager, o Options, r *node.Reconciler, shim *node
 	// A sample that changes what the status shows (a pod came or left, memory moved past the
 	// threshold) wakes a pass; others cost nothing.
 	a.OnSample = r.UsageSampled
+	deviceStatus, err := setupDeviceStatus(mgr, o, r)
+	if err != nil {
+		return err
+	}
+	if deviceStatus != nil {
+		a.OnSample = func(s accounting.Snapshot) { r.UsageSampled(s); deviceStatus(s) }
+	}
 	log := mgr.GetLogger().WithName("accounting")
 	return mgr.Add(runnable(func(ctx context.Context) error { return a.Run(ctrl.LoggerInto(ctx, log)) }))
 }

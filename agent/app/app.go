@@ -86,6 +86,11 @@ type Options struct {
 	Health *HealthOptions
 	// Accounting configures the per-pod accounting (agent/accounting); nil runs none.
 	Accounting *AccountingOptions
+	// ClaimStatusInterval is how often the use of a prepared sized claim whose figures moved less than
+	// the thresholds is written into its status.devices (--claim-status-interval; zero:
+	// dra.DefaultDeviceStatusInterval; negative: no claim's device status is written). It needs the
+	// kubelet plugin and the accounting.
+	ClaimStatusInterval time.Duration
 	// Clock is the agent's one clock: drain start and retry times, the drain's polls and timeout, MPS
 	// restart backoff, health timestamps, pod-name relists and the shim schedulers' quanta. Nil means
 	// the real clock; tests pass a testing clock.

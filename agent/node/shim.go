@@ -60,6 +60,9 @@ type ShimSchedulers struct {
 	// Guards limit every scheduler's clients and check their claims (scheduler.Guards).
 	Guards scheduler.Guards
 
+	// refused counts the allocations each sized claim's ledger refused (refusals.go).
+	refused refusalBook
+
 	mu    sync.Mutex
 	byGPU map[string]*scheduler.Scheduler
 	gangs *scheduler.Gangs // the node's, shared by every GPU's Scheduler
@@ -201,8 +204,10 @@ func (s *ShimSchedulers) Ensure(ctx context.Context, dev gpu.Device, o v1alpha1.
 	if s.gangs == nil {
 		s.gangs = scheduler.NewGangs()
 	}
+	guards := s.Guards
+	guards.OnChargeRefused = s.chargeRefused(s.Guards.OnChargeRefused)
 	sch, err := scheduler.New(scheduler.Options{GPUs: []scheduler.GPUConfig{cfg}, Metrics: s.Metrics, Clock: s.Clock,
-		OnClientsChange: func(string) { s.notify() }, Guards: s.Guards, Gangs: s.gangs})
+		OnClientsChange: func(string) { s.notify() }, Guards: guards, Gangs: s.gangs})
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/gpusharing/gpusharing/agent/scheduler"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 	"github.com/gpusharing/gpusharing/test/shimclient"
+	"github.com/gpusharing/gpusharing/test/wait"
 )
 
 func oversubscribed(quantum time.Duration, budget string) v1alpha1.Sharing {
@@ -367,12 +369,18 @@ func TestGPUsSchedulersShareTheirGangs(t *testing.T) {
 	shimclient.Dial(t, hostpath.SchedulerSocket(root, "GPU-b"), "GPU-b")
 	a.Send(scheduler.Message{Type: scheduler.MsgAcquire})
 	a.Expect(scheduler.MsgGrant)
-	for _, uuid := range []string{"GPU-a", "GPU-b"} {
-		st, ok := s.State(uuid)
-		if !ok || len(st.Clients) != 1 || st.Clients[0].Gang != "pod:uid" {
-			t.Errorf("GPU %s clients %+v, want one of gang pod:uid", uuid, st.Clients)
+	// A client joins its gang right after its WELCOME is queued: the second may read its WELCOME first.
+	wait.UntilState(t, 5*time.Second, func() (bool, string) {
+		var got []string
+		for _, uuid := range []string{"GPU-a", "GPU-b"} {
+			st, ok := s.State(uuid)
+			if !ok || len(st.Clients) != 1 || st.Clients[0].Gang != "pod:uid" {
+				return false, fmt.Sprintf("GPU %s clients %+v, want one of gang pod:uid", uuid, st.Clients)
+			}
+			got = append(got, st.Clients[0].Gang)
 		}
-	}
+		return true, fmt.Sprint(got)
+	}, "each GPU's client in gang pod:uid")
 }
 
 // A policy's opportunisticQueue reaches the scheduler as set, and an unset one as the scheduler's

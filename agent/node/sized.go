@@ -46,6 +46,7 @@ func (r *Reconciler) setSizedClaims(sc *scope, gpus []v1alpha1.GPUStatus, prev [
 	for i := range gpus {
 		if sizedPerClaim(&gpus[i]) {
 			judgeSizedGPU(sc, &gpus[i], pass, byGPU[gpus[i].UUID], snap, prevByUUID[gpus[i].UUID])
+			r.Strategies.Shim.publishRefusals(&gpus[i], prevByUUID[gpus[i].UUID])
 		}
 	}
 }

@@ -66,7 +66,7 @@ func (s *Scheduler) dispatch(q *queue, c *client, lm *member, m Message) error {
 	case MsgRejoin:
 		q.rejoin(c, m)
 	case MsgCharge, MsgReturn:
-		return s.ledgerMessage(q, lm, c.pid, m)
+		return s.chargeMessage(q, lm, c.pid, m)
 	case MsgPing:
 		q.pong(c, m.Seq)
 	case MsgPacing:

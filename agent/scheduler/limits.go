@@ -97,6 +97,9 @@ type Guards struct {
 	// the client keeps its own per-process limit. It runs between the client's HELLO and its WELCOME and
 	// must return within a few hundred milliseconds.
 	ClaimOf func(gpu string, pid int32) (Claim, bool)
+	// OnChargeRefused, when set, is told of each Charge a claim's ledger refuses (refused.go), on the
+	// client's connection goroutine; it must not block.
+	OnChargeRefused func(ChargeRefusal)
 	// ContextReserve is R, charged per connected process of a ledger for its CUDA context
 	// (DefaultContextReserve).
 	ContextReserve uint64

@@ -582,6 +582,18 @@ type SizedClaimStatus struct {
 	// it; absent where the accounting does not run or has not read the GPU.
 	// +optional
 	MemoryUsed *resource.Quantity `json:"memoryUsed,omitempty"`
+	// allocationsRefused counts the allocations of its pods' processes the shim refused at the claim's
+	// size (the GPU's scheduler's claim ledger, on a GPU with oversubscription); absent while none was.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	AllocationsRefused int64 `json:"allocationsRefused,omitempty"`
+	// refusedDemand is the most device memory a refused allocation would have brought the claim's
+	// processes to (their context charges, their grants and the bytes asked): what the claim lacked.
+	// +optional
+	RefusedDemand *resource.Quantity `json:"refusedDemand,omitempty"`
+	// lastRefusalTime is when the agent was last told of a refused allocation of the claim.
+	// +optional
+	LastRefusalTime *metav1.Time `json:"lastRefusalTime,omitempty"`
 }
 
 // MaxProductionPodsInSummary bounds the pods status.production names per GPU.

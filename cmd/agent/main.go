@@ -43,6 +43,7 @@ type options struct {
 	nvidiaSMI           string
 	resync              time.Duration
 	mpsExclusiveProcess bool
+	claimStatusInterval time.Duration
 	metrics             metricsauth.Options
 	probeAddr           string
 	// devicePlugin is nil when --device-plugin=false.
@@ -194,6 +195,8 @@ func run(ctx context.Context, o options) error {
 		ShimGuards:      o.shimGuards,
 		Health:          &o.health,
 		Accounting:      accountingOptions(o.accounting),
+		// 0 on the command line writes no claim's device status; app.Options reads negative as that.
+		ClaimStatusInterval: claimStatusInterval(o.claimStatusInterval),
 		// hostPID: the agent's /proc is the host's, where the scheduler's client pids live.
 		ProcRoot:            o.procRoot,
 		StateDir:            o.stateDir,
@@ -231,6 +234,14 @@ func utilruntime(err error) {
 	if err != nil {
 		panic(err)
 	}
+}
+
+// claimStatusInterval is --claim-status-interval as app.Options reads it: 0 is off.
+func claimStatusInterval(d time.Duration) time.Duration {
+	if d <= 0 {
+		return -1
+	}
+	return d
 }
 
 // accountingOptions is nil, no accounting, for --accounting-interval=0.

@@ -36,6 +36,9 @@ type cluster struct {
 	scheduler *testenv.Scheduler
 	// claimController is kube-controller-manager with its ResourceClaim controller alone.
 	claimController *testenv.Component
+	// appControllers is kube-controller-manager with the Deployment, ReplicaSet and garbage collector
+	// controllers, for the right-sizing part (rightsizing.go), once started.
+	appControllers *testenv.Component
 }
 
 func startCluster() (*cluster, error) {
@@ -76,7 +79,8 @@ func (c *cluster) runController(ctx context.Context, errs chan<- error) error {
 	if err != nil {
 		return fmt.Errorf("creating the controller manager: %w", err)
 	}
-	if err := setup.Controllers(ctx, mgr, setup.Options{ResolverWorkers: 4, StatusWorkers: 2, SkipNameValidation: true}); err != nil {
+	if err := setup.Controllers(ctx, mgr, setup.Options{ResolverWorkers: 4, StatusWorkers: 2, SkipNameValidation: true,
+		Rightsizing: rightsizingOptions()}); err != nil {
 		return err
 	}
 	go func() {

@@ -4,7 +4,8 @@
 // until they converge and prints `kubectl get gpusharing -o wide`; with --dra (the default) it also lists
 // the DRA devices, has the real kube-scheduler pack three sized claims onto one GPU, shows MIG
 // instances created for claims and freed with their pods on a dynamic H100, and applies the pods of
-// examples/pods, printing where each runs and what it got. Interactive by default: it stays up and
+// examples/pods, printing where each runs and what it got, and right-sizes a Deployment: its
+// recommendation, then its namespace opted in and its new, smaller claims packed onto one GPU. Interactive by default: it stays up and
 // prints a kubeconfig to use; --once exits after the last step (for CI).
 package main
 
@@ -130,13 +131,18 @@ func run(ctx context.Context, o options) error {
 		if err := c.runExamples(ctx, os.Stdout); err != nil {
 			return err
 		}
+		fmt.Println()
+		say("Right-sizing: Deployment %s/%s's pods hold %dMi of %s claims (simulated use the agent reads); the manager recommends a size", rsNamespace, rsWorkload, rsUsedMiB, rsClaim)
+		if err := c.showRightsizing(ctx, os.Stdout); err != nil {
+			return err
+		}
 	}
 	if o.once {
 		return nil
 	}
 
-	fmt.Printf("\nThe cluster stays up. In another terminal:\n  export KUBECONFIG=%s\n  %s get gpusharing -o wide\n  %s edit gsp inference-mps   # change a policy and watch the nodes follow\n  %s get resourceslices        # the same shares as DRA devices (--dra)\n  %s get resourceclaims        # the sized claims, packed onto one GPU, and the MIG ones (--dra)\n  %s get pods -o wide          # the pods of examples/pods and where they run (--dra)\n  %s delete pod mig-dynamic    # its 2g.20gb instance is destroyed and its slices come back (--dra)\n  %s get gpunode %s -o wide\nCtrl-C stops and removes everything.\n",
-		c.kubeconfig, c.kubectl, c.kubectl, c.kubectl, c.kubectl, c.kubectl, c.kubectl, c.kubectl, dynamicNode)
+	fmt.Printf("\nThe cluster stays up. In another terminal:\n  export KUBECONFIG=%s\n  %s get gpusharing -o wide\n  %s edit gsp inference-mps   # change a policy and watch the nodes follow\n  %s get resourceslices        # the same shares as DRA devices (--dra)\n  %s get resourceclaims        # the sized claims, packed onto one GPU, and the MIG ones (--dra)\n  %s get pods -o wide          # the pods of examples/pods and where they run (--dra)\n  %s delete pod mig-dynamic    # its 2g.20gb instance is destroyed and its slices come back (--dra)\n  %s get gpusharerecommendations -A   # the right-sizing part's recommendation (--dra)\n  %s get gpunode %s -o wide\nCtrl-C stops and removes everything.\n",
+		c.kubeconfig, c.kubectl, c.kubectl, c.kubectl, c.kubectl, c.kubectl, c.kubectl, c.kubectl, c.kubectl, dynamicNode)
 	select {
 	case <-ctx.Done():
 	case err := <-errs:

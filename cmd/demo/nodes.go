@@ -13,11 +13,13 @@ import (
 // opportunistic work, sharing.qos) and dynamic (MIG from demand). Where the pods of the demo and of
 // examples/pods land (notebooks, training, serving, dynamic) the agent also serves the DRA kubelet
 // plugin, and a stand-in kubelet (simnode.Kubelet) prepares the claims of the pods bound to the node
-// and finishes their deletion, so a deleted workload's space comes back.
+// and finishes their deletion, so a deleted workload's space comes back. On the notebook node it also
+// simulates what the pods' containers use (their env declares it), which the agent's accounting reads:
+// the right-sizing part's samples.
 var simNodes = []simnode.Node{
 	{Name: "dgx-h100-a", Model: "H100", GPUs: 8, Labels: map[string]string{"pool": "inference"}, Seq: 1},
 	{Name: "dgx-h100-b", Model: "H100", GPUs: 8, Labels: map[string]string{"pool": "inference"}, Seq: 2},
-	{Name: "dgx-a100-c", Model: "A100", GPUs: 8, Labels: map[string]string{"pool": "notebooks"}, Seq: 3, DRAPlugin: true},
+	{Name: "dgx-a100-c", Model: "A100", GPUs: 8, Labels: map[string]string{"pool": "notebooks"}, Seq: 3, DRAPlugin: true, PodUsage: true},
 	{Name: "dgx-a100-d", Model: "A100", GPUs: 4, Labels: map[string]string{"pool": "training"}, Seq: 4, DRAPlugin: true},
 	{Name: "dgx-h100-e", Model: "H100", GPUs: 4, Labels: map[string]string{"pool": "batch"}, Seq: 5},
 	{Name: "dgx-h100-g", Model: "H100", GPUs: 2, Labels: map[string]string{"pool": "serving"}, Seq: 7, DRAPlugin: true},

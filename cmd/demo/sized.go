@@ -118,4 +118,7 @@ func (c *cluster) stopScheduler() {
 	if c.claimController != nil {
 		c.claimController.Stop()
 	}
+	if c.appControllers != nil {
+		c.appControllers.Stop()
+	}
 }

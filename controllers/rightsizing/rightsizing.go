@@ -123,7 +123,7 @@ type entry struct {
 	step, minMemory int64
 	// claims are the claims seen, with when; they count the shares now (metrics).
 	claims map[string]time.Time
-	// overClaims are the claims seen over their size, each counted once.
+	// overClaims are the claims seen over their size or refused an allocation at it, each counted once.
 	overClaims []string
 	// lastSeen is when a claim of the target was last sampled.
 	lastSeen time.Time
@@ -222,11 +222,18 @@ func (e *entry) observe(c v1.SizedClaimStatus, sizing *v1.Sizing, compute *float
 		if used > e.claimMemory && !contains(e.overClaims, c.Name) {
 			// The pod went over its claim: the agent reports it, or evicts it where the sizing says so.
 			e.w.OverClaim(e.claimMemory, now)
-			e.overClaims = append(e.overClaims, c.Name)
-			if len(e.overClaims) > 64 {
-				e.overClaims = e.overClaims[len(e.overClaims)-64:]
-			}
+			e.bumped(c.Name)
 		}
+	}
+	if c.AllocationsRefused > 0 && !contains(e.overClaims, c.Name) {
+		// The shim refused an allocation at the claim's size: the workload needed more, at least what
+		// the refused allocation would have brought it to.
+		var demand int64
+		if c.RefusedDemand != nil {
+			demand = c.RefusedDemand.Value()
+		}
+		e.w.Refused(e.claimMemory, demand, now)
+		e.bumped(c.Name)
 	}
 	if compute != nil {
 		e.w.ObserveCompute(min(*compute, 100), now)
@@ -238,6 +245,14 @@ func (e *entry) observe(c v1.SizedClaimStatus, sizing *v1.Sizing, compute *float
 		}
 	}
 	e.changed = true
+}
+
+// bumped records that claim raised the target (over its size, or refused at it): once per claim.
+func (e *entry) bumped(claim string) {
+	e.overClaims = append(e.overClaims, claim)
+	if len(e.overClaims) > 64 {
+		e.overClaims = e.overClaims[len(e.overClaims)-64:]
+	}
 }
 
 func contains(s []string, v string) bool {

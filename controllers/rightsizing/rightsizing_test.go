@@ -63,6 +63,9 @@ type share struct {
 	claim, pod   string
 	memory, used string
 	sm           int32
+	// refused counts allocations the shim refused at the claim's size, which would have brought it to demand.
+	refused int64
+	demand  string
 }
 
 // publish writes the node's GPU 0 as an agent does: sized per claim with a 512Mi step, each share
@@ -82,8 +85,12 @@ func publish(t *testing.T, node, ns string, shares ...share) {
 	g.Sized = &v1.GPUSizedClaims{}
 	g.Usage = &v1.GPUUsage{}
 	for _, s := range shares {
-		g.Sized.Claims = append(g.Sized.Claims, v1.SizedClaimStatus{Namespace: ns, Name: s.claim, Pods: []string{s.pod},
-			Memory: ptr.To(resource.MustParse(s.memory)), MemoryUsed: ptr.To(resource.MustParse(s.used))})
+		sc := v1.SizedClaimStatus{Namespace: ns, Name: s.claim, Pods: []string{s.pod},
+			Memory: ptr.To(resource.MustParse(s.memory)), MemoryUsed: ptr.To(resource.MustParse(s.used)), AllocationsRefused: s.refused}
+		if s.demand != "" {
+			sc.RefusedDemand = ptr.To(resource.MustParse(s.demand))
+		}
+		g.Sized.Claims = append(g.Sized.Claims, sc)
 		g.Usage.Consumers = append(g.Usage.Consumers, v1.GPUConsumer{Namespace: ns, Pod: s.pod, Container: "c",
 			Memory: ptr.To(resource.MustParse(s.used)), SMUtilization: ptr.To(s.sm)})
 	}

@@ -120,6 +120,17 @@ func (w *Workload) OverClaim(claimBytes int64, t time.Time) {
 	w.memorySamples++
 }
 
+// Refused adds the sample of an allocation the shim refused at the cap of a claim of claimBytes, which
+// would have brought the claim's processes to demandBytes: OverClaim's bump, or the demand where it is
+// higher (what the workload asked is known to be at least that).
+func (w *Workload) Refused(claimBytes, demandBytes int64, t time.Time) {
+	w.seen(t)
+	c := float64(claimBytes)
+	v := math.Max(math.Max(c*(1+w.cfg.OverClaimBump), c+float64(w.cfg.OverClaimMinBump)), float64(demandBytes))
+	w.memory.Add(v, 1, t)
+	w.memorySamples++
+}
+
 // ForgetPod stops tracking pod's peak window (the pod is gone); its samples stay in the histogram.
 func (w *Workload) ForgetPod(pod string) { delete(w.pods, pod) }
 

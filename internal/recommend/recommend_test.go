@@ -175,6 +175,29 @@ func TestOverClaimRaisesTheTarget(t *testing.T) {
 	}
 }
 
+func TestARefusedAllocationRaisesTheTargetToItsDemand(t *testing.T) {
+	for _, c := range []struct {
+		name           string
+		demand, target float64 // MiB
+	}{
+		// A refusal just past a 4Gi claim counts as OverClaim's bump: 5611.9Mi (above).
+		{"a demand under the bump", 4200, 5611.9},
+		// 7Gi asked: 1.05^i = 7168/320+1 = 23.4, i = 64.6: bucket 64, end 320Mi*(1.05^65-1) = 7308.8Mi;
+		// plus 10 %: 8039.6Mi.
+		{"a demand over the bump", 7168, 8039.6},
+	} {
+		w := NewWorkload(DefaultConfig())
+		for i, pod := range []string{"a", "b", "c"} {
+			w.ObserveMemory(pod, 3072*mi, t0.Add(time.Duration(i)*5*time.Minute))
+		}
+		w.Refused(4096*mi, int64(c.demand*mi), t0.Add(time.Hour))
+		r, _ := w.Recommend(t0.Add(time.Hour))
+		if math.Abs(float64(r.Memory)/mi-c.target) > 1 {
+			t.Errorf("%s: target = %.1fMi, want %.1fMi", c.name, float64(r.Memory)/mi, c.target)
+		}
+	}
+}
+
 func TestPeakPerPodWindow(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.PeakWindow = time.Hour

@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"testing"
@@ -109,6 +110,33 @@ func testRightsizing(t *testing.T) {
 		return nil
 	})
 	t.Log(kubectl(t, "-n", rsNamespace, "get", "gpusharerecommendations"))
+
+	// Each claim shows its pod's use in its own status, for its owner to read without node access.
+	var shown string
+	eventually(t, time.Minute, "a claim's device status with its pod's 3Gi", func(ctx context.Context) error {
+		var claims resourcev1.ResourceClaimList
+		if err := k8s.List(ctx, &claims, client.InNamespace(rsNamespace)); err != nil {
+			return err
+		}
+		if len(claims.Items) == 0 {
+			return fmt.Errorf("no claim in %s", rsNamespace)
+		}
+		for _, c := range claims.Items {
+			if len(c.Status.Devices) != 1 || c.Status.Devices[0].Data == nil {
+				return fmt.Errorf("claim %s status.devices %+v", c.Name, c.Status.Devices)
+			}
+			var u dra.DeviceUsage
+			if err := json.Unmarshal(c.Status.Devices[0].Data.Raw, &u); err != nil {
+				return err
+			}
+			if u.MemoryBytes != rsUsedMiB<<20 || u.PeakMemoryBytes != rsUsedMiB<<20 || len(u.Pods) != 1 {
+				return fmt.Errorf("claim %s data %s", c.Name, c.Status.Devices[0].Data.Raw)
+			}
+			shown = c.Name
+		}
+		return nil
+	})
+	t.Log(kubectl(t, "-n", rsNamespace, "get", "resourceclaim", shown, "-o", "yaml"))
 
 	// Opt in, and replace the pods: the new ones' claims get the recommendation at creation.
 	kubectl(t, "label", "namespace", rsNamespace, v1alpha1.RightsizingModeKey+"=Initial")

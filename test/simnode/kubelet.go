@@ -36,10 +36,15 @@ type Kubelet struct {
 	PluginDir string
 	// Interval is how often the node's pods are looked at (default 250ms).
 	Interval time.Duration
+	// ProcRoot, when set, is the node's proc root where the containers that declare simulated use get a
+	// process entry (podusage.go), with the env of their claims' CDI devices from CDIDir.
+	ProcRoot, CDIDir string
 
 	// prepared are the claims a prepare call named, by uid, until an unprepare call succeeds for them
 	// (the kubelet's claim info cache); only Run's goroutine uses it.
 	prepared map[types.UID]*drapb.Claim
+	// procs are the simulated processes of the pods it runs; only Run's goroutine uses it.
+	procs containers
 }
 
 // callTimeout bounds one call to the plugin or the API server.
@@ -85,6 +90,7 @@ func (k *Kubelet) sync(ctx context.Context, plugin drapb.DRAPluginClient) error 
 	}
 	claims := newClaimIndex(list.Items)
 	inUse := map[types.UID]bool{}
+	running := map[types.UID]bool{}
 	var leaving []*corev1.Pod
 	for i := range pods.Items {
 		pod := &pods.Items[i]
@@ -102,7 +108,9 @@ func (k *Kubelet) sync(ctx context.Context, plugin drapb.DRAPluginClient) error 
 			inUse[c.UID] = true
 		}
 		k.admit(cctx, plugin, pod, claims)
+		running[pod.UID] = true
 	}
+	k.stopContainers(running)
 	pending := k.unprepareUnused(cctx, plugin, inUse)
 	for _, pod := range leaving {
 		if claims.anyOf(pod, pending) {
@@ -127,6 +135,7 @@ func (k *Kubelet) admit(ctx context.Context, plugin drapb.DRAPluginClient, pod *
 		return
 	}
 	phase, msg := corev1.PodRunning, ""
+	var cdiIDs []string
 	if len(ours) > 0 {
 		resp, err := plugin.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: ours})
 		if err != nil {
@@ -136,6 +145,14 @@ func (k *Kubelet) admit(ctx context.Context, plugin drapb.DRAPluginClient, pod *
 			if r.Error != "" {
 				phase, msg = corev1.PodPending, fmt.Sprintf("claim %s: %s", uid, r.Error)
 			}
+			for _, d := range r.Devices {
+				cdiIDs = append(cdiIDs, d.CdiDeviceIds...)
+			}
+		}
+	}
+	if phase == corev1.PodRunning {
+		if err := k.startContainers(pod, cdiIDs); err != nil {
+			phase, msg = corev1.PodPending, "starting its containers: "+err.Error()
 		}
 	}
 	if pod.Status.Phase == phase && pod.Status.Message == msg {
@@ -169,6 +186,7 @@ func setStatus(pod *corev1.Pod, phase corev1.PodPhase, msg string) {
 		if cs.Ready {
 			cs.State = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}
 			cs.Started = &cs.Ready
+			cs.ContainerID = "containerd://" + containerID(pod.UID, c.Name)
 		}
 		pod.Status.ContainerStatuses = append(pod.Status.ContainerStatuses, cs)
 	}

@@ -45,7 +45,13 @@ type Node struct {
 	// DRAPlugin also serves the agent's DRA kubelet plugin, and a Kubelet (kubelet.go) prepares the
 	// claims of the pods bound to the node through it and finishes their deletion.
 	DRAPlugin bool
+	// PodUsage simulates the use of the pods the Kubelet runs (podusage.go) and runs the agent's
+	// per-pod accounting over it; it needs DRAPlugin.
+	PodUsage bool
 }
+
+// podUsageInterval is how often a PodUsage node's mock GPUs look at its processes and its agent reads them.
+const podUsageInterval = time.Second
 
 // CreateNode registers the Node object. Nothing runs a kubelet: the controller and the agent only read
 // its name and labels.
@@ -73,6 +79,16 @@ func Start(ctx context.Context, cfg *rest.Config, scheme *k8sruntime.Scheme, n N
 	if n.DRAPlugin {
 		plugin = &dra.PluginConfig{PluginDir: filepath.Join(dir, "p"), RegistryDir: filepath.Join(dir, "r"), CDIDir: filepath.Join(dir, "cdi")}
 	}
+	procRoot := ""
+	var accounting *app.AccountingOptions
+	if n.PodUsage && plugin != nil {
+		procRoot = filepath.Join(dir, "proc")
+		if err := os.MkdirAll(procRoot, 0o755); err != nil {
+			return err
+		}
+		accounting = &app.AccountingOptions{Interval: podUsageInterval}
+		go server.WatchHostProcesses(ctx, procRoot, podUsageInterval, nil)
+	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:  scheme,
 		Metrics: metricsserver.Options{BindAddress: "0"},
@@ -95,6 +111,8 @@ func Start(ctx context.Context, cfg *rest.Config, scheme *k8sruntime.Scheme, n N
 		Health:             &app.HealthOptions{},
 		ResourceSlices:     n.ResourceSlices || n.DRAPlugin,
 		DRAPlugin:          plugin,
+		ProcRoot:           procRoot,
+		Accounting:         accounting,
 	})
 	if err != nil {
 		return err
@@ -109,7 +127,7 @@ func Start(ctx context.Context, cfg *rest.Config, scheme *k8sruntime.Scheme, n N
 		if err != nil {
 			return err
 		}
-		k := &Kubelet{Node: n.Name, Client: c, PluginDir: plugin.PluginDir}
+		k := &Kubelet{Node: n.Name, Client: c, PluginDir: plugin.PluginDir, ProcRoot: procRoot, CDIDir: plugin.CDIDir}
 		go func() { _ = k.Run(ctx) }()
 	}
 	return nil

@@ -9,7 +9,9 @@
 # and run it on the GPU machine, from the repository root:
 #   test/gpu/stack/run.sh
 # SCENARIOS=sized test/gpu/stack/run.sh runs only some of stackcheck's scenarios (comma-separated: mps,
-# oversubscription, usage, sized; all by default).
+# oversubscription, usage, sized, rightsizing; all but rightsizing by default). rightsizing runs
+# test/gpu/rightsize/workload.py as pods of a ReplicaSet through the agent and the manager (about 2
+# minutes of GPU time) and only when named: SCENARIOS=rightsizing test/gpu/stack/run.sh
 # The GPU machine is shared: MIG mode, compute mode and the time-slice policy are never changed (the agent gets a
 # refusing nvidia-smi; no policy asks for MIG or TimeSlicing), the GPU is never reset, MPS daemons live
 # under a temporary directory and are quit before the script ends, and no managed memory is used.

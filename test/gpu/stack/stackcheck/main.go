@@ -47,7 +47,7 @@ func main() {
 	flag.StringVar(&o.python, "python", "python3", "python with PyTorch")
 	flag.IntVar(&o.gpuIndex, "gpu", 0, "index of the GPU to use")
 	flag.DurationVar(&o.timeout, "timeout", 9*time.Minute, "the whole run's limit")
-	scenarios := flag.String("scenarios", "all", "comma-separated scenarios to run, each after the agent is up: "+strings.Join(scenarioNames, ", ")+" (all: every one, in that order)")
+	scenarios := flag.String("scenarios", "all", "comma-separated scenarios to run, each after the agent is up: "+strings.Join(scenarioNames, ", ")+" (all: every one, in that order, but rightsizing, which runs only when named)")
 	flag.Parse()
 	var err error
 	if o.scenarios, err = parseScenarios(*scenarios); err != nil {

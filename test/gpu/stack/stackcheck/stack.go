@@ -134,8 +134,8 @@ func (s *stack) refusingSMI() (string, error) {
 }
 
 func (s *stack) startManager() error {
-	return s.start("manager", []string{filepath.Join(s.o.bin, "manager"),
-		"--metrics-bind-address=0", "--health-probe-bind-address=127.0.0.1:0", "--status-debounce=50ms"})
+	return s.start("manager", append([]string{filepath.Join(s.o.bin, "manager"),
+		"--metrics-bind-address=0", "--health-probe-bind-address=127.0.0.1:0", "--status-debounce=50ms"}, managerRightsizingFlags...))
 }
 
 // startAgent runs the agent as the DaemonSet does: in the machine's mount namespace, which is what the

@@ -42,11 +42,16 @@ func TestLastEventIsTheLatestOfItsKindBeforeATime(t *testing.T) {
 	}
 }
 
-// --scenarios picks scenarios by name; all (or nothing) runs every one, and an unknown name is refused.
+// --scenarios picks scenarios by name; all (or nothing) runs every one but rightsizing, which runs only
+// when named, and an unknown name is refused.
 func TestParseScenarios(t *testing.T) {
 	all, err := parseScenarios("all")
-	if err != nil || !(options{scenarios: all}).wants("sized") || !(options{scenarios: all}).wants("mps") {
+	if o := (options{scenarios: all}); err != nil || !o.wants("sized") || !o.wants("mps") || o.wants("rightsizing") {
 		t.Fatalf("all: %v %v", all, err)
+	}
+	named, err := parseScenarios("rightsizing")
+	if o := (options{scenarios: named}); err != nil || !o.wants("rightsizing") || o.wants("sized") {
+		t.Fatalf("rightsizing: %v %v", named, err)
 	}
 	only, err := parseScenarios("sized, usage")
 	if o := (options{scenarios: only}); err != nil || !o.wants("sized") || !o.wants("usage") || o.wants("mps") || o.wants("oversubscription") {

@@ -23,7 +23,9 @@ const (
 	grace          = 100 * time.Millisecond
 	rebuildWindow  = 300 * time.Millisecond
 	contextReserve = 64 << 20
-	evictTimeout   = 2 * time.Second
+	// contextFloor is the least a measured context is charged: below the stub's 48 MiB contexts.
+	contextFloor = 32 << 20
+	evictTimeout = 2 * time.Second
 	// productionPriority is the pod priority from which a pod's clients are production.
 	productionPriority = 1000
 )
@@ -99,7 +101,7 @@ type sched struct {
 	opts   scheduler.Options
 }
 
-func newSched(dir string, gpus []string, l *lookups) *sched {
+func newSched(dir, hold string, gpus []string, l *lookups) *sched {
 	prio := int32(productionPriority)
 	var cfgs []scheduler.GPUConfig
 	for _, g := range gpus {
@@ -108,7 +110,8 @@ func newSched(dir string, gpus []string, l *lookups) *sched {
 	}
 	return &sched{cfgs: cfgs, opts: scheduler.Options{GPUs: cfgs, RebuildWindow: rebuildWindow, Guards: scheduler.Guards{
 		ClaimOf: l.claimOf, PodPriority: l.priority, GangKey: l.key, PeerKey: l.key,
-		ContextReserve: contextReserve, EvictTimeout: evictTimeout,
+		ContextReserve: contextReserve, ContextFloor: contextFloor, EvictTimeout: evictTimeout,
+		ProcessMemory: nvmlProcesses(hold, gpus),
 	}}}
 }
 

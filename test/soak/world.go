@@ -387,7 +387,7 @@ func (e *episode) run(steps int) {
 		e.fail(err)
 		return
 	}
-	e.s = newSched(e.dir, e.uuids, e.l)
+	e.s = newSched(e.dir, e.hold, e.uuids, e.l)
 	if err := e.s.up(); err != nil {
 		e.fail(err)
 		return

@@ -3,6 +3,7 @@ package scheduler
 import (
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 )
@@ -231,10 +232,23 @@ func (b *ledgerBook) attach(m *member, cl Claim) bool {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if m.l != nil || m.refused != nil || m.gone {
+	if m.gone || (m.l != nil && !m.l.provisional()) || m.refused != nil {
+		if m.refused != nil && strings.HasPrefix(m.refused.Key, provisionalPrefix) {
+			m.refused = &cl // refused a context by its pod's provisional ledger, it has none: a Hold is judged by the claim
+		}
 		return false
 	}
+	grant := b.leaveLocked(m) // a provisional ledger's member moves with its grant
+	m.refused = nil
 	b.admitLocked(m, cl, true, 0)
+	if grant > 0 {
+		m.grant, m.charged = grant, true
+		m.peak = max(m.peak, grant)
+		m.l.granted += grant
+		b.settleLocked(m.l, true)
+		b.pushLocked(m.l, nil)
+		return true
+	}
 	if m.welcomed && m.speaks() {
 		m.sendOrDrop(b.ledgerMsgLocked(m))
 	}
@@ -268,21 +282,28 @@ func (b *ledgerBook) welcome(m *member) bool {
 func (b *ledgerBook) leave(m *member) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	l := m.l
 	m.refused, m.gone = nil, true
+	b.leaveLocked(m)
+}
+
+// leaveLocked takes m out of its ledger, if any, and returns the grant it held there.
+func (b *ledgerBook) leaveLocked(m *member) uint64 {
+	l := m.l
 	if l == nil {
-		return
+		return 0
 	}
+	grant := m.grant
 	delete(l.members, m)
 	l.granted -= m.grant
 	l.contexts -= m.ctx
-	m.grant = 0
+	m.grant, m.l = 0, nil
 	if len(l.members) == 0 {
 		delete(b.byKey, l.key)
-		return
+		return grant
 	}
 	b.settleLocked(l, false)
 	b.pushLocked(l, nil)
+	return grant
 }
 
 // charge answers a Charge of m: at least bytes more, at least a chunk while there is room beside unseen

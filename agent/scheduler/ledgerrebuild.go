@@ -44,7 +44,7 @@ func (s *Scheduler) unannounced(q *queue, key string, pid int32) uint64 {
 			continue
 		}
 		c, in := charged[p]
-		if !in && (elsewhere[p] || s.windowClaimOf(q, b, p).Key != key) {
+		if !in && (elsewhere[p] || s.windowKeyOf(q, b, p) != key) {
 			continue
 		}
 		if v > c {
@@ -96,6 +96,17 @@ func (s *Scheduler) windowClaimOf(q *queue, b *ledgerBook, pid int32) Claim {
 	w.of[pid] = cl
 	w.mu.Unlock()
 	return cl
+}
+
+// windowKeyOf is the ledger the process pid would join on q: its claim's, else its pod's provisional one.
+func (s *Scheduler) windowKeyOf(q *queue, b *ledgerBook, pid int32) string {
+	if cl := s.windowClaimOf(q, b, pid); cl.Key != "" {
+		return cl.Key
+	}
+	if peer := s.podPeer(pid); peer != "" {
+		return provisionalKey(peer)
+	}
+	return ""
 }
 
 // rebuilding: q's rebuild window lasts.

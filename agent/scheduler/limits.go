@@ -97,6 +97,10 @@ type Guards struct {
 	// the client keeps its own per-process limit. It runs between the client's HELLO and its WELCOME and
 	// must return within a few hundred milliseconds.
 	ClaimOf func(gpu string, pid int32) (Claim, bool)
+	// PodLimit, when set, is the memory limit the process pid's shim runs under on GPU gpu, known without
+	// the API server (its environment as the kubelet plugin wrote it): the size of the provisional ledger
+	// its pod's processes share while their claim lookups fail (ledgerpeer.go).
+	PodLimit func(gpu string, pid int32) (uint64, bool)
 	// ContextReserve is R, charged per connected process of a ledger for its CUDA context
 	// (DefaultContextReserve).
 	ContextReserve uint64

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gpusharing/gpusharing/agent/app"
 	"github.com/gpusharing/gpusharing/agent/dra"
+	"github.com/gpusharing/gpusharing/agent/podpid"
 	"github.com/gpusharing/gpusharing/agent/scheduler"
 )
 
@@ -112,6 +113,7 @@ func newSched(dir, hold string, gpus []string, l *lookups) *sched {
 		ClaimOf: l.claimOf, PodPriority: l.priority, GangKey: l.key, PeerKey: l.key,
 		ContextReserve: contextReserve, ContextFloor: contextFloor, EvictTimeout: evictTimeout,
 		ProcessMemory: nvmlProcesses(hold, gpus),
+		PodLimit:      func(gpu string, pid int32) (uint64, bool) { return podpid.ShimLimit("", pid, gpu) },
 	}}}
 }
 

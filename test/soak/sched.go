@@ -66,6 +66,27 @@ func (l *lookups) find(pid int32) *pod {
 	return p
 }
 
+// findAll is the pods of pids in one lookup (the accounting's), after the injected delay; none while the
+// lookups fail.
+func (l *lookups) findAll(pids []int32) map[int32]*pod {
+	l.mu.Lock()
+	d, failing := l.delay, l.step < l.failTill
+	out := map[int32]*pod{}
+	for _, pid := range pids {
+		if p := l.pods[pid]; p != nil {
+			out[pid] = p
+		}
+	}
+	l.mu.Unlock()
+	if d > 0 {
+		time.Sleep(d) // the lookup itself is slow, as find's
+	}
+	if failing {
+		return nil
+	}
+	return out
+}
+
 func (l *lookups) claimOf(gpu string, pid int32) (scheduler.Claim, bool) {
 	p := l.find(pid)
 	if p == nil {

@@ -305,6 +305,7 @@ func (e *episode) act() {
 		if err := e.s.up(); err != nil {
 			e.fail(fmt.Errorf("restarting the scheduler: %w", err))
 		}
+		e.chk.agent.restarted() // the scheduler runs in the agent: it restarts too
 		e.chk.restarted()
 	default:
 		delay, fail, steps := []time.Duration{0, 0, 100 * time.Millisecond, 250 * time.Millisecond}[e.rng.IntN(4)], e.rng.IntN(3) == 0,
@@ -375,6 +376,7 @@ func (e *episode) cmd(pr *proc, format string, args ...any) {
 
 // end stops every process and waits for the node to come back to zero (invariant 6).
 func (e *episode) end() {
+	e.chk.awaitUnmanaged()
 	for _, pr := range e.live() {
 		pr.kill()
 		e.remove(pr)
@@ -393,6 +395,8 @@ func (e *episode) run(steps int) {
 		return
 	}
 	e.chk = newChecker(e)
+	e.chk.agent = newAgentView(e)
+	e.chk.agent.start()
 	e.chk.startSampling()
 	for range steps {
 		if e.chk.failed() {
@@ -403,5 +407,6 @@ func (e *episode) run(steps int) {
 	}
 	e.end()
 	e.chk.stopSampling()
+	e.chk.agent.stopRunning()
 	e.s.down()
 }

@@ -38,6 +38,13 @@ func (s *Scheduler) unannounced(q *queue, key string, pid int32) uint64 {
 	}
 	b := s.book(q)
 	charged, elsewhere := b.chargesOf(key)
+	var others []int32
+	for p := range used {
+		if _, in := charged[p]; !in && p != pid && p > 0 && !elsewhere[p] {
+			others = append(others, p)
+		}
+	}
+	s.lookUpForWindow(q, b, others)
 	var sum uint64
 	for p, v := range used {
 		if p == pid || p <= 0 || v == ^uint64(0) {
@@ -52,6 +59,21 @@ func (s *Scheduler) unannounced(q *queue, key string, pid int32) uint64 {
 		}
 	}
 	return sum
+}
+
+// lookUpForWindow looks up the claims of pids not looked up yet this window, all at once: each lookup
+// may take its deadline (the API server slow), and they run before a client's WELCOME.
+func (s *Scheduler) lookUpForWindow(q *queue, b *ledgerBook, pids []int32) {
+	var wg sync.WaitGroup
+	for _, p := range pids {
+		b.window.mu.Lock()
+		_, known := b.window.of[p]
+		b.window.mu.Unlock()
+		if !known {
+			wg.Go(func() { s.windowClaimOf(q, b, p) })
+		}
+	}
+	wg.Wait()
 }
 
 // chargesOf is, per pid in ledger key, its context charge and grant together; and the pids in q's other

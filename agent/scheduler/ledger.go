@@ -95,7 +95,7 @@ type ledgerBook struct {
 	floor          uint64 // the least context charge once measured (Guards.ContextFloor)
 	watching       bool   // its ledgers are measured periodically (context.go)
 	measuring      sync.Mutex
-	window         windowClaims // the claims of processes NVML lists, through the rebuild window (ledgerrebuild.go)
+	earlier        earlierProcs // the processes NVML listed at a restart, not back yet (ledgerrebuild.go)
 
 	mu     sync.Mutex
 	byKey  map[string]*ledger

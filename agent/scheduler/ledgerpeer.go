@@ -187,3 +187,14 @@ func (b *ledgerBook) claimOr(key string, lim uint64) uint64 {
 	}
 	return lim
 }
+
+// peerClaimKey is the ledger the processes of pod peer on q are in: the claim one of them resolved, else
+// the pod's provisional ledger.
+func (s *Scheduler) peerClaimKey(q *queue, peer string) string {
+	s.peers.mu.Lock()
+	defer s.peers.mu.Unlock()
+	if e := s.peers.m[podSlot{q, peer}]; e != nil && e.claim.Key != "" {
+		return e.claim.Key
+	}
+	return provisionalKey(peer)
+}

@@ -15,7 +15,8 @@ import (
 )
 
 // rebuildLedgerEnv is a scheduler restarted on a socket its previous run left (a rebuild window of
-// window), whose clients have the kernel pids given to dial, NVML figures per pid and one claim.
+// window), whose clients have the kernel pids given to dial, NVML figures per pid (nvml at the
+// restart) and one claim.
 type rebuildLedgerEnv struct {
 	s    *Scheduler
 	sock string
@@ -25,10 +26,10 @@ type rebuildLedgerEnv struct {
 	nvml map[int32]uint64
 }
 
-func startRebuildLedgerEnv(t *testing.T, window time.Duration, claim Claim) *rebuildLedgerEnv {
+func startRebuildLedgerEnv(t *testing.T, window time.Duration, claim Claim, nvml map[int32]uint64) *rebuildLedgerEnv {
 	t.Helper()
 	dir := t.TempDir()
-	e := &rebuildLedgerEnv{sock: filepath.Join(dir, "gpu.sock"), pids: make(chan int32, 8), nvml: map[int32]uint64{}}
+	e := &rebuildLedgerEnv{sock: filepath.Join(dir, "gpu.sock"), pids: make(chan int32, 8), nvml: nvml}
 	if err := os.WriteFile(restartMark(e.sock), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -57,10 +58,11 @@ func startRebuildLedgerEnv(t *testing.T, window time.Duration, claim Claim) *reb
 	return e
 }
 
-func (e *rebuildLedgerEnv) holds(pid int32, v uint64) {
+// ends: NVML no longer lists pid.
+func (e *rebuildLedgerEnv) ends(pid int32) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.nvml[pid] = v
+	delete(e.nvml, pid)
 }
 
 func (e *rebuildLedgerEnv) dial(t *testing.T, pid int32) *rawClient {
@@ -74,8 +76,7 @@ func (e *rebuildLedgerEnv) dial(t *testing.T, pid int32) *rawClient {
 // came before its Hold did.
 func TestRestartedLedgerLeavesRoomForWhatItsEarlierClientsHoldBeforeTheyAnnounceIt(t *testing.T) {
 	const claim = 1024 * mib
-	e := startRebuildLedgerEnv(t, 10*time.Second, Claim{Key: testClaimKey, Memory: claim})
-	e.holds(101, testReserve+600*mib)
+	e := startRebuildLedgerEnv(t, 10*time.Second, Claim{Key: testClaimKey, Memory: claim}, map[int32]uint64{101: testReserve + 600*mib})
 	a := e.dial(t, 101)
 	if a.ledger.Flags != LedgerOn {
 		t.Fatalf("the earlier client's Ledger = %+v, want on", a.ledger)
@@ -106,27 +107,31 @@ func TestRestartedLedgerLeavesRoomForWhatItsEarlierClientsHoldBeforeTheyAnnounce
 // claim, and the newcomer is refused.
 func TestRestartedLedgerLeavesRoomForAnEarlierClientNotBackYet(t *testing.T) {
 	const claim = 1024 * mib
-	e := startRebuildLedgerEnv(t, 10*time.Second, Claim{Key: testClaimKey, Memory: claim})
-	e.holds(101, testReserve+600*mib)
+	e := startRebuildLedgerEnv(t, 10*time.Second, Claim{Key: testClaimKey, Memory: claim}, map[int32]uint64{101: testReserve + 600*mib})
 	b := e.dial(t, 102)
 	if b.ledger.Flags != LedgerRefused {
 		t.Fatalf("a new process's Ledger while an earlier one holding 600 MiB is not back = %+v, want refused", b.ledger)
 	}
 }
 
-// After the window the ledger alone decides: nobody is held past it.
-func TestRestartedLedgerDecidesAloneOnceTheWindowEnds(t *testing.T) {
+// Seed 5017 of the soak, step 144: an earlier process stopped (SIGSTOP) through the whole rebuild
+// window is not back when it ends. It is counted until it is back or NVML lists it no more; nobody waits
+// for it.
+func TestRestartedLedgerCountsAnEarlierProcessUntilItIsBackOrGone(t *testing.T) {
 	const claim = 1024 * mib
-	e := startRebuildLedgerEnv(t, 200*time.Millisecond, Claim{Key: testClaimKey, Memory: claim})
-	e.holds(101, testReserve+600*mib)
+	e := startRebuildLedgerEnv(t, 200*time.Millisecond, Claim{Key: testClaimKey, Memory: claim}, map[int32]uint64{101: testReserve + 600*mib})
 	wait.For(t, 5*time.Second, func() error {
 		if e.s.queues[0].rebuilding() {
 			return errors.New("rebuilding")
 		}
 		return nil
 	}, "the rebuild window ends")
-	if b := e.dial(t, 102); b.ledger.Flags != LedgerOn {
-		t.Fatalf("a new process's Ledger after the window = %+v, want on", b.ledger)
+	if b := e.dial(t, 102); b.ledger.Flags != LedgerRefused {
+		t.Fatalf("a new process's Ledger after the window, the earlier one not back = %+v, want refused", b.ledger)
+	}
+	e.ends(101)
+	if c := e.dial(t, 103); c.ledger.Flags != LedgerOn {
+		t.Fatalf("a new process's Ledger once the earlier one is gone = %+v, want on", c.ledger)
 	}
 }
 
@@ -137,4 +142,34 @@ func ledgerKeyed(s *Scheduler, key string) (LedgerState, bool) {
 		}
 	}
 	return LedgerState{}, false
+}
+
+// Seed 5043 of the soak, step 71: two restarts in a row. The second scheduler served no client before
+// it was closed, but the earlier processes were not back: the third must still wait for them and count
+// them.
+func TestSchedulerClosedBeforeItsRebuildEndsLeavesTheRestartMark(t *testing.T) {
+	const claim = 1024 * mib
+	nvml := map[int32]uint64{101: testReserve + 600*mib}
+	e := startRebuildLedgerEnv(t, 10*time.Second, Claim{Key: testClaimKey, Memory: claim}, nvml)
+	e.s.Close()
+	if _, err := os.Stat(restartMark(e.sock)); err != nil {
+		t.Fatalf("no restart mark after a Close within the rebuild window: %v", err)
+	}
+	s, err := New(Options{GPUs: []GPUConfig{{UUID: "GPU-test", SocketPath: e.sock}}, RebuildWindow: 10 * time.Second,
+		Guards: e.s.opts.Guards})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.peerPIDOf = e.s.peerPIDOf
+	if err := s.Listen(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	if !s.queues[0].rebuilding() {
+		t.Fatal("the next scheduler grants at once, as on a fresh node")
+	}
+	e.s = s
+	if b := e.dial(t, 102); b.ledger.Flags != LedgerRefused {
+		t.Fatalf("a new process's Ledger while the earlier one holding 600 MiB is not back = %+v, want refused", b.ledger)
+	}
 }

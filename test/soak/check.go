@@ -273,9 +273,10 @@ func (c *checker) checkUnmanagedLocked(pr *proc, now time.Time) {
 // unmanaged, or its bound has passed (and checkClients reported it): most of them would otherwise be
 // killed before the agent's check is due.
 func (c *checker) awaitUnmanaged() {
+	deadline := time.Now().Add(unmanagedBound + time.Second)
 	for {
 		c.checkClients()
-		if !c.unmanagedDue() {
+		if !c.unmanagedDue() || time.Now().After(deadline) {
 			return
 		}
 		time.Sleep(sampleEvery) // polls the state it checks, bounded by unmanagedBound

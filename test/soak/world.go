@@ -376,6 +376,12 @@ func (e *episode) cmd(pr *proc, format string, args ...any) {
 
 // end stops every process and waits for the node to come back to zero (invariant 6).
 func (e *episode) end() {
+	e.l.mu.Lock()
+	if e.l.failTill > e.l.step { // a lookup fault still on: it ends here, and the bounds count from now
+		e.l.failTill = e.l.step
+		e.chk.reset()
+	}
+	e.l.mu.Unlock()
 	e.chk.awaitUnmanaged()
 	for _, pr := range e.live() {
 		pr.kill()

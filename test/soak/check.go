@@ -34,6 +34,9 @@ const (
 	// (of its drop, of an agent restart, of the lookups answering again): the guard's stated bound
 	// (its grace, and a read every guard.CheckInterval) plus a second for a loaded machine.
 	unmanagedBound = guard.UnmanagedBound + time.Second
+	// namedLate: a process a client this long was connected at the agent's last read (one every
+	// guard.CheckInterval, the read itself up to a slow lookup long), so it is not named unmanaged.
+	namedLate = 2*guard.CheckInterval + time.Second
 	// sampleEvery is the continuous checks' period.
 	sampleEvery = 20 * time.Millisecond
 )
@@ -64,24 +67,25 @@ type checker struct {
 	step       int
 	violations []violation
 	// grace periods: since when each thing is allowed to be out of place.
-	since      map[key]time.Time // a process's context on a GPU, or its continuing: invariant 1 counts from there
-	missing    map[key]time.Time // not a client since
-	ledgerOff  map[string]time.Time
-	lastReset  time.Time // a scheduler restart or a lookup fault's end: every bound of invariant 1 restarts
-	inRestart  bool
-	restartAt  time.Time // the scheduler's last start: invariants 3 and 4 count from its rebuild window's end
-	idleSince  map[string]time.Time
-	waitSince  map[key]time.Time
-	stoppedPID map[int32]bool
-	contAt     map[int32]time.Time
-	droppedAt  map[int32]time.Time
+	since       map[key]time.Time // a process's context on a GPU, or its continuing: invariant 1 counts from there
+	clientSince map[key]time.Time // a process seen its GPU's scheduler's client at every check since
+	missing     map[key]time.Time // not a client since
+	ledgerOff   map[string]time.Time
+	lastReset   time.Time // a scheduler restart or a lookup fault's end: every bound of invariant 1 restarts
+	inRestart   bool
+	restartAt   time.Time // the scheduler's last start: invariants 3 and 4 count from its rebuild window's end
+	idleSince   map[string]time.Time
+	waitSince   map[key]time.Time
+	stoppedPID  map[int32]bool
+	contAt      map[int32]time.Time
+	droppedAt   map[int32]time.Time
 
 	stop chan struct{}
 	done chan struct{}
 }
 
 func newChecker(e *episode) *checker {
-	return &checker{e: e, since: map[key]time.Time{}, missing: map[key]time.Time{}, ledgerOff: map[string]time.Time{},
+	return &checker{e: e, since: map[key]time.Time{}, clientSince: map[key]time.Time{}, missing: map[key]time.Time{}, ledgerOff: map[string]time.Time{},
 		idleSince: map[string]time.Time{}, waitSince: map[key]time.Time{}, lastReset: time.Now(), restartAt: time.Now(), stoppedPID: map[int32]bool{},
 		contAt: map[int32]time.Time{}, droppedAt: map[int32]time.Time{}}
 }
@@ -133,6 +137,7 @@ func (c *checker) gone(pr *proc) {
 		if k.pid == pr.pid {
 			delete(c.since, k)
 			delete(c.missing, k)
+			delete(c.clientSince, k)
 		}
 	}
 	c.mu.Unlock()
@@ -225,12 +230,14 @@ func (c *checker) checkClients() {
 				}
 			}
 			if !clients[k] {
+				delete(c.clientSince, k)
 				if now.Sub(from) > connectBound {
 					c.violateLocked(1, fmt.Sprintf("pod %s pid %d has a context on %s and has not been the scheduler's client for %s",
 						pr.pod.name, pr.pid, k.gpu, now.Sub(from).Round(time.Millisecond)))
 				}
 				continue
 			}
+			c.checkNotNamedLocked(pr, k, from, now)
 			if cl, ok := app.LedgerOf(claimsOn(c.e.claims, k.gpu), namespace, pr.pod.name); ok && now.Sub(from) > connectBound {
 				want[k.gpu+" "+cl.Key]++
 			}
@@ -246,6 +253,20 @@ func (c *checker) checkClients() {
 		} else {
 			delete(c.ledgerOff, lk)
 		}
+	}
+}
+
+// checkNotNamedLocked: the process pr, a client on k.gpu since its context (or the last restart, lookup
+// fault or stall's end: from), is not named unmanaged once the agent's last read is sure to have seen it
+// connected. Named, it would be evicted under the Evict setting while under its lock and ledger.
+func (c *checker) checkNotNamedLocked(pr *proc, k key, from, now time.Time) {
+	if t, ok := c.clientSince[k]; !ok || from.After(t) {
+		c.clientSince[k] = now
+	}
+	if now.Sub(c.clientSince[k]) > namedLate && c.agent.isNamed(k.gpu, k.pid) {
+		c.violateLocked(1, fmt.Sprintf("pod %s pid %d is the scheduler's client on %s (for %s) and the agent names it unmanaged",
+			pr.pod.name, pr.pid, k.gpu, now.Sub(c.clientSince[k]).Round(time.Millisecond)))
+		c.clientSince[k] = now // once per read, not at every check
 	}
 }
 

@@ -37,7 +37,7 @@ func runLedgerSteps(in []byte) error {
 		switch {
 		case op == 0 || pick == nil: // a process connects (every 16th without a claim)
 			c := claims[arg%2]
-			m := b.join(c, arg%16 != 15, int32(arg)+1, 6, func([]byte) bool { return true }, nil)
+			m := b.join(c, arg%16 != 15, int32(arg)+1, 6, func([]byte) bool { return true }, nil, 0)
 			b.welcome(m)
 			ms = append(ms, m)
 		case op == 1: // a process ends
@@ -49,7 +49,7 @@ func runLedgerSteps(in []byte) error {
 				}
 			}
 		case op == 2:
-			b.charge(pick, uint32(i), uint64(arg)*mib/2)
+			b.charge(pick, uint32(i), uint64(arg)*mib/2, 0)
 		case op == 3:
 			_ = b.giveBack(pick, 0, uint64(arg)*mib/4, false)
 		case op == 4: // a re-announced grant (refused after the connection's first charge; admits a refused

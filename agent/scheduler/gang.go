@@ -39,8 +39,8 @@ import (
 //     are revoked), and for production (below).
 //   - Classes: a gang is production when all its members are. A production gang's claim preempts the
 //     opportunistic holders of all its GPUs; an opportunistic gang claims only GPUs with no production
-//     client waiting or holding, and its turn is preempted on all its GPUs at once (keeping its ticket)
-//     when a production client asks for one of them.
+//     client waiting or holding, and its turn is preempted (keeping its ticket) when a production client
+//     asks for one of them: at once there, after the grace on its other GPUs (gangpreempt.go).
 //
 // Every queue a Gangs coordinates takes its lock (Gangs.mu): a gang's decisions move clients of several
 // GPUs at once. A node's schedulers serialize on it; each of their operations is microseconds.
@@ -104,6 +104,11 @@ type gang struct {
 	lent   []*queue
 	lend   Timer
 	lendAt time.Time
+	// lingering are the members kept granted, with their epochs, for the grace after a preempted turn
+	// (gangpreempt.go); linger revokes them, lingerGen tells its firing from a stopped one's.
+	lingering map[*client]uint32
+	linger    Timer
+	lingerGen uint64
 	// turns and waited are its turns and the time it waited for them, for the log line at its end.
 	turns  uint64
 	waited time.Duration
@@ -204,6 +209,7 @@ func (co *Gangs) leaveLocked(c *client) {
 	if g.state != gangIdle {
 		co.endTurnLocked(g, gangEndMemberLeft)
 	}
+	co.endLingerLocked(g) // the collective its kept members wait on cannot finish without c
 	g.members = slices.DeleteFunc(g.members, func(m *client) bool { return m == c })
 	c.gang = nil
 	for _, q := range g.gpus() {

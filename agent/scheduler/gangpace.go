@@ -4,16 +4,14 @@ import "slices"
 
 // What a preempted gang leaves running.
 //
-// Production preempts an opportunistic gang on all its GPUs at once, but a member may have launched
-// its half of a collective (NCCL's kernels spin until every peer's has started) while its peer on the
-// GPU production took had not: that kernel runs until the gang's next turn, and its process's release
-// waits for it. What the member queued behind it, or on its other streams, would run beside
-// production's work as any preempted backlog would. So a gang's members are paced (PACE, the
+// Production preempts an opportunistic gang (its members on the other GPUs keep them for the grace,
+// gangpreempt.go), but a member may have launched its half of a collective (NCCL's kernels spin until
+// every peer's has started): what the members queued behind it, or on their other streams, would run
+// beside production's work as any preempted backlog would. So a gang's members are paced (PACE, the
 // opportunistic launch queue's bound, qos.go) while production is busy on any GPU of their gang, not
-// only their own: a preempted member keeps at most that bound of launches outstanding beyond the
-// collective kernels it had started, whichever GPU production took. The kernels of a collective
-// already started cannot be taken back; they hold NCCL's channels (a few SMs each) until the peers
-// run.
+// only their own: a member keeps at most that bound of launches outstanding beyond the collective
+// kernels it had started, whichever GPU production took. The kernels of a collective already started
+// cannot be taken back; they hold NCCL's channels (a few SMs each) until the peers run.
 
 // productionBusyLocked: c is a gang's member and a production client is busy (busyLocked) on
 // another GPU of its gang.

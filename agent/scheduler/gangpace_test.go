@@ -15,14 +15,15 @@ func TestPreemptedGangIsPacedOnEveryGPU(t *testing.T) {
 	p1 := e.dial(1, 4000, ClassProduction)
 	x0.hold()
 	x1.hold()
-	epoch := p1.hold() // the gang is preempted on both GPUs
-	x0.expect(MsgRevoked, time.Second)
+	epoch := p1.hold() // the gang is preempted: at once on GPU 1, after the grace on GPU 0
 	if m := x0.expect(MsgPace, time.Second); m.MaxQueued != DefaultOpportunisticQueue {
 		t.Fatalf("PACE to the member on GPU 0 = %d, want %d", m.MaxQueued, DefaultOpportunisticQueue)
 	}
 	if m := x1.expect(MsgPace, time.Second); m.MaxQueued != DefaultOpportunisticQueue {
 		t.Fatalf("PACE to the member on GPU 1 = %d, want %d", m.MaxQueued, DefaultOpportunisticQueue)
 	}
+	e.clock.Advance(gangGrace)
+	x0.expect(MsgRevoked, time.Second)
 	p1.send(Message{Type: MsgRelease, Epoch: epoch})
 	wait.Until(t, time.Second, func() bool { return !e.state(1, p1).Holding }, "p1 released")
 	e.clock.Advance(RecentActivity) // production idle: the bound lifts on both GPUs

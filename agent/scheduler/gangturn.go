@@ -19,12 +19,12 @@ const (
 	gangEndMemberJoined = "member_joined"
 )
 
-// endTurnLocked ends g's claim or turn: every member holding is revoked (preempted, for production).
-// A preempted gang keeps its ticket, so it goes first once production is gone; otherwise a member that
-// asks again takes a new one, behind the gangs that waited meanwhile.
-func (co *Gangs) endTurnLocked(g *gang, why string) {
+// endTurnLocked ends g's claim or turn: every member holding but keep is revoked (preempted, for
+// production). A preempted gang keeps its ticket, so it goes first once production is gone; otherwise a
+// member that asks again takes a new one, behind the gangs that waited meanwhile.
+func (co *Gangs) endTurnLocked(g *gang, why string, keep ...*client) {
 	for _, c := range g.members {
-		if !c.state.granted() {
+		if !c.state.granted() || slices.Contains(keep, c) {
 			continue
 		}
 		q := c.gpu
@@ -117,7 +117,7 @@ func (co *Gangs) decideLocked() {
 		case !g.isGang():
 			co.endTurnLocked(g, gangEndMemberLeft)
 		case !g.production() && co.productionOnLocked(g):
-			co.endTurnLocked(g, gangEndPreempted)
+			co.preemptTurnLocked(g) // gangpreempt.go
 		case g.state == gangRunning && !g.busy():
 			co.endTurnLocked(g, gangEndIdle)
 		}
@@ -280,6 +280,7 @@ func (co *Gangs) wantedLocked(g *gang) bool {
 
 // startLocked starts g's turn: one quantum for all its GPUs, from now.
 func (co *Gangs) startLocked(g *gang, now time.Time) {
+	co.stopLingerLocked(g) // members kept from a preempted turn hold on into this one
 	g.state, g.turnStart, g.contended = gangRunning, now, false
 	g.quantum, g.grace = 0, 0
 	for i, q := range g.gpus() {

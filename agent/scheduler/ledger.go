@@ -3,6 +3,7 @@ package scheduler
 import (
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 )
@@ -94,6 +95,7 @@ type ledgerBook struct {
 	floor          uint64 // the least context charge once measured (Guards.ContextFloor)
 	watching       bool   // its ledgers are measured periodically (context.go)
 	measuring      sync.Mutex
+	earlier        earlierProcs // the processes NVML listed at a restart, not back yet (ledgerrebuild.go)
 
 	mu     sync.Mutex
 	byKey  map[string]*ledger
@@ -159,7 +161,7 @@ func (s *Scheduler) ledgerJoin(q *queue, pid int32, version uint16, send func([]
 	peer := s.podPeer(pid) // ledgerpeer.go
 	cl, ok := s.claimOf(q, pid, peer)
 	b := s.book(q)
-	m := b.join(cl, ok, pid, version, send, drop)
+	m := b.join(cl, ok, pid, version, send, drop, s.unannounced(q, cl.Key, pid))
 	s.watchContexts(q, b)
 	s.peerJoined(q, peer, m)
 	var welcomed atomic.Bool
@@ -171,22 +173,25 @@ func (s *Scheduler) ledgerJoin(q *queue, pid int32, version uint16, send func([]
 	}
 }
 
-func (b *ledgerBook) join(cl Claim, ok bool, pid int32, version uint16, send func([]byte) bool, drop func()) *member {
+// join enters a new client in cl's ledger (ok: it has one); unseen is what the claim's processes hold
+// beyond what the ledger charges them (ledgerrebuild.go), which an admission leaves room for.
+func (b *ledgerBook) join(cl Claim, ok bool, pid int32, version uint16, send func([]byte) bool, drop func(), unseen uint64) *member {
 	m := &member{version: version, pid: pid, send: send, drop: drop, ctx: b.reserve}
 	if !ok || cl.Memory == 0 {
 		return m
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.admitLocked(m, cl, !m.speaks()) // an older client cannot be told no: its context is counted
+	b.admitLocked(m, cl, !m.speaks(), unseen) // an older client cannot be told no: its context is counted
 	return m
 }
 
-// admitLocked places m in cl's ledger when the ledger has room for one more context, or forced (its
-// context exists already); otherwise m stays out, holding nothing, and remembers cl for its Ledger.
-func (b *ledgerBook) admitLocked(m *member, cl Claim, forced bool) bool {
+// admitLocked places m in cl's ledger when the ledger has room for one more context beside unseen
+// bytes, or forced (its context exists already); otherwise m stays out, holding nothing, and remembers
+// cl for its Ledger.
+func (b *ledgerBook) admitLocked(m *member, cl Claim, forced bool, unseen uint64) bool {
 	l := b.byKey[cl.Key]
-	if !forced && !b.roomForOneMore(l, cl.Memory) {
+	if !forced && !b.roomForOneMore(l, cl.Memory, unseen) {
 		m.refused = &cl
 		if l != nil {
 			l.refusals++
@@ -207,14 +212,14 @@ func (b *ledgerBook) admitLocked(m *member, cl Claim, forced bool) bool {
 }
 
 // roomForOneMore says whether l (nil: none yet) can take one more process of a claim of claim bytes:
-// its grants and context charges plus one more context reserve within the claim.
-func (b *ledgerBook) roomForOneMore(l *ledger, claim uint64) bool {
+// its grants, context charges and unseen bytes plus one more context reserve within the claim.
+func (b *ledgerBook) roomForOneMore(l *ledger, claim, unseen uint64) bool {
 	var granted, contexts uint64
 	if l != nil {
 		granted, contexts = l.granted, l.contexts
 	}
 	need := contexts + b.reserve
-	return need <= claim && granted <= claim-need
+	return need <= claim && granted <= claim-need && unseen <= claim-need-granted
 }
 
 // attach places m, connected outside every ledger because its pod was unknown, in cl's ledger now that
@@ -227,10 +232,23 @@ func (b *ledgerBook) attach(m *member, cl Claim) bool {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if m.l != nil || m.refused != nil || m.gone {
+	if m.gone || (m.l != nil && !m.l.provisional()) || m.refused != nil {
+		if m.refused != nil && strings.HasPrefix(m.refused.Key, provisionalPrefix) {
+			m.refused = &cl // refused a context by its pod's provisional ledger, it has none: a Hold is judged by the claim
+		}
 		return false
 	}
-	b.admitLocked(m, cl, true)
+	grant := b.leaveLocked(m) // a provisional ledger's member moves with its grant
+	m.refused = nil
+	b.admitLocked(m, cl, true, 0)
+	if grant > 0 {
+		m.grant, m.charged = grant, true
+		m.peak = max(m.peak, grant)
+		m.l.granted += grant
+		b.settleLocked(m.l, true)
+		b.pushLocked(m.l, nil)
+		return true
+	}
 	if m.welcomed && m.speaks() {
 		m.sendOrDrop(b.ledgerMsgLocked(m))
 	}
@@ -264,25 +282,33 @@ func (b *ledgerBook) welcome(m *member) bool {
 func (b *ledgerBook) leave(m *member) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	l := m.l
 	m.refused, m.gone = nil, true
+	b.leaveLocked(m)
+}
+
+// leaveLocked takes m out of its ledger, if any, and returns the grant it held there.
+func (b *ledgerBook) leaveLocked(m *member) uint64 {
+	l := m.l
 	if l == nil {
-		return
+		return 0
 	}
+	grant := m.grant
 	delete(l.members, m)
 	l.granted -= m.grant
 	l.contexts -= m.ctx
-	m.grant = 0
+	m.grant, m.l = 0, nil
 	if len(l.members) == 0 {
 		delete(b.byKey, l.key)
-		return
+		return grant
 	}
 	b.settleLocked(l, false)
 	b.pushLocked(l, nil)
+	return grant
 }
 
-// charge answers a Charge of m: at least bytes more, at least a chunk while there is room.
-func (b *ledgerBook) charge(m *member, seq uint32, bytes uint64) {
+// charge answers a Charge of m: at least bytes more, at least a chunk while there is room beside unseen
+// bytes (ledgerrebuild.go).
+func (b *ledgerBook) charge(m *member, seq uint32, bytes, unseen uint64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	l := m.l
@@ -292,8 +318,8 @@ func (b *ledgerBook) charge(m *member, seq uint32, bytes uint64) {
 	}
 	m.charged = true
 	var room uint64
-	if t := l.total(); t > l.granted {
-		room = t - l.granted
+	if t := l.total(); t > l.granted+unseen {
+		room = t - l.granted - unseen
 	}
 	st, added := ChargeRefused, uint64(0)
 	if bytes > 0 && bytes <= room {
@@ -422,6 +448,16 @@ func encodeOwn(m Message) []byte {
 	return b
 }
 
+// keyOf is m's ledger ("": none).
+func (b *ledgerBook) keyOf(m *member) string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if m.l == nil {
+		return ""
+	}
+	return m.l.key
+}
+
 func (b *ledgerBook) states() []LedgerState {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -453,7 +489,7 @@ func (s *Scheduler) ledgerMessage(q *queue, m *member, pid int32, msg Message) e
 	b := s.book(q)
 	if msg.Type == MsgCharge {
 		s.measureContexts(q, b, m)
-		b.charge(m, msg.Seq, msg.Bytes)
+		b.charge(m, msg.Seq, msg.Bytes, s.unannounced(q, b.keyOf(m), pid))
 		return nil
 	}
 	return b.giveBack(m, msg.Flags, msg.Bytes, msg.Flags&ReturnHold != 0 && s.contextSeen(q, pid))

@@ -159,8 +159,8 @@ func TestLedgerMeasuresContextsBetweenCharges(t *testing.T) {
 // A grant given back while NVML was read (frees it still counted) is not taken for context.
 func TestLedgerMeasurementUsesTheLargestGrantSinceTheReadBegan(t *testing.T) {
 	b := &ledgerBook{gpu: "GPU-m", reserve: 768 * mib, chunk: testChunk, floor: 256 * mib, byKey: map[string]*ledger{}}
-	m := b.join(Claim{Key: "c", Memory: 8192 * mib}, true, 42, 6, func([]byte) bool { return true }, nil)
-	b.charge(m, 1, 2048*mib)
+	m := b.join(Claim{Key: "c", Memory: 8192 * mib}, true, 42, 6, func([]byte) bool { return true }, nil, 0)
+	b.charge(m, 1, 2048*mib, 0)
 	b.mu.Lock()
 	m.peak = m.grant // the read begins
 	b.mu.Unlock()

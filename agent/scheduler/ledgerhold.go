@@ -16,7 +16,7 @@ package scheduler
 func (b *ledgerBook) admitHoldLocked(m *member, bytes uint64, seen bool) bool {
 	cl := *m.refused
 	if seen {
-		return b.admitLocked(m, cl, true)
+		return b.admitLocked(m, cl, true, 0)
 	}
 	l := b.byKey[cl.Key]
 	var granted, contexts uint64
@@ -27,7 +27,7 @@ func (b *ledgerBook) admitHoldLocked(m *member, bytes uint64, seen bool) bool {
 	// contexts the ledger charges its processes now (measured where NVML has figures).
 	need := contexts + m.ctx
 	if need <= cl.Memory && granted <= cl.Memory-need && bytes <= cl.Memory-need-granted {
-		return b.admitLocked(m, cl, false)
+		return b.admitLocked(m, cl, false, 0)
 	}
 	if l != nil {
 		l.refusals++

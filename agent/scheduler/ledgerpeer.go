@@ -1,6 +1,9 @@
 package scheduler
 
-import "sync"
+import (
+	"strings"
+	"sync"
+)
 
 // The ledger of a process whose claim lookup fails.
 //
@@ -19,8 +22,12 @@ import "sync"
 //   - a process of a pod outside any ledger is looked up again, with back-off, for as long as it
 //     stays connected, whether or not its class is known.
 //
-// Until one lookup of the pod answers, its processes keep their per-process limits: the claim's size
-// is known only with its pod.
+// Until one lookup of the pod answers, the claim's size is not known, but the limit each process's
+// shim runs under is (Options.PodLimit: the kubelet plugin's figure for the pod's claims on the GPU, read
+// without the API server). So the pod's processes share one provisional ledger of that size (the least
+// any of them names), keyed by the pod, with a context charge each as in any ledger: together they hold
+// at most what one process of the pod could, never a limit each. When a lookup answers, every process
+// of the pod moves to the claim's ledger with its grant (forced: its context exists).
 
 // peerLedgers are the ledger state of each peer (a pod) on each GPU.
 type peerLedgers struct {
@@ -66,9 +73,21 @@ func (s *Scheduler) claimOf(q *queue, pid int32, peer string) (Claim, bool) {
 		e.claim = cl
 	case e.claim.Key != "":
 		cl, ok = e.claim, true
+	case s.opts.PodLimit != nil:
+		if lim, found := s.opts.PodLimit(q.uuid, pid); found && lim > 0 {
+			cl, ok = Claim{Key: provisionalKey(peer), Memory: s.book(q).claimOr(provisionalKey(peer), lim)}, true
+		}
 	}
 	return cl, ok
 }
+
+// provisionalPrefix starts the key of a pod's provisional ledger; a claim's key is namespace/name.
+const provisionalPrefix = "provisional:"
+
+// provisionalKey is the provisional ledger of pod peer.
+func provisionalKey(peer string) string { return provisionalPrefix + peer }
+
+func (l *ledger) provisional() bool { return strings.HasPrefix(l.key, provisionalPrefix) }
 
 func (p *peerLedgers) entryLocked(q *queue, peer string) *peerEntry {
 	if p.m == nil {
@@ -149,9 +168,33 @@ func (s *Scheduler) claimPending(q *queue, m *member) bool {
 	return s.opts.ClaimOf != nil && s.peerOf(m) != "" && !s.book(q).placed(m)
 }
 
-// placed: m is in a ledger, or was refused by one.
+// placed: m is in a claim's ledger, or was refused by one (a provisional ledger's member is not).
 func (b *ledgerBook) placed(m *member) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return m.l != nil || m.refused != nil
+	if m.l != nil {
+		return !m.l.provisional()
+	}
+	return m.refused != nil && !strings.HasPrefix(m.refused.Key, provisionalPrefix)
+}
+
+// claimOr is the least of ledger key's claim and lim (lim where there is no such ledger).
+func (b *ledgerBook) claimOr(key string, lim uint64) uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if l := b.byKey[key]; l != nil {
+		return min(l.claim, lim)
+	}
+	return lim
+}
+
+// peerClaimKey is the ledger the processes of pod peer on q are in: the claim one of them resolved, else
+// the pod's provisional ledger.
+func (s *Scheduler) peerClaimKey(q *queue, peer string) string {
+	s.peers.mu.Lock()
+	defer s.peers.mu.Unlock()
+	if e := s.peers.m[podSlot{q, peer}]; e != nil && e.claim.Key != "" {
+		return e.claim.Key
+	}
+	return provisionalKey(peer)
 }

@@ -16,7 +16,8 @@ import (
 // To keep a re-announcing process's memory from being handed to another
 // before its report arrives, a scheduler that finds its socket left by a
 // previous run (a killed scheduler leaves it), or the restart mark a previous
-// one's Close left when it dropped clients (<socket>.restart), grants nothing for a rebuild window (Options.RebuildWindow, default
+// one's Close left when it dropped clients or had not finished a rebuild of its
+// own (<socket>.restart), grants nothing for a rebuild window (Options.RebuildWindow, default
 // DefaultRebuildWindow): long enough for every live shim to reconnect, whose
 // backoff between attempts is at most 1 s (GPUSHARE_RECONNECT_MAX_MS) plus a
 // connect timeout of 1 s. Requests that arrive meanwhile wait in line and are
@@ -81,6 +82,19 @@ func (s *Scheduler) markRestartLocked() {
 			_ = f.Close()
 		}
 	}
+}
+
+// rebuildUnsettled: a GPU's rebuild window lasts, or a process NVML listed at the restart is not back
+// yet (ledgerrebuild.go). Closed now, the scheduler leaves the restart mark as if it dropped clients:
+// the processes of the run before it are still out there, and the next scheduler must wait for them
+// and count them as this one does.
+func (s *Scheduler) rebuildUnsettled() bool {
+	for _, q := range s.queues {
+		if q.rebuilding() || s.book(q).earlier.any() {
+			return true
+		}
+	}
+	return false
 }
 
 // startRebuild holds every grant for d.

@@ -332,6 +332,7 @@ func (s *Scheduler) Listen(ctx context.Context) error {
 		}
 		if restarted && s.opts.RebuildWindow > 0 {
 			q.startRebuild(s.opts.RebuildWindow)
+			s.noteEarlier(q) // ledgerrebuild.go
 		}
 		s.mu.Lock()
 		s.listeners = append(s.listeners, ln)
@@ -350,13 +351,14 @@ func (s *Scheduler) Listen(ctx context.Context) error {
 }
 
 // Close stops accepting, drops every client and removes the sockets (leaving
-// a restart mark when it dropped clients, rebuild.go). Clients see their
+// a restart mark when it dropped clients, or its own rebuild is not over, rebuild.go). Clients see their
 // connection end, run without the lock and reconnect with backoff.
 func (s *Scheduler) Close() {
+	unsettled := s.rebuildUnsettled() // rebuild.go
 	s.mu.Lock()
 	lns := s.listeners
 	s.listeners = nil
-	if len(s.conns) > 0 {
+	if len(s.conns) > 0 || unsettled {
 		s.markRestartLocked()
 	}
 	for c := range s.conns {

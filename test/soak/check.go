@@ -11,6 +11,7 @@ import (
 
 	"github.com/gpusharing/gpusharing/agent/app"
 	"github.com/gpusharing/gpusharing/agent/dra"
+	"github.com/gpusharing/gpusharing/agent/guard"
 	"github.com/gpusharing/gpusharing/agent/scheduler"
 )
 
@@ -30,16 +31,15 @@ const (
 	// settleBound: when every client has gone, ledgers, reservations and accounts are zero within this.
 	settleBound = 10 * time.Second
 	// unmanagedBound: a process that dropped the shim and holds a context is named unmanaged within this
-	// (the agent compares NVML's processes with the scheduler's clients every few seconds).
-	unmanagedBound = 10 * time.Second
+	// (of its drop, of an agent restart, of the lookups answering again): the guard's stated bound
+	// (its grace, and a read every guard.CheckInterval) plus a second for a loaded machine.
+	unmanagedBound = guard.UnmanagedBound + time.Second
+	// namedLate: a process a client this long was connected at the agent's last read (one every
+	// guard.CheckInterval, the read itself up to a slow lookup long), so it is not named unmanaged.
+	namedLate = 2*guard.CheckInterval + time.Second
 	// sampleEvery is the continuous checks' period.
 	sampleEvery = 20 * time.Millisecond
 )
-
-// unmanagedNamed says whether the agent named the process pid on GPU gpu as unmanaged (a process that
-// holds a context there and is not a client). Nil: this build has no such naming; a process that drops
-// the shim is then left out of invariant 1 and counted as unchecked.
-var unmanagedNamed func(gpu string, pid int32) bool
 
 // violation is one broken invariant (0: a client hung or the harness failed).
 type violation struct {
@@ -60,30 +60,32 @@ type key struct {
 // checker checks the invariants after each step and every sampleEvery between steps.
 type checker struct {
 	e *episode
+	// agent is the agent's check for unmanaged processes (agentview.go).
+	agent *agentView
 
 	mu         sync.Mutex
 	step       int
 	violations []violation
 	// grace periods: since when each thing is allowed to be out of place.
-	since      map[key]time.Time // a process's context on a GPU, or its continuing: invariant 1 counts from there
-	missing    map[key]time.Time // not a client since
-	ledgerOff  map[string]time.Time
-	lastReset  time.Time // a scheduler restart or a lookup fault's end: every bound of invariant 1 restarts
-	inRestart  bool
-	restartAt  time.Time // the scheduler's last start: invariants 3 and 4 count from its rebuild window's end
-	idleSince  map[string]time.Time
-	waitSince  map[key]time.Time
-	unchecked  int
-	stoppedPID map[int32]bool
-	contAt     map[int32]time.Time
-	droppedAt  map[int32]time.Time
+	since       map[key]time.Time // a process's context on a GPU, or its continuing: invariant 1 counts from there
+	clientSince map[key]time.Time // a process seen its GPU's scheduler's client at every check since
+	missing     map[key]time.Time // not a client since
+	ledgerOff   map[string]time.Time
+	lastReset   time.Time // a scheduler restart or a lookup fault's end: every bound of invariant 1 restarts
+	inRestart   bool
+	restartAt   time.Time // the scheduler's last start: invariants 3 and 4 count from its rebuild window's end
+	idleSince   map[string]time.Time
+	waitSince   map[key]time.Time
+	stoppedPID  map[int32]bool
+	contAt      map[int32]time.Time
+	droppedAt   map[int32]time.Time
 
 	stop chan struct{}
 	done chan struct{}
 }
 
 func newChecker(e *episode) *checker {
-	return &checker{e: e, since: map[key]time.Time{}, missing: map[key]time.Time{}, ledgerOff: map[string]time.Time{},
+	return &checker{e: e, since: map[key]time.Time{}, clientSince: map[key]time.Time{}, missing: map[key]time.Time{}, ledgerOff: map[string]time.Time{},
 		idleSince: map[string]time.Time{}, waitSince: map[key]time.Time{}, lastReset: time.Now(), restartAt: time.Now(), stoppedPID: map[int32]bool{},
 		contAt: map[int32]time.Time{}, droppedAt: map[int32]time.Time{}}
 }
@@ -124,9 +126,6 @@ func (c *checker) drop(pr *proc) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.droppedAt[pr.pid] = time.Now()
-	if unmanagedNamed == nil {
-		c.unchecked++
-	}
 }
 
 func (c *checker) gone(pr *proc) {
@@ -138,6 +137,7 @@ func (c *checker) gone(pr *proc) {
 		if k.pid == pr.pid {
 			delete(c.since, k)
 			delete(c.missing, k)
+			delete(c.clientSince, k)
 		}
 	}
 	c.mu.Unlock()
@@ -230,12 +230,14 @@ func (c *checker) checkClients() {
 				}
 			}
 			if !clients[k] {
+				delete(c.clientSince, k)
 				if now.Sub(from) > connectBound {
 					c.violateLocked(1, fmt.Sprintf("pod %s pid %d has a context on %s and has not been the scheduler's client for %s",
 						pr.pod.name, pr.pid, k.gpu, now.Sub(from).Round(time.Millisecond)))
 				}
 				continue
 			}
+			c.checkNotNamedLocked(pr, k, from, now)
 			if cl, ok := app.LedgerOf(claimsOn(c.e.claims, k.gpu), namespace, pr.pod.name); ok && now.Sub(from) > connectBound {
 				want[k.gpu+" "+cl.Key]++
 			}
@@ -254,22 +256,74 @@ func (c *checker) checkClients() {
 	}
 }
 
-// checkUnmanagedLocked is invariant 1's other half, where unmanagedNamed is set: a process that dropped
-// the shim and holds a context is named unmanaged on that GPU within unmanagedBound of its drop.
+// checkNotNamedLocked: the process pr, a client on k.gpu since its context (or the last restart, lookup
+// fault or stall's end: from), is not named unmanaged once the agent's last read is sure to have seen it
+// connected. Named, it would be evicted under the Evict setting while under its lock and ledger.
+func (c *checker) checkNotNamedLocked(pr *proc, k key, from, now time.Time) {
+	if t, ok := c.clientSince[k]; !ok || from.After(t) {
+		c.clientSince[k] = now
+	}
+	if now.Sub(c.clientSince[k]) > namedLate && c.agent.isNamed(k.gpu, k.pid) {
+		c.violateLocked(1, fmt.Sprintf("pod %s pid %d is the scheduler's client on %s (for %s) and the agent names it unmanaged",
+			pr.pod.name, pr.pid, k.gpu, now.Sub(c.clientSince[k]).Round(time.Millisecond)))
+		c.clientSince[k] = now // once per read, not at every check
+	}
+}
+
+// checkUnmanagedLocked is invariant 1's other half: a process that dropped the shim and holds a context
+// is named unmanaged on that GPU by the agent's check within unmanagedBound of its drop (or of the last
+// restart or lookup fault, which the check waits out as the agent does).
 func (c *checker) checkUnmanagedLocked(pr *proc, now time.Time) {
-	if unmanagedNamed == nil {
-		return
+	from := c.droppedAt[pr.pid]
+	if c.lastReset.After(from) {
+		from = c.lastReset
 	}
 	for d := range pr.ctx {
 		k := key{c.e.uuids[d], pr.pid}
-		if unmanagedNamed(k.gpu, k.pid) {
+		if c.agent.isNamed(k.gpu, k.pid) {
 			continue
 		}
-		if from := c.droppedAt[pr.pid]; now.Sub(from) > unmanagedBound {
+		if now.Sub(from) > unmanagedBound {
 			c.violateLocked(1, fmt.Sprintf("pod %s pid %d dropped the shim and holds a context on %s; not named unmanaged %s on",
 				pr.pod.name, pr.pid, k.gpu, now.Sub(from).Round(time.Millisecond)))
 		}
 	}
+}
+
+// awaitUnmanaged holds the episode's end until every live process that dropped the shim is named
+// unmanaged, or its bound has passed (and checkClients reported it): most of them would otherwise be
+// killed before the agent's check is due.
+func (c *checker) awaitUnmanaged() {
+	deadline := time.Now().Add(unmanagedBound + time.Second)
+	for {
+		c.checkClients()
+		if !c.unmanagedDue() || time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(sampleEvery) // polls the state it checks, bounded by unmanagedBound
+	}
+}
+
+// unmanagedDue: a live process that dropped the shim is not named yet and still within its bound.
+func (c *checker) unmanagedDue() bool {
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, pr := range c.e.live() {
+		if !pr.dropped || c.stoppedPID[pr.pid] {
+			continue
+		}
+		from := c.droppedAt[pr.pid]
+		if c.lastReset.After(from) {
+			from = c.lastReset
+		}
+		for d := range pr.ctx {
+			if !c.agent.isNamed(c.e.uuids[d], pr.pid) && now.Sub(from) <= unmanagedBound {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // checkMemory is invariants 2 and 5, per GPU: every ledger group over its claims is one the guard

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gpusharing/gpusharing/agent/app"
 	"github.com/gpusharing/gpusharing/agent/dra"
+	"github.com/gpusharing/gpusharing/agent/podpid"
 	"github.com/gpusharing/gpusharing/agent/scheduler"
 )
 
@@ -23,7 +24,9 @@ const (
 	grace          = 100 * time.Millisecond
 	rebuildWindow  = 300 * time.Millisecond
 	contextReserve = 64 << 20
-	evictTimeout   = 2 * time.Second
+	// contextFloor is the least a measured context is charged: below the stub's 48 MiB contexts.
+	contextFloor = 32 << 20
+	evictTimeout = 2 * time.Second
 	// productionPriority is the pod priority from which a pod's clients are production.
 	productionPriority = 1000
 )
@@ -63,6 +66,27 @@ func (l *lookups) find(pid int32) *pod {
 	return p
 }
 
+// findAll is the pods of pids in one lookup (the accounting's), after the injected delay; none while the
+// lookups fail.
+func (l *lookups) findAll(pids []int32) map[int32]*pod {
+	l.mu.Lock()
+	d, failing := l.delay, l.step < l.failTill
+	out := map[int32]*pod{}
+	for _, pid := range pids {
+		if p := l.pods[pid]; p != nil {
+			out[pid] = p
+		}
+	}
+	l.mu.Unlock()
+	if d > 0 {
+		time.Sleep(d) // the lookup itself is slow, as find's
+	}
+	if failing {
+		return nil
+	}
+	return out
+}
+
 func (l *lookups) claimOf(gpu string, pid int32) (scheduler.Claim, bool) {
 	p := l.find(pid)
 	if p == nil {
@@ -99,7 +123,7 @@ type sched struct {
 	opts   scheduler.Options
 }
 
-func newSched(dir string, gpus []string, l *lookups) *sched {
+func newSched(dir, hold string, gpus []string, l *lookups) *sched {
 	prio := int32(productionPriority)
 	var cfgs []scheduler.GPUConfig
 	for _, g := range gpus {
@@ -108,7 +132,9 @@ func newSched(dir string, gpus []string, l *lookups) *sched {
 	}
 	return &sched{cfgs: cfgs, opts: scheduler.Options{GPUs: cfgs, RebuildWindow: rebuildWindow, Guards: scheduler.Guards{
 		ClaimOf: l.claimOf, PodPriority: l.priority, GangKey: l.key, PeerKey: l.key,
-		ContextReserve: contextReserve, EvictTimeout: evictTimeout,
+		ContextReserve: contextReserve, ContextFloor: contextFloor, EvictTimeout: evictTimeout,
+		ProcessMemory: nvmlProcesses(hold, gpus),
+		PodLimit:      func(gpu string, pid int32) (uint64, bool) { return podpid.ShimLimit("", pid, gpu) },
 	}}}
 }
 

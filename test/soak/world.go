@@ -305,6 +305,7 @@ func (e *episode) act() {
 		if err := e.s.up(); err != nil {
 			e.fail(fmt.Errorf("restarting the scheduler: %w", err))
 		}
+		e.chk.agent.restarted() // the scheduler runs in the agent: it restarts too
 		e.chk.restarted()
 	default:
 		delay, fail, steps := []time.Duration{0, 0, 100 * time.Millisecond, 250 * time.Millisecond}[e.rng.IntN(4)], e.rng.IntN(3) == 0,
@@ -375,6 +376,13 @@ func (e *episode) cmd(pr *proc, format string, args ...any) {
 
 // end stops every process and waits for the node to come back to zero (invariant 6).
 func (e *episode) end() {
+	e.l.mu.Lock()
+	if e.l.failTill > e.l.step { // a lookup fault still on: it ends here, and the bounds count from now
+		e.l.failTill = e.l.step
+		e.chk.reset()
+	}
+	e.l.mu.Unlock()
+	e.chk.awaitUnmanaged()
 	for _, pr := range e.live() {
 		pr.kill()
 		e.remove(pr)
@@ -387,12 +395,14 @@ func (e *episode) run(steps int) {
 		e.fail(err)
 		return
 	}
-	e.s = newSched(e.dir, e.uuids, e.l)
+	e.s = newSched(e.dir, e.hold, e.uuids, e.l)
 	if err := e.s.up(); err != nil {
 		e.fail(err)
 		return
 	}
 	e.chk = newChecker(e)
+	e.chk.agent = newAgentView(e)
+	e.chk.agent.start()
 	e.chk.startSampling()
 	for range steps {
 		if e.chk.failed() {
@@ -403,5 +413,6 @@ func (e *episode) run(steps int) {
 	}
 	e.end()
 	e.chk.stopSampling()
+	e.chk.agent.stopRunning()
 	e.s.down()
 }

@@ -14,8 +14,8 @@ import (
 // (github.com/cncf-tags/container-device-interface). Read here as a runtime reads them, so the workload
 // gets what a pod's container would, and nothing the plugin did not write.
 
-// cdiSpecFile is a CDI spec as runtimes read it. Edits this harness cannot apply (device nodes, hooks,
-// ...) are kept raw so that a spec holding them is refused rather than applied in part.
+// cdiSpecFile is a CDI spec as runtimes read it. Edits this harness cannot apply (hooks, ...) are kept
+// raw so that a spec holding them is refused rather than applied in part.
 type cdiSpecFile struct {
 	Version        string            `json:"cdiVersion"`
 	Kind           string            `json:"kind"`
@@ -35,11 +35,18 @@ type cdiContainerEdit struct {
 		ContainerPath string   `json:"containerPath"`
 		Options       []string `json:"options,omitempty"`
 	} `json:"mounts,omitempty"`
-	DeviceNodes    json.RawMessage `json:"deviceNodes,omitempty"`
+	DeviceNodes    []cdiDeviceNode `json:"deviceNodes,omitempty"`
 	Hooks          json.RawMessage `json:"hooks,omitempty"`
 	IntelRdt       json.RawMessage `json:"intelRdt,omitempty"`
 	AdditionalGIDs json.RawMessage `json:"additionalGids,omitempty"`
 	NetDevices     json.RawMessage `json:"netDevices,omitempty"`
+}
+
+// cdiDeviceNode is a device node a runtime creates in the container: path there, hostPath (path where
+// unset) on the host.
+type cdiDeviceNode struct {
+	Path     string `json:"path"`
+	HostPath string `json:"hostPath,omitempty"`
 }
 
 // cdiResolved is what a set of CDI device IDs gives a container, and the spec files that defined them.
@@ -111,11 +118,31 @@ func resolveCDI(dir string, ids []string) (cdiResolved, error) {
 }
 
 func addEdits(into *edits, e cdiContainerEdit) error {
-	for name, raw := range map[string]json.RawMessage{"deviceNodes": e.DeviceNodes, "hooks": e.Hooks, "intelRdt": e.IntelRdt,
+	for name, raw := range map[string]json.RawMessage{"hooks": e.Hooks, "intelRdt": e.IntelRdt,
 		"additionalGids": e.AdditionalGIDs, "netDevices": e.NetDevices} {
 		if len(raw) > 0 && string(raw) != "null" && string(raw) != "[]" {
 			return fmt.Errorf("edits of kind %s are not applied here", name)
 		}
+	}
+	// The workload runs on the host, where it sees every device node, so the nodes cannot be given or
+	// withheld here (make e2e checks that under the NVIDIA container runtime); each is checked to be a
+	// character device on the host, as a runtime needs it to be, and listed.
+	for _, n := range e.DeviceNodes {
+		host := n.HostPath
+		if host == "" {
+			host = n.Path
+		}
+		if !filepath.IsAbs(n.Path) || !filepath.IsAbs(host) {
+			return fmt.Errorf("device node %q -> %q: paths must be absolute", host, n.Path)
+		}
+		fi, err := os.Stat(host)
+		if err != nil {
+			return fmt.Errorf("device node %s: %w", host, err)
+		}
+		if fi.Mode()&os.ModeCharDevice == 0 {
+			return fmt.Errorf("device node %s: not a character device", host)
+		}
+		into.deviceNodes = append(into.deviceNodes, n.Path)
 	}
 	for _, kv := range e.Env {
 		k, v, ok := strings.Cut(kv, "=")

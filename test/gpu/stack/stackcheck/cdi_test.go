@@ -75,8 +75,10 @@ func TestResolveCDIRefusesWhatItCannotApply(t *testing.T) {
 		{"an ID of another kind", map[string]string{"a.json": specA}, "nvidia.com/gpu=uid-a-gpu", "defined by no spec"},
 		{"an ID two specs define", map[string]string{"a.json": specA, "a2.json": specA}, "gpusharing.io/claim=uid-a-gpu", "defined by 2 specs"},
 		{"a spec that is not JSON", map[string]string{"a.json": specA, "bad.json": "{"}, "gpusharing.io/claim=uid-a-gpu", "bad.json"},
-		{"device nodes", map[string]string{"d.json": `{"kind": "k/c", "devices": [{"name": "d", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}]}}]}`},
-			"k/c=d", "deviceNodes"},
+		{"a device node the host lacks", map[string]string{"d.json": `{"kind": "k/c", "devices": [{"name": "d", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia-none"}]}}]}`},
+			"k/c=d", "/dev/nvidia-none"},
+		{"a device node that is no character device", map[string]string{"d.json": `{"kind": "k/c", "devices": [{"name": "d", "containerEdits": {"deviceNodes": [{"path": "/dev/x", "hostPath": "/etc/hostname"}]}}]}`},
+			"k/c=d", "not a character device"},
 		{"hooks in the spec's edits", map[string]string{"d.json": `{"kind": "k/c", "containerEdits": {"hooks": [{"hookName": "createContainer"}]}, "devices": [{"name": "d", "containerEdits": {}}]}`},
 			"k/c=d", "hooks"},
 		{"a variable without a value", map[string]string{"d.json": `{"kind": "k/c", "devices": [{"name": "d", "containerEdits": {"env": ["NOVALUE"]}}]}`},
@@ -92,6 +94,19 @@ func TestResolveCDIRefusesWhatItCannotApply(t *testing.T) {
 				t.Fatalf("err = %v, want one saying %q", err, tt.want)
 			}
 		})
+	}
+}
+
+// A device node that exists on the host as a character device is accepted and listed (the workload
+// runs on the host, where it sees every node).
+func TestResolveCDIChecksDeviceNodesOnTheHost(t *testing.T) {
+	spec := `{"kind": "k/c", "devices": [{"name": "d", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0", "hostPath": "/dev/null"}]}}]}`
+	got, err := resolveCDI(writeSpecs(t, map[string]string{"d.json": spec}), []string{"k/c=d"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"/dev/nvidia0"}; !reflect.DeepEqual(got.edits.deviceNodes, want) {
+		t.Errorf("device nodes %v, want %v", got.edits.deviceNodes, want)
 	}
 }
 

@@ -28,11 +28,13 @@ type container struct {
 // (PATH, HOME) and the driver libraries' path the NVIDIA runtime provides, plus the machine's own rules.
 var passedThrough = []string{"PATH", "HOME", "LD_LIBRARY_PATH", "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"}
 
-// edits are what the container runtime applies to a container for its devices: environment variables
-// and bind mounts. The device plugin's Allocate answer and a CDI device's containerEdits both come to this.
+// edits are what the container runtime applies to a container for its devices: environment variables,
+// bind mounts and device nodes (checked, not applied: cdi.go). The device plugin's Allocate answer and a
+// CDI device's containerEdits both come to this.
 type edits struct {
-	env    map[string]string
-	mounts []bindMount
+	env         map[string]string
+	mounts      []bindMount
+	deviceNodes []string
 }
 
 // bindMount is one host path bind-mounted into the container, with CDI's mount options.

@@ -160,6 +160,9 @@ func (s *Scheduler) book(q *queue) *ledgerBook {
 func (s *Scheduler) ledgerJoin(q *queue, pid int32, version uint16, send func([]byte) bool, drop func()) (*member, func([]byte) bool) {
 	peer := s.podPeer(pid) // ledgerpeer.go
 	cl, ok := s.claimOf(q, pid, peer)
+	if ok && peer != "" && !strings.HasPrefix(cl.Key, provisionalPrefix) {
+		s.attachPod(q, peer, cl) // its pod's processes in the provisional ledger join the claim's first
+	}
 	b := s.book(q)
 	m := b.join(cl, ok, pid, version, send, drop, s.unannounced(q, cl.Key, pid))
 	s.watchContexts(q, b)

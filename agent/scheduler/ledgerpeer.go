@@ -140,20 +140,30 @@ func (s *Scheduler) peerOf(m *member) string {
 	return s.peers.of[m].peer
 }
 
-// attachPeers places every client of m's pod on q that is still outside any ledger in cl's, now that
-// a lookup found it for m.
+// attachPeers places every client of m's pod on q that is still outside its claim's ledger in cl's, now
+// that a lookup found it for m.
 func (s *Scheduler) attachPeers(q *queue, m *member, cl Claim) {
 	s.peers.mu.Lock()
 	k, ok := s.peers.of[m]
+	s.peers.mu.Unlock()
+	if ok {
+		s.attachPod(q, k.peer, cl)
+	}
+}
+
+// attachPod places every client of pod peer on q that is still outside its claim's ledger (in none, or
+// in the pod's provisional one) in cl's, the claim a lookup found for one of its processes: a pod's
+// processes are never in two ledgers at once.
+func (s *Scheduler) attachPod(q *queue, peer string, cl Claim) {
+	s.peers.mu.Lock()
 	var ms []*member
-	if e := s.peers.m[k]; ok && e != nil {
+	if e := s.peers.m[podSlot{q, peer}]; e != nil {
 		e.claim = cl
 		for o := range e.members {
 			ms = append(ms, o)
 		}
 	}
 	s.peers.mu.Unlock()
-	peer := k.peer
 	b := s.book(q)
 	for _, m := range ms {
 		if b.attach(m, cl) {

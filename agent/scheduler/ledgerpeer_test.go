@@ -60,3 +60,42 @@ func TestProcessesOfAPodWhoseLookupFailsShareOneLedgerOfTheirLimit(t *testing.T)
 		return nil
 	}, "the process is in its claim's ledger with its grant")
 }
+
+// Seed 6010 of the soak, step 119: the lookups answer again, and a new process of the pod is looked up
+// before the scheduler's re-resolution has moved the pod's others out of the provisional ledger. It
+// joins the claim's ledger only after they do: a pod's processes are never in two ledgers at once.
+func TestAPodsProvisionalProcessesJoinTheClaimBeforeANewcomer(t *testing.T) {
+	const limit = 1024 * mib
+	var found atomic.Bool
+	pids := make(chan int32, 4)
+	sock := filepath.Join(t.TempDir(), "gpu.sock")
+	s, err := New(Options{GPUs: []GPUConfig{{UUID: "GPU-test", SocketPath: sock}}, Guards: Guards{
+		ContextReserve: testReserve, LedgerChunk: testChunk,
+		ClaimOf: func(string, int32) (Claim, bool) {
+			return Claim{Key: testClaimKey, Memory: limit}, found.Load()
+		},
+		PeerKey:  func(int32) string { return "pod:a" },
+		PodLimit: func(string, int32) (uint64, bool) { return limit, true },
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.peerPIDOf = func(net.Conn) int32 { return <-pids }
+	if err := s.Listen(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { checkLedgers(t, s) })
+	t.Cleanup(s.Close)
+
+	pids <- 201
+	a := dialRaw(t, sock, ClassOpportunistic)
+	if m := charge(t, a, 1, 600*mib); m.Charge != ChargeOK {
+		t.Fatalf("Charge in the provisional ledger = %+v, want granted", m)
+	}
+	found.Store(true) // the re-resolution is 500 ms away
+	pids <- 202
+	if b := dialRaw(t, sock, ClassOpportunistic); b.ledger.Flags != LedgerRefused {
+		t.Fatalf("Ledger of the pod's new process = %+v, want refused: the claim's ledger holds the pod's "+
+			"first process (its context and 600 MiB) by then", b.ledger)
+	}
+}

@@ -98,6 +98,13 @@ func (s *ShimSchedulers) SchedulerConfig(dev gpu.Device, o v1alpha1.Oversubscrip
 				cfg.OpportunisticQueueTime = -1
 			}
 		}
+		if t := qos.SettleFloor; t != nil {
+			// Likewise: unset is the scheduler's default, 0s no release on completion (negative there).
+			cfg.SettleFloor = t.Duration
+			if t.Duration <= 0 {
+				cfg.SettleFloor = -1
+			}
+		}
 	}
 	if o.TimeQuantum != nil && o.TimeQuantum.Duration > 0 {
 		cfg.Quantum = o.TimeQuantum.Duration

@@ -426,6 +426,27 @@ func TestSchedulerConfigTakesTheOpportunisticQueueOrTheDefault(t *testing.T) {
 			t.Errorf("%s: queue time %v, want %v", tt.name, cfg.OpportunisticQueueTime, tt.want)
 		}
 	}
+	// settleFloor: unset is the scheduler's default, 0s no release on completion.
+	for _, tt := range []struct {
+		name string
+		set  *metav1.Duration
+		want time.Duration
+	}{
+		{"settle floor unset: the default", nil, scheduler.DefaultSettleFloor},
+		{"settle floor set: the policy's", &metav1.Duration{Duration: 50 * time.Microsecond}, 50 * time.Microsecond},
+		{"settle floor 0s: off", &metav1.Duration{}, -1},
+	} {
+		cfg, err := s.SchedulerConfig(dev, v1alpha1.Oversubscription{}, &v1alpha1.QoS{ProductionPriority: 1000, SettleFloor: tt.set})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.SettleFloor != tt.want {
+			t.Errorf("%s: settle floor %v, want %v", tt.name, cfg.SettleFloor, tt.want)
+		}
+	}
+	if scheduler.DefaultSettleFloor != 100*time.Microsecond {
+		t.Errorf("scheduler.DefaultSettleFloor = %v, the API documents 100us", scheduler.DefaultSettleFloor)
+	}
 	// The API's documented defaults (sharing_types.go: "omitted: 3", "omitted: 500us") are these constants.
 	if scheduler.DefaultOpportunisticQueueTime != 500*time.Microsecond {
 		t.Errorf("scheduler.DefaultOpportunisticQueueTime = %v, the API documents 500us", scheduler.DefaultOpportunisticQueueTime)

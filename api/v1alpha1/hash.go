@@ -82,6 +82,7 @@ var sharingHashLaterDefaults = map[string]string{
 	"qos.productionPriority":            "",
 	"qos.opportunisticQueue":            "",
 	"qos.opportunisticQueueTime":        "",
+	"qos.settleFloor":                   "",
 	"qos.opportunisticThreadPercentage": "",
 	"mig.dynamic":                       "",
 	// Omitted means Report: both hash alike.

@@ -33,6 +33,7 @@ const (
 // +kubebuilder:validation:XValidation:rule="!has(self.qos) || !has(self.qos.opportunisticThreadPercentage) || self.strategy == 'MPS'",message="sharing.qos.opportunisticThreadPercentage: applies only to strategy MPS"
 // +kubebuilder:validation:XValidation:rule="!has(self.qos) || !has(self.qos.opportunisticQueue) || has(self.oversubscription)",message="sharing.qos.opportunisticQueue: applies only with oversubscription (the shim paces its launches)"
 // +kubebuilder:validation:XValidation:rule="!has(self.qos) || !has(self.qos.opportunisticQueueTime) || has(self.oversubscription)",message="sharing.qos.opportunisticQueueTime: applies only with oversubscription (the shim paces its launches)"
+// +kubebuilder:validation:XValidation:rule="!has(self.qos) || !has(self.qos.settleFloor) || has(self.oversubscription)",message="sharing.qos.settleFloor: applies only with oversubscription (the shim releases the lock)"
 // +kubebuilder:validation:XValidation:rule="!has(self.unmanagedProcesses) || has(self.oversubscription) || (self.strategy == 'MPS' && has(self.sizing) && self.sizing.mode == 'PerClaim')",message="sharing.unmanagedProcesses: applies only with oversubscription (clients of the shim's scheduler) or with strategy MPS and sizing PerClaim (clients of the MPS server); elsewhere nothing tells a managed process from another"
 type Sharing struct {
 	// strategy is how the GPU is shared: Exclusive, TimeSlicing, MPS or MIG.
@@ -127,6 +128,15 @@ type QoS struct {
 	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s') && duration(self) <= duration('100ms')",message="qos.opportunisticQueueTime: must be from 0s (the bound in launches alone) to 100ms"
 	// +optional
 	OpportunisticQueueTime *metav1.Duration `json:"opportunisticQueueTime,omitempty"`
+
+	// settleFloor (oversubscription only): while an opportunistic process is busy, a production process
+	// releases the lock once the GPU work it submitted has completed and this long passed without a GPU
+	// call from it, so the opportunistic work runs in production's gaps from their start; its next launch
+	// takes the lock back at once. "0s" turns the release on completion off: production keeps the GPU for
+	// the scheduler's 1 ms idle window after its last call instead. 0s-1ms; omitted: 100us (docs/qos.md).
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s') && duration(self) <= duration('1ms')",message="qos.settleFloor: must be from 0s (no release on completion: the idle window alone) to 1ms"
+	// +optional
+	SettleFloor *metav1.Duration `json:"settleFloor,omitempty"`
 
 	// opportunisticThreadPercentage (MPS only) caps the share of the GPU's SMs an opportunistic client
 	// may use, 1-100, on top of its share's own cap. Opportunistic clients also run at MPS client

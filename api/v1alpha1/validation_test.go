@@ -193,6 +193,10 @@ func TestRejectsInvalidPolicies(t *testing.T) {
 			[]string{"qos.opportunisticQueueTime: must be from 0s (the bound in launches alone) to 100ms"}},
 		{"a negative opportunistic queue time", `sharing: {strategy: Exclusive, oversubscription: {}, qos: {productionPriority: 1000, opportunisticQueueTime: -1ms}}`,
 			[]string{"qos.opportunisticQueueTime: must be from 0s"}},
+		{"a settle floor without the shim", `sharing: {strategy: MPS, mps: {replicas: 2}, qos: {productionPriority: 1000, settleFloor: 100us}}`,
+			[]string{"sharing.qos.settleFloor: applies only with oversubscription"}},
+		{"a settle floor past 1ms", `sharing: {strategy: Exclusive, oversubscription: {}, qos: {productionPriority: 1000, settleFloor: 2ms}}`,
+			[]string{"qos.settleFloor: must be from 0s (no release on completion: the idle window alone) to 1ms"}},
 		{"an empty opportunistic launch queue", `sharing: {strategy: Exclusive, oversubscription: {}, qos: {productionPriority: 1000, opportunisticQueue: 0}}`,
 			[]string{"spec.sharing.qos.opportunisticQueue", "should be greater than or equal to 1"}},
 		{"a production threshold every pod without a PriorityClass meets", `sharing: {strategy: MPS, mps: {replicas: 2}, qos: {productionPriority: 0}}`,
@@ -271,6 +275,7 @@ func TestAcceptsProductionClassesWhereSomethingFavoursProduction(t *testing.T) {
 		`sharing: {strategy: Exclusive, oversubscription: {}, qos: {productionPriority: 1000, opportunisticQueue: 4}}`,
 		`sharing: {strategy: Exclusive, oversubscription: {}, qos: {productionPriority: 1000, opportunisticQueueTime: 300us}}`,
 		`sharing: {strategy: Exclusive, oversubscription: {}, qos: {productionPriority: 1000, opportunisticQueueTime: 0s}}`,
+		`sharing: {strategy: Exclusive, oversubscription: {}, qos: {productionPriority: 1000, settleFloor: 0s, opportunisticQueueTime: 0s}}`,
 		`sharing: {strategy: TimeSlicing, timeSlicing: {replicas: 2}, oversubscription: {antiThrashing: Always}, qos: {productionPriority: 1000000}}`,
 		`sharing: {strategy: MPS, mps: {replicas: 4}, sizing: {mode: PerClaim}, qos: {productionPriority: 1000}}`,
 	} {

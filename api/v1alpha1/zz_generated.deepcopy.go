@@ -1104,6 +1104,11 @@ func (in *QoS) DeepCopyInto(out *QoS) {
 		*out = new(v1.Duration)
 		**out = **in
 	}
+	if in.SettleFloor != nil {
+		in, out := &in.SettleFloor, &out.SettleFloor
+		*out = new(v1.Duration)
+		**out = **in
+	}
 	if in.OpportunisticThreadPercentage != nil {
 		in, out := &in.OpportunisticThreadPercentage, &out.OpportunisticThreadPercentage
 		*out = new(int32)

@@ -224,9 +224,9 @@ func (b *ledgerBook) roomForOneMore(l *ledger, claim, unseen uint64) bool {
 	return need <= claim && granted <= claim-need && unseen <= claim-need-granted
 }
 
-// attach places m, connected outside every ledger because its pod was unknown, in cl's ledger now that
-// a lookup found its claim. Its context exists already (it may have allocated under its own limit), so it is
-// admitted whatever the room, as a re-announced grant is; its shim announces what it holds (a Hold)
+// attach places m, connected outside every ledger because its claim lookup failed, in cl's ledger now
+// that a lookup found it. Its context exists already (it may have allocated under its own limit), so it
+// is admitted whatever the room, as a re-announced grant is; its shim announces what it holds (a Hold)
 // when the Ledger reaches it. False when m was placed (or refused) already, or cl is no claim.
 func (b *ledgerBook) attach(m *member, cl Claim) bool {
 	if cl.Memory == 0 {

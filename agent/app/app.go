@@ -208,7 +208,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	}
 	if shim != nil && pods != nil && r.Claims != nil {
 		// A sized claim's processes on a shim GPU share one memory ledger (scheduler/ledger.go).
-		shim.Guards.ClaimOf = claimLedgers(r.Claims, pods)
+		shim.Guards.ClaimOf = claimLedgers(r.Claims, pods.ProcRoot, pods)
 	}
 	if shim != nil {
 		// Only processes of pods holding a share of a GPU (and host processes) use its scheduler (shareguard.go).

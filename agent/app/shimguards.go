@@ -43,8 +43,6 @@ func shimGuards(o Options, r *podpid.Resolver) scheduler.Guards {
 	// A pod's clients on several GPUs are one gang (scheduler/gang.go); a process in no pod is in none.
 	g.GangKey = g.PeerKey
 	g.ProcRoot = r.ProcRoot
-	// Where a pod lookup fails, the pod's processes share a ledger of the limit their shims run under.
-	g.PodLimit = func(gpu string, pid int32) (uint64, bool) { return podpid.ShimLimit(r.ProcRoot, pid, gpu) }
 	g.PodPriority = podPriority(r)
 	return g
 }

@@ -40,6 +40,9 @@ type preparedClaim struct {
 	// Pods are the names of the pods, in the claim's namespace, the claim was reserved for when it was
 	// prepared (status.reservedFor): the consumers its size is exported and checked against.
 	Pods []string `json:"pods,omitempty"`
+	// PodUIDs are the UIDs of the same pods: what a process's cgroup names, so its claims are known
+	// without the API server. Absent in a checkpoint written before they were recorded.
+	PodUIDs []types.UID `json:"podUIDs,omitempty"`
 	// Spec is the CDI spec written for the claim, kept so a spec file removed behind the plugin's back is
 	// written again when the kubelet prepares the claim again.
 	Spec cdispec.Spec `json:"spec"`

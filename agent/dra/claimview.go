@@ -44,6 +44,7 @@ type ClaimView struct {
 type apiClaim struct {
 	namespace, name string
 	pods            []string
+	podUIDs         []types.UID
 	devices         []preparedDevice
 }
 
@@ -54,7 +55,7 @@ func (p *KubeletPlugin) ClaimView() ClaimView {
 	defer p.mu.Unlock()
 	view := ClaimView{SyncedAt: p.syncedAt}
 	uncertain := map[types.NamespacedName]bool{}
-	add := func(uid types.UID, namespace, name string, pods []string, devices []preparedDevice, fallback []preparedDevice) {
+	add := func(uid types.UID, namespace, name string, pods []string, podUIDs []types.UID, devices []preparedDevice, fallback []preparedDevice) {
 		byGPU := map[string]int{}
 		for _, d := range devices {
 			index, sized := SizedIndex(d.Device)
@@ -84,7 +85,7 @@ func (p *KubeletPlugin) ClaimView() ClaimView {
 			if !ok {
 				i = len(view.Claims)
 				byGPU[gpu] = i
-				view.Claims = append(view.Claims, SizedClaim{UID: uid, Namespace: namespace, Name: name, Pods: pods, GPU: gpu})
+				view.Claims = append(view.Claims, SizedClaim{UID: uid, Namespace: namespace, Name: name, Pods: pods, PodUIDs: podUIDs, GPU: gpu})
 			}
 			view.Claims[i].MemoryBytes += mem
 			view.Claims[i].ComputePercent += compute
@@ -94,11 +95,11 @@ func (p *KubeletPlugin) ClaimView() ClaimView {
 		a := p.api[uid]
 		pods := slices.Concat(pc.Pods, a.pods)
 		slices.Sort(pods)
-		add(uid, pc.Namespace, pc.Name, slices.Compact(pods), pc.Devices, a.devices)
+		add(uid, pc.Namespace, pc.Name, slices.Compact(pods), mergeUIDs(pc.PodUIDs, a.podUIDs), pc.Devices, a.devices)
 	}
 	for uid, a := range p.api {
 		if _, ok := p.cp.Claims[uid]; !ok {
-			add(uid, a.namespace, a.name, slices.Clone(a.pods), a.devices, nil)
+			add(uid, a.namespace, a.name, slices.Clone(a.pods), mergeUIDs(a.podUIDs), a.devices, nil)
 		}
 	}
 	slices.SortFunc(view.Claims, func(a, b SizedClaim) int {
@@ -150,7 +151,7 @@ func (p *KubeletPlugin) SyncClaims(ctx context.Context, kube kubernetes.Interfac
 				}
 			}
 			if len(devices) > 0 {
-				found[c.UID] = apiClaim{namespace: c.Namespace, name: c.Name, pods: reservedPods(c), devices: devices}
+				found[c.UID] = apiClaim{namespace: c.Namespace, name: c.Name, pods: reservedPods(c), podUIDs: reservedPodUIDs(c), devices: devices}
 			}
 		}
 		if cont = list.Continue; cont == "" {

@@ -332,7 +332,7 @@ func (p *KubeletPlugin) prepare(ctx context.Context, cp checkpoint, c *resourcev
 	if err != nil {
 		return preparedClaim{}, false, err
 	}
-	pc := preparedClaim{Namespace: c.Namespace, Name: c.Name, Pods: reservedPods(c)}
+	pc := preparedClaim{Namespace: c.Namespace, Name: c.Name, Pods: reservedPods(c), PodUIDs: reservedPodUIDs(c)}
 	var cdiDevices []cdispec.Device
 	for _, unit := range gpuSets(c.Spec.Devices.Constraints, requests) {
 		var results []resourcev1.DeviceRequestAllocationResult

@@ -16,6 +16,10 @@ type SizedClaim struct {
 	Name      string
 	// Pods are pod names in Namespace: those it was reserved for when prepared, and when last read.
 	Pods []string
+	// PodUIDs are the UIDs of the same pods, from the same records; a claim prepared before they were
+	// recorded has none until the API server is read (the names need it to be matched to a process, the
+	// UIDs do not: a process's cgroup names its pod's UID).
+	PodUIDs []types.UID
 	// GPU is the GPU's uuid.
 	GPU            string
 	MemoryBytes    int64
@@ -50,6 +54,25 @@ func reservedPods(c *resourcev1.ResourceClaim) []string {
 			out = append(out, r.Name)
 		}
 	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// reservedPodUIDs are the UIDs of the pods a claim is reserved for, sorted.
+func reservedPodUIDs(c *resourcev1.ResourceClaim) []types.UID {
+	var out []types.UID
+	for _, r := range c.Status.ReservedFor {
+		if r.APIGroup == "" && r.Resource == "pods" && r.UID != "" {
+			out = append(out, r.UID)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// mergeUIDs is the sorted union of pod UID lists.
+func mergeUIDs(lists ...[]types.UID) []types.UID {
+	out := slices.Concat(lists...)
 	slices.Sort(out)
 	return slices.Compact(out)
 }

@@ -3,7 +3,6 @@ package scheduler
 import (
 	"fmt"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 )
@@ -160,8 +159,8 @@ func (s *Scheduler) book(q *queue) *ledgerBook {
 func (s *Scheduler) ledgerJoin(q *queue, pid int32, version uint16, send func([]byte) bool, drop func()) (*member, func([]byte) bool) {
 	peer := s.podPeer(pid) // ledgerpeer.go
 	cl, ok := s.claimOf(q, pid, peer)
-	if ok && peer != "" && !strings.HasPrefix(cl.Key, provisionalPrefix) {
-		s.attachPod(q, peer, cl) // its pod's processes in the provisional ledger join the claim's first
+	if ok && peer != "" {
+		s.attachPod(q, peer, cl) // its pod's processes outside any ledger join the claim's first
 	}
 	b := s.book(q)
 	m := b.join(cl, ok, pid, version, send, drop, s.unannounced(q, cl.Key, pid))
@@ -225,9 +224,9 @@ func (b *ledgerBook) roomForOneMore(l *ledger, claim, unseen uint64) bool {
 	return need <= claim && granted <= claim-need && unseen <= claim-need-granted
 }
 
-// attach places m, connected outside every ledger because its pod was unknown, in cl's ledger now that
-// its pod is found. Its context exists already (it may have allocated under its own limit), so it is
-// admitted whatever the room, as a re-announced grant is; its shim announces what it holds (a Hold)
+// attach places m, connected outside every ledger because its claim lookup failed, in cl's ledger now
+// that a lookup found it. Its context exists already (it may have allocated under its own limit), so it
+// is admitted whatever the room, as a re-announced grant is; its shim announces what it holds (a Hold)
 // when the Ledger reaches it. False when m was placed (or refused) already, or cl is no claim.
 func (b *ledgerBook) attach(m *member, cl Claim) bool {
 	if cl.Memory == 0 {
@@ -235,23 +234,10 @@ func (b *ledgerBook) attach(m *member, cl Claim) bool {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if m.gone || (m.l != nil && !m.l.provisional()) || m.refused != nil {
-		if m.refused != nil && strings.HasPrefix(m.refused.Key, provisionalPrefix) {
-			m.refused = &cl // refused a context by its pod's provisional ledger, it has none: a Hold is judged by the claim
-		}
+	if m.gone || m.l != nil || m.refused != nil {
 		return false
 	}
-	grant := b.leaveLocked(m) // a provisional ledger's member moves with its grant
-	m.refused = nil
 	b.admitLocked(m, cl, true, 0)
-	if grant > 0 {
-		m.grant, m.charged = grant, true
-		m.peak = max(m.peak, grant)
-		m.l.granted += grant
-		b.settleLocked(m.l, true)
-		b.pushLocked(m.l, nil)
-		return true
-	}
 	if m.welcomed && m.speaks() {
 		m.sendOrDrop(b.ledgerMsgLocked(m))
 	}
@@ -289,24 +275,22 @@ func (b *ledgerBook) leave(m *member) {
 	b.leaveLocked(m)
 }
 
-// leaveLocked takes m out of its ledger, if any, and returns the grant it held there.
-func (b *ledgerBook) leaveLocked(m *member) uint64 {
+// leaveLocked takes m out of its ledger, if any.
+func (b *ledgerBook) leaveLocked(m *member) {
 	l := m.l
 	if l == nil {
-		return 0
+		return
 	}
-	grant := m.grant
 	delete(l.members, m)
 	l.granted -= m.grant
 	l.contexts -= m.ctx
 	m.grant, m.l = 0, nil
 	if len(l.members) == 0 {
 		delete(b.byKey, l.key)
-		return grant
+		return
 	}
 	b.settleLocked(l, false)
 	b.pushLocked(l, nil)
-	return grant
 }
 
 // charge answers a Charge of m: at least bytes more, at least a chunk while there is room beside unseen

@@ -1,18 +1,17 @@
 package scheduler
 
-import (
-	"strings"
-	"sync"
-)
+import "sync"
 
 // The ledger of a process whose claim lookup fails.
 //
-// A claim lookup (Options.ClaimOf) names a process's pod through the API server, which may be slow or
-// away; the process then starts outside any ledger, with its own per-process limit, and is placed
-// once a later lookup finds its pod (reresolve). Two processes of one pod each outside would together
-// hold twice the pod's claim. But a process's pod is known at once, without the API server: its peer
-// (Options.PeerKey, the pod's UID from the process's cgroup). So the processes of one pod on a GPU
-// are one peer for the ledger:
+// A claim lookup (Options.ClaimOf) names a process's claim ledger; the agent finds it without the API
+// server (the pod UIDs its kubelet plugin recorded for each claim, against the UID in the process's
+// cgroup), and through the API server only where a claim on the GPU was recorded without them (a
+// checkpoint written before they were kept, until the plugin reads the claims). Such a lookup may fail;
+// the process then starts outside any ledger, with its own per-process limit, and is placed once a later
+// lookup finds its claim (reresolve). A process's pod is known at once, without the API server: its peer
+// (Options.PeerKey, the pod's UID from the process's cgroup). So the processes of one pod on a GPU are
+// one peer for the ledger:
 //
 //   - a process whose lookup fails joins the claim another process of its pod resolved on the GPU,
 //     as any process of that claim would (admitted while the ledger has room for its context);
@@ -22,12 +21,10 @@ import (
 //   - a process of a pod outside any ledger is looked up again, with back-off, for as long as it
 //     stays connected, whether or not its class is known.
 //
-// Until one lookup of the pod answers, the claim's size is not known, but the limit each process's
-// shim runs under is (Options.PodLimit: the kubelet plugin's figure for the pod's claims on the GPU, read
-// without the API server). So the pod's processes share one provisional ledger of that size (the least
-// any of them names), keyed by the pod, with a context charge each as in any ledger: together they hold
-// at most what one process of the pod could, never a limit each. When a lookup answers, every process
-// of the pod moves to the claim's ledger with its grant (forced: its context exists).
+// There is no ledger for a pod whose claim no lookup has found: its size would have to come from the
+// pod itself (the limit its processes' environment names, which a process chooses when it starts), and
+// the agent's own record of the pod's claims is what the lookup reads already. A process outside keeps
+// its per-process limit, and the claim guard judges its pod by NVML's figures meanwhile.
 
 // peerLedgers are the ledger state of each peer (a pod) on each GPU.
 type peerLedgers struct {
@@ -73,21 +70,9 @@ func (s *Scheduler) claimOf(q *queue, pid int32, peer string) (Claim, bool) {
 		e.claim = cl
 	case e.claim.Key != "":
 		cl, ok = e.claim, true
-	case s.opts.PodLimit != nil:
-		if lim, found := s.opts.PodLimit(q.uuid, pid); found && lim > 0 {
-			cl, ok = Claim{Key: provisionalKey(peer), Memory: s.book(q).claimOr(provisionalKey(peer), lim)}, true
-		}
 	}
 	return cl, ok
 }
-
-// provisionalPrefix starts the key of a pod's provisional ledger; a claim's key is namespace/name.
-const provisionalPrefix = "provisional:"
-
-// provisionalKey is the provisional ledger of pod peer.
-func provisionalKey(peer string) string { return provisionalPrefix + peer }
-
-func (l *ledger) provisional() bool { return strings.HasPrefix(l.key, provisionalPrefix) }
 
 func (p *peerLedgers) entryLocked(q *queue, peer string) *peerEntry {
 	if p.m == nil {
@@ -151,9 +136,9 @@ func (s *Scheduler) attachPeers(q *queue, m *member, cl Claim) {
 	}
 }
 
-// attachPod places every client of pod peer on q that is still outside its claim's ledger (in none, or
-// in the pod's provisional one) in cl's, the claim a lookup found for one of its processes: a pod's
-// processes are never in two ledgers at once.
+// attachPod places every client of pod peer on q that is still outside any ledger in cl's, the claim a
+// lookup found for one of its processes, before that process joins: a pod's processes are never in two
+// ledgers at once.
 func (s *Scheduler) attachPod(q *queue, peer string, cl Claim) {
 	s.peers.mu.Lock()
 	var ms []*member
@@ -178,33 +163,20 @@ func (s *Scheduler) claimPending(q *queue, m *member) bool {
 	return s.opts.ClaimOf != nil && s.peerOf(m) != "" && !s.book(q).placed(m)
 }
 
-// placed: m is in a claim's ledger, or was refused by one (a provisional ledger's member is not).
+// placed: m is in a claim's ledger, or was refused by one.
 func (b *ledgerBook) placed(m *member) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if m.l != nil {
-		return !m.l.provisional()
-	}
-	return m.refused != nil && !strings.HasPrefix(m.refused.Key, provisionalPrefix)
+	return m.l != nil || m.refused != nil
 }
 
-// claimOr is the least of ledger key's claim and lim (lim where there is no such ledger).
-func (b *ledgerBook) claimOr(key string, lim uint64) uint64 {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if l := b.byKey[key]; l != nil {
-		return min(l.claim, lim)
-	}
-	return lim
-}
-
-// peerClaimKey is the ledger the processes of pod peer on q are in: the claim one of them resolved, else
-// the pod's provisional ledger.
+// peerClaimKey is the ledger the processes of pod peer on q are in: the claim one of them resolved ("":
+// none yet).
 func (s *Scheduler) peerClaimKey(q *queue, peer string) string {
 	s.peers.mu.Lock()
 	defer s.peers.mu.Unlock()
-	if e := s.peers.m[podSlot{q, peer}]; e != nil && e.claim.Key != "" {
+	if e := s.peers.m[podSlot{q, peer}]; e != nil {
 		return e.claim.Key
 	}
-	return provisionalKey(peer)
+	return ""
 }

@@ -15,8 +15,8 @@ import "sync"
 // left (the earlier processes), and every decision of a ledger (an admission, a Charge) counts, beside
 // what the ledger charges, what NVML shows the claim's processes holding beyond it:
 //   - an earlier process no ledger holds yet, its whole figure, where its claim lookup names the same
-//     ledger (looked up once; where that lookup failed, the ledger its pod's processes are in now, or
-//     its pod's provisional one, ledgerpeer.go), until it joins a ledger or NVML no longer lists it;
+//     ledger (looked up once; where that lookup failed, the ledger its pod's processes are in now,
+//     ledgerpeer.go), until it joins a ledger or NVML no longer lists it;
 //   - while the rebuild window lasts, a process in the ledger, its NVML figure less its context charge
 //     and grant (its Hold may be on its way).
 //
@@ -126,8 +126,8 @@ func (e *earlierProcs) keyOf(p int32) (string, string, bool) {
 }
 
 // lookUpEarlier looks up the ledgers of pids all at once: each lookup may take its deadline (the API
-// server slow), and they run before a client's WELCOME. A pid whose claim lookup fails is its pod's
-// provisional ledger's (ledgerpeer.go).
+// server slow), and they run before a client's WELCOME. A pid whose claim lookup fails counts in the
+// ledger its pod's processes are in (ledgerpeer.go), if any.
 func (s *Scheduler) lookUpEarlier(q *queue, b *ledgerBook, pids []int32) {
 	var wg sync.WaitGroup
 	for _, p := range pids {

@@ -100,10 +100,6 @@ type Guards struct {
 	// OnChargeRefused, when set, is told of each Charge a claim's ledger refuses (refused.go), on the
 	// client's connection goroutine; it must not block.
 	OnChargeRefused func(ChargeRefusal)
-	// PodLimit, when set, is the memory limit the process pid's shim runs under on GPU gpu, known without
-	// the API server (its environment as the kubelet plugin wrote it): the size of the provisional ledger
-	// its pod's processes share while their claim lookups fail (ledgerpeer.go).
-	PodLimit func(gpu string, pid int32) (uint64, bool)
 	// ContextReserve is R, charged per connected process of a ledger for its CUDA context
 	// (DefaultContextReserve).
 	ContextReserve uint64

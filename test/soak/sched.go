@@ -14,7 +14,6 @@ import (
 
 	"github.com/gpusharing/gpusharing/agent/app"
 	"github.com/gpusharing/gpusharing/agent/dra"
-	"github.com/gpusharing/gpusharing/agent/podpid"
 	"github.com/gpusharing/gpusharing/agent/scheduler"
 )
 
@@ -87,12 +86,24 @@ func (l *lookups) findAll(pids []int32) map[int32]*pod {
 	return out
 }
 
+// claimOf is the agent's claim ledger lookup: through the pod UIDs the claims record and the pod UID of
+// the process (its cgroup, which neither the delay nor the failures of the pod lookups touch), and
+// through a pod lookup only where a claim has none recorded.
 func (l *lookups) claimOf(gpu string, pid int32) (scheduler.Claim, bool) {
-	p := l.find(pid)
+	claims := claimsOn(l.claims, gpu)
+	l.mu.Lock()
+	p := l.pods[pid]
+	l.mu.Unlock()
 	if p == nil {
+		return scheduler.Claim{}, false // a process of no pod
+	}
+	if cl, ok, found := app.LedgerOfUID(claims, p.uid()); found {
+		return cl, ok
+	}
+	if p = l.find(pid); p == nil {
 		return scheduler.Claim{}, false
 	}
-	return app.LedgerOf(claimsOn(l.claims, gpu), namespace, p.name)
+	return app.LedgerOf(claims, namespace, p.name)
 }
 
 func (l *lookups) priority(pid int32) (int32, bool) {
@@ -134,7 +145,6 @@ func newSched(dir, hold string, gpus []string, l *lookups) *sched {
 		ClaimOf: l.claimOf, PodPriority: l.priority, GangKey: l.key, PeerKey: l.key,
 		ContextReserve: contextReserve, ContextFloor: contextFloor, EvictTimeout: evictTimeout,
 		ProcessMemory: nvmlProcesses(hold, gpus),
-		PodLimit:      func(gpu string, pid int32) (uint64, bool) { return podpid.ShimLimit("", pid, gpu) },
 	}}}
 }
 

@@ -12,6 +12,7 @@ import (
 
 	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gpusharing/gpusharing/agent/dra"
 	"github.com/gpusharing/gpusharing/agent/share"
@@ -37,6 +38,9 @@ type pod struct {
 	// dropped: one of its processes ran without the shim; its memory is then judged by the guard alone.
 	dropped bool
 }
+
+// uid is the pod's UID, as its processes' cgroups name it and the kubelet plugin records it for its claims.
+func (p *pod) uid() string { return "uid-" + p.name }
 
 // episode is one seed's run: a node of 2-4 stub GPUs, its pods and claims, the scheduler.
 type episode struct {
@@ -95,7 +99,7 @@ func newEpisode(seed uint64, shimBuild, dir string) *episode {
 		}
 		e.pods = append(e.pods, p)
 		for _, g := range p.gpus { // every pod has a claim of its own on each of its GPUs
-			e.claim(g, p.name)
+			e.claim(g, p)
 		}
 	}
 	// Shared claims (two pods in one) and chains (a pod in a shared claim and one of its own).
@@ -106,7 +110,7 @@ func newEpisode(seed uint64, shimBuild, dir string) *episode {
 		}
 		for _, g := range a.gpus {
 			if slices.Contains(b.gpus, g) {
-				e.claim(g, a.name, b.name)
+				e.claim(g, a, b)
 			}
 		}
 	}
@@ -120,9 +124,17 @@ func newEpisode(seed uint64, shimBuild, dir string) *episode {
 	return e
 }
 
-func (e *episode) claim(gpu int, pods ...string) {
-	e.claims = append(e.claims, dra.SizedClaim{Namespace: namespace, Name: fmt.Sprintf("c%d", len(e.claims)), Pods: pods,
-		GPU: e.uuids[gpu], MemoryBytes: int64(128+128*e.rng.IntN(4)) * mib})
+// claim adds a claim on gpu reserved for pods, recorded with their names and UIDs as the kubelet plugin
+// records it.
+func (e *episode) claim(gpu int, pods ...*pod) {
+	var names []string
+	var uids []types.UID
+	for _, p := range pods {
+		names = append(names, p.name)
+		uids = append(uids, types.UID(p.uid()))
+	}
+	e.claims = append(e.claims, dra.SizedClaim{Namespace: namespace, Name: fmt.Sprintf("c%d", len(e.claims)), Pods: names,
+		PodUIDs: uids, GPU: e.uuids[gpu], MemoryBytes: int64(128+128*e.rng.IntN(4)) * mib})
 }
 
 // own is what the claims that list pod give it on gpu.

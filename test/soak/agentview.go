@@ -2,8 +2,8 @@ package soak
 
 import (
 	"context"
-	"os"
-	"strconv"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -104,18 +104,14 @@ func (s stubUsage) Usage(context.Context, map[string]uint64) ([]gpu.DeviceUsage,
 	for i, u := range s.uuids {
 		out[i] = gpu.DeviceUsage{UUID: u, Index: i, ProcessesRead: true}
 	}
-	ents, err := os.ReadDir(s.hold)
+	all, err := holdings(s.hold)
 	if err != nil {
 		return nil, err
 	}
-	for _, ent := range ents {
-		pid, err := strconv.ParseInt(ent.Name(), 10, 32)
-		if err != nil {
-			continue // the stub's temporary files
-		}
-		for d, b := range readHold(holdFile(s.hold, int32(pid))) {
+	for _, pid := range slices.Sorted(maps.Keys(all)) { // NVML lists processes in a stable order
+		for d, b := range all[pid] {
 			if d < len(out) {
-				out[d].Processes = append(out[d].Processes, gpu.ProcessUsage{PID: int32(pid), UsedMemory: uint64(b), MemoryKnown: true})
+				out[d].Processes = append(out[d].Processes, gpu.ProcessUsage{PID: pid, UsedMemory: uint64(b), MemoryKnown: true})
 			}
 		}
 	}

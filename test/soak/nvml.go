@@ -12,24 +12,37 @@ import (
 // included, whether it runs under the shim or not.
 func nvmlProcesses(hold string, uuids []string) func(uuid string) (map[int32]uint64, error) {
 	return func(uuid string) (map[int32]uint64, error) {
-		out := map[int32]uint64{}
-		ents, err := os.ReadDir(hold)
+		all, err := holdings(hold)
 		if err != nil {
 			return nil, err
 		}
-		for _, ent := range ents {
-			pid, err := strconv.ParseInt(ent.Name(), 10, 32)
-			if err != nil {
-				continue // the stub's temporary files
-			}
-			for d, b := range readHold(holdFile(hold, int32(pid))) {
+		out := map[int32]uint64{}
+		for pid, byDev := range all {
+			for d, b := range byDev {
 				if d < len(uuids) && uuids[d] == uuid && b > 0 {
-					out[int32(pid)] += uint64(b)
+					out[pid] += uint64(b)
 				}
 			}
 		}
 		return out, nil
 	}
+}
+
+// holdings are the stub driver's holdings files in hold: bytes by stub device index, by pid.
+func holdings(hold string) (map[int32]map[int]int64, error) {
+	ents, err := os.ReadDir(hold)
+	if err != nil {
+		return nil, err
+	}
+	out := map[int32]map[int]int64{}
+	for _, ent := range ents {
+		pid, err := strconv.ParseInt(ent.Name(), 10, 32)
+		if err != nil {
+			continue // the stub's temporary files
+		}
+		out[int32(pid)] = readHold(holdFile(hold, int32(pid)))
+	}
+	return out, nil
 }
 
 // readHold is one process's holdings file: bytes by stub device index (nil: none).

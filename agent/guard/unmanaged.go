@@ -35,6 +35,11 @@ const CheckInterval = 2 * time.Second
 // and published by the pass that read wakes (milliseconds). docs/accounting.md states it.
 const UnmanagedBound = DefaultUnmanagedGrace + 2*CheckInterval
 
+// UnmanagedBoundAfterStart is the bound from the agent's start (a restart included) or from a GPU
+// becoming checked: the read current at the pass that starts the check does not count (after), so the
+// first read that can list the process is one interval later, and then as UnmanagedBound.
+const UnmanagedBoundAfterStart = UnmanagedBound + CheckInterval
+
 // Kind says what manages the processes of a checked GPU.
 type Kind int
 

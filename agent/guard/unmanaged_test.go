@@ -199,3 +199,39 @@ func TestAGPUNewlyCheckedCountsOnlyReadsAfterIt(t *testing.T) {
 		t.Fatalf("checked again: %+v, want the snapshot current then not to count", v)
 	}
 }
+
+// The bounds the docs state, with reads every CheckInterval at the worst phase: a process that takes its
+// context just after a read is named within UnmanagedBound; after the agent starts (the read current then
+// not counting) within UnmanagedBoundAfterStart, and not within UnmanagedBound.
+func TestTheStatedBoundsHoldAtTheWorstPhase(t *testing.T) {
+	shim := map[string]Kind{gpu0: KindShim}
+	dropper := proc(11, pod("dropper"), 1<<30)
+	// namedAt reads every interval from first on (the first read is the pass that starts the check when
+	// fresh) and returns the time of the read that names the process.
+	namedAt := func(u *Unmanaged, first time.Duration) time.Duration {
+		for at := first; at < time.Minute; at += CheckInterval {
+			if v := u.Judge(snapAt(at, dropper), shim)[gpu0]; len(v.Named) == 1 {
+				return at
+			}
+		}
+		t.Fatal("never named")
+		return 0
+	}
+	// Checked for a while; the context comes a hair after a read at 0, so the next read is at 2 s.
+	u := checking(&Unmanaged{}, shim)
+	if got := namedAt(u, CheckInterval) - time.Millisecond; got > UnmanagedBound {
+		t.Errorf("named %v after its context, bound %v", got, UnmanagedBound)
+	}
+	// The agent starts a hair after the process took its context; its first pass reads at once.
+	u = &Unmanaged{}
+	got := namedAt(u, time.Millisecond)
+	if got > UnmanagedBoundAfterStart {
+		t.Errorf("named %v after the agent's start, bound %v", got, UnmanagedBoundAfterStart)
+	}
+	// Its first pass a whole interval later: the bound after a start is needed, UnmanagedBound too short.
+	u = &Unmanaged{}
+	if got := namedAt(u, CheckInterval); got <= UnmanagedBound || got > UnmanagedBoundAfterStart {
+		t.Errorf("named %v after the agent's start with the first pass an interval late; want past %v, within %v",
+			got, UnmanagedBound, UnmanagedBoundAfterStart)
+	}
+}

@@ -31,9 +31,11 @@ const (
 	// settleBound: when every client has gone, ledgers, reservations and accounts are zero within this.
 	settleBound = 10 * time.Second
 	// unmanagedBound: a process that dropped the shim and holds a context is named unmanaged within this
-	// (of its drop, of an agent restart, of the lookups answering again): the guard's stated bound
-	// (its grace, and a read every guard.CheckInterval) plus a second for a loaded machine.
-	unmanagedBound = guard.UnmanagedBound + time.Second
+	// (of its drop, or of the lookups answering again): the guard's stated bound (its grace, and a read
+	// every guard.CheckInterval) plus a second for a loaded machine; unmanagedBoundAfterStart of an agent
+	// restart, whose first read does not count (guard.UnmanagedBoundAfterStart).
+	unmanagedBound           = guard.UnmanagedBound + time.Second
+	unmanagedBoundAfterStart = guard.UnmanagedBoundAfterStart + time.Second
 	// namedLate: a process a client this long was connected at the agent's last read (one every
 	// guard.CheckInterval, the read itself up to a slow lookup long), so it is not named unmanaged.
 	namedLate = 2*guard.CheckInterval + time.Second
@@ -271,30 +273,41 @@ func (c *checker) checkNotNamedLocked(pr *proc, k key, from, now time.Time) {
 }
 
 // checkUnmanagedLocked is invariant 1's other half: a process that dropped the shim and holds a context
-// is named unmanaged on that GPU by the agent's check within unmanagedBound of its drop (or of the last
-// restart or lookup fault, which the check waits out as the agent does).
+// is named unmanaged on that GPU by the agent's check by its due time (unmanagedDueLocked).
 func (c *checker) checkUnmanagedLocked(pr *proc, now time.Time) {
-	from := c.droppedAt[pr.pid]
-	if c.lastReset.After(from) {
-		from = c.lastReset
-	}
+	due := c.unmanagedDueLocked(pr)
 	for d := range pr.ctx {
 		k := key{c.e.uuids[d], pr.pid}
 		if c.agent.isNamed(k.gpu, k.pid) {
 			continue
 		}
-		if now.Sub(from) > unmanagedBound {
-			c.violateLocked(1, fmt.Sprintf("pod %s pid %d dropped the shim and holds a context on %s; not named unmanaged %s on",
-				pr.pod.name, pr.pid, k.gpu, now.Sub(from).Round(time.Millisecond)))
+		if now.After(due) {
+			c.violateLocked(1, fmt.Sprintf("pod %s pid %d dropped the shim and holds a context on %s; not named unmanaged %s after its drop, %s past its bound",
+				pr.pod.name, pr.pid, k.gpu, now.Sub(c.droppedAt[pr.pid]).Round(time.Millisecond), now.Sub(due).Round(time.Millisecond)))
 		}
 	}
+}
+
+// unmanagedDueLocked is when pr, a process that dropped the shim, must be named by: unmanagedBound from
+// its drop or from the end of a lookup fault after it, and unmanagedBoundAfterStart from an agent
+// restart after it (the restarted check's first read does not count).
+func (c *checker) unmanagedDueLocked(pr *proc) time.Time {
+	dropped := c.droppedAt[pr.pid]
+	due := dropped.Add(unmanagedBound)
+	if t := c.lastReset.Add(unmanagedBound); c.lastReset.After(dropped) && t.After(due) {
+		due = t
+	}
+	if t := c.restartAt.Add(unmanagedBoundAfterStart); !c.restartAt.Before(dropped) && t.After(due) {
+		due = t
+	}
+	return due
 }
 
 // awaitUnmanaged holds the episode's end until every live process that dropped the shim is named
 // unmanaged, or its bound has passed (and checkClients reported it): most of them would otherwise be
 // killed before the agent's check is due.
 func (c *checker) awaitUnmanaged() {
-	deadline := time.Now().Add(unmanagedBound + time.Second)
+	deadline := time.Now().Add(unmanagedBoundAfterStart + time.Second)
 	for {
 		c.checkClients()
 		if !c.unmanagedDue() || time.Now().After(deadline) {
@@ -313,12 +326,9 @@ func (c *checker) unmanagedDue() bool {
 		if !pr.dropped || c.stoppedPID[pr.pid] {
 			continue
 		}
-		from := c.droppedAt[pr.pid]
-		if c.lastReset.After(from) {
-			from = c.lastReset
-		}
+		due := c.unmanagedDueLocked(pr)
 		for d := range pr.ctx {
-			if !c.agent.isNamed(c.e.uuids[d], pr.pid) && now.Sub(from) <= unmanagedBound {
+			if !c.agent.isNamed(c.e.uuids[d], pr.pid) && !now.After(due) {
 				return true
 			}
 		}

@@ -46,8 +46,12 @@ struct cap_dev {
     /* the claim's ledger (below) */
     pthread_rwlock_t led_rw;
     atomic_int led_on;
-    atomic_int led_away; /* led_on, and the connection ended: the grant bounds it, nobody to ask */
+    atomic_int led_away; /* led_on, and the connection ended: nothing past what is charged until the next one */
+    atomic_int away_gave_up; /* led_away, and an allocation waited its whole timeout for the next connection */
     _Atomic int64_t room;
+    /* charged to the limit by allocations still asking the scheduler (ledger_more): not granted yet, so a
+     * new connection's Hold leaves them out */
+    _Atomic uint64_t asking;
     _Atomic uint64_t led_total, led_others, led_chunk;
     struct gs_ledger offered; /* the connection's LEDGER, read with its WELCOME (under the gate's mutex) */
     int offered_set;
@@ -553,25 +557,61 @@ static void ledger_refused(uint64_t n, const char *why)
            (unsigned long long)gs_cap_used());
 }
 
-/* n is charged to the limit and room had not enough: ask the scheduler. */
+/* Waits, at most until the request's deadline, for the next connection after the last one ended; 0 once
+ * it is there (or the ledger is off), -1 when the wait timed out. Called with req_mu held. */
+static int await_next_connection(uint64_t n, uint64_t began)
+{
+    gs_log(GS_LOG_INFO,
+           "memory: %llu bytes more wait for the GPU scheduler, which is away, to grant them (at most "
+           "GPUSHARE_MEMREPLY_TIMEOUT_MS=%u ms)",
+           (unsigned long long)n, gs_cfg.memreply_timeout_ms);
+    pthread_mutex_lock(&C->rep_mu);
+    int timed_out = 0;
+    while (atomic_load(&C->led_on) && atomic_load(&C->led_away)) {
+        uint64_t end = began + (uint64_t)gs_cfg.memreply_timeout_ms * 1000000ull;
+        if (gs_now_ns() >= end) {
+            timed_out = 1;
+            break;
+        }
+        struct timespec ts = {.tv_sec = (time_t)(end / 1000000000ull), .tv_nsec = (long)(end % 1000000000ull)};
+        pthread_cond_timedwait(&C->rep_cv, &C->rep_mu, &ts);
+    }
+    pthread_mutex_unlock(&C->rep_mu);
+    return timed_out ? -1 : 0;
+}
+
+/* n is charged to the limit and room had not enough: ask the scheduler. While there is none (the
+ * connection ended: an agent restart), the allocation waits for the next connection, within
+ * GPUSHARE_MEMREPLY_TIMEOUT_MS, and asks that one: the next scheduler sees of this process only what it
+ * holds (NVML's figure, then its Hold), so room granted by the last one would let it pass the claim
+ * beside a process the next one admitted meanwhile. Once a wait timed out, later allocations past what
+ * is charged fail at once until the next connection, so a scheduler gone for good costs one wait. */
 static CUresult ledger_more(uint64_t n)
 {
     pthread_once(&C->rep_once, rep_init);
     pthread_mutex_lock(&C->req_mu);
     CUresult res = CUDA_ERROR_OUT_OF_MEMORY;
-    for (int round = 0;; round++) {
+    uint64_t began = gs_now_ns();
+    for (int round = 0;;) {
         pthread_rwlock_rdlock(&C->led_rw);
         int on = atomic_load(&C->led_on), got = on && take_room(n);
+        if (!on || got)
+            atomic_fetch_sub(&C->asking, n); /* granted (or the limit alone): held from now on */
         pthread_rwlock_unlock(&C->led_rw);
         if (!on || got) {
             res = CUDA_SUCCESS; /* no ledger any more (the limit alone), or a grant another thread asked for */
             break;
         }
         if (atomic_load(&C->led_away)) {
-            ledger_refused(n, "would pass what the claim's ledger granted this process (the GPU scheduler is away)");
-            break;
+            if (atomic_load(&C->away_gave_up) || await_next_connection(n, began) != 0) {
+                atomic_store(&C->away_gave_up, 1);
+                ledger_refused(n, "waited in vain for the GPU scheduler, which is away, to grant "
+                                  "(GPUSHARE_MEMREPLY_TIMEOUT_MS)");
+                break;
+            }
+            continue; /* connected again (or the ledger is off): ask that connection */
         }
-        if (round == 3) {
+        if (round++ == 3) {
             ledger_refused(n, "found the grant taken by this process's other threads");
             break;
         }
@@ -599,7 +639,10 @@ static CUresult ledger_more(uint64_t n)
             pthread_cond_timedwait(&C->rep_cv, &C->rep_mu, &ts);
         }
         uint32_t st = C->rep_seq == seq ? C->rep_status : GS_CHARGE_REFUSED;
+        int lost = C->rep_seq != seq && atomic_load(&C->led_on) && atomic_load(&C->led_away);
         pthread_mutex_unlock(&C->rep_mu);
+        if (lost)
+            continue; /* the connection ended before its answer: ask the next one */
         if (timed_out) {
             gs_log(GS_LOG_WARN,
                    "out of memory: the GPU scheduler did not answer a request for %llu bytes of the claim's "
@@ -672,12 +715,13 @@ void gs_cap_ledger_start(int fd)
     }
     pthread_rwlock_wrlock(&C->led_rw);
     atomic_store(&C->room, 0);
-    uint64_t held = atomic_load(&C->charged);
+    uint64_t held = atomic_load(&C->charged) - atomic_load(&C->asking);
     atomic_store(&C->led_total, C->offered.total);
     atomic_store(&C->led_others, C->offered.granted - C->offered.grant);
     atomic_store(&C->led_chunk, C->offered.chunk);
     atomic_store(&C->led_on, 1);
     atomic_store(&C->led_away, 0);
+    atomic_store(&C->away_gave_up, 0);
     if (held > 0 || announce) {
         struct gs_return m;
         memset(&m, 0, sizeof(m));
@@ -686,6 +730,10 @@ void gs_cap_ledger_start(int fd)
         gs_conn_send_raw(fd, &m, GS_MSG_RETURN, GS_RETURN_SIZE);
     }
     pthread_rwlock_unlock(&C->led_rw);
+    pthread_once(&C->rep_once, rep_init);
+    pthread_mutex_lock(&C->rep_mu);
+    pthread_cond_broadcast(&C->rep_cv); /* an allocation waiting for this connection asks it now */
+    pthread_mutex_unlock(&C->rep_mu);
     gs_log(GS_LOG_INFO,
            "memory: this process is one of %u of a claim of %llu bytes on this GPU; their allocations may reach "
            "%llu bytes together (%llu bytes charged for this process's CUDA context); %llu bytes held",
@@ -707,15 +755,20 @@ void gs_cap_ledger_stop(void)
     pthread_mutex_unlock(&C->rep_mu);
 }
 
-/* The grant is what the scheduler counts for this process; a process that went on to the whole limit while
- * it was away could hold the claim's allocations and its context together, past the claim. Allocations
- * within the grant go on; past it they fail with out of memory until the next connection's LEDGER (or, with
- * none there, the limit alone). A request waiting for its answer is refused. */
+/* The connection ended. A process that went on to the whole limit while it was away could hold the claim's
+ * allocations and its context together, past the claim; one that went on within its grant could too: the
+ * next scheduler counts it only by what it holds, and may admit another process of the claim before this
+ * one is back. So the unused room goes with the connection: allocations past what is charged wait for the
+ * next connection's LEDGER and ask it (ledger_more), and frees meanwhile add no room. A request waiting for
+ * its answer asks the next connection. */
 void gs_cap_ledger_away(void)
 {
     if (!atomic_load(&C->led_on))
         return;
+    pthread_rwlock_wrlock(&C->led_rw);
     atomic_store(&C->led_away, 1);
+    atomic_store(&C->room, 0);
+    pthread_rwlock_unlock(&C->led_rw);
     pthread_once(&C->rep_once, rep_init);
     pthread_mutex_lock(&C->rep_mu);
     pthread_cond_broadcast(&C->rep_cv);
@@ -811,12 +864,18 @@ CUresult gs_cap_charge(uint64_t n)
     pthread_rwlock_rdlock(&C->led_rw);
     CUresult r = charge_limit(n);
     int more = r == CUDA_SUCCESS && atomic_load(&C->led_on) && !take_room(n);
+    if (more)
+        atomic_fetch_add(&C->asking, n);
     pthread_rwlock_unlock(&C->led_rw);
     if (!more)
         return r;
     r = ledger_more(n);
-    if (r != CUDA_SUCCESS)
+    if (r != CUDA_SUCCESS) {
+        pthread_rwlock_rdlock(&C->led_rw);
         uncharge_limit(n); /* room was never taken */
+        atomic_fetch_sub(&C->asking, n);
+        pthread_rwlock_unlock(&C->led_rw);
+    }
     return r;
 }
 
@@ -824,7 +883,7 @@ void gs_cap_uncharge(uint64_t n)
 {
     pthread_rwlock_rdlock(&C->led_rw);
     uncharge_limit(n);
-    int on = atomic_load(&C->led_on);
+    int on = atomic_load(&C->led_on) && !atomic_load(&C->led_away); /* away: the room went with the connection */
     int64_t r = on ? atomic_fetch_add(&C->room, (int64_t)n) + (int64_t)n : 0;
     pthread_rwlock_unlock(&C->led_rw);
     if (on && r > 0 && (uint64_t)r > 2 * atomic_load(&C->led_chunk))
@@ -860,12 +919,14 @@ void gs_cap_atfork_child(void)
     C->tab = NULL;
     C->tab_cap = C->tab_len = 0;
     atomic_store(&C->charged, 0);
+    atomic_store(&C->asking, 0);
     /* the parent's ledger is its connection's; the child is a new client */
     pthread_rwlock_init(&C->led_rw, NULL);
     pthread_mutex_init(&C->req_mu, NULL);
     pthread_mutex_init(&C->rep_mu, NULL);
     atomic_store(&C->led_on, 0);
     atomic_store(&C->led_away, 0);
+    atomic_store(&C->away_gave_up, 0);
     atomic_store(&C->room, 0);
     atomic_store(&C->connect_asked, 0);
     atomic_store(&C->led_refused, 0);

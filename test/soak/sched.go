@@ -155,7 +155,7 @@ func (s *sched) up() error {
 		return err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	if tracing { // the scheduler's log beside the steps
+	if tracing && !stepsOnly { // the scheduler's log beside the steps
 		ctx = logr.NewContext(ctx, funcr.New(func(prefix, args string) { fmt.Fprintln(os.Stderr, prefix, args) },
 			funcr.Options{Verbosity: 1, LogTimestamp: true}))
 	}

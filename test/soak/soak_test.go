@@ -20,7 +20,7 @@ const stepsPerSeed = 200
 // TestSoak runs seeds SOAK_SEED, SOAK_SEED+1, ... until SOAK_DURATION has passed (SOAK_SEEDS=n: exactly
 // n seeds instead). SOAK_SHIM_BUILD is shim/build with the library, the stub driver and soak_client.
 // SOAK_WITHOUT=kill,restart,... leaves those faults out; SOAK_TRACE=1 prints every step and the
-// scheduler's log.
+// scheduler's log, SOAK_TRACE=steps the steps alone.
 func TestSoak(t *testing.T) {
 	dur, err := time.ParseDuration(os.Getenv("SOAK_DURATION"))
 	if err != nil || dur <= 0 {

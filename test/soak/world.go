@@ -205,8 +205,12 @@ func (e *episode) remove(pr *proc) {
 	e.chk.gone(pr)
 }
 
-// tracing prints every step (SOAK_TRACE=1), to read what led to a violation.
-var tracing = os.Getenv("SOAK_TRACE") != ""
+// tracing prints every step (SOAK_TRACE=1), to read what led to a violation; SOAK_TRACE=steps prints
+// the steps without the scheduler's log, whose writing can change a timing-dependent path.
+var (
+	tracing   = os.Getenv("SOAK_TRACE") != ""
+	stepsOnly = os.Getenv("SOAK_TRACE") == "steps"
+)
 
 func (e *episode) trace(format string, args ...any) {
 	if tracing {

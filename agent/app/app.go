@@ -215,6 +215,9 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	if err := setupResourceSlices(mgr, o, r, owners); err != nil {
 		return err
 	}
+	if err := watchOwners(mgr, o, owners, r); err != nil {
+		return err
+	}
 	if shim != nil && pods != nil && r.Claims != nil {
 		// A sized claim's processes on a shim GPU share one memory ledger (scheduler/ledger.go).
 		shim.Guards.ClaimOf = claimLedgers(r.Claims, pods.ProcRoot, pods)
@@ -353,7 +356,8 @@ func setupResourceSlices(mgr ctrl.Manager, o Options, r *node.Reconciler, owners
 		return fmt.Errorf("registering the ResourceSlice metrics: %w", err)
 	}
 	pub, err := dra.NewPublisher(dra.PublisherOptions{Node: o.NodeName, Kube: kube, Shares: cfg,
-		Log: mgr.GetLogger().WithName("resourceslices"), Metrics: sliceMetrics, Events: mgr.GetEventRecorder("gpusharing-agent")})
+		Log: mgr.GetLogger().WithName("resourceslices"), Metrics: sliceMetrics, Events: mgr.GetEventRecorder("gpusharing-agent"),
+		Withheld: withheld(owners)})
 	if err != nil {
 		return err
 	}

@@ -91,12 +91,14 @@ func unprepare(t *testing.T, kubelet drapb.DRAPluginClient, claim *resourcev1.Re
 }
 
 // Where the device plugin and DRA serve one node, a GPU goes to whichever holds it first: a device plugin
-// pod on GPU 0 makes a claim on GPU 0 wait, with an error naming the pod, until the pod is gone; the
-// prepared claim then makes GPU 0 Unhealthy in the device plugin.
+// pod on GPU 0 takes GPU 0 out of the ResourceSlices and makes a claim on GPU 0 (allocated before) wait,
+// with an error naming the pod, until the pod is gone; the prepared claim then makes GPU 0 Unhealthy in
+// the device plugin.
 func TestBesideTheDevicePluginAClaimWaitsForThePodHoldingItsGPU(t *testing.T) {
 	n, plugin := startBothNode(t)
 	kubelet := pluginClient(t, plugin.PluginDir)
 	n.pods.SetPods(fakekubelet.Pod("web", "dp-pod", "nvidia.com/gpu", n.uuid(0)))
+	waitSlices(t, n.name, "gpu-1-timeslicing-0 gpu-1-timeslicing-1")
 	claim := allocatedClaim(t, n, "whole", "gpu-0")
 
 	msg := prepareOnce(t, kubelet, claim)
@@ -106,6 +108,7 @@ func TestBesideTheDevicePluginAClaimWaitsForThePodHoldingItsGPU(t *testing.T) {
 	n.waitDevices(t, "GPU 0 still Healthy for the device plugin", "nvidia.com/gpu", map[string]string{n.uuid(0): "Healthy"})
 
 	n.pods.RemovePod("web", "dp-pod")
+	waitSlices(t, n.name, "gpu-0 gpu-1-timeslicing-0 gpu-1-timeslicing-1")
 	if msg := prepareOnce(t, kubelet, claim); msg != "" {
 		t.Fatalf("prepare once the device plugin pod is gone: %s", msg)
 	}
@@ -141,7 +144,9 @@ func TestBesideDRAAPreparedClaimTakesItsGPUFromTheDevicePlugin(t *testing.T) {
 	if _, err := dp.AllocateOne(ctx, share.ReplicaID(n.uuid(1), 1)); err != nil {
 		t.Fatalf("Allocate after the unprepare: %v", err)
 	}
-	// That allocation holds GPU 1 before the kubelet's PodResources shows its pod.
+	// That allocation holds GPU 1 before the kubelet's PodResources shows its pod: the slices leave GPU 1
+	// out, and a claim allocated there before waits.
+	waitSlices(t, n.name, "gpu-0")
 	again := allocatedClaim(t, n, "slice-again", "gpu-1-timeslicing-0")
 	if msg := prepareOnce(t, kubelet, again); !strings.Contains(msg, "admitting") {
 		t.Errorf("prepare right after an Allocate on the GPU: %q, want it refused for the allocation in flight", msg)

@@ -84,8 +84,14 @@ type Owners struct {
 	claims map[types.UID]Claim
 	// allocs are when the device plugin last allocated a device of each unit.
 	allocs map[string]time.Time
+	// pods are the pods (namespace/name) holding each unit in the latest read of PodResources, begun at
+	// podsAt.
+	pods   map[string]string
+	podsAt time.Time
 	// changed is signalled when the units held by DRA change.
 	changed chan struct{}
+	// allocated is signalled when an Allocate takes a unit, so Watch reads PodResources again.
+	allocated chan struct{}
 }
 
 // New returns Owners reading the device plugin's pods from lister. grace zero is DefaultInFlightGrace; a
@@ -98,7 +104,7 @@ func New(lister Lister, grace time.Duration, clk clock.PassiveClock) *Owners {
 		clk = clock.RealClock{}
 	}
 	return &Owners{lister: lister, grace: grace, clock: clk, claims: map[types.UID]Claim{}, allocs: map[string]time.Time{},
-		changed: make(chan struct{}, 1)}
+		pods: map[string]string{}, changed: make(chan struct{}, 1), allocated: make(chan struct{}, 1)}
 }
 
 // Changed is signalled (never blocking, coalesced) whenever the units held by DRA change, so the device
@@ -120,14 +126,7 @@ func (o *Owners) TakeForClaim(ctx context.Context, c Claim) error {
 	if err != nil {
 		return fmt.Errorf("%w %s: %w; the claim waits (the kubelet retries preparing it)", ErrUnknownHolders, strings.Join(c.Units, ", "), err)
 	}
-	now := o.clock.Now()
-	for unit, at := range o.allocs {
-		// A read begun after the allocation answers for it once it shows a pod holding the unit, or once
-		// the kubelet has had its time to record the allocation.
-		if at.Before(began) && (pods[unit] != "" || now.Sub(at) >= o.grace) {
-			delete(o.allocs, unit)
-		}
-	}
+	o.observeLocked(pods, began)
 	for _, unit := range c.Units {
 		if pod := pods[unit]; pod != "" {
 			return fmt.Errorf("%w: %s is held by device plugin pod %s; the claim waits until that pod is gone (the kubelet retries preparing it)", ErrHeldByDevicePlugin, unit, pod)
@@ -159,7 +158,76 @@ func (o *Owners) TakeForDevicePlugin(units []string) error {
 	for _, unit := range units {
 		o.allocs[unit] = now
 	}
+	if len(units) > 0 {
+		select {
+		case o.allocated <- struct{}{}:
+		default:
+		}
+	}
 	return nil
+}
+
+// HeldByDevicePlugin says whether a device plugin pod held unit at the latest read of PodResources, or an
+// Allocate of it is in flight: the ResourceSlices leave such a unit out, so the kube-scheduler allocates
+// no claim that could only wait.
+func (o *Owners) HeldByDevicePlugin(unit string) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	_, inFlight := o.allocs[unit]
+	return inFlight || o.pods[unit] != ""
+}
+
+// Watch reads PodResources every interval, and right after an Allocate, until ctx ends, and calls
+// onChange (which must not block) whenever the units HeldByDevicePlugin reports change. A failed read
+// keeps the last picture.
+func (o *Owners) Watch(ctx context.Context, interval time.Duration, onChange func()) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	var last []string
+	for {
+		began := o.clock.Now()
+		pods, err := o.list(ctx)
+		o.mu.Lock()
+		if err == nil {
+			o.observeLocked(pods, began)
+		}
+		held := o.heldByDevicePluginLocked()
+		o.mu.Unlock()
+		if !slices.Equal(held, last) {
+			last = held
+			onChange()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-o.allocated:
+		}
+	}
+}
+
+// observeLocked takes a read of PodResources begun at began. A read begun after an allocation answers
+// for it once it shows a pod holding the unit, or once the kubelet has had its time to record it.
+func (o *Owners) observeLocked(pods map[string]string, began time.Time) {
+	now := o.clock.Now()
+	for unit, at := range o.allocs {
+		if at.Before(began) && (pods[unit] != "" || now.Sub(at) >= o.grace) {
+			delete(o.allocs, unit)
+		}
+	}
+	if !began.Before(o.podsAt) {
+		o.pods, o.podsAt = pods, began
+	}
+}
+
+func (o *Owners) heldByDevicePluginLocked() []string {
+	out := slices.Collect(maps.Keys(o.allocs))
+	for unit, pod := range o.pods {
+		if pod != "" {
+			out = append(out, unit)
+		}
+	}
+	return union(nil, out)
 }
 
 // HeldByDRA names the claim (namespace/name) holding unit, if one does.

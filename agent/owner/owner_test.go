@@ -198,3 +198,36 @@ func waitChanged(t *testing.T, o *owner.Owners) {
 		t.Fatal("the owners did not signal a change")
 	}
 }
+
+// Watch follows the device plugin's pods: a unit a pod holds, or an Allocate in flight, is
+// HeldByDevicePlugin, and each change of that set is told through onChange (the ResourceSlices leave such
+// units out).
+func TestWatchTellsWhichUnitsTheDevicePluginHolds(t *testing.T) {
+	l := &lister{}
+	o := owner.New(l, time.Minute, nil)
+	changes := make(chan struct{}, 16)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); o.Watch(ctx, 10*time.Millisecond, func() { changes <- struct{}{} }) }()
+	t.Cleanup(func() { cancel(); <-done })
+	held := func(unit string, want bool) {
+		t.Helper()
+		deadline := time.After(5 * time.Second)
+		for o.HeldByDevicePlugin(unit) != want {
+			select {
+			case <-changes:
+			case <-deadline:
+				t.Fatalf("HeldByDevicePlugin(%s) stays %v", unit, !want)
+			}
+		}
+	}
+	l.set(fakekubelet.Pod("web", "p", "nvidia.com/mig-1g.5gb", "MIG-a"))
+	held("MIG-a", true)
+	held("GPU-0", false)
+	l.set()
+	held("MIG-a", false)
+	if err := o.TakeForDevicePlugin([]string{"GPU-0"}); err != nil {
+		t.Fatal(err)
+	}
+	held("GPU-0", true)
+}

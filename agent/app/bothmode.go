@@ -35,12 +35,16 @@ func withheld(owners *owner.Owners) func(share.Device) bool {
 	return func(d share.Device) bool { return owners.HeldByDevicePlugin(owner.UnitOf(d)) }
 }
 
-// watchOwners reads the kubelet's PodResources as often as the device plugin looks at the kubelet, and
-// right after each Allocate, and wakes a pass when the GPUs device plugin pods hold change: the pass
-// publishes the slices again without them, or with them once they are free.
+// watchOwners reads the kubelet's PodResources once now, then as often as the device plugin looks at the
+// kubelet and right after each Allocate, and wakes a pass when the GPUs device plugin pods hold change:
+// the pass publishes the slices again without them, or with them once they are free.
 func watchOwners(mgr ctrl.Manager, o Options, owners *owner.Owners, r *node.Reconciler) error {
 	if owners == nil {
 		return nil
+	}
+	// Before anything serves: the first slices of a restarted agent leave out what device plugin pods hold.
+	if err := owners.Refresh(context.Background()); err != nil {
+		mgr.GetLogger().Error(err, "Cannot read which GPUs device plugin pods hold; reading again every poll")
 	}
 	interval := o.DevicePlugin.WithDefaults().KubeletPollInterval
 	return mgr.Add(runnable(func(ctx context.Context) error {

@@ -175,6 +175,13 @@ func TestBothInterfacesRacingForOneGPUGiveItToExactlyOne(t *testing.T) {
 	if (allocErr == nil) == (prepMsg == "") {
 		t.Fatalf("Allocate: %v; prepare: %q; want exactly one of them to get GPU 0", allocErr, prepMsg)
 	}
+	// The loser lost to the winner, not to anything else.
+	if allocErr != nil && !strings.Contains(allocErr.Error(), "ResourceClaim "+claim.Namespace+"/race") {
+		t.Errorf("Allocate lost with %v, want it refused for the claim", allocErr)
+	}
+	if prepMsg != "" && !strings.Contains(prepMsg, "admitting through the device plugin") {
+		t.Errorf("prepare lost with %q, want it refused for the allocation in flight", prepMsg)
+	}
 }
 
 // After a restart the picture is the same: the checkpoint's claims hold their GPUs against Allocate, and
@@ -200,6 +207,13 @@ func TestARestartedAgentKeepsWhichInterfaceHoldsEachGPU(t *testing.T) {
 		t.Fatal(err)
 	}
 	restarted.SetOwners(owners)
+	if err := owners.Refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !owners.HeldByDevicePlugin(n.uuid(0)) || owners.HeldByDevicePlugin(n.uuid(1)) {
+		t.Errorf("after a restart the slices would leave out GPU 0 %v (want true) and GPU 1 %v (want false)",
+			owners.HeldByDevicePlugin(n.uuid(0)), owners.HeldByDevicePlugin(n.uuid(1)))
+	}
 	if err := owners.TakeForDevicePlugin([]string{n.uuid(1)}); err == nil || !strings.Contains(err.Error(), claim.Namespace+"/kept") {
 		t.Errorf("Allocate on GPU 1 after a restart: %v, want it refused for the checkpoint's claim", err)
 	}

@@ -185,12 +185,9 @@ func (o *Owners) Watch(ctx context.Context, interval time.Duration, onChange fun
 	defer t.Stop()
 	var last []string
 	for {
-		began := o.clock.Now()
-		pods, err := o.list(ctx)
+		// A failed read keeps the last picture; the next tick reads again.
+		_ = o.Refresh(ctx)
 		o.mu.Lock()
-		if err == nil {
-			o.observeLocked(pods, began)
-		}
 		held := o.heldByDevicePluginLocked()
 		o.mu.Unlock()
 		if !slices.Equal(held, last) {
@@ -204,6 +201,20 @@ func (o *Owners) Watch(ctx context.Context, interval time.Duration, onChange fun
 		case <-o.allocated:
 		}
 	}
+}
+
+// Refresh reads the kubelet's PodResources once into the picture HeldByDevicePlugin answers from: the
+// agent calls it before anything serves, so a restarted agent publishes no GPU a device plugin pod holds.
+func (o *Owners) Refresh(ctx context.Context) error {
+	began := o.clock.Now()
+	pods, err := o.list(ctx)
+	if err != nil {
+		return err
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.observeLocked(pods, began)
+	return nil
 }
 
 // observeLocked takes a read of PodResources begun at began. A read begun after an allocation answers

@@ -26,6 +26,7 @@ import (
 	"github.com/gpusharing/gpusharing/agent/mig"
 	"github.com/gpusharing/gpusharing/agent/mps"
 	"github.com/gpusharing/gpusharing/agent/node"
+	"github.com/gpusharing/gpusharing/agent/owner"
 	"github.com/gpusharing/gpusharing/agent/podpid"
 	"github.com/gpusharing/gpusharing/agent/runner"
 	"github.com/gpusharing/gpusharing/agent/scheduler"
@@ -115,6 +116,10 @@ type Options struct {
 	PodResourcesSocket string
 	// DrainPollInterval is how often a drain looks at the kubelet again (default vacate.DefaultPollInterval).
 	DrainPollInterval time.Duration
+	// InFlightGrace is how long, where the device plugin serves beside the DRA kubelet plugin, a device
+	// plugin Allocate holds its GPU against claims before the kubelet's PodResources shows its pod
+	// (default owner.DefaultInFlightGrace).
+	InFlightGrace time.Duration
 	// DrainBackoff is the first wait before a GPU whose drain failed is drained again for the same
 	// desired sharing; it doubles per failure up to node.DefaultDrainBackoffMax (default node.DefaultDrainBackoff).
 	DrainBackoff time.Duration
@@ -197,13 +202,20 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	if err != nil {
 		return err
 	}
-	if err := setupDevicePlugin(mgr, o, r, podResources); err != nil {
+	owners, err := bothOwners(o, podResources)
+	if err != nil {
+		return err
+	}
+	if err := setupDevicePlugin(mgr, o, r, podResources, owners); err != nil {
 		return err
 	}
 	if err := setupMPSNamespaces(mgr, o, podResources); err != nil {
 		return err
 	}
-	if err := setupResourceSlices(mgr, o, r); err != nil {
+	if err := setupResourceSlices(mgr, o, r, owners); err != nil {
+		return err
+	}
+	if err := watchOwners(mgr, o, owners, r); err != nil {
 		return err
 	}
 	if shim != nil && pods != nil && r.Claims != nil {
@@ -318,7 +330,7 @@ func DevicePluginConfig(cfg share.Config, mpsRoot, schedulerRoot string) (share.
 // plugin names its shares, and serves the DRA kubelet plugin. The slices are published by the
 // ResourceSlice controller of k8s.io/dynamic-resource-allocation, with its own informer on the node's
 // slices (the agent's cache holds its own node's objects only), whether or not the kubelet plugin runs.
-func setupResourceSlices(mgr ctrl.Manager, o Options, r *node.Reconciler) error {
+func setupResourceSlices(mgr ctrl.Manager, o Options, r *node.Reconciler, owners *owner.Owners) error {
 	if !o.ResourceSlices {
 		if o.DRAPlugin != nil {
 			return fmt.Errorf("the DRA kubelet plugin needs the ResourceSlices it prepares claims from")
@@ -344,7 +356,8 @@ func setupResourceSlices(mgr ctrl.Manager, o Options, r *node.Reconciler) error 
 		return fmt.Errorf("registering the ResourceSlice metrics: %w", err)
 	}
 	pub, err := dra.NewPublisher(dra.PublisherOptions{Node: o.NodeName, Kube: kube, Shares: cfg,
-		Log: mgr.GetLogger().WithName("resourceslices"), Metrics: sliceMetrics, Events: mgr.GetEventRecorder("gpusharing-agent")})
+		Log: mgr.GetLogger().WithName("resourceslices"), Metrics: sliceMetrics, Events: mgr.GetEventRecorder("gpusharing-agent"),
+		Withheld: withheld(owners)})
 	if err != nil {
 		return err
 	}
@@ -382,6 +395,10 @@ func setupResourceSlices(mgr ctrl.Manager, o Options, r *node.Reconciler) error 
 		}
 	}
 	d.Plugin.OnChange = r.Notify
+	if owners != nil {
+		// Beside the device plugin, a GPU goes to whichever interface holds it first (bothmode.go).
+		d.Plugin.SetOwners(owners)
+	}
 	// Each namespace's MPS claims on a GPU get a daemon of their own (docs/mps.md).
 	if r.Strategies.MPS != nil {
 		d.Plugin.MPS = r.Strategies.MPS
@@ -450,7 +467,7 @@ func setupDrain(mgr ctrl.Manager, o Options, r *node.Reconciler, podResources po
 }
 
 // setupDevicePlugin adds the device plugin to r.
-func setupDevicePlugin(mgr ctrl.Manager, o Options, r *node.Reconciler, podResources podresourcesv1.PodResourcesListerClient) error {
+func setupDevicePlugin(mgr ctrl.Manager, o Options, r *node.Reconciler, podResources podresourcesv1.PodResourcesListerClient, owners *owner.Owners) error {
 	if o.DevicePlugin == nil {
 		return nil
 	}
@@ -463,6 +480,9 @@ func setupDevicePlugin(mgr ctrl.Manager, o Options, r *node.Reconciler, podResou
 		return err
 	}
 	dp.SetPodResources(podResources)
+	if owners != nil {
+		dp.SetOwners(owners)
+	}
 	if t, ok := o.GPU.(gpu.TopologyReader); ok {
 		dp.SetTopology(t)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/gpusharing/gpusharing/agent/owner"
 	"github.com/gpusharing/gpusharing/agent/share"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
@@ -61,6 +62,10 @@ type Manager struct {
 	// awaitDRA, nothing is advertised until the first SetServedByDRA.
 	servedByDRA map[share.ResourceName]bool
 	awaitDRA    bool
+	// owners says which GPUs DRA holds where the kubelet plugin serves beside the device plugin: their
+	// devices are advertised Unhealthy and Allocate refuses them (agent/owner). Nil where only the
+	// device plugin serves.
+	owners *owner.Owners
 }
 
 type entry struct {
@@ -144,6 +149,16 @@ func (m *Manager) SetPodResources(l PodResourcesLister) {
 	m.pods = l
 }
 
+// SetOwners makes the manager share its GPUs with the DRA kubelet plugin through o: a GPU (or MIG
+// instance) a prepared claim holds has its devices advertised Unhealthy, so the kubelet does not pick
+// them, and Allocate refuses them; every Allocate is recorded in o, so a claim on its GPU waits. Call it
+// before Run.
+func (m *Manager) SetOwners(o *owner.Owners) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.owners = o
+}
+
 // Cordon stops advertising every device of the GPU (replicas and MIG instances alike) that no pod holds,
 // and each held one once its pod has gone, until Uncordon, whatever later Updates say. Allocate refuses
 // the GPU's devices from now on.
@@ -217,6 +232,10 @@ func (m *Manager) Advertised() map[share.ResourceName][]share.Device {
 func (m *Manager) Run(ctx context.Context) error {
 	m.mu.Lock()
 	m.kubelet = statKubelet(m.cfg.KubeletSocket())
+	var ownersChanged <-chan struct{}
+	if m.owners != nil {
+		ownersChanged = m.owners.Changed()
+	}
 	m.mu.Unlock()
 	t := time.NewTicker(m.cfg.KubeletPollInterval)
 	defer t.Stop()
@@ -225,6 +244,14 @@ func (m *Manager) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			m.stopAll()
 			return nil
+		case <-ownersChanged:
+			// A claim was prepared or unprepared: its GPU's devices turn Unhealthy or Healthy.
+			m.mu.Lock()
+			err := m.reconcileLocked(ctx)
+			m.mu.Unlock()
+			if err != nil {
+				logr.FromContextOrDiscard(ctx).Error(err, "Device plugin update failed; retrying")
+			}
 		case <-t.C:
 			if err := m.checkKubelet(ctx); err != nil {
 				logr.FromContextOrDiscard(ctx).Error(err, "Device plugin registration failed; retrying")
@@ -313,6 +340,11 @@ func (m *Manager) effectiveLocked() map[share.ResourceName][]share.Device {
 		}
 		var keep []share.Device
 		for _, d := range devs {
+			if m.owners != nil {
+				if _, ok := m.owners.HeldByDRA(owner.UnitOf(d)); ok {
+					d.Healthy = false
+				}
+			}
 			switch {
 			case !m.cordoned[d.GPUUUID]:
 				keep = append(keep, d)
@@ -374,6 +406,7 @@ func (m *Manager) restartLocked(ctx context.Context, res share.ResourceName, dev
 	}
 	p := newPlugin(m.cfg, res, devs, logr.FromContextOrDiscard(ctx))
 	p.topology = m.topology
+	p.owners = m.owners
 	if err := p.start(); err != nil {
 		// Not kept: the next reconcile or kubelet poll starts it again.
 		return err

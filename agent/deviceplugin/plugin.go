@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/gpusharing/gpusharing/agent/owner"
 	"github.com/gpusharing/gpusharing/agent/share"
 )
 
@@ -42,6 +43,8 @@ type plugin struct {
 
 	// topology ranks the GPUs a container's shares go to (GetPreferredAllocation); nil knows none.
 	topology *topologySource
+	// owners refuses devices of GPUs DRA holds and records the ones allocated; nil beside no DRA.
+	owners *owner.Owners
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -230,6 +233,7 @@ func (p *plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*p
 		byID[d.ID] = d
 	}
 	resp := &pluginapi.AllocateResponse{}
+	var units []string
 	for _, cr := range req.GetContainerRequests() {
 		var picked []share.Device
 		for _, id := range cr.GetDevicesIds() {
@@ -241,6 +245,7 @@ func (p *plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*p
 				return nil, status.Errorf(codes.InvalidArgument, "%s: %v: %s", p.resource, ErrCordonedDevice, id)
 			}
 			picked = append(picked, d)
+			units = append(units, owner.UnitOf(d))
 		}
 		cresp, err := share.ContainerEdits(p.cfg, picked)
 		if err != nil {
@@ -250,6 +255,12 @@ func (p *plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*p
 			cresp.CdiDevices = cdiDevices(picked)
 		}
 		resp.ContainerResponses = append(resp.ContainerResponses, cresp)
+	}
+	if p.owners != nil {
+		// Decided last, once nothing else can fail: a recorded allocation makes claims on its GPU wait.
+		if err := p.owners.TakeForDevicePlugin(units); err != nil {
+			return nil, status.Errorf(codes.FailedPrecondition, "%s: %v", p.resource, err)
+		}
 	}
 	p.log.V(1).Info("Allocated devices", "containers", len(resp.ContainerResponses))
 	return resp, nil

@@ -64,6 +64,9 @@ type preparedDevice struct {
 	// runs while a prepared claim of the namespace names the GPU here. Absent for other devices, and for
 	// MPS shares prepared to the GPU's own daemon.
 	MPSGPU string `json:"mpsGPU,omitempty"`
+	// Unit is the GPU's uuid, or the MIG instance's for an instance: what a device plugin pod holding
+	// a device of it would hold too (agent/owner). Absent in a checkpoint written before it was recorded.
+	Unit string `json:"unit,omitempty"`
 }
 
 // errCorruptCheckpoint: the file exists but is not a checkpoint this version of the agent wrote.

@@ -21,6 +21,7 @@ import (
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	nvgpu "github.com/gpusharing/gpusharing/agent/gpu"
+	"github.com/gpusharing/gpusharing/agent/owner"
 	"github.com/gpusharing/gpusharing/agent/share"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
@@ -114,6 +115,11 @@ type KubeletPlugin struct {
 	// the accounting's clock, whose reads the guard compares with them. Set it before Start.
 	Clock clock.PassiveClock
 
+	// owners, where the device plugin serves beside this plugin, refuses a claim on a GPU a device
+	// plugin pod holds and tells the device plugin which GPUs the prepared claims hold (agent/owner; nil
+	// where DRA serves alone). Set through SetOwners.
+	owners *owner.Owners
+
 	// syncRequests carries RequestClaimSync to the goroutine that reads the node's claims.
 	syncRequests chan struct{}
 	// mpsSyncRequests asks for a pass of syncMPSTenants.
@@ -178,6 +184,7 @@ func (p *KubeletPlugin) commit(next checkpoint) error {
 		return err
 	}
 	p.cp = next
+	p.syncOwnersLocked()
 	if p.OnChange != nil {
 		p.OnChange()
 	}
@@ -205,6 +212,8 @@ func (p *KubeletPlugin) update(status v1alpha1.GPUNodeStatus, pending map[string
 	mpsGPUs := mpsGPUs(status)
 	p.mu.Lock()
 	p.shares, p.dynamic, p.gpus = shares, dynamic, gpus
+	// A claim of a checkpoint written without units is placed once a status names its devices.
+	p.syncOwnersLocked()
 	mpsChanged := !maps.Equal(p.mpsGPUs, mpsGPUs)
 	p.mpsGPUs = mpsGPUs
 	p.mu.Unlock()
@@ -283,6 +292,10 @@ func (p *KubeletPlugin) PrepareResourceClaims(ctx context.Context, claims []*res
 	var fresh []types.UID
 	for _, c := range claims {
 		pc, isFresh, err := p.prepare(ctx, next, c)
+		if _, recorded := p.cp.Claims[c.UID]; err != nil && !recorded && p.owners != nil {
+			// What it took for itself goes back.
+			p.owners.Release(c.UID)
+		}
 		if err != nil {
 			out[c.UID] = kubeletplugin.PrepareResult{Err: fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, err)}
 			// A namespace daemon it started for no recorded claim is quit.
@@ -302,6 +315,9 @@ func (p *KubeletPlugin) PrepareResourceClaims(ctx context.Context, claims []*res
 		if err := p.commit(next); err != nil {
 			p.requestMPSSync()
 			for _, uid := range fresh {
+				if p.owners != nil {
+					p.owners.Release(uid)
+				}
 				if rerr := p.cdi.remove(uid); rerr != nil {
 					p.log.Error(rerr, "Removing the CDI spec of a ResourceClaim whose preparation was not recorded", "claimUID", uid)
 				}
@@ -332,6 +348,10 @@ func (p *KubeletPlugin) prepare(ctx context.Context, cp checkpoint, c *resourcev
 	if err != nil {
 		return preparedClaim{}, false, err
 	}
+	// Before anything is made for the claim: a GPU the device plugin holds is not prepared.
+	if err := p.takeUnits(ctx, c); err != nil {
+		return preparedClaim{}, false, err
+	}
 	pc := preparedClaim{Namespace: c.Namespace, Name: c.Name, Pods: reservedPods(c), PodUIDs: reservedPodUIDs(c)}
 	var cdiDevices []cdispec.Device
 	for _, unit := range gpuSets(c.Spec.Devices.Constraints, requests) {
@@ -359,6 +379,7 @@ func (p *KubeletPlugin) prepare(ctx context.Context, cp checkpoint, c *resourcev
 			d := sized[i]
 			d.Requests, d.Pool, d.Device, d.ShareID = []string{r.Request}, r.Pool, r.Device, r.ShareID
 			d.MPSGPU = mpsDeviceGPU(devs[i])
+			d.Unit = owner.UnitOf(devs[i])
 			// The edits are one CDI device, named on the first device only: a container gets them once
 			// however many shares it holds (several MPS shares add up in one client). A GPU set's first
 			// device stands for each of its requests, so a container that names any of them gets every

@@ -19,6 +19,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
 
+	nvgpu "github.com/gpusharing/gpusharing/agent/gpu"
 	"github.com/gpusharing/gpusharing/agent/share"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
@@ -82,6 +83,10 @@ type PublisherOptions struct {
 	Metrics *SliceMetrics
 	// Events, when set, records the events above on the GPUNode of the last status published.
 	Events events.EventRecorder
+	// Withheld, when set, leaves out the shares it holds back: where the device plugin serves beside
+	// DRA, those of a GPU a device plugin pod holds (agent/owner), so the kube-scheduler allocates no
+	// claim there that could only wait. The agent publishes a status again when its answers change.
+	Withheld func(share.Device) bool
 }
 
 // Publisher keeps a node's ResourceSlices equal to the devices of the last status it was given, through
@@ -135,7 +140,21 @@ func (p *Publisher) PublishStatus(node *v1alpha1.GPUNode) {
 	}
 	p.mu.Unlock()
 	pending := pendingLayouts(node)
-	p.Publish(devices(node.Status, p.o.Shares, pending), counters(node.Status, pending)...)
+	p.Publish(p.offered(node.Status, pending), counters(node.Status, pending)...)
+}
+
+// offered is the devices the status publishes, less those Withheld holds back.
+func (p *Publisher) offered(status v1alpha1.GPUNodeStatus, pending map[string][]nvgpu.Placement) []resourcev1.Device {
+	if p.o.Withheld == nil {
+		return devices(status, p.o.Shares, pending)
+	}
+	out := []resourcev1.Device{}
+	for _, o := range published(status, p.o.Shares, pending) {
+		if !p.o.Withheld(o.share) {
+			out = append(out, o.dev)
+		}
+	}
+	return out
 }
 
 // Publish publishes devices, and the counter sets they consume, as the node's pool.

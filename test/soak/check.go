@@ -401,13 +401,14 @@ func (c *checker) sample() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	stopped := c.stoppedPID
+	blocked := gangsBehindAStall(snap, stopped)
 	holders, waiters := map[string]int{}, map[string]int{}
 	waiting := map[key]bool{}
 	for _, cl := range snap {
 		if cl.Holding {
 			holders[cl.GPU]++
 		}
-		if cl.Waiting && !stopped[cl.PID] {
+		if cl.Waiting && !stopped[cl.PID] && !blocked[cl.Gang] {
 			waiters[cl.GPU]++
 		}
 		if cl.Waiting && cl.Class == scheduler.ClassProduction {
@@ -438,6 +439,27 @@ func (c *checker) sample() {
 			delete(c.idleSince, u)
 		}
 	}
+}
+
+// gangsBehindAStall are the gangs one of whose GPUs a stalled process holds. A gang takes its turn on
+// all its GPUs at once, so its member waiting on another GPU cannot be granted until the stall ends,
+// as a client waiting behind the stalled holder on the same GPU cannot (stopped holders keep the lock:
+// docs/reliability.md, "Limits"). Seed 9117 saw GPU 2 idle 2 s while a gang's member waited there and
+// a stalled production process held the gang's other GPU.
+func gangsBehindAStall(snap []scheduler.ClientState, stopped map[int32]bool) map[string]bool {
+	stalledGPU := map[string]bool{}
+	for _, cl := range snap {
+		if cl.Holding && stopped[cl.PID] {
+			stalledGPU[cl.GPU] = true
+		}
+	}
+	blocked := map[string]bool{}
+	for _, cl := range snap {
+		if cl.Gang != "" && stalledGPU[cl.GPU] {
+			blocked[cl.Gang] = true
+		}
+	}
+	return blocked
 }
 
 func (c *checker) startSampling() {

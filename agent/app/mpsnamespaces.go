@@ -14,6 +14,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/gpusharing/gpusharing/agent/deviceplugin"
+	"github.com/gpusharing/gpusharing/agent/podres"
 	"github.com/gpusharing/gpusharing/agent/share"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
 )
@@ -90,19 +91,13 @@ func (w *mpsNamespaces) run(ctx context.Context, clk clock.WithTicker) error {
 // mpsNamespacesByGPU lists, per GPU, the sorted namespaces of the pods holding its MPS resource.
 func mpsNamespacesByGPU(resp *podresourcesv1.ListPodResourcesResponse, resource share.ResourceName) map[string][]string {
 	out := map[string][]string{}
-	for _, pod := range resp.GetPodResources() {
-		for _, c := range pod.GetContainers() {
-			for _, d := range c.GetDevices() {
-				if d.GetResourceName() != string(resource) {
-					continue
-				}
-				for _, id := range d.GetDeviceIds() {
-					gpu := share.GPUOfDeviceID(id)
-					if !slices.Contains(out[gpu], pod.GetNamespace()) {
-						out[gpu] = append(out[gpu], pod.GetNamespace())
-					}
-				}
-			}
+	for d := range podres.Devices(resp) {
+		if d.Resource != string(resource) {
+			continue
+		}
+		gpu := share.GPUOfDeviceID(d.ID)
+		if !slices.Contains(out[gpu], d.Namespace) {
+			out[gpu] = append(out[gpu], d.Namespace)
 		}
 	}
 	for _, ns := range out {

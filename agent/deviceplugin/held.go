@@ -2,20 +2,15 @@ package deviceplugin
 
 import (
 	"context"
-	"fmt"
 	"time"
 
-	"google.golang.org/grpc"
-	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
-
+	"github.com/gpusharing/gpusharing/agent/podres"
 	"github.com/gpusharing/gpusharing/agent/share"
 )
 
 // PodResourcesLister is the part of the kubelet's PodResources v1 API that tells which devices pods
 // hold; the generated client satisfies it.
-type PodResourcesLister interface {
-	List(ctx context.Context, in *podresourcesv1.ListPodResourcesRequest, opts ...grpc.CallOption) (*podresourcesv1.ListPodResourcesResponse, error)
-}
+type PodResourcesLister = podres.Lister
 
 // heldListTimeout bounds one List call made for a cordoned GPU: the call is made on every kubelet poll
 // while a GPU is cordoned, and a kubelet that does not answer must not hold up the plugin.
@@ -32,21 +27,13 @@ func listHeld(ctx context.Context, l PodResourcesLister) (map[heldDevice]bool, e
 	if l == nil {
 		return nil, nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, heldListTimeout)
-	defer cancel()
-	resp, err := l.List(ctx, &podresourcesv1.ListPodResourcesRequest{})
+	resp, err := podres.List(ctx, l, heldListTimeout)
 	if err != nil {
-		return nil, fmt.Errorf("listing the kubelet's pod resources: %w", err)
+		return nil, err
 	}
 	held := map[heldDevice]bool{}
-	for _, p := range resp.GetPodResources() {
-		for _, c := range p.GetContainers() {
-			for _, d := range c.GetDevices() {
-				for _, id := range d.GetDeviceIds() {
-					held[heldDevice{share.ResourceName(d.GetResourceName()), id}] = true
-				}
-			}
-		}
+	for d := range podres.Devices(resp) {
+		held[heldDevice{share.ResourceName(d.Resource), d.ID}] = true
 	}
 	return held, nil
 }

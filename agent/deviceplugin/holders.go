@@ -6,10 +6,10 @@ import (
 	"sync"
 	"time"
 
-	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 	"k8s.io/utils/clock"
 
 	"github.com/gpusharing/gpusharing/agent/deviceid"
+	"github.com/gpusharing/gpusharing/agent/podres"
 )
 
 // DefaultHoldersMaxAge is how long PodHolders answers from one list of the kubelet's allocations.
@@ -120,27 +120,18 @@ func (h *PodHolders) waitLocked(ctx context.Context, l *holdersList) error {
 
 // list reads the kubelet's allocations into h.held and ends l.
 func (h *PodHolders) list(l *holdersList) {
-	ctx, cancel := context.WithTimeout(context.Background(), heldListTimeout)
-	defer cancel()
-	resp, err := h.Lister.List(ctx, &podresourcesv1.ListPodResourcesRequest{})
+	resp, err := podres.List(context.Background(), h.Lister, heldListTimeout)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.listing = nil
 	defer close(l.done)
 	if err != nil {
-		l.err = fmt.Errorf("listing the kubelet's pod resources: %w", err)
+		l.err = err
 		return
 	}
 	held := map[podGPU]bool{}
-	for _, p := range resp.GetPodResources() {
-		pod := podKey{p.GetNamespace(), p.GetName()}
-		for _, c := range p.GetContainers() {
-			for _, d := range c.GetDevices() {
-				for _, id := range d.GetDeviceIds() {
-					held[podGPU{pod, deviceid.Parse(id).UUID}] = true
-				}
-			}
-		}
+	for d := range podres.Devices(resp) {
+		held[podGPU{podKey{d.Namespace, d.Pod}, deviceid.Parse(d.ID).UUID}] = true
 	}
 	h.held, h.listed = held, l.began
 	for pod, at := range h.asked {

@@ -23,12 +23,11 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/grpc"
 	"k8s.io/apimachinery/pkg/types"
-	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 	"k8s.io/utils/clock"
 
 	"github.com/gpusharing/gpusharing/agent/deviceid"
+	"github.com/gpusharing/gpusharing/agent/podres"
 	"github.com/gpusharing/gpusharing/agent/share"
 )
 
@@ -53,9 +52,7 @@ const listTimeout = 2 * time.Second
 
 // Lister is the part of the kubelet's PodResources v1 API that tells which devices pods hold; the
 // generated client satisfies it.
-type Lister interface {
-	List(ctx context.Context, in *podresourcesv1.ListPodResourcesRequest, opts ...grpc.CallOption) (*podresourcesv1.ListPodResourcesResponse, error)
-}
+type Lister = podres.Lister
 
 // Claim is a ResourceClaim holding units through DRA.
 type Claim struct {
@@ -303,23 +300,14 @@ func (o *Owners) list(ctx context.Context) (map[string]string, error) {
 	if o.lister == nil {
 		return nil, errors.New("no PodResources API to read")
 	}
-	ctx, cancel := context.WithTimeout(ctx, listTimeout)
-	defer cancel()
-	resp, err := o.lister.List(ctx, &podresourcesv1.ListPodResourcesRequest{})
+	resp, err := podres.List(ctx, o.lister, listTimeout)
 	if err != nil {
-		return nil, fmt.Errorf("listing the kubelet's pod resources: %w", err)
+		return nil, err
 	}
 	pods := map[string]string{}
-	for _, p := range resp.GetPodResources() {
-		for _, c := range p.GetContainers() {
-			for _, d := range c.GetDevices() {
-				for _, id := range d.GetDeviceIds() {
-					unit := deviceid.Parse(id).UUID
-					if pods[unit] == "" {
-						pods[unit] = p.GetNamespace() + "/" + p.GetName()
-					}
-				}
-			}
+	for d := range podres.Devices(resp) {
+		if unit := deviceid.Parse(d.ID).UUID; pods[unit] == "" {
+			pods[unit] = d.Namespace + "/" + d.Pod
 		}
 	}
 	return pods, nil

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gpusharing/gpusharing/agent/deviceid"
+	"github.com/gpusharing/gpusharing/agent/podres"
 )
 
 // DefaultPodResourcesSocket is where the kubelet serves the PodResources API.
@@ -25,9 +26,7 @@ const listTimeout = 10 * time.Second
 
 // PodResourcesLister is the part of the kubelet's PodResources v1 API Vacate uses; the generated
 // client satisfies it.
-type PodResourcesLister interface {
-	List(ctx context.Context, in *podresourcesv1.ListPodResourcesRequest, opts ...grpc.CallOption) (*podresourcesv1.ListPodResourcesResponse, error)
-}
+type PodResourcesLister = podres.Lister
 
 // DialPodResources connects to the kubelet's PodResources socket. The connection is lazy: a kubelet
 // that is down shows as a List error, which Vacate retries.
@@ -102,13 +101,9 @@ func (r *run) podsUsingGPU(ctx context.Context) ([]PodRef, error) {
 // holdsDevice says whether any container of p holds a device of the GPU: the uuid itself, a replica
 // <uuid>::<n>, or a MIG uuid, whatever the resource name.
 func holdsDevice(p *podresourcesv1.PodResources, ids map[string]bool) bool {
-	for _, c := range p.GetContainers() {
-		for _, d := range c.GetDevices() {
-			for _, id := range d.GetDeviceIds() {
-				if ids[deviceid.Parse(id).UUID] {
-					return true
-				}
-			}
+	for d := range podres.OfPod(p) {
+		if ids[deviceid.Parse(d.ID).UUID] {
+			return true
 		}
 	}
 	return false

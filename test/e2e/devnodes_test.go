@@ -49,22 +49,36 @@ func testDeviceNodes(t *testing.T) {
 			Name: "gpu", Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: "gpusharing-exclusive"},
 		}}}},
 	}
-	must(t, k8s.Create(ctx, claim))
 	plugin := nodesPod("nodes-plugin")
 	plugin.Spec.Containers[0].Resources.Limits = corev1.ResourceList{"nvidia.com/gpu": *resourceQuantity(1)}
 	dra := nodesPod("nodes-dra")
 	dra.Spec.Containers[0].Resources = corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpu"}}}
 	dra.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr("nodes-claim")}}
 	none := nodesPod("nodes-none")
-	for _, p := range []*corev1.Pod{plugin, dra, none} {
-		must(t, k8s.Create(ctx, p))
-	}
 	t.Cleanup(func() {
 		for _, p := range []*corev1.Pod{plugin, dra, none} {
 			_ = k8s.Delete(ctx, p)
 		}
 		_ = k8s.Delete(ctx, claim)
 	})
+	// The device plugin serves beside DRA here, and a GPU goes to the interface that holds it first
+	// (docs/dra.md, "One GPU, one interface"): the claim is made once the device plugin pod holds its GPU
+	// and the slices leave that GPU out, so the kube-scheduler allocates it another one. Made together,
+	// the claim could be allocated the same GPU in the moment before the slices change, and would wait.
+	must(t, k8s.Create(ctx, plugin))
+	pluginEnv, _ := readNodes(t, "nodes-plugin")
+	withheld := pluginEnv["CUDA_VISIBLE_DEVICES"]
+	eventually(t, time.Minute, "the slices leave out the device plugin pod's GPU", func(ctx context.Context) error {
+		published, err := publishedUUIDs(ctx)
+		if err == nil && published[withheld] {
+			err = fmt.Errorf("GPU %s is still published (%v)", withheld, published)
+		}
+		return err
+	})
+	must(t, k8s.Create(ctx, claim))
+	for _, p := range []*corev1.Pod{dra, none} {
+		must(t, k8s.Create(ctx, p))
+	}
 	control := []string{"/dev/nvidia-uvm " + hexNode(devnodestest.UVMMajor, 0), "/dev/nvidia-uvm-tools " + hexNode(devnodestest.UVMMajor, 1),
 		"/dev/nvidiactl " + hexNode(195, 255)}
 	for _, pod := range []string{"nodes-plugin", "nodes-dra"} {
@@ -228,4 +242,24 @@ func testDeviceNodesShared(t *testing.T) {
 			t.Errorf("%s (%s): the container has the NVIDIA nodes\n%v\nwant only its own and the control ones\n%v", pod, uuid, nodes, want)
 		}
 	}
+}
+
+// publishedUUIDs are the GPU (and MIG instance) uuids the agent's ResourceSlices of the node publish now.
+func publishedUUIDs(ctx context.Context) (map[string]bool, error) {
+	var l resourcev1.ResourceSliceList
+	if err := k8s.List(ctx, &l); err != nil {
+		return nil, err
+	}
+	out := map[string]bool{}
+	for _, sl := range l.Items {
+		if sl.Spec.Driver != "gpu.gpusharing.io" || sl.Spec.NodeName == nil || *sl.Spec.NodeName != NodeName {
+			continue
+		}
+		for _, d := range sl.Spec.Devices {
+			if a, ok := d.Attributes["uuid"]; ok && a.StringValue != nil {
+				out[*a.StringValue] = true
+			}
+		}
+	}
+	return out, nil
 }

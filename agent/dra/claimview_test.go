@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/go-logr/logr"
 	resourcev1 "k8s.io/api/resource/v1"
@@ -19,7 +18,6 @@ import (
 
 	"github.com/gpusharing/gpusharing/agent/dra"
 	"github.com/gpusharing/gpusharing/test/testenv"
-	"github.com/gpusharing/gpusharing/test/wait"
 )
 
 // sizedHeldClaim is a claim the scheduler allocated a share of device (a sized device) with memory in
@@ -103,17 +101,7 @@ func TestTheClaimViewLearnsASharedClaimsSecondPodFromTheAPIServer(t *testing.T) 
 		t.Fatalf("view after the first prepare: %s, want %s", got, want)
 	}
 	// The scheduler reserves the claim for a second pod; the kubelet does not prepare it again.
-	shared = getClaim(t, ctx, c, "shared")
-	reserve(shared, "first", "second")
-	if err := c.Status().Update(ctx, shared); err != nil {
-		t.Fatal(err)
-	}
-	before := p.ClaimView().SyncedAt
-	p.RequestClaimSync()
-	wait.UntilState(t, 30*time.Second, func() (bool, string) {
-		v := p.ClaimView()
-		return v.SyncedAt.After(before) && viewString(v) == "[shared@GPU-00000000 8Gi [first second]] uncertain []", viewString(v)
-	}, "the second pod in the view")
+	reserveSecondPod(t, ctx, c, p, viewString, "[shared@GPU-00000000 8Gi [first second]] uncertain []", "the second pod in the view")
 }
 
 // A checkpoint moved aside as unreadable knows no claim: the plugin reads the claims allocated in its

@@ -15,6 +15,7 @@ import (
 
 	"github.com/gpusharing/gpusharing/agent/gpu/nvmlmock"
 	"github.com/gpusharing/gpusharing/api/v1alpha1"
+	"github.com/gpusharing/gpusharing/test/testenv"
 	"github.com/gpusharing/gpusharing/test/wait"
 )
 
@@ -86,14 +87,10 @@ func TestASharedClaimsPodsAreJudgedTogetherAgainstIt(t *testing.T) {
 
 	const pid2 = 4344
 	second := accountedPod(t, "second-"+pc.n.name, pc.n.name, pc.procRoot, pid2)
-	claim := &resourcev1.ResourceClaim{}
-	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(pc.claim), claim); err != nil {
-		t.Fatal(err)
-	}
-	claim.Status.ReservedFor = append(claim.Status.ReservedFor, resourcev1.ResourceClaimConsumerReference{Resource: "pods", Name: second.Name, UID: second.UID})
-	if err := env.Client.Status().Update(ctx, claim); err != nil {
-		t.Fatal(err)
-	}
+	claim := pc.claim.DeepCopy()
+	testenv.UpdateClaimStatus(t, ctx, env.Client, claim, func(c *resourcev1.ResourceClaim) {
+		c.Status.ReservedFor = append(c.Status.ReservedFor, resourcev1.ResourceClaimConsumerReference{Resource: "pods", Name: second.Name, UID: second.UID})
+	})
 	// 3 GiB and 6 GiB of the 10Gi claim.
 	pc.n.gpus.GPUs[0].SetUsage(nvmlmock.Proc(pc.pid, 3<<30, 40), nvmlmock.Proc(pid2, 6<<30, 40))
 	pc.n.waitFor(t, "both pods within the claim they share", func(g *v1alpha1.GPUNode) (bool, string) {

@@ -82,6 +82,12 @@ type Guards struct {
 	// EvictTimeout bounds how long a client may take to answer an EVICT before it is dropped
 	// (DefaultEvictTimeout).
 	EvictTimeout time.Duration
+	// StallBound is how long a holder's process may stay stopped while someone waits before its lock
+	// is revoked (stall.go; DefaultStallBound, negative: never).
+	StallBound time.Duration
+	// Stopped, when set, says whether the process pid is stopped; nil reads its threads' states under
+	// ProcRoot (procfs.Stopped).
+	Stopped func(pid int32) bool
 	// PodPriority, when set, is the resolved priority of the pod the peer pid runs in (its
 	// PriorityClass value); ok is false where its pod is unknown. It decides the client's class with
 	// GPUConfig.ProductionPriority, and the hello's priority is ignored (priority.go). Nil trusts the
@@ -123,6 +129,9 @@ func (o Options) withLimitDefaults() Options {
 	}
 	if o.EvictTimeout <= 0 {
 		o.EvictTimeout = DefaultEvictTimeout
+	}
+	if o.StallBound == 0 {
+		o.StallBound = DefaultStallBound
 	}
 	if o.ContextReserve == 0 {
 		o.ContextReserve = DefaultContextReserve

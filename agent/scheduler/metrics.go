@@ -32,8 +32,10 @@ type Metrics struct {
 	handoffs    *prometheus.CounterVec
 	revocations *prometheus.CounterVec
 	preemptions *prometheus.CounterVec
-	evictions   *prometheus.CounterVec
-	clients     *prometheus.GaugeVec
+	// stalls counts holders revoked because their process was stopped while others waited (stall.go).
+	stalls    *prometheus.CounterVec
+	evictions *prometheus.CounterVec
+	clients   *prometheus.GaugeVec
 	// refused and dropped count connections turned away and clients cut off by the limits (limits.go);
 	// underReports counts reports NVML contradicted (memcheck.go).
 	refused      *prometheus.CounterVec
@@ -73,6 +75,10 @@ func newMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "gpusharing_scheduler_preemptions_total",
 			Help: "Times an opportunistic holder was revoked at once because a production client asked for the GPU, per GPU.",
 		}, []string{"gpu"}),
+		stalls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpusharing_scheduler_stall_revocations_total",
+			Help: "Times a holder whose process was stopped (a stop signal, a debugger) was revoked while others waited, per GPU.",
+		}, []string{"gpu"}),
 		evictions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpusharing_scheduler_evictions_total",
 			Help: "Times a client that was not running was asked to swap memory out for another, per GPU.",
@@ -87,7 +93,7 @@ func newMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}),
 		gangTurns: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpusharing_scheduler_gang_turns_total",
-			Help: "Turns a gang took on all its GPUs at once, by gang and how the turn ended (idle, quantum, preempted, member_left, member_joined).",
+			Help: "Turns a gang took on all its GPUs at once, by gang and how the turn ended (idle, quantum, preempted, member_left, member_joined, stalled).",
 		}, []string{"gang", "end"}),
 		gangWait: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpusharing_scheduler_gang_wait_seconds_total",
@@ -102,7 +108,7 @@ func newMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	// The per-client memory series are read from the schedulers' snapshots at each scrape, so a
 	// client's series vanish when it leaves. The memory collector goes first, so NewMetrics can tell
 	// series another agent of the process registered.
-	for _, c := range []prometheus.Collector{&memCollector{m: m}, &ledgerCollector{m: m}, m.wait, m.hold, m.handoffs, m.revocations, m.preemptions, m.evictions, m.clients, m.refused, m.dropped, m.underReports, m.gangs, m.gangTurns, m.gangWait} {
+	for _, c := range []prometheus.Collector{&memCollector{m: m}, &ledgerCollector{m: m}, m.wait, m.hold, m.handoffs, m.revocations, m.preemptions, m.stalls, m.evictions, m.clients, m.refused, m.dropped, m.underReports, m.gangs, m.gangTurns, m.gangWait} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -135,7 +141,7 @@ func (m *Metrics) attached() []*Scheduler {
 // Forget drops a GPU's series, for a GPU whose scheduler stopped for good: its
 // last values would otherwise be exported for as long as the process lives.
 func (m *Metrics) Forget(gpu string) {
-	for _, v := range []interface{ DeleteLabelValues(...string) bool }{m.wait, m.hold, m.handoffs, m.revocations, m.preemptions, m.evictions, m.clients} {
+	for _, v := range []interface{ DeleteLabelValues(...string) bool }{m.wait, m.hold, m.handoffs, m.revocations, m.preemptions, m.stalls, m.evictions, m.clients} {
 		v.DeleteLabelValues(gpu)
 	}
 	m.refused.DeletePartialMatch(prometheus.Labels{"gpu": gpu})

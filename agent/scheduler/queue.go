@@ -49,11 +49,17 @@ type queue struct {
 	handoffs    prometheus.Counter
 	revocations prometheus.Counter
 	preemptions prometheus.Counter
+	stalls      prometheus.Counter
 	evictions   prometheus.Counter
 	clientGauge prometheus.Gauge
 	// droppedEvict counts clients dropped for ignoring an EVICT (deadline.go).
 	droppedEvict prometheus.Counter
 	evictTimeout time.Duration
+	// stallBound and stopped are Guards.StallBound and the process check (stall.go); stallTimer is the
+	// next look at the holders while someone waits.
+	stallBound time.Duration
+	stopped    func(pid int32) bool
+	stallTimer Timer
 
 	// mu is its Gangs' lock, shared by the GPUs a gang may span (gang.go).
 	mu       *sync.Mutex
@@ -124,6 +130,9 @@ type client struct {
 	contendedSent bool
 	revokeTimer   Timer
 	revokeAt      time.Time // when revokeTimer fires
+	// stoppedSince: its process was first seen stopped then, in this hold, while someone waited
+	// (stall.go); zero otherwise.
+	stoppedSince time.Time
 	// lentUntil: it holds a GPU claimed for a gang, lent while the gang waits for its other GPUs'
 	// holders, and is revoked then (gangidle.go); zero otherwise.
 	lentUntil time.Time
@@ -168,6 +177,7 @@ func newQueue(cfg GPUConfig, clock Clock, m *Metrics, log logr.Logger) *queue {
 		handoffs:    m.handoffs.WithLabelValues(cfg.UUID),
 		revocations: m.revocations.WithLabelValues(cfg.UUID),
 		preemptions: m.preemptions.WithLabelValues(cfg.UUID),
+		stalls:      m.stalls.WithLabelValues(cfg.UUID),
 		evictions:   m.evictions.WithLabelValues(cfg.UUID),
 		clientGauge: m.clients.WithLabelValues(cfg.UUID),
 		clients:     map[uint32]*client{},
@@ -502,6 +512,7 @@ func (q *queue) dispatchQueueLocked(acquirer *client) {
 	q.termsLocked() // a client that just asked is busy: its class's terms go out before a preemption
 	q.preemptLocked()
 	defer q.armTermsLocked() // the holds that end here count as busy for a while
+	defer q.watchStallsLocked()
 	defer q.capKeptTurnsLocked()
 	if q.fillLocked() {
 		return // freed bytes go to the holder filling in first; waiters wait until it is whole
@@ -677,6 +688,7 @@ func (q *queue) endHoldLocked(c *client) {
 	c.contendedSent = false
 	c.resuming = false
 	c.lentUntil = time.Time{}
+	c.stoppedSince = time.Time{}
 	if c.revokeTimer != nil {
 		c.revokeTimer.Stop()
 		c.revokeTimer = nil

@@ -201,8 +201,9 @@ static void on_message_locked(const unsigned char *m, uint16_t type)
         G->st.revocations++;
         gate_settle_reset_locked();
         gs_log(G->st.revocations == 1 ? GS_LOG_WARN : GS_LOG_DEBUG,
-               "GPU lock revoked (held past quantum + grace, or preempted for a production client); work "
-               "already queued keeps running, the next GPU call waits for the lock again");
+               "GPU lock revoked (held past quantum + grace, preempted for a production client, or this "
+               "process was stopped while others waited); work already queued keeps running, the next GPU "
+               "call waits for the lock again");
         pthread_cond_broadcast(&G->cv);
     }
 }

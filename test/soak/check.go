@@ -22,8 +22,9 @@ const (
 	// continuing after a stall). It covers the shim's reconnect back-off (1 s) and the scheduler's pod
 	// lookups retried from 0.5 s, doubling.
 	connectBound = 10 * time.Second
-	// idleBound: no GPU grants nobody this long while a client waits (the shim's 50 ms idle window plus
-	// the hand-off and a loaded machine's slack).
+	// idleBound: no GPU grants nobody but stopped processes this long while a client that is not
+	// stopped waits (the shim's 50 ms idle window, or the scheduler's stall bound and its reads, plus the
+	// hand-off and a loaded machine's slack).
 	idleBound = 2 * time.Second
 	// productionBound: a production client waits at most this long (an opportunistic holder is revoked at
 	// once and has grace to drain; one that does not answer is dropped at evictTimeout).
@@ -400,15 +401,16 @@ func (c *checker) sample() {
 	snap := s.Snapshot()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	// A stopped holder does not count as holding: the scheduler revokes it within its stall bound
+	// while someone waits (scheduler.DefaultStallBound), which idleBound covers.
 	stopped := c.stoppedPID
-	blocked := gangsBehindAStall(snap, stopped)
 	holders, waiters := map[string]int{}, map[string]int{}
 	waiting := map[key]bool{}
 	for _, cl := range snap {
-		if cl.Holding {
+		if cl.Holding && !stopped[cl.PID] {
 			holders[cl.GPU]++
 		}
-		if cl.Waiting && !stopped[cl.PID] && !blocked[cl.Gang] {
+		if cl.Waiting && !stopped[cl.PID] {
 			waiters[cl.GPU]++
 		}
 		if cl.Waiting && cl.Class == scheduler.ClassProduction {
@@ -435,31 +437,10 @@ func (c *checker) sample() {
 		if t, ok := c.idleSince[u]; !ok {
 			c.idleSince[u] = now
 		} else if now.Sub(t) > idleBound {
-			c.violateLocked(3, fmt.Sprintf("%s has granted nobody for %s while %d clients wait", u, now.Sub(t).Round(time.Millisecond), waiters[u]))
+			c.violateLocked(3, fmt.Sprintf("%s has granted nobody but stopped processes for %s while %d clients wait", u, now.Sub(t).Round(time.Millisecond), waiters[u]))
 			delete(c.idleSince, u)
 		}
 	}
-}
-
-// gangsBehindAStall are the gangs one of whose GPUs a stalled process holds. A gang takes its turn on
-// all its GPUs at once, so its member waiting on another GPU cannot be granted until the stall ends,
-// as a client waiting behind the stalled holder on the same GPU cannot (stopped holders keep the lock:
-// docs/reliability.md, "Limits"). Seed 9117 saw GPU 2 idle 2 s while a gang's member waited there and
-// a stalled production process held the gang's other GPU.
-func gangsBehindAStall(snap []scheduler.ClientState, stopped map[int32]bool) map[string]bool {
-	stalledGPU := map[string]bool{}
-	for _, cl := range snap {
-		if cl.Holding && stopped[cl.PID] {
-			stalledGPU[cl.GPU] = true
-		}
-	}
-	blocked := map[string]bool{}
-	for _, cl := range snap {
-		if cl.Gang != "" && stalledGPU[cl.GPU] {
-			blocked[cl.Gang] = true
-		}
-	}
-	return blocked
 }
 
 func (c *checker) startSampling() {

@@ -88,7 +88,7 @@ func TestASharedClaimsPodsAreJudgedTogetherAgainstIt(t *testing.T) {
 	const pid2 = 4344
 	second := accountedPod(t, "second-"+pc.n.name, pc.n.name, pc.procRoot, pid2)
 	claim := pc.claim.DeepCopy()
-	testenv.UpdateClaimStatus(t, ctx, env.Client, claim, func(c *resourcev1.ResourceClaim) {
+	testenv.UpdateStatus(t, ctx, env.Client, claim, func(c *resourcev1.ResourceClaim) {
 		c.Status.ReservedFor = append(c.Status.ReservedFor, resourcev1.ResourceClaimConsumerReference{Resource: "pods", Name: second.Name, UID: second.UID})
 	})
 	// 3 GiB and 6 GiB of the 10Gi claim.

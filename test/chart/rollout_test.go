@@ -184,10 +184,9 @@ func TestChartUpgradeDuringADisruptiveRolloutWithTheRealControllerAndAgents(t *t
 	// stopped first, so the node admitted first cannot finish and the rollout stays in flight (one node
 	// written, the other waiting its turn) until the upgrade is done.
 	stopAgent[nodes[0].Name]()
-	p.Spec.Sharing = v1.Sharing{Strategy: v1.StrategyMIG, MIG: &v1.MIGSharing{Instances: []v1.MIGInstanceRequest{{Profile: "3g.40gb", Count: 1}, {Profile: "1g.10gb", Count: 4}}}}
-	if err := env.Client.Update(ctx, p); err != nil {
-		t.Fatal(err)
-	}
+	testenv.Update(t, ctx, env.Client, p, func(p *v1.GPUSharingPolicy) {
+		p.Spec.Sharing = v1.Sharing{Strategy: v1.StrategyMIG, MIG: &v1.MIGSharing{Instances: []v1.MIGInstanceRequest{{Profile: "3g.40gb", Count: 1}, {Profile: "1g.10gb", Count: 4}}}}
+	})
 	wait.UntilState(t, 60*time.Second, func() (bool, string) {
 		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(p), p); err != nil {
 			t.Fatal(err)

@@ -304,13 +304,7 @@ func TestAPIServerAwayForThirtySecondsTwice(t *testing.T) {
 	// 15 s after the spec lands (its watch is back by then: the apply itself takes a second).
 	reconnected := back.Add(90 * time.Second)
 	changed := time.Now()
-	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(policy), policy); err != nil {
-		t.Fatal(err)
-	}
-	policy.Spec.Sharing = b.MIG("3g.40gb", 2)
-	if err := env.Client.Update(ctx, policy); err != nil {
-		t.Fatal(err)
-	}
+	testenv.Update(t, ctx, env.Client, policy, func(p *v1.GPUSharingPolicy) { p.Spec.Sharing = b.MIG("3g.40gb", 2) })
 	wait.UntilOK(t, time.Until(reconnected), func() (bool, error) {
 		gn := &v1.GPUNode{}
 		if err := env.Client.Get(ctx, client.ObjectKey{Name: node}, gn); err != nil {

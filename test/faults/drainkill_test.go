@@ -143,14 +143,10 @@ func TestAgentKilledMidDrainResumesWithoutEvictingTwice(t *testing.T) {
 	podRes.SetPods(fakekubelet.Pod(ns, pod.Name, "nvidia.com/gpu", gpu0))
 
 	layout := b.MIG("3g.40gb", 2)
-	if err := env.Client.Get(ctx, client.ObjectKey{Name: node}, gn); err != nil {
-		t.Fatal(err)
-	}
-	gn.Spec.GPUs[0].Sharing = layout
-	gn.Spec.GPUs[0].Drain = &v1.Drain{Mode: v1.DrainEvict, Timeout: &metav1.Duration{Duration: 2 * time.Minute}}
-	if err := env.Client.Update(ctx, gn); err != nil {
-		t.Fatal(err)
-	}
+	testenv.Update(t, ctx, env.Client, gn, func(gn *v1.GPUNode) {
+		gn.Spec.GPUs[0].Sharing = layout
+		gn.Spec.GPUs[0].Drain = &v1.Drain{Mode: v1.DrainEvict, Timeout: &metav1.Duration{Duration: 2 * time.Minute}}
+	})
 	wait.UntilOK(t, 60*time.Second, func() (bool, error) {
 		got := &corev1.Pod{}
 		err := env.Client.Get(ctx, client.ObjectKeyFromObject(pod), got)

@@ -177,11 +177,9 @@ func TestAStoppedShimProcessHandsTheGPUOver(t *testing.T) {
 	}, "the production client, running again, holds the lock")
 }
 
-// A production gang never yields to an opportunistic waiter, but a gang whose member's process is
-// stopped loses its turn on all its GPUs at once (every client here runs in the test's process, so the
-// fake process table says every process is stopped; only holders are looked at).
-func TestAStoppedGangMemberEndsItsGangsTurn(t *testing.T) {
-	e := startGangEnv(t, 2, true)
+// watchStalls puts every GPU of e on a fake process table. Every client of e runs in the test's process,
+// so the table says of all or none that they are stopped; only holders are read.
+func (e *gangEnv) watchStalls() *stoppedPIDs {
 	procs := &stoppedPIDs{pids: map[int32]bool{}}
 	for _, s := range e.scheds {
 		for _, q := range s.queues {
@@ -190,6 +188,14 @@ func TestAStoppedGangMemberEndsItsGangsTurn(t *testing.T) {
 			q.mu.Unlock()
 		}
 	}
+	return procs
+}
+
+// A production gang never yields to an opportunistic waiter, but a gang whose member's process is
+// stopped loses its turn on all its GPUs at once.
+func TestAStoppedGangMemberEndsItsGangsTurn(t *testing.T) {
+	e := startGangEnv(t, 2, true)
+	procs := e.watchStalls()
 	x0, x1 := e.dial(0, 100, ClassProduction), e.dial(1, 101, ClassProduction)
 	s1 := e.dial(1, 2000, ClassOpportunistic)
 	x0.hold()
@@ -214,14 +220,7 @@ func TestAStoppedGangMemberEndsItsGangsTurn(t *testing.T) {
 // nobody else waits. That holder is revoked as if the gang waited on GPU 0 itself.
 func TestAGangWaitingElsewhereHasAStoppedHolderRevoked(t *testing.T) {
 	e := startGangEnv(t, 2, true)
-	procs := &stoppedPIDs{pids: map[int32]bool{}}
-	for _, s := range e.scheds {
-		for _, q := range s.queues {
-			q.mu.Lock()
-			q.stopped = procs.stopped
-			q.mu.Unlock()
-		}
-	}
+	procs := e.watchStalls()
 	s0 := e.dial(0, 2000, ClassProduction)
 	s0.hold()
 	x0, x1 := e.dial(0, 100, ClassOpportunistic), e.dial(1, 101, ClassOpportunistic)
@@ -230,7 +229,7 @@ func TestAGangWaitingElsewhereHasAStoppedHolderRevoked(t *testing.T) {
 	e.clock.Advance(time.Minute)
 	none(t, x1, MsgGrant, "the gang ran on GPU 1 while production held its GPU 0")
 
-	procs.set(int32(os.Getpid()), true) // every client here is the test's process; only holders are read
+	procs.set(int32(os.Getpid()), true)
 	e.clock.Advance(DefaultStallBound + 2*stallCheckEvery)
 	s0.expect(MsgRevoked, time.Second)
 	x1.expect(MsgGrant, time.Second)

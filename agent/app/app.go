@@ -233,6 +233,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 			lister = podResources
 		}
 		shim.Guards.Admit = admitGuard(mgr, o, pods, lister, claims)
+		shim.Guards.OnStallRevoked = stallEvents(mgr, o, pods)
 	}
 	if err := setupDrain(mgr, o, r, podResources); err != nil {
 		return err

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -12,7 +11,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
-	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/gpusharing/gpusharing/agent/deviceplugin"
@@ -61,15 +59,8 @@ type shareGuard struct {
 	events events.EventRecorder
 	log    logr.Logger
 	node   string
-	clock  clock.PassiveClock
-
-	mu       sync.Mutex
-	reported map[podGPU]time.Time
-}
-
-type podGPU struct {
-	uid types.UID
-	gpu string
+	// reports bounds the refusals reported per pod and GPU (noShareReportEvery).
+	reports *podGPULimit
 }
 
 // admit is scheduler.Guards.Admit.
@@ -116,22 +107,9 @@ func (g *shareGuard) holds(ctx context.Context, pod podpid.Pod, gpu string) (boo
 // report logs a refused pod and puts a warning event on it, at most once per noShareReportEvery for one
 // pod and GPU.
 func (g *shareGuard) report(pod podpid.Pod, gpu string, pid int32, why string) {
-	key, now := podGPU{types.UID(pod.UID), gpu}, g.clock.Now()
-	g.mu.Lock()
-	if last, ok := g.reported[key]; ok && now.Sub(last) < noShareReportEvery {
-		g.mu.Unlock()
+	if !g.reports.allow(types.UID(pod.UID), gpu) {
 		return
 	}
-	if g.reported == nil {
-		g.reported = map[podGPU]time.Time{}
-	}
-	g.reported[key] = now
-	for k, at := range g.reported {
-		if now.Sub(at) >= noShareReportEvery {
-			delete(g.reported, k)
-		}
-	}
-	g.mu.Unlock()
 	g.log.Info("Refusing a shim client of a pod without a share of the GPU", "pod", pod.Namespace+"/"+pod.Name,
 		"gpu", gpu, "pid", pid, "why", why)
 	if g.events != nil {
@@ -157,7 +135,8 @@ func admitGuard(mgr ctrl.Manager, o Options, pods *podpid.Resolver, podResources
 		log.Info("The shim schedulers admit every process: neither the device plugin nor the DRA kubelet plugin gives out shares here")
 		return nil
 	}
-	g := &shareGuard{pods: pods, claims: claims, events: mgr.GetEventRecorder("gpusharing-agent"), log: log, node: o.NodeName, clock: o.Clock}
+	g := &shareGuard{pods: pods, claims: claims, events: mgr.GetEventRecorder("gpusharing-agent"), log: log, node: o.NodeName,
+		reports: &podGPULimit{every: noShareReportEvery, clock: o.Clock}}
 	if o.DevicePlugin != nil {
 		g.devices = &deviceplugin.PodHolders{Lister: podResources, Clock: o.Clock}
 	}

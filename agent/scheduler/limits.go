@@ -88,6 +88,9 @@ type Guards struct {
 	// Stopped, when set, says whether the process pid is stopped; nil reads its threads' states under
 	// ProcRoot (procfs.Stopped).
 	Stopped func(pid int32) bool
+	// OnStallRevoked, when set, is told of each holder revoked because its process was stopped, on the
+	// scheduler's timer goroutine; it must not block.
+	OnStallRevoked func(StallRevocation)
 	// PodPriority, when set, is the resolved priority of the pod the peer pid runs in (its
 	// PriorityClass value); ok is false where its pod is unknown. It decides the client's class with
 	// GPUConfig.ProductionPriority, and the hello's priority is ignored (priority.go). Nil trusts the

@@ -55,10 +55,11 @@ type queue struct {
 	// droppedEvict counts clients dropped for ignoring an EVICT (deadline.go).
 	droppedEvict prometheus.Counter
 	evictTimeout time.Duration
-	// stallBound and stopped are Guards.StallBound and the process check (stall.go); stallTimer is the
-	// next look at the holders while someone waits.
+	// stallBound, stopped and onStall are Guards.StallBound, the process check and
+	// Guards.OnStallRevoked (stall.go); stallTimer is the next look at the holders while someone waits.
 	stallBound time.Duration
 	stopped    func(pid int32) bool
+	onStall    func(StallRevocation)
 	stallTimer Timer
 
 	// mu is its Gangs' lock, shared by the GPUs a gang may span (gang.go).

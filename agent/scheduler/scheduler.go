@@ -232,7 +232,7 @@ func New(opts Options) (*Scheduler, error) {
 		s.cfgs = append(s.cfgs, g)
 		q := newQueue(g, opts.Clock, m, logr.Discard())
 		q.evictTimeout = opts.EvictTimeout
-		q.stallBound, q.stopped = opts.StallBound, s.stoppedFunc()
+		q.stallBound, q.stopped, q.onStall = opts.StallBound, s.stoppedFunc(), opts.OnStallRevoked
 		q.envOverrides = opts.EnvOverrides
 		q.useGangs(co, opts.Clock, m)
 		s.queues = append(s.queues, q)

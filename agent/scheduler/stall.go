@@ -116,9 +116,8 @@ func (q *queue) checkStalls() {
 	}
 
 	q.mu.Lock()
-	defer q.mu.Unlock()
 	now := q.clock.Now()
-	revoked := false
+	var revoked []StallRevocation
 	for i, h := range holds {
 		c := h.c
 		if !c.state.granted() || c.epoch != h.epoch {
@@ -130,28 +129,45 @@ func (q *queue) checkStalls() {
 		case c.stoppedSince.IsZero():
 			c.stoppedSince = now
 		case now.Sub(c.stoppedSince) >= q.stallBound && q.someoneWaitsLocked():
-			q.revokeStoppedLocked(c, now)
-			revoked = true
+			revoked = append(revoked, q.revokeStoppedLocked(c, now))
 		}
 	}
-	if revoked {
+	if len(revoked) > 0 {
 		q.dispatchLocked(nil)
 	}
 	q.watchStallsLocked()
+	tell := q.onStall
+	q.mu.Unlock()
+	if tell != nil {
+		for _, r := range revoked {
+			tell(r)
+		}
+	}
+}
+
+// StallRevocation is one holder revoked because its process was stopped while others waited
+// (Guards.OnStallRevoked).
+type StallRevocation struct {
+	GPU   string
+	PID   int32
+	Class Class
+	// Stopped is how long its process had been seen stopped, Held how long it had held the lock.
+	Stopped, Held time.Duration
 }
 
 // revokeStoppedLocked takes the lock from c, whose process has been stopped since c.stoppedSince.
-func (q *queue) revokeStoppedLocked(c *client, now time.Time) {
+func (q *queue) revokeStoppedLocked(c *client, now time.Time) StallRevocation {
+	r := StallRevocation{GPU: q.uuid, PID: c.pid, Class: c.class, Stopped: now.Sub(c.stoppedSince), Held: now.Sub(c.grantedAt)}
 	q.stalls.Inc()
 	q.log.Info("Revoking the GPU lock of a holder whose process is stopped while others wait", "client", c.id,
-		"pid", c.pid, "class", c.class, "stopped", now.Sub(c.stoppedSince).Round(time.Millisecond),
-		"held", now.Sub(c.grantedAt).Round(time.Millisecond))
+		"pid", c.pid, "class", c.class, "stopped", r.Stopped.Round(time.Millisecond), "held", r.Held.Round(time.Millisecond))
 	if g := gangOf(c); g != nil && g.state != gangIdle {
 		q.gangs.endTurnLocked(g, gangEndStalled)
-		return
+		return r
 	}
 	c.revocations++
 	q.revocations.Inc()
 	q.sendLocked(c, Message{Type: MsgRevoked, Epoch: c.epoch})
 	q.endHoldLocked(c)
+	return r
 }

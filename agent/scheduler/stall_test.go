@@ -18,6 +18,20 @@ type stoppedPIDs struct {
 	mu   sync.Mutex
 	pids map[int32]bool
 	read int // reads so far
+	// told are the revocations Guards.OnStallRevoked heard of.
+	told []StallRevocation
+}
+
+func (s *stoppedPIDs) tell(r StallRevocation) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.told = append(s.told, r)
+}
+
+func (s *stoppedPIDs) revocations() []StallRevocation {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]StallRevocation(nil), s.told...)
 }
 
 func (s *stoppedPIDs) set(pid int32, stopped bool) {
@@ -43,7 +57,7 @@ func (s *stoppedPIDs) reads() int {
 func (fx *queueFixture) watchStalls() *stoppedPIDs {
 	s := &stoppedPIDs{pids: map[int32]bool{}}
 	fx.q.mu.Lock()
-	fx.q.stallBound, fx.q.stopped = DefaultStallBound, s.stopped
+	fx.q.stallBound, fx.q.stopped, fx.q.onStall = DefaultStallBound, s.stopped, s.tell
 	fx.q.mu.Unlock()
 	return s
 }
@@ -77,6 +91,11 @@ func TestAStoppedProductionHolderLosesTheLockToAWaiter(t *testing.T) {
 	}
 	if s := fx.q.snapshot(); s[0].Revocations != 1 {
 		t.Errorf("the stopped client's revocations = %d, want 1", s[0].Revocations)
+	}
+	// Seen stopped at the reads at 100 ms and 600 ms after the stop, granted since the start.
+	want := StallRevocation{GPU: "GPU-test", PID: 7, Class: ClassProduction, Stopped: DefaultStallBound, Held: DefaultStallBound + stallCheckEvery}
+	if got := procs.revocations(); len(got) != 1 || got[0] != want {
+		t.Errorf("OnStallRevoked heard %+v, want %+v", got, want)
 	}
 
 	procs.set(7, false) // it runs again: its shim reads REVOKED and asks at its next call

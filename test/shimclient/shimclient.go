@@ -66,3 +66,19 @@ func (c *Client) Expect(typ scheduler.MsgType) scheduler.Message {
 	}
 	return m
 }
+
+// Until reads the scheduler's messages until one of type typ and returns it, skipping the others (the
+// terms and the notices a scheduler may send first); it fails the test after ReadTimeout.
+func (c *Client) Until(typ scheduler.MsgType) scheduler.Message {
+	c.t.Helper()
+	_ = c.Conn.SetReadDeadline(time.Now().Add(ReadTimeout))
+	for {
+		m, err := scheduler.ReadMessage(c.Conn)
+		if err != nil {
+			c.t.Fatalf("waiting for %s from the scheduler: %v", typ, err)
+		}
+		if m.Type == typ {
+			return m
+		}
+	}
+}

@@ -75,8 +75,9 @@ type OverClaim struct {
 	pods          []claimPod
 	used, claimed int64
 	// culprits are the pods to evict, sorted: those that alone hold more than the claims that list them,
-	// where any does; otherwise the excess comes from the sharing itself, no pod can be told apart, and
-	// they are all of pods.
+	// where any does; otherwise those with memory outside the shim's ledgers (unledgeredPods), where any
+	// has; otherwise the excess comes from the sharing itself, no pod can be told apart, and they are all
+	// of pods.
 	culprits []claimPod
 }
 
@@ -101,6 +102,7 @@ func (o OverClaim) String() string {
 func judgeClaims(k claimKnowledge, acct accounting.GPU, released, seen map[vacate.PodRef]time.Time) ([]OverClaim, []vacate.PodRef) {
 	links, claimedBy, own := linkClaimPods(k, acct.UUID)
 	used, uids := podMemory(acct)
+	unledgered := unledgeredPods(acct)
 	type group struct {
 		pods          []claimPod
 		used, claimed int64
@@ -146,6 +148,16 @@ func judgeClaims(k claimKnowledge, acct accounting.GPU, released, seen map[vacat
 		for _, p := range g.pods {
 			if used[p.PodRef] > own[p.PodRef] {
 				o.culprits = append(o.culprits, p)
+			}
+		}
+		if len(o.culprits) == 0 {
+			// No pod alone is past its claims. Where some of the group's memory is held by processes no
+			// shim scheduler accounts (a process that dropped the shim on a shim GPU), that memory is
+			// outside the ledgers that keep the others within the claims: its pods are the culprits.
+			for _, p := range g.pods {
+				if unledgered[p.PodRef] {
+					o.culprits = append(o.culprits, p)
+				}
 			}
 		}
 		if len(o.culprits) == 0 {
@@ -202,6 +214,30 @@ func linkClaimPods(k claimKnowledge, uuid string) (links podLinks, claimedBy, ow
 }
 
 // podMemory sums the GPU's containers by pod: the memory each pod's processes hold, and its UID.
+// unledgeredPods are the pods with memory of the GPU in a process that is no shim client, where others
+// are: on a shim GPU, the pods whose process dropped the shim. Where no process is a shim client (an MPS
+// GPU, a read without the schedulers' clients) it is empty: no pod can be told apart that way.
+func unledgeredPods(acct accounting.GPU) map[vacate.PodRef]bool {
+	byPID := map[int32]accounting.Process{}
+	clients := false
+	for _, p := range acct.Processes {
+		byPID[p.PID] = p
+		clients = clients || p.Shim != nil
+	}
+	out := map[vacate.PodRef]bool{}
+	if !clients {
+		return out
+	}
+	for _, c := range acct.Containers {
+		for _, pid := range c.PIDs {
+			if p, ok := byPID[pid]; ok && c.Name != "" && p.Shim == nil && p.MemoryKnown && p.MemoryBytes > 0 {
+				out[vacate.PodRef{Namespace: c.Namespace, Name: c.Name}] = true
+			}
+		}
+	}
+	return out
+}
+
 func podMemory(acct accounting.GPU) (map[vacate.PodRef]int64, map[vacate.PodRef]types.UID) {
 	used := map[vacate.PodRef]int64{}
 	uids := map[vacate.PodRef]types.UID{}

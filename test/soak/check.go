@@ -160,8 +160,10 @@ func (c *checker) restarted() {
 
 // held reads the stub driver's per-process holdings: bytes by GPU uuid and pod name, for the live
 // processes (an ended process's file is removed when it is reaped).
-func (c *checker) held() map[string]map[string]int64 {
-	out := map[string]map[string]int64{}
+// held is the memory the live processes hold, per GPU and pod, and per GPU the pods that hold some of
+// it through a process that dropped the shim (outside the ledgers).
+func (c *checker) held() (map[string]map[string]int64, map[string]map[string]bool) {
+	out, unledgered := map[string]map[string]int64{}, map[string]map[string]bool{}
 	for _, pr := range c.e.live() {
 		f, err := os.Open(holdFile(c.e.hold, pr.pid))
 		if err != nil {
@@ -176,13 +178,16 @@ func (c *checker) held() map[string]map[string]int64 {
 			}
 			u := c.e.uuids[d]
 			if out[u] == nil {
-				out[u] = map[string]int64{}
+				out[u], unledgered[u] = map[string]int64{}, map[string]bool{}
 			}
 			out[u][pr.pod.name] += b
+			if pr.dropped && b > 0 {
+				unledgered[u][pr.pod.name] = true
+			}
 		}
 		_ = f.Close()
 	}
-	return out
+	return out, unledgered
 }
 
 // checkNow checks invariants 1, 2 and 5 after a step.
@@ -341,19 +346,21 @@ func (c *checker) unmanagedDue() bool {
 // reports over, and holds memory outside the shim (a process that dropped it); the guard would evict no
 // pod within its own claims.
 func (c *checker) checkMemory() {
-	held := c.held()
+	held, unledgered := c.held()
 	for _, u := range c.e.uuids {
 		used := held[u]
 		claims := claimsOn(c.e.claims, u)
-		verdicts := judge(c.e.claims, u, used)
+		verdicts := judge(c.e.claims, u, used, unledgered[u])
 		reported := map[string]bool{}
 		for _, v := range verdicts {
 			for _, p := range v.Pods {
 				reported[p] = true
 			}
 			for _, p := range v.Culprits {
+				// A pod whose process dropped the shim holds memory outside the ledgers: the guard alone
+				// judges it, and may blame it for its group's excess although it is within its own claims.
 				name := strings.TrimPrefix(p, namespace+"/")
-				if own := c.e.own(u, name); used[name] <= own {
+				if own := c.e.own(u, name); used[name] <= own && !unledgered[u][name] {
 					c.violate(5, fmt.Sprintf("the guard would evict %s on %s, which holds %d of its claims' %d (group %v holds %d of %d)",
 						p, u, used[name], own, v.Pods, v.Used, v.Claimed))
 				}

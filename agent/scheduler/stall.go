@@ -17,8 +17,9 @@ import (
 // keeps every opportunistic pod of the GPU waiting for as long as it stays stopped, and any holder
 // keeps every waiter for up to quantum + grace.
 //
-// So while someone waits (a client, or a gang that reserved the GPU), the scheduler looks at its
-// holders' processes every stallCheckEvery; one seen stopped for StallBound is revoked (REVOKED, as at
+// So while someone waits (someoneWaitsLocked: a client, a gang that reserved the GPU, or a gang with a
+// member on the GPU that waits on another), the scheduler looks at its holders' processes every
+// stallCheckEvery; one seen stopped for StallBound is revoked (REVOKED, as at
 // quantum + grace; a gang's turn ends on all its GPUs) and the GPU goes to the waiters. Once the
 // process runs again, its shim reads the REVOKED and asks again at its next call; a production client
 // then preempts at once. What it launches between its resumption and that read (the shim's thread

@@ -59,6 +59,9 @@ func (q *queue) someoneWaitsLocked() bool {
 	if q.nWaitingLocked() > 0 || q.gangs.claimantLocked(q) != nil {
 		return true
 	}
+	if !q.gangs.active() {
+		return false // no gang formed: nothing waits elsewhere for q
+	}
 	for _, c := range q.clients {
 		if g := gangOf(c); g != nil && slices.ContainsFunc(g.members, func(m *client) bool { return m.state == stateWaiting }) {
 			return true
@@ -71,6 +74,9 @@ func (q *queue) someoneWaitsLocked() bool {
 // that wait on q, where they have holders and someone waits.
 func (q *queue) watchStallsLocked() {
 	q.armStallWatchLocked()
+	if !q.gangs.active() {
+		return // every dispatch ends here: the scan below is for gangs alone
+	}
 	for _, c := range q.clients {
 		if g := gangOf(c); g != nil && c.state == stateWaiting {
 			for _, o := range g.gpus() {

@@ -377,11 +377,15 @@ func (c *checker) checkMemory() {
 			if use <= claimed {
 				continue
 			}
-			if !slices.ContainsFunc(g.pods, func(n string) bool { return reported[namespace+"/"+n] }) {
+			switch {
+			case !slices.ContainsFunc(g.pods, func(n string) bool { return reported[namespace+"/"+n] }):
 				c.violate(2, fmt.Sprintf("group %v on %s holds %d of its claims' %d and the guard does not report it", g.pods, u, use, claimed))
-			} else if !dropped {
+			case !dropped:
 				c.violate(2, fmt.Sprintf("group %v on %s holds %d of its claims' %d, every process under the shim", g.pods, u, use, claimed))
+			default:
+				continue
 			}
+			fmt.Fprintln(os.Stderr, "SOAK STATE", c.ledgerState(u))
 		}
 	}
 }
@@ -552,4 +556,33 @@ func groups(claims []dra.SizedClaim) []group {
 		out = append(out, g)
 	}
 	return out
+}
+
+// ledgerState is what the scheduler decides by on GPU u, printed beside a violation of invariant 2 so
+// that one found in a long run explains itself: each ledger (its processes and charges), each connected
+// client, and each live process's holdings there.
+func (c *checker) ledgerState(u string) string {
+	var b strings.Builder
+	if s := c.e.s.get(); s != nil {
+		for _, l := range s.Ledgers() {
+			if l.GPU == u {
+				fmt.Fprintf(&b, "ledger %s: claim %d, %d processes, contexts %d, granted %d, refusals %d; ",
+					l.Key, l.Claim, l.Processes, l.Contexts, l.Granted, l.Refusals)
+			}
+		}
+		var pids []int32
+		for _, cl := range s.Clients(u) {
+			pids = append(pids, cl.PID)
+		}
+		fmt.Fprintf(&b, "clients %v; ", pids)
+	} else {
+		b.WriteString("scheduler stopped; ")
+	}
+	d := slices.Index(c.e.uuids, u)
+	for _, pr := range c.e.live() {
+		if v := readHold(holdFile(c.e.hold, pr.pid))[d]; v > 0 {
+			fmt.Fprintf(&b, "%s pid %d holds %d (dropped %v, stopped %v); ", pr.pod.name, pr.pid, v, pr.dropped, pr.isStopped())
+		}
+	}
+	return b.String()
 }

@@ -16,8 +16,8 @@ import (
 )
 
 // ReasonStoppedWhileHolding is the reason of the warning event on a pod whose process held a GPU's lock
-// while it was stopped (a stop signal, a debugger or profiler attached), and lost it to the pods that
-// waited (scheduler/stall.go). What to do: nothing, if the stop was meant; the process asks again at its
+// while it was stopped (a stop signal, a debugger or profiler attached, its container paused or frozen
+// for a checkpoint), and lost it to the pods that waited (scheduler/stall.go). What to do: nothing, if the stop was meant; the process asks again at its
 // next GPU call. A production pod that is debugged in place loses its preemption only while stopped.
 const ReasonStoppedWhileHolding = "StoppedWhileHolding"
 
@@ -61,6 +61,6 @@ func (r *stallReporter) report(s scheduler.StallRevocation) {
 		"pid", s.PID, "class", s.Class, "stopped", s.Stopped.Round(time.Millisecond))
 	obj := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name, UID: types.UID(pod.UID)}}
 	r.events.Eventf(obj, nil, corev1.EventTypeWarning, ReasonStoppedWhileHolding, "Revoke",
-		"GPU %s on %s: process %d (%s) was stopped for %s while it held the GPU's lock and others waited; the lock went to them, and the process asks again at its next GPU call",
+		"GPU %s on %s: process %d (%s) was stopped or frozen for %s while it held the GPU's lock and others waited; the lock went to them, and the process asks again at its next GPU call",
 		s.GPU, r.node, s.PID, s.Class, s.Stopped.Round(time.Millisecond))
 }

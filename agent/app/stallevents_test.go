@@ -61,6 +61,6 @@ func TestAStoppedHoldersPodHearsWhyItLostTheLock(t *testing.T) {
 	wait.UntilState(t, 30*time.Second, func() (bool, string) {
 		got := eventsAbout(t, "Pod", holder.Name, ReasonStoppedWhileHolding)
 		return len(got) == 1 && strings.HasPrefix(got[0], "Warning: ") && strings.Contains(got[0], "GPU "+uuid+" on "+n.name) &&
-			strings.Contains(got[0], "was stopped for"), fmt.Sprintf("events on the pod: %q", got)
+			strings.Contains(got[0], "was stopped or frozen for"), fmt.Sprintf("events on the pod: %q", got)
 	}, "a warning event on the stopped holder's pod")
 }

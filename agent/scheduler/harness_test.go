@@ -157,10 +157,21 @@ func (e *env) startClient(extraEnv []string, args ...string) *proc {
 // startProgram runs shim/tests/<name> under the shim with the stub driver.
 func (e *env) startProgram(name string, extraEnv []string, args ...string) *proc {
 	e.t.Helper()
+	return e.startWrapped(nil, name, extraEnv, args...)
+}
+
+// startWrapped is startProgram through wrap, which returns the command line that runs argv with the
+// shim preloaded (a freezer.Cgroup's Wrap: the program in a container's cgroup); nil runs it directly.
+func (e *env) startWrapped(wrap func(preload string, argv ...string) []string, name string, extraEnv []string, args ...string) *proc {
+	e.t.Helper()
 	p := &proc{done: make(chan struct{})}
-	p.cmd = exec.Command(filepath.Join(e.build, "tests", name), args...)
-	p.cmd.Env = append(os.Environ(),
-		"LD_PRELOAD="+filepath.Join(e.build, "libgpushare.so"),
+	argv, preload := append([]string{filepath.Join(e.build, "tests", name)}, args...), filepath.Join(e.build, "libgpushare.so")
+	env := []string{"LD_PRELOAD=" + preload}
+	if wrap != nil {
+		argv, env = wrap(preload, argv...), nil
+	}
+	p.cmd = exec.Command(argv[0], argv[1:]...)
+	p.cmd.Env = append(append(os.Environ(), env...),
 		"LD_LIBRARY_PATH="+filepath.Join(e.build, "stub"),
 		"GPUSHARE_SOCKET="+e.sock,
 		"GPUSHARE_GPU_UUID=GPU-test",

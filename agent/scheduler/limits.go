@@ -85,8 +85,8 @@ type Guards struct {
 	// StallBound is how long a holder's process may stay stopped while someone waits before its lock
 	// is revoked (stall.go; DefaultStallBound, negative: never).
 	StallBound time.Duration
-	// Stopped, when set, says whether the process pid is stopped; nil reads its threads' states under
-	// ProcRoot (procfs.Stopped).
+	// Stopped, when set, says whether the process pid is stopped; nil reads its threads' states and its
+	// container's freezer under ProcRoot (procfs.Stopped, procfs.Frozen).
 	Stopped func(pid int32) bool
 	// OnStallRevoked, when set, is told of each holder revoked because its process was stopped, on the
 	// scheduler's timer goroutine; it must not block.

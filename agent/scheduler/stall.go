@@ -11,8 +11,9 @@ import (
 //
 // A shim releases the lock from its own thread: after its idle window, when its work completed
 // (SETTLE), at quantum + grace. A process that is stopped (SIGSTOP or SIGTSTP, a debugger or profiler
-// attached to it, a job-control stop) runs none of that, and its GPU runs nothing of it either: its
-// submitted work finishes and no more comes. Production never yields to an opportunistic waiter, and
+// attached to it, a job-control stop) or frozen (its container paused by the runtime, or frozen for a
+// checkpoint: procfs.Frozen) runs none of that, and its GPU runs nothing of it either: its submitted
+// work finishes and no more comes. Production never yields to an opportunistic waiter, and
 // an opportunistic holder keeps its quantum, so without this a production process that a user stops
 // keeps every opportunistic pod of the GPU waiting for as long as it stays stopped, and any holder
 // keeps every waiter for up to quantum + grace.
@@ -24,9 +25,8 @@ import (
 // process runs again, its shim reads the REVOKED and asks again at its next call; a production client
 // then preempts at once. What it launches between its resumption and that read (the shim's thread
 // reads within a few milliseconds) runs beside the new holder, as after any revocation: the lock is
-// cooperative. A process frozen by a cgroup freezer is not told apart (its threads sleep), and a
-// process that runs but keeps the lock without using the GPU is bounded by quantum + grace where a
-// client of its class waits.
+// cooperative. A process that runs but keeps the lock without using the GPU is bounded by quantum +
+// grace where a client of its class waits.
 
 // DefaultStallBound is how long a holder's process may stay stopped while someone waits before the
 // scheduler revokes its lock: long enough that a process the kernel only briefly shows stopped (a
@@ -40,15 +40,19 @@ const stallCheckEvery = 100 * time.Millisecond
 // gangEndStalled: a member's process was stopped while others waited.
 const gangEndStalled = "stalled"
 
-// stoppedFunc is Guards.Stopped, or a read of the process's threads under ProcRoot.
+// stoppedFunc is Guards.Stopped, or a read of the process under ProcRoot: its threads stopped, or its
+// container's cgroup frozen.
 func (s *Scheduler) stoppedFunc() func(int32) bool {
 	if s.opts.Stopped != nil {
 		return s.opts.Stopped
 	}
 	root := s.procRoot()
 	return func(pid int32) bool {
-		stopped, err := procfs.Stopped(root, int(pid))
-		return err == nil && stopped
+		if stopped, err := procfs.Stopped(root, int(pid)); err == nil && stopped {
+			return true
+		}
+		frozen, err := procfs.Frozen(root, int(pid))
+		return err == nil && frozen
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gpusharing/gpusharing/agent/procfs"
+	"github.com/gpusharing/gpusharing/test/freezer"
 	"github.com/gpusharing/gpusharing/test/prom"
 	"github.com/gpusharing/gpusharing/test/wait"
 )
@@ -194,6 +195,39 @@ func TestAStoppedShimProcessHandsTheGPUOver(t *testing.T) {
 		s, ok := e.state(prod.pid())
 		return ok && s.Holding, fmt.Sprintf("%+v (found %v)", s, ok)
 	}, "the production client, running again, holds the lock")
+}
+
+// The same with the production client's container paused: its cgroup frozen by the kernel's freezer
+// (cgroup v1 and v2), which leaves its threads asleep rather than stopped.
+func TestAFrozenShimProcessHandsTheGPUOver(t *testing.T) {
+	for _, v := range freezer.Versions {
+		t.Run(v, func(t *testing.T) {
+			cg := freezer.New(t, v)
+			e := newEnv(t, time.Minute, time.Minute)
+			prod := e.startWrapped(cg.Wrap, "client", []string{"GPUSHARE_PRIORITY=high", "GPUSHARE_IDLE_MS=600000"}, "dlsym", "1000000", "1000")
+			wait.UntilState(t, 5*time.Second, func() (bool, string) {
+				s, ok := e.state(prod.pid())
+				return ok && s.Holding && s.Class == ClassProduction && cg.Mounted(prod.pid()), fmt.Sprintf("%+v (found %v)", s, ok)
+			}, "the production client holds the lock")
+			cg.Freeze()
+			t.Cleanup(cg.Thaw) // before the client is killed: a frozen process dies only once thawed
+
+			opp := dialRaw(t, e.sock, ClassOpportunistic)
+			asked := time.Now()
+			opp.send(Message{Type: MsgAcquire})
+			opp.expect(MsgGrant, 5*time.Second)
+			t.Logf("the opportunistic client was granted %s after it asked", time.Since(asked).Round(time.Millisecond))
+			if got := e.counter("gpusharing_scheduler_stall_revocations_total"); got != 1 {
+				t.Errorf("stall_revocations_total = %v, want 1", got)
+			}
+			cg.Thaw()
+			opp.expect(MsgRevoked, 5*time.Second)
+			wait.UntilState(t, 5*time.Second, func() (bool, string) {
+				s, ok := e.state(prod.pid())
+				return ok && s.Holding, fmt.Sprintf("%+v (found %v)", s, ok)
+			}, "the production client, thawed, holds the lock")
+		})
+	}
 }
 
 // watchStalls puts every GPU of e on a fake process table. Every client of e runs in the test's process,

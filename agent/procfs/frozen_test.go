@@ -71,12 +71,14 @@ func TestFrozenFollowsARealFreezer(t *testing.T) {
 				}
 			}
 			wait.UntilState(t, 10*time.Second, state(false), "the running process not frozen")
-			cg.Freeze()
+			cg.FreezeAndWait(t)
 			wait.UntilState(t, 10*time.Second, state(true), "the process frozen")
 			if stopped, err := Stopped("/proc", pid); err != nil || stopped {
 				t.Errorf("Stopped = %v, %v for a frozen process: its threads sleep, they are not stopped", stopped, err)
 			}
-			cg.Thaw()
+			if err := cg.Thaw(); err != nil {
+				t.Fatal(err)
+			}
 			wait.UntilState(t, 10*time.Second, state(false), "the process thawed")
 		})
 	}

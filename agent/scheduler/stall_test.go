@@ -209,8 +209,8 @@ func TestAFrozenShimProcessHandsTheGPUOver(t *testing.T) {
 				s, ok := e.state(prod.pid())
 				return ok && s.Holding && s.Class == ClassProduction && cg.Mounted(prod.pid()), fmt.Sprintf("%+v (found %v)", s, ok)
 			}, "the production client holds the lock")
-			cg.Freeze()
-			t.Cleanup(cg.Thaw) // before the client is killed: a frozen process dies only once thawed
+			cg.FreezeAndWait(t)
+			t.Cleanup(func() { _ = cg.Thaw() }) // before the client is killed: a v1-frozen process dies only once thawed
 
 			opp := dialRaw(t, e.sock, ClassOpportunistic)
 			asked := time.Now()
@@ -220,7 +220,9 @@ func TestAFrozenShimProcessHandsTheGPUOver(t *testing.T) {
 			if got := e.counter("gpusharing_scheduler_stall_revocations_total"); got != 1 {
 				t.Errorf("stall_revocations_total = %v, want 1", got)
 			}
-			cg.Thaw()
+			if err := cg.Thaw(); err != nil {
+				t.Fatal(err)
+			}
 			opp.expect(MsgRevoked, 5*time.Second)
 			wait.UntilState(t, 5*time.Second, func() (bool, string) {
 				s, ok := e.state(prod.pid())

@@ -6,6 +6,8 @@
 package freezer
 
 import (
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -16,12 +18,14 @@ import (
 	"github.com/gpusharing/gpusharing/test/wait"
 )
 
-// Versions are the freezers New knows.
+// Versions are the freezers Make knows.
 var Versions = []string{"v1", "v2"}
 
-// Cgroup is one test's frozen-or-thawed cgroup.
+// ErrUnavailable: this machine cannot give the freezer (not root, or no such hierarchy).
+var ErrUnavailable = errors.New("no cgroup freezer to make")
+
+// Cgroup is one frozen-or-thawed cgroup.
 type Cgroup struct {
-	t   testing.TB
 	Dir string // the cgroup on the host
 	// MountAt is where a runtime mounts the container's cgroup in the container, and State the file
 	// there (and in Dir) that says whether it is frozen.
@@ -30,15 +34,12 @@ type Cgroup struct {
 	control, on, off, frozen string
 }
 
-// New makes a cgroup in the version's hierarchy and removes it when the test ends (its processes must
-// have ended by then: the test's cleanups run first, last registered first). It skips the test where it
-// cannot: not root, or no such hierarchy.
-func New(t testing.TB, version string) *Cgroup {
-	t.Helper()
+// Make makes a cgroup in the version's hierarchy; ErrUnavailable where it cannot.
+func Make(version string) (*Cgroup, error) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root to make cgroups")
+		return nil, fmt.Errorf("%w: not root", ErrUnavailable)
 	}
-	c := &Cgroup{t: t}
+	c := &Cgroup{}
 	var parent string
 	switch version {
 	case "v1":
@@ -51,19 +52,39 @@ func New(t testing.TB, version string) *Cgroup {
 			parent = "/sys/fs/cgroup" // cgroup v2 alone
 		}
 	default:
-		t.Fatalf("unknown freezer %q", version)
+		return nil, fmt.Errorf("unknown freezer %q", version)
 	}
 	if _, err := os.Stat(filepath.Join(parent, "cgroup.procs")); err != nil {
-		t.Skipf("no cgroup %s hierarchy at %s", version, parent)
+		return nil, fmt.Errorf("%w: no cgroup %s hierarchy at %s", ErrUnavailable, version, parent)
 	}
-	dir, err := os.MkdirTemp(parent, "gs-freezer-test-")
+	dir, err := os.MkdirTemp(parent, "gs-freezer-")
 	if err != nil {
-		t.Skipf("cannot make a cgroup: %v", err)
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	c.Dir = dir
+	if _, err := os.Stat(filepath.Join(dir, c.control)); err != nil { // a kernel without this freezer
+		_ = os.Remove(dir)
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	return c, nil
+}
+
+// New is Make for a test: it skips the test where the machine cannot give the freezer, and removes the
+// cgroup when the test ends (its processes must have ended by then: cleanups run last registered first,
+// so a process started after New is killed before).
+func New(t testing.TB, version string) *Cgroup {
+	t.Helper()
+	c, err := Make(version)
+	if errors.Is(err, ErrUnavailable) {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
-		c.set(c.off)
-		wait.Until(t, 10*time.Second, func() bool { return os.Remove(dir) == nil }, "the test's cgroup %s removed", dir)
+		if err := c.Remove(); err != nil {
+			t.Error(err)
+		}
 	})
 	return c
 }
@@ -84,21 +105,44 @@ func (c *Cgroup) Mounted(pid int) bool {
 	return err == nil
 }
 
-// Freeze freezes the cgroup and waits until the kernel says every process of it is frozen.
-func (c *Cgroup) Freeze() {
-	c.t.Helper()
-	c.set(c.on)
-	wait.UntilState(c.t, 10*time.Second, func() (bool, string) {
-		b, _ := os.ReadFile(filepath.Join(c.Dir, c.State))
-		return strings.Contains(string(b), c.frozen), string(b)
-	}, "the kernel's freezer done")
+// Freeze asks the kernel to freeze the cgroup; it returns at once (the kernel freezes each process as it
+// can, as a runtime's pause does).
+func (c *Cgroup) Freeze() error { return c.set(c.on) }
+
+// Frozen: the kernel says every process of the cgroup is frozen.
+func (c *Cgroup) Frozen() bool {
+	b, _ := os.ReadFile(filepath.Join(c.Dir, c.State))
+	return strings.Contains(string(b), c.frozen)
+}
+
+// FreezeAndWait freezes the cgroup and waits until the kernel says it is frozen, failing the test
+// otherwise.
+func (c *Cgroup) FreezeAndWait(t testing.TB) {
+	t.Helper()
+	if err := c.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	wait.Until(t, 10*time.Second, c.Frozen, "the kernel's freezer done in %s", c.Dir)
 }
 
 // Thaw lets the cgroup's processes run again.
-func (c *Cgroup) Thaw() { c.t.Helper(); c.set(c.off) }
+func (c *Cgroup) Thaw() error { return c.set(c.off) }
 
-func (c *Cgroup) set(v string) {
-	if err := os.WriteFile(filepath.Join(c.Dir, c.control), []byte(v), 0o644); err != nil {
-		c.t.Errorf("%s: %v", c.control, err)
+// Remove thaws and removes the cgroup once its processes are gone (the kernel may take a moment to see
+// the last one out); removing it twice is no error.
+func (c *Cgroup) Remove() error {
+	if _, err := os.Stat(c.Dir); os.IsNotExist(err) {
+		return nil
 	}
+	_ = c.Thaw()
+	return wait.Poll(10*time.Second, func() error {
+		if err := os.Remove(c.Dir); err != nil && !os.IsNotExist(err) {
+			return err
+		}
+		return nil
+	})
+}
+
+func (c *Cgroup) set(v string) error {
+	return os.WriteFile(filepath.Join(c.Dir, c.control), []byte(v), 0o644)
 }

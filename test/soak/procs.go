@@ -2,6 +2,7 @@ package soak
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -11,6 +12,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/gpusharing/gpusharing/test/freezer"
 )
 
 // replyTimeout bounds one command of a client: a client that does not answer within it is hung, which
@@ -28,41 +31,66 @@ type proc struct {
 	// ctx holds the devices it has a context on.
 	ctx map[int]bool
 
+	// cg is the cgroup it runs in as a one-process container (nil: none, where this machine cannot
+	// make one): a stall may freeze it there, as a runtime pauses a container.
+	cg *freezer.Cgroup
+
 	mu      sync.Mutex
-	stopped bool // SIGSTOPped: it answers nothing until its stall ends
+	stopped bool // SIGSTOPped or frozen: it answers nothing until its stall ends
 	cont    *time.Timer
 }
 
 func (pr *proc) isStopped() bool { pr.mu.Lock(); defer pr.mu.Unlock(); return pr.stopped }
 
-// stall stops the process for d (SIGSTOP, then SIGCONT and then), as a process the machine does not run;
-// false if it is stalled already.
-func (pr *proc) stall(d time.Duration, then func()) bool {
+// stall stops the process for d (SIGSTOP, then SIGCONT and then), as a process the machine does not run,
+// or with freeze freezes its cgroup for d (then thaws it), as a runtime pauses a container; false if it is
+// stalled already.
+func (pr *proc) stall(d time.Duration, freeze bool, then func()) bool {
 	pr.mu.Lock()
 	defer pr.mu.Unlock()
 	if pr.stopped {
 		return false
 	}
-	pr.signal(syscall.SIGSTOP)
+	stop, cont := func() { pr.signal(syscall.SIGSTOP) }, func() { pr.signal(syscall.SIGCONT) }
+	if freeze {
+		stop, cont = func() { _ = pr.cg.Freeze() }, func() { _ = pr.cg.Thaw() }
+	}
+	stop()
 	pr.stopped = true
 	pr.cont = time.AfterFunc(d, func() {
 		pr.mu.Lock()
-		cont := pr.stopped
-		if cont {
-			pr.signal(syscall.SIGCONT)
+		again := pr.stopped
+		if again {
+			cont()
 			pr.stopped = false
 		}
 		pr.mu.Unlock()
-		if cont {
+		if again {
 			then()
 		}
 	})
 	return true
 }
 
-// start runs a client of p with env (the shim, the stub driver and the pod's settings).
-func start(shimBuild string, p *pod, env []string) (*proc, error) {
-	cmd := exec.Command(filepath.Join(shimBuild, "tests", "soak_client"))
+// start runs a client of p with env (the shim, the stub driver and the pod's settings) and the shim
+// preloaded, in a cgroup of its own where cgroups is set (freezer.Make's v2; nil: none, and no error
+// where the machine cannot make one).
+func start(shimBuild string, p *pod, env []string, cgroups bool) (*proc, error) {
+	argv, preload := []string{filepath.Join(shimBuild, "tests", "soak_client")}, filepath.Join(shimBuild, "libgpushare.so")
+	var cg *freezer.Cgroup
+	if cgroups {
+		c, err := freezer.Make("v2")
+		if err != nil && !errors.Is(err, freezer.ErrUnavailable) {
+			return nil, err
+		}
+		cg = c
+	}
+	if cg != nil {
+		argv = cg.Wrap(preload, argv...)
+	} else {
+		env = append(env, "LD_PRELOAD="+preload)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = env
 	// A soak that is itself killed leaves no client behind, stopped ones included.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
@@ -78,7 +106,7 @@ func start(shimBuild string, p *pod, env []string) (*proc, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	pr := &proc{pod: p, cmd: cmd, in: in, lines: make(chan string, 16), pid: int32(cmd.Process.Pid), ctx: map[int]bool{}}
+	pr := &proc{pod: p, cmd: cmd, in: in, lines: make(chan string, 16), pid: int32(cmd.Process.Pid), ctx: map[int]bool{}, cg: cg}
 	go func() {
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
@@ -109,7 +137,7 @@ func (pr *proc) do(format string, args ...any) (string, error) {
 // ok says whether a reply reports success (r=0).
 func ok(reply string) bool { return strings.HasSuffix(reply, " r=0") }
 
-// kill ends the process with SIGKILL and reaps it.
+// kill ends the process with SIGKILL (which ends a frozen process too, on cgroup v2) and reaps it.
 func (pr *proc) kill() {
 	pr.mu.Lock()
 	if pr.cont != nil {

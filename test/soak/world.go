@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	resourcev1 "k8s.io/api/resource/v1"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/gpusharing/gpusharing/agent/dra"
 	"github.com/gpusharing/gpusharing/agent/share"
+	"github.com/gpusharing/gpusharing/test/freezer"
 )
 
 // namespace holds every pod of the soak.
@@ -62,6 +64,10 @@ type episode struct {
 	without map[string]bool
 	// counts are the steps by kind, for the summary.
 	counts map[string]int
+	// cgroups: each process runs in a cgroup of its own, as a one-process container, and a stall freezes
+	// it there or stops it with SIGSTOP (by the parity of its length in ms, so that a seed's steps stay
+	// its own). Off with SOAK_WITHOUT=freeze, and where the machine cannot make cgroups (cgroupsUsable).
+	cgroups bool
 }
 
 func (e *episode) did(kind string) {
@@ -72,7 +78,17 @@ func (e *episode) did(kind string) {
 }
 
 // faults are the names SOAK_WITHOUT takes.
-var faults = []string{"kill", "exit", "stall", "drop", "restart", "lookup-fail", "lookup-slow", "past-claim", "lie"}
+var faults = []string{"kill", "exit", "stall", "freeze", "drop", "restart", "lookup-fail", "lookup-slow", "past-claim", "lie"}
+
+// cgroupsUsable says whether this machine makes the freezer cgroups a stall may freeze (root and cgroup
+// v2, alone or beside v1), once.
+var cgroupsUsable = sync.OnceValue(func() bool {
+	c, err := freezer.Make("v2")
+	if err != nil {
+		return false
+	}
+	return c.Remove() == nil
+})
 
 func uuidOf(d int) string { return fmt.Sprintf("GPU-00000000-0000-0000-0000-0000000000%02x", d) }
 
@@ -172,7 +188,6 @@ func (e *episode) env(p *pod) []string {
 	}
 	env := []string{
 		"LD_LIBRARY_PATH=" + filepath.Join(e.shimBuild, "stub"),
-		"LD_PRELOAD=" + filepath.Join(e.shimBuild, "libgpushare.so"),
 		fmt.Sprintf("GPUSHARE_STUB_DEVICES=%d", len(e.uuids)),
 		"GPUSHARE_STUB_LAUNCH_US=2000",
 		"GPUSHARE_STUB_HOLD_DIR=" + e.hold,
@@ -202,6 +217,11 @@ func (e *episode) remove(pr *proc) {
 	p.procs = slices.DeleteFunc(p.procs, func(q *proc) bool { return q == pr })
 	e.l.set(pr.pid, nil)
 	forget(e.hold, pr.pid)
+	if pr.cg != nil {
+		if err := pr.cg.Remove(); err != nil {
+			e.fail(fmt.Errorf("pid %d's cgroup: %w", pr.pid, err))
+		}
+	}
 	e.chk.gone(pr)
 }
 
@@ -293,9 +313,15 @@ func (e *episode) act() {
 			return
 		}
 		e.did("stall")
-		e.trace("%s pid %d: SIGSTOP for %s", pr.pod.name, pr.pid, d)
+		freeze := pr.cg != nil && d.Milliseconds()%2 == 1
+		how := "SIGSTOP"
+		if freeze {
+			e.did("freeze")
+			how = "its cgroup frozen"
+		}
+		e.trace("%s pid %d: %s for %s", pr.pod.name, pr.pid, how, d)
 		e.chk.stopped(pr) // before the stall can end
-		pr.stall(d, func() { e.chk.continued(pr) })
+		pr.stall(d, freeze, func() { e.chk.continued(pr) })
 	case w < 96:
 		pr := pick()
 		if pr.dropped || e.without["drop"] {
@@ -362,7 +388,7 @@ func (e *episode) lie(pr *proc, bytes int64) {
 
 // spawn starts a process of p and gives it a context on each of the pod's GPUs.
 func (e *episode) spawn(p *pod) {
-	pr, err := start(e.shimBuild, p, e.env(p))
+	pr, err := start(e.shimBuild, p, e.env(p), e.cgroups)
 	if err != nil {
 		e.fail(err)
 		return

@@ -165,11 +165,8 @@ func TestAStoppedHolderGoesBeforeItsQuantumEnds(t *testing.T) {
 // the production client asks again and preempts it.
 func TestAStoppedShimProcessHandsTheGPUOver(t *testing.T) {
 	e := newEnv(t, time.Minute, time.Minute)
-	prod := e.startClient([]string{"GPUSHARE_PRIORITY=high", "GPUSHARE_IDLE_MS=600000"}, "dlsym", "1000000", "1000")
-	wait.UntilState(t, 5*time.Second, func() (bool, string) {
-		s, ok := e.state(prod.pid())
-		return ok && s.Holding && s.Class == ClassProduction, fmt.Sprintf("%+v (found %v)", s, ok)
-	}, "the production client holds the lock")
+	prod := e.startClient(stalledProduction, "dlsym", "1000000", "1000")
+	awaitProductionHolds(t, e, prod, func(int) bool { return true })
 	if err := prod.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
@@ -178,23 +175,7 @@ func TestAStoppedShimProcessHandsTheGPUOver(t *testing.T) {
 		stopped, err := procfs.Stopped("/proc", prod.pid())
 		return stopped, fmt.Sprintf("stopped %v, %v", stopped, err)
 	}, "the production client's threads stopped")
-
-	opp := dialRaw(t, e.sock, ClassOpportunistic)
-	asked := time.Now()
-	opp.send(Message{Type: MsgAcquire})
-	opp.expect(MsgGrant, 5*time.Second)
-	t.Logf("the opportunistic client was granted %s after it asked", time.Since(asked).Round(time.Millisecond))
-	if got := e.counter("gpusharing_scheduler_stall_revocations_total"); got != 1 {
-		t.Errorf("stall_revocations_total = %v, want 1", got)
-	}
-	if err := prod.cmd.Process.Signal(syscall.SIGCONT); err != nil {
-		t.Fatal(err)
-	}
-	opp.expect(MsgRevoked, 5*time.Second)
-	wait.UntilState(t, 5*time.Second, func() (bool, string) {
-		s, ok := e.state(prod.pid())
-		return ok && s.Holding, fmt.Sprintf("%+v (found %v)", s, ok)
-	}, "the production client, running again, holds the lock")
+	expectHandOverAndBack(t, e, prod, func() error { return prod.cmd.Process.Signal(syscall.SIGCONT) })
 }
 
 // The same with the production client's container paused: its cgroup frozen by the kernel's freezer
@@ -204,32 +185,47 @@ func TestAFrozenShimProcessHandsTheGPUOver(t *testing.T) {
 		t.Run(v, func(t *testing.T) {
 			cg := freezer.New(t, v)
 			e := newEnv(t, time.Minute, time.Minute)
-			prod := e.startWrapped(cg.Wrap, "client", []string{"GPUSHARE_PRIORITY=high", "GPUSHARE_IDLE_MS=600000"}, "dlsym", "1000000", "1000")
-			wait.UntilState(t, 5*time.Second, func() (bool, string) {
-				s, ok := e.state(prod.pid())
-				return ok && s.Holding && s.Class == ClassProduction && cg.Mounted(prod.pid()), fmt.Sprintf("%+v (found %v)", s, ok)
-			}, "the production client holds the lock")
+			prod := e.startWrapped(cg.Wrap, "client", stalledProduction, "dlsym", "1000000", "1000")
+			awaitProductionHolds(t, e, prod, cg.Mounted)
 			cg.FreezeAndWait(t)
 			t.Cleanup(func() { _ = cg.Thaw() }) // before the client is killed: a v1-frozen process dies only once thawed
-
-			opp := dialRaw(t, e.sock, ClassOpportunistic)
-			asked := time.Now()
-			opp.send(Message{Type: MsgAcquire})
-			opp.expect(MsgGrant, 5*time.Second)
-			t.Logf("the opportunistic client was granted %s after it asked", time.Since(asked).Round(time.Millisecond))
-			if got := e.counter("gpusharing_scheduler_stall_revocations_total"); got != 1 {
-				t.Errorf("stall_revocations_total = %v, want 1", got)
-			}
-			if err := cg.Thaw(); err != nil {
-				t.Fatal(err)
-			}
-			opp.expect(MsgRevoked, 5*time.Second)
-			wait.UntilState(t, 5*time.Second, func() (bool, string) {
-				s, ok := e.state(prod.pid())
-				return ok && s.Holding, fmt.Sprintf("%+v (found %v)", s, ok)
-			}, "the production client, thawed, holds the lock")
+			expectHandOverAndBack(t, e, prod, cg.Thaw)
 		})
 	}
+}
+
+// stalledProduction: a production client whose own idle window (ten minutes) keeps the lock.
+var stalledProduction = []string{"GPUSHARE_PRIORITY=high", "GPUSHARE_IDLE_MS=600000"}
+
+// awaitProductionHolds waits until prod holds the lock as a production client and ready(pid) holds.
+func awaitProductionHolds(t *testing.T, e *env, prod *proc, ready func(pid int) bool) {
+	t.Helper()
+	wait.UntilState(t, 5*time.Second, func() (bool, string) {
+		s, ok := e.state(prod.pid())
+		return ok && s.Holding && s.Class == ClassProduction && ready(prod.pid()), fmt.Sprintf("%+v (found %v)", s, ok)
+	}, "the production client holds the lock")
+}
+
+// expectHandOverAndBack: with prod unable to run, an opportunistic client that asks is granted (one
+// stall revocation); after resume, prod asks again and preempts it.
+func expectHandOverAndBack(t *testing.T, e *env, prod *proc, resume func() error) {
+	t.Helper()
+	opp := dialRaw(t, e.sock, ClassOpportunistic)
+	asked := time.Now()
+	opp.send(Message{Type: MsgAcquire})
+	opp.expect(MsgGrant, 5*time.Second)
+	t.Logf("the opportunistic client was granted %s after it asked", time.Since(asked).Round(time.Millisecond))
+	if got := e.counter("gpusharing_scheduler_stall_revocations_total"); got != 1 {
+		t.Errorf("stall_revocations_total = %v, want 1", got)
+	}
+	if err := resume(); err != nil {
+		t.Fatal(err)
+	}
+	opp.expect(MsgRevoked, 5*time.Second)
+	wait.UntilState(t, 5*time.Second, func() (bool, string) {
+		s, ok := e.state(prod.pid())
+		return ok && s.Holding, fmt.Sprintf("%+v (found %v)", s, ok)
+	}, "the production client, running again, holds the lock")
 }
 
 // watchStalls puts every GPU of e on a fake process table. Every client of e runs in the test's process,

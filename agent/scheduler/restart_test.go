@@ -488,3 +488,58 @@ func TestForkedChildIsItsOwnClientAndLeavesTheParentsConnection(t *testing.T) {
 		t.Error("no hand-off between parent and child: the child did not wait for the lock")
 	}
 }
+
+// A client that dials again the moment its connection ends, as a shim does, finds no scheduler listening
+// once Close dropped it: never a connection accepted and then closed at its HELLO, which a shim would
+// take for an older scheduler refusing its protocol version (soak seed 30169). Where Close dropped the
+// clients first, some redial of each round's 16 reached the listener in most rounds.
+func TestClosedSchedulerTakesInNoClientThatRedialsAtOnce(t *testing.T) {
+	dir, err := os.MkdirTemp("", "gs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "gpu.sock")
+	hello, err := Encode(Message{Type: MsgHello, PID: uint32(os.Getpid()), Priority: ClassOpportunistic, GPUUUID: "GPU-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const clients = DefaultMaxConnsPerPeer / 2 // all from this process: room for as many redials
+	for round := range 10 {
+		s, err := New(Options{GPUs: []GPUConfig{{UUID: "GPU-test", SocketPath: sock, Quantum: time.Minute, Grace: time.Minute}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Listen(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		outcomes := make(chan string, clients)
+		for range clients {
+			c := dialRaw(t, sock, ClassOpportunistic)
+			go func() {
+				for range c.in { // until the connection ends
+				}
+				conn, err := net.Dial("unix", sock)
+				if err != nil {
+					outcomes <- "" // nobody listens: the shim reconnects with backoff, in its own protocol
+					return
+				}
+				defer conn.Close()
+				_, _ = conn.Write(hello)
+				_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+				if _, err := ReadMessage(conn); err != nil {
+					outcomes <- fmt.Sprintf("accepted, then closed at its HELLO (%v)", err)
+					return
+				}
+				outcomes <- "answered by a scheduler that was closed"
+			}()
+		}
+		wait.Until(t, 5*time.Second, func() bool { return len(s.Snapshot()) == clients }, "every client connected")
+		s.Close()
+		for range clients {
+			if o := <-outcomes; o != "" {
+				t.Fatalf("round %d: a client that redialed when Close dropped it was %s", round, o)
+			}
+		}
+	}
+}

@@ -354,6 +354,10 @@ func (s *Scheduler) Listen(ctx context.Context) error {
 // Close stops accepting, drops every client and removes the sockets (leaving
 // a restart mark when it dropped clients, or its own rebuild is not over, rebuild.go). Clients see their
 // connection end, run without the lock and reconnect with backoff.
+//
+// The listeners close before the clients are dropped: a shim reconnects the moment its connection ends,
+// and a listener still open would take it in only for the accept loop to close it at its HELLO, which
+// is how an older scheduler refuses a protocol version it does not speak (shim/src/conn.c).
 func (s *Scheduler) Close() {
 	unsettled := s.rebuildUnsettled() // rebuild.go
 	s.mu.Lock()
@@ -362,13 +366,13 @@ func (s *Scheduler) Close() {
 	if len(s.conns) > 0 || unsettled {
 		s.markRestartLocked()
 	}
+	for _, ln := range lns {
+		_ = ln.Close() // a closed UnixListener removes its socket file
+	}
 	for c := range s.conns {
 		_ = c.Close() // the client is gone either way
 	}
 	s.mu.Unlock()
-	for _, ln := range lns {
-		_ = ln.Close() // a closed UnixListener removes its socket file
-	}
 	s.wg.Wait()
 	s.metrics.detach(s)
 }

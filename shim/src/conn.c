@@ -181,22 +181,43 @@ static const char *lacks(uint16_t version)
                           "start";
 }
 
+/* A close at a HELLO is a refusal of its version only when it comes again: a scheduler that is shutting
+ * down (an agent restart or rollout) closes the connections it accepts meanwhile, and a shim that took
+ * that for a refusal would speak an older protocol, without a claim ledger, for as long as its next
+ * connection lasts. So a version is greeted HELLO_TRIES times, HELLO_RETRY_MS apart, before the next
+ * older one: by then a scheduler that went away no longer listens (the attempt fails, and the gate
+ * reconnects with backoff) or its successor answers. */
+#define HELLO_TRIES 3
+#define HELLO_RETRY_MS 20
+
 /* Returns a connected, non-blocking socket that completed HELLO/WELCOME, or -1. The shim speaks
- * GS_PROTO_VERSION; a scheduler that closes the connection at that HELLO (an older one, which refuses
- * versions it does not know) is greeted again one version lower, down to GS_SHIM_MIN_VERSION, all within
- * the same deadline: the shim speaks the frames of each (a version 6 connection has no SETTLE or PACE_TIME, a version 5 connection has no LEDGER, CHARGE,
- * RETURN, PING, POLICY or PACING, a version 4 one no IDLE either, a version 3 one no PACE either).
- * Anything but such a close (no answer, a malformed one) ends the attempts. */
+ * GS_PROTO_VERSION; a scheduler that closes the connection at that HELLO each time (an older one, which
+ * refuses versions it does not know) is greeted again one version lower, down to GS_SHIM_MIN_VERSION,
+ * all within the same deadline: the shim speaks the frames of each (a version 6 connection has no SETTLE
+ * or PACE_TIME, a version 5 connection has no LEDGER, CHARGE, RETURN, PING, POLICY or PACING, a version 4
+ * one no IDLE either, a version 3 one no PACE either). Anything but such a close (no answer, a malformed
+ * one, nobody listening) ends the attempts. */
 int gs_conn_open(struct gs_welcome *out)
 {
     uint64_t deadline = gs_now_ns() + (uint64_t)gs_cfg.connect_timeout_ms * 1000000ull;
-    int closed = 0, fd = -1;
+    int closed = 0, fd = -1, tries = 0;
     uint16_t v = GS_PROTO_VERSION;
     for (;;) {
         fd = hello_once(v, deadline, out, &closed);
-        if (fd >= 0 || !closed || v == GS_SHIM_MIN_VERSION)
+        if (fd >= 0 || !closed)
+            break;
+        if (++tries < HELLO_TRIES) {
+            uint64_t now = gs_now_ns(), wake = now + HELLO_RETRY_MS * 1000000ull;
+            if (wake >= deadline)
+                break;
+            struct timespec ts = {.tv_sec = 0, .tv_nsec = HELLO_RETRY_MS * 1000000L};
+            nanosleep(&ts, NULL);
+            continue; /* the same version again */
+        }
+        if (v == GS_SHIM_MIN_VERSION)
             break;
         v--;
+        tries = 0;
     }
     if (fd < 0)
         return -1;

@@ -35,6 +35,8 @@
  *                          ACQUIRE need=N; holding the GRANT back" meanwhile)
  *     pong=0               never answer a PING (a scheduler that no longer serves the queue)
  *     welcome_delay_ms=N   answer a HELLO N ms late (a scheduler whose pod lookups are slow)
+ *     drop_hellos=N        close the first N connections at their HELLO, whatever its version, as a
+ *                          scheduler that is shutting down closes what it accepted ("dropped HELLO version=V")
  * Every message it gets or sends is a line on stdout: "got ACQUIRE need=N", "sent EVICT", "got USAGE
  * reason=R resident=N swapped=N", ...
  */
@@ -126,6 +128,7 @@ int main(int argc, char **argv)
     const char *revoke_file = arg(argc, argv, "revoke_file", NULL);
     int evict_on_release = atoi(arg(argc, argv, "evict_on_release", "0"));
     unsigned long speaks = strtoul(arg(argc, argv, "version", "0"), NULL, 10);
+    unsigned long drop_hellos = strtoul(arg(argc, argv, "drop_hellos", "0"), NULL, 10);
     if (speaks == 0)
         speaks = GS_PROTO_VERSION;
     const char *pace = arg(argc, argv, "pace", NULL);
@@ -208,6 +211,13 @@ int main(int argc, char **argv)
             have -= h.size;
             if (h.type == GS_MSG_HELLO) {
                 say("got HELLO version=%llu\n", h.version, 0, 0);
+                if (drop_hellos > 0) {
+                    drop_hellos--;
+                    say("dropped HELLO version=%llu\n", h.version, 0, 0);
+                    close(fd);
+                    fd = -1;
+                    break;
+                }
                 if (h.version > speaks || h.version < GS_PROTO_MIN_VERSION) {
                     say("refused HELLO version=%llu\n", h.version, 0, 0);
                     close(fd);

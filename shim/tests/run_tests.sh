@@ -8,6 +8,17 @@ CLIENT=$BUILD/tests/client
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 fails=0
+# The protocol the shim speaks, and the HELLOs it sends a scheduler of protocol $1: each newer version
+# three times (a close at a HELLO is taken for a refusal only when it comes again), then $1's.
+PROTO=$(sed -n 's/^#define GS_PROTO_VERSION \([0-9]*\)u$/\1/p' "$(dirname "$0")/../include/gpushare_proto.h")
+want_hellos() {
+    local v out=""
+    for ((v = PROTO; v > $1; v--)); do
+        out+="got HELLO version=$v refused HELLO version=$v got HELLO version=$v refused HELLO version=$v "
+        out+="got HELLO version=$v refused HELLO version=$v "
+    done
+    echo "${out}got HELLO version=$1 "
+}
 pass() { echo "PASS $1"; }
 fail() { echo "FAIL $1: $2"; fails=$((fails + 1)); }
 
@@ -622,8 +633,7 @@ ok=1
 wait_for 20 grep -q "launched 64" "$D/out" || ok=0
 finish_paced "$D" || ok=0
 hellos=$(grep -e "HELLO" "$D/sched.log" | tr '\n' ' ')
-want_hellos="got HELLO version=7 refused HELLO version=7 got HELLO version=6 refused HELLO version=6 got HELLO version=5 refused HELLO version=5 got HELLO version=4 refused HELLO version=4 got HELLO version=3 "
-if [ "$ok" = 1 ] && grep -q "client done" "$D/out" && [ "$hellos" = "$want_hellos" ] && grep -q "got ACQUIRE" "$D/sched.log" &&
+if [ "$ok" = 1 ] && grep -q "client done" "$D/out" && [ "$hellos" = "$(want_hellos 3)" ] && grep -q "got ACQUIRE" "$D/sched.log" &&
     ! grep -q "changed protocol version" "$D/sched.log" && ! grep -q "sent PACE" "$D/sched.log" &&
     grep -q "speaks protocol 3 .*: no launch pacing, no scheduler idle window and no claim ledger" "$D/err" &&
     ! grep -q "GPU lock disabled" "$D/err"; then
@@ -803,7 +813,7 @@ mkdir -p "$D"
 start_fake "$D" version=4 pace=4 idle=20000
 out=$(run_client GPUSHARE_SOCKET="$D/s.sock" GPUSHARE_LOG_LEVEL=info timeout 20 "$CLIENT" dlsym 5 2>&1 || true)
 hellos=$(grep -e "HELLO" "$D/sched.log" | tr '\n' ' ')
-if grep -q "client done" <<<"$out" && [ "$hellos" = "got HELLO version=7 refused HELLO version=7 got HELLO version=6 refused HELLO version=6 got HELLO version=5 refused HELLO version=5 got HELLO version=4 " ] &&
+if grep -q "client done" <<<"$out" && [ "$hellos" = "$(want_hellos 4)" ] &&
     grep -q "sent PACE max_queued=4" "$D/sched.log" && grep -q "got ACQUIRE" "$D/sched.log" &&
     ! grep -q "sent IDLE" "$D/sched.log" && ! grep -q "changed protocol version" "$D/sched.log" &&
     grep -q "at most 4 launches outstanding (the GPU scheduler's bound)" <<<"$out" &&
@@ -928,6 +938,24 @@ if grep -q "ledger fill total=1073741824 free=1073741824 got=1073741824 over=2" 
     pass "a protocol 5 scheduler: the shim steps down and keeps its per-process limit"
 else
     fail "claim ledger against a protocol 5 scheduler" "$out $(cat "$D/sched.log")"
+fi
+
+# 32b. A scheduler that is shutting down (an agent restart or rollout) closes the connections it accepts
+# meanwhile at their HELLO, as an older scheduler refuses a version: the shim greets the same version
+# again before it steps down, so its successor (here: the same fake, from the third connection on) is
+# spoken to in the shim's own protocol, claim ledger and all. Once taken for an older scheduler, the
+# process would have allocated its whole per-process limit without asking for the rest of the connection
+# (soak seed 30169).
+D=$TMP/ledger-restart
+mkdir -p "$D"
+start_fake "$D" drop_hellos=2 claim=1073741824
+out=$(run_client GPUSHARE_SOCKET="$D/s.sock" GPUSHARE_MEMORY_LIMIT_BYTES=1073741824 GPUSHARE_LOG_LEVEL=info timeout 20 "$LEDGER" fill 2>&1 || true)
+stop_fake
+if [ "$(grep -c "dropped HELLO version=$PROTO" "$D/sched.log")" = 2 ] && ! grep -q "speaks protocol" <<<"$out" &&
+    grep -q "ledger fill total=805306368 free=805306368 got=805306368 over=2" <<<"$out" && grep -q "got CHARGE" "$D/sched.log"; then
+    pass "a scheduler that closes two HELLOs while it shuts down: the shim keeps its protocol and its claim ledger"
+else
+    fail "HELLOs closed by a scheduler shutting down" "$out $(cat "$D/sched.log")"
 fi
 
 # --- Waiting behind a scheduler that answers (protocol 6) ---

@@ -19,6 +19,12 @@ const RefuseNoShare = "no-share"
 // the shim's next one, a moment later, greets in its own version again.
 const fallbackWindow = 5 * time.Second
 
+// repeatWindow is how long a refusal also refuses the same process's HELLOs of the same version: a shim
+// greets each version three times, 20 ms apart, before it takes a close for a refusal of that version
+// (shim/src/conn.c: one close may be a scheduler shutting down), and those greetings are one attempt,
+// which costs one lookup. Its next attempt comes after its reconnect back-off, later than this.
+const repeatWindow = 150 * time.Millisecond
+
 // refusals remembers the latest refused HELLO of each process on each GPU socket.
 type refusals struct {
 	mu sync.Mutex
@@ -35,13 +41,15 @@ type refusal struct {
 	at      time.Time
 }
 
-// fallback says whether a HELLO of version from pid is an older greeting of an attempt refused at a
-// newer version within fallbackWindow.
+// fallback says whether a HELLO of version from pid belongs to an attempt refused already: an older
+// greeting within fallbackWindow of a refusal at a newer version, or the same version again within
+// repeatWindow.
 func (r *refusals) fallback(q *queue, pid int32, version uint16, now time.Time) (refusal, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	last, ok := r.m[refusalKey{q, pid}]
-	return last, ok && version < last.version && now.Sub(last.at) < fallbackWindow
+	since := now.Sub(last.at)
+	return last, ok && (version < last.version && since < fallbackWindow || version == last.version && since < repeatWindow)
 }
 
 // record notes a refusal of pid's HELLO of version, and forgets those older than fallbackWindow.
@@ -79,7 +87,7 @@ func (s *Scheduler) admitted(conn net.Conn, q *queue, kpid int32, version uint16
 	case kpid == 0:
 		why = "the kernel does not name the connecting process"
 	case older:
-		why = fmt.Sprintf("refused at protocol %d %v ago; an older greeting is the same attempt", last.version, now.Sub(last.at))
+		why = fmt.Sprintf("refused at protocol %d %v ago; this greeting is the same attempt", last.version, now.Sub(last.at))
 	default:
 		if ok, why = s.opts.Admit(q.uuid, kpid); !ok {
 			s.refused.record(q, kpid, version, now)

@@ -60,10 +60,12 @@ func (a *admitLog) count() int {
 
 // A process Admit refuses (its pod holds no share of the GPU) sees its connection closed after its HELLO
 // without a WELCOME, never joins the GPU's clients and is counted as no-share; Admit is asked about the
-// kernel's pid (SO_PEERCRED) and the socket's GPU. Admitted, the same process is welcomed.
+// kernel's pid (SO_PEERCRED) and the socket's GPU. Admitted, the same process is welcomed at its next
+// attempt (after repeatWindow: a greeting within it is the refused attempt's).
 func TestProcessWithoutAShareIsRefusedBeforeWelcome(t *testing.T) {
 	var a admitLog
-	s, sock, m := startGuarded(t, GPUConfig{}, Guards{Admit: a.admit})
+	clk := newFakeClock()
+	s, sock, m := startGuardedAt(t, GPUConfig{}, Guards{Admit: a.admit}, clk)
 	conn, err := net.Dial("unix", sock)
 	if err != nil {
 		t.Fatal(err)
@@ -90,6 +92,7 @@ func TestProcessWithoutAShareIsRefusedBeforeWelcome(t *testing.T) {
 	}
 
 	a.allow.Store(true)
+	clk.Advance(repeatWindow)
 	dialRaw(t, sock, ClassOpportunistic)
 	if got := s.Snapshot(); len(got) != 1 {
 		t.Fatalf("clients once admitted: %+v", got)
@@ -143,10 +146,12 @@ func TestPeerTheKernelDoesNotNameIsRefusedWhereAdmitIsSet(t *testing.T) {
 // A shim whose connection closes at HELLO greets again one version lower; after a refusal that older
 // greeting is the same attempt, refused without asking Admit again, so a process whose pod is found in
 // the meantime is not admitted speaking an older protocol (no claim ledger) for the life of its connection.
-// Its next attempt, in its own version, is asked about.
+// A shim greets each version three times before it steps down: a greeting of the same version within
+// repeatWindow is the same attempt too. Its next attempt, in its own version, is asked about.
 func TestOlderGreetingAfterARefusalIsRefusedWithoutAsking(t *testing.T) {
 	var a admitLog
-	_, sock, m := startGuarded(t, GPUConfig{}, Guards{Admit: a.admit})
+	clk := newFakeClock()
+	_, sock, m := startGuardedAt(t, GPUConfig{}, Guards{Admit: a.admit}, clk)
 	greet := func(v uint16) (closed bool, n int) {
 		conn, err := net.Dial("unix", sock)
 		if err != nil {
@@ -163,13 +168,17 @@ func TestOlderGreetingAfterARefusalIsRefusedWithoutAsking(t *testing.T) {
 		t.Fatalf("refused greeting: closed=%v after %d bytes", closed, n)
 	}
 	a.allow.Store(true) // the pod is found now
+	if closed, n := greet(Version); !closed || n != 0 {
+		t.Fatalf("the same greeting again right after a refusal: closed=%v after %d bytes, want refused", closed, n)
+	}
 	if closed, n := greet(Version - 1); !closed || n != 0 {
 		t.Fatalf("older greeting right after a refusal: closed=%v after %d bytes, want refused", closed, n)
 	}
-	if a.count() != 1 || prom.CounterValue(t, m.refused.WithLabelValues("GPU-test", RefuseNoShare)) != 2 {
-		t.Fatalf("Admit asked %d times, no-share refusals %v: want 1 and 2", a.count(),
+	if a.count() != 1 || prom.CounterValue(t, m.refused.WithLabelValues("GPU-test", RefuseNoShare)) != 3 {
+		t.Fatalf("Admit asked %d times, no-share refusals %v: want 1 and 3", a.count(),
 			prom.CounterValue(t, m.refused.WithLabelValues("GPU-test", RefuseNoShare)))
 	}
+	clk.Advance(repeatWindow)
 	dialRaw(t, sock, ClassOpportunistic) // the next attempt, in the current version: asked, admitted
 	if a.count() != 2 {
 		t.Fatalf("Admit asked %d times, want 2", a.count())
@@ -178,8 +187,8 @@ func TestOlderGreetingAfterARefusalIsRefusedWithoutAsking(t *testing.T) {
 
 // The real shim refused at its first connect runs without the lock (its launches go on), warns once, and
 // tries again in the background with back-off that settles at GPUSHARE_RECONNECT_MAX_MS (1 s): its
-// attempts per second stay bounded, never a spin. Each attempt greets in four protocol versions, all
-// refused, Admit asked once. Once admitted it joins the GPU's clients within about a second, in the
+// attempts per second stay bounded, never a spin. Each attempt greets three times in each protocol
+// version down to 3, all refused, Admit asked once. Once admitted it joins the GPU's clients within about a second, in the
 // current protocol.
 func TestRefusedShimRetriesWithBackoffAndJoinsOnceAdmitted(t *testing.T) {
 	var a admitLog
@@ -219,7 +228,7 @@ func TestRefusedShimRetriesWithBackoffAndJoinsOnceAdmitted(t *testing.T) {
 	a.mu.Lock()
 	refused := a.refused
 	a.mu.Unlock()
-	if got := e.counter("gpusharing_scheduler_connections_refused_total"); got != float64((int(Version)-2)*refused) {
-		t.Errorf("%v connections refused for %d refused attempts, want a greeting in each version from %d to 3 each", got, refused, Version)
+	if got := e.counter("gpusharing_scheduler_connections_refused_total"); got != float64(3*(int(Version)-2)*refused) {
+		t.Errorf("%v connections refused for %d refused attempts, want three greetings in each version from %d to 3 each", got, refused, Version)
 	}
 }

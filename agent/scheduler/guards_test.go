@@ -19,6 +19,12 @@ import (
 // programs: the peers of these tests are raw protocol clients.
 func startGuarded(t *testing.T, cfg GPUConfig, g Guards) (*Scheduler, string, *Metrics) {
 	t.Helper()
+	return startGuardedAt(t, cfg, g, nil)
+}
+
+// startGuardedAt is startGuarded on clock clk (nil: the real one).
+func startGuardedAt(t *testing.T, cfg GPUConfig, g Guards, clk Clock) (*Scheduler, string, *Metrics) {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "gs") // short: a socket path must fit in 108 bytes
 	if err != nil {
 		t.Fatal(err)
@@ -29,7 +35,7 @@ func startGuarded(t *testing.T, cfg GPUConfig, g Guards) (*Scheduler, string, *M
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(Options{GPUs: []GPUConfig{cfg}, Metrics: m, Guards: g})
+	s, err := New(Options{GPUs: []GPUConfig{cfg}, Metrics: m, Guards: g, Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}

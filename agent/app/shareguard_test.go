@@ -92,6 +92,9 @@ func greet(t *testing.T, sock, gpu string) (refused bool, state string) {
 	if got := noShareRefusals(t, gpu); got != before+1 {
 		return false, fmt.Sprintf("no-share refusals %v, want %v", got, before+1)
 	}
+	// A greeting of this process within RepeatWindow would be refused as this attempt's repeat, without
+	// asking about the pod the test runs it as next; a shim's next attempt comes after its back-off.
+	time.Sleep(scheduler.RepeatWindow)
 	return true, ""
 }
 

@@ -19,11 +19,11 @@ const RefuseNoShare = "no-share"
 // the shim's next one, a moment later, greets in its own version again.
 const fallbackWindow = 5 * time.Second
 
-// repeatWindow is how long a refusal also refuses the same process's HELLOs of the same version: a shim
+// RepeatWindow is how long a refusal also refuses the same process's HELLOs of the same version: a shim
 // greets each version three times, 20 ms apart, before it takes a close for a refusal of that version
 // (shim/src/conn.c: one close may be a scheduler shutting down), and those greetings are one attempt,
 // which costs one lookup. Its next attempt comes after its reconnect back-off, later than this.
-const repeatWindow = 150 * time.Millisecond
+const RepeatWindow = 150 * time.Millisecond
 
 // refusals remembers the latest refused HELLO of each process on each GPU socket.
 type refusals struct {
@@ -43,13 +43,13 @@ type refusal struct {
 
 // fallback says whether a HELLO of version from pid belongs to an attempt refused already: an older
 // greeting within fallbackWindow of a refusal at a newer version, or the same version again within
-// repeatWindow.
+// RepeatWindow.
 func (r *refusals) fallback(q *queue, pid int32, version uint16, now time.Time) (refusal, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	last, ok := r.m[refusalKey{q, pid}]
 	since := now.Sub(last.at)
-	return last, ok && (version < last.version && since < fallbackWindow || version == last.version && since < repeatWindow)
+	return last, ok && (version < last.version && since < fallbackWindow || version == last.version && since < RepeatWindow)
 }
 
 // record notes a refusal of pid's HELLO of version, and forgets those older than fallbackWindow.

@@ -61,7 +61,7 @@ func (a *admitLog) count() int {
 // A process Admit refuses (its pod holds no share of the GPU) sees its connection closed after its HELLO
 // without a WELCOME, never joins the GPU's clients and is counted as no-share; Admit is asked about the
 // kernel's pid (SO_PEERCRED) and the socket's GPU. Admitted, the same process is welcomed at its next
-// attempt (after repeatWindow: a greeting within it is the refused attempt's).
+// attempt (after RepeatWindow: a greeting within it is the refused attempt's).
 func TestProcessWithoutAShareIsRefusedBeforeWelcome(t *testing.T) {
 	var a admitLog
 	clk := newFakeClock()
@@ -92,7 +92,7 @@ func TestProcessWithoutAShareIsRefusedBeforeWelcome(t *testing.T) {
 	}
 
 	a.allow.Store(true)
-	clk.Advance(repeatWindow)
+	clk.Advance(RepeatWindow)
 	dialRaw(t, sock, ClassOpportunistic)
 	if got := s.Snapshot(); len(got) != 1 {
 		t.Fatalf("clients once admitted: %+v", got)
@@ -147,7 +147,7 @@ func TestPeerTheKernelDoesNotNameIsRefusedWhereAdmitIsSet(t *testing.T) {
 // greeting is the same attempt, refused without asking Admit again, so a process whose pod is found in
 // the meantime is not admitted speaking an older protocol (no claim ledger) for the life of its connection.
 // A shim greets each version three times before it steps down: a greeting of the same version within
-// repeatWindow is the same attempt too. Its next attempt, in its own version, is asked about.
+// RepeatWindow is the same attempt too. Its next attempt, in its own version, is asked about.
 func TestOlderGreetingAfterARefusalIsRefusedWithoutAsking(t *testing.T) {
 	var a admitLog
 	clk := newFakeClock()
@@ -178,7 +178,7 @@ func TestOlderGreetingAfterARefusalIsRefusedWithoutAsking(t *testing.T) {
 		t.Fatalf("Admit asked %d times, no-share refusals %v: want 1 and 3", a.count(),
 			prom.CounterValue(t, m.refused.WithLabelValues("GPU-test", RefuseNoShare)))
 	}
-	clk.Advance(repeatWindow)
+	clk.Advance(RepeatWindow)
 	dialRaw(t, sock, ClassOpportunistic) // the next attempt, in the current version: asked, admitted
 	if a.count() != 2 {
 		t.Fatalf("Admit asked %d times, want 2", a.count())

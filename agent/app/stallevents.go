@@ -17,8 +17,9 @@ import (
 
 // ReasonStoppedWhileHolding is the reason of the warning event on a pod whose process held a GPU's lock
 // while it was stopped (a stop signal, a debugger or profiler attached, its container paused or frozen
-// for a checkpoint), and lost it to the pods that waited (scheduler/stall.go). What to do: nothing, if the stop was meant; the process asks again at its
-// next GPU call. A production pod that is debugged in place loses its preemption only while stopped.
+// for a checkpoint), and lost it to the pods that waited (scheduler/stall.go). What to do: nothing, if
+// the stop was meant; the process asks again at its next GPU call. A production pod that is debugged in
+// place loses its preemption only while stopped.
 const ReasonStoppedWhileHolding = "StoppedWhileHolding"
 
 // stallReportEvery bounds the event per pod and GPU: a process stopped and continued again and again (a

@@ -213,7 +213,6 @@ func linkClaimPods(k claimKnowledge, uuid string) (links podLinks, claimedBy, ow
 	return links, claimedBy, own
 }
 
-// podMemory sums the GPU's containers by pod: the memory each pod's processes hold, and its UID.
 // unledgeredPods are the pods with memory of the GPU in a process that is no shim client, where others
 // are: on a shim GPU, the pods whose process dropped the shim. Where no process is a shim client (an MPS
 // GPU, a read without the schedulers' clients) it is empty: no pod can be told apart that way.
@@ -238,6 +237,7 @@ func unledgeredPods(acct accounting.GPU) map[vacate.PodRef]bool {
 	return out
 }
 
+// podMemory sums the GPU's containers by pod: the memory each pod's processes hold, and its UID.
 func podMemory(acct accounting.GPU) (map[vacate.PodRef]int64, map[vacate.PodRef]types.UID) {
 	used := map[vacate.PodRef]int64{}
 	uids := map[vacate.PodRef]types.UID{}

@@ -207,8 +207,7 @@ int gs_conn_open(struct gs_welcome *out)
         if (fd >= 0 || !closed)
             break;
         if (++tries < HELLO_TRIES) {
-            uint64_t now = gs_now_ns(), wake = now + HELLO_RETRY_MS * 1000000ull;
-            if (wake >= deadline)
+            if (gs_now_ns() + HELLO_RETRY_MS * 1000000ull >= deadline)
                 break;
             struct timespec ts = {.tv_sec = 0, .tv_nsec = HELLO_RETRY_MS * 1000000L};
             nanosleep(&ts, NULL);

@@ -158,10 +158,9 @@ func (c *checker) restarted() {
 	c.mu.Unlock()
 }
 
-// held reads the stub driver's per-process holdings: bytes by GPU uuid and pod name, for the live
-// processes (an ended process's file is removed when it is reaped).
-// held is the memory the live processes hold, per GPU and pod, and per GPU the pods that hold some of
-// it through a process that dropped the shim (outside the ledgers).
+// held reads the stub driver's per-process holdings of the live processes (an ended process's file is
+// removed when it is reaped): bytes by GPU uuid and pod name, and per GPU the pods that hold some of it
+// through a process that dropped the shim (outside the ledgers).
 func (c *checker) held() (map[string]map[string]int64, map[string]map[string]bool) {
 	out, unledgered := map[string]map[string]int64{}, map[string]map[string]bool{}
 	for _, pr := range c.e.live() {
